@@ -1,0 +1,1 @@
+"""Implementations: pure, importable, no CLI and no file I/O. Never import suites or reports."""

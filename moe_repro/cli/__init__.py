@@ -1,0 +1,76 @@
+"""The ``repro`` command line: one module per subcommand (asv style), discovered by name.
+
+A module ``moe_repro/cli/<name>_cmd.py`` that defines ``command`` (a click command or group)
+becomes ``repro <command.name>``. Errors: bad input exits 2 with one line, a failure while
+running exits 1 with one line; set MOE_REPRO_DEBUG=1 for the traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+
+import click
+
+from moe_repro import __version__
+
+_EPILOG = """\b
+Examples:
+  repro list                          what can be run
+  repro run piper-table4              one paper table: paper vs ours, HTML report
+  repro run piper-table4 --json t.json --out reports/
+  repro bench gemm --param n=512,1024 the device's GEMM ceiling
+  repro bench allreduce --quick       2- and 4-rank all-reduce, gloo and MPI, for real
+  repro site build --out /tmp/site    the static results site
+
+Results are stored under ./results (or --results DIR, or $MOE_REPRO_RESULTS).
+Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input.
+"""
+
+
+@click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"],
+                                                "max_content_width": 100})
+@click.version_option(__version__, prog_name="repro")
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default=None,
+              envvar="MOE_REPRO_RESULTS", help="Results store directory (default ./results).")
+@click.pass_context
+def cli(ctx: click.Context, results_dir: str | None) -> None:
+    """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
+    from moe_repro.store import ResultsStore
+
+    ctx.obj = ResultsStore(results_dir)
+
+
+def _register() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name.endswith("_cmd"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            cli.add_command(module.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = cli.main(args=argv, prog_name="repro", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("repro: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        # One line, whatever the kind of input error (click's own usage errors included).
+        click.echo(f"repro: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("repro: interrupted (finished results were kept)", err=True)
+        sys.exit(130)
+    except Exception as e:  # a failure while running: one line, traceback on request
+        if os.environ.get("MOE_REPRO_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"repro: failed: {type(e).__name__}: {e} (MOE_REPRO_DEBUG=1 for the traceback)",
+                   err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,89 @@
+"""``repro bench``: run a benchmark suite's parameter grid for real and store the records."""
+
+from __future__ import annotations
+
+import click
+
+from moe_repro.errors import BadInput, RunFailure
+
+
+@click.command("bench")
+@click.argument("suite_name", metavar="SUITE")
+@click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
+              help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")
+@click.option("--quick", is_flag=True, help="The suite's small grid (what CI runs).")
+@click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
+              help="Timed samples per grid point (median and spread are over these).")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
+              help="Untimed calls before the samples.")
+@click.option("--min-sample-s", type=click.FloatRange(0), default=0.01, show_default=True,
+              help="Each sample repeats the call until it lasts this long (timer resolution).")
+@click.option("--no-check", is_flag=True, help="Skip the correctness check (#wrong).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+              help="Multi-process suites: kill the world and fail if it runs longer (s).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write {suite, records, environment} to this file.")
+@click.pass_obj
+def command(store, suite_name, params, quick, repeats, warmup, min_sample_s, no_check, timeout_s,
+            json_path) -> None:
+    """Run benchmark SUITE over its parameter grid and print median and spread per metric.
+
+    Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
+    the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
+    stored in the results store even when interrupted (the records that finished are kept).
+    """
+    import difflib
+
+    from moe_repro.atomic import atomic_write_json
+    from moe_repro.environment import collect_environment
+    from moe_repro.launch import RankFailure
+    from moe_repro.reports.terminal import format_records
+    from moe_repro.suites import all_suites
+    from moe_repro.suites.runner import RunConfig, run_suite
+
+    suites = all_suites()
+    if suite_name not in suites:
+        close = difflib.get_close_matches(suite_name, list(suites), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; suites: {', '.join(suites)}"
+        raise BadInput(f"unknown suite {suite_name!r}{hint}")
+    suite = suites[suite_name]
+    try:
+        grid = suite.grid(suite.parse_overrides(list(params)), quick=quick)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
+                       check=not no_check, timeout_s=timeout_s)
+    records: list[dict] = []
+
+    def progress(i: int, n: int, point: dict) -> None:
+        shown = " ".join(f"{k}={v}" for k, v in point.items())
+        click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
+
+    def finish(interrupted: bool = False, error: str | None = None) -> None:
+        payload = {"suite": suite.name, "description": suite.description,
+                   "metrics": [m.__dict__ for m in suite.all_metrics],
+                   "records": records, "environment": collect_environment()}
+        if interrupted or error:
+            payload.update(interrupted=interrupted, error=error)
+        if records or not (interrupted or error):
+            path = store.save("suites", suite.name, payload)
+            click.echo(f"stored: {path}", err=True)
+        if json_path:
+            atomic_write_json(json_path, payload)
+
+    try:
+        run_suite(suite, grid, config, progress=progress, done=records.append)
+    except KeyboardInterrupt:
+        finish(interrupted=True)
+        raise
+    except RankFailure as e:
+        finish(error=str(e))
+        raise RunFailure(str(e)) from None
+    except ValueError as e:  # a grid point the suite rejects (e.g. bytes not a multiple of 4)
+        finish(error=str(e))
+        raise BadInput(str(e)) from None
+    click.echo(format_records(suite, records))
+    finish()
+    wrong = [r for r in records if r.get("correct") is False]
+    if wrong:
+        raise RunFailure(f"{len(wrong)} record(s) failed the correctness check (#wrong > 0)")

@@ -1,0 +1,125 @@
+"""``repro run``: compute a reproduction, compare with the paper, store, report."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import click
+
+from moe_repro.errors import BadInput
+
+
+def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool) -> list[str]:
+    """Turn the command's arguments into reproduction ids, or fail with one line (exit 2)."""
+    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions.inventory import INVENTORY
+
+    known = all_reproductions()
+    planned = {rid: issue for rid, _, _, _, issue in INVENTORY if rid not in known}
+    if run_all:
+        return list(known)
+    if paper:
+        chosen = [rid for rid in known if rid.startswith(paper + "-")]
+        if not chosen:
+            papers = sorted({rid.split("-")[0] for rid in known})
+            raise BadInput(f"no implemented reproductions for paper {paper!r}; papers: {', '.join(papers)}")
+        return chosen
+    if not ids:
+        raise BadInput("name a reproduction id (see 'repro list'), or use --paper P or --all")
+    for rid in ids:
+        if rid in planned:
+            raise BadInput(f"{rid} is in the inventory but not implemented yet (issue {planned[rid]})")
+        if rid not in known:
+            close = difflib.get_close_matches(rid, list(known) + list(planned), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see 'repro list'"
+            raise BadInput(f"unknown reproduction {rid!r}{hint}")
+    return list(ids)
+
+
+def run_one(rid: str, params: dict) -> dict:
+    """Compute one reproduction and return its payload (the DESIGN.md contract)."""
+    from moe_repro.environment import collect_environment
+    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions.spec import HOW, summarize
+
+    repro = all_reproductions()[rid]
+    try:
+        result = repro.run(params)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    argv = ["repro", "run", rid] + [f"--param {k}={v}" for k, v in params.items()]
+    return {
+        "id": repro.id,
+        "title": repro.title,
+        "paper": repro.paper,
+        "element": repro.element,
+        "how": repro.how,
+        "how_words": " + ".join(HOW.get(h.strip()[0], h) for h in repro.how.split("+")),
+        "description": repro.description,
+        "params": {**repro.defaults, **params},
+        "tolerance": repro.tolerance.describe(),
+        "cells": [c.to_dict() for c in result.cells],
+        "summary": summarize(result.cells),
+        "assumptions": result.assumptions,
+        "figures": [f.__dict__ for f in result.figures],
+        "extra": result.extra,
+        "command": " ".join(argv),
+        "environment": collect_environment([*argv]),
+    }
+
+
+def parse_params(pairs: tuple[str, ...]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--param expects key=value, got {pair!r}")
+        try:
+            out[key] = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+@click.command("run")
+@click.argument("ids", nargs=-1)
+@click.option("--paper", default=None, help="Run every implemented reproduction of one paper.")
+@click.option("--all", "run_all", is_flag=True, help="Run every implemented reproduction.")
+@click.option("--param", "params", multiple=True, metavar="K=V",
+              help="Override a reproduction parameter (repeatable), e.g. --param gpus=16.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the HTML report (and its JSON) into this directory.")
+@click.option("--quiet", is_flag=True, help="Do not print the table.")
+@click.pass_obj
+def command(store, ids, paper, run_all, params, json_path, out_dir, quiet) -> None:
+    """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
+
+    Each cell gets a verdict: match (within the printed precision), deviates (with a note where
+    the cause is known), no-paper-value, or not-reproduced (with why). Deviations are results,
+    not errors: the exit code is 0.
+    """
+    from moe_repro.atomic import atomic_write_json, atomic_write_text
+    from moe_repro.reports.html import render_reproduction
+    from moe_repro.reports.terminal import format_result
+
+    chosen = resolve_ids(ids, paper, run_all)
+    overrides = parse_params(params)
+    payloads = []
+    for rid in chosen:
+        payload = run_one(rid, overrides)
+        path = store.save("reproductions", rid, payload)
+        payloads.append(payload)
+        if not quiet:
+            click.echo(format_result(payload))
+            click.echo(f"stored: {path}\n")
+        if out_dir:
+            out = Path(out_dir)
+            atomic_write_text(out / f"{rid}.html", render_reproduction(payload, raw_json=f"{rid}.json"))
+            atomic_write_json(out / f"{rid}.json", payload)
+            if not quiet:
+                click.echo(f"report: {out / (rid + '.html')}")
+    if json_path:
+        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)

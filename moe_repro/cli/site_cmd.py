@@ -1,0 +1,22 @@
+"""``repro site build``: the static results site from the results store."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("site")
+def command() -> None:
+    """Build the static results site (works from the file system or any static host)."""
+
+
+@command.command("build")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="site/_build",
+              show_default=True, help="Directory to write the site into.")
+@click.pass_obj
+def build(store, out_dir: str) -> None:
+    """Render an index of every reproduction and suite, a page for each, and the raw JSON."""
+    from moe_repro.reports.site import build_site
+
+    index = build_site(store, out_dir)
+    click.echo(f"site: {index}")

@@ -1,0 +1,1 @@
+"""Rendering: terminal tables, jinja2 HTML pages, matplotlib figures, the static site."""

@@ -1,0 +1,35 @@
+"""Draw a reproduction's figure data (reproductions.spec.Figure as a dict) to PNG and SVG."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def render_figure(fig: dict) -> dict[str, bytes]:
+    """Return {"png": bytes, "svg": bytes}. Paper series are drawn as hollow markers."""
+    f, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for s in fig["series"]:
+        if s.get("kind") == "paper":
+            ax.plot(s["x"], s["y"], linestyle="none", marker="o", mfc="none", label=f"{s['label']} (paper)")
+        else:
+            ax.plot(s["x"], s["y"], marker=".", label=s["label"])
+    ax.set_xscale(fig.get("xscale", "linear"))
+    ax.set_yscale(fig.get("yscale", "linear"))
+    ax.set_xlabel(fig["xlabel"])
+    ax.set_ylabel(fig["ylabel"])
+    ax.set_title(fig["title"], fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    f.tight_layout()
+    out = {}
+    for fmt in ("png", "svg"):
+        buf = io.BytesIO()
+        f.savefig(buf, format=fmt)
+        out[fmt] = buf.getvalue()
+    plt.close(f)
+    return out

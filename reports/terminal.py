@@ -1,0 +1,57 @@
+"""Plain-text tables for the terminal."""
+
+from __future__ import annotations
+
+from moe_repro.suites.base import Suite
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, float):
+        return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.4e}"
+    return str(x)
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def format_result(payload: dict) -> str:
+    head = f"{payload['id']}: {payload['title']} ({payload['element']}, {payload['how_words']})"
+    rows = []
+    for c in payload["cells"]:
+        dev = "-" if c.get("deviation") is None else f"{c['deviation']:+.2%}"
+        rows.append([c["row"], c["column"], _num(c.get("paper_printed") or c.get("paper")),
+                     _num(c["ours"]), c["unit"], dev, c["verdict"]])
+    out = [head, table(["row", "column", "paper", "ours", "unit", "dev", "verdict"], rows)]
+    notes = [(c["row"], c["column"], c["note"]) for c in payload["cells"] if c.get("note")]
+    if notes:
+        out.append("notes:")
+        out += [f"  {r} / {col}: {n}" for r, col, n in notes]
+    s = payload["summary"]
+    out.append("summary: " + ", ".join(f"{v} {k}" for k, v in s.items() if v))
+    return "\n".join(out)
+
+
+def format_records(suite: Suite, records: list[dict]) -> str:
+    if not records:
+        return "(no records)"
+    metric_names = [m.name for m in suite.all_metrics if m.name in records[0]]
+    headers = list(suite.params) + [f"{m} (median)" for m in metric_names[:3]] + ["spread(iqr)"]
+    has_check = "correct" in records[0]
+    if has_check:
+        headers.append("#wrong")
+    rows = []
+    for r in records:
+        main = metric_names[0]
+        row = [_num(r.get(k)) for k in suite.params] + [_num(r.get(m)) for m in metric_names[:3]]
+        row.append(f"{r[main + '_iqr'] / r[main]:.1%}" if r.get(main) else "-")
+        if has_check:
+            row.append(str(r.get("wrong", "-")))
+        rows.append(row)
+    return table(headers, rows)

@@ -1,0 +1,42 @@
+"""The reproduction inventory of DESIGN.md: every id `repro list` must show, implemented or not.
+
+Each entry: (id, paper element, how, what, issue that builds it). How: A analytic, R real
+measurement on the machine it runs on, S simulated at scale."""
+
+INVENTORY = [
+    ('piper-table1', 'Piper Table I', 'A', 'total/active parameters of the SOTA MoE configs from architecture', 3),
+    ('piper-table4', 'Piper Table IV', 'A', 'worst-case expert-migration send size and latency per GPU', 2),
+    ('piper-fig3', 'Piper Fig. 3', 'R', 'attention throughput vs sequence length per model shape', 6),
+    ('piper-fig4', 'Piper Fig. 4', 'R', 'expert GEMM throughput vs tokens per expert', 6),
+    ('piper-fig5', 'Piper Fig. 5', 'R+S', 'all-to-all bandwidth vs message size, 2-64 GPUs on 1-8 nodes', 5),
+    ('piper-fig8', 'Piper Fig. 8', 'S (+R small)', 'HALO vs flat latency, 16-512 nodes', 5),
+    ('piper-fig9', 'Piper Fig. 9', 'R', 'expert load distribution over a real (small) training run', 7),
+    ('piper-alg2', 'Piper Alg. 2', 'R', 'imbalance before/after hill-climbing migration, swaps, overhead', 7),
+    ('piper-fig10', 'Piper Fig. 10', 'A', 'per-GPU memory vs nodes and strategy; minimum nodes', 3),
+    ('piper-fig11', 'Piper Fig. 11', 'A (+R scaled)', 'single-layer throughput ceiling per model', 3),
+    ('piper-fig12', 'Piper Fig. 12', 'A', 'full-model TFLOPS/MFU per model', 3),
+    ('piper-fig13', 'Piper Fig. 13', 'A', 'Piper vs frameworks on Small/Medium/Large/Super', 3),
+    ('piper-fig14', 'Piper Fig. 14', 'A', 'M10B family: sizes, TFLOPS, weak-scaling efficiency', 3),
+    ('piper-eq4', 'Piper Eq. 4-5', 'R', 'measured per-stage memory skew of the 1F1B trainer vs the model', 8),
+    ('piper-bubble', 'Piper III-D', 'R', 'measured pipeline bubble vs (PP-1)/(M+PP-1)', 8),
+    ('xmoe-table2', 'X-MoE Table 2', 'A', 'activation sizes of conventional vs fine-grained MoE', 3),
+    ('xmoe-table3', 'X-MoE Table 3', 'A', 'parameter counts of Small/Medium/Large/Super', 3),
+    ('xmoe-table4', 'X-MoE Table 4', 'A+R', 'activation memory per MoE layer: theory and measured (scaled)', 3),
+    ('xmoe-fig3', 'X-MoE Fig. 3', 'A+R', 'memory distribution of one conventional vs fine-grained layer', 3),
+    ('xmoe-fig4', 'X-MoE Fig. 4', 'A/R', 'redundancy rate of dispatched tokens vs EP size', 4),
+    ('xmoe-fig11', 'X-MoE Fig. 11', 'R', 'MoE layer time breakdown, padding-free vs padded', 6),
+    ('xmoe-fig12', 'X-MoE Fig. 12', 'R+S', 'dispatch time with and without RBD', 4),
+    ('xmoe-fig13', 'X-MoE Fig. 13', 'A+R', 'SSMB memory vs TP degree', 10),
+    ('xmoe-fig17', 'X-MoE Fig. 17', 'A', 'SSMB vs TED advantage regions', 3),
+    ('xmoe-fig19', 'X-MoE Fig. 19', 'S', 'all-to-all time vs GPU count 8-1024', 5),
+    ('xmoe-appc1', 'X-MoE App. C.1', 'A', 'EP-first vs DP-first placement communication volumes', 10),
+    ('feplb-table2', 'FEPLB Table 2', 'A+R', 'per-layer forward/backward time per method', 7),
+    ('feplb-table3', 'FEPLB Table 3', 'R', 'token straggler per PP/EP and method', 7),
+    ('feplb-table4', 'FEPLB Table 4', 'R', 'GEMM straggler per PP/EP and method', 7),
+    ('feplb-fig4', 'FEPLB Fig. 4', 'A+R', 'EP communication volume/overhead per method', 7),
+    ('feplb-fig6', 'FEPLB Fig. 6', 'R', 'token straggler vs dyn = 2, 4, 8', 7),
+    ('mop-table1', 'MoP Table 1', 'A', 'per-rank memory per component', 3),
+    ('mop-table2', 'MoP Tables 2-3', 'A', 'which contexts fit (MoP vs FSDP-best), the OOM pattern', 3),
+    ('mop-vocab', 'MoP Sec. 3.4', 'R', 'sharded vocabulary loss: exact, peak memory O(NV/P)', 10),
+    ('mop-llep', 'MoP Sec. 3.3', 'R', 'least-loaded EP vs plain EP on skewed routing', 7),
+]

@@ -1,0 +1,96 @@
+"""How a parameterized benchmark suite is declared.
+
+A suite is a grid of parameters, a ``setup(params, ctx)`` that builds the inputs for one grid
+point, the measured call ``run(state)``, metrics derived from each timed sample, and an optional
+``check(state)`` that counts wrong output elements (nccl-tests' ``#wrong``: 0 means correct).
+``time_s`` is always measured: the wall time of one ``run`` call. Every other metric is derived
+per sample by ``derive(params, state, time_s)``, so its median and spread come from the same
+repeats.
+
+Distributed suites name their ``world_params`` (for example ``ranks``, ``backend``); the runner
+starts one real world per distinct combination and runs that world's grid points inside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+BETTER = ("higher", "lower", "none")
+KINDS = ("measured", "analytic", "simulated")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    better: str  # "higher" | "lower" | "none"
+    kind: str = "measured"  # measured (noisy, repeats) | analytic | simulated (exact)
+    description: str = ""
+
+    def __post_init__(self):
+        if self.better not in BETTER:
+            raise ValueError(f"metric {self.name}: better must be one of {BETTER}")
+        if self.kind not in KINDS:
+            raise ValueError(f"metric {self.name}: kind must be one of {KINDS}")
+
+
+TIME = Metric("time_s", "s", "lower", description="wall time of one measured call")
+
+
+@dataclass
+class Suite:
+    name: str
+    description: str
+    params: dict[str, list]  # the default grid
+    setup: Callable[[dict, Any], Any]  # (params, ctx) -> state; ctx is None for local suites
+    run: Callable[[Any], Any]  # the measured call
+    metrics: list[Metric] = field(default_factory=list)  # besides time_s
+    derive: Callable[[dict, Any, float], dict] | None = None
+    check: Callable[[Any], int] | None = None  # -> number of wrong elements
+    world_params: tuple[str, ...] = ()  # params that define a world of ranks
+    param_help: dict[str, str] = field(default_factory=dict)
+    quick: dict[str, list] = field(default_factory=dict)  # a smaller grid for CI / --quick
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.world_params)
+
+    @property
+    def all_metrics(self) -> list[Metric]:
+        return [TIME, *self.metrics]
+
+    def grid(self, overrides: dict[str, list] | None = None, quick: bool = False) -> list[dict]:
+        base = {**self.params, **(self.quick if quick else {})}
+        values = {**base, **(overrides or {})}
+        keys = list(values)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
+
+    def parse_overrides(self, pairs: list[str]) -> dict[str, list]:
+        """Parse ``k=v1,v2`` strings; values take the type of the default grid's values."""
+        out: dict[str, list] = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            key = key.strip()
+            if not sep or not key or not raw:
+                raise ValueError(f"--param expects key=value[,value...], got {pair!r}")
+            if key not in self.params:
+                known = ", ".join(self.params)
+                raise ValueError(f"suite {self.name} has no parameter {key!r}; known: {known}")
+            kind = type(self.params[key][0])
+            try:
+                out[key] = [_convert(kind, v.strip()) for v in raw.split(",")]
+            except ValueError:
+                raise ValueError(f"parameter {key}: cannot read {raw!r} as {kind.__name__}") from None
+        return out
+
+
+def _convert(kind: type, text: str) -> Any:
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes"):
+            return True
+        if text.lower() in ("0", "false", "no"):
+            return False
+        raise ValueError(text)
+    return kind(text)

@@ -1,0 +1,62 @@
+"""Dense GEMM throughput vs size: the device's compute ceiling that later suites compare against.
+
+FLOPs of C = A B with A [n, n], B [n, n]: 2 n^3 (one multiply and one add per inner-product term).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_repro.suites.base import Metric, Suite
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def setup(params: dict, ctx=None) -> dict:
+    n, dtype = int(params["n"]), _DTYPES[params["dtype"]]
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    gen = torch.Generator().manual_seed(n)
+    device = _device(params["device"])
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    return {"a": a, "b": b, "c": torch.empty(n, n, device=device, dtype=dtype), "n": n}
+
+
+def run(state: dict) -> None:
+    torch.mm(state["a"], state["b"], out=state["c"])
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    return {"tflops": 2 * state["n"] ** 3 / time_s / 1e12}
+
+
+def check(state: dict) -> int:
+    """Wrong elements vs a float64 product of the same (rounded) inputs."""
+    run(state)
+    ref = state["a"].double() @ state["b"].double()
+    eps = torch.finfo(state["a"].dtype).eps
+    # Rounding error of an n-term dot product of unit-variance terms grows ~ eps * n at worst.
+    tol = 8 * eps * state["n"]
+    return int(((state["c"].double() - ref).abs() > tol).sum())
+
+
+SUITE = Suite(
+    name="gemm",
+    description="Dense GEMM (torch.mm) throughput vs square matrix size: the device's ceiling.",
+    params={"n": [256, 512, 1024, 2048], "dtype": ["float32"], "device": ["auto"]},
+    quick={"n": [128, 256]},
+    setup=setup,
+    run=run,
+    derive=derive,
+    check=check,
+    metrics=[Metric("tflops", "TFLOP/s", "higher", description="2 n^3 / time_s")],
+    param_help={"n": "matrix size (A, B, C are n x n)", "dtype": "float32, bfloat16 or float16",
+                "device": "auto (cuda if present), cpu or cuda"},
+)

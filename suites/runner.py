@@ -1,0 +1,127 @@
+"""Runs a suite's grid: warm-up, calibrated repeats, median and spread per metric.
+
+Timing follows timeit/asv: one *sample* is the mean time of ``number`` back-to-back calls, with
+``number`` chosen so that a sample lasts at least ``min_sample_s`` (timer resolution and call
+overhead then stay small); ``repeats`` samples give the median and spread. In a distributed
+world all ranks start a sample together (barrier) and a sample's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from moe_repro.suites.base import Suite
+from moe_repro.suites.stats import summarize
+
+
+@dataclass
+class RunConfig:
+    warmup: int = 1
+    repeats: int = 5
+    min_sample_s: float = 0.01
+    max_number: int = 10_000
+    check: bool = True
+    timeout_s: float = 300.0
+
+
+def _device_sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _timed(suite: Suite, state: Any, number: int, ctx) -> float:
+    if ctx is not None:
+        ctx.barrier()
+    _device_sync()
+    t0 = time.perf_counter()
+    for _ in range(number):
+        suite.run(state)
+    _device_sync()
+    elapsed = (time.perf_counter() - t0) / number
+    return ctx.all_reduce_max(elapsed) if ctx is not None else elapsed
+
+
+def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
+    """Measure one grid point; returns one flat record."""
+    state = suite.setup(params, ctx)
+    record: dict[str, Any] = {"suite": suite.name, **params}
+    if config.check and suite.check is not None:
+        wrong = int(suite.check(state))
+        if ctx is not None:
+            wrong = int(ctx.all_reduce_max(float(wrong)))
+        record.update(wrong=wrong, correct=wrong == 0)
+    for _ in range(config.warmup):
+        _timed(suite, state, 1, ctx)
+    single = _timed(suite, state, 1, ctx)
+    number = 1 if single <= 0 else int(min(config.max_number, max(1, math.ceil(config.min_sample_s / single))))
+    samples: dict[str, list[float]] = {"time_s": []}
+    for _ in range(config.repeats):
+        t = _timed(suite, state, number, ctx)
+        samples["time_s"].append(t)
+        for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
+            samples.setdefault(name, []).append(float(value))
+    for name, xs in samples.items():
+        s = summarize(xs)
+        record[name] = s["median"]
+        record[f"{name}_iqr"] = s["iqr"]
+        record[f"{name}_min"] = s["min"]
+        record[f"{name}_max"] = s["max"]
+    record.update(repeats=config.repeats, number=number, samples=samples)
+    if ctx is not None:
+        record.update(world_size=ctx.world_size, ranks_per_node=ctx.ranks_per_node)
+    return record
+
+
+def run_points_on_rank(ctx, suite: str, points: list[dict], config: dict) -> list[dict]:
+    """Launcher target: run a world's grid points on this rank (every rank runs all of them)."""
+    from moe_repro.suites import all_suites
+
+    s, cfg = all_suites()[suite], RunConfig(**config)
+    return [run_point(s, p, cfg, ctx) for p in points]
+
+
+def world_key(suite: Suite, params: dict) -> tuple:
+    return tuple(params[k] for k in suite.world_params)
+
+
+def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
+              progress: Callable[[int, int, dict], None] | None = None,
+              done: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run every grid point; ``done(record)`` is called as each record finishes."""
+    records: list[dict] = []
+    if not suite.distributed:
+        for i, params in enumerate(grid):
+            if progress:
+                progress(i, len(grid), params)
+            rec = run_point(suite, params, config)
+            records.append(rec)
+            if done:
+                done(rec)
+        return records
+
+    from moe_repro.launch import run_ranks
+
+    worlds: dict[tuple, list[dict]] = {}
+    for params in grid:
+        worlds.setdefault(world_key(suite, params), []).append(params)
+    i = 0
+    for points in worlds.values():
+        first = points[0]
+        if progress:
+            progress(i, len(grid), {k: first[k] for k in suite.world_params})
+        per_rank = run_ranks("moe_repro.suites.runner:run_points_on_rank",
+                             {"suite": suite.name, "points": points, "config": asdict(config)},
+                             world_size=int(first["ranks"]),
+                             ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
+                             backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
+        for rec in per_rank[0]:  # every rank holds the same, world-reduced numbers
+            records.append(rec)
+            if done:
+                done(rec)
+        i += len(points)
+    return records
