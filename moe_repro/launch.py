@@ -144,7 +144,7 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     workdir = Path(tempfile.mkdtemp(prefix="moe-repro-ranks-"))
     try:
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank),
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
                    MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
         common = ["-m", "moe_repro.worker", "--target", target, "--workdir", str(workdir),
                   "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),
@@ -208,3 +208,51 @@ def _raise_for(workdir: Path, world_size: int, what: str) -> None:
     names = ", ".join(map(str, culprits)) or "none"
     msg = f"rank(s) {names} of {world_size} {what}"
     raise RankFailure(msg + (f" -- {'; '.join(details)}" if details else ""), culprits)
+
+
+# --- Worlds started by an external launcher (torchrun, srun, mpirun) --------------------------
+
+_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                    "SLURM_NTASKS_PER_NODE")
+
+
+def _first_int(names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "").split("(")[0]  # SLURM writes "4(x2)"
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def launched_world_size() -> int | None:
+    """World size if this process was started by torchrun, srun or mpirun (and not by us)."""
+    if os.environ.get("MOE_REPRO_WORKER"):
+        return None
+    size = _first_int(_SIZE_VARS)
+    return size if size and size > 1 else None
+
+
+def init_launched_world(backend: str) -> RankContext:
+    """Join the world an external launcher started; returns this rank's context.
+
+    mpi: MPI.COMM_WORLD (node = shared-memory communicator). gloo/nccl: torch.distributed from
+    the environment (torchrun sets MASTER_ADDR/PORT; under mpirun/srun they default to
+    127.0.0.1:29500 unless set, which covers single-node runs).
+    """
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+        return RankContext(comm.Get_rank(), comm.Get_size(), local, "mpi", comm)
+    import torch.distributed as dist
+
+    rank, size = _first_int(_RANK_VARS), _first_int(_SIZE_VARS)
+    local = _first_int(_LOCAL_SIZE_VARS) or size
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=size)
+    return RankContext(rank, size, local, backend)

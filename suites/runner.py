@@ -104,7 +104,23 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
                 done(rec)
         return records
 
-    from moe_repro.launch import run_ranks
+    from moe_repro.launch import init_launched_world, launched_world_size, run_ranks
+
+    external = launched_world_size()
+    if external:  # started by torchrun / srun / mpirun: this process is one rank of the world
+        points = [dict(p, ranks=external) for p in grid]
+        points = [p for i, p in enumerate(points) if p not in points[:i]]
+        backend = str(points[0].get("backend", "gloo"))  # one world, one backend
+        points = [p for p in points if p.get("backend", "gloo") == backend]
+        ctx = init_launched_world(backend)
+        for i, params in enumerate(points):
+            if progress and ctx.rank == 0:
+                progress(i, len(points), params)
+            rec = run_point(suite, params, config, ctx)
+            records.append(rec)
+            if done and ctx.rank == 0:
+                done(rec)
+        return records if ctx.rank == 0 else []  # only rank 0 reports
 
     worlds: dict[tuple, list[dict]] = {}
     for params in grid:

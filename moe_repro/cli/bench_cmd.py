@@ -7,7 +7,24 @@ import click
 from moe_repro.errors import BadInput, RunFailure
 
 
-@click.command("bench")
+def options_as_params(args: list[str]) -> list[str]:
+    """Turn leftover ``--key value`` / ``--key=value`` words into ``key=value`` parameter pairs."""
+    pairs, i = [], 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("--") or len(word) == 2:
+            raise BadInput(f"unexpected argument {word!r}; suite parameters are given as --name value")
+        key, eq, value = word[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise BadInput(f"option --{key} needs a value")
+            value, i = args[i + 1], i + 1
+        pairs.append(f"{key.replace('-', '_')}={value}")
+        i += 1
+    return pairs
+
+
+@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("suite_name", metavar="SUITE")
 @click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
               help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")
@@ -18,15 +35,19 @@ from moe_repro.errors import BadInput, RunFailure
               help="Untimed calls before the samples.")
 @click.option("--min-sample-s", type=click.FloatRange(0), default=0.01, show_default=True,
               help="Each sample repeats the call until it lasts this long (timer resolution).")
-@click.option("--no-check", is_flag=True, help="Skip the correctness check (#wrong).")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Run the suite's correctness check (#wrong) before timing.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write {suite, records, environment} to this file.")
-@click.pass_obj
-def command(store, suite_name, params, quick, repeats, warmup, min_sample_s, no_check, timeout_s,
+@click.pass_context
+def command(ctx, suite_name, params, quick, repeats, warmup, min_sample_s, check, timeout_s,
             json_path) -> None:
     """Run benchmark SUITE over its parameter grid and print median and spread per metric.
+
+    Any suite parameter can also be given as its own option: `--nodes 2 --algo flat,halo` is
+    `--param nodes=2 --param algo=flat,halo` (dashes in option names become underscores).
 
     Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
     the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
@@ -36,11 +57,12 @@ def command(store, suite_name, params, quick, repeats, warmup, min_sample_s, no_
 
     from moe_repro.atomic import atomic_write_json
     from moe_repro.environment import collect_environment
-    from moe_repro.launch import RankFailure
+    from moe_repro.launch import RankFailure, launched_world_size
     from moe_repro.reports.terminal import format_records
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite
 
+    store = ctx.obj
     suites = all_suites()
     if suite_name not in suites:
         close = difflib.get_close_matches(suite_name, list(suites), n=3, cutoff=0.5)
@@ -48,11 +70,12 @@ def command(store, suite_name, params, quick, repeats, warmup, min_sample_s, no_
         raise BadInput(f"unknown suite {suite_name!r}{hint}")
     suite = suites[suite_name]
     try:
-        grid = suite.grid(suite.parse_overrides(list(params)), quick=quick)
+        pairs = list(params) + options_as_params(ctx.args)
+        grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
     except ValueError as e:
         raise BadInput(str(e)) from None
     config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
-                       check=not no_check, timeout_s=timeout_s)
+                       check=check, timeout_s=timeout_s)
     records: list[dict] = []
 
     def progress(i: int, n: int, point: dict) -> None:
@@ -82,6 +105,8 @@ def command(store, suite_name, params, quick, repeats, warmup, min_sample_s, no_
     except ValueError as e:  # a grid point the suite rejects (e.g. bytes not a multiple of 4)
         finish(error=str(e))
         raise BadInput(str(e)) from None
+    if launched_world_size() and not records:
+        return  # under an external launcher only rank 0 reports and stores
     click.echo(format_records(suite, records))
     finish()
     wrong = [r for r in records if r.get("correct") is False]
