@@ -96,8 +96,17 @@ MODELS: dict[str, MoEModel] = {
             approximate=("n_heads",),
             notes="MLA attention is not modelled by head counts alone.",
         ),
+        MoEModel(
+            key="tiny-moe", name="Tiny MoE (CPU test model)", layers=4, d_model=64, d_ffn=128,
+            n_experts=8, top_k=2, n_mat=3, n_heads=4, n_kv_heads=4, head_dim=16, vocab=512,
+            source="moe-repro: a toy SwiGLU MoE that trains on CPU in seconds (trainer, tests)",
+            notes="Not from a paper. Default sequence length 64 (see TINY_MOE_SEQ).",
+        ),
     ]
 }
+
+# Sequence length the tiny model is meant to train with (the trainer's default).
+TINY_MOE_SEQ = 64
 
 
 def get_model(key: str) -> MoEModel:
