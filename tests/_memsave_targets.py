@@ -1,0 +1,35 @@
+"""Rank targets for the memory-saving component tests (issue 10), imported by real rank processes.
+
+Inputs come from ``*_inputs`` helpers seeded by (seed, rank) so that the test process can rebuild
+exactly the same tensors for its single-process reference."""
+
+import torch
+
+
+def vocab_inputs(seed, rank, tokens, hidden, vocab):
+    """The full projection weight (same on every rank), this rank's batch, targets, output grad."""
+    g = torch.Generator().manual_seed(seed)
+    w_full = torch.randn(hidden, vocab, generator=g) * 0.5
+    g_rank = torch.Generator().manual_seed(seed * 1000 + rank + 1)
+    n = tokens[rank]
+    x = torch.randn(n, hidden, generator=g_rank)
+    targets = torch.randint(0, vocab, (n,), generator=g_rank)
+    grad_out = torch.rand(n, generator=g_rank)
+    return w_full, x, targets, grad_out
+
+
+def vocab_loss(ctx, cases):
+    return [_vocab_loss_one(ctx, **case) for case in cases]
+
+
+def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None):
+    from moe_repro.components.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
+
+    w_full, x, targets, grad_out = vocab_inputs(seed, ctx.rank, tokens, hidden, vocab)
+    lo, hi = shard_bounds(vocab, ctx.world_size)[ctx.rank]
+    w_local = w_full[:, lo:hi].clone().requires_grad_(True)
+    x.requires_grad_(True)
+    loss = vocab_parallel_cross_entropy(x, w_local, targets, vocab, block_cols=block_cols)
+    loss.backward(grad_out)
+    return {"loss": loss.tolist(), "grad_x": x.grad.tolist(), "grad_w": w_local.grad.tolist(),
+            "lo": lo, "hi": hi}
