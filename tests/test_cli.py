@@ -1,0 +1,127 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from click.testing import CliRunner
+
+from linkcheck import broken_links
+from moe_repro.cli import cli
+from procs import processes_with_env
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def repro(*args, env=None, timeout=120):
+    """The real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_list_shows_implemented_and_planned(results_dir):
+    out = invoke("list")
+    assert out.exit_code == 0
+    assert "piper-table4" in out.output and "gemm" in out.output and "allreduce" in out.output
+    data = json.loads(invoke("list", "--json").output)
+    ids = {r["id"]: r for r in data["reproductions"]}
+    assert ids["piper-table4"]["implemented"] is True
+    assert len(ids) >= 35  # the whole DESIGN.md inventory is listed
+
+
+def test_run_writes_the_contract(results_dir, tmp_path):
+    out_json = tmp_path / "out.json"
+    res = invoke("run", "piper-table4", "--json", str(out_json), "--out", str(tmp_path / "rep"))
+    assert res.exit_code == 0
+    assert "Switch-Base" in res.output and "deviates" in res.output
+    data = json.loads(out_json.read_text())
+    assert {"id", "title", "cells", "environment"} <= set(data)
+    for cell in data["cells"]:
+        assert {"row", "column", "paper", "ours", "unit", "verdict"} <= set(cell)
+        assert cell["verdict"] in ("match", "deviates", "no-paper-value", "not-reproduced")
+        if cell["verdict"] == "deviates":
+            assert cell["note"]
+    env = data["environment"]
+    for key in ("python", "torch", "cpu_model", "cpu_count", "hostname", "git_commit", "git_dirty",
+                "timestamp", "command"):
+        assert key in env
+    assert (tmp_path / "rep" / "piper-table4.html").exists()
+    assert len(list((results_dir / "reproductions" / "piper-table4").glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize("args,needle", [(["run", "nope"], "unknown reproduction 'nope'"),
+                                         (["run", "piper-tabel4"], "did you mean piper-table4"),
+                                         (["run", "piper-table4", "--param", "gpus=0"], "positive"),
+                                         (["bench", "gemmm"], "did you mean gemm"),
+                                         (["bench", "gemm", "--param", "n=abc"], "cannot read"),
+                                         (["bench", "gemm", "--size", "3"], "no parameter 'size'"),
+                                         (["run", "--bogus"], "No such option")])
+def test_bad_input_is_one_line_and_exit_2(results_dir, args, needle):
+    res = repro(*args)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bench_gemm_via_cli(results_dir, tmp_path):
+    out = tmp_path / "g.json"
+    res = invoke("bench", "gemm", "--n", "32,48", "--repeats", "2", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["suite"] == "gemm" and len(data["records"]) == 2 and "environment" in data
+    assert all(r["correct"] for r in data["records"])
+
+
+def test_site_links_every_reproduction_page(results_dir, tmp_path):
+    invoke("run", "piper-table4", "--quiet")
+    invoke("bench", "gemm", "--n", "32", "--repeats", "2")
+    site = tmp_path / "site"
+    assert invoke("site", "build", "--out", str(site)).exit_code == 0
+    index = (site / "index.html").read_text()
+    assert 'href="repro/piper-table4.html"' in index
+    page = (site / "repro" / "piper-table4.html").read_text()
+    assert "Mixtral 8x7B" in page and "repro run piper-table4" in page and "mixes units" in page
+    assert broken_links(site) == []
+
+
+@pytest.mark.multiprocess
+def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, MOE_REPRO_TEST_TAG=tag)
+    proc = subprocess.Popen([sys.executable, "-c", "from moe_repro.cli import main; main()",
+                             "bench", "allreduce", "--ranks", "3", "--backend", "gloo",
+                             "--bytes", "4096", "--repeats", "100000", "--min-sample-s", "0.05",
+                             "--timeout", "90"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        workers = []
+        deadline = time.monotonic() + 60
+        while len(workers) < 3 and time.monotonic() < deadline:  # wait for the three ranks
+            workers = [p for p in processes_with_env(tag) if p != proc.pid and _is_worker(p)]
+            time.sleep(0.2)
+        assert len(workers) == 3
+        time.sleep(3)  # let them get into the timed collectives
+        os.kill(workers[1], signal.SIGKILL)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "rank(s)" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert processes_with_env(tag) == []
+
+
+def _is_worker(pid):
+    try:
+        return b"moe_repro.worker" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False

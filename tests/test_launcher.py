@@ -1,0 +1,82 @@
+import os
+import time
+import uuid
+
+import pytest
+
+from moe_repro.launch import RankFailure, run_ranks
+from procs import processes_with_env
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture
+def tag(monkeypatch):
+    value = f"MOE_REPRO_TEST_TAG={uuid.uuid4().hex}"
+    key, _, v = value.partition("=")
+    monkeypatch.setenv(key, v)
+    return v
+
+
+def _none_left(tag):
+    for _ in range(50):
+        if not processes_with_env(tag):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("world,per_node", [(4, 2), (4, 1), (2, 2)])
+def test_ranks_know_their_emulated_node(targets_on_path, world, per_node):
+    out = run_ranks("_launch_targets:identity", {"tag": "x"}, world_size=world,
+                    ranks_per_node=per_node, timeout_s=60)
+    assert [o["rank"] for o in out] == list(range(world))
+    assert [o["node"] for o in out] == [r // per_node for r in range(world)]
+    assert [o["env_local_rank"] for o in out] == [r % per_node for r in range(world)]
+    assert all(o["tag"] == "x" and o["world"] == world for o in out)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_real_collective_over_backends(targets_on_path, backend):
+    out = run_ranks("_launch_targets:allreduce_sum", {}, world_size=3, backend=backend, timeout_s=60)
+    assert out == [6, 6, 6]
+
+
+def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        run_ranks("_launch_targets:killed_mid_collective", {"victim": 1}, world_size=3, timeout_s=60)
+    assert time.monotonic() - start < 60
+    assert 1 in err.value.ranks
+    assert _none_left(tag)
+
+
+def test_raising_rank_is_named_with_its_error(targets_on_path, tag):
+    with pytest.raises(RankFailure) as err:
+        run_ranks("_launch_targets:raises", {"victim": 2}, world_size=3, timeout_s=60)
+    assert err.value.ranks == [2]
+    assert "deliberate failure" in str(err.value)
+    assert _none_left(tag)
+
+
+def test_hung_rank_times_out(targets_on_path, tag):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        run_ranks("_launch_targets:hangs", {"victim": 0}, world_size=2, timeout_s=8)
+    assert 7 < time.monotonic() - start < 30
+    assert err.value.ranks == [0]
+    assert "did not finish within 8 s" in str(err.value)
+    assert _none_left(tag)
+
+
+def test_hung_mpi_world_is_killed_and_leaves_nothing(targets_on_path, tag):
+    with pytest.raises(RankFailure):
+        run_ranks("_launch_targets:hangs", {"victim": 1}, world_size=2, backend="mpi", timeout_s=6)
+    assert _none_left(tag)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError):
+        run_ranks("x:y", world_size=4, ranks_per_node=3)
+    with pytest.raises(ValueError):
+        run_ranks("x:y", world_size=2, backend="carrier-pigeon")

@@ -1,0 +1,44 @@
+import json
+import os
+
+import pytest
+
+from moe_repro.atomic import atomic_write_json, atomic_write_text
+from moe_repro.store import ResultsStore
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    p = tmp_path / "a" / "x.json"
+    atomic_write_json(p, {"v": 1})
+    atomic_write_json(p, {"v": 2})
+    assert json.loads(p.read_text()) == {"v": 2}
+    assert [f.name for f in p.parent.iterdir()] == ["x.json"]
+
+
+def test_interrupted_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    p = tmp_path / "x.txt"
+    atomic_write_text(p, "old")
+
+    def boom(src, dst):
+        raise KeyboardInterrupt  # as if the user pressed ^C between write and rename
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(p, "new" * 1000)
+    monkeypatch.undo()
+    assert p.read_text() == "old"
+    assert [f.name for f in tmp_path.iterdir()] == ["x.txt"]
+
+
+def test_store_keeps_every_run_and_finds_the_latest(tmp_path):
+    store = ResultsStore(tmp_path)
+    env = lambda ts: {"timestamp": ts, "git_commit": "abc"}
+    store.save("reproductions", "piper-table4", {"n": 1, "environment": env("2026-01-01T00:00:00+00:00")})
+    store.save("reproductions", "piper-table4", {"n": 2, "environment": env("2026-01-02T00:00:00+00:00")})
+    store.save("reproductions", "piper-table4", {"n": 3, "environment": env("2026-01-02T00:00:00+00:00")})
+    assert len(store.history("reproductions", "piper-table4")) == 3
+    assert store.latest("reproductions", "piper-table4")["n"] in (2, 3)
+    assert store.latest("suites", "nothing") is None
+    assert store.names("reproductions") == ["piper-table4"]
+    with pytest.raises(ValueError):
+        store.save("elsewhere", "x", {})

@@ -1,0 +1,56 @@
+import pytest
+
+from moe_repro.suites import all_suites
+from moe_repro.suites.runner import RunConfig, run_suite
+from moe_repro.suites.stats import quantile, summarize
+
+
+def test_quantiles_match_hand_values():
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(1.75)
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+
+
+def test_grid_and_overrides_are_typed_and_validated():
+    gemm = all_suites()["gemm"]
+    grid = gemm.grid(gemm.parse_overrides(["n=64,96", "dtype=float32"]))
+    assert [p["n"] for p in grid] == [64, 96]
+    for bad in (["m=3"], ["n=x"], ["n"], ["=3"]):
+        with pytest.raises(ValueError):
+            gemm.parse_overrides(bad)
+
+
+def test_gemm_suite_measures_and_checks():
+    gemm = all_suites()["gemm"]
+    records = run_suite(gemm, gemm.grid({"n": [32, 64]}), RunConfig(repeats=3, min_sample_s=0.001))
+    assert [r["n"] for r in records] == [32, 64]
+    for r in records:
+        assert r["correct"] is True and r["wrong"] == 0
+        assert len(r["samples"]["time_s"]) == 3
+        assert r["time_s_min"] <= r["time_s"] <= r["time_s_max"]
+        # derived per sample: the median TFLOP/s is the one of the median time
+        assert r["tflops"] == pytest.approx(2 * r["n"] ** 3 / r["time_s"] / 1e12)
+
+
+def test_gemm_check_counts_wrong_elements():
+    from moe_repro.suites import gemm
+
+    state = gemm.setup({"n": 16, "dtype": "float32", "device": "cpu"})
+    real_mm = gemm.torch.mm
+    try:
+        gemm.torch.mm = lambda a, b, out: out.copy_(real_mm(a, b) + 1.0)  # a broken kernel
+        assert gemm.check(state) == 256
+    finally:
+        gemm.torch.mm = real_mm
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_allreduce_suite_runs_for_real_on_both_backends(ranks):
+    suite = all_suites()["allreduce"]
+    grid = suite.grid({"ranks": [ranks], "bytes": [8, 4096]})
+    records = run_suite(suite, grid, RunConfig(repeats=2, min_sample_s=0.001, timeout_s=120))
+    assert {(r["backend"], r["bytes"]) for r in records} == {("gloo", 8), ("gloo", 4096), ("mpi", 8), ("mpi", 4096)}
+    for r in records:
+        assert r["correct"] and r["world_size"] == ranks
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (ranks - 1) / ranks, rel=1e-9)
