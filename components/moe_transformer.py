@@ -6,9 +6,8 @@ token embedding, the last stage the final norm and the LM head.
 
     block(x) = x + attn(norm1(x));  x + moe(norm2(x))
     attn     = causal multi-head attention (torch SDPA)
-    moe      = top-k softmax router -> padding-free dispatch (components/pft.py) -> all-to-all-v
-               over the EP group (components/alltoall_flat.py) -> SwiGLU experts -> all-to-all-v
-               back -> weighted combine
+    moe      = components/moe_layer.py: top-k softmax router -> padding-free dispatch (PFT) ->
+               all-to-all-v over the EP group -> SwiGLU experts -> all-to-all-v back -> combine
 
 Parameters are initialised from a seed *per parameter name* (expert weights per global expert
 index), so a stage built on any rank holds exactly the values the single-process reference model
@@ -32,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe_repro.components.alltoall_flat import all_to_all_v
-from moe_repro.components.pft import build_pft, gather_tokens, scatter_combine
+from moe_repro.components.gating import GateOutput
+from moe_repro.components.moe_layer import MoELayer
 
 
 @dataclass(frozen=True)
@@ -122,15 +121,25 @@ class _Mark(torch.autograd.Function):
         return grad, None, None, None
 
 
-def _timed(clock: RegionClock | None, key: str, fn, x: torch.Tensor) -> torch.Tensor:
+def _timed(clock: RegionClock | None, key: str, fn, x: torch.Tensor):
+    """Run ``fn(x)``, adding its forward time and (through identity marks on its input and
+    tensor output) its backward time to ``clock[key]``. ``fn`` may return a tensor, a
+    (tensor, extra) pair, or a GateOutput (marked on its combine weights)."""
     if clock is None:
         return fn(x)
     if x.requires_grad:
         x = _Mark.apply(x, clock, key, False)
     start = clock.now()
-    y = fn(x)
+    out = fn(x)
     clock.add(key, clock.now() - start)
-    return _Mark.apply(y, clock, key, True) if y.requires_grad else y
+
+    def mark(t):
+        return _Mark.apply(t, clock, key, True) if t.requires_grad else t
+    if isinstance(out, tuple):
+        return (mark(out[0]), *out[1:])
+    if isinstance(out, GateOutput):
+        return GateOutput(out.top_experts, mark(out.combine_weights), out.scores)
+    return mark(out)
 
 
 # --- layers -------------------------------------------------------------------------------------
@@ -167,81 +176,39 @@ class _AddAuxLossGrad(torch.autograd.Function):
 
 
 class ExpertParallelMoE(nn.Module):
-    """Router (replicated) + this rank's E/EP SwiGLU experts, expert-parallel over ``ep_group``.
-
-    Expert e lives on EP rank e // (E/EP) (contiguous blocks). Expert weights are stacked:
-    w_gate, w_up [E_local, d, f], w_down [E_local, f, d].
-    """
+    """The padding-free MoE layer of components/moe_layer.py (router replicated, E/EP experts
+    per EP rank, contiguous placement: expert e on EP rank e // (E/EP)), run stage by stage so
+    that the trainer can time router+experts apart from the all-to-alls, plus the optional
+    Switch balance loss on this rank's tokens."""
 
     def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None):
         super().__init__()
         if cfg.n_experts % ep_size:
             raise ValueError(f"EP={ep_size} must divide the expert count {cfg.n_experts} (Piper Eq. 8)")
         self.cfg = cfg
-        self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, ep_group
-        self.n_local = cfg.n_experts // ep_size
-        self.first_expert = ep_rank * self.n_local
-        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
-        d, f = cfg.d_model, cfg.d_ffn
-        self.w_gate = nn.Parameter(torch.empty(self.n_local, d, f))
-        self.w_up = nn.Parameter(torch.empty(self.n_local, d, f))
-        self.w_down = nn.Parameter(torch.empty(self.n_local, f, d))
+        self.first_expert = ep_rank * (cfg.n_experts // ep_size)
+        self.layer = MoELayer(cfg.d_model, cfg.d_ffn, cfg.n_experts, cfg.top_k,
+                              expert_parallel=ep_size > 1, ep_group=ep_group)
+        if self.layer.local_experts[0] != self.first_expert:
+            raise ValueError("EP group rank does not match the mesh's EP coordinate")
         self.clock: RegionClock | None = None
-
-    def _experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """SwiGLU per local expert over its contiguous segment of rows (zero-row experts skip)."""
-        outs = []
-        for j, part in enumerate(rows.split(counts)):
-            if part.shape[0]:
-                h = F.silu(part @ self.w_gate[j]) * (part @ self.w_up[j])
-                outs.append(h @ self.w_down[j])
-        return torch.cat(outs) if outs else rows.new_zeros((0, rows.shape[1])) + 0 * self.w_down.sum()
-
-    def _a2a(self, rows, send, recv):
-        return _timed(self.clock, "alltoall",
-                      lambda t: all_to_all_v(t, send, recv, group=self.ep_group), rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        clock = self.clock
-        t0 = clock.now() if clock else 0.0
-        probs = F.softmax(self.router(x), dim=-1)
-        top_w, top_e = probs.topk(self.cfg.top_k, dim=-1)
-        pft = build_pft(top_e, top_w, self.cfg.n_experts)
-        rows = gather_tokens(x, pft)
-        if self.ep_size == 1:
-            y = self._experts(rows, pft.tokens_per_expert.tolist())
-        else:
-            # Rows are sorted by global expert, so the rows for EP rank r are one contiguous block.
-            per_rank_expert = pft.tokens_per_expert.view(self.ep_size, self.n_local)
-            recv_per_expert = torch.empty_like(per_rank_expert)
-            torch.distributed.all_to_all_single(recv_per_expert, per_rank_expert.contiguous(),
-                                                group=self.ep_group)
-            send = per_rank_expert.sum(1).tolist()
-            recv = recv_per_expert.sum(1).tolist()
-            if clock:
-                clock.add("experts", clock.now() - t0)
-            got = self._a2a(rows, send, recv)
-            t0 = clock.now() if clock else 0.0
-            # Received: by source rank, each block sorted by local expert. Regroup by expert.
-            local_expert = torch.repeat_interleave(
-                torch.arange(self.n_local).repeat(self.ep_size), recv_per_expert.reshape(-1))
-            order = torch.argsort(local_expert, stable=True)
-            y_sorted = self._experts(got[order], recv_per_expert.sum(0).tolist())
-            y_back = torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
-            if clock:
-                clock.add("experts", clock.now() - t0)
-            y = self._a2a(y_back, recv, send)
-            t0 = clock.now() if clock else 0.0
-        out = scatter_combine(y, pft)
+        layer, clock = self.layer, self.clock
+        gate_out = _timed(clock, "experts", layer.route, x)
+        pft = layer.make_pft(gate_out)
+        rows = _timed(clock, "experts", lambda t: layer.buffer_dispatch(t, pft), x)
+        expert_in, plan = _timed(clock, "alltoall", lambda t: layer.dispatch_alltoall(t, pft), rows)
+        y = _timed(clock, "experts", lambda t: layer.expert_compute(t, plan), expert_in)
+        y = _timed(clock, "alltoall", lambda t: layer.combine_alltoall(t, plan), y)
+        out = _timed(clock, "experts", lambda t: layer.buffer_combine(t, pft), y)
         if self.cfg.aux_loss_coef and self.training:
             # Switch load-balancing loss on this rank's tokens: E * sum_e f_e * P_e.
-            frac = pft.tokens_per_expert.to(x.dtype) / max(1, pft.num_rows)
-            aux = self.cfg.n_experts * (frac * probs.mean(0)).sum()
+            frac = pft.tokens_per_expert.to(gate_out.scores.dtype) / max(1, pft.num_rows)
+            aux = self.cfg.n_experts * (frac * gate_out.scores.mean(0)).sum()
             out = _AddAuxLossGrad.apply(out, aux, self.cfg.aux_loss_coef)
-        if clock:
-            clock.add("experts", clock.now() - t0)
         return out.reshape(shape)
 
 
@@ -282,11 +249,12 @@ class StageModule(nn.Module):
     def reset_parameters(self, seed: int) -> None:
         """GPT-2 style: N(0, 0.02), output projections N(0, 0.02 / sqrt(2L)), norms 1."""
         proj_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        experts = expert_param_names(self)
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name.endswith((".w_gate", ".w_up", ".w_down")):
-                    moe = self.get_submodule(name.rsplit(".", 1)[0])
-                    std = proj_std if name.endswith("w_down") else 0.02
+                if name in experts:
+                    moe = expert_owner(self, name)
+                    std = proj_std if name.endswith("w_out") else 0.02
                     for j in range(p.shape[0]):  # one stream per *global* expert
                         p[j].copy_(_seeded_normal(p.shape[1:], std, seed,
                                                   f"{name}[{moe.first_expert + j}]"))
@@ -331,7 +299,12 @@ def split_layers(n_layers: int, n_stages: int) -> list[list[int]]:
 
 
 def expert_param_names(module: nn.Module) -> set[str]:
-    return {n for n, _ in module.named_parameters() if n.endswith((".w_gate", ".w_up", ".w_down"))}
+    """Names of the per-expert weights (stacked [E_local, ...]; everything else is replicated)."""
+    return {n for n, _ in module.named_parameters() if ".experts." in n}
+
+
+def expert_owner(module: nn.Module, name: str) -> "ExpertParallelMoE":
+    return module.get_submodule(name.split(".moe.")[0] + ".moe")
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.components.moe_transformer import (RegionClock, StageModule, TransformerConfig,
-                                                  expert_param_names, lm_loss, split_layers)
+                                                  expert_owner, expert_param_names, lm_loss,
+                                                  split_layers)
 from moe_repro.components.text_data import BYTE_VOCAB, global_batch
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -314,7 +315,7 @@ def _named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
     for m in state.modules:
         expert_names = expert_param_names(m)
         for name, p in m.named_parameters():
-            first = m.get_submodule(name.rsplit(".", 1)[0]).first_expert if name in expert_names else -1
+            first = expert_owner(m, name).first_expert if name in expert_names else -1
             out[name] = (first, p.grad.detach().clone())
     return out
 
