@@ -137,8 +137,8 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         candidates.append(c)
     candidates.sort(key=lambda c: (not c.feasible, -(c.estimate.mfu if c.estimate else 0), c.peak_bytes))
     assumptions = [
-        f"global batch {B} sequences of {seq} tokens; M = {'given' if micro_batches else f'{alpha} x PP'} "
-        "micro-batches; 1F1B schedule" if schedule == "1f1b" else "GPipe schedule",
+        f"global batch {B} sequences of {seq} tokens; M = {micro_batches or f'{alpha} x PP'} "
+        f"micro-batches; {'1F1B' if schedule == '1f1b' else 'GPipe'} schedule",
         f"memory: 16 B/param (bf16 weight+grad, fp32 master+Adam), ZeRO-{zero_stage}, "
         f"{'FlashAttention' if flash else 'materialised attention scores'}, framework overhead "
         f"{p.overhead_bytes / GB:g} GB, embeddings on stage 0, output head + fp32 logits on the last stage",
