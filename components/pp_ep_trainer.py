@@ -509,3 +509,16 @@ def _compare_with_reference(state: RankState, grads_per_step: list[dict], is_roo
                     worst, worst_name = d, name
     return {"reference_losses": ref["losses"], "reference_max_abs_diff_grads": worst,
             "reference_worst_param": worst_name}
+
+
+def launch_training(cfg: TrainConfig, timeout_s: float = 600.0) -> dict:
+    """Start dp x pp x ep real ranks on this machine (gloo) and return rank 0's report.
+
+    A rank that dies makes the launcher kill the others at once (moe_repro.launch.run_ranks);
+    a hung world is killed after ``timeout_s``: either way RankFailure names the ranks."""
+    from moe_repro.launch import run_ranks
+
+    cfg.validate()
+    results = run_ranks("moe_repro.components.pp_ep_trainer:train_rank", asdict(cfg),
+                        world_size=cfg.world_size, backend="gloo", timeout_s=timeout_s)
+    return results[0]

@@ -1,0 +1,118 @@
+"""``repro train``: the PP x EP (x DP) pipelined MoE trainer (Piper Sec. III-D), for real.
+
+Launches its own gloo ranks on this machine unless it was started by torchrun / srun / mpirun,
+in which case it joins that world (NCCL when a GPU is present) and rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import click
+
+from moe_repro.errors import BadInput, RunFailure
+
+# fp32 end to end: distributed and single-process gradients agree to rounding (summation order).
+REFERENCE_TOLERANCE = 1e-5
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2 ** 20:.2f} MiB"
+
+
+def format_report(r: dict) -> str:
+    c = r["config"]
+    lines = [f"train {c['model']}: PP={c['pp']} EP={c['ep']} DP={c['dp']} schedule={c['schedule']} "
+             f"M={c['micro_batches']} x {c['micro_batch_size']} seq, {r['world_size']} ranks "
+             f"({r['backend']}, {r['device']})"]
+    for i, loss in enumerate(r["losses"]):
+        ref = (f"  reference {r['reference_losses'][i]:.6f}" if "reference_losses" in r else "")
+        lines.append(f"  step {i}: loss {loss:.6f}{ref}")
+    lines.append(f"  tokens/s {r['tokens_per_s']:.0f} (median step {r['step_s'] * 1e3:.1f} ms over "
+                 f"{len(r['step_s_all'])} timed steps; MFU {r['mfu']:.2%} of the measured GEMM peak)")
+    lines.append(f"  bubble measured {r['bubble_measured']:.3f}, (PP-1)/(vM+PP-1) = "
+                 f"{r['bubble_theory']:.3f}")
+    for s in r["per_stage"]:
+        lines.append(f"  stage {s['pp_rank']}: activation peak {_mib(s['activation_peak_bytes'])}, "
+                     f"static {_mib(s['static_bytes'])}, bubble {s['bubble']:.3f}")
+    split = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r["time_split_s"].items())
+    lines.append(f"  time split per step, ms (mean over ranks): {split}")
+    if "reference_max_abs_diff" in r:
+        lines.append(f"  reference_max_abs_diff {r['reference_max_abs_diff']:.3g} (grads "
+                     f"{r['reference_max_abs_diff_grads']:.3g}, losses "
+                     f"{r['reference_max_abs_diff_losses']:.3g})")
+    return "\n".join(lines)
+
+
+@click.command("train")
+@click.option("--model", default="tiny-moe", show_default=True, help="Model zoo key.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
+@click.option("--ep", type=int, default=1, show_default=True, help="Expert-parallel ranks per stage.")
+@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel replicas (outside).")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved"]), default="1f1b",
+              show_default=True)
+@click.option("--micro-batches", type=int, default=4, show_default=True, help="M per step.")
+@click.option("--micro-batch-size", type=int, default=2, show_default=True,
+              help="Sequences per micro-batch per pipeline.")
+@click.option("--steps", type=int, default=4, show_default=True)
+@click.option("--seq-len", type=int, default=None, help="Default: the zoo's value for the model.")
+@click.option("--layers", "n_layers", type=int, default=None, help="Override the layer count.")
+@click.option("--virtual-stages", type=int, default=2, show_default=True,
+              help="Stages per rank for --schedule interleaved.")
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--aux-loss-coef", type=float, default=0.01, show_default=True,
+              help="Router load-balancing loss weight (Switch Transformer).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--checkpoint/--no-checkpoint", default=False, show_default=True,
+              help="Activation checkpointing of every transformer block.")
+@click.option("--check-reference", is_flag=True,
+              help="Also run the same steps in one process and report reference_max_abs_diff.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+              help="Kill every rank and fail if the run takes longer (s).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the report (losses, tokens_per_s, per_stage, bubble, time split, MFU).")
+def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps, seq_len, n_layers,
+            virtual_stages, lr, aux_loss_coef, seed, checkpoint, check_reference, timeout_s,
+            json_path) -> None:
+    """Train an MoE transformer with PP x EP (x DP) and a pipeline schedule, on real text.
+
+    Reports the loss of every step, tokens/s, per-stage peak memory (Piper Eq. 4), the measured
+    pipeline bubble next to (PP-1)/(M+PP-1), the time split (attention, experts, all-to-all,
+    P2P, idle) and estimated MFU. Example:
+
+      repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json
+    """
+    from moe_repro.atomic import atomic_write_json
+    from moe_repro.components.pp_ep_trainer import TrainConfig, launch_training, train_rank
+    from moe_repro.environment import collect_environment
+    from moe_repro.launch import RankFailure, init_launched_world, launched_world_size
+
+    cfg = TrainConfig(model=model, pp=pp, ep=ep, dp=dp, schedule=schedule,
+                      micro_batches=micro_batches, micro_batch_size=micro_batch_size, steps=steps,
+                      seq_len=seq_len, n_layers=n_layers, virtual_stages=virtual_stages, lr=lr,
+                      aux_loss_coef=aux_loss_coef, seed=seed, checkpoint=checkpoint,
+                      check_reference=check_reference)
+    try:
+        cfg.validate()
+    except (ValueError, KeyError) as e:
+        raise BadInput(str(e).strip("'\"")) from None
+    launched = launched_world_size()
+    if launched:
+        import torch
+
+        if launched != cfg.world_size:
+            raise BadInput(f"the launcher started {launched} ranks; dp x pp x ep = {cfg.world_size}")
+        ctx = init_launched_world("nccl" if torch.cuda.is_available() else "gloo")
+        report = train_rank(ctx, **cfg.__dict__)
+        if ctx.rank != 0:
+            return
+    else:
+        try:
+            report = launch_training(cfg, timeout_s=timeout_s)
+        except RankFailure as e:
+            raise RunFailure(str(e)) from None
+    report["environment"] = collect_environment()
+    click.echo(format_report(report))
+    if json_path:
+        atomic_write_json(json_path, report)
+    if check_reference and report["reference_max_abs_diff"] > REFERENCE_TOLERANCE:
+        raise RunFailure(f"reference_max_abs_diff {report['reference_max_abs_diff']:.3g} > "
+                         f"{REFERENCE_TOLERANCE:g}: the distributed run differs from one process")
