@@ -1,0 +1,137 @@
+"""Shared set-up for the moe-dispatch and moe-layer suites: one MoE layer forward, cut into the
+stages of X-MoE Fig. 11, each stage a zero-argument call on inputs prepared beforehand.
+
+impl "pft":    gating (+ PFT construction), buffer dispatch (gather), dispatch all-to-all-v,
+               expert (grouped GEMM), combine all-to-all-v, buffer combine (weighted scatter).
+impl "padded": gating (+ dispatch mask and combine tensor [S, E, C]), buffer dispatch (einsum
+               into [E, C, H]), even all-to-all, expert (bmm on [E_local, W*C, H]), even
+               all-to-all back, buffer combine (einsum).
+Forward only, under torch.no_grad() (Fig. 11 is a forward breakdown). Peak memory of a stage is
+measured once per grid point after a warm-up call: peak allocated bytes on CUDA, else the
+process's peak resident set rise (components/peak_memory.py), max over ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_repro.components.moe_layer import MoELayer
+from moe_repro.components.padded_moe import PaddedMoELayer
+
+IMPLS = ("pft", "padded")
+STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a", "buffer_combine")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def device_for(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
+    impl = params["impl"]
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if params["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {params['dtype']!r}")
+    tokens, hidden = int(params["tokens"]), int(params["d_model"])
+    experts, top_k = int(params["experts"]), int(params["top_k"])
+    if min(hidden, experts, int(params["d_ffn"])) < 1 or tokens < 0 or not 1 <= top_k <= experts:
+        raise ValueError("need tokens >= 0, d_model, d_ffn, experts >= 1 and 1 <= top_k <= experts")
+    device, dtype = device_for(params["device"]), DTYPES[params["dtype"]]
+    torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
+    cls = PaddedMoELayer if impl == "padded" else MoELayer
+    layer = cls(hidden, int(params["d_ffn"]), experts, top_k,
+                capacity_factor=float(params["capacity_factor"]), gemm=params.get("gemm", "sequential"),
+                expert_parallel=ctx is not None and ctx.world_size > 1, dtype=dtype, device=device)
+    g = torch.Generator().manual_seed(99 + (ctx.rank if ctx is not None else 0))
+    x = torch.randn(tokens, hidden, generator=g).to(device=device, dtype=dtype)
+    return layer, x
+
+
+def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
+    """Run the forward once, keeping every stage's input; return {stage: call} (and products)."""
+    calls = {}
+    with torch.no_grad():
+        if impl == "pft":
+            calls["gating"] = lambda: layer.make_pft(layer.route(x))
+            pft = calls["gating"]()
+            calls["buffer_dispatch"] = lambda: layer.buffer_dispatch(x, pft)
+            dispatch_in = calls["buffer_dispatch"]()
+            calls["dispatch_a2a"] = lambda: layer.dispatch_alltoall(dispatch_in, pft)
+            expert_in, plan = calls["dispatch_a2a"]()
+            calls["expert"] = lambda: layer.expert_compute(expert_in, plan)
+            expert_out = calls["expert"]()
+            calls["combine_a2a"] = lambda: layer.combine_alltoall(expert_out, plan)
+            combine_in = calls["combine_a2a"]()
+            calls["buffer_combine"] = lambda: layer.buffer_combine(combine_in, pft)
+            rows = pft.num_rows
+        else:
+            def gating():
+                gate = layer.route(x)
+                return gate, layer.make_masks(gate)
+            calls["gating"] = gating
+            _, (mask, combine) = gating()
+            calls["buffer_dispatch"] = lambda: layer.buffer_dispatch_padded(x, mask)
+            buffers = calls["buffer_dispatch"]()
+            calls["dispatch_a2a"] = lambda: layer.dispatch_alltoall_padded(buffers)
+            expert_in = calls["dispatch_a2a"]()
+            calls["expert"] = lambda: layer.expert_compute_padded(expert_in)
+            expert_out = calls["expert"]()
+            capacity = mask.shape[2]
+            calls["combine_a2a"] = lambda: layer.combine_alltoall_padded(expert_out, capacity)
+            combine_in = calls["combine_a2a"]()
+            calls["buffer_combine"] = lambda: layer.buffer_combine_padded(combine_in, combine)
+            rows = layer.num_experts * capacity
+    calls["layer"] = lambda: layer(x)
+    return {"calls": calls, "buffer_rows": rows}
+
+
+def measure_peak_bytes(call, device: torch.device, ctx) -> float:
+    """Peak memory of one call above what was allocated before it (see module docstring)."""
+    with torch.no_grad():
+        call()  # warm-up: lazily built kernels, thread pools
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            call()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            from moe_repro.components.peak_memory import (measure_peak_rss, peak_supported,
+                                                          return_freed_memory_to_os)
+            if not peak_supported():
+                return float("nan")
+            return_freed_memory_to_os()
+            with measure_peak_rss() as m:
+                call()
+            peak = m.peak_bytes
+    return ctx.all_reduce_max(float(peak)) if ctx is not None else float(peak)
+
+
+def setup_stage(params: dict, ctx) -> dict:
+    stage = params["stage"]
+    layer, x = build(params, ctx)
+    prepared = stage_calls(layer, x, params["impl"])
+    calls = prepared["calls"]
+    if stage == "total":  # gating + buffer dispatch + buffer combine (the moe-dispatch total)
+        chosen = [calls["gating"], calls["buffer_dispatch"], calls["buffer_combine"]]
+        call = lambda: [c() for c in chosen]  # noqa: E731
+    elif stage in calls:
+        call = calls[stage]
+    else:
+        raise ValueError(f"stage must be one of {', '.join((*STAGES, 'layer', 'total'))}, got {stage!r}")
+    peak = measure_peak_bytes(call, x.device, ctx)
+    return {"call": call, "peak_bytes": peak, "buffer_rows": prepared["buffer_rows"],
+            "layer": layer, "x": x}
+
+
+def run_stage(state: dict) -> None:
+    with torch.no_grad():
+        state["call"]()
+
+
+def derive_stage(params: dict, state: dict, time_s: float) -> dict:
+    return {"peak_bytes": state["peak_bytes"], "buffer_rows": state["buffer_rows"]}

@@ -1,0 +1,95 @@
+"""moe-dispatch: padding-free (PFT) vs capacity-padded dispatch, time and peak memory per stage.
+
+Single process, forward, no experts (X-MoE Sec. 5.4.1: gating, buffer dispatch, buffer combine).
+``stage=total`` chains the three. Default shapes are DeepSeek-like, the X-MoE Small layer
+(H = 2048, E = 64, k = 6, 4096 tokens, capacity factor 1.25).
+
+Work per call (S tokens, k, E, C = ceil(1.25 S k / E), H):
+  pft    gather/scatter move S*k*H elements each; PFT build sorts S*k keys.
+  padded dispatch/combine einsums are [E*C, S] x [S, H] matmuls: 2*E*C*S*H FLOPs each, and the
+         mask and combine tensors hold S*E*C elements each (X-MoE App. B.5).
+The check (#wrong) runs gating -> dispatch -> combine with identity experts and compares with
+x[t] * (sum of t's kept weights), the kept pairs found by a plain Python pass over the routing
+(PFT: per expert the C largest weights; padded: GShard position < C).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_repro.components.moe_layer import expert_capacity
+from moe_repro.suites._moe_stages import derive_stage, run_stage, setup_stage
+from moe_repro.suites.base import Metric, Suite
+
+
+def _kept_weight_per_token(impl: str, experts: list[list[int]], weights: list[list[float]],
+                           num_experts: int, capacity: int) -> list[float]:
+    tokens, top_k = len(experts), len(experts[0]) if experts else 0
+    kept = [0.0] * tokens
+    if impl == "pft":
+        per_expert: dict[int, list[tuple[float, int]]] = {}
+        for t in range(tokens):
+            for j in range(top_k):
+                per_expert.setdefault(experts[t][j], []).append((-weights[t][j], t * top_k + j))
+        for pairs in per_expert.values():
+            for neg_w, flat in sorted(pairs)[:capacity]:
+                kept[flat // top_k] += -neg_w
+    else:
+        filled = [0] * num_experts
+        for j in range(top_k):
+            for t in range(tokens):
+                e = experts[t][j]
+                if filled[e] < capacity:
+                    kept[t] += weights[t][j]
+                filled[e] += 1
+    return kept
+
+
+def check(state: dict) -> int:
+    layer, x = state["layer"], state["x"]
+    impl = "padded" if hasattr(layer, "make_masks") else "pft"
+    with torch.no_grad():
+        gate = layer.route(x)
+        if impl == "pft":
+            pft = layer.make_pft(gate)
+            out = layer.buffer_combine(layer.buffer_dispatch(x, pft), pft)
+        else:
+            mask, combine = layer.make_masks(gate)
+            out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
+    capacity = expert_capacity(x.shape[0], layer.num_experts, layer.top_k, layer.capacity_factor)
+    kept = _kept_weight_per_token(impl, gate.top_experts.tolist(), gate.combine_weights.tolist(),
+                                  layer.num_experts, capacity)
+    expected = x.float() * torch.tensor(kept, dtype=torch.float32, device=x.device).unsqueeze(1)
+    tol = 1e-4 if x.dtype == torch.float32 else 2e-2
+    return int(((out.float() - expected).abs() > tol * (1 + expected.abs())).sum())
+
+
+def setup(params: dict, ctx=None) -> dict:
+    if params["stage"] not in ("gating", "buffer_dispatch", "buffer_combine", "total"):
+        raise ValueError("moe-dispatch stages: gating, buffer_dispatch, buffer_combine, total")
+    return setup_stage(params, ctx)
+
+
+SUITE = Suite(
+    name="moe-dispatch",
+    description="Padding-free (pft) vs capacity-padded dispatch: time and peak memory of gating, "
+                "buffer dispatch and buffer combine (X-MoE Sec. 5.4.1).",
+    params={"impl": ["pft", "padded"], "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
+            "tokens": [4096], "d_model": [2048], "experts": [64], "top_k": [6],
+            "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"]},
+    quick={"stage": ["total"], "tokens": [512], "d_model": [256], "experts": [16], "top_k": [4]},
+    setup=setup,
+    run=run_stage,
+    derive=derive_stage,
+    check=check,
+    metrics=[Metric("peak_bytes", "B", "lower",
+                    description="peak memory of one call above the memory held before it"),
+             Metric("buffer_rows", "rows", "lower", kind="analytic",
+                    description="rows of the dispatch buffer: S*k retained (pft) or E*C (padded)")],
+    param_help={"impl": "pft (X-MoE padding-free) or padded (GShard/DeepSpeed-MoE)",
+                "stage": "gating, buffer_dispatch, buffer_combine, or total (all three)",
+                "tokens": "S, tokens in the layer's input", "d_model": "H", "experts": "E",
+                "top_k": "k", "capacity_factor": "C = ceil(capacity_factor * S * k / E)",
+                "d_ffn": "expert width (experts are not run in this suite)",
+                "dtype": "float32 or bfloat16", "device": "auto (cuda if present), cpu or cuda"},
+)
