@@ -52,6 +52,9 @@ class Suite:
     world_params: tuple[str, ...] = ()  # params that define a world of ranks
     param_help: dict[str, str] = field(default_factory=dict)
     quick: dict[str, list] = field(default_factory=dict)  # a smaller grid for CI / --quick
+    # Params computed from each grid point (e.g. ranks = nodes * gpus_per_node); they join the
+    # point (and its record) but are not grid axes. May raise ValueError for a bad point.
+    derived_params: Callable[[dict], dict] | None = None
 
     @property
     def distributed(self) -> bool:
@@ -65,7 +68,10 @@ class Suite:
         base = {**self.params, **(self.quick if quick else {})}
         values = {**base, **(overrides or {})}
         keys = list(values)
-        return [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
+        points = [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
+        if self.derived_params is not None:
+            points = [{**p, **self.derived_params(p)} for p in points]
+        return points
 
     def parse_overrides(self, pairs: list[str]) -> dict[str, list]:
         """Parse ``k=v1,v2`` strings; values take the type of the default grid's values."""

@@ -1,0 +1,255 @@
+"""MoE dispatch all-to-all over real ranks: flat, HALO (Piper Alg. 1) and RBD (X-MoE Sec. 4.2).
+
+Every algorithm does the same job, so their times compare: each rank holds ``tokens`` rows of
+``hidden`` float32 values and a random top-``top_k`` routing over ``experts`` experts (placed on
+ranks by ``placement``); the measured call turns (x, PFT) into each rank's expert inputs, in the
+flat all-to-all's layout, including the count/metadata exchange each algorithm needs:
+  flat  gather rows in send order, exchange counts, one all-to-all-v (torch all_to_all_single
+        on gloo/NCCL, Alltoallv on MPI)
+  halo  gather rows, all-gather the counts matrix, HALO's three phases
+  rbd   pilot selection, metadata, pilots across nodes, replicas inside nodes
+
+Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is
+what the ranks actually sent to ranks of other nodes during one call (all phases, metadata
+included, summed over ranks), counted by the communicators themselves.
+
+Byte count and bandwidth (nccl-tests alltoall conventions):
+    bytes = the mean per-rank dispatch payload = (routed pairs per rank) * hidden * 4
+            (the same logical payload for every algorithm)
+    algbw = bytes / time_s
+    busbw = algbw * (n - 1) / n
+``#wrong`` (--check) compares the dispatched rows, and for RBD also the combine, element by
+element with a single-process reference that rebuilds every rank's inputs from their seeds and
+routes them by a loop over tokens, with no communication.
+
+Worlds that do not fit here (more than MAX_LOCAL_RANKS ranks) belong to the flow-level topology
+simulator (its own issue); this suite refuses them and says so. Under torchrun/mpirun/srun the
+launched world is used; then nodes * gpus_per_node must equal its size.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from moe_repro.suites.base import Metric, Suite
+
+ALGOS = ("flat", "halo", "rbd")
+PLACEMENTS = ("contiguous", "strided", "random")
+MAX_LOCAL_RANKS = 16
+IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
+        "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
+        "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv"}
+
+_COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
+
+
+def derived_params(p: dict) -> dict:
+    from moe_repro.launch import launched_world_size
+
+    nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
+    if nodes < 1 or gpn < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
+    if p["algo"] not in ALGOS:
+        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {p['algo']!r}")
+    if p["placement"] not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}")
+    if p["backend"] not in IMPL:
+        raise ValueError(f"backend must be one of {', '.join(IMPL)}, got {p['backend']!r}")
+    _parse_fault(p["fault"])
+    for key in ("tokens", "hidden", "experts", "top_k"):
+        if int(p[key]) < (0 if key == "tokens" else 1):
+            raise ValueError(f"{key} must be positive, got {p[key]}")
+    if int(p["top_k"]) > int(p["experts"]):
+        raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
+    ranks = nodes * gpn
+    if ranks > MAX_LOCAL_RANKS and not launched_world_size():
+        raise ValueError(f"{nodes} nodes x {gpn} GPUs = {ranks} ranks do not fit on this machine "
+                         f"(at most {MAX_LOCAL_RANKS} local ranks); such worlds are for the "
+                         f"topology simulator (its own issue, not available in this suite), or "
+                         f"launch under torchrun/mpirun/srun")
+    return {"ranks": ranks, "ranks_per_node": gpn, "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+
+
+def _parse_fault(fault: str) -> tuple[str, int]:
+    kind, _, rank = str(fault).partition(":")
+    if kind == "none" and not rank:
+        return "none", -1
+    if kind in ("kill", "hang") and rank.isdigit():
+        return kind, int(rank)
+    raise ValueError(f"fault must be none, kill:RANK or hang:RANK, got {fault!r}")
+
+
+def _placement(kind: str, experts: int, ranks: int, seed: int) -> list[int]:
+    if kind == "contiguous":
+        return [e * ranks // experts for e in range(experts)]
+    if kind == "strided":
+        return [e % ranks for e in range(experts)]
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, ranks, (experts,), generator=g).tolist()
+
+
+def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [tokens, hidden] (small integers: sums stay exact), top experts, dyadic weights."""
+    S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
+    g = torch.Generator().manual_seed(7919 * int(params["seed"]) + rank)
+    x = torch.randint(-64, 64, (S, H), generator=g).float()
+    top = torch.argsort(torch.rand(S, E, generator=g), dim=1)[:, :k]
+    weights = torch.randint(1, 9, (S, k), generator=g).float() / 8
+    return x, top, weights
+
+
+def setup(params: dict, ctx) -> dict:
+    from moe_repro.components.alltoall_flat import flat_all_to_all_v  # noqa: F401 (import check)
+    from moe_repro.components.alltoall_halo import HaloAllToAll
+    from moe_repro.components.alltoall_rbd import RBDDispatcher, flat_send_layout
+    from moe_repro.components.pft import build_pft
+    from moe_repro.components.topology import Topology, build_communicators, bytes_by_link_class
+
+    nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
+    if nodes * gpn != ctx.world_size:
+        raise ValueError(f"this world has {ctx.world_size} ranks but --nodes {nodes} "
+                         f"--gpus-per-node {gpn} asks for {nodes * gpn}")
+    key = (ctx.backend, nodes, gpn)
+    if key not in _COMMS:
+        topo = Topology(nodes=nodes, ranks_per_node=gpn)
+        _COMMS[key] = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
+    comms = _COMMS[key]
+    placement = _placement(params["placement"], int(params["experts"]), ctx.world_size,
+                           int(params["seed"]))
+    x, top, weights = _rank_inputs(params, ctx.rank)
+    pft = build_pft(top, weights, int(params["experts"]))
+    order, send_counts = flat_send_layout(pft, placement, ctx.world_size)
+    token_order = pft.token_ids[order]
+    fault = _parse_fault(params["fault"])
+    state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"], "x": x,
+             "pft": pft, "placement": placement, "token_order": token_order,
+             "send_counts": send_counts, "fault": fault, "calls": 0}
+    if state["algo"] == "halo":
+        state["halo"] = HaloAllToAll(comms)
+    if state["algo"] == "rbd":
+        state["rbd"] = RBDDispatcher(comms, placement)
+        state["generator"] = torch.Generator().manual_seed(104729 + ctx.rank)
+
+    # One logged call: bytes per link class as actually sent, summed over the world.
+    log: list = []
+    comms.set_log(log)
+    _dispatch(state)
+    comms.set_log(None)
+    mine = bytes_by_link_class(log, comms.topo)
+    names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
+    totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
+    state["link_bytes"] = dict(zip(names, totals))
+    pairs = sum(comms.world.allgather_ints([pft.num_rows])[r][0] for r in range(ctx.world_size))
+    state["payload_bytes"] = pairs * int(params["hidden"]) * 4 / ctx.world_size
+    return state
+
+
+def _dispatch(state: dict) -> torch.Tensor:
+    from moe_repro.components.alltoall_flat import flat_all_to_all_v
+
+    algo, comms, x = state["algo"], state["comms"], state["x"]
+    if algo == "rbd":
+        return state["rbd"].dispatch(x, state["pft"], state["generator"])
+    send = x.index_select(0, state["token_order"])
+    if algo == "flat":
+        return flat_all_to_all_v(comms.world, send, state["send_counts"])
+    return state["halo"](send, state["send_counts"])
+
+
+def run(state: dict) -> None:
+    state["calls"] += 1
+    kind, victim = state["fault"]
+    if kind != "none" and victim == state["ctx"].rank and state["calls"] == 3:
+        # Fault injection for the failure tests: the peers are already inside this call's
+        # collective when the victim dies or stops.
+        time.sleep(0.2)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(3600)
+    _dispatch(state)
+
+
+def _reference(params: dict, placement: list[int], world: int, me: int):
+    """Single process, no communication: every rank's inputs from their seeds, a loop over
+    tokens. Returns (expected dispatch rows on rank ``me``, expected combine of y = 2*rows+1)."""
+    E = int(params["experts"])
+    rows = []
+    for s in range(world):  # flat layout: by source, then expert ascending, then token ascending
+        x, top, _ = _rank_inputs(params, s)
+        per_expert: dict[int, list] = {e: [] for e in range(E) if placement[e] == me}
+        for t, experts in enumerate(top.tolist()):
+            for e in experts:
+                if e in per_expert:
+                    per_expert[e].append(x[t])
+        for e in sorted(per_expert):
+            rows += per_expert[e]
+    expected = torch.stack(rows) if rows else torch.zeros(0, int(params["hidden"]))
+    x, top, w = _rank_inputs(params, me)
+    combined = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(top.shape[1]):
+            combined[t] += w[t, j] * (2 * x[t] + 1)  # every expert computes y = 2x + 1
+    return expected, combined
+
+
+def check(state: dict) -> int:
+    ctx, params = state["ctx"], state["params"]
+    out = _dispatch(state)
+    expected, combined = _reference(params, state["placement"], ctx.world_size, ctx.rank)
+    wrong = _count_wrong(out, expected)
+    if state["algo"] == "rbd":
+        y = state["rbd"].combine(2 * out + 1, int(params["tokens"]))
+        wrong += _count_wrong(y, combined)
+    return wrong
+
+
+def _count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
+    if got.shape != expected.shape:
+        return max(got.numel(), expected.numel(), 1)
+    return int((got != expected).sum())
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    n = int(params["ranks"])
+    algbw = state["payload_bytes"] / time_s
+    lb = state["link_bytes"]
+    return {"latency_s": time_s, "inter_node_bytes": lb["inter_node"],
+            "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
+            "busbw_GBps": algbw * (n - 1) / n / 1e9, "bytes": state["payload_bytes"]}
+
+
+SUITE = Suite(
+    name="alltoall",
+    description="MoE dispatch all-to-all over real ranks with emulated nodes: flat, HALO "
+                "(Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, inter-node bytes "
+                "actually sent, #wrong.",
+    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": list(ALGOS), "backend": ["gloo"],
+            "tokens": [256, 2048], "hidden": [256], "experts": [16], "top_k": [4],
+            "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
+    quick={"nodes": [2], "tokens": [64], "hidden": [64]},
+    world_params=("ranks", "backend", "ranks_per_node"),
+    derived_params=derived_params,
+    setup=setup,
+    run=run,
+    derive=derive,
+    check=check,
+    metrics=[Metric("inter_node_bytes", "B", "lower",
+                    description="bytes sent to other nodes in one call, all ranks, metadata included"),
+             Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n"),
+             Metric("algbw_GBps", "GB/s", "higher", description="mean per-rank payload / time_s"),
+             Metric("latency_s", "s", "lower", description="wall time of one dispatch (= time_s)"),
+             Metric("intra_node_bytes", "B", "none",
+                    description="bytes sent to other ranks of the same node in one call, all ranks"),
+             Metric("bytes", "B", "none", description="mean per-rank dispatch payload")],
+    param_help={"nodes": "emulated nodes", "gpus_per_node": "ranks per emulated node",
+                "algo": "flat, halo or rbd", "backend": "gloo, nccl (GPUs) or mpi",
+                "tokens": "tokens per rank", "hidden": "hidden size (float32 elements per row)",
+                "experts": "experts in total", "top_k": "experts per token",
+                "placement": "expert -> rank map: contiguous, strided or random",
+                "seed": "input and routing seed",
+                "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},
+)
