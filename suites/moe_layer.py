@@ -1,0 +1,51 @@
+"""moe-layer: forward time breakdown of one MoE layer, pft vs padded, over real EP ranks (X-MoE Fig. 11).
+
+Stages (suites/_moe_stages.py): gating, buffer_dispatch, dispatch_a2a, expert, combine_a2a,
+buffer_combine, and ``layer`` (the whole forward). Each rank holds E/ranks experts and its own
+``tokens``; a stage's time is the slowest rank's (the runner's barrier + max). With ranks = 1
+the all-to-all stages are no-ops (nothing leaves the rank).
+
+Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), F = 704
+(Small: 1408), E = 64, k = 6, capacity factor 1.25, 1024 tokens per rank, 2 ranks.
+"""
+
+from __future__ import annotations
+
+from moe_repro.suites._moe_stages import STAGES, derive_stage, run_stage, setup_stage
+from moe_repro.suites.base import Metric, Suite
+
+
+def setup(params: dict, ctx=None) -> dict:
+    if params["stage"] not in (*STAGES, "layer"):
+        raise ValueError(f"moe-layer stages: {', '.join(STAGES)}, layer")
+    if params["gemm"] not in ("sequential", "padded_bmm", "grouped_mm"):
+        raise ValueError("gemm must be sequential, padded_bmm or grouped_mm")
+    return setup_stage(params, ctx)
+
+
+SUITE = Suite(
+    name="moe-layer",
+    description="MoE layer forward breakdown (gating, buffer dispatch, dispatch all-to-all, "
+                "expert, combine all-to-all, buffer combine), pft vs padded, real EP ranks.",
+    params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
+            "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
+            "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],
+            "dtype": ["float32"], "device": ["auto"]},
+    quick={"tokens": [128], "d_model": [128], "d_ffn": [96], "experts": [8], "top_k": [2],
+           "stage": ["dispatch_a2a", "expert", "layer"]},
+    setup=setup,
+    run=run_stage,
+    derive=derive_stage,
+    world_params=("ranks", "backend"),
+    metrics=[Metric("peak_bytes", "B", "lower",
+                    description="peak memory of one call above the memory held before it, max over ranks"),
+             Metric("buffer_rows", "rows", "lower", kind="analytic",
+                    description="rows of this rank's dispatch buffer: retained pairs (pft) or E*C (padded)")],
+    param_help={"impl": "pft or padded", "stage": f"{', '.join(STAGES)} or layer",
+                "ranks": "EP ranks (real processes)", "backend": "gloo (CPU) or nccl (GPUs)",
+                "tokens": "tokens per rank", "d_model": "H", "d_ffn": "expert width F",
+                "experts": "E (divisible by ranks)", "top_k": "k",
+                "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
+                "gemm": "pft expert GEMM: sequential, padded_bmm or grouped_mm",
+                "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda"},
+)
