@@ -227,6 +227,12 @@ MODELS: dict[str, MoEModel] = {
             source=f"{_PIPER_T1}; Kimi K2 tech report and config.json: 384 routed + 1 shared, "
                    "first layer dense, MLA with 64 heads",
         ),
+        MoEModel(
+            key="deepseek-moe-16b", name="DeepSeek-MoE 16B", layers=28, moe_layers=27, d_model=2048,
+            d_ffn=1408, n_experts=64, n_shared=2, top_k=6, n_mat=3, n_heads=16, head_dim=128,
+            vocab=102400, d_ffn_dense=10944,
+            source="Dai et al. 2024 (DeepSeekMoE) and deepseek-moe-16b-base config.json; X-MoE Fig. 17",
+        ),
         _xmoe("xmoe-small", "X-MoE Small", 2048, 2048, 1408, 64, 6, 28),
         _xmoe("xmoe-medium", "X-MoE Medium", 4096, 5120, 1536, 128, 6, 28),
         _xmoe("xmoe-large", "X-MoE Large", 4096, 7168, 2048, 256, 8, 28),
