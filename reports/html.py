@@ -24,21 +24,22 @@ def _num(x) -> str:
     return str(x)
 
 
-def _css() -> str:
+def css() -> str:
     return environment().loader.get_source(environment(), "style.css")[0]
 
 
 def render_reproduction(payload: dict, raw_json: str | None = None, figures: list[dict] | None = None,
-                        home: str | None = None) -> str:
+                        home: str | None = None, raw_csv: str | None = None) -> str:
     return environment().get_template("reproduction.html").render(
-        p=payload, raw_json=raw_json, figures=figures or [], home=home, css=_css())
+        p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css())
 
 
 def render_index(papers: list[dict], suites: list[dict]) -> str:
-    return environment().get_template("index.html").render(papers=papers, suites=suites, css=_css())
+    return environment().get_template("index.html").render(papers=papers, suites=suites, css=css())
 
 
 def render_suite(name: str, payload: dict | None, raw_json: str | None, history: list[dict],
-                 home: str) -> str:
+                 home: str, graphs: list[dict] | None = None) -> str:
     return environment().get_template("suite.html").render(
-        name=name, p=payload, raw_json=raw_json, history=history, home=home, css=_css())
+        name=name, p=payload, raw_json=raw_json, history=history, home=home, graphs=graphs or [],
+        css=css())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from moe_repro.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moe_repro.reports import html
+from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
 
 PAPERS = {
@@ -46,7 +47,7 @@ def build_site(store, out_dir: str | Path) -> Path:
             row["status"] = "not-yet-run" if rid in repros else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue,
-                implemented=rid in repros, home="../index.html", css=html._css()))
+                implemented=rid in repros, home="../index.html", css=html.css()))
         else:
             row.update(status=status_of(payload["cells"]), verdicts=_verdicts(payload["summary"]),
                        when=payload["environment"].get("timestamp"))
@@ -58,8 +59,10 @@ def build_site(store, out_dir: str | Path) -> Path:
                     atomic_write_bytes(out / "repro" / names[fmt], data)
                 figures.append({"title": fig["title"], **names})
             atomic_write_json(out / "repro" / f"{rid}.json", payload)
+            atomic_write_text(out / "repro" / f"{rid}.csv", write(frame(payload), "csv"))
             atomic_write_text(out / href, html.render_reproduction(
-                payload, raw_json=f"{rid}.json", figures=figures, home="../index.html"))
+                payload, raw_json=f"{rid}.json", figures=figures, home="../index.html",
+                raw_csv=f"{rid}.csv"))
         by_paper.setdefault(rid.split("-")[0], []).append(row)
 
     suites = []
@@ -71,13 +74,25 @@ def build_site(store, out_dir: str | Path) -> Path:
         if payload is not None:
             raw = f"{name}.json"
             atomic_write_json(out / "suites" / raw, payload)
-        runs = []
-        for path in history:
-            p = json.loads(path.read_text())
-            env = p.get("environment", {})
-            runs.append({"when": env.get("timestamp"), "commit": (env.get("git_commit") or "-")[:10],
-                         "records": len(p.get("records", []))})
-        atomic_write_text(out / href, html.render_suite(name, payload, raw, runs, "../index.html"))
+            atomic_write_text(out / "suites" / f"{name}.csv", write(frame(payload), "csv"))
+        runs = [json.loads(path.read_text()) for path in history]
+        graphs = []
+        # time, and the suite's headline throughput if it has one (asv graphs one metric each)
+        headline = [m for m in suite.metrics if m.better == "higher"][:1]
+        for metric in [suite.all_metrics[0], *headline] if runs else []:
+            fig = history_figure(name, metric, runs)
+            if fig is None:
+                continue
+            drawn = render_figure(fig)
+            names = {fmt: f"{name}-history-{metric.name}.{fmt}" for fmt in drawn}
+            for fmt, data in drawn.items():
+                atomic_write_bytes(out / "suites" / names[fmt], data)
+            graphs.append({"title": fig["title"], **names})
+        summary = [{"when": r["environment"].get("timestamp"),
+                    "commit": (r["environment"].get("git_commit") or "-")[:10],
+                    "records": len(r.get("records", []))} for r in runs]
+        atomic_write_text(out / href, html.render_suite(name, payload, raw, summary, "../index.html",
+                                                        graphs=graphs))
         suites.append({"name": name, "description": suite.description, "href": href,
                        "records": len(payload["records"]) if payload else 0,
                        "when": payload["environment"].get("timestamp") if payload else None})
@@ -85,3 +100,22 @@ def build_site(store, out_dir: str | Path) -> Path:
     papers = [{"key": k, "title": PAPERS.get(k, k), "reproductions": rows}
               for k, rows in by_paper.items() if rows]
     return atomic_write_text(out / "index.html", html.render_index(papers, suites))
+
+
+def history_figure(name: str, metric, runs: list[dict], max_lines: int = 8) -> dict | None:
+    """A metric per stored run (asv-style): one line per grid point, x = run order (commit)."""
+    series: dict[str, tuple[list, list]] = {}
+    params_of = lambda r, p: " ".join(f"{k}={r[k]}" for k in p.get("params", []) if k in r)
+    for i, run in enumerate(runs):
+        for rec in run.get("records", []):
+            if metric.name in rec:
+                xs, ys = series.setdefault(params_of(rec, run) or "all", ([], []))
+                xs.append(i)
+                ys.append(rec[metric.name])
+    if not series:
+        return None
+    lines = [{"label": label, "x": xs, "y": ys, "kind": "ours"}
+             for label, (xs, ys) in list(series.items())[:max_lines]]
+    return {"name": f"history-{metric.name}", "title": f"{name}: {metric.name} per stored run (median)",
+            "xlabel": "stored run (oldest = 0)", "ylabel": f"{metric.name} [{metric.unit}]",
+            "series": lines, "xscale": "linear", "yscale": "log"}

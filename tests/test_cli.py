@@ -125,3 +125,36 @@ def _is_worker(pid):
         return b"moe_repro.worker" in open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
         return False
+
+
+def test_paper_rerun_resumes_unless_forced(results_dir, monkeypatch):
+    from moe_repro import environment
+
+    monkeypatch.setattr(environment, "git_state", lambda: {"git_commit": "c0ffee", "git_dirty": False})
+    first = invoke("run", "--paper", "piper", "--how", "A")
+    assert first.exit_code == 0
+    n_runs = len(list((results_dir / "reproductions" / "piper-table4").glob("*.json")))
+    again = invoke("run", "--paper", "piper", "--how", "A")
+    assert "piper-table4: up to date" in again.output
+    assert len(list((results_dir / "reproductions" / "piper-table4").glob("*.json"))) == n_runs
+    invoke("run", "--paper", "piper", "--how", "A", "--force")
+    assert len(list((results_dir / "reproductions" / "piper-table4").glob("*.json"))) == n_runs + 1
+
+
+def test_how_filter_rejects_unknown_letters(results_dir):
+    res = repro("run", "--all", "--how", "Q")
+    assert res.returncode == 2 and "--how" in res.stderr
+
+
+def test_export_csv_and_jsonl(results_dir, tmp_path):
+    import pandas as pd
+
+    invoke("run", "piper-table4", "--quiet")
+    assert invoke("export", "--kind", "reproductions", "--out", str(tmp_path / "r.csv")).exit_code == 0
+    df = pd.read_csv(tmp_path / "r.csv")
+    assert len(df) == 14 and set(df["verdict"]) == {"match", "deviates"}
+    assert invoke("export", "--kind", "reproductions", "--format", "jsonl",
+                  "--out", str(tmp_path / "r.jsonl")).exit_code == 0
+    assert len(pd.read_json(tmp_path / "r.jsonl", lines=True)) == 14
+    res = repro("export", "nothing", "--out", str(tmp_path / "x.csv"))
+    assert res.returncode == 2

@@ -84,7 +84,7 @@ def command(ctx, suite_name, params, quick, repeats, warmup, min_sample_s, check
 
     def finish(interrupted: bool = False, error: str | None = None) -> None:
         payload = {"suite": suite.name, "description": suite.description,
-                   "metrics": [m.__dict__ for m in suite.all_metrics],
+                   "params": list(suite.params), "metrics": [m.__dict__ for m in suite.all_metrics],
                    "records": records, "environment": collect_environment()}
         if interrupted or error:
             payload.update(interrupted=interrupted, error=error)

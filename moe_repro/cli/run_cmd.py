@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 from pathlib import Path
 
 import click
@@ -10,12 +11,19 @@ import click
 from moe_repro.errors import BadInput
 
 
-def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool) -> list[str]:
+def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
+                how: str | None = None) -> list[str]:
     """Turn the command's arguments into reproduction ids, or fail with one line (exit 2)."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.inventory import INVENTORY
 
     known = all_reproductions()
+    if how:
+        allowed = {h.strip().upper() for h in how.split(",")}
+        if not allowed <= {"A", "R", "S"}:
+            raise BadInput(f"--how takes letters A (analytic), R (real), S (simulated); got {how!r}")
+        letters = lambda r: {part.strip()[:1] for part in r.how.split("+")}
+        known = {rid: r for rid, r in known.items() if letters(r) <= allowed}
     planned = {rid: issue for rid, _, _, _, issue in INVENTORY if rid not in known}
     if run_all:
         return list(known)
@@ -69,6 +77,18 @@ def run_one(rid: str, params: dict) -> dict:
     }
 
 
+def is_current(stored: dict, params: dict) -> bool:
+    """A stored result is current if made by this very commit, from a clean tree, same params."""
+    from moe_repro.environment import git_state
+    from moe_repro.reproductions import all_reproductions
+
+    state, env = git_state(), stored.get("environment", {})
+    if not state["git_commit"] or state["git_dirty"] or env.get("git_dirty") is not False:
+        return False
+    expected = {**all_reproductions()[stored["id"]].defaults, **params}
+    return env.get("git_commit") == state["git_commit"] and stored.get("params") == expected
+
+
 def parse_params(pairs: tuple[str, ...]) -> dict:
     out = {}
     for pair in pairs:
@@ -86,6 +106,9 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
 @click.argument("ids", nargs=-1)
 @click.option("--paper", default=None, help="Run every implemented reproduction of one paper.")
 @click.option("--all", "run_all", is_flag=True, help="Run every implemented reproduction.")
+@click.option("--how", default=None, metavar="A,R,S",
+              help="With --all/--paper: only reproductions made entirely this way, e.g. --how A,S "
+                   "for the deterministic ones (what CI gates).")
 @click.option("--param", "params", multiple=True, metavar="K=V",
               help="Override a reproduction parameter (repeatable), e.g. --param gpus=16.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -93,8 +116,10 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
 @click.option("--quiet", is_flag=True, help="Do not print the table.")
+@click.option("--force", is_flag=True,
+              help="With --all/--paper: rerun even reproductions whose stored result is current.")
 @click.pass_obj
-def command(store, ids, paper, run_all, params, json_path, out_dir, quiet) -> None:
+def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, force) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
     Each cell gets a verdict: match (within the printed precision), deviates (with a note where
@@ -105,16 +130,25 @@ def command(store, ids, paper, run_all, params, json_path, out_dir, quiet) -> No
     from moe_repro.reports.html import render_reproduction
     from moe_repro.reports.terminal import format_result
 
-    chosen = resolve_ids(ids, paper, run_all)
+    chosen = resolve_ids(ids, paper, run_all, how)
     overrides = parse_params(params)
+    resume = (run_all or paper) and not force
     payloads = []
-    for rid in chosen:
-        payload = run_one(rid, overrides)
-        path = store.save("reproductions", rid, payload)
-        payloads.append(payload)
-        if not quiet:
-            click.echo(format_result(payload))
-            click.echo(f"stored: {path}\n")
+    with click.progressbar(chosen, label="reproductions", file=sys.stderr,
+                           hidden=len(chosen) < 2, item_show_func=lambda r: r or "") as bar:
+        for rid in bar:
+            stored = store.latest("reproductions", rid) if resume else None
+            if stored is not None and is_current(stored, overrides):
+                payloads.append(stored)
+                if not quiet:
+                    click.echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
+                continue
+            payload = run_one(rid, overrides)
+            path = store.save("reproductions", rid, payload)
+            payloads.append(payload)
+            if not quiet:
+                click.echo("\n" + format_result(payload))
+                click.echo(f"stored: {path}")
         if out_dir:
             out = Path(out_dir)
             atomic_write_text(out / f"{rid}.html", render_reproduction(payload, raw_json=f"{rid}.json"))

@@ -1,0 +1,38 @@
+"""``repro export``: stored results as one flat CSV or JSON Lines table (pandas)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("export")
+@click.argument("names", nargs=-1)
+@click.option("--kind", type=click.Choice(["reproductions", "suites"]), default="suites", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True)
+@click.option("--history", is_flag=True, help="Every stored run, not only the latest per name.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Output file.")
+@click.pass_obj
+def command(store, names, kind, fmt, history, out_path) -> None:
+    """Export stored results of NAMES (all when none) to a flat table: one row per cell or record."""
+    import json
+
+    import pandas as pd
+
+    from moe_repro.atomic import atomic_write_text
+    from moe_repro.errors import BadInput
+    from moe_repro.reports.export import frame, write
+
+    available = store.names(kind)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise BadInput(f"no stored {kind} named {', '.join(unknown)}; stored: {', '.join(available) or 'none'}")
+    frames = []
+    for name in names or available:
+        runs = store.history(kind, name)
+        for path in runs if history else runs[-1:]:
+            frames.append(frame(json.loads(path.read_text())))
+    if not frames:
+        raise BadInput(f"the results store at {store.root} holds no {kind} yet")
+    df = pd.concat(frames, ignore_index=True)
+    atomic_write_text(out_path, write(df, fmt))
+    click.echo(f"exported {len(df)} rows to {out_path}")
