@@ -23,6 +23,16 @@ STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a", 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def set_threads(params: dict, ctx) -> None:
+    """Intra-op threads for a local CPU run (``threads``; 0 keeps torch's default). Ranks started
+    by the launcher already got their share of the cores, so worlds are left alone."""
+    threads = int(params.get("threads", 0))
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    if threads and ctx is None:
+        torch.set_num_threads(threads)
+
+
 def device_for(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -113,6 +123,7 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
 
 def setup_stage(params: dict, ctx) -> dict:
     stage = params["stage"]
+    set_threads(params, ctx)
     layer, x = build(params, ctx)
     prepared = stage_calls(layer, x, params["impl"])
     calls = prepared["calls"]

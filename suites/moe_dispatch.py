@@ -76,7 +76,7 @@ SUITE = Suite(
                 "buffer dispatch and buffer combine (X-MoE Sec. 5.4.1).",
     params={"impl": ["pft", "padded"], "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
             "tokens": [4096], "d_model": [2048], "experts": [64], "top_k": [6],
-            "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"]},
+            "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"], "threads": [1]},
     quick={"stage": ["total"], "tokens": [512], "d_model": [256], "experts": [16], "top_k": [4]},
     setup=setup,
     run=run_stage,
@@ -91,5 +91,7 @@ SUITE = Suite(
                 "tokens": "S, tokens in the layer's input", "d_model": "H", "experts": "E",
                 "top_k": "k", "capacity_factor": "C = ceil(capacity_factor * S * k / E)",
                 "d_ffn": "expert width (experts are not run in this suite)",
-                "dtype": "float32 or bfloat16", "device": "auto (cuda if present), cpu or cuda"},
+                "dtype": "float32 or bfloat16", "device": "auto (cuda if present), cpu or cuda",
+                "threads": "CPU intra-op threads (0: torch's default); 1 keeps timings steady "
+                           "on a shared machine"},
 )

@@ -1,0 +1,102 @@
+"""expert-gemm: expert GEMM throughput vs tokens per expert and expert shape (Piper Fig. 4).
+
+One grouped GEMM x [T*E_l, K] times E_l weights [K, M] (an expert's up-projection, K = d_model,
+M = d_ffn, both divided by ``shape_div`` to fit the device), T tokens per expert, for each
+variant of components/expert_mlp.py, plus ``dense``: one torch.mm of the same [T*E_l, K] x
+[K, M] shape, i.e. equal FLOPs on a single weight, the ceiling a grouped GEMM can reach.
+
+FLOPs per call: 2 * T * E_l * K * M (the padded variant computes exactly these too, because the
+groups are balanced here; it pays the scatter/gather copies). TFLOP/s = FLOPs / time_s.
+#wrong: elements off from a per-expert float64 matmul by more than 8 eps K.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_repro.components.expert_mlp import GEMM_VARIANTS, grouped_gemm
+from moe_repro.components.zoo import get_model
+from moe_repro.suites._moe_stages import set_threads
+from moe_repro.suites.base import Metric, Suite
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _device(name: str) -> torch.device:
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
+def shape_of(params: dict) -> tuple[int, int]:
+    """(K, M) = (d_model, d_ffn) of the zoo model divided by shape_div (at least 16)."""
+    try:
+        model = get_model(params["model"])
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+    div = int(params["shape_div"])
+    if div < 1:
+        raise ValueError(f"shape_div must be >= 1, got {div}")
+    return max(16, model.d_model // div), max(16, model.d_ffn // div)
+
+
+def setup(params: dict, ctx=None) -> dict:
+    variant = params["variant"]
+    if variant not in (*GEMM_VARIANTS, "dense"):
+        raise ValueError(f"variant must be one of {', '.join((*GEMM_VARIANTS, 'dense'))}")
+    if params["dtype"] not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}")
+    tokens, experts = int(params["tokens_per_expert"]), int(params["local_experts"])
+    if tokens < 1 or experts < 1:
+        raise ValueError("tokens_per_expert and local_experts must be >= 1")
+    k, m = shape_of(params)
+    set_threads(params, ctx)
+    device, dtype = _device(params["device"]), _DTYPES[params["dtype"]]
+    g = torch.Generator().manual_seed(tokens * 7 + experts)
+    x = torch.randn(tokens * experts, k, generator=g).to(device=device, dtype=dtype)
+    w = (torch.randn(experts, k, m, generator=g) * k ** -0.5).to(device=device, dtype=dtype)
+    counts = torch.full((experts,), tokens, dtype=torch.int64)
+    return {"x": x, "w": w, "w_dense": w[0].contiguous(), "counts": counts, "variant": variant,
+            "flops": 2 * tokens * experts * k * m, "k": k, "m": m}
+
+
+def run(state: dict):
+    with torch.no_grad():
+        if state["variant"] == "dense":
+            return torch.mm(state["x"], state["w_dense"])
+        return grouped_gemm(state["x"], state["w"], state["counts"], state["variant"])
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    return {"tflops": state["flops"] / time_s / 1e12, "K": state["k"], "M": state["m"]}
+
+
+def check(state: dict) -> int:
+    y = run(state).double()
+    x, counts = state["x"].double(), state["counts"].tolist()
+    weights = [state["w_dense"].double()] * len(counts) if state["variant"] == "dense" else state["w"].double()
+    ref = torch.cat([chunk @ weights[e] for e, chunk in enumerate(torch.split(x, counts))])
+    tol = 8 * torch.finfo(state["x"].dtype).eps * state["k"]
+    return int(((y - ref).abs() > tol).sum())
+
+
+SUITE = Suite(
+    name="expert-gemm",
+    description="Grouped expert GEMM (sequential, padded_bmm, grouped_mm) vs an equal-FLOPs dense "
+                "GEMM, throughput vs tokens per expert and expert shape (Piper Fig. 4).",
+    params={"variant": [*GEMM_VARIANTS, "dense"], "tokens_per_expert": [16, 64, 256, 1024],
+            "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],
+            "local_experts": [4], "dtype": ["float32"], "device": ["auto"], "threads": [1]},
+    quick={"tokens_per_expert": [16, 128], "model": ["xmoe-small"], "shape_div": [8]},
+    setup=setup,
+    run=run,
+    derive=derive,
+    check=check,
+    metrics=[Metric("tflops", "TFLOP/s", "higher", description="2 T E_l K M / time_s"),
+             Metric("K", "", "none", kind="analytic", description="d_model / shape_div"),
+             Metric("M", "", "none", kind="analytic", description="d_ffn / shape_div")],
+    param_help={"variant": "sequential, padded_bmm, grouped_mm, or dense (equal-FLOPs ceiling)",
+                "tokens_per_expert": "T, rows per expert", "model": "zoo key giving d_model, d_ffn",
+                "shape_div": "divide d_model and d_ffn by this to fit the device",
+                "local_experts": "E_l, experts on this device", "dtype": "float32 or bfloat16",
+                "device": "auto (cuda if present), cpu or cuda",
+                "threads": "CPU intra-op threads (0: torch's default)"},
+)
