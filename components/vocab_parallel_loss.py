@@ -112,14 +112,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             lo_b = bounds[b][0]
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
                 logits = x @ w_b[:, lo - lo_b:hi - lo_b]
-                new_max = torch.maximum(running_max, logits.max(dim=1).values if n else running_max)
-                running_sum = running_sum * torch.exp(running_max - new_max) \
-                    + torch.exp(logits - new_max[:, None]).sum(dim=1)
-                running_max = new_max
                 inside = (targets >= lo) & (targets < hi)
                 idx = (targets - lo).clamp(0, hi - lo - 1)
                 picked = logits.gather(1, idx[:, None]).squeeze(1)
                 target_logit = torch.where(inside, picked, target_logit)
+                new_max = torch.maximum(running_max, logits.max(dim=1).values)
+                # In place: the block is the only N x V_b buffer alive (no exp temporary).
+                block_sum = logits.sub_(new_max[:, None]).exp_().sum(dim=1)
+                running_sum = running_sum * torch.exp(running_max - new_max) + block_sum
+                running_max = new_max
                 del logits
         lse = running_max + torch.log(running_sum)
         ctx.save_for_backward(x, w_local, targets, lse)
@@ -136,16 +137,19 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_w_local = None
         for b, w_b in _ShardFetcher(w_local, bounds, global_ranks, rank, group).shards():
             lo_b, hi_b = bounds[b]
-            grad_w_b = torch.empty(w_b.shape, dtype=w_b.dtype)
+            grad_w_b = torch.empty(w_b.shape, dtype=w_b.dtype) if block_cols else None
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
                 w_blk = w_b[:, lo - lo_b:hi - lo_b]
-                probs = torch.exp(x @ w_blk - lse[:, None])  # softmax block, recomputed
+                probs = (x @ w_blk).sub_(lse[:, None]).exp_()  # softmax block, recomputed in place
                 inside = (targets >= lo) & (targets < hi)
                 rows = inside.nonzero().squeeze(1)
                 probs[rows, targets[rows] - lo] -= 1.0
                 probs *= grad_loss[:, None]
-                grad_x += probs @ w_blk.T
-                grad_w_b[:, lo - lo_b:hi - lo_b] = x.T @ probs
+                grad_x.addmm_(probs, w_blk.T)
+                if hi - lo == hi_b - lo_b:  # one block per shard: write the gradient directly
+                    grad_w_b = torch.mm(x.T, probs)
+                else:
+                    grad_w_b[:, lo - lo_b:hi - lo_b] = x.T @ probs
                 del probs
             # Sum every rank's contribution to shard b onto its owner (MoP: each rank keeps its
             # own batch, so each holds a partial gradient of every shard).
@@ -187,12 +191,13 @@ def peak_activation_model_bytes(tokens: int, hidden: int, vocab_size: int, n_sha
                                 elem_bytes: int = 4) -> dict:
     """Resident-tensor model of the peak (bytes) for the dense loss and for the sharded one.
 
-    dense (F.cross_entropy on X W): logits N V + log-softmax N V in forward; in backward the
-    log-softmax gradient N V and the logits gradient N V are live together: ~2 N V.
-    sharded: two weight blocks in flight H V_b (use + prefetch) and, in backward, the shard's
-    gradient H V_b plus the probability block N V_b (and a same-size temporary): ~2 N V_b + 3 H V_b.
+    dense (F.cross_entropy on X W): forward keeps the log-softmax output N V (saved for its
+    backward); in backward the nll gradient N V and the logits gradient N V are live beside it:
+    ~3 N V. sharded (one block per shard, in-place exp): one logit/probability block N V_b, two
+    weight shards H V_b (in use + prefetched), the shard gradient H V_b and, while it is being
+    reduced, gloo's copy of it: ~N V_b + 4 H V_b.
     """
     v_b = -(-vocab_size // n_shards)
     e = elem_bytes
-    return {"dense_bytes": 2 * tokens * vocab_size * e,
-            "sharded_bytes": (2 * tokens * v_b + 3 * hidden * v_b) * e}
+    return {"dense_bytes": 3 * tokens * vocab_size * e,
+            "sharded_bytes": (tokens * v_b + 4 * hidden * v_b) * e}
