@@ -176,7 +176,11 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             codes = {name: p.poll() for name, p in procs.items()}
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
             if failed:
-                _raise_for(workdir, world_size, f"exited with code {', '.join(map(str, failed.values()))}")
+                # A rank killed by a signal (negative code) is the cause; its peers then fail
+                # or hang in the collective it left, so name it first.
+                killed = [int(n) for n, c in failed.items() if n.isdigit() and c < 0]
+                _raise_for(workdir, world_size, f"exited with code {', '.join(map(str, failed.values()))}",
+                           killed)
             if all(c == 0 for c in codes.values()):
                 missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
                 if missing:
@@ -192,12 +196,15 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             _kill_group(p)
 
 
-def _raise_for(workdir: Path, world_size: int, what: str) -> None:
+def _raise_for(workdir: Path, world_size: int, what: str, killed: list[int] | None = None) -> None:
     unfinished = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
     # A rank that raised wrote rank-R.failed; name those first: they are the cause, the rest
-    # are usually waiting on them.
+    # are usually waiting on them. A rank killed by a signal writes nothing and comes before both.
     raised = [r for r in unfinished if (workdir / f"rank-{r}.failed").exists()]
-    culprits = raised or unfinished
+    killed = [r for r in (killed or []) if r in unfinished and r not in raised]
+    culprits = killed or raised or unfinished
+    if killed:
+        what = "was killed by a signal (its peers then failed or hung in the collective it left)"
     details = []
     for r in culprits[:4]:
         tail = _tail(workdir / f"rank-{r}.failed") or _tail(workdir / f"rank-{r}.err")
