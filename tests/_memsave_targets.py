@@ -33,3 +33,34 @@ def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None):
     loss.backward(grad_out)
     return {"loss": loss.tolist(), "grad_x": x.grad.tolist(), "grad_w": w_local.grad.tolist(),
             "lo": lo, "hi": hi}
+
+
+def attention_inputs(seed, seq, heads, kv_heads, dim):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(seq, heads, dim, generator=g)
+    k = torch.randn(seq, kv_heads, dim, generator=g)
+    v = torch.randn(seq, kv_heads, dim, generator=g)
+    grad_out = torch.randn(seq, heads, dim, generator=g)
+    return q, k, v, grad_out
+
+
+def ulysses(ctx, cases):
+    from moe_repro.components.ulysses_attention import ulysses_attention
+
+    results = []
+    for case in cases:
+        lengths = case["lengths"]
+        q, k, v, grad_out = attention_inputs(case["seed"], sum(lengths), case["heads"],
+                                             case["kv_heads"], case["dim"])
+        lo = sum(lengths[:ctx.rank])
+        hi = lo + lengths[ctx.rank]
+        ql, kl, vl = (t[lo:hi].clone().requires_grad_(True) for t in (q, k, v))
+        try:
+            out = ulysses_attention(ql, kl, vl)
+        except ValueError as e:
+            results.append({"error": str(e)})
+            continue
+        out.backward(grad_out[lo:hi])
+        results.append({"out": out.tolist(), "dq": ql.grad.tolist(), "dk": kl.grad.tolist(),
+                        "dv": vl.grad.tolist(), "lo": lo, "hi": hi})
+    return results
