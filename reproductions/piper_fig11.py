@@ -1,0 +1,71 @@
+"""piper-fig11: single-layer throughput ceiling per model on one Frontier node (Piper Fig. 11).
+
+One MoE layer of each model under expert-data parallelism on one node (EP = g = 8, PP = 1):
+ours is the resource model's estimate (components.perf_model.estimate on a one-layer copy of the
+zoo entry, no embeddings); the paper's values are its measurements (as transcribed in
+piper-review.md 9.3). The measured, scaled-down version (kernels on this machine) belongs to the
+micro-benchmark suites of another issue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moe_repro.components.memory_model import MemoryOptions, all_stages
+from moe_repro.components.perf_model import estimate
+from moe_repro.components.platform import load_builtin
+from moe_repro.components.zoo import get_model
+from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
+
+COL = "TFLOPS / GPU (one layer, one node)"
+_SRC = "Fig. 11 (as transcribed in piper-review.md 9.3)"
+_PRINTED = {"mixtral-8x22b": ("Mixtral 8x22B", "129.4"), "mixtral-8x7b": ("Mixtral 8x7B", "117.5"),
+            "llama4-maverick": ("Llama 4 Maverick", "112.4"), "llama4-scout": ("Llama 4 Scout", "109.6"),
+            "arctic": ("Arctic", "104.2"), "deepseek-v3": ("DeepSeek-V3", "84.3"),
+            "kimi-k2": ("Kimi K2", "81.7"), "deepseek-v2": ("DeepSeek-V2", "78.3")}
+PAPER_VALUES = [PaperValue(row, COL, v, "TFLOPS", _SRC) for row, v in _PRINTED.values()]
+
+
+def compute(repro: Reproduction, params: dict) -> Result:
+    seq, micro = int(params["seq"]), int(params["micro_batch"])
+    p = load_builtin(str(params["platform"]))
+    g = p.gpus_per_node
+    cells, xs, ours_y, paper_y = [], [], [], []
+    for key, (row, printed) in _PRINTED.items():
+        layer = dataclasses.replace(get_model(key), layers=1, moe_layers=None, vocab=None)
+        e = estimate(layer, p, PP=1, EP=g, micro_batch=micro, seq=seq, M=1)
+        peak = max(s.total for s in all_stages(layer, 1, g, micro, seq, 1, opts=MemoryOptions(
+            overhead_bytes=p.overhead_bytes)))
+        note = (f"EP={g}, {layer.n_experts // g} experts/GPU, {micro * seq * layer.top_k * g / layer.n_experts:.0f} "
+                f"tokens/expert, all-to-all {e.alltoall_s * 1e3:.1f} ms vs compute {e.compute_s * 1e3:.1f} ms "
+                f"per step, peak {peak / 1e9:.1f} GB (estimate)")
+        if e.tflops_per_gpu < float(printed) and p.gemm_flops / 1e12 < float(printed):
+            note += (f"; the measured value exceeds the profile's achievable GEMM rate "
+                     f"({p.gemm_flops / 1e12:g} TFLOPS, read from the description of Figs. 3-4), so that "
+                     "profile value is conservative")
+        cells.append(repro.compare(row, COL, e.tflops_per_gpu, "TFLOPS", note=note))
+        xs.append(len(xs))
+        ours_y.append(e.tflops_per_gpu)
+        paper_y.append(float(printed))
+    fig = Figure(name="piper-fig11", title="Single MoE layer on one node: TFLOPS per GPU",
+                 xlabel="model (order of the table)", ylabel="TFLOPS / GPU",
+                 series=[{"label": "ours (estimate)", "x": xs, "y": ours_y, "kind": "ours"},
+                         {"label": "Piper", "x": xs, "y": paper_y, "kind": "paper"}])
+    assumptions = [
+        f"One MoE layer (dense-layer and embedding weights left out), EP = {g} GPUs of one node, PP = 1, "
+        f"{micro} sequence(s) of {seq} tokens per GPU; balanced routing.",
+        f"Profile {p.name}: achievable GEMM {p.gemm_flops / 1e12:g} TFLOPS, attention "
+        f"{p.attention_flops / 1e12:g} TFLOPS, HBM {p.hbm_bytes_per_s / 1e9:g} GB/s, intra-node all-to-all "
+        f"{p.intra_node_a2a_bytes_per_s / 1e9:g} GB/s per GPU; TFLOPS = model FLOPs / (GPUs x time).",
+    ]
+    return Result(cells=cells, assumptions=assumptions, figures=[fig])
+
+
+REPRODUCTION = Reproduction(
+    id="piper-fig11", title="Single-layer throughput ceiling per model on one node",
+    paper="piper", element="Fig. 11", how="A (+R scaled)",
+    description="Estimated TFLOPS/GPU of one MoE layer of each model under expert-data parallelism "
+                "on one node, beside Piper's measurements.",
+    paper_values=PAPER_VALUES, compute=compute,
+    defaults={"seq": 4096, "micro_batch": 1, "platform": "frontier"},
+)
