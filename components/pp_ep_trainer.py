@@ -309,7 +309,7 @@ def _gemm_peak_flops(device: torch.device, n: int = 384, repeats: int = 5) -> fl
     return 2.0 * n ** 3 / best
 
 
-def _named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
+def named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
     """Name -> (first global expert index or -1, gradient copy)."""
     out = {}
     for m in state.modules:
@@ -318,6 +318,53 @@ def _named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
             first = expert_owner(m, name).first_expert if name in expert_names else -1
             out[name] = (first, p.grad.detach().clone())
     return out
+
+
+class StepRunner:
+    """Runs training steps of one rank's part and records per-step measurements."""
+
+    def __init__(self, state: RankState):
+        self.state = state
+        cfg = state.cfg
+        self.shard = state.coords["dp"] * cfg.ep + state.coords["ep"]
+        self.has_first = any(s.is_first for s in state.stages)
+        self.has_last = any(s.is_last for s in state.stages)
+        self.clock = RegionClock(synchronize=state.device.type == "cuda")
+        for m in state.modules:
+            m.set_clock(self.clock)
+        self.busy = _BusyTimer(state, self.clock)
+        self.meter = SavedActivationMeter([p for m in state.modules for p in m.parameters()])
+
+    def step(self, step: int, optimizer_step: bool = True) -> dict:
+        """Forward/backward of M micro-batches by the schedule, gradient sync, optimizer step."""
+        state, cfg, clock = self.state, self.state.cfg, self.clock
+        x, y = _shard_batch(cfg, state.model_cfg, step, self.shard)
+        x, y = x.to(state.device), y.to(state.device)
+        state.optimizer.zero_grad(set_to_none=True)
+        clock.reset()
+        self.busy.seconds = 0.0
+        self.meter.peak = self.meter.live
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.has_first else ()
+        dist.barrier()
+        t0 = clock.now()
+        with self.meter.hooks():
+            state.schedule.step(*args, target=y if self.has_last else None, losses=losses,
+                                return_outputs=False)
+        t_sched = clock.now() - t0
+        sync_gradients(state)
+        t_sync = clock.now() - t0 - t_sched
+        if optimizer_step:
+            state.optimizer.step()
+        t_step = clock.now() - t0
+        # Mean loss over micro-batches and shards, known to every rank.
+        loss_sum = torch.tensor([float(sum(l.item() for l in losses)) if self.has_last else 0.0],
+                                dtype=torch.float64)
+        dist.all_reduce(loss_sum)
+        return {"loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
+                "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync,
+                "busy_s": self.busy.seconds, "activation_peak_bytes": self.meter.peak,
+                **{f"{k}_s": v for k, v in clock.seconds.items()}}
 
 
 def train_rank(ctx, **config) -> dict:
@@ -329,46 +376,13 @@ def train_rank(ctx, **config) -> dict:
     torch.manual_seed(cfg.seed)
     state = build_rank(cfg, device)
     mc = state.model_cfg
-    shard = state.coords["dp"] * cfg.ep + state.coords["ep"]
-    has_first = any(s.is_first for s in state.stages)
-    has_last = any(s.is_last for s in state.stages)
-    clock = RegionClock(synchronize=device.type == "cuda")
-    for m in state.modules:
-        m.set_clock(clock)
-    busy = _BusyTimer(state, clock)
-    meter = SavedActivationMeter([p for m in state.modules for p in m.parameters()])
-
+    runner = StepRunner(state)
     per_step, grads_per_step = [], []
     for step in range(cfg.steps):
-        x, y = _shard_batch(cfg, mc, step, shard)
-        x, y = x.to(device), y.to(device)
-        state.optimizer.zero_grad(set_to_none=True)
-        clock.reset()
-        busy.seconds = 0.0
-        meter.peak = meter.live
-        losses: list[torch.Tensor] = []
-        args = (x,) if has_first else ()
-        dist.barrier()
-        t0 = clock.now()
-        with meter.hooks():
-            state.schedule.step(*args, target=y if has_last else None, losses=losses,
-                                return_outputs=False)
-        t_sched = clock.now() - t0
-        sync_gradients(state)
-        t_sync = clock.now() - t0 - t_sched
-        if cfg.check_reference:
-            grads_per_step.append(_named_grads(state))
-        state.optimizer.step()
-        t_step = clock.now() - t0
-        # Mean loss over micro-batches and shards, known to every rank.
-        loss_sum = torch.tensor([float(sum(l.item() for l in losses)) if has_last else 0.0],
-                                dtype=torch.float64)
-        dist.all_reduce(loss_sum)
-        per_step.append({
-            "loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
-            "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync, "busy_s": busy.seconds,
-            "activation_peak_bytes": meter.peak, **{f"{k}_s": v for k, v in clock.seconds.items()},
-        })
+        per_step.append(runner.step(step, optimizer_step=not cfg.check_reference))
+        if cfg.check_reference:  # gradients before the update, then the update
+            grads_per_step.append(named_grads(state))
+            state.optimizer.step()
 
     act_shape = (cfg.micro_batch_size, mc.seq_len, mc.d_model)
     p2p_msg_s = _p2p_seconds_per_message(state, act_shape)
