@@ -104,3 +104,40 @@ def from_dict(d: dict) -> Platform:
         links=tuple(d.get("links", ())),
         raw=d,
     )
+
+
+def local_profile(gemm_tflops_per_rank: float, attention_tflops_per_rank: float, copy_GBps: float,
+                  ranks: int, memory_GB_per_rank: float, description: str, measured: dict) -> dict:
+    """A profile document for the local machine from ``repro calibrate`` measurements.
+
+    One rank (one process with one thread) plays one "GPU"; a node is this machine with ``ranks``
+    of them. Peak = the measured single-thread GEMM ceiling (there is no datasheet peak to divide
+    by, so MFU here is relative to what this machine's GEMM reaches). Links between ranks are
+    shared memory: the all-to-all, NIC and link bandwidths are the measured memory-copy bandwidth
+    shared by the ranks, a proxy marked approximate."""
+    for name, v in (("gemm", gemm_tflops_per_rank), ("attention", attention_tflops_per_rank),
+                    ("copy", copy_GBps), ("ranks", ranks), ("memory", memory_GB_per_rank)):
+        if not v or v <= 0:
+            raise ValueError(f"calibration measured a non-positive {name} value: {v}")
+    per_rank_bw = copy_GBps / ranks
+    return {
+        "name": "local",
+        "description": description,
+        "sources": ["measured by `repro calibrate` on this machine (suites/gemm.py GEMM ceiling, "
+                    "torch memory copy bandwidth, torch scaled_dot_product_attention)"],
+        "measured": measured,
+        "gpu": {"name": "CPU rank (1 thread)", "peak_tflops": gemm_tflops_per_rank,
+                "hbm_GB": memory_GB_per_rank, "hbm_GBps": copy_GBps,
+                "achievable_gemm_tflops": gemm_tflops_per_rank,
+                "achievable_attention_tflops": min(attention_tflops_per_rank, gemm_tflops_per_rank)},
+        "node": {"gpus": ranks, "nics": 1, "nic_GBps": per_rank_bw, "gpu_nic_affinity": [list(range(ranks))],
+                 "intra_node_alltoall_GBps_per_gpu": per_rank_bw},
+        "network": {"topology": "single machine (shared memory)", "switch_group_nodes": 1, "rack_nodes": 1},
+        "links": [{"class": "intra_node", "scope": "shared memory between ranks", "GBps": per_rank_bw,
+                   "latency_us": 5.0},
+                  {"class": "nic_injection", "scope": "none: emulated nodes share memory", "GBps": per_rank_bw,
+                   "latency_us": 5.0}],
+        "efficiency": {"network": 1.0, "note": "links are the measured copy bandwidth"},
+        "framework_overhead_GB": 0.2,
+        "approximate": ["node.nic_GBps", "node.intra_node_alltoall_GBps_per_gpu", "links", "framework_overhead_GB"],
+    }

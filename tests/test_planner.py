@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+
 import pytest
 
 from moe_repro.components.memory_model import MemoryOptions, all_stages
@@ -93,3 +96,17 @@ def test_platform_validation():
     f = load_builtin("frontier")
     assert (f.peak_flops, f.hbm_bytes, f.nics_per_node, f.nic_bytes_per_s, f.switch_group_nodes) == \
         (191.5e12, 64e9, 4, 25e9, 4)
+
+
+def test_local_profile_from_measurements_is_valid_and_rejects_bad_values():
+    from moe_repro.components.platform import local_profile
+
+    doc = local_profile(0.05, 0.01, 4.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
+    p = from_dict(doc)
+    assert p.gpus_per_node == 2 and p.peak_flops == 0.05e12 and p.intra_node_a2a_bytes_per_s == 2e9
+    pl = plan(get_model("tiny-moe"), p, nodes=1, seq=64)
+    assert pl.best is not None and {(c.pp, c.ep) for c in pl.candidates} == {(1, 2), (2, 1)}
+    with pytest.raises(ValueError, match="copy"):
+        local_profile(0.05, 0.01, 0.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
+    assert from_dict(json.loads(resources.files("moe_repro.components").joinpath(
+        "platforms", "local.json").read_text())).name == "local"
