@@ -273,3 +273,76 @@ def ssmb_model_state_cost(E: int, EP: int, H_ffn: int, H: int, G: int) -> float:
 def ssmb_beats_ted(k: int, H_ffn: int, S: int, c: float = 1.0) -> bool:
     """SSMB saves more than TED when r = k / H_FFN > 2 / (c S) (X-MoE Sec. 4.3, App. C.2)."""
     return k / H_ffn > 2 / (c * S)
+
+
+# --------------------------------------------------------------------------------------------
+# MoP Table 1 (per-rank memory per component) and an FSDP-style plan for comparison (Table 2-3)
+# --------------------------------------------------------------------------------------------
+
+def mop_partition(m: MoEModel) -> dict[str, int]:
+    """MoP Eq. 3: Theta = Theta_dns (attention, norms, routers, shared/dense FFNs, input
+    embedding) + Theta_exp (routed experts) + Theta_voc (output projection)."""
+    from moe_repro.components.params import param_counts
+
+    pc = param_counts(m)
+    voc = m.vocab * m.d_model if m.vocab else 0
+    return {"dns": pc.total - pc.routed_experts - voc, "exp": pc.routed_experts, "voc": voc}
+
+
+def _layer_working_set(m: MoEModel, tokens: float) -> dict[str, float]:
+    """bf16 activations of the one layer being (re)computed under full checkpointing: attention
+    (Piper Table III with FlashAttention, 12 N H) and the un-chunked MoE buffers (dispatch and
+    combine 2 x N k H, intermediates N k n_mat I)."""
+    h = m.d_model
+    return {"attention": 12 * tokens * h,
+            "moe": ACT_BYTES * (2 * tokens * m.top_k * h + tokens * m.top_k * m.n_mat * m.d_ffn)}
+
+
+def mop_rank_memory(m: MoEModel, W: int, D: int, P: int, seq: int, overhead_bytes: float = 0.0) -> dict[str, float]:
+    """Per-rank device bytes under MoP Table 1 (one sequence per step, N = S / D tokens per rank).
+
+    dense/expert weights: bf16 weight + grad (4 B) of Theta/W (optimizer host-resident, §3.5);
+    vocabulary weights: 4 B x Theta_voc / P; attention activations: full checkpointing keeps
+    2 N H per layer plus one layer's 12 N H; MoE activations: the un-chunked O(N k H) buffers of one
+    layer, an upper bound (MoP's memory-efficient LLEP lowers it by an unpublished factor);
+    logits: one fp32 block of N V / P; optimizer: 0 on device (12 Theta / W on the host)."""
+    _positive(W=W, D=D, P=P, seq=seq)
+    part = mop_partition(m)
+    n = seq / D
+    ws = _layer_working_set(m, n)
+    return {
+        "dense weights": 4 * part["dns"] / W,
+        "attention activations": ACT_BYTES * n * m.d_model * m.layers + ws["attention"],
+        "expert weights": 4 * part["exp"] / W,
+        "MoE activations (bound)": ws["moe"],
+        "vocabulary weights": 4 * part["voc"] / P,
+        "vocabulary logits": 4 * n * (m.vocab or 0) / P,
+        "optimizer state (device)": 0.0,
+        "framework overhead": overhead_bytes,
+    }
+
+
+def fsdp_rank_memory(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool, seq: int,
+                     overhead_bytes: float = 0.0) -> dict[str, float]:
+    """Per-rank device bytes of an FSDP2-style plan (MoP Table 3's axes), W = fsdp x cp x tp ranks,
+    EP borrowed from them; one sequence split over CP (N = S / cp), TP with sequence parallelism
+    dividing activations by tp. Persistent state: 16 B/param sharded over W (4 B with optimizer
+    CPU offload); FSDP all-gather buffers for two layers (prefetch); full activation checkpointing
+    (layer inputs kept, one layer recomputed); fp32 + bf16 logits of N V / tp (loss parallel)."""
+    _positive(fsdp=fsdp, ep=ep, cp=cp, tp=tp, seq=seq)
+    from moe_repro.components.params import layer_params
+
+    W = fsdp * cp * tp
+    part = mop_partition(m)
+    total = part["dns"] + part["exp"] + part["voc"]
+    n = seq / cp
+    rep, exp = layer_params(m, moe=True)
+    ws = _layer_working_set(m, n)
+    return {
+        "persistent state": (4 if offload else 16) * total / W,
+        "all-gather buffers": 2 * ACT_BYTES * (rep / tp + exp / ep),
+        "checkpointed activations": ACT_BYTES * n * m.d_model * m.layers / tp,
+        "layer working set": (ws["attention"] + ws["moe"]) / tp,
+        "logits": 6 * n * (m.vocab or 0) / tp,
+        "framework overhead": overhead_bytes,
+    }
