@@ -29,3 +29,13 @@ def pick(records: list[dict], **match) -> dict:
         if all(r.get(k) == v for k, v in match.items()):
             return r
     raise KeyError(f"no record with {match}")
+
+
+def without_samples(records: list[dict]) -> list[dict]:
+    """Records as stored in a reproduction's extra: medians and spreads, not the raw samples."""
+    return [{k: v for k, v in r.items() if k != "samples"} for r in records]
+
+
+def csv_param(text, kind=str) -> list:
+    """'a,b,c' (a reproduction parameter) -> [kind(a), kind(b), kind(c)]."""
+    return [kind(t.strip()) for t in str(text).split(",") if t.strip()]

@@ -15,16 +15,12 @@ from __future__ import annotations
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 
-def _csv(text, kind=str) -> list:
-    return [kind(t.strip()) for t in str(text).split(",") if t.strip()]
-
-
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.attention import shape_from_model
     from moe_repro.components.zoo import get_model
-    from moe_repro.reproductions._suite_runs import device_words, run_grid
+    from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
 
-    models, seqs = _csv(params["models"]), _csv(params["seq_lens"], int)
+    models, seqs = csv_param(params["models"]), csv_param(params["seq_lens"], int)
     base = {"batch": int(params["batch"]), "heads": int(params["heads"]), "backward": False,
             "dtype": str(params["dtype"]), "device": "auto", "threads": int(params["threads"])}
     points = [dict(base, model=m, seq_len=s) for m in models for s in seqs]
@@ -64,8 +60,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "not absolute TFLOP/s (the paper's are MI250X fp16).",
     ]
     return Result(cells=cells, assumptions=assumptions, figures=[figure],
-                  extra={"device": device, "records": [{k: v for k, v in r.items() if k != "samples"}
-                                                       for r in records]})
+                  extra={"device": device, "records": without_samples(records)})
 
 
 REPRODUCTION = Reproduction(

@@ -17,14 +17,10 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 VARIANTS = ("sequential", "padded_bmm", "grouped_mm", "dense")
 
 
-def _csv(text, kind=str) -> list:
-    return [kind(t.strip()) for t in str(text).split(",") if t.strip()]
-
-
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.reproductions._suite_runs import device_words, run_grid
+    from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
 
-    models, tokens = _csv(params["models"]), _csv(params["tokens_per_expert"], int)
+    models, tokens = csv_param(params["models"]), csv_param(params["tokens_per_expert"], int)
     base = {"shape_div": int(params["shape_div"]), "local_experts": int(params["local_experts"]),
             "dtype": str(params["dtype"]), "device": "auto", "threads": int(params["threads"])}
     points = [dict(base, variant=v, tokens_per_expert=t, model=m)
@@ -68,8 +64,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "Piper Fig. 4 prints no numbers: every cell is no-paper-value.",
     ]
     return Result(cells=cells, assumptions=assumptions, figures=figures,
-                  extra={"device": device, "records": [{k: v for k, v in r.items() if k != "samples"}
-                                                       for r in records]})
+                  extra={"device": device, "records": without_samples(records)})
 
 
 REPRODUCTION = Reproduction(

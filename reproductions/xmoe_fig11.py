@@ -34,7 +34,7 @@ PAPER_VALUES = [
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.reproductions._suite_runs import device_words, pick, run_grid
+    from moe_repro.reproductions._suite_runs import device_words, pick, run_grid, without_samples
 
     base = {"ranks": int(params["ranks"]), "backend": "gloo", "tokens": int(params["tokens"]),
             "d_model": int(params["d_model"]), "d_ffn": int(params["d_ffn"]),
@@ -111,8 +111,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "The paper's Large-model all-to-all number needs EP = 64 and is marked not-reproduced.",
     ]
     return Result(cells=cells, assumptions=assumptions, figures=figures,
-                  extra={"device": device, "records": [{k: v for k, v in r.items() if k != "samples"}
-                                                       for r in records]})
+                  extra={"device": device, "records": without_samples(records)})
 
 
 REPRODUCTION = Reproduction(
