@@ -176,18 +176,14 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             codes = {name: p.poll() for name, p in procs.items()}
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
             if failed:
-                # A rank killed by a signal (negative code) is the cause; its peers then fail
-                # or hang in the collective it left, so name it first.
-                killed = [int(n) for n, c in failed.items() if n.isdigit() and c < 0]
-                _raise_for(workdir, world_size, f"exited with code {', '.join(map(str, failed.values()))}",
-                           killed)
+                _raise_for(workdir, world_size, codes, "exited with code")
             if all(c == 0 for c in codes.values()):
                 missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
                 if missing:
-                    _raise_for(workdir, world_size, "exited without a result")
+                    _raise_for(workdir, world_size, codes, "exited without a result")
                 return
             if time.monotonic() > deadline:
-                _raise_for(workdir, world_size, f"did not finish within {timeout_s:g} s (hung?)")
+                _raise_for(workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)")
             time.sleep(0.02)
     finally:
         # Kill every group, finished or not: a group may hold children (mpiexec's proxies,
@@ -196,25 +192,38 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             _kill_group(p)
 
 
-def _raise_for(workdir: Path, world_size: int, what: str, killed: list[int] | None = None) -> None:
+def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str) -> None:
+    """Name the ranks that caused the failure, most likely cause first.
+
+    A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
+    raised come next (often they only raised because a peer vanished); on a timeout, the ranks
+    still running. With mpiexec only its own exit code is known, so per-rank files decide.
+    """
     unfinished = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
-    # A rank that raised wrote rank-R.failed; name those first: they are the cause, the rest
-    # are usually waiting on them. A rank killed by a signal writes nothing and comes before both.
     raised = [r for r in unfinished if (workdir / f"rank-{r}.failed").exists()]
-    killed = [r for r in (killed or []) if r in unfinished and r not in raised]
-    culprits = killed or raised or unfinished
-    if killed:
-        what = "was killed by a signal (its peers then failed or hung in the collective it left)"
+    rank_codes = {int(n): c for n, c in codes.items() if n.isdigit()}
+    died = [r for r, c in rank_codes.items() if c not in (None, 0) and r not in raised]
+    running = [r for r, c in rank_codes.items() if c is None]
+    if "within" in what and rank_codes:
+        culprits = running
+    else:
+        culprits = died + raised or unfinished
     details = []
     for r in culprits[:4]:
-        tail = _tail(workdir / f"rank-{r}.failed") or _tail(workdir / f"rank-{r}.err")
-        if tail:
-            details.append(f"rank {r}: {tail}")
+        code = rank_codes.get(r)
+        how = f"killed by signal {-code}" if code is not None and code < 0 else (
+            f"exit code {code}" if code else "")
+        tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
+        details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
     if not details and (workdir / "mpiexec.err").exists():
-        details.append(f"mpiexec: {_tail(workdir / 'mpiexec.err')}")
+        details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
     names = ", ".join(map(str, culprits)) or "none"
+    if what == "exited with code":
+        signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
+        what = ("was killed by a signal (its peers then failed or hung in the collective it left)"
+                if signalled and culprits[0] in signalled else "failed")
     msg = f"rank(s) {names} of {world_size} {what}"
-    raise RankFailure(msg + (f" -- {'; '.join(details)}" if details else ""), culprits)
+    raise RankFailure(msg + (f" -- {' | '.join(details)}" if details else ""), culprits)
 
 
 # --- Worlds started by an external launcher (torchrun, srun, mpirun) --------------------------
