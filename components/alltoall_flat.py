@@ -139,7 +139,7 @@ class _Comm:
         if sum(send_counts) != x.shape[0]:
             raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
 
-    def exchange_counts(self, send_counts: list[int], phase: str = "meta") -> list[int]:
+    def exchange_counts(self, send_counts: list[int], phase: str = "counts") -> list[int]:
         """How many rows each peer will send me: one int64 to and from every peer."""
         send = torch.tensor([int(c) for c in send_counts], dtype=torch.int64)
         recv = self.alltoallv(send, [1] * self.size, [1] * self.size, phase)
@@ -260,18 +260,24 @@ def flat_all_to_all_v(comm: _Comm, x: torch.Tensor, send_counts: list[int],
 
 # --- The schedule as data (replayed by the flow-level simulator) ------------------------------
 
-PHASE_DEPENDENCIES = {"a2a": []}  # one phase, no internal dependency
+PHASE_DEPENDENCIES = {"counts": [], "a2a": ["counts"]}
 
 
-def flat_schedule(count_matrix, row_bytes: int) -> list[tuple[str, int, int, int]]:
+def flat_schedule(count_matrix, row_bytes: int, with_counts: bool = True,
+                  ranks=None) -> list[tuple[str, int, int, int]]:
     """Messages of one flat all-to-all-v: ``count_matrix[s][d]`` rows from rank s to rank d.
 
     Returns (phase, src, dst, nbytes) for every non-empty pair, self-copies included (they
-    travel on no link). Per-rank bytes on the wire = sum_{d != s} count_matrix[s][d] * row_bytes.
+    travel on no link), after the counts exchange (one int64 to every rank) unless
+    ``with_counts`` is False (recv_counts given). Per-rank bytes on the wire =
+    sum_{d != s} count_matrix[s][d] * row_bytes. ``ranks`` limits the source ranks (the
+    topology simulator builds only representative ranks of a symmetric world).
     """
-    msgs = []
-    for s, row in enumerate(count_matrix):
-        for d, c in enumerate(row):
+    n = len(count_matrix)
+    sources = range(n) if ranks is None else ranks
+    msgs = [("counts", s, d, 8) for s in sources for d in range(n)] if with_counts else []
+    for s in sources:
+        for d, c in enumerate(count_matrix[s]):
             if int(c):
                 msgs.append(("a2a", s, d, int(c) * int(row_bytes)))
     return msgs

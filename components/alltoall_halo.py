@@ -23,7 +23,7 @@ Generalisation beyond Alg. 1's equal rows: Alg. 1 sends exactly one D-wide row t
 here rank s sends ``C[s][d] >= 0`` rows of width H to rank d (zero included). This works because
 the rows a rank sends to one node are still contiguous in its send buffer and every block keeps
 its (source, destination) identity, so only the sizes change; the counts matrix C (all ranks'
-send counts) is learnt once per call with an all-gather (N^2 int64s, "meta") unless given. What
+send counts) is learnt once per call with an all-gather (N^2 int64s, "counts") unless given. What
 does NOT generalise: the algorithm needs the same number of ranks on every node (Phase II pairs
 rank (n, l) with (n', l) on every other node), so an uneven world is rejected by construction
 (Topology has one ranks_per_node); and with uneven blocks the permutes of lines 18 and 21 are no
@@ -40,12 +40,13 @@ peers (one message per remote node instead of R), and pays extra intra-node byte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
 from moe_repro.components.topology import Topology
 
-PHASE_DEPENDENCIES = {"I": [], "II": [], "III": ["II"]}  # Eq. 13
+PHASE_DEPENDENCIES = {"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}  # Eq. 13
 
 
 @dataclass
@@ -75,7 +76,7 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
         raise ValueError(f"counts matrix must be {N}x{N}")
     node, l = topo.node_of(rank), topo.local_rank(rank)
     mine = [int(c) for c in C[rank]]
-    starts = [sum(mine[:d]) for d in range(N + 1)]
+    starts = [0, *accumulate(mine)]  # prefix sums (O(N); the simulator calls this at N = 8192)
     local = topo.node_ranks(node)
     remote_nodes = [n for n in range(topo.nodes) if n != node]
     p1_send = [mine[d] for d in local]
@@ -104,7 +105,7 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
         p3_send.append(n_rows)
     # I receive from local l'' the rows of sources (n, l'') for remote n, in node order.
     recv_from = [int(C[s][rank]) for s in range(N)]
-    out_start = [sum(recv_from[:s]) for s in range(N + 1)]
+    out_start = [0, *accumulate(recv_from)]
     p3_recv, out_remote = [], []
     for lpp in range(R):
         cnt = 0
@@ -124,12 +125,16 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
         total_recv=out_start[N])
 
 
-def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int) -> list[tuple[str, int, int, int]]:
+def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
+                  with_counts: bool = True, ranks=None) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of every message HALO sends for counts matrix C; built from
-    the same :func:`halo_plan` the collective executes. Self-messages are local copies."""
-    msgs = []
-    R = topo.ranks_per_node
-    for r in range(topo.world_size):
+    the same :func:`halo_plan` the collective executes. Self-messages are local copies. The
+    counts all-gather (N int64 to every other rank) is left out when C was given. ``ranks``
+    limits the source ranks (the topology simulator builds representative ranks only)."""
+    N, R = topo.world_size, topo.ranks_per_node
+    sources = range(N) if ranks is None else ranks
+    msgs = [("counts", s, d, 8 * N) for s in sources for d in range(N) if s != d] if with_counts else []
+    for r in sources:
         plan = halo_plan(C, topo, r)
         local = topo.node_ranks(topo.node_of(r))
         for d, c in zip(local, plan.p1_send):
@@ -170,12 +175,12 @@ class HaloAllToAll:
         return self._plans[key]
 
     def counts_matrix(self, send_counts: list[int]) -> list[list[int]]:
-        """All ranks' send counts (metadata; logged as N int64 to every peer)."""
+        """All ranks' send counts (logged as N int64 to every other rank, phase "counts")."""
         world = self.comms.world
         if world.log is not None:
             for peer in range(world.size):
                 if peer != world.rank:
-                    world.log.append(("meta", world.global_rank, world.ranks[peer], 8 * world.size))
+                    world.log.append(("counts", world.global_rank, world.ranks[peer], 8 * world.size))
         return world.allgather_ints(send_counts)
 
     def __call__(self, x: torch.Tensor, send_counts: list[int],

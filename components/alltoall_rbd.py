@@ -33,7 +33,8 @@ Replicated experts are separate slots of the map (the router picks the slot).
 Inter-node rows per source rank = the number of unique (token, destination node) pairs with a
 destination node other than its own; flat sends one row per (token, expert) pair there.
 Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` carries 32 bytes
-per pair (4 int64) plus counts, ``replica_meta`` 16 bytes per replica (2 int64).
+per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
+every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (replicas for it).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ import torch
 from moe_repro.components.pft import PFT
 from moe_repro.components.topology import Topology
 
-PHASE_DEPENDENCIES = {"meta": [], "pilot": [], "replica": ["pilot", "meta"],
-                      "replica_meta": ["meta"]}
+PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
+                      "replica": ["pilot", "meta"], "replica_meta": ["meta"]}
 COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
@@ -167,7 +168,7 @@ class RBDDispatcher:
 
         # S1: counts, metadata (with the combine weights) and pilots; only pilots cross nodes.
         counts = torch.tensor([s0.pilot_counts, s0.meta_counts], dtype=torch.int64).t().contiguous()
-        got = world.alltoallv(counts, [1] * N, [1] * N, "meta")
+        got = world.alltoallv(counts, [1] * N, [1] * N, "counts")
         pilot_recv, meta_recv = got[:, 0].tolist(), got[:, 1].tolist()
         meta = world.alltoallv(s0.meta, s0.meta_counts, meta_recv, "meta")
         pilots = world.alltoallv(x.index_select(0, s0.pilot_token), s0.pilot_counts, pilot_recv, "pilot")
@@ -192,7 +193,7 @@ class RBDDispatcher:
         replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
 
         # S2: intra-node exchange of replicas and their (source, slot).
-        replica_recv = intra.exchange_counts(replica_send, "meta")
+        replica_recv = intra.exchange_counts(replica_send, "counts")
         got_meta = intra.alltoallv(replica_meta, replica_send, replica_recv, "replica_meta")
         got_rows = intra.alltoallv(replica_rows, replica_send, replica_recv, "replica")
 
@@ -241,7 +242,7 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
                  generators: list[torch.Generator | None] | None = None) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, from the same
     :func:`select_pilots` the collective runs (pass generators seeded as the ranks' were).
-    Phases: meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
+    Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
     sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed."""
     N = topo.world_size
     if len(pfts) != N:
@@ -252,6 +253,9 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
     for s, (pft, g) in enumerate(zip(pfts, generators)):
         s0 = select_pilots(pft, expert_to_rank, topo, g)
         for p in range(N):
+            msgs.append(("counts", s, p, 16))
+            if topo.node_of(p) == topo.node_of(s):
+                msgs.append(("counts", s, p, 8))
             if s0.meta_counts[p]:
                 msgs.append(("meta", s, p, s0.meta_counts[p] * META_BYTES_PER_PAIR))
             if s0.pilot_counts[p]:
