@@ -22,8 +22,15 @@ Byte count and bandwidth (nccl-tests alltoall conventions):
 element with a single-process reference that rebuilds every rank's inputs from their seeds and
 routes them by a loop over tokens, with no communication.
 
-Worlds that do not fit here (more than MAX_LOCAL_RANKS ranks) belong to the flow-level topology
-simulator (its own issue); this suite refuses them and says so. Under torchrun/mpirun/srun the
+Worlds that are not real here -- ``--platform`` other than ``local``, or more than
+MAX_LOCAL_RANKS ranks -- are simulated by the flow-level topology simulator
+(components/network_sim.py) on the platform's profile: it replays the schedule the real
+algorithm sends (the shared ``flat_schedule`` / ``halo_schedule`` / ``rbd_schedule``), for the
+expected routing of the same parameters (every source sends ``tokens * top_k * e_d / experts``
+rows to a rank holding e_d experts; RBD: the real per-rank routing and pilot selection, up to
+MAX_SIMULATED_RBD_RANKS ranks). Those records carry ``simulated: true``, no spread, the
+Piper Eq. 6 NIC-injection lower bound ``eq6_bound_s`` beside the prediction, and leave out the
+count exchange (counts known in advance, as in Piper Alg. 1). Under torchrun/mpirun/srun the
 launched world is used; then nodes * gpus_per_node must equal its size.
 """
 
@@ -40,6 +47,7 @@ from moe_repro.suites.base import Metric, Suite
 ALGOS = ("flat", "halo", "rbd")
 PLACEMENTS = ("contiguous", "strided", "random")
 MAX_LOCAL_RANKS = 16
+MAX_SIMULATED_RBD_RANKS = 256  # RBD is simulated per message (its pilots depend on the routing)
 IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
         "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
         "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv"}
@@ -66,12 +74,74 @@ def derived_params(p: dict) -> dict:
     if int(p["top_k"]) > int(p["experts"]):
         raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
     ranks = nodes * gpn
-    if ranks > MAX_LOCAL_RANKS and not launched_world_size():
-        raise ValueError(f"{nodes} nodes x {gpn} GPUs = {ranks} ranks do not fit on this machine "
-                         f"(at most {MAX_LOCAL_RANKS} local ranks); such worlds are for the "
-                         f"topology simulator (its own issue, not available in this suite), or "
-                         f"launch under torchrun/mpirun/srun")
-    return {"ranks": ranks, "ranks_per_node": gpn, "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+    platform = str(p.get("platform", "local"))
+    if platform != "local" or (ranks > MAX_LOCAL_RANKS and not launched_world_size()):
+        if platform == "local":
+            raise ValueError(f"{nodes} nodes x {gpn} GPUs = {ranks} ranks do not fit on this machine "
+                             f"(at most {MAX_LOCAL_RANKS} local ranks); simulate them with --platform "
+                             f"frontier|dgx-h100|h200, or launch under torchrun/mpirun/srun")
+        _simulated_platform(platform, gpn)
+        if p["algo"] == "rbd" and ranks > MAX_SIMULATED_RBD_RANKS:
+            raise ValueError(f"rbd is simulated per message, up to {MAX_SIMULATED_RBD_RANKS} ranks; "
+                             f"got {ranks}")
+        return {"ranks": ranks, "ranks_per_node": gpn, "simulated": True,
+                "impl": f"{p['algo']} simulated on {platform} (components/network_sim.py)"}
+    return {"ranks": ranks, "ranks_per_node": gpn, "simulated": False,
+            "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+
+
+def _simulated_platform(name: str, gpus_per_node: int):
+    from moe_repro.components.platform import load_builtin
+
+    platform = load_builtin(name)  # ValueError naming the known profiles
+    if gpus_per_node > platform.gpus_per_node:
+        raise ValueError(f"{name} has {platform.gpus_per_node} GPUs per node, got --gpus-per-node "
+                         f"{gpus_per_node}")
+    return platform
+
+
+def simulate(params: dict) -> dict:
+    """Predicted metrics of one dispatch on ``params['platform']`` (all simulated)."""
+    import sys
+
+    from moe_repro.components import network_sim as ns
+
+    platform = _simulated_platform(str(params["platform"]), int(params["gpus_per_node"]))
+    topo = ns.topology_for(platform, int(params["nodes"]), int(params["gpus_per_node"]))
+    N = topo.world_size
+    S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
+    row_bytes = H * 4
+    placement = _placement(params["placement"], E, N, int(params["seed"]))
+    if params["algo"] == "rbd":
+        from moe_repro.components import alltoall_rbd
+        from moe_repro.components.pft import build_pft
+
+        pfts, gens = [], []
+        for r in range(N):  # the same inputs and pilot generators as the real run's ranks
+            _, top, weights = _rank_inputs(params, r)
+            pfts.append(build_pft(top, weights, E))
+            gens.append(torch.Generator().manual_seed(104729 + r))
+        msgs = [m for m in alltoall_rbd.rbd_schedule(pfts, placement, topo, row_bytes, gens)
+                if m[0] != "counts"]
+        res = ns.simulate_messages(msgs, topo, platform, alltoall_rbd.PHASE_DEPENDENCIES)
+        payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
+    else:
+        per_rank = [0] * N
+        for rank in placement:
+            per_rank[rank] += 1
+        rows_to = [round(S * k * e / E) for e in per_rank]
+        fn, deps = ns.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
+        res = ns.simulate_expected(fn, rows_to, topo, platform, deps)
+        payload = sum(rows_to) * row_bytes
+    t = res.time_s
+    algbw = payload / t if t > 0 else 0.0
+    print(f"simulated {params['algo']} on {platform.name} {params['nodes']}x{params['gpus_per_node']}: "
+          f"{t * 1e3:.4g} ms, Piper Eq. 6 NIC bound {res.eq6_bound_s * 1e3:.4g} ms "
+          f"({res.flows} flow records)", file=sys.stderr)
+    return {"time_s": t, "latency_s": t, "inter_node_bytes": res.link_bytes["inter_node"],
+            "intra_node_bytes": res.link_bytes["intra_node"], "algbw_GBps": algbw / 1e9,
+            "busbw_GBps": algbw * (N - 1) / N / 1e9, "bytes": payload,
+            "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s}
 
 
 def _parse_fault(fault: str) -> tuple[str, int]:
@@ -227,7 +297,8 @@ SUITE = Suite(
     description="MoE dispatch all-to-all over real ranks with emulated nodes: flat, HALO "
                 "(Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, inter-node bytes "
                 "actually sent, #wrong.",
-    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": list(ALGOS), "backend": ["gloo"],
+    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": list(ALGOS), "platform": ["local"],
+            "backend": ["gloo"],
             "tokens": [256, 2048], "hidden": [256], "experts": [16], "top_k": [4],
             "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
     quick={"nodes": [2], "tokens": [64], "hidden": [64]},
@@ -237,6 +308,7 @@ SUITE = Suite(
     run=run,
     derive=derive,
     check=check,
+    simulate=simulate,
     metrics=[Metric("inter_node_bytes", "B", "lower",
                     description="bytes sent to other nodes in one call, all ranks, metadata included"),
              Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n"),
@@ -244,9 +316,14 @@ SUITE = Suite(
              Metric("latency_s", "s", "lower", description="wall time of one dispatch (= time_s)"),
              Metric("intra_node_bytes", "B", "none",
                     description="bytes sent to other ranks of the same node in one call, all ranks"),
-             Metric("bytes", "B", "none", description="mean per-rank dispatch payload")],
+             Metric("bytes", "B", "none", description="mean per-rank dispatch payload"),
+             Metric("eq6_bound_s", "s", "none", kind="simulated",
+                    description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
+                                "(busiest NIC's bytes / B_NIC)")],
     param_help={"nodes": "emulated nodes", "gpus_per_node": "ranks per emulated node",
-                "algo": "flat, halo or rbd", "backend": "gloo, nccl (GPUs) or mpi",
+                "algo": "flat, halo or rbd",
+                "platform": "local (real ranks here) or a profile to simulate: frontier, dgx-h100, h200",
+                "backend": "gloo, nccl (GPUs) or mpi",
                 "tokens": "tokens per rank", "hidden": "hidden size (float32 elements per row)",
                 "experts": "experts in total", "top_k": "experts per token",
                 "placement": "expert -> rank map: contiguous, strided or random",

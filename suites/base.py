@@ -55,6 +55,10 @@ class Suite:
     # Params computed from each grid point (e.g. ranks = nodes * gpus_per_node); they join the
     # point (and its record) but are not grid axes. May raise ValueError for a bad point.
     derived_params: Callable[[dict], dict] | None = None
+    # Grid points whose derived params say ``simulated: True`` are not run: ``simulate(params)``
+    # returns their metrics (a model's prediction, e.g. the topology simulator), and the runner
+    # records them with ``simulated: true`` and no spread.
+    simulate: Callable[[dict], dict] | None = None
 
     @property
     def distributed(self) -> bool:

@@ -77,6 +77,20 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
     return record
 
 
+def simulated_record(suite: Suite, params: dict) -> dict:
+    """A grid point predicted by ``suite.simulate``: same keys as a measured record, exact
+    values (no spread), ``simulated: true``."""
+    metrics = suite.simulate(params)
+    record: dict[str, Any] = {"suite": suite.name, **params}
+    for name, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            record.update({name: value, f"{name}_iqr": 0.0, f"{name}_min": value, f"{name}_max": value})
+        else:
+            record[name] = value
+    record.update(repeats=1, number=1, samples={}, simulated=True)
+    return record
+
+
 def run_points_on_rank(ctx, suite: str, points: list[dict], config: dict) -> list[dict]:
     """Launcher target: run a world's grid points on this rank (every rank runs all of them)."""
     from moe_repro.suites import all_suites
@@ -94,6 +108,17 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
               done: Callable[[dict], None] | None = None) -> list[dict]:
     """Run every grid point; ``done(record)`` is called as each record finishes."""
     records: list[dict] = []
+    if suite.simulate is not None and any(p.get("simulated") for p in grid):
+        for i, params in enumerate(p for p in grid if p.get("simulated")):
+            if progress:
+                progress(i, len(grid), params)
+            rec = simulated_record(suite, params)
+            records.append(rec)
+            if done:
+                done(rec)
+        grid = [p for p in grid if not p.get("simulated")]
+        if not grid:
+            return records
     if not suite.distributed:
         for i, params in enumerate(grid):
             if progress:
