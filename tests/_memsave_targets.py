@@ -64,3 +64,47 @@ def ulysses(ctx, cases):
         results.append({"out": out.tolist(), "dq": ql.grad.tolist(), "dk": kl.grad.tolist(),
                         "dv": vl.grad.tolist(), "lo": lo, "hi": hi})
     return results
+
+
+def ssmb_model(seed, hidden, dense_ffn, experts, expert_ffn, top_k, activation):
+    """Full weights of one layer (identical on every rank and in the test process)."""
+    from moe_repro.components.moe_layer import MoELayer
+
+    torch.manual_seed(seed)
+    w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
+    w2 = torch.randn(dense_ffn, hidden) * dense_ffn ** -0.5
+    b2 = torch.randn(hidden) * 0.1
+    moe = MoELayer(hidden, expert_ffn, experts, top_k, activation=activation)
+    return w1, w2, b2, moe
+
+
+def ssmb_inputs(seed, seq, hidden):
+    g = torch.Generator().manual_seed(seed + 17)
+    return torch.randn(seq, hidden, generator=g), torch.randn(seq, hidden, generator=g)
+
+
+def ssmb(ctx, cases):
+    from moe_repro.components.ssmb import SSMBLayer
+
+    results = []
+    for case in cases:
+        w1, w2, b2, moe_full = ssmb_model(case["seed"], case["hidden"], case["dense_ffn"],
+                                          case["experts"], case["expert_ffn"], case["top_k"],
+                                          case["activation"])
+        x, grad_out = ssmb_inputs(case["seed"], case["seq"], case["hidden"])
+        per_mode = {}
+        for sharded in (True, False):
+            layer = SSMBLayer(w1, w2, b2, moe_full, sequence_sharded=sharded)
+            xi = x.clone().requires_grad_(True)
+            out = layer(xi)
+            out.backward(grad_out)
+            layer.sync_grads()
+            per_mode["ssmb" if sharded else "tp_ep"] = {
+                "out": out.tolist(), "dx": xi.grad.tolist(),
+                "dw1": layer.dense.w1.grad.tolist(), "dw2": layer.dense.w2.grad.tolist(),
+                "db2": layer.dense.b2.grad.tolist(), "dgate": layer.moe.gate.weight.grad.tolist(),
+                "dw_in": layer.moe.experts.w_in.grad.tolist(),
+                "dw_out": layer.moe.experts.w_out.grad.tolist(),
+                "local_experts": layer.moe.local_experts}
+        results.append(per_mode)
+    return results
