@@ -92,7 +92,10 @@ def memory_check(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float,
 def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
          micro_batches: int | None = None, alpha: int = 4, zero_stage: int = 0, flash: bool = True,
          allow_checkpointing: bool = True, causal: bool = False, schedule: str = "1f1b",
-         max_ep: int | None = None) -> Plan:
+         max_ep: int | None = None, layout: tuple[int, int] | None = None) -> Plan:
+    """Enumerate and rank PP x EP layouts (module docstring). ``layout=(PP, EP)`` evaluates that one
+    layout only and raises ValueError if it breaks Eq. 7-9 (Eq. 10 is reported, not raised, so a
+    user can ask what a wider EP group would cost)."""
     for name, v in (("nodes", nodes), ("seq", seq), ("alpha", alpha)):
         if v is None or v <= 0:
             raise ValueError(f"{name} must be positive, got {v}")
@@ -101,10 +104,20 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
     if micro_batches is not None and micro_batches <= 0:
         raise ValueError(f"micro-batches must be positive, got {micro_batches}")
     G = nodes * p.gpus_per_node
+    if layout is not None:
+        lp, le = layout
+        if lp is None or le is None or lp <= 0 or le <= 0:
+            raise ValueError(f"pp and ep must both be given and positive, got pp={lp} ep={le}")
+        if lp * le != G:
+            raise ValueError(f"PP x EP = {lp} x {le} = {lp * le} is not the {G} GPUs of {nodes} nodes (Eq. 7)")
+        if m.n_experts % le:
+            raise ValueError(f"EP={le} does not divide the expert count E={m.n_experts} (Eq. 8)")
+        if lp > m.layers:
+            raise ValueError(f"PP={lp} exceeds the layer count L={m.layers} (Eq. 9)")
     B = global_batch if global_batch is not None else alpha * G
     ep_limit = max_ep if max_ep is not None else p.gpus_per_node * p.switch_group_nodes
     candidates, rejected = [], []
-    for EP in _divisors(G):
+    for EP in _divisors(G) if layout is None else [layout[1]]:
         PP = G // EP
         why = []
         if m.n_experts % EP:

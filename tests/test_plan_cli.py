@@ -32,12 +32,26 @@ def test_plan_deepseek_v3_frontier_json(tmp_path):
     (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "0"], "--nodes must be positive"),
     (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--seq", "-5"], "--seq must be positive"),
     (["--model", "tiny-moe", "--platform", "missing.json", "--nodes", "1"], "not found"),
+    (["--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--pp", "2", "--ep", "32"],
+     "is not the 32 GPUs"),
+    (["--model", "deepseek-v3", "--platform", "frontier", "--nodes", "3", "--pp", "1", "--ep", "24"],
+     "EP=24 does not divide the expert count E=256"),
+    (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8", "--ep", "1"],
+     "PP=8 exceeds the layer count L=4"),
+    (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8"], "--pp and --ep go together"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     r = _repro("plan", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_plan_one_layout():
+    r = _repro("plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "64", "--pp", "16", "--ep", "32")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line[:2].strip().isdigit()]
+    assert [row[:2] for row in rows] == [["16", "32"]]
 
 
 def test_plan_with_a_copied_profile(tmp_path):

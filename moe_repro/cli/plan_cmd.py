@@ -87,10 +87,12 @@ def format_plan(pl) -> str:
 @click.option("--no-checkpointing", is_flag=True, help="Never fall back to activation checkpointing.")
 @click.option("--causal-flops", is_flag=True, help="Halve attention FLOPs for the causal mask.")
 @click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True)
+@click.option("--pp", type=int, default=None, help="Evaluate only this pipeline degree (with --ep).")
+@click.option("--ep", type=int, default=None, help="Evaluate only this expert-parallel degree (with --pp).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the plan (candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
-            no_checkpointing, causal_flops, schedule, json_path) -> None:
+            no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
     """Enumerate PP x EP layouts (Eq. 7-10), reject those that do not fit in HBM (Eq. 11, binding
     term named), and rank the rest by estimated MFU (Eq. 12).
 
@@ -100,15 +102,17 @@ def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, z
     from moe_repro.components.planner import plan
 
     for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
-                    ("--micro-batches", micro_batches)):
+                    ("--micro-batches", micro_batches), ("--pp", pp), ("--ep", ep)):
         if v is not None and v <= 0:
             raise BadInput(f"{name} must be positive, got {v}")
+    if (pp is None) != (ep is None):
+        raise BadInput("--pp and --ep go together")
     model = load_model(model_key)
     platform = load_platform(platform_name)
     try:
         pl = plan(model, platform, nodes, seq=seq, global_batch=global_batch, micro_batches=micro_batches,
                   zero_stage=zero_stage, flash=not no_flash, allow_checkpointing=not no_checkpointing,
-                  causal=causal_flops, schedule=schedule)
+                  causal=causal_flops, schedule=schedule, layout=None if pp is None else (pp, ep))
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_plan(pl))
