@@ -1,0 +1,140 @@
+"""xmoe-fig13: MoE-block activation memory vs TP degree, with and without SSMB (X-MoE Fig. 13).
+
+Real, scaled: G gloo ranks (G = TP degree = EP degree of the MoE block) run one
+components.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this machine,
+with and without sequence sharding; we count the bytes autograd keeps for backward inside the
+MoE block (saved_tensors_hooks, distinct storages, max over ranks) and check that both variants
+give the same output. Beside it, X-MoE Table 2's activation model for the same config.
+
+Full size, analytic: X-MoE Large (zoo) at sequence length 4096, 28 MoE layers, bf16: per-GPU
+MoE activations A_dispatch + A_combine + A_interm0 + A_interm1 (components.memory_model,
+X-MoE Table 2) without SSMB (every TP rank holds the whole sequence) and with SSMB (1/G of it).
+Fig. 13 reports *maximum allocated memory* (model states + activations + workspace) and prints
+no numbers we can read exactly; model states are the same with and without SSMB (SSMB changes
+no parameter placement), so the bars' difference is the activation difference we compute.
+"""
+
+from __future__ import annotations
+
+from moe_repro.reproductions.spec import Figure, Reproduction, Result
+
+GB = 1e9
+MIB = 2.0 ** 20
+
+
+def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, expert_ffn: int,
+                 top_k: int, seed: int) -> dict:
+    import torch
+
+    from moe_repro.components.moe_layer import MoELayer
+    from moe_repro.components.ssmb import SavedActivationBytes, SSMBLayer
+
+    torch.manual_seed(seed)
+    w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
+    w2 = torch.randn(dense_ffn, hidden) * dense_ffn ** -0.5
+    b2 = torch.zeros(hidden)
+    moe_full = MoELayer(hidden, expert_ffn, experts, top_k, activation="gelu")
+    x = torch.randn(seq, hidden)
+    out = {}
+    results = {}
+    for sharded in (False, True):
+        layer = SSMBLayer(w1, w2, b2, moe_full, sequence_sharded=sharded)
+        probe = SavedActivationBytes()
+        y = layer(x.clone().requires_grad_(True), moe_activation_probe=probe)
+        y.sum().backward()
+        key = "ssmb" if sharded else "tp_ep"
+        out[f"{key}_moe_saved_bytes"] = probe.bytes
+        results[key] = y.detach()
+    out["max_abs_diff"] = float((results["ssmb"] - results["tp_ep"]).abs().max())
+    return out
+
+
+def compute(repro: Reproduction, params: dict) -> Result:
+    from moe_repro.components.memory_model import xmoe_activation_elements
+    from moe_repro.components.ssmb import sequence_bounds
+    from moe_repro.components.zoo import get_model
+    from moe_repro.launch import run_ranks
+
+    degrees = [int(g) for g in str(params["tp_degrees"]).split(",")]
+    cfg = dict(seq=int(params["seq"]), hidden=int(params["hidden"]), dense_ffn=int(params["dense_ffn"]),
+               experts=int(params["experts"]), expert_ffn=int(params["expert_ffn"]),
+               top_k=int(params["top_k"]), seed=int(params["seed"]))
+    for g in degrees:
+        if g < 1 or cfg["experts"] % g or cfg["dense_ffn"] % g:
+            raise ValueError(f"TP degree {g} must divide experts ({cfg['experts']}) and dense_ffn ({cfg['dense_ffn']})")
+    cells, series = [], {k: [] for k in ("tp_ep", "ssmb", "tp_ep_model", "ssmb_model")}
+    table2 = xmoe_activation_elements(1, cfg["seq"], cfg["hidden"], cfg["expert_ffn"], cfg["top_k"])
+    model_full_seq = sum(table2.values()) * 4  # fp32 elements
+    for g in degrees:
+        ranks = run_ranks("moe_repro.reproductions.xmoe_fig13:measure_rank", cfg, world_size=g,
+                          timeout_s=float(params["timeout_s"]))
+        row = f"scaled, TP={g}"
+        tp_ep = max(r["tp_ep_moe_saved_bytes"] for r in ranks)
+        ssmb = max(r["ssmb_moe_saved_bytes"] for r in ranks)
+        longest_chunk = max(hi - lo for lo, hi in sequence_bounds(cfg["seq"], g))
+        model_ssmb = model_full_seq * longest_chunk / cfg["seq"]
+        cells.append(repro.compare(row, "MoE activations w/o SSMB (measured)", tp_ep / MIB, "MiB"))
+        cells.append(repro.compare(row, "MoE activations w/ SSMB (measured)", ssmb / MIB, "MiB"))
+        cells.append(repro.compare(row, "w/o / w/ SSMB (measured)", tp_ep / ssmb, "x"))
+        cells.append(repro.compare(row, "MoE activations w/o SSMB (Table 2 model)", model_full_seq / MIB, "MiB"))
+        cells.append(repro.compare(row, "MoE activations w/ SSMB (Table 2 model)", model_ssmb / MIB, "MiB"))
+        cells.append(repro.compare(row, "max |SSMB - TP+EP output|",
+                                   max(r["max_abs_diff"] for r in ranks), "abs"))
+        series["tp_ep"].append(tp_ep / MIB)
+        series["ssmb"].append(ssmb / MIB)
+        series["tp_ep_model"].append(model_full_seq / MIB)
+        series["ssmb_model"].append(model_ssmb / MIB)
+
+    m = get_model(params["full_model"])
+    full_seq, layers = int(params["full_seq"]), m.layers
+    full = xmoe_activation_elements(1, full_seq, m.d_model, m.d_ffn, m.top_k)
+    full_bytes = sum(full.values()) * 2 * layers  # bf16, every layer MoE (zoo note)
+    full_series = {"tp_ep": [], "ssmb": []}
+    for g in (1, 2, 4):
+        row = f"{m.name}, TP={g}"
+        cells.append(repro.compare(row, "MoE activations per GPU w/o SSMB (model)", full_bytes / GB, "GB"))
+        cells.append(repro.compare(row, "MoE activations per GPU w/ SSMB (model)", full_bytes / g / GB, "GB",
+                                   note="Fig. 13 prints bars without values; model states are equal in both variants"))
+        full_series["tp_ep"].append(full_bytes / GB)
+        full_series["ssmb"].append(full_bytes / g / GB)
+    figures = [
+        Figure(name="xmoe-fig13-scaled", title="MoE-block activations per rank vs TP degree (scaled, measured)",
+               xlabel="TP degree", ylabel="MiB kept for backward (max over ranks)",
+               series=[{"label": "w/o SSMB (TP+EP), measured", "x": degrees, "y": series["tp_ep"], "kind": "ours"},
+                       {"label": "w/ SSMB, measured", "x": degrees, "y": series["ssmb"], "kind": "ours"},
+                       {"label": "w/o SSMB, Table 2 model", "x": degrees, "y": series["tp_ep_model"], "kind": "ours"},
+                       {"label": "w/ SSMB, Table 2 model", "x": degrees, "y": series["ssmb_model"], "kind": "ours"}]),
+        Figure(name="xmoe-fig13-full", title=f"{m.name}: MoE activations per GPU vs TP degree (model)",
+               xlabel="TP degree", ylabel="GB (bf16, all layers)",
+               series=[{"label": "w/o SSMB", "x": [1, 2, 4], "y": full_series["tp_ep"], "kind": "ours"},
+                       {"label": "w/ SSMB", "x": [1, 2, 4], "y": full_series["ssmb"], "kind": "ours"}]),
+    ]
+    assumptions = [
+        f"Scaled config (real): S = {cfg['seq']} tokens, H = {cfg['hidden']}, dense FFN {cfg['dense_ffn']} "
+        f"(TP-sharded), {cfg['experts']} experts of width {cfg['expert_ffn']} (GELU, 2 matrices), "
+        f"top-{cfg['top_k']}, fp32, one forward+backward; experts spread over the G ranks (EP = TP = G).",
+        "Measured = bytes of distinct storages autograd saves for backward inside the MoE block "
+        "(router, PFT, dispatch/combine buffers, expert intermediates), max over ranks; the Table 2 "
+        "model counts only A_dispatch, A_combine and the two expert intermediates.",
+        f"Full size (model): {m.name} from the zoo, S = {full_seq}, micro-batch 1 (Fig. 13 does not "
+        f"state it), {layers} MoE layers, bf16, no capacity padding; EP = 64 does not change these "
+        "per-GPU activations.",
+    ]
+    return Result(cells=cells, assumptions=assumptions, figures=figures)
+
+
+REPRODUCTION = Reproduction(
+    id="xmoe-fig13",
+    title="SSMB: MoE activation memory vs TP degree, with and without sequence sharding",
+    paper="xmoe",
+    element="Fig. 13",
+    how="A+R",
+    description="Activation bytes of the MoE block per rank for TP = 1, 2, 4 with and without "
+                "SSMB: measured over real ranks at a scaled config, and from X-MoE's activation "
+                "model for the Large model.",
+    paper_values=[],
+    compute=compute,
+    defaults={"tp_degrees": "1,2,4", "seq": 1024, "hidden": 64, "dense_ffn": 128, "experts": 16,
+              "expert_ffn": 32, "top_k": 4, "seed": 0, "full_model": "xmoe-large",
+              "full_seq": 4096, "timeout_s": 300.0},
+)
