@@ -1,0 +1,113 @@
+"""FEPLB: the greedy balancer's rules, buffer accounting, and Two-Phase Dispatch equal to plain
+EP and to a loop-over-tokens reference over 2 and 4 real gloo ranks (FEPLB Sec. 2)."""
+
+import pytest
+import torch
+
+from moe_repro.components.feplb import (ExpertPartition, greedy_balance, phase2_bytes,
+                                        weight_buffer_bytes)
+from moe_repro.components.moe_layer import ExpertPlacement
+from moe_repro.launch import run_ranks
+
+TOL = 1e-5
+
+
+def _brute_loads(counts, placement, moves):
+    ranks = placement.rank_of_expert().tolist()
+    for e, _, d in moves:
+        ranks[e] = d
+    out = [0] * placement.world_size
+    for e, r in enumerate(ranks):
+        out[r] += counts[e]
+    return out
+
+
+def test_greedy_moves_busiest_dynamic_expert_of_most_loaded_device():
+    # 2 devices x 4 experts; device 0 loaded. Dynamic: last 2 of each device (2, 3 and 6, 7).
+    placement = ExpertPlacement.contiguous(8, 2)
+    part = ExpertPartition.choose(placement, dyn=2)
+    assert part.dynamic_of_rank == ((2, 3), (6, 7))
+    counts = [50, 10, 30, 20, 5, 5, 5, 5]   # loads 110 vs 20, gap 90
+    plan = greedy_balance(counts, part)
+    # busiest dynamic on device 0 is expert 2 (30 < 90): move; loads 80 vs 50, gap 30;
+    # next: expert 3 (20 < 30): move; loads 60 vs 70 -> device 1 is max, its dynamic 6, 7
+    # have 5 < 10: move 6 -> loads 65/65. Then gap 0: stop.
+    assert [(m.expert, m.src, m.dst) for m in plan.moves] == [(2, 0, 1), (3, 0, 1), (6, 1, 0)]
+    assert plan.loads_after == [65, 65]
+    assert plan.loads_after == _brute_loads(counts, placement, [(2, 0, 1), (3, 0, 1), (6, 1, 0)])
+
+
+def test_threshold_whole_experts_and_cap():
+    placement = ExpertPlacement.contiguous(4, 2)
+    part = ExpertPartition.choose(placement, dyn=2)
+    counts = [40, 3, 20, 2]
+    # loads 43 vs 22, gap 21. tau = 5: expert 0 (40) would overshoot (40 !< 21), expert 1 (3)
+    # is under tau: nothing moves.
+    assert greedy_balance(counts, part, tau=5).moves == []
+    plan = greedy_balance(counts, part, tau=0)
+    assert [m.expert for m in plan.moves] == [1]            # then 40 vs 25: 0 still overshoots
+    assert plan.loads_after == [40, 25]
+    assert greedy_balance(counts, part, tau=0, max_num_dyn=0).moves == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_properties_random(seed):
+    g = torch.Generator().manual_seed(seed)
+    world, per, dyn = 4, 8, 3
+    placement = ExpertPlacement.contiguous(world * per, world)
+    counts = (torch.rand(world * per, generator=g) ** 3 * 500).long().tolist()
+    part = ExpertPartition.choose(placement, dyn, history=counts)
+    plan = greedy_balance(counts, part, tau=10, max_num_dyn=2)
+    moved = [m.expert for m in plan.moves]
+    assert len(moved) == len(set(moved))                                  # each at most once
+    assert all(m.expert in part.dynamic_of_rank[m.src] for m in plan.moves)  # only dynamic, from home
+    assert all(counts[m.expert] >= 10 for m in plan.moves)                 # tau
+    assert all(sum(m.dst == d for m in plan.moves) <= 2 for d in range(world))  # buffer cap
+    assert plan.loads_after == _brute_loads(counts, placement, [(m.expert, m.src, m.dst) for m in plan.moves])
+    assert max(plan.loads_after) <= max(plan.loads_before)
+    assert greedy_balance(counts, part, tau=10, max_num_dyn=2).moves == plan.moves  # deterministic
+
+
+def test_buffer_bytes_glm5():
+    # FEPLB Sec. 2: one GLM-5 expert is 72 MiB; max_num_dyn = 8 -> 576 MiB.
+    assert weight_buffer_bytes(8, 6144, 2048) == 576 * 2 ** 20
+    placement = ExpertPlacement.contiguous(4, 2)
+    plan = greedy_balance([9, 1, 0, 0], ExpertPartition.choose(placement, 2))
+    # loads 10 vs 0: the busiest dynamic expert, 0 (9 < 10), moves; its 9 rows go and return.
+    assert phase2_bytes(plan, 4, 8, itemsize=4) == {"token_bytes": 2 * 9 * 4 * 4,
+                                                    "weight_bytes": 3 * 4 * 8 * 4}
+
+
+_BASE = dict(d_model=12, d_ffn=10, top_k=2, impl="feplb")
+
+
+def _check(results):
+    for rank_results in results:
+        for r in rank_results:
+            assert max(r["errs"].values()) < TOL, r
+            assert max(r["vs_plain"].values()) < TOL, r
+
+
+@pytest.mark.multiprocess
+def test_two_phase_dispatch_exact_two_ranks(targets_on_path):
+    cases = [
+        dict(_BASE, seed=1, experts=4, tokens=[17, 9], dyn=2),
+        dict(_BASE, seed=2, experts=8, tokens=[0, 13], dyn=2, dead=(6,)),   # zero-token rank
+        dict(_BASE, seed=3, experts=8, tokens=[11, 14], dyn=4, gemm="grouped_mm", max_num_dyn=1),
+    ]
+    results = run_ranks("_balance_targets:balanced_vs_reference", {"cases": cases}, world_size=2,
+                        timeout_s=120)
+    _check(results)
+    assert all(results[0][i]["moves"] for i in range(3)), "the inputs must make FEPLB move experts"
+
+
+@pytest.mark.multiprocess
+def test_two_phase_dispatch_exact_four_ranks(targets_on_path):
+    cases = [
+        dict(_BASE, seed=6, experts=8, tokens=[9, 0, 14, 5], dyn=1, dead=(2,)),
+        dict(_BASE, seed=7, experts=16, tokens=[7, 12, 0, 3], dyn=2, tau=2),
+    ]
+    results = run_ranks("_balance_targets:balanced_vs_reference", {"cases": cases}, world_size=4,
+                        timeout_s=150)
+    _check(results)
+    assert all(results[0][i]["moves"] for i in range(2))
