@@ -244,24 +244,30 @@ def _shard_batch(cfg: TrainConfig, mc: TransformerConfig, step: int, shard: int)
 
 
 class _BusyTimer:
-    """Wraps this rank's stage compute (forward, backward, loss) to time it: busy seconds."""
+    """Wraps this rank's stage compute (forward, backward, loss) to time it (busy seconds), and
+    records the saved-activation bytes each micro-batch's forward (+ loss) adds."""
 
-    def __init__(self, state: RankState, clock: RegionClock):
+    def __init__(self, state: RankState, clock: RegionClock, meter: "SavedActivationMeter"):
         self.seconds = 0.0
-        self.clock = clock
+        self.clock, self.meter = clock, meter
+        self.forward_bytes: list[int] = []
         for stage in state.stages:
-            for name in ("forward_one_chunk", "backward_one_chunk"):
-                setattr(stage, name, self._wrap(getattr(stage, name)))
+            stage.forward_one_chunk = self._wrap(stage.forward_one_chunk, new_entry=True)
+            stage.backward_one_chunk = self._wrap(stage.backward_one_chunk)
         sched = state.schedule
-        sched._compute_loss = self._wrap(sched._compute_loss)
+        sched._compute_loss = self._wrap(sched._compute_loss, add_to_last=True)
 
-    def _wrap(self, fn):
+    def _wrap(self, fn, new_entry: bool = False, add_to_last: bool = False):
         def timed(*args, **kwargs):
-            start = self.clock.now()
+            start, live = self.clock.now(), self.meter.live
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds += self.clock.now() - start
+                if new_entry:
+                    self.forward_bytes.append(self.meter.live - live)
+                elif add_to_last and self.forward_bytes:
+                    self.forward_bytes[-1] += self.meter.live - live
         return timed
 
 
@@ -332,8 +338,8 @@ class StepRunner:
         self.clock = RegionClock(synchronize=state.device.type == "cuda")
         for m in state.modules:
             m.set_clock(self.clock)
-        self.busy = _BusyTimer(state, self.clock)
         self.meter = SavedActivationMeter([p for m in state.modules for p in m.parameters()])
+        self.busy = _BusyTimer(state, self.clock, self.meter)
 
     def step(self, step: int, optimizer_step: bool = True) -> dict:
         """Forward/backward of M micro-batches by the schedule, gradient sync, optimizer step."""
@@ -343,6 +349,7 @@ class StepRunner:
         state.optimizer.zero_grad(set_to_none=True)
         clock.reset()
         self.busy.seconds = 0.0
+        self.busy.forward_bytes = []
         self.meter.peak = self.meter.live
         losses: list[torch.Tensor] = []
         args = (x,) if self.has_first else ()
@@ -364,6 +371,7 @@ class StepRunner:
         return {"loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
                 "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync,
                 "busy_s": self.busy.seconds, "activation_peak_bytes": self.meter.peak,
+                "activation_per_microbatch_bytes": statistics.median(self.busy.forward_bytes),
                 **{f"{k}_s": v for k, v in clock.seconds.items()}}
 
 
@@ -443,14 +451,19 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
         per_rank.append({**r["coords"], "bubble": 1.0 - busy / sched if sched > 0 else 0.0,
                          "time_split_s": split, "static_bytes": r["static_bytes"],
                          "activation_peak_bytes": max(s["activation_peak_bytes"]
-                                                      for s in r["per_step"])})
+                                                      for s in r["per_step"]),
+                         "activation_per_microbatch_bytes": max(
+                             s["activation_per_microbatch_bytes"] for s in r["per_step"])})
     per_stage = []
     for p in range(cfg.pp):
         mine = [r for r in per_rank if r["pp"] == p]
         act = max(r["activation_peak_bytes"] for r in mine)
         static = max(r["static_bytes"] for r in mine)
+        per_mb = max(r["activation_per_microbatch_bytes"] for r in mine)
         per_stage.append({"pp_rank": p, "stages": mine[0]["stages"],
                           "activation_peak_bytes": act, "static_bytes": static,
+                          "activation_per_microbatch_bytes": per_mb,
+                          "in_flight_at_peak": act / per_mb if per_mb else float("nan"),
                           "peak_bytes": act + static,
                           "bubble": statistics.mean(r["bubble"] for r in mine)})
     split_mean = {k: statistics.mean(r["time_split_s"][k] for r in per_rank)
