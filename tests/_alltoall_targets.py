@@ -1,0 +1,177 @@
+"""Rank targets for tests/test_alltoall.py (imported by real rank processes).
+
+One launched world runs many cases: each case draws fresh random, uneven inputs (zero-row
+sends, ranks with no tokens, ranks with no experts), and every rank rebuilds every other rank's
+inputs from the shared seed, so the reference is computed locally by loops, without any
+communication. All values are small integers and weights multiples of 1/8, so sums are exact
+in float64 whatever the order and results compare with torch.equal.
+"""
+
+import torch
+
+from moe_repro.components.alltoall_flat import all_to_all_v, flat_all_to_all_v, flat_schedule
+from moe_repro.components.alltoall_halo import HaloAllToAll, halo_schedule
+from moe_repro.components.alltoall_rbd import RBDDispatcher, rbd_schedule
+from moe_repro.components.pft import build_pft
+from moe_repro.components.topology import Topology, build_communicators
+
+
+def _counts_matrix(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, 5, (n, n), generator=g)
+    c[torch.rand(n, n, generator=g) < 0.3] = 0  # empty sends
+    if seed % 3 == 0:
+        c[seed % n, :] = 0  # a rank that sends nothing
+    if seed % 3 == 1:
+        c[:, (seed + 1) % n] = 0  # a rank that receives nothing
+    return c.tolist()
+
+
+def _rows(seed, src, count, width):
+    """Rows rank ``src`` sends; row i of the chunk to d encodes (src, d, i) plus noise."""
+    g = torch.Generator().manual_seed(seed * 1000 + src)
+    return torch.randint(-50, 50, (count, width), generator=g).double()
+
+
+def _routing(seed, rank, experts, top_k):
+    g = torch.Generator().manual_seed(seed * 7717 + rank)
+    tokens = int(torch.randint(0, 9, (1,), generator=g))
+    if rank == seed % 3:
+        tokens = 0  # a rank with no tokens at all
+    top = torch.argsort(torch.rand(tokens, experts, generator=g), dim=1)[:, :top_k]
+    weights = torch.randint(1, 9, (tokens, top_k), generator=g).double() / 8
+    x = torch.randint(-50, 50, (tokens, 6), generator=g).double()
+    return x, top, weights
+
+
+def _placement(seed, experts, world):
+    g = torch.Generator().manual_seed(seed + 99)
+    if seed % 2:  # arbitrary map: experts anywhere, some ranks without any
+        return torch.randint(0, world, (experts,), generator=g).tolist()
+    return torch.randperm(experts, generator=g).remainder(world).tolist()  # scattered, all ranks
+
+
+def _reference_dispatch(seed, placement, world, me, experts, top_k):
+    """Rows rank ``me`` must receive: by source rank, expert ascending, token ascending."""
+    rows = []
+    for s in range(world):
+        x, top, _ = _routing(seed, s, experts, top_k)
+        for e in range(experts):
+            if placement[e] != me:
+                continue
+            for t in range(x.shape[0]):
+                if e in top[t].tolist():
+                    rows.append(x[t])
+    return torch.stack(rows) if rows else torch.zeros(0, 6, dtype=torch.float64)
+
+
+def _send_layout(top, placement, world, experts):
+    """Flat send buffer by a loop: (token of each row, rows per destination rank)."""
+    tokens, counts = [], [0] * world
+    for d in range(world):
+        for e in range(experts):
+            if placement[e] != d:
+                continue
+            for t in range(top.shape[0]):
+                if e in top[t].tolist():
+                    tokens.append(t)
+                    counts[d] += 1
+    return tokens, counts
+
+
+def equivalence(ctx, layouts, seeds, experts=6, top_k=3, with_autograd=False):
+    """For each emulated node layout (ranks per node) of this world: HALO == flat == loop
+    reference; RBD dispatch == reference; RBD combine == loop reference; measured messages ==
+    the schedules; RBD inter-node rows == unique (token, remote node) pairs."""
+    out = [case for per_node in layouts for case in _equivalence(ctx, per_node, seeds, experts, top_k)]
+    if with_autograd:
+        out.append({"seed": "autograd", "all_to_all_v_backward": autograd(ctx)})
+    return out
+
+
+def _equivalence(ctx, ranks_per_node, seeds, experts, top_k):
+    topo = Topology.from_context(ctx, ranks_per_node)
+    comms = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
+    halo = HaloAllToAll(comms)
+    n, me, R = ctx.world_size, ctx.rank, ranks_per_node
+    out = []
+    for seed in seeds:
+        case = {"seed": seed, "layout": f"{n // R}x{R}"}
+        # 1. Plain uneven all-to-all-v: flat and HALO against the loop reference.
+        C = _counts_matrix(seed, n)
+        x = _rows(seed, me, sum(C[me]), 5)
+        expected = []
+        for s in range(n):
+            xs = _rows(seed, s, sum(C[s]), 5)
+            start = sum(C[s][:me])
+            expected += list(xs[start:start + C[s][me]])
+        expected = torch.stack(expected) if expected else torch.zeros(0, 5, dtype=torch.float64)
+        log = []
+        comms.set_log(log)
+        flat = flat_all_to_all_v(comms.world, x, C[me])
+        got_halo = halo(x, C[me]).clone()
+        comms.set_log(None)
+        case["flat_exact"] = torch.equal(flat, expected)
+        case["halo_exact"] = torch.equal(got_halo, expected)
+        sent = sorted(log)
+        planned = flat_schedule(C, 40) + halo_schedule(C, topo, 40)
+        case["halo_log_is_schedule"] = sent == sorted(m for m in planned if m[1] == me)
+
+        # 2. MoE dispatch on a PFT with an arbitrary placement map: flat vs RBD.
+        placement = _placement(seed, experts, n)
+        xt, top, w = _routing(seed, me, experts, top_k)
+        pft = build_pft(top, w, experts)
+        tokens, counts = _send_layout(top, placement, n, experts)
+        log = []
+        comms.set_log(log)
+        flat = flat_all_to_all_v(comms.world, xt[torch.tensor(tokens, dtype=torch.int64)], counts)
+        flat_log = list(log)
+        log.clear()
+        rbd = RBDDispatcher(comms, placement)
+        got_rbd = rbd.dispatch(xt, pft, torch.Generator().manual_seed(seed * 31 + me))
+        rbd_log = list(log)
+        y = rbd.combine(3 * got_rbd - 1, xt.shape[0])  # expert e computes 3x - 1
+        comms.set_log(None)
+        ref = _reference_dispatch(seed, placement, n, me, experts, top_k)
+        case["flat_moe_exact"] = torch.equal(flat, ref)
+        case["rbd_exact"] = torch.equal(got_rbd, ref)
+        combined = torch.zeros_like(xt)
+        for t in range(xt.shape[0]):
+            for j in range(top_k):
+                combined[t] += w[t, j] * (3 * xt[t] - 1)
+        case["rbd_combine_exact"] = torch.equal(y, combined)
+
+        row_bytes = 6 * 8
+        node_of = [p // R for p in placement]
+        remote_pairs = sum(1 for t in range(xt.shape[0]) for e in top[t].tolist()
+                           if node_of[e] != me // R)
+        unique_remote = len({(t, node_of[e]) for t in range(xt.shape[0]) for e in top[t].tolist()
+                             if node_of[e] != me // R})
+        inter = lambda msgs, phase: sum(m[3] for m in msgs if m[0] == phase  # noqa: E731
+                                        and topo.is_inter_node(m[1], m[2]))
+        case["flat_inter_rows"] = inter(flat_log, "a2a") // row_bytes
+        case["rbd_inter_rows"] = inter(rbd_log, "pilot") // row_bytes
+        case["remote_pairs"], case["unique_remote"] = remote_pairs, unique_remote
+        case["rbd_other_phases_intra"] = all(not topo.is_inter_node(m[1], m[2])
+                                             for m in rbd_log if m[0] in ("replica", "replica_meta"))
+        pfts = [build_pft(*_routing(seed, r, experts, top_k)[1:], experts) for r in range(n)]
+        gens = [torch.Generator().manual_seed(seed * 31 + r) for r in range(n)]
+        sched = rbd_schedule(pfts, placement, topo, row_bytes, gens)
+        case["rbd_log_is_schedule"] = sorted(rbd_log) == sorted(m for m in sched if m[1] == me)
+        out.append(case)
+    return out
+
+
+def autograd(ctx):
+    """all_to_all_v's backward is the reverse exchange: d/dx sum(y * c[src]) = c[dst]."""
+    n, me = ctx.world_size, ctx.rank
+    C = _counts_matrix(5, n)
+    x = _rows(5, me, sum(C[me]), 3).requires_grad_(True)
+    y = all_to_all_v(x, C[me])
+    scale = torch.cat([torch.full((C[s][me], 3), float(me * 10 + s + 1), dtype=torch.float64)
+                       for s in range(n)]) if sum(C[s][me] for s in range(n)) else torch.zeros(0, 3)
+    (y * scale).sum().backward()
+    grad_expected = torch.cat([torch.full((C[me][d], 3), float(d * 10 + me + 1), dtype=torch.float64)
+                               for d in range(n)]) if sum(C[me]) else torch.zeros(0, 3)
+    grad = x.grad if x.grad is not None else torch.zeros_like(x)
+    return bool(torch.equal(grad, grad_expected.to(grad.dtype)))

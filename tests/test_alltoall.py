@@ -1,0 +1,236 @@
+"""Flat, HALO and RBD all-to-all over real ranks, their schedules, and `repro bench alltoall`.
+
+Exactness is checked against loop references that rebuild every rank's inputs from the seed
+(tests/_alltoall_targets.py), on 1x4, 2x2, 4x1, 1x2 and 2x1 node layouts (nodes x ranks per
+node), gloo and MPI.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+from moe_repro.components.alltoall_flat import flat_schedule
+from moe_repro.components.alltoall_halo import halo_schedule
+from moe_repro.components.alltoall_rbd import rbd_schedule, select_pilots
+from moe_repro.components.pft import build_pft
+from moe_repro.components.topology import Topology, bytes_by_link_class
+from moe_repro.launch import run_ranks
+
+from procs import processes_with_env
+
+# --- single process: topology and schedules -------------------------------------------------
+
+
+def test_topology_levels_and_nic_affinity_from_profile():
+    profile = {"name": "frontier-like", "gpus_per_node": 8, "nics_per_node": 4,
+               "nodes_per_switch_group": 4, "switch_groups_per_rack": 2}
+    topo = Topology.from_profile(profile, nodes=16)
+    assert topo.world_size == 128
+    assert [topo.nic_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert topo.link_class(0, 7) == "intra_node"
+    assert topo.link_class(0, 8 * 3) == "intra_group"  # nodes 0 and 3 share a switch
+    assert topo.link_class(0, 8 * 4) == "inter_group"  # node 4: next group, same rack
+    assert topo.link_class(0, 8 * 8) == "inter_rack"  # node 8: group 2, rack 1
+    # GPUs sharing NIC 1 on every node form one inter-node communicator (Piper Sec. V-A).
+    assert topo.nic_ranks(1)[:4] == [2, 3, 10, 11]
+    explicit = Topology.from_profile({"node": {"gpus_per_node": 4, "nics_per_node": 2,
+                                               "gpu_nic_affinity": [1, 0, 1, 0]}}, nodes=2)
+    assert explicit.nic_ranks(0) == [1, 3, 5, 7]
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        Topology.from_profile({"nics_per_node": 4}, nodes=2)
+
+
+def test_topology_from_launcher_environment():
+    topo = Topology.from_environment({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
+    assert (topo.nodes, topo.ranks_per_node) == (2, 4)
+    topo = Topology.from_environment({"SLURM_NTASKS": "12", "SLURM_NTASKS_PER_NODE": "6(x2)"})
+    assert (topo.nodes, topo.ranks_per_node) == (2, 6)
+    with pytest.raises(ValueError):
+        Topology.from_environment({})
+
+
+@pytest.mark.parametrize("nodes,per_node", [(3, 2), (2, 3), (4, 1)])
+def test_halo_schedule_delivers_every_block_and_keeps_inter_node_bytes(nodes, per_node):
+    topo = Topology(nodes=nodes, ranks_per_node=per_node)
+    n = topo.world_size
+    g = torch.Generator().manual_seed(nodes * 10 + per_node)
+    C = torch.randint(0, 4, (n, n), generator=g)
+    C[0, :] = 0
+    C = C.tolist()
+    flat = bytes_by_link_class(flat_schedule(C, 8, with_counts=False), topo)
+    halo_msgs = halo_schedule(C, topo, 8, with_counts=False)
+    halo = bytes_by_link_class(halo_msgs, topo)
+    assert halo["inter_node"] == flat["inter_node"]  # HALO reroutes, it does not shrink
+    # Phase II only pairs ranks with the same local rank (NIC affinity), one message per node.
+    for phase, s, d, _ in halo_msgs:
+        if phase == "II":
+            assert topo.local_rank(s) == topo.local_rank(d) and topo.is_inter_node(s, d)
+        else:
+            assert not topo.is_inter_node(s, d)
+    # What a rank receives in Phases I and III is exactly its column of C.
+    for d in range(n):
+        got = sum(b for ph, s, dd, b in halo_msgs if dd == d and ph in ("I", "III"))
+        assert got == 8 * sum(C[s][d] for s in range(n))
+
+
+def test_rbd_pilots_are_the_unique_token_node_pairs():
+    topo = Topology(nodes=3, ranks_per_node=2)
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        S, E, k = 11, 12, 4
+        top = torch.argsort(torch.rand(S, E, generator=g), dim=1)[:, :k]
+        placement = torch.randint(0, 6, (E,), generator=g).tolist()
+        pft = build_pft(top, torch.ones(S, k), E)
+        s0 = select_pilots(pft, placement, topo, torch.Generator().manual_seed(seed))
+        pairs = {(t, placement[e] // 2) for t in range(S) for e in top[t].tolist()}
+        assert sum(s0.pilot_counts) == len(pairs)
+        # every pilot sits on one of its token's experts on that node
+        for t, p in zip(s0.pilot_token.tolist(), s0.pilot_dest_rank.tolist()):
+            assert p in {placement[e] for e in top[t].tolist()}
+        assert sum(s0.meta_counts) == S * k
+
+
+def test_rbd_pilot_choice_is_random_among_a_nodes_experts():
+    """X-MoE Sec. 4.2: pilots are drawn at random, not always the lowest expert on a node."""
+    topo = Topology(nodes=2, ranks_per_node=2)
+    top = torch.tensor([[0, 1]] * 400)  # experts 0 and 1 on ranks 2 and 3 (node 1)
+    pft = build_pft(top, torch.ones(400, 2), 2)
+    s0 = select_pilots(pft, [2, 3], topo, torch.Generator().manual_seed(0))
+    assert 150 < s0.pilot_counts[2] < 250 and s0.pilot_counts[2] + s0.pilot_counts[3] == 400
+
+
+def test_rbd_schedule_sends_fewer_inter_node_rows_than_flat():
+    topo = Topology(nodes=2, ranks_per_node=2)
+    placement = [0, 1, 2, 3]
+    # rank 0's token 0 picks experts 2 and 3, both on node 1: one pilot instead of two rows
+    pfts = [build_pft(torch.tensor([[2, 3]]), torch.ones(1, 2), 4)] + \
+           [build_pft(torch.zeros(0, 2, dtype=torch.long), torch.ones(0, 2), 4)] * 3
+    rbd = bytes_by_link_class([m for m in rbd_schedule(pfts, placement, topo, 100)
+                               if m[0] == "pilot"], topo)
+    flat = bytes_by_link_class(flat_schedule([[0, 0, 1, 1], [0] * 4, [0] * 4, [0] * 4], 100,
+                                             with_counts=False), topo)
+    assert (rbd["inter_node"], flat["inter_node"]) == (100, 200)
+
+
+def test_placement_map_is_validated():
+    topo = Topology(nodes=1, ranks_per_node=2)
+    pft = build_pft(torch.tensor([[0]]), torch.ones(1, 1), 2)
+    with pytest.raises(ValueError, match="entries"):
+        select_pilots(pft, [0], topo)
+    with pytest.raises(ValueError, match="lie in"):
+        select_pilots(pft, [0, 5], topo)
+
+
+# --- real worlds -------------------------------------------------------------------------------
+
+
+def _check_cases(cases):
+    assert cases, "no cases ran"
+    for c in cases:
+        bad = [k for k, v in c.items() if v is False]
+        assert not bad, f"seed {c['seed']}: {bad}"
+        # RBD's inter-node rows are exactly the unique (token, remote node) pairs; flat sends
+        # one row per remote (token, expert) pair; fewer whenever a token picks two experts
+        # on one remote node.
+        assert c["flat_inter_rows"] == c["remote_pairs"]
+        assert c["rbd_inter_rows"] == c["unique_remote"]
+        if c["unique_remote"] < c["remote_pairs"]:
+            assert c["rbd_inter_rows"] < c["flat_inter_rows"]
+
+
+@pytest.mark.multiprocess
+def test_halo_and_rbd_equal_flat_on_gloo_1x4_2x2_4x1(targets_on_path):
+    """One 4-rank world emulates the three node layouts in turn (and checks autograd)."""
+    per_rank = run_ranks("_alltoall_targets:equivalence",
+                         {"layouts": [4, 2, 1], "seeds": [1, 2, 3], "with_autograd": True},
+                         world_size=4, timeout_s=150)
+    for cases in per_rank:
+        _check_cases([c for c in cases if c["seed"] != "autograd"])
+        assert cases[-1] == {"seed": "autograd", "all_to_all_v_backward": True}
+        assert {c.get("layout") for c in cases} == {"1x4", "2x2", "4x1", None}
+    # the random inputs do exercise redundancy somewhere (else the "<" above never ran)
+    assert any(c["unique_remote"] < c["remote_pairs"] for cases in per_rank for c in cases[:-1])
+
+
+@pytest.mark.multiprocess
+def test_halo_and_rbd_equal_flat_on_mpi_1x2_2x1(targets_on_path):
+    per_rank = run_ranks("_alltoall_targets:equivalence", {"layouts": [2, 1], "seeds": [4, 5, 6]},
+                         world_size=2, backend="mpi", timeout_s=120)
+    for cases in per_rank:
+        _check_cases(cases)
+
+
+# --- the benchmark -----------------------------------------------------------------------------
+
+TINY = ["--tokens", "24", "--hidden", "64", "--experts", "8", "--top-k", "3",
+        "--repeats", "2", "--warmup", "0", "--min-sample-s", "0"]
+
+
+def _repro(*args, env=None, timeout=200):
+    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+                          capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.multiprocess
+def test_bench_alltoall_records_correct_algo_and_inter_node_bytes(tmp_path, results_dir):
+    out = tmp_path / "a.json"
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo",
+               "flat,halo,rbd", "--backend", "gloo", "--check", "--json", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    records = json.loads(out.read_text())["records"]
+    assert [rec["algo"] for rec in records] == ["flat", "halo", "rbd"]
+    for rec in records:
+        assert rec["correct"] is True and rec["wrong"] == 0
+        assert rec["ranks"] == 4 and rec["ranks_per_node"] == 2
+        for key in ("impl", "time_s", "latency_s", "inter_node_bytes", "busbw_GBps"):
+            assert key in rec
+    flat, halo, rbd = (rec["inter_node_bytes"] for rec in records)
+    # HALO moves the same rows across nodes as flat (plus its counts all-gather); with top-3
+    # of 8 experts on 2 nodes most tokens pick two experts on a node, so RBD sends fewer rows.
+    # Its metadata (32 B per pair) also crosses nodes: with 256 B rows it still sends fewer
+    # bytes in total; with rows of a few dozen bytes it would not.
+    assert halo >= flat > rbd > 0
+
+
+@pytest.mark.multiprocess
+def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
+    from moe_repro.launch import mpiexec_path
+
+    out = tmp_path / "m.json"
+    r = subprocess.run([mpiexec_path(), "-n", "4", sys.executable, "-c",
+                        "from moe_repro.cli import main; main()", "bench",
+                        "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat,halo,rbd",
+                        "--backend", "mpi", "--json", str(out), *TINY],
+                       capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stderr
+    records = json.loads(out.read_text())["records"]
+    assert [rec["algo"] for rec in records] == ["flat", "halo", "rbd"]
+    assert all(rec["correct"] is True and rec["world_size"] == 4 for rec in records)
+
+
+@pytest.mark.multiprocess
+def test_bench_alltoall_fails_fast_when_a_rank_dies(tmp_path, results_dir):
+    tag = f"MOE_A2A_TEST_{uuid.uuid4().hex}"
+    env = dict(os.environ, **{tag: "1"})
+    start = time.monotonic()
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "1", "--algo", "halo",
+               "--fault", "kill:1", "--timeout", "90", "--repeats", "50", "--tokens", "16",
+               "--hidden", "8", env=env, timeout=150)
+    assert r.returncode == 1
+    assert time.monotonic() - start < 150
+    assert "rank(s) 1" in r.stderr and "killed" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert processes_with_env(tag) == []
+
+
+def test_bench_alltoall_refuses_worlds_that_do_not_fit(results_dir):
+    r = _repro("bench", "alltoall", "--nodes", "16", "--gpus-per-node", "8", timeout=60)
+    assert r.returncode == 2
+    assert "simulat" in r.stderr and "Traceback" not in r.stderr
