@@ -56,15 +56,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
             cells.append(formula_cell(
                 row, "micro-batches in flight at peak", s["in_flight_at_peak"], "micro-batches",
                 expected, str(expected), f"Piper {eq} at PP={pp}, M={m}, i={i}", INTEGER,
-                note="measured: peak saved-activation bytes / bytes one micro-batch's forward "
-                     "(+ loss) adds on that stage"))
+                note=None if i else "measured: peak saved-activation bytes / bytes one "
+                                     "micro-batch's forward (+ loss) adds on that stage"))
             eq4 = layers_per_stage * expected * per_layer
             cells.append(repro.compare(row, "activation peak (measured)",
                                        s["activation_peak_bytes"] / MIB, "MiB"))
             cells.append(repro.compare(
                 row, "activation term of Eq. 4/3 (fp32, our shapes)", eq4 / MIB, "MiB",
-                note="the paper's itemised bracket x (L/PP) x in-flight count; stage 0 also holds "
-                     "the embedding's, the last stage the LM head's and loss's activations"))
+                note=None if i else "the paper's itemised bracket x (L/PP) x in-flight count; "
+                                     "stage 0 also holds the embedding's, the last stage the LM "
+                                     "head's and loss's activations"))
             cells.append(repro.compare(row, "static (weights, grads, Adam)", s["static_bytes"] / MIB,
                                        "MiB"))
         first, last = stages[0], stages[-1]
