@@ -498,3 +498,23 @@ def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_pe
     """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank."""
     fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)
     return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps)
+
+
+def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1) -> Platform:
+    """A local profile from a Hockney fit of real runs (see :func:`fit_latency_bandwidth`):
+    per-message cost alpha, every link (port, pair, NIC) at bandwidth beta. Emulated nodes are
+    processes of one machine, so no link class is faster than another."""
+    from moe_repro.components.platform import from_dict
+
+    g = int(gpus_per_node)
+    bw = beta_bytes_per_s / GB
+    return from_dict({
+        "name": "local (calibrated)",
+        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": bw, "achievable_gemm_tflops": 1,
+                "achievable_attention_tflops": 1},
+        "node": {"gpus": g, "nics": g, "nic_GBps": bw, "gpu_nic_affinity": [[i] for i in range(g)],
+                 "intra_node_alltoall_GBps_per_gpu": bw},
+        "network": {"switch_group_nodes": 1, "rack_nodes": 1, "per_message_us": alpha_s * 1e6},
+        "links": [{"class": "intra_node", "GBps": bw, "latency_us": 0.0},
+                  {"class": "nic_injection", "GBps": bw, "latency_us": 0.0}],
+    })
