@@ -47,6 +47,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         xs.append(len(xs))
         ours_y.append(e.tflops_per_gpu)
         paper_y.append(float(printed))
+    cells.append(repro.compare("scaled real run", COL, None, "TFLOPS",
+                               note="the '+R scaled' part (attention and expert-GEMM kernels measured on this "
+                                    "machine) comes from the micro-benchmark suites of another issue (piper-fig3/4)"))
     fig = Figure(name="piper-fig11", title="Single MoE layer on one node: TFLOPS per GPU",
                  xlabel="model (order of the table)", ylabel="TFLOPS / GPU",
                  series=[{"label": "ours (estimate)", "x": xs, "y": ours_y, "kind": "ours"},
