@@ -274,3 +274,38 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
                 msgs.append(("replica_meta", p, d, replicas[p][d] * REPLICA_META_BYTES))
     return msgs
 
+
+
+# --- Redundancy of dispatched rows (X-MoE Fig. 4) ----------------------------------------------
+
+def inter_node_redundancy(pft: PFT, expert_to_rank, topo: Topology, source_rank: int,
+                          generator: torch.Generator | None = None) -> tuple[int, int]:
+    """(rows flat sends to other nodes, rows RBD sends to other nodes) for one source rank.
+
+    The redundancy rate is 1 - rbd / flat: the share of inter-node copies that only repeat a
+    token already going to that node. Counted from :func:`select_pilots` itself.
+    """
+    s0 = select_pilots(pft, expert_to_rank, topo, generator)
+    me = topo.node_of(source_rank)
+    flat = int((torch.div(s0.pair_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
+    rbd = int((torch.div(s0.pilot_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
+    return flat, rbd
+
+
+def expected_redundancy_uniform(num_experts: int, top_k: int, nodes: int) -> float:
+    """Expected inter-node redundancy rate for uniform top-k routing (k distinct experts drawn
+    uniformly) with the experts spread evenly over ``nodes`` nodes.
+
+    From a source on node a, each of the other nodes holds m = E / nodes experts; a token
+    reaches one of them with probability 1 - C(E - m, k) / C(E, k) and sends k (nodes-1)/nodes
+    copies there on average, so redundancy = 1 - (nodes-1)(1 - C(E-m,k)/C(E,k)) / (k (nodes-1)/nodes).
+    """
+    from math import comb
+
+    if nodes < 2:
+        raise ValueError("redundancy across nodes needs at least 2 nodes")
+    if num_experts % nodes:
+        raise ValueError(f"{num_experts} experts do not spread evenly over {nodes} nodes")
+    m = num_experts // nodes
+    hit = 1 - comb(num_experts - m, top_k) / comb(num_experts, top_k)
+    return 1 - (nodes - 1) * hit / (top_k * (nodes - 1) / nodes)
