@@ -158,3 +158,37 @@ def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run():
     predicted = ns.simulate_messages([("a2a", 0, 1, wire[1]), ("a2a", 1, 0, wire[1])], topo, local,
                                      FLAT_DEPS).time_s
     assert predicted == pytest.approx(times[1], rel=0.25), (wire, times, alpha, beta)
+
+
+def _repro(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=200)
+
+
+def test_bench_alltoall_simulates_a_platform_and_marks_records(tmp_path, results_dir):
+    import json
+
+    out = tmp_path / "s.json"
+    r = _repro("bench", "alltoall", "--nodes", "4", "--gpus-per-node", "8", "--platform", "frontier",
+               "--algo", "flat,halo,rbd", "--tokens", "64", "--hidden", "64", "--experts", "64",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    records = json.loads(out.read_text())["records"]
+    assert [x["algo"] for x in records] == ["flat", "halo", "rbd"]
+    for x in records:
+        assert x["simulated"] is True and x["ranks"] == 32
+        assert x["latency_s"] >= x["eq6_bound_s"] > 0
+    flat, halo, rbd = records
+    assert flat["inter_node_bytes"] == halo["inter_node_bytes"]
+    assert rbd["inter_node_bytes"] < flat["inter_node_bytes"]  # RBD sends pilots only across nodes
+    assert "Eq. 6" in r.stderr and "simulated" in r.stderr
+
+
+def test_bench_alltoall_simulation_rejects_bad_platforms(results_dir):
+    r = _repro("bench", "alltoall", "--nodes", "2", "--platform", "nowhere")
+    assert r.returncode == 2 and "unknown platform" in r.stderr and "Traceback" not in r.stderr
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "16", "--platform", "frontier")
+    assert r.returncode == 2 and "8 GPUs per node" in r.stderr and "Traceback" not in r.stderr
