@@ -61,7 +61,9 @@ class TrainConfig:
     seed: int = 0
     checkpoint: bool = False  # activation checkpointing of every block
     check_reference: bool = False
-    measure_peak: bool = True
+    # Fault injection (tests, drills): rank ``fail_rank`` dies abruptly at step ``fail_step``.
+    fail_rank: int = -1
+    fail_step: int = 0
 
     @property
     def world_size(self) -> int:
@@ -387,6 +389,10 @@ def train_rank(ctx, **config) -> dict:
     runner = StepRunner(state)
     per_step, grads_per_step = [], []
     for step in range(cfg.steps):
+        if ctx.rank == cfg.fail_rank and step == cfg.fail_step:
+            import os
+
+            os._exit(3)  # as a crashed process would: no cleanup, peers stuck in collectives
         per_step.append(runner.step(step, optimizer_step=not cfg.check_reference))
         if cfg.check_reference:  # gradients before the update, then the update
             grads_per_step.append(named_grads(state))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -101,6 +102,21 @@ def test_pp_ep_2x2_matches_one_process_and_gpipe_equals_1f1b(targets_on_path):
     assert both["n_params"] > 0
     assert both["max_abs_diff"] <= 1e-6
     assert both["losses"]["1f1b"] == pytest.approx(both["losses"]["gpipe"], abs=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_a_dead_rank_stops_the_world_with_a_clear_message():
+    from moe_repro.components.pp_ep_trainer import launch_training
+    from moe_repro.launch import RankFailure
+
+    cfg = TrainConfig(**{**SMALL, "check_reference": False, "pp": 2, "ep": 1, "steps": 3,
+                         "fail_rank": 1, "fail_step": 1})
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        launch_training(cfg, timeout_s=120)
+    assert time.monotonic() - start < 90  # killed when rank 1 died, not at the timeout
+    # Rank 1 is named; its peer may be named too (gloo reports the closed connection at once).
+    assert err.value.ranks[0] == 1 and "code 3" in str(err.value)
 
 
 def test_train_cli_bad_input_is_one_line_exit_2():
