@@ -52,6 +52,7 @@ class HostPipelinedAdamW:
         self.chunk_elems = chunk_elems
         self.step_count = 0  # step() calls
         self.param_steps = [0] * len(self.params)
+        self.queued_during_backward = 0  # parameters of the last step queued before step()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="host-adamw")
         self._lock = threading.Lock()
         self._pending: list[Future] = []
@@ -108,6 +109,7 @@ class HostPipelinedAdamW:
 
     def step(self) -> None:
         """Queue every parameter not queued yet (all of them without overlap) and wait."""
+        self.queued_during_backward = len(self._queued)  # started before step(): overlapped
         for i in range(len(self.params)):
             self._queue_param(i)
         for f in self._pending:

@@ -19,8 +19,13 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 GB = 1e9
 
 
-def measure_rank(ctx, order: str, ep: int, tokens: int, top_k: int, hidden: int,
-                 expert_params: int, seed: int, uniform: bool = False) -> dict:
+def measure_rank(ctx, orders: list[str], **kwargs) -> dict:
+    """Both placements in one world (fewer process launches): {order: result}."""
+    return {order: _measure_placement(ctx, order, **kwargs) for order in orders}
+
+
+def _measure_placement(ctx, order: str, ep: int, tokens: int, top_k: int, hidden: int,
+                       expert_params: int, seed: int, uniform: bool = False) -> dict:
     """One rank of a real small run: 4 all-to-all exchanges in its EP group and a ring
     all-reduce of its expert gradient in its DP group; returns the message log."""
     import torch
@@ -66,23 +71,26 @@ def measure_rank(ctx, order: str, ep: int, tokens: int, top_k: int, hidden: int,
             "send_counts": send_counts}
 
 
-def run_small(order: str, nodes: int, gpus_per_node: int, ep: int, tokens: int, top_k: int,
+def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens: int, top_k: int,
               hidden: int, expert_params: int, seed: int, uniform: bool = False,
               timeout_s: float = 120.0) -> dict:
-    """Measured bytes per link class of one real small run (all ranks' messages)."""
+    """Measured bytes per link class of real small runs (all ranks' messages), per order."""
     from moe_repro.components.placement import measured_bytes
     from moe_repro.components.topology import Topology
     from moe_repro.launch import run_ranks
 
     out = run_ranks("moe_repro.reproductions.xmoe_appc1:measure_rank",
-                    dict(order=order, ep=ep, tokens=tokens, top_k=top_k, hidden=hidden,
+                    dict(orders=list(orders), ep=ep, tokens=tokens, top_k=top_k, hidden=hidden,
                          expert_params=expert_params, seed=seed, uniform=uniform),
                     world_size=nodes * gpus_per_node, ranks_per_node=gpus_per_node, timeout_s=timeout_s)
-    log = [tuple(m) for r in out for m in r["log"]]
     topo = Topology(nodes=nodes, ranks_per_node=gpus_per_node)
-    return {"alltoall": measured_bytes(log, topo, "a2a"),
-            "allreduce": measured_bytes(log, topo, "grad-allreduce"),
-            "correct": all(r["roundtrip_ok"] and r["allreduce_ok"] for r in out)}
+    result = {}
+    for order in orders:
+        log = [tuple(m) for r in out for m in r[order]["log"]]
+        result[order] = {"alltoall": measured_bytes(log, topo, "a2a"),
+                         "allreduce": measured_bytes(log, topo, "grad-allreduce"),
+                         "correct": all(r[order]["roundtrip_ok"] and r[order]["allreduce_ok"] for r in out)}
+    return result
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -94,8 +102,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
     nodes, gpn = int(params["small_nodes"]), int(params["small_gpus_per_node"])
     ep = gpn  # the App. C.1 example: EP equal to the GPUs of one node
     tokens, hidden, k, eparams = 64, 32, 2, 4096
+    real_runs = run_small(ORDERS, nodes, gpn, ep, tokens, k, hidden, eparams, int(params["seed"]))
     for order in ORDERS:
-        real = run_small(order, nodes, gpn, ep, tokens, k, hidden, eparams, int(params["seed"]))
+        real = real_runs[order]
         model = traffic_model(nodes, gpn, ep, order, tokens, k, hidden, eparams, act_bytes=4,
                               grad_bytes=4)
         for kind in ("alltoall", "allreduce"):

@@ -24,6 +24,10 @@ def _train(model, opt, batches, frozen_at=None):
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
+        if isinstance(opt, HostPipelinedAdamW):
+            with_grad = sum(p.grad is not None for p in opt.params)
+            # with overlap every update was queued by backward's hooks, before step() was called
+            assert opt.queued_during_backward == (with_grad if opt._hooks else 0)
         opt.zero_grad()
 
 
