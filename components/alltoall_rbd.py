@@ -39,6 +39,7 @@ every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (rep
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +158,15 @@ class RBDDispatcher:
         self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
         self.rank = comms.world.global_rank
         self.state: _DispatchState | None = None
+        # Set to {} to accumulate seconds per dispatch stage (xmoe-fig12's breakdown).
+        self.timings: dict[str, float] | None = None
+
+    def _lap(self, stage: str, since: float) -> float:
+        if self.timings is None:
+            return since
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - since
+        return now
 
     def dispatch(self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None) -> torch.Tensor:
         """Expert inputs on this rank, in the flat all-to-all's output layout."""
@@ -164,14 +174,20 @@ class RBDDispatcher:
         N, me = topo.world_size, self.rank
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        t = time.perf_counter() if self.timings is not None else 0.0
         s0 = select_pilots(pft, self.expert_to_rank, topo, generator)
+        t = self._lap("pilot selection", t)
 
         # S1: counts, metadata (with the combine weights) and pilots; only pilots cross nodes.
         counts = torch.tensor([s0.pilot_counts, s0.meta_counts], dtype=torch.int64).t().contiguous()
         got = world.alltoallv(counts, [1] * N, [1] * N, "counts")
         pilot_recv, meta_recv = got[:, 0].tolist(), got[:, 1].tolist()
         meta = world.alltoallv(s0.meta, s0.meta_counts, meta_recv, "meta")
-        pilots = world.alltoallv(x.index_select(0, s0.pilot_token), s0.pilot_counts, pilot_recv, "pilot")
+        t = self._lap("metadata exchange", t)
+        pilot_rows = x.index_select(0, s0.pilot_token)
+        t = self._lap("pilot gather", t)
+        pilots = world.alltoallv(pilot_rows, s0.pilot_counts, pilot_recv, "pilot")
+        t = self._lap("pilot all-to-all (inter-node)", t)
 
         # Re-encode relative pilot indices to rows of the received pilot buffer.
         src_of_meta = torch.repeat_interleave(torch.arange(N), torch.tensor(meta_recv, dtype=torch.int64))
@@ -191,11 +207,13 @@ class RBDDispatcher:
         replica_send = torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()
         replica_rows = pilots.index_select(0, pilot_row[rep])
         replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
+        t = self._lap("replica reconstruction", t)
 
         # S2: intra-node exchange of replicas and their (source, slot).
         replica_recv = intra.exchange_counts(replica_send, "counts")
         got_meta = intra.alltoallv(replica_meta, replica_send, replica_recv, "replica_meta")
         got_rows = intra.alltoallv(replica_rows, replica_send, replica_recv, "replica")
+        t = self._lap("replica all-to-all (intra-node)", t)
 
         # Expert input reconstruction in the flat layout: row = start[source] + slot.
         src_all = torch.cat([src_of_meta[direct], got_meta[:, 0]])
@@ -207,6 +225,7 @@ class RBDDispatcher:
         out = x.new_empty((total, x.shape[1]))
         out.index_copy_(0, direct_out, pilots.index_select(0, pilot_row[direct]))
         out.index_copy_(0, replica_out, got_rows)
+        t = self._lap("expert input reconstruction", t)
         self.state = _DispatchState(
             s0=s0, pilot_recv=pilot_recv, n_pilots_in=pilots.shape[0],
             direct_pilot=pilot_row[direct], direct_out=direct_out, direct_weight=weight[direct],
