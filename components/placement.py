@@ -33,6 +33,20 @@ from moe_repro.components.topology import LINK_CLASSES, Topology, bytes_by_link_
 ORDERS = ("ep-first", "dp-first")
 
 
+def even_split_bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) of ``parts`` contiguous pieces of ``total`` items, as even as possible (the first
+    total mod parts pieces take one more): how a vocabulary or a sequence is split over ranks."""
+    if parts < 1:
+        raise ValueError(f"need at least one part, got {parts}")
+    base, extra = divmod(total, parts)
+    bounds, lo = [], 0
+    for p in range(parts):
+        hi = lo + base + (1 if p < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 def placement_groups(world: int, ep: int, order: str) -> tuple[list[list[int]], list[list[int]]]:
     """(EP groups, DP groups) as lists of global ranks; an EP group lists ranks by EP index."""
     if order not in ORDERS:

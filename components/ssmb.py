@@ -31,19 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe_repro.components.moe_layer import ExpertPlacement, MoELayer
+from moe_repro.components.placement import even_split_bounds
 
 
 def sequence_bounds(seq_len: int, degree: int) -> list[tuple[int, int]]:
     """[lo, hi) of each rank's chunk; the first S mod G ranks get one token more."""
-    if degree < 1:
-        raise ValueError(f"degree must be >= 1, got {degree}")
-    base, extra = divmod(seq_len, degree)
-    out, lo = [], 0
-    for r in range(degree):
-        hi = lo + base + (1 if r < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
+    return even_split_bounds(seq_len, degree)
 
 
 def _all_gather_rows(x: torch.Tensor, bounds, group) -> torch.Tensor:

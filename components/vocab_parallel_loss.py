@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from moe_repro.components.placement import even_split_bounds
+
 
 def shard_bounds(vocab_size: int, n_shards: int) -> list[tuple[int, int]]:
     """[lo, hi) vocabulary columns of each shard; the first V mod P shards get one more column."""
@@ -42,13 +44,7 @@ def shard_bounds(vocab_size: int, n_shards: int) -> list[tuple[int, int]]:
     if vocab_size < n_shards:
         raise ValueError(f"vocab_size={vocab_size} must be >= the group size {n_shards} "
                          "(every rank owns at least one vocabulary column)")
-    base, extra = divmod(vocab_size, n_shards)
-    bounds, lo = [], 0
-    for p in range(n_shards):
-        hi = lo + base + (1 if p < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+    return even_split_bounds(vocab_size, n_shards)
 
 
 def _group_info(group) -> tuple[int, int, list[int]]:
