@@ -1,4 +1,7 @@
-"""xmoe-fig12: dispatch with and without RBD, the 32-GPU point (X-MoE Sec. 5.4.2, Fig. 12).
+"""Simulated 32-GPU point of xmoe-fig12: dispatch with and without RBD (X-MoE Sec. 5.4.2, Fig. 12).
+
+A helper, not a reproduction of its own (xmoe-fig12, the real per-stage breakdown, belongs to
+reproductions/xmoe_fig12.py); :func:`simulated_32gpu_cells` returns cells for it.
 
 X-MoE: one MoE layer of the Large model (H 7168, 256 experts, top-8) on 32 Frontier GCDs
 (4 nodes), EP = 32; measured redundancy 54.8%; RBD cuts the inter-node all-to-all time by 52.5%
@@ -21,7 +24,7 @@ from moe_repro.components import network_sim as ns
 from moe_repro.components.pft import build_pft
 from moe_repro.components.platform import load_builtin
 from moe_repro.components.zoo import get_model
-from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result, Tolerance
+from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Tolerance
 
 ROW = "Large layer, 32 GPUs, EP = 32"
 _SRC = "X-MoE Sec. 5.4.2 text (Fig. 12)"
@@ -32,7 +35,13 @@ PAPER_VALUES = [
 ]
 
 
-def compute(repro: Reproduction, params: dict) -> Result:
+DEFAULTS = {"model": "xmoe-large", "platform": "frontier", "nodes": 4, "tokens": 4096, "seed": 0}
+
+
+def simulated_32gpu_cells(repro: Reproduction, **overrides):
+    """(cells, assumptions, figure, extra) of the simulated point; cells use ``repro.compare``
+    with the rows/columns of PAPER_VALUES (add them to the reproduction's paper values)."""
+    params = {**DEFAULTS, **overrides}
     m = get_model(str(params["model"]))
     platform = load_builtin(str(params["platform"]))
     nodes, tokens, seed = int(params["nodes"]), int(params["tokens"]), int(params["seed"])
@@ -90,14 +99,4 @@ def compute(repro: Reproduction, params: dict) -> Result:
     ]
     extra = {"flat": flat.to_dict(), "rbd": rbd.to_dict(), "flat_inter_rows": flat_rows,
              "pilot_inter_rows": pilot_rows, "simulated": True}
-    return Result(cells=cells, assumptions=assumptions, figures=[fig], extra=extra)
-
-
-REPRODUCTION = Reproduction(
-    id="xmoe-fig12", title="Dispatch time with and without RBD, 32 GPUs (simulated)",
-    paper="xmoe", element="Fig. 12", how="S",
-    description="The 32-GPU point of X-MoE Fig. 12: RBD vs flat dispatch of one Large layer, "
-                "simulated per message from the shared schedules on the Frontier profile.",
-    paper_values=PAPER_VALUES, compute=compute, tolerance=Tolerance(rel=0.1),
-    defaults={"model": "xmoe-large", "platform": "frontier", "nodes": 4, "tokens": 4096, "seed": 0},
-)
+    return cells, assumptions, fig, extra
