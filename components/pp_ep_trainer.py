@@ -19,8 +19,10 @@ everything is averaged over DP. The single-process reference (:func:`reference_r
 the same shards and micro-batches with the whole model in one process and the same convention.
 
 Measurements per step: loss, tokens/s, per-stage activation peak (bytes held for backward,
-counted with saved-tensor hooks: Piper Eq. 4's activation term) and static bytes, bubble
-(1 - busy / schedule time per rank), the time split (attention, experts, all-to-all, P2P, idle,
+counted with saved-tensor hooks: Piper Eq. 4's activation term) and static bytes, the bubble
+(1 - busiest rank's compute / schedule time: the idle time of the critical stage, so that stage
+imbalance, which the formula assumes away, is not counted as bubble; the per-stage idle fractions
+including imbalance are reported beside it), the time split (attention, experts, all-to-all, P2P, idle,
 other) and MFU (Piper Eq. 12's numerator: model FLOPs / (peak x ranks x step time)) against
 the GEMM peak measured on the device in the training dtype.
 """
@@ -454,7 +456,7 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
         split["idle"] = max(0.0, sched - busy - p2p)
         split["other"] = max(0.0, busy - split["attention"] - split["experts"] - split["alltoall"])
         split["grad_sync"] = _median([s["sync_s"] for s in steps])
-        per_rank.append({**r["coords"], "bubble": 1.0 - busy / sched if sched > 0 else 0.0,
+        per_rank.append({**r["coords"], "idle_fraction": 1.0 - busy / sched if sched > 0 else 0.0,
                          "time_split_s": split, "static_bytes": r["static_bytes"],
                          "activation_peak_bytes": max(s["activation_peak_bytes"]
                                                       for s in r["per_step"]),
@@ -471,7 +473,7 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
                           "activation_per_microbatch_bytes": per_mb,
                           "in_flight_at_peak": act / per_mb if per_mb else float("nan"),
                           "peak_bytes": act + static,
-                          "bubble": statistics.mean(r["bubble"] for r in mine)})
+                          "idle_fraction": statistics.mean(r["idle_fraction"] for r in mine)})
     split_mean = {k: statistics.mean(r["time_split_s"][k] for r in per_rank)
                   for k in per_rank[0]["time_split_s"]}
     flops = mc.train_flops_per_token() * tokens_per_step
@@ -483,7 +485,13 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
         "tokens_per_step": tokens_per_step,
         "step_s": step_med, "step_s_all": step_s,
         "tokens_per_s": tokens_per_step / step_med,
-        "bubble_measured": statistics.mean(s["bubble"] for s in per_stage),
+        # Per step: the schedule lasts T = max over ranks; the critical stage computes for
+        # max busy; everything else on it is bubble: 1 - max busy / T (median over steps).
+        "bubble_measured": _median([
+            1.0 - max(r["per_step"][i]["busy_s"] for r in ranks)
+            / max(r["per_step"][i]["schedule_s"] for r in ranks)
+            for i in range(cfg.steps)][timed]),
+        "idle_fraction_mean": statistics.mean(s["idle_fraction"] for s in per_stage),
         "bubble_theory": cfg.theoretical_bubble(),
         "per_stage": per_stage, "per_rank": per_rank,
         "time_split_s": split_mean,

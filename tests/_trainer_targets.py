@@ -36,3 +36,9 @@ def schedule_gradients_differ(ctx, config: dict, schedules: list[str], steps: in
                 worst = max(worst, (a[name][1] - b[name][1]).abs().max().item())
     return {"max_abs_diff": ctx.all_reduce_max(worst), "losses": losses,
             "n_params": len(grads[first][0])}
+
+
+def train_then_compare_schedules(ctx, configs: list[dict], compare: dict) -> dict:
+    """Both of the above in one world (one launch: rank start-up dominates small runs)."""
+    return {"reports": train_several(ctx, configs),
+            "schedules": schedule_gradients_differ(ctx, **compare)}

@@ -79,7 +79,10 @@ def _check(report: dict, steps: int) -> None:
 
 @pytest.mark.multiprocess
 def test_pp_ep_1x2_and_2x1_match_one_process(targets_on_path):
-    configs = [dict(SMALL, pp=1, ep=2, seed=1), dict(SMALL, pp=2, ep=1, seed=2)]
+    """1x2 (with activation checkpointing: recomputation repeats the all-to-alls), 2x1, and 2x1
+    interleaved (two stages per rank, 4 layers)."""
+    configs = [dict(SMALL, pp=1, ep=2, seed=1, checkpoint=True), dict(SMALL, pp=2, ep=1, seed=2),
+               dict(SMALL, pp=2, ep=1, seed=4, schedule="interleaved", n_layers=4)]
     reports = run_ranks("_trainer_targets:train_several", {"configs": configs}, world_size=2,
                         timeout_s=240)[0]
     for report in reports:
@@ -89,16 +92,19 @@ def test_pp_ep_1x2_and_2x1_match_one_process(targets_on_path):
 @pytest.mark.multiprocess
 def test_pp_ep_2x2_matches_one_process_and_gpipe_equals_1f1b(targets_on_path):
     cfg = dict(SMALL, pp=2, ep=2, seed=3)
-    report = run_ranks("_trainer_targets:train_several", {"configs": [cfg]}, world_size=4,
-                       timeout_s=240)[0][0]
+    out = run_ranks("_trainer_targets:train_then_compare_schedules",
+                    {"configs": [cfg, dict(SMALL, dp=2, pp=2, ep=1, seed=5)],
+                     "compare": {"config": {**cfg, "check_reference": False, "micro_batches": 4},
+                                 "schedules": ["1f1b", "gpipe"], "steps": 2}},
+                    world_size=4, timeout_s=300)[0]
+    report, with_dp = out["reports"]
     _check(report, SMALL["steps"])
+    _check(with_dp, SMALL["steps"])
     # The trainer actually trained: losses move, and the measurements are present.
     assert report["losses"][0] != report["losses"][1]
     assert len(report["per_stage"]) == 2 and report["tokens_per_s"] > 0
 
-    both = run_ranks("_trainer_targets:schedule_gradients_differ",
-                     {"config": {**cfg, "check_reference": False, "micro_batches": 4},
-                      "schedules": ["1f1b", "gpipe"], "steps": 2}, world_size=4, timeout_s=240)[0]
+    both = out["schedules"]
     assert both["n_params"] > 0
     assert both["max_abs_diff"] <= 1e-6
     assert both["losses"]["1f1b"] == pytest.approx(both["losses"]["gpipe"], abs=1e-6)

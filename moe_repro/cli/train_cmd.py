@@ -28,11 +28,12 @@ def format_report(r: dict) -> str:
         lines.append(f"  step {i}: loss {loss:.6f}{ref}")
     lines.append(f"  tokens/s {r['tokens_per_s']:.0f} (median step {r['step_s'] * 1e3:.1f} ms over "
                  f"{len(r['step_s_all'])} timed steps; MFU {r['mfu']:.2%} of the measured GEMM peak)")
-    lines.append(f"  bubble measured {r['bubble_measured']:.3f}, (PP-1)/(vM+PP-1) = "
-                 f"{r['bubble_theory']:.3f}")
+    lines.append(f"  bubble measured {r['bubble_measured']:.3f} (1 - busiest rank's compute / "
+                 f"schedule time), (PP-1)/(vM+PP-1) = {r['bubble_theory']:.3f}; idle fraction "
+                 f"incl. stage imbalance, mean over stages {r['idle_fraction_mean']:.3f}")
     for s in r["per_stage"]:
         lines.append(f"  stage {s['pp_rank']}: activation peak {_mib(s['activation_peak_bytes'])}, "
-                     f"static {_mib(s['static_bytes'])}, bubble {s['bubble']:.3f}")
+                     f"static {_mib(s['static_bytes'])}, idle fraction {s['idle_fraction']:.3f}")
     split = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r["time_split_s"].items())
     lines.append(f"  time split per step, ms (mean over ranks): {split}")
     if "reference_max_abs_diff" in r:
