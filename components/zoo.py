@@ -117,11 +117,14 @@ MODELS: dict[str, MoEModel] = {
     m.key: m
     for m in [
         MoEModel(
-            key="switch-base", name="Switch-Base", layers=12, moe_layers=6, d_model=768, d_ffn=2048,
+            key="switch-base", name="Switch-Base", layers=24, moe_layers=12, d_model=768, d_ffn=2048,
             n_experts=128, top_k=1, n_mat=2, n_heads=12, vocab=32128, d_ffn_dense=3072,
             tie_embeddings=True,
             source=f"{_PIPER_T4}; Fedus et al. 2022 (Switch Transformers), Switch-Base-128: "
-                   "12 layers, MoE in every other FFN, ReLU two-matrix FFN",
+                   "encoder-decoder, 12 + 12 layers, MoE in every other FFN (12 MoE layers), ReLU "
+                   "two-matrix FFN",
+            notes="Encoder-decoder: layers counts both stacks; decoder cross-attention is not modelled.",
+            approximate=("layers",),
         ),
         MoEModel(
             key="mixtral-8x7b", name="Mixtral 8x7B", layers=32, d_model=4096, d_ffn=14336,
@@ -144,9 +147,11 @@ MODELS: dict[str, MoEModel] = {
         ),
         MoEModel(
             key="glam-1.2t", name="GLaM (1.2T)", layers=64, moe_layers=32, d_model=8192, d_ffn=32768,
-            n_experts=64, top_k=2, n_mat=3, n_heads=128, head_dim=128, vocab=256000,
+            n_experts=64, top_k=2, n_mat=2, n_heads=128, head_dim=128, vocab=256000,
             d_ffn_dense=32768,
-            source=f"{_PIPER_T4}; Du et al. 2022 (GLaM) Table 4: 64B/64E, MoE every other layer, GEGLU",
+            source=f"{_PIPER_T4}; Du et al. 2022 (GLaM) Table 4: 64B/64E, MoE every other layer",
+            notes="n_mat=2: the published 1.2T total follows from two-matrix experts (three would "
+                  "give about 1.7T), whatever the gating of the FFN.",
         ),
         MoEModel(
             key="deepseek-v2", name="DeepSeek-V2", layers=60, moe_layers=59, d_model=5120, d_ffn=1536,

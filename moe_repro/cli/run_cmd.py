@@ -149,11 +149,11 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
             if not quiet:
                 click.echo("\n" + format_result(payload))
                 click.echo(f"stored: {path}")
-        if out_dir:
-            out = Path(out_dir)
-            atomic_write_text(out / f"{rid}.html", render_reproduction(payload, raw_json=f"{rid}.json"))
-            atomic_write_json(out / f"{rid}.json", payload)
-            if not quiet:
-                click.echo(f"report: {out / (rid + '.html')}")
+            if out_dir:
+                out = Path(out_dir)
+                atomic_write_text(out / f"{rid}.html", render_reproduction(payload, raw_json=f"{rid}.json"))
+                atomic_write_json(out / f"{rid}.json", payload)
+                if not quiet:
+                    click.echo(f"report: {out / (rid + '.html')}")
     if json_path:
         atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)
