@@ -22,14 +22,23 @@ def vocab_loss(ctx, cases):
     return [_vocab_loss_one(ctx, **case) for case in cases]
 
 
-def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None):
+def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None, subgroups=1):
+    """subgroups > 1: the world splits into that many P-rank groups of consecutive ranks (MoP's
+    sub-groups of the W ranks), each sharding its own copy of W_voc."""
+    import torch.distributed as dist
+
     from moe_repro.components.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
 
+    group, p, group_rank = None, ctx.world_size, ctx.rank
+    if subgroups > 1:
+        p = ctx.world_size // subgroups
+        groups = [dist.new_group(list(range(g * p, (g + 1) * p))) for g in range(subgroups)]
+        group, group_rank = groups[ctx.rank // p], ctx.rank % p
     w_full, x, targets, grad_out = vocab_inputs(seed, ctx.rank, tokens, hidden, vocab)
-    lo, hi = shard_bounds(vocab, ctx.world_size)[ctx.rank]
+    lo, hi = shard_bounds(vocab, p)[group_rank]
     w_local = w_full[:, lo:hi].clone().requires_grad_(True)
     x.requires_grad_(True)
-    loss = vocab_parallel_cross_entropy(x, w_local, targets, vocab, block_cols=block_cols)
+    loss = vocab_parallel_cross_entropy(x, w_local, targets, vocab, group=group, block_cols=block_cols)
     loss.backward(grad_out)
     return {"loss": loss.tolist(), "grad_x": x.grad.tolist(), "grad_w": w_local.grad.tolist(),
             "lo": lo, "hi": hi}
