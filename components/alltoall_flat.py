@@ -132,12 +132,26 @@ class _Comm:
                 if nbytes:
                     self.log.append((phase, self.global_rank, self.ranks[peer], int(nbytes)))
 
-    def _check_counts(self, x, send_counts, recv_counts):
+    def _prepare(self, x, send_counts, recv_counts, phase, out):
+        """Validate, make contiguous, allocate the output, log the sends; -> (x, out, sc, rc, row bytes)."""
+        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
         if len(send_counts) != self.size or len(recv_counts) != self.size:
             raise ValueError(f"need {self.size} send and recv counts, got {len(send_counts)}, "
                              f"{len(recv_counts)}")
         if sum(send_counts) != x.shape[0]:
             raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
+        x = x.contiguous()
+        if out is None:
+            out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+        rb = row_bytes_of(x)
+        self._record(phase, [c * rb for c in send_counts])
+        return x, out, send_counts, recv_counts, rb
+
+    def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
+        """Blocking uneven all-to-all (see alltoallv_async)."""
+        out, handle = self.alltoallv_async(x, send_counts, recv_counts, phase, out)
+        handle.wait()
+        return out
 
     def exchange_counts(self, send_counts: list[int], phase: str = "counts") -> list[int]:
         """How many rows each peer will send me: one int64 to and from every peer."""
@@ -155,22 +169,11 @@ class TorchComm(_Comm):
 
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Uneven all-to-all; returns (out, handle). ``out`` may be a preallocated buffer."""
-        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        self._check_counts(x, send_counts, recv_counts)
-        x = x.contiguous()
-        if out is None:
-            out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-        rb = row_bytes_of(x)
-        self._record(phase, [c * rb for c in send_counts])
+        x, out, send_counts, recv_counts, _ = self._prepare(x, send_counts, recv_counts, phase, out)
         work = dist.all_to_all_single(out, x, output_split_sizes=recv_counts,
                                       input_split_sizes=send_counts, group=self.group,
                                       async_op=True)
         return out, _Works([work], keep=(x,))
-
-    def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        out, handle = self.alltoallv_async(x, send_counts, recv_counts, phase, out)
-        handle.wait()
-        return out
 
     def p2p(self, sends, recvs, phase="p2p"):
         """Batched isend/irecv: ``sends``/``recvs`` are (peer group rank, tensor) lists."""
@@ -209,25 +212,14 @@ class MPIComm(_Comm):
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         from mpi4py import MPI
 
-        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        self._check_counts(x, send_counts, recv_counts)
-        x = x.contiguous()
-        if out is None:
-            out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-        rb = row_bytes_of(x)
+        x, out, send_counts, recv_counts, rb = self._prepare(x, send_counts, recv_counts, phase, out)
         sb = [c * rb for c in send_counts]
         rbytes = [c * rb for c in recv_counts]
-        self._record(phase, sb)
         sdis = [sum(sb[:i]) for i in range(self.size)]
         rdis = [sum(rbytes[:i]) for i in range(self.size)]
         send_np, recv_np = _as_bytes(x), out.reshape(-1).view(torch.uint8).numpy()
         req = self.comm.Ialltoallv([send_np, (sb, sdis), MPI.BYTE], [recv_np, (rbytes, rdis), MPI.BYTE])
         return out, _Works([req], keep=(x, send_np, recv_np))
-
-    def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        out, handle = self.alltoallv_async(x, send_counts, recv_counts, phase, out)
-        handle.wait()
-        return out
 
     def p2p(self, sends, recvs, phase="p2p"):
         reqs, keep = [], []

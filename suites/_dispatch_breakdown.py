@@ -17,20 +17,15 @@ FLAT_STAGES = ("buffer gather", "counts exchange", "all-to-all")
 
 def dispatch_breakdown(ctx, params: dict, repeats: int, warmup: int = 1) -> dict:
     from moe_repro.components.alltoall_flat import flat_all_to_all_v
-    from moe_repro.components.alltoall_rbd import RBDDispatcher, flat_send_layout
-    from moe_repro.components.pft import build_pft
+    from moe_repro.components.alltoall_rbd import RBDDispatcher
     from moe_repro.components.topology import Topology, build_communicators, bytes_by_link_class
-    from moe_repro.suites.alltoall import _placement, _rank_inputs
+    from moe_repro.suites.alltoall import rank_workload
 
     topo = Topology(nodes=int(params["nodes"]), ranks_per_node=int(params["gpus_per_node"]))
     comms = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
-    placement = _placement(params["placement"], int(params["experts"]), ctx.world_size,
-                           int(params["seed"]))
-    x, top, weights = _rank_inputs(params, ctx.rank)
-    pft = build_pft(top, weights, int(params["experts"]))
-    order, send_counts = flat_send_layout(pft, placement, ctx.world_size)
-    token_order = pft.token_ids[order]
-    rbd = RBDDispatcher(comms, placement)
+    work = rank_workload(params, ctx.rank, ctx.world_size)
+    x, pft, token_order, send_counts = work["x"], work["pft"], work["token_order"], work["send_counts"]
+    rbd = RBDDispatcher(comms, work["placement"])
     gen = torch.Generator().manual_seed(104729 + ctx.rank)
 
     def flat_once(laps: dict) -> torch.Tensor:

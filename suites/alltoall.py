@@ -172,11 +172,23 @@ def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
     return x, top, weights
 
 
-def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.alltoall_flat import flat_all_to_all_v  # noqa: F401 (import check)
-    from moe_repro.components.alltoall_halo import HaloAllToAll
-    from moe_repro.components.alltoall_rbd import RBDDispatcher, flat_send_layout
+def rank_workload(params: dict, rank: int, world: int) -> dict:
+    """One rank's inputs for a grid point: x, its PFT, the expert -> rank map and the flat send
+    order (PFT rows grouped by destination rank) with its counts."""
+    from moe_repro.components.alltoall_rbd import flat_send_layout
     from moe_repro.components.pft import build_pft
+
+    placement = _placement(params["placement"], int(params["experts"]), world, int(params["seed"]))
+    x, top, weights = _rank_inputs(params, rank)
+    pft = build_pft(top, weights, int(params["experts"]))
+    order, send_counts = flat_send_layout(pft, placement, world)
+    return {"x": x, "pft": pft, "placement": placement, "token_order": pft.token_ids[order],
+            "send_counts": send_counts}
+
+
+def setup(params: dict, ctx) -> dict:
+    from moe_repro.components.alltoall_halo import HaloAllToAll
+    from moe_repro.components.alltoall_rbd import RBDDispatcher
     from moe_repro.components.topology import Topology, build_communicators, bytes_by_link_class
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
@@ -188,20 +200,14 @@ def setup(params: dict, ctx) -> dict:
         topo = Topology(nodes=nodes, ranks_per_node=gpn)
         _COMMS[key] = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
     comms = _COMMS[key]
-    placement = _placement(params["placement"], int(params["experts"]), ctx.world_size,
-                           int(params["seed"]))
-    x, top, weights = _rank_inputs(params, ctx.rank)
-    pft = build_pft(top, weights, int(params["experts"]))
-    order, send_counts = flat_send_layout(pft, placement, ctx.world_size)
-    token_order = pft.token_ids[order]
-    fault = _parse_fault(params["fault"])
-    state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"], "x": x,
-             "pft": pft, "placement": placement, "token_order": token_order,
-             "send_counts": send_counts, "fault": fault, "calls": 0}
+    state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"],
+             **rank_workload(params, ctx.rank, ctx.world_size),
+             "fault": _parse_fault(params["fault"]), "calls": 0}
+    pft = state["pft"]
     if state["algo"] == "halo":
         state["halo"] = HaloAllToAll(comms)
     if state["algo"] == "rbd":
-        state["rbd"] = RBDDispatcher(comms, placement)
+        state["rbd"] = RBDDispatcher(comms, state["placement"])
         state["generator"] = torch.Generator().manual_seed(104729 + ctx.rank)
 
     # One logged call: bytes per link class as actually sent, summed over the world.
