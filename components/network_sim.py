@@ -300,7 +300,7 @@ class SimResult:
 
 
 def _flow_uses(m: Machine, topo: Topology, src_key, dst_key, src: int, dst: int,
-               out_coef: float, in_coef: float, per_node_share: bool) -> dict:
+               out_coef: float, in_coef: float, per_node_share: bool, host_coef: float | None = None) -> dict:
     """Resources of one message class and its coefficients. ``src_key``/``dst_key`` name the
     node instance (a node id, or a node class in aggregated mode)."""
     uses = {}
@@ -324,8 +324,8 @@ def _flow_uses(m: Machine, topo: Topology, src_key, dst_key, src: int, dst: int,
             uses[("rack_up", r_src)] = out_coef
             uses[("rack_down", r_dst)] = in_coef
     if m.host_bytes_per_s:
-        # One shared machine: every byte moved counts once on it.
-        uses[("host",)] = out_coef
+        # One shared machine: every byte moved, by every node, counts once on it.
+        uses[("host",)] = out_coef if host_coef is None else host_coef
     return uses
 
 
@@ -446,7 +446,8 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
         # count * |A| / |B| of them (every node of A sends the same).
         in_coef = count * size[A] / size[B]
         f = Flow(phase=phase, src=src, nbytes=nbytes, count=count, pclass=pclass,
-                 uses=_flow_uses(m, topo, ("c", A), ("c", B), src, dst, count, in_coef, True),
+                 uses=_flow_uses(m, topo, ("c", A), ("c", B), src, dst, count, in_coef, True,
+                                 host_coef=count * size[A]),
                  release_delay=m.latency(pclass))
         flows.append(f)
         counts[(src, phase)] += count
@@ -500,10 +501,13 @@ def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_pe
     return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps)
 
 
-def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1) -> Platform:
+def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
+                       host_cores: int | None = None) -> Platform:
     """A local profile from a Hockney fit of real runs (see :func:`fit_latency_bandwidth`):
     per-message cost alpha, every link (port, pair, NIC) at bandwidth beta. Emulated nodes are
-    processes of one machine, so no link class is faster than another."""
+    processes of one machine, so no link class is faster than another. ``host_cores``: the
+    fit's ranks each had a core, so the machine moves at most ``host_cores * beta`` in total
+    (more ranks than cores share them: the ``host`` resource)."""
     from moe_repro.components.platform import from_dict
 
     g = int(gpus_per_node)
@@ -514,7 +518,8 @@ def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: i
                 "achievable_attention_tflops": 1},
         "node": {"gpus": g, "nics": g, "nic_GBps": bw, "gpu_nic_affinity": [[i] for i in range(g)],
                  "intra_node_alltoall_GBps_per_gpu": bw},
-        "network": {"switch_group_nodes": 1, "rack_nodes": 1, "per_message_us": alpha_s * 1e6},
+        "network": {"switch_group_nodes": 1, "rack_nodes": 1, "per_message_us": alpha_s * 1e6,
+                    **({"host_GBps": host_cores * bw} if host_cores else {})},
         "links": [{"class": "intra_node", "GBps": bw, "latency_us": 0.0},
                   {"class": "nic_injection", "GBps": bw, "latency_us": 0.0}],
     })
