@@ -117,6 +117,9 @@ class HostPipelinedAdamW:
         for i, p in enumerate(self.params):
             stream = self.state[i]["copy_stream"]
             if stream is not None:
+                # The host must not touch a master chunk again while its H2D copy is in flight,
+                # and the compute stream must see the new parameters.
+                stream.synchronize()
                 torch.cuda.current_stream(p.device).wait_stream(stream)
         self._pending, self._queued, self._step_open = [], set(), False
 

@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from moe_repro.components.alltoall_flat import all_to_all_v
 
 
-def gather_chunk_lengths(local_len: int, group=None) -> list[int]:
-    """Every rank's sequence-chunk length, in group rank order."""
+def gather_chunk_lengths(local_len: int, group=None, device=None) -> list[int]:
+    """Every rank's sequence-chunk length, in group rank order (``device``: where the backend
+    wants its tensors, e.g. the GPU for NCCL)."""
     n = dist.get_world_size(group)
-    mine = torch.tensor([local_len], dtype=torch.int64)
-    out = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    mine = torch.tensor([local_len], dtype=torch.int64, device=device)
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
     dist.all_gather(out, mine, group=group)
     return [int(t) for t in out]
 
@@ -74,7 +75,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=N
     if heads % kv_heads:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
     if lengths is None:
-        lengths = gather_chunk_lengths(q.shape[0], group)
+        lengths = gather_chunk_lengths(q.shape[0], group, q.device)
     elif len(lengths) != d_group or lengths[rank] != q.shape[0]:
         raise ValueError(f"lengths {lengths} do not match the group ({d_group}) or this chunk ({q.shape[0]})")
     qh, kh, vh = (seq_to_head(t, lengths, rank, group) for t in (q, k, v))

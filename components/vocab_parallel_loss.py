@@ -75,7 +75,7 @@ class _ShardFetcher:
         if b == self.my_rank:
             buf = self.w_local.detach().contiguous()
         else:
-            buf = torch.empty(self.w_local.shape[0], hi - lo, dtype=self.w_local.dtype)
+            buf = self.w_local.new_empty((self.w_local.shape[0], hi - lo))
         work = dist.broadcast(buf, src=self.global_ranks[b], group=self.group, async_op=True)
         return b, buf, work
 
@@ -101,9 +101,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if x.shape[1] != w_local.shape[0]:
             raise ValueError(f"x has hidden size {x.shape[1]}, weight has {w_local.shape[0]}")
         n = x.shape[0]
-        running_max = torch.full((n,), float("-inf"), dtype=x.dtype)
-        running_sum = torch.zeros(n, dtype=x.dtype)
-        target_logit = torch.zeros(n, dtype=x.dtype)
+        running_max = x.new_full((n,), float("-inf"))
+        running_sum = x.new_zeros(n)
+        target_logit = x.new_zeros(n)
         for b, w_b in _ShardFetcher(w_local, bounds, global_ranks, rank, group).shards():
             lo_b = bounds[b][0]
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
@@ -133,7 +133,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_w_local = None
         for b, w_b in _ShardFetcher(w_local, bounds, global_ranks, rank, group).shards():
             lo_b, hi_b = bounds[b]
-            grad_w_b = torch.empty(w_b.shape, dtype=w_b.dtype) if block_cols else None
+            grad_w_b = w_b.new_empty(w_b.shape) if block_cols else None
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
                 w_blk = w_b[:, lo - lo_b:hi - lo_b]
                 probs = (x @ w_blk).sub_(lse[:, None]).exp_()  # softmax block, recomputed in place
