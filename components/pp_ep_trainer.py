@@ -370,7 +370,7 @@ class StepRunner:
         t_step = clock.now() - t0
         # Mean loss over micro-batches and shards, known to every rank.
         loss_sum = torch.tensor([float(sum(l.item() for l in losses)) if self.has_last else 0.0],
-                                dtype=torch.float64)
+                                dtype=torch.float64, device=state.device)  # NCCL: on the GPU
         dist.all_reduce(loss_sum)
         return {"loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
                 "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync,
@@ -428,7 +428,10 @@ def _rank_summary(state: RankState, per_step: list[dict], p2p_msg_s: float,
     n_neighbours = sum(1 for s in state.stages if not s.is_first) + \
         sum(1 for s in state.stages if not s.is_last)
     p2p_messages = 2 * cfg.micro_batches * n_neighbours  # activations and their gradients
+    cuda_peak = (torch.cuda.max_memory_allocated(state.device) if state.device.type == "cuda"
+                 else None)  # allocator high-water mark, everything included (GPU runs)
     return {"coords": state.coords, "per_step": per_step, "static_bytes": static_bytes,
+            "cuda_max_allocated_bytes": cuda_peak,
             "p2p_s_per_step": p2p_msg_s * p2p_messages, "peak_flops": peak_flops}
 
 
@@ -468,7 +471,10 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
         act = max(r["activation_peak_bytes"] for r in mine)
         static = max(r["static_bytes"] for r in mine)
         per_mb = max(r["activation_per_microbatch_bytes"] for r in mine)
+        cuda_peaks = [r["cuda_max_allocated_bytes"] for r in ranks
+                      if r["coords"]["pp"] == p and r["cuda_max_allocated_bytes"] is not None]
         per_stage.append({"pp_rank": p, "stages": mine[0]["stages"],
+                          "cuda_max_allocated_bytes": max(cuda_peaks) if cuda_peaks else None,
                           "activation_peak_bytes": act, "static_bytes": static,
                           "activation_per_microbatch_bytes": per_mb,
                           "in_flight_at_peak": act / per_mb if per_mb else float("nan"),
