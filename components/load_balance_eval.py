@@ -33,6 +33,7 @@ class MethodStats:
     token_straggler: float
     gemm_straggler_s: float | None
     samples: int
+    gemm_makespan_s: float | None = None   # mean of the slowest device's modelled GEMM time
 
 
 def evaluate_trace(trace: RoutingTrace, *, dyn: int = 4, tau: int = 0, max_num_dyn: int = 8,
@@ -43,6 +44,7 @@ def evaluate_trace(trace: RoutingTrace, *, dyn: int = 4, tau: int = 0, max_num_d
     home = placement.rank_of_expert()
     token = {m: [] for m in methods}
     gemm = {m: [] for m in methods}
+    makespan = {m: [] for m in methods}
     for layer in range(trace.num_layers):
         for mb in range(1, trace.num_micro_batches):
             src = trace.counts[layer, mb]
@@ -73,10 +75,13 @@ def evaluate_trace(trace: RoutingTrace, *, dyn: int = 4, tau: int = 0, max_num_d
                     raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
                 token[method].append(token_straggler(loads))
                 if gemm_model is not None:
-                    gemm[method].append(gemm_straggler(gemm_model.device_times_s(groups)))
+                    times = gemm_model.device_times_s(groups)
+                    gemm[method].append(gemm_straggler(times))
+                    makespan[method].append(max(times))
     out = {}
     for m in methods:
         n = len(token[m])
-        out[m] = MethodStats(sum(token[m]) / n,
-                             sum(gemm[m]) / n if gemm_model is not None else None, n)
+        has = gemm_model is not None
+        out[m] = MethodStats(sum(token[m]) / n, sum(gemm[m]) / n if has else None, n,
+                             sum(makespan[m]) / n if has else None)
     return out
