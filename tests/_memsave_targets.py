@@ -54,18 +54,29 @@ def attention_inputs(seed, seq, heads, kv_heads, dim):
 
 
 def ulysses(ctx, cases):
+    import torch.distributed as dist
+
     from moe_repro.components.ulysses_attention import ulysses_attention
 
     results = []
     for case in cases:
-        lengths = case["lengths"]
-        q, k, v, grad_out = attention_inputs(case["seed"], sum(lengths), case["heads"],
+        # subgroups > 1: D-rank groups of consecutive ranks, each holding its own sequence
+        # (seed + group index), as MoP's sequence-parallel sub-groups of the W ranks.
+        subgroups = case.get("subgroups", 1)
+        d = ctx.world_size // subgroups
+        group, g_index, g_rank = None, 0, ctx.rank
+        if subgroups > 1:
+            groups = [dist.new_group(list(range(g * d, (g + 1) * d))) for g in range(subgroups)]
+            g_index, g_rank = ctx.rank // d, ctx.rank % d
+            group = groups[g_index]
+        lengths = case["lengths"][g_index * d:(g_index + 1) * d]
+        q, k, v, grad_out = attention_inputs(case["seed"] + g_index, sum(lengths), case["heads"],
                                              case["kv_heads"], case["dim"])
-        lo = sum(lengths[:ctx.rank])
-        hi = lo + lengths[ctx.rank]
+        lo = sum(lengths[:g_rank])
+        hi = lo + lengths[g_rank]
         ql, kl, vl = (t[lo:hi].clone().requires_grad_(True) for t in (q, k, v))
         try:
-            out = ulysses_attention(ql, kl, vl)
+            out = ulysses_attention(ql, kl, vl, group=group)
         except ValueError as e:
             results.append({"error": str(e)})
             continue
