@@ -276,9 +276,12 @@ def test_xmoe_fig12_breakdown_runs_on_real_ranks():
     from moe_repro.reproductions import all_reproductions
 
     repro = all_reproductions()["xmoe-fig12"]
-    result = repro.compute(repro, dict(repro.defaults, tokens=32, hidden=64, repeats=2, timeout_s=120))
+    # the simulated 32-GPU point is tested with the simulator; here only the real part
+    result = repro.compute(repro, dict(repro.defaults, tokens=32, hidden=64, repeats=2, timeout_s=120,
+                                       simulate=False))
     by = {(c.row, c.column): c for c in result.cells}
     assert by[("pilot all-to-all (inter-node)", "rbd time")].ours > 0
+    assert by[("all-to-all", "flat time")].ours > 0
     flat_b, rbd_b = by[("inter-node bytes", "flat")].ours, by[("inter-node bytes", "rbd")].ours
     assert 0 < rbd_b < flat_b  # 256 experts, top-8 on 2 nodes: most tokens repeat a node
-    assert by[("dispatch speedup (flat / RBD)", "paper: 32 GPUs, Large layer")].verdict == "not-reproduced"
+    assert by[("dispatch speedup with RBD", "ours: 2x2 real ranks")].ours > 0
