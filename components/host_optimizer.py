@@ -53,6 +53,9 @@ class HostPipelinedAdamW:
         self.step_count = 0  # step() calls
         self.param_steps = [0] * len(self.params)
         self.queued_during_backward = 0  # parameters of the last step queued before step()
+        self.chunks_done_before_step = 0  # chunks of the last step finished before step()
+        self.chunks_total_last_step = 0
+        self._chunks_done = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="host-adamw")
         self._lock = threading.Lock()
         self._pending: list[Future] = []
@@ -110,6 +113,8 @@ class HostPipelinedAdamW:
     def step(self) -> None:
         """Queue every parameter not queued yet (all of them without overlap) and wait."""
         self.queued_during_backward = len(self._queued)  # started before step(): overlapped
+        with self._lock:
+            self.chunks_done_before_step = self._chunks_done  # finished while backward ran
         for i in range(len(self.params)):
             self._queue_param(i)
         for f in self._pending:
@@ -121,7 +126,9 @@ class HostPipelinedAdamW:
                 # and the compute stream must see the new parameters.
                 stream.synchronize()
                 torch.cuda.current_stream(p.device).wait_stream(stream)
+        self.chunks_total_last_step = len(self._pending)
         self._pending, self._queued, self._step_open = [], set(), False
+        self._chunks_done = 0
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -135,6 +142,11 @@ class HostPipelinedAdamW:
     # --- the update of one chunk ---------------------------------------------------------------
 
     def _update_chunk(self, i: int, start: int, end: int, step: int, event) -> None:
+        self._update_chunk_body(i, start, end, step, event)
+        with self._lock:
+            self._chunks_done += 1
+
+    def _update_chunk_body(self, i: int, start: int, end: int, step: int, event) -> None:
         p, st = self.params[i], self.state[i]
         m = st["exp_avg"].view(-1)[start:end]
         v = st["exp_avg_sq"].view(-1)[start:end]
