@@ -154,5 +154,5 @@ REPRODUCTION = Reproduction(
                 "runs here beside the simulator calibrated on them.",
     paper_values=[], compute=compute,
     defaults={"platform": "frontier", "bytes_per_gpu": "65536,1048576,16777216,268435456",
-              "real": 1, "real_tokens": "64,256,512,1024", "fit_tokens": "64,512", "real_hidden": 1024, "repeats": 5},
+              "real": 1, "real_tokens": "32,128,256,512,1024", "fit_tokens": "32,256", "real_hidden": 1024, "repeats": 5},
 )

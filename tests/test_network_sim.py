@@ -152,21 +152,26 @@ def test_fit_recovers_a_hockney_model():
 
 @pytest.mark.multiprocess
 def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run():
-    """Fit latency and bandwidth on two real flat runs (2 emulated nodes x 1 rank, about 0.5
-    and 4 MB per rank on the wire), predict the run in between with the simulator: within 25% of the
-    measurement. Times are the minimum of the repeats, the sample least disturbed by other
-    processes on a shared machine. (Above ~8 MB per rank this machine leaves the linear regime:
-    copies stop fitting in cache, so a one-bandwidth profile does not hold there.)"""
+    """Fit latency and bandwidth on two real flat runs (2 emulated nodes x 1 rank, about 0.25
+    and 2 MB per rank on the wire), predict the run in between (about 1 MB, where the bytes
+    term is roughly three quarters of the time) with the simulator: within 25% of the
+    measurement. Above ~2-4 MB per rank this machine leaves the linear regime (copies stop
+    fitting in cache: measured 3.2 ms at 2.1 MB, 8.2 ms at 4.1 MB), so a one-bandwidth profile
+    is checked only below that."""
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite
 
     suite = all_suites()["alltoall"]
-    grid = suite.grid({"nodes": [2], "gpus_per_node": [1], "algo": ["flat"], "tokens": [64, 256, 512],
+    grid = suite.grid({"nodes": [2], "gpus_per_node": [1], "algo": ["flat"], "tokens": [32, 128, 256],
                        "hidden": [1024]})
-    records = run_suite(suite, grid, RunConfig(warmup=1, repeats=5, check=False, timeout_s=240))
-    assert all(r["simulated"] is False for r in records)
-    wire = [r["inter_node_bytes"] / 2 for r in records]  # bytes one rank puts on the wire
-    times = [r["time_s_min"] for r in records]
+    # Rounds interleave the sizes (load from other processes then hits all of them alike);
+    # single calls per sample (min_sample_s=0): the minimum is one undisturbed call.
+    rounds = 10
+    records = run_suite(suite, grid * rounds, RunConfig(warmup=2, repeats=7, min_sample_s=0.0,
+                                                        check=False, timeout_s=240))
+    assert len(records) == 3 * rounds and all(r["simulated"] is False for r in records)
+    wire = [r["inter_node_bytes"] / 2 for r in records[:3]]  # bytes one rank puts on the wire
+    times = [min(r["time_s_min"] for r in records[i::3]) for i in range(3)]
     alpha, beta = ns.fit_latency_bandwidth([wire[0], wire[2]], [times[0], times[2]])
     local = ns.calibrated_profile(alpha, beta, gpus_per_node=1)
     topo = ns.topology_for(local, nodes=2)
