@@ -10,13 +10,17 @@ needs_proc = pytest.mark.skipif(not peak_supported(), reason="needs Linux /proc/
 
 @needs_proc
 def test_peak_rss_sees_a_freed_temporary():
+    import gc
+
     return_freed_memory_to_os()
+    gc.collect()  # garbage of earlier tests freed inside the region would lower RSS under the baseline
     mib = 2 ** 20
     with measure_peak_rss() as m:
         big = torch.ones(48 * mib // 4)  # 48 MiB, freed before the region ends
         small = torch.ones(8 * mib // 4)
         del big, small
-    assert 56 * mib <= m.peak_bytes <= 64 * mib
+    # 56 MiB live at once; RSS is process-wide, so allow a few MiB either way (other frees/allocs)
+    assert 52 * mib <= m.peak_bytes <= 64 * mib
 
 
 @needs_proc
