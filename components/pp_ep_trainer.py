@@ -5,9 +5,10 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens with all-to-all-v (components/alltoall_flat.py), and because every
-pipeline executes the same schedule, the EP group's collectives are issued in the same order on
-every member.
+ranks exchange tokens with the flat all-to-all-v (components/alltoall_flat.py, through
+components/moe_layer.py; HALO is not selectable yet: its communicators span the whole world and
+it has no autograd), and because every pipeline executes the same schedule, the EP group's
+collectives are issued in the same order on every member.
 
 Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
 the DP x EP data shards and the M micro-batches of each micro-batch's mean token cross entropy
@@ -22,8 +23,8 @@ Measurements per step: loss, tokens/s, per-stage activation peak (bytes held for
 counted with saved-tensor hooks: Piper Eq. 4's activation term) and static bytes, the bubble
 (1 - busiest rank's compute / schedule time: the idle time of the critical stage, so that stage
 imbalance, which the formula assumes away, is not counted as bubble; the per-stage idle fractions
-including imbalance are reported beside it), the time split (attention, experts, all-to-all, P2P, idle,
-other) and MFU (Piper Eq. 12's numerator: model FLOPs / (peak x ranks x step time)) against
+including imbalance are reported beside it), the time split (attention, experts, all-to-all,
+P2P estimated from a ping-pong, idle, other) and MFU (Piper Eq. 12's numerator: model FLOPs / (peak x ranks x step time)) against
 the GEMM peak measured on the device in the training dtype.
 """
 
