@@ -24,8 +24,8 @@ counted with saved-tensor hooks: Piper Eq. 4's activation term) and static bytes
 (1 - busiest rank's compute / schedule time: the idle time of the critical stage, so that stage
 imbalance, which the formula assumes away, is not counted as bubble; the per-stage idle fractions
 including imbalance are reported beside it), the time split (attention, experts, all-to-all,
-P2P estimated from a ping-pong, idle, other) and MFU (Piper Eq. 12's numerator: model FLOPs / (peak x ranks x step time)) against
-the GEMM peak measured on the device in the training dtype.
+P2P estimated from a ping-pong, idle, other) and MFU (Piper Eq. 12: model FLOPs / (peak x
+ranks x step time)) against the GEMM peak measured on the device in the training dtype.
 """
 
 from __future__ import annotations
