@@ -186,35 +186,3 @@ class _NoProbe:
 
     def __exit__(self, *exc):
         return False
-
-
-class SavedActivationBytes:
-    """Context manager: bytes of distinct tensor storages autograd saves for backward inside it.
-
-    Counted with torch.autograd.graph.saved_tensors_hooks: what stays resident between forward
-    and backward (the activation memory of X-MoE Fig. 13 / Table 2), deduplicated by storage so
-    views and tensors saved twice count once. Parameters (leaves that require grad) are skipped.
-    """
-
-    def __init__(self):
-        self.bytes = 0
-        self._seen: set[int] = set()
-        self._hooks = None
-
-    def _pack(self, t: torch.Tensor):
-        if not (t.is_leaf and t.requires_grad):
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-            if key not in self._seen and storage.nbytes():
-                self._seen.add(key)
-                self.bytes += storage.nbytes()
-        return t
-
-    def __enter__(self):
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        return False

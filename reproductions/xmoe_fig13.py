@@ -3,7 +3,7 @@
 Real, scaled: G gloo ranks (G = TP degree = EP degree of the MoE block) run one
 components.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this machine,
 with and without sequence sharding; we count the bytes autograd keeps for backward inside the
-MoE block (saved_tensors_hooks, distinct storages, max over ranks) and check that both variants
+MoE block (components.pp_ep_trainer.SavedActivationMeter: distinct storages, max over ranks) and check that both variants
 give the same output. Beside it, X-MoE Table 2's activation model for the same config.
 
 Full size, analytic: X-MoE Large (zoo) at sequence length 4096, 28 MoE layers, bf16: per-GPU
@@ -27,7 +27,8 @@ def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, exper
     import torch
 
     from moe_repro.components.moe_layer import MoELayer
-    from moe_repro.components.ssmb import SavedActivationBytes, SSMBLayer
+    from moe_repro.components.pp_ep_trainer import SavedActivationMeter
+    from moe_repro.components.ssmb import SSMBLayer
 
     torch.manual_seed(seed)
     w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
@@ -39,11 +40,11 @@ def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, exper
     results = {}
     for sharded in (False, True):
         layer = SSMBLayer(w1, w2, b2, moe_full, sequence_sharded=sharded)
-        probe = SavedActivationBytes()
-        y = layer(x.clone().requires_grad_(True), moe_activation_probe=probe)
-        y.sum().backward()
+        meter = SavedActivationMeter(layer.parameters())
+        y = layer(x.clone().requires_grad_(True), moe_activation_probe=meter.hooks())
         key = "ssmb" if sharded else "tp_ep"
-        out[f"{key}_moe_saved_bytes"] = probe.bytes
+        out[f"{key}_moe_saved_bytes"] = meter.peak  # held for backward at the end of forward
+        y.sum().backward()
         results[key] = y.detach()
     out["max_abs_diff"] = float((results["ssmb"] - results["tp_ep"]).abs().max())
     return out
