@@ -65,3 +65,13 @@ def _check_group(outs, i, ref, inputs, ranks):
             got = torch.tensor(res[key], dtype=torch.float64).reshape(hi - lo, *shape[1:])
             torch.testing.assert_close(got, full[lo:hi], rtol=1e-5, atol=1e-5,
                                        msg=f"{key} rank {r} case {i}")
+
+
+def test_declared_bytes_match_a_hand_count():
+    from moe_repro.components.ulysses_attention import alltoall_bytes_per_rank
+
+    # rank 0 of D = 2 holds 3 of 8 tokens; H = 4 query heads, 2 kv heads, d = 8, fp32 (32 B a head row)
+    got = alltoall_bytes_per_rank([3, 5], 0, heads=4, kv_heads=2, head_dim=8)
+    # seq->head: its 3 tokens x the peer's half of the heads: q 3*2, k 3*1, v 3*1 head rows
+    # head->seq: its 2 heads of the peer's 5 tokens
+    assert got == {"seq_to_head_bytes": (3 * 2 + 3 + 3) * 32, "head_to_seq_bytes": 5 * 2 * 32}
