@@ -127,6 +127,8 @@ class SavedActivationMeter:
         self.refs: dict[int, list[int]] = {}
         self.live = 0
         self.peak = 0
+        self.in_flight = 0  # micro-batches whose forward started and backward has not finished
+        self.in_flight_at_peak = 0
 
     def pack(self, t: torch.Tensor):
         ptr = t.untyped_storage().data_ptr()
@@ -150,7 +152,9 @@ class _Held:
             nbytes = tensor.untyped_storage().nbytes()
             meter.refs[ptr] = [nbytes, 1]
             meter.live += nbytes
-            meter.peak = max(meter.peak, meter.live)
+            if meter.live > meter.peak:
+                meter.peak = meter.live
+                meter.in_flight_at_peak = meter.in_flight
         else:
             entry[1] += 1
 
@@ -263,8 +267,12 @@ class _BusyTimer:
         sched._compute_loss = self._wrap(sched._compute_loss, add_to_last=True)
 
     def _wrap(self, fn, new_entry: bool = False, add_to_last: bool = False):
+        is_backward = not (new_entry or add_to_last)
+
         def timed(*args, **kwargs):
             start, live = self.clock.now(), self.meter.live
+            if new_entry:
+                self.meter.in_flight += 1
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -273,6 +281,8 @@ class _BusyTimer:
                     self.forward_bytes.append(self.meter.live - live)
                 elif add_to_last and self.forward_bytes:
                     self.forward_bytes[-1] += self.meter.live - live
+                elif is_backward:
+                    self.meter.in_flight -= 1
         return timed
 
 
@@ -356,6 +366,7 @@ class StepRunner:
         self.busy.seconds = 0.0
         self.busy.forward_bytes = []
         self.meter.peak = self.meter.live
+        self.meter.in_flight = self.meter.in_flight_at_peak = 0
         losses: list[torch.Tensor] = []
         args = (x,) if self.has_first else ()
         dist.barrier()
@@ -376,7 +387,8 @@ class StepRunner:
         return {"loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
                 "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync,
                 "busy_s": self.busy.seconds, "activation_peak_bytes": self.meter.peak,
-                "activation_per_microbatch_bytes": statistics.median(self.busy.forward_bytes),
+                "activation_per_microbatch_bytes": statistics.mean(self.busy.forward_bytes),
+                "in_flight_at_peak": self.meter.in_flight_at_peak,
                 **{f"{k}_s": v for k, v in clock.seconds.items()}}
 
 
@@ -465,7 +477,8 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
                          "activation_peak_bytes": max(s["activation_peak_bytes"]
                                                       for s in r["per_step"]),
                          "activation_per_microbatch_bytes": max(
-                             s["activation_per_microbatch_bytes"] for s in r["per_step"])})
+                             s["activation_per_microbatch_bytes"] for s in r["per_step"]),
+                         "in_flight_at_peak": max(s["in_flight_at_peak"] for s in r["per_step"])})
     per_stage = []
     for p in range(cfg.pp):
         mine = [r for r in per_rank if r["pp"] == p]
@@ -478,7 +491,8 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
                           "cuda_max_allocated_bytes": max(cuda_peaks) if cuda_peaks else None,
                           "activation_peak_bytes": act, "static_bytes": static,
                           "activation_per_microbatch_bytes": per_mb,
-                          "in_flight_at_peak": act / per_mb if per_mb else float("nan"),
+                          "peak_over_mean_microbatch": act / per_mb if per_mb else float("nan"),
+                          "in_flight_at_peak": max(r["in_flight_at_peak"] for r in mine),
                           "peak_bytes": act + static,
                           "idle_fraction": statistics.mean(r["idle_fraction"] for r in mine)})
     split_mean = {k: statistics.mean(r["time_split_s"][k] for r in per_rank)

@@ -2,8 +2,9 @@
 
 Real measurement: the PP x EP trainer (components/pp_ep_trainer.py) runs a few steps on real
 ranks; on every rank, saved-tensor hooks count the bytes autograd holds for backward (the
-activation term of Eq. 4; parameters excluded) and record the peak, and the bytes each
-micro-batch's forward adds. Their ratio is the number of micro-batches in flight at the peak.
+activation term of Eq. 4; parameters excluded) and record the peak, how many micro-batches were
+in flight (forward started, backward not finished) at that moment, and the bytes each
+micro-batch's forward adds (peak / mean of those is a second, byte-based in-flight estimate).
 
 Eq. 4: stage i holds (PP - i) micro-batches' activations at peak under 1F1B; Eq. 3: GPipe holds
 all M. Eq. 5: the first stage holds (PP - 1) micro-batches more than the last. The in-flight
@@ -53,11 +54,21 @@ def compute(repro: Reproduction, params: dict) -> Result:
             row = f"{schedule} stage {i}"
             expected = (pp - i) if schedule == "1f1b" else m
             eq = "Eq. 4 (PP - i)" if schedule == "1f1b" else "Eq. 3 (all M)"
+            source = f"Piper {eq} at PP={pp}, M={m}, i={i}"
             cells.append(formula_cell(
-                row, "micro-batches in flight at peak", s["in_flight_at_peak"], "micro-batches",
-                expected, str(expected), f"Piper {eq} at PP={pp}, M={m}, i={i}", INTEGER,
-                note=None if i else "measured: peak saved-activation bytes / bytes one "
-                                     "micro-batch's forward (+ loss) adds on that stage"))
+                row, "micro-batches in flight at the memory peak", s["in_flight_at_peak"],
+                "micro-batches", expected, str(expected), source, INTEGER,
+                note=None if i else "counted when the saved-activation bytes reached their peak: "
+                                    "micro-batches whose forward started and backward had not "
+                                    "finished on that stage"))
+            cells.append(formula_cell(
+                row, "peak bytes / mean micro-batch bytes", s["peak_over_mean_microbatch"],
+                "micro-batches", expected, str(expected), source, INTEGER,
+                note=None if i else "peak saved-activation bytes over the mean bytes one "
+                                    "micro-batch's forward (+ loss) adds on that stage; with EP a "
+                                    "micro-batch's bytes vary with the rows routed to this rank's "
+                                    "experts and the peak (max over ranks and steps) catches the "
+                                    "largest, so the ratio can exceed the count"))
             eq4 = layers_per_stage * expected * per_layer
             cells.append(repro.compare(row, "activation peak (measured)",
                                        s["activation_peak_bytes"] / MIB, "MiB"))
