@@ -26,6 +26,22 @@ def _verdicts(summary: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in summary.items() if v)
 
 
+def write_reproduction_page(directory: Path, payload: dict, home: str | None = None) -> Path:
+    """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``."""
+    rid = payload["id"]
+    figures = []
+    for fig in payload.get("figures", []):
+        drawn = render_figure(fig)
+        names = {fmt: f"{rid}-{fig['name']}.{fmt}" for fmt in drawn}
+        for fmt, data in drawn.items():
+            atomic_write_bytes(directory / names[fmt], data)
+        figures.append({"title": fig["title"], **names})
+    atomic_write_json(directory / f"{rid}.json", payload)
+    atomic_write_text(directory / f"{rid}.csv", write(frame(payload), "csv"))
+    return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
+        payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv"))
+
+
 def build_site(store, out_dir: str | Path) -> Path:
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.inventory import INVENTORY
@@ -51,18 +67,7 @@ def build_site(store, out_dir: str | Path) -> Path:
         else:
             row.update(status=status_of(payload["cells"]), verdicts=_verdicts(payload["summary"]),
                        when=payload["environment"].get("timestamp"))
-            figures = []
-            for fig in payload.get("figures", []):
-                drawn = render_figure(fig)
-                names = {fmt: f"{rid}-{fig['name']}.{fmt}" for fmt in drawn}
-                for fmt, data in drawn.items():
-                    atomic_write_bytes(out / "repro" / names[fmt], data)
-                figures.append({"title": fig["title"], **names})
-            atomic_write_json(out / "repro" / f"{rid}.json", payload)
-            atomic_write_text(out / "repro" / f"{rid}.csv", write(frame(payload), "csv"))
-            atomic_write_text(out / href, html.render_reproduction(
-                payload, raw_json=f"{rid}.json", figures=figures, home="../index.html",
-                raw_csv=f"{rid}.csv"))
+            write_reproduction_page(out / "repro", payload, home="../index.html")
         by_paper.setdefault(rid.split("-")[0], []).append(row)
 
     suites = []

@@ -170,7 +170,7 @@ REPRODUCTION = Reproduction(
     title="EP-first vs DP-first placement: all-to-all and gradient all-reduce bytes per link class",
     paper="xmoe",
     element="App. C.1",
-    how="A",
+    how="A+R",
     description="Bytes per link class of the token all-to-all and the expert-gradient all-reduce "
                 "under both placements: counted from real small runs and from the formula at full scale.",
     paper_values=[],

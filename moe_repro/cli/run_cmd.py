@@ -126,8 +126,8 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
     the cause is known), no-paper-value, or not-reproduced (with why). Deviations are results,
     not errors: the exit code is 0.
     """
-    from moe_repro.atomic import atomic_write_json, atomic_write_text
-    from moe_repro.reports.html import render_reproduction
+    from moe_repro.atomic import atomic_write_json
+    from moe_repro.reports.site import write_reproduction_page
     from moe_repro.reports.terminal import format_result
 
     chosen = resolve_ids(ids, paper, run_all, how)
@@ -150,10 +150,8 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
                 click.echo("\n" + format_result(payload))
                 click.echo(f"stored: {path}")
             if out_dir:
-                out = Path(out_dir)
-                atomic_write_text(out / f"{rid}.html", render_reproduction(payload, raw_json=f"{rid}.json"))
-                atomic_write_json(out / f"{rid}.json", payload)
+                page = write_reproduction_page(Path(out_dir), payload)
                 if not quiet:
-                    click.echo(f"report: {out / (rid + '.html')}")
+                    click.echo(f"report: {page}")
     if json_path:
         atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)
