@@ -106,6 +106,14 @@ class TrainConfig:
                 raise ValueError(f"interleaved 1F1B needs micro_batches a multiple of "
                                  f"{rounds} (torch's flexible rounds), got {self.micro_batches}")
 
+    def static_bytes_per_rank(self) -> float:
+        """Weights + grads + Adam m, v in fp32 (16 B/param) of the largest stage's rank."""
+        m = self.model_config()
+        per_layer = 4 * m.d_model ** 2 + m.d_model * m.n_experts \
+            + 3 * m.n_experts // self.ep * m.d_model * m.d_ffn
+        layers = -(-m.n_layers // (self.pp * self.stages_per_rank)) * self.stages_per_rank
+        return 16.0 * (layers * per_layer + m.vocab * m.d_model)
+
     def theoretical_bubble(self) -> float:
         """Idle fraction of a step with equal stages: (PP-1)/(M+PP-1) (Piper III-D, GPipe, 1F1B);
         interleaving with v stages per rank shrinks the bubble v-fold: (PP-1)/(vM+PP-1)."""

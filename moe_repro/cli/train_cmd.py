@@ -43,6 +43,24 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_fits_in_memory(cfg, launched: bool) -> None:
+    """Refuse a local run whose weights and optimizer state alone exceed this machine's memory
+    (under an external launcher the world may span GPUs and nodes: not checked here)."""
+    import os
+
+    if launched:
+        return
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    need = cfg.static_bytes_per_rank() * cfg.world_size
+    if need > 0.5 * physical:
+        raise BadInput(f"{cfg.model} needs ~{need / 2 ** 30:.1f} GiB of weights, gradients and Adam "
+                       f"state over {cfg.world_size} ranks, more than half of this machine's "
+                       f"{physical / 2 ** 30:.0f} GiB; use --layers N, or run under torchrun on GPUs")
+
+
 @click.command("train")
 @click.option("--model", default="tiny-moe", show_default=True, help="Model zoo key.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
@@ -96,6 +114,7 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
     except (ValueError, KeyError) as e:
         raise BadInput(str(e).strip("'\"")) from None
     launched = launched_world_size()
+    _check_fits_in_memory(cfg, launched=bool(launched))
     if launched:
         import torch
 
