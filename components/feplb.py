@@ -105,27 +105,39 @@ class BalancePlan:
 def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
                    max_num_dyn: int | None = None) -> BalancePlan:
     """FEPLB's per-micro-batch greedy balancer; see the module docstring for its exact rules."""
-    counts = [int(c) for c in torch.as_tensor(expert_counts).tolist()]
+    # Plain Python on small lists: this runs on the CPU once per micro-batch and layer, and
+    # FEPLB Sec. 2 budgets ~50 us for it (suites/feplb_balancer.py measures it).
+    counts = (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor)
+              else [int(c) for c in expert_counts])
     placement = partition.placement
     if len(counts) != placement.num_experts:
         raise ValueError(f"{len(counts)} counts for {placement.num_experts} experts")
     world = placement.world_size
-    loads = [sum(counts[e] for e in experts) for experts in placement.experts_of_rank]
+    loads = [sum([counts[e] for e in experts]) for experts in placement.experts_of_rank]
     before = list(loads)
+    floor = max(tau, 1)
     # Candidates per home device, busiest first (ties: lower expert id).
-    candidates = [sorted((e for e in dyn if counts[e] >= max(tau, 1)), key=lambda e: (-counts[e], e))
+    candidates = [sorted([e for e in dyn if counts[e] >= floor], key=lambda e: (-counts[e], e))
                   for dyn in partition.dynamic_of_rank]
     received = [0] * world
-    cap = max_num_dyn if max_num_dyn is not None else float("inf")
+    cap = max_num_dyn if max_num_dyn is not None else world * placement.num_experts
     moves: list[Move] = []
+    ranks = range(world)
     while True:
-        d_max = min(range(world), key=lambda d: (-loads[d], d))
-        open_dst = [d for d in range(world) if d != d_max and received[d] < cap]
-        if not open_dst:
+        top = max(loads)
+        d_max = loads.index(top)                       # lowest index among the most loaded
+        d_min, low = -1, None
+        for d in ranks:
+            if d != d_max and received[d] < cap and (low is None or loads[d] < low):
+                d_min, low = d, loads[d]
+        if d_min < 0:
             break
-        d_min = min(open_dst, key=lambda d: (loads[d], d))
-        gap = loads[d_max] - loads[d_min]
-        pick = next((e for e in candidates[d_max] if counts[e] < gap), None)
+        gap = top - low
+        pick = None
+        for e in candidates[d_max]:
+            if counts[e] < gap:
+                pick = e
+                break
         if pick is None:
             break
         candidates[d_max].remove(pick)
