@@ -1,0 +1,98 @@
+"""FasterMoE shadow pieces against brute force, and the load-balancing reproductions' shape:
+feplb-table3's rows name the PP/EP pair and its columns the method (the issue's contract)."""
+
+import json
+
+import torch
+from click.testing import CliRunner
+
+from moe_repro.cli import cli
+from moe_repro.components.fastermoe_shadow import choose_shadows, dispatch_rows, shadow_loads
+from moe_repro.components.load_balance_eval import evaluate_trace
+from moe_repro.components.routing_trace import synthetic_trace
+from moe_repro.reproductions import all_reproductions
+
+SMALL = ["--param", "tokens=128", "--param", "micro_batches=3", "--param", "layers=1"]
+
+
+def _brute_dispatch(top, source, ranks, pipe, shadows, per):
+    sent = set()
+    for t in range(top.shape[0]):
+        for e in top[t].tolist():
+            if e in shadows or ranks[e] == source[t]:
+                continue
+            local = [x for x in range(len(ranks)) if ranks[x] == ranks[e]].index(e)
+            sent.add((t, ranks[e], local * pipe // per))
+    return len(sent)
+
+
+def test_dispatch_rows_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    top = torch.stack([torch.randperm(8, generator=g)[:3] for _ in range(40)])
+    source = torch.arange(40) // 10
+    ranks = [0, 0, 1, 1, 2, 2, 3, 3]
+    for pipe in (1, 2):
+        for shadows in ((), (5,)):
+            assert dispatch_rows(top, source, ranks, 4, pipe, shadows) == \
+                _brute_dispatch(top, source, ranks, pipe, set(shadows), 2)
+    # splitting into stages can only add rows
+    assert dispatch_rows(top, source, ranks, 4, 2) >= dispatch_rows(top, source, ranks, 4, 1)
+
+
+def test_shadows_split_rows_by_source():
+    src = torch.tensor([[10, 0, 1, 1], [30, 0, 1, 1]])     # 2 sources, expert 0 hot, on rank 0
+    loads = shadow_loads(src.sum(0), [0, 0, 1, 1], 2, [0], src)
+    assert loads.tolist() == [10.0, 34.0]                  # rank 1 computes its own 30 rows of 0
+    # 40/4 -> shadow 0: 10/34 -> shadow 2: 11/33 -> shadow 3: 12/32; expert 1 has no tokens
+    assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 4, src) == [0, 2, 3]
+    assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 1, src) == [0]           # max_shadows
+    # a hot expert whose tokens all start on its home rank gains nothing from a shadow
+    src = torch.tensor([[30, 0, 0, 0], [0, 0, 10, 10]])
+    assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 4, src) == []
+
+
+def test_balancers_reduce_the_token_straggler_on_skewed_routing():
+    trace = synthetic_trace(1, 4, 32, 4, 256, 4, skew=1.5, seed=1)
+    stats = evaluate_trace(trace, dyn=4)
+    assert stats["FEPLB"].token_straggler < stats["Before LB"].token_straggler
+    assert stats["LLEP"].token_straggler <= stats["FEPLB"].token_straggler   # token-level splits
+
+
+def test_feplb_table3_rows_and_columns(tmp_path, results_dir):
+    out = tmp_path / "t.json"
+    r = CliRunner().invoke(cli, ["run", "feplb-table3", "--json", str(out), "--quiet", *SMALL])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    rows = {c["row"] for c in data["cells"]}
+    cols = {c["column"] for c in data["cells"]}
+    assert rows == {"4/2", "4/4", "2/8"}
+    assert {"Before LB", "FasterMoE", "FEPLB"} <= cols
+    cell = next(c for c in data["cells"] if c["row"] == "2/8" and c["column"] == "FEPLB")
+    assert cell["paper"] == 2021 and cell["ours"] is not None and "synthetic" in cell["note"]
+
+
+def test_other_feplb_reproductions_run_small():
+    repros = all_reproductions()
+    params = {"tokens": 128, "micro_batches": 3, "layers": 1}
+    t4 = repros["feplb-table4"].run(params)
+    assert {c.column for c in t4.cells} >= {"Before LB", "FasterMoE", "FEPLB"}
+    f6 = repros["feplb-fig6"].run(params)
+    assert {c.column for c in f6.cells} >= {"dyn=2", "dyn=4", "dyn=8"} and f6.figures
+    f4 = {(c.row, c.column): c for c in repros["feplb-fig4"].run(params).cells}
+    assert f4[("Dispatch", "FEPLB")].ours == 0.0
+    assert f4[("Dispatch", "FasterMoE pipe=2")].ours >= f4[("Dispatch", "FasterMoE pipe=1")].ours
+    t2 = repros["feplb-table2"].run(params)
+    assert any(c.verdict == "not-reproduced" for c in t2.cells)
+
+
+def test_piper_fig9_and_alg2_tiny_run():
+    repros = all_reproductions()
+    fig9 = repros["piper-fig9"].run({"steps": 3, "batch": 4})
+    assert fig9.figures and all(c.ours is not None for c in fig9.cells)
+    alg2 = {(c.row, c.column): c.ours for c in
+            repros["piper-alg2"].run({"steps": 3, "batch": 4, "check_every": 1}).cells}
+    # No hindsight: a migration planned on one window can be worse for the next steps when the
+    # routing moves (it does in 3 steps), so only the shape is checked here; Alg. 2's own
+    # guarantee is tested in test_expert_migration.py.
+    assert {r for r, _ in alg2} >= {"real run, layer 0", "synthetic, layer 0"}
+    assert all(v is not None and v >= 0 for v in alg2.values())
