@@ -140,9 +140,8 @@ class MigrationScheduler:
             return None
         sent = moves_send_bytes_per_gpu(swaps_to_moves(swaps), self.d_model, self.d_ffn,
                                         len(self.groups), self.n_mat)
-        event = MigrationEvent(self.steps, max(loads) - min(loads),
-                               max(self.device_loads_for(new_groups, window))
-                               - min(self.device_loads_for(new_groups, window)),
+        new_loads = self.device_loads_for(new_groups, window)
+        event = MigrationEvent(self.steps, max(loads) - min(loads), max(new_loads) - min(new_loads),
                                imbalance, swaps, sent, max(sent) / self.bandwidth_bytes_per_s)
         self.groups = new_groups
         self.events.append(event)
@@ -200,3 +199,57 @@ def swap_expert_slots(layer, optimizer: torch.optim.Optimizer | None, a: int, b:
             for value in optimizer.state.get(p, {}).values():
                 if torch.is_tensor(value) and value.shape == p.shape:
                     _swap_rows(value, a, b, dim)
+
+
+@torch.no_grad()
+def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placement) -> int:
+    """Move experts between the EP ranks of a components MoELayer to ``new_placement``.
+
+    Every expert whose owner changes travels as one row per tensor (its weights, and every
+    optimizer state tensor shaped like its parameter, e.g. Adam's exp_avg and exp_avg_sq) in one
+    all-to-all-v over the layer's EP group; the same Parameter objects get the new local stacks
+    (sorted by expert id), so the optimizer keeps tracking them. The router is replicated and
+    indexes logical experts, so its "view" is the placement (logical expert -> rank), which is
+    replaced. Returns the bytes this rank sent (Piper Sec. VI-A: weights + training state).
+    """
+    import torch.distributed as dist
+
+    from moe_repro.components.alltoall_flat import _all_to_all_v_raw
+
+    if not layer.expert_parallel:
+        raise ValueError("migrate_ep_layer needs an expert-parallel layer")
+    if new_placement.world_size != layer.placement.world_size or \
+            new_placement.num_experts != layer.placement.num_experts:
+        raise ValueError("the new placement must cover the same experts and ranks")
+    world, me = layer.placement.world_size, layer.ep_rank
+    old_local = list(layer.local_experts)
+    new_rank = new_placement.rank_of_expert().tolist()
+    new_local = list(new_placement.experts_of_rank[me])
+    order = sorted(range(len(old_local)), key=lambda i: (new_rank[old_local[i]], old_local[i]))
+    send_counts = [sum(1 for e in old_local if new_rank[e] == d) for d in range(world)]
+    old_rank = layer.placement.rank_of_expert().tolist()
+    recv_counts = [sum(1 for e in new_local if old_rank[e] == s) for s in range(world)]
+    # Received rows are source-major, each source's rows by expert id: where they go locally.
+    arrived = [e for s in range(world) for e in sorted(new_local) if old_rank[e] == s]
+    place = torch.tensor([arrived.index(e) for e in new_local], dtype=torch.int64)
+    idx = torch.tensor(order, dtype=torch.int64)
+    sent_bytes = 0
+    for p, _ in expert_slot_tensors(layer)[:-1]:          # the stacked expert weights only
+        tensors = [p.data]
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        keys = [k for k, v in state.items() if torch.is_tensor(v) and v.shape == p.shape]
+        tensors += [state[k] for k in keys]
+        moved = []
+        for t in tensors:
+            rows = t.index_select(0, idx.to(t.device)).reshape(len(order), -1).contiguous()
+            got = _all_to_all_v_raw(rows, send_counts, recv_counts, layer.ep_group)
+            moved.append(got.index_select(0, place.to(t.device)).reshape(len(new_local), *t.shape[1:]))
+            sent_bytes += sum(c for d, c in enumerate(send_counts) if d != me) * rows.shape[1] * t.element_size()
+        p.data = moved[0]
+        for k, t in zip(keys, moved[1:]):
+            state[k] = t
+    layer.placement = new_placement
+    layer.local_experts = new_local
+    layer.experts.num_experts = len(new_local)
+    dist.barrier(group=layer.ep_group)
+    return sent_bytes

@@ -61,3 +61,45 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
             moves = [(s.expert, s.rank, s.rows) for s in layer.last_plan.foreign_segments()]
         results.append({"rank": ctx.rank, "errs": errs, "vs_plain": vs_plain, "moves": moves})
     return results
+
+
+def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: list[list[int]]) -> dict:
+    """EP layer + Adam state; migrate experts across ranks (Alg. 2 swaps); compare the layer's
+    output, input gradient, and per-logical-expert weights, gradients and Adam state."""
+    from moe_repro.components.expert_migration import migrate_ep_layer
+    from moe_repro.components.moe_layer import ExpertPlacement, MoELayer
+
+    h, f, k = 12, 10, 2
+    w = make_weights(seed, h, f, experts)
+    x, grad_out = make_tokens(seed * 100 + ctx.rank, tokens[ctx.rank], h)
+    layer = MoELayer(h, f, experts, k, expert_parallel=True)
+    load_local(layer, w)
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    _, _, _ = _run(layer, x, grad_out)
+    opt.step()
+
+    def per_expert(lay):
+        out = {}
+        for name in ("w_in", "w_gate", "w_out"):
+            p = getattr(lay.experts, name)
+            st = opt.state[p]
+            for i, e in enumerate(lay.local_experts):
+                out[(name, e)] = (p.detach()[i].clone(), p.grad[i].clone(),
+                                  st["exp_avg"][i].clone(), st["exp_avg_sq"][i].clone())
+        return out
+
+    layer.zero_grad()
+    out0, dx0, _ = _run(layer, x, grad_out)
+    before = per_expert(layer)
+    ranks = layer.placement.rank_of_expert().tolist()
+    for a, b in swaps:
+        ranks[a], ranks[b] = ranks[b], ranks[a]
+    sent = migrate_ep_layer(layer, opt, ExpertPlacement.from_ranks(ranks, ctx.world_size))
+    layer.zero_grad()
+    out1, dx1, _ = _run(layer, x, grad_out)
+    after = per_expert(layer)
+    # every logical expert's state, gathered from whichever rank now holds it
+    mine = {f"{n}:{e}": [t.tolist() for t in v] for (n, e), v in after.items()}
+    was = {f"{n}:{e}": [t.tolist() for t in v] for (n, e), v in before.items()}
+    return {"out": max_err(out1, out0), "dx": max_err(dx1, dx0), "after": mine, "before": was,
+            "sent": sent, "local": layer.local_experts}

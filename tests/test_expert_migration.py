@@ -134,3 +134,27 @@ def test_swap_on_live_layer_changes_nothing(seed):
         d = dim_of.get(n, 0)
         assert torch.allclose(p.detach(), q.detach().index_select(d, torch.tensor(perm)), atol=ATOL, rtol=RTOL), n
     assert torch.allclose(layer(x), twin(x), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.multiprocess
+def test_ep_migration_over_ranks_changes_nothing(targets_on_path):
+    """Alg. 2 swaps applied across 2 real gloo ranks: same output and input gradient, and every
+    logical expert's weights, gradient and Adam moments equal wherever it now lives."""
+    from moe_repro.launch import run_ranks
+
+    res = run_ranks("_balance_targets:migration_unchanged",
+                    {"seed": 3, "tokens": [13, 0], "experts": 6, "swaps": [[0, 4], [2, 3]]},
+                    world_size=2, timeout_s=120)
+    assert res[0]["local"] == [1, 3, 4] and res[1]["local"] == [0, 2, 5]
+    before, after = {}, {}
+    for r in res:
+        assert r["out"] < 1e-6 and r["dx"] < 1e-6, r
+        before.update(r["before"])
+        after.update(r["after"])
+    assert before.keys() == after.keys() and len(after) == 3 * 6
+    for key in before:
+        for b, a in zip(before[key], after[key]):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-6, rtol=1e-5), key
+    # two swaps across ranks: each rank sends 2 experts x (3 weights + 2 Adam moments)
+    per_expert = 3 * 12 * 10 * 4
+    assert res[0]["sent"] == res[1]["sent"] == 2 * per_expert * 3
