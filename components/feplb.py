@@ -36,7 +36,7 @@ gradients equal plain EP (tests/test_feplb.py checks this over 2 and 4 gloo rank
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -170,7 +170,6 @@ def phase2_bytes(plan: BalancePlan, d_model: int, d_ffn: int, n_mat: int = 3,
 class FEPLBStats:
     plan: BalancePlan | None = None
     balance_s: float = 0.0
-    history: list = field(default_factory=list)
 
 
 class FEPLBMoELayer(MoELayer):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from moe_repro.components.expert_migration import MigrationScheduler
+from moe_repro.components.routing_record import fig9_config
 from moe_repro.components.routing_trace import max_min_gap, synthetic_trace
 from moe_repro.reproductions.piper_fig9 import real_trace
 from moe_repro.reproductions.spec import Reproduction, Result
@@ -54,7 +55,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
     trace, _ = real_trace(int(params["steps"]), int(params["batch"]), int(params["seed"]))
     synth = synthetic_trace(2, int(params["steps"]), 16, 2, 256, 4, skew=1.0, drift=0.05,
                             noise=0.3, seed=int(params["seed"]))
-    from moe_repro.components.routing_record import fig9_config
     cfg = fig9_config()
     rows = [(f"real run, layer {i}", trace.counts[i].sum(1), trace.source) for i in range(trace.num_layers)]
     rows += [(f"synthetic, layer {i}", synth.counts[i].sum(1), synth.source) for i in range(synth.num_layers)]
