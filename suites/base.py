@@ -78,7 +78,11 @@ class Suite:
         return points
 
     def parse_overrides(self, pairs: list[str]) -> dict[str, list]:
-        """Parse ``k=v1,v2`` strings; values take the type of the default grid's values."""
+        """Parse ``k=v1,v2`` strings; values take the type of the default grid's values.
+
+        Integer parameters also take binary size suffixes and doubling ranges, as nccl-tests'
+        ``-b 1K -e 64M -f 2``: ``sizes=1K:64M`` is 1024, 2048, ..., 64 Mi.
+        """
         out: dict[str, list] = {}
         for pair in pairs:
             key, sep, raw = pair.partition("=")
@@ -90,10 +94,41 @@ class Suite:
                 raise ValueError(f"suite {self.name} has no parameter {key!r}; known: {known}")
             kind = type(self.params[key][0])
             try:
-                out[key] = [_convert(kind, v.strip()) for v in raw.split(",")]
+                values = []
+                for item in raw.split(","):
+                    item = item.strip()
+                    if kind is int and ":" in item:
+                        values += doubling_range(item)
+                    else:
+                        values.append(_convert(kind, item))
+                out[key] = values
             except ValueError:
                 raise ValueError(f"parameter {key}: cannot read {raw!r} as {kind.__name__}") from None
         return out
+
+
+_SUFFIX = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``4K``, ``64M``, ``1G`` -> bytes (binary multiples, as nccl-tests)."""
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in _SUFFIX:
+        return int(float(text[:-1]) * _SUFFIX[text[-1]])
+    return int(text)
+
+
+def doubling_range(text: str) -> list[int]:
+    """``1K:64M`` -> [1024, 2048, ..., 67108864]: every power-of-two step from start to end."""
+    start_text, _, end_text = text.partition(":")
+    start, end = parse_size(start_text), parse_size(end_text)
+    if start <= 0 or end < start:
+        raise ValueError(text)
+    values = []
+    while start <= end:
+        values.append(start)
+        start *= 2
+    return values
 
 
 def _convert(kind: type, text: str) -> Any:
@@ -103,4 +138,6 @@ def _convert(kind: type, text: str) -> Any:
         if text.lower() in ("0", "false", "no"):
             return False
         raise ValueError(text)
+    if kind is int:
+        return parse_size(text)
     return kind(text)

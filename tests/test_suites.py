@@ -54,3 +54,16 @@ def test_allreduce_suite_runs_for_real_on_both_backends(ranks):
     for r in records:
         assert r["correct"] and r["world_size"] == ranks
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (ranks - 1) / ranks, rel=1e-9)
+
+
+def test_sizes_take_suffixes_and_doubling_ranges():
+    from moe_repro.suites.base import doubling_range, parse_size
+
+    assert parse_size("4K") == 4096 and parse_size("64M") == 64 * 1024 * 1024 and parse_size("12") == 12
+    assert doubling_range("1K:8K") == [1024, 2048, 4096, 8192]
+    assert doubling_range("3:3") == [3]
+    gemm = all_suites()["gemm"]
+    assert gemm.parse_overrides(["n=32:128,1K"])["n"] == [32, 64, 128, 1024]
+    for bad in (["n=8K:1K"], ["n=0:4"], ["n=1Q"]):
+        with pytest.raises(ValueError):
+            gemm.parse_overrides(bad)

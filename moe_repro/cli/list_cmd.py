@@ -20,7 +20,7 @@ def command(as_json: bool, paper: str | None) -> None:
     rows = []
     for rid, element, how, what, issue in INVENTORY:
         r = repros.get(rid)
-        rows.append({"id": rid, "element": element, "how": how, "what": what,
+        rows.append({"id": rid, "element": element, "how": r.how if r else how, "what": what,
                      "implemented": r is not None, "issue": issue})
     inventory_ids = {row["id"] for row in rows}
     for rid, r in repros.items():
