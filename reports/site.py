@@ -50,7 +50,9 @@ def build_site(store, out_dir: str | Path) -> Path:
 
     out = Path(out_dir)
     repros = all_reproductions()
-    entries = [(rid, element, how, what, issue) for rid, element, how, what, issue in INVENTORY]
+    # An implemented reproduction states how it is made; the inventory is the plan.
+    entries = [(rid, element, repros[rid].how if rid in repros else how, what, issue)
+               for rid, element, how, what, issue in INVENTORY]
     entries += [(rid, r.element, r.how, r.title, None) for rid, r in repros.items()
                 if rid not in {e[0] for e in entries}]
 
