@@ -46,6 +46,9 @@ def format_records(suite: Suite, records: list[dict]) -> str:
     has_check = "correct" in records[0]
     if has_check:
         headers.append("#wrong")
+    simulated = any(r.get("simulated") for r in records)
+    if simulated:  # a simulated number always says so
+        headers.append("simulated")
     rows = []
     for r in records:
         main = metric_names[0]
@@ -53,5 +56,7 @@ def format_records(suite: Suite, records: list[dict]) -> str:
         row.append(f"{r[main + '_iqr'] / r[main]:.1%}" if r.get(main) else "-")
         if has_check:
             row.append(str(r.get("wrong", "-")))
+        if simulated:
+            row.append("yes" if r.get("simulated") else "no (real)")
         rows.append(row)
     return table(headers, rows)
