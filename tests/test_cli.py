@@ -84,7 +84,12 @@ def test_site_links_every_reproduction_page(results_dir, tmp_path):
     site = tmp_path / "site"
     assert invoke("site", "build", "--out", str(site)).exit_code == 0
     index = (site / "index.html").read_text()
-    assert 'href="repro/piper-table4.html"' in index
+    listed = [r["id"] for r in json.loads(invoke("list", "--json").output)["reproductions"]]
+    for rid in listed:  # every id of `repro list` has its page, run or not
+        assert f'href="repro/{rid}.html"' in index, rid
+        assert (site / "repro" / f"{rid}.html").exists()
+    for suite in ("gemm", "allreduce"):
+        assert f'href="suites/{suite}.html"' in index
     page = (site / "repro" / "piper-table4.html").read_text()
     assert "Mixtral 8x7B" in page and "repro run piper-table4" in page and "mixes units" in page
     assert broken_links(site) == []
