@@ -107,7 +107,8 @@ def _suite_entries(p: dict) -> list[Entry]:
         key = " ".join(f"{k}={r[k]}" for k in params if k in r)
         for name, m in metrics.items():
             if name in r:
-                kind = "measured" if m.get("kind", "measured") == "measured" else "exact"
+                measured = m.get("kind", "measured") == "measured" and not r.get("simulated")
+                kind = "measured" if measured else "exact"  # a simulated record is deterministic
                 out.append(Entry(p["suite"], key, name, kind, m.get("better", "none"), m.get("unit", ""),
                                  r[name], (r.get("samples") or {}).get(name)))
         if "correct" in r:

@@ -130,3 +130,14 @@ def _entries(payload):
         f = Path(d) / "x.json"
         f.write_text(json.dumps(payload))
         return load_entries(f)
+
+
+def test_simulated_records_are_compared_exactly():
+    b = suite_payload(1)
+    for r in b["records"]:
+        r["simulated"], r["samples"] = True, {}
+    c = copy.deepcopy(b)
+    c["records"][0]["time_s"] *= 1.001  # far below the 5% threshold, but a model changed
+    findings = compare(_entries(b), _entries(c))
+    assert exit_code(findings) == 1
+    assert {f.kind for f in findings} == {"exact"}
