@@ -166,12 +166,17 @@ class HaloAllToAll:
             self._buffers[name] = b
         return b[:rows].view(shape)
 
-    def plan(self, C: list[list[int]]) -> HaloPlan:
-        key = tuple(tuple(int(c) for c in row) for row in C)
+    def plan(self, C: list[list[int]], device: torch.device | None = None) -> HaloPlan:
+        key = (tuple(tuple(int(c) for c in row) for row in C), device)
         if key not in self._plans:
             if len(self._plans) > 64:
                 self._plans.clear()
-            self._plans[key] = halo_plan(C, self.topo, self.comms.world.global_rank)
+            # Ranks of the topology are ranks of the world communicator (a sub-group's own ranks).
+            p = halo_plan(C, self.topo, self.comms.world.rank)
+            if device is not None:  # index tensors where the rows are (index_select on a GPU)
+                for name in ("pack_index", "p3_index", "out_remote_index"):
+                    setattr(p, name, getattr(p, name).to(device))
+            self._plans[key] = p
         return self._plans[key]
 
     def counts_matrix(self, send_counts: list[int]) -> list[list[int]]:
@@ -190,12 +195,12 @@ class HaloAllToAll:
         if len(send_counts) != N or sum(send_counts) != x.shape[0] or min(send_counts, default=0) < 0:
             raise ValueError(f"send_counts must be {N} non-negative ints summing to {x.shape[0]}")
         C = counts_matrix if counts_matrix is not None else self.counts_matrix(send_counts)
-        if [int(c) for c in C[self.comms.world.global_rank]] != send_counts:
+        if [int(c) for c in C[self.comms.world.rank]] != send_counts:
             raise ValueError("counts_matrix row of this rank differs from send_counts")
-        p = self.plan(C)
         x = x.contiguous()
+        p = self.plan(C, x.device)
         R = self.topo.ranks_per_node
-        my_local = self.topo.local_rank(self.comms.world.global_rank)
+        my_local = self.topo.local_rank(self.comms.world.rank)
 
         # Phase I: issued async on its own communicator; overlaps Phases II and III (Eq. 13).
         P1 = self._buf("P1", sum(p.p1_recv), x)

@@ -175,3 +175,60 @@ def autograd(ctx):
                                for d in range(n)]) if sum(C[me]) else torch.zeros(0, 3)
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
     return bool(torch.equal(grad, grad_expected.to(grad.dtype)))
+
+
+def _received_rows(seed, C, me, width, salt=0):
+    """Rows rank ``me`` of a group receives for counts matrix C, by a loop over sources."""
+    rows = []
+    for s in range(len(C)):
+        xs = _rows(seed + salt, s, sum(C[s]), width)
+        start = sum(C[s][:me])
+        rows += list(xs[start:start + C[s][me]])
+    return torch.stack(rows) if rows else torch.zeros(0, width, dtype=torch.float64)
+
+
+def group_halo_vs_flat(ctx, seeds):
+    """Differentiable HALO (alltoall_halo_group) on the world and, on 4 ranks, on sub-groups of
+    2 (same-node pairs {0,1},{2,3} and cross-node pairs {0,2},{1,3} of the emulated 2x2 world):
+    forward == flat == loop reference, backward == flat's backward == loop reference."""
+    import torch.distributed as dist
+
+    from moe_repro.components.alltoall_halo_group import halo_all_to_all_v, halo_for_group
+
+    n, width = ctx.world_size, 5
+    groups = [("world", None, list(range(n)))]
+    if n == 4:
+        for name, parts in (("same-node pairs", [[0, 1], [2, 3]]),
+                            ("cross-node pairs", [[0, 2], [1, 3]])):
+            made = [dist.new_group(p) for p in parts]  # collective: every rank makes every group
+            groups += [(name, g, p) for p, g in zip(parts, made) if ctx.rank in p]
+    out = []
+    for name, group, ranks in groups:
+        topo = halo_for_group(group).topo
+        me, m = ranks.index(ctx.rank), len(ranks)
+        for seed in seeds:
+            C = _counts_matrix(seed, m)
+            x = _rows(seed, me, sum(C[me]), width).requires_grad_(True)
+            # Upstream gradient of rank d's output: rows from the seed, so every rank knows all.
+            g_out = _received_rows(seed, C, me, width, salt=500)
+            flat = all_to_all_v(x, C[me], group=group)
+            flat.backward(g_out)
+            flat_grad, x.grad = x.grad.clone(), None
+            recv = [row[me] for row in C] if seed % 2 else None  # both call forms
+            halo = halo_all_to_all_v(x, C[me], recv, group=group)
+            halo.backward(g_out)
+            # d/dx: the rows of x sent to d get d's upstream rows at the same positions.
+            expected_grad = []
+            for d in range(m):
+                g_d = _received_rows(seed, C, d, width, salt=500)
+                start = sum(C[s][d] for s in range(me))
+                expected_grad += list(g_d[start:start + C[me][d]])
+            expected_grad = (torch.stack(expected_grad) if expected_grad
+                             else torch.zeros(0, width, dtype=torch.float64))
+            out.append({"group": name, "layout": f"{topo.nodes}x{topo.ranks_per_node}", "seed": seed,
+                        "rows_sent": sum(C[me]), "rows_received": int(halo.shape[0]),
+                        "forward": bool(torch.equal(halo, flat)
+                                        and torch.equal(halo, _received_rows(seed, C, me, width))),
+                        "backward": bool(torch.equal(x.grad, flat_grad)
+                                         and torch.equal(x.grad, expected_grad))})
+    return out

@@ -166,6 +166,46 @@ def test_halo_and_rbd_equal_flat_on_mpi_1x2_2x1(targets_on_path):
         _check_cases(cases)
 
 
+def test_group_topology_restricts_the_emulated_nodes_to_the_group():
+    from moe_repro.components.alltoall_halo_group import group_topology
+
+    world = Topology(nodes=2, ranks_per_node=2)
+    shape = lambda t: (t.nodes, t.ranks_per_node)  # noqa: E731
+    assert shape(group_topology([0, 1, 2, 3], world)) == (2, 2)
+    assert shape(group_topology([2, 3], world)) == (1, 2)
+    assert shape(group_topology([1, 3], world)) == (2, 1)
+    with pytest.raises(ValueError, match="same number"):
+        group_topology([0, 1, 2], world)
+    with pytest.raises(ValueError, match="node by node"):
+        group_topology([0, 2, 1, 3], world)
+
+
+def _check_group_halo(per_rank, layouts):
+    assert {c["layout"] for cases in per_rank for c in cases} == layouts
+    for cases in per_rank:
+        for c in cases:
+            assert c["forward"] and c["backward"], c
+    # empty sends and empty receives were exercised
+    assert any(c["rows_sent"] == 0 for cases in per_rank for c in cases)
+    assert any(c["rows_received"] == 0 for cases in per_rank for c in cases)
+
+
+@pytest.mark.multiprocess
+def test_differentiable_halo_equals_flat_on_world_and_ep_subgroups_2x2(targets_on_path):
+    """4 ranks on 2 emulated nodes: the world (2x2), same-node pairs (1x2), cross-node pairs
+    (2x1); forward and backward bit-identical to flat and to the loop reference."""
+    per_rank = run_ranks("_alltoall_targets:group_halo_vs_flat", {"seeds": [1, 2, 3, 4]},
+                         world_size=4, ranks_per_node=2, timeout_s=120)
+    _check_group_halo(per_rank, {"2x2", "1x2", "2x1"})
+
+
+@pytest.mark.multiprocess
+def test_differentiable_halo_equals_flat_on_2_ranks_2x1(targets_on_path):
+    per_rank = run_ranks("_alltoall_targets:group_halo_vs_flat", {"seeds": [1, 2, 3, 4]},
+                         world_size=2, ranks_per_node=1, timeout_s=120)
+    _check_group_halo(per_rank, {"2x1"})
+
+
 # --- the benchmark -----------------------------------------------------------------------------
 
 TINY = ["--tokens", "24", "--hidden", "64", "--experts", "8", "--top-k", "3",
@@ -285,3 +325,62 @@ def test_xmoe_fig12_breakdown_runs_on_real_ranks():
     flat_b, rbd_b = by[("inter-node bytes", "flat")].ours, by[("inter-node bytes", "rbd")].ours
     assert 0 < rbd_b < flat_b  # 256 experts, top-8 on 2 nodes: most tokens repeat a node
     assert by[("dispatch speedup with RBD", "ours: 2x2 real ranks")].ours > 0
+
+
+# --- message sizes (nccl-tests conventions) ------------------------------------------------------
+
+
+def test_sizes_range_sets_tokens_and_hidden_of_every_point():
+    from moe_repro.suites.alltoall import SUITE
+
+    grid = SUITE.grid(SUITE.parse_overrides(["sizes=1K:64M", "algo=flat", "nodes=2"]))
+    assert [p["sizes"] for p in grid] == [2 ** i for i in range(10, 27)]
+    for p in grid:
+        # each rank sends every token's row to each of its top_k experts, float32
+        assert p["size"] == p["sizes"] == p["tokens"] * p["top_k"] * p["hidden"] * 4
+    by_size = {p["size"]: (p["tokens"], p["hidden"]) for p in grid}
+    assert by_size[1024] == (1, 64)  # below one token's payload (4 x 256 x 4 B): a narrower row
+    assert by_size[4096] == (1, 256)
+    assert by_size[64 * 2 ** 20] == (16384, 256)
+    # sizes wins over tokens; without sizes, tokens and hidden give the size
+    (p,) = SUITE.grid(SUITE.parse_overrides(["sizes=8K", "tokens=24"]) | {"algo": ["flat"], "nodes": [1]})
+    assert (p["tokens"], p["size"]) == (2, 8192)
+    (p,) = SUITE.grid({"tokens": [24], "hidden": [64], "top_k": [3], "algo": ["flat"], "nodes": [1]})
+    assert p["size"] == 24 * 3 * 64 * 4
+    for bad in ("sizes=6K", "sizes=1000"):  # not tokens x 4 x 256 x 4, nor one narrower token
+        with pytest.raises(ValueError, match="pick a multiple"):
+            SUITE.grid(SUITE.parse_overrides([bad]))
+
+
+def test_busbw_is_nccl_tests_alltoall_formula():
+    from moe_repro.suites.alltoall import bus_bandwidth
+
+    # nccl-tests doc/PERFORMANCE.md, alltoall: busbw = algbw * (n-1)/n
+    assert bus_bandwidth(8.0, 4) == 6.0
+    assert bus_bandwidth(8.0, 1) == 0.0  # a single rank moves nothing over a link
+    assert bus_bandwidth(3.0, 2) == 1.5
+
+
+@pytest.mark.multiprocess
+def test_bench_alltoall_sizes_on_two_real_ranks(tmp_path, results_dir):
+    out = tmp_path / "s.json"
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "1", "--algo", "flat,halo,rbd",
+               "--sizes", "1K:4K", "--check", "--json", str(out), "--repeats", "2", "--warmup", "0",
+               "--min-sample-s", "0", timeout=120)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0].split()
+    for column in ("size", "time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes", "#wrong"):
+        assert column in header
+    records = json.loads(out.read_text())["records"]
+    assert [(rec["algo"], rec["size"]) for rec in records] == [
+        (a, s) for a in ("flat", "halo", "rbd") for s in (1024, 2048, 4096)]
+    for rec in records:
+        assert rec["correct"] is True and rec["wrong"] == 0
+        samples = rec["samples"]
+        for t, alg, bus in zip(samples["time_s"], samples["algbw_GBps"], samples["busbw_GBps"]):
+            assert alg == pytest.approx(rec["size"] / t / 1e9)
+            assert bus == pytest.approx(alg / 2)  # n = 2
+        assert rec["time_s_min"] <= rec["time_s"] <= rec["time_s_max"]
+        if rec["algo"] == "flat":
+            # both ranks' counts (8 B each) plus at most everything each sends, summed over ranks
+            assert 16 <= rec["inter_node_bytes"] <= 2 * rec["size"] + 16
