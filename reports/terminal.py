@@ -41,8 +41,12 @@ def format_result(payload: dict) -> str:
 def format_records(suite: Suite, records: list[dict]) -> str:
     if not records:
         return "(no records)"
+    keys = list(suite.table_keys) or list(suite.params)
     metric_names = [m.name for m in suite.all_metrics if m.name in records[0]]
-    headers = list(suite.params) + [f"{m} (median)" for m in metric_names[:3]] + ["spread(iqr)"]
+    if suite.table_metrics:
+        metric_names = [m for m in suite.table_metrics if m in records[0]]
+    metric_names = metric_names[:len(suite.table_metrics) or 3]
+    headers = keys + [f"{m} (median)" for m in metric_names] + ["spread(iqr)"]
     has_check = "correct" in records[0]
     if has_check:
         headers.append("#wrong")
@@ -52,7 +56,7 @@ def format_records(suite: Suite, records: list[dict]) -> str:
     rows = []
     for r in records:
         main = metric_names[0]
-        row = [_num(r.get(k)) for k in suite.params] + [_num(r.get(m)) for m in metric_names[:3]]
+        row = [_num(r.get(k)) for k in keys] + [_num(r.get(m)) for m in metric_names]
         row.append(f"{r[main + '_iqr'] / r[main]:.1%}" if r.get(main) else "-")
         if has_check:
             row.append(str(r.get("wrong", "-")))

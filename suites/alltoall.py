@@ -13,11 +13,26 @@ Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_n
 what the ranks actually sent to ranks of other nodes during one call (all phases, metadata
 included, summed over ranks), counted by the communicators themselves.
 
-Byte count and bandwidth (nccl-tests alltoall conventions):
-    bytes = the mean per-rank dispatch payload = (routed pairs per rank) * hidden * 4
-            (the same logical payload for every algorithm)
-    algbw = bytes / time_s
-    busbw = algbw * (n - 1) / n
+Message size (``--sizes``, nccl-tests' meaning for alltoall: the bytes each rank sends in total,
+its own share included):
+    size = tokens * top_k * hidden * 4        (every token's row goes to each of its top_k
+                                               experts; float32)
+Given ``sizes`` (e.g. ``--sizes 1K:64M``, a doubling range), each size sets the rows: hidden
+stays ``--hidden`` and tokens = size / (top_k * hidden * 4); a size below one token's payload
+(top_k * hidden * 4) keeps one token and narrows the row to hidden = size / (top_k * 4). A size
+those rules cannot meet exactly is rejected. ``--sizes`` takes precedence over ``--tokens``;
+without it (``sizes=0``) tokens and hidden give the size. Either way the record's ``tokens``,
+``hidden``, ``sizes`` and ``size`` are the effective values. The size is the *logical* dispatch
+payload, the same for all three algorithms so their times compare: flat sends exactly it
+(random routing: the split over destinations is uneven, not size/n per peer as in
+nccl-tests); HALO sends the same rows through two hops; RBD delivers the same rows to the
+experts but sends only one pilot per (token, remote node) across nodes plus 32-byte metadata
+per routed pair, so what it puts on the wire depends on the routing -- ``inter_node_bytes``
+and ``intra_node_bytes`` say what each algorithm actually sent.
+
+Bandwidth (nccl-tests alltoall conventions, doc/PERFORMANCE.md):
+    algbw = size / time_s
+    busbw = algbw * (n - 1) / n     (n ranks: the share a rank keeps for itself crosses no link)
 ``#wrong`` (--check) compares the dispatched rows, and for RBD also the combine, element by
 element with a single-process reference that rebuilds every rank's inputs from their seeds and
 routes them by a loop over tokens, with no communication.
@@ -73,6 +88,8 @@ def derived_params(p: dict) -> dict:
             raise ValueError(f"{key} must be positive, got {p[key]}")
     if int(p["top_k"]) > int(p["experts"]):
         raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
+    rows = rows_for_size(int(p.get("sizes", 0)), int(p["tokens"]), int(p["hidden"]), int(p["top_k"]))
+    p = {**p, **rows}
     ranks = nodes * gpn
     platform = str(p.get("platform", "local"))
     if platform != "local" or (ranks > MAX_LOCAL_RANKS and not launched_world_size()):
@@ -84,10 +101,33 @@ def derived_params(p: dict) -> dict:
         if p["algo"] == "rbd" and ranks > MAX_SIMULATED_RBD_RANKS:
             raise ValueError(f"rbd is simulated per message, up to {MAX_SIMULATED_RBD_RANKS} ranks; "
                              f"got {ranks}")
-        return {"ranks": ranks, "ranks_per_node": gpn, "simulated": True,
+        return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": True,
                 "impl": f"{p['algo']} simulated on {platform} (components/network_sim.py)"}
-    return {"ranks": ranks, "ranks_per_node": gpn, "simulated": False,
+    return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": False,
             "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+
+
+def rows_for_size(size: int, tokens: int, hidden: int, top_k: int) -> dict:
+    """The effective tokens, hidden, sizes and size of a grid point (see the module docstring:
+    size = tokens * top_k * hidden * 4 bytes sent per rank)."""
+    if size < 0:
+        raise ValueError(f"sizes must be >= 0, got {size}")
+    if size:
+        per_token = top_k * hidden * 4
+        if size < per_token:  # one token, a narrower row
+            tokens, hidden, step = 1, size // (top_k * 4), top_k * 4
+        else:
+            tokens, step = size // per_token, per_token
+        if hidden < 1 or tokens * top_k * hidden * 4 != size:
+            raise ValueError(f"size {size} B is not tokens x top_k x hidden x 4 B (top_k {top_k}, "
+                             f"hidden {int(per_token / top_k / 4)}): pick a multiple of {step} B")
+    size = tokens * top_k * hidden * 4
+    return {"tokens": tokens, "hidden": hidden, "sizes": size, "size": size}
+
+
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """nccl-tests' all-to-all bus bandwidth: busbw = algbw * (n - 1) / n."""
+    return algbw * (ranks - 1) / ranks
 
 
 def _simulated_platform(name: str, gpus_per_node: int):
@@ -140,7 +180,7 @@ def simulate(params: dict) -> dict:
           f"({res.flows} flow records)", file=sys.stderr)
     return {"time_s": t, "latency_s": t, "inter_node_bytes": res.link_bytes["inter_node"],
             "intra_node_bytes": res.link_bytes["intra_node"], "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": algbw * (N - 1) / N / 1e9, "bytes": payload,
+            "busbw_GBps": bus_bandwidth(algbw, N) / 1e9, "bytes": payload,
             "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s}
 
 
@@ -295,7 +335,7 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     lb = state["link_bytes"]
     return {"latency_s": time_s, "inter_node_bytes": lb["inter_node"],
             "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": algbw * (n - 1) / n / 1e9, "bytes": state["payload_bytes"]}
+            "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"]}
 
 
 SUITE = Suite(
@@ -305,9 +345,11 @@ SUITE = Suite(
                 "actually sent, #wrong.",
     params={"nodes": [1, 2], "gpus_per_node": [2], "algo": list(ALGOS), "platform": ["local"],
             "backend": ["gloo"],
-            "tokens": [256, 2048], "hidden": [256], "experts": [16], "top_k": [4],
+            "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],
             "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
-    quick={"nodes": [2], "tokens": [64], "hidden": [64]},
+    quick={"nodes": [2], "tokens": [16], "hidden": [64]},  # 16 KiB per rank
+    table_keys=("nodes", "gpus_per_node", "algo", "backend", "platform", "size"),
+    table_metrics=("time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes"),
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
     setup=setup,
@@ -317,12 +359,12 @@ SUITE = Suite(
     simulate=simulate,
     metrics=[Metric("inter_node_bytes", "B", "lower",
                     description="bytes sent to other nodes in one call, all ranks, metadata included"),
-             Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n"),
-             Metric("algbw_GBps", "GB/s", "higher", description="mean per-rank payload / time_s"),
+             Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n (nccl-tests alltoall)"),
+             Metric("algbw_GBps", "GB/s", "higher", description="size / time_s"),
              Metric("latency_s", "s", "lower", description="wall time of one dispatch (= time_s)"),
              Metric("intra_node_bytes", "B", "none",
                     description="bytes sent to other ranks of the same node in one call, all ranks"),
-             Metric("bytes", "B", "none", description="mean per-rank dispatch payload"),
+             Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)"),
              Metric("eq6_bound_s", "s", "none", kind="simulated",
                     description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
                                 "(busiest NIC's bytes / B_NIC)")],
@@ -330,7 +372,11 @@ SUITE = Suite(
                 "algo": "flat, halo or rbd",
                 "platform": "local (real ranks here) or a profile to simulate: frontier, dgx-h100, h200",
                 "backend": "gloo, nccl (GPUs) or mpi",
-                "tokens": "tokens per rank", "hidden": "hidden size (float32 elements per row)",
+                "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "
+                         "0: from tokens and hidden; given, it sets tokens (and hidden below one "
+                         "token's payload)",
+                "tokens": "tokens per rank (ignored when sizes > 0)",
+                "hidden": "hidden size (float32 elements per row)",
                 "experts": "experts in total", "top_k": "experts per token",
                 "placement": "expert -> rank map: contiguous, strided or random",
                 "seed": "input and routing seed",

@@ -59,6 +59,10 @@ class Suite:
     # returns their metrics (a model's prediction, e.g. the topology simulator), and the runner
     # records them with ``simulated: true`` and no spread.
     simulate: Callable[[dict], dict] | None = None
+    # The terminal table: record keys shown first (default: every grid param) and the metrics
+    # shown by median (default: the first three). Records always hold everything.
+    table_keys: tuple[str, ...] = ()
+    table_metrics: tuple[str, ...] = ()
 
     @property
     def distributed(self) -> bool:
