@@ -118,6 +118,37 @@ def scatter_combine(y: torch.Tensor, pft: PFT) -> torch.Tensor:
     """
     if y.dim() != 2 or y.shape[0] != pft.num_rows:
         raise ValueError(f"y must be [{pft.num_rows}, H], got shape {tuple(y.shape)}")
-    weighted = y * pft.combine_weights.to(y.dtype).unsqueeze(1)
-    out = y.new_zeros((pft.num_tokens, y.shape[1]))
-    return out.index_add(0, pft.token_ids, weighted)
+    return _WeightedScatter.apply(y, pft.combine_weights.to(y.dtype), pft.token_ids, pft.num_tokens)
+
+
+# The combine weights rows in chunks of about this many bytes: its transient buffer.
+_COMBINE_CHUNK_BYTES = 1 << 20
+
+
+class _WeightedScatter(torch.autograd.Function):
+    """out[token_ids[i]] += y[i] * w[i], keeping only y, w and token_ids for backward.
+
+    Why not ``zeros.index_add(0, ids, y * w[:, None])``: autograd then also saves the weighted
+    product (index_add keeps its source), a second [N, H] buffer on top of A_combine = y, and
+    the forward materialises it whole. X-MoE fuses the weighting into its scatter kernel
+    (App. B.4); here the weighting is done in row chunks, so the combine holds A_combine once
+    (X-MoE Table 2) and its transient is about _COMBINE_CHUNK_BYTES.
+    Backward: g = grad_out[token_ids]; dy = g * w; dw = rowwise <g, y>."""
+
+    @staticmethod
+    def forward(ctx, y, weights, token_ids, num_tokens):
+        out = y.new_zeros((num_tokens, y.shape[1]))
+        chunk = max(1, _COMBINE_CHUNK_BYTES // max(1, y.shape[1] * y.element_size()))
+        for start in range(0, y.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            out.index_add_(0, token_ids[rows], y[rows] * weights[rows].unsqueeze(1))
+        ctx.save_for_backward(y, weights, token_ids)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        y, weights, token_ids = ctx.saved_tensors
+        g = grad_out.index_select(0, token_ids)
+        grad_y = g * weights.unsqueeze(1) if ctx.needs_input_grad[0] else None
+        grad_w = (g * y).sum(1) if ctx.needs_input_grad[1] else None
+        return grad_y, grad_w, None, None
