@@ -42,6 +42,8 @@ def test_expert_gemm_suite_checks_every_variant():
                                 "shape_div": 1, "local_experts": 3, "dtype": "float32",
                                 "device": "cpu", "threads": 1}, FAST)
         assert rec["correct"] and rec["tflops"] > 0, rec
+        # the paired ratio to the equal-FLOPs dense GEMM is recorded at every grid point
+        assert rec["ratio_to_dense"] > 0 and "ratio_to_dense_iqr" in rec, rec
 
 
 def test_attention_suite_and_component():
