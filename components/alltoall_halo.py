@@ -22,8 +22,9 @@ and one index_copy each.
 Generalisation beyond Alg. 1's equal rows: Alg. 1 sends exactly one D-wide row to every rank;
 here rank s sends ``C[s][d] >= 0`` rows of width H to rank d (zero included). This works because
 the rows a rank sends to one node are still contiguous in its send buffer and every block keeps
-its (source, destination) identity, so only the sizes change; the counts matrix C (all ranks'
-send counts) is learnt once per call with an all-gather (N^2 int64s, "counts") unless given. What
+its (source, destination) identity, so only the sizes change; the counts a rank needs are learnt
+once per call by an all-to-all of counts (phase "counts", see below) unless the full matrix is
+given. What
 does NOT generalise: the algorithm needs the same number of ranks on every node (Phase II pairs
 rank (n, l) with (n', l) on every other node), so an uneven world is rejected by construction
 (Topology has one ranks_per_node); and with uneven blocks the permutes of lines 18 and 21 are no
@@ -35,6 +36,14 @@ Bytes (per rank s on node a; C the counts matrix, b the row bytes):
   Phase III intra-node: sum over local peers l' != l of the remote rows rank s forwards
 So HALO puts the same bytes on inter-node links as flat but through R parallel NIC-affine
 peers (one message per remote node instead of R), and pays extra intra-node bytes (Phase III).
+
+Counts exchange: rank r's plan reads only its own row C[r], its column C[.][r] (what it
+receives, Phases I and III) and, from each Phase-II peer p (same local rank on another node),
+C[p][d] for the R ranks d of r's node (the layout of F2r). So instead of all-gathering the N x N
+matrix (8 N^2 bytes received per rank: 134 MB at 4096 ranks) rank s sends rank d one int64,
+C[s][d], or R int64s, C[s][d'] for every d' on d's node, when d is s's Phase-II peer:
+    counts bytes sent per rank = 8 * (N + (nodes - 1) * (R - 1))     (< 16 N; 61 KB at 512 x 8)
+:class:`KnownCounts` holds what arrived; reading any other entry raises KeyError.
 """
 
 from __future__ import annotations
@@ -47,6 +56,45 @@ import torch
 from moe_repro.components.topology import Topology
 
 PHASE_DEPENDENCIES = {"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}  # Eq. 13
+
+
+def counts_sent(topo: Topology, src: int, dst: int) -> list[int]:
+    """Destinations d' whose count C[src][d'] rank ``src`` sends rank ``dst`` in the counts
+    exchange: all of dst's node when dst is src's Phase-II peer, else dst alone."""
+    if topo.node_of(src) != topo.node_of(dst) and topo.local_rank(src) == topo.local_rank(dst):
+        return topo.node_ranks(topo.node_of(dst))
+    return [dst]
+
+
+class _KnownRow:
+    def __init__(self, n: int, entries: dict[int, int]):
+        self.n, self.entries = n, entries
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, d: int) -> int:
+        return self.entries[d]  # KeyError: an entry this rank was not sent
+
+
+class KnownCounts:
+    """The entries of the N x N counts matrix one rank learnt from the counts exchange: its own
+    row in full, its column, and its Phase-II peers' counts to its node. Indexes as C[s][d]."""
+
+    def __init__(self, n: int, rank: int, my_row: list[int], received: dict[int, dict[int, int]]):
+        self.n, self.rank = n, rank
+        self.rows = [my_row if s == rank else _KnownRow(n, received[s]) for s in range(n)]
+        self.key = (rank, tuple(my_row), tuple(sorted((s, tuple(sorted(e.items())))
+                                                     for s, e in received.items())))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, s: int):
+        return self.rows[s]
+
+    def __iter__(self):
+        return iter(self.rows)
 
 
 @dataclass
@@ -129,11 +177,13 @@ def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
                   with_counts: bool = True, ranks=None) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of every message HALO sends for counts matrix C; built from
     the same :func:`halo_plan` the collective executes. Self-messages are local copies. The
-    counts all-gather (N int64 to every other rank) is left out when C was given. ``ranks``
+    counts exchange (:func:`counts_sent`: int64s to every rank, itself included) is left out
+    when C was given. ``ranks``
     limits the source ranks (the topology simulator builds representative ranks only)."""
     N, R = topo.world_size, topo.ranks_per_node
     sources = range(N) if ranks is None else ranks
-    msgs = [("counts", s, d, 8 * N) for s in sources for d in range(N) if s != d] if with_counts else []
+    msgs = [("counts", s, d, 8 * len(counts_sent(topo, s, d))) for s in sources for d in range(N)] \
+        if with_counts else []
     for r in sources:
         plan = halo_plan(C, topo, r)
         local = topo.node_ranks(topo.node_of(r))
@@ -166,8 +216,9 @@ class HaloAllToAll:
             self._buffers[name] = b
         return b[:rows].view(shape)
 
-    def plan(self, C: list[list[int]], device: torch.device | None = None) -> HaloPlan:
-        key = (tuple(tuple(int(c) for c in row) for row in C), device)
+    def plan(self, C, device: torch.device | None = None) -> HaloPlan:
+        rows = C.key if isinstance(C, KnownCounts) else tuple(tuple(int(c) for c in row) for row in C)
+        key = (rows, device)
         if key not in self._plans:
             if len(self._plans) > 64:
                 self._plans.clear()
@@ -180,7 +231,10 @@ class HaloAllToAll:
         return self._plans[key]
 
     def counts_matrix(self, send_counts: list[int]) -> list[list[int]]:
-        """All ranks' send counts (logged as N int64 to every other rank, phase "counts")."""
+        """All ranks' send counts by an all-gather (8 N^2 bytes received per rank; logged as N
+        int64 to every other rank, phase "counts"), for callers that need the whole matrix (the
+        differentiable group HALO's backward transposes it). HALO's own call needs only
+        :meth:`known_counts`."""
         world = self.comms.world
         if world.log is not None:
             for peer in range(world.size):
@@ -188,13 +242,32 @@ class HaloAllToAll:
                     world.log.append(("counts", world.global_rank, world.ranks[peer], 8 * world.size))
         return world.allgather_ints(send_counts)
 
+    def known_counts(self, send_counts: list[int]) -> KnownCounts:
+        """The counts this rank's plan needs, by one all-to-all of counts (module docstring)."""
+        world, topo = self.comms.world, self.topo
+        me, N = world.rank, world.size
+        send, send_sizes, recv_sizes = [], [], []
+        for d in range(N):
+            dests = counts_sent(topo, me, d)
+            send += [int(send_counts[dd]) for dd in dests]
+            send_sizes.append(len(dests))
+            recv_sizes.append(len(counts_sent(topo, d, me)))
+        got = world.alltoallv(torch.tensor(send, dtype=torch.int64), send_sizes, recv_sizes,
+                              "counts").tolist()
+        received, pos = {}, 0
+        for s in range(N):
+            dests = counts_sent(topo, s, me)
+            received[s] = dict(zip(dests, got[pos:pos + len(dests)]))
+            pos += len(dests)
+        return KnownCounts(N, me, [int(c) for c in send_counts], received)
+
     def __call__(self, x: torch.Tensor, send_counts: list[int],
                  counts_matrix: list[list[int]] | None = None) -> torch.Tensor:
         send_counts = [int(c) for c in send_counts]
         N = self.topo.world_size
         if len(send_counts) != N or sum(send_counts) != x.shape[0] or min(send_counts, default=0) < 0:
             raise ValueError(f"send_counts must be {N} non-negative ints summing to {x.shape[0]}")
-        C = counts_matrix if counts_matrix is not None else self.counts_matrix(send_counts)
+        C = counts_matrix if counts_matrix is not None else self.known_counts(send_counts)
         if [int(c) for c in C[self.comms.world.rank]] != send_counts:
             raise ValueError("counts_matrix row of this rank differs from send_counts")
         x = x.contiguous()

@@ -6,7 +6,7 @@ ranks by ``placement``); the measured call turns (x, PFT) into each rank's exper
 flat all-to-all's layout, including the count/metadata exchange each algorithm needs:
   flat  gather rows in send order, exchange counts, one all-to-all-v (torch all_to_all_single
         on gloo/NCCL, Alltoallv on MPI)
-  halo  gather rows, all-gather the counts matrix, HALO's three phases
+  halo  gather rows, the all-to-all of the counts HALO's plan needs, HALO's three phases
   rbd   pilot selection, metadata, pilots across nodes, replicas inside nodes
 
 Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is

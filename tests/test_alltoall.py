@@ -79,6 +79,31 @@ def test_halo_schedule_delivers_every_block_and_keeps_inter_node_bytes(nodes, pe
         assert got == 8 * sum(C[s][d] for s in range(n))
 
 
+@pytest.mark.parametrize("nodes,per_node", [(3, 2), (2, 3), (4, 1), (1, 4)])
+def test_halo_plan_needs_only_the_counts_the_exchange_sends(nodes, per_node):
+    """Each rank's plan from the counts it is sent (its row, its column, its Phase-II peers'
+    counts to its node) equals the plan from the full matrix; the exchange is O(N) per rank."""
+    from moe_repro.components.alltoall_halo import KnownCounts, counts_sent, halo_plan
+
+    topo = Topology(nodes=nodes, ranks_per_node=per_node)
+    n = topo.world_size
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        C = torch.randint(0, 4, (n, n), generator=g)
+        C[seed % n, :] = 0  # a rank that sends nothing
+        C = C.tolist()
+        for r in range(n):
+            received = {s: {d: C[s][d] for d in counts_sent(topo, s, r)} for s in range(n) if s != r}
+            full, partial = halo_plan(C, topo, r), halo_plan(KnownCounts(n, r, C[r], received), topo, r)
+            for name, value in vars(full).items():
+                other = getattr(partial, name)
+                assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+    msgs = halo_schedule(C, topo, 8, with_counts=True)
+    for s in range(n):  # one int64 per rank, R for each Phase-II peer (remote node, same local rank)
+        sent = sum(b for ph, src, _, b in msgs if ph == "counts" and src == s)
+        assert sent == 8 * (n + (nodes - 1) * (per_node - 1))
+
+
 def test_rbd_pilots_are_the_unique_token_node_pairs():
     topo = Topology(nodes=3, ranks_per_node=2)
     for seed in range(4):
@@ -232,7 +257,7 @@ def test_bench_alltoall_records_correct_algo_and_inter_node_bytes(tmp_path, resu
         for key in ("impl", "time_s", "latency_s", "inter_node_bytes", "busbw_GBps"):
             assert key in rec
     flat, halo, rbd = (rec["inter_node_bytes"] for rec in records)
-    # HALO moves the same rows across nodes as flat (plus its counts all-gather); with top-3
+    # HALO moves the same rows across nodes as flat (plus its counts exchange); with top-3
     # of 8 experts on 2 nodes most tokens pick two experts on a node, so RBD sends fewer rows.
     # Its metadata (32 B per pair) also crosses nodes: with 256 B rows it still sends fewer
     # bytes in total; with rows of a few dozen bytes it would not.
