@@ -10,7 +10,9 @@ just chains them. Nothing is padded: with N = retained (token, expert) pairs, th
 Expert parallelism (EP): ranks of ``ep_group`` each own the experts an :class:`ExpertPlacement`
 gives them. Dispatch learns every rank's tokens_per_expert with one all_gather of E int64
 (App. B.3: "we first exchange the tokens_per_expert ERI-array"), sends each rank the rows of its
-experts with ``all_to_all_v`` (components/alltoall_flat.py), and regroups the received rows
+experts with an all-to-all-v (``all_to_all="flat"``: components/alltoall_flat.py, the default;
+``"halo"``: Piper's HALO on the EP group, components/alltoall_halo_group.py; both
+differentiable, same rows in the same order), and regroups the received rows
 (source-major) into expert-major order for the grouped GEMM; combine reverses both steps.
 Zero-token experts and zero-token ranks take the same path (empty chunks), so every rank makes
 the same collective calls in forward and backward; a rank with S = 0 still joins them.
@@ -29,9 +31,13 @@ import torch.distributed as dist
 from torch import nn
 
 from moe_repro.components.alltoall_flat import all_to_all_v
+from moe_repro.components.alltoall_halo_group import halo_all_to_all_v
 from moe_repro.components.expert_mlp import ExpertMLP
 from moe_repro.components.gating import GateOutput, TopKGate
 from moe_repro.components.pft import PFT, build_pft, gather_tokens, scatter_combine
+
+# The expert all-to-all-v implementations MoELayer can use (same signature and result).
+ALL_TO_ALL = {"flat": all_to_all_v, "halo": halo_all_to_all_v}
 
 
 @dataclass(frozen=True)
@@ -117,11 +123,14 @@ class MoELayer(nn.Module):
                  activation: str = "swiglu", gemm: str = "sequential",
                  capacity_factor: float | None = None, expert_parallel: bool = False,
                  ep_group=None, placement: ExpertPlacement | None = None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+                 all_to_all: str = "flat", dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__()
         self.d_model, self.d_ffn, self.num_experts, self.top_k = d_model, d_ffn, num_experts, top_k
         self.capacity_factor = capacity_factor
         self.expert_parallel, self.ep_group = expert_parallel, ep_group
+        if all_to_all not in ALL_TO_ALL:
+            raise ValueError(f"all_to_all must be one of {', '.join(ALL_TO_ALL)}, got {all_to_all!r}")
+        self.all_to_all = all_to_all
         if expert_parallel:
             world, self.ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
             self.placement = placement or ExpertPlacement.contiguous(num_experts, world)
@@ -176,7 +185,8 @@ class MoELayer(nn.Module):
             rank_of_row = self.placement.rank_of_expert().to(pft.expert_ids.device)[pft.expert_ids]
             send_order = torch.argsort(rank_of_row, stable=True)
             dispatch_in = dispatch_in.index_select(0, send_order)
-        received = all_to_all_v(dispatch_in, send_counts, recv_counts, group=self.ep_group)
+        received = ALL_TO_ALL[self.all_to_all](dispatch_in, send_counts, recv_counts,
+                                               group=self.ep_group)
         # Received rows are source-major, each source's rows expert-major: regroup by expert.
         local_expert_of_row = torch.repeat_interleave(
             torch.arange(len(local)).repeat(world), from_source.reshape(-1)).to(received.device)
@@ -193,7 +203,8 @@ class MoELayer(nn.Module):
         if not plan.expert_parallel:
             return expert_out
         source_major = expert_out.index_select(0, _inverse_permutation(plan.expert_order))
-        back = all_to_all_v(source_major, plan.recv_counts, plan.send_counts, group=self.ep_group)
+        back = ALL_TO_ALL[self.all_to_all](source_major, plan.recv_counts, plan.send_counts,
+                                           group=self.ep_group)
         if plan.send_order is not None:
             back = back.index_select(0, _inverse_permutation(plan.send_order))
         return back

@@ -179,16 +179,17 @@ class ExpertParallelMoE(nn.Module):
     """The padding-free MoE layer of components/moe_layer.py (router replicated, E/EP experts
     per EP rank, contiguous placement: expert e on EP rank e // (E/EP)), run stage by stage so
     that the trainer can time router+experts apart from the all-to-alls, plus the optional
-    Switch balance loss on this rank's tokens."""
+    Switch balance loss on this rank's tokens. ``all_to_all``: "flat" or "halo" (moe_layer.ALL_TO_ALL)."""
 
-    def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None):
+    def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
+                 all_to_all: str = "flat"):
         super().__init__()
         if cfg.n_experts % ep_size:
             raise ValueError(f"EP={ep_size} must divide the expert count {cfg.n_experts} (Piper Eq. 8)")
         self.cfg = cfg
         self.first_expert = ep_rank * (cfg.n_experts // ep_size)
         self.layer = MoELayer(cfg.d_model, cfg.d_ffn, cfg.n_experts, cfg.top_k,
-                              expert_parallel=ep_size > 1, ep_group=ep_group)
+                              expert_parallel=ep_size > 1, ep_group=ep_group, all_to_all=all_to_all)
         if self.layer.local_experts[0] != self.first_expert:
             raise ValueError("EP group rank does not match the mesh's EP coordinate")
         self.clock: RegionClock | None = None
@@ -213,12 +214,13 @@ class ExpertParallelMoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TransformerConfig, ep_size=1, ep_rank=0, ep_group=None):
+    def __init__(self, cfg: TransformerConfig, ep_size=1, ep_rank=0, ep_group=None,
+                 all_to_all: str = "flat"):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.norm2 = nn.RMSNorm(cfg.d_model)
-        self.moe = ExpertParallelMoE(cfg, ep_size, ep_rank, ep_group)
+        self.moe = ExpertParallelMoE(cfg, ep_size, ep_rank, ep_group, all_to_all)
         self.clock: RegionClock | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,11 +238,11 @@ class StageModule(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, layer_ids: list[int], is_first: bool, is_last: bool,
                  ep_size: int = 1, ep_rank: int = 0, ep_group=None, seed: int = 0,
-                 checkpoint: bool = False):
+                 checkpoint: bool = False, all_to_all: str = "flat"):
         super().__init__()
         self.cfg, self.is_first, self.is_last, self.checkpoint = cfg, is_first, is_last, checkpoint
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model) if is_first else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg, ep_size, ep_rank, ep_group)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, ep_size, ep_rank, ep_group, all_to_all)
                                      for i in layer_ids})
         self.norm = nn.RMSNorm(cfg.d_model) if is_last else None
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False) if is_last else None

@@ -85,6 +85,8 @@ def test_bad_placement_is_rejected():
         ExpertPlacement.contiguous(6, 4)
     with pytest.raises(ValueError):
         MoELayer(8, 4, 4, 2, placement=ExpertPlacement.contiguous(4, 2))
+    with pytest.raises(ValueError, match="all_to_all"):
+        MoELayer(8, 4, 4, 2, all_to_all="ring")
 
 
 def _check_ranks(results):
@@ -124,3 +126,20 @@ def test_ep_four_ranks(targets_on_path):
     results = run_ranks("_moe_targets:layer_vs_reference", {"cases": cases}, world_size=4,
                         timeout_s=150)
     _check_ranks(results)
+
+
+@pytest.mark.multiprocess
+def test_halo_all_to_all_gives_the_flat_layer_bit_for_bit_on_four_ranks(targets_on_path):
+    """MoELayer(all_to_all="halo") on 4 ranks over 2 emulated nodes (HALO's three phases all
+    carry rows) equals the flat layer exactly (outputs and every gradient) and the reference."""
+    cases = [
+        dict(_BASE, seed=11, experts=8, tokens=[9, 0, 14, 5], dead=(2, 3, 6)),  # zero-token rank
+        dict(_BASE, seed=12, experts=8, tokens=[7, 12, 3, 0], rank_of_expert=[3, 0, 2, 1, 1, 3, 0, 0],
+             dead=(2,), shared=1),  # rank 2 owns only a dead expert: receives nothing
+    ]
+    results = run_ranks("_moe_targets:halo_layer_vs_flat_layer", {"cases": cases}, world_size=4,
+                        ranks_per_node=2, timeout_s=150)
+    for rank_results in results:
+        for r in rank_results:
+            assert all(r["identical"].values()), r
+            assert max(r["errs"].values()) < TOL, r
