@@ -5,9 +5,10 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens with the flat all-to-all-v (components/alltoall_flat.py, through
-components/moe_layer.py; HALO is not selectable yet: its communicators span the whole world and
-it has no autograd), and because every pipeline executes the same schedule, the EP group's
+ranks exchange tokens with an all-to-all-v through components/moe_layer.py: flat
+(components/alltoall_flat.py, the default) or ``alltoall="halo"`` (Piper Sec. V's HALO on the EP
+group, components/alltoall_halo_group.py: the emulated nodes, ``ranks_per_node``, restricted to
+the group), and because every pipeline executes the same schedule, the EP group's
 collectives are issued in the same order on every member.
 
 Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from moe_repro.components.moe_transformer import (RegionClock, StageModule, TransformerConfig,
                                                   expert_owner, expert_param_names, lm_loss,
                                                   split_layers)
+from moe_repro.components.moe_layer import ALL_TO_ALL
 from moe_repro.components.text_data import BYTE_VOCAB, global_batch
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -63,6 +65,8 @@ class TrainConfig:
     aux_loss_coef: float = 0.01
     seed: int = 0
     checkpoint: bool = False  # activation checkpointing of every block
+    alltoall: str = "flat"  # expert all-to-all inside each EP group: "flat" or "halo"
+    ranks_per_node: int | None = None  # emulated node size of a local launch (None: one node)
     check_reference: bool = False
     # Fault injection (tests, drills): rank ``fail_rank`` dies abruptly at step ``fail_step``.
     fail_rank: int = -1
@@ -85,6 +89,20 @@ class TrainConfig:
         for name in ("pp", "ep", "dp", "micro_batches", "micro_batch_size", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.alltoall not in ALL_TO_ALL:
+            raise ValueError(f"alltoall must be one of {', '.join(ALL_TO_ALL)}, got {self.alltoall!r}")
+        if self.ranks_per_node is not None and (self.ranks_per_node < 1
+                                                or self.world_size % self.ranks_per_node):
+            raise ValueError(f"ranks_per_node={self.ranks_per_node} must divide the "
+                             f"{self.world_size} ranks")
+        if self.alltoall == "halo":  # HALO needs equal EP ranks on each node (Alg. 1)
+            from moe_repro.components.alltoall_halo_group import group_topology
+            from moe_repro.components.topology import Topology
+
+            per = self.ranks_per_node or self.world_size
+            topo = Topology(nodes=self.world_size // per, ranks_per_node=per)
+            for first in range(0, self.world_size, self.ep):  # EP is the mesh's innermost dim
+                group_topology(list(range(first, first + self.ep)), topo)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         m = self.model_config()
@@ -208,7 +226,8 @@ def build_rank(cfg: TrainConfig, device: torch.device) -> RankState:
     layers = split_layers(mc.n_layers, n_stages)
     stage_ids = [pp_rank + v * cfg.pp for v in range(cfg.stages_per_rank)]  # looped placement
     modules = [StageModule(mc, layers[s], s == 0, s == n_stages - 1, cfg.ep, ep_rank,
-                           groups["ep"], seed=cfg.seed, checkpoint=cfg.checkpoint).to(device)
+                           groups["ep"], seed=cfg.seed, checkpoint=cfg.checkpoint,
+                           all_to_all=cfg.alltoall).to(device)
                for s in stage_ids]
     stages = [PipelineStage(m, s, n_stages, device, group=groups["pp"])
               for m, s in zip(modules, stage_ids)]
@@ -590,5 +609,6 @@ def launch_training(cfg: TrainConfig, timeout_s: float = 600.0) -> dict:
 
     cfg.validate()
     results = run_ranks("moe_repro.components.pp_ep_trainer:train_rank", asdict(cfg),
-                        world_size=cfg.world_size, backend="gloo", timeout_s=timeout_s)
+                        world_size=cfg.world_size, ranks_per_node=cfg.ranks_per_node,
+                        backend="gloo", timeout_s=timeout_s)
     return results[0]

@@ -7,6 +7,7 @@ use real gloo ranks, real P2P between stages and real all-to-alls inside each st
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -108,6 +109,27 @@ def test_pp_ep_2x2_matches_one_process_and_gpipe_equals_1f1b(targets_on_path):
     assert both["n_params"] > 0
     assert both["max_abs_diff"] <= 1e-6
     assert both["losses"]["1f1b"] == pytest.approx(both["losses"]["gpipe"], abs=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_train_cli_with_halo_all_to_all_matches_one_process(tmp_path):
+    """PP=2 x EP=2 with HALO as each stage's expert all-to-all (components/alltoall_halo_group)."""
+    out = tmp_path / "t.json"
+    proc = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "train",
+                           "--model", "tiny-moe", "--pp", "2", "--ep", "2", "--alltoall", "halo",
+                           "--steps", "2", "--check-reference", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["alltoall"] == "halo" and report["world_size"] == 4
+    _check(report, 2)
+
+
+def test_config_rejects_halo_on_ep_groups_uneven_over_nodes():
+    with pytest.raises(ValueError, match="same number"):  # EP group {0..3} over nodes of 3
+        TrainConfig(model="tiny-moe", ep=4, dp=3, alltoall="halo", ranks_per_node=3).validate()
+    with pytest.raises(ValueError, match="alltoall"):
+        TrainConfig(model="tiny-moe", alltoall="ring").validate()
 
 
 @pytest.mark.multiprocess

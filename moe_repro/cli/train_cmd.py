@@ -21,6 +21,7 @@ def _mib(n: float) -> str:
 def format_report(r: dict) -> str:
     c = r["config"]
     lines = [f"train {c['model']}: PP={c['pp']} EP={c['ep']} DP={c['dp']} schedule={c['schedule']} "
+             f"all-to-all={c.get('alltoall', 'flat')} "
              f"M={c['micro_batches']} x {c['micro_batch_size']} seq, {r['world_size']} ranks "
              f"({r['backend']}, {r['device']})"]
     for i, loss in enumerate(r["losses"]):
@@ -82,6 +83,11 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--checkpoint/--no-checkpoint", default=False, show_default=True,
               help="Activation checkpointing of every transformer block.")
+@click.option("--alltoall", type=click.Choice(["flat", "halo"]), default="flat", show_default=True,
+              help="Expert all-to-all inside each stage's EP group (halo: Piper Sec. V).")
+@click.option("--ranks-per-node", type=int, default=None,
+              help="Emulated node size of a local launch (default: one node); HALO's phases "
+                   "follow it.")
 @click.option("--check-reference", is_flag=True,
               help="Also run the same steps in one process and report reference_max_abs_diff.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
@@ -89,8 +95,8 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the report (losses, tokens_per_s, per_stage, bubble, time split, MFU).")
 def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps, seq_len, n_layers,
-            virtual_stages, lr, aux_loss_coef, seed, checkpoint, check_reference, timeout_s,
-            json_path) -> None:
+            virtual_stages, lr, aux_loss_coef, seed, checkpoint, alltoall, ranks_per_node,
+            check_reference, timeout_s, json_path) -> None:
     """Train an MoE transformer with PP x EP (x DP) and a pipeline schedule, on real text.
 
     Reports the loss of every step, tokens/s, per-stage peak memory (Piper Eq. 4), the measured
@@ -108,6 +114,7 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
                       micro_batches=micro_batches, micro_batch_size=micro_batch_size, steps=steps,
                       seq_len=seq_len, n_layers=n_layers, virtual_stages=virtual_stages, lr=lr,
                       aux_loss_coef=aux_loss_coef, seed=seed, checkpoint=checkpoint,
+                      alltoall=alltoall, ranks_per_node=ranks_per_node,
                       check_reference=check_reference)
     try:
         cfg.validate()
