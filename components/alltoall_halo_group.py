@@ -25,9 +25,9 @@ layers without the other pipeline stages (stages can hold different numbers of l
 creating groups here could deadlock. Phase I is still issued before Phase II and waited on last,
 so it overlaps Phases II and III (Eq. 13).
 
-The counts matrix (all N x N send counts of the group) is learnt with one all-gather of N int64
-per call, also when ``recv_counts`` is given (HALO needs every pair's count; ``recv_counts`` is
-then only checked against it). Bytes per rank: as in the alltoall_halo module docstring with the
+The counts HALO's plan needs (HaloAllToAll.known_counts: my row, my column, my Phase-II peers'
+counts to my node) are exchanged once per call, forward and backward, also when ``recv_counts``
+is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the alltoall_halo module docstring with the
 group as the world (inter-node bytes equal flat's; Phase III adds intra-node bytes).
 """
 
@@ -126,18 +126,16 @@ def halo_for_group(group=None, topo: Topology | None = None) -> HaloAllToAll:
 
 class _HaloAllToAllV(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, counts, halo):
-        ctx.counts, ctx.halo = counts, halo
-        me = halo.comms.world.rank
+    def forward(ctx, x, send_counts, recv_counts, counts, halo):
+        ctx.recv_counts, ctx.halo = recv_counts, halo
         # HALO returns its persistent output buffer, which the next call overwrites: copy it.
-        return halo(x, counts[me], counts_matrix=counts).clone()
+        return halo(x, send_counts, counts_matrix=counts).clone()
 
     @staticmethod
     def backward(ctx, grad):
-        # The reverse exchange: HALO with the transposed counts matrix.
-        transposed = [list(col) for col in zip(*ctx.counts)]
-        me = ctx.halo.comms.world.rank
-        return ctx.halo(grad, transposed[me], counts_matrix=transposed).clone(), None, None
+        # The reverse exchange: what I received from s goes back to s, by HALO again (its own
+        # counts exchange learns the transposed counts it needs).
+        return ctx.halo(grad, ctx.recv_counts).clone(), None, None, None, None
 
 
 def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
@@ -152,10 +150,9 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
         raise ValueError(f"send_counts must be >= 0, got {send_counts}")
     if sum(send_counts) != x.shape[0]:
         raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
-    counts = halo.counts_matrix(send_counts)
-    if recv_counts is not None:
-        expected = [row[comm.rank] for row in counts]
-        if [int(c) for c in recv_counts] != expected:
-            raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
-                             f"this rank: {expected}")
-    return _HaloAllToAllV.apply(x, counts, halo)
+    counts = halo.known_counts(send_counts)  # my row, my column, my Phase-II peers' counts
+    received = [int(counts[s][comm.rank]) for s in range(comm.size)]
+    if recv_counts is not None and [int(c) for c in recv_counts] != received:
+        raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
+                         f"this rank: {received}")
+    return _HaloAllToAllV.apply(x, send_counts, received, counts, halo)
