@@ -53,8 +53,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
     labels = ("Table 2 theory", "saved for backward", "forward peak")
     figures = [fig, Figure(
         name="xmoe-fig3-measured",
-        title=f"One MoE layer's activations, scaled (H={h // int(params['shape_div'])}, "
-              f"{int(params['measured_seq'])} tokens, fp32), measured on {device}",
+        title=f"Scaled layer activations, measured (H={h // int(params['shape_div'])}, "
+              f"{int(params['measured_seq'])} tokens, fp32, {device.split(':')[0]})",
         xlabel="layer (0 M_conv, 1 M_spec)", ylabel="MiB",
         series=[{"label": label, "x": [0, 1], "kind": "ours",
                  "y": [v / MIB for v in (
