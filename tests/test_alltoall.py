@@ -409,3 +409,22 @@ def test_bench_alltoall_sizes_on_two_real_ranks(tmp_path, results_dir):
         if rec["algo"] == "flat":
             # both ranks' counts (8 B each) plus at most everything each sends, summed over ranks
             assert 16 <= rec["inter_node_bytes"] <= 2 * rec["size"] + 16
+
+
+@pytest.mark.multiprocess
+def test_piper_fig5_local_part_sweeps_sizes_and_reports_busbw():
+    from moe_repro.reproductions import all_reproductions
+
+    repro = all_reproductions()["piper-fig5"]
+    result = repro.compute(repro, dict(repro.defaults, real_sizes="16K,4M", fit_sizes="16K,4M",
+                                       repeats=3, bytes_per_gpu="65536"))
+    records = result.extra["real_records"]
+    assert [(r["nodes"], r["gpus_per_node"], r["size"]) for r in records] == [
+        (n, g, s) for n, g in ((1, 2), (2, 1), (2, 2)) for s in (16384, 4194304)]
+    for r in records:  # odd repeats: the median busbw is the median time's
+        n = r["nodes"] * r["gpus_per_node"]
+        assert r["busbw_GBps"] == pytest.approx(r["size"] / r["time_s"] * (n - 1) / n / 1e9)
+    (bw,) = [f for f in result.figures if f.name == "piper-fig5-local-busbw"]
+    assert len(bw.series) == 3 and all(s["x"] == [16384, 4194304] for s in bw.series)
+    assert {c.row for c in result.cells if c.column.startswith("busbw @ 4 MiB")} == {
+        "local 1x2", "local 2x1", "local 2x2"}
