@@ -428,3 +428,15 @@ def test_piper_fig5_local_part_sweeps_sizes_and_reports_busbw():
     assert len(bw.series) == 3 and all(s["x"] == [16384, 4194304] for s in bw.series)
     assert {c.row for c in result.cells if c.column.startswith("busbw @ 4 MiB")} == {
         "local 1x2", "local 2x1", "local 2x2"}
+
+
+def test_simulated_bench_takes_sizes():
+    from moe_repro.suites.alltoall import SUITE
+
+    grid = SUITE.grid(SUITE.parse_overrides(["sizes=64K:128K", "platform=frontier", "nodes=4",
+                                             "gpus_per_node=8", "algo=flat,halo"]))
+    for p in grid:
+        assert p["simulated"] is True and p["ranks"] == 32
+        m = SUITE.simulate(p)
+        assert m["bytes"] == p["size"]  # the expected routing sends every routed pair
+        assert m["busbw_GBps"] == pytest.approx(p["size"] / m["time_s"] * 31 / 32 / 1e9)
