@@ -42,3 +42,12 @@ def test_store_keeps_every_run_and_finds_the_latest(tmp_path):
     assert store.names("reproductions") == ["piper-table4"]
     with pytest.raises(ValueError):
         store.save("elsewhere", "x", {})
+
+
+def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = atomic_write_text(tmp_path / "page.html", "<p>hi</p>")
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644
