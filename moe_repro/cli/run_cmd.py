@@ -135,7 +135,7 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
     resume = (run_all or paper) and not force
     payloads = []
     with click.progressbar(chosen, label="reproductions", file=sys.stderr,
-                           hidden=len(chosen) < 2, item_show_func=lambda r: r or "") as bar:
+                           hidden=quiet or len(chosen) < 2, item_show_func=lambda r: r or "") as bar:
         for rid in bar:
             stored = store.latest("reproductions", rid) if resume else None
             if stored is not None and is_current(stored, overrides):
