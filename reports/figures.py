@@ -18,8 +18,12 @@ def render_figure(fig: dict) -> dict[str, bytes]:
             ax.plot(s["x"], s["y"], linestyle="none", marker="o", mfc="none", label=f"{s['label']} (paper)")
         else:
             ax.plot(s["x"], s["y"], marker=".", label=s["label"])
-    ax.set_xscale(fig.get("xscale", "linear"))
-    ax.set_yscale(fig.get("yscale", "linear"))
+    # Setting a scale replaces the axis' locator and formatter, which would drop the labels of a
+    # categorical (string) axis: only set scales that differ from the default.
+    if fig.get("xscale", "linear") != "linear":
+        ax.set_xscale(fig["xscale"])
+    if fig.get("yscale", "linear") != "linear":
+        ax.set_yscale(fig["yscale"])
     ax.set_xlabel(fig["xlabel"])
     ax.set_ylabel(fig["ylabel"])
     ax.set_title(fig["title"], fontsize=10)
