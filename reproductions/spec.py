@@ -166,12 +166,13 @@ def summarize(cells: list[Cell]) -> dict[str, int]:
 
 
 def status_of(cells: list[Cell | dict]) -> str:
-    """One word for an index: all-match, some-deviate, not-reproduced, no-paper-values."""
+    """One word for an index: some-deviate, not-reproducible-here (nothing could be computed
+    here), partly-reproduced (some cells could not), all-match, or no-paper-values."""
     verdicts = {c["verdict"] if isinstance(c, dict) else c.verdict for c in cells}
     if "deviates" in verdicts:
         return "some-deviate"
     if verdicts and verdicts <= {"not-reproduced"}:
-        return "not-reproduced"
-    if "match" in verdicts:
-        return "all-match" if "not-reproduced" not in verdicts else "partly-reproduced"
-    return "no-paper-values"
+        return "not-reproducible-here"
+    if "not-reproduced" in verdicts:
+        return "partly-reproduced"
+    return "all-match" if "match" in verdicts else "no-paper-values"

@@ -48,6 +48,9 @@ def test_compare_builds_cells_with_a_deliberately_deviating_one():
     assert summarize(cells) == {"match": 1, "deviates": 1, "no-paper-value": 1, "not-reproduced": 1}
     assert status_of(cells) == "some-deviate"
     assert status_of(cells[:1]) == "all-match"
+    assert status_of(cells[2:]) == "partly-reproduced"
+    assert status_of(cells[3:]) == "not-reproducible-here"
+    assert status_of(cells[2:3]) == "no-paper-values"
 
 
 def test_unknown_parameter_is_rejected():
