@@ -163,3 +163,10 @@ def test_export_csv_and_jsonl(results_dir, tmp_path):
     assert len(pd.read_json(tmp_path / "r.jsonl", lines=True)) == 14
     res = repro("export", "nothing", "--out", str(tmp_path / "x.csv"))
     assert res.returncode == 2
+
+
+def test_bench_show_params_teaches_the_grid(results_dir):
+    res = invoke("bench", "gemm", "--show-params")
+    assert res.exit_code == 0
+    assert "--n 256,512,1024,2048" in res.output and "matrix size" in res.output
+    assert "tflops [TFLOP/s, higher is better]" in res.output

@@ -29,6 +29,8 @@ def options_as_params(args: list[str]) -> list[str]:
 @click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
               help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")
 @click.option("--quick", is_flag=True, help="The suite's small grid (what CI runs).")
+@click.option("--show-params", is_flag=True,
+              help="Print the suite's parameters (default grid, quick grid, meaning) and exit.")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
               help="Timed samples per grid point (median and spread are over these).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
@@ -42,12 +44,15 @@ def options_as_params(args: list[str]) -> list[str]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write {suite, records, environment} to this file.")
 @click.pass_context
-def command(ctx, suite_name, params, quick, repeats, warmup, min_sample_s, check, timeout_s,
+def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sample_s, check, timeout_s,
             json_path) -> None:
     """Run benchmark SUITE over its parameter grid and print median and spread per metric.
 
     Any suite parameter can also be given as its own option: `--nodes 2 --algo flat,halo` is
     `--param nodes=2 --param algo=flat,halo` (dashes in option names become underscores).
+
+    `repro list` names the suites; `repro bench SUITE --show-params` lists a suite's parameters.
+    Integer parameters take sizes and doubling ranges: --sizes 1K:64M.
 
     Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
     the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
@@ -69,6 +74,15 @@ def command(ctx, suite_name, params, quick, repeats, warmup, min_sample_s, check
         hint = f"; did you mean {', '.join(close)}?" if close else f"; suites: {', '.join(suites)}"
         raise BadInput(f"unknown suite {suite_name!r}{hint}")
     suite = suites[suite_name]
+    if show_params:
+        click.echo(f"{suite.name}: {suite.description}")
+        for key, default in suite.params.items():
+            quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
+            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}"
+                       f"\n      {suite.param_help.get(key, '')}".rstrip())
+        click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
+                                          for m in suite.all_metrics))
+        return
     try:
         pairs = list(params) + options_as_params(ctx.args)
         grid = suite.grid(suite.parse_overrides(pairs), quick=quick)

@@ -72,7 +72,7 @@ def format_plan(pl) -> str:
     return "\n".join(out)
 
 
-@click.command("plan")
+@click.command("plan", short_help="Rank memory-feasible PP x EP layouts for a model on a platform.")
 @click.option("--model", "model_key", required=True, help="Model zoo key, e.g. deepseek-v3.")
 @click.option("--platform", "platform_name", required=True,
               help="Built-in profile (frontier, dgx-h100, h200, local) or a profile JSON file.")
