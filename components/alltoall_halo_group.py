@@ -80,20 +80,22 @@ def world_topology() -> Topology:
     return topo
 
 
-def group_topology(group_ranks: list[int], topo: Topology) -> Topology:
-    """``topo`` restricted to ``group_ranks`` (global ranks in group order): one HALO node per
-    node that holds members, ranks_per_node = members per node (which must be equal)."""
+def group_topology(group_ranks: list[int], topo: Topology, algorithm: str = "HALO",
+                   why_equal: str = "Alg. 1 pairs equal local ranks") -> Topology:
+    """``topo`` restricted to ``group_ranks`` (global ranks in group order): one node per
+    node that holds members, ranks_per_node = members per node (which must be equal).
+    ``algorithm`` and ``why_equal`` only word the ValueError (RBD uses this too)."""
     nodes = []  # node of each run of consecutive group ranks
     for r in group_ranks:
         if not nodes or nodes[-1] != topo.node_of(r):
             nodes.append(topo.node_of(r))
     if len(set(nodes)) != len(nodes):
-        raise ValueError(f"HALO needs the group's ranks node by node; {group_ranks} interleave "
-                         f"nodes {nodes}")
+        raise ValueError(f"{algorithm} needs the group's ranks node by node; {group_ranks} "
+                         f"interleave nodes {nodes}")
     per_node = Counter(topo.node_of(r) for r in group_ranks)
     if len(set(per_node.values())) != 1:
-        raise ValueError(f"HALO needs the same number of group ranks on every node (Alg. 1 pairs "
-                         f"equal local ranks); group {group_ranks} has {dict(per_node)}")
+        raise ValueError(f"{algorithm} needs the same number of group ranks on every node "
+                         f"({why_equal}); group {group_ranks} has {dict(per_node)}")
     return Topology(nodes=len(nodes), ranks_per_node=len(group_ranks) // len(nodes))
 
 

@@ -26,9 +26,20 @@ PFT order, i.e. expert ascending then token ascending, grouped stably by destina
 the same expert computation runs on either, and :meth:`RBDDispatcher.combine` equals
 ``scatter_combine(reverse flat all-to-all(y), pft)`` up to summation order.
 
-Placement: a map ``expert_to_rank`` (one global rank per expert) of any shape: experts need not
-be contiguous per rank, not every rank needs an expert, and the balancers may move them.
+Placement: a map ``expert_to_rank`` (one rank of the EP group per expert) of any shape: experts
+need not be contiguous per rank, not every rank needs an expert, and the balancers may move them.
 Replicated experts are separate slots of the map (the router picks the slot).
+
+EP group: the EP group need not be the world. Ranks, nodes and the placement map are all in the
+group's own terms: rank = group rank, node = the group's i-th node (:class:`Topology` restricted
+to the group by ``alltoall_halo_group.group_topology``). :meth:`RBDDispatcher.for_group` builds
+the dispatcher on a torch.distributed sub-group from the launcher's (emulated) node layout. As
+for group HALO, no process group is created inside (``new_group`` is collective over the world
+and stage-local EP groups would deadlock): S1 runs on the group, S2's intra-node exchanges are
+batched isend/irecv between the group's members on my node. The group's ranks must come node by
+node with the same number on every node (Topology's rank -> node arithmetic, node = rank //
+ranks_per_node); other groups are refused with a ValueError. On the whole world with
+``build_communicators`` nothing changes (group ranks = global ranks).
 
 Inter-node rows per source rank = the number of unique (token, destination node) pairs with a
 destination node other than its own; flat sends one row per (token, expert) pair there.
@@ -43,9 +54,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from moe_repro.components.alltoall_flat import TorchComm
+from moe_repro.components.alltoall_halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.pft import PFT
-from moe_repro.components.topology import Topology
+from moe_repro.components.topology import Communicators, Topology
 
 PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
                       "replica": ["pilot", "meta"], "replica_meta": ["meta"]}
@@ -150,16 +164,35 @@ class _DispatchState:
 
 
 class RBDDispatcher:
-    """RBD dispatch/combine for one rank over topology.Communicators."""
+    """RBD dispatch/combine for one rank over topology.Communicators (``comms.world`` is the EP
+    group, ``comms.intra`` my node's members of it, ``comms.topo`` the group's topology)."""
 
     def __init__(self, comms, expert_to_rank):
         self.comms = comms
         self.topo: Topology = comms.topo
+        if comms.world.size != self.topo.world_size:
+            raise ValueError(f"the EP communicator has {comms.world.size} ranks, its topology "
+                             f"{self.topo.world_size}")
         self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
-        self.rank = comms.world.global_rank
+        self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
         self.state: _DispatchState | None = None
         # Set to {} to accumulate seconds per dispatch stage (xmoe-fig12's breakdown).
         self.timings: dict[str, float] | None = None
+
+    @classmethod
+    def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None) -> "RBDDispatcher":
+        """RBD over the torch.distributed process group ``group`` (None = world), with
+        ``expert_to_rank`` in group ranks and ``topo`` (default: the launcher's emulated node
+        layout) restricted to the group. Not collective: no process group is created."""
+        group = dist.group.WORLD if group is None else group
+        ranks = dist.get_process_group_ranks(group)
+        sub = group_topology(ranks, world_topology() if topo is None else topo, "RBD",
+                             "node = group rank // ranks per node")
+        comm = TorchComm(group, ranks)
+        intra = NodeP2PComm(comm, sub.node_ranks(sub.node_of(comm.rank)))
+        # RBD uses only ``world`` (S1) and ``intra`` (S2); the group stands in for ``inter``.
+        return cls(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
+                                 inter=comm), expert_to_rank)
 
     def _lap(self, stage: str, since: float) -> float:
         if self.timings is None:
