@@ -9,7 +9,7 @@ in float64 whatever the order and results compare with torch.equal.
 
 import torch
 
-from moe_repro.components.alltoall_flat import all_to_all_v, flat_all_to_all_v, flat_schedule
+from moe_repro.components.alltoall_flat import TorchComm, all_to_all_v, flat_all_to_all_v, flat_schedule
 from moe_repro.components.alltoall_halo import HaloAllToAll, halo_schedule
 from moe_repro.components.alltoall_rbd import RBDDispatcher, rbd_schedule
 from moe_repro.components.pft import build_pft
@@ -231,4 +231,81 @@ def group_halo_vs_flat(ctx, seeds):
                                         and torch.equal(halo, _received_rows(seed, C, me, width))),
                         "backward": bool(torch.equal(x.grad, flat_grad)
                                          and torch.equal(x.grad, expected_grad))})
+    return out
+
+
+def group_rbd_vs_flat(ctx, seeds, experts=6, top_k=3):
+    """RBD (RBDDispatcher.for_group) on the world and on EP sub-groups of a 4-rank world on 2
+    emulated nodes x 2: {0,1,2,3} (2x2), {0,2} and {1,3} (2x1), {0,1} (1x2). Placement, ranks
+    and nodes are group-local. Dispatch == flat all-to-all over the group == loop reference,
+    combine == loop reference, pilot rows across nodes == unique (token, remote node) pairs,
+    measured messages == rbd_schedule in group ranks; group {0,1,2} is refused."""
+    import torch.distributed as dist
+
+    world_topo = Topology.from_context(ctx)
+    parts = [[0, 1, 2, 3], [0, 2], [1, 3], [0, 1]]
+    made = [dist.new_group(p) for p in parts]  # collective: every rank makes every group
+    uneven = dist.new_group([0, 1, 2])
+    groups = [("world", None, list(range(ctx.world_size)))]
+    groups += [(str(p), g, p) for p, g in zip(parts, made) if ctx.rank in p]
+    out = []
+    for gi, (name, group, ranks) in enumerate(groups):
+        m, me = len(ranks), ranks.index(ctx.rank)
+        my_node = world_topo.node_of(ctx.rank)
+        comm = TorchComm(group, ranks)
+        for seed in seeds:
+            gseed = seed * 10 + gi  # fresh inputs per group
+            placement = _placement(gseed, experts, m)  # expert -> group rank
+            xt, top, w = _routing(gseed, me, experts, top_k)
+            pft = build_pft(top, w, experts)
+            tokens, counts = _send_layout(top, placement, m, experts)
+            flat_log = []
+            comm.log = flat_log
+            flat = flat_all_to_all_v(comm, xt[torch.tensor(tokens, dtype=torch.int64)], counts)
+            comm.log = None
+            rbd = RBDDispatcher.for_group(placement, group=group)
+            rbd_log = []
+            rbd.comms.set_log(rbd_log)
+            got = rbd.dispatch(xt, pft, torch.Generator().manual_seed(gseed * 31 + me))
+            rbd.comms.set_log(None)
+            y = rbd.combine(3 * got - 1, xt.shape[0])  # expert e computes 3x - 1
+            ref = _reference_dispatch(gseed, placement, m, me, experts, top_k)
+            combined = torch.zeros_like(xt)
+            for t in range(xt.shape[0]):
+                for j in range(top_k):
+                    combined[t] += w[t, j] * (3 * xt[t] - 1)
+
+            # Inter-node rows from the world's emulated nodes of the global ranks (not from
+            # the group topology RBD derived).
+            row_bytes = 6 * 8
+            node_of_expert = [world_topo.node_of(ranks[p]) for p in placement]
+            remote = [(t, node_of_expert[e]) for t in range(xt.shape[0]) for e in top[t].tolist()
+                      if node_of_expert[e] != my_node]
+            inter = lambda msgs, phase: sum(x[3] for x in msgs if x[0] == phase  # noqa: E731
+                                            and world_topo.is_inter_node(x[1], x[2]))
+            pfts = [build_pft(*_routing(gseed, r, experts, top_k)[1:], experts) for r in range(m)]
+            gens = [torch.Generator().manual_seed(gseed * 31 + r) for r in range(m)]
+            sched = [(ph, ranks[s], ranks[d], b)  # group ranks -> global ranks
+                     for ph, s, d, b in rbd_schedule(pfts, placement, rbd.topo, row_bytes, gens)]
+            off_rank = lambda msgs: sorted(x for x in msgs if x[1] != x[2])  # noqa: E731
+            out.append({
+                "seed": seed, "group": name, "layout": f"{rbd.topo.nodes}x{rbd.topo.ranks_per_node}",
+                "empty_sends": counts.count(0), "tokens": xt.shape[0],
+                "flat_moe_exact": torch.equal(flat, ref),
+                "rbd_exact": torch.equal(got, ref) and torch.equal(got, flat),
+                "rbd_combine_exact": torch.equal(y, combined),
+                "flat_inter_rows": inter(flat_log, "a2a") // row_bytes,
+                "rbd_inter_rows": inter(rbd_log, "pilot") // row_bytes,
+                "remote_pairs": len(remote), "unique_remote": len(set(remote)),
+                "rbd_other_phases_intra": all(not world_topo.is_inter_node(x[1], x[2])
+                                              for x in rbd_log if x[0] in ("replica", "replica_meta")),
+                # self-messages are local copies: the group's intra-node p2p does not log them
+                "rbd_log_is_schedule": off_rank(rbd_log) == off_rank(x for x in sched
+                                                                     if x[1] == ctx.rank)})
+    if ctx.rank in (0, 1, 2):  # 2 members on node 0, 1 on node 1: RBD must refuse it
+        try:
+            RBDDispatcher.for_group(list(range(3)), group=uneven)
+            out.append({"seed": "refused", "message": None})
+        except ValueError as e:
+            out.append({"seed": "refused", "message": str(e)})
     return out

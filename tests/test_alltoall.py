@@ -205,6 +205,39 @@ def test_group_topology_restricts_the_emulated_nodes_to_the_group():
         group_topology([0, 2, 1, 3], world)
 
 
+def test_rbd_refuses_groups_its_node_arithmetic_cannot_describe():
+    from moe_repro.components.alltoall_halo_group import group_topology
+
+    world = Topology(nodes=2, ranks_per_node=2)
+    with pytest.raises(ValueError, match="RBD needs the same number"):
+        group_topology([0, 1, 2], world, "RBD", "node = group rank // ranks per node")
+
+
+@pytest.mark.multiprocess
+def test_rbd_on_ep_subgroups_equals_flat_2x2(targets_on_path):
+    """RBD over EP sub-groups of one 4-rank world on 2 emulated nodes x 2 (group-local ranks,
+    nodes and placement): dispatch == flat over the group == loop reference, combine == loop
+    reference, inter-node pilot rows == unique (token, remote node) pairs in the group."""
+    per_rank = run_ranks("_alltoall_targets:group_rbd_vs_flat", {"seeds": [1, 2, 3]},
+                         world_size=4, ranks_per_node=2, timeout_s=120)
+    groups = {}
+    for rank, cases in enumerate(per_rank):
+        refused = [c for c in cases if c["seed"] == "refused"]
+        assert len(refused) == (1 if rank < 3 else 0)
+        for c in refused:
+            assert c["message"] and "RBD needs the same number" in c["message"], c
+        cases = [c for c in cases if c["seed"] != "refused"]
+        _check_cases(cases)
+        for c in cases:
+            groups.setdefault(c["group"], set()).add(c["layout"])
+    assert groups == {"world": {"2x2"}, "[0, 1, 2, 3]": {"2x2"}, "[0, 2]": {"2x1"},
+                      "[1, 3]": {"2x1"}, "[0, 1]": {"1x2"}}
+    cases = [c for cases in per_rank for c in cases if c["seed"] != "refused"]
+    # the random inputs exercise empty sends, token-less ranks and redundancy
+    assert any(c["empty_sends"] for c in cases) and any(c["tokens"] == 0 for c in cases)
+    assert any(c["unique_remote"] < c["remote_pairs"] for c in cases)
+
+
 def _check_group_halo(per_rank, layouts):
     assert {c["layout"] for cases in per_rank for c in cases} == layouts
     for cases in per_rank:
