@@ -295,7 +295,9 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
     """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, from the same
     :func:`select_pilots` the collective runs (pass generators seeded as the ranks' were).
     Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
-    sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed."""
+    sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed.
+    For an EP sub-group pass its topology (``RBDDispatcher.topo``) and group-local placement:
+    ranks in the messages are then group ranks (map them through the group's rank list)."""
     N = topo.world_size
     if len(pfts) != N:
         raise ValueError(f"need one PFT per rank ({N}), got {len(pfts)}")
