@@ -103,3 +103,11 @@ def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: 
     was = {f"{n}:{e}": [t.tolist() for t in v] for (n, e), v in before.items()}
     return {"out": max_err(out1, out0), "dx": max_err(dx1, dx0), "after": mine, "before": was,
             "sent": sent, "local": layer.local_experts}
+
+
+def assert_exact_vs_plain(results, tol=1e-5):
+    """Every rank's case: the balanced layer within ``tol`` of the loop reference and of plain EP."""
+    for rank_results in results:
+        for r in rank_results:
+            assert max(r["errs"].values()) < tol, r
+            assert max(r["vs_plain"].values()) < tol, r

@@ -10,6 +10,8 @@ from moe_repro.components.least_loaded_ep import least_loaded_plan
 from moe_repro.components.moe_layer import ExpertPlacement
 from moe_repro.launch import run_ranks
 
+from _balance_targets import assert_exact_vs_plain
+
 TOL = 1e-5
 
 
@@ -54,13 +56,6 @@ def test_plan_hand_case():
 _BASE = dict(d_model=12, d_ffn=10, top_k=2, impl="llep")
 
 
-def _check(results):
-    for rank_results in results:
-        for r in rank_results:
-            assert max(r["errs"].values()) < TOL, r
-            assert max(r["vs_plain"].values()) < TOL, r
-
-
 @pytest.mark.multiprocess
 def test_llep_exact_two_ranks(targets_on_path):
     cases = [
@@ -70,7 +65,7 @@ def test_llep_exact_two_ranks(targets_on_path):
     ]
     results = run_ranks("_balance_targets:balanced_vs_reference", {"cases": cases}, world_size=2,
                         timeout_s=120)
-    _check(results)
+    assert_exact_vs_plain(results, TOL)
     assert results[0][0]["moves"], "the inputs must make LLEP ship tokens"
 
 
@@ -82,5 +77,5 @@ def test_llep_exact_four_ranks(targets_on_path):
     ]
     results = run_ranks("_balance_targets:balanced_vs_reference", {"cases": cases}, world_size=4,
                         timeout_s=150)
-    _check(results)
+    assert_exact_vs_plain(results, TOL)
     assert results[0][0]["moves"] and results[0][1]["moves"]
