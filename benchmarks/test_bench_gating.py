@@ -3,7 +3,7 @@
 import torch
 
 from _shapes import EXPERTS, HIDDEN, TOP_K
-from moe_repro.components.gating import TopKGate
+from moe_repro.components.moe.gating import TopKGate
 
 
 def test_gating(benchmark, routing):

@@ -7,7 +7,7 @@ The sweep over shapes and tokens per expert is `repro bench expert-gemm`.
 import pytest
 import torch
 
-from moe_repro.components.expert_mlp import GEMM_VARIANTS, grouped_gemm
+from moe_repro.components.moe.expert_mlp import GEMM_VARIANTS, grouped_gemm
 
 TOKENS_PER_EXPERT, LOCAL_EXPERTS, K, M = 256, 4, 512, 1024  # xmoe-small-like K, M = 2 x 512
 

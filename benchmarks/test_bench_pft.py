@@ -3,7 +3,7 @@
 import torch
 
 from _shapes import EXPERTS, TOKENS
-from moe_repro.components.pft import build_pft, gather_tokens, scatter_combine
+from moe_repro.components.moe.pft import build_pft, gather_tokens, scatter_combine
 
 
 def test_build_pft(benchmark, routing):

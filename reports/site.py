@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moe_repro.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moe_repro.results.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_repro.components.activation_memory import ActivationMeasurement
+from moe_repro.components.moe.activation_memory import ActivationMeasurement
 from moe_repro.reproductions.spec import Cell, Reproduction
 
 MIB = 2.0 ** 20

@@ -1,8 +1,8 @@
 """Shared by the feplb-* reproductions: the PP/EP configurations, the routing traces they replay,
-and the replay through the balancers (components/load_balance_eval.py), cached per process.
+and the replay through the balancers (components/balance/load_balance_eval.py), cached per process.
 
 GLM-5 routing traces are not public. Every number here comes from a *synthetic* trace
-(components/routing_trace.py: log-normal expert popularity with skew, random-walk drift,
+(components/balance/routing_trace.py: log-normal expert popularity with skew, random-walk drift,
 per-micro-batch noise, seeded), shaped like FEPLB's setting: 128 experts, top-8, the EP ranks
 as token sources, ``tokens`` tokens per EP rank and micro-batch (an assumption: FEPLB does not
 print its micro-batch size). PP changes which layers a stage holds, not one layer's balance, so
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from moe_repro.components.load_balance_eval import evaluate_trace
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.routing_trace import GemmTimeModel, synthetic_trace
-from moe_repro.components.zoo import get_model
+from moe_repro.components.balance.load_balance_eval import evaluate_trace
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.balance.routing_trace import GemmTimeModel, synthetic_trace
+from moe_repro.components.model.zoo import get_model
 
 CONFIGS = (("4/2", 2), ("4/4", 4), ("2/8", 8))   # FEPLB Sec. 3.1: PP=4/EP=2, 4/4, 2/8
 
@@ -94,8 +94,8 @@ def printed_percentage_note(value: str, base: str, printed_pct: str) -> str | No
 ASSUMPTIONS = [
     "Routing: synthetic (components/routing_trace.synthetic_trace); GLM-5 traces are not public.",
     "FasterMoE: shadows predicted from the previous micro-batch, greedy while the predicted "
-    "maximum load drops, at most max_num_dyn shadows (components/fastermoe_shadow.py).",
+    "maximum load drops, at most max_num_dyn shadows (components/balance/fastermoe_shadow.py).",
     "FEPLB: dynamic experts re-picked from the previous micro-batch (the Router Predictor), "
-    "greedy balancer on the actual counts with tau and max_num_dyn (components/feplb.py).",
+    "greedy balancer on the actual counts with tau and max_num_dyn (components/balance/feplb.py).",
     "Micro-batch 0 only seeds the history; every method is averaged over the same micro-batches.",
 ]

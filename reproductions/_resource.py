@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from moe_repro.components.planner import Plan, plan
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.planner import Plan, plan
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 
 B = 1e9
 

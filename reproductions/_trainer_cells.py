@@ -21,7 +21,7 @@ def formula_cell(row: str, column: str, ours: float | None, unit: str, formula_v
 
 def run_trainer(**config) -> dict:
     """One real training run (its own gloo ranks); rank 0's report. Bad configs: ValueError."""
-    from moe_repro.components.pp_ep_trainer import TrainConfig, launch_training
+    from moe_repro.components.training.pp_ep_trainer import TrainConfig, launch_training
 
     timeout_s = float(config.pop("timeout_s", 600))
     cfg = TrainConfig(**config)

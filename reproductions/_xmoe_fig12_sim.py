@@ -8,7 +8,7 @@ X-MoE: one MoE layer of the Large model (H 7168, 256 experts, top-8) on 32 Front
 and the whole dispatch by 1.55x (its extra intra-node all-to-all and data transformations
 included).
 
-Ours is simulated: components/network_sim.py replays, per message, the shared ``flat_schedule``
+Ours is simulated: components/network/simulator.py replays, per message, the shared ``flat_schedule``
 and ``rbd_schedule`` (the latter from RBD's own pilot selection on every rank's routing) on the
 Frontier profile. Routing is uniform random top-k (no trained router here); the paper's 54.8% is
 for its own routing. Data transformation kernels (pilot packing, replica reconstruction) are not
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components import alltoall_flat, alltoall_rbd
-from moe_repro.components import network_sim as ns
-from moe_repro.components.pft import build_pft
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.alltoall import flat as alltoall_flat
+from moe_repro.components.alltoall import rbd as alltoall_rbd
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.moe.pft import build_pft
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Tolerance
 
 ROW = "Large layer, 32 GPUs, EP = 32"
@@ -93,7 +94,7 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
     assumptions = [
         f"{m.name}: H = {m.d_model}, {E} experts, top-{k}, bf16 rows; {tokens} tokens per GCD (the "
         "paper does not state the batch of this run); experts placed contiguously, 8 per GCD.",
-        "Simulated (components/network_sim.py, per message, Frontier profile); counts known in "
+        "Simulated (components/network/simulator.py, per message, Frontier profile); counts known in "
         "advance; the count exchange is not simulated.",
         "Left out: job placement, background traffic, data transformation kernels.",
     ]

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.fastermoe_shadow import choose_shadows, dispatch_rows
-from moe_repro.components.feplb import ExpertPartition, greedy_balance, phase2_bytes
-from moe_repro.components.moe_layer import ExpertPlacement
-from moe_repro.components.zoo import get_model
+from moe_repro.components.balance.fastermoe_shadow import choose_shadows, dispatch_rows
+from moe_repro.components.balance.feplb import ExpertPartition, greedy_balance, phase2_bytes
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions import _feplb_traces as ft
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 

@@ -1,7 +1,7 @@
 """feplb-table3: token straggler (max - mean tokens per GPU) per PP/EP and method (FEPLB Table 3).
 
 Replays a synthetic routing trace (reproductions/_feplb_traces.py) through no balancing,
-FasterMoE shadow experts and FEPLB's greedy balancer (components/load_balance_eval.py) and
+FasterMoE shadow experts and FEPLB's greedy balancer (components/balance/load_balance_eval.py) and
 reports FEPLB Sec. 3.1's token straggler, averaged over layers and micro-batches, and the
 reduction relative to Before LB that Table 3 prints in parentheses.
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from moe_repro.launch import run_ranks
+from moe_repro.runtime.launch import run_ranks
 from moe_repro.reproductions.spec import Reproduction, Result
 
 
@@ -25,8 +25,8 @@ def llep_rank(ctx, tokens: int, d_model: int, d_ffn: int, experts: int, top_k: i
     import torch
     import torch.distributed as dist
 
-    from moe_repro.components.least_loaded_ep import LeastLoadedMoELayer
-    from moe_repro.components.moe_layer import MoELayer
+    from moe_repro.components.balance.least_loaded_ep import LeastLoadedMoELayer
+    from moe_repro.components.moe.moe_layer import MoELayer
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(seed)
@@ -93,7 +93,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     assumptions = ["Router skew: feature 0 of every token is 1 and the gate's row 0 rises linearly "
                    "over the experts, so later experts are preferred (a synthetic, fixed skew).",
                    "LLEP plan: capacity ceil(N/W) per rank, excess to the least-loaded rank "
-                   "(components/least_loaded_ep.py; MoP does not print LLEP's algorithm).",
+                   "(components/balance/least_loaded_ep.py; MoP does not print LLEP's algorithm).",
                    "CPU timings with gloo: the all-to-alls and weight copies cost more than on "
                    "NVLink, so the speedup is this machine's, not the paper's regime.",
                    "Default 2 ranks: this machine has 2 cores; with more ranks than cores the ranks "

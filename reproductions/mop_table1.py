@@ -8,9 +8,9 @@ its D and P: the zoo's stand-ins (mop-120b, mop-600b, mop-1t) and D = W, P = 8 a
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import mop_partition, mop_rank_memory
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.memory_model import mop_partition, mop_rank_memory
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 MODELS = {"mop-120b": ("120B", 2), "mop-600b": ("600B", 8), "mop-1t": ("1T", 12)}

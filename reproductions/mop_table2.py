@@ -8,9 +8,9 @@ means it fit (1), 'OOM' that it did not (0). Throughputs themselves are not esti
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import fsdp_rank_memory, mop_rank_memory
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.memory_model import fsdp_rank_memory, mop_rank_memory
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 _SRC = "MoP Table 2 (a printed throughput = fits: 1; OOM = 0)"

@@ -25,8 +25,8 @@ def measure_rank(ctx, tokens: int, hidden: int, vocab: int, seed: int, with_dens
     import torch
     import torch.nn.functional as F
 
-    from moe_repro.components.peak_memory import measure_peak_rss, return_freed_memory_to_os
-    from moe_repro.components.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
+    from moe_repro.components.training.peak_memory import measure_peak_rss, return_freed_memory_to_os
+    from moe_repro.components.model.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
 
     malloc_pinned = return_freed_memory_to_os()
     g = torch.Generator().manual_seed(seed)
@@ -77,9 +77,9 @@ def measure_rank(ctx, tokens: int, hidden: int, vocab: int, seed: int, with_dens
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.components.peak_memory import peak_supported
-    from moe_repro.components.vocab_parallel_loss import peak_activation_model_bytes
-    from moe_repro.launch import run_ranks
+    from moe_repro.components.training.peak_memory import peak_supported
+    from moe_repro.components.model.vocab_parallel_loss import peak_activation_model_bytes
+    from moe_repro.runtime.launch import run_ranks
 
     tokens, hidden, vocab = int(params["tokens"]), int(params["hidden"]), int(params["vocab"])
     groups = [int(p) for p in str(params["group_sizes"]).split(",")]

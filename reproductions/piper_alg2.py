@@ -1,7 +1,7 @@
 """piper-alg2: imbalance before and after Piper's hill-climbing expert migration (Piper Alg. 2,
 Sec. VI-A), the swaps it makes and what they cost.
 
-Per layer of a trace, the threshold-triggered scheduler (components/expert_migration.py) watches
+Per layer of a trace, the threshold-triggered scheduler (components/balance/expert_migration.py) watches
 per-GPU loads (4 GPUs, contiguous initial placement), and every ``check_every`` steps where
 (max - min)/mean exceeds ``threshold`` runs Alg. 2 on the window's loads and moves the swapped
 experts. We report the mean per-step GPU max-min gap / mean without and with migration (each
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.expert_migration import MigrationScheduler
-from moe_repro.components.routing_record import fig9_config
-from moe_repro.components.routing_trace import max_min_gap, synthetic_trace
+from moe_repro.components.balance.expert_migration import MigrationScheduler
+from moe_repro.components.balance.routing_record import fig9_config
+from moe_repro.components.balance.routing_trace import max_min_gap, synthetic_trace
 from moe_repro.reproductions.piper_fig9 import real_trace
 from moe_repro.reproductions.spec import Reproduction, Result
 

@@ -1,6 +1,6 @@
 """piper-eq4: per-stage activation memory of the 1F1B trainer vs Piper Eq. 4-5 (and GPipe, Eq. 3).
 
-Real measurement: the PP x EP trainer (components/pp_ep_trainer.py) runs a few steps on real
+Real measurement: the PP x EP trainer (components/training/pp_ep_trainer.py) runs a few steps on real
 ranks; on every rank, saved-tensor hooks count the bytes autograd holds for backward (the
 activation term of Eq. 4; parameters excluded) and record the peak, how many micro-batches were
 in flight (forward started, backward not finished) at that moment, and the bytes each

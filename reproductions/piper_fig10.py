@@ -13,10 +13,10 @@ and the smallest peak is shown. Minimum nodes: the first n whose best 1F1B layou
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import MemoryOptions, all_stages
-from moe_repro.components.params import param_counts
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.memory_model import MemoryOptions, all_stages
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
 
 NODES = (8, 16, 32, 64, 128)

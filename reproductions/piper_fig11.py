@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from moe_repro.components.memory_model import MemoryOptions, all_stages
-from moe_repro.components.perf_model import estimate
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.memory_model import MemoryOptions, all_stages
+from moe_repro.components.resources.perf_model import estimate
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
 
 COL = "TFLOPS / GPU (one layer, one node)"

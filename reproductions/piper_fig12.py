@@ -8,8 +8,8 @@ Paper values as transcribed from the figure in piper-review.md 9.4.
 
 from __future__ import annotations
 
-from moe_repro.components.params import param_counts
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions._resource import describe, min_feasible_plan, planner_assumptions
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 

@@ -8,7 +8,7 @@ reproduced; the speed-up over X-MoE is ours divided by X-MoE's printed value.
 
 from __future__ import annotations
 
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions._resource import best_plan, describe, planner_assumptions
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 

@@ -7,8 +7,8 @@ E=256). The paper's TFLOPS are measurements; ours are estimates of the resource 
 
 from __future__ import annotations
 
-from moe_repro.components.params import param_counts
-from moe_repro.components.zoo import family
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.zoo import family
 from moe_repro.reproductions._resource import best_plan, describe, planner_assumptions
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
 

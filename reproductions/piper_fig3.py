@@ -16,8 +16,8 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.components.attention import shape_from_model
-    from moe_repro.components.zoo import get_model
+    from moe_repro.components.model.attention import shape_from_model
+    from moe_repro.components.model.zoo import get_model
     from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
 
     models, seqs = csv_param(params["models"]), csv_param(params["seq_lens"], int)

@@ -4,7 +4,7 @@ The paper's text gives no plotted values, only the finding: "Bandwidth drops sig
 soon as all-to-all involves inter-node communication".
 
 Two parts:
-- S (simulated, Frontier profile): components/network_sim.py replays the shared flat schedule
+- S (simulated, Frontier profile): components/network/simulator.py replays the shared flat schedule
   (equal splits) for 2, 4, 8 GCDs on one node and 16, 32, 64 GCDs on 2, 4, 8 nodes; busbw =
   (bytes per GCD / time) x (n - 1) / n (nccl-tests).
 - R (real, this machine) with calibration: the alltoall suite sweeps the message size
@@ -17,8 +17,8 @@ Two parts:
 
 from __future__ import annotations
 
-from moe_repro.components import network_sim as ns
-from moe_repro.components.platform import load_builtin
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.network.platform import load_builtin
 from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 from moe_repro.suites.base import doubling_range, parse_size
@@ -156,7 +156,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                       xscale="log", yscale="log")]
     extra = {"simulated_points": points}
     assumptions = [
-        f"S: simulated on the {platform.name} profile by components/network_sim.py; equal splits, "
+        f"S: simulated on the {platform.name} profile by components/network/simulator.py; equal splits, "
         "counts known; per-message cost network.per_message_us (an assumption). Left out: job "
         "placement, background traffic, adaptive routing, RCCL channel/protocol effects.",
     ]

@@ -1,6 +1,6 @@
 """piper-fig8: HALO vs flat (torch.dist.all_to_all) latency, 1-512 Frontier nodes (Piper Fig. 8).
 
-Simulated, not measured: components/network_sim.py replays the messages of the shared
+Simulated, not measured: components/network/simulator.py replays the messages of the shared
 ``flat_schedule`` and ``halo_schedule`` (the code the real collectives run) on the Frontier
 profile, with equal splits as in Piper Alg. 1 (every GCD sends the same bytes to every GCD).
 The paper states a range, not per-point values: "1.1x - 9x lower latency for configurations of
@@ -9,8 +9,8 @@ The paper states a range, not per-point values: "1.1x - 9x lower latency for con
 
 from __future__ import annotations
 
-from moe_repro.components import network_sim as ns
-from moe_repro.components.platform import load_builtin
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.network.platform import load_builtin
 from moe_repro.reproductions._suite_runs import csv_param
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result, Tolerance
 
@@ -102,7 +102,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                xlabel="nodes", ylabel="flat / HALO latency", series=speed_series, xscale="log"),
     ]
     assumptions = [
-        f"Simulated on the {platform.name} profile by components/network_sim.py (flow-level, max-min "
+        f"Simulated on the {platform.name} profile by components/network/simulator.py (flow-level, max-min "
         "fair); every number in this reproduction is simulated.",
         "Equal splits as in Piper Alg. 1: every GCD sends bytes_per_peer to every GCD; counts are "
         "known in advance (no count exchange), as in Alg. 1 and torch.dist.all_to_all.",

@@ -3,7 +3,7 @@
 Piper's Fig. 9 (350M base model, 16 experts, no balancing loss) shows the expert-routing
 distribution over training: skewed, even collapsed, early, changing as experts specialise. It
 prints no numbers. We train a small MoE with 16 experts and no auxiliary loss on CPU on the
-Python standard library's source (components/routing_record.py) and record every layer's
+Python standard library's source (components/balance/routing_record.py) and record every layer's
 per-expert counts at every step. Cells: per layer, the busiest expert's share over the mean
 (max/mean) at the first, middle and last step, and the device-level max-min gap over 4 would-be
 EP ranks; the figure plots each layer's max/mean over steps. All cells are real measurements
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from moe_repro.components.routing_record import fig9_config, train_and_record
-from moe_repro.components.routing_trace import contiguous_ranks, device_loads, max_min_gap
+from moe_repro.components.balance.routing_record import fig9_config, train_and_record
+from moe_repro.components.balance.routing_trace import contiguous_ranks, device_loads, max_min_gap
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 

@@ -7,8 +7,8 @@ table with the public configs the zoo uses, which is how its Qwen3-235B and Arct
 
 from __future__ import annotations
 
-from moe_repro.components.params import param_counts
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result, Tolerance
 
 TOTAL, ACTIVE, EXPERTS, LAYERS, HIDDEN, FFN = ("Total Params", "Active Params", "Total Experts",

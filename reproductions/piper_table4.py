@@ -7,9 +7,9 @@ value only follows from the formula in GiB (2^30 bytes), say so per cell: Table 
 
 from __future__ import annotations
 
-from moe_repro.components.migration_cost import (PIPER_N_MAT, migration_latency_s,
+from moe_repro.components.balance.migration_cost import (PIPER_N_MAT, migration_latency_s,
                                                  worst_case_send_bytes_per_gpu)
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 SIZE = "Send Size / GPU"

@@ -31,8 +31,8 @@ def _measure_placement(ctx, order: str, ep: int, tokens: int, top_k: int, hidden
     import torch
     import torch.distributed as dist
 
-    from moe_repro.components.alltoall_flat import TorchComm
-    from moe_repro.components.placement import group_of, placement_groups, ring_all_reduce
+    from moe_repro.components.alltoall.flat import TorchComm
+    from moe_repro.components.network.rank_layout import group_of, placement_groups, ring_all_reduce
 
     ep_groups, dp_groups = placement_groups(ctx.world_size, ep, order)
     handles = {}
@@ -75,9 +75,9 @@ def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens
               hidden: int, expert_params: int, seed: int, uniform: bool = False,
               timeout_s: float = 120.0) -> dict:
     """Measured bytes per link class of real small runs (all ranks' messages), per order."""
-    from moe_repro.components.placement import measured_bytes
-    from moe_repro.components.topology import Topology
-    from moe_repro.launch import run_ranks
+    from moe_repro.components.network.rank_layout import measured_bytes
+    from moe_repro.components.network.topology import Topology
+    from moe_repro.runtime.launch import run_ranks
 
     out = run_ranks("moe_repro.reproductions.xmoe_appc1:measure_rank",
                     dict(orders=list(orders), ep=ep, tokens=tokens, top_k=top_k, hidden=hidden,
@@ -94,8 +94,8 @@ def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.components.placement import ORDERS, comm_time_s, traffic_model
-    from moe_repro.components.zoo import get_model
+    from moe_repro.components.network.rank_layout import ORDERS, comm_time_s, traffic_model
+    from moe_repro.components.model.zoo import get_model
 
     cells, assumptions = [], []
     # --- real small runs -----------------------------------------------------------------

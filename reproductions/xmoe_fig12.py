@@ -13,7 +13,7 @@ fewer bytes, not by using faster links: compare the byte reduction directly, and
 direction.
 
 Ours, simulated: the paper's 32-GPU point, from reproductions/_xmoe_fig12_sim.py
-(components/network_sim.py replaying the same flat and RBD schedules on the Frontier profile).
+(components/network/simulator.py replaying the same flat and RBD schedules on the Frontier profile).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.launch import run_ranks
+    from moe_repro.runtime.launch import run_ranks
     from moe_repro.reproductions._suite_runs import device_words
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])

@@ -26,9 +26,9 @@ def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, exper
                  top_k: int, seed: int) -> dict:
     import torch
 
-    from moe_repro.components.moe_layer import MoELayer
-    from moe_repro.components.pp_ep_trainer import SavedActivationMeter
-    from moe_repro.components.ssmb import SSMBLayer
+    from moe_repro.components.moe.moe_layer import MoELayer
+    from moe_repro.components.training.pp_ep_trainer import SavedActivationMeter
+    from moe_repro.components.moe.ssmb import SSMBLayer
 
     torch.manual_seed(seed)
     w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
@@ -51,10 +51,10 @@ def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, exper
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.components.memory_model import xmoe_activation_elements
-    from moe_repro.components.ssmb import sequence_bounds
-    from moe_repro.components.zoo import get_model
-    from moe_repro.launch import run_ranks
+    from moe_repro.components.resources.memory_model import xmoe_activation_elements
+    from moe_repro.components.moe.ssmb import sequence_bounds
+    from moe_repro.components.model.zoo import get_model
+    from moe_repro.runtime.launch import run_ranks
 
     degrees = [int(g) for g in str(params["tp_degrees"]).split(",")]
     cfg = dict(seq=int(params["seq"]), hidden=int(params["hidden"]), dense_ffn=int(params["dense_ffn"]),

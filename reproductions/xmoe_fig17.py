@@ -10,9 +10,9 @@ Arctic's choice depends on S, SSMB for longer sequences.
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import (ssmb_activation_saving, ssmb_beats_ted,
+from moe_repro.components.resources.memory_model import (ssmb_activation_saving, ssmb_beats_ted,
                                                 ssmb_model_state_cost)
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
 
 SEQS = (2048, 4096, 8192)

@@ -5,16 +5,16 @@ X-MoE profiles the dispatch all-to-all on Frontier from 8 to 1024 GCDs and repor
 (ii) stays roughly flat from 32 to 256, (iii) rises sharply beyond 256, which the authors
 attribute to cross-rack traffic (a rack holds 256 GCDs) meeting congestion from other jobs.
 
-Ours is simulated: components/network_sim.py replays the shared ``flat_schedule`` (X-MoE's
+Ours is simulated: components/network/simulator.py replays the shared ``flat_schedule`` (X-MoE's
 dispatch is one all-to-all-v) on the Frontier profile, with the expected routing of uniform
 top-k over the model's experts placed contiguously (EP = GPU count).
 """
 
 from __future__ import annotations
 
-from moe_repro.components import network_sim as ns
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import get_model
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions._suite_runs import csv_param
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
@@ -75,7 +75,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"{m.name}: H = {m.d_model} (bf16 rows), {m.n_experts} experts placed contiguously over the "
         f"GPUs, top-{m.top_k}, {tokens} tokens per GPU (X-MoE does not state the batch of this "
         "profile); expected (uniform) routing; EP = GPU count.",
-        "Simulated by components/network_sim.py on the profile; nodes consecutive, switch groups "
+        "Simulated by components/network/simulator.py on the profile; nodes consecutive, switch groups "
         "and racks filled in order (a Frontier rack: 32 nodes = 256 GCDs).",
         "Left out: background traffic from other jobs (X-MoE's explanation of region iii and of "
         "the > 500 ms outliers of Fig. 18), job placement, adaptive routing, global-link taper, "

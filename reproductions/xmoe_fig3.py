@@ -9,14 +9,14 @@ tensors of X-MoE Table 2 (bf16). Fig. 3 prints no numbers, so cells carry no pap
 Measured, scaled (real, this machine): the same two layers with H and h' divided by
 ``shape_div`` (e = 16 and e m = 128 experts, k = 1 and 8 kept) on ``measured_seq`` tokens, one
 fp32 forward of the padding-free layer each: bytes autograd saves for backward and the forward's
-peak memory rise (components/activation_memory.py), beside Table 2's theory at that config. The
+peak memory rise (components/moe/activation_memory.py), beside Table 2's theory at that config. The
 measured bars are activations only; the model-state bars stay analytic (they are parameter
 counts, not something a run changes). Fig. 3's own measured bars (Frontier) are not reproduced.
 """
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import xmoe_activation_elements
+from moe_repro.components.resources.memory_model import xmoe_activation_elements
 from moe_repro.reproductions._activation_cells import MIB, measured_cells
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result
 
@@ -76,7 +76,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 def _measure_scaled(h: int, hp: int, e: int, m: int, params: dict):
-    from moe_repro.components.activation_memory import measure_config
+    from moe_repro.components.moe.activation_memory import measure_config
     from moe_repro.reproductions._suite_runs import device_words
 
     div, seq = int(params["shape_div"]), int(params["measured_seq"])

@@ -38,10 +38,10 @@ PAPER_VALUES = [
 def compute(repro: Reproduction, params: dict) -> Result:
     import torch
 
-    from moe_repro.components.alltoall_rbd import expected_redundancy_uniform, inter_node_redundancy
-    from moe_repro.components.pft import build_pft
-    from moe_repro.components.routing_trace import synthetic_trace
-    from moe_repro.components.topology import Topology
+    from moe_repro.components.alltoall.rbd import expected_redundancy_uniform, inter_node_redundancy
+    from moe_repro.components.moe.pft import build_pft
+    from moe_repro.components.balance.routing_trace import synthetic_trace
+    from moe_repro.components.network.topology import Topology
     from moe_repro.reproductions._suite_runs import csv_param
 
     E, k, gpn = int(params["experts"]), int(params["top_k"]), int(params["gpus_per_node"])

@@ -10,7 +10,7 @@ entries are evaluated at the same m.
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import xmoe_activation_elements
+from moe_repro.components.resources.memory_model import xmoe_activation_elements
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 COLS = ("A_dispatch", "A_combine", "A_interm0", "A_interm1")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from moe_repro.components.params import param_counts
-from moe_repro.components.zoo import family
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.zoo import family
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 TOTAL, ACTIVE = "Param.", "Activated Param."

@@ -7,16 +7,16 @@ not reproduced.
 
 Measured, scaled (real, this machine): the Large layer with H and H_FFN divided by ``shape_div``,
 E by ``experts_div`` and the sequence by ``seq_div`` (k = 8 kept), one fp32 forward of the
-padding-free layer (X-MoE's pipeline, components/moe_layer.py) and of the capacity-padded layer
-(DS-MoE's pipeline, components/padded_moe.py, capacity factor 1.25). We count the bytes autograd
-saves for backward and the forward's peak memory rise (components/activation_memory.py) and set
+padding-free layer (X-MoE's pipeline, components/moe/moe_layer.py) and of the capacity-padded layer
+(DS-MoE's pipeline, components/moe/padded_moe.py, capacity factor 1.25). We count the bytes autograd
+saves for backward and the forward's peak memory rise (components/moe/activation_memory.py) and set
 them beside Table 2's theory at the same scaled config.
 """
 
 from __future__ import annotations
 
-from moe_repro.components.memory_model import xmoe_activation_elements
-from moe_repro.components.zoo import get_model
+from moe_repro.components.resources.memory_model import xmoe_activation_elements
+from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions._activation_cells import measured_cells
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
@@ -65,7 +65,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 def _measure_scaled(m, seq: int, params: dict) -> dict:
-    from moe_repro.components.activation_memory import measure_config
+    from moe_repro.components.moe.activation_memory import measure_config
     from moe_repro.reproductions._suite_runs import device_words
 
     divs = {k: int(params[k]) for k in ("shape_div", "experts_div", "seq_div")}

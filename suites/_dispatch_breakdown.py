@@ -16,9 +16,9 @@ FLAT_STAGES = ("buffer gather", "counts exchange", "all-to-all")
 
 
 def dispatch_breakdown(ctx, params: dict, repeats: int, warmup: int = 1) -> dict:
-    from moe_repro.components.alltoall_flat import flat_all_to_all_v
-    from moe_repro.components.alltoall_rbd import RBDDispatcher
-    from moe_repro.components.topology import Topology, build_communicators, bytes_by_link_class
+    from moe_repro.components.alltoall.flat import flat_all_to_all_v
+    from moe_repro.components.alltoall.rbd import RBDDispatcher
+    from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
     from moe_repro.suites.alltoall import rank_workload
 
     topo = Topology(nodes=int(params["nodes"]), ranks_per_node=int(params["gpus_per_node"]))

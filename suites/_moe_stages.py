@@ -8,15 +8,15 @@ impl "padded": gating (+ dispatch mask and combine tensor [S, E, C]), buffer dis
                all-to-all back, buffer combine (einsum).
 Forward only, under torch.no_grad() (Fig. 11 is a forward breakdown). Peak memory of a stage is
 measured once per grid point after a warm-up call: peak allocated bytes on CUDA, else the
-process's peak resident set rise (components/peak_memory.py), max over ranks.
+process's peak resident set rise (components/training/peak_memory.py), max over ranks.
 """
 
 from __future__ import annotations
 
 import torch
 
-from moe_repro.components.moe_layer import MoELayer
-from moe_repro.components.padded_moe import PaddedMoELayer
+from moe_repro.components.moe.moe_layer import MoELayer
+from moe_repro.components.moe.padded_moe import PaddedMoELayer
 
 IMPLS = ("pft", "padded")
 STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a", "buffer_combine")
@@ -110,7 +110,7 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - before
         else:
-            from moe_repro.components.peak_memory import (measure_peak_rss, peak_supported,
+            from moe_repro.components.training.peak_memory import (measure_peak_rss, peak_supported,
                                                           return_freed_memory_to_os)
             if not peak_supported():
                 return float("nan")

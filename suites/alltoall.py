@@ -39,7 +39,7 @@ routes them by a loop over tokens, with no communication.
 
 Worlds that are not real here -- ``--platform`` other than ``local``, or more than
 MAX_LOCAL_RANKS ranks -- are simulated by the flow-level topology simulator
-(components/network_sim.py) on the platform's profile: it replays the schedule the real
+(components/network/simulator.py) on the platform's profile: it replays the schedule the real
 algorithm sends (the shared ``flat_schedule`` / ``halo_schedule`` / ``rbd_schedule``), for the
 expected routing of the same parameters (every source sends ``tokens * top_k * e_d / experts``
 rows to a rank holding e_d experts; RBD: the real per-rank routing and pilot selection, up to
@@ -71,7 +71,7 @@ _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per
 
 
 def derived_params(p: dict) -> dict:
-    from moe_repro.launch import launched_world_size
+    from moe_repro.runtime.launch import launched_world_size
 
     nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
     if nodes < 1 or gpn < 1:
@@ -102,7 +102,7 @@ def derived_params(p: dict) -> dict:
             raise ValueError(f"rbd is simulated per message, up to {MAX_SIMULATED_RBD_RANKS} ranks; "
                              f"got {ranks}")
         return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": True,
-                "impl": f"{p['algo']} simulated on {platform} (components/network_sim.py)"}
+                "impl": f"{p['algo']} simulated on {platform} (components/network/simulator.py)"}
     return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": False,
             "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
 
@@ -131,7 +131,7 @@ def bus_bandwidth(algbw: float, ranks: int) -> float:
 
 
 def _simulated_platform(name: str, gpus_per_node: int):
-    from moe_repro.components.platform import load_builtin
+    from moe_repro.components.network.platform import load_builtin
 
     platform = load_builtin(name)  # ValueError naming the known profiles
     if gpus_per_node > platform.gpus_per_node:
@@ -144,7 +144,7 @@ def simulate(params: dict) -> dict:
     """Predicted metrics of one dispatch on ``params['platform']`` (all simulated)."""
     import sys
 
-    from moe_repro.components import network_sim as ns
+    from moe_repro.components.network import simulator as ns
 
     platform = _simulated_platform(str(params["platform"]), int(params["gpus_per_node"]))
     topo = ns.topology_for(platform, int(params["nodes"]), int(params["gpus_per_node"]))
@@ -153,8 +153,8 @@ def simulate(params: dict) -> dict:
     row_bytes = H * 4
     placement = _placement(params["placement"], E, N, int(params["seed"]))
     if params["algo"] == "rbd":
-        from moe_repro.components import alltoall_rbd
-        from moe_repro.components.pft import build_pft
+        from moe_repro.components.alltoall import rbd as alltoall_rbd
+        from moe_repro.components.moe.pft import build_pft
 
         pfts, gens = [], []
         for r in range(N):  # the same inputs and pilot generators as the real run's ranks
@@ -215,8 +215,8 @@ def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
 def rank_workload(params: dict, rank: int, world: int) -> dict:
     """One rank's inputs for a grid point: x, its PFT, the expert -> rank map and the flat send
     order (PFT rows grouped by destination rank) with its counts."""
-    from moe_repro.components.alltoall_rbd import flat_send_layout
-    from moe_repro.components.pft import build_pft
+    from moe_repro.components.alltoall.rbd import flat_send_layout
+    from moe_repro.components.moe.pft import build_pft
 
     placement = _placement(params["placement"], int(params["experts"]), world, int(params["seed"]))
     x, top, weights = _rank_inputs(params, rank)
@@ -227,9 +227,9 @@ def rank_workload(params: dict, rank: int, world: int) -> dict:
 
 
 def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.alltoall_halo import HaloAllToAll
-    from moe_repro.components.alltoall_rbd import RBDDispatcher
-    from moe_repro.components.topology import Topology, build_communicators, bytes_by_link_class
+    from moe_repro.components.alltoall.halo import HaloAllToAll
+    from moe_repro.components.alltoall.rbd import RBDDispatcher
+    from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
     if nodes * gpn != ctx.world_size:
@@ -265,7 +265,7 @@ def setup(params: dict, ctx) -> dict:
 
 
 def _dispatch(state: dict) -> torch.Tensor:
-    from moe_repro.components.alltoall_flat import flat_all_to_all_v
+    from moe_repro.components.alltoall.flat import flat_all_to_all_v
 
     algo, comms, x = state["algo"], state["comms"], state["x"]
     if algo == "rbd":

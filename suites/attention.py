@@ -6,7 +6,7 @@ which is what Fig. 3 compares), batch b, sequence length s. Forward only by defa
 (``backward=true`` times forward + backward).
 
 TFLOP/s = attention_flops / time_s with attention_flops = 4 b H s^2 d / 2 (causal), x3.5 with
-backward (components/attention.py). #wrong: elements of the output off from a float64
+backward (components/model/attention.py). #wrong: elements of the output off from a float64
 explicit softmax(QK^T/sqrt d + mask) V by more than 1e-4 (fp32) / 2e-2 (bf16).
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.attention import (attention_flops, causal_attention, reference_attention,
+from moe_repro.components.model.attention import (attention_flops, causal_attention, reference_attention,
                                             shape_from_model)
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.zoo import get_model
 from moe_repro.suites._moe_stages import set_threads
 from moe_repro.suites.base import Metric, Suite
 

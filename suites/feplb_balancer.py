@@ -11,9 +11,9 @@ moves, that move a non-dynamic expert, or that raise the maximum load (#wrong = 
 
 from __future__ import annotations
 
-from moe_repro.components.feplb import ExpertPartition, greedy_balance
-from moe_repro.components.moe_layer import ExpertPlacement
-from moe_repro.components.routing_trace import synthetic_trace
+from moe_repro.components.balance.feplb import ExpertPartition, greedy_balance
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.components.balance.routing_trace import synthetic_trace
 from moe_repro.suites.base import Metric, Suite
 
 

@@ -2,7 +2,7 @@
 
 One grouped GEMM x [T*E_l, K] times E_l weights [K, M] (an expert's up-projection, K = d_model,
 M = d_ffn, both divided by ``shape_div`` to fit the device), T tokens per expert, for each
-variant of components/expert_mlp.py, plus ``dense``: one torch.mm of the same [T*E_l, K] x
+variant of components/moe/expert_mlp.py, plus ``dense``: one torch.mm of the same [T*E_l, K] x
 [K, M] shape, i.e. equal FLOPs on a single weight, the ceiling a grouped GEMM can reach.
 
 FLOPs per call: 2 * T * E_l * K * M (the padded variant computes exactly these too, because the
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from moe_repro.components.expert_mlp import GEMM_VARIANTS, grouped_gemm
-from moe_repro.components.zoo import get_model
+from moe_repro.components.moe.expert_mlp import GEMM_VARIANTS, grouped_gemm
+from moe_repro.components.model.zoo import get_model
 from moe_repro.suites._moe_stages import set_threads
 from moe_repro.suites.base import Metric, Suite
 

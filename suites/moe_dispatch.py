@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.moe_layer import expert_capacity
+from moe_repro.components.moe.moe_layer import expert_capacity
 from moe_repro.suites._moe_stages import derive_stage, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
 

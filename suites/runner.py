@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from moe_repro.suites.base import Suite
-from moe_repro.suites.stats import summarize
+from moe_repro.results.stats import summarize
 
 
 @dataclass
@@ -129,7 +129,7 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
                 done(rec)
         return records
 
-    from moe_repro.launch import init_launched_world, launched_world_size, run_ranks
+    from moe_repro.runtime.launch import init_launched_world, launched_world_size, run_ranks
 
     external = launched_world_size()
     if external:  # started by torchrun / srun / mpirun: this process is one rank of the world

@@ -9,11 +9,11 @@ in float64 whatever the order and results compare with torch.equal.
 
 import torch
 
-from moe_repro.components.alltoall_flat import TorchComm, all_to_all_v, flat_all_to_all_v, flat_schedule
-from moe_repro.components.alltoall_halo import HaloAllToAll, halo_schedule
-from moe_repro.components.alltoall_rbd import RBDDispatcher, rbd_schedule
-from moe_repro.components.pft import build_pft
-from moe_repro.components.topology import Topology, build_communicators
+from moe_repro.components.alltoall.flat import TorchComm, all_to_all_v, flat_all_to_all_v, flat_schedule
+from moe_repro.components.alltoall.halo import HaloAllToAll, halo_schedule
+from moe_repro.components.alltoall.rbd import RBDDispatcher, rbd_schedule
+from moe_repro.components.moe.pft import build_pft
+from moe_repro.components.network.topology import Topology, build_communicators
 
 
 def _counts_matrix(seed, n):
@@ -193,7 +193,7 @@ def group_halo_vs_flat(ctx, seeds):
     forward == flat == loop reference, backward == flat's backward == loop reference."""
     import torch.distributed as dist
 
-    from moe_repro.components.alltoall_halo_group import halo_all_to_all_v, halo_for_group
+    from moe_repro.components.alltoall.halo_group import halo_all_to_all_v, halo_for_group
 
     n, width = ctx.world_size, 5
     groups = [("world", None, list(range(n)))]

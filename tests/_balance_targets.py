@@ -1,7 +1,7 @@
 """Rank targets for the balancer exactness tests (FEPLB two-phase dispatch, least-loaded EP).
 
 Each balanced layer is compared with the loop-over-tokens float64 reference of _moe_targets
-(independent of components/) and with plain EP (components/moe_layer.py) on the same inputs.
+(independent of components/) and with plain EP (components/moe/moe_layer.py) on the same inputs.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ def _run(layer, x, grad_out):
 
 
 def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
-    from moe_repro.components.feplb import FEPLBMoELayer
-    from moe_repro.components.least_loaded_ep import LeastLoadedMoELayer
-    from moe_repro.components.moe_layer import MoELayer
+    from moe_repro.components.balance.feplb import FEPLBMoELayer
+    from moe_repro.components.balance.least_loaded_ep import LeastLoadedMoELayer
+    from moe_repro.components.moe.moe_layer import MoELayer
 
     torch.manual_seed(0)
     copy_group = dist.new_group(ranks=list(range(ctx.world_size)))
@@ -66,8 +66,8 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
 def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: list[list[int]]) -> dict:
     """EP layer + Adam state; migrate experts across ranks (Alg. 2 swaps); compare the layer's
     output, input gradient, and per-logical-expert weights, gradients and Adam state."""
-    from moe_repro.components.expert_migration import migrate_ep_layer
-    from moe_repro.components.moe_layer import ExpertPlacement, MoELayer
+    from moe_repro.components.balance.expert_migration import migrate_ep_layer
+    from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
 
     h, f, k = 12, 10, 2
     w = make_weights(seed, h, f, experts)

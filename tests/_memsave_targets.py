@@ -27,7 +27,7 @@ def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None, subgroups
     sub-groups of the W ranks), each sharding its own copy of W_voc."""
     import torch.distributed as dist
 
-    from moe_repro.components.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
+    from moe_repro.components.model.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
 
     group, p, group_rank = None, ctx.world_size, ctx.rank
     if subgroups > 1:
@@ -56,7 +56,7 @@ def attention_inputs(seed, seq, heads, kv_heads, dim):
 def ulysses(ctx, cases):
     import torch.distributed as dist
 
-    from moe_repro.components.ulysses_attention import ulysses_attention
+    from moe_repro.components.model.ulysses_attention import ulysses_attention
 
     results = []
     for case in cases:
@@ -88,7 +88,7 @@ def ulysses(ctx, cases):
 
 def ssmb_model(seed, hidden, dense_ffn, experts, expert_ffn, top_k, activation):
     """Full weights of one layer (identical on every rank and in the test process)."""
-    from moe_repro.components.moe_layer import MoELayer
+    from moe_repro.components.moe.moe_layer import MoELayer
 
     torch.manual_seed(seed)
     w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
@@ -104,7 +104,7 @@ def ssmb_inputs(seed, seq, hidden):
 
 
 def ssmb(ctx, cases):
-    from moe_repro.components.ssmb import SSMBLayer
+    from moe_repro.components.moe.ssmb import SSMBLayer
 
     results = []
     for case in cases:

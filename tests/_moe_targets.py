@@ -98,8 +98,8 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
     """Rank target: MoE layer under EP vs the single-process reference, per case."""
     import torch.distributed as dist
 
-    from moe_repro.components.moe_layer import ExpertPlacement, MoELayer
-    from moe_repro.components.padded_moe import PaddedMoELayer
+    from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
+    from moe_repro.components.moe.padded_moe import PaddedMoELayer
 
     torch.manual_seed(0)
     results = []
@@ -139,7 +139,7 @@ def halo_layer_vs_flat_layer(ctx, cases: list[dict]) -> list[dict]:
     HALO layer is also checked against the loop reference."""
     import torch.distributed as dist
 
-    from moe_repro.components.moe_layer import ExpertPlacement, MoELayer
+    from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
 
     results = []
     for case in cases:

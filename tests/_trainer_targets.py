@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.pp_ep_trainer import (StepRunner, TrainConfig, build_rank, named_grads,
+from moe_repro.components.training.pp_ep_trainer import (StepRunner, TrainConfig, build_rank, named_grads,
                                                  train_rank)
 
 

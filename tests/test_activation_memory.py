@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from moe_repro.components import pft as pft_module
-from moe_repro.components.activation_memory import measure_config, theory_bytes
-from moe_repro.components.peak_memory import peak_supported
-from moe_repro.components.pft import build_pft, scatter_combine
+from moe_repro.components.moe import pft as pft_module
+from moe_repro.components.moe.activation_memory import measure_config, theory_bytes
+from moe_repro.components.training.peak_memory import peak_supported
+from moe_repro.components.moe.pft import build_pft, scatter_combine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -15,12 +15,12 @@ import uuid
 import pytest
 import torch
 
-from moe_repro.components.alltoall_flat import flat_schedule
-from moe_repro.components.alltoall_halo import halo_schedule
-from moe_repro.components.alltoall_rbd import rbd_schedule, select_pilots
-from moe_repro.components.pft import build_pft
-from moe_repro.components.topology import Topology, bytes_by_link_class
-from moe_repro.launch import run_ranks
+from moe_repro.components.alltoall.flat import flat_schedule
+from moe_repro.components.alltoall.halo import halo_schedule
+from moe_repro.components.alltoall.rbd import rbd_schedule, select_pilots
+from moe_repro.components.moe.pft import build_pft
+from moe_repro.components.network.topology import Topology, bytes_by_link_class
+from moe_repro.runtime.launch import run_ranks
 
 from procs import processes_with_env
 
@@ -83,7 +83,7 @@ def test_halo_schedule_delivers_every_block_and_keeps_inter_node_bytes(nodes, pe
 def test_halo_plan_needs_only_the_counts_the_exchange_sends(nodes, per_node):
     """Each rank's plan from the counts it is sent (its row, its column, its Phase-II peers'
     counts to its node) equals the plan from the full matrix; the exchange is O(N) per rank."""
-    from moe_repro.components.alltoall_halo import KnownCounts, counts_sent, halo_plan
+    from moe_repro.components.alltoall.halo import KnownCounts, counts_sent, halo_plan
 
     topo = Topology(nodes=nodes, ranks_per_node=per_node)
     n = topo.world_size
@@ -192,7 +192,7 @@ def test_halo_and_rbd_equal_flat_on_mpi_1x2_2x1(targets_on_path):
 
 
 def test_group_topology_restricts_the_emulated_nodes_to_the_group():
-    from moe_repro.components.alltoall_halo_group import group_topology
+    from moe_repro.components.alltoall.halo_group import group_topology
 
     world = Topology(nodes=2, ranks_per_node=2)
     shape = lambda t: (t.nodes, t.ranks_per_node)  # noqa: E731
@@ -206,7 +206,7 @@ def test_group_topology_restricts_the_emulated_nodes_to_the_group():
 
 
 def test_rbd_refuses_groups_its_node_arithmetic_cannot_describe():
-    from moe_repro.components.alltoall_halo_group import group_topology
+    from moe_repro.components.alltoall.halo_group import group_topology
 
     world = Topology(nodes=2, ranks_per_node=2)
     with pytest.raises(ValueError, match="RBD needs the same number"):
@@ -299,7 +299,7 @@ def test_bench_alltoall_records_correct_algo_and_inter_node_bytes(tmp_path, resu
 
 @pytest.mark.multiprocess
 def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
-    from moe_repro.launch import mpiexec_path
+    from moe_repro.runtime.launch import mpiexec_path
 
     out = tmp_path / "m.json"
     r = subprocess.run([mpiexec_path(), "-n", "4", sys.executable, "-c",
@@ -342,7 +342,7 @@ def test_uniform_redundancy_closed_form_equals_enumeration(experts, top_k, nodes
     """Enumerate every k-subset of experts (uniform routing) and count remote copies by hand."""
     from itertools import combinations
 
-    from moe_repro.components.alltoall_rbd import expected_redundancy_uniform
+    from moe_repro.components.alltoall.rbd import expected_redundancy_uniform
 
     per_node = experts // nodes
     remote_pairs = unique_remote = 0

@@ -7,9 +7,9 @@ import torch
 from click.testing import CliRunner
 
 from moe_repro.cli import cli
-from moe_repro.components.fastermoe_shadow import choose_shadows, dispatch_rows, shadow_loads
-from moe_repro.components.load_balance_eval import evaluate_trace
-from moe_repro.components.routing_trace import synthetic_trace
+from moe_repro.components.balance.fastermoe_shadow import choose_shadows, dispatch_rows, shadow_loads
+from moe_repro.components.balance.load_balance_eval import evaluate_trace
+from moe_repro.components.balance.routing_trace import synthetic_trace
 from moe_repro.reproductions import all_reproductions
 
 SMALL = ["--param", "tokens=128", "--param", "micro_batches=3", "--param", "layers=1"]

@@ -127,13 +127,13 @@ def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
 
 def _is_worker(pid):
     try:
-        return b"moe_repro.worker" in open(f"/proc/{pid}/cmdline", "rb").read()
+        return b"moe_repro.runtime.worker" in open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
         return False
 
 
 def test_paper_rerun_resumes_unless_forced(results_dir, monkeypatch):
-    from moe_repro import environment
+    from moe_repro.results import environment
 
     monkeypatch.setattr(environment, "git_state", lambda: {"git_commit": "c0ffee", "git_dirty": False})
     first = invoke("run", "--paper", "piper", "--how", "A")

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_repro.components.eplb_placement import place_replicas, replicate
+from moe_repro.components.balance.eplb_placement import place_replicas, replicate
 
 
 def test_replicate_by_hand():

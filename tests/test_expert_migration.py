@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_repro.components.expert_migration import (MigrationScheduler, hill_climb_swaps,
+from moe_repro.components.balance.expert_migration import (MigrationScheduler, hill_climb_swaps,
                                                    swap_expert_slots, swaps_to_moves)
-from moe_repro.components.migration_cost import expert_state_bytes
-from moe_repro.components.moe_layer import MoELayer
-from moe_repro.components.routing_trace import max_min_gap
+from moe_repro.components.balance.migration_cost import expert_state_bytes
+from moe_repro.components.moe.moe_layer import MoELayer
+from moe_repro.components.balance.routing_trace import max_min_gap
 
 ATOL, RTOL = 1e-6, 1e-5
 
@@ -90,7 +90,7 @@ def test_swap_on_live_layer_changes_nothing(seed):
     """Swap two expert slots (weights, Adam state, router columns): output, gradients and the
     optimizer state are the same up to the permutation, before and after an optimizer step.
     Parameters and optimizer state must match bit for bit; outputs and gradients to ATOL, because
-    the gate scores in float32 (components/gating.py) and a permuted softmax sums in another
+    the gate scores in float32 (components/moe/gating.py) and a permuted softmax sums in another
     order."""
     torch.manual_seed(seed)
     E, a, b = 6, 1, 4
@@ -140,7 +140,7 @@ def test_swap_on_live_layer_changes_nothing(seed):
 def test_ep_migration_over_ranks_changes_nothing(targets_on_path):
     """Alg. 2 swaps applied across 2 real gloo ranks: same output and input gradient, and every
     logical expert's weights, gradient and Adam moments equal wherever it now lives."""
-    from moe_repro.launch import run_ranks
+    from moe_repro.runtime.launch import run_ranks
 
     res = run_ranks("_balance_targets:migration_unchanged",
                     {"seed": 3, "tokens": [13, 0], "experts": 6, "swaps": [[0, 4], [2, 3]]},

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe_repro.components.expert_mlp import GEMM_VARIANTS, ExpertMLP, grouped_gemm
+from moe_repro.components.moe.expert_mlp import GEMM_VARIANTS, ExpertMLP, grouped_gemm
 
 
 def _per_expert(x, w, counts):

@@ -4,10 +4,10 @@ EP and to a loop-over-tokens reference over 2 and 4 real gloo ranks (FEPLB Sec. 
 import pytest
 import torch
 
-from moe_repro.components.feplb import (ExpertPartition, greedy_balance, phase2_bytes,
+from moe_repro.components.balance.feplb import (ExpertPartition, greedy_balance, phase2_bytes,
                                         weight_buffer_bytes)
-from moe_repro.components.moe_layer import ExpertPlacement
-from moe_repro.launch import run_ranks
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.runtime.launch import run_ranks
 
 from _balance_targets import assert_exact_vs_plain
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from moe_repro.components.gating import TopKGate, top_k_gating
+from moe_repro.components.moe.gating import TopKGate, top_k_gating
 
 
 def _reference(logits_row, k, score, normalize):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_repro.components.host_optimizer import HostPipelinedAdamW
+from moe_repro.components.training.host_optimizer import HostPipelinedAdamW
 
 
 def _model(seed):

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from moe_repro.launch import RankFailure, run_ranks
+from moe_repro.runtime.launch import RankFailure, run_ranks
 from procs import processes_with_env
 
 pytestmark = pytest.mark.multiprocess

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from moe_repro.components.least_loaded_ep import least_loaded_plan
-from moe_repro.components.moe_layer import ExpertPlacement
-from moe_repro.launch import run_ranks
+from moe_repro.components.balance.least_loaded_ep import least_loaded_plan
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.runtime.launch import run_ranks
 
 from _balance_targets import assert_exact_vs_plain
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from moe_repro.components import memory_model as mm
-from moe_repro.components.params import param_counts
-from moe_repro.components.zoo import MoEModel, get_model
+from moe_repro.components.resources import memory_model as mm
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.zoo import MoEModel, get_model
 
 # d=2, d_ffn=3, E=4, L=2, H=1, k=2, b=2, s=3 (hand-computed below, per layer):
 #   static: 64 d^2 = 256; 48 E d d_ffn = 1152 (EP=2: 576)

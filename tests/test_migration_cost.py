@@ -1,6 +1,6 @@
 import pytest
 
-from moe_repro.components.migration_cost import (expert_state_bytes, migration_latency_s,
+from moe_repro.components.balance.migration_cost import (expert_state_bytes, migration_latency_s,
                                                  moves_send_bytes_per_gpu, worst_case_migration,
                                                  worst_case_send_bytes_per_gpu)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from _moe_targets import load_local, make_tokens, make_weights, max_err, reference_grads
-from moe_repro.components.moe_layer import ExpertPlacement, MoELayer, expert_capacity
-from moe_repro.components.padded_moe import PaddedMoELayer
-from moe_repro.launch import run_ranks
+from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer, expert_capacity
+from moe_repro.components.moe.padded_moe import PaddedMoELayer
+from moe_repro.runtime.launch import run_ranks
 
 TOL = 1e-5  # fp32 vs float64 on O(1) values with H, F <= 32
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from moe_repro.components.attention import (attention_flops, causal_attention, reference_attention,
+from moe_repro.components.model.attention import (attention_flops, causal_attention, reference_attention,
                                             shape_from_model)
-from moe_repro.components.zoo import get_model
+from moe_repro.components.model.zoo import get_model
 from moe_repro.suites import all_suites
 from moe_repro.suites.runner import RunConfig, run_point
 
@@ -27,7 +27,7 @@ def test_moe_dispatch_records_impl_time_and_peak_memory(impl):
 
 
 def test_moe_dispatch_check_catches_a_wrong_combine(monkeypatch):
-    from moe_repro.components.moe_layer import MoELayer
+    from moe_repro.components.moe.moe_layer import MoELayer
 
     suite = all_suites()["moe-dispatch"]
     state = suite.setup(dict(TINY_LAYER, impl="pft", stage="total"), None)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_repro.components.peak_memory import measure_peak_rss, peak_supported, return_freed_memory_to_os
+from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported, return_freed_memory_to_os
 
 needs_proc = pytest.mark.skipif(not peak_supported(), reason="needs Linux /proc/self/clear_refs")
 

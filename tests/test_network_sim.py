@@ -1,4 +1,4 @@
-"""Flow-level network simulator (components/network_sim.py): hand-computable cases, the
+"""Flow-level network simulator (components/network/simulator.py): hand-computable cases, the
 aggregated simulation against the per-message one, and a calibration against real runs."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from moe_repro.components import network_sim as ns
-from moe_repro.components.alltoall_flat import PHASE_DEPENDENCIES as FLAT_DEPS
-from moe_repro.components.alltoall_flat import flat_schedule
-from moe_repro.components.alltoall_halo import PHASE_DEPENDENCIES as HALO_DEPS
-from moe_repro.components.alltoall_halo import halo_schedule
-from moe_repro.components.platform import from_dict, load_builtin
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall.flat import PHASE_DEPENDENCIES as FLAT_DEPS
+from moe_repro.components.alltoall.flat import flat_schedule
+from moe_repro.components.alltoall.halo import PHASE_DEPENDENCIES as HALO_DEPS
+from moe_repro.components.alltoall.halo import halo_schedule
+from moe_repro.components.network.platform import from_dict, load_builtin
 
 GB = 1e9
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from moe_repro.components.gating import GateOutput
-from moe_repro.components.moe_layer import expert_capacity
-from moe_repro.components.padded_moe import capacity_positions, dispatch_and_combine_masks
+from moe_repro.components.moe.gating import GateOutput
+from moe_repro.components.moe.moe_layer import expert_capacity
+from moe_repro.components.moe.padded_moe import capacity_positions, dispatch_and_combine_masks
 
 
 def _gate(seed, s, e, k):

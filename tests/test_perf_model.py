@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from moe_repro.components import perf_model as pm
-from moe_repro.components.params import param_counts
-from moe_repro.components.platform import load_builtin
-from moe_repro.components.zoo import MoEModel, get_model
+from moe_repro.components.resources import perf_model as pm
+from moe_repro.components.model.params import param_counts
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.model.zoo import MoEModel, get_model
 
 
 def test_eq6_hand_case():

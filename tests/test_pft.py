@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_repro.components.pft import build_pft, gather_tokens, scatter_combine
+from moe_repro.components.moe.pft import build_pft, gather_tokens, scatter_combine
 
 
 def _routing(seed, s, e, k, dead=()):

@@ -3,8 +3,8 @@ link class counted from real messages vs the formula."""
 
 import pytest
 
-from moe_repro.components.placement import placement_groups, traffic_model
-from moe_repro.components.topology import Topology
+from moe_repro.components.network.rank_layout import placement_groups, traffic_model
+from moe_repro.components.network.topology import Topology
 
 
 def test_groups_partition_the_world_and_localise_the_right_collective():

@@ -57,7 +57,7 @@ def test_plan_one_layout():
 def test_plan_with_a_copied_profile(tmp_path):
     from importlib import resources
 
-    doc = json.loads(resources.files("moe_repro.components").joinpath("platforms", "frontier.json").read_text())
+    doc = json.loads(resources.files("moe_repro.components.network").joinpath("platforms", "frontier.json").read_text())
     doc["gpu"]["hbm_GB"] = 1  # an edited copy: nothing fits in 1 GB
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(doc))

@@ -7,10 +7,10 @@ from importlib import resources
 
 import pytest
 
-from moe_repro.components.memory_model import MemoryOptions, all_stages
-from moe_repro.components.planner import plan
-from moe_repro.components.platform import from_dict, load_builtin
-from moe_repro.components.zoo import MoEModel, get_model
+from moe_repro.components.resources.memory_model import MemoryOptions, all_stages
+from moe_repro.components.resources.planner import plan
+from moe_repro.components.network.platform import from_dict, load_builtin
+from moe_repro.components.model.zoo import MoEModel, get_model
 
 
 def test_deepseek_v3_on_frontier_64_nodes():
@@ -99,7 +99,7 @@ def test_platform_validation():
 
 
 def test_local_profile_from_measurements_is_valid_and_rejects_bad_values():
-    from moe_repro.components.platform import local_profile
+    from moe_repro.components.network.platform import local_profile
 
     doc = local_profile(0.05, 0.01, 4.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
     p = from_dict(doc)
@@ -108,5 +108,5 @@ def test_local_profile_from_measurements_is_valid_and_rejects_bad_values():
     assert pl.best is not None and {(c.pp, c.ep) for c in pl.candidates} == {(1, 2), (2, 1)}
     with pytest.raises(ValueError, match="copy"):
         local_profile(0.05, 0.01, 0.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
-    assert from_dict(json.loads(resources.files("moe_repro.components").joinpath(
+    assert from_dict(json.loads(resources.files("moe_repro.components.network").joinpath(
         "platforms", "local.json").read_text())).name == "local"

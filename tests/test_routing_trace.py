@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_repro.components.routing_trace import (GemmTimeModel, RoutingTrace, contiguous_ranks,
+from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace, contiguous_ranks,
                                                 counts_from_top_experts, device_loads,
                                                 gemm_straggler, max_min_gap, synthetic_trace,
                                                 token_straggler)

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from moe_repro.atomic import atomic_write_json, atomic_write_text
-from moe_repro.store import ResultsStore
+from moe_repro.results.atomic import atomic_write_json, atomic_write_text
+from moe_repro.results.store import ResultsStore
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):

@@ -1,4 +1,4 @@
-"""The PP x EP trainer (components/pp_ep_trainer.py): exact against one process, schedules agree.
+"""The PP x EP trainer (components/training/pp_ep_trainer.py): exact against one process, schedules agree.
 
 The reference is the whole model in one process, no pipeline and no expert parallelism, looping
 over the same data shards and micro-batches (pp_ep_trainer.reference_run); the distributed runs
@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from moe_repro.components.moe_transformer import StageModule, TransformerConfig, split_layers
-from moe_repro.components.pp_ep_trainer import SavedActivationMeter, TrainConfig
-from moe_repro.launch import run_ranks
+from moe_repro.components.model.moe_transformer import StageModule, TransformerConfig, split_layers
+from moe_repro.components.training.pp_ep_trainer import SavedActivationMeter, TrainConfig
+from moe_repro.runtime.launch import run_ranks
 
 TOL = 1e-5  # fp32; the issue's bound
 # Small and fast: 2 layers (so PP=2 has one each), short sequences.
@@ -134,8 +134,8 @@ def test_config_rejects_halo_on_ep_groups_uneven_over_nodes():
 
 @pytest.mark.multiprocess
 def test_a_dead_rank_stops_the_world_with_a_clear_message():
-    from moe_repro.components.pp_ep_trainer import launch_training
-    from moe_repro.launch import RankFailure
+    from moe_repro.components.training.pp_ep_trainer import launch_training
+    from moe_repro.runtime.launch import RankFailure
 
     cfg = TrainConfig(**{**SMALL, "check_reference": False, "pp": 2, "ep": 1, "steps": 3,
                          "fail_rank": 1, "fail_step": 1})

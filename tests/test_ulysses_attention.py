@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from moe_repro.launch import run_ranks
+from moe_repro.runtime.launch import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -68,7 +68,7 @@ def _check_group(outs, i, ref, inputs, ranks):
 
 
 def test_declared_bytes_match_a_hand_count():
-    from moe_repro.components.ulysses_attention import alltoall_bytes_per_rank
+    from moe_repro.components.model.ulysses_attention import alltoall_bytes_per_rank
 
     # rank 0 of D = 2 holds 3 of 8 tokens; H = 4 query heads, 2 kv heads, d = 8, fp32 (32 B a head row)
     got = alltoall_bytes_per_rank([3, 5], 0, heads=4, kv_heads=2, head_dim=8)

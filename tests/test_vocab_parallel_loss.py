@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe_repro.components.vocab_parallel_loss import shard_bounds
-from moe_repro.launch import run_ranks
+from moe_repro.components.model.vocab_parallel_loss import shard_bounds
+from moe_repro.runtime.launch import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from moe_repro.components.params import layer_params, param_counts
-from moe_repro.components.zoo import MLA, MODELS, MoEModel, family, get_model
+from moe_repro.components.model.params import layer_params, param_counts
+from moe_repro.components.model.zoo import MLA, MODELS, MoEModel, family, get_model
 
 
 def _numel(*modules: nn.Module) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moe_repro.errors import BadInput, RunFailure
+from moe_repro.cli.errors import BadInput, RunFailure
 
 
 def options_as_params(args: list[str]) -> list[str]:
@@ -60,9 +60,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     """
     import difflib
 
-    from moe_repro.atomic import atomic_write_json
-    from moe_repro.environment import collect_environment
-    from moe_repro.launch import RankFailure, launched_world_size
+    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.results.environment import collect_environment
+    from moe_repro.runtime.launch import RankFailure, launched_world_size
     from moe_repro.reports.terminal import format_records
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite

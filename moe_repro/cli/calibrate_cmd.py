@@ -9,7 +9,7 @@ import time
 
 import click
 
-from moe_repro.errors import BadInput
+from moe_repro.cli.errors import BadInput
 
 
 def _median_time(fn, repeats: int) -> tuple[float, float]:
@@ -66,9 +66,9 @@ def command(out_path, ranks, quick) -> None:
     and write a `local` platform profile for `repro plan --platform FILE`."""
     import torch
 
-    from moe_repro.atomic import atomic_write_json
-    from moe_repro.components.platform import from_dict, local_profile
-    from moe_repro.environment import collect_environment
+    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.components.network.platform import from_dict, local_profile
+    from moe_repro.results.environment import collect_environment
 
     cores = os.cpu_count() or 1
     ranks = ranks if ranks is not None else cores

@@ -18,8 +18,8 @@ def command(store, names, kind, fmt, history, out_path) -> None:
 
     import pandas as pd
 
-    from moe_repro.atomic import atomic_write_text
-    from moe_repro.errors import BadInput
+    from moe_repro.results.atomic import atomic_write_text
+    from moe_repro.cli.errors import BadInput
     from moe_repro.reports.export import frame, write
 
     available = store.names(kind)

@@ -37,9 +37,9 @@ Exit codes:
               help="Write every finding to this file.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
 def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
-    from moe_repro import gate
-    from moe_repro.atomic import atomic_write_json
-    from moe_repro.errors import BadInput
+    from moe_repro.results import gate
+    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.cli.errors import BadInput
     from moe_repro.reports.terminal import table
 
     try:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from moe_repro.errors import BadInput
+from moe_repro.cli.errors import BadInput
 
 
 def load_platform(name_or_path: str):
     """A built-in profile by name, or a JSON file (a copied and edited profile)."""
-    from moe_repro.components.platform import from_dict, load_builtin
+    from moe_repro.components.network.platform import from_dict, load_builtin
 
     path = Path(name_or_path)
     try:
@@ -30,7 +30,7 @@ def load_platform(name_or_path: str):
 
 
 def load_model(key: str):
-    from moe_repro.components.zoo import get_model
+    from moe_repro.components.model.zoo import get_model
 
     try:
         return get_model(key)
@@ -98,8 +98,8 @@ def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, z
 
     Example: repro plan --model deepseek-v3 --platform frontier --nodes 64 --json p.json
     """
-    from moe_repro.atomic import atomic_write_json
-    from moe_repro.components.planner import plan
+    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.components.resources.planner import plan
 
     for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
                     ("--micro-batches", micro_batches), ("--pp", pp), ("--ep", ep)):

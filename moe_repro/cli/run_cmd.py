@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from moe_repro.errors import BadInput
+from moe_repro.cli.errors import BadInput
 
 
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
@@ -47,7 +47,7 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
 
 def run_one(rid: str, params: dict) -> dict:
     """Compute one reproduction and return its payload (the DESIGN.md contract)."""
-    from moe_repro.environment import collect_environment
+    from moe_repro.results.environment import collect_environment
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.spec import HOW, summarize
 
@@ -79,7 +79,7 @@ def run_one(rid: str, params: dict) -> dict:
 
 def is_current(stored: dict, params: dict) -> bool:
     """A stored result is current if made by this very commit, from a clean tree, same params."""
-    from moe_repro.environment import git_state
+    from moe_repro.results.environment import git_state
     from moe_repro.reproductions import all_reproductions
 
     state, env = git_state(), stored.get("environment", {})
@@ -126,7 +126,7 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
     the cause is known), no-paper-value, or not-reproduced (with why). Deviations are results,
     not errors: the exit code is 0.
     """
-    from moe_repro.atomic import atomic_write_json
+    from moe_repro.results.atomic import atomic_write_json
     from moe_repro.reports.site import write_reproduction_page
     from moe_repro.reports.terminal import format_result
 

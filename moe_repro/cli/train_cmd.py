@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from moe_repro.errors import BadInput, RunFailure
+from moe_repro.cli.errors import BadInput, RunFailure
 
 # fp32 end to end: distributed and single-process gradients agree to rounding (summation order).
 REFERENCE_TOLERANCE = 1e-5
@@ -105,10 +105,10 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
 
       repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json
     """
-    from moe_repro.atomic import atomic_write_json
-    from moe_repro.components.pp_ep_trainer import TrainConfig, launch_training, train_rank
-    from moe_repro.environment import collect_environment
-    from moe_repro.launch import RankFailure, init_launched_world, launched_world_size
+    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.components.training.pp_ep_trainer import TrainConfig, launch_training, train_rank
+    from moe_repro.results.environment import collect_environment
+    from moe_repro.runtime.launch import RankFailure, init_launched_world, launched_world_size
 
     cfg = TrainConfig(model=model, pp=pp, ep=ep, dp=dp, schedule=schedule,
                       micro_batches=micro_batches, micro_batch_size=micro_batch_size, steps=steps,

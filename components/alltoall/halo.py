@@ -1,0 +1,307 @@
+"""HALO all-to-all (Piper Sec. V, Alg. 1), generalised to uneven rows per destination.
+
+Three phases on a world of ``nodes x R`` ranks (rank = node * R + local_rank):
+
+  Phase I   intra-node all-to-all of the rows for my own node's ranks        (intra links)
+  Phase II  batched isend/irecv with the same-local-rank rank of every other node: all my rows
+            for node n go to rank n*R + local_rank (Alg. 1 lines 12-16)      (inter-node links)
+  Phase III intra-node all-to-all that hands each local rank the remote rows meant for it
+                                                                             (intra links)
+
+Dependencies (Eq. 13): Phase I || (Phase II -> Phase III). Phase I is issued asynchronously on
+its own intra-node communicator before Phase II starts and is waited on only when its rows are
+written to the output, so it overlaps both later phases.
+
+Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
+:class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
+before (or another dtype / row width). The returned tensor is the persistent O: the next call
+overwrites it (clone it to keep it). Phase II is packed with one index_select (line 11) into
+F2s; Phase III's transpose (line 18) and the output scatter (lines 20-23) are one index_select
+and one index_copy each.
+
+Generalisation beyond Alg. 1's equal rows: Alg. 1 sends exactly one D-wide row to every rank;
+here rank s sends ``C[s][d] >= 0`` rows of width H to rank d (zero included). This works because
+the rows a rank sends to one node are still contiguous in its send buffer and every block keeps
+its (source, destination) identity, so only the sizes change; the counts a rank needs are learnt
+once per call by an all-to-all of counts (phase "counts", see below) unless the full matrix is
+given. What
+does NOT generalise: the algorithm needs the same number of ranks on every node (Phase II pairs
+rank (n, l) with (n', l) on every other node), so an uneven world is rejected by construction
+(Topology has one ranks_per_node); and with uneven blocks the permutes of lines 18 and 21 are no
+longer pure reshapes, hence the index_select / index_copy with precomputed indices.
+
+Bytes (per rank s on node a; C the counts matrix, b the row bytes):
+  Phase I   intra-node: sum_{d in node a, d != s} C[s][d] * b
+  Phase II  inter-node: sum_{d not in node a} C[s][d] * b        (same total as flat)
+  Phase III intra-node: sum over local peers l' != l of the remote rows rank s forwards
+So HALO puts the same bytes on inter-node links as flat but through R parallel NIC-affine
+peers (one message per remote node instead of R), and pays extra intra-node bytes (Phase III).
+
+Counts exchange: rank r's plan reads only its own row C[r], its column C[.][r] (what it
+receives, Phases I and III) and, from each Phase-II peer p (same local rank on another node),
+C[p][d] for the R ranks d of r's node (the layout of F2r). So instead of all-gathering the N x N
+matrix (8 N^2 bytes received per rank: 134 MB at 4096 ranks) rank s sends rank d one int64,
+C[s][d], or R int64s, C[s][d'] for every d' on d's node, when d is s's Phase-II peer:
+    counts bytes sent per rank = 8 * (N + (nodes - 1) * (R - 1))     (< 16 N; 61 KB at 512 x 8)
+:class:`KnownCounts` holds what arrived; reading any other entry raises KeyError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+from moe_repro.components.network.topology import Topology
+
+PHASE_DEPENDENCIES = {"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}  # Eq. 13
+
+
+def counts_sent(topo: Topology, src: int, dst: int) -> list[int]:
+    """Destinations d' whose count C[src][d'] rank ``src`` sends rank ``dst`` in the counts
+    exchange: all of dst's node when dst is src's Phase-II peer, else dst alone."""
+    if topo.node_of(src) != topo.node_of(dst) and topo.local_rank(src) == topo.local_rank(dst):
+        return topo.node_ranks(topo.node_of(dst))
+    return [dst]
+
+
+class _KnownRow:
+    def __init__(self, n: int, entries: dict[int, int]):
+        self.n, self.entries = n, entries
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, d: int) -> int:
+        return self.entries[d]  # KeyError: an entry this rank was not sent
+
+
+class KnownCounts:
+    """The entries of the N x N counts matrix one rank learnt from the counts exchange: its own
+    row in full, its column, and its Phase-II peers' counts to its node. Indexes as C[s][d]."""
+
+    def __init__(self, n: int, rank: int, my_row: list[int], received: dict[int, dict[int, int]]):
+        self.n, self.rank = n, rank
+        self.rows = [my_row if s == rank else _KnownRow(n, received[s]) for s in range(n)]
+        self.key = (rank, tuple(my_row), tuple(sorted((s, tuple(sorted(e.items())))
+                                                     for s, e in received.items())))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, s: int):
+        return self.rows[s]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+@dataclass
+class HaloPlan:
+    """All sizes and indices one rank needs for one counts matrix (pure function of C, topo)."""
+
+    rank: int
+    local_start: int  # first row of x for my node's ranks (Alg. 1 line 1, in rows)
+    local_stop: int
+    remote_nodes: list[int]  # N_ in Alg. 1: other nodes, ascending
+    p1_send: list[int]  # rows to each local rank (Phase I)
+    p1_recv: list[int]
+    p2_send: list[int]  # rows to the peer on each remote node (Phase II)
+    p2_recv: list[int]
+    p3_send: list[int]  # rows to each local rank (Phase III)
+    p3_recv: list[int]
+    pack_index: torch.Tensor  # rows of x for Phase II, remote nodes in order (line 10)
+    p3_index: torch.Tensor  # rows of F2r in Phase III send order (line 18)
+    out_local: tuple[int, int]  # output rows filled by Phase I (line 20)
+    out_remote_index: torch.Tensor  # output row of each F3r row (lines 21-23)
+    total_recv: int
+
+
+def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
+    N, R = topo.world_size, topo.ranks_per_node
+    if len(C) != N or any(len(row) != N for row in C):
+        raise ValueError(f"counts matrix must be {N}x{N}")
+    node, l = topo.node_of(rank), topo.local_rank(rank)
+    mine = [int(c) for c in C[rank]]
+    starts = [0, *accumulate(mine)]  # prefix sums (O(N); the simulator calls this at N = 8192)
+    local = topo.node_ranks(node)
+    remote_nodes = [n for n in range(topo.nodes) if n != node]
+    p1_send = [mine[d] for d in local]
+    p1_recv = [int(C[s][rank]) for s in local]
+    p2_send = [sum(mine[d] for d in topo.node_ranks(n)) for n in remote_nodes]
+    peers = [n * R + l for n in remote_nodes]
+    p2_recv = [sum(int(C[p][d]) for d in local) for p in peers]
+
+    pack = [i for n in remote_nodes for i in range(starts[n * R], starts[(n + 1) * R])]
+
+    # F2r holds, per remote node i (peer p_i), blocks for local ranks l' = 0..R-1 in order.
+    f2_offset = {}
+    pos = 0
+    for p in peers:
+        for lp, d in enumerate(local):
+            f2_offset[(p, lp)] = (pos, int(C[p][d]))
+            pos += int(C[p][d])
+    # Phase III sends, to each local l', the blocks of every remote node in node order.
+    p3_index, p3_send = [], []
+    for lp in range(R):
+        n_rows = 0
+        for p in peers:
+            start, cnt = f2_offset[(p, lp)]
+            p3_index.extend(range(start, start + cnt))
+            n_rows += cnt
+        p3_send.append(n_rows)
+    # I receive from local l'' the rows of sources (n, l'') for remote n, in node order.
+    recv_from = [int(C[s][rank]) for s in range(N)]
+    out_start = [0, *accumulate(recv_from)]
+    p3_recv, out_remote = [], []
+    for lpp in range(R):
+        cnt = 0
+        for n in remote_nodes:
+            s = n * R + lpp
+            out_remote.extend(range(out_start[s], out_start[s + 1]))
+            cnt += recv_from[s]
+        p3_recv.append(cnt)
+    return HaloPlan(
+        rank=rank, local_start=starts[local[0]], local_stop=starts[local[-1] + 1],
+        remote_nodes=remote_nodes, p1_send=p1_send, p1_recv=p1_recv, p2_send=p2_send,
+        p2_recv=p2_recv, p3_send=p3_send, p3_recv=p3_recv,
+        pack_index=torch.tensor(pack, dtype=torch.int64),
+        p3_index=torch.tensor(p3_index, dtype=torch.int64),
+        out_local=(out_start[local[0]], out_start[local[-1] + 1]),
+        out_remote_index=torch.tensor(out_remote, dtype=torch.int64),
+        total_recv=out_start[N])
+
+
+def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
+                  with_counts: bool = True, ranks=None) -> list[tuple[str, int, int, int]]:
+    """(phase, src, dst, nbytes) of every message HALO sends for counts matrix C; built from
+    the same :func:`halo_plan` the collective executes. Self-messages are local copies. The
+    counts exchange (:func:`counts_sent`: int64s to every rank, itself included) is left out
+    when C was given. ``ranks``
+    limits the source ranks (the topology simulator builds representative ranks only)."""
+    N, R = topo.world_size, topo.ranks_per_node
+    sources = range(N) if ranks is None else ranks
+    msgs = [("counts", s, d, 8 * len(counts_sent(topo, s, d))) for s in sources for d in range(N)] \
+        if with_counts else []
+    for r in sources:
+        plan = halo_plan(C, topo, r)
+        local = topo.node_ranks(topo.node_of(r))
+        for d, c in zip(local, plan.p1_send):
+            if c:
+                msgs.append(("I", r, d, c * row_bytes))
+        for n, c in zip(plan.remote_nodes, plan.p2_send):
+            if c:
+                msgs.append(("II", r, n * R + topo.local_rank(r), c * row_bytes))
+        for d, c in zip(local, plan.p3_send):
+            if c:
+                msgs.append(("III", r, d, c * row_bytes))
+    return msgs
+
+
+class HaloAllToAll:
+    """HALO all-to-all-v for one rank; keep one instance per layer (it owns the buffers)."""
+
+    def __init__(self, comms):
+        self.comms = comms  # topology.Communicators
+        self.topo: Topology = comms.topo
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._plans: dict[tuple, HaloPlan] = {}
+
+    def _buf(self, name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
+        shape = (rows, *like.shape[1:])
+        b = self._buffers.get(name)
+        if b is None or b.dtype != like.dtype or b.shape[1:] != like.shape[1:] or b.shape[0] < rows:
+            b = like.new_empty((max(rows, 1), *like.shape[1:]))
+            self._buffers[name] = b
+        return b[:rows].view(shape)
+
+    def plan(self, C, device: torch.device | None = None) -> HaloPlan:
+        rows = C.key if isinstance(C, KnownCounts) else tuple(tuple(int(c) for c in row) for row in C)
+        key = (rows, device)
+        if key not in self._plans:
+            if len(self._plans) > 64:
+                self._plans.clear()
+            # Ranks of the topology are ranks of the world communicator (a sub-group's own ranks).
+            p = halo_plan(C, self.topo, self.comms.world.rank)
+            if device is not None:  # index tensors where the rows are (index_select on a GPU)
+                for name in ("pack_index", "p3_index", "out_remote_index"):
+                    setattr(p, name, getattr(p, name).to(device))
+            self._plans[key] = p
+        return self._plans[key]
+
+    def counts_matrix(self, send_counts: list[int]) -> list[list[int]]:
+        """All ranks' send counts by an all-gather (8 N^2 bytes received per rank; logged as N
+        int64 to every other rank, phase "counts"), for callers that need the whole matrix (the
+        differentiable group HALO's backward transposes it). HALO's own call needs only
+        :meth:`known_counts`."""
+        world = self.comms.world
+        if world.log is not None:
+            for peer in range(world.size):
+                if peer != world.rank:
+                    world.log.append(("counts", world.global_rank, world.ranks[peer], 8 * world.size))
+        return world.allgather_ints(send_counts)
+
+    def known_counts(self, send_counts: list[int]) -> KnownCounts:
+        """The counts this rank's plan needs, by one all-to-all of counts (module docstring)."""
+        world, topo = self.comms.world, self.topo
+        me, N = world.rank, world.size
+        send, send_sizes, recv_sizes = [], [], []
+        for d in range(N):
+            dests = counts_sent(topo, me, d)
+            send += [int(send_counts[dd]) for dd in dests]
+            send_sizes.append(len(dests))
+            recv_sizes.append(len(counts_sent(topo, d, me)))
+        got = world.alltoallv(torch.tensor(send, dtype=torch.int64), send_sizes, recv_sizes,
+                              "counts").tolist()
+        received, pos = {}, 0
+        for s in range(N):
+            dests = counts_sent(topo, s, me)
+            received[s] = dict(zip(dests, got[pos:pos + len(dests)]))
+            pos += len(dests)
+        return KnownCounts(N, me, [int(c) for c in send_counts], received)
+
+    def __call__(self, x: torch.Tensor, send_counts: list[int],
+                 counts_matrix: list[list[int]] | None = None) -> torch.Tensor:
+        send_counts = [int(c) for c in send_counts]
+        N = self.topo.world_size
+        if len(send_counts) != N or sum(send_counts) != x.shape[0] or min(send_counts, default=0) < 0:
+            raise ValueError(f"send_counts must be {N} non-negative ints summing to {x.shape[0]}")
+        C = counts_matrix if counts_matrix is not None else self.known_counts(send_counts)
+        if [int(c) for c in C[self.comms.world.rank]] != send_counts:
+            raise ValueError("counts_matrix row of this rank differs from send_counts")
+        x = x.contiguous()
+        p = self.plan(C, x.device)
+        R = self.topo.ranks_per_node
+        my_local = self.topo.local_rank(self.comms.world.rank)
+
+        # Phase I: issued async on its own communicator; overlaps Phases II and III (Eq. 13).
+        P1 = self._buf("P1", sum(p.p1_recv), x)
+        L = x[p.local_start:p.local_stop]  # line 7: contiguous, no copy
+        _, phase1 = self.comms.intra_overlap.alltoallv_async(L, p.p1_send, p.p1_recv, "I", out=P1)
+
+        # Phase II: one index_select packs every remote-destined row (line 11), then one
+        # batched isend/irecv per remote node with its same-local-rank peer (lines 12-16).
+        F2s = self._buf("F2s", p.pack_index.numel(), x)
+        torch.index_select(x, 0, p.pack_index, out=F2s)
+        F2r = self._buf("F2r", sum(p.p2_recv), x)
+        sends, recvs, so, ro = [], [], 0, 0
+        for n, cs, cr in zip(p.remote_nodes, p.p2_send, p.p2_recv):
+            peer = n * R + my_local
+            sends.append((peer, F2s[so:so + cs]))
+            recvs.append((peer, F2r[ro:ro + cr]))
+            so, ro = so + cs, ro + cr
+        self.comms.world.p2p(sends, recvs, "II").wait()
+
+        # Phase III: regroup F2r by local destination (line 18) and redistribute (line 19).
+        F3s = self._buf("F3s", p.p3_index.numel(), x)
+        torch.index_select(F2r, 0, p.p3_index, out=F3s)
+        F3r = self._buf("F3r", sum(p.p3_recv), x)
+        self.comms.intra.alltoallv(F3s, p.p3_send, p.p3_recv, "III", out=F3r)
+
+        # Output (lines 20-23): Phase I rows are one contiguous block, Phase III rows scatter.
+        O = self._buf("O", p.total_recv, x)
+        O.index_copy_(0, p.out_remote_index, F3r)
+        phase1.wait()
+        O[p.out_local[0]:p.out_local[1]] = P1
+        return O

@@ -1,0 +1,160 @@
+"""Differentiable HALO all-to-all-v on any torch.distributed group (e.g. one stage's EP group).
+
+    halo_all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
+
+Same contract as :func:`moe_repro.components.alltoall.flat.all_to_all_v` (rows of ``x`` split
+by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order), so
+the MoE layer can use either. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
+:class:`moe_repro.components.alltoall.halo.HaloAllToAll`); its backward is HALO again with the
+transposed counts matrix: what I received from rank s goes back to s, through the same phases.
+
+Topology of the group: the launcher's (emulated) topology, ``Topology.from_environment()``
+(LOCAL_WORLD_SIZE and friends; one node when none is set), restricted to the group's ranks: the
+members of the group on one node form one HALO node. Alg. 1 pairs rank (n, l) with (n', l) in
+Phase II, so the group must have the same number of members on every node, and its ranks, in
+group order, must come node by node (true for DeviceMesh groups of node-major rank layouts);
+anything else is rejected with a ValueError.
+
+Communicators: the group itself is HALO's "world" (the counts all-gather and Phase II's batched
+isend/irecv with the same-local-rank member of every other node). Phases I and III, the
+intra-node all-to-alls, are batched isend/irecv between the group's members on my node: an
+all-to-all-v written as point-to-point messages, which is how NCCL implements all-to-all anyway.
+They do not get their own process groups as in topology.build_communicators, because
+``new_group`` is collective over the whole world while an EP group's members build their MoE
+layers without the other pipeline stages (stages can hold different numbers of layers), so
+creating groups here could deadlock. Phase I is still issued before Phase II and waited on last,
+so it overlaps Phases II and III (Eq. 13).
+
+The counts HALO's plan needs (HaloAllToAll.known_counts: my row, my column, my Phase-II peers'
+counts to my node) are exchanged once per call, forward and backward, also when ``recv_counts``
+is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the alltoall_halo module docstring with the
+group as the world (inter-node bytes equal flat's; Phase III adds intra-node bytes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import accumulate
+
+import torch
+import torch.distributed as dist
+
+from moe_repro.components.alltoall.flat import TorchComm, Comm
+from moe_repro.components.alltoall.halo import HaloAllToAll
+from moe_repro.components.network.topology import Communicators, Topology
+
+
+class NodeP2PComm(Comm):
+    """My node's members of a group, reached with batched isend/irecv over the group."""
+
+    def __init__(self, group_comm: TorchComm, members: list[int]):
+        # members: the group ranks on my node, ascending; self.ranks are their global ranks.
+        super().__init__([group_comm.ranks[m] for m in members], group_comm.global_rank)
+        self.group_comm, self.members = group_comm, list(members)
+
+    def _record(self, phase, counts_bytes) -> None:
+        pass  # the group communicator's p2p logs what actually goes on the wire
+
+    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
+        """Uneven all-to-all among my node's members; returns (out, handle)."""
+        x, out, sc, rc, _ = self._prepare(x, send_counts, recv_counts, phase, out)
+        so, ro = [0, *accumulate(sc)], [0, *accumulate(rc)]
+        me = self.rank
+        out[ro[me]:ro[me + 1]] = x[so[me]:so[me + 1]]  # my own chunk: a local copy
+        peers = [i for i in range(self.size) if i != me]
+        sends = [(self.members[i], x[so[i]:so[i + 1]]) for i in peers]
+        recvs = [(self.members[i], out[ro[i]:ro[i + 1]]) for i in peers]
+        return out, self.group_comm.p2p(sends, recvs, phase)
+
+
+def world_topology() -> Topology:
+    """The launcher's emulated topology (one node of the whole world when none is set)."""
+    world = dist.get_world_size()
+    try:
+        topo = Topology.from_environment()
+    except ValueError:
+        return Topology(nodes=1, ranks_per_node=world)
+    if topo.world_size != world:
+        raise ValueError(f"the environment describes {topo.world_size} ranks, the "
+                         f"torch.distributed world has {world}")
+    return topo
+
+
+def group_topology(group_ranks: list[int], topo: Topology, algorithm: str = "HALO",
+                   why_equal: str = "Alg. 1 pairs equal local ranks") -> Topology:
+    """``topo`` restricted to ``group_ranks`` (global ranks in group order): one node per
+    node that holds members, ranks_per_node = members per node (which must be equal).
+    ``algorithm`` and ``why_equal`` only word the ValueError (RBD uses this too)."""
+    nodes = []  # node of each run of consecutive group ranks
+    for r in group_ranks:
+        if not nodes or nodes[-1] != topo.node_of(r):
+            nodes.append(topo.node_of(r))
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"{algorithm} needs the group's ranks node by node; {group_ranks} "
+                         f"interleave nodes {nodes}")
+    per_node = Counter(topo.node_of(r) for r in group_ranks)
+    if len(set(per_node.values())) != 1:
+        raise ValueError(f"{algorithm} needs the same number of group ranks on every node "
+                         f"({why_equal}); group {group_ranks} has {dict(per_node)}")
+    return Topology(nodes=len(nodes), ranks_per_node=len(group_ranks) // len(nodes))
+
+
+def build_group_halo(group=None, topo: Topology | None = None) -> HaloAllToAll:
+    """A HaloAllToAll over ``group`` (None = world), with ``topo`` (default: the launcher's)
+    restricted to it. Not collective: no process group is created."""
+    group = dist.group.WORLD if group is None else group
+    ranks = dist.get_process_group_ranks(group)
+    full = world_topology() if topo is None else topo
+    sub = group_topology(ranks, full)
+    comm = TorchComm(group, ranks)
+    node = sub.node_of(comm.rank)
+    intra = NodeP2PComm(comm, sub.node_ranks(node))
+    # ``inter`` (GPUs sharing a NIC) is not used by HALO; the group stands in for it.
+    return HaloAllToAll(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
+                                      inter=comm))
+
+
+_HALO_OF_GROUP: dict = {}  # (group, topology) -> HaloAllToAll, built once (plans, buffers)
+
+
+def halo_for_group(group=None, topo: Topology | None = None) -> HaloAllToAll:
+    group = dist.group.WORLD if group is None else group
+    topo = world_topology() if topo is None else topo
+    key = (group, topo)
+    if key not in _HALO_OF_GROUP:
+        _HALO_OF_GROUP[key] = build_group_halo(group, topo)
+    return _HALO_OF_GROUP[key]
+
+
+class _HaloAllToAllV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send_counts, recv_counts, counts, halo):
+        ctx.recv_counts, ctx.halo = recv_counts, halo
+        # HALO returns its persistent output buffer, which the next call overwrites: copy it.
+        return halo(x, send_counts, counts_matrix=counts).clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The reverse exchange: what I received from s goes back to s, by HALO again (its own
+        # counts exchange learns the transposed counts it needs).
+        return ctx.halo(grad, ctx.recv_counts).clone(), None, None, None, None
+
+
+def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
+                      group=None) -> torch.Tensor:
+    """Differentiable HALO all-to-all-v over ``group``; see the module docstring."""
+    halo = halo_for_group(group)
+    comm = halo.comms.world
+    send_counts = [int(c) for c in send_counts]
+    if len(send_counts) != comm.size:
+        raise ValueError(f"send_counts has {len(send_counts)} entries, group has {comm.size} ranks")
+    if any(c < 0 for c in send_counts):
+        raise ValueError(f"send_counts must be >= 0, got {send_counts}")
+    if sum(send_counts) != x.shape[0]:
+        raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
+    counts = halo.known_counts(send_counts)  # my row, my column, my Phase-II peers' counts
+    received = [int(counts[s][comm.rank]) for s in range(comm.size)]
+    if recv_counts is not None and [int(c) for c in recv_counts] != received:
+        raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
+                         f"this rank: {received}")
+    return _HaloAllToAllV.apply(x, send_counts, received, counts, halo)

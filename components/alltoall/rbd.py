@@ -1,0 +1,365 @@
+"""Redundancy-bypassing dispatch and its reversed combine (X-MoE Sec. 4.2, Fig. 7).
+
+With top-k routing a token often picks several experts on one node. Flat dispatch sends one
+copy of the token per (token, expert) pair, so the same activation crosses the inter-node links
+several times. RBD sends one *pilot* per (token, destination node) across nodes and rebuilds the
+other copies (*local replicas*) on the destination node, where links are fast:
+
+  S0  pilot selection: for each (token, destination node) pick one of the token's pairs on that
+      node uniformly at random as the pilot (random, not "lowest expert id", so that pilots
+      spread over the node's ranks: X-MoE Sec. 4.2); the pilot goes to its own expert's rank.
+      Every pair gets a metadata row [pilot index, destination rank, slot, combine weight]
+      sent to the pilot's rank (the s1_mapping_indices, with the weights exchanged in advance).
+  S1  inter-node exchange of pilots only (one uneven all-to-all: the only stage that crosses
+      nodes; pilots whose destination node is the source node stay on intra-node links), then
+      local replica reconstruction: copy each pilot row once per other pair it stands for, into
+      a local exchange buffer ordered by destination rank.
+  S2  intra-node uneven all-to-all of the local replicas (with their [source, slot] metadata)
+      and expert-input reconstruction.
+  Combine reverses it: replicas go back intra-node to the pilot's rank; there each pair's
+  expert output is scaled by its combine weight (weight scaling in stage 1) and summed into its
+  pilot; pilots cross the nodes back; the source adds every node's pilot into its token row.
+
+The result of :meth:`RBDDispatcher.dispatch` is bit-for-bit the flat all-to-all's output for the
+same PFT: rows ordered by source rank, then by the source's send order (:func:`flat_send_layout`:
+PFT order, i.e. expert ascending then token ascending, grouped stably by destination rank). So
+the same expert computation runs on either, and :meth:`RBDDispatcher.combine` equals
+``scatter_combine(reverse flat all-to-all(y), pft)`` up to summation order.
+
+Placement: a map ``expert_to_rank`` (one rank of the EP group per expert) of any shape: experts
+need not be contiguous per rank, not every rank needs an expert, and the balancers may move them.
+Replicated experts are separate slots of the map (the router picks the slot).
+
+EP group: the EP group need not be the world. Ranks, nodes and the placement map are all in the
+group's own terms: rank = group rank, node = the group's i-th node (:class:`Topology` restricted
+to the group by ``alltoall_halo_group.group_topology``). :meth:`RBDDispatcher.for_group` builds
+the dispatcher on a torch.distributed sub-group from the launcher's (emulated) node layout. As
+for group HALO, no process group is created inside (``new_group`` is collective over the world
+and stage-local EP groups would deadlock): S1 runs on the group, S2's intra-node exchanges are
+batched isend/irecv between the group's members on my node. The group's ranks must come node by
+node with the same number on every node (Topology's rank -> node arithmetic, node = rank //
+ranks_per_node); other groups are refused with a ValueError. On the whole world with
+``build_communicators`` nothing changes (group ranks = global ranks).
+
+Inter-node rows per source rank = the number of unique (token, destination node) pairs with a
+destination node other than its own; flat sends one row per (token, expert) pair there.
+Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` carries 32 bytes
+per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
+every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (replicas for it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from moe_repro.components.alltoall.flat import TorchComm
+from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
+from moe_repro.components.moe.pft import PFT
+from moe_repro.components.network.topology import Communicators, Topology
+
+PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
+                      "replica": ["pilot", "meta"], "replica_meta": ["meta"]}
+COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
+META_BYTES_PER_PAIR = 32
+REPLICA_META_BYTES = 16
+
+
+def _placement(expert_to_rank, num_experts: int, world_size: int) -> torch.Tensor:
+    placement = torch.as_tensor(expert_to_rank, dtype=torch.int64).reshape(-1)
+    if placement.numel() != num_experts:
+        raise ValueError(f"expert_to_rank has {placement.numel()} entries, PFT has {num_experts} experts")
+    if placement.numel() and (int(placement.min()) < 0 or int(placement.max()) >= world_size):
+        raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
+    return placement
+
+
+def flat_send_layout(pft: PFT, expert_to_rank, world_size: int) -> tuple[torch.Tensor, list[int]]:
+    """The flat dispatch's send buffer: (rows of the PFT in send order, rows per rank).
+
+    Send row j is PFT row order[j]; rows are grouped by destination rank (stable, so inside a
+    rank they keep PFT order). This is the layout both flat and RBD deliver.
+    """
+    dest = _placement(expert_to_rank, pft.num_experts, world_size)[pft.expert_ids]
+    order = torch.argsort(dest, stable=True)
+    counts = torch.bincount(dest, minlength=world_size).tolist()
+    return order, [int(c) for c in counts]
+
+
+@dataclass
+class Stage0:
+    """Pilot selection of one source rank (pure: PFT, placement, topology, random generator)."""
+
+    pilot_token: torch.Tensor  # token row of each pilot, in send order (grouped by pilot rank)
+    pilot_counts: list[int]  # pilots per destination rank
+    meta: torch.Tensor  # int64 [pairs, 4]: pilot index in its chunk, dst rank, slot, weight bits
+    meta_counts: list[int]  # pairs per pilot rank
+    pilot_dest_rank: torch.Tensor  # pilot rank of each pilot (send order)
+    pair_dest_rank: torch.Tensor  # destination rank of each pair, PFT order
+
+
+def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
+                  generator: torch.Generator | None = None) -> Stage0:
+    """Stage 0 on one source rank (X-MoE Sec. 4.2 S0)."""
+    N = topo.world_size
+    n_pairs = pft.num_rows
+    dest = _placement(expert_to_rank, pft.num_experts, N)[pft.expert_ids]
+    dest_node = torch.div(dest, topo.ranks_per_node, rounding_mode="floor")
+    # Slot of each pair inside the flat chunk for its destination rank.
+    order, counts = flat_send_layout(pft, expert_to_rank, N)
+    chunk_start = torch.tensor([sum(counts[:d]) for d in range(N)], dtype=torch.int64)
+    slot = torch.empty(n_pairs, dtype=torch.int64)
+    slot[order] = torch.arange(n_pairs) - chunk_start[dest[order]]
+
+    # Group pairs by (token, destination node); a random priority picks each group's pilot.
+    group_key = pft.token_ids * topo.nodes + dest_node
+    priority = torch.rand(n_pairs, generator=generator)
+    by_priority = torch.argsort(priority)
+    by_group = by_priority[torch.argsort(group_key[by_priority], stable=True)]
+    sorted_keys = group_key[by_group]
+    first = torch.ones(n_pairs, dtype=torch.bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_of_sorted = torch.cumsum(first.long(), 0) - 1  # group number, groups in key order
+    pilot_pairs = by_group[first]  # one pair per group, groups in (token, node) order
+    pilot_of_pair = torch.empty(n_pairs, dtype=torch.int64)
+    pilot_of_pair[by_group] = group_of_sorted  # group (== pilot) number of every pair
+
+    # Pilots travel to their own expert's rank, grouped by that rank (stable).
+    pilot_rank = dest[pilot_pairs]
+    send = torch.argsort(pilot_rank, stable=True)
+    pilot_counts = torch.bincount(pilot_rank, minlength=N).tolist()
+    pilot_start = torch.tensor([sum(pilot_counts[:r]) for r in range(N)], dtype=torch.int64)
+    position = torch.empty_like(send)
+    position[send] = torch.arange(send.numel())
+    pilot_index = position - pilot_start[pilot_rank]  # index inside the chunk to its rank
+
+    # Metadata: one row per pair, sent to its pilot's rank, grouped by that rank.
+    pair_pilot_rank = pilot_rank[pilot_of_pair]
+    meta_order = torch.argsort(pair_pilot_rank, stable=True)
+    weights = pft.combine_weights.detach().to(torch.float64).contiguous()
+    meta = torch.stack([pilot_index[pilot_of_pair], dest, slot, weights.view(torch.int64)], 1)
+    return Stage0(pilot_token=pft.token_ids[pilot_pairs][send], pilot_counts=[int(c) for c in pilot_counts],
+                  meta=meta[meta_order].contiguous(),
+                  meta_counts=[int(c) for c in torch.bincount(pair_pilot_rank, minlength=N).tolist()],
+                  pilot_dest_rank=pilot_rank[send], pair_dest_rank=dest)
+
+
+@dataclass
+class _DispatchState:
+    s0: Stage0
+    pilot_recv: list[int]
+    n_pilots_in: int
+    direct_pilot: torch.Tensor  # pilot row (received buffer) of pairs whose expert is here
+    direct_out: torch.Tensor  # output row of those pairs
+    direct_weight: torch.Tensor
+    replica_pilot: torch.Tensor  # pilot row of each replica I built, in replica send order
+    replica_weight: torch.Tensor
+    replica_send: list[int]  # per local rank
+    replica_recv: list[int]
+    replica_out: torch.Tensor  # output row of each replica I received
+    total_out: int
+
+
+class RBDDispatcher:
+    """RBD dispatch/combine for one rank over topology.Communicators (``comms.world`` is the EP
+    group, ``comms.intra`` my node's members of it, ``comms.topo`` the group's topology)."""
+
+    def __init__(self, comms, expert_to_rank):
+        self.comms = comms
+        self.topo: Topology = comms.topo
+        if comms.world.size != self.topo.world_size:
+            raise ValueError(f"the EP communicator has {comms.world.size} ranks, its topology "
+                             f"{self.topo.world_size}")
+        self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
+        self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
+        self.state: _DispatchState | None = None
+        # Set to {} to accumulate seconds per dispatch stage (xmoe-fig12's breakdown).
+        self.timings: dict[str, float] | None = None
+
+    @classmethod
+    def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None) -> "RBDDispatcher":
+        """RBD over the torch.distributed process group ``group`` (None = world), with
+        ``expert_to_rank`` in group ranks and ``topo`` (default: the launcher's emulated node
+        layout) restricted to the group. Not collective: no process group is created."""
+        group = dist.group.WORLD if group is None else group
+        ranks = dist.get_process_group_ranks(group)
+        sub = group_topology(ranks, world_topology() if topo is None else topo, "RBD",
+                             "node = group rank // ranks per node")
+        comm = TorchComm(group, ranks)
+        intra = NodeP2PComm(comm, sub.node_ranks(sub.node_of(comm.rank)))
+        # RBD uses only ``world`` (S1) and ``intra`` (S2); the group stands in for ``inter``.
+        return cls(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
+                                 inter=comm), expert_to_rank)
+
+    def _lap(self, stage: str, since: float) -> float:
+        if self.timings is None:
+            return since
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - since
+        return now
+
+    def dispatch(self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Expert inputs on this rank, in the flat all-to-all's output layout."""
+        topo, world, intra = self.topo, self.comms.world, self.comms.intra
+        N, me = topo.world_size, self.rank
+        if x.dim() != 2 or x.shape[0] != pft.num_tokens:
+            raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        t = time.perf_counter() if self.timings is not None else 0.0
+        s0 = select_pilots(pft, self.expert_to_rank, topo, generator)
+        t = self._lap("pilot selection", t)
+
+        # S1: counts, metadata (with the combine weights) and pilots; only pilots cross nodes.
+        counts = torch.tensor([s0.pilot_counts, s0.meta_counts], dtype=torch.int64).t().contiguous()
+        got = world.alltoallv(counts, [1] * N, [1] * N, "counts")
+        pilot_recv, meta_recv = got[:, 0].tolist(), got[:, 1].tolist()
+        meta = world.alltoallv(s0.meta, s0.meta_counts, meta_recv, "meta")
+        t = self._lap("metadata exchange", t)
+        pilot_rows = x.index_select(0, s0.pilot_token)
+        t = self._lap("pilot gather", t)
+        pilots = world.alltoallv(pilot_rows, s0.pilot_counts, pilot_recv, "pilot")
+        t = self._lap("pilot all-to-all (inter-node)", t)
+
+        # Re-encode relative pilot indices to rows of the received pilot buffer.
+        src_of_meta = torch.repeat_interleave(torch.arange(N), torch.tensor(meta_recv, dtype=torch.int64))
+        pilot_base = torch.tensor([sum(pilot_recv[:s]) for s in range(N)], dtype=torch.int64)
+        pilot_row = pilot_base[src_of_meta] + meta[:, 0]
+        dst, slot = meta[:, 1], meta[:, 2]
+        weight = meta[:, 3].contiguous().view(torch.float64)
+        direct = dst == me
+        if bool(((dst // topo.ranks_per_node) != topo.node_of(me)).any()):
+            raise RuntimeError("RBD metadata names a destination outside this node (placement maps differ?)")
+
+        # Local replica reconstruction: one copy of the pilot per other pair on this node,
+        # ordered by destination rank so the intra-node exchange buffer is contiguous.
+        rep = torch.nonzero(~direct).reshape(-1)
+        rep = rep[torch.argsort(dst[rep], stable=True)]
+        local_of_dst = dst[rep] - topo.node_ranks(topo.node_of(me))[0]
+        replica_send = torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()
+        replica_rows = pilots.index_select(0, pilot_row[rep])
+        replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
+        t = self._lap("replica reconstruction", t)
+
+        # S2: intra-node exchange of replicas and their (source, slot).
+        replica_recv = intra.exchange_counts(replica_send, "counts")
+        got_meta = intra.alltoallv(replica_meta, replica_send, replica_recv, "replica_meta")
+        got_rows = intra.alltoallv(replica_rows, replica_send, replica_recv, "replica")
+        t = self._lap("replica all-to-all (intra-node)", t)
+
+        # Expert input reconstruction in the flat layout: row = start[source] + slot.
+        src_all = torch.cat([src_of_meta[direct], got_meta[:, 0]])
+        per_source = torch.bincount(src_all, minlength=N)
+        start = torch.cumsum(per_source, 0) - per_source
+        direct_out = start[src_of_meta[direct]] + slot[direct]
+        replica_out = start[got_meta[:, 0]] + got_meta[:, 1]
+        total = int(per_source.sum())
+        out = x.new_empty((total, x.shape[1]))
+        out.index_copy_(0, direct_out, pilots.index_select(0, pilot_row[direct]))
+        out.index_copy_(0, replica_out, got_rows)
+        t = self._lap("expert input reconstruction", t)
+        self.state = _DispatchState(
+            s0=s0, pilot_recv=pilot_recv, n_pilots_in=pilots.shape[0],
+            direct_pilot=pilot_row[direct], direct_out=direct_out, direct_weight=weight[direct],
+            replica_pilot=pilot_row[rep], replica_weight=weight[rep],
+            replica_send=[int(c) for c in replica_send], replica_recv=replica_recv,
+            replica_out=replica_out, total_out=total)
+        return out
+
+    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Reverse of the last dispatch: y (expert outputs, flat layout) -> [num_tokens, H],
+        each token the combine-weighted sum of its experts' outputs."""
+        st = self.state
+        if st is None:
+            raise RuntimeError("combine called before dispatch")
+        if y.shape[0] != st.total_out:
+            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {st.total_out}")
+        world, intra = self.comms.world, self.comms.intra
+        # Reverse S2: replicas' outputs go back to their pilot's rank (same order as sent).
+        back = intra.alltoallv(y.index_select(0, st.replica_out), st.replica_recv, st.replica_send,
+                               "combine_replica")
+        # Weight scaling in stage 1, then merge replicas into their pilots.
+        acc = y.new_zeros((st.n_pilots_in, y.shape[1]))
+        acc.index_add_(0, st.direct_pilot, y.index_select(0, st.direct_out)
+                       * st.direct_weight.to(y.dtype).unsqueeze(1))
+        acc.index_add_(0, st.replica_pilot, back * st.replica_weight.to(y.dtype).unsqueeze(1))
+        # Reverse S1: one row per (token, node) back to the source, summed into the token.
+        returned = world.alltoallv(acc, st.pilot_recv, st.s0.pilot_counts, "combine_pilot")
+        out = y.new_zeros((num_tokens, y.shape[1]))
+        return out.index_add_(0, st.s0.pilot_token, returned)
+
+
+def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int,
+                 generators: list[torch.Generator | None] | None = None) -> list[tuple[str, int, int, int]]:
+    """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, from the same
+    :func:`select_pilots` the collective runs (pass generators seeded as the ranks' were).
+    Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
+    sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed.
+    For an EP sub-group pass its topology (``RBDDispatcher.topo``) and group-local placement:
+    ranks in the messages are then group ranks (map them through the group's rank list)."""
+    N = topo.world_size
+    if len(pfts) != N:
+        raise ValueError(f"need one PFT per rank ({N}), got {len(pfts)}")
+    generators = generators or [None] * N
+    msgs = []
+    replicas = [[0] * N for _ in range(N)]  # [pilot rank][destination rank]
+    for s, (pft, g) in enumerate(zip(pfts, generators)):
+        s0 = select_pilots(pft, expert_to_rank, topo, g)
+        for p in range(N):
+            msgs.append(("counts", s, p, 16))
+            if topo.node_of(p) == topo.node_of(s):
+                msgs.append(("counts", s, p, 8))
+            if s0.meta_counts[p]:
+                msgs.append(("meta", s, p, s0.meta_counts[p] * META_BYTES_PER_PAIR))
+            if s0.pilot_counts[p]:
+                msgs.append(("pilot", s, p, s0.pilot_counts[p] * row_bytes))
+        start = 0
+        for p in range(N):
+            block = s0.meta[start:start + s0.meta_counts[p]]
+            start += s0.meta_counts[p]
+            for d in block[:, 1].tolist():
+                if d != p:
+                    replicas[p][d] += 1
+    for p in range(N):
+        for d in range(N):
+            if replicas[p][d]:
+                msgs.append(("replica", p, d, replicas[p][d] * row_bytes))
+                msgs.append(("replica_meta", p, d, replicas[p][d] * REPLICA_META_BYTES))
+    return msgs
+
+
+
+# --- Redundancy of dispatched rows (X-MoE Fig. 4) ----------------------------------------------
+
+def inter_node_redundancy(pft: PFT, expert_to_rank, topo: Topology, source_rank: int,
+                          generator: torch.Generator | None = None) -> tuple[int, int]:
+    """(rows flat sends to other nodes, rows RBD sends to other nodes) for one source rank.
+
+    The redundancy rate is 1 - rbd / flat: the share of inter-node copies that only repeat a
+    token already going to that node. Counted from :func:`select_pilots` itself.
+    """
+    s0 = select_pilots(pft, expert_to_rank, topo, generator)
+    me = topo.node_of(source_rank)
+    flat = int((torch.div(s0.pair_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
+    rbd = int((torch.div(s0.pilot_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
+    return flat, rbd
+
+
+def expected_redundancy_uniform(num_experts: int, top_k: int, nodes: int) -> float:
+    """Expected inter-node redundancy rate for uniform top-k routing (k distinct experts drawn
+    uniformly) with the experts spread evenly over ``nodes`` nodes.
+
+    From a source on node a, each of the other nodes holds m = E / nodes experts; a token
+    reaches one of them with probability 1 - C(E - m, k) / C(E, k) and sends k (nodes-1)/nodes
+    copies there on average, so redundancy = 1 - (nodes-1)(1 - C(E-m,k)/C(E,k)) / (k (nodes-1)/nodes).
+    """
+    from math import comb
+
+    if nodes < 2:
+        raise ValueError("redundancy across nodes needs at least 2 nodes")
+    if num_experts % nodes:
+        raise ValueError(f"{num_experts} experts do not spread evenly over {nodes} nodes")
+    m = num_experts // nodes
+    hit = 1 - comb(num_experts - m, top_k) / comb(num_experts, top_k)
+    return 1 - (nodes - 1) * hit / (top_k * (nodes - 1) / nodes)

@@ -1,0 +1,255 @@
+"""FEPLB (FEPLB Sec. 2): static/dynamic experts, the greedy per-micro-batch balancer, buffer
+accounting, and Two-Phase Dispatch as an exact MoE layer over real ranks.
+
+Partition (Sec. 2, "Experts on each device are partitioned into static and dynamic categories,
+controlled by parameter dyn"): of the E/W experts a device hosts, ``dyn`` are dynamic (eligible
+to be copied to another device for one micro-batch) and the rest static (always local). Which
+ones are dynamic is chosen periodically from history ("Router Predictor", Fig. 3): the dyn
+hottest experts of each device, or the last dyn without history.
+
+Balancer (Sec. 2): "repeatedly selects the busiest dynamic expert on the most overloaded device
+and copies that expert's weights (along with its tokens) to the most underloaded device. A
+minimum token threshold tau prevents copying experts with too few tokens. Each copy migrates an
+entire expert." Our reading of what the text leaves open, stated here so it can be checked:
+- an expert moves at most once per micro-batch, only from its home device;
+- the candidate must make things better: its count c satisfies c < L_max - L_min (otherwise
+  the receiver would become the new maximum at least as high); if the busiest dynamic expert
+  fails this, the next busiest is tried; when no dynamic expert of the most loaded device
+  qualifies, the balancer stops (the greedy never looks past the most loaded device);
+- a device receives at most ``max_num_dyn`` copies (the weight buffer, below);
+- ties: lowest device index, then lowest expert id. Deterministic, so every rank derives the
+  same plan from the same counts without coordination (Sec. 2).
+
+Buffer (Sec. 2): each device allocates max_num_dyn x W_expert for copied weights, reused across
+layers; GLM-5: 72 MiB per expert, max_num_dyn = 8 -> 576 MiB.
+
+Two-Phase Dispatch (Sec. 2, Fig. 2): Phase 1 is the unchanged EP all-to-all (every row to its
+expert's home). Each rank then knows the global per-expert counts (one all-reduce of E int64),
+runs the balancer, and Phase 2 sends the rows of each moved expert from its home to the target
+(an all-to-all-v on the EP group: intra-node, the copy engine's path in the paper) while the
+expert's weights are copied on a separate process group, asynchronously, as the static experts
+compute. The target computes the moved expert with the copied weights and returns the rows;
+Combine is unchanged. Every row meets the same expert with the same weights, so outputs and
+gradients equal plain EP (tests/test_feplb.py checks this over 2 and 4 gloo ranks).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from moe_repro.components.alltoall.flat import all_to_all_v
+from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
+                                               pack_experts, unpack_experts)
+from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
+from moe_repro.components.moe.pft import inverse_permutation
+
+
+@dataclass(frozen=True)
+class ExpertPartition:
+    """Home placement plus the dynamic experts of each device."""
+
+    placement: ExpertPlacement
+    dynamic_of_rank: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self):
+        for rank, dyn in enumerate(self.dynamic_of_rank):
+            if not set(dyn) <= set(self.placement.experts_of_rank[rank]):
+                raise ValueError(f"dynamic experts {dyn} are not all hosted by rank {rank}")
+
+    @classmethod
+    def choose(cls, placement: ExpertPlacement, dyn: int, history=None) -> "ExpertPartition":
+        """dyn dynamic experts per device: the hottest by ``history`` counts [E], else the last."""
+        if dyn < 0:
+            raise ValueError(f"dyn must be >= 0, got {dyn}")
+        out = []
+        for experts in placement.experts_of_rank:
+            if dyn > len(experts):
+                raise ValueError(f"dyn={dyn} > {len(experts)} experts per device")
+            if history is None:
+                chosen = experts[len(experts) - dyn:]
+            else:
+                h = torch.as_tensor(history, dtype=torch.float64)
+                chosen = sorted(experts, key=lambda e: (-float(h[e]), e))[:dyn]
+            out.append(tuple(sorted(chosen)))
+        return cls(placement, tuple(out))
+
+    @property
+    def dynamic(self) -> set[int]:
+        return {e for dyn in self.dynamic_of_rank for e in dyn}
+
+
+@dataclass(frozen=True)
+class Move:
+    expert: int
+    src: int
+    dst: int
+    tokens: int
+
+
+@dataclass
+class BalancePlan:
+    moves: list[Move]
+    loads_before: list[int]
+    loads_after: list[int]
+
+    def rank_of_expert(self, placement: ExpertPlacement) -> list[int]:
+        ranks = placement.rank_of_expert().tolist()
+        for m in self.moves:
+            ranks[m.expert] = m.dst
+        return ranks
+
+
+def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
+                   max_num_dyn: int | None = None) -> BalancePlan:
+    """FEPLB's per-micro-batch greedy balancer; see the module docstring for its exact rules."""
+    # Plain Python on small lists: this runs on the CPU once per micro-batch and layer, and
+    # FEPLB Sec. 2 budgets ~50 us for it (suites/feplb_balancer.py measures it).
+    counts = (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor)
+              else [int(c) for c in expert_counts])
+    placement = partition.placement
+    if len(counts) != placement.num_experts:
+        raise ValueError(f"{len(counts)} counts for {placement.num_experts} experts")
+    world = placement.world_size
+    loads = [sum([counts[e] for e in experts]) for experts in placement.experts_of_rank]
+    before = list(loads)
+    floor = max(tau, 1)
+    # Candidates per home device, busiest first (ties: lower expert id).
+    candidates = [sorted([e for e in dyn if counts[e] >= floor], key=lambda e: (-counts[e], e))
+                  for dyn in partition.dynamic_of_rank]
+    received = [0] * world
+    cap = max_num_dyn if max_num_dyn is not None else world * placement.num_experts
+    moves: list[Move] = []
+    ranks = range(world)
+    while True:
+        top = max(loads)
+        d_max = loads.index(top)                       # lowest index among the most loaded
+        d_min, low = -1, None
+        for d in ranks:
+            if d != d_max and received[d] < cap and (low is None or loads[d] < low):
+                d_min, low = d, loads[d]
+        if d_min < 0:
+            break
+        gap = top - low
+        pick = None
+        for e in candidates[d_max]:
+            if counts[e] < gap:
+                pick = e
+                break
+        if pick is None:
+            break
+        candidates[d_max].remove(pick)
+        loads[d_max] -= counts[pick]
+        loads[d_min] += counts[pick]
+        received[d_min] += 1
+        moves.append(Move(pick, d_max, d_min, counts[pick]))
+    return BalancePlan(moves, before, loads)
+
+
+def weight_buffer_bytes(max_num_dyn: int, d_model: int, d_ffn: int, n_mat: int = 3,
+                        itemsize: int = 2) -> int:
+    """FEPLB Sec. 2: max_num_dyn x W_expert per device (W_expert = n_mat H F itemsize)."""
+    if max_num_dyn < 0:
+        raise ValueError("max_num_dyn must be >= 0")
+    return max_num_dyn * n_mat * d_model * d_ffn * itemsize
+
+
+def phase2_bytes(plan: BalancePlan, d_model: int, d_ffn: int, n_mat: int = 3,
+                 itemsize: int = 2) -> dict[str, int]:
+    """Intra-node bytes of Phase 2 (forward): moved rows there and back, copied weights."""
+    rows = sum(m.tokens for m in plan.moves)
+    return {"token_bytes": 2 * rows * d_model * itemsize,
+            "weight_bytes": len(plan.moves) * n_mat * d_model * d_ffn * itemsize}
+
+
+# --- the layer ----------------------------------------------------------------------------------
+
+@dataclass
+class FEPLBStats:
+    plan: BalancePlan | None = None
+    balance_s: float = 0.0
+
+
+class FEPLBMoELayer(MoELayer):
+    """MoELayer with Two-Phase Dispatch (EP only). ``copy_group``: the process group the weight
+    copy runs on (default: a new group over the EP ranks, made collectively in __init__)."""
+
+    def __init__(self, d_model: int, d_ffn: int, num_experts: int, top_k: int, *, dyn: int,
+                 tau: int = 0, max_num_dyn: int | None = None, copy_group=None, **kw):
+        if not kw.get("expert_parallel"):
+            raise ValueError("FEPLB balances across EP ranks: expert_parallel=True is required")
+        super().__init__(d_model, d_ffn, num_experts, top_k, **kw)
+        self.tau, self.max_num_dyn = tau, max_num_dyn
+        self.partition = ExpertPartition.choose(self.placement, dyn)
+        if copy_group is None:
+            ranks = (dist.get_process_group_ranks(self.ep_group) if self.ep_group is not None
+                     else list(range(dist.get_world_size())))
+            copy_group = dist.new_group(ranks=ranks)
+        self.copy_group = copy_group
+        self.stats = FEPLBStats()
+
+    def set_dynamic(self, history) -> None:
+        """Re-pick the dynamic experts from historical counts (the paper's periodic step)."""
+        self.partition = ExpertPartition.choose(self.placement, len(self.partition.dynamic_of_rank[0]),
+                                                history)
+
+    def routed(self, x: torch.Tensor, gate_out) -> torch.Tensor:
+        pft = self.make_pft(gate_out)
+        # Phase 1: the unchanged EP dispatch; rows arrive grouped by local expert.
+        expert_in, plan = self.dispatch_alltoall(self.buffer_dispatch(x, pft), pft)
+        global_counts = pft.tokens_per_expert.clone()
+        dist.all_reduce(global_counts, group=self.ep_group)
+        t0 = time.perf_counter()
+        balance = greedy_balance(global_counts.cpu(), self.partition, self.tau, self.max_num_dyn)
+        self.stats.balance_s = time.perf_counter() - t0
+        self.stats.plan = balance
+        expert_out = self._two_phase_compute(expert_in, plan.tokens_per_local_expert.tolist(),
+                                             global_counts.cpu().tolist(), balance)
+        return self.buffer_combine(self.combine_alltoall(expert_out, plan), pft)
+
+    def _two_phase_compute(self, expert_in: torch.Tensor, local_counts: list[int],
+                           global_counts: list[int], balance: BalancePlan) -> torch.Tensor:
+        if not balance.moves:  # the same decision on every rank: all skip Phase 2 together
+            return self.experts(expert_in, torch.tensor(local_counts))
+        me, world = self.ep_rank, self.placement.world_size
+        local = self.local_experts
+        slot = {e: i for i, e in enumerate(local)}
+        starts = [sum(local_counts[:i]) for i in range(len(local))]
+        outgoing = sorted((m for m in balance.moves if m.src == me), key=lambda m: (m.dst, m.expert))
+        incoming = sorted((m for m in balance.moves if m.dst == me), key=lambda m: (m.src, m.expert))
+        moved_out = {m.expert for m in outgoing}
+
+        # Weight copy first, asynchronously on the copy group (overlaps the static compute).
+        w_send = [sum(1 for m in outgoing if m.dst == d) for d in range(world)]
+        w_recv = [sum(1 for m in incoming if m.src == s) for s in range(world)]
+        copy = ExpertCopy(pack_experts(self.experts, [slot[m.expert] for m in outgoing]),
+                          w_send, w_recv, self.copy_group)
+
+        # Phase 2 tokens: rows of each moved expert from its home to the target.
+        def rows_of(e):
+            i = slot[e]
+            return torch.arange(starts[i], starts[i] + local_counts[i])
+
+        kept_experts = [e for e in local if e not in moved_out]
+        kept_idx = torch.cat([rows_of(e) for e in kept_experts] + [torch.zeros(0, dtype=torch.int64)])
+        moved_idx = torch.cat([rows_of(m.expert) for m in outgoing] + [torch.zeros(0, dtype=torch.int64)])
+        t_send = [sum(global_counts[m.expert] for m in outgoing if m.dst == d) for d in range(world)]
+        t_recv = [sum(global_counts[m.expert] for m in incoming if m.src == s) for s in range(world)]
+        device = expert_in.device
+        dyn_in = all_to_all_v(expert_in.index_select(0, moved_idx.to(device)), t_send, t_recv,
+                              group=self.ep_group)
+
+        # Static (kept) experts compute while the copy is in flight.
+        kept_out = ffn_with_weights(self.experts, expert_in.index_select(0, kept_idx.to(device)),
+                                    [local_counts[slot[e]] for e in kept_experts],
+                                    local_stacks(self.experts, [slot[e] for e in kept_experts]))
+        # Dynamic experts: copied weights, rows from their homes (source-major, expert-sorted).
+        copied = copy.wait()
+        dyn_out = ffn_with_weights(self.experts, dyn_in, [global_counts[m.expert] for m in incoming],
+                                   unpack_experts(self.experts, copied))
+        back = all_to_all_v(dyn_out, t_recv, t_send, group=self.ep_group)
+        order = torch.cat([kept_idx, moved_idx]).to(device)
+        return torch.cat([kept_out, back]).index_select(0, inverse_permutation(order))

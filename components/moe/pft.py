@@ -1,0 +1,161 @@
+"""Padding-Free Token buffer (PFT), X-MoE Sec. 4.1 and App. B.2, Listing 1.
+
+The gate gives every token k (expert, weight) pairs. Instead of a dense [S, E, C] dispatch
+mask, X-MoE keeps three "ERI" arrays over the N <= S*k retained (token, expert) pairs, sorted by
+expert so that each expert's tokens form one contiguous segment:
+
+    token_ids[i]          which input row feeds dispatch row i         (int64 [N])
+    expert_ids[i]         which expert processes dispatch row i        (int64 [N], ascending)
+    tokens_per_expert[e]  length of expert e's segment                 (int64 [E], histogram)
+    combine_weights[i]    gate probability applied when row i returns  (float [N])
+
+gather:  dispatch_in[i, :] = x[token_ids[i], :]                         (App. B.4)
+scatter: out[token_ids[i], :] += y[i, :] * combine_weights[i]           (App. B.4)
+
+Bytes moved (no padding anywhere): gather reads and writes N*H elements, scatter the same,
+against E*C*H for the capacity-padded buffer (components/moe/padded_moe.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PFT:
+    """ERI-arrays of one MoE layer's retained (token, expert) pairs, sorted by expert."""
+
+    token_ids: torch.Tensor          # int64 [N]
+    expert_ids: torch.Tensor         # int64 [N], ascending
+    tokens_per_expert: torch.Tensor  # int64 [E]
+    combine_weights: torch.Tensor    # float [N], keeps autograd to the gate
+    num_tokens: int                  # S, rows of the layer input
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.tokens_per_expert.numel())
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.token_ids.numel())
+
+
+def build_pft(top_experts: torch.Tensor, combine_weights: torch.Tensor, num_experts: int,
+              capacity: int | None = None) -> PFT:
+    """Build the PFT from the gate's [S, k] outputs (X-MoE Listing 1, PFT_construction).
+
+    Step 1 flattens top_experts and stable-sorts by expert, so within an expert rows keep
+    token order. Step 2 (only when ``capacity`` is given) keeps, per expert, the ``capacity``
+    pairs with the largest combine weight (App. B.2: "select the top max_token_count tokens per
+    expert ... ranked by their respective combine_weights"; Listing 1's bare argsort is
+    ascending, which would keep the *lowest* weights, so we follow the prose). Ties keep the
+    earlier token. The cumsum over a one-hot matrix of Listing 1 is replaced by the equivalent
+    "position inside the expert's segment" after a weight-ordered stable sort: O(S*k) memory
+    instead of O(S*k*E).
+    """
+    if top_experts.dim() != 2:
+        raise ValueError(f"top_experts must be [S, k], got shape {tuple(top_experts.shape)}")
+    if combine_weights.shape != top_experts.shape:
+        raise ValueError(f"combine_weights shape {tuple(combine_weights.shape)} != "
+                         f"top_experts shape {tuple(top_experts.shape)}")
+    if num_experts <= 0:
+        raise ValueError(f"num_experts must be positive, got {num_experts}")
+    if capacity is not None and capacity < 0:
+        raise ValueError(f"capacity must be >= 0 or None, got {capacity}")
+    num_tokens, top_k = top_experts.shape
+    flat_experts = top_experts.reshape(-1).long()
+    flat_weights = combine_weights.reshape(-1)
+    if flat_experts.numel() and (int(flat_experts.min()) < 0
+                                 or int(flat_experts.max()) >= num_experts):
+        raise ValueError(f"expert ids must lie in [0, {num_experts}), got range "
+                         f"[{int(flat_experts.min())}, {int(flat_experts.max())}]")
+
+    if capacity is not None:
+        keep = _capacity_keep_mask(flat_experts, flat_weights.detach(), num_experts, capacity)
+        flat_index = torch.nonzero(keep, as_tuple=False).reshape(-1)
+    else:
+        flat_index = torch.arange(flat_experts.numel(), device=flat_experts.device)
+
+    # Step 1 (Listing 1 lines 20-22): stable sort of the retained pairs by expert.
+    order = torch.argsort(flat_experts[flat_index], stable=True)
+    flat_index = flat_index[order]
+    expert_ids = flat_experts[flat_index]
+    token_ids = torch.div(flat_index, top_k, rounding_mode="floor") if top_k else flat_index
+    tokens_per_expert = torch.bincount(expert_ids, minlength=num_experts)
+    return PFT(token_ids=token_ids, expert_ids=expert_ids, tokens_per_expert=tokens_per_expert,
+               combine_weights=flat_weights[flat_index], num_tokens=int(num_tokens))
+
+
+def _capacity_keep_mask(flat_experts: torch.Tensor, flat_weights: torch.Tensor,
+                        num_experts: int, capacity: int) -> torch.Tensor:
+    """True for the pairs that survive: the top-``capacity`` weights of each expert."""
+    n = flat_experts.numel()
+    by_weight = torch.argsort(flat_weights, descending=True, stable=True)
+    by_expert_then_weight = by_weight[torch.argsort(flat_experts[by_weight], stable=True)]
+    counts = torch.bincount(flat_experts, minlength=num_experts)
+    segment_start = torch.cumsum(counts, 0) - counts
+    sorted_experts = flat_experts[by_expert_then_weight]
+    rank_in_expert = torch.arange(n, device=flat_experts.device) - segment_start[sorted_experts]
+    keep = torch.zeros(n, dtype=torch.bool, device=flat_experts.device)
+    keep[by_expert_then_weight] = rank_in_expert < capacity
+    return keep
+
+
+def gather_tokens(x: torch.Tensor, pft: PFT) -> torch.Tensor:
+    """dispatch_in[i, :] = x[token_ids[i], :] -> [N, H]; differentiable (index_select)."""
+    if x.dim() != 2 or x.shape[0] != pft.num_tokens:
+        raise ValueError(f"x must be [{pft.num_tokens}, H], got shape {tuple(x.shape)}")
+    return x.index_select(0, pft.token_ids)
+
+
+def scatter_combine(y: torch.Tensor, pft: PFT) -> torch.Tensor:
+    """out[token_ids[i], :] += y[i, :] * combine_weights[i] -> [S, H].
+
+    Differentiable in y and in combine_weights (so the gate receives its gradient). Tokens
+    with every pair dropped come out as zero rows, as in GShard's capacity-padded combine.
+    """
+    if y.dim() != 2 or y.shape[0] != pft.num_rows:
+        raise ValueError(f"y must be [{pft.num_rows}, H], got shape {tuple(y.shape)}")
+    return _WeightedScatter.apply(y, pft.combine_weights.to(y.dtype), pft.token_ids, pft.num_tokens)
+
+
+# The combine weights rows in chunks of about this many bytes: its transient buffer.
+_COMBINE_CHUNK_BYTES = 1 << 20
+
+
+class _WeightedScatter(torch.autograd.Function):
+    """out[token_ids[i]] += y[i] * w[i], keeping only y, w and token_ids for backward.
+
+    Why not ``zeros.index_add(0, ids, y * w[:, None])``: autograd then also saves the weighted
+    product (index_add keeps its source), a second [N, H] buffer on top of A_combine = y, and
+    the forward materialises it whole. X-MoE fuses the weighting into its scatter kernel
+    (App. B.4); here the weighting is done in row chunks, so the combine holds A_combine once
+    (X-MoE Table 2) and its transient is about _COMBINE_CHUNK_BYTES.
+    Backward: g = grad_out[token_ids]; dy = g * w; dw = rowwise <g, y>."""
+
+    @staticmethod
+    def forward(ctx, y, weights, token_ids, num_tokens):
+        out = y.new_zeros((num_tokens, y.shape[1]))
+        chunk = max(1, _COMBINE_CHUNK_BYTES // max(1, y.shape[1] * y.element_size()))
+        for start in range(0, y.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            out.index_add_(0, token_ids[rows], y[rows] * weights[rows].unsqueeze(1))
+        ctx.save_for_backward(y, weights, token_ids)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        y, weights, token_ids = ctx.saved_tensors
+        g = grad_out.index_select(0, token_ids)
+        grad_y = g * weights.unsqueeze(1) if ctx.needs_input_grad[0] else None
+        grad_w = (g * y).sum(1) if ctx.needs_input_grad[1] else None
+        return grad_y, grad_w, None, None
+
+
+def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
+    """``inverse[order[i]] = i``: undoes ``index_select(0, order)`` (rows back where they were)."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse

@@ -1,0 +1,525 @@
+"""Flow-level network simulator for all-to-all schedules (Piper Sec. V, X-MoE Sec. 4.2, App. D).
+
+It replays a communication *schedule* -- the (phase, src, dst, nbytes) messages that the real
+collectives send, produced by the shared schedule functions of components.alltoall_flat /
+alltoall_halo / alltoall_rbd -- on a model of a machine built from a platform profile
+(components/network/platforms/*.json). Every number it returns is a prediction, not a measurement.
+
+Network model (one resource per link instance; capacities in bytes/s, one direction):
+  gpu_tx / gpu_rx   a GPU's intra-node port (``node.intra_node_alltoall_GBps_per_gpu``): all
+                    intra-node bytes a GPU sends / receives share it (Piper Table IV caption:
+                    50 GB/s average intra-node all-to-all bandwidth per MI250X GCD)
+  pair              one ordered GPU pair inside a node: the ``intra_package`` link class for the
+                    two GCDs of one MI250X (``node.gpu_packages``), else ``intra_node``
+  nic_tx / nic_rx   one NIC (``node.nic_GBps``); a GPU injects through its affinity NIC
+                    (``node.gpu_nic_affinity``, Piper Sec. V-A) and receives through the
+                    destination GPU's affinity NIC
+  group_up/_down    a switch group's links to other groups; rack_up/_down a rack's global links.
+                    Capacity = ``taper`` of the link class x the NIC line rate of the domain's
+                    nodes; taper defaults to 1 (a fabric that never bottlenecks beyond the NICs)
+                    when the profile gives none -- none of the shipped profiles does.
+  host              only when the profile has ``network.host_GBps``: everything a single
+                    machine moves (the local profile, where "nodes" are emulated processes).
+Contention: concurrent flows get max-min fair rates (progressive filling). When a flow ends or
+starts, rates are recomputed (event-driven fluid model).
+Per-message costs (LogP-style, not overlapped with the transfer, so pessimistic for large
+messages where they do not matter): a rank issuing m messages in a phase starts its flows
+``m * network.per_message_us`` after the phase starts; each flow also waits the latency of its
+link class (``links[*].latency_us``).
+Phases: a phase starts when the phases it depends on have finished, by the algorithm's own
+``PHASE_DEPENDENCIES`` (HALO, Eq. 13: Phase I || (Phase II -> Phase III)).
+
+Aggregation (1024 nodes x 8 GPUs in seconds): when every source sends the same counts to each
+destination (expected routing: ``C[s][d] = rows_to[d]``), nodes with the same per-local-rank
+pattern of ``rows_to`` are interchangeable. Nodes are grouped into such classes; the schedule is
+built only for the ranks of one representative node per class (the schedule functions take
+``ranks=``), and each representative flow stands for ``m`` identical flows (one per destination
+node of its class and link class). Loads use coefficients: a flow loads its source's resources
+with ``m`` and one destination node's resources with ``m * |A| / |B|`` (A, B the node classes),
+and its share of a group/rack uplink per node. This is exact for node-symmetric schedules
+(tests/test_network_sim.py compares it with the per-message simulation) and averages group-level
+loads otherwise.
+
+Left out (say so wherever results are shown): job placement (nodes are consecutive, groups and
+racks filled in order), background traffic from other jobs, adaptive routing and congestion
+trees of the Dragonfly, kernel-launch and packing costs, and the count/metadata exchange that
+precedes the data phases (it is not part of the shared schedules).
+
+Lower bound (Piper Eq. 6, generalised to one all-to-all and any placement): the busiest NIC's
+bytes (sent or received) / B_NIC. Eq. 6 as printed, 4bskd/(EP B_NIC), is dispatch + combine in
+fp16 with every GPU's traffic leaving the node; one direction of it is the same busiest-NIC load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_repro.components.network.platform import Platform
+from moe_repro.components.network.topology import Topology
+
+GB = 1e9
+
+# topology link class -> profile link classes to read (first present wins)
+_PROFILE_CLASS = {
+    "intra_node": ("intra_node",),
+    "intra_group": ("switch_group", "nic_injection"),
+    "inter_group": ("intra_rack", "inter_group", "switch_group", "nic_injection"),
+    "inter_rack": ("inter_rack", "inter_group", "intra_rack", "switch_group", "nic_injection"),
+}
+
+
+# --- machine -------------------------------------------------------------------------------
+
+def topology_for(platform: Platform, nodes: int, gpus_per_node: int | None = None) -> Topology:
+    """Rank placement for ``nodes`` nodes of ``platform``; ``gpus_per_node`` below the node's
+    GPU count uses local GPUs 0..g-1 (their NIC affinity kept). Nodes fill switch groups and
+    racks in order (no job-placement effects)."""
+    g = int(gpus_per_node or platform.gpus_per_node)
+    if not 1 <= g <= platform.gpus_per_node:
+        raise ValueError(f"gpus_per_node must be in [1, {platform.gpus_per_node}] on {platform.name}, got {g}")
+    affinity = platform.raw.get("node", {}).get("gpu_nic_affinity") or []
+    nic_of = {}
+    for nic, gpus in enumerate(affinity):
+        for gpu in gpus:
+            nic_of[int(gpu)] = nic
+    group = platform.switch_group_nodes
+    groups_per_rack = platform.rack_nodes // group if platform.rack_nodes >= group else 0
+    return Topology(nodes=int(nodes), ranks_per_node=g, nodes_per_group=group,
+                    groups_per_rack=groups_per_rack, nics_per_node=platform.nics_per_node,
+                    nic_of_local_rank=tuple(nic_of.get(l, l * platform.nics_per_node // platform.gpus_per_node)
+                                            for l in range(g)))
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the simulator reads from a profile (bytes/s, seconds)."""
+
+    platform: Platform
+    per_message_s: float
+    link_latency_s: dict
+    link_bytes_per_s: dict
+    taper: dict
+    package_of: tuple
+    host_bytes_per_s: float | None
+
+    @classmethod
+    def from_platform(cls, p: Platform) -> "Machine":
+        links = {lk["class"]: lk for lk in p.links}
+        package_of = {}
+        for i, gpus in enumerate(p.raw.get("node", {}).get("gpu_packages") or []):
+            for gpu in gpus:
+                package_of[int(gpu)] = i
+        host = p.raw.get("network", {}).get("host_GBps")
+        return cls(platform=p,
+                   per_message_s=float(p.raw.get("network", {}).get("per_message_us", 0.0)) * 1e-6,
+                   link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
+                   link_bytes_per_s={c: float(lk["GBps"]) * GB for c, lk in links.items() if "GBps" in lk},
+                   taper={c: float(lk.get("taper", 1.0)) for c, lk in links.items()},
+                   package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
+                   host_bytes_per_s=float(host) * GB if host else None)
+
+    def profile_class(self, topo: Topology, src: int, dst: int) -> str:
+        """The profile link class a message between two ranks travels on (for its latency)."""
+        cls = topo.link_class(src, dst)
+        if cls == "intra_node":
+            same_pkg = self.package_of[topo.local_rank(src)] == self.package_of[topo.local_rank(dst)]
+            if same_pkg and "intra_package" in self.link_latency_s:
+                return "intra_package"
+        for name in _PROFILE_CLASS[cls]:
+            if name in self.link_latency_s:
+                return name
+        return cls
+
+    def latency(self, pclass: str) -> float:
+        return self.link_latency_s.get(pclass, 0.0)
+
+    def pair_capacity(self, pclass: str) -> float:
+        p = self.platform
+        return self.link_bytes_per_s.get(pclass, p.intra_node_a2a_bytes_per_s)
+
+    def uplink_taper(self, level: str) -> float:
+        names = ("switch_group",) if level == "group" else ("inter_rack", "inter_group")
+        for n in names:
+            if n in self.taper:
+                return self.taper[n]
+        return 1.0
+
+
+# --- flows and the fluid engine --------------------------------------------------------------
+
+@dataclass
+class Flow:
+    """``count`` identical flows of ``nbytes`` each (the rate is per flow); ``uses`` maps a
+    resource key to the load coefficient on one instance of it (flows per instance)."""
+
+    phase: str
+    src: int
+    nbytes: float
+    count: float
+    pclass: str
+    uses: dict = field(default_factory=dict)
+    release_delay: float = 0.0  # link-class latency before the first byte moves
+    release: float = 0.0
+    finish: float = 0.0
+
+
+def max_min_rates(flows: list[Flow], capacity: dict) -> list[float]:
+    """Max-min fair rate of each flow (progressive filling): raise every unfixed flow's rate
+    together; when a resource fills (sum of coefficient x rate = capacity), fix its flows."""
+    if not flows:
+        return []
+    keys = {k: i for i, k in enumerate(capacity)}
+    f_idx, r_idx, coef = [], [], []
+    for i, f in enumerate(flows):
+        for k, c in f.uses.items():
+            f_idx.append(i)
+            r_idx.append(keys[k])
+            coef.append(c)
+    f_idx, r_idx, coef = np.array(f_idx, int), np.array(r_idx, int), np.array(coef, float)
+    remaining = np.array([capacity[k] for k in keys], float)
+    rate = np.full(len(flows), math.inf)
+    unfixed = np.ones(len(flows), bool)
+    while unfixed.any():
+        live = unfixed[f_idx]
+        load = np.bincount(r_idx[live], weights=coef[live], minlength=len(remaining))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(load > 0, remaining / load, math.inf)
+        level = share.min()
+        if not math.isfinite(level):
+            break  # flows that use no resource: unlimited
+        level = max(level, 0.0)
+        full = share <= level * (1 + 1e-12)
+        fix_nnz = live & full[r_idx]
+        fixed = np.zeros(len(flows), bool)
+        fixed[f_idx[fix_nnz]] = True
+        fixed &= unfixed
+        rate[fixed] = level
+        unfixed &= ~fixed
+        nnz = fixed[f_idx]
+        remaining -= np.bincount(r_idx[nnz], weights=coef[nnz] * level, minlength=len(remaining))
+        remaining = np.maximum(remaining, 0.0)
+    return rate.tolist()
+
+
+def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[str]],
+              rank_messages: dict, per_message_s: float = 0.0) -> dict:
+    """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
+    the phase (per-message overhead). Returns phase start/end times and the total time."""
+    phases = list(dict.fromkeys([*dependencies, *(f.phase for f in flows)]))
+    by_phase = defaultdict(list)
+    for f in flows:
+        by_phase[f.phase].append(f)
+    start, end = {}, {}
+    remaining = {id(f): float(f.nbytes) for f in flows}
+    pending = set(phases)
+    now = 0.0
+    active: list[Flow] = []
+    waiting: list[Flow] = []
+
+    def release_ready():
+        progress = True
+        while progress:  # an empty phase ends as it starts and may release its dependents
+            progress = False
+            for ph in list(pending):
+                deps = dependencies.get(ph, [])
+                if ph in start or not all(d in end for d in deps):
+                    continue
+                t0 = max([end[d] for d in deps], default=0.0)
+                start[ph] = t0
+                for f in by_phase[ph]:
+                    f.release = t0 + per_message_s * rank_messages.get((f.src, ph), 0) + f.release_delay
+                    waiting.append(f)
+                if not by_phase[ph]:
+                    end[ph] = t0
+                    pending.discard(ph)
+                    progress = True
+
+    def close_phases():
+        changed = False
+        for ph in list(pending):
+            if ph in start and ph not in end and all(remaining[id(f)] <= 0 for f in by_phase[ph]):
+                end[ph] = max([f.finish for f in by_phase[ph]], default=start[ph])
+                pending.discard(ph)
+                changed = True
+        return changed
+
+    release_ready()
+    while pending:
+        # move released flows to active
+        waiting.sort(key=lambda f: f.release)
+        while waiting and waiting[0].release <= now + 1e-18:
+            active.append(waiting.pop(0))
+        if not active:
+            if waiting:
+                now = waiting[0].release
+                continue
+            if close_phases():
+                release_ready()
+                continue
+            raise RuntimeError(f"phases {sorted(pending)} can never start (dependency cycle?)")
+        rates = max_min_rates(active, capacity)
+        horizon = waiting[0].release - now if waiting else math.inf
+        dt = min([remaining[id(f)] / r if r > 0 else math.inf for f, r in zip(active, rates)] + [horizon])
+        if not math.isfinite(dt):
+            raise RuntimeError("a flow has no bandwidth (zero-capacity resource)")
+        now += dt
+        still = []
+        for f, r in zip(active, rates):
+            remaining[id(f)] -= r * dt if math.isfinite(r) else remaining[id(f)]
+            if remaining[id(f)] <= max(1e-9 * f.nbytes, 1e-12):
+                remaining[id(f)] = 0.0
+                f.finish = now
+            else:
+                still.append(f)
+        active = still
+        if close_phases():
+            release_ready()
+    return {"time_s": max(end.values(), default=0.0), "phase_start_s": start, "phase_end_s": end}
+
+
+# --- building flows from a schedule ----------------------------------------------------------
+
+@dataclass
+class SimResult:
+    """One simulated collective. All times in seconds; every number is simulated."""
+
+    time_s: float
+    eq6_bound_s: float
+    phase_end_s: dict
+    link_bytes: dict  # bytes per topology link class, whole world
+    flows: int  # flow records simulated (after aggregation)
+    simulated: bool = True
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "eq6_bound_s": self.eq6_bound_s, "phase_end_s": self.phase_end_s,
+                "link_bytes": self.link_bytes, "flows": self.flows, "simulated": True}
+
+
+def _flow_uses(m: Machine, topo: Topology, src_key, dst_key, src: int, dst: int,
+               out_coef: float, in_coef: float, per_node_share: bool, host_coef: float | None = None) -> dict:
+    """Resources of one message class and its coefficients. ``src_key``/``dst_key`` name the
+    node instance (a node id, or a node class in aggregated mode)."""
+    uses = {}
+    ls, ld = topo.local_rank(src), topo.local_rank(dst)
+    if topo.node_of(src) == topo.node_of(dst):
+        uses[("gpu_tx", src_key, ls)] = out_coef
+        uses[("gpu_rx", dst_key, ld)] = in_coef
+        uses[("pair", src_key, ls, ld)] = out_coef
+    else:
+        uses[("nic_tx", src_key, topo.nic_of(src))] = out_coef
+        uses[("nic_rx", dst_key, topo.nic_of(dst))] = in_coef
+        cls = topo.link_class(src, dst)
+        if cls in ("inter_group", "inter_rack"):
+            g_src = src_key if per_node_share else topo.group_of(src)
+            g_dst = dst_key if per_node_share else topo.group_of(dst)
+            uses[("group_up", g_src)] = out_coef
+            uses[("group_down", g_dst)] = in_coef
+        if cls == "inter_rack":
+            r_src = src_key if per_node_share else topo.rack_of(src)
+            r_dst = dst_key if per_node_share else topo.rack_of(dst)
+            uses[("rack_up", r_src)] = out_coef
+            uses[("rack_down", r_dst)] = in_coef
+    if m.host_bytes_per_s:
+        # One shared machine: every byte moved, by every node, counts once on it.
+        uses[("host",)] = out_coef if host_coef is None else host_coef
+    return uses
+
+
+def _capacity(m: Machine, topo: Topology, keys, per_node_share: bool) -> dict:
+    p = m.platform
+    nic = p.nic_bytes_per_s
+    node_line = p.nics_per_node * nic
+    cap = {}
+    for k in keys:
+        kind = k[0]
+        if kind in ("gpu_tx", "gpu_rx"):
+            cap[k] = p.intra_node_a2a_bytes_per_s
+        elif kind == "pair":
+            pkg = m.package_of
+            same = pkg[k[2]] == pkg[k[3]] and "intra_package" in m.link_bytes_per_s
+            cap[k] = m.pair_capacity("intra_package" if same else "intra_node")
+        elif kind in ("nic_tx", "nic_rx"):
+            cap[k] = nic
+        elif kind in ("group_up", "group_down"):
+            nodes = 1 if per_node_share else (topo.nodes_per_group or topo.nodes)
+            cap[k] = m.uplink_taper("group") * node_line * nodes
+        elif kind in ("rack_up", "rack_down"):
+            per_rack = (topo.nodes_per_group or topo.nodes) * (topo.groups_per_rack or topo.nodes)
+            nodes = 1 if per_node_share else min(per_rack, topo.nodes)
+            cap[k] = m.uplink_taper("rack") * node_line * nodes
+        elif kind == "host":
+            cap[k] = m.host_bytes_per_s
+        else:
+            raise KeyError(k)
+    return cap
+
+
+def _eq6_bound(nic_bytes: dict, p: Platform) -> float:
+    return max(nic_bytes.values(), default=0.0) / p.nic_bytes_per_s
+
+
+def simulate_messages(messages, topo: Topology, platform: Platform,
+                      dependencies: dict[str, list[str]]) -> SimResult:
+    """Per-message simulation of an explicit schedule: every (phase, src, dst, nbytes) message
+    is one flow on the resources of its own nodes. Self-messages are local copies (no link)."""
+    from moe_repro.components.network.topology import bytes_by_link_class
+
+    m = Machine.from_platform(platform)
+    flows, counts = [], defaultdict(int)
+    nic_bytes = defaultdict(float)
+    for phase, src, dst, nbytes in messages:
+        if src == dst or nbytes <= 0:
+            continue
+        pclass = m.profile_class(topo, src, dst)
+        f = Flow(phase=phase, src=src, nbytes=float(nbytes), count=1.0, pclass=pclass,
+                 uses=_flow_uses(m, topo, topo.node_of(src), topo.node_of(dst), src, dst, 1.0, 1.0, False),
+                 release_delay=m.latency(pclass))
+        flows.append(f)
+        counts[(src, phase)] += 1
+        if topo.is_inter_node(src, dst):
+            nic_bytes[("tx", topo.node_of(src), topo.nic_of(src))] += nbytes
+            nic_bytes[("rx", topo.node_of(dst), topo.nic_of(dst))] += nbytes
+    keys = {k for f in flows for k in f.uses}
+    cap = _capacity(m, topo, keys, per_node_share=False)
+    run = run_flows(flows, cap, dependencies, counts, m.per_message_s)
+    return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
+                     phase_end_s=run["phase_end_s"], link_bytes=bytes_by_link_class(messages, topo),
+                     flows=len(flows))
+
+
+# --- aggregated simulation of expected routing ------------------------------------------------
+
+def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[int]]:
+    """(class of every node, representative node of every class): nodes whose ranks receive the
+    same rows, local rank by local rank, are interchangeable."""
+    R = topo.ranks_per_node
+    pattern_class: dict[tuple, int] = {}
+    cls_of, reps = [], []
+    for n in range(topo.nodes):
+        key = tuple(rows_to[n * R:(n + 1) * R])
+        if key not in pattern_class:
+            pattern_class[key] = len(reps)
+            reps.append(n)
+        cls_of.append(pattern_class[key])
+    return cls_of, reps
+
+
+def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform: Platform,
+                      dependencies: dict[str, list[str]]) -> SimResult:
+    """Aggregated simulation when every source rank sends ``rows_to[d]`` rows to rank d.
+
+    ``schedule_fn(C, ranks)`` must return the algorithm's (phase, src, dst, nbytes) messages of
+    the source ranks ``ranks`` for counts matrix C (the shared schedule functions with
+    ``ranks=``). It is called once, for the ranks of one representative node per class; their
+    messages are explicit (one per destination), and identical ones merge into one flow record.
+    """
+    N = topo.world_size
+    if len(rows_to) != N:
+        raise ValueError(f"rows_to has {len(rows_to)} entries, world has {N} ranks")
+    rows_to = [int(r) for r in rows_to]
+    C = [rows_to] * N  # every row the same list: O(N) memory for an N x N matrix
+    m = Machine.from_platform(platform)
+    cls_of, reps = node_classes(rows_to, topo)
+    size = defaultdict(int)
+    for c in cls_of:
+        size[c] += 1
+    messages = schedule_fn(C, [r for n in reps for r in topo.node_ranks(n)])
+
+    merged: dict[tuple, list] = {}
+    for phase, src, dst, nbytes in messages:
+        if src == dst or nbytes <= 0:
+            continue
+        key = (phase, src, cls_of[topo.node_of(dst)], topo.local_rank(dst),
+               topo.link_class(src, dst), m.profile_class(topo, src, dst), float(nbytes))
+        rec = merged.setdefault(key, [0, dst])
+        rec[0] += 1
+
+    flows, counts = [], defaultdict(float)
+    link_bytes, nic_bytes = defaultdict(float), defaultdict(float)
+    for (phase, src, B, _ld, lclass, pclass, nbytes), (count, dst) in merged.items():
+        A = cls_of[topo.node_of(src)]
+        # ``count`` flows leave one node of class A; one node of class B receives, on average,
+        # count * |A| / |B| of them (every node of A sends the same).
+        in_coef = count * size[A] / size[B]
+        f = Flow(phase=phase, src=src, nbytes=nbytes, count=count, pclass=pclass,
+                 uses=_flow_uses(m, topo, ("c", A), ("c", B), src, dst, count, in_coef, True,
+                                 host_coef=count * size[A]),
+                 release_delay=m.latency(pclass))
+        flows.append(f)
+        counts[(src, phase)] += count
+        link_bytes[lclass] += nbytes * count * size[A]
+        if lclass != "intra_node":
+            nic_bytes[("tx", A, topo.nic_of(src))] += nbytes * count
+            nic_bytes[("rx", B, topo.nic_of(dst))] += nbytes * in_coef
+    keys = {k for f in flows for k in f.uses}
+    run = run_flows(flows, _capacity(m, topo, keys, per_node_share=True), dependencies, counts,
+                    m.per_message_s)
+    lb = {c: int(round(link_bytes.get(c, 0.0))) for c in ("intra_node", "intra_group", "inter_group", "inter_rack")}
+    lb["inter_node"] = lb["intra_group"] + lb["inter_group"] + lb["inter_rack"]
+    return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
+                     phase_end_s=run["phase_end_s"], link_bytes=lb, flows=len(flows))
+
+
+# --- calibration (local profile) -------------------------------------------------------------
+
+def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
+    """Least-squares fit of t = alpha + bytes / beta (Hockney model); returns (alpha_s, beta_Bps).
+    Used to calibrate a profile's per-message latency and bandwidth from real runs."""
+    if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
+        raise ValueError("need at least two (bytes, time) measurements of equal length")
+    x, y = np.asarray(sizes_bytes, float), np.asarray(times_s, float)
+    A = np.vstack([np.ones_like(x), x]).T
+    (alpha, slope), *_ = np.linalg.lstsq(A, y, rcond=None)
+    if slope <= 0:
+        raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
+    return max(float(alpha), 0.0), 1.0 / float(slope)
+
+
+# --- the algorithms' schedules ---------------------------------------------------------------
+
+def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bool = False):
+    """(schedule_fn(C, ranks), phase dependencies) of flat or HALO from their own modules."""
+    if algo == "flat":
+        from moe_repro.components.alltoall import flat as mod
+
+        return (lambda C, ranks: mod.flat_schedule(C, row_bytes, with_counts, ranks=ranks)), mod.PHASE_DEPENDENCIES
+    if algo == "halo":
+        from moe_repro.components.alltoall import halo as mod
+
+        return (lambda C, ranks: mod.halo_schedule(C, topo, row_bytes, with_counts, ranks=ranks)), mod.PHASE_DEPENDENCIES
+    raise ValueError(f"aggregated simulation supports flat and halo, got {algo!r} (rbd: simulate_messages)")
+
+
+def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_peer: int,
+                     with_counts: bool = False) -> SimResult:
+    """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank."""
+    fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)
+    return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps)
+
+
+def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
+                       host_cores: int | None = None) -> Platform:
+    """A local profile from a Hockney fit of real runs (see :func:`fit_latency_bandwidth`):
+    per-message cost alpha, every link (port, pair, NIC) at bandwidth beta. Emulated nodes are
+    processes of one machine, so no link class is faster than another. ``host_cores``: the
+    fit's ranks each had a core, so the machine moves at most ``host_cores * beta`` in total
+    (more ranks than cores share them: the ``host`` resource)."""
+    from moe_repro.components.network.platform import from_dict
+
+    g = int(gpus_per_node)
+    bw = beta_bytes_per_s / GB
+    return from_dict({
+        "name": "local (calibrated)",
+        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": bw, "achievable_gemm_tflops": 1,
+                "achievable_attention_tflops": 1},
+        "node": {"gpus": g, "nics": g, "nic_GBps": bw, "gpu_nic_affinity": [[i] for i in range(g)],
+                 "intra_node_alltoall_GBps_per_gpu": bw},
+        "network": {"switch_group_nodes": 1, "rack_nodes": 1, "per_message_us": alpha_s * 1e6,
+                    **({"host_GBps": host_cores * bw} if host_cores else {})},
+        "links": [{"class": "intra_node", "GBps": bw, "latency_us": 0.0},
+                  {"class": "nic_injection", "GBps": bw, "latency_us": 0.0}],
+    })

@@ -1,0 +1,4 @@
+"""Training: Piper's PP x EP executor with 1F1B (Piper Sec. III, on
+torch.distributed.pipelining), the host-resident optimizer (MoP Sec. 3.5), real text for
+offline runs, and peak-memory measurement.
+"""

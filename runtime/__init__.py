@@ -1,0 +1,7 @@
+"""The process runtime: real ranks on this machine or in a launcher's world.
+
+``launch`` starts local ranks (gloo, NCCL or MPI), supervises them (timeouts, a failed rank ends
+the world) and attaches to worlds started by torchrun, srun or mpirun; ``worker`` is one rank's
+entry point. Every layer may use this package; it uses none of them (only ``results.atomic``
+for the files ranks hand back).
+"""

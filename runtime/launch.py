@@ -1,0 +1,274 @@
+"""Local multi-process launcher: N real ranks on this machine, grouped into emulated nodes.
+
+``run_ranks(target, kwargs, world_size, ...)`` starts one process per rank, each running
+``target(ctx, **kwargs)`` (``target`` is ``"module:function"``) with a :class:`RankContext`, and
+returns the list of each rank's JSON-serialisable return value, indexed by rank.
+
+Backends
+- ``gloo`` (and ``nccl`` on GPUs): one Python process per rank, torch.distributed initialised
+  over TCP on 127.0.0.1.
+- ``mpi``: ``mpiexec -n N`` (the ``mpich`` wheel's by default; set ``MOE_REPRO_MPIEXEC`` to use a
+  site MPI) runs the ranks; collectives go through mpi4py.
+
+Failure is bounded: if a rank exits non-zero, the others are killed at once; if ranks are still
+running after ``timeout_s``, all are killed. Either way :class:`RankFailure` names the ranks that
+did not finish, with the tail of their stderr, and no process is left behind (each launch runs
+in its own session and the whole process group is killed).
+
+Emulated nodes: ``ranks_per_node`` consecutive ranks form one node (``node = rank //
+ranks_per_node``), exported as LOCAL_RANK / LOCAL_WORLD_SIZE / GROUP_RANK like torchrun does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+class RankFailure(RuntimeError):
+    """A rank died, raised, or did not finish in time."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@dataclass
+class RankContext:
+    """What a rank knows about its world. Built by the worker, passed to the target."""
+
+    rank: int
+    world_size: int
+    ranks_per_node: int
+    backend: str
+    comm: Any = None  # mpi4py communicator for backend "mpi"
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.ranks_per_node
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.ranks_per_node
+
+    @property
+    def n_nodes(self) -> int:
+        return -(-self.world_size // self.ranks_per_node)
+
+    def barrier(self) -> None:
+        if self.backend == "mpi":
+            self.comm.Barrier()
+        else:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def all_reduce_max(self, value: float) -> float:
+        if self.backend == "mpi":
+            from mpi4py import MPI
+
+            return self.comm.allreduce(value, op=MPI.MAX)
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mpiexec_path() -> str:
+    """The mpiexec to use: $MOE_REPRO_MPIEXEC, else the one beside this Python, else on PATH."""
+    explicit = os.environ.get("MOE_REPRO_MPIEXEC")
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise RankFailure("no mpiexec found: install the 'mpich' wheel or set MOE_REPRO_MPIEXEC", [])
+    return found
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
+              ranks_per_node: int | None = None, backend: str = "gloo",
+              timeout_s: float = 120.0, threads_per_rank: int | None = None) -> list[Any]:
+    """Run ``target(ctx, **kwargs)`` on ``world_size`` real ranks; return results by rank."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ranks_per_node = ranks_per_node or world_size
+    if ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} must divide world_size={world_size}")
+    if threads_per_rank is None:  # oversubscribing cores makes every rank slower than one
+        threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
+
+    workdir = Path(tempfile.mkdtemp(prefix="moe-repro-ranks-"))
+    try:
+        (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
+                   MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
+        common = ["-m", "moe_repro.runtime.worker", "--target", target, "--workdir", str(workdir),
+                  "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),
+                  "--backend", backend]
+        procs: dict[str, subprocess.Popen] = {}
+        if backend == "mpi":
+            cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, *common]
+            with open(workdir / "mpiexec.err", "wb") as err:
+                procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        else:
+            port = free_port()
+            for r in range(world_size):
+                cmd = [sys.executable, *common, "--rank", str(r), "--master-port", str(port)]
+                with open(workdir / f"rank-{r}.err", "wb") as err:
+                    procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
+                                                     start_new_session=True)
+        _supervise(procs, workdir, world_size, timeout_s)
+        return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
+               timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = {name: p.poll() for name, p in procs.items()}
+            failed = {name: c for name, c in codes.items() if c not in (None, 0)}
+            if failed:
+                _raise_for(workdir, world_size, codes, "exited with code")
+            if all(c == 0 for c in codes.values()):
+                missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
+                if missing:
+                    _raise_for(workdir, world_size, codes, "exited without a result")
+                return
+            if time.monotonic() > deadline:
+                _raise_for(workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)")
+            time.sleep(0.02)
+    finally:
+        # Kill every group, finished or not: a group may hold children (mpiexec's proxies,
+        # a rank's helpers) after its leader exited.
+        for p in procs.values():
+            _kill_group(p)
+
+
+def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str) -> None:
+    """Name the ranks that caused the failure, most likely cause first.
+
+    A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
+    raised come next (often they only raised because a peer vanished); on a timeout, the ranks
+    still running. With mpiexec only its own exit code is known, so per-rank files decide.
+    """
+    unfinished = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
+    raised = [r for r in unfinished if (workdir / f"rank-{r}.failed").exists()]
+    rank_codes = {int(n): c for n, c in codes.items() if n.isdigit()}
+    died = [r for r, c in rank_codes.items() if c not in (None, 0) and r not in raised]
+    running = [r for r, c in rank_codes.items() if c is None]
+    if "within" in what and rank_codes:
+        culprits = running
+    else:
+        culprits = died + raised or unfinished
+    details = []
+    for r in culprits[:4]:
+        code = rank_codes.get(r)
+        how = f"killed by signal {-code}" if code is not None and code < 0 else (
+            f"exit code {code}" if code else "")
+        tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
+        details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
+    if not details and (workdir / "mpiexec.err").exists():
+        details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
+    names = ", ".join(map(str, culprits)) or "none"
+    if what == "exited with code":
+        signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
+        what = ("was killed by a signal (its peers then failed or hung in the collective it left)"
+                if signalled and culprits[0] in signalled else "failed")
+    msg = f"rank(s) {names} of {world_size} {what}"
+    raise RankFailure(msg + (f" -- {' | '.join(details)}" if details else ""), culprits)
+
+
+# --- Worlds started by an external launcher (torchrun, srun, mpirun) --------------------------
+
+_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                    "SLURM_NTASKS_PER_NODE")
+
+
+def _first_int(names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "").split("(")[0]  # SLURM writes "4(x2)"
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def launched_world_size() -> int | None:
+    """World size if this process was started by torchrun, srun or mpirun (and not by us)."""
+    if os.environ.get("MOE_REPRO_WORKER"):
+        return None
+    size = _first_int(_SIZE_VARS)
+    return size if size and size > 1 else None
+
+
+def init_launched_world(backend: str) -> RankContext:
+    """Join the world an external launcher started; returns this rank's context.
+
+    mpi: MPI.COMM_WORLD (node = shared-memory communicator). gloo/nccl: torch.distributed from
+    the environment (torchrun sets MASTER_ADDR/PORT; under mpirun/srun they default to
+    127.0.0.1:29500 unless set, which covers single-node runs).
+    """
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+        return RankContext(comm.Get_rank(), comm.Get_size(), local, "mpi", comm)
+    import torch.distributed as dist
+
+    rank, size = _first_int(_RANK_VARS), _first_int(_SIZE_VARS)
+    local = _first_int(_LOCAL_SIZE_VARS) or size
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=size)
+    return RankContext(rank, size, local, backend)

@@ -1,0 +1,76 @@
+"""Entry point of one rank started by :mod:`moe_repro.runtime.launch` (``python -m moe_repro.runtime.worker``)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from moe_repro.results.atomic import atomic_write_json, atomic_write_text
+from moe_repro.runtime.launch import RankContext
+
+
+def _load(target: str):
+    module, _, func = target.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--ranks-per-node", type=int, required=True)
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--master-port", type=int)
+    a = ap.parse_args(argv)
+
+    comm = None
+    if a.backend == "mpi":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        if comm.Get_size() != a.world_size:
+            raise SystemExit(f"mpiexec started {comm.Get_size()} ranks, expected {a.world_size}")
+    else:
+        rank = a.rank
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world_size),
+                      LOCAL_RANK=str(rank % a.ranks_per_node),
+                      LOCAL_WORLD_SIZE=str(a.ranks_per_node),
+                      GROUP_RANK=str(rank // a.ranks_per_node))
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("MOE_REPRO_THREADS", "1")))
+        if a.backend != "mpi":
+            import torch.distributed as dist
+
+            dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{a.master_port}",
+                                    rank=rank, world_size=a.world_size,
+                                    timeout=datetime.timedelta(seconds=300))
+        ctx = RankContext(rank=rank, world_size=a.world_size, ranks_per_node=a.ranks_per_node,
+                          backend=a.backend, comm=comm)
+        kwargs = json.loads((a.workdir / "kwargs.json").read_text())
+        result = _load(a.target)(ctx, **kwargs)
+        atomic_write_json(a.workdir / f"rank-{rank}.json", result)
+        if a.backend != "mpi":
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    except BaseException:
+        atomic_write_text(a.workdir / f"rank-{rank}.failed", traceback.format_exc())
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # do not wait on peers stuck in a collective
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
