@@ -55,14 +55,20 @@ def gemm_model() -> GemmTimeModel:
     return GemmTimeModel(m.d_model, m.d_ffn, p.gemm_flops, p.hbm_bytes_per_s, n_mat=m.n_mat)
 
 
+def balancer_knobs(params: dict, dyn: int | None = None) -> dict:
+    """The knobs of the registered balancers these reproductions use (FasterMoE gets the same
+    weight-buffer budget, max_num_dyn, as FEPLB)."""
+    return {"dyn": dyn or int(params["dyn"]), "tau": int(params["tau"]),
+            "max_num_dyn": int(params["max_num_dyn"]), "max_shadows": int(params["max_num_dyn"])}
+
+
 def evaluate(params: dict, ep: int, dyn: int | None = None, with_gemm: bool = False,
              methods=("Before LB", "FasterMoE", "FEPLB")):
     key = tuple(sorted((k, params[k]) for k in DEFAULTS)) + (ep, dyn, with_gemm, tuple(methods))
     if key not in _CACHE:
-        _CACHE[key] = evaluate_trace(trace_for(params, ep), dyn=dyn or int(params["dyn"]),
-                                     tau=int(params["tau"]), max_num_dyn=int(params["max_num_dyn"]),
-                                     max_shadows=int(params["max_num_dyn"]),
-                                     gemm_model=gemm_model() if with_gemm else None, methods=methods)
+        _CACHE[key] = evaluate_trace(trace_for(params, ep), methods=methods,
+                                     gemm_model=gemm_model() if with_gemm else None,
+                                     **balancer_knobs(params, dyn))
     return _CACHE[key]
 
 

@@ -2,7 +2,7 @@
 
 FEPLB measures dispatch/combine *time* on H100s with DeepEP; we cannot. What we can count
 exactly from per-token routing is the EP *volume* each method puts on the EP path (rows sent to
-remote ranks by a deduplicating bulk dispatch, components/fastermoe_shadow.dispatch_rows):
+remote ranks by a deduplicating bulk dispatch, components/balance/fastermoe_shadow.py):
 - Before LB: one row per (token, remote destination rank);
 - FasterMoE pipe = 1: shadowed experts' rows stay local; pipe = 2: two expert-group stages,
   each deduplicated on its own, so a token can cross to one rank twice (the added volume the
@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.balance.fastermoe_shadow import choose_shadows, dispatch_rows
-from moe_repro.components.balance.feplb import ExpertPartition, greedy_balance, phase2_bytes
+from moe_repro.components.balance import get_balancer
+from moe_repro.components.balance.base import BalanceStep
+from moe_repro.components.balance.fastermoe_shadow import dispatch_rows
+from moe_repro.components.balance.feplb import phase2_bytes
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions import _feplb_traces as ft
@@ -43,21 +45,20 @@ def compute(repro: Reproduction, params: dict) -> Result:
     rows = {"Before LB": 0, "FasterMoE pipe=1": 0, "FasterMoE pipe=2": 0, "FEPLB": 0}
     copy_bytes = {"FasterMoE": 0, "FEPLB": 0}
     expert_bytes = m.n_mat * m.d_model * m.d_ffn * 2
+    fastermoe, feplb = get_balancer("FasterMoE"), get_balancer("FEPLB")
+    knobs = ft.balancer_knobs(params)
     for layer in range(trace.num_layers):
         for mb in range(1, trace.num_micro_batches):
             top = trace.top_experts[layer][mb]
-            prev_src = trace.counts[layer, mb - 1]
-            shadows = choose_shadows(prev_src.sum(0), home, EP, int(params["max_num_dyn"]), prev_src)
+            step = BalanceStep(placement, trace.counts[layer, mb], trace.counts[layer, mb - 1])
+            shadows = fastermoe.run(step, knobs).decision     # the shadowed experts
             base = dispatch_rows(top, source_of_token, home, EP)
             rows["Before LB"] += base
             rows["FEPLB"] += base                       # Phase 1 = standard EP dispatch
             rows["FasterMoE pipe=1"] += dispatch_rows(top, source_of_token, home, EP, 1, shadows)
             rows["FasterMoE pipe=2"] += dispatch_rows(top, source_of_token, home, EP, 2, shadows)
             copy_bytes["FasterMoE"] += len(shadows) * (EP - 1) * expert_bytes
-            counts = trace.counts[layer, mb].sum(0)
-            plan = greedy_balance(counts, ExpertPartition.choose(placement, int(params["dyn"]),
-                                                                 prev_src.sum(0)),
-                                  int(params["tau"]), int(params["max_num_dyn"]))
+            plan = feplb.run(step, knobs).decision             # FEPLB's moves (a BalancePlan)
             p2 = phase2_bytes(plan, m.d_model, m.d_ffn, m.n_mat)
             copy_bytes["FEPLB"] += p2["weight_bytes"] + p2["token_bytes"]
     note = f"{ft.trace_note(params, EP)}; EP volume (rows), not time"

@@ -1,9 +1,10 @@
 """expert-gemm: expert GEMM throughput vs tokens per expert and expert shape (Piper Fig. 4).
 
 One grouped GEMM x [T*E_l, K] times E_l weights [K, M] (an expert's up-projection, K = d_model,
-M = d_ffn, both divided by ``shape_div`` to fit the device), T tokens per expert, for each
-variant of components/moe/expert_mlp.py, plus ``dense``: one torch.mm of the same [T*E_l, K] x
-[K, M] shape, i.e. equal FLOPs on a single weight, the ceiling a grouped GEMM can reach.
+M = d_ffn, both divided by ``shape_div`` to fit the device), T tokens per expert, for each kernel
+registered in components/moe/grouped_gemm.py, plus ``dense``: one torch.mm of the same
+[T*E_l, K] x [K, M] shape, i.e. equal FLOPs on a single weight, the ceiling a grouped GEMM can
+reach.
 
 FLOPs per call: 2 * T * E_l * K * M (the padded variant computes exactly these too, because the
 groups are balanced here; it pays the scatter/gather copies). TFLOP/s = FLOPs / time_s.
@@ -22,12 +23,17 @@ import time
 
 import torch
 
-from moe_repro.components.moe.expert_mlp import GEMM_VARIANTS, grouped_gemm
+from moe_repro.components.moe.grouped_gemm import grouped_gemm, grouped_gemm_names
 from moe_repro.components.model.zoo import get_model
 from moe_repro.suites._moe_stages import set_threads
 from moe_repro.suites.base import Metric, Suite
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def variants() -> tuple[str, ...]:
+    """Every registered grouped-GEMM kernel, then the equal-FLOPs dense GEMM (the ceiling)."""
+    return (*grouped_gemm_names(), "dense")
 
 
 def _device(name: str) -> torch.device:
@@ -48,8 +54,8 @@ def shape_of(params: dict) -> tuple[int, int]:
 
 def setup(params: dict, ctx=None) -> dict:
     variant = params["variant"]
-    if variant not in (*GEMM_VARIANTS, "dense"):
-        raise ValueError(f"variant must be one of {', '.join((*GEMM_VARIANTS, 'dense'))}")
+    if variant not in variants():
+        raise ValueError(f"variant must be one of {', '.join(variants())}")
     if params["dtype"] not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}")
     tokens, experts = int(params["tokens_per_expert"]), int(params["local_experts"])
@@ -109,7 +115,7 @@ SUITE = Suite(
     name="expert-gemm",
     description="Grouped expert GEMM (sequential, padded_bmm, grouped_mm) vs an equal-FLOPs dense "
                 "GEMM, throughput vs tokens per expert and expert shape (Piper Fig. 4).",
-    params={"variant": [*GEMM_VARIANTS, "dense"], "tokens_per_expert": [16, 64, 256, 1024],
+    params={"variant": list(variants()), "tokens_per_expert": [16, 64, 256, 1024],
             "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],
             "local_experts": [4], "dtype": ["float32"], "device": ["auto"], "threads": [1]},
     quick={"tokens_per_expert": [16, 128], "model": ["xmoe-small"], "shape_div": [8]},
@@ -122,7 +128,8 @@ SUITE = Suite(
                     description="time(dense) / time(variant), dense timed right after each sample"),
              Metric("K", "", "none", kind="analytic", description="d_model / shape_div"),
              Metric("M", "", "none", kind="analytic", description="d_ffn / shape_div")],
-    param_help={"variant": "sequential, padded_bmm, grouped_mm, or dense (equal-FLOPs ceiling)",
+    param_help={"variant": f"{', '.join(grouped_gemm_names())} (grouped GEMM kernels), or dense "
+                           "(equal-FLOPs ceiling)",
                 "tokens_per_expert": "T, rows per expert", "model": "zoo key giving d_model, d_ffn",
                 "shape_div": "divide d_model and d_ffn by this to fit the device",
                 "local_experts": "E_l, experts on this device", "dtype": "float32 or bfloat16",

@@ -11,6 +11,7 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 
 from __future__ import annotations
 
+from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
 from moe_repro.suites._moe_stages import STAGES, derive_stage, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
 
@@ -18,8 +19,7 @@ from moe_repro.suites.base import Metric, Suite
 def setup(params: dict, ctx=None) -> dict:
     if params["stage"] not in (*STAGES, "layer"):
         raise ValueError(f"moe-layer stages: {', '.join(STAGES)}, layer")
-    if params["gemm"] not in ("sequential", "padded_bmm", "grouped_mm"):
-        raise ValueError("gemm must be sequential, padded_bmm or grouped_mm")
+    get_grouped_gemm(params["gemm"])  # ValueError naming the registered kernels
     return setup_stage(params, ctx)
 
 
@@ -46,6 +46,6 @@ SUITE = Suite(
                 "tokens": "tokens per rank", "d_model": "H", "d_ffn": "expert width F",
                 "experts": "E (divisible by ranks)", "top_k": "k",
                 "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
-                "gemm": "pft expert GEMM: sequential, padded_bmm or grouped_mm",
+                "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
                 "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda"},
 )

@@ -15,6 +15,11 @@ tests/test_expert_migration.py, which checks both properties with hypothesis).
 A swap on a live layer moves the two experts' weights *and* their optimizer state and permutes
 the router's view (the gate's output columns), so the layer computes the same function, and its
 gradients and optimizer state are the same up to that permutation (:func:`swap_expert_slots`).
+
+As a registered balancer ("Piper migration"): Alg. 2 on the previous micro-batch's counts,
+starting from the home placement at every micro-batch (no threshold, no carried state, moves not
+charged); the experts then compute whole where the swaps put them. The threshold-triggered
+scheduler with its cost is :class:`MigrationScheduler`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork, work_of_placement
 from moe_repro.components.balance.migration_cost import moves_send_bytes_per_gpu
 
 
@@ -70,6 +77,26 @@ def hill_climb_swaps(groups: list[list[int]], loads, max_iters: int = 100
         groups[k_max][i], groups[k_min][j] = e2, e1                          # line 15
         swaps.append(Swap(e1, k_max, e2, k_min))                             # line 16
     return groups, swaps
+
+
+def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
+    """Alg. 2 from the home placement on the previous micro-batch's counts; ``decision`` is the
+    list of swaps."""
+    groups, swaps = hill_climb_swaps([list(ex) for ex in step.placement.experts_of_rank],
+                                     step.previous_counts, knobs["max_swaps"])
+    work = work_of_placement(step.counts, groups)
+    work.decision = swaps
+    return work
+
+
+register_balancer(Balancer(
+    name="Piper migration",
+    paper="Piper Sec. VI-A, Alg. 2",
+    description="hill-climbing swaps of experts between the most and least loaded devices",
+    needs_history=True,
+    knobs={"max_swaps": 100},
+    plan=_replay_plan,
+))
 
 
 def swaps_to_moves(swaps: list[Swap]) -> list[tuple[int, int]]:

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
+
 
 def choose_shadows(predicted_counts, rank_of_expert, world: int, max_shadows: int,
                    predicted_source_counts=None) -> list[int]:
@@ -102,3 +105,25 @@ def dispatch_rows(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank
     remote = keep & (dest != source_of_token.unsqueeze(1))
     key = (torch.arange(top_experts.shape[0]).unsqueeze(1) * world + dest) * pipe + stage[top_experts]
     return int(torch.unique(key[remote]).numel())
+
+
+def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
+    """Shadows chosen from the previous micro-batch, then each device's rows and GEMM groups on
+    the actual counts; ``decision`` is the shadow list."""
+    home = step.placement.rank_of_expert()
+    world = step.placement.world_size
+    shadows = choose_shadows(step.previous_counts, home, world, knobs["max_shadows"],
+                             step.previous_source_counts)
+    loads = shadow_loads(step.counts, home, world, shadows, step.source_counts)
+    groups = shadow_gemm_groups(step.source_counts, home, world, shadows)
+    return DeviceWork([int(v) for v in loads.tolist()], groups, decision=shadows)
+
+
+register_balancer(Balancer(
+    name="FasterMoE",
+    paper="FasterMoE (PPoPP'22), as FEPLB Sec. 3.1 re-implements it",
+    description="hot experts, predicted from the previous micro-batch, shadowed on every device",
+    needs_history=True,
+    knobs={"max_shadows": 8},
+    plan=_replay_plan,
+))

@@ -42,6 +42,8 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.components.alltoall.flat import all_to_all_v
+from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
                                                pack_experts, unpack_experts)
 from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
@@ -147,6 +149,29 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
         received[d_min] += 1
         moves.append(Move(pick, d_max, d_min, counts[pick]))
     return BalancePlan(moves, before, loads)
+
+
+def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
+    """FEPLB on a recorded micro-batch: the dynamic experts re-picked from the previous
+    micro-batch's counts (the periodic Router Predictor step, Fig. 3), then the greedy balancer
+    on the actual counts; ``decision`` is the BalancePlan."""
+    counts = step.counts
+    partition = ExpertPartition.choose(step.placement, knobs["dyn"], history=step.previous_counts)
+    plan = greedy_balance(counts, partition, knobs["tau"], knobs["max_num_dyn"])
+    ranks = plan.rank_of_expert(step.placement)
+    groups = [[int(counts[e]) for e in range(len(ranks)) if ranks[e] == d]
+              for d in range(step.placement.world_size)]
+    return DeviceWork(list(plan.loads_after), groups, decision=plan)
+
+
+register_balancer(Balancer(
+    name="FEPLB",
+    paper="FEPLB Sec. 2",
+    description="whole dynamic experts copied from the most to the least loaded device, greedily",
+    needs_history=True,
+    knobs={"dyn": 4, "tau": 0, "max_num_dyn": 8},
+    plan=_replay_plan,
+))
 
 
 def weight_buffer_bytes(max_num_dyn: int, d_model: int, d_ffn: int, n_mat: int = 3,

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.components.alltoall.flat import all_to_all_v
+from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
                                                pack_experts, unpack_experts)
 from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
@@ -100,6 +102,25 @@ def least_loaded_plan(expert_counts, placement: ExpertPlacement, alpha: float = 
         for s in segs:
             after[s.rank] += s.rows
     return LLEPPlan(segments, home, before, after)
+
+
+def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
+    """The least-loaded plan on the actual counts: each segment of an expert is one GEMM group
+    on the rank computing it; ``decision`` is the LLEPPlan."""
+    plan = least_loaded_plan(step.counts, step.placement, knobs["alpha"], knobs["min_chunk"])
+    groups = [[s.rows for segs in plan.segments for s in segs if s.rank == d]
+              for d in range(step.placement.world_size)]
+    return DeviceWork(list(plan.loads_after), groups, decision=plan)
+
+
+register_balancer(Balancer(
+    name="LLEP",
+    paper="MoP Sec. 3.3 (least-loaded EP, Nguyen et al.)",
+    description="each overloaded rank's excess rows, split token-level, to the least-loaded ranks",
+    needs_history=False,
+    knobs={"alpha": 1.0, "min_chunk": 1},
+    plan=_replay_plan,
+))
 
 
 def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:

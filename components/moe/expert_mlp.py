@@ -1,22 +1,9 @@
-"""Expert MLPs over a padding-free token buffer, with interchangeable grouped-GEMM kernels.
+"""Expert MLPs over a padding-free token buffer, on any registered grouped-GEMM kernel.
 
-Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py): expert g owns rows
-``offsets[g-1]:offsets[g]`` with ``offsets = cumsum(tokens_per_expert)``. A grouped GEMM
-multiplies each group by its own weight: ``y[rows of g] = x[rows of g] @ w[g]``.
-
-Variants (all differentiable, all exact up to fp summation order)
-- ``sequential``: one GEMM per expert in a Python loop (X-MoE App. B.4 "sequential GeMM").
-- ``padded_bmm``: scatter groups into a zero-padded [G, max_rows, K] batch, one ``torch.bmm``,
-  gather back (what a capacity-padded pipeline computes; wastes G*max_rows - N rows).
-- ``grouped_mm``: ``torch._grouped_mm`` (one kernel, CPU and GPU). Its contract: int32 offsets
-  holding cumulative row ends; every row stride a multiple of 16 bytes (K and M padded with zero
-  columns when they are not); its backward rejects expanded/non-contiguous incoming gradients
-  and zero-row inputs, so we hand it a contiguous gradient and route N = 0 through
-  ``sequential``.
-
-FLOPs of one grouped GEMM: 2 * N * K * M (N = total rows); bytes read at least
-(N*K + G*K*M) * itemsize, written N*M*itemsize. The padded variant performs
-2 * G * max_rows * K * M FLOPs for the same useful work.
+Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py). Each projection
+is one grouped GEMM (``y[rows of e] = x[rows of e] @ w[e]``); which kernel computes it is a name
+in the registry of components/moe/grouped_gemm.py, chosen per layer (``gemm=``) or per call.
+``grouped_gemm`` and the registry's lookups are re-exported here for existing callers.
 """
 
 from __future__ import annotations
@@ -25,75 +12,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-GEMM_VARIANTS = ("sequential", "padded_bmm", "grouped_mm")
+from moe_repro.components.moe.grouped_gemm import (  # noqa: F401  (re-exported)
+    get_grouped_gemm, grouped_gemm, grouped_gemm_names)
+
 ACTIVATIONS = ("swiglu", "gelu", "relu")
-
-
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor,
-                 variant: str = "sequential") -> torch.Tensor:
-    """y[rows of g] = x[rows of g] @ w[g] for x [N, K], w [G, K, M] -> [N, M]."""
-    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"need x [N, K] and w [G, K, M], got {tuple(x.shape)} and {tuple(w.shape)}")
-    counts = torch.as_tensor(tokens_per_group, dtype=torch.int64)
-    if counts.numel() != w.shape[0]:
-        raise ValueError(f"{counts.numel()} group sizes for {w.shape[0]} weight matrices")
-    if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
-        raise ValueError(f"group sizes {counts.tolist()} do not partition {x.shape[0]} rows")
-    if variant == "sequential":
-        return _sequential(x, w, counts)
-    if variant == "padded_bmm":
-        return _padded_bmm(x, w, counts)
-    if variant == "grouped_mm":
-        return _grouped_mm(x, w, counts)
-    raise ValueError(f"unknown grouped GEMM variant {variant!r}; known: {', '.join(GEMM_VARIANTS)}")
-
-
-def _sequential(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    chunks = torch.split(x, counts.tolist(), dim=0)
-    return torch.cat([chunk @ w[g] for g, chunk in enumerate(chunks)], dim=0)
-
-
-def _padded_bmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    groups, rows = w.shape[0], x.shape[0]
-    max_rows = int(counts.max()) if groups else 0
-    group_of_row = torch.repeat_interleave(torch.arange(groups, device=x.device), counts.to(x.device))
-    group_start = torch.cumsum(counts, 0).to(x.device) - counts.to(x.device)
-    slot_of_row = group_of_row * max_rows + (torch.arange(rows, device=x.device) - group_start[group_of_row])
-    padded = x.new_zeros(groups * max_rows, x.shape[1]).index_copy(0, slot_of_row, x)
-    out = torch.bmm(padded.view(groups, max_rows, x.shape[1]), w)
-    return out.reshape(groups * max_rows, w.shape[2]).index_select(0, slot_of_row)
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous (for _grouped_mm)."""
-
-    @staticmethod
-    def forward(ctx, y):
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
-
-
-def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
-    short = (-t.shape[dim]) % multiple
-    if not short:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [0, short]
-    return F.pad(t, pad)
-
-
-def _grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] == 0:  # _grouped_mm's backward fails on zero rows; the result is empty anyway
-        return _sequential(x, w, counts)
-    out_cols = w.shape[2]
-    align = max(1, 16 // x.element_size())  # 16-byte row strides
-    x_p = _pad_to(x, 1, align).contiguous()
-    w_p = _pad_to(_pad_to(w, 1, align), 2, align).contiguous()
-    offsets = torch.cumsum(counts, 0).to(device=x.device, dtype=torch.int32)
-    y = torch._grouped_mm(x_p, w_p, offs=offsets)
-    return _ContiguousGrad.apply(y)[:, :out_cols]
 
 
 class ExpertMLP(nn.Module):
@@ -110,8 +32,7 @@ class ExpertMLP(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        if gemm not in GEMM_VARIANTS:
-            raise ValueError(f"gemm must be one of {GEMM_VARIANTS}, got {gemm!r}")
+        get_grouped_gemm(gemm)  # ValueError naming the known kernels
         if min(num_experts, d_model, d_ffn) < 0 or min(d_model, d_ffn) == 0:
             raise ValueError("num_experts must be >= 0 and d_model, d_ffn positive")
         self.num_experts, self.d_model, self.d_ffn = num_experts, d_model, d_ffn
