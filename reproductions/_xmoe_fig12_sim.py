@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.alltoall import flat as alltoall_flat
-from moe_repro.components.alltoall import rbd as alltoall_rbd
+from moe_repro.components.alltoall import get_algorithm
+from moe_repro.components.alltoall.rbd import expected_redundancy_uniform
 from moe_repro.components.network import simulator as ns
 from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.network.topology import bytes_by_link_class
 from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Tolerance
 
@@ -37,6 +38,7 @@ PAPER_VALUES = [
 
 
 DEFAULTS = {"model": "xmoe-large", "platform": "frontier", "nodes": 4, "tokens": 4096, "seed": 0}
+BASELINE, WITH_RBD = "flat", "rbd"  # the two dispatches Fig. 12 compares (registry names)
 
 
 def simulated_32gpu_cells(repro: Reproduction, **overrides):
@@ -52,20 +54,20 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
         raise ValueError(f"{E} experts do not spread evenly over {N} GPUs")
     row_bytes = m.d_model * 2  # bf16 activations
     placement = [e * N // E for e in range(E)]
-    pfts, gens, counts = [], [], []
+    pfts, gens = [], []
     for r in range(N):
         g = torch.Generator().manual_seed(1000 * seed + r)
         top = torch.argsort(torch.rand(tokens, E, generator=g), dim=1)[:, :k]
-        pft = build_pft(top, torch.full((tokens, k), 1.0 / k), E)
-        pfts.append(pft)
+        pfts.append(build_pft(top, torch.full((tokens, k), 1.0 / k), E))
         gens.append(torch.Generator().manual_seed(104729 + r))
-        counts.append(alltoall_rbd.flat_send_layout(pft, placement, N)[1])
-    flat_msgs = alltoall_flat.flat_schedule(counts, row_bytes, with_counts=False)
-    rbd_msgs = [x for x in alltoall_rbd.rbd_schedule(pfts, placement, topo, row_bytes, gens) if x[0] != "counts"]
-    flat = ns.simulate_messages(flat_msgs, topo, platform, alltoall_flat.PHASE_DEPENDENCIES)
-    rbd = ns.simulate_messages(rbd_msgs, topo, platform, alltoall_rbd.PHASE_DEPENDENCIES)
+    flat_algo, rbd_algo = get_algorithm(BASELINE), get_algorithm(WITH_RBD)
+    flat_msgs = flat_algo.routed_schedule(pfts, placement, topo, row_bytes, with_counts=False)
+    rbd_msgs = rbd_algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
+    flat = ns.simulate_messages(flat_msgs, topo, platform, flat_algo.phase_dependencies)
+    rbd = ns.simulate_messages(rbd_msgs, topo, platform, rbd_algo.phase_dependencies)
 
-    flat_rows = sum(c for s, row in enumerate(counts) for d, c in enumerate(row) if topo.is_inter_node(s, d))
+    # Without the count exchange every flat message is rows: its inter-node bytes / row bytes.
+    flat_rows = bytes_by_link_class(flat_msgs, topo)["inter_node"] // row_bytes
     pilot_rows = sum(b // row_bytes for ph, s, d, b in rbd_msgs if ph == "pilot" and topo.is_inter_node(s, d))
     redundancy = 100 * (1 - pilot_rows / flat_rows)
     # Inter-node all-to-all time: flat's one all-to-all vs RBD's pilot all-to-all (S1).
@@ -78,7 +80,7 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
     cells = [
         repro.compare(ROW, "redundancy rate", redundancy, "%", tolerance=Tolerance(abs=2.0),
                       note=f"uniform random top-{k} routing counted by RBD's pilot selection; "
-                           f"closed form {100 * alltoall_rbd.expected_redundancy_uniform(E, k, nodes):.1f}%. "
+                           f"closed form {100 * expected_redundancy_uniform(E, k, nodes):.1f}%. "
                            "The paper's routing is a trained router's"),
         repro.compare(ROW, "inter-node all-to-all time saved by RBD", saved, "%", note=note),
         repro.compare(ROW, "dispatch speedup with RBD", speedup, "x",

@@ -1,5 +1,7 @@
 """MoE dispatch all-to-all over real ranks: flat, HALO (Piper Alg. 1) and RBD (X-MoE Sec. 4.2).
 
+``algo`` is any registered all-to-all (components/alltoall); the suite builds its dispatcher,
+schedule and phases from the registry and asks its facts, not its name, how to simulate it.
 Every algorithm does the same job, so their times compare: each rank holds ``tokens`` rows of
 ``hidden`` float32 values and a random top-``top_k`` routing over ``experts`` experts (placed on
 ranks by ``placement``); the measured call turns (x, PFT) into each rank's expert inputs, in the
@@ -33,20 +35,22 @@ and ``intra_node_bytes`` say what each algorithm actually sent.
 Bandwidth (nccl-tests alltoall conventions, doc/PERFORMANCE.md):
     algbw = size / time_s
     busbw = algbw * (n - 1) / n     (n ranks: the share a rank keeps for itself crosses no link)
-``#wrong`` (--check) compares the dispatched rows, and for RBD also the combine, element by
-element with a single-process reference that rebuilds every rank's inputs from their seeds and
-routes them by a loop over tokens, with no communication.
+``#wrong`` (--check) compares the dispatched rows and the combine, element by element, with a
+single-process reference that rebuilds every rank's inputs from their seeds and routes them by
+a loop over tokens, with no communication.
 
 Worlds that are not real here -- ``--platform`` other than ``local``, or more than
 MAX_LOCAL_RANKS ranks -- are simulated by the flow-level topology simulator
 (components/network/simulator.py) on the platform's profile: it replays the schedule the real
-algorithm sends (the shared ``flat_schedule`` / ``halo_schedule`` / ``rbd_schedule``), for the
-expected routing of the same parameters (every source sends ``tokens * top_k * e_d / experts``
-rows to a rank holding e_d experts; RBD: the real per-rank routing and pilot selection, up to
-MAX_SIMULATED_RBD_RANKS ranks). Those records carry ``simulated: true``, no spread, the
-Piper Eq. 6 NIC-injection lower bound ``eq6_bound_s`` beside the prediction, and leave out the
-count exchange (counts known in advance, as in Piper Alg. 1). Under torchrun/mpirun/srun the
-launched world is used; then nodes * gpus_per_node must equal its size.
+algorithm sends (its ``counts_schedule``), for the expected routing of the same parameters
+(every source sends ``tokens * top_k * e_d / experts`` rows to a rank holding e_d experts);
+an algorithm whose messages depend on the tokens themselves (``schedule_from_counts`` false:
+RBD's pilots) is replayed message by message from the real per-rank routing (its
+``routed_schedule``), up to MAX_PER_MESSAGE_RANKS ranks. Those records carry ``simulated:
+true``, no spread, the Piper Eq. 6 NIC-injection lower bound ``eq6_bound_s`` beside the
+prediction, and leave out the count exchange (counts known in advance, as in Piper Alg. 1).
+Under torchrun/mpirun/srun the launched world is used; then nodes * gpus_per_node must equal
+its size.
 """
 
 from __future__ import annotations
@@ -57,12 +61,12 @@ import time
 
 import torch
 
+from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.suites.base import Metric, Suite
 
-ALGOS = ("flat", "halo", "rbd")
 PLACEMENTS = ("contiguous", "strided", "random")
 MAX_LOCAL_RANKS = 16
-MAX_SIMULATED_RBD_RANKS = 256  # RBD is simulated per message (its pilots depend on the routing)
+MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
 IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
         "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
         "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv"}
@@ -76,8 +80,8 @@ def derived_params(p: dict) -> dict:
     nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
     if nodes < 1 or gpn < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
-    if p["algo"] not in ALGOS:
-        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {p['algo']!r}")
+    if p["algo"] not in algorithm_names():
+        raise ValueError(f"algo must be one of {', '.join(algorithm_names())}, got {p['algo']!r}")
     if p["placement"] not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}")
     if p["backend"] not in IMPL:
@@ -98,9 +102,9 @@ def derived_params(p: dict) -> dict:
                              f"(at most {MAX_LOCAL_RANKS} local ranks); simulate them with --platform "
                              f"frontier|dgx-h100|h200, or launch under torchrun/mpirun/srun")
         _simulated_platform(platform, gpn)
-        if p["algo"] == "rbd" and ranks > MAX_SIMULATED_RBD_RANKS:
-            raise ValueError(f"rbd is simulated per message, up to {MAX_SIMULATED_RBD_RANKS} ranks; "
-                             f"got {ranks}")
+        if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
+            raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
+                             f"ranks; got {ranks}")
         return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": True,
                 "impl": f"{p['algo']} simulated on {platform} (components/network/simulator.py)"}
     return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": False,
@@ -152,20 +156,8 @@ def simulate(params: dict) -> dict:
     S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
     row_bytes = H * 4
     placement = _placement(params["placement"], E, N, int(params["seed"]))
-    if params["algo"] == "rbd":
-        from moe_repro.components.alltoall import rbd as alltoall_rbd
-        from moe_repro.components.moe.pft import build_pft
-
-        pfts, gens = [], []
-        for r in range(N):  # the same inputs and pilot generators as the real run's ranks
-            _, top, weights = _rank_inputs(params, r)
-            pfts.append(build_pft(top, weights, E))
-            gens.append(torch.Generator().manual_seed(104729 + r))
-        msgs = [m for m in alltoall_rbd.rbd_schedule(pfts, placement, topo, row_bytes, gens)
-                if m[0] != "counts"]
-        res = ns.simulate_messages(msgs, topo, platform, alltoall_rbd.PHASE_DEPENDENCIES)
-        payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
-    else:
+    algo = get_algorithm(params["algo"])
+    if algo.facts.schedule_from_counts:  # expected routing, aggregated over alike nodes
         per_rank = [0] * N
         for rank in placement:
             per_rank[rank] += 1
@@ -173,6 +165,17 @@ def simulate(params: dict) -> dict:
         fn, deps = ns.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
         res = ns.simulate_expected(fn, rows_to, topo, platform, deps)
         payload = sum(rows_to) * row_bytes
+    else:  # every rank's real routing, message by message
+        from moe_repro.components.moe.pft import build_pft
+
+        pfts, gens = [], []
+        for r in range(N):  # the same inputs and generators as the real run's ranks
+            _, top, weights = _rank_inputs(params, r)
+            pfts.append(build_pft(top, weights, E))
+            gens.append(_rank_generator(r))
+        msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
+        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies)
+        payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
     print(f"simulated {params['algo']} on {platform.name} {params['nodes']}x{params['gpus_per_node']}: "
@@ -202,6 +205,11 @@ def _placement(kind: str, experts: int, ranks: int, seed: int) -> list[int]:
     return torch.randint(0, ranks, (experts,), generator=g).tolist()
 
 
+def _rank_generator(rank: int) -> torch.Generator:
+    """The generator of an algorithm's random choices on ``rank`` (RBD's pilots)."""
+    return torch.Generator().manual_seed(104729 + rank)
+
+
 def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [tokens, hidden] (small integers: sums stay exact), top experts, dyadic weights."""
     S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
@@ -215,7 +223,7 @@ def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
 def rank_workload(params: dict, rank: int, world: int) -> dict:
     """One rank's inputs for a grid point: x, its PFT, the expert -> rank map and the flat send
     order (PFT rows grouped by destination rank) with its counts."""
-    from moe_repro.components.alltoall.rbd import flat_send_layout
+    from moe_repro.components.alltoall.flat import flat_send_layout
     from moe_repro.components.moe.pft import build_pft
 
     placement = _placement(params["placement"], int(params["experts"]), world, int(params["seed"]))
@@ -227,8 +235,6 @@ def rank_workload(params: dict, rank: int, world: int) -> dict:
 
 
 def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.alltoall.halo import HaloAllToAll
-    from moe_repro.components.alltoall.rbd import RBDDispatcher
     from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
@@ -244,11 +250,8 @@ def setup(params: dict, ctx) -> dict:
              **rank_workload(params, ctx.rank, ctx.world_size),
              "fault": _parse_fault(params["fault"]), "calls": 0}
     pft = state["pft"]
-    if state["algo"] == "halo":
-        state["halo"] = HaloAllToAll(comms)
-    if state["algo"] == "rbd":
-        state["rbd"] = RBDDispatcher(comms, state["placement"])
-        state["generator"] = torch.Generator().manual_seed(104729 + ctx.rank)
+    state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],
+                                                                   _rank_generator(ctx.rank))
 
     # One logged call: bytes per link class as actually sent, summed over the world.
     log: list = []
@@ -265,15 +268,7 @@ def setup(params: dict, ctx) -> dict:
 
 
 def _dispatch(state: dict) -> torch.Tensor:
-    from moe_repro.components.alltoall.flat import flat_all_to_all_v
-
-    algo, comms, x = state["algo"], state["comms"], state["x"]
-    if algo == "rbd":
-        return state["rbd"].dispatch(x, state["pft"], state["generator"])
-    send = x.index_select(0, state["token_order"])
-    if algo == "flat":
-        return flat_all_to_all_v(comms.world, send, state["send_counts"])
-    return state["halo"](send, state["send_counts"])
+    return state["dispatcher"].dispatch(state["x"], state["pft"])
 
 
 def run(state: dict) -> None:
@@ -316,11 +311,9 @@ def check(state: dict) -> int:
     ctx, params = state["ctx"], state["params"]
     out = _dispatch(state)
     expected, combined = _reference(params, state["placement"], ctx.world_size, ctx.rank)
-    wrong = _count_wrong(out, expected)
-    if state["algo"] == "rbd":
-        y = state["rbd"].combine(2 * out + 1, int(params["tokens"]))
-        wrong += _count_wrong(y, combined)
-    return wrong
+    wrong = _count_wrong(out, expected)  # before combine: HALO's rows live in a reused buffer
+    y = state["dispatcher"].combine(2 * out + 1, int(params["tokens"]))
+    return wrong + _count_wrong(y, combined)
 
 
 def _count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
@@ -343,7 +336,7 @@ SUITE = Suite(
     description="MoE dispatch all-to-all over real ranks with emulated nodes: flat, HALO "
                 "(Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, inter-node bytes "
                 "actually sent, #wrong.",
-    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": list(ALGOS), "platform": ["local"],
+    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": algorithm_names(), "platform": ["local"],
             "backend": ["gloo"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],
             "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
@@ -369,7 +362,7 @@ SUITE = Suite(
                     description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
                                 "(busiest NIC's bytes / B_NIC)")],
     param_help={"nodes": "emulated nodes", "gpus_per_node": "ranks per emulated node",
-                "algo": "flat, halo or rbd",
+                "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
                 "platform": "local (real ranks here) or a profile to simulate: frontier, dgx-h100, h200",
                 "backend": "gloo, nccl (GPUs) or mpi",
                 "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "

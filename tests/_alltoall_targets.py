@@ -309,3 +309,53 @@ def group_rbd_vs_flat(ctx, seeds, experts=6, top_k=3):
         except ValueError as e:
             out.append({"seed": "refused", "message": str(e)})
     return out
+
+
+def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
+    """Every registered all-to-all, chosen by name: its dispatcher's dispatch == the loop
+    reference (the flat layout) and combine == the loop reference; what it sends during dispatch
+    == its routed_schedule; where it has a layer form, forward and backward == flat's. Nodes:
+    the launcher's (what the layer forms read too)."""
+    from moe_repro.components.alltoall import Dispatcher, algorithm_names, get_algorithm
+
+    topo = Topology.from_context(ctx)
+    comms = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
+    n, me, row_bytes = ctx.world_size, ctx.rank, 6 * 8
+    out = []
+    for name in algorithm_names():
+        algo = get_algorithm(name)
+        for seed in seeds:
+            placement = _placement(seed, experts, n)
+            xt, top, w = _routing(seed, me, experts, top_k)
+            pft = build_pft(top, w, experts)
+            dispatcher = algo.dispatcher(comms, placement, torch.Generator().manual_seed(seed * 31 + me))
+            log = []
+            comms.set_log(log)
+            got = dispatcher.dispatch(xt, pft)
+            comms.set_log(None)
+            exact = torch.equal(got, _reference_dispatch(seed, placement, n, me, experts, top_k))
+            y = dispatcher.combine(3 * got - 1, xt.shape[0])  # expert e computes 3x - 1
+            combined = torch.zeros_like(xt)
+            for t in range(xt.shape[0]):
+                for j in range(top_k):
+                    combined[t] += w[t, j] * (3 * xt[t] - 1)
+            pfts = [build_pft(*_routing(seed, r, experts, top_k)[1:], experts) for r in range(n)]
+            gens = [torch.Generator().manual_seed(seed * 31 + r) for r in range(n)]
+            sched = algo.routed_schedule(pfts, placement, topo, row_bytes, gens)
+            case = {"algo": name, "seed": seed, "is_dispatcher": isinstance(dispatcher, Dispatcher),
+                    "dispatch_exact": exact,
+                    "combine_exact": torch.equal(y, combined),
+                    "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me)}
+            if algo.facts.layer_form:
+                C = _counts_matrix(seed, n)
+                x = _rows(seed, me, sum(C[me]), 5).requires_grad_(True)
+                g_out = _received_rows(seed, C, me, 5, salt=500)
+                flat = get_algorithm("flat").all_to_all_v(x, C[me])
+                flat.backward(g_out)
+                flat_grad, x.grad = x.grad.clone(), None
+                layer = algo.all_to_all_v(x, C[me])
+                layer.backward(g_out)
+                case["layer_forward_exact"] = torch.equal(layer, _received_rows(seed, C, me, 5))
+                case["layer_backward_equals_flat"] = torch.equal(x.grad, flat_grad)
+            out.append(case)
+    return out

@@ -1,6 +1,6 @@
 """Flat all-to-all-v: every rank exchanges rows directly with every other rank.
 
-Interface (the MoE layer of issue 6 builds on it):
+Interface (the MoE layer's differentiable form; every layer form keeps this contract):
 
     all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 
@@ -16,12 +16,18 @@ Byte count (nccl-tests conventions for alltoall): rank r sends
 ``sum_{d != r} send_counts[d] * row_bytes``; the chunk to itself is a local copy and is not
 counted on any link. algbw = total bytes a rank sends (incl. its own chunk) / time, busbw =
 algbw * (n - 1) / n.
+
+Registered as ``flat`` (:class:`FlatAlgorithm`); :func:`flat_send_layout` is the send order every
+algorithm's MoE dispatch delivers its rows in, and :class:`FlatDispatcher` the dispatch/combine
+over real ranks built on it.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, register
 
 
 def _world(group) -> int:
@@ -275,3 +281,103 @@ def flat_schedule(count_matrix, row_bytes: int, with_counts: bool = True,
             if int(c):
                 msgs.append(("a2a", s, d, int(c) * int(row_bytes)))
     return msgs
+
+
+# --- MoE dispatch in the flat layout, and the registry entry ----------------------------------
+
+def expert_rank_map(expert_to_rank, num_experts: int, world_size: int) -> torch.Tensor:
+    """``expert_to_rank`` (one rank per expert, any shape) as a checked int64 vector."""
+    placement = torch.as_tensor(expert_to_rank, dtype=torch.int64).reshape(-1)
+    if placement.numel() != num_experts:
+        raise ValueError(f"expert_to_rank has {placement.numel()} entries, PFT has {num_experts} experts")
+    if placement.numel() and (int(placement.min()) < 0 or int(placement.max()) >= world_size):
+        raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
+    return placement
+
+
+def flat_send_layout(pft, expert_to_rank, world_size: int) -> tuple[torch.Tensor, list[int]]:
+    """The flat dispatch's send buffer: (rows of the PFT in send order, rows per rank).
+
+    Send row j is PFT row order[j]; rows are grouped by destination rank (stable, so inside a
+    rank they keep PFT order). This is the layout every algorithm's dispatch delivers.
+    """
+    dest = expert_rank_map(expert_to_rank, pft.num_experts, world_size)[pft.expert_ids]
+    order = torch.argsort(dest, stable=True)
+    counts = torch.bincount(dest, minlength=world_size).tolist()
+    return order, [int(c) for c in counts]
+
+
+class FlatDispatcher(Dispatcher):
+    """Dispatch: gather the PFT's rows in flat send order, exchange counts, one all-to-all-v.
+    Combine: the reverse all-to-all-v, then each row scaled by its combine weight and added into
+    its token. Subclasses change only the two exchanges (:class:`halo_group.HaloDispatcher`)."""
+
+    def __init__(self, comm: Comm, expert_to_rank):
+        self.comm, self.expert_to_rank = comm, expert_to_rank
+        self._pft = None  # the PFT the layout below was computed for
+        self._token_order = self._weights = None
+        self._send_counts: list[int] = []
+        self._recv_counts: list[int] | None = None
+
+    def _use_layout_of(self, pft) -> None:
+        # The layout is a pure function of the PFT and the placement: computed once per PFT,
+        # outside the exchange (the alltoall suite times dispatch of one PFT again and again).
+        if pft is not self._pft:
+            order, self._send_counts = flat_send_layout(pft, self.expert_to_rank, self.comm.size)
+            self._token_order = pft.token_ids[order]
+            self._weights = pft.combine_weights.detach()[order]
+            self._pft = pft
+
+    def exchange(self, rows: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """(received rows, rows received from each rank) of one all-to-all-v."""
+        recv_counts = self.comm.exchange_counts(send_counts)
+        return flat_all_to_all_v(self.comm, rows, send_counts, recv_counts), recv_counts
+
+    def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """The exchange back (counts known on both sides)."""
+        return flat_all_to_all_v(self.comm, rows, send_counts, recv_counts)
+
+    def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[0] != pft.num_tokens:
+            raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        self._use_layout_of(pft)
+        out, self._recv_counts = self.exchange(x.index_select(0, self._token_order), self._send_counts)
+        return out
+
+    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        if self._recv_counts is None:
+            raise RuntimeError("combine called before dispatch")
+        if y.shape[0] != sum(self._recv_counts):
+            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {sum(self._recv_counts)}")
+        back = self.reverse(y, self._recv_counts, self._send_counts)
+        out = y.new_zeros((num_tokens, y.shape[1]))
+        return out.index_add_(0, self._token_order, back * self._weights.to(y.dtype).unsqueeze(1))
+
+
+class FlatAlgorithm(AllToAll):
+    """Flat all-to-all-v (the baseline every other algorithm is checked against)."""
+
+    facts = AllToAllFacts(
+        name="flat", label="flat", paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
+        description="every rank exchanges rows directly with every other rank (all-to-all-v)",
+        layer_form=True, equal_ranks_per_node=False, schedule_from_counts=True)
+    phase_dependencies = PHASE_DEPENDENCIES
+
+    def dispatcher(self, comms, expert_to_rank, generator=None) -> FlatDispatcher:
+        return FlatDispatcher(comms.world, expert_to_rank)
+
+    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
+        return all_to_all_v(x, send_counts, recv_counts, group)
+
+    def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
+        return flat_schedule(counts_matrix, row_bytes, with_counts, ranks=ranks)
+
+    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+        n = topo.world_size
+        if len(pfts) != n:
+            raise ValueError(f"need one PFT per rank ({n}), got {len(pfts)}")
+        counts = [flat_send_layout(pft, expert_to_rank, n)[1] for pft in pfts]
+        return flat_schedule(counts, row_bytes, with_counts)
+
+
+register(FlatAlgorithm())

@@ -29,6 +29,10 @@ The counts HALO's plan needs (HaloAllToAll.known_counts: my row, my column, my P
 counts to my node) are exchanged once per call, forward and backward, also when ``recv_counts``
 is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the alltoall_halo module docstring with the
 group as the world (inter-node bytes equal flat's; Phase III adds intra-node bytes).
+
+HALO's registry entry (``halo``, :class:`HaloAlgorithm`) lives here because this module
+completes it: the world collective and its schedule come from the halo module, the
+differentiable EP-group form from this one.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
-from moe_repro.components.alltoall.flat import TorchComm, Comm
-from moe_repro.components.alltoall.halo import HaloAllToAll
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, register
+from moe_repro.components.alltoall.flat import Comm, FlatDispatcher, TorchComm, flat_send_layout
+from moe_repro.components.alltoall.halo import PHASE_DEPENDENCIES, HaloAllToAll, halo_schedule
 from moe_repro.components.network.topology import Communicators, Topology
 
 
@@ -158,3 +163,56 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
         raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
                          f"this rank: {received}")
     return _HaloAllToAllV.apply(x, send_counts, received, counts, halo)
+
+
+# --- the registry entry -----------------------------------------------------------------------
+
+class HaloDispatcher(FlatDispatcher):
+    """MoE dispatch/combine in the flat layout with HALO's three phases in place of the flat
+    all-to-all-v (same rows, same order). The dispatched rows are HALO's persistent output
+    buffer: the next call overwrites them."""
+
+    def __init__(self, halo: HaloAllToAll, expert_to_rank):
+        super().__init__(halo.comms.world, expert_to_rank)
+        self.halo = halo
+
+    def exchange(self, rows, send_counts):
+        counts = self.halo.known_counts(send_counts)  # what HALO's own call would exchange
+        received = [int(counts[s][self.comm.rank]) for s in range(self.comm.size)]
+        return self.halo(rows, send_counts, counts_matrix=counts), received
+
+    def reverse(self, rows, send_counts, recv_counts):
+        return self.halo(rows, send_counts)
+
+
+class HaloAlgorithm(AllToAll):
+    """HALO (Piper Sec. V, Alg. 1): intra-node, then NIC-affine inter-node, then intra-node."""
+
+    facts = AllToAllFacts(
+        name="halo", label="HALO", paper_section="Piper Sec. V, Alg. 1",
+        description="hierarchical all-to-all: one message per remote node through same-local-rank "
+                    "peers, regrouped inside the node",
+        layer_form=True, equal_ranks_per_node=True, schedule_from_counts=True)
+    phase_dependencies = PHASE_DEPENDENCIES
+
+    def dispatcher(self, comms, expert_to_rank, generator=None) -> HaloDispatcher:
+        return HaloDispatcher(HaloAllToAll(comms), expert_to_rank)
+
+    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
+        return halo_all_to_all_v(x, send_counts, recv_counts, group)
+
+    def check_group(self, group_ranks, topo) -> None:
+        group_topology(group_ranks, topo)
+
+    def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
+        return halo_schedule(counts_matrix, topo, row_bytes, with_counts, ranks=ranks)
+
+    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+        n = topo.world_size
+        if len(pfts) != n:
+            raise ValueError(f"need one PFT per rank ({n}), got {len(pfts)}")
+        counts = [flat_send_layout(pft, expert_to_rank, n)[1] for pft in pfts]
+        return halo_schedule(counts, topo, row_bytes, with_counts)
+
+
+register(HaloAlgorithm())

@@ -21,7 +21,7 @@ other copies (*local replicas*) on the destination node, where links are fast:
   pilot; pilots cross the nodes back; the source adds every node's pilot into its token row.
 
 The result of :meth:`RBDDispatcher.dispatch` is bit-for-bit the flat all-to-all's output for the
-same PFT: rows ordered by source rank, then by the source's send order (:func:`flat_send_layout`:
+same PFT: rows ordered by source rank, then by the source's send order (:func:`.flat.flat_send_layout`:
 PFT order, i.e. expert ascending then token ascending, grouped stably by destination rank). So
 the same expert computation runs on either, and :meth:`RBDDispatcher.combine` equals
 ``scatter_combine(reverse flat all-to-all(y), pft)`` up to summation order.
@@ -46,6 +46,10 @@ destination node other than its own; flat sends one row per (token, expert) pair
 Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` carries 32 bytes
 per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
 every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (replicas for it).
+
+Registered as ``rbd`` (:class:`RBDAlgorithm`). It has no differentiable EP-group form (the MoE
+layer cannot use it), and the simulator replays it from every rank's routing, not from a
+counts matrix: which rows cross nodes depends on which tokens share a destination node.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe_repro.components.alltoall.flat import TorchComm
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, register
+from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.moe.pft import PFT
 from moe_repro.components.network.topology import Communicators, Topology
@@ -66,27 +71,6 @@ PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
 COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
-
-
-def _placement(expert_to_rank, num_experts: int, world_size: int) -> torch.Tensor:
-    placement = torch.as_tensor(expert_to_rank, dtype=torch.int64).reshape(-1)
-    if placement.numel() != num_experts:
-        raise ValueError(f"expert_to_rank has {placement.numel()} entries, PFT has {num_experts} experts")
-    if placement.numel() and (int(placement.min()) < 0 or int(placement.max()) >= world_size):
-        raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
-    return placement
-
-
-def flat_send_layout(pft: PFT, expert_to_rank, world_size: int) -> tuple[torch.Tensor, list[int]]:
-    """The flat dispatch's send buffer: (rows of the PFT in send order, rows per rank).
-
-    Send row j is PFT row order[j]; rows are grouped by destination rank (stable, so inside a
-    rank they keep PFT order). This is the layout both flat and RBD deliver.
-    """
-    dest = _placement(expert_to_rank, pft.num_experts, world_size)[pft.expert_ids]
-    order = torch.argsort(dest, stable=True)
-    counts = torch.bincount(dest, minlength=world_size).tolist()
-    return order, [int(c) for c in counts]
 
 
 @dataclass
@@ -106,7 +90,7 @@ def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
     """Stage 0 on one source rank (X-MoE Sec. 4.2 S0)."""
     N = topo.world_size
     n_pairs = pft.num_rows
-    dest = _placement(expert_to_rank, pft.num_experts, N)[pft.expert_ids]
+    dest = expert_rank_map(expert_to_rank, pft.num_experts, N)[pft.expert_ids]
     dest_node = torch.div(dest, topo.ranks_per_node, rounding_mode="floor")
     # Slot of each pair inside the flat chunk for its destination rank.
     order, counts = flat_send_layout(pft, expert_to_rank, N)
@@ -163,17 +147,19 @@ class _DispatchState:
     total_out: int
 
 
-class RBDDispatcher:
+class RBDDispatcher(Dispatcher):
     """RBD dispatch/combine for one rank over topology.Communicators (``comms.world`` is the EP
-    group, ``comms.intra`` my node's members of it, ``comms.topo`` the group's topology)."""
+    group, ``comms.intra`` my node's members of it, ``comms.topo`` the group's topology).
+    ``generator`` draws the pilots when a dispatch call passes none."""
 
-    def __init__(self, comms, expert_to_rank):
+    def __init__(self, comms, expert_to_rank, generator: torch.Generator | None = None):
         self.comms = comms
         self.topo: Topology = comms.topo
         if comms.world.size != self.topo.world_size:
             raise ValueError(f"the EP communicator has {comms.world.size} ranks, its topology "
                              f"{self.topo.world_size}")
         self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
+        self.generator = generator
         self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
         self.state: _DispatchState | None = None
         # Set to {} to accumulate seconds per dispatch stage (xmoe-fig12's breakdown).
@@ -207,6 +193,7 @@ class RBDDispatcher:
         N, me = topo.world_size, self.rank
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        generator = self.generator if generator is None else generator
         t = time.perf_counter() if self.timings is not None else 0.0
         s0 = select_pilots(pft, self.expert_to_rank, topo, generator)
         t = self._lap("pilot selection", t)
@@ -363,3 +350,29 @@ def expected_redundancy_uniform(num_experts: int, top_k: int, nodes: int) -> flo
     m = num_experts // nodes
     hit = 1 - comb(num_experts - m, top_k) / comb(num_experts, top_k)
     return 1 - (nodes - 1) * hit / (top_k * (nodes - 1) / nodes)
+
+
+# --- the registry entry -----------------------------------------------------------------------
+
+class RBDAlgorithm(AllToAll):
+    """RBD (X-MoE Sec. 4.2): pilots across nodes, local replicas inside them."""
+
+    facts = AllToAllFacts(
+        name="rbd", label="RBD", paper_section="X-MoE Sec. 4.2, Fig. 7",
+        description="redundancy-bypassing dispatch: one pilot per (token, remote node) across "
+                    "nodes, its replicas rebuilt and exchanged inside the node",
+        layer_form=False, equal_ranks_per_node=True, schedule_from_counts=False)
+    phase_dependencies = PHASE_DEPENDENCIES
+
+    def dispatcher(self, comms, expert_to_rank, generator=None) -> RBDDispatcher:
+        return RBDDispatcher(comms, expert_to_rank, generator)
+
+    def check_group(self, group_ranks, topo) -> None:
+        group_topology(group_ranks, topo, "RBD", "node = group rank // ranks per node")
+
+    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+        msgs = rbd_schedule(pfts, expert_to_rank, topo, row_bytes, generators)
+        return msgs if with_counts else [m for m in msgs if m[0] != "counts"]
+
+
+register(RBDAlgorithm())

@@ -179,7 +179,8 @@ class ExpertParallelMoE(nn.Module):
     """The padding-free MoE layer of components/moe/moe_layer.py (router replicated, E/EP experts
     per EP rank, contiguous placement: expert e on EP rank e // (E/EP)), run stage by stage so
     that the trainer can time router+experts apart from the all-to-alls, plus the optional
-    Switch balance loss on this rank's tokens. ``all_to_all``: "flat" or "halo" (moe_layer.ALL_TO_ALL)."""
+    Switch balance loss on this rank's tokens. ``all_to_all``: a registered all-to-all with a
+    differentiable EP-group form (components/alltoall, ``algorithm_names(layer_form=True)``)."""
 
     def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
                  all_to_all: str = "flat"):

@@ -10,9 +10,9 @@ just chains them. Nothing is padded: with N = retained (token, expert) pairs, th
 Expert parallelism (EP): ranks of ``ep_group`` each own the experts an :class:`ExpertPlacement`
 gives them. Dispatch learns every rank's tokens_per_expert with one all_gather of E int64
 (App. B.3: "we first exchange the tokens_per_expert ERI-array"), sends each rank the rows of its
-experts with an all-to-all-v (``all_to_all="flat"``: components/alltoall/flat.py, the default;
-``"halo"``: Piper's HALO on the EP group, components/alltoall/halo_group.py; both
-differentiable, same rows in the same order), and regroups the received rows
+experts with an all-to-all-v (``all_to_all``: any registered algorithm with a differentiable
+EP-group form, components/alltoall; flat by default, or Piper's HALO on the EP group; all give
+the same rows in the same order), and regroups the received rows
 (source-major) into expert-major order for the grouped GEMM; combine reverses both steps.
 Zero-token experts and zero-token ranks take the same path (empty chunks), so every rank makes
 the same collective calls in forward and backward; a rank with S = 0 still joins them.
@@ -30,14 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from moe_repro.components.alltoall.flat import all_to_all_v
-from moe_repro.components.alltoall.halo_group import halo_all_to_all_v
+from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.moe.expert_mlp import ExpertMLP
 from moe_repro.components.moe.gating import GateOutput, TopKGate
 from moe_repro.components.moe.pft import PFT, build_pft, gather_tokens, inverse_permutation, scatter_combine
-
-# The expert all-to-all-v implementations MoELayer can use (same signature and result).
-ALL_TO_ALL = {"flat": all_to_all_v, "halo": halo_all_to_all_v}
 
 
 @dataclass(frozen=True)
@@ -122,8 +118,9 @@ class MoELayer(nn.Module):
         self.d_model, self.d_ffn, self.num_experts, self.top_k = d_model, d_ffn, num_experts, top_k
         self.capacity_factor = capacity_factor
         self.expert_parallel, self.ep_group = expert_parallel, ep_group
-        if all_to_all not in ALL_TO_ALL:
-            raise ValueError(f"all_to_all must be one of {', '.join(ALL_TO_ALL)}, got {all_to_all!r}")
+        layer_forms = algorithm_names(layer_form=True)  # the registry's differentiable forms
+        if all_to_all not in layer_forms:
+            raise ValueError(f"all_to_all must be one of {', '.join(layer_forms)}, got {all_to_all!r}")
         self.all_to_all = all_to_all
         if expert_parallel:
             world, self.ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
@@ -179,8 +176,8 @@ class MoELayer(nn.Module):
             rank_of_row = self.placement.rank_of_expert().to(pft.expert_ids.device)[pft.expert_ids]
             send_order = torch.argsort(rank_of_row, stable=True)
             dispatch_in = dispatch_in.index_select(0, send_order)
-        received = ALL_TO_ALL[self.all_to_all](dispatch_in, send_counts, recv_counts,
-                                               group=self.ep_group)
+        received = get_algorithm(self.all_to_all).all_to_all_v(dispatch_in, send_counts, recv_counts,
+                                                               group=self.ep_group)
         # Received rows are source-major, each source's rows expert-major: regroup by expert.
         local_expert_of_row = torch.repeat_interleave(
             torch.arange(len(local)).repeat(world), from_source.reshape(-1)).to(received.device)
@@ -197,8 +194,8 @@ class MoELayer(nn.Module):
         if not plan.expert_parallel:
             return expert_out
         source_major = expert_out.index_select(0, inverse_permutation(plan.expert_order))
-        back = ALL_TO_ALL[self.all_to_all](source_major, plan.recv_counts, plan.send_counts,
-                                           group=self.ep_group)
+        back = get_algorithm(self.all_to_all).all_to_all_v(source_major, plan.recv_counts,
+                                                           plan.send_counts, group=self.ep_group)
         if plan.send_order is not None:
             back = back.index_select(0, inverse_permutation(plan.send_order))
         return back

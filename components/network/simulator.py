@@ -1,9 +1,10 @@
 """Flow-level network simulator for all-to-all schedules (Piper Sec. V, X-MoE Sec. 4.2, App. D).
 
 It replays a communication *schedule* -- the (phase, src, dst, nbytes) messages that the real
-collectives send, produced by the shared schedule functions of components.alltoall_flat /
-alltoall_halo / alltoall_rbd -- on a model of a machine built from a platform profile
-(components/network/platforms/*.json). Every number it returns is a prediction, not a measurement.
+collectives send, produced by the schedule methods of the registered all-to-all algorithms
+(components/alltoall: ``counts_schedule``, ``routed_schedule``) -- on a model of a machine
+built from a platform profile (components/network/platforms/*.json). Every number it returns is
+a prediction, not a measurement.
 
 Network model (one resource per link instance; capacities in bytes/s, one direction):
   gpu_tx / gpu_rx   a GPU's intra-node port (``node.intra_node_alltoall_GBps_per_gpu``): all
@@ -27,7 +28,7 @@ messages where they do not matter): a rank issuing m messages in a phase starts 
 ``m * network.per_message_us`` after the phase starts; each flow also waits the latency of its
 link class (``links[*].latency_us``).
 Phases: a phase starts when the phases it depends on have finished, by the algorithm's own
-``PHASE_DEPENDENCIES`` (HALO, Eq. 13: Phase I || (Phase II -> Phase III)).
+``phase_dependencies`` (HALO, Eq. 13: Phase I || (Phase II -> Phase III)).
 
 Aggregation (1024 nodes x 8 GPUs in seconds): when every source sends the same counts to each
 destination (expected routing: ``C[s][d] = rows_to[d]``), nodes with the same per-local-rank
@@ -58,6 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_repro.components.alltoall import get_algorithm
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.network.topology import Topology
 
@@ -482,21 +484,25 @@ def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tup
 # --- the algorithms' schedules ---------------------------------------------------------------
 
 def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bool = False):
-    """(schedule_fn(C, ranks), phase dependencies) of flat or HALO from their own modules."""
-    if algo == "flat":
-        from moe_repro.components.alltoall import flat as mod
+    """(schedule_fn(C, ranks), phase dependencies) of the registered all-to-all ``algo``, for
+    :func:`simulate_expected`. Only algorithms whose messages follow from a counts matrix
+    (``facts.schedule_from_counts``); the others need every rank's routing: replay their
+    ``routed_schedule`` with :func:`simulate_messages`."""
+    algorithm = get_algorithm(algo)
+    if not algorithm.facts.schedule_from_counts:
+        raise ValueError(f"{algo} cannot be simulated from expected counts (its messages depend on "
+                         f"every rank's routing): use simulate_messages with its routed_schedule")
 
-        return (lambda C, ranks: mod.flat_schedule(C, row_bytes, with_counts, ranks=ranks)), mod.PHASE_DEPENDENCIES
-    if algo == "halo":
-        from moe_repro.components.alltoall import halo as mod
+    def schedule_fn(C, ranks):
+        return algorithm.counts_schedule(C, topo, row_bytes, with_counts, ranks=ranks)
 
-        return (lambda C, ranks: mod.halo_schedule(C, topo, row_bytes, with_counts, ranks=ranks)), mod.PHASE_DEPENDENCIES
-    raise ValueError(f"aggregated simulation supports flat and halo, got {algo!r} (rbd: simulate_messages)")
+    return schedule_fn, algorithm.phase_dependencies
 
 
 def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_peer: int,
                      with_counts: bool = False) -> SimResult:
-    """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank."""
+    """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank,
+    by the registered all-to-all ``algo``."""
     fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)
     return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps)
 

@@ -5,10 +5,10 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens with an all-to-all-v through components/moe/moe_layer.py: flat
-(components/alltoall/flat.py, the default) or ``alltoall="halo"`` (Piper Sec. V's HALO on the EP
-group, components/alltoall/halo_group.py: the emulated nodes, ``ranks_per_node``, restricted to
-the group), and because every pipeline executes the same schedule, the EP group's
+ranks exchange tokens with an all-to-all-v through components/moe/moe_layer.py: ``alltoall`` names
+any registered algorithm with a differentiable EP-group form (components/alltoall: flat, the
+default, or Piper Sec. V's HALO on the EP group over the emulated nodes, ``ranks_per_node``,
+restricted to the group), and because every pipeline executes the same schedule, the EP group's
 collectives are issued in the same order on every member.
 
 Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
@@ -39,10 +39,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.model.moe_transformer import (RegionClock, StageModule, TransformerConfig,
                                                   expert_owner, expert_param_names, lm_loss,
                                                   split_layers)
-from moe_repro.components.moe.moe_layer import ALL_TO_ALL
 from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -65,7 +65,7 @@ class TrainConfig:
     aux_loss_coef: float = 0.01
     seed: int = 0
     checkpoint: bool = False  # activation checkpointing of every block
-    alltoall: str = "flat"  # expert all-to-all inside each EP group: "flat" or "halo"
+    alltoall: str = "flat"  # expert all-to-all inside each EP group: a registered layer form
     ranks_per_node: int | None = None  # emulated node size of a local launch (None: one node)
     check_reference: bool = False
     # Fault injection (tests, drills): rank ``fail_rank`` dies abruptly at step ``fail_step``.
@@ -89,20 +89,21 @@ class TrainConfig:
         for name in ("pp", "ep", "dp", "micro_batches", "micro_batch_size", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.alltoall not in ALL_TO_ALL:
-            raise ValueError(f"alltoall must be one of {', '.join(ALL_TO_ALL)}, got {self.alltoall!r}")
+        layer_forms = algorithm_names(layer_form=True)  # usable inside the MoE layer
+        if self.alltoall not in layer_forms:
+            raise ValueError(f"alltoall must be one of {', '.join(layer_forms)}, got {self.alltoall!r}")
         if self.ranks_per_node is not None and (self.ranks_per_node < 1
                                                 or self.world_size % self.ranks_per_node):
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must divide the "
                              f"{self.world_size} ranks")
-        if self.alltoall == "halo":  # HALO needs equal EP ranks on each node (Alg. 1)
-            from moe_repro.components.alltoall.halo_group import group_topology
+        algorithm = get_algorithm(self.alltoall)
+        if algorithm.facts.equal_ranks_per_node:  # e.g. HALO: Alg. 1 pairs equal local ranks
             from moe_repro.components.network.topology import Topology
 
             per = self.ranks_per_node or self.world_size
             topo = Topology(nodes=self.world_size // per, ranks_per_node=per)
             for first in range(0, self.world_size, self.ep):  # EP is the mesh's innermost dim
-                group_topology(list(range(first, first + self.ep)), topo)
+                algorithm.check_group(list(range(first, first + self.ep)), topo)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         m = self.model_config()

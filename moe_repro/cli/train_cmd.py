@@ -14,6 +14,25 @@ from moe_repro.cli.errors import BadInput, RunFailure
 REFERENCE_TOLERANCE = 1e-5
 
 
+class LayerAllToAllChoice(click.Choice):
+    """The registered all-to-all algorithms with a differentiable EP-group form, read from the
+    registry when the option is parsed or its help shown (importing it at startup would load
+    torch for every command)."""
+
+    def __init__(self):
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from moe_repro.components.alltoall import algorithm_names
+
+        return tuple(algorithm_names(layer_form=True))
+
+    @choices.setter
+    def choices(self, _ignored) -> None:
+        pass  # click.Choice.__init__ assigns a fixed tuple; the registry stays the source
+
+
 def _mib(n: float) -> str:
     return f"{n / 2 ** 20:.2f} MiB"
 
@@ -83,7 +102,7 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--checkpoint/--no-checkpoint", default=False, show_default=True,
               help="Activation checkpointing of every transformer block.")
-@click.option("--alltoall", type=click.Choice(["flat", "halo"]), default="flat", show_default=True,
+@click.option("--alltoall", type=LayerAllToAllChoice(), default="flat", show_default=True,
               help="Expert all-to-all inside each stage's EP group (halo: Piper Sec. V).")
 @click.option("--ranks-per-node", type=int, default=None,
               help="Emulated node size of a local launch (default: one node); HALO's phases "
