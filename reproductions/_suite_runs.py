@@ -5,13 +5,18 @@ from __future__ import annotations
 
 def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float = 600.0,
              check: bool = True) -> list[dict]:
-    """Records of ``points`` (full parameter dicts) measured by suite ``suite_name``."""
+    """Records of ``points`` (full parameter dicts) measured by suite ``suite_name``: the one way
+    a reproduction measures. Multi-process suites are launched by the runner, one world per
+    distinct world parameters. Params a suite derives from a point (e.g. ranks = nodes x
+    gpus_per_node) are added here, as the suite's own grid does."""
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     suite = all_suites()[suite_name]
+    if suite.derived_params is not None:
+        points = [{**p, **suite.derived_params(p)} for p in points]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s)
     return run_suite(suite, points, config)
 

@@ -1,6 +1,6 @@
 """Shared by piper-eq4 and piper-bubble: a cell whose "paper" value is one of Piper's formulas
 evaluated at the run's configuration (the paper prints the formula, not numbers for our shapes),
-and the trainer launch both reproductions use."""
+and the training runs both reproductions measure (suite pp-ep-train)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,18 @@ def formula_cell(row: str, column: str, ours: float | None, unit: str, formula_v
                 deviation=deviation)
 
 
-def run_trainer(**config) -> dict:
-    """One real training run (its own gloo ranks); rank 0's report. Bad configs: ValueError."""
-    from moe_repro.components.training.pp_ep_trainer import TrainConfig, launch_training
+def run_trainers(configs: list[dict], timeout_s: float = 600.0) -> list[dict]:
+    """One real training run per config (suite pp-ep-train; runs of the same world share one
+    launch); the trainer's report of each, in the order of ``configs``. Bad configs: ValueError.
+    Config keys left out take the trainer's defaults."""
+    from dataclasses import asdict
 
-    timeout_s = float(config.pop("timeout_s", 600))
-    cfg = TrainConfig(**config)
-    cfg.validate()
-    return launch_training(cfg, timeout_s=timeout_s)
+    from moe_repro.components.training.pp_ep_trainer import TrainConfig
+    from moe_repro.reproductions._suite_runs import pick, run_grid
+    from moe_repro.suites.pp_ep_train import CONFIG_KEYS, report_of
+
+    defaults = {k: v for k, v in asdict(TrainConfig()).items() if k in CONFIG_KEYS}
+    points = [{**defaults, **c, "backend": "gloo"} for c in configs]
+    # timeout_s bounds one training run; one world runs every config of its size
+    records = run_grid("pp-ep-train", points, repeats=1, timeout_s=float(timeout_s) * len(points))
+    return [report_of(pick(records, **{k: p[k] for k in CONFIG_KEYS})) for p in points]

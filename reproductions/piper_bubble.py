@@ -1,11 +1,11 @@
 """piper-bubble: measured pipeline bubble of the 1F1B trainer vs (PP-1)/(M+PP-1), and a short
 convergence run on real text (Piper Sec. III-D; the bubble formula of GPipe/1F1B it builds on).
 
-Real measurement: for each M the PP x EP trainer runs a few steps on real ranks; on every rank
-the time spent in the stage's forward, backward and loss is "busy", and the bubble is
-1 - busy / (time of the schedule's step), averaged over the stages (steps after the first; the
-first one exchanges shapes). The bubble is 1 - (compute of the busiest rank) / (schedule
-step): the idle time on the critical stage. With unequal stages a faster stage also waits for
+Real measurement: for each M the PP x EP trainer runs a few steps on real ranks (suite
+pp-ep-train); on every rank the time spent in the stage's forward, backward and loss is "busy",
+and the bubble is 1 - busy / (time of the schedule's step), averaged over the stages (steps
+after the first; the first one exchanges shapes). The bubble is 1 - (compute of the busiest
+rank) / (schedule step): the idle time on the critical stage. With unequal stages a faster stage also waits for
 the slower one every micro-batch; that is load imbalance, not bubble, and the formula assumes it
 away (equal stages idle (PP-1) of (M+PP-1) slots), so it is reported beside, as the mean idle
 fraction over stages.
@@ -15,7 +15,8 @@ source (byte-level tokens) is the second figure (the inventory has no separate i
 
 from __future__ import annotations
 
-from moe_repro.reproductions._trainer_cells import formula_cell, run_trainer
+from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
 from moe_repro.reproductions.spec import Figure, Reproduction, Result, Tolerance
 
 # The issue's acceptance band ("within 10 percentage points"), not fitted to any result.
@@ -24,16 +25,17 @@ TEN_POINTS = Tolerance(abs=0.10, printed=False)
 
 def compute(repro: Reproduction, params: dict) -> Result:
     pp, ep = int(params["pp"]), int(params["ep"])
-    ms = sorted(int(m) for m in str(params["micro_batches"]).split(",") if m)
+    ms = sorted(csv_param(params["micro_batches"], int))
     if pp < 2 or not ms:
         raise ValueError("piper-bubble needs pp >= 2 and at least one micro_batches value")
     cells, reports = [], {}
-    for m in ms:
-        steps = int(params["convergence_steps"]) if m == ms[-1] else int(params["steps"])
-        r = run_trainer(model=params["model"], pp=pp, ep=ep, micro_batches=m,
-                        micro_batch_size=int(params["micro_batch_size"]), steps=steps,
-                        schedule=params["schedule"], lr=float(params["lr"]),
-                        seed=int(params["seed"]), timeout_s=params["timeout_s"])
+    runs = run_trainers([dict(model=params["model"], pp=pp, ep=ep, micro_batches=m,
+                              micro_batch_size=int(params["micro_batch_size"]),
+                              steps=int(params["convergence_steps" if m == ms[-1] else "steps"]),
+                              schedule=params["schedule"], lr=float(params["lr"]),
+                              seed=int(params["seed"])) for m in ms],
+                        timeout_s=float(params["timeout_s"]))
+    for m, r in zip(ms, runs):
         reports[m] = r
         theory = (pp - 1) / (m + pp - 1)
         row = f"PP={pp}, M={m}"

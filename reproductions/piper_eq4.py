@@ -1,10 +1,11 @@
 """piper-eq4: per-stage activation memory of the 1F1B trainer vs Piper Eq. 4-5 (and GPipe, Eq. 3).
 
-Real measurement: the PP x EP trainer (components/training/pp_ep_trainer.py) runs a few steps on real
-ranks; on every rank, saved-tensor hooks count the bytes autograd holds for backward (the
-activation term of Eq. 4; parameters excluded) and record the peak, how many micro-batches were
-in flight (forward started, backward not finished) at that moment, and the bytes each
-micro-batch's forward adds (peak / mean of those is a second, byte-based in-flight estimate).
+Real measurement: the PP x EP trainer (components/training/pp_ep_trainer.py, suite pp-ep-train)
+runs a few steps on real ranks; on every rank, saved-tensor hooks count the bytes autograd holds
+for backward (the activation term of Eq. 4; parameters excluded) and record the peak, how many
+micro-batches were in flight (forward started, backward not finished) at that moment, and the
+bytes each micro-batch's forward adds (peak / mean of those is a second, byte-based in-flight
+estimate).
 
 Eq. 4: stage i holds (PP - i) micro-batches' activations at peak under 1F1B; Eq. 3: GPipe holds
 all M. Eq. 5: the first stage holds (PP - 1) micro-batches more than the last. The in-flight
@@ -15,7 +16,8 @@ integer: +-0.5); bytes are shown beside Eq. 4's activation term evaluated for ou
 
 from __future__ import annotations
 
-from moe_repro.reproductions._trainer_cells import formula_cell, run_trainer
+from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
 from moe_repro.reproductions.spec import Figure, Reproduction, Result, Tolerance
 
 MIB = 2.0 ** 20
@@ -35,14 +37,15 @@ def eq4_activation_bytes_per_layer(mbs: int, seq: int, d_model: int, n_heads: in
 def compute(repro: Reproduction, params: dict) -> Result:
     pp, ep, m = int(params["pp"]), int(params["ep"]), int(params["micro_batches"])
     mbs, steps = int(params["micro_batch_size"]), int(params["steps"])
-    schedules = [s for s in str(params["schedules"]).split(",") if s]
+    schedules = csv_param(params["schedules"])
     if pp < 2:
         raise ValueError("piper-eq4 needs pp >= 2 (a skew across stages)")
     cells, series, reports = [], [], {}
-    for schedule in schedules:
-        r = run_trainer(model=params["model"], pp=pp, ep=ep, micro_batches=m, micro_batch_size=mbs,
-                        steps=steps, schedule=schedule, seed=int(params["seed"]),
-                        timeout_s=params["timeout_s"])
+    runs = run_trainers([dict(model=params["model"], pp=pp, ep=ep, micro_batches=m,
+                              micro_batch_size=mbs, steps=steps, schedule=schedule,
+                              seed=int(params["seed"])) for schedule in schedules],
+                        timeout_s=float(params["timeout_s"]))
+    for schedule, r in zip(schedules, runs):
         reports[schedule] = r
         mc = r["model_config"]
         layers_per_stage = mc["n_layers"] / pp

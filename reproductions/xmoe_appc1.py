@@ -3,10 +3,11 @@
 X-MoE App. C.1 argues qualitatively (no table): EP-first keeps the token all-to-all inside a
 node but sends every expert gradient across nodes; DP-first does the opposite, and wins for
 large MoEs on Frontier (25 GB/s inter-node vs up to 200 GB/s intra-node). We
-- run both placements for real at small scale (gloo ranks grouped into emulated nodes): a real
-  uneven all-to-all with random routing (4 exchanges: dispatch and combine, forward and
-  backward) and a real ring all-reduce of expert gradients, counting the bytes each message put
-  on each link class, beside the formula of components.placement for the same sizes;
+- run both placements for real at small scale (suite placement-traffic: gloo ranks grouped into
+  emulated nodes): a real uneven all-to-all with random routing (4 exchanges: dispatch and
+  combine, forward and backward) and a real ring all-reduce of expert gradients, counting the
+  bytes each message put on each link class, beside the formula of
+  components.network.rank_layout for the same sizes;
 - evaluate the formula at the paper's example scale (64 GPUs = 8 nodes x 8, EP = 8) and at
   X-MoE's Large run (256 GPUs, EP = 64) for models of the zoo, with the paper's bandwidths.
 All cells are ours (the appendix prints no numbers): verdict no-paper-value.
@@ -19,77 +20,24 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 GB = 1e9
 
 
-def measure_rank(ctx, orders: list[str], **kwargs) -> dict:
-    """Both placements in one world (fewer process launches): {order: result}."""
-    return {order: _measure_placement(ctx, order, **kwargs) for order in orders}
-
-
-def _measure_placement(ctx, order: str, ep: int, tokens: int, top_k: int, hidden: int,
-                       expert_params: int, seed: int, uniform: bool = False) -> dict:
-    """One rank of a real small run: 4 all-to-all exchanges in its EP group and a ring
-    all-reduce of its expert gradient in its DP group; returns the message log."""
-    import torch
-    import torch.distributed as dist
-
-    from moe_repro.components.alltoall.flat import TorchComm
-    from moe_repro.components.network.rank_layout import group_of, placement_groups, ring_all_reduce
-
-    ep_groups, dp_groups = placement_groups(ctx.world_size, ep, order)
-    handles = {}
-    for g in ep_groups + dp_groups:  # every rank creates every group, in the same order
-        handles[tuple(g)] = dist.new_group(g)
-    my_ep, my_dp = group_of(ctx.rank, ep_groups), group_of(ctx.rank, dp_groups)
-    ep_comm = TorchComm(handles[tuple(my_ep)], my_ep)
-    dp_comm = TorchComm(handles[tuple(my_dp)], my_dp)
-    log: list = []
-    ep_comm.log = dp_comm.log = log
-
-    g = torch.Generator().manual_seed(seed * 7919 + ctx.rank)
-    assignments = tokens * top_k
-    if uniform:
-        if assignments % ep:
-            raise ValueError("uniform routing needs tokens * top_k divisible by EP")
-        send_counts = [assignments // ep] * ep
-    else:
-        dest = torch.randint(0, ep, (assignments,), generator=g)
-        send_counts = torch.bincount(dest, minlength=ep).tolist()
-    rows = torch.randn(assignments, hidden, generator=g)
-    ep_comm.log = None  # the counts exchange is metadata, not the token traffic
-    recv_counts = ep_comm.exchange_counts(send_counts)
-    ep_comm.log = log
-    dispatched = ep_comm.alltoallv(rows, send_counts, recv_counts, "a2a-dispatch")
-    combined = ep_comm.alltoallv(dispatched, recv_counts, send_counts, "a2a-combine")
-    grad_dispatched = ep_comm.alltoallv(combined, send_counts, recv_counts, "a2a-combine-bwd")
-    back = ep_comm.alltoallv(grad_dispatched, recv_counts, send_counts, "a2a-dispatch-bwd")
-    roundtrip_ok = bool(torch.equal(back, rows))
-
-    grad = torch.randint(-1000, 1000, (expert_params,), generator=g).float()  # exact sums
-    ring = ring_all_reduce(dp_comm, grad)
-    reference = grad.clone()
-    dist.all_reduce(reference, group=handles[tuple(my_dp)])
-    return {"log": log, "roundtrip_ok": roundtrip_ok, "allreduce_ok": bool(torch.equal(ring, reference)),
-            "send_counts": send_counts}
-
-
 def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens: int, top_k: int,
               hidden: int, expert_params: int, seed: int, uniform: bool = False,
               timeout_s: float = 120.0) -> dict:
-    """Measured bytes per link class of real small runs (all ranks' messages), per order."""
-    from moe_repro.components.network.rank_layout import measured_bytes
-    from moe_repro.components.network.topology import Topology
-    from moe_repro.runtime.launch import run_ranks
+    """Measured bytes per link class of real small runs (suite placement-traffic, all ranks'
+    messages), per order: {order: {"alltoall": {class: B}, "allreduce": {class: B}, "correct"}}."""
+    from moe_repro.reproductions._suite_runs import pick, run_grid
 
-    out = run_ranks("moe_repro.reproductions.xmoe_appc1:measure_rank",
-                    dict(orders=list(orders), ep=ep, tokens=tokens, top_k=top_k, hidden=hidden,
-                         expert_params=expert_params, seed=seed, uniform=uniform),
-                    world_size=nodes * gpus_per_node, ranks_per_node=gpus_per_node, timeout_s=timeout_s)
-    topo = Topology(nodes=nodes, ranks_per_node=gpus_per_node)
+    base = {"nodes": nodes, "gpus_per_node": gpus_per_node, "ep": ep, "tokens": tokens,
+            "top_k": top_k, "hidden": hidden, "expert_params": expert_params, "seed": seed,
+            "uniform": uniform}
+    records = run_grid("placement-traffic", [dict(base, order=o) for o in orders], repeats=1,
+                       timeout_s=timeout_s)
     result = {}
     for order in orders:
-        log = [tuple(m) for r in out for m in r[order]["log"]]
-        result[order] = {"alltoall": measured_bytes(log, topo, "a2a"),
-                         "allreduce": measured_bytes(log, topo, "grad-allreduce"),
-                         "correct": all(r[order]["roundtrip_ok"] and r[order]["allreduce_ok"] for r in out)}
+        r = pick(records, order=order)
+        result[order] = {kind: {cls: r[f"{kind}_{cls}_bytes"] for cls in ("intra_node", "inter_node")}
+                         for kind in ("alltoall", "allreduce")}
+        result[order]["correct"] = r["correct"]
     return result
 
 

@@ -7,7 +7,7 @@ X-MoE Sec. 5.4.2 dispatches one MoE layer of the Large model (256 experts, top-8
 Ours, real: the largest world this machine runs, ``nodes`` x ``gpus_per_node`` real ranks (gloo
 over loopback, nodes emulated), the alltoall suite's inputs (256 experts placed contiguously,
 top-8, random uniform routing), each dispatch stage timed inside the real call
-(suites/_dispatch_breakdown.py; slowest rank per repeat, median over repeats). On one machine
+(suite dispatch-stages; slowest rank per repeat, median over repeats). On one machine
 "inter-node" links are the same loopback as intra-node ones, so RBD can only win by moving
 fewer bytes, not by using faster links: compare the byte reduction directly, and times as a
 direction.
@@ -23,8 +23,8 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.runtime.launch import run_ranks
-    from moe_repro.reproductions._suite_runs import device_words
+    from moe_repro.reproductions._suite_runs import device_words, pick, run_grid, without_samples
+    from moe_repro.suites.dispatch_stages import STAGES, stage_metric
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
     point = {"nodes": nodes, "gpus_per_node": gpn, "tokens": int(params["tokens"]),
@@ -32,10 +32,14 @@ def compute(repro: Reproduction, params: dict) -> Result:
              "top_k": int(params["top_k"]), "placement": "contiguous", "seed": int(params["seed"])}
     if nodes < 2:
         raise ValueError("RBD needs at least 2 nodes")
-    res = run_ranks("moe_repro.suites._dispatch_breakdown:dispatch_breakdown",
-                    {"params": point, "repeats": int(params["repeats"])},
-                    world_size=nodes * gpn, ranks_per_node=gpn, backend="gloo",
-                    timeout_s=float(params["timeout_s"]))[0]
+    records = run_grid("dispatch-stages", [dict(point, algo=a, backend="gloo") for a in ("flat", "rbd")],
+                       int(params["repeats"]), timeout_s=float(params["timeout_s"]))
+    res = {}
+    for algo in ("flat", "rbd"):
+        r = pick(records, algo=algo)
+        res[f"{algo}_stages"] = {s: r[stage_metric(s)] for s in sorted(STAGES[algo])}
+        res[f"{algo}_total"], res[f"{algo}_total_iqr"] = r["time_s"], r["time_s_iqr"]
+        res[f"{algo}_bytes"] = {"inter_node": r["inter_node_bytes"], "intra_node": r["intra_node_bytes"]}
     device = device_words()
     here = f"ours: {nodes}x{gpn} real ranks"
     where = f"{here} on {device}, gloo loopback, median of {params['repeats']}"
@@ -89,7 +93,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     ]
     return Result(cells=cells, assumptions=assumptions,
                   figures=[figure] + ([sim_figure] if sim_figure else []),
-                  extra={"raw": res, "simulated_32gpu": sim_extra})
+                  extra={"raw": without_samples(records), "simulated_32gpu": sim_extra})
 
 
 REPRODUCTION = Reproduction(

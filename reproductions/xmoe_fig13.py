@@ -1,10 +1,11 @@
 """xmoe-fig13: MoE-block activation memory vs TP degree, with and without SSMB (X-MoE Fig. 13).
 
-Real, scaled: G gloo ranks (G = TP degree = EP degree of the MoE block) run one
-components.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this machine,
-with and without sequence sharding; we count the bytes autograd keeps for backward inside the
-MoE block (components.pp_ep_trainer.SavedActivationMeter: distinct storages, max over ranks) and check that both variants
-give the same output. Beside it, X-MoE Table 2's activation model for the same config.
+Real, scaled (suite ssmb-memory): G gloo ranks (G = TP degree = EP degree of the MoE block) run
+one components.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this
+machine, with and without sequence sharding; we count the bytes autograd keeps for backward
+inside the MoE block (components.pp_ep_trainer.SavedActivationMeter: distinct storages, max over
+ranks) and check that both variants give the same output. Beside it, X-MoE Table 2's activation
+model for the same config.
 
 Full size, analytic: X-MoE Large (zoo) at sequence length 4096, 28 MoE layers, bf16: per-GPU
 MoE activations A_dispatch + A_combine + A_interm0 + A_interm1 (components.memory_model,
@@ -22,41 +23,13 @@ GB = 1e9
 MIB = 2.0 ** 20
 
 
-def measure_rank(ctx, seq: int, hidden: int, dense_ffn: int, experts: int, expert_ffn: int,
-                 top_k: int, seed: int) -> dict:
-    import torch
-
-    from moe_repro.components.moe.moe_layer import MoELayer
-    from moe_repro.components.training.pp_ep_trainer import SavedActivationMeter
-    from moe_repro.components.moe.ssmb import SSMBLayer
-
-    torch.manual_seed(seed)
-    w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
-    w2 = torch.randn(dense_ffn, hidden) * dense_ffn ** -0.5
-    b2 = torch.zeros(hidden)
-    moe_full = MoELayer(hidden, expert_ffn, experts, top_k, activation="gelu")
-    x = torch.randn(seq, hidden)
-    out = {}
-    results = {}
-    for sharded in (False, True):
-        layer = SSMBLayer(w1, w2, b2, moe_full, sequence_sharded=sharded)
-        meter = SavedActivationMeter(layer.parameters())
-        y = layer(x.clone().requires_grad_(True), moe_activation_probe=meter.hooks())
-        key = "ssmb" if sharded else "tp_ep"
-        out[f"{key}_moe_saved_bytes"] = meter.peak  # held for backward at the end of forward
-        y.sum().backward()
-        results[key] = y.detach()
-    out["max_abs_diff"] = float((results["ssmb"] - results["tp_ep"]).abs().max())
-    return out
-
-
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.resources.memory_model import xmoe_activation_elements
     from moe_repro.components.moe.ssmb import sequence_bounds
     from moe_repro.components.model.zoo import get_model
-    from moe_repro.runtime.launch import run_ranks
+    from moe_repro.reproductions._suite_runs import csv_param, pick, run_grid, without_samples
 
-    degrees = [int(g) for g in str(params["tp_degrees"]).split(",")]
+    degrees = csv_param(params["tp_degrees"], int)
     cfg = dict(seq=int(params["seq"]), hidden=int(params["hidden"]), dense_ffn=int(params["dense_ffn"]),
                experts=int(params["experts"]), expert_ffn=int(params["expert_ffn"]),
                top_k=int(params["top_k"]), seed=int(params["seed"]))
@@ -66,12 +39,12 @@ def compute(repro: Reproduction, params: dict) -> Result:
     cells, series = [], {k: [] for k in ("tp_ep", "ssmb", "tp_ep_model", "ssmb_model")}
     table2 = xmoe_activation_elements(1, cfg["seq"], cfg["hidden"], cfg["expert_ffn"], cfg["top_k"])
     model_full_seq = sum(table2.values()) * 4  # fp32 elements
+    points = [dict(cfg, variant=v, ranks=g, backend="gloo") for g in degrees for v in ("tp_ep", "ssmb")]
+    records = run_grid("ssmb-memory", points, repeats=1, timeout_s=float(params["timeout_s"]))
     for g in degrees:
-        ranks = run_ranks("moe_repro.reproductions.xmoe_fig13:measure_rank", cfg, world_size=g,
-                          timeout_s=float(params["timeout_s"]))
         row = f"scaled, TP={g}"
-        tp_ep = max(r["tp_ep_moe_saved_bytes"] for r in ranks)
-        ssmb = max(r["ssmb_moe_saved_bytes"] for r in ranks)
+        tp_ep = pick(records, variant="tp_ep", ranks=g)["moe_saved_bytes"]
+        ssmb = pick(records, variant="ssmb", ranks=g)["moe_saved_bytes"]
         longest_chunk = max(hi - lo for lo, hi in sequence_bounds(cfg["seq"], g))
         model_ssmb = model_full_seq * longest_chunk / cfg["seq"]
         cells.append(repro.compare(row, "MoE activations w/o SSMB (measured)", tp_ep / MIB, "MiB"))
@@ -80,7 +53,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         cells.append(repro.compare(row, "MoE activations w/o SSMB (Table 2 model)", model_full_seq / MIB, "MiB"))
         cells.append(repro.compare(row, "MoE activations w/ SSMB (Table 2 model)", model_ssmb / MIB, "MiB"))
         cells.append(repro.compare(row, "max |SSMB - TP+EP output|",
-                                   max(r["max_abs_diff"] for r in ranks), "abs"))
+                                   pick(records, variant="ssmb", ranks=g)["max_abs_diff"], "abs"))
         series["tp_ep"].append(tp_ep / MIB)
         series["ssmb"].append(ssmb / MIB)
         series["tp_ep_model"].append(model_full_seq / MIB)
@@ -121,7 +94,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"state it), {layers} MoE layers, bf16, no capacity padding; EP = 64 does not change these "
         "per-GPU activations.",
     ]
-    return Result(cells=cells, assumptions=assumptions, figures=figures)
+    return Result(cells=cells, assumptions=assumptions, figures=figures,
+                  extra={"records": without_samples(records)})
 
 
 REPRODUCTION = Reproduction(

@@ -4,56 +4,55 @@
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import click
 
-from moe_repro.cli.errors import BadInput
+from moe_repro.cli.errors import BadInput, RunFailure
 
 
-def _median_time(fn, repeats: int) -> tuple[float, float]:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples), (max(samples) - min(samples))
+def _run(suite_name: str, point: dict, repeats: int, check: bool = True) -> dict:
+    """The record of one grid point of a local suite, measured by the runner (warm-up,
+    calibrated repeats, median and spread)."""
+    from moe_repro.suites import all_suites
+    from moe_repro.suites.runner import RunConfig, run_suite
+
+    config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.05, check=check)
+    [record] = run_suite(all_suites()[suite_name], [point], config)
+    return record
+
+
+def _require_correct(record: dict) -> None:
+    if record.get("correct") is False:
+        raise RunFailure(f"suite {record['suite']} computed {record['wrong']} wrong elements; "
+                         "its time is not a ceiling")
 
 
 def measure_gemm_tflops(sizes: list[int], repeats: int) -> dict:
-    """GEMM ceiling with suites/gemm.py (float32, CPU), one thread: the best median over sizes."""
-    from moe_repro.suites.gemm import SUITE
-    from moe_repro.suites.runner import RunConfig, run_point
-
+    """GEMM ceiling with suites/gemm.py (float32, CPU, the caller's threads): median TFLOP/s
+    per size."""
     best = {}
     for n in sizes:
-        rec = run_point(SUITE, {"n": n, "dtype": "float32", "device": "cpu"},
-                        RunConfig(warmup=1, repeats=repeats, min_sample_s=0.05, check=n <= 512))
+        rec = _run("gemm", {"n": n, "dtype": "float32", "device": "cpu"}, repeats, check=n <= 512)
         best[n] = {"tflops": rec["tflops"], "tflops_iqr": rec.get("tflops_iqr"), "correct": rec.get("correct")}
     return best
 
 
 def measure_copy_GBps(mbytes: int, repeats: int) -> tuple[float, float]:
-    """Memory bandwidth of a large tensor copy: read + write = 2 x bytes per copy."""
-    import torch
-
-    n = mbytes * 2 ** 20 // 4
-    src, dst = torch.ones(n), torch.empty(n)
-    t, spread = _median_time(lambda: dst.copy_(src), repeats)
-    return 2 * n * 4 / t / 1e9, spread
+    """Memory bandwidth of a large tensor copy (suites/memcopy.py, one thread): median GB/s and
+    the spread of the copy time (max - min sample, seconds)."""
+    rec = _run("memcopy", {"mbytes": mbytes, "device": "cpu", "threads": 1}, repeats)
+    _require_correct(rec)
+    return rec["GBps"], rec["time_s_max"] - rec["time_s_min"]
 
 
 def measure_attention_tflops(seq: int, repeats: int) -> tuple[float, float]:
-    """torch scaled_dot_product_attention, causal, float32: FLOPs 2 x 2 s^2 H d / 2 (causal)."""
-    import torch
-    import torch.nn.functional as F
-
-    H, d = 4, 64
-    q, k, v = (torch.randn(1, H, seq, d) for _ in range(3))
-    t, spread = _median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
-    return 2 * 2 * seq * seq * H * d / 2 / t / 1e12, spread
+    """Causal SDPA (suites/attention.py, one thread, float32, batch 1) with 4 heads of 64, no
+    GQA (switch-base's head shape): median TFLOP/s and the time spread (max - min, seconds)."""
+    point = {"model": "switch-base", "seq_len": seq, "batch": 1, "heads": 4, "backward": False,
+             "dtype": "float32", "device": "cpu", "threads": 1}
+    rec = _run("attention", point, repeats)
+    _require_correct(rec)
+    return rec["tflops"], rec["time_s_max"] - rec["time_s_min"]
 
 
 @click.command("calibrate")

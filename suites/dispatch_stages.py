@@ -1,0 +1,159 @@
+"""dispatch-stages: per-stage time of one MoE dispatch, flat vs redundancy-bypassing (RBD), over real
+ranks with emulated nodes (X-MoE Sec. 5.4.2, Fig. 12).
+
+Inputs are the alltoall suite's (suites/alltoall.rank_workload: same seeds, placement and
+routing): each rank holds ``tokens`` rows of ``hidden`` float32 values and a random top-``top_k``
+routing over ``experts`` experts. The measured call is one dispatch by ``algo``:
+  flat  buffer gather (rows in send order), counts exchange, all-to-all-v
+  rbd   the stages components/alltoall/rbd.RBDDispatcher times inside its own call: pilot
+        selection, metadata exchange, pilot gather, pilot all-to-all (inter-node), replica
+        reconstruction, replica all-to-all (intra-node), expert input reconstruction
+The stages of one call cannot be separate grid points, so each stage is a metric: its time in
+the sample's last call, the slowest rank's (a stage includes waiting for peers); median over
+repeats like every metric. ``time_s`` is the whole dispatch.
+Set-up makes one logged call and counts the bytes sent to other nodes (``inter_node_bytes``)
+and to other ranks of the node (``intra_node_bytes``), metadata included, summed over ranks.
+#wrong: elements of the dispatched rows that differ from a plain flat all-to-all-v of the
+same inputs (the rows are small integers: exact).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+from moe_repro.suites.base import Metric, Suite
+
+ALGOS = ("flat", "rbd")
+STAGES = {
+    "flat": ("buffer gather", "counts exchange", "all-to-all"),
+    "rbd": ("pilot selection", "metadata exchange", "pilot gather", "pilot all-to-all (inter-node)",
+            "replica reconstruction", "replica all-to-all (intra-node)", "expert input reconstruction"),
+}
+
+_COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
+
+
+def stage_metric(stage: str) -> str:
+    """The record key of a stage's time, e.g. 'pilot all-to-all (inter-node)' ->
+    'pilot_all_to_all_inter_node_s'."""
+    return re.sub(r"[^a-z0-9]+", "_", stage.lower()).strip("_") + "_s"
+
+
+def derived_params(p: dict) -> dict:
+    nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
+    if nodes < 1 or gpn < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
+    if p["algo"] not in ALGOS:
+        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {p['algo']!r}")
+    return {"ranks": nodes * gpn, "ranks_per_node": gpn}
+
+
+def setup(params: dict, ctx) -> dict:
+    from moe_repro.components.alltoall.rbd import RBDDispatcher
+    from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
+    from moe_repro.suites.alltoall import rank_workload
+
+    nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
+    if params["algo"] == "rbd" and nodes < 2:
+        raise ValueError("RBD needs at least 2 nodes")
+    key = (ctx.backend, nodes, gpn)
+    if key not in _COMMS:  # every grid point of a world shares its communicators
+        _COMMS[key] = build_communicators(Topology(nodes=nodes, ranks_per_node=gpn), ctx.rank,
+                                          ctx.backend, ctx.comm)
+    comms = _COMMS[key]
+    state = {"ctx": ctx, "algo": params["algo"], "comms": comms, "laps": {},
+             **rank_workload(params, ctx.rank, ctx.world_size)}
+    if params["algo"] == "rbd":
+        state["rbd"] = RBDDispatcher(comms, state["placement"])
+        state["generator"] = torch.Generator().manual_seed(104729 + ctx.rank)
+
+    log: list = []
+    comms.set_log(log)
+    _dispatch(state)
+    comms.set_log(None)
+    mine = bytes_by_link_class(log, comms.topo)
+    names = ("intra_node", "inter_node")
+    totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
+    state["link_bytes"] = dict(zip(names, totals))
+    return state
+
+
+def _dispatch(state: dict) -> torch.Tensor:
+    """One dispatch; each stage's seconds on this rank go to state["laps"] (replaced each call)."""
+    from moe_repro.components.alltoall.flat import flat_all_to_all_v
+
+    laps: dict[str, float] = {}
+    if state["algo"] == "rbd":
+        rbd = state["rbd"]
+        rbd.timings = laps
+        out = rbd.dispatch(state["x"], state["pft"], state["generator"])
+        rbd.timings = None
+    else:
+        world = state["comms"].world
+        t0 = time.perf_counter()
+        send = state["x"].index_select(0, state["token_order"])
+        t1 = time.perf_counter()
+        recv_counts = world.exchange_counts(state["send_counts"])
+        t2 = time.perf_counter()
+        out = flat_all_to_all_v(world, send, state["send_counts"], recv_counts)
+        t3 = time.perf_counter()
+        laps.update({"buffer gather": t1 - t0, "counts exchange": t2 - t1, "all-to-all": t3 - t2})
+    state["laps"] = laps
+    return out
+
+
+def run(state: dict) -> None:
+    _dispatch(state)
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    # Every rank reaches this point after the same samples, so the reductions line up.
+    ctx, laps = state["ctx"], state["laps"]
+    out = {stage_metric(s): ctx.all_reduce_max(laps.get(s, 0.0)) for s in STAGES[state["algo"]]}
+    lb = state["link_bytes"]
+    return {**out, "inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
+
+
+def check(state: dict) -> int:
+    from moe_repro.components.alltoall.flat import flat_all_to_all_v
+
+    got = _dispatch(state)
+    send = state["x"].index_select(0, state["token_order"])
+    want = flat_all_to_all_v(state["comms"].world, send, state["send_counts"])
+    if got.shape != want.shape:
+        return max(got.numel(), want.numel(), 1)
+    return int((got != want).sum())
+
+
+SUITE = Suite(
+    name="dispatch-stages",
+    description="Per-stage time of one MoE dispatch, flat vs RBD, over real ranks with emulated "
+                "nodes, and the bytes each sends across nodes (X-MoE Fig. 12).",
+    params={"algo": list(ALGOS), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
+            "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
+            "placement": ["contiguous"], "seed": [0]},
+    quick={"tokens": [32], "hidden": [64]},
+    derived_params=derived_params,
+    setup=setup,
+    run=run,
+    derive=derive,
+    check=check,
+    world_params=("ranks", "backend", "ranks_per_node"),
+    table_keys=("algo", "nodes", "gpus_per_node", "tokens", "hidden"),
+    table_metrics=("time_s", "inter_node_bytes"),
+    metrics=[Metric("inter_node_bytes", "B", "lower",
+                    description="bytes sent to other nodes in one call, all ranks, metadata included"),
+             Metric("intra_node_bytes", "B", "none",
+                    description="bytes sent to other ranks of the same node in one call, all ranks"),
+             *(Metric(stage_metric(s), "s", "lower", description=f"{algo}: {s}, slowest rank")
+               for algo in ALGOS for s in STAGES[algo])],
+    param_help={"algo": "flat or rbd", "nodes": "emulated nodes (rbd: >= 2)",
+                "gpus_per_node": "ranks per emulated node", "backend": "gloo or mpi",
+                "tokens": "tokens per rank", "hidden": "float32 values per row",
+                "experts": "experts in total", "top_k": "experts per token",
+                "placement": "expert -> rank map: contiguous, strided or random",
+                "seed": "input and routing seed"},
+)
