@@ -3,7 +3,7 @@
 X-MoE App. C.1 argues qualitatively (no table): EP-first keeps the token all-to-all inside a
 node but sends every expert gradient across nodes; DP-first does the opposite, and wins for
 large MoEs on Frontier (25 GB/s inter-node vs up to 200 GB/s intra-node). We
-- run both placements for real at small scale (suite placement-traffic: gloo ranks grouped into
+- run both placements for real at small scale (suite rank-layout-traffic: gloo ranks grouped into
   emulated nodes): a real uneven all-to-all with random routing (4 exchanges: dispatch and
   combine, forward and backward) and a real ring all-reduce of expert gradients, counting the
   bytes each message put on each link class, beside the formula of
@@ -23,14 +23,14 @@ GB = 1e9
 def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens: int, top_k: int,
               hidden: int, expert_params: int, seed: int, uniform: bool = False,
               timeout_s: float = 120.0) -> dict:
-    """Measured bytes per link class of real small runs (suite placement-traffic, all ranks'
+    """Measured bytes per link class of real small runs (suite rank-layout-traffic, all ranks'
     messages), per order: {order: {"alltoall": {class: B}, "allreduce": {class: B}, "correct"}}."""
     from moe_repro.reproductions._suite_runs import pick, run_grid
 
     base = {"nodes": nodes, "gpus_per_node": gpus_per_node, "ep": ep, "tokens": tokens,
             "top_k": top_k, "hidden": hidden, "expert_params": expert_params, "seed": seed,
             "uniform": uniform}
-    records = run_grid("placement-traffic", [dict(base, order=o) for o in orders], repeats=1,
+    records = run_grid("rank-layout-traffic", [dict(base, order=o) for o in orders], repeats=1,
                        timeout_s=timeout_s)
     result = {}
     for order in orders:

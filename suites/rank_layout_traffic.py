@@ -1,4 +1,4 @@
-"""placement-traffic: EP-first vs DP-first rank placement, the bytes one MoE layer step puts on
+"""rank-layout-traffic: EP-first vs DP-first rank layout, the bytes one MoE layer step puts on
 each link class, over real ranks with emulated nodes (X-MoE App. C.1).
 
 A world of ``nodes`` x ``gpus_per_node`` gloo ranks is split into EP groups of ``ep`` ranks and
@@ -40,14 +40,14 @@ def setup(params: dict, ctx) -> dict:
     import torch.distributed as dist
 
     from moe_repro.components.alltoall.flat import TorchComm
-    from moe_repro.components.network.rank_layout import group_of, measured_bytes, placement_groups
+    from moe_repro.components.network.rank_layout import group_of, measured_bytes, rank_layout_groups
     from moe_repro.components.network.topology import Topology
 
     ep, tokens, top_k = int(params["ep"]), int(params["tokens"]), int(params["top_k"])
     hidden, expert_params = int(params["hidden"]), int(params["expert_params"])
     if min(tokens, top_k, hidden, expert_params) < 1:
         raise ValueError("tokens, top_k, hidden and expert_params must be >= 1")
-    ep_groups, dp_groups = placement_groups(ctx.world_size, ep, params["order"])
+    ep_groups, dp_groups = rank_layout_groups(ctx.world_size, ep, params["order"])
     handles = {tuple(g): dist.new_group(g) for g in ep_groups + dp_groups}  # all ranks, same order
     my_ep, my_dp = group_of(ctx.rank, ep_groups), group_of(ctx.rank, dp_groups)
 
@@ -111,8 +111,8 @@ def check(state: dict) -> int:
 
 
 SUITE = Suite(
-    name="placement-traffic",
-    description="EP-first vs DP-first placement over real ranks with emulated nodes: bytes of the "
+    name="rank-layout-traffic",
+    description="EP-first vs DP-first rank layout over real ranks with emulated nodes: bytes of the "
                 "token all-to-all and the expert-gradient ring all-reduce per link class.",
     params={"order": ["ep-first", "dp-first"], "nodes": [2], "gpus_per_node": [2], "ep": [2],
             "tokens": [64], "top_k": [2], "hidden": [32], "expert_params": [4096], "seed": [0],

@@ -1,5 +1,5 @@
 """The suites reproductions and `repro calibrate` measure through (memcopy, llep-layer,
-ssmb-memory, dispatch-stages, placement-traffic, pp-ep-train) and run_grid, the one way in."""
+ssmb-memory, dispatch-stages, rank-layout-traffic, pp-ep-train) and run_grid, the one way in."""
 
 import json
 
@@ -60,7 +60,7 @@ def test_calibrate_refuses_a_wrong_result():
 def test_world_params_are_derived_and_bad_points_refused():
     from moe_repro.suites.dispatch_stages import stage_metric
 
-    names = ("placement-traffic", "dispatch-stages", "pp-ep-train")
+    names = ("rank-layout-traffic", "dispatch-stages", "pp-ep-train")
     traffic, stages, train = (all_suites()[n] for n in names)
     assert {(p["ranks"], p["ranks_per_node"]) for p in traffic.grid({"nodes": [2], "gpus_per_node": [4],
                                                                      "ep": [4]})} == {(8, 4)}

@@ -3,14 +3,14 @@ link class counted from real messages vs the formula."""
 
 import pytest
 
-from moe_repro.components.network.rank_layout import placement_groups, traffic_model
+from moe_repro.components.network.rank_layout import rank_layout_groups, traffic_model
 from moe_repro.components.network.topology import Topology
 
 
 def test_groups_partition_the_world_and_localise_the_right_collective():
     topo = Topology(nodes=8, ranks_per_node=8)
     for order in ("ep-first", "dp-first"):
-        ep_groups, dp_groups = placement_groups(64, 8, order)
+        ep_groups, dp_groups = rank_layout_groups(64, 8, order)
         for groups, size in ((ep_groups, 8), (dp_groups, 8)):
             assert sorted(r for g in groups for r in g) == list(range(64))
             assert all(len(g) == size for g in groups)
@@ -21,7 +21,7 @@ def test_groups_partition_the_world_and_localise_the_right_collective():
         assert all(len({topo.node_of(r) for r in g}) == 1 for g in inside)
         assert all(len({topo.node_of(r) for r in g}) == 8 for g in across)
     with pytest.raises(ValueError, match="divide"):
-        placement_groups(12, 5, "ep-first")
+        rank_layout_groups(12, 5, "ep-first")
 
 
 def test_formula_extremes():

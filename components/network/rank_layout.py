@@ -1,4 +1,5 @@
-"""EP-first vs DP-first rank placement and the bytes each puts on each link class (X-MoE App. C.1).
+"""EP-first vs DP-first rank layouts (where EP and DP groups sit) and the bytes each puts on each
+link class (X-MoE App. C.1). A rank layout is not a placement: a placement maps experts to ranks.
 
 A world of W = nodes x gpus_per_node ranks runs expert parallelism of degree EP and data
 parallelism of degree DP = W / EP (each expert shard replicated DP times).
@@ -47,7 +48,7 @@ def even_split_bounds(total: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def placement_groups(world: int, ep: int, order: str) -> tuple[list[list[int]], list[list[int]]]:
+def rank_layout_groups(world: int, ep: int, order: str) -> tuple[list[list[int]], list[list[int]]]:
     """(EP groups, DP groups) as lists of global ranks; an EP group lists ranks by EP index."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -102,7 +103,7 @@ def traffic_model(nodes: int, gpus_per_node: int, ep: int, order: str, tokens_pe
     """
     topo = Topology(nodes=nodes, ranks_per_node=gpus_per_node)
     world = nodes * gpus_per_node
-    ep_groups, dp_groups = placement_groups(world, ep, order)
+    ep_groups, dp_groups = rank_layout_groups(world, ep, order)
     dp = world // ep
     a2a_msgs, ar_msgs = [], []
     per_peer = tokens_per_rank * top_k * hidden * act_bytes * a2a_exchanges / ep
