@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import pandas as pd
 
+from moe_repro.records.record import ReproductionRecord, SuiteRecord
 
-def reproduction_frame(payload: dict) -> pd.DataFrame:
-    env = payload.get("environment", {})
-    rows = [{"id": payload["id"], **cell, "git_commit": env.get("git_commit"),
-             "timestamp": env.get("timestamp")} for cell in payload["cells"]]
+
+def reproduction_frame(record: ReproductionRecord) -> pd.DataFrame:
+    env = record.environment
+    rows = [{"id": record.id, **cell.model_dump(), "git_commit": env.git_commit,
+             "timestamp": env.timestamp} for cell in record.cells]
     return pd.DataFrame(rows)
 
 
-def suite_frame(payload: dict) -> pd.DataFrame:
-    env = payload.get("environment", {})
-    rows = [{**{k: v for k, v in r.items() if k != "samples"}, "git_commit": env.get("git_commit"),
-             "timestamp": env.get("timestamp"), "device": env.get("device")}
-            for r in payload["records"]]
+def suite_frame(record: SuiteRecord) -> pd.DataFrame:
+    env = record.environment
+    rows = [{**{k: v for k, v in r.items() if k != "samples"}, "git_commit": env.git_commit,
+             "timestamp": env.timestamp, "device": getattr(env, "device", None)}
+            for r in record.records]
     return pd.DataFrame(rows)
 
 
-def frame(payload: dict) -> pd.DataFrame:
-    return reproduction_frame(payload) if "cells" in payload else suite_frame(payload)
+FRAMES = {"reproduction": reproduction_frame, "suite": suite_frame}
+
+
+def frame(record: ReproductionRecord | SuiteRecord) -> pd.DataFrame:
+    """One row per cell (reproduction) or grid point (suite)."""
+    return FRAMES[record.kind](record)
 
 
 def write(df: pd.DataFrame, fmt: str) -> str:

@@ -6,10 +6,10 @@ any static host. Pages are written atomically; the build can be rerun over an ex
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from moe_repro.results.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moe_repro.records.record import ReproductionRecord, SuiteRecord, dump
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
@@ -26,18 +26,18 @@ def _verdicts(summary: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in summary.items() if v)
 
 
-def write_reproduction_page(directory: Path, payload: dict, home: str | None = None) -> Path:
+def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None) -> Path:
     """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``."""
-    rid = payload["id"]
+    rid, payload = record.id, dump(record)
     figures = []
-    for fig in payload.get("figures", []):
+    for fig in record.figures:
         drawn = render_figure(fig)
         names = {fmt: f"{rid}-{fig['name']}.{fmt}" for fmt in drawn}
         for fmt, data in drawn.items():
             atomic_write_bytes(directory / names[fmt], data)
         figures.append({"title": fig["title"], **names})
     atomic_write_json(directory / f"{rid}.json", payload)
-    atomic_write_text(directory / f"{rid}.csv", write(frame(payload), "csv"))
+    atomic_write_text(directory / f"{rid}.csv", write(frame(record), "csv"))
     return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
         payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv"))
 
@@ -45,7 +45,6 @@ def write_reproduction_page(directory: Path, payload: dict, home: str | None = N
 def build_site(store, out_dir: str | Path) -> Path:
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.inventory import INVENTORY
-    from moe_repro.reproductions.spec import status_of
     from moe_repro.suites import all_suites
 
     out = Path(out_dir)
@@ -58,35 +57,36 @@ def build_site(store, out_dir: str | Path) -> Path:
 
     by_paper: dict[str, list[dict]] = {key: [] for key in PAPERS}
     for rid, element, how, what, issue in entries:
-        payload = store.latest("reproductions", rid) if rid in repros else None
+        record = store.latest("reproduction", rid) if rid in repros else None
         href = f"repro/{rid}.html"
         row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "verdicts": ""}
-        if payload is None:
+        if record is None:
             row["status"] = "not-yet-run" if rid in repros else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue,
                 implemented=rid in repros, home="../index.html", css=html.css()))
         else:
-            row.update(status=status_of(payload["cells"]), verdicts=_verdicts(payload["summary"]),
-                       when=payload["environment"].get("timestamp"))
-            write_reproduction_page(out / "repro", payload, home="../index.html")
+            row.update(status=record.status, verdicts=_verdicts(record.summary), when=record.timestamp)
+            write_reproduction_page(out / "repro", record, home="../index.html")
         by_paper.setdefault(rid.split("-")[0], []).append(row)
 
     suites = []
     for name, suite in all_suites().items():
-        history = store.history("suites", name)
-        payload = json.loads(history[-1].read_text()) if history else None
+        runs = store.runs("suite", name)  # readable runs, oldest first
+        latest = runs[-1] if runs else None
+        payload = dump(latest) if latest else None
         href = f"suites/{name}.html"
         raw = None
-        if payload is not None:
+        if latest is not None:
             raw = f"{name}.json"
             atomic_write_json(out / "suites" / raw, payload)
-            atomic_write_text(out / "suites" / f"{name}.csv", write(frame(payload), "csv"))
-        runs = [json.loads(path.read_text()) for path in history]
+            atomic_write_text(out / "suites" / f"{name}.csv", write(frame(latest), "csv"))
         graphs = []
-        # time, and the suite's headline throughput if it has one (asv graphs one metric each)
-        headline = [m for m in suite.metrics if m.better == "higher"][:1]
-        for metric in [suite.all_metrics[0], *headline] if runs else []:
+        # time, and the suite's headline throughput if it has one (asv graphs one metric each);
+        # the metrics as the newest stored run declared them
+        declared = latest.metrics if latest else []
+        headline = [m for m in declared[1:] if m.better == "higher"][:1]
+        for metric in declared[:1] + headline:
             fig = history_figure(name, metric, runs)
             if fig is None:
                 continue
@@ -95,26 +95,25 @@ def build_site(store, out_dir: str | Path) -> Path:
             for fmt, data in drawn.items():
                 atomic_write_bytes(out / "suites" / names[fmt], data)
             graphs.append({"title": fig["title"], **names})
-        summary = [{"when": r["environment"].get("timestamp"),
-                    "commit": (r["environment"].get("git_commit") or "-")[:10],
-                    "records": len(r.get("records", []))} for r in runs]
+        summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
+                    "records": len(r.records)} for r in runs]
         atomic_write_text(out / href, html.render_suite(name, payload, raw, summary, "../index.html",
                                                         graphs=graphs))
         suites.append({"name": name, "description": suite.description, "href": href,
-                       "records": len(payload["records"]) if payload else 0,
-                       "when": payload["environment"].get("timestamp") if payload else None})
+                       "records": len(latest.records) if latest else 0,
+                       "when": latest.timestamp if latest else None})
 
     papers = [{"key": k, "title": PAPERS.get(k, k), "reproductions": rows}
               for k, rows in by_paper.items() if rows]
     return atomic_write_text(out / "index.html", html.render_index(papers, suites))
 
 
-def history_figure(name: str, metric, runs: list[dict], max_lines: int = 8) -> dict | None:
+def history_figure(name: str, metric, runs: list[SuiteRecord], max_lines: int = 8) -> dict | None:
     """A metric per stored run (asv-style): one line per grid point, x = run order (commit)."""
     series: dict[str, tuple[list, list]] = {}
-    params_of = lambda r, p: " ".join(f"{k}={r[k]}" for k in p.get("params", []) if k in r)
+    params_of = lambda r, run: " ".join(f"{k}={r[k]}" for k in run.params if k in r)
     for i, run in enumerate(runs):
-        for rec in run.get("records", []):
+        for rec in run.records:
             if metric.name in rec:
                 xs, ys = series.setdefault(params_of(rec, run) or "all", ([], []))
                 xs.append(i)

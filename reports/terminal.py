@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_repro.suites.base import Suite
+from moe_repro.records.record import ReproductionRecord, SuiteRecord
 
 
 def _num(x) -> str:
@@ -21,31 +21,33 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def format_result(payload: dict) -> str:
-    head = f"{payload['id']}: {payload['title']} ({payload['element']}, {payload['how_words']})"
+def format_result(record: ReproductionRecord) -> str:
+    head = f"{record.id}: {record.title} ({record.element}, {record.how_words})"
     rows = []
-    for c in payload["cells"]:
-        dev = "-" if c.get("deviation") is None else f"{c['deviation']:+.2%}"
-        rows.append([c["row"], c["column"], _num(c.get("paper_printed") or c.get("paper")),
-                     _num(c["ours"]), c["unit"], dev, c["verdict"]])
+    for c in record.cells:
+        dev = "-" if c.deviation is None else f"{c.deviation:+.2%}"
+        rows.append([c.row, c.column, _num(c.paper_printed or c.paper), _num(c.ours), c.unit, dev,
+                     c.verdict])
     out = [head, table(["row", "column", "paper", "ours", "unit", "dev", "verdict"], rows)]
-    notes = [(c["row"], c["column"], c["note"]) for c in payload["cells"] if c.get("note")]
+    notes = [(c.row, c.column, c.note) for c in record.cells if c.note]
     if notes:
         out.append("notes:")
         out += [f"  {r} / {col}: {n}" for r, col, n in notes]
-    s = payload["summary"]
-    out.append("summary: " + ", ".join(f"{v} {k}" for k, v in s.items() if v))
+    out.append("summary: " + ", ".join(f"{v} {k}" for k, v in record.summary.items() if v))
     return "\n".join(out)
 
 
-def format_records(suite: Suite, records: list[dict]) -> str:
+def format_records(record: SuiteRecord) -> str:
+    """A suite run's table: the record's table keys (default: every grid parameter), then the
+    median of its table metrics (default: the first three declared)."""
+    records = record.records
     if not records:
         return "(no records)"
-    keys = list(suite.table_keys) or list(suite.params)
-    metric_names = [m.name for m in suite.all_metrics if m.name in records[0]]
-    if suite.table_metrics:
-        metric_names = [m for m in suite.table_metrics if m in records[0]]
-    metric_names = metric_names[:len(suite.table_metrics) or 3]
+    keys = list(record.table_keys) or list(record.params)
+    metric_names = [m.name for m in record.metrics if m.name in records[0]]
+    if record.table_metrics:
+        metric_names = [m for m in record.table_metrics if m in records[0]]
+    metric_names = metric_names[:len(record.table_metrics) or 3]
     headers = keys + [f"{m} (median)" for m in metric_names] + ["spread(iqr)"]
     has_check = "correct" in records[0]
     if has_check:

@@ -23,7 +23,7 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
 
 def device_words() -> str:
     """'cpu: <model>' or 'cuda: <GPU name>', the device these measurements ran on."""
-    from moe_repro.results.environment import device_description
+    from moe_repro.records.environment import device_description
 
     d = device_description()
     return f"{d['device_type']}: {d['device']}"

@@ -166,13 +166,22 @@ def summarize(cells: list[Cell]) -> dict[str, int]:
 
 
 def status_of(cells: list[Cell | dict]) -> str:
-    """One word for an index: some-deviate, not-reproducible-here (nothing could be computed
-    here), partly-reproduced (some cells could not), all-match, or no-paper-values."""
-    verdicts = {c["verdict"] if isinstance(c, dict) else c.verdict for c in cells}
-    if "deviates" in verdicts:
-        return "some-deviate"
-    if verdicts and verdicts <= {"not-reproduced"}:
-        return "not-reproducible-here"
-    if "not-reproduced" in verdicts:
-        return "partly-reproduced"
-    return "all-match" if "match" in verdicts else "no-paper-values"
+    """One word for an index (records/record.py: status_of)."""
+    from moe_repro.records.record import status_of as status_of_verdicts
+
+    return status_of_verdicts({c["verdict"] if isinstance(c, dict) else c.verdict for c in cells})
+
+
+def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]):
+    """The stored record of one run of ``repro`` (records/record.py, kind ``reproduction``)."""
+    from moe_repro.records.environment import collect_environment
+    from moe_repro.records.record import ReproductionRecord
+
+    return ReproductionRecord(
+        id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=repro.how,
+        how_words=" + ".join(HOW.get(h.strip()[0], h) for h in repro.how.split("+")),
+        description=repro.description, params={**repro.defaults, **params},
+        tolerance=repro.tolerance.describe(), cells=[c.to_dict() for c in result.cells],
+        summary=summarize(result.cells), assumptions=result.assumptions,
+        figures=[f.__dict__ for f in result.figures], extra=result.extra,
+        command=" ".join(argv), environment=collect_environment(argv))

@@ -11,7 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from moe_repro.results.atomic import atomic_write_json, atomic_write_text
+from moe_repro.records.atomic import atomic_write_json, atomic_write_text
 from moe_repro.runtime.launch import RankContext
 
 

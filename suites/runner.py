@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from moe_repro.suites.base import Suite
-from moe_repro.results.stats import summarize
+from moe_repro.records.stats import summarize
 
 
 @dataclass
@@ -166,3 +166,16 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
                 done(rec)
         i += len(points)
     return records
+
+
+def suite_record(suite: Suite, records: list[dict], interrupted: bool = False,
+                 error: str | None = None):
+    """The stored record of one suite run (records/record.py, kind ``suite``): the suite's
+    declaration (parameters, metrics, what a table shows) beside its flat records."""
+    from moe_repro.records.environment import collect_environment
+    from moe_repro.records.record import SuiteRecord
+
+    return SuiteRecord(suite=suite.name, description=suite.description, params=list(suite.params),
+                       metrics=[asdict(m) for m in suite.all_metrics], records=records,
+                       table_keys=list(suite.table_keys), table_metrics=list(suite.table_metrics),
+                       interrupted=interrupted, error=error, environment=collect_environment())

@@ -133,7 +133,7 @@ def _is_worker(pid):
 
 
 def test_paper_rerun_resumes_unless_forced(results_dir, monkeypatch):
-    from moe_repro.results import environment
+    from moe_repro.records import environment
 
     monkeypatch.setattr(environment, "git_state", lambda: {"git_commit": "c0ffee", "git_dirty": False})
     first = invoke("run", "--paper", "piper", "--how", "A")

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from moe_repro.results.gate import compare, exit_code, load_entries
-from moe_repro.results.stats import mann_whitney_u
+from moe_repro.records.gate import compare, exit_code, load_entries
+from moe_repro.records.stats import mann_whitney_u
 
 
 def gate(*args):

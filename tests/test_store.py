@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-from moe_repro.results.atomic import atomic_write_json, atomic_write_text
-from moe_repro.results.store import ResultsStore
+from moe_repro.records.atomic import atomic_write_json, atomic_write_text
+from moe_repro.records.record import ReproductionRecord
+from moe_repro.records.store import ResultsStore
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -30,18 +31,22 @@ def test_interrupted_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch)
     assert [f.name for f in tmp_path.iterdir()] == ["x.txt"]
 
 
+def _record(n: int, ts: str) -> ReproductionRecord:
+    return ReproductionRecord(id="piper-table4", title=f"run {n}", cells=[],
+                              environment={"timestamp": ts, "git_commit": "abc"})
+
+
 def test_store_keeps_every_run_and_finds_the_latest(tmp_path):
     store = ResultsStore(tmp_path)
-    env = lambda ts: {"timestamp": ts, "git_commit": "abc"}
-    store.save("reproductions", "piper-table4", {"n": 1, "environment": env("2026-01-01T00:00:00+00:00")})
-    store.save("reproductions", "piper-table4", {"n": 2, "environment": env("2026-01-02T00:00:00+00:00")})
-    store.save("reproductions", "piper-table4", {"n": 3, "environment": env("2026-01-02T00:00:00+00:00")})
-    assert len(store.history("reproductions", "piper-table4")) == 3
-    assert store.latest("reproductions", "piper-table4")["n"] in (2, 3)
-    assert store.latest("suites", "nothing") is None
-    assert store.names("reproductions") == ["piper-table4"]
+    store.save(_record(1, "2026-01-01T00:00:00+00:00"))
+    store.save(_record(2, "2026-01-02T00:00:00+00:00"))
+    store.save(_record(3, "2026-01-02T00:00:00+00:00"))
+    assert len(store.history("reproduction", "piper-table4")) == 3
+    assert store.latest("reproduction", "piper-table4").title in ("run 2", "run 3")
+    assert store.latest("suite", "nothing") is None
+    assert store.names("reproduction") == ["piper-table4"]
     with pytest.raises(ValueError):
-        store.save("elsewhere", "x", {})
+        store.history("elsewhere", "x")
 
 
 def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):

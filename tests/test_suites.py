@@ -2,7 +2,7 @@ import pytest
 
 from moe_repro.suites import all_suites
 from moe_repro.suites.runner import RunConfig, run_suite
-from moe_repro.results.stats import quantile, summarize
+from moe_repro.records.stats import quantile, summarize
 
 
 def test_quantiles_match_hand_values():

@@ -39,7 +39,7 @@ Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
-    from moe_repro.results.store import ResultsStore
+    from moe_repro.records.store import ResultsStore
 
     ctx.obj = ResultsStore(results_dir)
 

@@ -60,12 +60,12 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     """
     import difflib
 
-    from moe_repro.results.atomic import atomic_write_json
-    from moe_repro.results.environment import collect_environment
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.records.record import dump
     from moe_repro.runtime.launch import RankFailure, launched_world_size
     from moe_repro.reports.terminal import format_records
     from moe_repro.suites import all_suites
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, run_suite, suite_record
 
     store = ctx.obj
     suites = all_suites()
@@ -96,17 +96,13 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         shown = " ".join(f"{k}={v}" for k, v in point.items())
         click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
 
-    def finish(interrupted: bool = False, error: str | None = None) -> None:
-        payload = {"suite": suite.name, "description": suite.description,
-                   "params": list(suite.params), "metrics": [m.__dict__ for m in suite.all_metrics],
-                   "records": records, "environment": collect_environment()}
-        if interrupted or error:
-            payload.update(interrupted=interrupted, error=error)
+    def finish(interrupted: bool = False, error: str | None = None, record=None) -> None:
+        record = record or suite_record(suite, records, interrupted=interrupted, error=error)
         if records or not (interrupted or error):
-            path = store.save("suites", suite.name, payload)
+            path = store.save(record)
             click.echo(f"stored: {path}", err=True)
         if json_path:
-            atomic_write_json(json_path, payload)
+            atomic_write_json(json_path, dump(record))
 
     try:
         run_suite(suite, grid, config, progress=progress, done=records.append)
@@ -121,8 +117,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         raise BadInput(str(e)) from None
     if launched_world_size() and not records:
         return  # under an external launcher only rank 0 reports and stores
-    click.echo(format_records(suite, records))
-    finish()
+    record = suite_record(suite, records)
+    click.echo(format_records(record))
+    finish(record=record)
     wrong = [r for r in records if r.get("correct") is False]
     if wrong:
         raise RunFailure(f"{len(wrong)} record(s) failed the correctness check (#wrong > 0)")

@@ -65,9 +65,9 @@ def command(out_path, ranks, quick) -> None:
     and write a `local` platform profile for `repro plan --platform FILE`."""
     import torch
 
-    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.network.platform import from_dict, local_profile
-    from moe_repro.results.environment import collect_environment
+    from moe_repro.records.environment import collect_environment
 
     cores = os.cpu_count() or 1
     ranks = ranks if ranks is not None else cores

@@ -14,23 +14,22 @@ import click
 @click.pass_obj
 def command(store, names, kind, fmt, history, out_path) -> None:
     """Export stored results of NAMES (all when none) to a flat table: one row per cell or record."""
-    import json
-
     import pandas as pd
 
-    from moe_repro.results.atomic import atomic_write_text
     from moe_repro.cli.errors import BadInput
+    from moe_repro.records.atomic import atomic_write_text
     from moe_repro.reports.export import frame, write
 
-    available = store.names(kind)
+    record_kind = {"reproductions": "reproduction", "suites": "suite"}[kind]
+    available = store.names(record_kind)
     unknown = [n for n in names if n not in available]
     if unknown:
         raise BadInput(f"no stored {kind} named {', '.join(unknown)}; stored: {', '.join(available) or 'none'}")
     frames = []
     for name in names or available:
-        runs = store.history(kind, name)
-        for path in runs if history else runs[-1:]:
-            frames.append(frame(json.loads(path.read_text())))
+        # unreadable files are named on stderr by the store and left out
+        runs = store.runs(record_kind, name) if history else [store.latest(record_kind, name)]
+        frames += [frame(record) for record in runs if record is not None]
     if not frames:
         raise BadInput(f"the results store at {store.root} holds no {kind} yet")
     df = pd.concat(frames, ignore_index=True)

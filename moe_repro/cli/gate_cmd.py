@@ -37,8 +37,8 @@ Exit codes:
               help="Write every finding to this file.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
 def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
-    from moe_repro.results import gate
-    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.records import gate
+    from moe_repro.records.atomic import atomic_write_json
     from moe_repro.cli.errors import BadInput
     from moe_repro.reports.terminal import table
 

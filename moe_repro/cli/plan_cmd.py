@@ -98,7 +98,7 @@ def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, z
 
     Example: repro plan --model deepseek-v3 --platform frontier --nodes 64 --json p.json
     """
-    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.resources.planner import plan
 
     for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),

@@ -45,11 +45,10 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
     return list(ids)
 
 
-def run_one(rid: str, params: dict) -> dict:
-    """Compute one reproduction and return its payload (the DESIGN.md contract)."""
-    from moe_repro.results.environment import collect_environment
+def run_one(rid: str, params: dict):
+    """Compute one reproduction; its record (the DESIGN.md contract, records/record.py)."""
     from moe_repro.reproductions import all_reproductions
-    from moe_repro.reproductions.spec import HOW, summarize
+    from moe_repro.reproductions.spec import record_of
 
     repro = all_reproductions()[rid]
     try:
@@ -57,36 +56,19 @@ def run_one(rid: str, params: dict) -> dict:
     except ValueError as e:
         raise BadInput(str(e)) from None
     argv = ["repro", "run", rid] + [f"--param {k}={v}" for k, v in params.items()]
-    return {
-        "id": repro.id,
-        "title": repro.title,
-        "paper": repro.paper,
-        "element": repro.element,
-        "how": repro.how,
-        "how_words": " + ".join(HOW.get(h.strip()[0], h) for h in repro.how.split("+")),
-        "description": repro.description,
-        "params": {**repro.defaults, **params},
-        "tolerance": repro.tolerance.describe(),
-        "cells": [c.to_dict() for c in result.cells],
-        "summary": summarize(result.cells),
-        "assumptions": result.assumptions,
-        "figures": [f.__dict__ for f in result.figures],
-        "extra": result.extra,
-        "command": " ".join(argv),
-        "environment": collect_environment([*argv]),
-    }
+    return record_of(repro, result, params, argv)
 
 
-def is_current(stored: dict, params: dict) -> bool:
-    """A stored result is current if made by this very commit, from a clean tree, same params."""
-    from moe_repro.results.environment import git_state
+def is_current(stored, params: dict) -> bool:
+    """A stored record is current if made by this very commit, from a clean tree, same params."""
+    from moe_repro.records.environment import git_state
     from moe_repro.reproductions import all_reproductions
 
-    state, env = git_state(), stored.get("environment", {})
-    if not state["git_commit"] or state["git_dirty"] or env.get("git_dirty") is not False:
+    state, env = git_state(), stored.environment
+    if not state["git_commit"] or state["git_dirty"] or env.git_dirty is not False:
         return False
-    expected = {**all_reproductions()[stored["id"]].defaults, **params}
-    return env.get("git_commit") == state["git_commit"] and stored.get("params") == expected
+    expected = {**all_reproductions()[stored.id].defaults, **params}
+    return env.git_commit == state["git_commit"] and stored.params == expected
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict:
@@ -126,32 +108,35 @@ def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, 
     the cause is known), no-paper-value, or not-reproduced (with why). Deviations are results,
     not errors: the exit code is 0.
     """
-    from moe_repro.results.atomic import atomic_write_json
     from moe_repro.reports.site import write_reproduction_page
     from moe_repro.reports.terminal import format_result
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.records.record import dump
 
     chosen = resolve_ids(ids, paper, run_all, how)
     overrides = parse_params(params)
     resume = (run_all or paper) and not force
-    payloads = []
+    records = []
     with click.progressbar(chosen, label="reproductions", file=sys.stderr,
                            hidden=quiet or len(chosen) < 2, item_show_func=lambda r: r or "") as bar:
         for rid in bar:
-            stored = store.latest("reproductions", rid) if resume else None
+            # an unreadable stored file is named on stderr by the store and rerun here
+            stored = store.latest("reproduction", rid) if resume else None
             if stored is not None and is_current(stored, overrides):
-                payloads.append(stored)
+                records.append(stored)
                 if not quiet:
                     click.echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
                 continue
-            payload = run_one(rid, overrides)
-            path = store.save("reproductions", rid, payload)
-            payloads.append(payload)
+            record = run_one(rid, overrides)
+            path = store.save(record)
+            records.append(record)
             if not quiet:
-                click.echo("\n" + format_result(payload))
+                click.echo("\n" + format_result(record))
                 click.echo(f"stored: {path}")
             if out_dir:
-                page = write_reproduction_page(Path(out_dir), payload)
+                page = write_reproduction_page(Path(out_dir), record)
                 if not quiet:
                     click.echo(f"report: {page}")
     if json_path:
+        payloads = [dump(r) for r in records]
         atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)

@@ -124,9 +124,9 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
 
       repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json
     """
-    from moe_repro.results.atomic import atomic_write_json
+    from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.training.pp_ep_trainer import TrainConfig, launch_training, train_rank
-    from moe_repro.results.environment import collect_environment
+    from moe_repro.records.environment import collect_environment
     from moe_repro.runtime.launch import RankFailure, init_launched_world, launched_world_size
 
     cfg = TrainConfig(model=model, pp=pp, ep=ep, dp=dp, schedule=schedule,

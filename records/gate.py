@@ -16,12 +16,12 @@ reproduction or suite counts.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from moe_repro.results.stats import mann_whitney_u
+from moe_repro.records.record import ReproductionRecord, SuiteRecord, load_records
+from moe_repro.records.stats import mann_whitney_u
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_MISSING, EXIT_INTERNAL = 0, 1, 2, 3, 4
 MIN_SAMPLES_FOR_TEST = 4
@@ -58,15 +58,12 @@ class Finding:
     why: str = ""
 
 
-def _load_json_files(path: Path) -> list[dict]:
+def _records(path: Path) -> list:
+    """Every record in a result file, or in the JSON files under a directory. A file that is
+    not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
+    by skipping the file that held its regression."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
-    payloads = []
-    for f in files:
-        data = json.loads(f.read_text())
-        for item in data if isinstance(data, list) else [data]:
-            if isinstance(item, dict) and ("cells" in item or "records" in item):
-                payloads.append(item)
-    return payloads
+    return [record for f in files for record in load_records(f)]
 
 
 def load_entries(path: str | Path) -> dict[tuple, Entry]:
@@ -74,46 +71,48 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such file or directory: {path}")
-    newest: dict[tuple[str, str], dict] = {}
-    for payload in _load_json_files(path):
-        ident = ("repro", payload["id"]) if "cells" in payload else ("suite", payload["suite"])
-        stamp = payload.get("environment", {}).get("timestamp", "")
-        if ident not in newest or stamp >= newest[ident].get("environment", {}).get("timestamp", ""):
-            newest[ident] = payload
+    newest: dict[tuple[str, str], object] = {}
+    for record in _records(path):
+        ident = (record.kind, record.name)
+        if ident not in newest or record.timestamp >= newest[ident].timestamp:
+            newest[ident] = record
     entries: dict[tuple, Entry] = {}
-    for (what, name), payload in newest.items():
-        items = _reproduction_entries(payload) if what == "repro" else _suite_entries(payload)
-        for e in items:
+    for record in newest.values():
+        for e in ENTRIES[record.kind](record):
             entries[(e.result, e.key, e.metric)] = e
     return entries
 
 
-def _reproduction_entries(p: dict) -> list[Entry]:
-    letters = {part.strip()[:1] for part in p.get("how", "A").split("+")}
+def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:
+    letters = {part.strip()[:1] for part in (p.how or "A").split("+")}
     default_kind = "exact" if letters <= {"A", "S"} else "measured"
     out = []
-    for c in p["cells"]:
-        out.append(Entry(p["id"], f"{c['row']} | {c['column']}", "ours", c.get("kind", default_kind),
-                         c.get("better", "none"), c.get("unit", ""), c.get("ours"), c.get("samples")))
+    for c in p.cells:
+        extra = c.model_extra or {}
+        out.append(Entry(p.id, f"{c.row} | {c.column}", "ours", extra.get("kind", default_kind),
+                         extra.get("better", "none"), c.unit, c.ours, extra.get("samples")))
     return out
 
 
-def _suite_entries(p: dict) -> list[Entry]:
-    metrics = {m["name"]: m for m in p.get("metrics", [])}
+def _suite_entries(p: SuiteRecord) -> list[Entry]:
+    metrics = {m.name: m for m in p.metrics}
     stats = {f"{m}{s}" for m in metrics for s in ("_iqr", "_min", "_max")}
     out = []
-    for r in p["records"]:
-        params = p.get("params") or [k for k in r if k not in metrics and k not in stats and k not in _RESERVED]
+    for r in p.records:
+        params = p.params or [k for k in r if k not in metrics and k not in stats and k not in _RESERVED]
         key = " ".join(f"{k}={r[k]}" for k in params if k in r)
         for name, m in metrics.items():
             if name in r:
-                measured = m.get("kind", "measured") == "measured" and not r.get("simulated")
+                measured = m.kind == "measured" and not r.get("simulated")
                 kind = "measured" if measured else "exact"  # a simulated record is deterministic
-                out.append(Entry(p["suite"], key, name, kind, m.get("better", "none"), m.get("unit", ""),
+                out.append(Entry(p.suite, key, name, kind, m.better, m.unit,
                                  r[name], (r.get("samples") or {}).get(name)))
         if "correct" in r:
-            out.append(Entry(p["suite"], key, "correct", "exact", "higher", "", float(r["correct"])))
+            out.append(Entry(p.suite, key, "correct", "exact", "higher", "", float(r["correct"])))
     return out
+
+
+ENTRIES = {"reproduction": _reproduction_entries, "suite": _suite_entries}
 
 
 def _parse_pct(text: str) -> float:

@@ -1,0 +1,99 @@
+"""The results store: every run saved atomically as one JSON file, never overwritten.
+
+Layout (one directory per reproduction or suite, one file per run)::
+
+    ROOT/reproductions/<id>/<timestamp>-<commit>.json
+    ROOT/suites/<name>/<timestamp>-<commit>.json
+
+The newest file of a directory is the latest result; history is the sorted directory. Runs are
+written with :func:`moe_repro.records.atomic.atomic_write_json`, so an interrupted run leaves
+either a complete file or none, and every run that finished before it stays.
+
+Files are read as records (records/record.py): validated, older versions migrated. A file that
+cannot be read is reported once, by path, through ``on_unreadable`` (default: one line on
+stderr) and skipped, so one bad file never hides the others.
+
+ROOT defaults to ``./results`` and can be set with ``--results DIR`` or ``MOE_REPRO_RESULTS``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from moe_repro.records.atomic import atomic_write_json
+from moe_repro.records.record import (KINDS, STORE_DIRS, ReproductionRecord, SuiteRecord,
+                                      UnreadableRecord, dump, load_record)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("MOE_REPRO_RESULTS", "results"))
+
+
+def warn_on_stderr(error: UnreadableRecord) -> None:
+    sys.stderr.write(f"repro: warning: skipped unreadable result {error}\n")
+
+
+class ResultsStore:
+    def __init__(self, root: str | os.PathLike | None = None,
+                 on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr):
+        self.root = Path(root) if root is not None else default_root()
+        self.on_unreadable = on_unreadable
+        self._reported: set[str] = set()
+
+    def _dir(self, kind: str, name: str) -> Path:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        return self.root / STORE_DIRS[kind] / _SAFE.sub("_", name)
+
+    def save(self, record: ReproductionRecord | SuiteRecord) -> Path:
+        """Store one run; the file name sorts by time, then by commit."""
+        env = record.environment
+        stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")
+        commit = (env.git_commit or "nogit")[:10]
+        directory = self._dir(record.kind, record.name)
+        path = directory / f"{stamp or 'undated'}-{commit}.json"
+        n = 1
+        while path.exists():  # two runs in the same second: keep both
+            path = directory / f"{stamp or 'undated'}-{commit}-{n}.json"
+            n += 1
+        return atomic_write_json(path, dump(record))
+
+    def history(self, kind: str, name: str) -> list[Path]:
+        directory = self._dir(kind, name)
+        if not directory.is_dir():
+            return []
+        return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
+
+    def read(self, path: Path) -> ReproductionRecord | SuiteRecord | None:
+        """The record in ``path``, or None after reporting it (once) as unreadable."""
+        try:
+            return load_record(path)
+        except UnreadableRecord as e:
+            if e.path not in self._reported:
+                self._reported.add(e.path)
+                self.on_unreadable(e)
+            return None
+
+    def runs(self, kind: str, name: str) -> list[ReproductionRecord | SuiteRecord]:
+        """Every readable run of ``name``, oldest first."""
+        return [r for r in map(self.read, self.history(kind, name)) if r is not None]
+
+    def latest(self, kind: str, name: str) -> ReproductionRecord | SuiteRecord | None:
+        """The newest readable run (an unreadable newer file is reported and passed over)."""
+        for path in reversed(self.history(kind, name)):
+            record = self.read(path)
+            if record is not None:
+                return record
+        return None
+
+    def names(self, kind: str) -> list[str]:
+        base = self.root / STORE_DIRS[kind] if kind in KINDS else None
+        if base is None:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
