@@ -24,7 +24,7 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.reproductions._suite_runs import device_words, pick, run_grid, without_samples
-    from moe_repro.suites.dispatch_stages import STAGES, stage_metric
+    from moe_repro.suites.dispatch_stages import stage_metric, stages_of
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
     point = {"nodes": nodes, "gpus_per_node": gpn, "tokens": int(params["tokens"]),
@@ -37,7 +37,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     res = {}
     for algo in ("flat", "rbd"):
         r = pick(records, algo=algo)
-        res[f"{algo}_stages"] = {s: r[stage_metric(s)] for s in sorted(STAGES[algo])}
+        res[f"{algo}_stages"] = {s: r[stage_metric(s)] for s in sorted(stages_of(algo))}
         res[f"{algo}_total"], res[f"{algo}_total_iqr"] = r["time_s"], r["time_s_iqr"]
         res[f"{algo}_bytes"] = {"inter_node": r["inter_node_bytes"], "intra_node": r["intra_node_bytes"]}
     device = device_words()

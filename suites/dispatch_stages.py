@@ -3,11 +3,10 @@ ranks with emulated nodes (X-MoE Sec. 5.4.2, Fig. 12).
 
 Inputs are the alltoall suite's (suites/alltoall.rank_workload: same seeds, placement and
 routing): each rank holds ``tokens`` rows of ``hidden`` float32 values and a random top-``top_k``
-routing over ``experts`` experts. The measured call is one dispatch by ``algo``:
-  flat  buffer gather (rows in send order), counts exchange, all-to-all-v
-  rbd   the stages components/alltoall/rbd.RBDDispatcher times inside its own call: pilot
-        selection, metadata exchange, pilot gather, pilot all-to-all (inter-node), replica
-        reconstruction, replica all-to-all (intra-node), expert input reconstruction
+routing over ``experts`` experts. The measured call is one dispatch by ``algo``, any registered
+all-to-all whose dispatcher times its stages (``facts.stages``, components/alltoall/base.py):
+flat times buffer gather, counts exchange and the all-to-all-v; RBD its seven stages from pilot
+selection to expert input reconstruction.
 The stages of one call cannot be separate grid points, so each stage is a metric: its time in
 the sample's last call, the slowest rank's (a stage includes waiting for peers); median over
 repeats like every metric. ``time_s`` is the whole dispatch.
@@ -24,14 +23,18 @@ import time
 
 import torch
 
+from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.suites.base import Metric, Suite
 
-ALGOS = ("flat", "rbd")
-STAGES = {
-    "flat": ("buffer gather", "counts exchange", "all-to-all"),
-    "rbd": ("pilot selection", "metadata exchange", "pilot gather", "pilot all-to-all (inter-node)",
-            "replica reconstruction", "replica all-to-all (intra-node)", "expert input reconstruction"),
-}
+
+
+def timed_algorithms() -> list[str]:
+    """The registered all-to-alls whose dispatcher times its stages."""
+    return [name for name in algorithm_names() if get_algorithm(name).facts.stages]
+
+
+def stages_of(algo: str) -> tuple[str, ...]:
+    return get_algorithm(algo).facts.stages
 
 _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
 
@@ -46,19 +49,17 @@ def derived_params(p: dict) -> dict:
     nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
     if nodes < 1 or gpn < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
-    if p["algo"] not in ALGOS:
-        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {p['algo']!r}")
+    if p["algo"] not in timed_algorithms():
+        raise ValueError(f"algo must be one of {', '.join(timed_algorithms())} (the all-to-alls "
+                         f"that time their stages), got {p['algo']!r}")
     return {"ranks": nodes * gpn, "ranks_per_node": gpn}
 
 
 def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.alltoall.rbd import RBDDispatcher
     from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
     from moe_repro.suites.alltoall import rank_workload
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
-    if params["algo"] == "rbd" and nodes < 2:
-        raise ValueError("RBD needs at least 2 nodes")
     key = (ctx.backend, nodes, gpn)
     if key not in _COMMS:  # every grid point of a world shares its communicators
         _COMMS[key] = build_communicators(Topology(nodes=nodes, ranks_per_node=gpn), ctx.rank,
@@ -66,9 +67,9 @@ def setup(params: dict, ctx) -> dict:
     comms = _COMMS[key]
     state = {"ctx": ctx, "algo": params["algo"], "comms": comms, "laps": {},
              **rank_workload(params, ctx.rank, ctx.world_size)}
-    if params["algo"] == "rbd":
-        state["rbd"] = RBDDispatcher(comms, state["placement"])
-        state["generator"] = torch.Generator().manual_seed(104729 + ctx.rank)
+    # the same pilot generator as the alltoall suite's ranks (algorithms that draw at random)
+    state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
+        comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank))
 
     log: list = []
     comms.set_log(log)
@@ -83,24 +84,10 @@ def setup(params: dict, ctx) -> dict:
 
 def _dispatch(state: dict) -> torch.Tensor:
     """One dispatch; each stage's seconds on this rank go to state["laps"] (replaced each call)."""
-    from moe_repro.components.alltoall.flat import flat_all_to_all_v
-
-    laps: dict[str, float] = {}
-    if state["algo"] == "rbd":
-        rbd = state["rbd"]
-        rbd.timings = laps
-        out = rbd.dispatch(state["x"], state["pft"], state["generator"])
-        rbd.timings = None
-    else:
-        world = state["comms"].world
-        t0 = time.perf_counter()
-        send = state["x"].index_select(0, state["token_order"])
-        t1 = time.perf_counter()
-        recv_counts = world.exchange_counts(state["send_counts"])
-        t2 = time.perf_counter()
-        out = flat_all_to_all_v(world, send, state["send_counts"], recv_counts)
-        t3 = time.perf_counter()
-        laps.update({"buffer gather": t1 - t0, "counts exchange": t2 - t1, "all-to-all": t3 - t2})
+    dispatcher, laps = state["dispatcher"], {}
+    dispatcher.timings = laps
+    out = dispatcher.dispatch(state["x"], state["pft"])
+    dispatcher.timings = None
     state["laps"] = laps
     return out
 
@@ -112,7 +99,7 @@ def run(state: dict) -> None:
 def derive(params: dict, state: dict, time_s: float) -> dict:
     # Every rank reaches this point after the same samples, so the reductions line up.
     ctx, laps = state["ctx"], state["laps"]
-    out = {stage_metric(s): ctx.all_reduce_max(laps.get(s, 0.0)) for s in STAGES[state["algo"]]}
+    out = {stage_metric(s): ctx.all_reduce_max(laps.get(s, 0.0)) for s in stages_of(state["algo"])}
     lb = state["link_bytes"]
     return {**out, "inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
 
@@ -132,7 +119,7 @@ SUITE = Suite(
     name="dispatch-stages",
     description="Per-stage time of one MoE dispatch, flat vs RBD, over real ranks with emulated "
                 "nodes, and the bytes each sends across nodes (X-MoE Fig. 12).",
-    params={"algo": list(ALGOS), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
+    params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
             "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
             "placement": ["contiguous"], "seed": [0]},
     quick={"tokens": [32], "hidden": [64]},
@@ -149,8 +136,9 @@ SUITE = Suite(
              Metric("intra_node_bytes", "B", "none",
                     description="bytes sent to other ranks of the same node in one call, all ranks"),
              *(Metric(stage_metric(s), "s", "lower", description=f"{algo}: {s}, slowest rank")
-               for algo in ALGOS for s in STAGES[algo])],
-    param_help={"algo": "flat or rbd", "nodes": "emulated nodes (rbd: >= 2)",
+               for algo in timed_algorithms() for s in stages_of(algo))],
+    param_help={"algo": "an all-to-all that times its stages: " + ", ".join(timed_algorithms()),
+                "nodes": "emulated nodes",
                 "gpus_per_node": "ranks per emulated node", "backend": "gloo or mpi",
                 "tokens": "tokens per rank", "hidden": "float32 values per row",
                 "experts": "experts in total", "top_k": "experts per token",

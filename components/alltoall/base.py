@@ -20,6 +20,7 @@ This module imports no algorithm: the package ``__init__`` imports them, which r
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -48,6 +49,9 @@ class AllToAllFacts:
     # The simulator can build its messages from a counts matrix alone (counts_schedule);
     # False: it needs every rank's routing, token by token (routed_schedule).
     schedule_from_counts: bool
+    # The named stages its dispatcher times when asked (Dispatcher.timings), in call order:
+    # what X-MoE Fig. 12 breaks a dispatch into. Empty: it does not time its stages.
+    stages: tuple[str, ...] = ()
 
 
 class Dispatcher(ABC):
@@ -57,7 +61,23 @@ class Dispatcher(ABC):
     rank, then in the source's send order (PFT order grouped stably by destination rank), so the
     same expert computation runs whatever the algorithm. ``combine`` reverses the last dispatch:
     every token gets the combine-weighted sum of its experts' outputs.
+
+    Set ``timings`` to a dict and ``dispatch`` adds each of the algorithm's ``facts.stages``
+    seconds to it (a stage includes waiting for peers); None (default) costs no clock reads.
     """
+
+    timings: dict[str, float] | None = None
+
+    def _clock(self) -> float:
+        return time.perf_counter() if self.timings is not None else 0.0
+
+    def _lap(self, stage: str, since: float) -> float:
+        """Add the time since ``since`` to ``stage``; returns now (the next stage's start)."""
+        if self.timings is None:
+            return since
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - since
+        return now
 
     @abstractmethod
     def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:

@@ -330,8 +330,12 @@ class FlatDispatcher(Dispatcher):
 
     def exchange(self, rows: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         """(received rows, rows received from each rank) of one all-to-all-v."""
+        t = self._clock()
         recv_counts = self.comm.exchange_counts(send_counts)
-        return flat_all_to_all_v(self.comm, rows, send_counts, recv_counts), recv_counts
+        t = self._lap("counts exchange", t)
+        out = flat_all_to_all_v(self.comm, rows, send_counts, recv_counts)
+        self._lap("all-to-all", t)
+        return out, recv_counts
 
     def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """The exchange back (counts known on both sides)."""
@@ -341,7 +345,10 @@ class FlatDispatcher(Dispatcher):
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
         self._use_layout_of(pft)
-        out, self._recv_counts = self.exchange(x.index_select(0, self._token_order), self._send_counts)
+        t = self._clock()
+        rows = x.index_select(0, self._token_order)
+        self._lap("buffer gather", t)
+        out, self._recv_counts = self.exchange(rows, self._send_counts)
         return out
 
     def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -360,7 +367,8 @@ class FlatAlgorithm(AllToAll):
     facts = AllToAllFacts(
         name="flat", label="flat", paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
         description="every rank exchanges rows directly with every other rank (all-to-all-v)",
-        layer_form=True, equal_ranks_per_node=False, schedule_from_counts=True)
+        layer_form=True, equal_ranks_per_node=False, schedule_from_counts=True,
+        stages=("buffer gather", "counts exchange", "all-to-all"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> FlatDispatcher:

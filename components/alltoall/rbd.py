@@ -162,8 +162,6 @@ class RBDDispatcher(Dispatcher):
         self.generator = generator
         self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
         self.state: _DispatchState | None = None
-        # Set to {} to accumulate seconds per dispatch stage (xmoe-fig12's breakdown).
-        self.timings: dict[str, float] | None = None
 
     @classmethod
     def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None) -> "RBDDispatcher":
@@ -180,13 +178,6 @@ class RBDDispatcher(Dispatcher):
         return cls(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
                                  inter=comm), expert_to_rank)
 
-    def _lap(self, stage: str, since: float) -> float:
-        if self.timings is None:
-            return since
-        now = time.perf_counter()
-        self.timings[stage] = self.timings.get(stage, 0.0) + now - since
-        return now
-
     def dispatch(self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None) -> torch.Tensor:
         """Expert inputs on this rank, in the flat all-to-all's output layout."""
         topo, world, intra = self.topo, self.comms.world, self.comms.intra
@@ -194,7 +185,7 @@ class RBDDispatcher(Dispatcher):
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
         generator = self.generator if generator is None else generator
-        t = time.perf_counter() if self.timings is not None else 0.0
+        t = self._clock()
         s0 = select_pilots(pft, self.expert_to_rank, topo, generator)
         t = self._lap("pilot selection", t)
 
@@ -361,7 +352,10 @@ class RBDAlgorithm(AllToAll):
         name="rbd", label="RBD", paper_section="X-MoE Sec. 4.2, Fig. 7",
         description="redundancy-bypassing dispatch: one pilot per (token, remote node) across "
                     "nodes, its replicas rebuilt and exchanged inside the node",
-        layer_form=False, equal_ranks_per_node=True, schedule_from_counts=False)
+        layer_form=False, equal_ranks_per_node=True, schedule_from_counts=False,
+        stages=("pilot selection", "metadata exchange", "pilot gather", "pilot all-to-all (inter-node)",
+                "replica reconstruction", "replica all-to-all (intra-node)",
+                "expert input reconstruction"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> RBDDispatcher:
