@@ -1,7 +1,7 @@
 """mop-table1: per-rank memory per component under MoP (MoP Table 1), evaluated in bytes.
 
 Table 1 is symbolic (Theta_dns/W, O(NH), Theta_exp/W, << O(NkH), Theta_voc/P, O(NV/P), host
-optimizer); we evaluate components.memory_model.mop_rank_memory for MoP's three model sizes on
+optimizer); we evaluate components.resources.memory_model.mop_rank_memory for MoP's three model sizes on
 their node counts (8 x H200 per node) at one context. MoP does not publish its architectures or
 its D and P: the zoo's stand-ins (mop-120b, mop-600b, mop-1t) and D = W, P = 8 are assumptions.
 """

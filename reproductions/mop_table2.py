@@ -1,7 +1,7 @@
 """mop-table2: which contexts fit, MoP vs the best FSDP2 plan (MoP Tables 2-3: the OOM pattern).
 
 For each model, node count and context of Table 2 we estimate per-rank memory of MoP's plan
-(components.memory_model.mop_rank_memory, D = W, P = 8) and of the FSDP-best configuration of
+(components.resources.memory_model.mop_rank_memory, D = W, P = 8) and of the FSDP-best configuration of
 Table 3 (fsdp_rank_memory) and compare 'fits in 141 GB' with the table: a printed throughput
 means it fit (1), 'OOM' that it did not (0). Throughputs themselves are not estimated.
 """

@@ -2,8 +2,8 @@
 
 Real measurement on this machine (suite vocab-loss): for each P, P gloo ranks each hold their
 own batch of N tokens and a 1/P column shard of W_voc; one forward+backward of
-components.vocab_parallel_loss runs, and its peak resident memory is measured with
-components.peak_memory (kernel high-water mark, see there why not tracemalloc). Beside it, in
+components.model.vocab_parallel_loss runs, and its peak resident memory is measured with
+components.training.peak_memory (kernel high-water mark, see there why not tracemalloc). Beside it, in
 the world of the first P, the dense projection + torch cross-entropy on the same batch (logits
 N x V materialised). Exactness: every rank also computes the dense loss and gradients of its
 own batch and reports the largest difference.

@@ -2,7 +2,7 @@
 
 For the X-MoE 'Super' model (the text's '545B super model'; the caption says 615B), per node
 count n (g = 8 GCDs per node, G = 8 n) and strategy, the per-GPU peak from the stage model
-(components.memory_model):
+(components.resources.memory_model):
   EDP          expert-data parallelism only: PP = 1, EP = G (Eq. 2's setting; needs EP | E)
   PPxEP GPipe  pipelined expert parallelism, every stage holds all M micro-batches (Eq. 3)
   PPxEP 1F1B   stage-0 peak with PP in-flight micro-batches (Eq. 4-5)

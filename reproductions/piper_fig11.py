@@ -1,7 +1,7 @@
 """piper-fig11: single-layer throughput ceiling per model on one Frontier node (Piper Fig. 11).
 
 One MoE layer of each model under expert-data parallelism on one node (EP = g = 8, PP = 1):
-ours is the resource model's estimate (components.perf_model.estimate on a one-layer copy of the
+ours is the resource model's estimate (components.resources.perf_model.estimate on a one-layer copy of the
 zoo entry, no embeddings); the paper's values are its measurements (as transcribed in
 piper-review.md 9.3). The measured, scaled-down version (kernels on this machine) belongs to the
 micro-benchmark suites of another issue.

@@ -47,7 +47,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     assumptions = [
         "GPU counts 8, 32, 80, 512 (caption); sequence 2048 for Small, 4096 otherwise (X-MoE Table 3); "
         f"1 sequence per GPU per micro-batch, M = {alpha} x PP.",
-        "X-MoE models: two-matrix experts, 4 H^2 attention, no embeddings (components.params).",
+        "X-MoE models: two-matrix experts, 4 H^2 attention, no embeddings (components.model.params).",
         *planner_assumptions(best_plan("xmoe-small", platform, 1, 2048, alpha)),
     ]
     return Result(cells=cells, assumptions=assumptions, extra={"inputs": inputs})

@@ -1,6 +1,6 @@
 """piper-fig14: the M10B family (Piper Sec. VII-D, Fig. 14): sizes, TFLOPS/GPU, weak scaling.
 
-Sizes come from the zoo (components.params); TFLOPS per GPU from the planner's best PP x EP
+Sizes come from the zoo (components.model.params); TFLOPS per GPU from the planner's best PP x EP
 layout on the Frontier profile at the paper's node counts (E/2 nodes: 8 nodes at E=16 ... 128 at
 E=256). The paper's TFLOPS are measurements; ours are estimates of the resource model.
 """

@@ -11,7 +11,7 @@ Two parts:
   (``real_sizes``: bytes each rank sends, nccl-tests' alltoall size, as ``repro bench alltoall
   --sizes``) with flat for real on emulated nodes (1x2, 2x1, 2x2 ranks) and reports busbw vs
   size per world, as Fig. 5 does; a latency/bandwidth profile is fitted on two sizes of the 2x1
-  world (components.network_sim.fit_latency_bandwidth), and the simulator with that calibrated
+  world (components.network.simulator.fit_latency_bandwidth), and the simulator with that calibrated
   profile predicts every real point, shown beside the measurement.
 """
 

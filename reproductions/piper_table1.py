@@ -1,6 +1,6 @@
 """piper-table1: total/active parameters of Piper Table I's models, computed from architecture.
 
-Counts come from components.params over the zoo entries (public configs: attention with GQA or
+Counts come from components.model.params over the zoo entries (public configs: attention with GQA or
 MLA, routed + shared experts, dense layers, embeddings). The hidden/FFN/expert columns compare the
 table with the public configs the zoo uses, which is how its Qwen3-235B and Arctic rows are caught.
 """

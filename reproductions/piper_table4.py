@@ -1,6 +1,6 @@
 """piper-table4: worst-case expert-migration send size and latency per GPU (Piper Table IV).
 
-Computed from the model zoo and components.migration_cost (48 E d_model d_ffn / G bytes, G = 8,
+Computed from the model zoo and components.balance.migration_cost (48 E d_model d_ffn / G bytes, G = 8,
 50 GB/s). The column header says GB; we report decimal GB (10^9 bytes) and, where a printed
 value only follows from the formula in GiB (2^30 bytes), say so per cell: Table IV mixes units.
 """

@@ -2,8 +2,8 @@
 
 Real measurement on the machine it runs on (suite moe-layer): one MoE layer forward over
 ``ranks`` real EP processes, each stage timed on its own (median of ``repeats``, slowest
-rank), for components.moe_layer.MoELayer (PFT, gather/scatter, all-to-all-v, sequential GEMM)
-and components.padded_moe.PaddedMoELayer ([S, E, C] masks, einsums, even all-to-all, bmm).
+rank), for components.moe.moe_layer.MoELayer (PFT, gather/scatter, all-to-all-v, sequential GEMM)
+and components.moe.padded_moe.PaddedMoELayer ([S, E, C] masks, einsums, even all-to-all, bmm).
 
 Scale: X-MoE measures the Small model (H 2048, F 1408, E 64, k 6) at EP = 8 and the Large one
 at EP = 64 on 256 MI250X GCDs, with Triton kernels. Here the default layer is Small at half

@@ -1,14 +1,14 @@
 """xmoe-fig13: MoE-block activation memory vs TP degree, with and without SSMB (X-MoE Fig. 13).
 
 Real, scaled (suite ssmb-memory): G gloo ranks (G = TP degree = EP degree of the MoE block) run
-one components.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this
+one components.moe.ssmb.SSMBLayer forward+backward on a fine-grained MoE config that fits this
 machine, with and without sequence sharding; we count the bytes autograd keeps for backward
-inside the MoE block (components.pp_ep_trainer.SavedActivationMeter: distinct storages, max over
+inside the MoE block (components.training.pp_ep_trainer.SavedActivationMeter: distinct storages, max over
 ranks) and check that both variants give the same output. Beside it, X-MoE Table 2's activation
 model for the same config.
 
 Full size, analytic: X-MoE Large (zoo) at sequence length 4096, 28 MoE layers, bf16: per-GPU
-MoE activations A_dispatch + A_combine + A_interm0 + A_interm1 (components.memory_model,
+MoE activations A_dispatch + A_combine + A_interm0 + A_interm1 (components.resources.memory_model,
 X-MoE Table 2) without SSMB (every TP rank holds the whole sequence) and with SSMB (1/G of it).
 Fig. 13 reports *maximum allocated memory* (model states + activations + workspace) and prints
 no numbers we can read exactly; model states are the same with and without SSMB (SSMB changes

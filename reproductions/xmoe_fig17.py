@@ -3,7 +3,7 @@
 SSMB saves A_saving = 4 c k S H (G-1)/G bytes of activations (Eq. 1) and costs at least
 M_mincost = 8 H_FFN H (G-1)/G bytes of model states over TED (Eq. 2, EP = E), so SSMB wins iff
 r = k / H_FFN > 2 / (c S). We compute r from the zoo and the winner per sequence length with
-components.memory_model; the paper's verdicts are the statements of App. C.2 (Fig. 17 itself has
+components.resources.memory_model; the paper's verdicts are the statements of App. C.2 (Fig. 17 itself has
 no printed numbers): DeepSeek models favour SSMB and Mixtral models TED at all three S, and
 Arctic's choice depends on S, SSMB for longer sequences.
 """

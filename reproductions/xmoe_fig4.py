@@ -5,12 +5,12 @@ how many of the token copies sent across nodes only repeat a token already going
 (several of its experts sit on one node). Frontier nodes hold 8 GCDs, so EP = 16 is 2 nodes.
 
 Ours, for EP = 16 ... 256 with experts placed contiguously (E / EP per rank):
-- "uniform (analytic)": the closed form of components.alltoall_rbd.expected_redundancy_uniform
+- "uniform (analytic)": the closed form of components.alltoall.rbd.expected_redundancy_uniform
   (k distinct experts drawn uniformly: hypergeometric hit probability per node);
 - "uniform (RBD pilots)": one source rank's random uniform routing of ``tokens`` tokens, counted
-  by RBD's own pilot selection (components.alltoall_rbd.inter_node_redundancy: 1 - pilot rows /
+  by RBD's own pilot selection (components.alltoall.rbd.inter_node_redundancy: 1 - pilot rows /
   flat rows crossing nodes);
-- "skewed (RBD pilots)": the same on skewed routing (components.routing_trace.synthetic_trace:
+- "skewed (RBD pilots)": the same on skewed routing (components.balance.routing_trace.synthetic_trace:
   log-normal expert popularity with std ``skew``, Gumbel top-k).
 Redundancy is the share of a source's inter-node copies that RBD does not send. By symmetry it
 equals the share over all dispatched copies counted per destination node, for EP >= 16; at

@@ -2,7 +2,7 @@
 
 Table 2 is symbolic: with fine-grained factor m, M_conv (e experts of H_FFN = h', k = 1) and
 M_spec (e m experts of h'/m, k = m) have A_dispatch = A_combine = bsh vs m bsh and
-A_interm = bsh' for both. We evaluate our activation model (components.memory_model,
+A_interm = bsh' for both. We evaluate our activation model (components.resources.memory_model,
 X-MoE's k B S H / k B S H_FFN per tensor) on concrete shapes and express each tensor in the
 table's units (bsh for dispatch/combine, bsh' for the intermediates); the paper's symbolic
 entries are evaluated at the same m.

@@ -1,6 +1,6 @@
 """xmoe-table3: parameter counts of X-MoE's Small/Medium/Large/Super configurations.
 
-Ours: components.params over the zoo entries, in X-MoE's own convention (Table 1: an expert is
+Ours: components.model.params over the zoo entries, in X-MoE's own convention (Table 1: an expert is
 2 H H_FFN, i.e. a two-matrix FFN; attention 4 H^2; every layer MoE; no shared experts; Table 3
 gives no vocabulary, so no embeddings). Table 3 states only H, H_FFN, E, k, L, so the printed
 counts depend on unstated choices; for each row we also search a small grid of conventions and

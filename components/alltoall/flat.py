@@ -93,7 +93,7 @@ def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int]
 # CPU, NCCL on GPU) and MPIComm (mpi4py). Each call appends what it actually put on the wire to
 # ``log`` as (phase, src_global_rank, dst_global_rank, nbytes) when a log list is attached, so
 # byte accounting per link class is measured, not modelled. Self-messages are logged too (they
-# are local copies; components.topology.bytes_by_link_class counts them on no link).
+# are local copies; components.network.topology.bytes_by_link_class counts them on no link).
 
 
 def row_bytes_of(x: torch.Tensor) -> int:

@@ -27,7 +27,7 @@ so it overlaps Phases II and III (Eq. 13).
 
 The counts HALO's plan needs (HaloAllToAll.known_counts: my row, my column, my Phase-II peers'
 counts to my node) are exchanged once per call, forward and backward, also when ``recv_counts``
-is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the alltoall_halo module docstring with the
+is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the halo module docstring with the
 group as the world (inter-node bytes equal flat's; Phase III adds intra-node bytes).
 
 HALO's registry entry (``halo``, :class:`HaloAlgorithm`) lives here because this module

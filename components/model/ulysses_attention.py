@@ -14,7 +14,7 @@ Rank r's chunk is the r-th piece of the sequence (positions follow rank order).
 Bytes per call, per rank, per tensor of element size e (nccl-tests alltoall convention: the piece
 kept locally is no traffic): seq->head sends S_r (D-1)/D H_t d e for each of q, k, v (H_t their
 head counts), head->seq sends (S - S_r) H/D d e for the output; backward mirrors both.
-Differentiable through components.alltoall_flat.all_to_all_v.
+Differentiable through components.alltoall.flat.all_to_all_v.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each entry records its source and which fields are approximate or not published:
 Piper Table IV (expert migration) and Table I, X-MoE Table 3 (Small/Medium/Large/Super), the M10B
 family of Piper Sec. VII-D, the GLM-5 MoE layer of FEPLB, stand-ins for MoP's unpublished
 120B/600B/1T models, and ``tiny-moe`` for CPU training and tests. Parameter counts are computed
-from these fields by components.params (never stored).
+from these fields by components.model.params (never stored).
 
 Conventions
 -----------
@@ -50,7 +50,7 @@ class MoEModel:
     source: str = ""
     approximate: tuple[str, ...] = field(default_factory=tuple)
     notes: str = ""
-    # Architecture details the parameter count needs beyond the fields above (components.params).
+    # Architecture details the parameter count needs beyond the fields above (components.model.params).
     mla: MLA | None = None  # Multi-head Latent Attention (DeepSeek-V2/V3, Kimi K2)
     d_ffn_shared: int | None = None  # hidden size of one shared expert; None: same as d_ffn
     tie_embeddings: bool = False  # input embedding and output head share one matrix

@@ -3,19 +3,19 @@
 Two measurements of one forward pass (X-MoE Table 4 and Fig. 3 compare them with the theory):
 
 - saved bytes: what autograd keeps for backward at the end of the forward
-  (components.pp_ep_trainer.SavedActivationMeter: distinct storages, parameters excluded). This
+  (components.training.pp_ep_trainer.SavedActivationMeter: distinct storages, parameters excluded). This
   is the activation memory Table 2 models. We split off the layer *input* x, which the gate's
   linear saves: Table 2 charges it to the layer that produced it (the attention block's output),
   so ``saved_bytes_beyond_input`` is the number to compare with the theory and ``saved_bytes``
   the whole of it.
 - peak bytes: the forward's peak resident-memory rise above the state before it
-  (components.peak_memory: kernel high-water mark, exact to a page per buffer). It includes the
+  (components.training.peak_memory: kernel high-water mark, exact to a page per buffer). It includes the
   saved tensors, the layer's output [S, H] and every transient buffer alive at the worst moment
   (e.g. the padded layer's [S, E, C] masks). On CUDA: torch.cuda.max_memory_allocated.
 
 Theory at the same config (X-MoE Table 2, capacity factor 1, no padding):
 A_dispatch + A_combine + A_interm0 + A_interm1 = 2 k S H + 2 k S H_FFN elements
-(components.memory_model.xmoe_activation_elements), times the element size of the run's dtype.
+(components.resources.memory_model.xmoe_activation_elements), times the element size of the run's dtype.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def build_layer(impl: str, d_model: int, d_ffn: int, num_experts: int, top_k: in
 
 
 def _release_heap() -> None:
-    """Pin glibc's mmap threshold (components.peak_memory) and hand free heap memory back
+    """Pin glibc's mmap threshold (components.training.peak_memory) and hand free heap memory back
     (malloc_trim), so buffers freed earlier in this process cannot be reused unseen by RSS."""
     import ctypes
 

@@ -2,7 +2,7 @@
 
 Layer = TP dense block (Megatron MLP: column-parallel W1, row-parallel W2, all-reduce; every TP
 rank ends with the same full sequence) followed by an MoE block whose experts are spread over the
-same ranks acting as EP ranks (components.moe_layer.MoELayer, padding-free, all-to-all-v).
+same ranks acting as EP ranks (components.moe.moe_layer.MoELayer, padding-free, all-to-all-v).
 
 - without SSMB (TP + EP, "TED"-like): every rank feeds the MoE block the full, duplicated
   sequence, so A_dispatch / A_combine / expert intermediates are duplicated G times;

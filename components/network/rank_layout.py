@@ -11,7 +11,7 @@ parallelism of degree DP = W / EP (each expert shard replicated DP times).
   ranks, so replicas of one expert shard sit in one node and the gradient all-reduce stays
   inside it, while the EP group (one rank per DP block) spans nodes.
 
-Traffic per MoE layer and step, counted per link class (components.topology):
+Traffic per MoE layer and step, counted per link class (components.network.topology):
 - all-to-all (dispatch + combine, forward + backward = 4 exchanges): each rank sends
   T k H e bytes per exchange, split over its EP peers by the routing; with uniform routing a
   fraction (EP - 1)/EP leaves the rank and each peer gets 1/EP of it.
@@ -71,7 +71,7 @@ def group_of(rank: int, groups: list[list[int]]) -> list[int]:
 def ring_all_reduce(comm, tensor: torch.Tensor, phase: str = "grad-allreduce") -> torch.Tensor:
     """Sum ``tensor`` over ``comm``'s ranks with a ring: reduce-scatter then all-gather.
 
-    ``comm`` is a components.alltoall_flat communicator (its ``p2p`` logs every send). Chunks
+    ``comm`` is a components.alltoall.flat communicator (its ``p2p`` logs every send). Chunks
     follow torch.tensor_split, so sizes not divisible by the group are fine. Returns a new tensor.
     """
     n, me = comm.size, comm.rank

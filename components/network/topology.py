@@ -176,7 +176,7 @@ def bytes_by_link_class(messages, topo: Topology) -> dict[str, int]:
 
 @dataclass
 class Communicators:
-    """This rank's communicators; each is a Comm adapter from components.alltoall_flat."""
+    """This rank's communicators; each is a Comm adapter from components.alltoall.flat."""
 
     topo: Topology
     world: object

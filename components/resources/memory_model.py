@@ -15,7 +15,7 @@ Two layers, kept apart on purpose:
 
 2. ``stage_memory``: bytes on one GPU of pipeline stage i of a PP x EP mesh (optionally times an
    outer data-parallel degree DP), with the options the equations leave out: dense and MoE layers,
-   shared experts, real attention parameter counts (GQA/MLA via components.params), embeddings on
+   shared experts, real attention parameter counts (GQA/MLA via components.model.params), embeddings on
    the first and the output head (and fp32 logits) on the last stage, FlashAttention, full
    activation checkpointing, ZeRO-1/2/3 sharding of replicated state, framework overhead. With the
    same conventions as Eq. 4 it reduces to it (tests check this).

@@ -10,7 +10,7 @@ For n nodes of g GPUs, every factorisation PP x EP = n g (Eq. 7) is considered:
 Structural violations (Eq. 8-10) are listed as rejected with the equation named; the others are
 candidates, memory-feasible or not (with the binding memory term named). A candidate that only
 fits with full activation checkpointing is marked so. Feasible candidates are ranked by the MFU
-of components.perf_model.estimate.
+of components.resources.perf_model.estimate.
 
 Batch: the global batch B (sequences) is fixed across candidates: each of the M micro-batches
 gives every GPU of a stage B / (M EP) sequences. Default: 1 sequence per GPU per micro-batch and

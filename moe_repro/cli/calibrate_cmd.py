@@ -1,5 +1,5 @@
 """``repro calibrate``: measure this machine's GEMM, attention and memory-copy ceilings and write a
-``local`` platform profile (components.platform.local_profile) the planner can use."""
+``local`` platform profile (components.network.platform.local_profile) the planner can use."""
 
 from __future__ import annotations
 
