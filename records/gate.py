@@ -115,7 +115,7 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
 ENTRIES = {"reproduction": _reproduction_entries, "suite": _suite_entries}
 
 
-def _parse_pct(text: str) -> float:
+def parse_threshold(text: str) -> float:
     text = text.strip()
     value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     if not 0 <= value < 10:

@@ -58,7 +58,7 @@ def derived_params(p: dict) -> dict:
     return {"ranks": train_config(p).world_size}
 
 
-def _flatten(report: dict) -> dict:
+def flatten_report(report: dict) -> dict:
     out = {k: float(report[k]) for k in SUMMARY}
     out.update({f"split_{k}_s": float(report["time_split_s"][k]) for k in SPLIT})
     for stage in report["per_stage"]:
@@ -82,7 +82,7 @@ def setup(params: dict, ctx) -> dict:
     device = torch.device("cuda", ctx.local_rank) if ctx.backend == "nccl" else torch.device("cpu")
     torch.manual_seed(cfg.seed)
     runner = StepRunner(build_rank(cfg, device))  # a fresh copy for the timed steps
-    return {"report": _flatten(shared[0]), "losses": shared[0]["losses"], "runner": runner,
+    return {"report": flatten_report(shared[0]), "losses": shared[0]["losses"], "runner": runner,
             "next_step": cfg.steps}
 
 

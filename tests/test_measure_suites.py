@@ -47,12 +47,12 @@ def test_calibrate_measures_through_the_suites(tmp_path):
 
 
 def test_calibrate_refuses_a_wrong_result():
-    from moe_repro.cli.calibrate_cmd import _require_correct
+    from moe_repro.cli.calibrate_cmd import require_correct
     from moe_repro.cli.errors import RunFailure
 
-    _require_correct({"suite": "memcopy", "wrong": 0, "correct": True})
+    require_correct({"suite": "memcopy", "wrong": 0, "correct": True})
     with pytest.raises(RunFailure, match="3 wrong"):
-        _require_correct({"suite": "memcopy", "wrong": 3, "correct": False})
+        require_correct({"suite": "memcopy", "wrong": 3, "correct": False})
 
 
 # --- grid validation (no ranks started) ---------------------------------------------------------
@@ -75,7 +75,7 @@ def test_world_params_are_derived_and_bad_points_refused():
 
 
 def test_train_record_gives_back_the_trainers_report():
-    from moe_repro.suites.pp_ep_train import _flatten, report_of
+    from moe_repro.suites.pp_ep_train import flatten_report, report_of
 
     def stage(i):
         return {"pp_rank": i, "stages": [i], "activation_peak_bytes": 100 * (2 - i), "static_bytes": 7,
@@ -90,7 +90,7 @@ def test_train_record_gives_back_the_trainers_report():
               "per_stage": [stage(0), stage(1)], "losses": [6.0, 5.5]}
     params = {"model": "tiny-moe", "pp": 2, "ep": 1, "dp": 1, "schedule": "1f1b", "micro_batches": 4,
               "micro_batch_size": 2, "steps": 2, "lr": 1e-3, "seed": 0}
-    back = report_of({**params, **_flatten(report)})
+    back = report_of({**params, **flatten_report(report)})
     assert back["per_stage"] == report["per_stage"]
     assert back["losses"] == report["losses"] and back["time_split_s"] == report["time_split_s"]
     assert back["bubble_measured"] == 0.2 and back["config"]["micro_batches"] == 4

@@ -75,7 +75,7 @@ def ffn_with_weights(mlp: ExpertMLP, x: torch.Tensor, tokens_per_group, stacks: 
     else:
         (w_in, w_out), gate = stacks, None
     up = grouped_gemm(x, w_in, counts, variant)
-    return grouped_gemm(mlp._hidden(up, gate), w_out, counts, variant)
+    return grouped_gemm(mlp.hidden_activation(up, gate), w_out, counts, variant)
 
 
 class _AttachCopyGrad(torch.autograd.Function):

@@ -47,7 +47,8 @@ class ExpertMLP(nn.Module):
     def n_mat(self) -> int:
         return 3 if self.activation == "swiglu" else 2
 
-    def _hidden(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    def hidden_activation(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """The activation between the two GEMMs (SwiGLU gates ``up`` with ``gate``)."""
         if self.activation == "swiglu":
             return F.silu(gate) * up
         return F.gelu(up) if self.activation == "gelu" else F.relu(up)
@@ -58,13 +59,13 @@ class ExpertMLP(nn.Module):
         variant = gemm or self.gemm
         up = grouped_gemm(x, self.w_in, tokens_per_expert, variant)
         gate = grouped_gemm(x, self.w_gate, tokens_per_expert, variant) if self.w_gate is not None else None
-        return grouped_gemm(self._hidden(up, gate), self.w_out, tokens_per_expert, variant)
+        return grouped_gemm(self.hidden_activation(up, gate), self.w_out, tokens_per_expert, variant)
 
     def forward_padded(self, x: torch.Tensor) -> torch.Tensor:
         """x [E, C, H] (zero rows where an expert has fewer than C tokens) -> [E, C, H]."""
         up = torch.bmm(x, self.w_in)
         gate = torch.bmm(x, self.w_gate) if self.w_gate is not None else None
-        return torch.bmm(self._hidden(up, gate), self.w_out)
+        return torch.bmm(self.hidden_activation(up, gate), self.w_out)
 
     def flops(self, rows: int) -> int:
         """Forward FLOPs for ``rows`` token rows: 2 * rows * H * F per matrix."""

@@ -21,7 +21,7 @@ def _run(suite_name: str, point: dict, repeats: int, check: bool = True) -> dict
     return record
 
 
-def _require_correct(record: dict) -> None:
+def require_correct(record: dict) -> None:
     if record.get("correct") is False:
         raise RunFailure(f"suite {record['suite']} computed {record['wrong']} wrong elements; "
                          "its time is not a ceiling")
@@ -41,7 +41,7 @@ def measure_copy_GBps(mbytes: int, repeats: int) -> tuple[float, float]:
     """Memory bandwidth of a large tensor copy (suites/memcopy.py, one thread): median GB/s and
     the spread of the copy time (max - min sample, seconds)."""
     rec = _run("memcopy", {"mbytes": mbytes, "device": "cpu", "threads": 1}, repeats)
-    _require_correct(rec)
+    require_correct(rec)
     return rec["GBps"], rec["time_s_max"] - rec["time_s_min"]
 
 
@@ -51,7 +51,7 @@ def measure_attention_tflops(seq: int, repeats: int) -> tuple[float, float]:
     point = {"model": "switch-base", "seq_len": seq, "batch": 1, "heads": 4, "backward": False,
              "dtype": "float32", "device": "cpu", "threads": 1}
     rec = _run("attention", point, repeats)
-    _require_correct(rec)
+    require_correct(rec)
     return rec["tflops"], rec["time_s_max"] - rec["time_s_min"]
 
 

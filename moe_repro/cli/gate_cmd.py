@@ -43,13 +43,13 @@ def command(baseline, current, threshold, suite_thresholds, alpha, json_path, sh
     from moe_repro.reports.terminal import table
 
     try:
-        global_t = gate._parse_pct(threshold)
+        global_t = gate.parse_threshold(threshold)
         per_suite = {}
         for pair in suite_thresholds:
             name, sep, pct = pair.partition("=")
             if not sep:
                 raise ValueError(f"--suite-threshold expects NAME=PCT, got {pair!r}")
-            per_suite[name] = gate._parse_pct(pct)
+            per_suite[name] = gate.parse_threshold(pct)
         base, cur = gate.load_entries(baseline), gate.load_entries(current)
     except (ValueError, FileNotFoundError) as e:
         raise BadInput(str(e)) from None
