@@ -63,7 +63,10 @@ def _records(path: Path) -> list:
     not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
     by skipping the file that held its regression."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
-    return [record for f in files for record in load_records(f)]
+    records = [record for f in files for record in load_records(f)]
+    if not records:  # an empty side would turn every result into "missing", not a wrong path
+        raise ValueError(f"no results found in {path}")
+    return records
 
 
 def load_entries(path: str | Path) -> dict[tuple, Entry]:

@@ -122,6 +122,22 @@ def test_bad_input_exit_2(dirs):
     assert gate("--baseline", p, "--current", p, "--threshold", "lots").returncode == 2
 
 
+def test_a_side_without_records_is_bad_input_not_all_missing(dirs, tmp_path):
+    base = dirs("a", suite_payload(1))
+    (tmp_path / "empty").mkdir()
+    res = gate("--baseline", base, "--current", str(tmp_path / "empty"))
+    assert res.returncode == 2 and "no results found" in res.stderr, res.stdout
+    assert gate("--baseline", str(tmp_path / "empty"), "--current", base).returncode == 2
+
+
+def test_an_unreadable_result_file_is_bad_input_naming_it(dirs, tmp_path):
+    base = dirs("a", suite_payload(1))
+    broken = dict(suite_payload(2), records="many")  # wrong type in a field
+    current = dirs("b", broken)
+    res = gate("--baseline", base, "--current", current)
+    assert res.returncode == 2 and "gemm.json" in res.stderr and "records" in res.stderr
+
+
 def _entries(payload):
     import tempfile
     from pathlib import Path
