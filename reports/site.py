@@ -6,24 +6,25 @@ any static host. Pages are written atomically; the build can be rerun over an ex
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
+from moe_repro import catalog
 from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moe_repro.records.record import ReproductionRecord, SuiteRecord, dump
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
 
-PAPERS = {
-    "piper": "Piper: resource modeling and pipelined hybrid parallelism for MoE training",
-    "xmoe": "X-MoE: padding-free MoE training on HPC platforms",
-    "feplb": "FEPLB: copy-engine expert load balancing",
-    "mop": "Mixture-of-Parallelisms (MoP)",
-}
-
 
 def _verdicts(summary: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in summary.items() if v)
+
+
+def _paper_facts(paper: catalog.Paper) -> dict:
+    """What the templates may show about a paper: key, short name, full title, authors, venue,
+    year, link and its BibTeX entry."""
+    return {**asdict(paper), "authors": list(paper.authors), "bibtex": paper.bibtex}
 
 
 def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None) -> Path:
@@ -43,35 +44,28 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
 
 
 def build_site(store, out_dir: str | Path) -> Path:
-    from moe_repro.reproductions import all_reproductions
-    from moe_repro.reproductions.inventory import INVENTORY
-    from moe_repro.suites import all_suites
-
+    # What exists comes from the catalog (reports never import the live spec or suite registries).
     out = Path(out_dir)
-    repros = all_reproductions()
-    # An implemented reproduction states how it is made; the inventory is the plan.
-    entries = [(rid, element, repros[rid].how if rid in repros else how, what, issue)
-               for rid, element, how, what, issue in INVENTORY]
-    entries += [(rid, r.element, r.how, r.title, None) for rid, r in repros.items()
-                if rid not in {e[0] for e in entries}]
-
-    by_paper: dict[str, list[dict]] = {key: [] for key in PAPERS}
-    for rid, element, how, what, issue in entries:
-        record = store.latest("reproduction", rid) if rid in repros else None
+    by_paper: dict[str, list[dict]] = {key: [] for key in catalog.PAPERS}
+    for entry in catalog.REPRODUCTIONS.values():
+        rid, element, how, what, issue = (entry.id, entry.paper_element, entry.how, entry.what,
+                                          entry.issue)
+        implemented = entry.implemented
+        record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
         row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "verdicts": ""}
         if record is None:
-            row["status"] = "not-yet-run" if rid in repros else "planned"
+            row["status"] = "not-yet-run" if implemented else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue,
-                implemented=rid in repros, home="../index.html", css=html.css()))
+                implemented=implemented, home="../index.html", css=html.css()))
         else:
             row.update(status=record.status, verdicts=_verdicts(record.summary), when=record.timestamp)
             write_reproduction_page(out / "repro", record, home="../index.html")
-        by_paper.setdefault(rid.split("-")[0], []).append(row)
+        by_paper.setdefault(entry.paper, []).append(row)
 
     suites = []
-    for name, suite in all_suites().items():
+    for name, suite in catalog.SUITES.items():
         runs = store.runs("suite", name)  # readable runs, oldest first
         latest = runs[-1] if runs else None
         payload = dump(latest) if latest else None
@@ -103,7 +97,7 @@ def build_site(store, out_dir: str | Path) -> Path:
                        "records": len(latest.records) if latest else 0,
                        "when": latest.timestamp if latest else None})
 
-    papers = [{"key": k, "title": PAPERS.get(k, k), "reproductions": rows}
+    papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows}
               for k, rows in by_paper.items() if rows]
     return atomic_write_text(out / "index.html", html.render_index(papers, suites))
 

@@ -1,8 +1,8 @@
 """Reproductions: one module per paper table or figure, each defining ``REPRODUCTION``.
 
-Modules are discovered by name, so adding a reproduction is adding one file here. The planned
-inventory (DESIGN.md) lives in :mod:`.inventory`; ids there without a module are listed as
-planned, not hidden.
+Modules are discovered by name, so adding a reproduction is adding one file here and its entry
+in :mod:`moe_repro.catalog` (which also lists the planned ids that have no module yet, and
+says ``implemented`` for those that have one).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from moe_repro.reproductions.spec import Reproduction
 
-_NOT_SPECS = {"spec", "inventory"}
+_NOT_SPECS = {"spec"}
 
 
 @lru_cache(maxsize=1)

@@ -92,12 +92,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="feplb-fig4",
-    title="EP communication per method at EP = 8: extra dispatch/combine volume",
-    paper="feplb",
-    element="Fig. 4",
-    how="A+S",
-    description="Deduplicated EP volume counted from per-token synthetic routing for Before LB, "
-                "FasterMoE pipe=1/2 and FEPLB; copy-path bytes reported apart.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults=dict(ft.DEFAULTS),

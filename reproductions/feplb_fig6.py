@@ -43,11 +43,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="feplb-fig6",
-    title="Token straggler vs dynamic expert count dyn = 2, 4, 8",
-    paper="feplb",
-    element="Fig. 6",
-    how="S",  # simulated: balancers replay synthetic routing (inventory says R)
-    description="FEPLB's greedy balancer on the synthetic traces of feplb-table3 with dyn = 2, 4, 8.",
     paper_values=[],
     compute=compute,
     defaults=dict(ft.DEFAULTS),

@@ -51,12 +51,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="feplb-table2",
-    title="Per-layer MoE forward/backward time per method (printed cells not reproducible here)",
-    paper="feplb",
-    element="Table 2",
-    how="A",
-    description="Printed H100 timings are not-reproduced (no GPU, other systems' kernels); "
-                "modelled grouped-GEMM makespan per method from synthetic traces as extra cells.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults=dict(ft.DEFAULTS),

@@ -53,12 +53,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="feplb-table3",
-    title="Token straggler (max - mean) per PP/EP: Before LB, FasterMoE, FEPLB",
-    paper="feplb",
-    element="Table 3",
-    how="S",  # simulated: balancers replay synthetic routing (inventory says R)
-    description="Synthetic GLM-5-shaped routing replayed through no balancing, FasterMoE shadow "
-                "experts and FEPLB's greedy per-micro-batch balancer; token straggler per FEPLB Sec. 3.1.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults=dict(ft.DEFAULTS),

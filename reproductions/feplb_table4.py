@@ -59,12 +59,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="feplb-table4",
-    title="GEMM straggler (max - mean, ms) per PP/EP: Before LB, FasterMoE, FEPLB",
-    paper="feplb",
-    element="Table 4",
-    how="S",  # simulated: balancers replay synthetic routing (inventory says R)
-    description="Synthetic GLM-5-shaped routing replayed through the balancers; per-device "
-                "grouped-GEMM time modelled on an H100 roofline; GEMM straggler per FEPLB Sec. 3.1.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults=dict(ft.DEFAULTS),

@@ -56,12 +56,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="mop-llep",
-    title="Least-loaded EP vs plain EP on skewed routing (real gloo ranks)",
-    paper="mop",
-    element="Sec. 3.3",
-    how="R",
-    description="LLEP and plain EP layers on the same skewed routing over real ranks: busiest-rank "
-                "rows, layer time, exactness.",
     paper_values=[],
     compute=compute,
     defaults={"ranks": 2, "tokens": 512, "d_model": 64, "d_ffn": 256, "experts": 8, "top_k": 2,

@@ -49,8 +49,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="mop-table1", title="Per-rank memory per component under MoP",
-    paper="mop", element="Table 1", how="A",
-    description="MoP Table 1's per-component per-rank memory evaluated in GB for the three model sizes.",
+    id="mop-table1",
     paper_values=PAPER_VALUES, compute=compute, defaults={"context": 131072, "P": 8},
 )

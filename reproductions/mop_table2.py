@@ -66,9 +66,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="mop-table2", title="Which contexts fit: MoP vs FSDP-best (the OOM pattern of Table 2)",
-    paper="mop", element="Tables 2-3", how="A",
-    description="Per-rank memory estimates of MoP and of Table 3's FSDP-best configurations against "
-                "141 GB, compared with Table 2's fits/OOM pattern.",
+    id="mop-table2",
     paper_values=PAPER_VALUES, compute=compute, defaults={"P": 8},
 )

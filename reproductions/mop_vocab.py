@@ -84,13 +84,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="mop-vocab",
-    title="Sharded vocabulary loss: exact, peak memory O(NV/P)",
-    paper="mop",
-    element="Sec. 3.4",
-    how="R",
-    description="Peak resident memory of one forward+backward of the sharded vocabulary "
-                "projection + loss over P real ranks, beside the dense projection + cross-entropy, "
-                "and the largest loss/gradient difference from the dense one.",
     paper_values=[],
     compute=compute,
     defaults={"tokens": 2048, "hidden": 256, "vocab": 32768, "group_sizes": "1,2,4", "seed": 0,

@@ -81,12 +81,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-alg2",
-    title="Hill-climbing expert migration: imbalance before/after, swaps, overhead",
-    paper="piper",
-    element="Alg. 2",
-    how="R",
-    description="Threshold-triggered Alg. 2 replayed over the real routing of piper-fig9's CPU run "
-                "and a synthetic trace; migration cost from Piper's cost model.",
     paper_values=[],
     compute=compute,
     defaults={"steps": 80, "batch": 8, "seed": 0, "threshold": 0.2, "check_every": 10},

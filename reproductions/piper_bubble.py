@@ -99,13 +99,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-bubble",
-    title="Measured pipeline bubble of the PP x EP trainer vs (PP-1)/(M+PP-1); convergence",
-    paper="piper",
-    element="Sec. III-D",
-    how="R",
-    description="Real PP x EP 1F1B training runs for several micro-batch counts: the measured "
-                "idle fraction of each stage against (PP-1)/(M+PP-1), and the loss curve of the "
-                "longest run on real text.",
     paper_values=[],
     compute=compute,
     defaults={"model": "tiny-moe", "pp": 2, "ep": 1, "micro_batches": "2,4,8",

@@ -120,13 +120,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-eq4",
-    title="Per-stage activation memory of the 1F1B PP x EP trainer vs Eq. 4-5",
-    paper="piper",
-    element="Eq. 4-5",
-    how="R",
-    description="Real PP x EP training runs measure, per stage, the peak activation bytes held "
-                "for backward and the micro-batches in flight at that peak, against Eq. 4's "
-                "(PP - i) under 1F1B and Eq. 3's M under GPipe.",
     paper_values=[],
     compute=compute,
     defaults={"model": "tiny-moe", "pp": 4, "ep": 1, "micro_batches": 8, "micro_batch_size": 2,

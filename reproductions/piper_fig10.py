@@ -96,9 +96,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig10", title="Per-GPU memory vs node count and strategy; minimum nodes",
-    paper="piper", element="Fig. 10", how="A",
-    description="Per-GPU peak memory of the Super model under expert-data parallelism, GPipe and 1F1B "
-                "pipelined expert parallelism, against the 64 GB HBM line.",
+    id="piper-fig10",
     paper_values=PAPER_VALUES, compute=compute, defaults={"seq": 4096, "alpha": 4},
 )

@@ -65,10 +65,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig11", title="Single-layer throughput ceiling per model on one node",
-    paper="piper", element="Fig. 11", how="A (+R scaled)",
-    description="Estimated TFLOPS/GPU of one MoE layer of each model under expert-data parallelism "
-                "on one node, beside Piper's measurements.",
+    id="piper-fig11",
     paper_values=PAPER_VALUES, compute=compute,
     defaults={"seq": 4096, "micro_batch": 1, "platform": "frontier"},
 )

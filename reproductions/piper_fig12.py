@@ -63,10 +63,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig12", title="Full-model TFLOPS and MFU of SOTA MoE models (estimates vs Piper)",
-    paper="piper", element="Fig. 12", how="A",
-    description="Resource-model estimates of per-GPU TFLOPS and MFU for the models of Fig. 12 at the "
-                "smallest feasible node count on the Frontier profile.",
+    id="piper-fig12",
     paper_values=PAPER_VALUES, compute=compute,
     defaults={"seq": 4096, "alpha": 4, "platform": "frontier"},
 )

@@ -54,9 +54,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig13", title="Piper vs frameworks on Small/Medium/Large/Super (estimates)",
-    paper="piper", element="Fig. 13", how="A",
-    description="Resource-model estimates of Piper's per-GPU TFLOPS on the caption's GPU counts; the "
-                "other frameworks' measured columns are marked not reproduced.",
+    id="piper-fig13",
     paper_values=PAPER_VALUES, compute=compute, defaults={"alpha": 4, "platform": "frontier"},
 )

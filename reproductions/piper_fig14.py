@@ -86,10 +86,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig14", title="M10B family: sizes, estimated TFLOPS per GPU and weak-scaling efficiency",
-    paper="piper", element="Fig. 14", how="A",
-    description="Parameter counts of the M10B family from its architecture, and the resource model's "
-                "TFLOPS/GPU estimate at the paper's node counts on the Frontier profile.",
+    id="piper-fig14",
     paper_values=PAPER_VALUES, compute=compute,
     defaults={"seq": 4096, "alpha": 4, "platform": "frontier"},
 )

@@ -65,12 +65,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-fig3",
-    title="Attention throughput vs sequence length per model shape",
-    paper="piper",
-    element="Fig. 3",
-    how="R",
-    description="Causal SDPA attention TFLOP/s vs sequence length for zoo model head shapes, "
-                "measured on this machine (scaled head count).",
     paper_values=[],
     compute=compute,
     defaults={"models": "mixtral-8x7b,qwen3-30b-a3b,xmoe-small,deepseek-v3",

@@ -78,12 +78,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-fig4",
-    title="Expert GEMM throughput vs tokens per expert",
-    paper="piper",
-    element="Fig. 4",
-    how="R",
-    description="Grouped expert GEMM variants and an equal-FLOPs dense GEMM, TFLOP/s vs tokens "
-                "per expert per model shape, measured on this machine.",
     paper_values=[],
     compute=compute,
     defaults={"models": "mixtral-8x7b,xmoe-small,deepseek-v3", "tokens_per_expert": "16,64,256,1024",

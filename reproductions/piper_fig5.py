@@ -176,10 +176,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig5", title="All-to-all bandwidth vs message size, 2-64 GPUs on 1-8 nodes",
-    paper="piper", element="Fig. 5", how="R+S",
-    description="Simulated flat all-to-all busbw on the Frontier profile for 2-64 GCDs, and real "
-                "runs here beside the simulator calibrated on them.",
+    id="piper-fig5",
     paper_values=[], compute=compute,
     defaults={"platform": "frontier", "bytes_per_gpu": "65536,1048576,16777216,268435456",
               "real": 1, "real_sizes": "512K,2M,4M,8M,16M", "fit_sizes": "512K,4M", "real_hidden": 1024,

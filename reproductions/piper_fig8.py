@@ -114,10 +114,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-fig8", title="HALO vs flat all-to-all latency on Frontier, 1-512 nodes (simulated)",
-    paper="piper", element="Fig. 8", how="S",
-    description="Flow-level simulation of the shared flat and HALO schedules on the Frontier profile; "
-                "predicted speedups beside the paper's stated 1.1x-9x range.",
+    id="piper-fig8",
     paper_values=PAPER_VALUES, compute=compute, tolerance=Tolerance(),
     defaults={"platform": "frontier", "nodes": "1,2,4,8,16,32,64,128,256,512",
               "bytes_per_peer": "256,4096,65536"},

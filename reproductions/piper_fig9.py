@@ -64,12 +64,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-fig9",
-    title="Expert load distribution over a real small training run without balancing loss",
-    paper="piper",
-    element="Fig. 9",
-    how="R",
-    description="Trains a 16-expert MoE on stdlib source on CPU with no aux loss and records "
-                "per-layer expert loads at every step.",
     paper_values=[],
     compute=compute,
     defaults={"steps": 80, "batch": 8, "seed": 0},

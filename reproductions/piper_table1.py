@@ -115,9 +115,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="piper-table1", title="Total and active parameters of state-of-the-art MoE models",
-    paper="piper", element="Table I", how="A",
-    description="Parameter counts computed from each model's architecture (public configs) beside "
-                "Piper Table I, with the table's configuration columns checked against the configs.",
+    id="piper-table1",
     paper_values=PAPER_VALUES, compute=compute,
 )

@@ -97,12 +97,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-table4",
-    title="Per-layer worst-case expert-migration send size and latency per GPU",
-    paper="piper",
-    element="Table IV",
-    how="A",
-    description="Bytes each GPU sends when all experts of one layer are reassigned over 8 GPUs, "
-                "and the time that takes at 50 GB/s, from the model zoo and the migration cost model.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults={"gpus": 8, "bandwidth_GBps": 50.0},

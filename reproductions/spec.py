@@ -1,8 +1,9 @@
 """The reproduction spec format: a paper's published values as data, our values, a verdict per cell.
 
-A reproduction module defines ``REPRODUCTION = Reproduction(...)``. Its ``compute`` function
-returns a :class:`Result` whose cells it builds with :func:`compare`, which looks up the paper's
-value for the cell (never used to compute ``ours``) and decides the verdict:
+A reproduction module defines ``REPRODUCTION = Reproduction(id=..., ...)``; the id's entry in
+:mod:`moe_repro.catalog` says what it is (title, paper element, how, description). Its
+``compute`` function returns a :class:`Result` whose cells it builds with :func:`compare`, which
+looks up the paper's value for the cell (never used to compute ``ours``) and decides the verdict:
 
 - ``not-reproduced``: we have no number (``ours`` is None); the note says why.
 - ``no-paper-value``: the paper printed nothing for this cell.
@@ -21,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, Callable
 
-VERDICTS = ("match", "deviates", "no-paper-value", "not-reproduced")
-HOW = {"A": "analytic (model)", "R": "real measurement", "S": "simulated at scale"}
+from moe_repro import catalog
+from moe_repro.catalog import HOW
+from moe_repro.records.record import VERDICTS  # one list of verdicts: the record schema's
+
 
 
 @dataclass(frozen=True)
@@ -117,16 +120,42 @@ class Result:
 
 @dataclass
 class Reproduction:
+    """How one reproduction computes; what it is (title, paper, element, how, description)
+    lives in its catalog entry (moe_repro.catalog), looked up by ``id``."""
+
     id: str
-    title: str
-    paper: str  # key of the paper: piper, xmoe, feplb, mop
-    element: str  # "Table IV", "Fig. 8", ...
-    how: str  # letters of HOW joined with "+", e.g. "A", "R+S"
-    description: str
     paper_values: list[PaperValue]
     compute: Callable[["Reproduction", dict], Result]
     tolerance: Tolerance = field(default_factory=Tolerance)
     defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def entry(self) -> catalog.ReproductionEntry:
+        """This id's catalog entry; an id missing from the catalog is a ValueError."""
+        return catalog.reproduction(self.id)
+
+    @property
+    def title(self) -> str:
+        return self.entry.title
+
+    @property
+    def paper(self) -> str:
+        """Key of the paper: piper, xmoe, feplb, mop."""
+        return self.entry.paper
+
+    @property
+    def element(self) -> str:
+        """The paper element: "Table IV", "Fig. 8", ..."""
+        return self.entry.element
+
+    @property
+    def how(self) -> str:
+        """Letters of HOW joined with "+", e.g. "A", "R+S"."""
+        return self.entry.how
+
+    @property
+    def description(self) -> str:
+        return self.entry.description
 
     def paper_value(self, row: str, column: str) -> PaperValue | None:
         for pv in self.paper_values:

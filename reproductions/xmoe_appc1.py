@@ -115,12 +115,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-appc1",
-    title="EP-first vs DP-first placement: all-to-all and gradient all-reduce bytes per link class",
-    paper="xmoe",
-    element="App. C.1",
-    how="A+R",
-    description="Bytes per link class of the token all-to-all and the expert-gradient all-reduce "
-                "under both placements: counted from real small runs and from the formula at full scale.",
     paper_values=[],
     compute=compute,
     defaults={"small_nodes": 2, "small_gpus_per_node": 2, "seed": 0, "seq": 4096,

@@ -119,13 +119,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig11",
-    title="MoE layer forward time breakdown: padding-free (X-MoE) vs capacity-padded (DeepSpeed-MoE)",
-    paper="xmoe",
-    element="Fig. 11",
-    how="R",
-    description="Gating, buffer dispatch, dispatch all-to-all, expert, combine all-to-all and "
-                "buffer combine times of one MoE layer forward over real EP ranks on this machine, "
-                "pft vs padded, beside the speedups X-MoE reports for its Small model.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults={"ranks": 2, "tokens": 1024, "d_model": 1024, "d_ffn": 704, "experts": 64, "top_k": 6,

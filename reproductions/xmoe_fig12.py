@@ -98,13 +98,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig12",
-    title="Dispatch time with and without redundancy-bypassing dispatch (RBD)",
-    paper="xmoe",
-    element="Fig. 12",
-    how="R+S",
-    description="Per-stage dispatch times of flat and RBD dispatch over real ranks with emulated "
-                "nodes and the inter-node bytes each sends (real); the paper's 32-GPU point "
-                "simulated on the Frontier profile.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults={"nodes": 2, "gpus_per_node": 2, "tokens": 512, "hidden": 1024, "experts": 256,

@@ -100,13 +100,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig13",
-    title="SSMB: MoE activation memory vs TP degree, with and without sequence sharding",
-    paper="xmoe",
-    element="Fig. 13",
-    how="A+R",
-    description="Activation bytes of the MoE block per rank for TP = 1, 2, 4 with and without "
-                "SSMB: measured over real ranks at a scaled config, and from X-MoE's activation "
-                "model for the Large model.",
     paper_values=[],
     compute=compute,
     defaults={"tp_degrees": "1,2,4", "seq": 1024, "hidden": 64, "dense_ffn": 128, "experts": 16,

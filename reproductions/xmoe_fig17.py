@@ -57,9 +57,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-fig17", title="SSMB vs TED memory-saving advantage regions",
-    paper="xmoe", element="Fig. 17", how="A",
-    description="Which of SSMB and TED saves more memory per model and sequence length, from X-MoE's "
-                "App. C.2 trade-off.",
+    id="xmoe-fig17",
     paper_values=PAPER_VALUES, compute=compute, defaults={"capacity_factor": 1.0, "G": 4},
 )

@@ -85,10 +85,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-fig19", title="All-to-all time vs GPU count, 8-1024 GCDs (simulated)",
-    paper="xmoe", element="Fig. 19", how="S",
-    description="Flow-level simulation of the MoE dispatch all-to-all on the Frontier profile from "
-                "8 to 1024 GCDs, beside X-MoE's three observed regions.",
+    id="xmoe-fig19",
     paper_values=[], compute=compute,
     defaults={"model": "xmoe-large", "platform": "frontier", "tokens": 4096,
               "gpus": "8,16,32,64,128,256,512,1024"},

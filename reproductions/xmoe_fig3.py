@@ -91,11 +91,7 @@ def _measure_scaled(h: int, hp: int, e: int, m: int, params: dict):
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-fig3", title="Memory distribution of one conventional vs fine-grained MoE layer",
-    paper="xmoe", element="Fig. 3", how="A+R",
-    description="Per-GPU model-state and activation memory of one M_conv and one M_spec layer from "
-                "the memory model, and both layers' activations measured here at a scaled config "
-                "beside the theory at that config.",
+    id="xmoe-fig3",
     paper_values=PAPER_VALUES, compute=compute, defaults={"micro_batch": 1, "seq": 2048,
                                                          "shape_div": 8, "measured_seq": 1024},
 )

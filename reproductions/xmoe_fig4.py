@@ -103,13 +103,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig4",
-    title="Redundancy rate of dispatched tokens vs EP size (256 experts, top-8)",
-    paper="xmoe",
-    element="Fig. 4",
-    how="A+R",
-    description="Share of inter-node token copies that only repeat a token already sent to that "
-                "node, per EP size: closed form for uniform routing, and counted by RBD's pilot "
-                "selection on uniform and skewed routing.",
     paper_values=PAPER_VALUES,
     compute=compute,
     defaults={"experts": 256, "top_k": 8, "gpus_per_node": 8, "ep_sizes": "16,32,64,128,256",

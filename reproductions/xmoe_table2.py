@@ -46,10 +46,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-table2", title="Activation sizes of conventional vs fine-grained MoE layers",
-    paper="xmoe", element="Table 2", how="A",
-    description="A_dispatch, A_combine and the FFN intermediates of M_conv and M_spec from the "
-                "activation model, in the table's units.",
+    id="xmoe-table2",
     paper_values=PAPER_VALUES, compute=compute,
     defaults={"m": 8, "b": 4, "s": 2048, "h": 4096, "h_ffn": 16384},
 )

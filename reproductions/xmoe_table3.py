@@ -72,8 +72,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-table3", title="Parameter counts of X-MoE's Small/Medium/Large/Super models",
-    paper="xmoe", element="Table 3", how="A",
-    description="Total and activated parameters computed from Table 3's H, H_FFN, E, k and L.",
+    id="xmoe-table3",
     paper_values=PAPER_VALUES, compute=compute,
 )

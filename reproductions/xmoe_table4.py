@@ -78,12 +78,7 @@ def _measure_scaled(m, seq: int, params: dict) -> dict:
 
 
 REPRODUCTION = Reproduction(
-    id="xmoe-table4", title="Activation memory per MoE layer (Large model): theory vs measured",
-    paper="xmoe", element="Table 4", how="A+R",
-    description="The theoretical activation memory of one padding-free MoE layer from the activation "
-                "model, and a scaled Large layer measured here (saved-for-backward bytes and forward "
-                "peak, padding-free vs capacity-padded) beside the theory at the same config; the "
-                "full-size Frontier columns are marked not reproduced.",
+    id="xmoe-table4",
     paper_values=PAPER_VALUES, compute=compute,
     defaults={"micro_batch": 1, "shape_div": 8, "experts_div": 4, "seq_div": 4},
 )

@@ -1,4 +1,7 @@
-"""Benchmark suites: one module per suite, each defining ``SUITE`` (see :mod:`.base`)."""
+"""Benchmark suites: one module per suite, each defining ``SUITE`` (see :mod:`.base`).
+
+A suite's name and one-line description are in :mod:`moe_repro.catalog`, so listing the suites
+imports none of these modules."""
 
 from __future__ import annotations
 

@@ -65,8 +65,6 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
 
 SUITE = Suite(
     name="allreduce",
-    description="All-reduce of a float32 buffer across real local ranks (gloo or MPI): latency, "
-                "algorithm and bus bandwidth, #wrong.",
     params={"ranks": [2, 4], "backend": ["gloo", "mpi"], "bytes": [8, 4096, 262144, 4194304]},
     quick={"bytes": [8, 65536]},
     world_params=("ranks", "backend"),

@@ -333,9 +333,6 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
 
 SUITE = Suite(
     name="alltoall",
-    description="MoE dispatch all-to-all over real ranks with emulated nodes: flat, HALO "
-                "(Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, inter-node bytes "
-                "actually sent, #wrong.",
     params={"nodes": [1, 2], "gpus_per_node": [2], "algo": algorithm_names(), "platform": ["local"],
             "backend": ["gloo"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],

@@ -78,7 +78,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="attention",
-    description="Causal SDPA attention throughput vs sequence length per zoo model shape (Piper Fig. 3).",
     params={"model": ["mixtral-8x7b", "qwen3-30b-a3b", "xmoe-small", "deepseek-v3"],
             "seq_len": [256, 512, 1024, 2048], "batch": [1], "heads": [8], "backward": [False],
             "dtype": ["float32"], "device": ["auto"], "threads": [1]},

@@ -17,6 +17,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from moe_repro import catalog
+
 BETTER = ("higher", "lower", "none")
 KINDS = ("measured", "analytic", "simulated")
 
@@ -41,8 +43,7 @@ TIME = Metric("time_s", "s", "lower", description="wall time of one measured cal
 
 @dataclass
 class Suite:
-    name: str
-    description: str
+    name: str  # its one-line description is the catalog's (moe_repro.catalog), looked up by name
     params: dict[str, list]  # the default grid
     setup: Callable[[dict, Any], Any]  # (params, ctx) -> state; ctx is None for local suites
     run: Callable[[Any], Any]  # the measured call
@@ -63,6 +64,10 @@ class Suite:
     # shown by median (default: the first three). Records always hold everything.
     table_keys: tuple[str, ...] = ()
     table_metrics: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        return catalog.suite(self.name).description
 
     @property
     def distributed(self) -> bool:

@@ -117,8 +117,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="dispatch-stages",
-    description="Per-stage time of one MoE dispatch, flat vs RBD, over real ranks with emulated "
-                "nodes, and the bytes each sends across nodes (X-MoE Fig. 12).",
     params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
             "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
             "placement": ["contiguous"], "seed": [0]},

@@ -54,8 +54,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="feplb-balancer",
-    description="FEPLB greedy per-micro-batch balancer: CPU decision time (target <= 50 us median "
-                "for 128 experts, EP=8, dyn=4).",
     params={"experts": [128], "ep": [2, 4, 8], "dyn": [2, 4, 8], "tau": [0]},
     quick={"ep": [8], "dyn": [4]},
     setup=setup,

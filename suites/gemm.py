@@ -49,7 +49,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="gemm",
-    description="Dense GEMM (torch.mm) throughput vs square matrix size: the device's ceiling.",
     params={"n": [256, 512, 1024, 2048], "dtype": ["float32"], "device": ["auto"]},
     quick={"n": [128, 256]},
     setup=setup,

@@ -113,8 +113,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="expert-gemm",
-    description="Grouped expert GEMM (sequential, padded_bmm, grouped_mm) vs an equal-FLOPs dense "
-                "GEMM, throughput vs tokens per expert and expert shape (Piper Fig. 4).",
     params={"variant": list(variants()), "tokens_per_expert": [16, 64, 256, 1024],
             "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],
             "local_experts": [4], "dtype": ["float32"], "device": ["auto"], "threads": [1]},

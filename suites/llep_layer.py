@@ -98,8 +98,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="llep-layer",
-    description="Least-loaded EP vs plain EP MoE layer, forward+backward on skewed routing over "
-                "real ranks: busiest-rank rows, time, difference from plain EP.",
     params={"layer": list(LAYERS), "ranks": [2], "backend": ["gloo"], "tokens": [512],
             "d_model": [64], "d_ffn": [256], "experts": [8], "top_k": [2], "skew": [4.0],
             "seed": [0]},

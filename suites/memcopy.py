@@ -45,8 +45,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="memcopy",
-    description="Memory bandwidth of one large float32 tensor copy (read + write), the "
-                "calibration copy ceiling.",
     params={"mbytes": [64, 256], "device": ["cpu"], "threads": [1]},
     quick={"mbytes": [16]},
     setup=setup,

@@ -72,8 +72,6 @@ def setup(params: dict, ctx=None) -> dict:
 
 SUITE = Suite(
     name="moe-dispatch",
-    description="Padding-free (pft) vs capacity-padded dispatch: time and peak memory of gating, "
-                "buffer dispatch and buffer combine (X-MoE Sec. 5.4.1).",
     params={"impl": ["pft", "padded"], "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
             "tokens": [4096], "d_model": [2048], "experts": [64], "top_k": [6],
             "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"], "threads": [1]},

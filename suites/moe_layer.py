@@ -25,8 +25,6 @@ def setup(params: dict, ctx=None) -> dict:
 
 SUITE = Suite(
     name="moe-layer",
-    description="MoE layer forward breakdown (gating, buffer dispatch, dispatch all-to-all, "
-                "expert, combine all-to-all, buffer combine), pft vs padded, real EP ranks.",
     params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
             "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
             "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],

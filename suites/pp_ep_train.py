@@ -117,8 +117,6 @@ def report_of(record: dict) -> dict:
 
 SUITE = Suite(
     name="pp-ep-train",
-    description="PP x EP pipelined training over real ranks: step time, bubble, per-stage "
-                "activation memory and in-flight micro-batches, loss per step.",
     params={"model": ["tiny-moe"], "pp": [2], "ep": [1], "dp": [1], "schedule": ["1f1b"],
             "micro_batches": [4], "micro_batch_size": [2], "steps": [4], "lr": [1e-3],
             "seed": [0], "backend": ["gloo"]},

@@ -112,8 +112,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="rank-layout-traffic",
-    description="EP-first vs DP-first rank layout over real ranks with emulated nodes: bytes of the "
-                "token all-to-all and the expert-gradient ring all-reduce per link class.",
     params={"order": ["ep-first", "dp-first"], "nodes": [2], "gpus_per_node": [2], "ep": [2],
             "tokens": [64], "top_k": [2], "hidden": [32], "expert_params": [4096], "seed": [0],
             "uniform": [False]},

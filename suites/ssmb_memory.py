@@ -74,8 +74,6 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="ssmb-memory",
-    description="MoE-block activation bytes kept for backward per rank, with and without "
-                "sequence sharding (SSMB), over real TP = EP ranks (X-MoE Fig. 13).",
     params={"variant": list(VARIANTS), "ranks": [1, 2, 4], "backend": ["gloo"], "seq": [1024],
             "hidden": [64], "dense_ffn": [128], "experts": [16], "expert_ffn": [32], "top_k": [4],
             "seed": [0]},

@@ -34,6 +34,41 @@ def test_list_shows_implemented_and_planned(results_dir):
     assert len(ids) >= 35  # the whole DESIGN.md inventory is listed
 
 
+def test_list_of_one_paper_and_a_misspelled_paper():
+    data = json.loads(invoke("list", "--json", "--paper", "mop").output)
+    assert [r["id"] for r in data["reproductions"]] == ["mop-table1", "mop-table2", "mop-vocab",
+                                                        "mop-llep"]
+    suites = {s["name"]: s for s in data["suites"]}
+    assert suites["gemm"]["distributed"] is False and suites["allreduce"]["distributed"] is True
+    done = repro("list", "--paper", "pipr")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "repro: error: unknown paper 'pipr'; did you mean piper?"
+
+
+# Imported by the command, any of these would mean `repro list` pays for torch or the specs.
+HEAVY = ("torch", "numpy", "pandas", "matplotlib")
+LAYERS_NOT_NEEDED = ("moe_repro.reproductions", "moe_repro.suites", "moe_repro.components")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["list"], ["list", "--json"]])
+def test_help_and_list_start_without_heavy_imports(args):
+    """Run the command in a fresh interpreter and read which modules it imported."""
+    code = ("import json, sys\n"
+            "from moe_repro.cli import main\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    heavy = [m for m in loaded if m.split(".")[0] in HEAVY]
+    layers = [m for m in loaded if m.startswith(LAYERS_NOT_NEEDED)]
+    assert heavy == [] and layers == []
+
+
 def test_run_writes_the_contract(results_dir, tmp_path):
     out_json = tmp_path / "out.json"
     res = invoke("run", "piper-table4", "--json", str(out_json), "--out", str(tmp_path / "rep"))

@@ -28,7 +28,7 @@ def test_no_paper_value_and_relative_slack():
 
 
 def _repro(compute):
-    return Reproduction(id="t-x", title="t", paper="t", element="Table X", how="A", description="",
+    return Reproduction(id="t-x",
                         paper_values=[PaperValue("a", "size", "2.00", "GB", "Table X"),
                                       PaperValue("b", "size", "5.0", "GB", "Table X")],
                         compute=compute, defaults={"k": 1})

@@ -1,7 +1,9 @@
 """The ``repro`` command line: one module per subcommand (asv style), discovered by name.
 
 A module ``moe_repro/cli/<name>_cmd.py`` that defines ``command`` (a click command or group)
-becomes ``repro <command.name>``. Errors: bad input exits 2 with one line, a failure while
+becomes ``repro <command.name>``. Every such module is imported at start-up, so it imports only
+click and the CLI's own helpers at module level and everything heavier inside its command;
+`repro --help` and `repro list` then start without torch (tests/test_cli.py checks this). Errors: bad input exits 2 with one line, a failure while
 running exits 1 with one line; set MOE_REPRO_DEBUG=1 for the traceback.
 """
 
@@ -31,6 +33,11 @@ Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input
 """
 
 
+# Commands that read no stored results. They skip loading the results store, whose record
+# schema (pydantic) is most of the start-up time of `repro list` otherwise.
+_WITHOUT_STORE = {"list"}
+
+
 @click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"],
                                                 "max_content_width": 100})
 @click.version_option(__version__, prog_name="repro")
@@ -39,6 +46,8 @@ Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
+    if ctx.invoked_subcommand in _WITHOUT_STORE:
+        return
     from moe_repro.records.store import ResultsStore
 
     ctx.obj = ResultsStore(results_dir)

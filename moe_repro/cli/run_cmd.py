@@ -14,8 +14,8 @@ from moe_repro.cli.errors import BadInput
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
                 how: str | None = None) -> list[str]:
     """Turn the command's arguments into reproduction ids, or fail with one line (exit 2)."""
+    from moe_repro import catalog
     from moe_repro.reproductions import all_reproductions
-    from moe_repro.reproductions.inventory import INVENTORY
 
     known = all_reproductions()
     if how:
@@ -24,7 +24,7 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
             raise BadInput(f"--how takes letters A (analytic), R (real), S (simulated); got {how!r}")
         letters = lambda r: {part.strip()[:1] for part in r.how.split("+")}
         known = {rid: r for rid, r in known.items() if letters(r) <= allowed}
-    planned = {rid: issue for rid, _, _, _, issue in INVENTORY if rid not in known}
+    planned = {rid: r.issue for rid, r in catalog.REPRODUCTIONS.items() if not r.implemented}
     if run_all:
         return list(known)
     if paper:
@@ -37,7 +37,7 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
         raise BadInput("name a reproduction id (see 'repro list'), or use --paper P or --all")
     for rid in ids:
         if rid in planned:
-            raise BadInput(f"{rid} is in the inventory but not implemented yet (issue {planned[rid]})")
+            raise BadInput(f"{rid} is in the catalog but not implemented yet (issue {planned[rid]})")
         if rid not in known:
             close = difflib.get_close_matches(rid, list(known) + list(planned), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else "; see 'repro list'"

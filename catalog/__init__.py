@@ -1,0 +1,52 @@
+"""The catalog: what this project reproduces and benchmarks, as plain data.
+
+It is the one place that says which papers there are (:data:`PAPERS`), which of their tables
+and figures we reproduce and how (:data:`REPRODUCTIONS`, implemented or planned), and which
+benchmark suites exist (:data:`SUITES`). Specs, suites, the CLI and the reports all read their
+names, titles and descriptions from here. The package imports only the standard library, so
+listing what exists (`repro list`) needs neither torch nor any spec or suite module.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from moe_repro.catalog.papers import PAPERS, Paper
+from moe_repro.catalog.reproductions import HOW, REPRODUCTIONS, ReproductionEntry
+from moe_repro.catalog.suites import SUITES, SuiteEntry
+
+__all__ = ["HOW", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry", "SuiteEntry",
+           "paper", "reproduction", "reproductions_of", "suite"]
+
+
+def _unknown(kind: str, name: str, known) -> ValueError:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known)}"
+    return ValueError(f"unknown {kind} {name!r}; {hint}")
+
+
+def paper(key: str) -> Paper:
+    """The paper with this key (piper, xmoe, feplb, mop)."""
+    if key not in PAPERS:
+        raise _unknown("paper", key, PAPERS)
+    return PAPERS[key]
+
+
+def reproduction(rid: str) -> ReproductionEntry:
+    """The catalog entry of reproduction ``rid``, implemented or planned."""
+    if rid not in REPRODUCTIONS:
+        raise _unknown("reproduction", rid, REPRODUCTIONS)
+    return REPRODUCTIONS[rid]
+
+
+def reproductions_of(key: str) -> list[ReproductionEntry]:
+    """The entries of one paper, in catalog order; an unknown paper key is a ValueError."""
+    paper(key)
+    return [r for r in REPRODUCTIONS.values() if r.paper == key]
+
+
+def suite(name: str) -> SuiteEntry:
+    """The catalog entry of suite ``name``."""
+    if name not in SUITES:
+        raise _unknown("suite", name, SUITES)
+    return SUITES[name]

@@ -1,0 +1,80 @@
+"""Every benchmark suite: its name, one line on what it measures, and whether it starts ranks.
+
+``distributed`` is True for suites that run over several real processes (their Suite names
+``world_params``); a test checks it against the suites themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """What one suite is, for listings and the site, without importing the suite."""
+
+    name: str
+    description: str
+    distributed: bool  # multi-process: one real world of ranks per distinct world parameter
+
+
+_SUITES = (
+    SuiteEntry("allreduce", distributed=True,
+               description=("All-reduce of a float32 buffer across real local ranks (gloo or "
+                            "MPI): latency, algorithm and bus bandwidth, #wrong.")),
+    SuiteEntry("alltoall", distributed=True,
+               description=("MoE dispatch all-to-all over real ranks with emulated nodes: flat, "
+                            "HALO (Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, "
+                            "inter-node bytes actually sent, #wrong.")),
+    SuiteEntry("attention", distributed=False,
+               description=("Causal SDPA attention throughput vs sequence length per zoo model "
+                            "shape (Piper Fig. 3).")),
+    SuiteEntry("dispatch-stages", distributed=True,
+               description=("Per-stage time of one MoE dispatch, flat vs RBD, over real ranks "
+                            "with emulated nodes, and the bytes each sends across nodes (X-MoE "
+                            "Fig. 12).")),
+    SuiteEntry("expert-gemm", distributed=False,
+               description=("Grouped expert GEMM (sequential, padded_bmm, grouped_mm) vs an "
+                            "equal-FLOPs dense GEMM, throughput vs tokens per expert and expert "
+                            "shape (Piper Fig. 4).")),
+    SuiteEntry("feplb-balancer", distributed=False,
+               description=("FEPLB greedy per-micro-batch balancer: CPU decision time (target <= "
+                            "50 us median for 128 experts, EP=8, dyn=4).")),
+    SuiteEntry("gemm", distributed=False,
+               description=("Dense GEMM (torch.mm) throughput vs square matrix size: the "
+                            "device's ceiling.")),
+    SuiteEntry("llep-layer", distributed=True,
+               description=("Least-loaded EP vs plain EP MoE layer, forward+backward on skewed "
+                            "routing over real ranks: busiest-rank rows, time, difference from "
+                            "plain EP.")),
+    SuiteEntry("memcopy", distributed=False,
+               description=("Memory bandwidth of one large float32 tensor copy (read + write), "
+                            "the calibration copy ceiling.")),
+    SuiteEntry("moe-dispatch", distributed=False,
+               description=("Padding-free (pft) vs capacity-padded dispatch: time and peak "
+                            "memory of gating, buffer dispatch and buffer combine (X-MoE Sec. "
+                            "5.4.1).")),
+    SuiteEntry("moe-layer", distributed=True,
+               description=("MoE layer forward breakdown (gating, buffer dispatch, dispatch "
+                            "all-to-all, expert, combine all-to-all, buffer combine), pft vs "
+                            "padded, real EP ranks.")),
+    SuiteEntry("pp-ep-train", distributed=True,
+               description=("PP x EP pipelined training over real ranks: step time, bubble, "
+                            "per-stage activation memory and in-flight micro-batches, loss per "
+                            "step.")),
+    SuiteEntry("rank-layout-traffic", distributed=True,
+               description=("EP-first vs DP-first rank layout over real ranks with emulated "
+                            "nodes: bytes of the token all-to-all and the expert-gradient ring "
+                            "all-reduce per link class.")),
+    SuiteEntry("ssmb-memory", distributed=True,
+               description=("MoE-block activation bytes kept for backward per rank, with and "
+                            "without sequence sharding (SSMB), over real TP = EP ranks (X-MoE "
+                            "Fig. 13).")),
+    SuiteEntry("vocab-loss", distributed=True,
+               description=("Sharded vocabulary projection + exact cross-entropy over P real "
+                            "ranks vs the dense one: peak resident memory per rank, time, "
+                            "difference from dense.")),
+)
+
+SUITES: MappingProxyType[str, SuiteEntry] = MappingProxyType({s.name: s for s in _SUITES})
