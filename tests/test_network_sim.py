@@ -64,14 +64,18 @@ def test_max_min_gives_leftover_to_the_unconstrained_flow():
 
 
 @pytest.mark.parametrize("gpus", [2, 4])
-def test_pure_intra_node_alltoall(gpus):
+@pytest.mark.parametrize("model", ["serial", "overlapped"])
+def test_pure_intra_node_alltoall(gpus, model):
     p = profile(gpus=gpus, intra=50.0, pair=1000.0, latency_us=1.0, per_message_us=0.5)
     topo = ns.topology_for(p, nodes=1)
     b = 2_000_000
     C = [[1] * gpus for _ in range(gpus)]
-    r = ns.simulate_messages(flat_schedule(C, b, with_counts=False), topo, p, FLAT_DEPS)
-    # each GPU issues g-1 messages, waits one latency, then pushes (g-1) b through its 50 GB/s port
-    expected = (gpus - 1) * 0.5e-6 + 1e-6 + (gpus - 1) * b / (50 * GB)
+    r = ns.simulate_messages(flat_schedule(C, b, with_counts=False), topo, p, FLAT_DEPS, model)
+    push = (gpus - 1) * b / (50 * GB)  # (g-1) b through the GPU's 50 GB/s port
+    if model == "serial":  # each GPU issues g-1 messages, waits one latency, then pushes
+        expected = (gpus - 1) * 0.5e-6 + 1e-6 + push
+    else:  # the first issue and one latency, then the push (the other g-2 issues overlap with it)
+        expected = 0.5e-6 + 1e-6 + push
     assert r.time_s == pytest.approx(expected, rel=1e-12)
     assert r.eq6_bound_s == 0.0 and r.link_bytes["inter_node"] == 0
 

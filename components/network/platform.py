@@ -10,16 +10,30 @@ A profile is a JSON document (components/network/platforms/<name>.json, copy one
 - ``network``: ``switch_group_nodes`` (N_h of Eq. 10), ``rack_nodes``, ``topology``.
 - ``links``: one entry per link class (``class``, ``scope``, ``GBps``, ``latency_us``), from the
   fastest to the slowest: what a network simulator needs per hop class.
+- ``node.intra_node`` (optional): the intra-node links. ``{"kind": "switch", "GBps_per_gpu": 450}``
+  for a non-blocking NVSwitch; ``{"kind": "graph", "pairs": [[0, 1, 200], ...], "other_pairs_GBps":
+  50}`` for direct links between GPU pairs (Infinity Fabric), GB/s per direction. Without it, one
+  port per GPU at ``intra_node_alltoall_GBps_per_gpu`` plus a link per pair ("port").
+- ``network.fabric`` (optional): the fabric beyond the NICs. ``{"kind": "fat_tree", "levels":
+  [{"name": "leaf", "nodes": 32, "taper": 1.0}, ...]}`` (a byte leaving a domain of ``nodes``
+  nodes crosses its uplinks, which carry ``taper`` x the domain's NIC line rate);
+  ``{"kind": "dragonfly", "switch_nodes": 4, "group_nodes": 128, "intra_group_taper": 1.0,
+  "global_taper": 0.5}``; ``{"kind": "rail", "rail_group_nodes": 32, "spine_taper": 1.0}`` (NIC k
+  of every node on rail switch k). Without it, a fat tree from ``switch_group_nodes`` and
+  ``rack_nodes`` with the ``taper`` of the ``switch_group`` / ``inter_rack`` link classes (1 if absent).
+- ``network.latency_model`` ("overlapped" or "serial"), ``network.per_message_us`` and
+  ``network.window`` (messages in flight per rank): the simulator's per-message cost.
 - ``efficiency.network``: the fraction of NIC line rate a flat all-to-all sustains (an assumption
   unless measured), ``framework_overhead_GB`` (M_fw), ``sources`` and ``approximate``.
 
-Loading the built-in profiles reads package data; user files are read by the CLI and passed in
-as dicts (components do no other file I/O).
+Loading the built-in profiles reads package data; :func:`load_platform` also reads a user's
+profile file by path (the only file I/O in components/).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -63,47 +77,200 @@ def builtin_names() -> list[str]:
 
 
 def load_builtin(name: str) -> Platform:
-    """A shipped profile by name; ValueError naming the known ones."""
+    """A shipped profile by name; ValueError naming close matches or the known ones."""
+    import difflib
+
     names = builtin_names()
     if name not in names:
-        raise ValueError(f"unknown platform {name!r}; known: {', '.join(names)} (or a JSON file path)")
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
+        raise ValueError(f"unknown platform {name!r}; {hint} (or a JSON file path)")
     text = resources.files("moe_repro.components.network").joinpath("platforms", f"{name}.json").read_text()
     return from_dict(json.loads(text))
 
 
+def load_platform(name_or_path: str) -> Platform:
+    """A shipped profile by name, or a profile file (a copied and edited one) by path: a name
+    ending in .json or naming an existing file is a path. ValueError, naming the file and what
+    is wrong, for a missing file, bad JSON or a bad profile."""
+    from pathlib import Path
+
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".json") or path.is_file()):
+        return load_builtin(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"platform file {name_or_path!r} not found")
+    try:
+        # JSON's NaN and Infinity are not numbers a profile may hold: refuse them while parsing
+        doc = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"platform file {name_or_path}: {e}") from None
+    try:
+        return from_dict(doc)
+    except ValueError as e:
+        raise ValueError(f"platform file {name_or_path}: {e}") from None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _number(value, where: str, positive: bool = True) -> float:
+    """A finite JSON number (JSON NaN/Infinity and booleans are refused), positive if asked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"platform profile: {where} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"platform profile: {where} must be positive, got {value!r}")
+    return value
+
+
+def _count(value, where: str) -> int:
+    """A positive whole number (2.0 is accepted as 2; 2.5 is not)."""
+    v = _number(value, where)
+    if v != int(v):
+        raise ValueError(f"platform profile: {where} must be a whole number, got {value!r}")
+    return int(v)
+
+
 def from_dict(d: dict) -> Platform:
     """Validate a profile document; ValueError naming the missing or bad field."""
+    if not isinstance(d, dict):
+        raise ValueError(f"platform profile must be a JSON object, got {type(d).__name__}")
+
     def get(path: str, positive: bool = True):
         node = d
         for part in path.split("."):
             if not isinstance(node, dict) or part not in node:
                 raise ValueError(f"platform profile: missing field {path!r}")
             node = node[part]
-        if positive and (not isinstance(node, (int, float)) or node <= 0):
-            raise ValueError(f"platform profile: {path} must be a positive number, got {node!r}")
-        return node
+        return _number(node, path, positive)
 
     eff = d.get("efficiency", {}).get("network", 1.0)
-    if not 0 < eff <= 1:
+    if not (isinstance(eff, (int, float)) and 0 < eff <= 1):
         raise ValueError(f"platform profile: efficiency.network must be in (0, 1], got {eff}")
-    return Platform(
+    for i, link in enumerate(d.get("links", ())):
+        if not isinstance(link, dict) or "class" not in link:
+            raise ValueError(f"platform profile: links[{i}] must be an object with a 'class'")
+        for key in ("GBps", "latency_us", "taper"):
+            if key in link:
+                _number(link[key], f"links[{i}].{key}", positive=key != "latency_us")
+    platform = Platform(
         name=str(d.get("name", "custom")),
-        gpus_per_node=int(get("node.gpus")),
+        gpus_per_node=_count(get("node.gpus"), "node.gpus"),
         peak_flops=get("gpu.peak_tflops") * 1e12,
         hbm_bytes=get("gpu.hbm_GB") * GB,
         hbm_bytes_per_s=get("gpu.hbm_GBps") * GB,
         gemm_flops=get("gpu.achievable_gemm_tflops") * 1e12,
         attention_flops=get("gpu.achievable_attention_tflops") * 1e12,
-        nics_per_node=int(get("node.nics")),
+        nics_per_node=_count(get("node.nics"), "node.nics"),
         nic_bytes_per_s=get("node.nic_GBps") * GB,
         intra_node_a2a_bytes_per_s=get("node.intra_node_alltoall_GBps_per_gpu") * GB,
-        switch_group_nodes=int(get("network.switch_group_nodes")),
-        rack_nodes=int(get("network.rack_nodes")),
+        switch_group_nodes=_count(get("network.switch_group_nodes"), "network.switch_group_nodes"),
+        rack_nodes=_count(get("network.rack_nodes"), "network.rack_nodes"),
         network_efficiency=float(eff),
         overhead_bytes=float(d.get("framework_overhead_GB", 0.0)) * GB,
         links=tuple(d.get("links", ())),
         raw=d,
     )
+    net = d.get("network", {})
+    for key in ("per_message_us", "host_GBps"):
+        if key in net:
+            _number(net[key], f"network.{key}", positive=key == "host_GBps")
+    if "window" in net and net["window"] != 0:
+        _count(net["window"], "network.window")
+    if net.get("latency_model", "overlapped") not in ("overlapped", "serial"):
+        raise ValueError(f"platform profile: network.latency_model must be overlapped or serial, "
+                         f"got {net['latency_model']!r}")
+    fabric_of(platform)  # validate now, not when a simulation first reads it
+    intra_node_of(platform)
+    return platform
+
+
+def _taper(value, where: str) -> float:
+    t = _number(value, where)
+    if t > 1:
+        raise ValueError(f"platform profile: {where} must be in (0, 1] (1 = non-blocking), got {t}")
+    return float(t)
+
+
+def fabric_of(p: Platform) -> dict:
+    """The fabric beyond the NICs, normalised: ``{"kind": "fat_tree" | "dragonfly", "levels":
+    [{"name", "nodes", "taper"}, ...]}`` (innermost level first) or ``{"kind": "rail",
+    "rail_group_nodes", "spine_taper"}``. See the module docstring for the profile forms."""
+    f = p.raw.get("network", {}).get("fabric")
+    if f is None:  # the legacy form: switch groups and racks, tapers on their link classes
+        links = {lk["class"]: lk for lk in p.links}
+        taper = lambda *names: next((float(links[n]["taper"]) for n in names
+                                     if "taper" in links.get(n, {})), 1.0)
+        group, rack = p.switch_group_nodes, p.rack_nodes
+        levels = [{"name": "switch_group", "nodes": group, "taper": taper("switch_group")}]
+        if rack >= group and rack // group > 0:
+            levels.append({"name": "rack", "nodes": group * (rack // group),
+                           "taper": taper("inter_rack", "inter_group")})
+        return {"kind": "fat_tree", "levels": levels}
+    if not isinstance(f, dict):
+        raise ValueError("platform profile: network.fabric must be an object")
+    kind = f.get("kind")
+    if kind == "rail":
+        return {"kind": "rail",
+                "rail_group_nodes": _count(f.get("rail_group_nodes"), "network.fabric.rail_group_nodes"),
+                "spine_taper": _taper(f.get("spine_taper", 1.0), "network.fabric.spine_taper")}
+    if kind == "dragonfly":
+        switch = _count(f.get("switch_nodes"), "network.fabric.switch_nodes")
+        group = _count(f.get("group_nodes"), "network.fabric.group_nodes")
+        if group % switch:
+            raise ValueError(f"platform profile: network.fabric.group_nodes ({group}) must be a "
+                             f"multiple of switch_nodes ({switch})")
+        return {"kind": "dragonfly", "levels": [
+            {"name": "switch", "nodes": switch,
+             "taper": _taper(f.get("intra_group_taper", 1.0), "network.fabric.intra_group_taper")},
+            {"name": "group", "nodes": group,
+             "taper": _taper(f.get("global_taper", 1.0), "network.fabric.global_taper")}]}
+    if kind == "fat_tree":
+        levels, below = [], 1
+        for i, lv in enumerate(f.get("levels") or []):
+            where = f"network.fabric.levels[{i}]"
+            if not isinstance(lv, dict):
+                raise ValueError(f"platform profile: {where} must be an object")
+            nodes = _count(lv.get("nodes"), f"{where}.nodes")
+            if nodes % below:
+                raise ValueError(f"platform profile: {where}.nodes ({nodes}) must be a multiple of "
+                                 f"the level below ({below})")
+            levels.append({"name": str(lv.get("name", f"level{i}")), "nodes": nodes,
+                           "taper": _taper(lv.get("taper", 1.0), f"{where}.taper")})
+            below = nodes
+        return {"kind": "fat_tree", "levels": levels}
+    raise ValueError(f"platform profile: network.fabric.kind must be fat_tree, dragonfly or rail, "
+                     f"got {kind!r}")
+
+
+def intra_node_of(p: Platform) -> dict:
+    """The intra-node links, normalised: ``{"kind": "port"}``, ``{"kind": "switch",
+    "bytes_per_s"}`` or ``{"kind": "graph", "pairs": {(a, b): bytes_per_s}, "other_bytes_per_s"}``
+    (both directions of every listed pair)."""
+    spec = p.raw.get("node", {}).get("intra_node")
+    if spec is None:
+        return {"kind": "port"}
+    kind = spec.get("kind") if isinstance(spec, dict) else None
+    g = p.gpus_per_node
+    if kind == "switch":
+        return {"kind": "switch",
+                "bytes_per_s": _number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu") * GB}
+    if kind == "graph":
+        pairs = {}
+        for i, entry in enumerate(spec.get("pairs") or []):
+            where = f"node.intra_node.pairs[{i}]"
+            if not (isinstance(entry, list) and len(entry) == 3):
+                raise ValueError(f"platform profile: {where} must be [gpu, gpu, GBps]")
+            a, b = entry[:2]
+            if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < g for x in (a, b)) or a == b:
+                raise ValueError(f"platform profile: {where} names GPUs outside 0..{g - 1} or a self-link")
+            pairs[(a, b)] = pairs[(b, a)] = _number(entry[2], where) * GB
+        other = _number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps") * GB
+        return {"kind": "graph", "pairs": pairs, "other_bytes_per_s": other}
+    raise ValueError(f"platform profile: node.intra_node.kind must be switch or graph, got {kind!r}")
 
 
 def local_profile(gemm_tflops_per_rank: float, attention_tflops_per_rank: float, copy_GBps: float,

@@ -7,26 +7,36 @@ built from a platform profile (components/network/platforms/*.json). Every numbe
 a prediction, not a measurement.
 
 Network model (one resource per link instance; capacities in bytes/s, one direction):
-  gpu_tx / gpu_rx   a GPU's intra-node port (``node.intra_node_alltoall_GBps_per_gpu``): all
-                    intra-node bytes a GPU sends / receives share it (Piper Table IV caption:
-                    50 GB/s average intra-node all-to-all bandwidth per MI250X GCD)
-  pair              one ordered GPU pair inside a node: the ``intra_package`` link class for the
-                    two GCDs of one MI250X (``node.gpu_packages``), else ``intra_node``
+  intra-node        by ``node.intra_node`` (platform.intra_node_of): "switch" (NVSwitch: a
+                    gpu_tx / gpu_rx port per GPU at full rate to any peer), "graph" (a link per
+                    GPU pair, e.g. Infinity Fabric: 200 GB/s between the two GCDs of an MI250X,
+                    50 GB/s across packages), or "port" when the profile says nothing (one port
+                    per GPU, ``node.intra_node_alltoall_GBps_per_gpu``, shared by all its
+                    intra-node bytes -- Piper Table IV caption's 50 GB/s average -- plus a pair
+                    link of the ``intra_package`` / ``intra_node`` class)
   nic_tx / nic_rx   one NIC (``node.nic_GBps``); a GPU injects through its affinity NIC
                     (``node.gpu_nic_affinity``, Piper Sec. V-A) and receives through the
                     destination GPU's affinity NIC
-  group_up/_down    a switch group's links to other groups; rack_up/_down a rack's global links.
-                    Capacity = ``taper`` of the link class x the NIC line rate of the domain's
-                    nodes; taper defaults to 1 (a fabric that never bottlenecks beyond the NICs)
-                    when the profile gives none -- none of the shipped profiles does.
+  fabric            by ``network.fabric`` (platform.fabric_of). Fat tree and Dragonfly: nested
+                    levels of domains (switch, group, ...); a byte between nodes of different
+                    domains of a level uses that domain's up and the other's down link, whose
+                    capacity is ``taper`` x the NIC line rate of the job's nodes in the domain.
+                    Rail-optimised: NIC k of every node of a rail group sits on rail switch k;
+                    same-rail traffic inside a group crosses that switch only, everything else
+                    goes through the spine (``spine_taper`` x the rail switch's downlinks).
   host              only when the profile has ``network.host_GBps``: everything a single
                     machine moves (the local profile, where "nodes" are emulated processes).
 Contention: concurrent flows get max-min fair rates (progressive filling). When a flow ends or
 starts, rates are recomputed (event-driven fluid model).
-Per-message costs (LogP-style, not overlapped with the transfer, so pessimistic for large
-messages where they do not matter): a rank issuing m messages in a phase starts its flows
-``m * network.per_message_us`` after the phase starts; each flow also waits the latency of its
-link class (``links[*].latency_us``).
+Per-message cost (``network.latency_model``; every result lists what it assumed):
+  overlapped (default, LogGP-style): a rank pays one ``per_message_us`` before its first byte
+  moves; issuing its other messages overlaps with transfers, as a cap on the rank's sending
+  rate (bytes / ((m - 1) x per_message_us)). At most ``network.window`` messages are in flight
+  per rank (default 32, MPICH's all-to-all throttle), as a second cap: window x mean message
+  size / mean latency (Little's law).
+  serial (LogP without overlap): a rank issuing m messages in a phase starts its flows
+  ``m * per_message_us`` after the phase starts -- pessimistic for large messages.
+  Either way each flow also waits the latency of its link class (``links[*].latency_us``).
 Phases: a phase starts when the phases it depends on have finished, by the algorithm's own
 ``phase_dependencies`` (HALO, Eq. 13: Phase I || (Phase II -> Phase III)).
 
@@ -41,10 +51,11 @@ and its share of a group/rack uplink per node. This is exact for node-symmetric 
 (tests/test_network_sim.py compares it with the per-message simulation) and averages group-level
 loads otherwise.
 
-Left out (say so wherever results are shown): job placement (nodes are consecutive, groups and
-racks filled in order), background traffic from other jobs, adaptive routing and congestion
-trees of the Dragonfly, kernel-launch and packing costs, and the count/metadata exchange that
-precedes the data phases (it is not part of the shared schedules).
+Left out (Machine.assumptions lists them with every result): job placement (nodes are
+consecutive, domains filled in order), background traffic from other jobs, adaptive and
+non-minimal routing, per-arc limits and congestion trees of the Dragonfly, PXN rerouting on rail
+fabrics, packet-level effects, kernel-launch and packing costs, and the count/metadata
+exchange that precedes the data phases (it is not part of the shared schedules).
 
 Lower bound (Piper Eq. 6, generalised to one all-to-all and any placement): the busiest NIC's
 bytes (sent or received) / B_NIC. Eq. 6 as printed, 4bskd/(EP B_NIC), is dispatch + combine in
@@ -60,7 +71,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_repro.components.alltoall import get_algorithm
-from moe_repro.components.network.platform import Platform
+from moe_repro.components.network.platform import Platform, fabric_of, intra_node_of
 from moe_repro.components.network.topology import Topology
 
 GB = 1e9
@@ -98,31 +109,40 @@ def topology_for(platform: Platform, nodes: int, gpus_per_node: int | None = Non
 
 @dataclass(frozen=True)
 class Machine:
-    """What the simulator reads from a profile (bytes/s, seconds)."""
+    """What the simulator reads from a profile (bytes/s, seconds); see platform.fabric_of and
+    platform.intra_node_of for the fabric and intra-node models and their defaults."""
 
     platform: Platform
     per_message_s: float
     link_latency_s: dict
     link_bytes_per_s: dict
-    taper: dict
     package_of: tuple
     host_bytes_per_s: float | None
+    latency_model: str  # "overlapped" (default) or "serial"
+    window: int  # messages in flight per rank (0: no limit)
+    intra: dict  # intra-node model: {"kind": "port" | "switch" | "graph", ...}
+    fabric: dict  # {"kind": "fat_tree" | "dragonfly", "levels": [...]} or {"kind": "rail", ...}
 
     @classmethod
-    def from_platform(cls, p: Platform) -> "Machine":
+    def from_platform(cls, p: Platform, latency_model: str | None = None) -> "Machine":
         links = {lk["class"]: lk for lk in p.links}
         package_of = {}
         for i, gpus in enumerate(p.raw.get("node", {}).get("gpu_packages") or []):
             for gpu in gpus:
                 package_of[int(gpu)] = i
-        host = p.raw.get("network", {}).get("host_GBps")
+        net = p.raw.get("network", {})
+        host = net.get("host_GBps")
+        model = latency_model or net.get("latency_model", "overlapped")
+        if model not in LATENCY_MODELS:
+            raise ValueError(f"latency model must be one of {', '.join(LATENCY_MODELS)}, got {model!r}")
         return cls(platform=p,
-                   per_message_s=float(p.raw.get("network", {}).get("per_message_us", 0.0)) * 1e-6,
+                   per_message_s=float(net.get("per_message_us", 0.0)) * 1e-6,
                    link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
                    link_bytes_per_s={c: float(lk["GBps"]) * GB for c, lk in links.items() if "GBps" in lk},
-                   taper={c: float(lk.get("taper", 1.0)) for c, lk in links.items()},
                    package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
-                   host_bytes_per_s=float(host) * GB if host else None)
+                   host_bytes_per_s=float(host) * GB if host else None,
+                   latency_model=model, window=int(net.get("window", DEFAULT_WINDOW)),
+                   intra=intra_node_of(p), fabric=fabric_of(p))
 
     def profile_class(self, topo: Topology, src: int, dst: int) -> str:
         """The profile link class a message between two ranks travels on (for its latency)."""
@@ -143,12 +163,60 @@ class Machine:
         p = self.platform
         return self.link_bytes_per_s.get(pclass, p.intra_node_a2a_bytes_per_s)
 
-    def uplink_taper(self, level: str) -> float:
-        names = ("switch_group",) if level == "group" else ("inter_rack", "inter_group")
-        for n in names:
-            if n in self.taper:
-                return self.taper[n]
-        return 1.0
+    def assumptions(self) -> list[str]:
+        """Every modelling assumption a number from this machine rests on, in words."""
+        p, o_us = self.platform, self.per_message_s * 1e6
+        out = [f"platform {p.name}: link bandwidths and latencies as in its profile"]
+        if self.latency_model == "serial":
+            out.append(f"latency model serial: a rank issuing m messages in a phase starts them all "
+                       f"after m x {o_us:g} us (per_message_us), not overlapped with transfers")
+        else:
+            window = f"at most {self.window} messages in flight per rank" if self.window else "no window"
+            out.append(f"latency model overlapped (LogGP-style): each message costs its sender "
+                       f"{o_us:g} us of issue time (per_message_us), overlapped with the transfers of "
+                       f"earlier messages; {window}, modelled as a rate cap window x mean message "
+                       f"size / link latency")
+        out.append("each message waits the latency of its link class before its first byte moves")
+        out.append(INTRA_DESCRIPTION[self.intra["kind"]])
+        out.append(fabric_description(self.fabric))
+        out += LEFT_OUT
+        return out
+
+
+LATENCY_MODELS = ("overlapped", "serial")
+# MPICH's MPIR_CVAR_ALLTOALL_THROTTLE default: "max no. of irecvs/isends posted at a time in
+# some alltoall algorithms" (src/mpi/coll/alltoall/alltoall.c).
+DEFAULT_WINDOW = 32
+INTRA_DESCRIPTION = {
+    "port": "intra-node: one port per GPU (node.intra_node_alltoall_GBps_per_gpu) shared by all "
+            "its intra-node bytes, plus a per-pair link",
+    "switch": "intra-node: a non-blocking switch (NVSwitch); each GPU's port carries its own bytes "
+              "at full rate to any peer",
+    "graph": "intra-node: direct links between GPU pairs (node.intra_node.pairs); pairs without a "
+             "listed link use other_pairs_GBps (multi-hop routing through a third GPU not modelled)",
+}
+LEFT_OUT = [
+    "contention is max-min fair between concurrent flows (fluid model; no packets, no congestion "
+    "control, no head-of-line blocking)",
+    "traffic inside one fabric level is non-blocking; tapers apply only at the levels named",
+    "a partly used switch domain keeps taper x the line rate of the job's nodes in it (other jobs "
+    "use the rest); job placement: nodes consecutive, domains filled in order",
+    "no background traffic from other jobs, no adaptive or non-minimal routing",
+    "no kernel-launch, packing or copy costs; the count exchange before the data phases is left out",
+]
+
+
+def fabric_description(f: dict) -> str:
+    if f["kind"] == "rail":
+        return (f"fabric rail-optimised: NIC k of every node on rail switch k of its group of "
+                f"{f['rail_group_nodes']} nodes; same-rail traffic inside a group crosses one switch, "
+                f"every other inter-node byte goes up to the spine, whose uplinks carry taper "
+                f"{f['spine_taper']:g} x the rail switch's downlink rate (no PXN rerouting over NVLink)")
+    levels = ", ".join(f"{lv['name']} of {lv['nodes']} nodes taper {lv['taper']:g}" for lv in f["levels"])
+    if f["kind"] == "dragonfly":
+        return (f"fabric Dragonfly ({levels}): global links pooled per group, so uniform traffic "
+                f"spreads evenly over them (per-arc limits and non-minimal routing not modelled)")
+    return f"fabric fat tree ({levels or 'one switch'}): a byte leaving a domain uses its uplinks"
 
 
 # --- flows and the fluid engine --------------------------------------------------------------
@@ -294,41 +362,70 @@ class SimResult:
     phase_end_s: dict
     link_bytes: dict  # bytes per topology link class, whole world
     flows: int  # flow records simulated (after aggregation)
+    latency_model: str = "overlapped"
+    assumptions: tuple[str, ...] = ()  # every modelling assumption the time rests on
     simulated: bool = True
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "eq6_bound_s": self.eq6_bound_s, "phase_end_s": self.phase_end_s,
-                "link_bytes": self.link_bytes, "flows": self.flows, "simulated": True}
+                "link_bytes": self.link_bytes, "flows": self.flows, "simulated": True,
+                "latency_model": self.latency_model, "assumptions": list(self.assumptions)}
 
 
 def _flow_uses(m: Machine, topo: Topology, src_key, dst_key, src: int, dst: int,
                out_coef: float, in_coef: float, per_node_share: bool, host_coef: float | None = None) -> dict:
     """Resources of one message class and its coefficients. ``src_key``/``dst_key`` name the
-    node instance (a node id, or a node class in aggregated mode)."""
+    node instance (a node id, or a node class in aggregated mode, where fabric uplinks are
+    per-node shares)."""
     uses = {}
     ls, ld = topo.local_rank(src), topo.local_rank(dst)
-    if topo.node_of(src) == topo.node_of(dst):
-        uses[("gpu_tx", src_key, ls)] = out_coef
-        uses[("gpu_rx", dst_key, ld)] = in_coef
-        uses[("pair", src_key, ls, ld)] = out_coef
+    a, b = topo.node_of(src), topo.node_of(dst)
+    if a == b:
+        if m.intra["kind"] in ("port", "switch"):
+            uses[("gpu_tx", src_key, ls)] = out_coef
+            uses[("gpu_rx", dst_key, ld)] = in_coef
+        if m.intra["kind"] in ("port", "graph"):
+            uses[("pair", src_key, ls, ld)] = out_coef
     else:
-        uses[("nic_tx", src_key, topo.nic_of(src))] = out_coef
-        uses[("nic_rx", dst_key, topo.nic_of(dst))] = in_coef
-        cls = topo.link_class(src, dst)
-        if cls in ("inter_group", "inter_rack"):
-            g_src = src_key if per_node_share else topo.group_of(src)
-            g_dst = dst_key if per_node_share else topo.group_of(dst)
-            uses[("group_up", g_src)] = out_coef
-            uses[("group_down", g_dst)] = in_coef
-        if cls == "inter_rack":
-            r_src = src_key if per_node_share else topo.rack_of(src)
-            r_dst = dst_key if per_node_share else topo.rack_of(dst)
-            uses[("rack_up", r_src)] = out_coef
-            uses[("rack_down", r_dst)] = in_coef
+        i, j = topo.nic_of(src), topo.nic_of(dst)
+        uses[("nic_tx", src_key, i)] = out_coef
+        uses[("nic_rx", dst_key, j)] = in_coef
+        f = m.fabric
+        if f["kind"] == "rail":
+            # One rail switch per NIC index and group: only same-rail traffic inside a group
+            # stays below the spine.
+            size = f["rail_group_nodes"]
+            if i != j or a // size != b // size:
+                uses[("spine_up", src_key if per_node_share else a // size, i)] = out_coef
+                uses[("spine_down", dst_key if per_node_share else b // size, j)] = in_coef
+        else:
+            for level, lv in enumerate(f["levels"]):
+                if a // lv["nodes"] != b // lv["nodes"]:
+                    uses[("up", level, src_key if per_node_share else a // lv["nodes"])] = out_coef
+                    uses[("down", level, dst_key if per_node_share else b // lv["nodes"])] = in_coef
     if m.host_bytes_per_s:
         # One shared machine: every byte moved, by every node, counts once on it.
         uses[("host",)] = out_coef if host_coef is None else host_coef
     return uses
+
+
+def _route(m: Machine, topo: Topology, src: int, dst: int) -> int:
+    """Which fabric resources a message crosses beyond its NICs, as a number: for a tree, how
+    many levels it leaves (levels nest); for rails, 1 if it goes through the spine. Messages
+    merged into one aggregated flow must agree on it."""
+    a, b = topo.node_of(src), topo.node_of(dst)
+    if a == b:
+        return 0
+    f = m.fabric
+    if f["kind"] == "rail":
+        size = f["rail_group_nodes"]
+        return int(topo.nic_of(src) != topo.nic_of(dst) or a // size != b // size)
+    return sum(a // lv["nodes"] != b // lv["nodes"] for lv in f["levels"])
+
+
+def _nodes_in(domain: int, size: int, nodes: int) -> int:
+    """Nodes of the job in one domain of ``size`` consecutive nodes (the last may be partial)."""
+    return min(size, nodes - domain * size)
 
 
 def _capacity(m: Machine, topo: Topology, keys, per_node_share: bool) -> dict:
@@ -339,20 +436,24 @@ def _capacity(m: Machine, topo: Topology, keys, per_node_share: bool) -> dict:
     for k in keys:
         kind = k[0]
         if kind in ("gpu_tx", "gpu_rx"):
-            cap[k] = p.intra_node_a2a_bytes_per_s
+            cap[k] = m.intra["bytes_per_s"] if m.intra["kind"] == "switch" else p.intra_node_a2a_bytes_per_s
         elif kind == "pair":
-            pkg = m.package_of
-            same = pkg[k[2]] == pkg[k[3]] and "intra_package" in m.link_bytes_per_s
-            cap[k] = m.pair_capacity("intra_package" if same else "intra_node")
+            if m.intra["kind"] == "graph":
+                cap[k] = m.intra["pairs"].get((k[2], k[3]), m.intra["other_bytes_per_s"])
+            else:
+                pkg = m.package_of
+                same = pkg[k[2]] == pkg[k[3]] and "intra_package" in m.link_bytes_per_s
+                cap[k] = m.pair_capacity("intra_package" if same else "intra_node")
         elif kind in ("nic_tx", "nic_rx"):
             cap[k] = nic
-        elif kind in ("group_up", "group_down"):
-            nodes = 1 if per_node_share else (topo.nodes_per_group or topo.nodes)
-            cap[k] = m.uplink_taper("group") * node_line * nodes
-        elif kind in ("rack_up", "rack_down"):
-            per_rack = (topo.nodes_per_group or topo.nodes) * (topo.groups_per_rack or topo.nodes)
-            nodes = 1 if per_node_share else min(per_rack, topo.nodes)
-            cap[k] = m.uplink_taper("rack") * node_line * nodes
+        elif kind in ("up", "down"):
+            lv = m.fabric["levels"][k[1]]
+            nodes = 1 if per_node_share else _nodes_in(k[2], lv["nodes"], topo.nodes)
+            cap[k] = lv["taper"] * node_line * nodes
+        elif kind in ("spine_up", "spine_down"):
+            size = m.fabric["rail_group_nodes"]
+            nodes = 1 if per_node_share else _nodes_in(k[1], size, topo.nodes)
+            cap[k] = m.fabric["spine_taper"] * nic * nodes
         elif kind == "host":
             cap[k] = m.host_bytes_per_s
         else:
@@ -360,17 +461,50 @@ def _capacity(m: Machine, topo: Topology, keys, per_node_share: bool) -> dict:
     return cap
 
 
+def _add_issue_limits(m: Machine, flows: list, cap: dict) -> None:
+    """Overlapped latency model: each rank's sending in a phase is capped by its issue rate
+    (bytes / (messages x per_message_s): issuing m messages takes m x o, overlapped with the
+    transfers) and by its window (window x mean message size / mean latency: at most ``window``
+    messages in flight, each holding its slot for at least one latency; Little's law)."""
+    if m.latency_model != "overlapped":
+        return
+    stats = defaultdict(lambda: [0.0, 0.0, 0.0])  # (src, phase) -> bytes, messages, latency sum
+    for f in flows:
+        st = stats[(f.src, f.phase)]
+        st[0] += f.nbytes * f.count
+        st[1] += f.count
+        st[2] += f.release_delay * f.count
+    for (src, phase), (nbytes, msgs, latency) in stats.items():
+        limits = []
+        if m.per_message_s > 0 and msgs > 1:  # the first message's issue delays the start
+            limits.append(nbytes / ((msgs - 1) * m.per_message_s))
+        if m.window and latency > 0:
+            limits.append(m.window * (nbytes / msgs) / (latency / msgs))
+        if limits:
+            cap[("issue", src, phase)] = min(limits)
+    for f in flows:
+        if ("issue", f.src, f.phase) in cap:
+            f.uses[("issue", f.src, f.phase)] = f.count
+
+
 def _eq6_bound(nic_bytes: dict, p: Platform) -> float:
     return max(nic_bytes.values(), default=0.0) / p.nic_bytes_per_s
 
 
+def _issue_counts(m: Machine, counts: dict) -> dict:
+    """Messages whose issue cost a rank pays before its first byte moves: all of them in the
+    serial model; in the overlapped model only the first (the rest overlap with transfers and
+    are charged by the issue-rate cap), so one message costs o + L + bytes/B in both."""
+    return counts if m.latency_model == "serial" else {k: min(v, 1) for k, v in counts.items()}
+
+
 def simulate_messages(messages, topo: Topology, platform: Platform,
-                      dependencies: dict[str, list[str]]) -> SimResult:
+                      dependencies: dict[str, list[str]], latency_model: str | None = None) -> SimResult:
     """Per-message simulation of an explicit schedule: every (phase, src, dst, nbytes) message
     is one flow on the resources of its own nodes. Self-messages are local copies (no link)."""
     from moe_repro.components.network.topology import bytes_by_link_class
 
-    m = Machine.from_platform(platform)
+    m = Machine.from_platform(platform, latency_model)
     flows, counts = [], defaultdict(int)
     nic_bytes = defaultdict(float)
     for phase, src, dst, nbytes in messages:
@@ -387,10 +521,11 @@ def simulate_messages(messages, topo: Topology, platform: Platform,
             nic_bytes[("rx", topo.node_of(dst), topo.nic_of(dst))] += nbytes
     keys = {k for f in flows for k in f.uses}
     cap = _capacity(m, topo, keys, per_node_share=False)
-    run = run_flows(flows, cap, dependencies, counts, m.per_message_s)
+    _add_issue_limits(m, flows, cap)
+    run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s)
     return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
                      phase_end_s=run["phase_end_s"], link_bytes=bytes_by_link_class(messages, topo),
-                     flows=len(flows))
+                     flows=len(flows), latency_model=m.latency_model, assumptions=tuple(m.assumptions()))
 
 
 # --- aggregated simulation of expected routing ------------------------------------------------
@@ -411,7 +546,7 @@ def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[
 
 
 def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform: Platform,
-                      dependencies: dict[str, list[str]]) -> SimResult:
+                      dependencies: dict[str, list[str]], latency_model: str | None = None) -> SimResult:
     """Aggregated simulation when every source rank sends ``rows_to[d]`` rows to rank d.
 
     ``schedule_fn(C, ranks)`` must return the algorithm's (phase, src, dst, nbytes) messages of
@@ -424,7 +559,7 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
         raise ValueError(f"rows_to has {len(rows_to)} entries, world has {N} ranks")
     rows_to = [int(r) for r in rows_to]
     C = [rows_to] * N  # every row the same list: O(N) memory for an N x N matrix
-    m = Machine.from_platform(platform)
+    m = Machine.from_platform(platform, latency_model)
     cls_of, reps = node_classes(rows_to, topo)
     size = defaultdict(int)
     for c in cls_of:
@@ -436,13 +571,14 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
         if src == dst or nbytes <= 0:
             continue
         key = (phase, src, cls_of[topo.node_of(dst)], topo.local_rank(dst),
-               topo.link_class(src, dst), m.profile_class(topo, src, dst), float(nbytes))
+               topo.link_class(src, dst), m.profile_class(topo, src, dst), _route(m, topo, src, dst),
+               float(nbytes))
         rec = merged.setdefault(key, [0, dst])
         rec[0] += 1
 
     flows, counts = [], defaultdict(float)
     link_bytes, nic_bytes = defaultdict(float), defaultdict(float)
-    for (phase, src, B, _ld, lclass, pclass, nbytes), (count, dst) in merged.items():
+    for (phase, src, B, _ld, lclass, pclass, _route_key, nbytes), (count, dst) in merged.items():
         A = cls_of[topo.node_of(src)]
         # ``count`` flows leave one node of class A; one node of class B receives, on average,
         # count * |A| / |B| of them (every node of A sends the same).
@@ -458,12 +594,14 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
             nic_bytes[("tx", A, topo.nic_of(src))] += nbytes * count
             nic_bytes[("rx", B, topo.nic_of(dst))] += nbytes * in_coef
     keys = {k for f in flows for k in f.uses}
-    run = run_flows(flows, _capacity(m, topo, keys, per_node_share=True), dependencies, counts,
-                    m.per_message_s)
+    cap = _capacity(m, topo, keys, per_node_share=True)
+    _add_issue_limits(m, flows, cap)
+    run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s)
     lb = {c: int(round(link_bytes.get(c, 0.0))) for c in ("intra_node", "intra_group", "inter_group", "inter_rack")}
     lb["inter_node"] = lb["intra_group"] + lb["inter_group"] + lb["inter_rack"]
     return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
-                     phase_end_s=run["phase_end_s"], link_bytes=lb, flows=len(flows))
+                     phase_end_s=run["phase_end_s"], link_bytes=lb, flows=len(flows),
+                     latency_model=m.latency_model, assumptions=tuple(m.assumptions()))
 
 
 # --- calibration (local profile) -------------------------------------------------------------
@@ -500,11 +638,11 @@ def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bo
 
 
 def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_peer: int,
-                     with_counts: bool = False) -> SimResult:
+                     with_counts: bool = False, latency_model: str | None = None) -> SimResult:
     """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank,
     by the registered all-to-all ``algo``."""
     fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)
-    return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps)
+    return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps, latency_model)
 
 
 def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
@@ -529,3 +667,5 @@ def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: i
         "links": [{"class": "intra_node", "GBps": bw, "latency_us": 0.0},
                   {"class": "nic_injection", "GBps": bw, "latency_us": 0.0}],
     })
+
+
