@@ -65,6 +65,7 @@ from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.suites.base import Metric, Suite
 
 PLACEMENTS = ("contiguous", "strided", "random")
+LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
 IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
@@ -74,18 +75,48 @@ IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
 _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
 
 
-def derived_params(p: dict) -> dict:
+# The platform a world that does not fit here is simulated on, unless --platform names one: the
+# GPU cluster most users of this harness train on (8 GPUs per node, one 400 Gb/s NIC per GPU,
+# rail-optimised InfiniBand, NVIDIA's DGX SuperPOD reference design).
+DEFAULT_PLATFORM = "dgx-h100"
+LOCAL_GPUS_PER_NODE = 2  # "auto" for real local ranks: 2 ranks per emulated node
+
+
+def launched_defaults() -> dict[str, list]:
+    """Under torchrun/mpirun/srun: nodes and GPUs per node of the launched world."""
+    from moe_repro.components.network.topology import Topology
     from moe_repro.runtime.launch import launched_world_size
 
-    nodes, gpn = int(p["nodes"]), int(p["gpus_per_node"])
-    if nodes < 1 or gpn < 1:
-        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
+    if not launched_world_size():
+        return {}
+    topo = Topology.from_environment()
+    return {"nodes": [topo.nodes], "gpus_per_node": [topo.ranks_per_node]}
+
+
+def _positive(p: dict, key: str) -> int:
+    try:
+        value = int(p[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a positive whole number or auto, got {p[key]!r}") from None
+    if value < 1:
+        raise ValueError(f"{key} must be >= 1, got {value}")
+    return value
+
+
+def derived_params(p: dict) -> dict:
+    """Validate a grid point and decide where it runs: real local ranks, the launcher's world,
+    or the simulator (a named --platform, or a world too big for this machine)."""
+    from moe_repro.runtime.launch import launched_world_size
+
+    nodes = _positive(p, "nodes")
     if p["algo"] not in algorithm_names():
         raise ValueError(f"algo must be one of {', '.join(algorithm_names())}, got {p['algo']!r}")
     if p["placement"] not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}")
     if p["backend"] not in IMPL:
         raise ValueError(f"backend must be one of {', '.join(IMPL)}, got {p['backend']!r}")
+    if p.get("latency_model", "profile") not in LATENCY_MODELS:
+        raise ValueError(f"latency_model must be one of {', '.join(LATENCY_MODELS)}, got {p['latency_model']!r}")
     _parse_fault(p["fault"])
     for key in ("tokens", "hidden", "experts", "top_k"):
         if int(p[key]) < (0 if key == "tokens" else 1):
@@ -93,22 +124,31 @@ def derived_params(p: dict) -> dict:
     if int(p["top_k"]) > int(p["experts"]):
         raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
     rows = rows_for_size(int(p.get("sizes", 0)), int(p["tokens"]), int(p["hidden"]), int(p["top_k"]))
-    p = {**p, **rows}
-    ranks = nodes * gpn
+    auto_gpn = str(p["gpus_per_node"]) == "auto"
+    gpn = LOCAL_GPUS_PER_NODE if auto_gpn else _positive(p, "gpus_per_node")
     platform = str(p.get("platform", "local"))
-    if platform != "local" or (ranks > MAX_LOCAL_RANKS and not launched_world_size()):
-        if platform == "local":
-            raise ValueError(f"{nodes} nodes x {gpn} GPUs = {ranks} ranks do not fit on this machine "
-                             f"(at most {MAX_LOCAL_RANKS} local ranks); simulate them with --platform "
-                             f"frontier|dgx-h100|h200, or launch under torchrun/mpirun/srun")
-        _simulated_platform(platform, gpn)
-        if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
-            raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
-                             f"ranks; got {ranks}")
-        return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": True,
-                "impl": f"{p['algo']} simulated on {platform} (components/network/simulator.py)"}
-    return {**rows, "ranks": ranks, "ranks_per_node": gpn, "simulated": False,
-            "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+    launched = launched_world_size()
+    why = None
+    if platform != "local":
+        why = f"--platform {platform}"
+    elif nodes * gpn > MAX_LOCAL_RANKS and not launched:
+        platform = DEFAULT_PLATFORM
+        why = (f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
+               f"machine runs ({MAX_LOCAL_RANKS}), and no launcher started a world; {DEFAULT_PLATFORM} "
+               f"is the default platform (see repro bench --help)")
+    if why is None:
+        return {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
+                "simulated": False, "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+    profile = _simulated_platform(platform, None if auto_gpn else gpn)
+    if auto_gpn:
+        gpn = profile.gpus_per_node
+    ranks = nodes * gpn
+    if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
+        raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
+                         f"ranks; got {ranks}")
+    return {**rows, "gpus_per_node": gpn, "platform": platform, "ranks": ranks, "ranks_per_node": gpn,
+            "simulated": True, "simulated_because": why, "backend": "none (simulated)",
+            "impl": f"{p['algo']} simulated on {profile.name} (components/network/simulator.py)"}
 
 
 def rows_for_size(size: int, tokens: int, hidden: int, top_k: int) -> dict:
@@ -134,13 +174,13 @@ def bus_bandwidth(algbw: float, ranks: int) -> float:
     return algbw * (ranks - 1) / ranks
 
 
-def _simulated_platform(name: str, gpus_per_node: int):
-    from moe_repro.components.network.platform import load_builtin
+def _simulated_platform(name: str, gpus_per_node: int | None):
+    from moe_repro.components.network.platform import load_platform
 
-    platform = load_builtin(name)  # ValueError naming the known profiles
-    if gpus_per_node > platform.gpus_per_node:
-        raise ValueError(f"{name} has {platform.gpus_per_node} GPUs per node, got --gpus-per-node "
-                         f"{gpus_per_node}")
+    platform = load_platform(name)  # ValueError naming the known profiles or the file's problem
+    if gpus_per_node is not None and gpus_per_node > platform.gpus_per_node:
+        raise ValueError(f"{platform.name} has {platform.gpus_per_node} GPUs per node, got "
+                         f"gpus_per_node {gpus_per_node}")
     return platform
 
 
@@ -151,6 +191,7 @@ def simulate(params: dict) -> dict:
     from moe_repro.components.network import simulator as ns
 
     platform = _simulated_platform(str(params["platform"]), int(params["gpus_per_node"]))
+    model = None if params.get("latency_model", "profile") == "profile" else params["latency_model"]
     topo = ns.topology_for(platform, int(params["nodes"]), int(params["gpus_per_node"]))
     N = topo.world_size
     S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
@@ -163,7 +204,7 @@ def simulate(params: dict) -> dict:
             per_rank[rank] += 1
         rows_to = [round(S * k * e / E) for e in per_rank]
         fn, deps = ns.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
-        res = ns.simulate_expected(fn, rows_to, topo, platform, deps)
+        res = ns.simulate_expected(fn, rows_to, topo, platform, deps, model)
         payload = sum(rows_to) * row_bytes
     else:  # every rank's real routing, message by message
         from moe_repro.components.moe.pft import build_pft
@@ -174,7 +215,7 @@ def simulate(params: dict) -> dict:
             pfts.append(build_pft(top, weights, E))
             gens.append(_rank_generator(r))
         msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
-        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies)
+        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model)
         payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
@@ -184,7 +225,8 @@ def simulate(params: dict) -> dict:
     return {"time_s": t, "latency_s": t, "inter_node_bytes": res.link_bytes["inter_node"],
             "intra_node_bytes": res.link_bytes["intra_node"], "algbw_GBps": algbw / 1e9,
             "busbw_GBps": bus_bandwidth(algbw, N) / 1e9, "bytes": payload,
-            "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s}
+            "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s,
+            "latency_model_used": res.latency_model, "assumptions": list(res.assumptions)}
 
 
 def _parse_fault(fault: str) -> tuple[str, int]:
@@ -333,8 +375,8 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
 
 SUITE = Suite(
     name="alltoall",
-    params={"nodes": [1, 2], "gpus_per_node": [2], "algo": algorithm_names(), "platform": ["local"],
-            "backend": ["gloo"],
+    params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
+            "backend": ["gloo"], "latency_model": ["profile"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],
             "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
     quick={"nodes": [2], "tokens": [16], "hidden": [64]},  # 16 KiB per rank
@@ -342,6 +384,7 @@ SUITE = Suite(
     table_metrics=("time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes"),
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
+    launched_defaults=launched_defaults,
     setup=setup,
     run=run,
     derive=derive,
@@ -358,9 +401,16 @@ SUITE = Suite(
              Metric("eq6_bound_s", "s", "none", kind="simulated",
                     description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
                                 "(busiest NIC's bytes / B_NIC)")],
-    param_help={"nodes": "emulated nodes", "gpus_per_node": "ranks per emulated node",
+    param_help={"nodes": "nodes (emulated by groups of local ranks when real here); under a launcher "
+                         "the launched world's",
+                "gpus_per_node": "ranks per node; auto: 2 for real local ranks, the platform's GPUs "
+                                 "per node when simulated, the launcher's ranks per node under one",
                 "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
-                "platform": "local (real ranks here) or a profile to simulate: frontier, dgx-h100, h200",
+                "platform": "local (real ranks here; a world of more than 16 ranks is simulated on "
+                            "dgx-h100) or a profile to simulate: frontier, dgx-h100, h200, or a "
+                            "profile file path (.json)",
+                "latency_model": "simulated only: profile (the profile's), overlapped or serial "
+                                 "(see components/network/simulator.py)",
                 "backend": "gloo, nccl (GPUs) or mpi",
                 "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "
                          "0: from tokens and hidden; given, it sets tokens (and hidden below one "

@@ -62,6 +62,9 @@ class Suite:
     simulate: Callable[[dict], dict] | None = None
     # The terminal table: record keys shown first (default: every grid param) and the metrics
     # shown by median (default: the first three). Records always hold everything.
+    # () -> grid defaults taken from a launcher's world ({} when not launched); what the user
+    # gives still wins
+    launched_defaults: Callable[[], dict[str, list]] | None = None
     table_keys: tuple[str, ...] = ()
     table_metrics: tuple[str, ...] = ()
 
@@ -79,6 +82,9 @@ class Suite:
 
     def grid(self, overrides: dict[str, list] | None = None, quick: bool = False) -> list[dict]:
         base = {**self.params, **(self.quick if quick else {})}
+        if self.launched_defaults is not None:
+            # under torchrun/mpirun/srun, defaults read from the world the launcher started
+            base.update(self.launched_defaults())
         values = {**base, **(overrides or {})}
         keys = list(values)
         points = [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]

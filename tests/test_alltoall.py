@@ -328,10 +328,11 @@ def test_bench_alltoall_fails_fast_when_a_rank_dies(tmp_path, results_dir):
     assert processes_with_env(tag) == []
 
 
-def test_bench_alltoall_refuses_worlds_that_do_not_fit(results_dir):
-    r = _repro("bench", "alltoall", "--nodes", "16", "--gpus-per-node", "8", timeout=60)
-    assert r.returncode == 2
-    assert "simulat" in r.stderr and "Traceback" not in r.stderr
+def test_bench_alltoall_simulates_worlds_that_do_not_fit(results_dir):
+    # Issue 15: a world too big for this machine is simulated (and said so first), not refused.
+    r = _repro("bench", "alltoall", "--nodes", "16", "--gpus-per-node", "8", "--algo", "flat", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("simulated on dgx-h100") and "Traceback" not in r.stderr
 
 
 # --- xmoe-fig4: redundancy rate ------------------------------------------------------------------

@@ -52,6 +52,13 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     `--param nodes=2 --param algo=flat,halo` (dashes in option names become underscores).
 
     `repro list` names the suites; `repro bench SUITE --show-params` lists a suite's parameters.
+
+    A world this machine cannot hold is simulated, never refused: `repro bench alltoall --nodes
+    16` (more than 16 local ranks, no launcher) predicts it on dgx-h100 -- 8 H100 GPUs and 8
+    400 Gb/s NICs per node on a rail-optimised fabric, the cluster most MoE training runs on --
+    and says so in its first line; `--platform frontier|h200|FILE.json` picks another profile.
+    Under torchrun/mpirun/srun the launched world is measured, its nodes and ranks per node the
+    defaults.
     Integer parameters take sizes and doubling ranges: --sizes 1K:64M.
 
     Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
@@ -92,8 +99,16 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []
 
+    simulated = {str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")}
+    if simulated:
+        # first line of output: the numbers below are predictions, and why
+        click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
+                                               for name, why in simulated.items())
+                   + ": every number below is a prediction of the flow-level simulator, not a measurement")
+
     def progress(i: int, n: int, point: dict) -> None:
-        shown = " ".join(f"{k}={v}" for k, v in point.items())
+        # the grid's own axes (derived values such as the rows per rank are in the record)
+        shown = " ".join(f"{k}={point[k]}" for k in suite.params if k in point)
         click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
 
     def finish(interrupted: bool = False, error: str | None = None, record=None) -> None:

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 
 from moe_repro.cli.errors import BadInput
 
 
 def load_platform(name_or_path: str):
-    """A built-in profile by name, or a JSON file (a copied and edited profile)."""
-    from moe_repro.components.network.platform import from_dict, load_builtin
+    """A built-in profile by name, or a JSON file (a copied and edited profile); bad input exits 2."""
+    from moe_repro.components.network.platform import load_platform as load
 
-    path = Path(name_or_path)
     try:
-        if name_or_path.endswith(".json") or path.is_file():
-            if not path.is_file():
-                raise BadInput(f"platform file {name_or_path!r} not found")
-            try:
-                doc = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise BadInput(f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-            return from_dict(doc)
-        return load_builtin(name_or_path)
+        return load(name_or_path)
     except ValueError as e:
         raise BadInput(str(e)) from None
 

@@ -1,0 +1,67 @@
+"""`repro bench alltoall` answers on any machine: real ranks where the world fits, the launcher's
+world under mpiexec, and the simulator (said in the first line) where neither holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RAIL_4_TO_1 = Path(__file__).parent / "data" / "rail-4to1.json"
+
+
+def repro(*args, timeout=300):
+    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_sixteen_nodes_are_simulated_on_the_default_platform(tmp_path, results_dir):
+    out = tmp_path / "r.json"
+    r = repro("bench", "alltoall", "--nodes", "16", "--algo", "flat,halo", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("simulated on dgx-h100") and "not a measurement" in first
+    records = json.loads(out.read_text())["records"]
+    for rec in records:
+        # 16 nodes of the platform's 8 GPUs, marked simulated, with the platform and assumptions
+        assert rec["simulated"] is True and rec["platform"] == "dgx-h100" and rec["ranks"] == 128
+        assert rec["latency_model_used"] == "overlapped"
+        assert any("rail-optimised" in a for a in rec["assumptions"])
+
+
+def test_a_platform_file_is_accepted_and_a_rail_taper_favours_halo(tmp_path, results_dir):
+    out = tmp_path / "r.json"
+    r = repro("bench", "alltoall", "--nodes", "16", "--platform", str(RAIL_4_TO_1), "--algo", "flat,halo",
+              "--experts", "128", "--sizes", "16M", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"simulated on {RAIL_4_TO_1}")
+    flat, halo = json.loads(out.read_text())["records"]
+    assert flat["time_s"] > 2 * halo["time_s"]  # the spine taper slows flat's cross-rail bytes
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--platform", "frontir"], "did you mean frontier?"),
+    (["--platform", "missing.json"], "not found"),
+    (["--gpus-per-node", "9", "--platform", "dgx-h100"], "8 GPUs per node"),
+    (["--latency-model", "fast"], "latency_model must be one of"),
+])
+def test_bad_platform_input_is_one_line_and_exit_2(args, needle, results_dir):
+    r = repro("bench", "alltoall", "--nodes", "16", *args)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_under_mpiexec_the_defaults_come_from_the_launched_world(tmp_path, results_dir):
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec beside this Python (pip install mpich)")
+    out = tmp_path / "r.json"
+    r = subprocess.run([str(mpiexec), "-n", "4", sys.executable, "-c", "from moe_repro.cli import main; main()",
+                        "bench", "alltoall", "--backend", "mpi", "--algo", "flat", "--quick", "--repeats", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["nodes"] == 1 and rec["gpus_per_node"] == 4 and rec["simulated"] is False
