@@ -8,6 +8,13 @@ Rules (asv's, adapted):
   where both sides kept at least 4 repeats, a two-sided Mann-Whitney U test on the samples gives
   p < alpha (default 0.05). Improvements are found the same way and reported, never failing.
 - a result present in the baseline and absent from the current set is `missing`.
+- a current value (or measured sample) that is NaN or infinite is a regression ("not finite"),
+  whatever the baseline holds: a broken measurement must never pass. A non-finite baseline value
+  with a finite current one is reported as an improvement (the baseline was broken).
+
+Bad input raises GateInputError (or UnreadableRecord, naming the file): a path that does not
+exist, a file that is not a valid record, a side with no records, a metric that is not a number,
+a current side holding only another kind of result than the baseline (suites vs reproductions).
 
 Inputs are result files (`repro run --json`, `repro bench --json`) or directories of them (a
 results store, or a folder such as `.ci/baseline`); in a directory the newest run per
@@ -17,6 +24,7 @@ reproduction or suite counts.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +39,10 @@ _RESERVED = {"suite", "samples", "repeats", "number", "wrong", "correct", "world
              "ranks_per_node", "error"}
 
 
+class GateInputError(ValueError):
+    """The gate's inputs cannot be compared (exit 2), as opposed to a regression (exit 1)."""
+
+
 @dataclass
 class Entry:
     result: str  # reproduction id or suite name
@@ -41,6 +53,7 @@ class Entry:
     unit: str
     value: float | None
     samples: list[float] | None = None
+    source: str = ""  # the record kind it came from: reproduction | suite
 
 
 @dataclass
@@ -63,9 +76,16 @@ def _records(path: Path) -> list:
     not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
     by skipping the file that held its regression."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
-    records = [record for f in files for record in load_records(f)]
+    records = []
+    for f in files:
+        if f.is_file() and f.stat().st_size == 0:  # a run that died before writing
+            raise GateInputError(f"{f}: empty file, no results")
+        try:
+            records.extend(load_records(f))
+        except RecursionError:  # json's parser recurses once per nesting level
+            raise GateInputError(f"{f}: JSON nested too deeply to be a result") from None
     if not records:  # an empty side would turn every result into "missing", not a wrong path
-        raise ValueError(f"no results found in {path}")
+        raise GateInputError(f"no results found in {path}")
     return records
 
 
@@ -73,7 +93,7 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
     """All comparable metrics of a results file or directory, keyed by (result, key, metric)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no such file or directory: {path}")
+        raise GateInputError(f"no such file or directory: {path}")
     newest: dict[tuple[str, str], object] = {}
     for record in _records(path):
         ident = (record.kind, record.name)
@@ -81,9 +101,48 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
             newest[ident] = record
     entries: dict[tuple, Entry] = {}
     for record in newest.values():
-        for e in ENTRIES[record.kind](record):
+        try:
+            record_entries = ENTRIES[record.kind](record)
+        except GateInputError as e:
+            raise GateInputError(f"{path}: {e}") from None
+        for e in record_entries:
+            e.source = record.kind
             entries[(e.result, e.key, e.metric)] = e
     return entries
+
+
+def check_comparable(baseline: dict[tuple, Entry], current: dict[tuple, Entry]) -> None:
+    """Refuse a current side that holds only another kind of result than the baseline (say,
+    reproductions against a suite baseline): that is the wrong file, not every result missing."""
+    base_kinds = {e.source for e in baseline.values()}
+    cur_kinds = {e.source for e in current.values()}
+    if base_kinds and cur_kinds and not base_kinds & cur_kinds:
+        raise GateInputError(f"the current results are {_plural(cur_kinds)} and the baseline "
+                             f"{_plural(base_kinds)}: nothing to compare")
+
+
+def _plural(kinds: set[str]) -> str:
+    return " and ".join(f"{k} results" for k in sorted(kinds))
+
+
+def _number(value, where: str) -> float | None:
+    """A metric value as a float (None stays None: a value that was not computed)."""
+    if value is None or isinstance(value, float):
+        return value
+    if isinstance(value, (int, bool)):
+        return float(value)
+    raise GateInputError(f"{where} is {reprlib.repr(value)}, not a number")
+
+
+def _numbers(values, where: str) -> list[float] | None:
+    if values is None:
+        return None
+    if not isinstance(values, list):
+        raise GateInputError(f"{where} samples are {reprlib.repr(values)}, not a list of numbers")
+    out = [_number(v, f"{where} sample") for v in values]
+    if any(v is None for v in out):
+        raise GateInputError(f"{where} samples hold null, not only numbers")
+    return out
 
 
 def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:
@@ -92,8 +151,10 @@ def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:
     out = []
     for c in p.cells:
         extra = c.model_extra or {}
-        out.append(Entry(p.id, f"{c.row} | {c.column}", "ours", extra.get("kind", default_kind),
-                         extra.get("better", "none"), c.unit, c.ours, extra.get("samples")))
+        key = f"{c.row} | {c.column}"
+        out.append(Entry(p.id, key, "ours", extra.get("kind", default_kind),
+                         extra.get("better", "none"), c.unit, c.ours,
+                         _numbers(extra.get("samples"), f"{p.id} {key}: ours")))
     return out
 
 
@@ -108,10 +169,16 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
             if name in r:
                 measured = m.kind == "measured" and not r.get("simulated")
                 kind = "measured" if measured else "exact"  # a simulated record is deterministic
+                where = f"{p.suite} {key}: {name}"
+                samples = r.get("samples") or {}
+                if not isinstance(samples, dict):
+                    raise GateInputError(f"{p.suite} {key}: samples are {reprlib.repr(samples)}, "
+                                         "not a mapping")
                 out.append(Entry(p.suite, key, name, kind, m.better, m.unit,
-                                 r[name], (r.get("samples") or {}).get(name)))
+                                 _number(r[name], where), _numbers(samples.get(name), where)))
         if "correct" in r:
-            out.append(Entry(p.suite, key, "correct", "exact", "higher", "", float(r["correct"])))
+            out.append(Entry(p.suite, key, "correct", "exact", "higher", "",
+                             _number(r["correct"], f"{p.suite} {key}: correct")))
     return out
 
 
@@ -119,10 +186,15 @@ ENTRIES = {"reproduction": _reproduction_entries, "suite": _suite_entries}
 
 
 def parse_threshold(text: str) -> float:
+    """'5%' or '0.05' -> 0.05; anything else, or outside [0, 10), is a GateInputError."""
     text = text.strip()
-    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    if not 0 <= value < 10:
-        raise ValueError(f"threshold out of range: {text}")
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 10:  # also refuses nan and inf
+        raise GateInputError(f"threshold must be a percentage (5%) or a fraction (0.05) in "
+                             f"[0, 1000%), got {text!r}")
     return value
 
 
@@ -144,6 +216,15 @@ def compare(baseline: dict[tuple, Entry], current: dict[tuple, Entry], threshold
 
 def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
     f = Finding(b.result, b.key, b.metric, b.kind, "unchanged", b.value, c.value, unit=b.unit)
+    # NaN compares false with everything, so without this a NaN result would pass every check.
+    broken = [v for v in [c.value, *(c.samples or [])] if v is not None and not math.isfinite(v)]
+    if broken:
+        what = "value" if c.value is not None and not math.isfinite(c.value) else "sample"
+        f.status, f.why = "regression", f"current {what} is not finite ({broken[0]})"
+        return f
+    if b.value is not None and c.value is not None and not math.isfinite(b.value):
+        f.status, f.why = "improvement", f"baseline value was not finite ({b.value})"
+        return f
     if b.value is None or c.value is None:
         if (b.value is None) != (c.value is None):
             f.status, f.why = "changed", "a value appeared or disappeared"
@@ -163,14 +244,18 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
         return f
     if not (worse or better):
         return f
-    if b.samples and c.samples and min(len(b.samples), len(c.samples)) >= MIN_SAMPLES_FOR_TEST:
+    no_test = ", too few repeats for a test"
+    if b.samples and not all(math.isfinite(v) for v in b.samples):
+        no_test = ", no test (a baseline sample is not finite)"
+    elif b.samples and c.samples and min(len(b.samples), len(c.samples)) >= MIN_SAMPLES_FOR_TEST:
+        no_test = ""
         _, f.p_value = mann_whitney_u(b.samples, c.samples)
         if f.p_value >= alpha:
             f.status, f.why = "unchanged", f"{f.ratio - 1:+.1%} but not significant (p={f.p_value:.3f})"
             return f
     f.status = "regression" if worse else "improvement"
     f.why = f"median {f.ratio - 1:+.1%} (threshold {threshold:.0%})" + (
-        f", Mann-Whitney p={f.p_value:.3g}" if f.p_value is not None else ", too few repeats for a test")
+        f", Mann-Whitney p={f.p_value:.3g}" if f.p_value is not None else no_test)
     return f
 
 

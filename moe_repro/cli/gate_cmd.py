@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import click
 
@@ -11,16 +14,26 @@ _HELP = """Compare CURRENT results against BASELINE results; fail on regressions
 \b
 Analytic and simulated metrics must match exactly: any change fails.
 Measured metrics fail only when the median is worse by more than --threshold
-AND (with >= 4 repeats on both sides) a Mann-Whitney U test gives p < --alpha.
+AND (with >= 4 repeats on both sides) a two-sided Mann-Whitney U test gives
+p < --alpha (exact p for small samples without ties, scipy.stats).
+A current value or sample that is NaN or infinite is a regression ("not
+finite"), whatever the baseline holds; it never passes.
 Improvements and new results are reported, never failing.
 
 \b
-Exit codes:
-  0  no regression, nothing missing
-  1  regression (a measured metric significantly worse, or an exact value changed)
-  2  bad input (a path that does not exist, a malformed threshold)
-  3  a baseline result is missing from the current results (and no regression)
-  4  internal error while comparing
+Exit codes (CI can tell "slower" from "broken"):
+  0  pass: no regression, nothing missing
+  1  regression: a measured metric significantly worse, an exact value
+     changed, or a current value not finite
+  2  bad input, nothing compared: a path that does not exist; a file that is
+     empty, not JSON, holds no results, or fails the result schema; a metric
+     that is not a number; a current side holding only another kind of
+     result than the baseline (suites vs reproductions); a bad --threshold,
+     --suite-threshold or --alpha; a --json path that cannot be written (its
+     directory must exist: it is not created)
+  3  missing: a baseline result is absent from the current results (and no
+     regression)
+  4  internal error: the gate itself failed (a bug; one line on stderr)
 """
 
 
@@ -31,35 +44,50 @@ Exit codes:
               help="Minimum change of a measured median that counts (e.g. 5% or 0.05).")
 @click.option("--suite-threshold", "suite_thresholds", multiple=True, metavar="NAME=PCT",
               help="Per-suite threshold, e.g. --suite-threshold alltoall=15% (repeatable).")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True,
+              callback=lambda ctx, param, value: _finite(param, value),
               help="Significance level of the Mann-Whitney U test.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write every finding to this file.")
+              help="Write every finding to this file (its directory must exist).")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
 def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
     from moe_repro.records import gate
-    from moe_repro.records.atomic import atomic_write_json
+
+    try:
+        code = _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all)
+    except click.ClickException:  # bad input: main prints it and exits 2
+        raise
+    except Exception as e:  # the gate's own failure must not look like a regression or a pass
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        click.echo(f"repro gate: internal error: {message}", err=True)
+        sys.exit(gate.EXIT_INTERNAL)
+    sys.exit(code)
+
+
+def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> int:
     from moe_repro.cli.errors import BadInput
+    from moe_repro.records import gate
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.records.record import UnreadableRecord
     from moe_repro.reports.terminal import table
 
+    # Everything the gate reads or writes is checked before it compares anything.
     try:
         global_t = gate.parse_threshold(threshold)
         per_suite = {}
         for pair in suite_thresholds:
             name, sep, pct = pair.partition("=")
-            if not sep:
-                raise ValueError(f"--suite-threshold expects NAME=PCT, got {pair!r}")
+            if not sep or not name:
+                raise gate.GateInputError(f"--suite-threshold expects NAME=PCT, got {pair!r}")
             per_suite[name] = gate.parse_threshold(pct)
-        base, cur = gate.load_entries(baseline), gate.load_entries(current)
-    except (ValueError, FileNotFoundError) as e:
-        raise BadInput(str(e)) from None
-    if not base:
-        raise BadInput(f"no results found in baseline {baseline}")
-    try:
-        findings = gate.compare(base, cur, global_t, per_suite, alpha)
-    except Exception as e:  # the gate's own failure must not look like a regression
-        click.echo(f"repro gate: internal error: {type(e).__name__}: {e}", err=True)
-        sys.exit(gate.EXIT_INTERNAL)
+        if json_path:
+            _check_writable(json_path)
+        base = _side("baseline", baseline, gate)
+        cur = _side("current", current, gate)
+        gate.check_comparable(base, cur)
+    except (gate.GateInputError, UnreadableRecord) as e:
+        raise BadInput(" ".join(str(e).split())) from None
+    findings = gate.compare(base, cur, global_t, per_suite, alpha)
     shown = [f for f in findings if show_all or f.status != "unchanged"]
     rows = [[f.status, f.result, f.key, f.metric, _fmt(f.baseline), _fmt(f.current),
              "-" if f.ratio is None else f"{f.ratio:.3f}", f.why] for f in shown]
@@ -70,8 +98,44 @@ def command(baseline, current, threshold, suite_thresholds, alpha, json_path, sh
         counts[f.status] = counts.get(f.status, 0) + 1
     click.echo("gate: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if json_path:
-        atomic_write_json(json_path, {"findings": gate.findings_json(findings), "counts": counts})
-    sys.exit(gate.exit_code(findings))
+        try:
+            atomic_write_json(json_path, {"findings": gate.findings_json(findings), "counts": counts})
+        except OSError as e:  # checked above; the disk can still fill or the directory vanish
+            raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
+    return gate.exit_code(findings)
+
+
+def _side(which: str, path: str, gate):
+    """The entries of one side; an error names the side (the file is named by the loader)."""
+    from moe_repro.records.record import UnreadableRecord
+
+    try:
+        return gate.load_entries(path)
+    except (gate.GateInputError, UnreadableRecord) as e:
+        raise gate.GateInputError(f"{which}: {e}") from None
+
+
+def _check_writable(json_path: str) -> None:
+    """Refuse an output path that cannot be written, before any work: a run must not end in a
+    regression verdict that CI never sees because the findings file could not be written."""
+    from moe_repro.records.gate import GateInputError
+
+    parent = Path(json_path).parent
+    if not parent.is_dir():
+        raise GateInputError(f"--json {json_path}: directory {parent} does not exist "
+                             "(it is not created)")
+    try:  # a real write: permission bits say nothing for root or read-only mounts
+        fd, probe = tempfile.mkstemp(prefix=".gate-probe.", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise GateInputError(f"--json {json_path}: cannot write in {parent}: {e.strerror or e}") from None
+
+
+def _finite(param, value: float) -> float:
+    if value != value:  # NaN passes click's range check (every comparison with it is false)
+        raise click.BadParameter(f"{value} is not a number", param=param)
+    return value
 
 
 def _fmt(x) -> str:
