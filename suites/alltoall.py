@@ -136,6 +136,9 @@ def derived_params(p: dict) -> dict:
         why = (f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
                f"machine runs ({MAX_LOCAL_RANKS}), and no launcher started a world; {DEFAULT_PLATFORM} "
                f"is the default platform (see repro bench --help)")
+    kind, fault_rank = _parse_fault(p["fault"])
+    if kind != "none" and not 0 <= fault_rank < nodes * gpn:
+        raise ValueError(f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks")
     if why is None:
         return {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
                 "simulated": False, "impl": f"{p['algo']} over {IMPL[p['backend']]}"}

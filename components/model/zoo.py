@@ -301,10 +301,14 @@ TINY_MOE_SEQ = 64
 
 def get_model(key: str) -> MoEModel:
     """Look a model up by key; raises KeyError naming the known keys."""
+    import difflib
+
     try:
         return MODELS[key]
     except KeyError:
-        raise KeyError(f"unknown model {key!r}; known: {', '.join(sorted(MODELS))}") from None
+        close = difflib.get_close_matches(key, list(MODELS), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(MODELS))}"
+        raise KeyError(f"unknown model {key!r}; {hint}") from None
 
 
 def family(name: str) -> list[MoEModel]:

@@ -74,7 +74,16 @@ class Plan:
 
 
 def _divisors(n: int) -> list[int]:
-    return [x for x in range(1, n + 1) if n % x == 0]
+    """Divisors of n in increasing order, by trial division up to sqrt(n) (fast for any cluster)."""
+    small, large = [], []
+    x = 1
+    while x * x <= n:
+        if n % x == 0:
+            small.append(x)
+            if x != n // x:
+                large.append(n // x)
+        x += 1
+    return small + large[::-1]
 
 
 def memory_check(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq: int, M: int,

@@ -86,9 +86,16 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError for a configuration that cannot run (Piper Eq. 8-9 and schedules)."""
-        for name in ("pp", "ep", "dp", "micro_batches", "micro_batch_size", "steps"):
+        for name in ("pp", "ep", "dp", "micro_batches", "micro_batch_size", "steps", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("seq_len", "n_layers"):  # None: the zoo's value
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or left out for the model's own), got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
+            raise ValueError(f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef}")
         layer_forms = algorithm_names(layer_form=True)  # usable inside the MoE layer
         if self.alltoall not in layer_forms:
             raise ValueError(f"alltoall must be one of {', '.join(layer_forms)}, got {self.alltoall!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moe_repro.cli.errors import BadInput, RunFailure
+from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 
 def options_as_params(args: list[str]) -> list[str]:
@@ -41,7 +41,7 @@ def options_as_params(args: list[str]) -> list[str]:
               help="Run the suite's correctness check (#wrong) before timing.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")
 @click.pass_context
 def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sample_s, check, timeout_s,
@@ -108,7 +108,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     def progress(i: int, n: int, point: dict) -> None:
         # the grid's own axes (derived values such as the rows per rank are in the record)
-        shown = " ".join(f"{k}={point[k]}" for k in suite.params if k in point)
+        shown = " ".join(f"{k}={v}" for k, v in point.items() if k in suite.params or k in suite.world_params)
         click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
 
     def finish(interrupted: bool = False, error: str | None = None, record=None) -> None:

@@ -13,3 +13,20 @@ class RunFailure(click.ClickException):
     """Something failed while running (a rank died, a check failed to execute). Exit 1."""
 
     exit_code = 1
+
+
+class OutputFile(click.Path):
+    """A file the command writes (atomically): its directory must exist. A typo in a path
+    should not silently create directories, so a missing one is bad input (exit 2)."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        from pathlib import Path
+
+        value = super().convert(value, param, ctx)
+        parent = Path(value).parent
+        if not parent.is_dir():
+            self.fail(f"directory {str(parent)!r} does not exist (it is not created)", param, ctx)
+        return value

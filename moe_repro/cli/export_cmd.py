@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.errors import OutputFile
+
 
 @click.command("export")
 @click.argument("names", nargs=-1)
 @click.option("--kind", type=click.Choice(["reproductions", "suites"]), default="suites", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True)
 @click.option("--history", is_flag=True, help="Every stored run, not only the latest per name.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Output file.")
+@click.option("--out", "out_path", type=OutputFile(), required=True, help="Output file.")
 @click.pass_obj
 def command(store, names, kind, fmt, history, out_path) -> None:
     """Export stored results of NAMES (all when none) to a flat table: one row per cell or record."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moe_repro.cli.errors import BadInput
+from moe_repro.cli.errors import BadInput, OutputFile
 
 
 def load_platform(name_or_path: str):
@@ -77,7 +77,7 @@ def format_plan(pl) -> str:
 @click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True)
 @click.option("--pp", type=int, default=None, help="Evaluate only this pipeline degree (with --ep).")
 @click.option("--ep", type=int, default=None, help="Evaluate only this expert-parallel degree (with --pp).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the plan (candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
             no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from moe_repro.cli.errors import BadInput
+from moe_repro.cli.errors import BadInput, OutputFile
 
 
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
@@ -93,7 +93,7 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
                    "for the deterministic ones (what CI gates).")
 @click.option("--param", "params", multiple=True, metavar="K=V",
               help="Override a reproduction parameter (repeatable), e.g. --param gpus=16.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from moe_repro.cli.errors import BadInput, RunFailure
+from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 # fp32 end to end: distributed and single-process gradients agree to rounding (summation order).
 REFERENCE_TOLERANCE = 1e-5
@@ -111,7 +111,7 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
               help="Also run the same steps in one process and report reference_max_abs_diff.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Kill every rank and fail if the run takes longer (s).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the report (losses, tokens_per_s, per_stage, bubble, time split, MFU).")
 def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps, seq_len, n_layers,
             virtual_stages, lr, aux_loss_coef, seed, checkpoint, alltoall, ranks_per_node,

@@ -1,0 +1,109 @@
+"""Bad input gets one line and exit 2 before any work starts (issue 17's list, one case each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def repro(*args, timeout=120):
+    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def frontier_with(tmp_path, edit) -> str:
+    """The shipped frontier profile with one field broken by ``edit`` (a function of the dict)."""
+    from importlib import resources
+
+    doc = json.loads(resources.files("moe_repro.components.network").joinpath(
+        "platforms", "frontier.json").read_text())
+    edit(doc)
+    path = tmp_path / "p.json"
+    # allow_nan: write NaN/Infinity as JSON's non-standard constants, as a careless tool would
+    path.write_text(json.dumps(doc, allow_nan=True) if isinstance(doc, dict) else json.dumps(doc))
+    return str(path)
+
+
+def set_field(path: str, value):
+    def edit(doc):
+        node = doc
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node[part] if not part.isdigit() else node[int(part)]
+        node[last if not last.isdigit() else int(last)] = value
+    return edit
+
+
+CASES = {
+    "train lr nan": (["train", "--lr", "nan"], "lr must be a positive finite number"),
+    "train seq-len 0": (["train", "--seq-len", "0"], "seq_len must be >= 1"),
+    "train seq-len -5": (["train", "--seq-len", "-5"], "seq_len must be >= 1"),
+    "train layers 0": (["train", "--layers", "0"], "n_layers must be >= 1"),
+    "train unknown model": (["train", "--model", "tiny-mo"], "did you mean tiny-moe?"),
+    "plan unknown model": (["plan", "--model", "deepseek-v4", "--platform", "frontier", "--nodes", "4"],
+                           "did you mean"),
+    "plan unknown platform": (["plan", "--model", "deepseek-v3", "--platform", "fronteir", "--nodes", "4"],
+                              "did you mean frontier?"),
+    "list unknown paper": (["list", "--paper", "pipr"], "did you mean piper?"),
+    "alltoall fault rank outside the world": (["bench", "alltoall", "--nodes", "1", "--fault", "kill:99"],
+                                              "rank 99 is not in the world of 2 ranks"),
+    "plan json into a missing directory": (["plan", "--model", "deepseek-v3", "--platform", "frontier",
+                                            "--nodes", "4", "--json", "/nonexistent-dir/x/p.json"],
+                                           "does not exist (it is not created)"),
+    "run json into a missing directory": (["run", "piper-table4", "--json", "/nonexistent-dir/x/r.json"],
+                                          "does not exist (it is not created)"),
+    "bench json into a missing directory": (["bench", "gemm", "--json", "/nonexistent-dir/x/b.json"],
+                                            "does not exist (it is not created)"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_cli_input_is_one_line_and_exit_2(name, results_dir):
+    args, needle = CASES[name]
+    start = time.monotonic()
+    r = repro(*args)
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr[-500:])
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - start < 30  # refused before any work
+    assert not (results_dir.exists() and any(results_dir.rglob("*.json"))), "nothing stored"
+
+
+PLATFORM_CASES = {
+    "NaN": (set_field("gpu.peak_tflops", float("nan")), "NaN is not a finite number"),
+    "Infinity": (set_field("node.nic_GBps", float("inf")), "Infinity is not a finite number"),
+    "2.5 GPUs per node": (set_field("node.gpus", 2.5), "node.gpus must be a whole number"),
+    "negative link bandwidth": (set_field("links.2.GBps", -25.0), "links[2].GBps must be positive"),
+    "a taper above 1": (set_field("network.fabric.global_taper", 2.0), "global_taper must be in (0, 1]"),
+    "an unknown fabric": (set_field("network.fabric.kind", "torus"), "fabric.kind must be fat_tree"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLATFORM_CASES))
+def test_bad_platform_files_are_refused_by_every_command(name, tmp_path, results_dir):
+    edit, needle = PLATFORM_CASES[name]
+    path = frontier_with(tmp_path, edit)
+    for args in (["plan", "--model", "deepseek-v3", "--nodes", "4", "--platform", path],
+                 ["bench", "alltoall", "--nodes", "16", "--platform", path]):
+        r = repro(*args)
+        assert r.returncode == 2 and needle in r.stderr and path in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_platform_file_that_is_not_an_object(tmp_path, results_dir):
+    path = tmp_path / "list.json"
+    path.write_text("[]")
+    r = repro("plan", "--model", "deepseek-v3", "--nodes", "4", "--platform", str(path))
+    assert r.returncode == 2 and "must be a JSON object, got list" in r.stderr
+
+
+def test_a_huge_plan_is_answered_in_bounded_time(results_dir):
+    # 10^8 nodes: the candidate search enumerates divisors up to sqrt(n), not every integer
+    start = time.monotonic()
+    r = repro("plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "100000000")
+    assert r.returncode == 0 and "800000000 GPUs" in r.stdout
+    assert time.monotonic() - start < 20
