@@ -27,6 +27,10 @@ _SUITES = (
                description=("MoE dispatch all-to-all over real ranks with emulated nodes: flat, "
                             "HALO (Piper Alg. 1) and RBD (X-MoE Sec. 4.2); time, algbw/busbw, "
                             "inter-node bytes actually sent, #wrong.")),
+    SuiteEntry("alltoall-validation", distributed=True,
+               description=("The all-to-all simulator against real local runs: flat, HALO and RBD "
+                            "over 2-16 ranks and 1 KiB-16 MiB per rank, measured vs predicted on a "
+                            "profile fitted to other (flat) runs, error per cell.")),
     SuiteEntry("attention", distributed=False,
                description=("Causal SDPA attention throughput vs sequence length per zoo model "
                             "shape (Piper Fig. 3).")),

@@ -669,3 +669,109 @@ def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: i
     })
 
 
+# --- calibration: the local all-to-all's latency, per-message cost and bandwidth from real runs ---
+# (repro calibrate and the alltoall-validation suite). Unlike fit_latency_bandwidth, which fits
+# one Hockney line to one world, this fits the simulator's own serial latency model to real runs
+# of several ranks counts and sizes, so that a profile built from the fit reproduces the fit set.
+
+ALLTOALL_FIT_FORM = (
+    "serial latency model, fitted by least squares on relative error: a rank issuing m messages "
+    "in a phase starts moving bytes after m x o + L (o = network.per_message_us, L = the link's "
+    "latency_us) and then moves them at beta (every link, port and NIC; the machine as a whole at "
+    "host_cores x beta); a run's time t = n_L x L + n_o x o + B / beta, where n_L (latencies on the "
+    "critical path), n_o (messages issued on it) and B (bytes, host sharing included) are read off "
+    "the simulator for the run's real messages")
+_UNBOUNDED_Bps = 1e18  # bandwidth so high that bytes take no time (reads off the latency terms)
+
+
+def local_alltoall_profile(latency_s: float, per_message_s: float, bytes_per_s: float,
+                           gpus_per_node: int, host_cores: int | None = None) -> dict:
+    """A local profile document (ranks of this machine as "GPUs", emulated nodes of
+    ``gpus_per_node`` ranks) whose all-to-all costs are those of an all-to-all fit; see
+    :func:`apply_alltoall_fit` for what is set."""
+    g = int(gpus_per_node)
+    doc = {
+        "name": "local (calibrated all-to-all)",
+        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": 1, "achievable_gemm_tflops": 1,
+                "achievable_attention_tflops": 1},
+        "node": {"gpus": g, "nics": 1, "nic_GBps": 1, "gpu_nic_affinity": [list(range(g))],
+                 "intra_node_alltoall_GBps_per_gpu": 1},
+        "network": {"switch_group_nodes": 1, "rack_nodes": 1},
+        "links": [{"class": "intra_node", "GBps": 1, "latency_us": 0.0},
+                  {"class": "nic_injection", "GBps": 1, "latency_us": 0.0}],
+    }
+    return apply_alltoall_fit(doc, {"latency_s": latency_s, "per_message_s": per_message_s,
+                                    "bytes_per_s": bytes_per_s}, host_cores)
+
+
+def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> dict:
+    """Write an all-to-all fit (``latency_s``, ``per_message_s``, ``bytes_per_s``) into a profile
+    document, in place, and return it. Every rank gets its own port and NIC at beta (one process
+    sends its own bytes whichever emulated node the peer is on), every link class beta and
+    latency L, network.per_message_us o, the serial latency model (the form that was fitted), and
+    ``host_GBps`` = host_cores x beta: ranks beyond the cores share them."""
+    g = int(doc["node"]["gpus"])
+    bw = fit["bytes_per_s"] / GB
+    doc["node"].update(nics=g, nic_GBps=bw, gpu_nic_affinity=[[i] for i in range(g)],
+                       intra_node_alltoall_GBps_per_gpu=bw)
+    doc["node"].pop("intra_node", None)  # the per-GPU port model is what was fitted
+    net = doc.setdefault("network", {})
+    net.update(per_message_us=fit["per_message_s"] * 1e6, latency_model="serial")
+    net.pop("fabric", None)
+    if host_cores:
+        net["host_GBps"] = host_cores * bw
+    for link in doc["links"]:
+        link.update(GBps=bw, latency_us=fit["latency_s"] * 1e6)
+    return doc
+
+
+def alltoall_time_terms(messages, topo: Topology, dependencies: dict[str, list[str]],
+                        host_cores: int | None = None) -> tuple[float, float, float]:
+    """(n_L, n_o, B) of a schedule on a local profile (see ALLTOALL_FIT_FORM): the simulated time
+    with L = 1 s alone, with o = 1 s alone, and x 1 B/s with beta alone. The serial model's time
+    is their sum t = n_L L + n_o o + B / beta exactly when one chain of phases and one rank decide
+    it for every (L, o, beta) (a flat all-to-all: counts, then data); otherwise the sum is an
+    upper bound, and the fit's residuals, simulated at the fitted values, say how far off."""
+    from moe_repro.components.network.platform import from_dict
+
+    g = topo.ranks_per_node
+
+    def time(latency_s, per_message_s, bytes_per_s):
+        p = from_dict(local_alltoall_profile(latency_s, per_message_s, bytes_per_s, g, host_cores))
+        return simulate_messages(messages, topo, p, dependencies, latency_model="serial").time_s
+
+    n_latency = time(1.0, 0.0, _UNBOUNDED_Bps)
+    n_messages = time(0.0, 1.0, _UNBOUNDED_Bps)
+    nbytes = time(0.0, 0.0, GB) * GB  # seconds at 1 GB/s -> bytes
+    return n_latency, n_messages, nbytes
+
+
+def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[float]) -> dict:
+    """Non-negative least squares of t = n_L L + n_o o + B / beta on relative error (each run
+    weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time). Returns
+    latency_s, per_message_s, bytes_per_s and residuals (t_fit / t_measured - 1 per run). L or o
+    may come out 0 (the runs cannot tell them apart, or they are negligible); beta never does."""
+    if len(terms) != len(times_s) or len(terms) < 2:
+        raise ValueError("need at least two runs (terms and times of equal length)")
+    A = np.asarray(terms, float)
+    t = np.asarray(times_s, float)
+    if A.shape[1] != 3 or not np.all(np.isfinite(A)) or not np.all(t > 0):
+        raise ValueError("terms must be (n_L, n_o, B) triples and times positive")
+    W = A / t[:, None]  # relative residual: (A x - t) / t
+    best = None
+    # Every subset of the three unknowns that keeps the bandwidth; the feasible (non-negative)
+    # solution with the smallest residual is the NNLS optimum (3 unknowns: 4 subsets).
+    for keep in ([0, 1, 2], [0, 2], [1, 2], [2]):
+        x_sub, *_ = np.linalg.lstsq(W[:, keep], np.ones_like(t), rcond=None)
+        if np.any(x_sub < 0):
+            continue
+        x = np.zeros(3)
+        x[keep] = x_sub
+        ssr = float(np.sum((W @ x - 1.0) ** 2))
+        if best is None or ssr < best[0] - 1e-15:
+            best = (ssr, x)
+    if best is None or best[1][2] <= 0:
+        raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
+    x = best[1]
+    return {"latency_s": float(x[0]), "per_message_s": float(x[1]), "bytes_per_s": 1.0 / float(x[2]),
+            "residuals": [float(r) for r in (A @ x) / t - 1.0]}

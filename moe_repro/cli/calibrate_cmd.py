@@ -1,5 +1,6 @@
-"""``repro calibrate``: measure this machine's GEMM, attention and memory-copy ceilings and write a
-``local`` platform profile (components.network.platform.local_profile) the planner can use."""
+"""``repro calibrate``: measure this machine's GEMM, attention and memory-copy ceilings and the
+latency, per-message cost and bandwidth of its all-to-all, and write a ``local`` platform profile
+(components.network.platform.local_profile) the planner and the network simulator can use."""
 
 from __future__ import annotations
 
@@ -55,14 +56,112 @@ def measure_attention_tflops(seq: int, repeats: int) -> tuple[float, float]:
     return rec["tflops"], rec["time_s_max"] - rec["time_s_min"]
 
 
+ALLTOALL_GRID = {False: {"ranks": [2, 4, 8], "sizes": [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 22, 2 ** 24]},
+                 True: {"ranks": [2, 4], "sizes": [2 ** 10, 2 ** 16, 2 ** 22]}}  # by --quick
+
+
+def mpi_unavailable() -> str | None:
+    """Why the MPI backend cannot run here (None: it can): mpi4py and an mpiexec are needed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    from moe_repro.runtime.launch import RankFailure, mpiexec_path
+
+    try:
+        mpiexec_path()
+    except RankFailure as e:
+        return str(e)
+    return None
+
+
+def measure_alltoall(quick: bool, repeats: int) -> dict:
+    """Fit the local all-to-all per backend (gloo, and MPI where it runs): flat dispatches of
+    suites/alltoall.py over real ranks, the simulator's serial model fitted to them
+    (suites/alltoall_validation.measure_and_fit_flat). A backend that fails is reported, not
+    fitted."""
+    from moe_repro.runtime.launch import RankFailure
+    from moe_repro.suites.alltoall_validation import measure_and_fit_flat
+
+    grid = ALLTOALL_GRID[quick]
+    fits = {}
+    for backend in ("gloo", "mpi"):
+        why_not = mpi_unavailable() if backend == "mpi" else None
+        if why_not:
+            fits[backend] = {"skipped": why_not}
+            continue
+        try:
+            fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats)
+        except (RankFailure, ValueError) as e:
+            fits[backend] = {"skipped": f"{backend} all-to-all failed: {e}"}
+    return fits
+
+
+def faster_backend(fits: dict) -> tuple[str, dict]:
+    """The fitted backend with the lower geometric-mean measured time over the runs every fitted
+    backend made (each size and ranks count weighs the same), and that mean per backend (s)."""
+    import math
+
+    fitted = {b: f for b, f in fits.items() if "runs" in f}
+    if not fitted:
+        raise RunFailure("no all-to-all backend could be measured: "
+                         + "; ".join(f"{b}: {f['skipped']}" for b, f in fits.items()))
+    keys = set.intersection(*({(r["ranks"], r["size"]) for r in f["runs"]} for f in fitted.values()))
+    means = {}
+    for b, f in fitted.items():
+        times = [r["time_s"] for r in f["runs"] if (r["ranks"], r["size"]) in keys]
+        means[b] = math.exp(sum(math.log(t) for t in times) / len(times))
+    return min(means, key=means.get), means
+
+
+def write_alltoall_calibration(doc: dict, fits: dict, links_from: str, when: str | None) -> str:
+    """Put the per-backend fits in ``doc["calibration"]`` and the chosen backend's into the
+    links, NICs, ports and per-message cost the simulator reads; returns the backend used."""
+    from moe_repro.components.network.simulator import apply_alltoall_fit
+
+    chosen, means = faster_backend(fits)
+    if links_from != "faster":
+        if "runs" not in fits.get(links_from, {}):
+            raise RunFailure(f"--links-from {links_from}: that backend was not fitted "
+                             f"({fits.get(links_from, {}).get('skipped', 'not measured')})")
+        chosen = links_from
+    fit = fits[chosen]
+    apply_alltoall_fit(doc, {"latency_s": fit["latency_us"] * 1e-6, "per_message_s": fit["per_message_us"] * 1e-6,
+                             "bytes_per_s": fit["GBps"] * 1e9}, fit["host_cores"])
+    doc["calibration"] = {**fits, "links_from": chosen, "date": when,
+                          "rule": ("links from --links-from, else the faster backend: lower geometric-"
+                                   "mean measured time over the runs both made"),
+                          "geomean_time_s": means}
+    fitted_keys = ("node.nic_GBps", "node.intra_node_alltoall_GBps_per_gpu", "links")
+    doc["approximate"] = [k for k in doc.get("approximate", []) if k not in fitted_keys]
+    doc.setdefault("sources", []).append(
+        f"all-to-all: links, NICs, ports, latency_us and network.per_message_us fitted by `repro "
+        f"calibrate` to real flat all-to-all runs over {chosen} (calibration.{chosen})")
+    doc.setdefault("efficiency", {})["note"] = f"links are the fitted {chosen} all-to-all bandwidth per rank"
+    return chosen
+
+
 @click.command("calibrate")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="local-platform.json",
               show_default=True, help="Where to write the profile (use it as --platform FILE).")
 @click.option("--ranks", type=int, default=None, help="Ranks ('GPUs') per node (default: CPU cores).")
 @click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats (seconds).")
-def command(out_path, ranks, quick) -> None:
+@click.option("--alltoall/--no-alltoall", "fit_alltoall", default=True, show_default=True,
+              help="Also fit the all-to-all's latency, per-message cost and bandwidth (real flat "
+                   "runs over gloo, and MPI where mpi4py and mpiexec are present).")
+@click.option("--links-from", type=click.Choice(["faster", "gloo", "mpi"]), default="faster",
+              show_default=True, help="Which backend's all-to-all fit sets the profile's links.")
+def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     """Measure GEMM, attention and memory-copy ceilings on this machine (one thread = one rank)
-    and write a `local` platform profile for `repro plan --platform FILE`."""
+    and write a `local` platform profile for `repro plan --platform FILE`.
+
+    With --alltoall (default) it also runs flat all-to-all dispatches over 2-8 real local ranks
+    (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over gloo and over MPI where it runs, and
+    fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
+    (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
+    simulator for each run's messages), least squares on relative error. The profile keeps
+    every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
+    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us."""
     import torch
 
     from moe_repro.records.atomic import atomic_write_json
@@ -93,9 +192,21 @@ def command(out_path, ranks, quick) -> None:
                 "memory_total_GB": mem_total, "cpu": env.get("cpu_model"), "when": env.get("timestamp")}
     doc = local_profile(peak, attn, copy, ranks, mem_total / ranks,
                         f"this machine ({env.get('cpu_model') or 'CPU'}), {ranks} ranks of one thread", measured)
+    fits, chosen = {}, None
+    if fit_alltoall:
+        fits = measure_alltoall(quick, repeats=3 if quick else 5)
+        chosen = write_alltoall_calibration(doc, fits, links_from, env.get("timestamp"))
     from_dict(doc)  # validate before writing
     atomic_write_json(out_path, doc)
     click.echo(f"GEMM ceiling (1 thread, fp32): {peak * 1e3:.1f} GFLOPS  "
                + " ".join(f"n={n}: {v['tflops'] * 1e3:.1f}" for n, v in gemm.items()))
     click.echo(f"attention (sdpa, causal): {attn * 1e3:.1f} GFLOPS; memory copy: {copy:.1f} GB/s")
+    for backend, fit in fits.items():
+        if "runs" not in fit:
+            click.echo(f"all-to-all over {backend}: not fitted ({fit['skipped']})")
+            continue
+        click.echo(f"all-to-all over {backend} (flat, {len(fit['runs'])} runs): L {fit['latency_us']:.3g} us, "
+                   f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
+                   f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
+                   + ("  <- links" if backend == chosen else ""))
     click.echo(f"wrote {out_path} (use: repro plan --platform {out_path} ...)")

@@ -1,0 +1,262 @@
+"""The all-to-all simulator against real local runs: measured vs predicted time per cell.
+
+Every grid point is one real MoE dispatch all-to-all of suites/alltoall.py (the same setup, the
+measured call, the count exchange, #wrong; ``ranks`` real local ranks in emulated nodes of
+``gpus_per_node``), and beside its measured time the time the flow-level simulator
+(components/network/simulator.py) predicts for the very messages that run sends (its
+``routed_schedule`` for the ranks' real routing, count exchange included) on a local profile
+calibrated from *other* runs:
+
+- ``calibration=fit`` (default): before the grid, a fit set is measured -- flat only, at the
+  sizes ``fit_sizes`` (none of the default grid's sizes) and the ranks counts ``fit_ranks``,
+  same backend and emulated nodes -- and the simulator's serial latency model is fitted to it
+  (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by non-negative least squares on
+  relative error). HALO and RBD are never fitted, and no validated size is: every cell is a
+  prediction.
+- ``calibration=FILE``: the ``calibration`` block that ``repro calibrate`` wrote into a profile,
+  for the point's backend (that fit used flat runs at its own sizes, which may include
+  validated ones: say so when comparing).
+
+Per cell: ``time_s`` (measured, median of the repeats, each the slowest rank),
+``predicted_time_s`` (simulated), ``error_pct`` = (predicted / measured - 1) x 100 (per sample,
+median), the bytes the prediction moved per link class beside those the run sent, and
+``calibration_used`` (the fit: values, form, residuals and its runs). ``how`` names which
+number is measured and which simulated.
+
+What the prediction leaves out (so where errors come from): the CPU work around the messages
+(gathering rows, HALO's reorder, RBD's pilot selection and reconstruction), oversubscription
+beyond the per-message cost fitted on flat (more ranks than cores stretch every message's CPU
+cost, the model only the bytes, by the ``host`` resource), and the copy regime changing with
+size (caches). The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+
+from moe_repro.components.alltoall import algorithm_names, get_algorithm
+from moe_repro.suites import alltoall
+from moe_repro.suites.base import Metric, Suite, parse_size
+
+FIT_SEPARATOR = "+"  # inside one grid value ("2K+16K"): a comma would split it into grid values
+
+
+def host_cores() -> int:
+    """Cores this process may run on: the machine's limit on concurrent ranks."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def alltoall_point(p: dict) -> dict:
+    """The suites/alltoall.py grid point of a validation point, its derived params included
+    (ValueError for a point that suite refuses, or that does not run here for real)."""
+    ranks, gpn = int(p["ranks"]), int(p["gpus_per_node"])
+    if ranks < 2 or gpn < 1 or ranks % gpn:
+        raise ValueError(f"ranks must be >= 2 and a multiple of gpus_per_node; got ranks {ranks}, "
+                         f"gpus_per_node {gpn}")
+    if int(p["sizes"]) <= 0:
+        raise ValueError(f"sizes must be positive (bytes each rank sends), got {p['sizes']}")
+    # The alltoall suite's defaults first: a parameter it gains later gets its default here.
+    point = {**{k: v[0] for k, v in alltoall.SUITE.params.items()},
+             "nodes": ranks // gpn, "gpus_per_node": gpn, "algo": p["algo"], "platform": "local",
+             "backend": p["backend"], "sizes": int(p["sizes"]), "tokens": 1, "hidden": int(p["hidden"]),
+             "experts": int(p["experts"]), "top_k": int(p["top_k"]), "placement": p["placement"],
+             "seed": int(p["seed"]), "fault": "none"}
+    point.update(alltoall.derived_params(point))
+    if point.get("simulated"):
+        raise ValueError(f"{ranks} ranks do not run here for real (at most {alltoall.MAX_LOCAL_RANKS})")
+    return point
+
+
+def routed_messages(point: dict):
+    """(messages, topology, phase dependencies) of one real dispatch of an alltoall point: every
+    rank's routing rebuilt from its seed (suites/alltoall.rank_workload), the algorithm's
+    ``routed_schedule`` with the count exchange."""
+    from moe_repro.components.network.topology import Topology
+
+    N = int(point["ranks"])
+    topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
+    work = [alltoall.rank_workload(point, r, N) for r in range(N)]
+    algo = get_algorithm(point["algo"])
+    # RBD's pilot choice is random; without the ranks' generators its bytes may differ a little
+    # from the run's (the record keeps both byte counts).
+    msgs = algo.routed_schedule([w["pft"] for w in work], work[0]["placement"], topo,
+                                int(point["hidden"]) * 4, None, with_counts=True)
+    return msgs, topo, algo.phase_dependencies
+
+
+def predict(point: dict, fit: dict, cores: int) -> dict:
+    """Simulated time and bytes per link class of one alltoall point on the local profile of an
+    all-to-all fit (``latency_us``, ``per_message_us``, ``GBps``)."""
+    from moe_repro.components.network import simulator as ns
+    from moe_repro.components.network.platform import from_dict
+    from moe_repro.components.network.topology import bytes_by_link_class
+
+    msgs, topo, deps = routed_messages(point)
+    doc = ns.local_alltoall_profile(fit["latency_us"] * 1e-6, fit["per_message_us"] * 1e-6,
+                                    fit["GBps"] * 1e9, topo.ranks_per_node, cores)
+    res = ns.simulate_messages(msgs, topo, from_dict(doc), deps)
+    lb = bytes_by_link_class(msgs, topo)
+    return {"predicted_time_s": res.time_s, "predicted_inter_node_bytes": lb["inter_node"],
+            "predicted_intra_node_bytes": lb["intra_node"]}
+
+
+def split_list(text: str, what: str, convert) -> list:
+    items = [t for t in str(text).replace(",", FIT_SEPARATOR).split(FIT_SEPARATOR) if t.strip()]
+    try:
+        values = [convert(t) for t in items]
+    except ValueError:
+        raise ValueError(f"{what}: cannot read {text!r} (values joined by '{FIT_SEPARATOR}', e.g. "
+                         f"2K{FIT_SEPARATOR}16K)") from None
+    if not values:
+        raise ValueError(f"{what} is empty")
+    return values
+
+
+def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
+                         repeats: int = 5, shape: dict | None = None, timeout_s: float = 600.0) -> dict:
+    """Measure flat dispatches over real local ranks (suites/alltoall.py: ``ranks_list`` x
+    ``sizes``, emulated nodes of ``gpus_per_node``, ``repeats`` samples, median) and fit the
+    simulator's serial model to them (simulator.fit_alltoall_terms). Returns the calibration
+    block a profile stores per backend: latency_us (L), per_message_us (o), GBps (beta), the
+    form, the residuals of the fit simulated at the fitted values, and the runs."""
+    from moe_repro.components.network import simulator as ns
+    from moe_repro.suites.runner import RunConfig, run_suite
+
+    shape = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0, **(shape or {})}
+    cores = host_cores()
+    points = [alltoall_point({**shape, "ranks": n, "gpus_per_node": min(gpus_per_node, n), "algo": "flat",
+                              "backend": backend, "sizes": s})
+              for n in ranks_list for s in sizes]
+    config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
+    records = run_suite(alltoall.SUITE, points, config)
+    terms, times = [], []
+    for point, rec in zip(points, records):
+        msgs, topo, deps = routed_messages(point)
+        terms.append(ns.alltoall_time_terms(msgs, topo, deps, cores))
+        times.append(rec["time_s"])
+    fit = ns.fit_alltoall_terms(terms, times)
+    block = {"backend": backend, "latency_us": fit["latency_s"] * 1e6,
+             "per_message_us": fit["per_message_s"] * 1e6, "GBps": fit["bytes_per_s"] / 1e9,
+             "host_cores": cores, "form": ns.ALLTOALL_FIT_FORM,
+             "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
+                          f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
+    runs, residuals = [], []
+    for point, rec, term in zip(points, records, terms):
+        simulated = predict(point, block, cores)["predicted_time_s"]
+        residuals.append(simulated / rec["time_s"] - 1)
+        runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "size": point["size"],
+                     "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
+                     "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
+                     "bytes_term": term[2]})
+    block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
+                 max_abs_residual_pct=100 * max(abs(r) for r in residuals))
+    return block
+
+
+@lru_cache(maxsize=8)
+def _fit_once(backend: str, gpus_per_node: int, ranks: tuple, sizes: tuple, repeats: int, shape: tuple) -> dict:
+    print(f"alltoall-validation: measuring the fit set (flat over {backend}, ranks "
+          f"{'+'.join(map(str, ranks))}, sizes {'+'.join(map(str, sizes))} B per rank)", file=sys.stderr)
+    return measure_and_fit_flat(backend, list(ranks), list(sizes), gpus_per_node, repeats, dict(shape))
+
+
+def calibration_from_profile(path: str, backend: str) -> dict:
+    """The ``calibration`` block for ``backend`` of a profile written by ``repro calibrate``."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"calibration file {path}: {e}") from None
+    block = (doc.get("calibration") or {}).get(backend) if isinstance(doc, dict) else None
+    if not isinstance(block, dict) or "GBps" not in block:
+        raise ValueError(f"calibration file {path} has no calibration for backend {backend} "
+                         f"(write one with `repro calibrate`)")
+    return {**block, "source": path}
+
+
+def calibration_for(p: dict, gpus_per_node: int) -> dict:
+    from moe_repro.runtime.launch import launched_world_size
+
+    source = str(p["calibration"])
+    if source != "fit":
+        return calibration_from_profile(source, p["backend"])
+    if launched_world_size():
+        raise ValueError("calibration=fit starts its own worlds, which it cannot under torchrun/mpirun/"
+                         "srun: write a profile with `repro calibrate` and pass calibration=FILE")
+    ranks = tuple(split_list(p["fit_ranks"], "fit_ranks", int))
+    sizes = tuple(split_list(p["fit_sizes"], "fit_sizes", parse_size))
+    if min(ranks) < 2 or any(n % min(gpus_per_node, n) for n in ranks):
+        raise ValueError(f"fit_ranks must be >= 2 and multiples of gpus_per_node, got {p['fit_ranks']}")
+    shape = tuple(sorted({k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}.items()))
+    repeats = int(p["fit_repeats"])
+    if repeats < 1:
+        raise ValueError(f"fit_repeats must be >= 1, got {repeats}")
+    return {**_fit_once(str(p["backend"]), gpus_per_node, ranks, sizes, repeats, shape), "source": "fit"}
+
+
+def derived_params(p: dict) -> dict:
+    point = alltoall_point(p)
+    calibration = calibration_for(p, int(p["gpus_per_node"]))
+    cores = int(calibration.get("host_cores") or host_cores())
+    how = {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
+                     f"exchange included), each sample the slowest rank",
+           "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
+                               f"run's own messages, on a local profile calibrated from "
+                               f"{calibration.get('fitted_on', calibration['source'])}",
+           "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
+    # Every alltoall param joins the point (its setup and run read them); simulated: false there
+    # says the run is real, predicted_* are the simulated values beside it.
+    return {**point, **predict(point, calibration, cores), "calibration_used": calibration, "how": how}
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    predicted = float(params["predicted_time_s"])
+    return {**alltoall.derive(params, state, time_s), "predicted_time_s": predicted,
+            "error_pct": 100 * (predicted / time_s - 1)}
+
+
+SUITE = Suite(
+    name="alltoall-validation",
+    params={"ranks": [2, 4, 8], "gpus_per_node": [2], "algo": algorithm_names(), "backend": ["gloo"],
+            "sizes": [1024, 65536, 1048576, 16777216], "hidden": [256], "experts": [16], "top_k": [4],
+            "placement": ["contiguous"], "seed": [0], "calibration": ["fit"],
+            "fit_ranks": ["2+4+8"], "fit_sizes": ["2K+16K+256K+4M+8M"], "fit_repeats": [5]},
+    quick={"ranks": [2, 4], "sizes": [1024, 1048576], "fit_ranks": ["2+4"], "fit_sizes": ["2K+256K+4M"]},
+    table_keys=("ranks", "algo", "backend", "size"),
+    table_metrics=("time_s", "predicted_time_s", "error_pct"),
+    world_params=("ranks", "backend", "ranks_per_node"),
+    derived_params=derived_params,
+    setup=alltoall.setup,
+    run=alltoall.run,
+    derive=derive,
+    check=alltoall.check,
+    metrics=[Metric("predicted_time_s", "s", "none", kind="simulated",
+                    description="the simulator's time for this run's messages on the calibrated local profile"),
+             Metric("error_pct", "%", "none",
+                    description="(predicted / measured - 1) x 100: positive = the simulator is slower"),
+             Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n (nccl-tests alltoall)"),
+             Metric("algbw_GBps", "GB/s", "higher", description="size / time_s"),
+             Metric("latency_s", "s", "lower", description="wall time of one dispatch (= time_s)"),
+             Metric("inter_node_bytes", "B", "none",
+                    description="bytes the run sent to other emulated nodes, all ranks, metadata included"),
+             Metric("intra_node_bytes", "B", "none",
+                    description="bytes the run sent inside emulated nodes, all ranks"),
+             Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)")],
+    param_help={"ranks": f"real local ranks (2-{alltoall.MAX_LOCAL_RANKS}; default 2,4,8 on a small machine)",
+                "gpus_per_node": "ranks per emulated node (HALO and RBD need nodes)",
+                "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
+                "backend": "gloo or mpi (mpi4py under mpiexec)",
+                "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:16M",
+                "hidden": "hidden size (float32 elements per row; narrowed below one token's payload)",
+                "experts": "experts in total", "top_k": "experts per token",
+                "placement": "expert -> rank map: contiguous, strided or random", "seed": "routing seed",
+                "calibration": "fit (fit the profile on flat runs at fit_ranks x fit_sizes first) or a "
+                               "profile FILE written by `repro calibrate`",
+                "fit_ranks": "ranks counts of the fit set, joined by '+'",
+                "fit_sizes": "sizes of the fit set, joined by '+' (keep them apart from sizes)",
+                "fit_repeats": "timed samples per fit run"},
+)

@@ -1,0 +1,158 @@
+"""The all-to-all calibration (simulator's fit section, repro calibrate's profile) and the
+alltoall-validation suite: measured vs predicted per cell."""
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from moe_repro.components.alltoall.flat import PHASE_DEPENDENCIES as FLAT_DEPS
+from moe_repro.components.alltoall.flat import flat_schedule
+from moe_repro.components.network import simulator as ns
+from moe_repro.components.network.topology import Topology
+from moe_repro.suites import all_suites
+
+# The serial model by hand: a rank issuing m messages in a phase starts after m*o + L, then moves
+# its bytes at beta; with more ranks than cores the machine moves cores*beta in all.
+L_TRUE, O_TRUE, BETA_TRUE, CORES = 40e-6, 250e-6, 0.6e9, 2
+
+
+def flat_uniform_time_by_hand(ranks: int, bytes_per_peer: int) -> float:
+    share = max(1.0, ranks / CORES)  # ranks beyond the cores share them
+    counts = (ranks - 1) * O_TRUE + L_TRUE + (ranks - 1) * 8 * share / BETA_TRUE  # one int64 per peer
+    data = (ranks - 1) * O_TRUE + L_TRUE + (ranks - 1) * bytes_per_peer * share / BETA_TRUE
+    return counts + data
+
+
+def flat_uniform(ranks: int, bytes_per_peer: int):
+    return flat_schedule([[bytes_per_peer] * ranks] * ranks, 1), Topology(nodes=ranks // 2, ranks_per_node=2)
+
+
+def test_fit_recovers_latency_message_cost_and_bandwidth_from_synthetic_times():
+    runs = [(n, b) for n in (2, 4, 8) for b in (1 << 8, 1 << 14, 1 << 20, 1 << 23)]
+    terms, times = [], []
+    for n, b in runs:
+        msgs, topo = flat_uniform(n, b)
+        terms.append(ns.alltoall_time_terms(msgs, topo, FLAT_DEPS, CORES))
+        times.append(flat_uniform_time_by_hand(n, b))
+    fit = ns.fit_alltoall_terms(terms, times)
+    assert fit["latency_s"] == pytest.approx(L_TRUE, rel=1e-6)
+    assert fit["per_message_s"] == pytest.approx(O_TRUE, rel=1e-6)
+    assert fit["bytes_per_s"] == pytest.approx(BETA_TRUE, rel=1e-6)
+    assert max(abs(r) for r in fit["residuals"]) < 1e-9
+    # and the profile built from the fit gives the hand-computed time for a run it never saw
+    from moe_repro.components.network.platform import from_dict
+
+    msgs, topo = flat_uniform(6, 3000)
+    profile = from_dict(ns.local_alltoall_profile(fit["latency_s"], fit["per_message_s"], fit["bytes_per_s"],
+                                                  2, CORES))
+    assert ns.simulate_messages(msgs, topo, profile, FLAT_DEPS).time_s == pytest.approx(
+        flat_uniform_time_by_hand(6, 3000), rel=1e-6)
+
+
+def test_fit_keeps_costs_non_negative_and_refuses_what_it_cannot_fit():
+    # times whose best unconstrained line has a negative latency (-20 us): L comes out 0
+    terms = [(2, 2, 1e3), (2, 6, 1e4), (2, 14, 1e6), (2, 2, 1e6)]
+    times = [n_l * -2e-5 + m * 1e-4 + b / 1e9 for (n_l, m, b) in terms]
+    fit = ns.fit_alltoall_terms(terms, times)
+    assert fit["latency_s"] == 0.0
+    assert fit["per_message_s"] > 0 and fit["bytes_per_s"] > 0
+    with pytest.raises(ValueError, match="at least two"):
+        ns.fit_alltoall_terms([(2, 2, 1e3)], [1e-3])
+    with pytest.raises(ValueError, match="positive"):
+        ns.fit_alltoall_terms([(2, 2, 1e3), (2, 2, 1e7)], [1e-3, 0.0])
+
+
+# --- the suite without ranks: grid validation and a calibration read from a profile file -----
+
+def test_bad_points_are_refused_before_anything_runs():
+    suite = all_suites()["alltoall-validation"]
+    for bad in ({"ranks": [3]}, {"ranks": [32]}, {"sizes": [1000]}, {"algo": ["nope"]},
+                {"fit_sizes": ["2K+lots"]}, {"calibration": ["/nonexistent/profile.json"]}):
+        with pytest.raises(ValueError):
+            suite.grid({"sizes": [1024], **bad})
+
+
+def test_bench_refuses_a_bad_point_in_one_line(results_dir):
+    from moe_repro.cli import cli
+
+    res = CliRunner().invoke(cli, ["bench", "alltoall-validation", "--ranks", "3"])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and "multiple of gpus_per_node" in res.output
+
+
+def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
+    """A profile's calibration block (as repro calibrate writes it), read for the point's backend:
+    the prediction of a 2-rank flat run is counts phase + data phase of the serial model, with
+    the bytes the slower rank sends (from its routing), by hand."""
+    from moe_repro.suites.alltoall import rank_workload
+
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps({"calibration": {"gloo": {"latency_us": 40.0, "per_message_us": 250.0,
+                                                         "GBps": 0.6, "host_cores": 2}}}))
+    suite = all_suites()["alltoall-validation"]
+    (p,) = suite.grid({"ranks": [2], "algo": ["flat"], "sizes": [65536], "calibration": [str(path)]})
+    sent = [rank_workload(p, r, 2)["send_counts"][1 - r] * p["hidden"] * 4 for r in range(2)]
+    by_hand = (250e-6 + 40e-6 + 8 / 0.6e9) + (250e-6 + 40e-6 + max(sent) / 0.6e9)
+    assert p["predicted_time_s"] == pytest.approx(by_hand, rel=1e-9)
+    assert p["calibration_used"]["source"] == str(path)
+    with pytest.raises(ValueError, match="no calibration for backend mpi"):
+        suite.grid({"ranks": [2], "algo": ["flat"], "sizes": [65536], "backend": ["mpi"],
+                    "calibration": [str(path)]})
+
+
+# --- repro calibrate's profile fields (no runs: fits written here) ------------------------------
+
+def test_calibrate_writes_every_fit_and_the_faster_backends_links():
+    from moe_repro.cli.calibrate_cmd import write_alltoall_calibration
+    from moe_repro.components.network.platform import from_dict, local_profile
+
+    doc = local_profile(0.1, 0.01, 10.0, 2, 4.0, "test machine", {})
+    runs = [{"ranks": 2, "size": 1024, "time_s": 1e-3}, {"ranks": 4, "size": 1 << 20, "time_s": 1e-2}]
+    fits = {"gloo": {"latency_us": 10.0, "per_message_us": 500.0, "GBps": 0.5, "host_cores": 2, "runs": runs},
+            "mpi": {"latency_us": 2.0, "per_message_us": 50.0, "GBps": 0.7, "host_cores": 2,
+                    "runs": [dict(r, time_s=r["time_s"] / 2) for r in runs]}}
+    chosen = write_alltoall_calibration(doc, fits, "faster", "2026-01-01T00:00:00+00:00")
+    assert chosen == "mpi"  # half the time at every run
+    assert doc["calibration"]["links_from"] == "mpi" and doc["calibration"]["gloo"]["GBps"] == 0.5
+    assert all(link["GBps"] == pytest.approx(0.7) and link["latency_us"] == pytest.approx(2.0)
+               for link in doc["links"])
+    assert doc["network"]["per_message_us"] == pytest.approx(50.0) and doc["network"]["latency_model"] == "serial"
+    assert doc["node"]["nic_GBps"] == pytest.approx(0.7)
+    assert doc["node"]["intra_node_alltoall_GBps_per_gpu"] == pytest.approx(0.7)
+    assert doc["network"]["host_GBps"] == pytest.approx(1.4)
+    from_dict(doc)  # still a valid profile
+    doc = local_profile(0.1, 0.01, 10.0, 2, 4.0, "test machine", {})
+    assert write_alltoall_calibration(doc, fits, "gloo", None) == "gloo"
+    assert doc["links"][0]["GBps"] == pytest.approx(0.5)
+
+
+# --- the suite on real ranks ------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
+    from moe_repro.suites.runner import RunConfig, run_suite
+
+    suite = all_suites()["alltoall-validation"]
+    grid = suite.grid({"ranks": [2], "sizes": [1024, 65536], "fit_ranks": ["2"], "fit_sizes": ["2K+256K"],
+                       "fit_repeats": [3]})
+    records = run_suite(suite, grid, RunConfig(warmup=1, repeats=3, min_sample_s=0.005, timeout_s=240))
+    assert [(r["algo"], r["size"]) for r in records] == [(a, s) for a in ("flat", "halo", "rbd")
+                                                        for s in (1024, 65536)]
+    for r in records:
+        assert r["correct"] is True
+        assert r["time_s"] > 0 and r["predicted_time_s"] > 0
+        assert math.isfinite(r["error_pct"])
+        # median of per-sample errors = the error of the median sample (3 repeats)
+        assert r["error_pct"] == pytest.approx(100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9)
+        assert set(r["how"]) == {"time_s", "predicted_time_s", "error_pct"}
+        assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
+        calib = r["calibration_used"]
+        assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
+        # the fit set is flat at sizes the grid does not hold
+        assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
+        assert all(math.isfinite(run["residual_pct"]) for run in calib["runs"])
+        if r["algo"] != "rbd":  # the prediction replays the run's own messages (RBD: pilots random)
+            assert r["predicted_intra_node_bytes"] == r["intra_node_bytes"]
+            assert r["predicted_inter_node_bytes"] == r["inter_node_bytes"]
