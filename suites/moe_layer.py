@@ -16,6 +16,30 @@ from moe_repro.suites._moe_stages import STAGES, derive_stage, run_stage, setup_
 from moe_repro.suites.base import Metric, Suite
 
 
+def check_params(p: dict) -> dict:
+    """Refuse a grid point before any rank starts (one line, exit 2 from the CLI)."""
+    import math
+
+    for key, allowed in (("impl", ("pft", "padded")), ("stage", (*STAGES, "layer")),
+                         ("dtype", ("float32", "bfloat16")), ("device", ("auto", "cpu", "cuda"))):
+        if p[key] not in allowed:
+            raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {p[key]!r}")
+    get_grouped_gemm(p["gemm"])  # ValueError naming the registered kernels
+    for key in ("ranks", "d_model", "d_ffn", "experts", "top_k"):
+        if int(p[key]) < 1:
+            raise ValueError(f"{key} must be >= 1, got {p[key]}")
+    if int(p["tokens"]) < 0:
+        raise ValueError(f"tokens must be >= 0, got {p['tokens']}")
+    if int(p["top_k"]) > int(p["experts"]):
+        raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
+    if int(p["experts"]) % int(p["ranks"]):
+        raise ValueError(f"experts={p['experts']} must be divisible by ranks={p['ranks']}")
+    cf = float(p["capacity_factor"])
+    if not (math.isfinite(cf) and cf > 0):
+        raise ValueError(f"capacity_factor must be a positive finite number, got {p['capacity_factor']}")
+    return {}
+
+
 def setup(params: dict, ctx=None) -> dict:
     if params["stage"] not in (*STAGES, "layer"):
         raise ValueError(f"moe-layer stages: {', '.join(STAGES)}, layer")
@@ -31,6 +55,7 @@ SUITE = Suite(
             "dtype": ["float32"], "device": ["auto"]},
     quick={"tokens": [128], "d_model": [128], "d_ffn": [96], "experts": [8], "top_k": [2],
            "stage": ["dispatch_a2a", "expert", "layer"]},
+    derived_params=check_params,
     setup=setup,
     run=run_stage,
     derive=derive_stage,

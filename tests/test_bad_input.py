@@ -56,6 +56,10 @@ CASES = {
                                            "does not exist (it is not created)"),
     "run json into a missing directory": (["run", "piper-table4", "--json", "/nonexistent-dir/x/r.json"],
                                           "does not exist (it is not created)"),
+    "moe-layer top-k above experts": (["bench", "moe-layer", "--top-k", "9", "--experts", "8"],
+                                      "top_k=9 exceeds experts=8"),
+    "moe-layer capacity factor nan": (["bench", "moe-layer", "--capacity-factor", "nan"],
+                                      "capacity_factor must be a positive finite number"),
     "bench json into a missing directory": (["bench", "gemm", "--json", "/nonexistent-dir/x/b.json"],
                                             "does not exist (it is not created)"),
 }

@@ -202,7 +202,14 @@ LEFT_OUT = [
     "a partly used switch domain keeps taper x the line rate of the job's nodes in it (other jobs "
     "use the rest); job placement: nodes consecutive, domains filled in order",
     "no background traffic from other jobs, no adaptive or non-minimal routing",
-    "no kernel-launch, packing or copy costs; the count exchange before the data phases is left out",
+    "no kernel-launch, packing or copy costs, no CPU work of the algorithms; the count exchange "
+    "before the data phases is left out",
+    "issue cost and window are rate caps on a rank's whole phase (its average message size), so a "
+    "rank mixing small and large messages is capped by the average; the window cap uses latency "
+    "alone (optimistic near the latency-bandwidth knee)",
+    "the NIC efficiency of the profile (efficiency.network) is not applied: links run at line rate",
+    "expected-routing runs aggregate alike nodes: exact for node-symmetric traffic, group-level "
+    "loads averaged otherwise",
 ]
 
 
