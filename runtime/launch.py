@@ -141,8 +141,11 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     if threads_per_rank is None:  # oversubscribing cores makes every rank slower than one
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
 
-    workdir = Path(tempfile.mkdtemp(prefix="moe-repro-ranks-"))
+    remove_stale_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    previous = _terminate_on_signals()
     try:
+        (workdir / "owner.pid").write_text(str(os.getpid()))
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
                    MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
@@ -154,18 +157,80 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
             cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, *common]
             with open(workdir / "mpiexec.err", "wb") as err:
                 procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+                                                    start_new_session=True, preexec_fn=die_with_parent)
         else:
             port = free_port()
             for r in range(world_size):
                 cmd = [sys.executable, *common, "--rank", str(r), "--master-port", str(port)]
                 with open(workdir / f"rank-{r}.err", "wb") as err:
                     procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                     start_new_session=True)
+                                                     start_new_session=True, preexec_fn=die_with_parent)
         _supervise(procs, workdir, world_size, timeout_s)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        _restore_signals(previous)
+
+
+WORKDIR_PREFIX = "moe-repro-ranks-"
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: ask Linux to SIGKILL it when its parent dies
+    (prctl PR_SET_PDEATHSIG), so a SIGKILLed ``repro`` leaves no rank or mpiexec behind. The
+    setting survives exec; elsewhere the worker's parent-liveness thread does the same job."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _terminate_on_signals() -> dict:
+    """While ranks run, SIGTERM/SIGHUP (a scheduler ending the job) exit through the normal
+    cleanup path (kill the rank groups, remove the work directory) with code 128 + signal.
+    Only the main thread may set handlers; elsewhere nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def _restore_signals(previous: dict) -> None:
+    for sig, old in previous.items():
+        signal.signal(sig, old)
+
+
+def remove_stale_workdirs() -> list[Path]:
+    """Remove work directories left by a run whose owner died without cleaning up (SIGKILL):
+    each holds owner.pid; a directory whose owner is gone is stale. Returns what was removed."""
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or being created right now
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,

@@ -8,6 +8,8 @@ import importlib
 import json
 import os
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -20,7 +22,25 @@ def _load(target: str):
     return getattr(importlib.import_module(module), func)
 
 
+def _exit_when_parent_dies() -> None:
+    """A rank never outlives the process that started it (repro, or mpiexec's proxy): the kernel's
+    parent-death signal where available (Linux), and a thread that notices being re-parented."""
+    from moe_repro.runtime.launch import die_with_parent
+
+    die_with_parent()  # for ranks whose parent is mpiexec's proxy rather than repro
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    _exit_when_parent_dies()
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
     ap.add_argument("--workdir", required=True, type=Path)

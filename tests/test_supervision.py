@@ -1,0 +1,100 @@
+"""Rank workers die with their parent, and leave no work directory behind (issue 17).
+
+A parent Python process runs a 4-rank job whose ranks sleep; the test kills the parent the way a
+scheduler or an operator would and checks, by pid, that no rank survives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from moe_repro.runtime.launch import WORKDIR_PREFIX, remove_stale_workdirs
+
+PARENT = """
+import sys
+from moe_repro.runtime.launch import run_ranks
+run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": sys.argv[1]}, world_size=4,
+          timeout_s=300)
+"""
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may be slow to reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def workdirs_of(pid: int) -> list[Path]:
+    found = []
+    for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            if int((d / "owner.pid").read_text()) == pid:
+                found.append(d)
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def start_job(tmp_path, targets_on_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list(pid_dir.glob("rank-*.pid"))) < 4:
+        assert parent.poll() is None, "the parent died before its ranks started"
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+    ranks = [int(p.read_text()) for p in pid_dir.glob("rank-*.pid")]
+    assert all(running(pid) for pid in ranks)
+    assert workdirs_of(parent.pid), "the job's work directory names its owner"
+    return parent, ranks
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_ranks_die_with_their_parent(sig, tmp_path, targets_on_path):
+    parent, ranks = start_job(tmp_path, targets_on_path)
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    assert wait_until(lambda: not any(running(pid) for pid in ranks), 5.0), \
+        f"ranks still running 5 s after {sig.name} to their parent"
+    if sig == signal.SIGTERM:
+        # the parent cleaned up on its way out, and exited with the conventional code
+        assert parent.returncode == 128 + signal.SIGTERM
+        assert wait_until(lambda: not workdirs_of(parent.pid), 5.0)
+    else:
+        # no handler runs on SIGKILL: the next start removes the dead owner's directory
+        stale = workdirs_of(parent.pid)
+        assert stale
+        removed = remove_stale_workdirs()
+        assert set(stale) <= set(removed) and not workdirs_of(parent.pid)
+
+
+def test_a_live_owners_directory_is_kept(tmp_path):
+    d = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    try:
+        (d / "owner.pid").write_text(str(os.getppid()))  # the test runner's parent: alive
+        assert d not in remove_stale_workdirs() and d.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
