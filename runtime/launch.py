@@ -21,6 +21,7 @@ ranks_per_node``), exported as LOCAL_RANK / LOCAL_WORLD_SIZE / GROUP_RANK like t
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -336,4 +337,16 @@ def init_launched_world(backend: str) -> RankContext:
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=size)
+        # Tear the group down before the interpreter does: a process group destroyed during
+        # interpreter shutdown, with its threads still running, can abort the rank (SIGABRT,
+        # "terminate called without an active exception") after a good run, and the launcher
+        # then reports the job failed.
+        atexit.register(_leave_launched_world)
     return RankContext(rank, size, local, backend)
+
+
+def _leave_launched_world() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # no barrier: a rank that failed early must not hang its peers here
+        dist.destroy_process_group()
