@@ -271,7 +271,7 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
     died = [r for r, c in rank_codes.items() if c not in (None, 0) and r not in raised]
     running = [r for r, c in rank_codes.items() if c is None]
     if "within" in what and rank_codes:
-        culprits = running
+        culprits, what = _hung_ranks(workdir, running, what)
     else:
         culprits = died + raised or unfinished
     details = []
@@ -280,7 +280,8 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
         how = f"killed by signal {-code}" if code is not None and code < 0 else (
             f"exit code {code}" if code else "")
         tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
-        details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
+        if how or tail:
+            details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
     if not details and (workdir / "mpiexec.err").exists():
         details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
     names = ", ".join(map(str, culprits)) or "none"
@@ -290,6 +291,35 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
                 if signalled and culprits[0] in signalled else "failed")
     msg = f"rank(s) {names} of {world_size} {what}"
     raise RankFailure(msg + (f" -- {' | '.join(details)}" if details else ""), culprits)
+
+
+# Where a rank's main thread waits when it is blocked on its peers, not stuck on its own.
+_WAITING_IN = ("torch/distributed", "mpi4py", "components/alltoall/", "runtime/launch.py")
+STALE_HEARTBEAT_S = 3.0
+
+
+def _hung_ranks(workdir: Path, running: list[int], what: str) -> tuple[list[int], str]:
+    """On a timeout, the ranks that stopped making progress, from their heartbeats: ranks whose
+    heartbeat went stale (stopped processes), else ranks busy outside communication while the
+    others wait in it; all running ranks when the heartbeats cannot tell them apart."""
+    now, beats = time.time(), {}
+    for r in running:
+        try:
+            beats[r] = json.loads((workdir / f"rank-{r}.beat").read_text())
+        except (OSError, ValueError):
+            beats[r] = None
+    stale = [r for r in running if beats[r] is None or now - beats[r]["t"] > STALE_HEARTBEAT_S]
+    if stale and len(stale) < len(running):
+        last = "; ".join(f"rank {r} silent for {now - beats[r]['t']:.0f} s, last at {beats[r]['where']}"
+                         if beats[r] else f"rank {r} never reported" for r in stale)
+        return stale, f"{what}: stopped making progress ({last}); the others waited on it"
+    fresh = [r for r in running if r not in stale]
+    waiting = [r for r in fresh if any(k in beats[r]["where"] for k in _WAITING_IN)]
+    busy = [r for r in fresh if r not in waiting]
+    if busy and waiting:
+        where = "; ".join(f"rank {r} at {beats[r]['where']}" for r in busy)
+        return busy, f"{what}: {where}, while rank(s) {', '.join(map(str, waiting))} waited in communication"
+    return running, what
 
 
 # --- Worlds started by an external launcher (torchrun, srun, mpirun) --------------------------

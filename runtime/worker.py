@@ -39,6 +39,31 @@ def _exit_when_parent_dies() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+HEARTBEAT_S = 0.5
+
+
+def _start_heartbeat(workdir: Path, rank: int) -> None:
+    """Every HEARTBEAT_S, write when this rank last ran and where its main thread is (innermost
+    Python frame). A stopped process stops beating; a rank blocked in a collective beats from
+    inside the communication library -- launch.py tells a hung rank from its waiting peers so."""
+    main_thread = threading.main_thread()
+    path = workdir / f"rank-{rank}.beat"
+
+    def where() -> str:
+        frame = sys._current_frames().get(main_thread.ident)
+        return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "?"
+
+    def beat() -> None:
+        while True:
+            try:
+                atomic_write_json(path, {"t": time.time(), "where": where()})
+            except OSError:
+                return  # the work directory is gone: the run is over
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     _exit_when_parent_dies()
     ap = argparse.ArgumentParser()
@@ -61,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"mpiexec started {comm.Get_size()} ranks, expected {a.world_size}")
     else:
         rank = a.rank
+    _start_heartbeat(a.workdir, rank)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world_size),
                       LOCAL_RANK=str(rank % a.ranks_per_node),
                       LOCAL_WORLD_SIZE=str(a.ranks_per_node),

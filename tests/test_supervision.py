@@ -98,3 +98,40 @@ def test_a_live_owners_directory_is_kept(tmp_path):
         import shutil
 
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path):
+    # Four ranks sleep; one is SIGSTOPped: its heartbeat stops, so the timeout names it only.
+    import threading
+
+    from moe_repro.runtime.launch import RankFailure, run_ranks
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    caught = []
+
+    def job():
+        try:
+            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 60},
+                      world_size=4, timeout_s=12)
+        except RankFailure as e:
+            caught.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert wait_until(lambda: len(list(pid_dir.glob("rank-*.pid"))) == 4, 60)
+    os.kill(int((pid_dir / "rank-1.pid").read_text()), signal.SIGSTOP)
+    t.join(timeout=60)
+    (err,) = caught
+    assert err.ranks == [1], str(err)
+    assert "stopped making progress" in str(err) and "rank 1 silent" in str(err)
+
+
+def test_a_hung_rank_is_named_alone_while_its_peers_wait(results_dir):
+    # --fault hang:2: rank 2 sleeps in its 3rd call while ranks 0, 1, 3 block in the all-to-all.
+    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "bench", "alltoall",
+                        "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat", "--fault", "hang:2",
+                        "--timeout", "15", "--repeats", "5"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert "rank(s) 2 of 4 did not finish" in line and "while rank(s) 0, 1, 3 waited" in line
