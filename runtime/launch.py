@@ -109,6 +109,27 @@ def mpiexec_path() -> str:
     return found
 
 
+def mpi_available() -> bool:
+    """Whether MPI ranks can run here: mpi4py importable and an mpiexec to start them."""
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
+        return False
+    try:
+        found = mpiexec_path()
+    except RankFailure:
+        return False
+    return os.path.exists(found) or shutil.which(found) is not None
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (mpiexec/mpirun: PMI or Open MPI variables) started this world,
+    rather than torchrun (WORLD_SIZE) or srun alone."""
+    if os.environ.get("MOE_REPRO_WORKER") or os.environ.get("WORLD_SIZE"):
+        return False
+    return any(os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"))
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -145,8 +166,10 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     remove_stale_workdirs()
     workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
     previous = _terminate_on_signals()
+    janitor = None
     try:
         (workdir / "owner.pid").write_text(str(os.getpid()))
+        janitor = _start_janitor(workdir)
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
                    MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
@@ -155,7 +178,12 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
                   "--backend", backend]
         procs: dict[str, subprocess.Popen] = {}
         if backend == "mpi":
-            cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, *common]
+            mpiexec = mpiexec_path()
+            # MPICH's mpiexec (hydra, the mpich wheel's) SIGKILLs every rank when one dies, which
+            # hides which one died; without that cleanup the dead rank is the only one gone, and
+            # _supervise ends the others itself.
+            keep = ["-disable-auto-cleanup"] if Path(mpiexec).parent == Path(sys.executable).parent else []
+            cmd = [mpiexec, *keep, "-n", str(world_size), sys.executable, *common]
             with open(workdir / "mpiexec.err", "wb") as err:
                 procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
                                                     start_new_session=True, preexec_fn=die_with_parent)
@@ -170,10 +198,32 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if janitor is not None:
+            janitor.kill()
+            janitor.wait()
         _restore_signals(previous)
 
 
 WORKDIR_PREFIX = "moe-repro-ranks-"
+
+# The janitor outlives a SIGKILLed parent (no handler runs then): it polls its own parent pid,
+# which changes when the parent dies (re-parenting), and removes the work directory. Standard
+# library only, no site import: it starts in a few tens of milliseconds.
+_JANITOR = """
+import os, shutil, sys, time
+owner, workdir = int(sys.argv[1]), sys.argv[2]
+while os.getppid() == owner and os.path.isdir(workdir):
+    time.sleep(0.2)
+shutil.rmtree(workdir, ignore_errors=True)
+"""
+
+
+def _start_janitor(workdir: Path) -> subprocess.Popen:
+    """A watcher that removes ``workdir`` when this process dies on a path where no cleanup
+    code runs (SIGKILL, a crash in C). Its own session: a signal to our process group spares it."""
+    return subprocess.Popen([sys.executable, "-S", "-c", _JANITOR, str(os.getpid()), str(workdir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def die_with_parent() -> None:
@@ -234,15 +284,53 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _waiting_in_communication(workdir: Path, rank: int) -> bool:
+    try:
+        where = json.loads((workdir / f"rank-{rank}.beat").read_text()).get("where", "")
+    except (OSError, ValueError):
+        return False
+    return any(part in where for part in _WAITING_IN)
+
+
+def _vanished_ranks(workdir: Path, world_size: int, pids: dict[int, int]) -> list[int]:
+    """Ranks whose process is gone (or a zombie) before writing their result; learns each
+    rank's pid from its heartbeat into ``pids``."""
+    gone = []
+    for r in range(world_size):
+        if r not in pids:
+            try:
+                pids[r] = int(json.loads((workdir / f"rank-{r}.beat").read_text())["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        if (workdir / f"rank-{r}.json").exists():
+            continue
+        try:
+            state = Path(f"/proc/{pids[r]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "gone" if not _alive(pids[r]) else "?"
+        if state in ("Z", "X", "gone"):
+            gone.append(r)
+    return gone
+
+
 def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
                timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
+    # Under mpiexec only its exit code comes back, and mpiexec ends every rank when one dies; so
+    # watch the ranks' own pids (from their heartbeats) and remember which vanished first.
+    watch = "mpiexec" in procs
+    pids: dict[int, int] = {}
+    vanished: list[int] = []
     try:
         while True:
             codes = {name: p.poll() for name, p in procs.items()}
+            if watch and not vanished:
+                vanished = _vanished_ranks(workdir, world_size, pids)
+                if vanished and codes.get("mpiexec") is None:
+                    codes["mpiexec"] = -signal.SIGKILL  # ended below, by _kill_group
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
             if failed:
-                _raise_for(workdir, world_size, codes, "exited with code")
+                _raise_for(workdir, world_size, codes, "exited with code", vanished)
             if all(c == 0 for c in codes.values()):
                 missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
                 if missing:
@@ -258,7 +346,8 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             _kill_group(p)
 
 
-def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str) -> None:
+def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str,
+               vanished: list[int] | None = None) -> None:
     """Name the ranks that caused the failure, most likely cause first.
 
     A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
@@ -269,9 +358,19 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
     raised = [r for r in unfinished if (workdir / f"rank-{r}.failed").exists()]
     rank_codes = {int(n): c for n, c in codes.items() if n.isdigit()}
     died = [r for r, c in rank_codes.items() if c not in (None, 0) and r not in raised]
-    running = [r for r, c in rank_codes.items() if c is None]
-    if "within" in what and rank_codes:
+    # under mpiexec no rank's own exit code comes back: the unfinished ranks are the running ones
+    running = [r for r, c in rank_codes.items() if c is None] if rank_codes else unfinished
+    first_gone = [r for r in (vanished or []) if r in unfinished and r not in raised]
+    if len(first_gone) > 1:
+        # a peer may die of the first one's death within the same poll: the one that died on
+        # its own was, by its last heartbeat, outside communication (see _hung_ranks)
+        on_own = [r for r in first_gone if not _waiting_in_communication(workdir, r)]
+        first_gone = on_own or first_gone
+    if "within" in what and running:
         culprits, what = _hung_ranks(workdir, running, what)
+    elif first_gone:
+        # under mpiexec: the rank(s) whose process vanished first (mpiexec then ends the rest)
+        culprits = died = first_gone
     else:
         culprits = died + raised or unfinished
     details = []
@@ -279,13 +378,17 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
         code = rank_codes.get(r)
         how = f"killed by signal {-code}" if code is not None and code < 0 else (
             f"exit code {code}" if code else "")
+        if r in first_gone and not how:
+            how = "its process ended first, without a Python error"
         tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
         if how or tail:
             details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
     if not details and (workdir / "mpiexec.err").exists():
         details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
     names = ", ".join(map(str, culprits)) or "none"
-    if what == "exited with code":
+    if what == "exited with code" and first_gone:
+        what = "ended first, killed or crashed (its peers were then stopped)"
+    elif what == "exited with code":
         signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
         what = ("was killed by a signal (its peers then failed or hung in the collective it left)"
                 if signalled and culprits[0] in signalled else "failed")

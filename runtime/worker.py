@@ -56,7 +56,7 @@ def _start_heartbeat(workdir: Path, rank: int) -> None:
     def beat() -> None:
         while True:
             try:
-                atomic_write_json(path, {"t": time.time(), "where": where()})
+                atomic_write_json(path, {"t": time.time(), "where": where(), "pid": os.getpid()})
             except OSError:
                 return  # the work directory is gone: the run is over
             time.sleep(HEARTBEAT_S)
