@@ -42,7 +42,10 @@ def git_state() -> dict:
 
 
 def device_description() -> dict:
-    """The compute device results were measured on: a GPU name, or the CPU model."""
+    """The compute device results were measured on: a GPU name, or the CPU model. A run that
+    never imported torch (a simulation) computed on the CPU, whatever GPUs the host has."""
+    if "torch" not in sys.modules:
+        return {"device": _cpu_model(), "device_type": "cpu", "device_count": 1}
     try:
         import torch
 
@@ -55,13 +58,24 @@ def device_description() -> dict:
 
 
 def collect_environment(command: list[str] | None = None) -> dict:
-    try:
-        import torch
+    """Provenance of a run. torch's version is read from its installed metadata and its thread
+    count only where the run imported torch: importing it here would cost a simulated run
+    more than the simulation (1-4 s)."""
+    torch_version, threads = None, None
+    if "torch" in sys.modules:
+        try:
+            import torch
 
-        torch_version = torch.__version__
-        threads = torch.get_num_threads()
-    except Exception:
-        torch_version, threads = None, None
+            torch_version, threads = torch.__version__, torch.get_num_threads()
+        except Exception:
+            pass
+    else:
+        try:
+            from importlib.metadata import version
+
+            torch_version = version("torch")
+        except Exception:
+            pass
     env = {
         "python": platform.python_version(),
         "torch": torch_version,

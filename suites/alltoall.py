@@ -11,6 +11,11 @@ flat all-to-all's layout, including the count/metadata exchange each algorithm n
   halo  gather rows, the all-to-all of the counts HALO's plan needs, HALO's three phases
   rbd   pilot selection, metadata, pilots across nodes, replicas inside nodes
 
+``path`` collective times, instead of the dispatch, the bare flat all-to-all-v of rows already
+packed in send order with every count known and the receive buffer reused: what nccl-tests'
+alltoall times, the floor a flat dispatch can reach. ``--path dispatch,collective`` puts the
+two side by side in one run; their ratio is what the dispatch adds (packing, counts).
+
 Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is
 what the ranks actually sent to ranks of other nodes during one call (all phases, metadata
 included, summed over ranks), counted by the communicators themselves.
@@ -59,15 +64,22 @@ import os
 import signal
 import time
 
-import torch
-
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
+from moe_repro.components.lazy_import import lazy_module
 from moe_repro.suites.base import Metric, Suite
 
+torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
+
 PLACEMENTS = ("contiguous", "strided", "random")
+PATHS = ("dispatch", "collective")
 LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
+# --backend auto: MPI where it is installed, measured faster than gloo on every local size we
+# ran (4 ranks, flat: dispatch 2.0 vs 5.0 ms at 1 MiB, 17.9 vs 26.1 ms at 16 MiB; 2 ranks 0.38 vs
+# 1.60 ms and 11.1 vs 14.6 ms; `repro bench alltoall --path dispatch,collective --backend
+# gloo,mpi`); gloo otherwise, and under torchrun.
+AUTO_BACKEND_WHY = "MPI ran the local all-to-all faster than gloo at every size measured (1-16 MiB, 2 and 4 ranks)"
 IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
         "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
         "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv"}
@@ -93,6 +105,22 @@ def launched_defaults() -> dict[str, list]:
     return {"nodes": [topo.nodes], "gpus_per_node": [topo.ranks_per_node]}
 
 
+def choose_backend(requested: str) -> tuple[str, str | None]:
+    """(backend, why) for ``--backend``; auto picks MPI when it can run here (or when an MPI
+    launcher started the world) and gloo otherwise; why is None when the user named one."""
+    from moe_repro.runtime.launch import launched_by_mpi, launched_world_size, mpi_available
+
+    if requested != "auto":
+        return requested, None
+    if launched_world_size():
+        if launched_by_mpi():
+            return "mpi", "backend mpi (auto: the world was started by an MPI launcher)"
+        return "gloo", "backend gloo (auto: the world was started by a non-MPI launcher)"
+    if mpi_available():
+        return "mpi", f"backend mpi (auto: {AUTO_BACKEND_WHY}; --backend gloo to compare)"
+    return "gloo", "backend gloo (auto: no MPI here, mpi4py and an mpiexec: pip install mpich mpi4py)"
+
+
 def _positive(p: dict, key: str) -> int:
     try:
         value = int(p[key])
@@ -113,8 +141,14 @@ def derived_params(p: dict) -> dict:
         raise ValueError(f"algo must be one of {', '.join(algorithm_names())}, got {p['algo']!r}")
     if p["placement"] not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}")
-    if p["backend"] not in IMPL:
-        raise ValueError(f"backend must be one of {', '.join(IMPL)}, got {p['backend']!r}")
+    if p["backend"] != "auto" and p["backend"] not in IMPL:
+        raise ValueError(f"backend must be auto or one of {', '.join(IMPL)}, got {p['backend']!r}")
+    path = p.get("path", "dispatch")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    if path == "collective" and p["algo"] != "flat":
+        raise ValueError(f"path collective times the bare flat all-to-all-v (every algorithm's "
+                         f"baseline); use it with --algo flat, not {p['algo']}")
     if p.get("latency_model", "profile") not in LATENCY_MODELS:
         raise ValueError(f"latency_model must be one of {', '.join(LATENCY_MODELS)}, got {p['latency_model']!r}")
     _parse_fault(p["fault"])
@@ -140,8 +174,10 @@ def derived_params(p: dict) -> dict:
     if kind != "none" and not 0 <= fault_rank < nodes * gpn:
         raise ValueError(f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks")
     if why is None:
-        return {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
-                "simulated": False, "impl": f"{p['algo']} over {IMPL[p['backend']]}"}
+        backend, chosen_because = choose_backend(p["backend"])
+        real = {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
+                "backend": backend, "simulated": False, "impl": f"{p['algo']} over {IMPL[backend]}"}
+        return {**real, "backend_chosen": chosen_because} if chosen_because else real
     profile = _simulated_platform(platform, None if auto_gpn else gpn)
     if auto_gpn:
         gpn = profile.gpus_per_node
@@ -297,6 +333,13 @@ def setup(params: dict, ctx) -> dict:
     pft = state["pft"]
     state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],
                                                                    _rank_generator(ctx.rank))
+    if params.get("path", "dispatch") == "collective":
+        from moe_repro.components.alltoall.flat import flat_send_layout
+
+        order, send_counts = flat_send_layout(pft, state["placement"], ctx.world_size)
+        rows = state["x"].index_select(0, pft.token_ids[order])  # packed once, outside the timing
+        recv_counts = comms.world.exchange_counts(send_counts)
+        state["collective"] = (rows, send_counts, recv_counts, rows.new_empty((sum(recv_counts), rows.shape[1])))
 
     # One logged call: bytes per link class as actually sent, summed over the world.
     log: list = []
@@ -313,6 +356,10 @@ def setup(params: dict, ctx) -> dict:
 
 
 def _dispatch(state: dict) -> torch.Tensor:
+    """The measured call: the MoE dispatch, or with path collective the bare flat collective."""
+    if "collective" in state:
+        rows, send_counts, recv_counts, out = state["collective"]
+        return state["comms"].world.alltoallv(rows, send_counts, recv_counts, "a2a", out=out)
     return state["dispatcher"].dispatch(state["x"], state["pft"])
 
 
@@ -356,7 +403,9 @@ def check(state: dict) -> int:
     ctx, params = state["ctx"], state["params"]
     out = _dispatch(state)
     expected, combined = _reference(params, state["placement"], ctx.world_size, ctx.rank)
-    wrong = _count_wrong(out, expected)  # before combine: HALO's rows live in a reused buffer
+    wrong = _count_wrong(out, expected)  # before combine: the rows live in a reused buffer
+    if "collective" in state:  # the bare collective has no combine
+        return wrong
     y = state["dispatcher"].combine(2 * out + 1, int(params["tokens"]))
     return wrong + _count_wrong(y, combined)
 
@@ -379,11 +428,11 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
 SUITE = Suite(
     name="alltoall",
     params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
-            "backend": ["gloo"], "latency_model": ["profile"],
+            "backend": ["auto"], "latency_model": ["profile"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],
-            "placement": ["contiguous"], "seed": [0], "fault": ["none"]},
+            "placement": ["contiguous"], "seed": [0], "fault": ["none"], "path": ["dispatch"]},
     quick={"nodes": [2], "tokens": [16], "hidden": [64]},  # 16 KiB per rank
-    table_keys=("nodes", "gpus_per_node", "algo", "backend", "platform", "size"),
+    table_keys=("nodes", "gpus_per_node", "algo", "path", "backend", "platform", "size"),
     table_metrics=("time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes"),
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
@@ -414,7 +463,9 @@ SUITE = Suite(
                             "profile file path (.json)",
                 "latency_model": "simulated only: profile (the profile's), overlapped or serial "
                                  "(see components/network/simulator.py)",
-                "backend": "gloo, nccl (GPUs) or mpi",
+                "backend": "auto (MPI where mpi4py and mpiexec are installed: faster than gloo "
+                           "at every local size measured; else gloo; the choice is printed "
+                           "first), gloo, nccl (GPUs) or mpi",
                 "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "
                          "0: from tokens and hidden; given, it sets tokens (and hidden below one "
                          "token's payload)",
@@ -423,5 +474,8 @@ SUITE = Suite(
                 "experts": "experts in total", "top_k": "experts per token",
                 "placement": "expert -> rank map: contiguous, strided or random",
                 "seed": "input and routing seed",
+                "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v) or "
+                        "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
+                        "buffers reused; the floor a dispatch can reach)",
                 "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},
 )

@@ -427,7 +427,9 @@ def test_bench_alltoall_sizes_on_two_real_ranks(tmp_path, results_dir):
                "--sizes", "1K:4K", "--check", "--json", str(out), "--repeats", "2", "--warmup", "0",
                "--min-sample-s", "0", timeout=120)
     assert r.returncode == 0, r.stderr
-    header = r.stdout.splitlines()[0].split()
+    first, table = r.stdout.splitlines()[:2]
+    assert first.startswith("backend ") and "(auto: " in first  # what --backend auto picked
+    header = table.split()
     for column in ("size", "time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes", "#wrong"):
         assert column in header
     records = json.loads(out.read_text())["records"]

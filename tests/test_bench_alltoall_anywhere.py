@@ -65,3 +65,58 @@ def test_under_mpiexec_the_defaults_come_from_the_launched_world(tmp_path, resul
     assert r.returncode == 0, r.stderr[-2000:]
     (rec,) = json.loads(out.read_text())["records"]
     assert rec["nodes"] == 1 and rec["gpus_per_node"] == 4 and rec["simulated"] is False
+
+
+SIMULATE_AND_REPORT_IMPORTS = """
+import sys
+from moe_repro.cli import main
+try:
+    main()
+except SystemExit as e:
+    print("exit", e.code, "torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_simulated_world_at_scale_never_imports_torch(tmp_path):
+    # Importing torch costs more than simulating 8192 ranks: the simulated path must not need it.
+    r = subprocess.run([sys.executable, "-c", SIMULATE_AND_REPORT_IMPORTS, "--results", str(tmp_path),
+                        "bench", "alltoall", "--nodes", "1024", "--gpus-per-node", "8", "--platform",
+                        "frontier", "--algo", "flat,halo"], capture_output=True, text=True, timeout=300)
+    assert r.stdout.startswith("simulated on frontier")
+    assert r.stderr.strip().splitlines()[-1] == "exit 0 torch imported: False", r.stderr[-2000:]
+
+
+def test_dispatch_and_bare_collective_side_by_side(tmp_path, results_dir):
+    # One run, two paths, both checked against the loop-over-tokens reference.
+    out = tmp_path / "r.json"
+    r = repro("bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--backend", "gloo",
+              "--path", "dispatch,collective", "--quick", "--repeats", "2", "--check", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    records = json.loads(out.read_text())["records"]
+    assert [rec["path"] for rec in records] == ["dispatch", "collective"]
+    assert all(rec["wrong"] == 0 and rec["bytes"] == records[0]["bytes"] for rec in records)
+
+
+def test_the_bare_collective_is_flats_only(results_dir):
+    r = repro("bench", "alltoall", "--nodes", "1", "--algo", "halo", "--path", "collective")
+    assert r.returncode == 2 and "use it with --algo flat" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_auto_backend_says_what_it_picked(tmp_path, results_dir, monkeypatch):
+    from moe_repro.runtime.launch import mpi_available
+
+    out = tmp_path / "r.json"
+    r = repro("bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--quick",
+              "--repeats", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    (rec,) = json.loads(out.read_text())["records"]
+    picked = "mpi" if mpi_available() else "gloo"
+    assert r.stdout.startswith(f"backend {picked} (auto: ") and rec["backend"] == picked
+    # without an mpiexec, auto falls back to gloo and says why
+    monkeypatch.setenv("MOE_REPRO_MPIEXEC", str(tmp_path / "no-such-mpiexec"))
+    r = repro("bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--quick",
+              "--repeats", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("backend gloo (auto: no MPI here")
+    assert json.loads(out.read_text())["records"][0]["backend"] == "gloo"

@@ -24,10 +24,14 @@ over real ranks built on it.
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from functools import cache
 
-from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, register
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, ReusedBuffers, register
+from moe_repro.components.lazy_import import lazy_module
+
+# Imported on first use: the simulator reads this module's schedules without tensors.
+torch = lazy_module("torch", globals())
+dist = lazy_module("torch.distributed", globals(), "dist")
 
 
 def _world(group) -> int:
@@ -56,16 +60,22 @@ def exchange_rows(x: torch.Tensor, send_counts: list[int], recv_counts: list[int
     return out
 
 
-class _AllToAllV(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, send_counts, recv_counts, group):
-        ctx.send_counts, ctx.recv_counts, ctx.group = send_counts, recv_counts, group
-        return exchange_rows(x, send_counts, recv_counts, group)
+@cache
+def _all_to_all_v_function():
+    """The autograd Function, defined on first use (torch itself is imported on first use)."""
 
-    @staticmethod
-    def backward(ctx, grad):
-        # The reverse exchange: what I received from d goes back to d.
-        return exchange_rows(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
+    class AllToAllV(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, send_counts, recv_counts, group):
+            ctx.send_counts, ctx.recv_counts, ctx.group = send_counts, recv_counts, group
+            return exchange_rows(x, send_counts, recv_counts, group)
+
+        @staticmethod
+        def backward(ctx, grad):
+            # The reverse exchange: what I received from d goes back to d.
+            return exchange_rows(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
+
+    return AllToAllV
 
 
 def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
@@ -85,7 +95,7 @@ def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int]
         recv_counts = [int(c) for c in recv_counts]
         if len(recv_counts) != n:
             raise ValueError(f"recv_counts has {len(recv_counts)} entries, group has {n} ranks")
-    return _AllToAllV.apply(x, send_counts, recv_counts, group)
+    return _all_to_all_v_function().apply(x, send_counts, recv_counts, group)
 
 
 # --- Backend-neutral communicators ------------------------------------------------------------
@@ -310,10 +320,12 @@ def flat_send_layout(pft, expert_to_rank, world_size: int) -> tuple[torch.Tensor
 class FlatDispatcher(Dispatcher):
     """Dispatch: gather the PFT's rows in flat send order, exchange counts, one all-to-all-v.
     Combine: the reverse all-to-all-v, then each row scaled by its combine weight and added into
-    its token. Subclasses change only the two exchanges (:class:`halo_group.HaloDispatcher`)."""
+    its token. Subclasses change only the two exchanges (:class:`halo_group.HaloDispatcher`).
+    The send, receive and combine-receive rows live in reused buffers (:class:`ReusedBuffers`)."""
 
     def __init__(self, comm: Comm, expert_to_rank):
         self.comm, self.expert_to_rank = comm, expert_to_rank
+        self.buffers = ReusedBuffers()
         self._pft = None  # the PFT the layout below was computed for
         self._token_order = self._weights = None
         self._send_counts: list[int] = []
@@ -333,20 +345,26 @@ class FlatDispatcher(Dispatcher):
         t = self._clock()
         recv_counts = self.comm.exchange_counts(send_counts)
         t = self._lap("counts exchange", t)
-        out = flat_all_to_all_v(self.comm, rows, send_counts, recv_counts)
+        out = self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
+                                  out=self.buffers.get("received", sum(recv_counts), rows))
         self._lap("all-to-all", t)
         return out, recv_counts
 
     def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """The exchange back (counts known on both sides)."""
-        return flat_all_to_all_v(self.comm, rows, send_counts, recv_counts)
+        return self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
+                                   out=self.buffers.get("returned", sum(recv_counts), rows))
 
     def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
         self._use_layout_of(pft)
         t = self._clock()
-        rows = x.index_select(0, self._token_order)
+        if x.requires_grad and torch.is_grad_enabled():  # out= has no autograd
+            rows = x.index_select(0, self._token_order)
+        else:
+            rows = torch.index_select(x, 0, self._token_order,
+                                      out=self.buffers.get("send", self._token_order.numel(), x))
         self._lap("buffer gather", t)
         out, self._recv_counts = self.exchange(rows, self._send_counts)
         return out

@@ -53,9 +53,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-import torch
-
+from moe_repro.components.alltoall.base import ReusedBuffers
+from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Topology
+
+torch = lazy_module("torch", globals())  # first use; the simulator needs only the schedule
 
 PHASE_DEPENDENCIES = {"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}  # Eq. 13
 
@@ -113,14 +115,16 @@ class HaloPlan:
     p2_recv: list[int]
     p3_send: list[int]  # rows to each local rank (Phase III)
     p3_recv: list[int]
-    pack_index: torch.Tensor  # rows of x for Phase II, remote nodes in order (line 10)
-    p3_index: torch.Tensor  # rows of F2r in Phase III send order (line 18)
     out_local: tuple[int, int]  # output rows filled by Phase I (line 20)
-    out_remote_index: torch.Tensor  # output row of each F3r row (lines 21-23)
     total_recv: int
+    # Row indices; None in a plan built for its sizes only (indices=False: the simulator's).
+    pack_index: torch.Tensor | None = None  # rows of x for Phase II, remote nodes in order (line 10)
+    p3_index: torch.Tensor | None = None  # rows of F2r in Phase III send order (line 18)
+    out_remote_index: torch.Tensor | None = None  # output row of each F3r row (lines 21-23)
 
 
-def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
+def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = True) -> HaloPlan:
+    """Sizes (and with ``indices``, the row index tensors) of ``rank``'s three phases."""
     N, R = topo.world_size, topo.ranks_per_node
     if len(C) != N or any(len(row) != N for row in C):
         raise ValueError(f"counts matrix must be {N}x{N}")
@@ -135,7 +139,7 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
     peers = [n * R + l for n in remote_nodes]
     p2_recv = [sum(int(C[p][d]) for d in local) for p in peers]
 
-    pack = [i for n in remote_nodes for i in range(starts[n * R], starts[(n + 1) * R])]
+    pack = [i for n in remote_nodes for i in range(starts[n * R], starts[(n + 1) * R])] if indices else []
 
     # F2r holds, per remote node i (peer p_i), blocks for local ranks l' = 0..R-1 in order.
     f2_offset = {}
@@ -150,7 +154,8 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
         n_rows = 0
         for p in peers:
             start, cnt = f2_offset[(p, lp)]
-            p3_index.extend(range(start, start + cnt))
+            if indices:
+                p3_index.extend(range(start, start + cnt))
             n_rows += cnt
         p3_send.append(n_rows)
     # I receive from local l'' the rows of sources (n, l'') for remote n, in node order.
@@ -161,18 +166,20 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int) -> HaloPlan:
         cnt = 0
         for n in remote_nodes:
             s = n * R + lpp
-            out_remote.extend(range(out_start[s], out_start[s + 1]))
+            if indices:
+                out_remote.extend(range(out_start[s], out_start[s + 1]))
             cnt += recv_from[s]
         p3_recv.append(cnt)
-    return HaloPlan(
+    plan = HaloPlan(
         rank=rank, local_start=starts[local[0]], local_stop=starts[local[-1] + 1],
         remote_nodes=remote_nodes, p1_send=p1_send, p1_recv=p1_recv, p2_send=p2_send,
         p2_recv=p2_recv, p3_send=p3_send, p3_recv=p3_recv,
-        pack_index=torch.tensor(pack, dtype=torch.int64),
-        p3_index=torch.tensor(p3_index, dtype=torch.int64),
-        out_local=(out_start[local[0]], out_start[local[-1] + 1]),
-        out_remote_index=torch.tensor(out_remote, dtype=torch.int64),
-        total_recv=out_start[N])
+        out_local=(out_start[local[0]], out_start[local[-1] + 1]), total_recv=out_start[N])
+    if indices:
+        plan.pack_index = torch.tensor(pack, dtype=torch.int64)
+        plan.p3_index = torch.tensor(p3_index, dtype=torch.int64)
+        plan.out_remote_index = torch.tensor(out_remote, dtype=torch.int64)
+    return plan
 
 
 def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
@@ -187,7 +194,7 @@ def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
     msgs = [("counts", s, d, 8 * len(counts_sent(topo, s, d))) for s in sources for d in range(N)] \
         if with_counts else []
     for r in sources:
-        plan = halo_plan(C, topo, r)
+        plan = halo_plan(C, topo, r, indices=False)  # sizes only: no row index tensors
         local = topo.node_ranks(topo.node_of(r))
         for d, c in zip(local, plan.p1_send):
             if c:
@@ -207,16 +214,11 @@ class HaloAllToAll:
     def __init__(self, comms):
         self.comms = comms  # topology.Communicators
         self.topo: Topology = comms.topo
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._buffers = ReusedBuffers()  # persistent phase buffers (Piper Alg. 1 lines 2-4)
         self._plans: dict[tuple, HaloPlan] = {}
 
     def _buf(self, name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
-        shape = (rows, *like.shape[1:])
-        b = self._buffers.get(name)
-        if b is None or b.dtype != like.dtype or b.shape[1:] != like.shape[1:] or b.shape[0] < rows:
-            b = like.new_empty((max(rows, 1), *like.shape[1:]))
-            self._buffers[name] = b
-        return b[:rows].view(shape)
+        return self._buffers.get(name, rows, like)
 
     def plan(self, C, device: torch.device | None = None) -> HaloPlan:
         rows = C.key if isinstance(C, KnownCounts) else tuple(tuple(int(c) for c in row) for row in C)

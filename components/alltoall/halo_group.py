@@ -40,13 +40,17 @@ from __future__ import annotations
 from collections import Counter
 from itertools import accumulate
 
-import torch
-import torch.distributed as dist
+from functools import cache
 
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, register
 from moe_repro.components.alltoall.flat import Comm, FlatDispatcher, TorchComm, flat_send_layout
 from moe_repro.components.alltoall.halo import PHASE_DEPENDENCIES, HaloAllToAll, halo_schedule
+from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
+
+# Imported on first use: the simulator reads this module's schedules without tensors.
+torch = lazy_module("torch", globals())
+dist = lazy_module("torch.distributed", globals(), "dist")
 
 
 class NodeP2PComm(Comm):
@@ -131,18 +135,24 @@ def halo_for_group(group=None, topo: Topology | None = None) -> HaloAllToAll:
     return _HALO_OF_GROUP[key]
 
 
-class _HaloAllToAllV(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, send_counts, recv_counts, counts, halo):
-        ctx.recv_counts, ctx.halo = recv_counts, halo
-        # HALO returns its persistent output buffer, which the next call overwrites: copy it.
-        return halo(x, send_counts, counts_matrix=counts).clone()
+@cache
+def _halo_all_to_all_v_function():
+    """The autograd Function, defined on first use (torch itself is imported on first use)."""
 
-    @staticmethod
-    def backward(ctx, grad):
-        # The reverse exchange: what I received from s goes back to s, by HALO again (its own
-        # counts exchange learns the transposed counts it needs).
-        return ctx.halo(grad, ctx.recv_counts).clone(), None, None, None, None
+    class HaloAllToAllV(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, send_counts, recv_counts, counts, halo):
+            ctx.recv_counts, ctx.halo = recv_counts, halo
+            # HALO returns its persistent output buffer, which the next call overwrites: copy it.
+            return halo(x, send_counts, counts_matrix=counts).clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            # The reverse exchange: what I received from s goes back to s, by HALO again (its own
+            # counts exchange learns the transposed counts it needs).
+            return ctx.halo(grad, ctx.recv_counts).clone(), None, None, None, None
+
+    return HaloAllToAllV
 
 
 def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
@@ -162,7 +172,7 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
     if recv_counts is not None and [int(c) for c in recv_counts] != received:
         raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
                          f"this rank: {received}")
-    return _HaloAllToAllV.apply(x, send_counts, received, counts, halo)
+    return _halo_all_to_all_v_function().apply(x, send_counts, received, counts, halo)
 
 
 # --- the registry entry -----------------------------------------------------------------------

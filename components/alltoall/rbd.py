@@ -56,15 +56,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, register
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
-from moe_repro.components.moe.pft import PFT
+from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
+
+if TYPE_CHECKING:
+    from moe_repro.components.moe.pft import PFT
+
+# Imported on first use: the registry (read by the simulator) imports this module.
+torch = lazy_module("torch", globals())
+dist = lazy_module("torch.distributed", globals(), "dist")
 
 PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
                       "replica": ["pilot", "meta"], "replica_meta": ["meta"]}

@@ -71,16 +71,17 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     from moe_repro.records.record import dump
     from moe_repro.runtime.launch import RankFailure, launched_world_size
     from moe_repro.reports.terminal import format_records
-    from moe_repro.suites import all_suites
+    from moe_repro import catalog
+    from moe_repro.suites import get_suite
     from moe_repro.suites.runner import RunConfig, run_suite, suite_record
 
     store = ctx.obj
-    suites = all_suites()
-    if suite_name not in suites:
-        close = difflib.get_close_matches(suite_name, list(suites), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; suites: {', '.join(suites)}"
+    if suite_name not in catalog.SUITES:  # known without importing any suite
+        names = list(catalog.SUITES)
+        close = difflib.get_close_matches(suite_name, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; suites: {', '.join(names)}"
         raise BadInput(f"unknown suite {suite_name!r}{hint}")
-    suite = suites[suite_name]
+    suite = get_suite(suite_name)  # imports that suite's module only
     if show_params:
         click.echo(f"{suite.name}: {suite.description}")
         for key, default in suite.params.items():
@@ -105,6 +106,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
                                                for name, why in simulated.items())
                    + ": every number below is a prediction of the flow-level simulator, not a measurement")
+    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen")):
+        click.echo(line)  # what --backend auto picked, and why
 
     def progress(i: int, n: int, point: dict) -> None:
         # the grid's own axes (derived values such as the rows per rank are in the record)
