@@ -78,6 +78,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="attention",
+    choices={"dtype": tuple(_DTYPES)},
     params={"model": ["mixtral-8x7b", "qwen3-30b-a3b", "xmoe-small", "deepseek-v3"],
             "seq_len": [256, 512, 1024, 2048], "batch": [1], "heads": [8], "backward": [False],
             "dtype": ["float32"], "device": ["auto"], "threads": [1]},

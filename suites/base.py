@@ -67,6 +67,9 @@ class Suite:
     launched_defaults: Callable[[], dict[str, list]] | None = None
     table_keys: tuple[str, ...] = ()
     table_metrics: tuple[str, ...] = ()
+    # Allowed values of enumerated params, checked when the grid is built, before any rank
+    # starts (a bad one is a one-line error with close matches, exit 2).
+    choices: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def description(self) -> str:
@@ -86,6 +89,12 @@ class Suite:
             # under torchrun/mpirun/srun, defaults read from the world the launcher started
             base.update(self.launched_defaults())
         values = {**base, **(overrides or {})}
+        for key, allowed in self.choices.items():
+            for value in values.get(key, ()):
+                if value not in allowed:
+                    raise ValueError(_not_one_of(key, value, allowed))
+        for device in values.get("device", ()):
+            check_device(str(device))
         keys = list(values)
         points = [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
         if self.derived_params is not None:
@@ -120,6 +129,30 @@ class Suite:
             except ValueError:
                 raise ValueError(f"parameter {key}: cannot read {raw!r} as {kind.__name__}") from None
         return out
+
+
+def _not_one_of(key: str, value, allowed) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=2, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"{key} must be one of {', '.join(map(str, allowed))}, got {value!r}{hint}"
+
+
+def check_device(device: str) -> None:
+    """A ``device`` param names a device this machine has: auto, cpu, or cuda[:N] with a GPU."""
+    kind, _, index = device.partition(":")
+    if kind in ("auto", "cpu") and not index:
+        return
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device}: this machine has no CUDA GPU (torch "
+                         f"{torch.__version__}, cuda available: False); use --device cpu or auto")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
 
 
 _SUFFIX = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}

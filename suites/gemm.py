@@ -49,6 +49,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="gemm",
+    choices={"dtype": tuple(_DTYPES)},
     params={"n": [256, 512, 1024, 2048], "dtype": ["float32"], "device": ["auto"]},
     quick={"n": [128, 256]},
     setup=setup,

@@ -113,6 +113,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="expert-gemm",
+    choices={"dtype": tuple(_DTYPES)},
     params={"variant": list(variants()), "tokens_per_expert": [16, 64, 256, 1024],
             "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],
             "local_experts": [4], "dtype": ["float32"], "device": ["auto"], "threads": [1]},

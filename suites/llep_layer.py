@@ -98,6 +98,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="llep-layer",
+    choices={"layer": LAYERS},
     params={"layer": list(LAYERS), "ranks": [2], "backend": ["gloo"], "tokens": [512],
             "d_model": [64], "d_ffn": [256], "experts": [8], "top_k": [2], "skew": [4.0],
             "seed": [0]},

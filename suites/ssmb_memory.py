@@ -74,6 +74,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="ssmb-memory",
+    choices={"variant": VARIANTS, "backend": ("gloo",)},
     params={"variant": list(VARIANTS), "ranks": [1, 2, 4], "backend": ["gloo"], "seq": [1024],
             "hidden": [64], "dense_ffn": [128], "experts": [16], "expert_ffn": [32], "top_k": [4],
             "seed": [0]},

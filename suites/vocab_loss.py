@@ -131,6 +131,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="vocab-loss",
+    choices={"impl": IMPLS, "backend": ("gloo",)},
     params={"impl": list(IMPLS), "ranks": [1, 2, 4], "backend": ["gloo"], "tokens": [2048],
             "hidden": [256], "vocab": [32768], "seed": [0]},
     quick={"ranks": [1, 2], "tokens": [256], "hidden": [32], "vocab": [4096]},

@@ -62,7 +62,25 @@ CASES = {
                                       "capacity_factor must be a positive finite number"),
     "bench json into a missing directory": (["bench", "gemm", "--json", "/nonexistent-dir/x/b.json"],
                                             "does not exist (it is not created)"),
+    "moe-layer dtype float8": (["bench", "moe-layer", "--dtype", "float8"], "dtype must be one of"),
+    "gemm dtype float8": (["bench", "gemm", "--dtype", "float8"], "dtype must be one of float32, bfloat16"),
+    "moe-layer capacity factor -1": (["bench", "moe-layer", "--capacity-factor", "-1"],
+                                     "capacity_factor must be a positive finite number"),
+    "vocab-loss unknown impl": (["bench", "vocab-loss", "--impl", "shardd"], "did you mean sharded?"),
+    "llep-layer unknown layer": (["bench", "llep-layer", "--layer", "foo"], "layer must be one of plain, llep"),
+    "gemm unknown device": (["bench", "gemm", "--device", "tpu"], "device must be auto, cpu or cuda[:N]"),
 }
+
+
+def test_cuda_without_a_gpu_is_refused_before_any_rank_starts(results_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for suite in ("gemm", "moe-layer", "attention"):
+        r = repro("bench", suite, "--device", "cuda", "--quick")
+        assert r.returncode == 2, r.stderr
+        assert "this machine has no CUDA GPU" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", list(CASES))
