@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 
 
 @lru_cache(maxsize=1)
@@ -24,8 +25,10 @@ def _num(x) -> str:
     return str(x)
 
 
-def css() -> str:
-    return environment().loader.get_source(environment(), "style.css")[0]
+def css() -> Markup:
+    """The stylesheet, marked safe: it is our own file, and autoescaping it turns its quotes into
+    &#34; inside <style>, which breaks every rule after the first quoted font name."""
+    return Markup(environment().loader.get_source(environment(), "style.css")[0])
 
 
 def render_reproduction(payload: dict, raw_json: str | None = None, figures: list[dict] | None = None,
