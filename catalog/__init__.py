@@ -16,11 +16,17 @@ from moe_repro.catalog.reproductions import HOW, REPRODUCTIONS, ReproductionEntr
 from moe_repro.catalog.suites import SUITES, SuiteEntry
 
 __all__ = ["HOW", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry", "SuiteEntry",
-           "paper", "reproduction", "reproductions_of", "suite"]
+           "close_matches", "paper", "reproduction", "reproductions_of", "suite"]
+
+
+def close_matches(name, known, n: int = 3) -> list[str]:
+    """The known names closest to a mistyped ``name`` (difflib ratio >= 0.5), best first: the
+    "did you mean" of every error about an unknown name."""
+    return difflib.get_close_matches(str(name), [str(k) for k in known], n=n, cutoff=0.5)
 
 
 def _unknown(kind: str, name: str, known) -> ValueError:
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    close = close_matches(name, known)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known)}"
     return ValueError(f"unknown {kind} {name!r}; {hint}")
 

@@ -138,11 +138,16 @@ def _real_part(repro, params):
                  xlabel="bytes per rank (nccl-tests size)", ylabel="time (ms)", series=fig_series,
                  xscale="log", yscale="log")
     bw_fig = Figure(name="piper-fig5-local-busbw", title=f"Flat all-to-all busbw vs message size here "
-                                                         f"(real, gloo, {device_words()})",
+                                                         f"(real, {used_backends(records)}, {device_words()})",
                     xlabel="bytes per rank (nccl-tests size)", ylabel="busbw (GB/s) = size / time x (n-1)/n",
                     series=bw_series, xscale="log", yscale="log")
     calib = {"alpha_s": alpha, "beta_GBps": beta / 1e9}
     return cells, [bw_fig, fig], without_samples(records), calib
+
+
+def used_backends(records: list[dict]) -> str:
+    """The backend(s) the real runs used, as recorded (the suite's --backend auto chooses)."""
+    return ", ".join(sorted({str(r["backend"]) for r in records}))
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -166,7 +171,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         figures += real_figures
         extra.update(real_records=records, calibration=calib)
         assumptions.append(
-            f"R: real flat all-to-all (gloo) over emulated nodes on this machine; calibrated "
+            f"R: real flat all-to-all ({used_backends(records)}) over emulated nodes on this machine; calibrated "
             f"profile: {calib['alpha_s'] * 1e6:.1f} us per message, {calib['beta_GBps']:.3g} GB/s "
             "per link, fitted on the 2x1 world at fit_sizes; the machine as a whole "
             f"moves at most {_cores()} cores x that bandwidth (the simulator's host resource: the "

@@ -109,17 +109,19 @@ def mpiexec_path() -> str:
     return found
 
 
-def mpi_available() -> bool:
-    """Whether MPI ranks can run here: mpi4py importable and an mpiexec to start them."""
+def mpi_unavailable() -> str | None:
+    """Why MPI ranks cannot run here (None: they can): mpi4py and an mpiexec are needed."""
     import importlib.util
 
     if importlib.util.find_spec("mpi4py") is None:
-        return False
+        return "mpi4py is not installed"
     try:
         found = mpiexec_path()
-    except RankFailure:
-        return False
-    return os.path.exists(found) or shutil.which(found) is not None
+    except RankFailure as e:
+        return str(e)
+    if not (os.path.exists(found) or shutil.which(found)):
+        return f"mpiexec {found} does not exist"
+    return None
 
 
 def launched_by_mpi() -> bool:
@@ -302,22 +304,24 @@ def _vanished_ranks(workdir: Path, world_size: int, pids: dict[int, int]) -> lis
                 pids[r] = int(json.loads((workdir / f"rank-{r}.beat").read_text())["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        if (workdir / f"rank-{r}.json").exists():
-            continue
-        try:
-            state = Path(f"/proc/{pids[r]}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = "gone" if not _alive(pids[r]) else "?"
-        if state in ("Z", "X", "gone"):
+        if not (workdir / f"rank-{r}.json").exists() and _ended(pids[r]):
             gone.append(r)
     return gone
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie its parent (mpiexec's proxy, not us) has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return not _alive(pid)
 
 
 def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
                timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    # Under mpiexec only its exit code comes back, and mpiexec ends every rank when one dies; so
-    # watch the ranks' own pids (from their heartbeats) and remember which vanished first.
+    # Under mpiexec only its exit code comes back, and a dead rank's peers abort soon after it;
+    # so watch the ranks' own pids (from their heartbeats) and remember which vanished first.
     watch = "mpiexec" in procs
     pids: dict[int, int] = {}
     vanished: list[int] = []
@@ -327,7 +331,7 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             if watch and not vanished:
                 vanished = _vanished_ranks(workdir, world_size, pids)
                 if vanished and codes.get("mpiexec") is None:
-                    codes["mpiexec"] = -signal.SIGKILL  # ended below, by _kill_group
+                    codes["mpiexec"] = -signal.SIGKILL  # a failure now: ended below, by _kill_group
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
             if failed:
                 _raise_for(workdir, world_size, codes, "exited with code", vanished)
@@ -369,7 +373,7 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
     if "within" in what and running:
         culprits, what = _hung_ranks(workdir, running, what)
     elif first_gone:
-        # under mpiexec: the rank(s) whose process vanished first (mpiexec then ends the rest)
+        # under mpiexec: the rank(s) whose process vanished first (we end the rest)
         culprits = died = first_gone
     else:
         culprits = died + raised or unfinished

@@ -132,9 +132,7 @@ class Suite:
 
 
 def _not_one_of(key: str, value, allowed) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=2, cutoff=0.5)
+    close = catalog.close_matches(value, allowed, n=2)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return f"{key} must be one of {', '.join(map(str, allowed))}, got {value!r}{hint}"
 

@@ -104,19 +104,19 @@ def test_the_bare_collective_is_flats_only(results_dir):
 
 
 def test_auto_backend_says_what_it_picked(tmp_path, results_dir, monkeypatch):
-    from moe_repro.runtime.launch import mpi_available
+    from moe_repro.runtime.launch import mpi_unavailable
 
     out = tmp_path / "r.json"
     r = repro("bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--quick",
               "--repeats", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr
     (rec,) = json.loads(out.read_text())["records"]
-    picked = "mpi" if mpi_available() else "gloo"
+    picked = "gloo" if mpi_unavailable() else "mpi"
     assert r.stdout.startswith(f"backend {picked} (auto: ") and rec["backend"] == picked
     # without an mpiexec, auto falls back to gloo and says why
     monkeypatch.setenv("MOE_REPRO_MPIEXEC", str(tmp_path / "no-such-mpiexec"))
     r = repro("bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--quick",
               "--repeats", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("backend gloo (auto: no MPI here")
+    assert r.stdout.startswith("backend gloo (auto: no MPI here: mpiexec ") and "does not exist" in r.stdout
     assert json.loads(out.read_text())["records"][0]["backend"] == "gloo"

@@ -65,7 +65,6 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
     stored in the results store even when interrupted (the records that finished are kept).
     """
-    import difflib
 
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
@@ -76,11 +75,10 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     from moe_repro.suites.runner import RunConfig, run_suite, suite_record
 
     store = ctx.obj
-    if suite_name not in catalog.SUITES:  # known without importing any suite
-        names = list(catalog.SUITES)
-        close = difflib.get_close_matches(suite_name, names, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; suites: {', '.join(names)}"
-        raise BadInput(f"unknown suite {suite_name!r}{hint}")
+    try:
+        catalog.suite(suite_name)  # known without importing any suite; close matches if not
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     suite = get_suite(suite_name)  # imports that suite's module only
     if show_params:
         click.echo(f"{suite.name}: {suite.description}")

@@ -60,27 +60,12 @@ ALLTOALL_GRID = {False: {"ranks": [2, 4, 8], "sizes": [2 ** 10, 2 ** 14, 2 ** 18
                  True: {"ranks": [2, 4], "sizes": [2 ** 10, 2 ** 16, 2 ** 22]}}  # by --quick
 
 
-def mpi_unavailable() -> str | None:
-    """Why the MPI backend cannot run here (None: it can): mpi4py and an mpiexec are needed."""
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py is not installed"
-    from moe_repro.runtime.launch import RankFailure, mpiexec_path
-
-    try:
-        mpiexec_path()
-    except RankFailure as e:
-        return str(e)
-    return None
-
-
 def measure_alltoall(quick: bool, repeats: int) -> dict:
     """Fit the local all-to-all per backend (gloo, and MPI where it runs): flat dispatches of
     suites/alltoall.py over real ranks, the simulator's serial model fitted to them
     (suites/alltoall_validation.measure_and_fit_flat). A backend that fails is reported, not
     fitted."""
-    from moe_repro.runtime.launch import RankFailure
+    from moe_repro.runtime.launch import RankFailure, mpi_unavailable
     from moe_repro.suites.alltoall_validation import measure_and_fit_flat
 
     grid = ALLTOALL_GRID[quick]
