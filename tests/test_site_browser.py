@@ -58,6 +58,9 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
 
         page.goto((site / "index.html").as_uri())
         assert "moe-repro results" in page.title() + page.content()
+        # the stylesheet applies (an escaped one leaves the browser's default serif font)
+        font = page.evaluate("getComputedStyle(document.body).fontFamily")
+        assert "sans-serif" in font and "system-ui" in font, font
         page.click("text=piper-table4")
         page.wait_for_load_state()
         assert page.url.endswith("repro/piper-table4.html")
@@ -73,6 +76,9 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
 
         page.goto((site / "suites" / "gemm.html").as_uri())
         assert page.locator("img").count() >= 1  # the history graph
+        # every figure on the page actually loaded (a broken image has no natural width)
+        widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
+        assert widths and all(w > 0 for w in widths), widths
         browser.close()
     assert problems == []
     assert shot.stat().st_size > 10_000
