@@ -24,6 +24,7 @@ versus E * C * H * itemsize * (W - 1) / W for the capacity-padded layer (padded_
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,8 @@ from torch import nn
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.moe.expert_mlp import ExpertMLP
 from moe_repro.components.moe.gating import GateOutput, TopKGate
-from moe_repro.components.moe.pft import PFT, build_pft, gather_tokens, inverse_permutation, scatter_combine
+from moe_repro.components.moe.pft import (COMBINE_ACCUMULATE, DROP_POLICIES, PFT, build_pft, gather_tokens,
+                                          inverse_permutation, scatter_combine)
 
 
 @dataclass(frozen=True)
@@ -99,24 +101,61 @@ class DispatchPlan:
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float,
                     min_capacity: int = 1) -> int:
-    """C = ceil(capacity_factor * S * k / E) (GShard; X-MoE Sec. 5.1 uses c = 1.25)."""
-    if capacity_factor <= 0:
+    """C = ceil(capacity_factor * S * k / E) (GShard; X-MoE Sec. 5.1 uses c = 1.25), exactly.
+
+    The factor is read as the decimal the user wrote (``Fraction(str(1.1)) == 11/10``) and the
+    ceiling is taken in integers. Float arithmetic, as in DeepSpeed's ``_capacity`` and
+    Megatron's ``get_capacity`` (``ceil(S / E * c)``), lands one above the exact value when the
+    product rounds up past an integer: S=400, E=8, k=1, c=1.1 gives 55.000000000000007 -> 56,
+    the exact value is 55. :func:`float_expert_capacity` keeps the peers' arithmetic for
+    comparisons with them.
+    """
+    if not capacity_factor > 0:
         raise ValueError(f"capacity_factor must be positive, got {capacity_factor}")
-    return max(min_capacity, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
+    if num_tokens < 0 or num_experts < 1 or top_k < 1:
+        raise ValueError(f"need tokens >= 0, experts >= 1, top_k >= 1; got S={num_tokens}, "
+                         f"E={num_experts}, k={top_k}")
+    factor = Fraction(str(capacity_factor))
+    numerator = factor.numerator * num_tokens * top_k
+    denominator = factor.denominator * num_experts
+    return max(min_capacity, -(-numerator // denominator))
+
+
+def float_expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float,
+                          min_capacity: int = 1) -> int:
+    """``ceil(S * k / E * c)`` in floating point, as DeepSpeed (``_capacity``, where the factor
+    passed is c*k) and Megatron (``get_capacity`` with S*k tokens) compute it; may exceed
+    :func:`expert_capacity` by one. Used only to feed peers the capacity they would compute."""
+    return max(min_capacity, math.ceil((num_tokens * top_k / num_experts) * capacity_factor))
 
 
 class MoELayer(nn.Module):
-    """Padding-free MoE layer; see the module docstring. ``capacity_factor`` None: drop nothing."""
+    """Padding-free MoE layer; see the module docstring. ``capacity_factor`` None: drop nothing.
+
+    Gating semantics, defaults first (each option names the peer it reproduces):
+    ``drop_policy`` "probs" | "position" | "slot" | "random" (pft.DROP_POLICIES);
+    ``renormalize_after_drop`` False | True (DeepSpeed top2/topk gating);
+    ``combine_accumulate`` "float32" | "input" (fp32 sums for bf16/fp16, as Megatron/DeepSpeed).
+    """
 
     def __init__(self, d_model: int, d_ffn: int, num_experts: int, top_k: int, *,
                  score: str = "softmax", normalize: bool | None = None, num_shared: int = 0,
                  activation: str = "swiglu", gemm: str = "sequential",
-                 capacity_factor: float | None = None, expert_parallel: bool = False,
+                 capacity_factor: float | None = None, drop_policy: str = "probs",
+                 renormalize_after_drop: bool = False, combine_accumulate: str = "float32",
+                 expert_parallel: bool = False,
                  ep_group=None, placement: ExpertPlacement | None = None,
                  all_to_all: str = "flat", dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__()
         self.d_model, self.d_ffn, self.num_experts, self.top_k = d_model, d_ffn, num_experts, top_k
-        self.capacity_factor = capacity_factor
+        # Gating semantics (defaults: X-MoE's; see pft.DROP_POLICIES for the peers each names).
+        if drop_policy not in DROP_POLICIES:
+            raise ValueError(f"drop_policy must be one of {', '.join(DROP_POLICIES)}, got {drop_policy!r}")
+        if combine_accumulate not in COMBINE_ACCUMULATE:
+            raise ValueError(f"combine_accumulate must be one of {COMBINE_ACCUMULATE}, "
+                             f"got {combine_accumulate!r}")
+        self.capacity_factor, self.drop_policy = capacity_factor, drop_policy
+        self.renormalize_after_drop, self.combine_accumulate = renormalize_after_drop, combine_accumulate
         self.expert_parallel, self.ep_group = expert_parallel, ep_group
         layer_forms = algorithm_names(layer_form=True)  # the registry's differentiable forms
         if all_to_all not in layer_forms:
@@ -152,7 +191,8 @@ class MoELayer(nn.Module):
         capacity = (None if self.capacity_factor is None else
                     expert_capacity(gate_out.top_experts.shape[0], self.num_experts, self.top_k,
                                     self.capacity_factor))
-        return build_pft(gate_out.top_experts, gate_out.combine_weights, self.num_experts, capacity)
+        return build_pft(gate_out.top_experts, gate_out.combine_weights, self.num_experts, capacity,
+                         drop_policy=self.drop_policy, renormalize=self.renormalize_after_drop)
 
     def buffer_dispatch(self, x: torch.Tensor, pft: PFT) -> torch.Tensor:
         return gather_tokens(x, pft)
@@ -201,7 +241,7 @@ class MoELayer(nn.Module):
         return back
 
     def buffer_combine(self, combine_in: torch.Tensor, pft: PFT) -> torch.Tensor:
-        return scatter_combine(combine_in, pft)
+        return scatter_combine(combine_in, pft, self.combine_accumulate)
 
     # --- the layer ----------------------------------------------------------------------------
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
