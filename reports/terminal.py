@@ -37,6 +37,21 @@ def format_result(record: ReproductionRecord) -> str:
     return "\n".join(out)
 
 
+def _point_without_impl(r: dict, keys: list[str]) -> tuple:
+    return tuple(str(r.get(k)) for k in keys if k != "impl")
+
+
+def _impl_baseline(records: list[dict], keys: list[str], metric: str):
+    """Where a run compares implementations (an ``impl`` axis with several values), each row's
+    main metric is also given as a ratio to the first implementation's at the same point, so
+    side-by-side results read as "x pft" without arithmetic. None otherwise."""
+    impls = list(dict.fromkeys(r.get("impl") for r in records))
+    if "impl" not in keys or len(impls) < 2:
+        return None
+    first = impls[0]
+    return first, {_point_without_impl(r, keys): r.get(metric) for r in records if r.get("impl") == first}
+
+
 def format_records(record: SuiteRecord) -> str:
     """A suite run's table: the record's table keys (default: every grid parameter), then the
     median of its table metrics (default: the first three declared)."""
@@ -55,10 +70,16 @@ def format_records(record: SuiteRecord) -> str:
     simulated = any(r.get("simulated") for r in records)
     if simulated:  # a simulated number always says so
         headers.append("simulated")
+    main = metric_names[0]
+    baseline = _impl_baseline(records, keys, main)
+    if baseline:
+        headers.insert(len(keys) + 1, f"x {baseline[0]}")
     rows = []
     for r in records:
-        main = metric_names[0]
         row = [_num(r.get(k)) for k in keys] + [_num(r.get(m)) for m in metric_names]
+        if baseline:
+            base = baseline[1].get(_point_without_impl(r, keys))
+            row.insert(len(keys) + 1, f"{r[main] / base:.2f}" if base and r.get(main) is not None else "-")
         row.append(f"{r[main + '_iqr'] / r[main]:.1%}" if r.get(main) else "-")
         if has_check:
             row.append(str(r.get("wrong", "-")))

@@ -6,6 +6,11 @@ impl "pft":    gating (+ PFT construction), buffer dispatch (gather), dispatch a
 impl "padded": gating (+ dispatch mask and combine tensor [S, E, C]), buffer dispatch (einsum
                into [E, C, H]), even all-to-all, expert (bmm on [E_local, W*C, H]), even
                all-to-all back, buffer combine (einsum).
+peers (components/moe/peers.py: megatron, megatron-drop, deepspeed-sparse, deepspeed-einsum):
+               the peer's own gating, dispatch and combine around the same router weight and
+               the same expert weights (ours: grouped GEMM on Megatron's [N, H] rows, bmm on
+               DeepSpeed's [E, C, H] buffer); one rank only, with no all-to-all stages (their
+               all-to-alls need the peers' own parallel state).
 Forward only, under torch.no_grad() (Fig. 11 is a forward breakdown). Peak memory of a stage is
 measured once per grid point after a warm-up call: peak allocated bytes on CUDA, else the
 process's peak resident set rise (components/training/peak_memory.py), max over ranks.
@@ -17,8 +22,26 @@ import torch
 
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.padded_moe import PaddedMoELayer
+from moe_repro.components.moe.peers import PEER_IMPLS, peer_dispatch, require_peer
 
-IMPLS = ("pft", "padded")
+
+def peer_params(p: dict) -> dict:
+    """Derived params of a grid point: the peer's package and version (recorded with every
+    result), or a one-line refusal when it is not installed or the stage needs ranks."""
+    if p["impl"] not in PEER_IMPLS:
+        return {"peer": ""}
+    version = require_peer(p["impl"])
+    if int(p.get("ranks", 1)) != 1:
+        raise ValueError(f"impl {p['impl']} runs on one rank (ranks=1): its all-to-all needs the "
+                         f"peer's own parallel state")
+    if p["stage"] not in (*PEER_STAGES, "layer", "total"):
+        raise ValueError(f"impl {p['impl']} has stages {', '.join(PEER_STAGES)}, layer, total; "
+                         f"got {p['stage']!r}")
+    return {"peer": f"{PEER_IMPLS[p['impl']][0]}=={version}"}
+
+OUR_IMPLS = ("pft", "padded")
+IMPLS = (*OUR_IMPLS, *PEER_IMPLS)
+PEER_STAGES = ("gating", "buffer_dispatch", "expert", "buffer_combine")
 STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a", "buffer_combine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -51,7 +74,7 @@ def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
         raise ValueError("need tokens >= 0, d_model, d_ffn, experts >= 1 and 1 <= top_k <= experts")
     device, dtype = device_for(params["device"]), DTYPES[params["dtype"]]
     torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
-    cls = PaddedMoELayer if impl == "padded" else MoELayer
+    cls = PaddedMoELayer if impl == "padded" else MoELayer  # peers borrow MoELayer's weights
     layer = cls(hidden, int(params["d_ffn"]), experts, top_k,
                 capacity_factor=float(params["capacity_factor"]), gemm=params.get("gemm", "sequential"),
                 expert_parallel=ctx is not None and ctx.world_size > 1, dtype=dtype, device=device)
@@ -77,6 +100,28 @@ def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
             combine_in = calls["combine_a2a"]()
             calls["buffer_combine"] = lambda: layer.buffer_combine(combine_in, pft)
             rows = pft.num_rows
+        elif impl in PEER_IMPLS:
+            peer = peer_dispatch(impl, layer.gate.weight, layer.top_k, layer.capacity_factor)
+            calls["gating"] = lambda: peer.route(x)
+            routing = calls["gating"]()
+            calls["buffer_dispatch"] = lambda: peer.dispatch(x, routing)
+            buffer = calls["buffer_dispatch"]()
+
+            def experts_on(buf, r):
+                if buf.dim() == 3:  # DeepSpeed's [E, C, H] capacity buffer
+                    return layer.experts.forward_padded(buf)
+                return layer.experts(buf, r["map"].sum(0).long())  # Megatron's [N, H], expert-major
+
+            def whole_layer():
+                r = peer.route(x)
+                return peer.combine(experts_on(peer.dispatch(x, r), r), r)
+
+            calls["expert"] = lambda: experts_on(buffer, routing)
+            expert_out = calls["expert"]()
+            calls["buffer_combine"] = lambda: peer.combine(expert_out, routing)
+            calls["layer"] = whole_layer
+            rows = buffer.shape[0] * (buffer.shape[1] if buffer.dim() == 3 else 1)
+            return {"calls": calls, "buffer_rows": rows, "peer": peer}
         else:
             def gating():
                 gate = layer.route(x)
@@ -136,7 +181,7 @@ def setup_stage(params: dict, ctx) -> dict:
         raise ValueError(f"stage must be one of {', '.join((*STAGES, 'layer', 'total'))}, got {stage!r}")
     peak = measure_peak_bytes(call, x.device, ctx)
     return {"call": call, "peak_bytes": peak, "buffer_rows": prepared["buffer_rows"],
-            "layer": layer, "x": x}
+            "layer": layer, "x": x, "impl": params["impl"], "peer": prepared.get("peer")}
 
 
 def run_stage(state: dict) -> None:

@@ -11,22 +11,36 @@ Work per call (S tokens, k, E, C = ceil(1.25 S k / E), H):
 The check (#wrong) runs gating -> dispatch -> combine with identity experts and compares with
 x[t] * (sum of t's kept weights), the kept pairs found by a plain Python pass over the routing
 (PFT: per expert the C largest weights; padded: GShard position < C).
+
+Peers (``[peers]`` extra, components/moe/peers.py): Megatron-core's permute/unpermute with and
+without token dropping and DeepSpeed's sparse and einsum paths, each with its own gating, on
+the same router weight. Each record's ``peer`` names the package and version that ran. Their
+check uses their semantics: Megatron keeps the gate's weights, DeepSpeed renormalises the
+surviving weights to sum to 1; both compute C in floating point (moe_layer.float_expert_capacity).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from moe_repro.components.moe.gating import top_k_gating
 from moe_repro.components.moe.moe_layer import expert_capacity
-from moe_repro.suites._moe_stages import derive_stage, run_stage, setup_stage
+from moe_repro.components.moe.peers import PEER_IMPLS
+from moe_repro.suites._moe_stages import IMPLS, derive_stage, peer_params, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
 
 
-def _kept_weight_per_token(impl: str, experts: list[list[int]], weights: list[list[float]],
-                           num_experts: int, capacity: int) -> list[float]:
+def _kept_weight_per_token(policy: str, experts: list[list[int]], weights: list[list[float]],
+                           num_experts: int, capacity: int | None, renormalize: bool = False) -> list[float]:
+    """Sum of each token's kept weights, by a plain pass over the routing. ``policy`` "probs":
+    per expert the ``capacity`` largest weights (pft, Megatron, DeepSpeed topkgating); "slot":
+    GShard position < C, first choices before second (padded). ``renormalize``: kept weights
+    divided by their sum (DeepSpeed), so a token with any pair kept gets 1."""
     tokens, top_k = len(experts), len(experts[0]) if experts else 0
     kept = [0.0] * tokens
-    if impl == "pft":
+    if policy == "probs":
         per_expert: dict[int, list[tuple[float, int]]] = {}
         for t in range(tokens):
             for j in range(top_k):
@@ -42,23 +56,48 @@ def _kept_weight_per_token(impl: str, experts: list[list[int]], weights: list[li
                 if filled[e] < capacity:
                     kept[t] += weights[t][j]
                 filled[e] += 1
+    if renormalize:
+        kept = [1.0 if w > 0 else 0.0 for w in kept]
     return kept
 
 
+def _peer_capacity(impl: str, tokens: int, experts: int, top_k: int, factor: float) -> int | None:
+    """The capacity each peer computes, in its own (floating-point) arithmetic."""
+    if impl == "megatron-nodrop":
+        return None  # no dropping
+    if impl == "megatron":  # get_capacity(S * k, E, c): ceil(S * k / E * c) in float64
+        return math.ceil((tokens * top_k / experts) * factor)
+    # DeepSpeed _capacity: ceil(S / E * tensor(c * k)), a float32 product
+    return int(torch.ceil((tokens / experts) * torch.tensor(factor * top_k)))
+
+
 def check(state: dict) -> int:
-    layer, x = state["layer"], state["x"]
-    impl = "padded" if hasattr(layer, "make_masks") else "pft"
+    layer, x, impl = state["layer"], state["x"], state["impl"]
+    tokens = x.shape[0]
     with torch.no_grad():
-        gate = layer.route(x)
-        if impl == "pft":
-            pft = layer.make_pft(gate)
-            out = layer.buffer_combine(layer.buffer_dispatch(x, pft), pft)
+        if impl in PEER_IMPLS:
+            peer = state["peer"]
+            routing = peer.route(x)
+            out = peer.combine(peer.dispatch(x, routing), routing)
+            # the peers route on fp32 logits
+            gate = top_k_gating(x.float() @ layer.gate.weight.float(), layer.top_k)
         else:
-            mask, combine = layer.make_masks(gate)
-            out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
-    capacity = expert_capacity(x.shape[0], layer.num_experts, layer.top_k, layer.capacity_factor)
-    kept = _kept_weight_per_token(impl, gate.top_experts.tolist(), gate.combine_weights.tolist(),
-                                  layer.num_experts, capacity)
+            gate = layer.route(x)
+            if impl == "pft":
+                pft = layer.make_pft(gate)
+                out = layer.buffer_combine(layer.buffer_dispatch(x, pft), pft)
+            else:
+                mask, combine = layer.make_masks(gate)
+                out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
+    if impl in PEER_IMPLS:
+        policy = "probs"
+        capacity = _peer_capacity(impl, tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
+        renormalize = impl.startswith("deepspeed")
+    else:
+        policy, renormalize = ("probs" if impl == "pft" else "slot"), False
+        capacity = expert_capacity(tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
+    kept = _kept_weight_per_token(policy, gate.top_experts.tolist(), gate.combine_weights.tolist(),
+                                  layer.num_experts, capacity, renormalize)
     expected = x.float() * torch.tensor(kept, dtype=torch.float32, device=x.device).unsqueeze(1)
     tol = 1e-4 if x.dtype == torch.float32 else 2e-2
     return int(((out.float() - expected).abs() > tol * (1 + expected.abs())).sum())
@@ -80,11 +119,15 @@ SUITE = Suite(
     run=run_stage,
     derive=derive_stage,
     check=check,
+    choices={"impl": IMPLS},
+    derived_params=peer_params,
     metrics=[Metric("peak_bytes", "B", "lower",
                     description="peak memory of one call above the memory held before it"),
              Metric("buffer_rows", "rows", "lower", kind="analytic",
                     description="rows of the dispatch buffer: S*k retained (pft) or E*C (padded)")],
-    param_help={"impl": "pft (X-MoE padding-free) or padded (GShard/DeepSpeed-MoE)",
+    param_help={"impl": "pft (X-MoE padding-free), padded (GShard capacity-padded); with "
+                        "pip install -e \".[peers]\": megatron, megatron-nodrop (Megatron-core "
+                        "permute/unpermute), deepspeed (its sparse MOELayer path), deepspeed-einsum",
                 "stage": "gating, buffer_dispatch, buffer_combine, or total (all three)",
                 "tokens": "S, tokens in the layer's input", "d_model": "H", "experts": "E",
                 "top_k": "k", "capacity_factor": "C = ceil(capacity_factor * S * k / E)",

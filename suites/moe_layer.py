@@ -5,6 +5,10 @@ buffer_combine, and ``layer`` (the whole forward). Each rank holds E/ranks exper
 ``tokens``; a stage's time is the slowest rank's (the runner's barrier + max). With ranks = 1
 the all-to-all stages are no-ops (nothing leaves the rank).
 
+Peers (``[peers]`` extra): Megatron-core and DeepSpeed run their own gating, dispatch and
+combine around the same expert weights, on one rank (ranks=1, stages gating, buffer_dispatch,
+expert, buffer_combine, layer); each record's ``peer`` names the package and version.
+
 Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), F = 704
 (Small: 1408), E = 64, k = 6, capacity factor 1.25, 1024 tokens per rank, 2 ranks.
 """
@@ -12,7 +16,7 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 from __future__ import annotations
 
 from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
-from moe_repro.suites._moe_stages import STAGES, derive_stage, run_stage, setup_stage
+from moe_repro.suites._moe_stages import IMPLS, STAGES, derive_stage, peer_params, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
 
 
@@ -20,7 +24,7 @@ def check_params(p: dict) -> dict:
     """Refuse a grid point before any rank starts (one line, exit 2 from the CLI)."""
     import math
 
-    for key, allowed in (("impl", ("pft", "padded")), ("stage", (*STAGES, "layer")),
+    for key, allowed in (("impl", IMPLS), ("stage", (*STAGES, "layer")),
                          ("dtype", ("float32", "bfloat16")), ("device", ("auto", "cpu", "cuda"))):
         if p[key] not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {p[key]!r}")
@@ -37,7 +41,7 @@ def check_params(p: dict) -> dict:
     cf = float(p["capacity_factor"])
     if not (math.isfinite(cf) and cf > 0):
         raise ValueError(f"capacity_factor must be a positive finite number, got {p['capacity_factor']}")
-    return {}
+    return peer_params(p)  # a peer's package and version, or a one-line refusal
 
 
 def setup(params: dict, ctx=None) -> dict:
@@ -64,7 +68,10 @@ SUITE = Suite(
                     description="peak memory of one call above the memory held before it, max over ranks"),
              Metric("buffer_rows", "rows", "lower", kind="analytic",
                     description="rows of this rank's dispatch buffer: retained pairs (pft) or E*C (padded)")],
-    param_help={"impl": "pft or padded", "stage": f"{', '.join(STAGES)} or layer",
+    param_help={"impl": "pft or padded; with pip install -e \".[peers]\" also megatron, "
+                        "megatron-nodrop, deepspeed, deepspeed-einsum at ranks=1 (their own "
+                        "gating, dispatch and combine around our experts)",
+                "stage": f"{', '.join(STAGES)} or layer",
                 "ranks": "EP ranks (real processes)", "backend": "gloo (CPU) or nccl (GPUs)",
                 "tokens": "tokens per rank", "d_model": "H", "d_ffn": "expert width F",
                 "experts": "E (divisible by ranks)", "top_k": "k",
