@@ -15,6 +15,7 @@ from moe_repro.records.record import ReproductionRecord, SuiteRecord, dump
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
+from moe_repro.reports.peers_page import write_peers_page
 
 
 def _verdicts(summary: dict) -> str:
@@ -97,6 +98,7 @@ def build_site(store, out_dir: str | Path) -> Path:
                        "records": len(latest.records) if latest else 0,
                        "when": latest.timestamp if latest else None})
 
+    write_peers_page(store, out)
     papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows}
               for k, rows in by_paper.items() if rows]
     return atomic_write_text(out / "index.html", html.render_index(papers, suites))
