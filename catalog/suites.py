@@ -38,6 +38,10 @@ _SUITES = (
                description=("Per-stage time of one MoE dispatch, flat vs RBD, over real ranks "
                             "with emulated nodes, and the bytes each sends across nodes (X-MoE "
                             "Fig. 12).")),
+    SuiteEntry("eplb-policy", distributed=False,
+               description=("DeepSeek EPLB replica policies, global vs hierarchical (groups packed "
+                            "onto nodes): inter-node dispatch bytes and max/mean GPU load on "
+                            "synthetic and group-limited (DeepSeek-V3) routing traces.")),
     SuiteEntry("expert-gemm", distributed=False,
                description=("Grouped expert GEMM (sequential, padded_bmm, grouped_mm) vs an "
                             "equal-FLOPs dense GEMM, throughput vs tokens per expert and expert "

@@ -22,6 +22,19 @@ source adds independent noise (std ``noise``); each token then draws its k disti
 Gumbel top-k over the log-popularity (sampling without replacement in proportion to the
 popularity). Everything is a pure function of the seed.
 
+Group-limited generator (``group_limited_trace``)
+-------------------------------------------------
+DeepSeek-V3's node-limited routing (tech report Sec. 2.1.2; its released config: 256 routed
+experts in ``n_group`` = 8 groups, ``topk_group`` = 4, top-8): each token's affinity to expert e
+is s_e = sigmoid(a_e); a group's score is the sum of the token's top K_r / M affinities in it
+(8 / 4 = 2); the token keeps its top-M groups (4) and picks its top-k experts (8) inside them,
+so it reaches at most M groups (the nodes, when each node holds whole groups). Here a_e is the
+synthetic generator's log-popularity (skew, drift, per-source noise, as above) plus a Gumbel
+draw per token and expert, so that within the kept groups the choice is sampling without
+replacement in proportion to popularity, as above. Experts are grouped by consecutive ids
+(expert e in group e // (E / groups)). V3's bias term for auxiliary-loss-free balancing is left
+out: the skew stands for the imbalance that remains, which is what replication is for.
+
 Metrics (FEPLB Sec. 3.1, "Metrics")
 -----------------------------------
 - token straggler = max_d T_d - mean(T), T_d tokens (token-expert rows) computed on device d;
@@ -94,6 +107,26 @@ def counts_from_top_experts(top_experts: torch.Tensor, num_experts: int,
     return torch.bincount(flat, minlength=num_sources * num_experts).reshape(num_sources, num_experts)
 
 
+def _drifting_logits(num_layers: int, num_micro_batches: int, num_experts: int,
+                     tokens_per_source: int, num_sources: int, skew: float, drift: float,
+                     noise: float, seed: int):
+    """Yield (layer, micro-batch, logits [W, 1, E], Gumbel noise [W, S/W, E]) of the synthetic
+    router: a log-popularity per layer (``skew``) that drifts between micro-batches (``drift``),
+    a per-source perturbation (``noise``), and Gumbel noise per token. Both traces draw through
+    here, in this order, so a seed gives the same popularity to either router."""
+    g = torch.Generator().manual_seed(seed)
+    for layer in range(num_layers):
+        log_pop = torch.randn(num_experts, generator=g, dtype=torch.float64) * skew
+        for mb in range(num_micro_batches):
+            if mb:
+                log_pop = log_pop + torch.randn(num_experts, generator=g, dtype=torch.float64) * drift
+            logits = (log_pop + torch.randn(num_sources, 1, num_experts, generator=g,
+                                            dtype=torch.float64) * noise)
+            u = torch.rand(num_sources, tokens_per_source, num_experts, generator=g,
+                           dtype=torch.float64).clamp_min(1e-300)
+            yield layer, mb, logits, -torch.log(-torch.log(u))
+
+
 def synthetic_trace(num_layers: int, num_micro_batches: int, num_experts: int, top_k: int,
                     tokens_per_source: int, num_sources: int, *, skew: float = 1.0,
                     drift: float = 0.05, noise: float = 0.3, seed: int = 0,
@@ -105,32 +138,67 @@ def synthetic_trace(num_layers: int, num_micro_batches: int, num_experts: int, t
         raise ValueError(f"top_k={top_k} > num_experts={num_experts}")
     if min(skew, drift, noise) < 0:
         raise ValueError("skew, drift and noise must be >= 0")
-    g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(num_layers, num_micro_batches, num_sources, num_experts, dtype=torch.int64)
     kept: list[list[torch.Tensor]] | None = [] if keep_tokens else None
-    for layer in range(num_layers):
-        log_pop = torch.randn(num_experts, generator=g, dtype=torch.float64) * skew
-        per_layer = []
-        for mb in range(num_micro_batches):
-            if mb:
-                log_pop = log_pop + torch.randn(num_experts, generator=g, dtype=torch.float64) * drift
-            logits = (log_pop + torch.randn(num_sources, 1, num_experts, generator=g,
-                                            dtype=torch.float64) * noise)
-            u = torch.rand(num_sources, tokens_per_source, num_experts, generator=g,
-                           dtype=torch.float64).clamp_min(1e-300)
-            gumbel = -torch.log(-torch.log(u))
-            choice = (logits + gumbel).topk(top_k, dim=-1).indices   # [W, S/W, k]
-            top = choice.reshape(-1, top_k)
-            counts[layer, mb] = counts_from_top_experts(top, num_experts, num_sources)
-            if kept is not None:
-                per_layer.append(top)
+    for layer, mb, logits, gumbel in _drifting_logits(num_layers, num_micro_batches, num_experts,
+                                                      tokens_per_source, num_sources, skew, drift,
+                                                      noise, seed):
+        choice = (logits + gumbel).topk(top_k, dim=-1).indices   # [W, S/W, k]
+        top = choice.reshape(-1, top_k)
+        counts[layer, mb] = counts_from_top_experts(top, num_experts, num_sources)
         if kept is not None:
-            kept.append(per_layer)
+            if mb == 0:
+                kept.append([])
+            kept[layer].append(top)
     src = (f"synthetic: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
            f"{tokens_per_source} tokens x top-{top_k} per source, {num_sources} sources")
     return RoutingTrace(counts, top_k, src, kept,
                         {"skew": skew, "drift": drift, "noise": noise, "seed": seed,
                          "tokens_per_source": tokens_per_source})
+
+
+def group_limited_trace(num_layers: int, num_micro_batches: int, num_experts: int, top_k: int,
+                        tokens_per_source: int, num_sources: int, *, num_groups: int = 8,
+                        top_groups: int = 4, skew: float = 1.0, drift: float = 0.05,
+                        noise: float = 0.3, seed: int = 0) -> RoutingTrace:
+    """Seeded group-limited routing (DeepSeek-V3 Sec. 2.1.2; module docstring). Tokens' choices
+    are always kept (``top_experts``): group-limited routing matters through token identity."""
+    if min(num_layers, num_micro_batches, num_experts, top_k, tokens_per_source, num_sources,
+           num_groups, top_groups) <= 0:
+        raise ValueError("all sizes must be positive")
+    if num_experts % num_groups:
+        raise ValueError(f"{num_groups} groups do not divide the {num_experts} experts")
+    if top_groups > num_groups:
+        raise ValueError(f"top_groups={top_groups} > num_groups={num_groups}")
+    group_size = num_experts // num_groups
+    if top_k > top_groups * group_size:
+        raise ValueError(f"top_k={top_k} > the {top_groups * group_size} experts of {top_groups} groups")
+    if min(skew, drift, noise) < 0:
+        raise ValueError("skew, drift and noise must be >= 0")
+    per_group_score = max(1, top_k // top_groups)    # V3: the top K_r / M = 8 / 4 = 2 affinities
+    counts = torch.zeros(num_layers, num_micro_batches, num_sources, num_experts, dtype=torch.int64)
+    kept: list[list[torch.Tensor]] = []
+    for layer, mb, logits, gumbel in _drifting_logits(num_layers, num_micro_batches, num_experts,
+                                                      tokens_per_source, num_sources, skew, drift,
+                                                      noise, seed):
+        affinity = torch.sigmoid(logits + gumbel)                          # [W, S/W, E]
+        by_group = affinity.reshape(num_sources, tokens_per_source, num_groups, group_size)
+        group_score = by_group.topk(per_group_score, dim=-1).values.sum(-1)   # [W, S/W, groups]
+        kept_groups = group_score.topk(top_groups, dim=-1).indices
+        allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(-1, kept_groups, True)
+        masked = affinity.masked_fill(~allowed.repeat_interleave(group_size, dim=-1), -1.0)
+        top = masked.topk(top_k, dim=-1).indices.reshape(-1, top_k)
+        counts[layer, mb] = counts_from_top_experts(top, num_experts, num_sources)
+        if mb == 0:
+            kept.append([])
+        kept[layer].append(top)
+    src = (f"synthetic group-limited: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
+           f"{tokens_per_source} tokens x top-{top_k} in top-{top_groups} of {num_groups} groups "
+           f"per source, {num_sources} sources")
+    return RoutingTrace(counts, top_k, src, kept,
+                        {"skew": skew, "drift": drift, "noise": noise, "seed": seed,
+                         "tokens_per_source": tokens_per_source, "num_groups": num_groups,
+                         "top_groups": top_groups})
 
 
 # --- loads and metrics --------------------------------------------------------------------------
