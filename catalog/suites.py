@@ -62,11 +62,12 @@ _SUITES = (
     SuiteEntry("moe-dispatch", distributed=False,
                description=("Padding-free (pft) vs capacity-padded dispatch: time and peak "
                             "memory of gating, buffer dispatch and buffer combine (X-MoE Sec. "
-                            "5.4.1).")),
+                            "5.4.1); with the peers extra, Megatron-core and DeepSpeed beside.")),
     SuiteEntry("moe-layer", distributed=True,
                description=("MoE layer forward breakdown (gating, buffer dispatch, dispatch "
                             "all-to-all, expert, combine all-to-all, buffer combine), pft vs "
-                            "padded, real EP ranks.")),
+                            "padded, real EP ranks; Megatron-core and DeepSpeed at one rank "
+                            "with the peers extra.")),
     SuiteEntry("pp-ep-train", distributed=True,
                description=("PP x EP pipelined training over real ranks: step time, bubble, "
                             "per-stage activation memory and in-flight micro-batches, loss per "
