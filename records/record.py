@@ -27,22 +27,42 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 2
-VERDICTS = ("match", "deviates", "no-paper-value", "not-reproduced")
+# Grades of one cell, each meaning one thing (reproductions/spec.py decides them):
+#   match           within the paper's printed precision
+#   close           outside it, within the tolerance the reproduction's spec states (shown)
+#   explained       outside tolerance for a cause recorded with the cell (CAUSES)
+#   deviates        outside tolerance, no cause found
+#   claim-holds / claim-fails   a claim the paper states in words, tested on our numbers
+#   not-comparable  the paper's number measures a different quantity (the note says which)
+#   echo            ours restates an input or a formula: shown, never counted as evidence
+#   no-paper-value  the paper prints nothing for this cell (ours only)
+#   not-reproduced  we have no number here (the note says why)
+VERDICTS = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails",
+            "not-comparable", "echo", "no-paper-value", "not-reproduced")
+# Grades that compare ours with something the paper states: the evidence a reproduction rests on.
+EVIDENCE = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails")
+# Causes an ``explained`` cell may record (someone found it; the note says how).
+CAUSES = ("unit-convention", "counting-convention", "different-hardware", "modelling-assumption",
+          "paper-inconsistency", "different-input")
 KINDS = ("reproduction", "suite")
 STORE_DIRS = {"reproduction": "reproductions", "suite": "suites"}  # kind -> store directory
 
 
 def status_of(verdicts: set[str]) -> str:
-    """One word for an index from a result's cell verdicts: some-deviate, not-reproducible-here
-    (nothing could be computed here), partly-reproduced (some cells could not), all-match, or
-    no-paper-values."""
-    if "deviates" in verdicts:
+    """One word for an index from a result's cell grades, worst first:
+    some-deviate (an unexplained deviation or a failed claim), explained-deviations (every
+    deviation has a recorded cause), reproduced (every compared cell matches, is close or holds),
+    partly-reproduced (as reproduced, but some cells could not be computed here),
+    not-reproducible-here (nothing could be computed), not-compared (numbers, but nothing the
+    paper states to compare them with: never "partly reproduced")."""
+    if verdicts & {"deviates", "claim-fails"}:
         return "some-deviate"
-    if verdicts and verdicts <= {"not-reproduced"}:
-        return "not-reproducible-here"
-    if "not-reproduced" in verdicts:
-        return "partly-reproduced"
-    return "all-match" if "match" in verdicts else "no-paper-values"
+    compared = verdicts & set(EVIDENCE)
+    if not compared:
+        return "not-reproducible-here" if verdicts and verdicts <= {"not-reproduced"} else "not-compared"
+    if "explained" in verdicts:
+        return "explained-deviations"
+    return "partly-reproduced" if "not-reproduced" in verdicts else "reproduced"
 
 
 class UnreadableRecord(ValueError):
@@ -80,7 +100,10 @@ class Cell(_Open):
     paper_printed: str | None = None
     paper_unit: str | None = None
     paper_source: str | None = None
-    deviation: float | None = None
+    deviation: float | None = None  # relative, (ours - paper) / |paper|; pp for % cells
+    deviation_unit: Literal["rel", "pp"] | None = None
+    cause: str | None = None  # explained cells: one of CAUSES
+    tolerance: str | None = None  # close cells: the tolerance they are within
 
 
 class MetricDeclaration(_Open):

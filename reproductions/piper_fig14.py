@@ -45,7 +45,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         else:
             cell = repro.compare(row, PARAMS, total / 1e9, "B")
         if cell.verdict == "deviates" and row == "E=16":
-            cell.note = (f"{total / 1e9:.2f}B from the architecture; the paper's '110B' truncates "
+            cell.explain("counting-convention",
+                         f"{total / 1e9:.2f}B from the architecture; the paper's '110B' truncates "
                          "rather than rounds (the same count gives 862B and 1.7T, which match)")
         cells.append(cell)
         if m.n_experts == 1:

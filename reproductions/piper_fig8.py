@@ -19,7 +19,7 @@ from __future__ import annotations
 from moe_repro.components.network import simulator as ns
 from moe_repro.components.network.platform import from_dict, load_builtin
 from moe_repro.reproductions._suite_runs import csv_param
-from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Result, Tolerance
+from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result, Tolerance
 
 RANGE = "HALO speedup over flat, >= 16 nodes"
 BELOW = "HALO speedup over flat, < 16 nodes"
@@ -29,6 +29,11 @@ PAPER_VALUES = [
     PaperValue(RANGE, "lowest", "1.1", "x", _SRC),
     PaperValue(RANGE, "highest", "9", "x", _SRC),
 ]
+PAPER_CLAIMS = [
+    PaperClaim(BELOW, "comparable", "At smaller scales, where all GPUs fit within a single switch "
+               "group, both algorithms perform comparably", "Piper Sec. V-D text on Fig. 8"),
+]
+COMPARABLE = 1.1  # the smallest ratio the paper itself calls "lower latency"
 
 LEFT_OUT = (
     "Left out of the model (so it cannot reproduce what they cause): job placement (nodes are "
@@ -142,11 +147,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                         "of one per remote GCD, so the ceiling is about R = 8. Under the "
                                         "alpha-beta model alone the gain is gone (see the cost-model rows)"))
     if below:
-        cells.append(repro.compare(BELOW, "range", None if not below else max(below), "x",
-                                   note=f"simulated; highest shown, lowest {min(below):.3g}x. The paper "
-                                        "says 'comparable' (no number); the model already favours HALO "
-                                        "at 2-8 nodes for small messages (per-message cost), so it does "
-                                        "not reproduce a crossover at 16 nodes"))
+        # "Comparable" is read with the paper's own yardstick: it calls 1.1x a gain at >= 16
+        # nodes, so comparable means within 1.1x either way.
+        worst = max(max(below), 1 / min(below))
+        cells.append(repro.claim(BELOW, "comparable", worst <= COMPARABLE, max(below), "x",
+                                 note=f"simulated; flat/HALO between {min(below):.3g}x and "
+                                      f"{max(below):.3g}x at 1-8 nodes; 'comparable' taken as within "
+                                      f"{COMPARABLE}x either way (the paper counts 1.1x as a gain). The "
+                                      "model favours HALO at 2-8 nodes for small messages (per-message "
+                                      "cost), so it does not reproduce a crossover at 16 nodes"))
     if wide:
         speed_series.append({"label": "Piper: 1.1x - 9x at >= 16 nodes (text)", "x": [min(wide), max(wide)],
                              "y": [1.1, 1.1], "kind": "paper"})
@@ -177,7 +186,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-fig8",
-    paper_values=PAPER_VALUES, compute=compute, tolerance=Tolerance(),
+    paper_values=PAPER_VALUES, paper_claims=PAPER_CLAIMS, compute=compute, tolerance=Tolerance(),
     defaults={"platform": "frontier", "nodes": "1,2,4,8,16,32,64,128,256,512",
               "bytes_per_peer": "256,4096,65536"},
 )

@@ -65,44 +65,58 @@ def compute(repro: Reproduction, params: dict) -> Result:
             no_input_emb = (pc.active - m.vocab * m.d_model) / 1e9
             pv = repro.paper_value(row, ACTIVE)
             if abs(no_input_emb - pv.value) <= pv.half_unit:
-                active.note = (f"{no_input_emb:.2f}B without the input embedding table (a lookup, not a "
+                active.explain("counting-convention",
+                               f"{no_input_emb:.2f}B without the input embedding table (a lookup, not a "
                                f"matmul) matches; the table appears to count active parameters that way")
         if key == "deepseek-v3.2" and active.verdict == "deviates":
-            active.note = ((active.note + "; ") if active.note else "") + (
-                f"includes the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B), which "
-                "the table's copy of V3's 37B leaves out")
+            active.explain("counting-convention",
+                           f"includes the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B), "
+                           "which the table's copy of V3's 37B leaves out")
         if key == "arctic":
             msg = ("Snowflake's '17B active' counts a 10B dense backbone; the public config's attention, "
                    f"residual MLP and embeddings come to {(pc.active - pc.routed_active) / 1e9:.1f}B")
-            active.note = msg if active.verdict == "deviates" else active.note
+            if active.verdict == "deviates":
+                active.explain("counting-convention", msg)
         if key == "llama4-scout" and total.verdict == "deviates":
-            total.note = ("text model only; the published 109B includes the vision encoder "
-                          "(not modelled)")
+            total.explain("counting-convention", "text model only; the published 109B includes the "
+                          "vision encoder (not modelled)")
         for c in (total, active):
             pv = repro.paper_value(row, c.column)
             if c.verdict == "deviates" and not c.note and int(c.ours) == pv.value:
-                c.note = (f"{c.ours:.2f} truncated is the printed {pv.printed}: the table truncates (or "
+                c.explain("counting-convention",
+                          f"{c.ours:.2f} truncated is the printed {pv.printed}: the table truncates (or "
                           "quotes the model's name) rather than rounding")
         if key == "deepseek-v3.2" and total.verdict == "deviates":
-            total.note = (f"V3 plus the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B); "
+            total.explain("counting-convention",
+                          f"V3 plus the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B); "
                           "the table repeats V3's 671B")
         cells += [total, active]
         cells.append(repro.compare(row, EXPERTS, m.n_experts + m.n_shared, ""))
         if key == "kimi-k2" and cells[-1].verdict == "deviates":
-            cells[-1].note = ("384 routed + 1 shared expert; the DeepSeek rows count the shared expert "
+            cells[-1].explain("paper-inconsistency",
+                              "384 routed + 1 shared expert; the DeepSeek rows count the shared expert "
                               "(257, 162), this row does not")
         cells.append(_cell(repro, row, LAYERS, m.layers, ""))
         hidden = _cell(repro, row, HIDDEN, m.d_model, "")
         ffn = _cell(repro, row, FFN, m.d_ffn, "")
         if key == "qwen3-235b-a22b":
             wrong = param_counts(type(m)(**{**m.__dict__, "d_model": 7168, "d_ffn": 2048})).total / 1e9
-            hidden.note = ffn.note = (f"the table prints DeepSeek-V3's 7,168 / 2,048; the public config has "
-                                      f"4,096 / 1,536. With the printed values the model would have "
-                                      f"{wrong:.0f}B parameters, not the row's 235B")
+            for c in (hidden, ffn):
+                c.explain("paper-inconsistency",
+                          f"the table prints DeepSeek-V3's 7,168 / 2,048; the public config has "
+                          f"4,096 / 1,536. With the printed values the model would have "
+                          f"{wrong:.0f}B parameters, not the row's 235B")
         if key == "arctic":
-            ffn.note = (f"3 x 7168 x 4864 x 35 layers = {3 * 7168 * 4864 * 35 / 1e9:.2f}B: the table's "
+            ffn.explain("paper-inconsistency",
+                        f"3 x 7168 x 4864 x 35 layers = {3 * 7168 * 4864 * 35 / 1e9:.2f}B: the table's "
                         "'~3,660' is one expert's parameter count across all layers (3.66B), not an FFN width")
         cells += [hidden, ffn]
+        # The configuration columns restate the public config the zoo was typed from: a match
+        # checks the table's transcription, not a computation, so it is an echo, not evidence.
+        for c in cells[-4:]:
+            if c.verdict in ("match", "close"):
+                c.verdict = "echo"
+                c.note = "configuration value (ours is the public config's): a transcription check"
         inputs.append({"model": key, **pc.to_dict(), "source": m.source})
     assumptions = [
         "Weights only (biases ignored), RMSNorm weights counted; Qwen3's per-head q/k norms left out.",

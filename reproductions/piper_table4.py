@@ -35,21 +35,23 @@ PAPER_VALUES = [v for row, size, lat in _PRINTED.values() for v in (
 GB, GIB = 1e9, 2.0 ** 30
 
 
-def _unit_note(printed: PaperValue, nbytes: float, scale: float, what: str) -> str | None:
-    """Explain a deviating cell by testing the other byte unit against the printed value.
+def _unit_note(printed: PaperValue, nbytes: float, scale: float, what: str) -> tuple[bool, str]:
+    """Test the other byte unit against the printed value of a deviating cell: (True, why) when
+    the printed value is the formula's in GiB (a unit convention, found by this test), else
+    (False, what was tried).
 
     ``scale`` converts bytes of the quantity into the printed unit given a byte unit (1 for a
     size in GB, 1e3/bandwidth for a latency in ms)."""
     in_gb, in_gib = nbytes * scale / GB, nbytes * scale / GIB
     half = printed.half_unit
     if abs(in_gib - printed.value) <= half:
-        return (f"the printed {printed.printed} is the formula's {what} in GiB-based units "
-                f"({in_gib:.3f}), not GB ({in_gb:.3f}); Table IV's header says GB and other rows "
-                f"use GB, so the table mixes units")
+        return True, (f"the printed {printed.printed} is the formula's {what} in GiB-based units "
+                      f"({in_gib:.3f}), not GB ({in_gb:.3f}); Table IV's header says GB and other rows "
+                      f"use GB, so the table mixes units")
     closest, label = min(((in_gb, "GB"), (in_gib, "GiB")), key=lambda t: abs(t[0] - printed.value))
-    return (f"the printed {printed.printed} follows from the formula in neither GB ({in_gb:.3f}) "
-            f"nor GiB ({in_gib:.3f}); closest is {label}, off by "
-            f"{(printed.value - closest) / closest:+.2%}")
+    return False, (f"the printed {printed.printed} follows from the formula in neither GB ({in_gb:.3f}) "
+                   f"nor GiB ({in_gib:.3f}); closest is {label}, off by "
+                   f"{(printed.value - closest) / closest:+.2%}")
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -67,7 +69,11 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
         size_cell = repro.compare(row, SIZE, nbytes / GB, "GB")
         if size_cell.verdict == "deviates":
-            size_cell.note = _unit_note(repro.paper_value(row, SIZE), nbytes, 1.0, "size")
+            found, why = _unit_note(repro.paper_value(row, SIZE), nbytes, 1.0, "size")
+            if found:
+                size_cell.explain("unit-convention", why)
+            else:
+                size_cell.note = why
         if m.n_mat != PIPER_N_MAT:
             real = nbytes * m.n_mat / PIPER_N_MAT / GB
             extra = (f"{m.name}'s expert FFN has {m.n_mat} matrices, the formula charges "
@@ -78,11 +84,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
         lat_cell = repro.compare(row, LATENCY, latency_s * 1e3, "ms")
         if lat_cell.verdict == "deviates":
             printed_lat = repro.paper_value(row, LATENCY)
-            lat_cell.note = _unit_note(printed_lat, nbytes, 1e3 / bw_gbps, "latency")
+            found, why = _unit_note(printed_lat, nbytes, 1e3 / bw_gbps, "latency")
             from_printed = repro.paper_value(row, SIZE).value / bw_gbps * 1e3
             if abs(from_printed - printed_lat.value) <= printed_lat.half_unit:
-                lat_cell.note += (f"; it equals the printed size / {bw_gbps:g} GB/s "
-                                  f"({from_printed:.1f} ms), so it inherits the size's unit")
+                why += (f"; it equals the printed size / {bw_gbps:g} GB/s "
+                        f"({from_printed:.1f} ms), so it inherits the size's unit")
+            if found:
+                lat_cell.explain("unit-convention", why)
+            else:
+                lat_cell.note = why
         cells.append(lat_cell)
 
     assumptions = [

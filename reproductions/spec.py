@@ -1,18 +1,25 @@
-"""The reproduction spec format: a paper's published values as data, our values, a verdict per cell.
+"""The reproduction spec format: a paper's published values as data, our values, a grade per cell.
 
 A reproduction module defines ``REPRODUCTION = Reproduction(id=..., ...)``; the id's entry in
 :mod:`moe_repro.catalog` says what it is (title, paper element, how, description). Its
-``compute`` function returns a :class:`Result` whose cells it builds with :func:`compare`, which
-looks up the paper's value for the cell (never used to compute ``ours``) and decides the verdict:
+``compute`` function returns a :class:`Result` whose cells it builds with :meth:`compare` (a
+number the paper prints) or :meth:`claim` (a statement the paper makes in words). The paper's
+value is looked up, never used to compute ``ours``, and the grade decided (records/record.py
+lists the grades):
 
 - ``not-reproduced``: we have no number (``ours`` is None); the note says why.
 - ``no-paper-value``: the paper printed nothing for this cell.
-- ``match``: within tolerance of the paper's value.
-- ``deviates``: outside it; a ``note`` says why where the cause is known.
+- ``echo``: ours restates an input or a formula the paper also states; not evidence.
+- ``not-comparable``: the paper's number is a different quantity; the note says which.
+- ``match``: within half a unit of the paper's last printed digit.
+- ``close``: within the tolerance the spec states (relative/absolute slack), shown on the cell.
+- ``explained``: outside it, for a cause someone found and recorded (``cause`` in CAUSES, and a
+  note saying how it was established).
+- ``deviates``: outside it, cause unknown.
+- ``claim-holds`` / ``claim-fails``: a claim the paper states in words, tested on our numbers.
 
-Tolerance defaults to the printed precision: a value printed as ``1.21`` covers [1.205, 1.215],
-so ``ours`` matches if it lies within half a unit of the last printed digit (plus an optional
-relative slack). This is the tightest honest test of a rounded table.
+Deviation: relative, (ours - paper) / |paper| (so a negative paper value keeps the sign of the
+difference), except for cells in percent, whose deviation is ours - paper in percentage points.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any, Callable
 
 from moe_repro import catalog
 from moe_repro.catalog import HOW
-from moe_repro.records.record import VERDICTS  # one list of verdicts: the record schema's
+from moe_repro.records.record import CAUSES, VERDICTS  # one list of grades: the record schema's
 
 
 
@@ -50,8 +57,19 @@ class PaperValue:
 
 
 @dataclass(frozen=True)
+class PaperClaim:
+    """A claim the paper states in words ("comparable below 16 nodes", "1-3 pp"), quoted."""
+
+    row: str
+    column: str
+    statement: str  # quoted or closely paraphrased from the paper
+    source: str  # where: "Sec. VII-C, text on Fig. 8"
+
+
+@dataclass(frozen=True)
 class Tolerance:
-    """``match`` if |ours - paper| <= half a printed unit (if ``printed``) + rel |paper| + abs."""
+    """``close`` if |ours - paper| <= half a printed unit (if ``printed``) + rel |paper| + abs.
+    ``match`` needs the printed precision alone."""
 
     rel: float = 0.0
     abs: float = 0.0
@@ -59,6 +77,10 @@ class Tolerance:
 
     def bound(self, paper: PaperValue) -> float:
         return (paper.half_unit if self.printed else 0.0) + self.rel * abs(paper.value) + self.abs
+
+    @property
+    def has_slack(self) -> bool:
+        return bool(self.rel or self.abs)
 
     def describe(self) -> str:
         parts = []
@@ -83,10 +105,36 @@ class Cell:
     paper_printed: str | None = None
     paper_unit: str | None = None
     paper_source: str | None = None
-    deviation: float | None = None  # (ours - paper) / paper
+    deviation: float | None = None  # relative, or percentage points (deviation_unit "pp")
+    deviation_unit: str | None = None
+    cause: str | None = None
+    tolerance: str | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items()}
+
+    def explain(self, cause: str, note: str) -> "Cell":
+        """Record the cause someone found for a deviation: ``deviates`` becomes ``explained``.
+        A cell that does not deviate keeps its grade (its note is still added)."""
+        if cause not in CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
+        if self.verdict == "deviates":
+            self.verdict, self.cause = "explained", cause
+        self.note = f"{self.note}; {note}" if self.note else note
+        return self
+
+
+def is_percent(unit: str) -> bool:
+    return unit.strip() in ("%", "pp")
+
+
+def deviation_of(paper: float, ours: float, unit: str) -> tuple[float | None, str | None]:
+    """(deviation, its unit): percentage points for % cells, else relative to |paper|."""
+    if is_percent(unit):
+        return ours - paper, "pp"
+    if paper == 0:
+        return None, None
+    return (ours - paper) / abs(paper), "rel"
 
 
 def verdict_for(paper: PaperValue | None, ours: float | None, tolerance: Tolerance) -> str:
@@ -94,7 +142,10 @@ def verdict_for(paper: PaperValue | None, ours: float | None, tolerance: Toleran
         return "not-reproduced"
     if paper is None:
         return "no-paper-value"
-    return "match" if abs(ours - paper.value) <= tolerance.bound(paper) else "deviates"
+    miss = abs(ours - paper.value)
+    if miss <= (paper.half_unit if tolerance.printed else 0.0):
+        return "match"
+    return "close" if miss <= tolerance.bound(paper) else "deviates"
 
 
 @dataclass
@@ -128,6 +179,7 @@ class Reproduction:
     compute: Callable[["Reproduction", dict], Result]
     tolerance: Tolerance = field(default_factory=Tolerance)
     defaults: dict[str, Any] = field(default_factory=dict)
+    paper_claims: list[PaperClaim] = field(default_factory=list)
 
     @property
     def entry(self) -> catalog.ReproductionEntry:
@@ -163,20 +215,49 @@ class Reproduction:
                 return pv
         return None
 
+    def paper_claim(self, row: str, column: str) -> PaperClaim | None:
+        for claim in self.paper_claims:
+            if claim.row == row and claim.column == column:
+                return claim
+        return None
+
     def compare(self, row: str, column: str, ours: float | None, unit: str,
-                note: str | None = None, tolerance: Tolerance | None = None) -> Cell:
-        """Build the cell for (row, column): look up the paper's value and decide the verdict."""
+                note: str | None = None, tolerance: Tolerance | None = None, *,
+                echo: bool = False, not_comparable: str | None = None) -> Cell:
+        """Build the cell for (row, column): look up the paper's value and grade ours.
+        ``echo``: ours restates an input or formula (graded echo, not evidence).
+        ``not_comparable``: why the paper's number is a different quantity."""
         pv = self.paper_value(row, column)
         tol = tolerance or self.tolerance
         verdict = verdict_for(pv, ours, tol)
-        deviation = None
-        if pv is not None and ours is not None and pv.value != 0:
-            deviation = (ours - pv.value) / pv.value
+        deviation = deviation_unit = None
+        if pv is not None and ours is not None and not math.isnan(ours):
+            deviation, deviation_unit = deviation_of(pv.value, ours, unit)
+        if verdict not in ("not-reproduced", "no-paper-value"):
+            if not_comparable:
+                verdict = "not-comparable"
+                note = f"{note}; {not_comparable}" if note else not_comparable
+            elif echo:
+                verdict = "echo"
         return Cell(row=row, column=column, paper=None if pv is None else pv.value, ours=ours,
                     unit=unit, verdict=verdict, note=note,
                     paper_printed=None if pv is None else pv.printed,
                     paper_unit=None if pv is None else pv.unit,
-                    paper_source=None if pv is None else pv.source, deviation=deviation)
+                    paper_source=None if pv is None else pv.source, deviation=deviation,
+                    deviation_unit=deviation_unit,
+                    tolerance=tol.describe() if verdict == "close" else None)
+
+    def claim(self, row: str, column: str, holds: bool | None, ours: float | None, unit: str,
+              note: str) -> Cell:
+        """Grade a claim the paper states in words (``paper_claims``) on our numbers: ``holds``
+        True/False, or None when ours cannot test it (not-reproduced). ``note`` says how it was
+        tested (which of our numbers, which threshold the words imply)."""
+        pc = self.paper_claim(row, column)
+        if pc is None:
+            raise ValueError(f"{self.id}: no paper claim for ({row!r}, {column!r})")
+        verdict = "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+        return Cell(row=row, column=column, paper=None, ours=ours, unit=unit, verdict=verdict,
+                    note=note, paper_printed=pc.statement, paper_source=pc.source)
 
     def run(self, params: dict | None = None) -> Result:
         merged = {**self.defaults, **(params or {})}

@@ -38,7 +38,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         gib = nbytes / 2 ** 30
         pv = repro.paper_value(ROW, "Theoretical")
         if abs(gib - pv.value) <= pv.half_unit:
-            cell.note = (f"{nbytes:,} bytes = {gib:.3f} GiB: the printed 1.125 is GiB, while the "
+            cell.explain("unit-convention",
+                         f"{nbytes:,} bytes = {gib:.3f} GiB: the printed 1.125 is GiB, while the "
                          "header says GB (the measured columns' unit cannot be checked)")
     cells = [cell]
     why = ("measured on Frontier (max over 256 GPUs) at full size; not reproduced here: see the "
