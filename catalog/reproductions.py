@@ -14,7 +14,11 @@ from types import MappingProxyType
 
 from moe_repro.catalog.papers import PAPERS
 
-HOW = {"A": "analytic (model)", "R": "real measurement", "S": "simulated at scale"}
+HOW = {"A": "analytic: a closed-form model evaluated exactly",
+       "M": "Monte Carlo: a model evaluated on seeded random samples (deterministic per seed)",
+       "R": "real measurement: run and timed or counted on this machine",
+       "S": "simulated at scale: the flow-level network simulator (or a simulated trainer) "
+            "predicts a machine this one is not"}
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ _REPRODUCTIONS = (
                      "GPipe and 1F1B pipelined expert parallelism, against the 64 GB HBM line."),
         implemented=True, issue=3),
     ReproductionEntry(
-        id="piper-fig11", paper="piper", element="Fig. 11", how="A (+R scaled)",
+        id="piper-fig11", paper="piper", element="Fig. 11", how="A",
         title="Single-layer throughput ceiling per model on one node",
         what="single-layer throughput ceiling per model",
         description=("Estimated TFLOPS/GPU of one MoE layer of each model under expert-data "
@@ -188,7 +192,7 @@ _REPRODUCTIONS = (
                      "a scaled config beside the theory at that config."),
         implemented=True, issue=3),
     ReproductionEntry(
-        id="xmoe-fig4", paper="xmoe", element="Fig. 4", how="A+R",
+        id="xmoe-fig4", paper="xmoe", element="Fig. 4", how="A+M",
         title="Redundancy rate of dispatched tokens vs EP size (256 experts, top-8)",
         what="redundancy rate of dispatched tokens vs EP size",
         description=("Share of inter-node token copies that only repeat a token already sent to "

@@ -3,8 +3,8 @@
 One MoE layer of each model under expert-data parallelism on one node (EP = g = 8, PP = 1):
 ours is the resource model's estimate (components.resources.perf_model.estimate on a one-layer copy of the
 zoo entry, no embeddings); the paper's values are its measurements (as transcribed in
-piper-review.md 9.3). The measured, scaled-down version (kernels on this machine) belongs to the
-micro-benchmark suites of another issue.
+piper-review.md 9.3). Nothing here is measured: the kernels measured on this machine are
+piper-fig3 and piper-fig4.
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
         xs.append(len(xs))
         ours_y.append(e.tflops_per_gpu)
         paper_y.append(float(printed))
-    cells.append(repro.compare("scaled real run", COL, None, "TFLOPS",
-                               note="the '+R scaled' part (attention and expert-GEMM kernels measured on this "
-                                    "machine) comes from the micro-benchmark suites of another issue (piper-fig3/4)"))
     fig = Figure(name="piper-fig11", title="Single MoE layer on one node: TFLOPS per GPU",
                  xlabel="model (order of the table)", ylabel="TFLOPS / GPU",
                  series=[{"label": "ours (estimate)", "x": xs, "y": ours_y, "kind": "ours"},
@@ -60,6 +57,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"Profile {p.name}: achievable GEMM {p.gemm_flops / 1e12:g} TFLOPS, attention "
         f"{p.attention_flops / 1e12:g} TFLOPS, HBM {p.hbm_bytes_per_s / 1e9:g} GB/s, intra-node all-to-all "
         f"{p.intra_node_a2a_bytes_per_s / 1e9:g} GB/s per GPU; TFLOPS = model FLOPs / (GPUs x time).",
+        "Every number of ours here is the model's estimate; the attention and expert-GEMM kernels "
+        "measured on this machine are piper-fig3 and piper-fig4.",
     ]
     return Result(cells=cells, assumptions=assumptions, figures=[fig])
 

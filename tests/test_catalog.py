@@ -50,14 +50,15 @@ def test_the_design_inventory_is_complete():
 @pytest.mark.parametrize("rid,how", [
     # the rows where the first plan said otherwise: the implementation's word is kept
     ("feplb-table2", "A"), ("feplb-table3", "S"), ("feplb-table4", "S"), ("feplb-fig4", "A+S"),
-    ("feplb-fig6", "S"), ("piper-fig8", "S"), ("xmoe-fig4", "A+R"), ("xmoe-appc1", "A+R")])
+    ("feplb-fig6", "S"), ("piper-fig8", "S"), ("xmoe-fig4", "A+M"), ("xmoe-appc1", "A+R")])
 def test_how_is_the_implementations(rid, how):
     assert catalog.reproduction(rid).how == how
 
 
 def test_how_letters():
     assert catalog.reproduction("piper-fig5").how_letters == {"R", "S"}
-    assert catalog.reproduction("piper-fig11").how_letters == {"A", "R"}  # "A (+R scaled)"
+    assert catalog.reproduction("xmoe-fig4").how_letters == {"A", "M"}
+    assert catalog.reproduction("piper-fig11").how_letters == {"A"}  # every number is the model's
     assert catalog.reproduction("piper-table4").paper_element == "Piper Table IV"
 
 

@@ -20,8 +20,9 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
     known = all_reproductions()
     if how:
         allowed = {h.strip().upper() for h in how.split(",")}
-        if not allowed <= {"A", "R", "S"}:
-            raise BadInput(f"--how takes letters A (analytic), R (real), S (simulated); got {how!r}")
+        if not allowed <= {"A", "M", "R", "S"}:
+            raise BadInput(f"--how takes letters A (analytic), M (Monte Carlo), R (real), "
+                           f"S (simulated); got {how!r}")
         letters = lambda r: {part.strip()[:1] for part in r.how.split("+")}
         known = {rid: r for rid, r in known.items() if letters(r) <= allowed}
     planned = {rid: r.issue for rid, r in catalog.REPRODUCTIONS.items() if not r.implemented}
