@@ -12,10 +12,10 @@ from __future__ import annotations
 import difflib
 
 from moe_repro.catalog.papers import PAPERS, Paper
-from moe_repro.catalog.reproductions import HOW, REPRODUCTIONS, ReproductionEntry
+from moe_repro.catalog.reproductions import HOW, HOW_MEANING, REPRODUCTIONS, ReproductionEntry
 from moe_repro.catalog.suites import SUITES, SuiteEntry
 
-__all__ = ["HOW", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry", "SuiteEntry",
+__all__ = ["HOW", "HOW_MEANING", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry", "SuiteEntry",
            "close_matches", "paper", "reproduction", "reproductions_of", "suite"]
 
 

@@ -14,11 +14,15 @@ from types import MappingProxyType
 
 from moe_repro.catalog.papers import PAPERS
 
-HOW = {"A": "analytic: a closed-form model evaluated exactly",
-       "M": "Monte Carlo: a model evaluated on seeded random samples (deterministic per seed)",
-       "R": "real measurement: run and timed or counted on this machine",
-       "S": "simulated at scale: the flow-level network simulator (or a simulated trainer) "
-            "predicts a machine this one is not"}
+HOW = {"A": "analytic", "M": "Monte Carlo", "R": "real measurement", "S": "simulated at scale"}
+# What each letter means, for the index and every page (issue 16: A, R and S explained).
+HOW_MEANING = {
+    "A": "a closed-form model (paper equations, the resource model) evaluated exactly",
+    "M": "a model evaluated on seeded random samples (routing, traces): deterministic per seed",
+    "R": "run for real on this machine: kernels timed, collectives over real processes",
+    "S": "the flow-level network simulator (or a simulated trainer) predicting a machine this "
+         "one is not; every simulated number says so and carries its assumptions",
+}
 
 
 @dataclass(frozen=True)
