@@ -292,6 +292,46 @@ MODELS: dict[str, MoEModel] = {
             source="moe-repro: a toy SwiGLU MoE that trains on CPU in seconds (trainer, tests)",
             notes="Not from a paper. Default sequence length 64 (see TINY_MOE_SEQ).",
         ),
+        # Dense models (family "dense"): no MoE layer (moe_layers=0), one FFN of width d_ffn_dense
+        # in every layer. n_experts=1 / top_k=1 only fill the required fields (no router is counted
+        # when E=1, and no routed expert when there is no MoE layer); d_ffn repeats the FFN width.
+        MoEModel(
+            key="gpt3-175b", name="GPT-3 175B", layers=96, moe_layers=0, d_model=12288,
+            d_ffn=4 * 12288, d_ffn_dense=4 * 12288, n_experts=1, top_k=1, n_mat=2, n_heads=96,
+            head_dim=128, vocab=50257, tie_embeddings=True, family="dense",
+            source="Brown et al. 2020 (Language Models are Few-Shot Learners) Table 2.1: 96 layers, "
+                   "d_model 12288, 96 heads of 128, d_ffn = 4 d_model, context 2048; GPT-2 BPE "
+                   "vocabulary 50257; two-matrix GELU FFN, output head tied to the token embedding",
+            notes="Counts 174.6B weights (12 L d^2 + V d + norms): the learned position embedding "
+                  "(2048 x 12288 = 25M), biases (9 d per layer, 11M) and LayerNorm biases are not "
+                  "modelled (0.02% together); the paper rounds to 175.0B. GPT-3 alternates dense and "
+                  "locally banded sparse attention; attention here is dense. Sequence 2048.",
+        ),
+        MoEModel(
+            key="llama3-8b", name="Llama 3 8B", layers=32, moe_layers=0, d_model=4096, d_ffn=14336,
+            d_ffn_dense=14336, n_experts=1, top_k=1, n_mat=3, n_heads=32, n_kv_heads=8, head_dim=128,
+            vocab=128256, family="dense",
+            source="Llama Team 2024 (The Llama 3 Herd of Models) Table 3: 32 layers, d_model 4096, "
+                   "FFN 14336, 32 heads, 8 KV heads, vocabulary 128K (128256 in the released "
+                   "config.json); SwiGLU, untied embeddings",
+            notes="8.03B, as the released checkpoint (8,030,261,248).",
+        ),
+        MoEModel(
+            key="llama3-70b", name="Llama 3 70B", layers=80, moe_layers=0, d_model=8192, d_ffn=28672,
+            d_ffn_dense=28672, n_experts=1, top_k=1, n_mat=3, n_heads=64, n_kv_heads=8, head_dim=128,
+            vocab=128256, family="dense",
+            source="Llama Team 2024 (The Llama 3 Herd of Models) Table 3: 80 layers, d_model 8192, "
+                   "FFN 28672, 64 heads, 8 KV heads, vocabulary 128256; SwiGLU, untied embeddings",
+            notes="70.55B, as the released checkpoint.",
+        ),
+        MoEModel(
+            key="llama3-405b", name="Llama 3 405B", layers=126, moe_layers=0, d_model=16384,
+            d_ffn=53248, d_ffn_dense=53248, n_experts=1, top_k=1, n_mat=3, n_heads=128, n_kv_heads=8,
+            head_dim=128, vocab=128256, family="dense",
+            source="Llama Team 2024 (The Llama 3 Herd of Models) Table 3: 126 layers, d_model 16384, "
+                   "FFN 53248, 128 heads, 8 KV heads, vocabulary 128256; SwiGLU, untied embeddings",
+            notes="405.85B, as the released checkpoint.",
+        ),
     ]
 }
 
