@@ -2,27 +2,56 @@
 
 from __future__ import annotations
 
+import datetime as _dt
+import re
 from functools import lru_cache
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, Template, select_autoescape
 from markupsafe import Markup
+
+from moe_repro.reports.numbers import fmt
+
+_TABLE_OPEN = re.compile(r"<table\b")
+
+
+class _ScrollingTables(Template):
+    """Every table of every page scrolls sideways inside its own box (``div.scroll``) instead of
+    running off a narrow screen: the wrapper is added here, once, so no template can forget it.
+    Only real tags match: text that mentions a table is autoescaped to ``&lt;table``."""
+
+    def render(self, *args, **kwargs) -> str:
+        page = super().render(*args, **kwargs)
+        return _TABLE_OPEN.sub('<div class="scroll"><table', page).replace("</table>", "</table></div>")
 
 
 @lru_cache(maxsize=1)
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("moe_repro.reports", "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+    env.template_class = _ScrollingTables
     env.filters["num"] = _num
     env.filters["pct"] = lambda x: "" if x is None else f"{x:+.2%}"
+    env.filters["when"] = when
     return env
 
 
-def _num(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:,.4g}" if abs(x) < 1e6 else f"{x:.4e}"
-    return str(x)
+def _num(x, unit: str | None = None) -> str:
+    """``{{ x|num }}``, ``{{ x|num("s") }}``: the site's one number format (reports/numbers.py)."""
+    return fmt(x, unit)
+
+
+def when(timestamp: str | None) -> str:
+    """An ISO timestamp as a reader scans it: "2026-11-23 10:32 UTC" (as stored if unparsable)."""
+    if not timestamp:
+        return ""
+    try:
+        t = _dt.datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError):
+        return str(timestamp)
+    if t.tzinfo is not None:
+        t = t.astimezone(_dt.timezone.utc)
+        return t.strftime("%Y-%m-%d %H:%M UTC")
+    return t.strftime("%Y-%m-%d %H:%M")
 
 
 def css() -> Markup:
@@ -42,7 +71,11 @@ def render_index(papers: list[dict], suites: list[dict]) -> str:
 
 
 def render_suite(name: str, payload: dict | None, raw_json: str | None, history: list[dict],
-                 home: str, graphs: list[dict] | None = None) -> str:
+                 home: str, graphs: list[dict] | None = None, view: dict | None = None,
+                 sweeps: list[dict] | None = None) -> str:
+    """A suite's page: ``view`` is the latest run laid out by reports/site.py (machine, constant
+    and varying parameters, the compact table), ``sweeps`` its metric-vs-parameter figures,
+    ``graphs`` the history figures, ``history`` the stored runs."""
     return environment().get_template("suite.html").render(
         name=name, p=payload, raw_json=raw_json, history=history, home=home, graphs=graphs or [],
-        css=css())
+        view=view, sweeps=sweeps or [], css=css())

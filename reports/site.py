@@ -6,6 +6,9 @@ any static host. Pages are written atomically; the build can be rerun over an ex
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from moe_repro.records.record import ReproductionRecord, SuiteRecord, dump
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
+from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
 
 
@@ -34,9 +38,9 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
     figures = []
     for fig in record.figures:
         drawn = render_figure(fig)
-        names = {fmt: f"{rid}-{fig['name']}.{fmt}" for fmt in drawn}
-        for fmt, data in drawn.items():
-            atomic_write_bytes(directory / names[fmt], data)
+        names = {ext: f"{rid}-{fig['name']}.{ext}" for ext in drawn}
+        for ext, data in drawn.items():
+            atomic_write_bytes(directory / names[ext], data)
         figures.append({"title": fig["title"], **names})
     atomic_write_json(directory / f"{rid}.json", payload)
     atomic_write_text(directory / f"{rid}.csv", write(frame(record), "csv"))
@@ -69,31 +73,8 @@ def build_site(store, out_dir: str | Path) -> Path:
     for name, suite in catalog.SUITES.items():
         runs = store.runs("suite", name)  # readable runs, oldest first
         latest = runs[-1] if runs else None
-        payload = dump(latest) if latest else None
         href = f"suites/{name}.html"
-        raw = None
-        if latest is not None:
-            raw = f"{name}.json"
-            atomic_write_json(out / "suites" / raw, payload)
-            atomic_write_text(out / "suites" / f"{name}.csv", write(frame(latest), "csv"))
-        graphs = []
-        # time, and the suite's headline throughput if it has one (asv graphs one metric each);
-        # the metrics as the newest stored run declared them
-        declared = latest.metrics if latest else []
-        headline = [m for m in declared[1:] if m.better == "higher"][:1]
-        for metric in declared[:1] + headline:
-            fig = history_figure(name, metric, runs)
-            if fig is None:
-                continue
-            drawn = render_figure(fig)
-            names = {fmt: f"{name}-history-{metric.name}.{fmt}" for fmt in drawn}
-            for fmt, data in drawn.items():
-                atomic_write_bytes(out / "suites" / names[fmt], data)
-            graphs.append({"title": fig["title"], **names})
-        summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
-                    "records": len(r.records)} for r in runs]
-        atomic_write_text(out / href, html.render_suite(name, payload, raw, summary, "../index.html",
-                                                        graphs=graphs))
+        write_suite_page(out / "suites", name, runs, home="../index.html")
         suites.append({"name": name, "description": suite.description, "href": href,
                        "records": len(latest.records) if latest else 0,
                        "when": latest.timestamp if latest else None})
@@ -104,20 +85,353 @@ def build_site(store, out_dir: str | Path) -> Path:
     return atomic_write_text(out / "index.html", html.render_index(papers, suites))
 
 
-def history_figure(name: str, metric, runs: list[SuiteRecord], max_lines: int = 8) -> dict | None:
-    """A metric per stored run (asv-style): one line per grid point, x = run order (commit)."""
-    series: dict[str, tuple[list, list]] = {}
-    params_of = lambda r, run: " ".join(f"{k}={r[k]}" for k in run.params if k in r)
-    for i, run in enumerate(runs):
-        for rec in run.records:
-            if metric.name in rec:
-                xs, ys = series.setdefault(params_of(rec, run) or "all", ([], []))
-                xs.append(i)
-                ys.append(rec[metric.name])
-    if not series:
+
+# ---------------------------------------------------------------------------------------------
+# Suite pages: what the latest run measured, against what it swept, and how it moved over runs.
+
+CELL_UNITS = ("s", "B", "%")  # units the formatter writes into each cell (3.1 ms, 2 MiB, 5%)
+MAX_SWEEP_LINES = 12  # lines on one metric-vs-parameter figure (the style cycle has 30)
+MAX_HISTORY_LINES = 8  # grid points followed over the stored runs
+MAX_TICKS_AT_DATA = 12  # a swept axis with at most this many values gets a tick at each
+LOG_SPAN = 100.0  # values spanning more than two decades go on a log axis
+ENVIRONMENT_SHOWN = ("device", "device_type", "device_count", "cpu_model", "cpu_count", "torch",
+                     "torch_threads", "python", "hostname")
+
+
+def _key(value) -> str:
+    """A hashable, type-exact stand-in for a record value (1, 1.0 and True stay apart)."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _finite(x) -> bool:
+    return is_number(x) and math.isfinite(x)
+
+
+def _metric_present(run: SuiteRecord, name: str) -> bool:
+    return any(_finite(r.get(name)) for r in run.records)
+
+
+def headline_metrics(run: SuiteRecord) -> list:
+    """time (the first declared metric), and the suite's first higher-is-better metric if any:
+    asv graphs one metric per figure; these are the two a reader asks about first."""
+    declared = [m for m in run.metrics if _metric_present(run, m.name)]
+    return declared[:1] + [m for m in declared[1:] if m.better == "higher"][:1]
+
+
+def split_params(run: SuiteRecord, records: list[dict] | None = None) -> tuple[list[str], list[str]]:
+    """(grid parameters whose value differs between records, those with one value), in grid order;
+    parameters no record holds are left out."""
+    records = run.records if records is None else records
+    params = [p for p in run.params if any(p in r for r in records)]
+    distinct = {p: {_key(r.get(p)) for r in records} for p in params}
+    return [p for p in params if len(distinct[p]) > 1], [p for p in params if len(distinct[p]) == 1]
+
+
+def swept_param(run: SuiteRecord, records: list[dict] | None = None) -> str | None:
+    """The x of a metric-vs-parameter figure: the varying grid parameter with the most distinct
+    numeric values (sizes, tokens, n); on a tie the one spanning the widest ratio (1 KiB-1 MiB
+    before 2-4 ranks), then the first in grid order. None if no numeric parameter varies."""
+    records = run.records if records is None else records
+    varying, _ = split_params(run, records)
+    numeric = [p for p in varying if all(_finite(r.get(p)) for r in records)]
+
+    def reach(p):  # most distinct values first; on a tie, the one spanning the widest ratio
+        values = {r[p] for r in records}
+        positive = [v for v in values if v > 0]
+        return len(values), max(positive) / min(positive) if positive else 0.0
+
+    return max(numeric, key=reach) if numeric else None
+
+
+def _spread(r: dict, name: str) -> tuple[float, float] | None:
+    """The repeats' spread around a median: min-max where stored, else median +- IQR/2."""
+    lo, hi = r.get(f"{name}_min"), r.get(f"{name}_max")
+    if _finite(lo) and _finite(hi):
+        return lo, hi
+    iqr = r.get(f"{name}_iqr")
+    if _finite(iqr):
+        return r[name] - iqr / 2, r[name] + iqr / 2
+    return None
+
+
+def _spans_decades(values) -> bool:
+    """Whether the positive values span more than two decades (zeros cannot sit on a log axis;
+    a caption says where they were left out)."""
+    vals = [v for v in values if _finite(v) and v > 0]
+    return bool(vals) and max(vals) / min(vals) > LOG_SPAN
+
+
+def _determined_by(records: list[dict], x: str, q: str) -> bool:
+    """Whether parameter ``q`` takes one value per value of ``x`` (tokens and hidden derived from
+    the message size): such a parameter moves along the line, it does not make another one."""
+    seen: dict[str, str] = {}
+    return all(seen.setdefault(_key(r.get(x)), _key(r.get(q))) == _key(r.get(q)) for r in records)
+
+
+def _axis_label(metric, unit: str) -> str:
+    return f"{metric.name} [{unit}]" if unit else metric.name
+
+
+LABEL_SEP = " / "  # between parameter values in a legend: "flat / 1,048,576" (commas are digits)
+
+
+def _label(r: dict, params: list[str]) -> str:
+    return LABEL_SEP.join(fmt(r.get(p)) for p in params)
+
+
+def sweep_figure(name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP_LINES) -> dict | None:
+    """The latest run's ``metric`` against its swept parameter: one line per combination of the
+    other varying parameters, the median with its spread as a band, log axes where the values span
+    more than two decades. Where no numeric parameter varies, a dot per category instead."""
+    records = [r for r in run.records if _finite(r.get(metric.name))]
+    if not records:
         return None
-    lines = [{"label": label, "x": xs, "y": ys, "kind": "ours"}
-             for label, (xs, ys) in list(series.items())[:max_lines]]
-    return {"name": f"history-{metric.name}", "title": f"{name}: {metric.name} per stored run (median)",
-            "xlabel": "stored run (oldest = 0)", "ylabel": f"{metric.name} [{metric.unit}]",
-            "series": lines, "xscale": "linear", "yscale": "log"}
+    varying, _ = split_params(run, records)
+    x = swept_param(run, records)
+    spreads = [_spread(r, metric.name) for r in records]
+    factor, unit = scale_for([r[metric.name] for r in records], metric.unit)
+    ylabel = _axis_label(metric, unit)
+    has_spread = any(s is not None and s[1] > s[0] for s in spreads)
+    minmax = all(_finite(r.get(f"{metric.name}_min")) for r in records)
+    caption = ("Median of the repeats" + (("; shaded: min to max of the repeats" if minmax else
+                                           "; shaded: median \N{PLUS-MINUS SIGN} IQR/2")
+                                          if has_spread else "") + ".")
+    if x is None:
+        cats = []
+        for r, sp in zip(records, spreads):
+            cats.append({"label": _label(r, varying) or "all records", "value": r[metric.name] / factor,
+                         "lo": sp[0] / factor if sp else None, "hi": sp[1] / factor if sp else None,
+                         "group": fmt(r.get(varying[0])) if len(varying) > 1 else None})
+        values = [c["value"] for c in cats]
+        return {"kind": "dots", "name": f"sweep-{metric.name}", "categories": cats,
+                "title": f"{name}: {metric.name} per " + (", ".join(varying) or "run"),
+                "xlabel": ylabel + " (median)", "ylabel": LABEL_SEP.join(varying),
+                "xscale": "log" if _spans_decades(values) else "linear",
+                "legend_title": varying[0] if len(varying) > 1 else None,
+                "caption": caption.replace("shaded", "bars")}
+    others = [p for p in varying if p != x and not _determined_by(records, x, p)]
+    moving = [p for p in varying if p != x and p not in others]
+    if moving:
+        caption += f" {', '.join(moving)} change{'s' if len(moving) == 1 else ''} with {x} (see the table)."
+    groups: dict[str, list[tuple[dict, tuple | None]]] = {}
+    for r, sp in zip(records, spreads):
+        groups.setdefault(_label(r, others) or metric.name, []).append((r, sp))
+    series = []
+    for label, rows in list(groups.items())[:max_lines]:
+        rows.sort(key=lambda row: row[0][x])
+        s = {"label": label, "x": [r[x] for r, _ in rows], "y": [r[metric.name] / factor for r, _ in rows]}
+        if all(sp is not None for _, sp in rows):
+            s.update(lo=[sp[0] / factor for _, sp in rows], hi=[sp[1] / factor for _, sp in rows])
+        series.append(s)
+    if len(groups) > max_lines:
+        caption += f" The first {max_lines} of {len(groups)} lines; all of them in the table and raw data."
+    xs = sorted({r[x] for r in records})
+    ys = [v for s in series for v in s["y"]]
+    xscale = "log" if _spans_decades(xs) else "linear"
+    yscale = "log" if _spans_decades(ys) else "linear"
+    if yscale == "log" and any(v <= 0 for v in ys):
+        caption += " Zero values are not drawn on the log axis (see the table)."
+        for s in series:  # a gap in the line, not a drop to the axis' floor
+            for k in ("y", "lo", "hi"):
+                if k in s:
+                    s[k] = [v if v > 0 else math.nan for v in s[k]]
+    # ticks at the swept values (every other one, or every third, on a long log axis), so that a
+    # size axis reads 1K, 4K, 16K with K = 1,024 rather than decades that are no grid point
+    ticks = xs if len(xs) <= MAX_TICKS_AT_DATA else (
+        xs[::math.ceil(len(xs) / MAX_TICKS_AT_DATA)] if xscale == "log" else None)
+    binary = ticks is not None and binary_ticks(ticks)
+    return {"name": f"sweep-{metric.name}", "title": f"{name}: {metric.name} vs {x}",
+            "xlabel": x + (" (K = 1,024)" if binary else ""), "ylabel": ylabel + " (median)",
+            "series": series, "xscale": xscale, "yscale": yscale,
+            "xticks": ticks, "xticks_binary": binary,
+            "legend_title": LABEL_SEP.join(others) or None, "legend": bool(others), "caption": caption}
+
+
+def history_figure(name: str, metric, runs: list[SuiteRecord],
+                   max_lines: int = MAX_HISTORY_LINES) -> dict | None:
+    """``metric`` over the stored runs (asv-style), x = the runs' dates: one line per grid point of
+    the latest run (a single point while there is one run). More grid points than ``max_lines``:
+    those at the largest value of the swept parameter, then the first ``max_lines``."""
+    if not runs:
+        return None
+    latest = runs[-1]
+    params = list(latest.params)
+    point = lambda r: tuple(_key(r.get(p)) for p in params)  # noqa: E731
+    chosen: dict[tuple, dict] = {}
+    for r in latest.records:
+        if _finite(r.get(metric.name)):
+            chosen.setdefault(point(r), r)
+    if not chosen:
+        return None
+    total = len(chosen)
+    x = swept_param(latest, list(chosen.values()))
+    if total > max_lines and x is not None:
+        top = max(r[x] for r in chosen.values())
+        chosen = {k: r for k, r in chosen.items() if r[x] == top}
+    chosen = dict(list(chosen.items())[:max_lines])
+    varying, _ = split_params(latest, list(chosen.values()))
+    series = {k: {"label": _label(r, varying) or metric.name, "x": [], "y": []} for k, r in chosen.items()}
+    contributing = 0
+    for run in runs:
+        try:
+            when = _dt.datetime.fromisoformat(run.timestamp).isoformat()
+        except (TypeError, ValueError):
+            continue  # an undated run cannot be placed on a date axis
+        seen: set[tuple] = set()
+        for r in run.records:
+            k = point(r)
+            if k in series and k not in seen and _finite(r.get(metric.name)):
+                seen.add(k)
+                series[k]["x"].append(when)
+                series[k]["y"].append(r[metric.name])
+        contributing += bool(seen)
+    lines = [s for s in series.values() if s["x"]]
+    if not lines:
+        return None
+    factor, unit = scale_for([v for s in lines for v in s["y"]], metric.unit)
+    for s in lines:
+        s["y"] = [v / factor for v in s["y"]]
+    shown = (f"{len(lines)} of {total} grid points" + (f" ({x} = {fmt(top)})" if total > max_lines
+                                                      and x is not None else "")
+             if len(lines) < total else f"all {total} grid point{'s' if total > 1 else ''}")
+    return {"name": f"history-{metric.name}", "xdates": True, "marker": "o",
+            "title": f"{name}: {metric.name} per stored run (median)",
+            "xlabel": "run date (UTC)", "ylabel": _axis_label(metric, unit) + " (median)",
+            "series": lines, "xscale": "linear",
+            "yscale": "log" if _spans_decades([v for s in lines for v in s["y"]]) else "linear",
+            "legend_title": LABEL_SEP.join(varying) or None, "legend": bool(varying),
+            "caption": f"Each line follows one grid point of the latest run ({shown}) through the "
+                       f"stored runs: {contributing} of {len(runs)} measured "
+                       f"{'it' if len(lines) == 1 else 'them'} (the others ran other grids)."
+                       if contributing < len(runs) else
+                       f"Each line follows one grid point of the latest run ({shown}) through all "
+                       f"{len(runs)} stored run{'s' if len(runs) > 1 else ''}."}
+
+
+def _machine(env: dict) -> list[tuple[str, str]]:
+    """What ran the latest run, from its environment: the device that ran, not the parameter."""
+    rows = []
+    device = env.get("device")
+    if device:
+        kind = env.get("device_type")
+        count = env.get("device_count")
+        rows.append(("device", f"{device}" + (f" ({kind}" + (f", {count} visible" if count and count > 1
+                                                              else "") + ")" if kind else "")))
+    if env.get("cpu_model"):
+        rows.append(("CPU", f"{env['cpu_model']}" + (f", {env['cpu_count']} cores" if env.get("cpu_count")
+                                                      else "")))
+    if env.get("torch"):
+        threads = env.get("torch_threads")
+        rows.append(("torch", f"{env['torch']}" + (f" ({threads} thread{'s' if threads != 1 else ''})"
+                                                   if threads else "")))
+    for key in ("python", "hostname"):
+        if env.get(key):
+            rows.append((key, str(env[key])))
+    return rows
+
+
+def suite_view(run: SuiteRecord) -> dict:
+    """The latest run laid out for a reader: the machine that ran it; the parameters every record
+    shares, listed once; a compact table of the varying parameters, then the headline metrics
+    (median and IQR), the suite's other table metrics, and #wrong where the suite checks."""
+    records = run.records
+    varying, constant = split_params(run)
+    env = run.environment.model_dump()
+    shown_device = env.get("device")
+    constants = []
+    for p in constant:
+        text = f"{p}={fmt(records[0].get(p))}"
+        if p == "device" and shown_device:
+            text += f" (ran on {shown_device}" + (f", {env['device_type']}" if env.get("device_type")
+                                                  else "") + ")"
+        constants.append(text)
+    simulated = [bool(r.get("simulated")) for r in records]
+    sim_note = None
+    if any(simulated) and all(simulated):
+        why = records[0].get("simulated_because")
+        sim_note = "every record is simulated" + (f" ({why})" if why else "")
+    sim_column = any(simulated) and not all(simulated)
+
+    units = {m.name: m.unit for m in run.metrics}
+    described = {m.name: m.description for m in run.metrics}
+    headline = [m.name for m in headline_metrics(run)]
+    extra = [m for m in run.table_metrics if m not in headline and _metric_present(run, m)][:3]
+    columns = [{"label": p, "num": all(is_number(r.get(p)) for r in records)} for p in varying]
+    if sim_column:
+        columns.append({"label": "simulated", "num": False})
+    # an IQR column only where some record has a spread (a simulation or one repeat has none)
+    with_iqr = [m for m in headline if any(_finite(r.get(f"{m}_iqr")) and r[f"{m}_iqr"] != 0
+                                           for r in records)]
+    for m in headline:
+        unit = units.get(m, "")
+        head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
+        columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
+        if m in with_iqr:
+            columns.append({"label": "IQR", "sub": m, "num": True})
+    for m in extra:
+        unit = units.get(m, "")
+        head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
+        columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
+    has_wrong = any("wrong" in r for r in records)
+    if has_wrong:
+        columns.append({"label": "#wrong", "num": True,
+                        "title": "elements the check found wrong (0: correct)"})
+    rows = []
+    for r in records:
+        row = [fmt(r.get(p)) for p in varying]
+        if sim_column:
+            row.append("yes" if r.get("simulated") else "no (real)")
+        for m in headline:
+            row.append(fmt(r.get(m), units.get(m)))
+            if m in with_iqr:
+                row.append(fmt(r.get(f"{m}_iqr"), units.get(m)))
+        row += [fmt(r.get(m), units.get(m)) for m in extra]
+        if has_wrong:
+            row.append(fmt(r.get("wrong")))
+        rows.append(row)
+    wrong = sum(r["wrong"] for r in records if _finite(r.get("wrong")))
+    shown = set(varying) | set(constant) | set(headline) | set(extra) | {"suite", "wrong"}
+    suffixed = {f"{m.name}_{s}" for m in run.metrics for s in ("iqr", "min", "max")}
+    hidden = [k for k in dict.fromkeys(k for r in records for k in r)
+              if k not in shown and k not in suffixed and k != "samples"]
+    bytes_shown = any(units.get(m) == "B" for m in headline + extra)
+    return {"machine": _machine(env), "constants": constants, "varying": varying, "columns": columns,
+            "rows": rows, "has_wrong": has_wrong, "wrong": wrong, "simulated": sim_note,
+            "no_spread": [m for m in headline if m not in with_iqr], "hidden": hidden,
+            "bytes_note": BYTES_NOTE if bytes_shown else None, "interrupted": run.interrupted, "error": run.error}
+
+
+def _write_figure(directory: Path, stem: str, fig: dict) -> dict:
+    drawn = render_figure(fig)
+    names = {ext: f"{stem}.{ext}" for ext in drawn}
+    for ext, data in drawn.items():
+        atomic_write_bytes(directory / names[ext], data)
+    return {"title": fig["title"], "caption": fig.get("caption", ""), **names}
+
+
+def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
+                     home: str | None = "../index.html") -> Path:
+    """One suite's page in ``directory`` from its stored runs (oldest first): the latest run's
+    metric-vs-parameter figures and compact table, its raw JSON and CSV, the history figures and
+    the list of stored runs. With no run, a page that says how to make one."""
+    directory = Path(directory)
+    latest = runs[-1] if runs else None
+    if latest is None:
+        return atomic_write_text(directory / f"{name}.html",
+                                 html.render_suite(name, None, None, [], home))
+    payload = dump(latest)
+    raw = f"{name}.json"
+    atomic_write_json(directory / raw, payload)
+    atomic_write_text(directory / f"{name}.csv", write(frame(latest), "csv"))
+    sweeps, graphs = [], []
+    for metric in headline_metrics(latest):  # the metrics as the newest stored run declared them
+        fig = sweep_figure(name, metric, latest)
+        if fig is not None:
+            sweeps.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
+        fig = history_figure(name, metric, runs)
+        if fig is not None:
+            graphs.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
+    summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
+                "records": len(r.records), "command": r.environment.command} for r in reversed(runs)]
+    return atomic_write_text(directory / f"{name}.html", html.render_suite(
+        name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps))

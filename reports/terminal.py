@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from moe_repro.records.record import ReproductionRecord, SuiteRecord
+from moe_repro.reports.numbers import fmt
 
 
-def _num(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x).lower()
-    if isinstance(x, float):
-        return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.4e}"
-    return str(x)
+def _num(x, unit: str | None = None) -> str:
+    """The site's number format (reports/numbers.py): 12,345; 0.0031; 3.14 ms; 2.93 MiB."""
+    return fmt(x, unit, ascii=True)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -70,13 +66,14 @@ def format_records(record: SuiteRecord) -> str:
     simulated = any(r.get("simulated") for r in records)
     if simulated:  # a simulated number always says so
         headers.append("simulated")
+    units = {m.name: m.unit for m in record.metrics}  # seconds and bytes print in their units
     main = metric_names[0]
     baseline = _impl_baseline(records, keys, main)
     if baseline:
         headers.insert(len(keys) + 1, f"x {baseline[0]}")
     rows = []
     for r in records:
-        row = [_num(r.get(k)) for k in keys] + [_num(r.get(m)) for m in metric_names]
+        row = [_num(r.get(k)) for k in keys] + [_num(r.get(m), units.get(m)) for m in metric_names]
         if baseline:
             base = baseline[1].get(_point_without_impl(r, keys))
             row.insert(len(keys) + 1, f"{r[main] / base:.2f}" if base and r.get(main) is not None else "-")

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from linkcheck import broken_links
 from moe_repro.cli import cli
+from moe_repro.records.record import CAUSES, VERDICTS
 from procs import processes_with_env
 
 
@@ -78,9 +79,11 @@ def test_run_writes_the_contract(results_dir, tmp_path):
     assert {"id", "title", "cells", "environment"} <= set(data)
     for cell in data["cells"]:
         assert {"row", "column", "paper", "ours", "unit", "verdict"} <= set(cell)
-        assert cell["verdict"] in ("match", "deviates", "no-paper-value", "not-reproduced")
-        if cell["verdict"] == "deviates":
+        assert cell["verdict"] in VERDICTS
+        if cell["verdict"] in ("deviates", "explained"):
             assert cell["note"]
+        if cell["verdict"] == "explained":
+            assert cell["cause"] in CAUSES
     env = data["environment"]
     for key in ("python", "torch", "cpu_model", "cpu_count", "hostname", "git_commit", "git_dirty",
                 "timestamp", "command"):
@@ -192,7 +195,7 @@ def test_export_csv_and_jsonl(results_dir, tmp_path):
     invoke("run", "piper-table4", "--quiet")
     assert invoke("export", "--kind", "reproductions", "--out", str(tmp_path / "r.csv")).exit_code == 0
     df = pd.read_csv(tmp_path / "r.csv")
-    assert len(df) == 14 and set(df["verdict"]) == {"match", "deviates"}
+    assert len(df) == 14 and set(df["verdict"]) == {"match", "explained", "deviates"}
     assert invoke("export", "--kind", "reproductions", "--format", "jsonl",
                   "--out", str(tmp_path / "r.jsonl")).exit_code == 0
     assert len(pd.read_json(tmp_path / "r.jsonl", lines=True)) == 14

@@ -23,3 +23,49 @@ def test_twelve_series_are_twelve_distinct_styles(monkeypatch):
     assert out["png"].startswith(b"\x89PNG")
     (styles,) = drawn
     assert len(styles) == 12 and len(set(styles)) == 12
+
+
+def _tick_texts(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels(which="both") if t.get_text()]
+
+
+def test_log_axes_are_labelled_with_plain_numbers(monkeypatch):
+    """No mathtext on a log axis: 1K and 0.2, not 10^3 and 2x10^-1 (issue 16)."""
+    drawn = []
+    real_close = plt.close
+
+    def keep(f):
+        ax = f.axes[0]
+        drawn.append((_tick_texts(ax.xaxis), _tick_texts(ax.yaxis)))
+        real_close(f)
+
+    monkeypatch.setattr(figures.plt, "close", keep)
+    # x over six decades; y within one decade, where matplotlib labels the minor ticks too
+    series = [{"label": "s", "x": [1, 10, 1e3, 1e6], "y": [0.15, 0.2, 0.5, 0.9]}]
+    out = figures.render_figure({"series": series, "xlabel": "bytes", "ylabel": "s", "title": "t",
+                                 "xscale": "log", "yscale": "log"})
+    (xs, ys), = drawn
+    for text in xs + ys:
+        assert "10^" not in text and "\\times" not in text and "$" not in text, text
+    assert {"1", "10", "100", "1K", "1M"} <= set(xs), xs
+    assert {"0.1", "0.2", "0.4"} <= set(ys), ys
+    svg = out["svg"].decode()
+    assert ">1K<" in svg and ">1M<" in svg  # the SVG keeps its labels as text
+
+
+def test_swept_axis_ticks_sit_at_the_grid_values(monkeypatch):
+    """A size axis reads 1K, 16K, 1M (K = 1,024) at the values that were run, with the spread."""
+    drawn = []
+    real_close = plt.close
+
+    def keep(f):
+        drawn.append([t.get_text() for t in f.axes[0].get_xticklabels()])
+        real_close(f)
+
+    monkeypatch.setattr(figures.plt, "close", keep)
+    fig = {"series": [{"label": "s", "x": [1024, 16384, 1048576], "y": [1, 2, 3],
+                       "lo": [0.9, 1.8, 2.5], "hi": [1.2, 2.4, 3.3]}],
+           "xlabel": "size (K = 1,024)", "ylabel": "ms", "title": "t", "xscale": "log",
+           "xticks": [1024, 16384, 1048576], "xticks_binary": True}
+    assert figures.render_figure(fig)["png"].startswith(b"\x89PNG")
+    assert drawn == [["1K", "16K", "1M"]]

@@ -1,0 +1,160 @@
+"""Suite pages answer questions (issue 16): the latest run's headline metrics against its swept
+parameter, a compact table of what varies, the shared parameters once, the device that ran, and
+history figures that work from one stored run to many, on a date axis."""
+
+from __future__ import annotations
+
+import re
+
+import matplotlib.dates as mdates
+import pytest
+
+from moe_repro.records.environment import collect_environment
+from moe_repro.records.record import SuiteRecord
+from moe_repro.records.store import ResultsStore
+from moe_repro.reports import figures, site
+
+SIZES = (1024, 4096, 16384, 65536, 1048576)
+METRICS = [{"name": "time_s", "unit": "s", "better": "lower"},
+           {"name": "inter_node_bytes", "unit": "B", "better": "lower"},
+           {"name": "busbw_GBps", "unit": "GB/s", "better": "higher"}]
+
+
+def a2a_run(when: str, algos=("flat", "halo"), sizes=SIZES, slower: float = 1.0) -> SuiteRecord:
+    env = collect_environment(["repro", "bench", "alltoall"])
+    env.update(timestamp=when, device="Test GPU 9000", device_type="cuda", cpu_model="Test CPU")
+    records = []
+    for i, algo in enumerate(algos):
+        for size in sizes:
+            t = slower * (1e-5 + size / 1e9) * (1 + i)
+            records.append({"suite": "alltoall", "nodes": 2, "algo": algo, "sizes": size,
+                            "tokens": size // 256, "dtype": "float32", "device": "auto",
+                            "time_s": t, "time_s_iqr": t / 10, "time_s_min": t * 0.9,
+                            "time_s_max": t * 1.3, "inter_node_bytes": 3 * size,
+                            "busbw_GBps": size / t / 1e9, "busbw_GBps_iqr": 0.1,
+                            "wrong": 0, "correct": True, "samples": {"time_s": [t, t]}})
+    return SuiteRecord(suite="alltoall", description="synthetic all-to-all",
+                       params=["nodes", "algo", "sizes", "tokens", "dtype", "device"],
+                       metrics=METRICS, records=records, environment=env)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The axes of every figure rendered while the test runs, looked at before they close."""
+    seen = []
+    real_close = figures.plt.close
+
+    def keep(f):
+        seen.append(f.axes[0])
+        real_close(f)
+
+    monkeypatch.setattr(figures.plt, "close", keep)
+    return seen
+
+
+def test_sweep_figure_plots_each_headline_metric_against_the_swept_parameter(tmp_path):
+    run = a2a_run("2026-01-05T10:00:00+00:00")
+    assert [m.name for m in site.headline_metrics(run)] == ["time_s", "busbw_GBps"]
+    assert site.swept_param(run) == "sizes"  # 5 values; tokens moves with it, algo is a string
+    fig = site.sweep_figure("alltoall", run.metrics[0], run)
+    assert [s["label"] for s in fig["series"]] == ["flat", "halo"]  # tokens makes no extra lines
+    assert fig["xscale"] == "log" and fig["xticks"] == list(SIZES) and fig["xticks_binary"]
+    assert fig["ylabel"].startswith("time_s [ms]")  # 11 us .. 2.1 ms: drawn in ms
+    flat = fig["series"][0]
+    assert flat["x"] == list(SIZES) and all(lo < y < hi for lo, y, hi in
+                                            zip(flat["lo"], flat["y"], flat["hi"]))
+    assert "tokens changes with sizes" in fig["caption"]
+
+
+def test_suite_page_has_figure_compact_table_constants_once_and_device(tmp_path):
+    store = ResultsStore(tmp_path / "store")
+    store.save(a2a_run("2026-01-05T10:00:00+00:00"))
+    out = tmp_path / "site"
+    page = site.write_suite_page(out, "alltoall", store.runs("suite", "alltoall")).read_text()
+    for metric in ("time_s", "busbw_GBps"):
+        assert (out / f"alltoall-sweep-{metric}.png").stat().st_size > 5000
+        assert f'src="alltoall-sweep-{metric}.png"' in page
+    table = re.search(r'<div class="scroll"><table class="records">(.*?)</table></div>', page, re.S)
+    assert table, "the results table sits in a horizontal scroll wrapper"
+    heads = [re.sub(r"<br>.*", "", h) for h in re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table.group(1))]
+    assert heads == ["algo", "sizes", "tokens", "time_s", "IQR", "busbw_GBps [GB/s]", "IQR", "#wrong"]
+    assert len(re.findall(r"<tr>", table.group(1))) == 1 + 2 * len(SIZES)
+    # the parameters every record shares: once, above the table, not as columns
+    for shared in ("nodes=2", "dtype=float32"):
+        assert page.count(shared) == 1
+    assert "device=auto (ran on Test GPU 9000, cuda)" in page  # the device that ran, not "auto"
+    assert "Test CPU" in page
+    # people's numbers: separators, units, no scientific notation for these
+    assert "1,048,576" in page and " ms<" in page and "e+0" not in table.group(1)
+    assert (out / "alltoall.json").exists() and 'href="alltoall.csv"' in page
+
+
+def test_history_with_one_run_is_a_point_on_a_date_axis(tmp_path, drawn):
+    runs = [a2a_run("2026-01-05T10:00:00+00:00")]
+    fig = site.history_figure("alltoall", runs[0].metrics[0], runs)
+    assert fig["xdates"] and all(len(s["x"]) == 1 for s in fig["series"])
+    out = figures.render_figure(fig)  # no exception, a real image
+    assert out["png"].startswith(b"\x89PNG") and len(out["png"]) > 5000
+    (ax,) = drawn
+    assert isinstance(ax.xaxis.get_major_formatter(), mdates.ConciseDateFormatter)
+    lo, hi = ax.get_xlim()
+    assert hi - lo <= 3  # days around the one run, not the locator's default decades
+
+
+def test_history_with_three_runs_uses_their_dates(tmp_path, drawn):
+    store = ResultsStore(tmp_path / "store")
+    dates = ["2026-01-05T10:00:00+00:00", "2026-01-12T10:00:00+00:00", "2026-02-02T10:00:00+00:00"]
+    for i, when in enumerate(dates):
+        store.save(a2a_run(when, slower=1 + i / 10))
+    runs = store.runs("suite", "alltoall")
+    fig = site.history_figure("alltoall", runs[-1].metrics[0], runs)
+    assert "run date" in fig["xlabel"] and "index" not in fig["xlabel"]
+    # 10 grid points, more than 8 lines: those at the largest size
+    assert [s["label"] for s in fig["series"]] == ["flat", "halo"]
+    assert "2 of 10 grid points (sizes = 1,048,576)" in fig["caption"]
+    assert all(s["x"] == dates for s in fig["series"])
+    figures.render_figure(fig)
+    ax = drawn[0]
+    assert isinstance(ax.xaxis.get_major_formatter(), mdates.ConciseDateFormatter)
+    labels = " ".join(t.get_text() for t in ax.get_xticklabels())
+    assert "Feb" in labels, labels  # days and months, not 0, 1, 2
+    lo, hi = (mdates.num2date(v) for v in ax.get_xlim())
+    assert lo.year == hi.year == 2026 and lo.month == 1 and hi.month == 2
+    page = site.write_suite_page(tmp_path / "site", "alltoall", runs).read_text()
+    assert (tmp_path / "site" / "alltoall-history-time_s.png").stat().st_size > 5000
+    assert "through all 3 stored runs" in page
+
+
+def test_history_caps_series_and_keeps_the_largest_size(tmp_path):
+    runs = [a2a_run("2026-01-05T10:00:00+00:00", algos=tuple(f"a{i}" for i in range(12)))]
+    fig = site.history_figure("alltoall", runs[0].metrics[0], runs)
+    assert len(fig["series"]) == 8 and "8 of 60 grid points (sizes = 1,048,576)" in fig["caption"]
+
+
+def test_nothing_numeric_swept_gives_a_dot_per_category(tmp_path, drawn):
+    run = a2a_run("2026-01-05T10:00:00+00:00", algos=("flat", "halo", "rbd"), sizes=(4096,))
+    fig = site.sweep_figure("alltoall", run.metrics[0], run)
+    assert fig["kind"] == "dots" and [c["label"] for c in fig["categories"]] == ["flat", "halo", "rbd"]
+    assert figures.render_figure(fig)["png"].startswith(b"\x89PNG")
+    ax = drawn[0]
+    top_down = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
+    assert [label for _, label in top_down] == ["flat", "halo", "rbd"]  # in run order, first on top
+
+
+def test_site_build_draws_suite_sweeps_and_wraps_every_table(tmp_path):
+    store = ResultsStore(tmp_path / "store")
+    env = collect_environment(["repro", "bench", "gemm"])
+    records = [{"suite": "gemm", "n": n, "dtype": "float32", "device": "auto", "time_s": n**3 / 1e10,
+                "time_s_iqr": 1e-6, "tflops": 2 * n**3 / (n**3 / 1e10) / 1e12, "wrong": 0}
+               for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+    store.save(SuiteRecord(suite="gemm", params=["n", "dtype", "device"], records=records,
+                           metrics=[{"name": "time_s", "unit": "s", "better": "lower"},
+                                    {"name": "tflops", "unit": "TFLOP/s", "better": "higher"}],
+                           environment=env))
+    out = tmp_path / "site"
+    index = site.build_site(store, out).read_text()
+    page = (out / "suites" / "gemm.html").read_text()
+    assert (out / "suites" / "gemm-sweep-time_s.png").exists() and "gemm-sweep-tflops.svg" in page
+    for html_page in (index, page):
+        assert html_page.count("<table") == html_page.count('<div class="scroll"><table') > 0
+    assert "ran on " + env["device"] in page
