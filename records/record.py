@@ -27,18 +27,21 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 2
-# Grades of one cell, each meaning one thing (reproductions/spec.py decides them):
-#   match           within the paper's printed precision
-#   close           outside it, within the tolerance the reproduction's spec states (shown)
-#   explained       outside tolerance for a cause recorded with the cell (CAUSES)
-#   deviates        outside tolerance, no cause found
-#   claim-holds / claim-fails   a claim the paper states in words, tested on our numbers
-#   not-comparable  the paper's number measures a different quantity (the note says which)
-#   echo            ours restates an input or a formula: shown, never counted as evidence
-#   no-paper-value  the paper prints nothing for this cell (ours only)
-#   not-reproduced  we have no number here (the note says why)
-VERDICTS = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails",
-            "not-comparable", "echo", "no-paper-value", "not-reproduced")
+# Grades of one cell, each meaning one thing (reproductions/spec.py decides them); the words are
+# shown on the site's index and every reproduction page.
+GRADE_MEANING = {
+    "match": "within the paper's printed precision (half a unit of its last digit)",
+    "close": "outside the printed precision, within the tolerance the reproduction states (shown)",
+    "explained": "outside tolerance for a cause someone found and recorded with the cell",
+    "deviates": "outside tolerance, cause not found",
+    "claim-holds": "a claim the paper states in words holds on our numbers",
+    "claim-fails": "a claim the paper states in words fails on our numbers",
+    "not-comparable": "the paper's number is a different quantity (the note says which)",
+    "echo": "ours restates an input or a formula: shown, never counted as evidence",
+    "no-paper-value": "the paper prints no number for this cell; ours only",
+    "not-reproduced": "we have no number here (the note says why)",
+}
+VERDICTS = tuple(GRADE_MEANING)
 # Grades that compare ours with something the paper states: the evidence a reproduction rests on.
 EVIDENCE = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails")
 # Causes an ``explained`` cell may record (someone found it; the note says how).
@@ -48,13 +51,19 @@ KINDS = ("reproduction", "suite")
 STORE_DIRS = {"reproduction": "reproductions", "suite": "suites"}  # kind -> store directory
 
 
+STATUS_MEANING = {
+    "some-deviate": "an unexplained deviation or a failed claim",
+    "explained-deviations": "every deviation has a recorded cause",
+    "reproduced": "every compared cell matches, is close, or its claim holds",
+    "partly-reproduced": "as reproduced, but some cells could not be computed here",
+    "not-compared": "numbers, but nothing the paper states to compare them with",
+    "not-reproducible-here": "nothing could be computed on this machine",
+}
+
+
 def status_of(verdicts: set[str]) -> str:
-    """One word for an index from a result's cell grades, worst first:
-    some-deviate (an unexplained deviation or a failed claim), explained-deviations (every
-    deviation has a recorded cause), reproduced (every compared cell matches, is close or holds),
-    partly-reproduced (as reproduced, but some cells could not be computed here),
-    not-reproducible-here (nothing could be computed), not-compared (numbers, but nothing the
-    paper states to compare them with: never "partly reproduced")."""
+    """One word for an index from a result's cell grades, worst first (STATUS_MEANING). A result
+    with nothing compared is never "partly reproduced"."""
     if verdicts & {"deviates", "claim-fails"}:
         return "some-deviate"
     compared = verdicts & set(EVIDENCE)

@@ -32,7 +32,23 @@ def environment() -> Environment:
     env.filters["num"] = _num
     env.filters["pct"] = lambda x: "" if x is None else f"{x:+.2%}"
     env.filters["when"] = when
+    env.filters["deviation"] = deviation
+    # What every letter, grade and status means: shown on the index and on every page.
+    from moe_repro import catalog
+    from moe_repro.records.record import GRADE_MEANING, STATUS_MEANING
+    env.globals.update(how_meaning=catalog.HOW_MEANING, how_words=catalog.HOW,
+                       grade_meaning=GRADE_MEANING, status_meaning=STATUS_MEANING)
     return env
+
+
+def deviation(cell: dict) -> str:
+    """A cell's deviation as a reader wants it: "+3.0 pp" for percent cells, "+5.2%" otherwise."""
+    d = cell.get("deviation")
+    if d is None:
+        return ""
+    if cell.get("deviation_unit") == "pp":
+        return f"{d:+.1f} pp"
+    return f"{d:+.1%}"
 
 
 def _num(x, unit: str | None = None) -> str:
@@ -61,13 +77,23 @@ def css() -> Markup:
 
 
 def render_reproduction(payload: dict, raw_json: str | None = None, figures: list[dict] | None = None,
-                        home: str | None = None, raw_csv: str | None = None) -> str:
+                        home: str | None = None, raw_csv: str | None = None,
+                        paper: dict | None = None) -> str:
+    """A reproduction's page; ``paper``: its paper's facts (title, authors, venue, BibTeX)."""
+    from moe_repro.records.record import VERDICTS, status_of
+
+    counts: dict[str, int] = {}
+    for c in payload.get("cells", []):
+        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    grades = {v: counts[v] for v in VERDICTS if v in counts}
     return environment().get_template("reproduction.html").render(
-        p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css())
+        p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css(),
+        paper=paper, grades=grades, status=status_of(set(counts)))
 
 
-def render_index(papers: list[dict], suites: list[dict]) -> str:
-    return environment().get_template("index.html").render(papers=papers, suites=suites, css=css())
+def render_index(papers: list[dict], suites: list[dict], built: dict | None = None) -> str:
+    return environment().get_template("index.html").render(papers=papers, suites=suites,
+                                                           built=built or {}, css=css())
 
 
 def render_suite(name: str, payload: dict | None, raw_json: str | None, history: list[dict],

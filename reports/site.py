@@ -14,7 +14,8 @@ from pathlib import Path
 
 from moe_repro import catalog
 from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from moe_repro.records.record import ReproductionRecord, SuiteRecord, dump
+from moe_repro.records.environment import git_state
+from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
@@ -44,8 +45,13 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
         figures.append({"title": fig["title"], **names})
     atomic_write_json(directory / f"{rid}.json", payload)
     atomic_write_text(directory / f"{rid}.csv", write(frame(record), "csv"))
+    try:
+        paper = _paper_facts(catalog.paper(record.paper))
+    except (KeyError, ValueError):
+        paper = None
     return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
-        payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv"))
+        payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv",
+        paper=paper))
 
 
 def build_site(store, out_dir: str | Path) -> Path:
@@ -58,14 +64,17 @@ def build_site(store, out_dir: str | Path) -> Path:
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
-        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "verdicts": ""}
+        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "verdicts": "",
+               "summary": {}}
         if record is None:
             row["status"] = "not-yet-run" if implemented else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue,
                 implemented=implemented, home="../index.html", css=html.css()))
         else:
-            row.update(status=record.status, verdicts=_verdicts(record.summary), when=record.timestamp)
+            summary = grade_counts(record)
+            row.update(status=record.status, verdicts=_verdicts(summary), summary=summary,
+                       when=record.timestamp)
             write_reproduction_page(out / "repro", record, home="../index.html")
         by_paper.setdefault(entry.paper, []).append(row)
 
@@ -80,9 +89,28 @@ def build_site(store, out_dir: str | Path) -> Path:
                        "when": latest.timestamp if latest else None})
 
     write_peers_page(store, out)
-    papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows}
+    papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
+               "grades": _sum_counts(r["summary"] for r in rows)}
               for k, rows in by_paper.items() if rows]
-    return atomic_write_text(out / "index.html", html.render_index(papers, suites))
+    built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+             **git_state()}
+    return atomic_write_text(out / "index.html", html.render_index(papers, suites, built=built))
+
+
+def grade_counts(record: ReproductionRecord) -> dict[str, int]:
+    """Cells per grade, counted from the cells (a stored summary may predate a grade)."""
+    counts: dict[str, int] = {}
+    for c in record.cells:
+        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    return {v: counts[v] for v in VERDICTS if v in counts}
+
+
+def _sum_counts(summaries) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for summary in summaries:
+        for grade, n in summary.items():
+            total[grade] = total.get(grade, 0) + n
+    return {v: total[v] for v in VERDICTS if total.get(v)}
 
 
 

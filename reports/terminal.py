@@ -21,10 +21,16 @@ def format_result(record: ReproductionRecord) -> str:
     head = f"{record.id}: {record.title} ({record.element}, {record.how_words})"
     rows = []
     for c in record.cells:
-        dev = "-" if c.deviation is None else f"{c.deviation:+.2%}"
+        if c.deviation is None:
+            dev = "-"
+        elif c.deviation_unit == "pp":
+            dev = f"{c.deviation:+.1f} pp"
+        else:
+            dev = f"{c.deviation:+.2%}"
+        grade = f"{c.verdict} ({c.cause})" if c.cause else c.verdict
         rows.append([c.row, c.column, _num(c.paper_printed or c.paper), _num(c.ours), c.unit, dev,
-                     c.verdict])
-    out = [head, table(["row", "column", "paper", "ours", "unit", "dev", "verdict"], rows)]
+                     grade])
+    out = [head, table(["row", "column", "paper", "ours", "unit", "dev", "grade"], rows)]
     notes = [(c.row, c.column, c.note) for c in record.cells if c.note]
     if notes:
         out.append("notes:")

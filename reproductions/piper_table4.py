@@ -89,6 +89,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
             if abs(from_printed - printed_lat.value) <= printed_lat.half_unit:
                 why += (f"; it equals the printed size / {bw_gbps:g} GB/s "
                         f"({from_printed:.1f} ms), so it inherits the size's unit")
+                # the size was printed in GiB (found above), so the latency inherits that cause
+                found = found or size_cell.cause == "unit-convention"
             if found:
                 lat_cell.explain("unit-convention", why)
             else:

@@ -282,8 +282,11 @@ def status_of(cells: list[Cell | dict]) -> str:
     return status_of_verdicts({c["verdict"] if isinstance(c, dict) else c.verdict for c in cells})
 
 
-def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]):
-    """The stored record of one run of ``repro`` (records/record.py, kind ``reproduction``)."""
+def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str],
+              invocation: list[str] | None = None):
+    """The stored record of one run of ``repro`` (records/record.py, kind ``reproduction``).
+    ``argv``: the command that reruns this one result (``command``); ``invocation``: the command
+    line that actually ran, when known (``environment.command``; else ``argv``)."""
     from moe_repro.records.environment import collect_environment
     from moe_repro.records.record import ReproductionRecord
 
@@ -294,4 +297,4 @@ def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]
         tolerance=repro.tolerance.describe(), cells=[c.to_dict() for c in result.cells],
         summary=summarize(result.cells), assumptions=result.assumptions,
         figures=[f.__dict__ for f in result.figures], extra=result.extra,
-        command=" ".join(argv), environment=collect_environment(argv))
+        command=" ".join(argv), environment=collect_environment(invocation or argv))

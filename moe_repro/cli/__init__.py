@@ -63,7 +63,14 @@ def _register() -> None:
 _register()
 
 
+# The command line as the user typed it, set by the console entry point (None when the CLI is
+# driven some other way, e.g. from tests): results record it as "the command that ran".
+INVOCATION: list[str] | None = None
+
+
 def main(argv: list[str] | None = None) -> None:
+    global INVOCATION
+    INVOCATION = ["repro", *(sys.argv[1:] if argv is None else argv)]
     try:
         code = cli.main(args=argv, prog_name="repro", standalone_mode=False)
     except click.exceptions.Abort:

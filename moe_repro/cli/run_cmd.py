@@ -56,8 +56,11 @@ def run_one(rid: str, params: dict):
         result = repro.run(params)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    from moe_repro import cli
+
+    # command: how to rerun this one result; the environment keeps the command line that ran
     argv = ["repro", "run", rid] + [f"--param {k}={v}" for k, v in params.items()]
-    return record_of(repro, result, params, argv)
+    return record_of(repro, result, params, argv, invocation=cli.INVOCATION)
 
 
 def is_current(stored, params: dict) -> bool:

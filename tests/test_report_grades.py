@@ -1,0 +1,50 @@
+"""What a reader sees of the grades: the index counts each grade per paper and explains every
+letter, grade and status; a reproduction page shows each cell's grade with its cause, percent
+deviations in percentage points, the paper in full with a citation, and the command as run."""
+
+from __future__ import annotations
+
+from markupsafe import escape
+import re
+
+import pytest
+
+from moe_repro.cli import main
+from moe_repro.records.record import GRADE_MEANING, STATUS_MEANING
+from moe_repro.reports.html import deviation
+
+
+def test_deviation_is_points_for_percent_cells_and_relative_otherwise():
+    assert deviation({"deviation": 3.04, "deviation_unit": "pp"}) == "+3.0 pp"
+    assert deviation({"deviation": -0.0517, "deviation_unit": "rel"}) == "-5.2%"
+    assert deviation({"deviation": 0.25}) == "+25.0%"      # records stored before the unit existed
+    assert deviation({"deviation": None}) == ""
+
+
+def _console(*args):
+    """The console entry point, as a user runs it (it records the command line that ran)."""
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    assert done.value.code == 0
+
+
+def test_index_and_page_show_grades_causes_and_citation(results_dir, tmp_path):
+    _console("run", "piper-table4", "--quiet", "--param", "gpus=8")
+    _console("site", "build", "--out", str(tmp_path / "site"))
+    index = (tmp_path / "site" / "index.html").read_text()
+    # every grade and status is explained, and A/M/R/S are
+    for words in (*GRADE_MEANING.values(), *STATUS_MEANING.values()):
+        assert str(escape(words)) in index
+    for letter in ("A &middot; analytic", "M &middot; Monte Carlo", "R &middot; real measurement",
+                   "S &middot; simulated at scale"):
+        assert letter in index
+    # Piper's counts per grade: Table IV's GiB rows are explained, the rest match or deviate
+    piper = index[index.index("Piper: Efficient Large-Scale"):index.index("X-MoE")]
+    counts = dict((g, int(n)) for n, g in re.findall(r'<span class="grade [\w-]+">(\d+) ([\w-]+)</span>', piper))
+    assert counts["explained"] == 8 and counts["match"] == 2 and counts["deviates"] == 4
+    assert "partly-reproduced" not in piper.split("<tbody>")[1].split("</tbody>")[0]
+    page = (tmp_path / "site" / "repro" / "piper-table4.html").read_text()
+    assert page.count("unit-convention") == 8
+    assert "@misc{" in page or "@article{" in page           # the citation block
+    assert "Sajal Dash" in page                                 # the paper's authors
+    assert "repro run piper-table4 --quiet --param gpus=8" in page   # the command as it was run
