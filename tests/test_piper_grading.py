@@ -1,0 +1,162 @@
+"""Grading of piper-fig10/12/13/14 (issue 16, "Investigate before you label"): the helpers the
+causes rest on, and that each reproduction grades what it found the way its notes say."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_repro.components.model.zoo import get_model
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.resources.memory_model import piper_eq4
+from moe_repro.records.record import CAUSES
+from moe_repro.reproductions import all_reproductions
+from moe_repro.reproductions import piper_fig10, piper_fig12, piper_fig13
+from moe_repro.reproductions._resource import (PIPER_MFU_PEAK_TFLOPS, best_plan, half_unit_of_words, mfu_peak,
+                                               smallest_fit, words_interval)
+
+
+def _cells(rid):
+    result = all_reproductions()[rid].run()
+    return result, {(c.row, c.column): c for c in result.cells}
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+@pytest.mark.parametrize("layout", [(32, 16), (16, 8), (4, 2)])
+def test_eq4_terms_rebuild_the_printed_equation(layout):
+    m = get_model("xmoe-super")
+    PP, EP = layout
+    M = 4 * PP
+    printed = piper_eq4(m.d_model, m.d_ffn, m.n_experts, m.layers, m.heads, m.top_k, M, 4096, EP, PP, M, 0,
+                        flash=True)
+    assert piper_fig10.eq4_stage0(m, PP, EP, 1.0, 4096, M) == pytest.approx(printed, rel=1e-12)
+    # each switch moves it the way it should
+    assert piper_fig10.eq4_stage0(m, PP, EP, 1.0, 4096, M, n_mat=2) < printed
+    assert piper_fig10.eq4_stage0(m, PP, EP, 1.0, 4096, M, expert_act_per_ep=False) > printed
+    assert piper_fig10.eq4_stage0(m, PP, EP, 1.0, 4096, M, overhead=4e9) == pytest.approx(printed + 4e9)
+
+
+def test_min_nodes_is_the_first_count_that_fits():
+    assert piper_fig10.min_nodes({8: 100e9, 16: 70e9, 32: 60e9, 64: 50e9}, 64e9) == 32
+    assert piper_fig10.min_nodes({64: 50e9, 8: 100e9, 32: 60e9}, 64e9) == 32  # order of the dict is irrelevant
+    assert piper_fig10.min_nodes({8: None, 16: 65e9}, 64e9) is None
+
+
+def test_layouts_obey_eq7_to_eq10():
+    m, p = get_model("xmoe-super"), load_builtin("frontier")
+    got = piper_fig10.layouts(m, 512, p)
+    assert got and all(pp * ep == 512 and m.n_experts % ep == 0 and pp <= m.layers and ep <= 32
+                       for pp, ep in got)
+    assert (32, 16) in got and (8, 64) not in got  # EP = 64 leaves the switch group (Eq. 10)
+
+
+def test_mfu_peak_finds_the_denominator_of_printed_pairs():
+    pairs = [(t, m) for _, _, t, m, _ in piper_fig12._PRINTED.values()]
+    peak, hits = mfu_peak(pairs)
+    assert peak == PIPER_MFU_PEAK_TFLOPS == 191.0
+    assert hits == {191.5: 0, 191.0: 5}
+    assert mfu_peak([("100.0", "52.2")])[0] == 191.5  # 100 / 191.5 = 52.22%
+    assert mfu_peak([("100.0", "60.0")])[0] is None
+
+
+def test_words_are_read_at_the_precision_they_are_written_in():
+    assert half_unit_of_words("20") == 5 and half_unit_of_words("2") == 0.5
+    assert half_unit_of_words("3.6") == pytest.approx(0.05) and half_unit_of_words("1.1") == pytest.approx(0.05)
+    assert words_interval("20", "50") == (15, 55)
+    lo, hi = words_interval("2", "3.6")
+    assert (lo, hi) == (1.5, pytest.approx(3.65))
+
+
+def test_smallest_fit_is_the_smallest_integer_node_count():
+    for key, ckpt in (("mixtral-8x22b", True), ("mixtral-8x7b", False)):
+        pl = smallest_fit(key, "frontier", 4096, 4, checkpointing=ckpt)
+        assert pl is not None and pl.best is not None
+        if not ckpt:
+            assert not pl.best.checkpointing
+        if pl.nodes > 1:
+            assert best_plan(key, "frontier", pl.nodes - 1, 4096, 4, allow_checkpointing=ckpt).best is None
+    with_ac = smallest_fit("mixtral-8x7b", "frontier", 4096, 4, checkpointing=True)
+    without = smallest_fit("mixtral-8x7b", "frontier", 4096, 4, checkpointing=False)
+    assert with_ac.nodes <= without.nodes
+
+
+def test_expert_kind_follows_sec_2a():
+    assert piper_fig12.expert_kind(get_model("mixtral-8x7b")) == "large"
+    assert piper_fig12.expert_kind(get_model("llama4-scout")) == "large"  # 16 experts, top-1
+    assert piper_fig12.expert_kind(get_model("deepseek-v2")) == "fine-grained"  # top-6
+    assert piper_fig12.expert_kind(get_model("llama4-maverick")) == "neither"  # 128 experts, top-1
+
+
+# ----------------------------------------------------------------------------- reproductions
+
+@pytest.mark.parametrize("rid", ["piper-fig10", "piper-fig12", "piper-fig13", "piper-fig14"])
+def test_every_label_says_how_it_was_found(rid):
+    result, _ = _cells(rid)
+    for c in result.cells:
+        if c.verdict == "explained":
+            assert c.cause in CAUSES and c.note and c.paper_printed is not None
+        if c.verdict in ("claim-holds", "claim-fails"):
+            assert c.note and c.paper_printed and c.paper_source
+        if c.verdict == "not-reproduced":
+            assert c.note
+
+
+def test_fig10_minimum_nodes_follow_eq4_and_the_stage_model_difference_is_explained():
+    result, cells = _cells("piper-fig10")
+    eq4 = cells[(piper_fig10.ROW, piper_fig10.MIN_NODES)]
+    assert eq4.ours == 64 and eq4.verdict == "match"
+    stage = cells[(piper_fig10.ROW_STAGE, piper_fig10.MIN_NODES)]
+    assert stage.verdict == "explained" and stage.cause == "modelling-assumption"
+    assert result.extra["min_nodes"]["stage 1f1b"] is None  # without checkpointing nothing fits
+    assert not [c for c in result.cells if c.verdict == "not-reproduced"]  # EDP beyond E GPUs is computed
+    params = cells[(piper_fig10.ROW, piper_fig10.PARAMS)]
+    assert params.unit.startswith("2^30") and params.ours == pytest.approx(545.5, abs=0.05)
+    assert params.verdict == "explained" and params.cause == "counting-convention"
+    assert abs(params.deviation) < 0.01  # in the paper's unit the count is 0.1% off, not 7.5%
+    assert cells[("1F1B vs GPipe", "peak memory per GPU")].verdict == "claim-holds"
+
+
+def test_fig12_uses_the_hatching_and_the_papers_mfu():
+    result, cells = _cells("piper-fig12")
+    for key, (row, _, _, _, hatched) in piper_fig12._PRINTED.items():
+        ac = cells[(row, piper_fig12.AC)]
+        assert ac.verdict == "echo" and ac.ours == float(hatched)
+        t, mfu = cells[(row, piper_fig12.TFLOPS)], cells[(row, piper_fig12.MFU)]
+        assert mfu.ours == pytest.approx(100 * t.ours / 191.0)
+    for key in ("mixtral-8x22b", "llama4-maverick", "deepseek-v2"):  # Table I disagrees with the labels
+        c = cells[(piper_fig12._PRINTED[key][0], piper_fig12.PARAMS)]
+        assert c.verdict == "explained" and c.cause == "paper-inconsistency"
+    assert {c.verdict for c in result.cells if c.row in (piper_fig12.ORDER, piper_fig12.RANGE)} <= {
+        "claim-holds", "claim-fails"}
+    fig = next(f for f in result.figures if f.name == "piper-fig12")
+    assert "TFLOPS per GPU" in fig.ylabel
+    kinds = {s["kind"] for s in fig.series}
+    assert kinds == {"paper", "ours"} and all(len(s["x"]) == len(s["y"]) == 5 for s in fig.series)
+
+
+def test_fig13_has_the_figure_of_the_paper_and_its_claims():
+    result, cells = _cells("piper-fig13")
+    fig = next(f for f in result.figures if f.name == "piper-fig13")
+    labels = [s["label"] for s in fig.series]
+    for name in ("DeepSpeed-MoE", "DeepSpeed-TED", "Tutel", "X-MoE", "Piper"):
+        assert name in labels
+    assert any(s["kind"] == "ours" for s in fig.series)
+    tutel = next(s for s in fig.series if s["label"] == "Tutel")
+    assert tutel["y"] == [33.0, 4.7, None, None]  # OOM is a gap, not a zero
+    assert "TFLOPS per GPU" in fig.ylabel
+    fits = cells[(piper_fig13.FITS, "memory-feasible layout")]
+    assert fits.verdict == "claim-holds" and fits.ours == 4
+    ratio = cells[(piper_fig13.SPEEDUP_RANGE, "ratio")]
+    assert ratio.verdict in ("claim-holds", "claim-fails") and "[1.5, 3.65)" in ratio.note
+
+
+def test_fig14_claims_and_the_span_of_unstated_inputs():
+    result, cells = _cells("piper-fig14")
+    assert cells[("TFLOPS / GPU with scale", "declines as E and GPUs grow")].verdict == "claim-holds"
+    assert cells[("862B on 512 and 1.7T on 1024 GPUs", "memory-feasible layout")].verdict == "claim-holds"
+    mfu = cells[("1.7T model", "MFU on 1024 GPUs")]
+    assert mfu.ours == pytest.approx(100 * cells[("E=256", "TFLOPS / GPU")].ours / 191.0)
+    for row in ("E=16", "E=128", "E=256"):
+        assert "ours spans" in cells[(row, "TFLOPS / GPU")].note
+    spans = {i["model"]: i["tflops_span"] for i in result.extra["inputs"]}
+    assert all(len(v) == 8 for v in spans.values())
