@@ -1,4 +1,5 @@
-"""`repro plan`: the Done-when command and one-line errors with exit 2."""
+"""`repro plan`: the parallel planner (default) and Piper's PP x EP planner (--method piper); one-line
+errors with exit 2."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def _repro(*args, cwd=None):
 
 def test_plan_deepseek_v3_frontier_json(tmp_path):
     out = tmp_path / "p.json"
-    r = _repro("plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "64", "--json", str(out))
+    r = _repro("plan", "--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "64",
+               "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "pp" in r.stdout and "best:" in r.stdout
     doc = json.loads(out.read_text())
@@ -32,13 +34,29 @@ def test_plan_deepseek_v3_frontier_json(tmp_path):
     (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "0"], "--nodes must be positive"),
     (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--seq", "-5"], "--seq must be positive"),
     (["--model", "tiny-moe", "--platform", "missing.json", "--nodes", "1"], "not found"),
-    (["--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--pp", "2", "--ep", "32"],
-     "is not the 32 GPUs"),
-    (["--model", "deepseek-v3", "--platform", "frontier", "--nodes", "3", "--pp", "1", "--ep", "24"],
-     "EP=24 does not divide the expert count E=256"),
-    (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8", "--ep", "1"],
-     "PP=8 exceeds the layer count L=4"),
-    (["--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8"], "--pp and --ep go together"),
+    # Piper's planner raises on a layout that breaks Eq. 7-9 (the default method reports it among
+    # the rejected instead): these pass --method piper
+    (["--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--pp", "2",
+      "--ep", "32"], "is not the 32 GPUs"),
+    (["--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "3", "--pp", "1",
+      "--ep", "24"], "EP=24 does not divide the expert count E=256"),
+    (["--method", "piper", "--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8",
+      "--ep", "1"], "PP=8 exceeds the layer count L=4"),
+    (["--method", "piper", "--model", "tiny-moe", "--platform", "frontier", "--nodes", "1", "--pp", "8"],
+     "--pp and --ep go together"),
+    # the default method's own input checks
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--zero", "4"],
+     "--zero must be ZeRO stages 0-3"),
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--recompute", "some"],
+     "--recompute must be none, selective or full"),
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--precision", "bf16-adamw"],
+     "unknown precision preset 'bf16-adamw'; did you mean bf16-adam"),
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--tp", "0"], "--tp must be positive"),
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--top", "0"], "--top must be positive"),
+    (["--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--schedule", "gpipe"],
+     "--schedule applies to --method piper"),
+    (["--method", "piper", "--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "64", "--tp", "8"],
+     "--tp applies to --method parallel"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     r = _repro("plan", *args)
@@ -48,7 +66,8 @@ def test_bad_input_one_line_exit_2(args, needle):
 
 
 def test_plan_one_layout():
-    r = _repro("plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "64", "--pp", "16", "--ep", "32")
+    r = _repro("plan", "--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "64",
+               "--pp", "16", "--ep", "32")
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line[:2].strip().isdigit()]
     assert [row[:2] for row in rows] == [["16", "32"]]
@@ -61,6 +80,57 @@ def test_plan_with_a_copied_profile(tmp_path):
     doc["gpu"]["hbm_GB"] = 1  # an edited copy: nothing fits in 1 GB
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(doc))
-    r = _repro("plan", "--model", "mixtral-8x7b", "--platform", str(path), "--nodes", "1")
+    r = _repro("plan", "--method", "piper", "--model", "mixtral-8x7b", "--platform", str(path), "--nodes", "1")
     assert r.returncode == 0, r.stderr
     assert "best: none fits" in r.stdout and "Eq. 11" in r.stdout
+    r = _repro("plan", "--model", "mixtral-8x7b", "--platform", str(path), "--nodes", "1")
+    assert r.returncode == 0, r.stderr
+    assert "best: none fits" in r.stdout and "no candidate fits; the closest misses" in r.stdout
+    assert "GiB HBM (largest term:" in r.stdout
+
+
+def test_plan_gpt3_default_method(tmp_path):
+    out = tmp_path / "p.json"
+    r = _repro("plan", "--model", "gpt3-175b", "--nodes", "64", "--platform", "dgx-h100", "--top", "5",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("model: gpt3-175b (GPT-3 175B): 174.6B parameters, 174.6B active per token;")
+    assert "FLOP forward" in lines[0] and "FLOP training per token at seq 4096" in lines[0]
+    assert "64 nodes x 8 = 512 GPUs" in lines[1]
+    header = next(i for i, line in enumerate(lines) if line.startswith("#"))
+    for col in ("TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ZeRO", "recompute", "mb", "M", "weights",
+                "grads", "optim", "activ", "buffers", "total GiB", "step s", "MFU"):
+        assert col in lines[header]
+    rows = [line.split() for line in lines[header + 2:header + 7]]
+    assert len(rows) == 5 and [row[0] for row in rows] == ["1", "2", "3", "4", "5"]
+    for row in rows:
+        tp, pp, dp, cp = int(row[1]), int(row[3]), int(row[5]), int(row[7])
+        assert tp <= 8 and tp * pp * dp * cp == 512 and row[-1].endswith("%")
+    assert lines.index("assumptions:") > lines.index("rejected (count: reason):") > header
+    assert lines[-1].startswith("best: TP ")
+    doc = json.loads(out.read_text())
+    assert doc["method"] == "parallel" and doc["gpus"] == 512 and doc["params"]["total"] == 174_566_105_088
+    assert set(doc["flops_per_token"]) >= {"forward", "training"}
+    c = doc["candidates"][0]
+    assert set(c) >= {"dp", "tp", "sp", "pp", "vpp", "ep", "cp", "zero", "recompute", "micro_batch",
+                      "micro_batches", "memory", "step_s", "parts", "mfu", "feasible", "why_not"}
+    assert set(c["memory"]) >= {"weights", "grads", "optimizer", "activations", "buffers", "total"}
+    assert doc["rejected"] and all(set(r) == {"reason", "count"} for r in doc["rejected"])
+    assert doc["assumptions"]
+
+
+def test_plan_deepseek_v3_default_method():
+    r = _repro("plan", "--model", "deepseek-v3", "--nodes", "64", "--platform", "dgx-h100")
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert "671.0B parameters, 37.6B active per token" in first and "GFLOP training per token" in first
+    header = next(line for line in r.stdout.splitlines() if line.startswith("#"))
+    assert header.split()[:8] == ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP"]
+    assert "best: TP" in r.stdout
+
+
+def test_plan_tp16_is_a_rejected_family():
+    r = _repro("plan", "--model", "gpt3-175b", "--nodes", "64", "--platform", "dgx-h100", "--tp", "16")
+    assert r.returncode == 0, r.stderr
+    assert "1: TP 16 > 8 GPUs per node" in r.stdout and "best: none fits" in r.stdout

@@ -1,4 +1,9 @@
-"""``repro plan``: PP x EP candidates for a model on a platform (Piper Sec. III-C, IV-C)."""
+"""``repro plan``: parallel layouts for a model on a platform.
+
+Default (``--method parallel``): components.resources.parallel_planner searches DP with ZeRO 0-3,
+TP with sequence parallelism, PP (1F1B / interleaved), EP, CP and recompute, checks memory per
+GPU and ranks by predicted step time. ``--method piper``: Piper's PP x EP planner (Sec. III-C,
+IV-C; Eq. 7-11), with the output it always had."""
 
 from __future__ import annotations
 
@@ -60,39 +65,203 @@ def format_plan(pl) -> str:
     return "\n".join(out)
 
 
-@click.command("plan", short_help="Rank memory-feasible PP x EP layouts for a model on a platform.")
-@click.option("--model", "model_key", required=True, help="Model zoo key, e.g. deepseek-v3.")
+def _si(x: float, unit: str = "") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {prefix}{unit}"
+    return f"{x:.0f} {unit}".rstrip()
+
+
+def _params(n: float) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:.0f}"
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2 ** 30:.1f}"
+
+
+def model_summary(pl, name: str) -> str:
+    f = pl.flops_per_token
+    return (f"model: {pl.model} ({name}): {_params(pl.params['total'])} parameters, "
+            f"{_params(pl.params['active'])} active per token; {_si(f['forward'], 'FLOP')} forward, "
+            f"{_si(f['training'], 'FLOP')} training per token at seq {pl.seq} (causal attention; "
+            f"6N = {_si(f['training_6n'], 'FLOP')})")
+
+
+def _layout(c) -> str:
+    parts = [f"TP {c.tp}{' (SP)' if c.sp else ''}", f"PP {c.pp}" + (f" (VPP {c.vpp})" if c.vpp > 1 else ""),
+             f"DP {c.dp}"]
+    if c.ep > 1:
+        parts.append(f"EP {c.ep}")
+    if c.cp > 1:
+        parts.append(f"CP {c.cp}")
+    return " x ".join(parts) + f", ZeRO-{c.zero}, recompute {c.recompute}, micro-batch {c.micro_batch}, M {c.micro_batches}"
+
+
+def format_parallel(pl, name: str, top: int) -> str:
+    from moe_repro.reports.terminal import table
+
+    shown = pl.candidates[:top]
+    any_miss = any(not c.feasible for c in shown)
+    rows = []
+    for i, c in enumerate(shown, 1):
+        mem = c.memory
+        row = [str(i), str(c.tp), "y" if c.sp else "n", str(c.pp), str(c.vpp), str(c.dp), str(c.ep), str(c.cp),
+               str(c.zero), c.recompute, str(c.micro_batch), str(c.micro_batches),
+               _gib(mem["weights"]), _gib(mem["grads"]), _gib(mem["optimizer"]), _gib(mem["activations"]),
+               _gib(mem["buffers"]), _gib(mem["total"]),
+               f"{c.step_s:.2f}" if c.feasible else "-", f"{c.mfu:.1%}" if c.feasible else "-"]
+        if any_miss:
+            row.append(c.why_not or "")
+        rows.append(row)
+    headers = ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ZeRO", "recompute", "mb", "M",
+               "weights", "grads", "optim", "activ", "buffers", "total GiB", "step s", "MFU"]
+    if any_miss:
+        headers.append("why not")
+    s = pl.search
+    out = [model_summary(pl, name),
+           f"plan: {pl.platform}, {pl.nodes} node{'s' if pl.nodes != 1 else ''} x {pl.gpus_per_node} = "
+           f"{pl.gpus} GPUs, seq {pl.seq}, "
+           f"global batch {pl.global_batch} ({pl.global_batch * pl.seq / 1e6:.2f}M tokens), precision "
+           f"{pl.precision}, HBM {pl.hbm_bytes / 2 ** 30:.1f} GiB per GPU; {s['layouts']} layouts searched "
+           f"in {s['seconds']:.2f} s, {s['feasible']} feasible"]
+    if shown:
+        label = "top candidates" if not any_miss or shown[0].feasible else "no candidate fits; the closest misses"
+        out.append(f"{label} (memory per GPU in GiB on the binding stage; step time predicted):")
+        out.append(table(headers, rows))
+    else:
+        out.append("no candidate: every layout was rejected (see below)")
+    if pl.rejected:
+        out.append("rejected (count: reason):")
+        width = len(str(max(r["count"] for r in pl.rejected)))
+        out += [f"  {r['count']:>{width}}: {r['reason']}" for r in pl.rejected]
+    out.append("assumptions:")
+    out += [f"  - {a}" for a in pl.assumptions]
+    best = pl.best
+    out.append(f"best: {_layout(best)}: step {best.step_s:.2f} s, MFU {best.mfu:.1%}" if best else
+               "best: none fits; add nodes, allow ZeRO-3 or full recompute, or shorten --seq")
+    return "\n".join(out)
+
+
+def _stages(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        out = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        out = ()
+    if not out or any(z not in (0, 1, 2, 3) for z in out):
+        raise BadInput(f"--zero must be ZeRO stages 0-3, comma-separated, got {value!r}")
+    return out
+
+
+def _modes(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    out = tuple(x.strip() for x in value.split(","))
+    bad = [x for x in out if x not in ("none", "selective", "full")]
+    if bad or not out:
+        raise BadInput(f"--recompute must be none, selective or full (comma-separated), got {value!r}")
+    return out
+
+
+def _presets() -> list[str]:
+    from moe_repro.components.resources.formulas import PRECISION_PRESETS
+
+    return list(PRECISION_PRESETS)
+
+
+@click.command("plan", short_help="Rank parallel layouts (ZeRO/DP, TP+SP, PP, EP, CP, recompute) for a model.")
+@click.option("--model", "model_key", required=True, help="Model zoo key, e.g. gpt3-175b, deepseek-v3.")
 @click.option("--platform", "platform_name", required=True,
               help="Built-in profile (frontier, dgx-h100, h200, local) or a profile JSON file.")
-@click.option("--nodes", type=int, required=True, help="Number of nodes (n in Eq. 7).")
+@click.option("--nodes", type=int, required=True, help="Number of nodes.")
+@click.option("--method", type=click.Choice(["parallel", "piper"]), default="parallel", show_default=True,
+              help="parallel: DP/ZeRO x TP x PP x EP x CP search; piper: Piper's PP x EP planner (Eq. 7-11).")
 @click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length (tokens).")
 @click.option("--global-batch", type=int, default=None,
-              help="Sequences per step (default 4 x GPUs: 1 per GPU per micro-batch, M = 4 PP).")
-@click.option("--micro-batches", type=int, default=None, help="Micro-batches per step M (default 4 x PP).")
-@click.option("--zero", "zero_stage", type=click.IntRange(0, 3), default=0, show_default=True,
-              help="ZeRO stage for the state replicated over the EP group.")
-@click.option("--no-flash", is_flag=True, help="Materialised attention scores (4 b H s^2).")
-@click.option("--no-checkpointing", is_flag=True, help="Never fall back to activation checkpointing.")
-@click.option("--causal-flops", is_flag=True, help="Halve attention FLOPs for the causal mask.")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True)
-@click.option("--pp", type=int, default=None, help="Evaluate only this pipeline degree (with --ep).")
-@click.option("--ep", type=int, default=None, help="Evaluate only this expert-parallel degree (with --pp).")
+              help="Sequences per step (default: ~4M tokens, a multiple of the GPUs; piper: 4 x GPUs).")
+@click.option("--micro-batches", type=int, default=None, help="Fix the micro-batches per step M.")
+@click.option("--precision", default=None,
+              help="Precision preset of formulas.PRECISION_PRESETS (bf16-adam, megatron, fp8-params, "
+                   "deepseek-v3-fp8, adam-8bit, ...); default bf16-adam. An unknown name lists them.")
+@click.option("--zero", "zero", default=None,
+              help="ZeRO stages to consider, e.g. 1 or 1,3 (default all; piper: one stage, default 0).")
+@click.option("--recompute", default=None, help="Recompute modes to consider: none,selective,full (default all).")
+@click.option("--tp", type=int, default=None, help="Fix the tensor-parallel degree.")
+@click.option("--pp", type=int, default=None, help="Fix the pipeline degree (piper: with --ep).")
+@click.option("--vpp", type=int, default=None, help="Fix the virtual pipeline stages per GPU (1: plain 1F1B).")
+@click.option("--ep", type=int, default=None, help="Fix the expert-parallel degree (piper: with --pp).")
+@click.option("--cp", type=int, default=None, help="Fix the context-parallel degree (offered from seq 16K).")
+@click.option("--top", type=int, default=10, show_default=True, help="Candidates to print.")
+@click.option("--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention.")
+@click.option("--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing.")
+@click.option("--causal-flops", is_flag=True, help="piper: halve attention FLOPs for the causal mask.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default=None, help="piper: schedule (1f1b).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write the plan (candidates, rejected, assumptions) to this file.")
-def command(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
-            no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
-    """Enumerate PP x EP layouts (Eq. 7-10), reject those that do not fit in HBM (Eq. 11, binding
-    term named), and rank the rest by estimated MFU (Eq. 12).
+              help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
+def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
+            recompute, tp, pp, vpp, ep, cp, top, no_flash, no_checkpointing, causal_flops, schedule,
+            json_path) -> None:
+    """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
+    rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
+    time, with the memory per GPU by term and the MFU. --method piper: Piper's PP x EP planner.
 
-    Example: repro plan --model deepseek-v3 --platform frontier --nodes 64 --json p.json
+    Example: repro plan --model gpt3-175b --nodes 64 --platform dgx-h100 --json p.json
     """
+    from moe_repro.records.atomic import atomic_write_json
+
+    for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
+                    ("--micro-batches", micro_batches), ("--tp", tp), ("--pp", pp), ("--vpp", vpp),
+                    ("--ep", ep), ("--cp", cp), ("--top", top)):
+        if v is not None and v <= 0:
+            raise BadInput(f"{name} must be positive, got {v}")
+    zeros, modes = _stages(zero), _modes(recompute)
+    if precision is not None and precision not in _presets():
+        import difflib
+
+        close = difflib.get_close_matches(precision, _presets(), n=3, cutoff=0.5)
+        raise BadInput(f"unknown precision preset {precision!r}; "
+                       + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}"))
+    if method == "piper":
+        for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--recompute", recompute),
+                        ("--precision", precision)):
+            if v is not None:
+                raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
+        if zeros is not None and len(zeros) > 1:
+            raise BadInput("--method piper takes one ZeRO stage (--zero 0, 1, 2 or 3)")
+        _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches,
+               zeros[0] if zeros else 0, no_flash, no_checkpointing, causal_flops, schedule or "1f1b",
+               pp, ep, json_path)
+        return
+    for name, v in (("--no-checkpointing", no_checkpointing or None), ("--causal-flops", causal_flops or None),
+                    ("--schedule", schedule)):
+        if v is not None:
+            raise BadInput(f"{name} applies to --method piper; the default method searches "
+                           + ("--recompute" if name == "--no-checkpointing" else
+                              "1F1B and interleaved schedules" if name == "--schedule" else
+                              "with causal attention FLOPs"))
+    from moe_repro.components.resources.parallel_planner import plan_parallel
+
+    model = load_model(model_key)
+    platform = load_platform(platform_name)
+    try:
+        pl = plan_parallel(model, platform, nodes, seq=seq, global_batch=global_batch,
+                           precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
+                           ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    click.echo(format_parallel(pl, model.name, top))
+    if json_path:
+        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict()})
+
+
+def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
+           no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
+    """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU)."""
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.resources.planner import plan
 
-    for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
-                    ("--micro-batches", micro_batches), ("--pp", pp), ("--ep", ep)):
-        if v is not None and v <= 0:
-            raise BadInput(f"{name} must be positive, got {v}")
     if (pp is None) != (ep is None):
         raise BadInput("--pp and --ep go together")
     model = load_model(model_key)

@@ -1,0 +1,795 @@
+"""Parallelism planner: DP (ZeRO 0-3) x TP (+SP) x PP (1F1B / interleaved) x EP x CP x recompute.
+
+Searches the layouts people combine in Megatron-LM / Megatron-core, DeepSpeed and FSDP for a zoo
+model on ``nodes`` nodes of a platform profile, checks each against the memory of one GPU, and
+ranks the ones that fit by a predicted step time. Every number comes from
+``components.resources.formulas`` (parameters, FLOPs, activation bytes, ZeRO model-state bytes,
+communication bytes) and the platform profile (HBM, achievable GEMM/attention rates, NVLink and
+NIC bandwidths); the rules that join them are stated below and repeated, with the numbers used,
+in ``ParallelPlan.assumptions``. Piper's PP x EP planner (``planner.py``, Eq. 7-11) is separate
+and unchanged.
+
+Mesh (Megatron-core ``parallel_state``; "MoE parallel folding", Liu et al. 2025):
+  world = DP x TP x PP x CP for attention and dense layers, rank order tp-cp-dp-pp (TP innermost,
+  PP outermost). The MoE layers re-fold the same world as ETP x EP x EDP x PP with expert TP
+  (ETP) = 1: EP must divide DP x CP x TP (``initialize_model_parallel`` requires
+  world % (ETP x EP x PP) == 0) and experts are data-parallel over EDP = DP x CP x TP / EP ranks.
+  MoE layers with TP > 1 run with sequence parallelism (Megatron-core requires it).
+Constraints: TP <= GPUs per node and divides the attention heads, the KV heads (GQA) and every
+  tensor-split FFN width (dense, shared, residual); PP <= layers (uneven splits allowed for 1F1B,
+  the first L mod PP stages get one layer more; interleaving needs L divisible by PP x VPP and M
+  divisible by PP, as Megatron-core's transformer config and interleaved schedule check); EP
+  divides the experts; CP is offered when seq >= 16K (or asked for) and 2 x CP divides seq
+  (load-balanced causal CP); the global batch B divides into DP x micro-batch x M.
+Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
+  model state = formulas.model_state_bytes for the dense weights this GPU holds over the DP x CP
+  group (Megatron's distributed optimizer and FSDP shard over DP x CP) plus the same for its
+  routed experts over the EDP group, at the chosen ZeRO stage and precision preset; weight
+  matrices are divided by TP, norms, MLA's down-projections and latent norms and the router are
+  replicated over TP (Megatron keeps them duplicated); the input embedding (vocab-parallel) on
+  stage 0, the output head on the last stage (a copy of a tied embedding when PP > 1).
+  activations = formulas.moe_activation_bytes_per_layer per layer (dense or MoE) x the stage's
+  layers x the micro-batches it holds: 1F1B stage r holds min(PP - r, M); interleaved stage r
+  holds min(M v, 2 (PP - r - 1) + (v - 1) PP + 1) model chunks of L / (PP v) layers (Megatron-core
+  ``num_warmup_microbatches`` + 1; for stage 0 this is Megatron's (1 + (PP-1)/(PP v)) penalty);
+  + fp32 logits of one micro-batch on the last stage (vocab-parallel: / TP); + one layer's full
+  activations under full recomputation (the layer being recomputed).
+  buffers = the platform's framework overhead + (ZeRO-3) the prefetched all-gather of two layers'
+  weights.
+Step time (slowest stage; communication dimensions do not contend for links):
+  compute per micro-batch = matmul FLOPs / achievable GEMM rate + attention-core FLOPs /
+  achievable attention rate (formulas' FLOPs per layer, x 3 for forward + backward, + the
+  recomputed forward); TP/SP, EP and PP traffic are exposed (not overlapped); CP's ring exchange
+  overlaps the attention core it feeds (exposed: what exceeds it); DP: ZeRO 0/1 reduce gradients
+  once per step, overlapped with the last micro-batch's backward, and (ZeRO 1/2) all-gather
+  updated weights overlapped with the next step's first forward; ZeRO-2 reduce-scatters gradients
+  every micro-batch and ZeRO-3 also all-gathers weights for every forward and backward (as
+  DeepSpeed and FSDP do under gradient accumulation), each overlapped with that micro-batch's
+  compute; the pipeline bubble is (PP - 1) / VPP slots of the slowest stage (Narayanan et al.
+  2021: (p-1)/m for 1F1B, / v interleaved). MFU = model FLOPs (no recompute) per step / (GPUs x
+  peak x step time).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from moe_repro.components.model.params import (attention_params, dense_ffn_params, param_counts,
+                                               residual_ffn_params, shared_expert_params)
+from moe_repro.components.model.zoo import MoEModel
+from moe_repro.components.network.platform import Platform
+from moe_repro.components.resources import formulas as F
+
+GiB = 2 ** 30
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+CP_FROM_SEQ = 16384  # context parallelism is offered from this sequence length on
+CP_DEGREES = (2, 4, 8, 16, 32)
+MICRO_BATCHES = (1, 2, 4, 8)  # sequences per micro-batch tried when M is not fixed
+VPP_DEGREES = (2, 3, 4, 6, 8)
+DEFAULT_TOKENS_PER_STEP = 2 ** 22  # ~4M tokens: GPT-3 (3.2M) and Llama 3 (4M-16M) scale
+
+
+# ============================================================================================
+# Results
+# ============================================================================================
+
+@dataclass
+class ParallelCandidate:
+    dp: int
+    tp: int
+    sp: bool
+    pp: int
+    vpp: int
+    ep: int
+    cp: int
+    zero: int
+    recompute: str
+    micro_batch: int
+    micro_batches: int
+    memory: dict[str, float] = field(default_factory=dict)  # bytes on the binding stage
+    memory_stage: int = 0
+    step_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)  # seconds; they add up to step_s
+    comm_bytes: dict[str, float] = field(default_factory=dict)  # sent per GPU per step, by dimension
+    mfu: float = 0.0
+    tflops_per_gpu: float = 0.0
+    feasible: bool = True
+    why_not: str = ""
+    layers_per_stage: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ParallelPlan:
+    model: str
+    platform: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    seq: int
+    global_batch: int
+    precision: str
+    params: dict[str, int]  # total, active
+    flops_per_token: dict[str, float]  # forward, training (model FLOPs, causal attention)
+    hbm_bytes: float
+    candidates: list[ParallelCandidate]  # feasible by step time, then the closest misses
+    rejected: list[dict]  # {"reason", "count"}, most frequent first
+    assumptions: list[str]
+    search: dict = field(default_factory=dict)  # layouts, evaluated, seconds
+
+    @property
+    def feasible(self) -> list[ParallelCandidate]:
+        return [c for c in self.candidates if c.feasible]
+
+    @property
+    def best(self) -> ParallelCandidate | None:
+        return next((c for c in self.candidates if c.feasible), None)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "candidates"}
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        return d
+
+
+# ============================================================================================
+# Per-layer shapes (private helpers where formulas has no per-layer form)
+# ============================================================================================
+
+@dataclass(frozen=True)
+class _Layer:
+    moe: bool
+    w_tp: float  # weights split over TP (matrices)
+    w_rep: float  # weights replicated over TP (norms, MLA down-projections + latent norms, router)
+    w_exp: float  # routed-expert weights, all E experts
+    mm: float  # forward matmul FLOPs per token (active weights)
+    core: float  # forward attention-core FLOPs per token (causal)
+
+
+def _mla_replicated(m: MoEModel) -> int:
+    """MLA weights Megatron-core keeps duplicated over TP: the query and KV down-projections
+    (d r_q, d (r_kv + d_rope)) and the two latent norms (r_q + r_kv). 0 for other attention."""
+    if m.attn_params != "mla" or m.mla is None:
+        return 0
+    a, d = m.mla, m.d_model
+    rq = a.q_lora_rank or 0
+    return d * rq + rq + d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+
+
+def _latent_norms(m: MoEModel) -> int:
+    if m.attn_params != "mla" or m.mla is None:
+        return 0
+    return (m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank
+
+
+def _layers(m: MoEModel, seq: int) -> tuple[_Layer, _Layer]:
+    """(dense layer, MoE layer) shapes. FLOPs follow formulas.forward_flops_breakdown (2 FLOPs
+    per multiply-add; attention core 2 s H (d_qk + d_v), halved for the causal mask); summed over
+    the layers plus the head they equal formulas.forward_flops_per_token(m, seq, "causal")."""
+    d = m.d_model
+    w = F.attention_widths(m)
+    attn = attention_params(m)
+    attn_mm = attn - _latent_norms(m)
+    rep_attn = _mla_replicated(m)
+    norms = 2 * d
+    extra = m.extra_params_per_layer
+    resid = residual_ffn_params(m)
+    core = 2 * seq * w["heads"] * (w["d_qk"] + w["d_v"]) * 0.5
+    dense_ffn = dense_ffn_params(m) if m.n_dense_layers else 0
+    dense = _Layer(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0,
+                   2.0 * (attn_mm + extra + resid + dense_ffn), core)
+    router = d * m.n_experts if m.n_experts > 1 else 0
+    shared = shared_expert_params(m)
+    moe = _Layer(True, attn + extra + resid + shared - rep_attn, norms + rep_attn + router,
+                 float(m.n_experts * m.expert_params()),
+                 2.0 * (attn_mm + extra + resid + shared + router
+                        + min(m.top_k, m.n_experts) * m.expert_params()), core)
+    return dense, moe
+
+
+def _split(L: int, parts: int) -> list[int]:
+    """Layers per part: the first L mod parts get one more (memory_model.stage_layers' rule)."""
+    base, extra = divmod(L, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclass(frozen=True)
+class _Stage:
+    r: int
+    n_dense: int
+    n_moe: int
+    first: bool
+    last: bool
+
+
+def _stages(m: MoEModel, pp: int, v: int) -> list[_Stage]:
+    """Representative physical stages: the first of each distinct (dense, MoE, first, last)
+    composition. Within one composition the earliest holds the most micro-batches, so it binds
+    memory, and all have the same time: checking these is checking every stage."""
+    chunks = _split(m.layers, pp * v)
+    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
+    starts, s = [], 0
+    for c in chunks:
+        starts.append(s)
+        s += c
+    seen, out = set(), []
+    for r in range(pp):
+        nd = nm = 0
+        for j in range(v):
+            k = j * pp + r
+            lo, n = starts[k], chunks[k]
+            dense_here = max(0, min(lo + n, first_moe) - lo)
+            nd += dense_here
+            nm += n - dense_here
+        key = (nd, nm, r == 0, r == pp - 1)
+        if key not in seen:
+            seen.add(key)
+            out.append(_Stage(r, nd, nm, r == 0, r == pp - 1))
+    return out
+
+
+def _layer_note(m: MoEModel, pp: int, v: int) -> str:
+    L = m.layers
+    if pp == 1:
+        return f"{L}"
+    if v > 1:
+        return f"{L // (pp * v)} x {pp * v} chunks"
+    base, extra = divmod(L, pp)
+    return f"{base}" if not extra else f"{base + 1} x {extra} + {base} x {pp - extra}"
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    x = 1
+    while x * x <= n:
+        if n % x == 0:
+            small.append(x)
+            if x != n // x:
+                large.append(n // x)
+        x += 1
+    return small + large[::-1]
+
+
+# ============================================================================================
+# The search
+# ============================================================================================
+
+class _Rejections:
+    """Reasons grouped by their text, with counts; memory reasons also keep the smallest need."""
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+        self.memory: dict[tuple, list] = {}  # (zero, term) -> [count, min bytes, candidate]
+
+    def add(self, reason: str, example: str = "", n: int = 1) -> None:
+        """``reason`` groups; ``example`` (the first one seen is kept) names one case of it."""
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        if example and reason not in self.examples:
+            self.examples[reason] = example
+
+    def add_memory(self, zero: int, term: str, need: float, make) -> None:
+        """``make()`` builds the candidate; called only for the closest miss so far."""
+        g = self.memory.setdefault((zero, term), [0, math.inf, None])
+        g[0] += 1
+        if need < g[1]:
+            g[1], g[2] = need, make
+
+    def lines(self, hbm: float) -> list[dict]:
+        out = [{"reason": r + (f" (e.g. {self.examples[r]})" if r in self.examples else ""), "count": n}
+               for r, n in self.counts.items()]
+        for (zero, term), (n, need, _) in sorted(self.memory.items()):
+            out.append({"reason": f"ZeRO-{zero} memory {math.ceil(need / GiB * 10) / 10:.1f} GiB or more > "
+                                  f"{hbm / GiB:.1f} GiB HBM (largest term: {term})", "count": n})
+        out.sort(key=lambda d: -d["count"])
+        return out
+
+    def closest_misses(self) -> list[ParallelCandidate]:
+        return [g[2]() for _, g in sorted(self.memory.items()) if g[2] is not None]
+
+
+def _options(name: str, fixed: int | None, free: list[int]) -> list[int]:
+    if fixed is None:
+        return free
+    if fixed <= 0:
+        raise ValueError(f"{name} must be positive, got {fixed}")
+    return [fixed]
+
+
+def default_global_batch(seq: int, gpus: int) -> int:
+    """About 4M tokens per step (2^22 / seq sequences), rounded up to a multiple of the GPUs so
+    that every data-parallel degree divides it."""
+    want = max(1, -(-DEFAULT_TOKENS_PER_STEP // seq))
+    return gpus * max(1, -(-want // gpus))
+
+
+def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
+                  precision: str = "bf16-adam", zero: tuple[int, ...] | None = None,
+                  recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
+                  ep: int | None = None, cp: int | None = None, vpp: int | None = None,
+                  micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
+                  dropout: bool = False, capacity_factor: float = 1.0) -> ParallelPlan:
+    """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
+    tried; ``tp``, ``pp``, ``ep``, ``cp``, ``vpp`` fix a degree (a fixed degree that breaks a rule
+    is reported among the rejected, not raised); ``sp`` fixes sequence parallelism for TP > 1;
+    ``micro_batches`` fixes M; ``flash_attention`` (default) keeps no attention scores;
+    ``dropout`` adds Korthikanti's dropout masks; ``capacity_factor`` scales routed copies and
+    all-to-all bytes. ValueError for malformed input (non-positive numbers, unknown preset,
+    stage or mode)."""
+    t0 = time.perf_counter()
+    for name, val in (("nodes", nodes), ("seq", seq), ("capacity_factor", capacity_factor)):
+        if val is None or val <= 0:
+            raise ValueError(f"{name} must be positive, got {val}")
+    for name, val in (("global batch", global_batch), ("micro-batches", micro_batches)):
+        if val is not None and val <= 0:
+            raise ValueError(f"{name} must be positive, got {val}")
+    prec = F.precision(precision)
+    zeros = tuple(ZERO_STAGES if zero is None else zero)
+    for z in zeros:
+        if z not in ZERO_STAGES:
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
+    modes = tuple(RECOMPUTE if recompute is None else recompute)
+    for r in modes:
+        if r not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {r!r}")
+    modes = tuple(r for r in RECOMPUTE if r in modes)  # lightest first
+
+    g = p.gpus_per_node
+    G = nodes * g
+    B = global_batch if global_batch is not None else default_global_batch(seq, G)
+    L, E = m.layers, m.n_experts
+    is_moe = m.n_moe_layers > 0
+    H = m.heads
+    kv = m.n_kv_heads or H
+    ffns = sorted({f for f in (m.d_ffn_dense if m.n_dense_layers else None,
+                               (m.d_ffn_shared or m.d_ffn) if m.n_shared and is_moe else None,
+                               m.d_ffn_residual) if f})
+    rej = _Rejections()
+    hbm = p.hbm_bytes
+    intra_bw = p.intra_node_a2a_bytes_per_s
+    inter_bw = p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
+    intra_lat, inter_lat = lat[0], lat[-1]
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    peak = p.peak_flops if peak_given else p.gemm_flops
+
+    dense_l, moe_l = _layers(m, seq)
+    V = m.vocab or 0
+    d = m.d_model
+    head_flops = 2.0 * V * d
+    pc = param_counts(m)
+    fwd_token = F.forward_flops_per_token(m, seq, "causal")
+    model_flops_token = F.train_flops_per_token(m, seq, "causal", "none")
+    model_flops_step = model_flops_token * B * seq
+    kvw = F.kv_width(m)
+
+    # ---------------------------------------------------------------- degree options
+    if vpp is not None and vpp <= 0:
+        raise ValueError(f"vpp must be positive, got {vpp}")
+    long_seq = seq >= CP_FROM_SEQ
+    ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
+               kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
+               capacity_factor)
+
+    # ---------------------------------------------------------------- each degree on its own
+    def tp_ok(t: int) -> bool:
+        why = []
+        if t > g:
+            why.append(f"TP {t} > {g} GPUs per node")
+        if H % t:
+            why.append(f"TP {t} does not divide {H} heads")
+        elif kv % t:
+            why.append(f"TP {t} does not divide {kv} KV heads")
+        why += [f"TP {t} does not divide FFN width {f}" for f in ffns if f % t][:1]
+        for w_ in why:
+            rej.add(w_)
+        return not why
+
+    def cp_ok(c: int) -> bool:
+        if c > 1 and seq % (2 * c):
+            rej.add(f"CP {c}: sequence {seq} is not divisible by 2 x CP (load-balanced causal CP)")
+            return False
+        return True
+
+    def ep_ok(e: int) -> bool:
+        if e > 1 and not is_moe:
+            rej.add(f"EP {e} on a dense model ({m.key} has no experts)")
+            return False
+        if E % e:
+            rej.add(f"EP {e} does not divide {E} experts")
+            return False
+        return True
+
+    def pp_ok(q: int) -> bool:
+        if q > L:
+            rej.add(f"PP {q} > {L} layers")
+            return False
+        return True
+
+    tps = [t for t in _options("tp", tp, _divisors(g)) if tp_ok(t)]
+    cps = [c for c in _options("cp", cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
+           if cp_ok(c)]
+    eps = [e for e in _options("ep", ep, _divisors(E) if is_moe else [1]) if ep_ok(e)]
+    pps_fixed = None if pp is None else [q for q in _options("pp", pp, []) if pp_ok(q)]
+    if vpp is not None and vpp > 1 and pp == 1:
+        rej.add(f"VPP {vpp} needs PP > 1")
+
+    act_cache: dict[tuple, float] = {}
+
+    def layer_act(moe: bool, t: int, sp: bool, c: int, mb: int, mode: str) -> float:
+        key = (moe, t, sp, c, mb, mode)
+        if key not in act_cache:
+            act_cache[key] = F.moe_activation_bytes_per_layer(
+                m, seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
+                dropout=dropout, capacity_factor=capacity_factor)
+        return act_cache[key]
+
+    state_cache: dict[tuple, float] = {}
+
+    def state(n_params: float, n: int, z: int) -> dict[str, float]:
+        key = (n_params, n, z)
+        if key not in state_cache:
+            state_cache[key] = F.model_state_bytes(n_params, n, z, prec) if n_params else \
+                {"weights": 0.0, "grads": 0.0, "master": 0.0, "optimizer": 0.0, "total": 0.0, "host": 0.0}
+        return state_cache[key]
+
+    stage_cache: dict[tuple, list[_Stage]] = {}
+    kept: list[ParallelCandidate] = []
+    layouts = evaluated = 0
+
+    for c in cps:
+        for t in tps:
+            if G % (t * c):
+                rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x CP {c}")
+                continue
+            rest = G // (t * c)
+            pps = pps_fixed if pps_fixed is not None else [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+            for q in pps:
+                if rest % q:
+                    rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x PP {q} x CP {c}")
+                    continue
+                dp = rest // q
+                if vpp is None:
+                    vs = [1] + [v for v in VPP_DEGREES if q > 1 and L % (q * v) == 0]
+                else:
+                    vs = [vpp] if (vpp == 1 or q > 1) else []
+                for v in vs:
+                    if v > 1 and L % (q * v):
+                        rej.add(f"VPP {v}: {L} layers do not split into PP x VPP = {q * v} equal chunks")
+                        continue
+                    key = (q, v)
+                    if key not in stage_cache:
+                        stage_cache[key] = _stages(m, q, v)
+                    stages = stage_cache[key]
+                    for e in eps:
+                        if (dp * c * t) % e:
+                            rej.add("EP does not divide DP x CP x TP (MoE parallel folding)",
+                                    f"EP {e}, DP x CP x TP = {dp} x {c} x {t}")
+                            continue
+                        if micro_batches is not None:
+                            if B % (dp * micro_batches):
+                                rej.add(f"global batch {B} is not divisible by DP x M (M = {micro_batches})",
+                                        f"DP {dp}")
+                                continue
+                            mbs = [B // (dp * micro_batches)]
+                        else:
+                            mbs = [b for b in MICRO_BATCHES if B % (dp * b) == 0]
+                            if not mbs:
+                                rej.add(f"global batch {B} is not divisible by DP x micro-batch", f"DP {dp}")
+                                continue
+                        for mb in mbs:
+                            M = B // (dp * mb)
+                            if v > 1 and M % q:
+                                rej.add("VPP > 1 needs M divisible by PP (Megatron-core's interleaved schedule)",
+                                        f"PP {q}, M {M}")
+                                continue
+                            if t == 1:
+                                sps = (False,)
+                            elif is_moe:
+                                if sp is False:
+                                    rej.add("SP off with TP > 1 on an MoE model (Megatron-core requires SP)")
+                                    continue
+                                sps = (True,)
+                            else:
+                                sps = (False, True) if sp is None else (sp,)
+                            for s_p in sps:
+                                layouts += 1
+                                evaluated += _evaluate(
+                                    dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages),
+                                    ctx, layer_act, state, rej, kept)
+
+    # ties (to 4 significant digits) go to less communication, then less memory
+    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
+    misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
+    assumptions = _assumptions(m, p, seq, B, G, prec, precision, flash_attention, dropout, capacity_factor,
+                               peak_given, long_seq, cp, global_batch is not None, micro_batches)
+    return ParallelPlan(
+        model=m.key, platform=p.name, nodes=nodes, gpus_per_node=g, gpus=G, seq=seq, global_batch=B,
+        precision=precision if isinstance(precision, str) else "custom",
+        params={"total": pc.total, "active": pc.active},
+        flops_per_token={"forward": fwd_token, "training": model_flops_token,
+                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
+        hbm_bytes=hbm, candidates=kept + misses, rejected=rej.lines(hbm), assumptions=assumptions,
+        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
+                "seconds": time.perf_counter() - t0})
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    m: MoEModel
+    p: Platform
+    seq: int
+    G: int
+    g: int
+    B: int
+    prec: F.Precision
+    zeros: tuple
+    modes: tuple
+    flash: bool
+    dense_l: _Layer
+    moe_l: _Layer
+    head_flops: float
+    V: int
+    d: int
+    kvw: int
+    intra_bw: float
+    inter_bw: float
+    intra_lat: float
+    inter_lat: float
+    peak: float
+    model_flops_step: float
+    hbm: float
+    cf: float
+
+
+def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: list) -> int:
+    """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
+    that fits (heavier ones fit too and are slower). Returns how many (zero, mode) were tried."""
+    t, sp, q, v, c, e, dp, mb, M, stages = (lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb",
+                                                                  "M", "stages"))
+    m, seq, g, prec = ctx.m, ctx.seq, ctx.g, ctx.prec
+    dl, ml = ctx.dense_l, ctx.moe_l
+    edp = dp * c * t // e
+    s_loc = seq / c
+    tokens_gpu = mb * seq / (c * t)  # token-equivalents of work per GPU per micro-batch
+    span_dp = t * c * dp  # ranks a DP (and EDP) group spans
+    pp_bw = ctx.intra_bw if span_dp * q <= g else ctx.inter_bw
+    cp_bw = ctx.intra_bw if t * c <= g else ctx.inter_bw
+    pp_lat = ctx.intra_lat if span_dp * q <= g else ctx.inter_lat
+
+    # ---------------------------------------------------------------- per stage: params, time
+    per_stage = []
+    for st in stages:
+        w_tp = st.n_dense * dl.w_tp + st.n_moe * ml.w_tp
+        w_rep = st.n_dense * dl.w_rep + st.n_moe * ml.w_rep
+        if st.first and ctx.V:
+            w_tp += ctx.V * ctx.d  # input embedding, vocab-parallel
+        if st.last and ctx.V:
+            w_rep += ctx.d  # final norm
+            if not m.tie_embeddings or q > 1:
+                w_tp += ctx.V * ctx.d  # output head (a copy of a tied embedding when PP > 1)
+        dense_params = w_tp / t + w_rep
+        expert_params = st.n_moe * ml.w_exp / e
+        n_layers = st.n_dense + st.n_moe
+        mm = st.n_dense * dl.mm + st.n_moe * ml.mm
+        core = n_layers * dl.core
+        head = ctx.head_flops if st.last else 0.0
+        per_stage.append((st, dense_params, expert_params, n_layers, mm, core, head))
+
+    # ZeRO-3 prefetch buffers: two layers' gathered weights (the largest layer kind present)
+    big_layer = max((ml.w_tp / t + ml.w_rep + ml.w_exp / e) if m.n_moe_layers else 0.0,
+                    (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
+    zero3_buffer = 2 * big_layer * prec.weights
+
+    def mode_result(mode: str):
+        """Per-layer activations and the slowest stage's time per micro-batch under ``mode``."""
+        mem_mode = "selective" if (ctx.flash and mode == "none") else mode
+        a_dense = layer_act(False, t, sp, c, mb, mem_mode) if m.n_dense_layers else 0.0
+        a_moe = layer_act(True, t, sp, c, mb, mem_mode) if m.n_moe_layers else 0.0
+        if mode == "full":
+            work = "selective" if ctx.flash else "none"
+            a_work = max(layer_act(False, t, sp, c, mb, work) if m.n_dense_layers else 0.0,
+                         layer_act(True, t, sp, c, mb, work) if m.n_moe_layers else 0.0)
+        else:
+            a_work = 0.0
+        acts = []
+        for st, *_ in per_stage:
+            if v == 1:
+                chunks = min(q - st.r, M)
+            else:
+                chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
+            act = chunks * (st.n_dense * a_dense + st.n_moe * a_moe) / v + a_work
+            if st.last and ctx.V:
+                act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
+            acts.append(act)
+        # time per micro-batch, slowest stage
+        slot_best = None
+        for st, _, _, n_layers, mm, core, head in per_stage:
+            extra_mm = mm if mode == "full" else 0.0
+            extra_core = core if mode != "none" else 0.0
+            core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
+            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s
+            tp_s = tp_b = ep_b = cp_b = pp_b = 0.0
+            if t > 1:
+                tp_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, mode) * n_layers
+                n_coll = (4 + (2 if mode == "full" else 0)) * (2 if sp else 1) * n_layers
+                tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
+            ep_s = 0.0
+            if e > 1 and st.n_moe:
+                tokens = mb * seq / (t * c)
+                ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * st.n_moe
+                ep_b *= 1.5 if mode == "full" else 1.0  # full recompute repeats the forward's two
+                per_peer = ep_b / (e - 1)
+                on, off = per_peer * (min(e, g) - 1), per_peer * max(0, e - g)
+                n_coll = (6 if mode == "full" else 4) * st.n_moe
+                ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
+                    n_coll * (ctx.inter_lat if off else ctx.intra_lat)
+            cp_s = 0.0
+            if c > 1:
+                cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
+                cp_s = max(0.0, cp_b / cp_bw - core_s)
+            pp_s = 0.0
+            if q > 1:
+                pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
+                pp_s = pp_b / pp_bw + 2 * v * pp_lat
+            slot = comp + tp_s + ep_s + cp_s + pp_s
+            if slot_best is None or slot > slot_best[0]:
+                fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
+                slot_best = (slot, comp, tp_s, ep_s, cp_s, pp_s, st, fwd,
+                             {"tp": tp_b, "ep": ep_b, "cp": cp_b, "pp": pp_b})
+        return acts, slot_best
+
+    results: dict[str, tuple] = {}
+    tried = 0
+    for z in ctx.zeros:
+        buffers = ctx.p.overhead_bytes + (zero3_buffer if z == 3 else 0.0)
+        static = []
+        for _, dense_params, expert_params, *_ in per_stage:
+            sd = state(dense_params, dp * c, z)
+            se = state(expert_params, edp, z)
+            static.append((sd, se, sd["total"] + se["total"]))
+        fit = last_bad = None
+        for mode in ctx.modes:
+            tried += 1
+            if mode not in results:
+                results[mode] = mode_result(mode)
+            acts, slot_best = results[mode]
+            i = max(range(len(per_stage)), key=lambda k: static[k][2] + acts[k])
+            total = static[i][2] + acts[i] + buffers
+            if total <= ctx.hbm:
+                fit = (mode, i)
+                break
+            last_bad = (mode, i, total)
+
+        def breakdown(mode: str, i: int, static=static, buffers=buffers) -> dict:
+            sd, se, _ = static[i]
+            mem = {"weights": sd["weights"] + se["weights"], "grads": sd["grads"] + se["grads"],
+                   "optimizer": sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
+                   "activations": results[mode][0][i], "buffers": buffers}
+            mem["total"] = sum(mem.values())
+            mem["host"] = sd["host"] + se["host"]
+            return mem
+
+        if fit is None:
+            mode, i, total = last_bad
+
+            def miss(z=z, mode=mode, i=i, breakdown=breakdown) -> ParallelCandidate:
+                mem = breakdown(mode, i)
+                terms = {k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")}
+                term = max(terms, key=terms.get)
+                cand = _candidate(ctx, lay, z, mode, per_stage[i][0].r, mem, results[mode][1], per_stage,
+                                  feasible=False)
+                cand.why_not = (f"stage {cand.memory_stage} needs {mem['total'] / GiB:.1f} GiB > "
+                                f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {terms[term] / GiB:.1f} GiB)")
+                return cand
+
+            mem = breakdown(mode, i)
+            terms = {k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")}
+            rej.add_memory(z, max(terms, key=terms.get), total, miss)
+            continue
+        mode, i = fit
+        kept.append(_candidate(ctx, lay, z, mode, per_stage[i][0].r, breakdown(mode, i), results[mode][1],
+                               per_stage, feasible=True))
+    return tried
+
+
+def _candidate(ctx: _Ctx, lc: dict, z: int, mode: str, r: int, mem: dict, slot_best, per_stage,
+               feasible: bool) -> ParallelCandidate:
+    t, sp, q, v, c, e, dp, mb, M = (lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M"))
+    prec, g = ctx.prec, ctx.g
+    slot, comp, tp_s, ep_s, cp_s, pp_s, st, fwd_mb, mb_bytes = slot_best
+    # DP: dense part over DP x CP, experts over EDP, per the module docstring's overlap rules
+    edp = dp * c * t // e
+    span_dp = t * c * dp
+    dp_bw = ctx.intra_bw if span_dp <= g else ctx.inter_bw
+    dense_p = max(x[1] for x in per_stage)
+    exp_p = max(x[2] for x in per_stage)
+    grad_b = ag_b = 0.0
+    for n_params, n in ((dense_p, dp * c), (exp_p, edp)):
+        if n_params and n > 1:
+            if z == 0:
+                grad_b += F.ring_allreduce_bytes(n_params * prec.grads, n)
+            else:
+                grad_b += F.reduce_scatter_bytes(n_params * prec.grads, n)
+                ag_b += F.allgather_bytes(n_params * prec.weights, n)
+    t_grad, t_ag = grad_b / dp_bw, ag_b / dp_bw
+    bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
+    if z in (0, 1):
+        dp_s = max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
+    elif z == 2:
+        dp_s = M * max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
+    else:
+        dp_s = M * (max(0.0, t_ag - fwd_mb) + max(0.0, t_ag + t_grad - bwd_mb))
+    bubble = (q - 1) / v * slot
+    parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "cp": M * cp_s, "pp": M * pp_s,
+             "bubble": bubble, "dp": dp_s}
+    step = sum(parts.values())
+    comm = {k: M * b for k, b in mb_bytes.items()}
+    comm["dp"] = {0: grad_b, 1: grad_b + ag_b, 2: M * grad_b + ag_b, 3: M * (2 * ag_b + grad_b)}[z]
+    return ParallelCandidate(
+        dp=dp, tp=t, sp=sp, pp=q, vpp=v, ep=e, cp=c, zero=z, recompute=mode, micro_batch=mb,
+        micro_batches=M, memory=mem, memory_stage=r, step_s=step, parts=parts, comm_bytes=comm,
+        mfu=ctx.model_flops_step / (ctx.G * ctx.peak * step),
+        tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12, feasible=feasible,
+        layers_per_stage=_layer_note(ctx.m, q, v))
+
+
+def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, long_seq, cp,
+                 batch_given: bool, micro_batches) -> list[str]:
+    g = p.gpus_per_node
+    out = [
+        f"global batch {B} sequences of {seq} tokens ({B * seq / 1e6:.2f}M tokens"
+        + ("" if batch_given else f"; default: ~4M tokens rounded up to a multiple of the {G} GPUs")
+        + ("); micro-batches of 1, 2, 4 or 8 sequences" if micro_batches is None
+           else f"); M = {micro_batches} micro-batches per step"),
+        "mesh: world = DP x TP x PP x CP, rank order tp-cp-dp-pp; MoE layers folded as EP x EDP "
+        "with expert TP 1 (Megatron-core MoE parallel folding): EP divides DP x CP x TP, experts "
+        "data-parallel over EDP = DP x CP x TP / EP; MoE with TP > 1 uses sequence parallelism",
+        f"memory: precision {preset} ({prec.weights:g} B weights + {prec.grads:g} B grads + "
+        f"{prec.master:g} B master + {prec.optimizer:g} B optimizer per parameter"
+        f"{', optimizer on the host' if prec.offload_optimizer else ''}); ZeRO shards the dense "
+        "state over DP x CP and the expert state over EDP (formulas.model_state_bytes); matrices "
+        "split over TP, norms, MLA down-projections and the router replicated over TP; input "
+        "embedding on stage 0, output head (a copy when tied and PP > 1) and final norm on the last",
+        "activations: formulas.moe_activation_bytes_per_layer (Korthikanti 2022 with real widths), "
+        f"bf16 values, {'dropout masks' if dropout else 'no dropout'}, capacity factor {cf:g}; "
+        + ("FlashAttention: no attention scores kept, so 'none' stores what 'selective' stores (and "
+           "selective only adds recompute); " if flash else "attention scores materialised; ")
+        + "1F1B stage r holds min(PP - r, M) micro-batches, interleaved min(M v, 2(PP-r-1) + "
+        "(v-1)PP + 1) chunks of L/(PP v) layers (Megatron-core warm-up + 1); + fp32 logits of one "
+        "micro-batch / TP on the last stage; full recompute keeps each layer's input plus one "
+        "layer's full working set; every stage is checked, the binding one is reported",
+        f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
+        "layers' gathered bf16 weights (prefetch); HBM "
+        f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
+        f"compute: formulas' FLOPs per layer (causal attention halved, as Megatron-LM counts), "
+        f"matmuls at the achievable {p.gemm_flops / 1e12:g} TFLOPS, attention core at "
+        f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
+        "modelled); backward = 2 x forward; recompute adds the recomputed forward; every stage "
+        "runs at the pace of the slowest (uneven splits put extra layers on the first stages)",
+        f"communication: formulas' bytes; TP/SP, CP and EP inside a node at {p.intra_node_a2a_bytes_per_s / 1e9:g} "
+        f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "
+        f"{p.network_efficiency:g}; per-collective latency from the profile's links; TP/SP, EP and "
+        "PP traffic exposed (not overlapped); EP all-to-all: on- and off-node parts concurrent, "
+        "full recompute repeats the forward's two; CP ring overlapped with the attention core",
+        "DP: ZeRO-0/1 reduce gradients once per step, overlapped with the last micro-batch's "
+        "backward; ZeRO-1/2 all-gather updated weights overlapped with the next step's first "
+        "forward; ZeRO-2 reduce-scatters gradients every micro-batch and ZeRO-3 also all-gathers "
+        "weights for every forward and backward (DeepSpeed/FSDP under gradient accumulation), "
+        "each overlapped with that micro-batch's compute; only the excess is counted; a DP group "
+        f"inside one node of {g} GPUs uses NVLink, others the NIC",
+        "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); interleaving "
+        "multiplies P2P sends by VPP; optimizer-step time and kernel launch gaps not modelled",
+        "search: for each layout and ZeRO stage only the lightest recompute mode that fits is kept "
+        "(heavier ones fit too and are slower); ranked by step time",
+        f"MFU: model FLOPs per step (formulas.train_flops_per_token, causal, no recompute) / "
+        f"(GPUs x {'peak' if peak_given else 'achievable GEMM (the profile has no peak)'} "
+        f"{(p.peak_flops if peak_given else p.gemm_flops) / 1e12:g} TFLOPS x step time)",
+    ]
+    if not long_seq and cp is None:
+        out.append(f"CP not offered: sequence {seq} < {CP_FROM_SEQ} (pass --cp to ask)")
+    return out
