@@ -61,6 +61,7 @@ from moe_repro.components.model.params import (attention_params, dense_ffn_param
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources.planner import divisors
 
 GiB = 2 ** 30
 RECOMPUTE = ("none", "selective", "full")
@@ -242,18 +243,6 @@ def _layer_note(m: MoEModel, pp: int, v: int) -> str:
     return f"{base}" if not extra else f"{base + 1} x {extra} + {base} x {pp - extra}"
 
 
-def _divisors(n: int) -> list[int]:
-    small, large = [], []
-    x = 1
-    while x * x <= n:
-        if n % x == 0:
-            small.append(x)
-            if x != n // x:
-                large.append(n // x)
-        x += 1
-    return small + large[::-1]
-
-
 # ============================================================================================
 # The search
 # ============================================================================================
@@ -410,10 +399,10 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
             return False
         return True
 
-    tps = [t for t in _options("tp", tp, _divisors(g)) if tp_ok(t)]
+    tps = [t for t in _options("tp", tp, divisors(g)) if tp_ok(t)]
     cps = [c for c in _options("cp", cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
            if cp_ok(c)]
-    eps = [e for e in _options("ep", ep, _divisors(E) if is_moe else [1]) if ep_ok(e)]
+    eps = [e for e in _options("ep", ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
     pps_fixed = None if pp is None else [q for q in _options("pp", pp, []) if pp_ok(q)]
     if vpp is not None and vpp > 1 and pp == 1:
         rej.add(f"VPP {vpp} needs PP > 1")

@@ -73,7 +73,7 @@ class Plan:
                 "assumptions": self.assumptions}
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """Divisors of n in increasing order, by trial division up to sqrt(n) (fast for any cluster)."""
     small, large = [], []
     x = 1
@@ -126,7 +126,7 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
     B = global_batch if global_batch is not None else alpha * G
     ep_limit = max_ep if max_ep is not None else p.gpus_per_node * p.switch_group_nodes
     candidates, rejected = [], []
-    for EP in _divisors(G) if layout is None else [layout[1]]:
+    for EP in divisors(G) if layout is None else [layout[1]]:
         PP = G // EP
         why = []
         if m.n_experts % EP:
