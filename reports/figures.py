@@ -89,17 +89,28 @@ def _dates(values) -> list:
     return [v if isinstance(v, _dt.datetime) else _dt.datetime.fromisoformat(v) for v in values]
 
 
-def render_figure(fig: dict) -> dict[str, bytes]:
-    """Return {"png": bytes, "svg": bytes}. Paper series are drawn as hollow markers."""
+def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[str, bytes]:
+    """Return {"png": bytes, "svg": bytes}. Series kinds: "ours" (lines), "paper" (hollow
+    markers), "paper-range" (a range the paper states in words: a hatched band from ``lo`` to
+    ``hi`` over ``x``), "limit" (a horizontal line at ``y``, e.g. HBM: a bound, not data).
+    ``provenance``: text stored in the files' metadata (PNG text chunks, SVG metadata): the
+    commit, date, machine and command a figure came from travel with it."""
     if fig.get("kind") == "dots":
-        return _render_dots(fig)
+        return _save(_draw_dots(fig), provenance)
     f, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     ax.set_prop_cycle(STYLE_CYCLE)
     dates = bool(fig.get("xdates"))
     for s in fig["series"]:
+        if s.get("kind") == "limit":
+            ax.axhline(s["y"], color="0.35", linestyle="--", linewidth=1, label=s["label"])
+            continue
         x = _dates(s["x"]) if dates else s["x"]
         if s.get("kind") == "paper":
             ax.plot(x, s["y"], linestyle="none", marker="o", mfc="none", label=f"{s['label']} (paper)")
+            continue
+        if s.get("kind") == "paper-range":
+            ax.fill_between(x, [s["lo"]] * len(x), [s["hi"]] * len(x), facecolor="none",
+                            edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
             continue
         (line,) = ax.plot(x, s["y"], marker=fig.get("marker", "."), label=s["label"])
         if s.get("lo") is not None and s.get("hi") is not None:
@@ -124,10 +135,11 @@ def render_figure(fig: dict) -> dict[str, bytes]:
         if len(when) == 1:  # one run: a day either side, not the locator's default years
             (t,) = when
             ax.set_xlim(t - _dt.timedelta(days=1), t + _dt.timedelta(days=1))
-    elif _numeric([v for s in fig["series"] for v in s["x"]]):
+    elif _numeric([v for s in fig["series"] if s.get("kind") != "limit" for v in s["x"]]):
         plain_ticks(ax.xaxis, fig.get("xscale", "linear"), fig.get("xticks"),
                     bool(fig.get("xticks_binary")))
-    if _numeric([v for s in fig["series"] for v in s["y"]]):
+    if _numeric([v for s in fig["series"] if s.get("kind") not in ("limit", "paper-range")
+                  for v in s["y"]]):
         plain_ticks(ax.yaxis, fig.get("yscale", "linear"))
     ax.set_xlabel(fig["xlabel"])
     ax.set_ylabel(fig["ylabel"])
@@ -135,7 +147,7 @@ def render_figure(fig: dict) -> dict[str, bytes]:
     ax.grid(True, alpha=0.3)
     if fig.get("legend", True):
         _legend(f, ax, len(fig["series"]), fig.get("legend_title"))
-    return _save(f)
+    return _save(f, provenance)
 
 
 def _legend(f, ax, entries: int, title: str | None = None) -> None:
@@ -147,7 +159,7 @@ def _legend(f, ax, entries: int, title: str | None = None) -> None:
         ax.legend(fontsize=8, title=title, title_fontsize=8)
 
 
-def _render_dots(fig: dict) -> dict[str, bytes]:
+def _draw_dots(fig: dict):
     """One row per category (first on top), its value as a dot and its spread as a bar."""
     cats = fig["categories"]
     f, ax = plt.subplots(figsize=(6.4, max(2.4, 1.3 + 0.3 * len(cats))), dpi=110)
@@ -173,19 +185,25 @@ def _render_dots(fig: dict) -> dict[str, bytes]:
     ax.grid(True, axis="x", alpha=0.3)
     if len(groups) > 1:
         _legend(f, ax, len(groups), fig.get("legend_title"))
-    return _save(f)
+    return f
 
 
-def _save(f) -> dict[str, bytes]:
+def _save(f, provenance: dict[str, str] | None = None) -> dict[str, bytes]:
     with warnings.catch_warnings():  # a legend beside the axes: the saved box takes it in
         warnings.simplefilter("ignore", UserWarning)
         f.tight_layout()
     out = {}
     for fmt in ("png", "svg"):
         buf = io.BytesIO()
+        # PNG keeps any text key; SVG only its Dublin Core ones, so provenance goes to Description
+        meta = {"Creator": "moe-repro"} if fmt == "svg" else {"Software": "moe-repro"}
+        if provenance:
+            meta.update({"Title": provenance.get("title", ""),
+                         "Description": "; ".join(f"{k}: {v}" for k, v in provenance.items()
+                                                  if k != "title")})
         # SVG text stays text (searchable, selectable); the long legend is kept inside the image
         with plt.rc_context({"svg.fonttype": "none"}):
-            f.savefig(buf, format=fmt, bbox_inches="tight")
+            f.savefig(buf, format=fmt, bbox_inches="tight", metadata=meta)
         out[fmt] = buf.getvalue()
     plt.close(f)
     return out

@@ -38,7 +38,7 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
     rid, payload = record.id, dump(record)
     figures = []
     for fig in record.figures:
-        drawn = render_figure(fig)
+        drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
         names = {ext: f"{rid}-{fig['name']}.{ext}" for ext in drawn}
         for ext, data in drawn.items():
             atomic_write_bytes(directory / names[ext], data)
@@ -52,6 +52,19 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
     return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
         payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv",
         paper=paper))
+
+
+def _provenance(record: ReproductionRecord, title: str) -> dict[str, str]:
+    """What a figure file carries in its metadata: where its numbers came from."""
+    env = record.environment
+    extra = env.model_extra or {}
+    return {"title": f"{record.id}: {title}",
+            "commit": f"{env.git_commit or 'unknown'}{' (uncommitted changes)' if env.git_dirty else ''}",
+            "date": env.timestamp,
+            "machine": f"{extra.get('device') or extra.get('cpu_model')}, torch {extra.get('torch')}",
+            "how": record.how,
+            "parameters": " ".join(f"{k}={v}" for k, v in record.params.items()),
+            "command": env.command or record.command}
 
 
 def build_site(store, out_dir: str | Path) -> Path:

@@ -158,8 +158,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                       "cost), so it does not reproduce a crossover at 16 nodes"))
     if wide:
         speed_series.append({"label": "Piper: 1.1x - 9x at >= 16 nodes (text)", "x": [min(wide), max(wide)],
-                             "y": [1.1, 1.1], "kind": "paper"})
-        speed_series.append({"label": "", "x": [min(wide), max(wide)], "y": [9.0, 9.0], "kind": "paper"})
+                             "y": [1.1, 9.0], "lo": 1.1, "hi": 9.0, "kind": "paper-range"})
     figures = [
         Figure(name="piper-fig8", title="All-to-all latency, flat vs HALO on Frontier (simulated)",
                xlabel="nodes (8 GCDs each)", ylabel="latency (ms, simulated)", series=series,

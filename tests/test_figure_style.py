@@ -69,3 +69,24 @@ def test_swept_axis_ticks_sit_at_the_grid_values(monkeypatch):
            "xticks": [1024, 16384, 1048576], "xticks_binary": True}
     assert figures.render_figure(fig)["png"].startswith(b"\x89PNG")
     assert drawn == [["1K", "16K", "1M"]]
+
+
+def test_figures_carry_their_provenance_and_draw_bounds_and_ranges_apart():
+    from PIL import Image
+    import io
+
+    fig = {"name": "f", "title": "T", "xlabel": "x", "ylabel": "y", "yscale": "log",
+           "series": [{"label": "ours", "x": [1, 2, 4], "y": [5.0, 7.0, 9.0], "kind": "ours"},
+                      {"label": "claim", "x": [2, 4], "y": [1.1, 9.0], "lo": 1.1, "hi": 9.0,
+                       "kind": "paper-range"},
+                      {"label": "HBM", "x": [], "y": 64.0, "kind": "limit"}]}
+    provenance = {"title": "r: T", "commit": "abc123", "date": "2026-11-23T10:00:00+00:00",
+                  "command": "repro run r"}
+    drawn = figures.render_figure(fig, provenance=provenance)
+    text = Image.open(io.BytesIO(drawn["png"])).text
+    assert text["Title"] == "r: T" and "commit: abc123" in text["Description"]
+    assert "command: repro run r" in text["Description"]
+    svg = drawn["svg"].decode()
+    assert "abc123" in svg and "repro run r" in svg
+    # the bound is drawn as a bound, the range as a range: three legend entries, no empty one
+    assert svg.count("HBM") >= 1 and "claim (paper)" in svg

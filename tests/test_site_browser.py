@@ -33,11 +33,16 @@ def _require_browser():
         pytest.skip(f"needs {missing} (pip install -e '.[browser]'; apt-get install chromium)")
 
 
+# One reproduction of each paper (fast analytic or simulated ones), and the suite pages opened.
+PAGES = ["piper-table4", "piper-fig8", "xmoe-table3", "feplb-fig6", "mop-table1"]
+
+
 @pytest.fixture
 def site(tmp_path, results_dir):
     runner = CliRunner()
-    assert runner.invoke(cli, ["run", "piper-table4", "--quiet"]).exit_code == 0
+    assert runner.invoke(cli, ["run", *PAGES, "--quiet"]).exit_code == 0
     assert runner.invoke(cli, ["bench", "gemm", "--n", "32", "--repeats", "2"]).exit_code == 0
+    assert runner.invoke(cli, ["bench", "alltoall", "--quick", "--repeats", "2"]).exit_code == 0
     out = tmp_path / "site"
     assert runner.invoke(cli, ["site", "build", "--out", str(out)]).exit_code == 0
     return out
@@ -79,6 +84,22 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
         # every figure on the page actually loaded (a broken image has no natural width)
         widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
         assert widths and all(w > 0 for w in widths), widths
+
+        # every paper's page and a suite page: styled, figures loaded, a screenshot kept (CI
+        # keeps MOE_REPRO_ARTIFACTS as build artefacts)
+        shots = [shot]
+        targets = [("index", site / "index.html"), ("suite-alltoall", site / "suites" / "alltoall.html")]
+        targets += [(rid, site / "repro" / f"{rid}.html") for rid in PAGES[1:]]
+        for name, path in targets:
+            page.goto(path.as_uri())
+            font = page.evaluate("getComputedStyle(document.body).fontFamily")
+            assert "sans-serif" in font, (name, font)
+            widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
+            assert all(w > 0 for w in widths), (name, widths)
+            if name not in ("index", "mop-table1", "xmoe-table3"):  # tables only
+                assert widths, f"{name}: no figure"
+            shots.append(shot.parent / f"site-{name}.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
         browser.close()
     assert problems == []
-    assert shot.stat().st_size > 10_000
+    assert all(s.stat().st_size > 10_000 for s in shots)
