@@ -88,7 +88,24 @@ def render_reproduction(payload: dict, raw_json: str | None = None, figures: lis
     grades = {v: counts[v] for v in VERDICTS if v in counts}
     return environment().get_template("reproduction.html").render(
         p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css(),
-        paper=paper, grades=grades, status=status_of(set(counts)))
+        paper=paper, grades=grades, status=status_of(set(counts)), grid=paper_grid(payload))
+
+
+PAPER_GRID_MAX_COLUMNS = 8
+
+
+def paper_grid(payload: dict) -> dict | None:
+    """The cells laid out as the paper's table is: its rows down, its columns across, each cell
+    the paper's printed value beside ours with the grade's colour. None when the cells do not
+    form a grid a reader can scan (one column, or more than PAPER_GRID_MAX_COLUMNS)."""
+    cells = payload.get("cells", [])
+    rows = list(dict.fromkeys(c["row"] for c in cells))
+    columns = list(dict.fromkeys(c["column"] for c in cells))
+    if len(columns) < 2 or len(columns) > PAPER_GRID_MAX_COLUMNS or len(rows) < 2:
+        return None
+    at = {(c["row"], c["column"]): c for c in cells}
+    return {"columns": columns,
+            "rows": [{"label": r, "cells": [at.get((r, col)) for col in columns]} for r in rows]}
 
 
 def render_index(papers: list[dict], suites: list[dict], built: dict | None = None) -> str:

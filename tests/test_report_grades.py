@@ -48,3 +48,18 @@ def test_index_and_page_show_grades_causes_and_citation(results_dir, tmp_path):
     assert "@misc{" in page or "@article{" in page           # the citation block
     assert "Sajal Dash" in page                                 # the paper's authors
     assert "repro run piper-table4 --quiet --param gpus=8" in page   # the command as it was run
+
+
+def test_paper_grid_lays_cells_out_in_the_papers_rows_and_columns():
+    from moe_repro.reports.html import paper_grid
+
+    cells = [{"row": r, "column": c, "verdict": "match", "paper_printed": f"{r}{c}", "ours": 1.0}
+             for r in ("A", "B") for c in ("x", "y", "z") if (r, c) != ("B", "y")]
+    grid = paper_grid({"cells": cells})
+    assert grid["columns"] == ["x", "y", "z"]
+    assert [row["label"] for row in grid["rows"]] == ["A", "B"]
+    assert [c and c["paper_printed"] for c in grid["rows"][1]["cells"]] == ["Bx", None, "Bz"]
+    # one column, or too many to scan, is left to the per-cell table
+    assert paper_grid({"cells": [{"row": r, "column": "x"} for r in "ABC"]}) is None
+    assert paper_grid({"cells": [{"row": "A", "column": str(i)} for i in range(9)] +
+                       [{"row": "B", "column": "0"}]}) is None
