@@ -44,7 +44,7 @@ def test_index_and_page_show_grades_causes_and_citation(results_dir, tmp_path):
     assert counts["explained"] == 8 and counts["match"] == 2 and counts["deviates"] == 4
     assert "partly-reproduced" not in piper.split("<tbody>")[1].split("</tbody>")[0]
     page = (tmp_path / "site" / "repro" / "piper-table4.html").read_text()
-    assert page.count("unit-convention") == 8
+    assert page.count("<br><small>unit-convention</small>") == 8   # each explained cell names its cause
     assert "@misc{" in page or "@article{" in page           # the citation block
     assert "Sajal Dash" in page                                 # the paper's authors
     assert "repro run piper-table4 --quiet --param gpus=8" in page   # the command as it was run
