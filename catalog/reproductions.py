@@ -254,7 +254,7 @@ _REPRODUCTIONS = (
         implemented=True, issue=10),
     # FEPLB
     ReproductionEntry(
-        id="feplb-table2", paper="feplb", element="Table 2", how="A",
+        id="feplb-table2", paper="feplb", element="Table 2", how="A+S",
         title=("Per-layer MoE forward/backward time per method (printed cells not reproducible "
                "here)"),
         what="per-layer forward/backward time per method",
@@ -280,10 +280,11 @@ _REPRODUCTIONS = (
         implemented=True, issue=7),
     ReproductionEntry(
         id="feplb-fig4", paper="feplb", element="Fig. 4", how="A+S",
-        title="EP communication per method at EP = 8: extra dispatch/combine volume",
-        what="EP communication volume/overhead per method",
-        description=("Deduplicated EP volume counted from per-token synthetic routing for Before "
-                     "LB, FasterMoE pipe=1/2 and FEPLB; copy-path bytes reported apart."),
+        title="EP communication per method at EP = 8: extra dispatch/combine time",
+        what="EP communication overhead per method (modelled time)",
+        description=("Deduplicated EP rows from per-token synthetic routing for Before LB, "
+                     "FasterMoE pipe=1/2 and FEPLB, replayed on the flow simulator as dispatch "
+                     "and combine time (the paper's quantity); copy-path bytes reported apart."),
         implemented=True, issue=7),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-fig6", paper="feplb", element="Fig. 6", how="S",

@@ -1,16 +1,27 @@
 """feplb-fig4: EP communication per method at EP = 8 (FEPLB Fig. 4, Sec. 3.3).
 
-FEPLB measures dispatch/combine *time* on H100s with DeepEP; we cannot. What we can count
-exactly from per-token routing is the EP *volume* each method puts on the EP path (rows sent to
-remote ranks by a deduplicating bulk dispatch, components/balance/fastermoe_shadow.py):
-- Before LB: one row per (token, remote destination rank);
-- FasterMoE pipe = 1: shadowed experts' rows stay local; pipe = 2: two expert-group stages,
-  each deduplicated on its own, so a token can cross to one rank twice (the added volume the
-  paper names);
-- FEPLB: Phase 1 is the unchanged EP dispatch, so its EP volume equals Before LB by
-  construction; Phase 2 moves rows and weights on the intra-node copy path, reported apart.
-Cells give the extra EP volume in % of Before LB; the paper's numbers are extra *time*, so a
-deviation is expected even where the mechanism is right.
+FEPLB measures dispatch/combine *time* on H100s with DeepEP and prints FasterMoE pipe = 2's
+extra time over Before LB (46.8% dispatch, 40.2% combine). Ours, in two steps:
+
+1. Volume, counted exactly from per-token routing: the rows each method puts on the EP path,
+   per (stage, source rank, destination rank), with a deduplicating bulk dispatch
+   (components/balance/fastermoe_shadow.py's model):
+   - Before LB: one row per (token, remote destination rank);
+   - FasterMoE pipe = 1: shadowed experts' rows stay local; pipe = 2: two expert-group stages,
+     each deduplicated on its own, so a token can cross to one rank twice (the added volume the
+     paper names);
+   - FEPLB: Phase 1 is the unchanged EP dispatch, so its EP volume equals Before LB by
+     construction; Phase 2 moves rows and weights on the intra-node copy path, reported apart.
+2. Time, the paper's quantity: those per-pair bytes replayed on the flow-level simulator
+   (components/network/simulator.py) on one dgx-h100 node (EP = 8 is one NVSwitch node), the
+   stages of pipe = 2 one after the other. That is our model's dispatch time; it knows
+   bandwidth, per-message and link latencies, and nothing of DeepEP's per-stage kernel launch,
+   count exchange and synchronisation (the simulator's assumptions list them as left out).
+   Each stage waits for its own busiest port, so pipe = 2 costs more time than volume: the
+   busiest port's rows summed over the stages are shown beside the extra rows.
+
+The cells compared with the paper are the modelled "(EP time)" ones; the "(EP volume)" cells are
+ours alone (the paper prints no volume).
 """
 
 from __future__ import annotations
@@ -19,80 +30,167 @@ import torch
 
 from moe_repro.components.balance import get_balancer
 from moe_repro.components.balance.base import BalanceStep
-from moe_repro.components.balance.fastermoe_shadow import dispatch_rows
+from moe_repro.components.balance.fastermoe_shadow import dispatch_rows_per_pair
 from moe_repro.components.balance.feplb import phase2_bytes
-from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.model.zoo import get_model
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.network.simulator import simulate_messages, topology_for
 from moe_repro.reproductions import _feplb_traces as ft
-from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
+from moe_repro.reproductions.spec import PaperClaim, PaperValue, Reproduction, Result
 
 _SRC = "FEPLB Fig. 4 / Sec. 3.3 text"
-PAPER_VALUES = [
-    PaperValue("Dispatch", "FasterMoE pipe=2", "46.8", "% extra time vs Before LB", _SRC),
-    PaperValue("Combine", "FasterMoE pipe=2", "40.2", "% extra time vs Before LB", _SRC),
+PAPER_VALUES = [  # % extra EP time over Before LB
+    PaperValue("Dispatch", "FasterMoE pipe=2 (EP time)", "46.8", "%", _SRC),
+    PaperValue("Combine", "FasterMoE pipe=2 (EP time)", "40.2", "%", _SRC),
+]
+PAPER_CLAIMS = [
+    PaperClaim(phase, "FasterMoE pipe=1 (EP time)", "FasterMoE with pipe = 1 shows negligible overhead, "
+               "matching FEPLB", "FEPLB Sec. 3.3")
+    for phase in ("Dispatch", "Combine")
 ]
 EP = 8
+NEGLIGIBLE = 1.0   # % extra time: the paper calls FEPLB's "<1%" overhead "no measurable overhead"
+PLATFORM = "dgx-h100"
+
+
+# Rows per (stage, source, destination): the component's rule, kept per pair for the simulator.
+pair_rows = dispatch_rows_per_pair
+
+
+def messages_of(rows: torch.Tensor, row_bytes: int, phase: str = "a2a") -> tuple[list, dict]:
+    """Simulator messages and phase dependencies for per-(stage, src, dst) rows: the stages run
+    one after the other (stage s waits for stage s - 1), as pipelined dispatch sends them."""
+    msgs, deps = [], {}
+    for s in range(rows.shape[0]):
+        name = f"{phase}{s}"
+        deps[name] = [f"{phase}{s - 1}"] if s else []
+        for i in range(rows.shape[1]):
+            for j in range(rows.shape[2]):
+                if i != j and int(rows[s, i, j]):
+                    msgs.append((name, i, j, int(rows[s, i, j]) * row_bytes))
+    return msgs, deps
+
+
+def busiest_port_rows(rows: torch.Tensor) -> int:
+    """Sum over stages of the busiest port's rows, a port being a rank's sending or its
+    receiving side: the rows that bound a stage's time on a non-blocking switch."""
+    sent, received = rows.sum(2), rows.sum(1)                 # [stage, rank]
+    return int(torch.maximum(sent, received).max(1).values.sum())
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
     ft.check(params)
     trace = ft.trace_for(params, EP, keep_tokens=True)
     m = get_model("glm5-moe")
+    platform = load_builtin(PLATFORM)
+    topo = topology_for(platform, 1, EP)
     placement = ExpertPlacement.contiguous(trace.num_experts, EP)
     home = placement.rank_of_expert()
     tokens = int(params["tokens"])
     source_of_token = torch.arange(tokens * EP) // tokens
-    rows = {"Before LB": 0, "FasterMoE pipe=1": 0, "FasterMoE pipe=2": 0, "FEPLB": 0}
+    row_bytes = m.d_model * 2                           # bf16 rows of d_model
+    methods = ("Before LB", "FasterMoE pipe=1", "FasterMoE pipe=2", "FEPLB")
+    rows = dict.fromkeys(methods, 0)
+    busiest = dict.fromkeys(methods, 0)                 # busiest port's rows, summed over stages
+    layer_time = {method: [0.0] * trace.num_layers for method in methods}
     copy_bytes = {"FasterMoE": 0, "FEPLB": 0}
     expert_bytes = m.n_mat * m.d_model * m.d_ffn * 2
     fastermoe, feplb = get_balancer("FasterMoE"), get_balancer("FEPLB")
     knobs = ft.balancer_knobs(params)
+    sim_assumptions: tuple = ()
     for layer in range(trace.num_layers):
         for mb in range(1, trace.num_micro_batches):
             top = trace.top_experts[layer][mb]
             step = BalanceStep(placement, trace.counts[layer, mb], trace.counts[layer, mb - 1])
             shadows = fastermoe.run(step, knobs).decision     # the shadowed experts
-            base = dispatch_rows(top, source_of_token, home, EP)
-            rows["Before LB"] += base
-            rows["FEPLB"] += base                       # Phase 1 = standard EP dispatch
-            rows["FasterMoE pipe=1"] += dispatch_rows(top, source_of_token, home, EP, 1, shadows)
-            rows["FasterMoE pipe=2"] += dispatch_rows(top, source_of_token, home, EP, 2, shadows)
+            per_pair = {
+                "Before LB": pair_rows(top, source_of_token, home, EP),
+                "FasterMoE pipe=1": pair_rows(top, source_of_token, home, EP, 1, shadows),
+                "FasterMoE pipe=2": pair_rows(top, source_of_token, home, EP, 2, shadows),
+            }
+            for method, pr in per_pair.items():
+                rows[method] += int(pr.sum())
+                busiest[method] += busiest_port_rows(pr)
+                msgs, deps = messages_of(pr, row_bytes)
+                res = simulate_messages(msgs, topo, platform, deps)
+                layer_time[method][layer] += res.time_s
+                sim_assumptions = res.assumptions
             copy_bytes["FasterMoE"] += len(shadows) * (EP - 1) * expert_bytes
             plan = feplb.run(step, knobs).decision             # FEPLB's moves (a BalancePlan)
             p2 = phase2_bytes(plan, m.d_model, m.d_ffn, m.n_mat)
             copy_bytes["FEPLB"] += p2["weight_bytes"] + p2["token_bytes"]
-    note = f"{ft.trace_note(params, EP)}; EP volume (rows), not time"
-    cells = []
-    for phase in ("Dispatch", "Combine"):   # combine returns the same rows: same volume
-        for method in ("FasterMoE pipe=1", "FasterMoE pipe=2", "FEPLB"):
-            extra = 100.0 * (rows[method] - rows["Before LB"]) / rows["Before LB"]
-            cell_note = note
-            if method == "FEPLB":
-                cell_note += ("; paper: '<1%' overhead (not a number we can store); Phase 1 is "
-                              "unchanged EP, so 0 by construction")
-            elif method == "FasterMoE pipe=1":
-                cell_note += "; paper: 'negligible overhead'; shadows keep rows local, so < 0"
-            cells.append(repro.compare(phase, method, extra, "% extra EP volume vs Before LB",
-                                       note=cell_note))
+    for key in (rows, busiest, layer_time):           # FEPLB: Phase 1 is the unchanged EP dispatch
+        key["FEPLB"] = key["Before LB"]
+    time_s = {method: sum(layer_time[method]) for method in methods}
     n_mb = trace.num_layers * (trace.num_micro_batches - 1)
-    ep_bytes = rows["Before LB"] * m.d_model * 2 / n_mb
+    note = ft.trace_note(params, EP)
+    cells = []
+    for phase in ("Dispatch", "Combine"):   # combine returns the same rows: same volume, time
+        for method in methods[1:]:
+            extra_time = ft.change_pct(time_s[method], time_s["Before LB"])
+            time_note = (f"{note}; modelled: the per-pair bytes on the flow simulator "
+                         f"({PLATFORM}, one NVSwitch node), {time_s['Before LB'] / n_mb * 1e3:.3f} "
+                         f"ms Before LB per micro-batch")
+            if method == "FasterMoE pipe=1":
+                cells.append(repro.claim(
+                    phase, f"{method} (EP time)", extra_time <= NEGLIGIBLE, extra_time, "%",
+                    note=(f"{time_note}; holds if the extra time is at most {NEGLIGIBLE:g}% (the "
+                          f"paper's bound for 'no measurable overhead'): shadowed experts' rows "
+                          f"stay on their source, so FasterMoE sends fewer rows, and its weights "
+                          f"travel on the copy path, off the EP path")))
+            elif method == "FEPLB":
+                cells.append(repro.compare(
+                    phase, f"{method} (EP time)", extra_time, "%",
+                    note=(f"{time_note}; paper: '<1%' (no number to store); Phase 1 is the "
+                          f"unchanged EP dispatch, so 0 by construction")))
+            else:
+                pairs = list(zip(layer_time[method], layer_time["Before LB"]))
+                cell = ft.estimate_cell(repro, phase, f"{method} (EP time)", extra_time,
+                                        ft.bootstrap_interval(ft.change_of, pairs), "%",
+                                        time_note, "%")
+                vol = ft.change_pct(rows[method], rows["Before LB"])
+                port = ft.change_pct(busiest[method], busiest["Before LB"])
+                cell.note += (f"; where it comes from: {vol:+.1f}% rows in all, but each stage "
+                              f"waits for its own busiest port, and the busiest port's rows "
+                              f"summed over the two stages are {port:+.1f}% over Before LB's")
+                if cell.verdict == "deviates":
+                    cell.note += ("; the rest not explained: the simulator leaves out DeepEP's "
+                                  "per-stage kernel launch, count exchange and synchronisation; "
+                                  "the stage split is our reading of 'splitting communication "
+                                  "into stages'; and the busiest port depends on the trace, "
+                                  "whose EP = 8 imbalance is twice GLM-5's (feplb-table3). Any "
+                                  "may be the gap, none was shown to be")
+                cells.append(cell)
+        for method in methods[1:]:
+            cells.append(repro.compare(
+                phase, f"{method} (EP volume)", ft.change_pct(rows[method], rows["Before LB"]),
+                "% extra EP rows vs Before LB",
+                note=f"{note}; rows counted from per-token routing (the paper prints no volume)"))
+    ep_bytes = rows["Before LB"] * row_bytes / n_mb
     for method, b in copy_bytes.items():
         cells.append(repro.compare("Copy path (intra-node)", method, b / n_mb / ep_bytes * 100.0,
                                    "% of Before LB EP bytes",
-                                   note=f"{ft.trace_note(params, EP)}; weights (+ FEPLB Phase 2 rows), "
-                                        "bf16, off the EP path"))
+                                   note=f"{note}; weights (+ FEPLB Phase 2 rows), bf16, off the "
+                                        "EP path"))
     assumptions = [ft.trace_assumption(params), *ft.ASSUMPTIONS,
                    "Dedup: a bulk backend sends a token once per destination rank (DeepEP intranode); "
                    "pipe = 2 splits each rank's experts into two stages deduplicated separately "
                    "(our model of FEPLB Sec. 3.3's 'splitting communication into stages').",
-                   f"EP = {EP} (the paper's Fig. 4 setting), bf16 rows of d_model = {m.d_model}."]
+                   f"EP = {EP} (the paper's Fig. 4 setting), bf16 rows of d_model = {m.d_model}.",
+                   f"Time: per micro-batch, the per-pair bytes of each method on the flow-level "
+                   f"simulator ({PLATFORM}, 1 node x {EP} GPUs); pipe = 2's stages in sequence; "
+                   f"combine sends the same rows back, so its time equals dispatch's.",
+                   *sim_assumptions]
     return Result(cells=cells, assumptions=assumptions,
-                  extra={"rows": rows, "copy_bytes_per_micro_batch": {k: v / n_mb for k, v in copy_bytes.items()}})
+                  extra={"rows": rows, "time_s_per_micro_batch": {k: v / n_mb for k, v in time_s.items()},
+                         "copy_bytes_per_micro_batch": {k: v / n_mb for k, v in copy_bytes.items()}})
 
 
 REPRODUCTION = Reproduction(
     id="feplb-fig4",
     paper_values=PAPER_VALUES,
+    paper_claims=PAPER_CLAIMS,
     compute=compute,
     defaults=dict(ft.DEFAULTS),
 )

@@ -80,9 +80,12 @@ def shadow_gemm_groups(source_counts, rank_of_expert, world: int, shadows: list[
     return groups
 
 
-def dispatch_rows(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank_of_expert,
-                  world: int, pipe: int = 1, shadows=(), experts_per_rank: int | None = None) -> int:
-    """Rows sent to *remote* ranks by a deduplicating bulk dispatch with ``pipe`` stages.
+def dispatch_rows_per_pair(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank_of_expert,
+                           world: int, pipe: int = 1, shadows=(),
+                           experts_per_rank: int | None = None) -> torch.Tensor:
+    """Rows a deduplicating bulk dispatch with ``pipe`` stages sends, per (stage, source rank,
+    destination rank): int64 [pipe, world, world], zero on the diagonal (a row for a local
+    expert does not travel).
 
     A token goes once to each (destination rank, stage) holding one of its non-shadowed
     experts, where stage = (local index of the expert on its rank) * pipe // experts_per_rank.
@@ -97,14 +100,27 @@ def dispatch_rows(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank
     for r in range(world):
         members = (ranks == r).nonzero().flatten()
         local_index[members] = torch.arange(members.numel())
-    stage = local_index * pipe // per
-    keep = torch.ones_like(top_experts, dtype=torch.bool)
+    stage = (local_index * pipe // per)[top_experts]
+    dest = ranks[top_experts]
+    src = source_of_token.to(torch.int64).unsqueeze(1).expand_as(top_experts)
+    keep = dest != src
     if shadows:
         keep &= ~torch.isin(top_experts, torch.as_tensor(list(shadows), dtype=torch.int64))
-    dest = ranks[top_experts]
-    remote = keep & (dest != source_of_token.unsqueeze(1))
-    key = (torch.arange(top_experts.shape[0]).unsqueeze(1) * world + dest) * pipe + stage[top_experts]
-    return int(torch.unique(key[remote]).numel())
+    token = torch.arange(top_experts.shape[0]).unsqueeze(1).expand_as(top_experts)
+    unique = torch.unique(((token * world + dest) * pipe + stage)[keep])
+    u_stage = unique % pipe
+    u_dest = (unique // pipe) % world
+    u_src = source_of_token.to(torch.int64)[unique // pipe // world]
+    flat = (u_stage * world + u_src) * world + u_dest
+    return torch.bincount(flat, minlength=pipe * world * world).reshape(pipe, world, world)
+
+
+def dispatch_rows(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank_of_expert,
+                  world: int, pipe: int = 1, shadows=(), experts_per_rank: int | None = None) -> int:
+    """Rows sent to *remote* ranks by a deduplicating bulk dispatch with ``pipe`` stages: the
+    sum of :func:`dispatch_rows_per_pair` (its docstring states the rule)."""
+    return int(dispatch_rows_per_pair(top_experts, source_of_token, rank_of_expert, world, pipe,
+                                      shadows, experts_per_rank).sum())
 
 
 def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
