@@ -271,3 +271,86 @@ def test_huge_clusters_are_answered_quickly():
 def test_bad_arguments_raise(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         plan_parallel(GPT3, DGX, **kwargs)
+
+
+def test_block_recompute_reports_the_smallest_n_layers_that_fit_by_hand():
+    # GPT-3 175B on 64 nodes: TP 8 (SP) x PP 4 x DP 16, ZeRO-1, 1024 sequences as M = 16
+    # micro-batches of 4. Stage 0 holds 24 layers and (1F1B) 4 micro-batches in flight.
+    common = dict(tp=8, pp=4, vpp=1, cp=1, ep=1, zero=(1,), micro_batches=16, sp=True)
+    none = plan_parallel(GPT3, DGX, 64, recompute=("none",), **common)
+    assert not none.feasible  # keeping every activation does not fit
+    pl = plan_parallel(GPT3, DGX, 64, recompute=("none", "block"), **common)
+    (c,) = pl.candidates
+    assert c.feasible and c.memory_stage == 0
+    # Model state of stage 0: 24 x 12 d^2 / 8 matrices + V d / 8 embedding + 24 x 2d norms
+    p0 = 24 * 1_811_939_328 // 8 + 617_558_016 // 8 + 24 * 24_576
+    assert p0 == 5_513_602_560
+    static = 2 * p0 + 2 * p0 + 12 * p0 / 16  # ZeRO-1: weights, grads; master + Adam / DP 16
+    # Korthikanti Table 2 per layer, b = 4 sequences, t = 8, SP, FlashAttention (no scores), no
+    # dropout: s b h (4 LN inputs + 2 QKV input + 6 Q, K, V + 2 projection input + 2 MLP input + 16
+    # GeLU input/output) / t = 32 u bytes, u = s b h / t; full recompute keeps the layer input,
+    # 2 s b h / t = 2 u (bf16 values). Block N: 4 micro-batches x (N x 2u + (24 - N) x 32u) + one
+    # layer's working set being recomputed (32 u).
+    u = 4096 * 4 * 12288 // 8
+    assert u == 25_165_824
+    acts = lambda n: 4 * (n * 2 * u + (24 - n) * 32 * u) + 32 * u
+    budget = 80e9 - 4e9 - static  # 80 GB HBM, 4 GB framework overhead
+    smallest = next(n for n in range(1, 25) if acts(n) <= budget)
+    assert smallest == 10 and acts(9) > budget  # u (3104 - 120 N) <= 49.81 GB -> N >= 9.37
+    assert (c.recompute, c.recompute_layers, c.chunk_layers) == ("full:10", 10, 24)
+    assert c.recompute_note == "full 10/24 layers"
+    assert c.memory["activations"] == acts(10) == 47_915_728_896
+    # Compute adds the 10 recomputed layers' forward only (every stage recomputes its first 10):
+    # per layer 2 x 12 d^2 matmul FLOPs and the causal attention core 4096 x 96 x 256 per token;
+    # the last stage (24 layers + the 2 V d head) is the slowest; 4 x 4096 / 8 = 2048
+    # token-equivalents per GPU; 700 / 500 TFLOPS (dgx-h100)
+    mm, core, head, tok = 3_623_878_656, 100_663_296, 1_235_116_032, 2048
+    per_mb = (3 * (24 * mm + head) + 10 * mm) * tok / 700e12 + (3 * 24 + 10) * core * tok / 500e12
+    assert c.parts["compute"] == pytest.approx(16 * per_mb, rel=1e-12)
+    # the same N fixed by hand gives the same candidate; one layer less does not fit
+    fixed = plan_parallel(GPT3, DGX, 64, recompute=("full:10",), **common).candidates[0]
+    assert fixed.feasible and fixed.memory == c.memory and fixed.step_s == c.step_s
+    assert not plan_parallel(GPT3, DGX, 64, recompute=("full:9",), **common).feasible
+
+
+def test_expert_tp_2_halves_the_expert_weights_per_gpu_by_hand():
+    # DeepSeek-V3 on 512 GPUs, TP 2 (SP) x PP 16 x DP 16, EP 16; ETP 1 or 2 (EP x ETP = 32 divides
+    # DP x CP x TP = 32). Stage 1 holds MoE layers 4-7; routed experts 256 x 3 x 7168 x 2048 =
+    # 256 x 44,040,192 per layer, over EP x ETP GPUs.
+    m = get_model("deepseek-v3")
+    common = dict(tp=2, pp=16, vpp=1, cp=1, ep=16, zero=(1,), recompute=("full",), micro_batches=32)
+    one = plan_parallel(m, DGX, 64, etp=1, **common).candidates[0]
+    two = plan_parallel(m, DGX, 64, etp=2, **common).candidates[0]
+    assert (one.etp, two.etp) == (1, 2) and one.memory_stage == two.memory_stage == 1
+    experts_etp1 = 2 * 4 * 256 * 44_040_192 // 16  # bf16 bytes, 5,637,144,576
+    experts_etp2 = 2 * 4 * 256 * 44_040_192 // 32  # 2,818,572,288
+    assert experts_etp1 == 2 * experts_etp2 == 5_637_144_576
+    assert one.memory["weights"] - two.memory["weights"] == experts_etp1 - experts_etp2
+    assert one.memory["grads"] - two.memory["grads"] == experts_etp1 - experts_etp2
+    # ZeRO-1 shards master + Adam over EDP = DP x CP x TP / (EP x ETP): 2 ranks for ETP 1, 1 for
+    # ETP 2, so the expert optimizer bytes per GPU do not change: 12 x 4 x 256 x 44,040,192 / 32
+    assert one.memory["optimizer"] == two.memory["optimizer"]
+    # ETP traffic (Megatron-core token dispatcher): all-gather + reduce-scatter of the ETP-gathered
+    # tokens forward and backward, 4 (ETP - 1) k tokens h 2 B per MoE layer; tokens = mb s / TP =
+    # 2 x 4096 / 2 = 4096, k = 8, h = 7168; full recompute repeats the forward's two (x 1.5); the
+    # slowest stage has 4 MoE layers; M = 32
+    per_layer = 4 * 1 * 8 * 4096 * 7168 * 2
+    assert per_layer == 1_879_048_192
+    assert two.comm_bytes["etp"] == 32 * 4 * 1.5 * per_layer
+    assert one.comm_bytes["etp"] == 0 and one.parts["etp"] == 0 < two.parts["etp"]
+
+
+def test_an_invalid_expert_tp_is_rejected_with_a_one_line_reason():
+    m = get_model("deepseek-v3")
+    # TP 1 x PP 16 x DP 32: EP 32 x ETP 2 = 64 does not divide DP x CP x TP = 32
+    pl = plan_parallel(m, DGX, 64, tp=1, pp=16, ep=32, etp=2, cp=1)
+    assert not pl.candidates
+    (r,) = [r["reason"] for r in pl.rejected if "ETP" in r["reason"]]
+    assert r.startswith("EP x ETP does not divide DP x CP x TP") and "world % (ETP x EP x PP)" in r
+    assert "EP 32 x ETP 2, DP x CP x TP = 32 x 1 x 1" in r and "\n" not in r
+    assert "ETP 3 does not divide the 8 GPUs per node" in [
+        r["reason"] for r in plan_parallel(m, DGX, 64, etp=3).rejected]
+    assert any("ETP 2 on a dense model" in r["reason"] for r in plan_parallel(GPT3, DGX, 64, etp=2).rejected)
+    # by default ETP is searched over 1 and TP, and every candidate respects the folding rule
+    for c in plan_parallel(m, DGX, 64).candidates:
+        assert c.etp in (1, c.tp) and (c.dp * c.cp * c.tp) % (c.ep * c.etp) == 0

@@ -134,3 +134,22 @@ def test_plan_tp16_is_a_rejected_family():
     r = _repro("plan", "--model", "gpt3-175b", "--nodes", "64", "--platform", "dgx-h100", "--tp", "16")
     assert r.returncode == 0, r.stderr
     assert "1: TP 16 > 8 GPUs per node" in r.stdout and "best: none fits" in r.stdout
+
+
+def test_plan_etp_and_block_recompute(tmp_path):
+    out = tmp_path / "p.json"
+    r = _repro("plan", "--model", "deepseek-v3", "--nodes", "64", "--platform", "dgx-h100", "--tp", "2",
+               "--pp", "16", "--ep", "16", "--etp", "2", "--zero", "1", "--recompute", "full:2", "--top", "3",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("#"))
+    assert header.split()[:10] == ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ETP", "ZeRO"]
+    assert "full 2/4 layers" in r.stdout and " x ETP 2, ZeRO-1, recompute full 2/4 layers" in lines[-1]
+    doc = json.loads(out.read_text())
+    c = doc["candidates"][0]
+    assert (c["etp"], c["recompute"], c["recompute_layers"], c["chunk_layers"]) == (2, "full:2", 2, 4)
+    assert "etp" in c["parts"] and c["comm_bytes"]["etp"] > 0
+    bad = _repro("plan", "--model", "deepseek-v3", "--nodes", "64", "--platform", "dgx-h100",
+                 "--recompute", "full:0")
+    assert bad.returncode == 2 and "--recompute must be" in bad.stderr

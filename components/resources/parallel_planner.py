@@ -1,4 +1,4 @@
-"""Parallelism planner: DP (ZeRO 0-3) x TP (+SP) x PP (1F1B / interleaved) x EP x CP x recompute.
+"""Parallelism planner: DP (ZeRO 0-3) x TP (+SP) x PP (1F1B / interleaved) x EP x ETP x CP x recompute.
 
 Searches the layouts people combine in Megatron-LM / Megatron-core, DeepSpeed and FSDP for a zoo
 model on ``nodes`` nodes of a platform profile, checks each against the memory of one GPU, and
@@ -11,10 +11,15 @@ and unchanged.
 
 Mesh (Megatron-core ``parallel_state``; "MoE parallel folding", Liu et al. 2025):
   world = DP x TP x PP x CP for attention and dense layers, rank order tp-cp-dp-pp (TP innermost,
-  PP outermost). The MoE layers re-fold the same world as ETP x EP x EDP x PP with expert TP
-  (ETP) = 1: EP must divide DP x CP x TP (``initialize_model_parallel`` requires
-  world % (ETP x EP x PP) == 0) and experts are data-parallel over EDP = DP x CP x TP / EP ranks.
-  MoE layers with TP > 1 run with sequence parallelism (Megatron-core requires it).
+  PP outermost). The MoE layers re-fold the same world as ETP x EP x EDP x PP, expert order
+  tp-ep-dp-pp (ETP innermost): megatron/core/parallel_state.py ``initialize_model_parallel``
+  builds the expert grid with expert_data_parallel_size = world // (ETP x EP x PP) and raises
+  unless world % (ETP x EP x PP) == 0, i.e. EP x ETP must divide DP x CP x TP; experts are
+  data-parallel over EDP = DP x CP x TP / (EP x ETP) ranks. ETP (``--expert-tensor-parallel-size``,
+  default TP in megatron/training/arguments.py) splits each expert's FFN width: it must divide the
+  expert width d_ffn and, here, the GPUs per node (the ETP group stays on NVLink). ETP tried: 1
+  and TP (Megatron's default), or the fixed ``etp``. MoE layers with TP > 1 run with sequence
+  parallelism (Megatron-core requires it).
 Constraints: TP <= GPUs per node and divides the attention heads, the KV heads (GQA) and every
   tensor-split FFN width (dense, shared, residual); PP <= layers (uneven splits allowed for 1F1B,
   the first L mod PP stages get one layer more; interleaving needs L divisible by PP x VPP and M
@@ -34,12 +39,37 @@ Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
   ``num_warmup_microbatches`` + 1; for stage 0 this is Megatron's (1 + (PP-1)/(PP v)) penalty);
   + fp32 logits of one micro-batch on the last stage (vocab-parallel: / TP); + one layer's full
   activations under full recomputation (the layer being recomputed).
+  Recompute of some layers (Megatron-LM ``--recompute-granularity full --recompute-method block
+  --recompute-num-layers N``; megatron/core/transformer/transformer_config.py recompute_method:
+  "block will recompute the input activations for only a set number of transformer layers per
+  pipeline stage. The rest of the layers in the pipeline stage will not have any activations
+  recomputed"; megatron/core/recompute.py checkpoints layer_idx < recompute_num_layers of each
+  model chunk): each chunk keeps N layers' inputs (formulas' full-recompute 2sbh, / t with SP)
+  plus its other layers' full activations (Megatron allows one granularity, so the rest store
+  what "none" stores; with FlashAttention that equals selective), plus one layer's working set;
+  compute adds the N layers' forward, TP/EP/ETP traffic their forward's collectives. "block"
+  bisects for the smallest N that fits every stage (memory falls as N grows), reported as
+  recompute "full:N"; N = every layer is plain "full" (``--recompute-method uniform
+  --recompute-num-layers 1``; uniform with N > 1, which re-runs groups of N layers from one
+  checkpoint, is not searched).
+  Expert TP: expert weights, gradients and optimizer state / (EP x ETP), sharded over EDP under
+  ZeRO; expert activations per formulas.moe_activation_terms_per_layer at the attention TP, with
+  the dispatched input x ETP (the ETP group's tokens are all-gathered before the experts;
+  intermediates are ETP x the tokens at d_ffn / ETP, i.e. unchanged; outputs reduce-scattered).
   buffers = the platform's framework overhead + (ZeRO-3) the prefetched all-gather of two layers'
   weights.
 Step time (slowest stage; communication dimensions do not contend for links):
   compute per micro-batch = matmul FLOPs / achievable GEMM rate + attention-core FLOPs /
   achievable attention rate (formulas' FLOPs per layer, x 3 for forward + backward, + the
-  recomputed forward); TP/SP, EP and PP traffic are exposed (not overlapped); CP's ring exchange
+  recomputed forward); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
+  bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
+  MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
+  dispatched tokens over the expert-TP group after the EP all-to-all
+  (gather_from_sequence_parallel_region) and reduce-scatters the expert output before the
+  return all-to-all (reduce_scatter_to_sequence_parallel_region); the backward does the reverse:
+  per MoE layer 2 x (allgather_bytes + reduce_scatter_bytes) of ETP x c k (s b / (TP CP)) h x 2 B,
+  i.e. 4 (ETP - 1) c k s b h x 2 / (TP CP) bytes sent per GPU, on NVLink (x 1.5 for a layer
+  under full recompute); EP peers inside a node: GPUs per node / ETP. CP's ring exchange
   overlaps the attention core it feeds (exposed: what exceeds it); DP: ZeRO 0/1 reduce gradients
   once per step, overlapped with the last micro-batch's backward, and (ZeRO 1/2) all-gather
   updated weights overlapped with the next step's first forward; ZeRO-2 reduce-scatters gradients
@@ -64,7 +94,8 @@ from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.planner import divisors
 
 GiB = 2 ** 30
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
+ALL_LAYERS = 10 ** 9  # "full": recompute every layer of the stage
 ZERO_STAGES = (0, 1, 2, 3)
 CP_FROM_SEQ = 16384  # context parallelism is offered from this sequence length on
 CP_DEGREES = (2, 4, 8, 16, 32)
@@ -100,6 +131,16 @@ class ParallelCandidate:
     feasible: bool = True
     why_not: str = ""
     layers_per_stage: str = ""
+    etp: int = 1  # expert tensor parallelism (Megatron-core --expert-tensor-parallel-size)
+    recompute_layers: int = 0  # full recompute: layers per stage (per model chunk) recomputed, else 0
+    chunk_layers: int = 0  # layers of the largest model chunk (a stage when VPP = 1)
+
+    @property
+    def recompute_note(self) -> str:
+        """The recompute mode for a table: none, selective, full, or "full 12/24 layers"."""
+        if self.recompute.startswith("full:"):
+            return f"full {self.recompute_layers}/{self.chunk_layers} layers"
+        return self.recompute
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -205,6 +246,17 @@ class _Stage:
     n_moe: int
     first: bool
     last: bool
+    chunks: tuple = ()  # (dense, MoE) layers of each model chunk on this stage, dense first
+
+    def recomputed(self, n: int) -> tuple[int, int]:
+        """(dense, MoE) layers recomputed when the first ``n`` layers of each model chunk are
+        (Megatron-core's block method: the first recompute_num_layers of each chunk)."""
+        rd = rm = 0
+        for nd, nm in self.chunks:
+            r = min(n, nd + nm)
+            rd += min(r, nd)
+            rm += r - min(r, nd)
+        return rd, rm
 
 
 def _stages(m: MoEModel, pp: int, v: int) -> list[_Stage]:
@@ -220,16 +272,18 @@ def _stages(m: MoEModel, pp: int, v: int) -> list[_Stage]:
     seen, out = set(), []
     for r in range(pp):
         nd = nm = 0
+        comp = []
         for j in range(v):
             k = j * pp + r
             lo, n = starts[k], chunks[k]
             dense_here = max(0, min(lo + n, first_moe) - lo)
             nd += dense_here
             nm += n - dense_here
-        key = (nd, nm, r == 0, r == pp - 1)
+            comp.append((dense_here, n - dense_here))
+        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
         if key not in seen:
             seen.add(key)
-            out.append(_Stage(r, nd, nm, r == 0, r == pp - 1))
+            out.append(_Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
     return out
 
 
@@ -301,9 +355,10 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                   recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
                   ep: int | None = None, cp: int | None = None, vpp: int | None = None,
                   micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
-                  dropout: bool = False, capacity_factor: float = 1.0) -> ParallelPlan:
+                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
-    tried; ``tp``, ``pp``, ``ep``, ``cp``, ``vpp`` fix a degree (a fixed degree that breaks a rule
+    tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
+    searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
     is reported among the rejected, not raised); ``sp`` fixes sequence parallelism for TP > 1;
     ``micro_batches`` fixes M; ``flash_attention`` (default) keeps no attention scores;
     ``dropout`` adds Korthikanti's dropout masks; ``capacity_factor`` scales routed copies and
@@ -321,11 +376,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     for z in zeros:
         if z not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
-    modes = tuple(RECOMPUTE if recompute is None else recompute)
-    for r in modes:
-        if r not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {r!r}")
-    modes = tuple(r for r in RECOMPUTE if r in modes)  # lightest first
+    modes = parse_recompute(RECOMPUTE if recompute is None else recompute)
 
     g = p.gpus_per_node
     G = nodes * g
@@ -362,7 +413,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     long_seq = seq >= CP_FROM_SEQ
     ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
                kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor)
+               capacity_factor, m.d_ffn)
 
     # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
@@ -399,6 +450,19 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
             return False
         return True
 
+    def etp_ok(x: int, record: bool = True) -> bool:
+        why = ""
+        if x > 1 and not is_moe:
+            why = f"ETP {x} on a dense model ({m.key} has no experts)"
+        elif x > g or g % x:
+            why = f"ETP {x} does not divide the {g} GPUs per node"
+        elif is_moe and m.d_ffn % x:
+            why = f"ETP {x} does not divide the expert FFN width {m.d_ffn}"
+        if why and record:
+            rej.add(why)
+        return not why
+
+    etps_fixed = None if etp is None else [x for x in _options("etp", etp, []) if etp_ok(x)]
     tps = [t for t in _options("tp", tp, divisors(g)) if tp_ok(t)]
     cps = [c for c in _options("cp", cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
            if cp_ok(c)]
@@ -409,12 +473,21 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
 
     act_cache: dict[tuple, float] = {}
 
-    def layer_act(moe: bool, t: int, sp: bool, c: int, mb: int, mode: str) -> float:
-        key = (moe, t, sp, c, mb, mode)
+    def layer_act(moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
+        """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
+        the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
+        ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
+        (unchanged): Megatron-core MoEAlltoAllTokenDispatcher gathers over the expert-TP group
+        after the EP all-to-all and reduce-scatters before the return all-to-all."""
+        et = et if moe else 1
+        key = (moe, t, sp, c, mb, mode, et)
         if key not in act_cache:
-            act_cache[key] = F.moe_activation_bytes_per_layer(
+            terms = F.moe_activation_terms_per_layer(
                 m, seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
                 dropout=dropout, capacity_factor=capacity_factor)
+            if et > 1 and "dispatch" in terms:
+                terms["dispatch"] *= et
+            act_cache[key] = sum(terms.values())
         return act_cache[key]
 
     state_cache: dict[tuple, float] = {}
@@ -454,10 +527,17 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                     if key not in stage_cache:
                         stage_cache[key] = _stages(m, q, v)
                     stages = stage_cache[key]
-                    for e in eps:
-                        if (dp * c * t) % e:
-                            rej.add("EP does not divide DP x CP x TP (MoE parallel folding)",
-                                    f"EP {e}, DP x CP x TP = {dp} x {c} x {t}")
+                    if etps_fixed is not None:
+                        ets = etps_fixed
+                    elif is_moe:  # Megatron-core's default ETP = TP, and ETP 1
+                        ets = [x for x in sorted({1, t}) if etp_ok(x, record=False)]
+                    else:
+                        ets = [1]
+                    for e, et in ((e, et) for e in eps for et in ets):
+                        if (dp * c * t) % (e * et):
+                            rej.add("EP x ETP does not divide DP x CP x TP (Megatron-core "
+                                    "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
+                                    f"EP {e} x ETP {et}, DP x CP x TP = {dp} x {c} x {t}")
                             continue
                         if micro_batches is not None:
                             if B % (dp * micro_batches):
@@ -488,7 +568,8 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                             for s_p in sps:
                                 layouts += 1
                                 evaluated += _evaluate(
-                                    dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages),
+                                    dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages,
+                                         et=et),
                                     ctx, layer_act, state, rej, kept)
 
     # ties (to 4 significant digits) go to less communication, then less memory
@@ -533,22 +614,47 @@ class _Ctx:
     model_flops_step: float
     hbm: float
     cf: float
+    d_ffn: int
+
+
+def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
+    """Recompute modes as (kind, N), lightest first: none, selective, block (the smallest N that
+    fits, searched), full:N (N fixed, ascending), full (every layer). ValueError names a bad one."""
+    out = set()
+    for r in modes:
+        r = str(r).strip()
+        if r in ("none", "selective"):
+            out.add((r, 0))
+        elif r == "block":
+            out.add(("block", 0))
+        elif r == "full":
+            out.add(("full", ALL_LAYERS))
+        elif r.startswith("full:") and r[5:].isdigit() and int(r[5:]) > 0:
+            out.add(("full", int(r[5:])))
+        else:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)} or full:N (N > 0 layers "
+                             f"per stage), got {r!r}")
+    order = {"none": 0, "selective": 1, "block": 2, "full": 3}
+    return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
 
 def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: list) -> int:
     """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
-    that fits (heavier ones fit too and are slower). Returns how many (zero, mode) were tried."""
-    t, sp, q, v, c, e, dp, mb, M, stages = (lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb",
-                                                                  "M", "stages"))
+    that fits (heavier ones fit too and are slower); "block" is the smallest N of Megatron's
+    block method that fits, found by bisection (the memory falls as N grows). Returns how many
+    (zero, mode) were tried."""
+    t, sp, q, v, c, e, dp, mb, M, stages, et = (lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb",
+                                                                      "M", "stages", "et"))
     m, seq, g, prec = ctx.m, ctx.seq, ctx.g, ctx.prec
     dl, ml = ctx.dense_l, ctx.moe_l
-    edp = dp * c * t // e
+    edp = dp * c * t // (e * et)
     s_loc = seq / c
     tokens_gpu = mb * seq / (c * t)  # token-equivalents of work per GPU per micro-batch
     span_dp = t * c * dp  # ranks a DP (and EDP) group spans
     pp_bw = ctx.intra_bw if span_dp * q <= g else ctx.inter_bw
     cp_bw = ctx.intra_bw if t * c <= g else ctx.inter_bw
     pp_lat = ctx.intra_lat if span_dp * q <= g else ctx.inter_lat
+    nmax = max(nd + nm for st in stages for nd, nm in st.chunks)  # layers of the largest chunk
 
     # ---------------------------------------------------------------- per stage: params, time
     per_stage = []
@@ -562,7 +668,7 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             if not m.tie_embeddings or q > 1:
                 w_tp += ctx.V * ctx.d  # output head (a copy of a tied embedding when PP > 1)
         dense_params = w_tp / t + w_rep
-        expert_params = st.n_moe * ml.w_exp / e
+        expert_params = st.n_moe * ml.w_exp / (e * et)
         n_layers = st.n_dense + st.n_moe
         mm = st.n_dense * dl.mm + st.n_moe * ml.mm
         core = n_layers * dl.core
@@ -570,53 +676,90 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
         per_stage.append((st, dense_params, expert_params, n_layers, mm, core, head))
 
     # ZeRO-3 prefetch buffers: two layers' gathered weights (the largest layer kind present)
-    big_layer = max((ml.w_tp / t + ml.w_rep + ml.w_exp / e) if m.n_moe_layers else 0.0,
+    big_layer = max((ml.w_tp / t + ml.w_rep + ml.w_exp / (e * et)) if m.n_moe_layers else 0.0,
                     (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
     zero3_buffer = 2 * big_layer * prec.weights
 
-    def mode_result(mode: str):
-        """Per-layer activations and the slowest stage's time per micro-batch under ``mode``."""
-        mem_mode = "selective" if (ctx.flash and mode == "none") else mode
-        a_dense = layer_act(False, t, sp, c, mb, mem_mode) if m.n_dense_layers else 0.0
-        a_moe = layer_act(True, t, sp, c, mb, mem_mode) if m.n_moe_layers else 0.0
-        if mode == "full":
-            work = "selective" if ctx.flash else "none"
-            a_work = max(layer_act(False, t, sp, c, mb, work) if m.n_dense_layers else 0.0,
-                         layer_act(True, t, sp, c, mb, work) if m.n_moe_layers else 0.0)
+    def key_of(kind: str, n: int) -> tuple[str, int]:
+        """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
+        return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
+
+    act_memo: dict[tuple, list] = {}
+
+    def stage_acts(kind: str, n: int) -> list[float]:
+        """Activation bytes of every representative stage under (kind, N)."""
+        k = key_of(kind, n)
+        if k in act_memo:
+            return act_memo[k]
+        kind, n = k
+        la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
+            m.n_moe_layers if moe else m.n_dense_layers) else 0.0
+        if kind == "full":
+            # the layers not recomputed keep everything (Megatron's block method); with
+            # FlashAttention that is what selective keeps
+            rest = "selective" if ctx.flash else "none"
+            a_dense, a_moe = la(False, rest), la(True, rest)
+            in_dense, in_moe = la(False, "full"), la(True, "full")
+            a_work = max(a_dense, a_moe)
         else:
-            a_work = 0.0
+            mem_mode = "selective" if (ctx.flash and kind == "none") else kind
+            a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
+            in_dense, in_moe, a_work = a_dense, a_moe, 0.0
         acts = []
         for st, *_ in per_stage:
             if v == 1:
                 chunks = min(q - st.r, M)
             else:
                 chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
-            act = chunks * (st.n_dense * a_dense + st.n_moe * a_moe) / v + a_work
+            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+            per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
+            act = chunks * per_mb / v + a_work
             if st.last and ctx.V:
                 act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
             acts.append(act)
-        # time per micro-batch, slowest stage
+        act_memo[k] = acts
+        return acts
+
+    time_memo: dict[tuple, tuple] = {}
+
+    def slot_time(kind: str, n: int):
+        """The slowest stage's time per micro-batch under (kind, N), with its parts and bytes."""
+        k = key_of(kind, n)
+        if k in time_memo:
+            return time_memo[k]
+        kind, n = k
         slot_best = None
         for st, _, _, n_layers, mm, core, head in per_stage:
-            extra_mm = mm if mode == "full" else 0.0
-            extra_core = core if mode != "none" else 0.0
+            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+            rec = rd + rm
+            extra_mm = rd * dl.mm + rm * ml.mm
+            extra_core = core if kind == "selective" else rec * dl.core
             core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
             comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s
-            tp_s = tp_b = ep_b = cp_b = pp_b = 0.0
+            tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
             if t > 1:
-                tp_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, mode) * n_layers
-                n_coll = (4 + (2 if mode == "full" else 0)) * (2 if sp else 1) * n_layers
+                tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
+                        + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
+                n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
                 tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
-            ep_s = 0.0
+            ep_s = etp_s = 0.0
+            moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
+            tokens = mb * seq / (t * c)
             if e > 1 and st.n_moe:
-                tokens = mb * seq / (t * c)
-                ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * st.n_moe
-                ep_b *= 1.5 if mode == "full" else 1.0  # full recompute repeats the forward's two
+                ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
                 per_peer = ep_b / (e - 1)
-                on, off = per_peer * (min(e, g) - 1), per_peer * max(0, e - g)
-                n_coll = (6 if mode == "full" else 4) * st.n_moe
+                on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
+                on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
+                n_coll = 4 * st.n_moe + 2 * rm
                 ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
                     n_coll * (ctx.inter_lat if off else ctx.intra_lat)
+            if et > 1 and st.n_moe:
+                # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
+                # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
+                # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
+                gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
+                etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
+                etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
             cp_s = 0.0
             if c > 1:
                 cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
@@ -625,14 +768,20 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             if q > 1:
                 pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
                 pp_s = pp_b / pp_bw + 2 * v * pp_lat
-            slot = comp + tp_s + ep_s + cp_s + pp_s
+            slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
             if slot_best is None or slot > slot_best[0]:
                 fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
-                slot_best = (slot, comp, tp_s, ep_s, cp_s, pp_s, st, fwd,
-                             {"tp": tp_b, "ep": ep_b, "cp": cp_b, "pp": pp_b})
-        return acts, slot_best
+                slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
+                             {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
+        time_memo[k] = slot_best
+        return slot_best
 
-    results: dict[str, tuple] = {}
+    def label(kind: str, n: int) -> tuple[str, int]:
+        kind, n = key_of(kind, n)
+        if kind != "full":
+            return kind, 0
+        return ("full", nmax) if n >= nmax else (f"full:{n}", n)
+
     tried = 0
     for z in ctx.zeros:
         buffers = ctx.p.overhead_bytes + (zero3_buffer if z == 3 else 0.0)
@@ -641,37 +790,58 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             sd = state(dense_params, dp * c, z)
             se = state(expert_params, edp, z)
             static.append((sd, se, sd["total"] + se["total"]))
-        fit = last_bad = None
-        for mode in ctx.modes:
-            tried += 1
-            if mode not in results:
-                results[mode] = mode_result(mode)
-            acts, slot_best = results[mode]
-            i = max(range(len(per_stage)), key=lambda k: static[k][2] + acts[k])
-            total = static[i][2] + acts[i] + buffers
-            if total <= ctx.hbm:
-                fit = (mode, i)
-                break
-            last_bad = (mode, i, total)
 
-        def breakdown(mode: str, i: int, static=static, buffers=buffers) -> dict:
+        def need(kind: str, n: int, static=static, buffers=buffers) -> tuple[float, int]:
+            acts = stage_acts(kind, n)
+            i = max(range(len(per_stage)), key=lambda k: static[k][2] + acts[k])
+            return static[i][2] + acts[i] + buffers, i
+
+        fit = last_bad = None
+        for kind, n in ctx.modes:
+            tried += 1
+            if kind == "block":  # Megatron's block method: the smallest N < all layers that fits
+                if nmax < 2:
+                    continue
+                total, i = need("full", nmax - 1)
+                if total > ctx.hbm:
+                    last_bad = (("full", nmax - 1), i, total)
+                    continue
+                lo, hi, hi_i = 1, nmax - 1, i
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    tm, im = need("full", mid)
+                    if tm <= ctx.hbm:
+                        hi, hi_i = mid, im
+                    else:
+                        lo = mid + 1
+                fit = (("full", hi), hi_i)
+                break
+            total, i = need(kind, n)
+            if total <= ctx.hbm:
+                fit = ((kind, n), i)
+                break
+            last_bad = ((kind, n), i, total)
+
+        def breakdown(mode: tuple, i: int, static=static, buffers=buffers) -> dict:
             sd, se, _ = static[i]
             mem = {"weights": sd["weights"] + se["weights"], "grads": sd["grads"] + se["grads"],
                    "optimizer": sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
-                   "activations": results[mode][0][i], "buffers": buffers}
+                   "activations": stage_acts(*mode)[i], "buffers": buffers}
             mem["total"] = sum(mem.values())
             mem["host"] = sd["host"] + se["host"]
             return mem
 
         if fit is None:
+            if last_bad is None:
+                continue
             mode, i, total = last_bad
 
             def miss(z=z, mode=mode, i=i, breakdown=breakdown) -> ParallelCandidate:
                 mem = breakdown(mode, i)
                 terms = {k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")}
                 term = max(terms, key=terms.get)
-                cand = _candidate(ctx, lay, z, mode, per_stage[i][0].r, mem, results[mode][1], per_stage,
-                                  feasible=False)
+                cand = _candidate(ctx, lay, z, label(*mode), per_stage[i][0].r, mem, slot_time(*mode),
+                                  per_stage, feasible=False)
                 cand.why_not = (f"stage {cand.memory_stage} needs {mem['total'] / GiB:.1f} GiB > "
                                 f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {terms[term] / GiB:.1f} GiB)")
                 return cand
@@ -681,18 +851,18 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             rej.add_memory(z, max(terms, key=terms.get), total, miss)
             continue
         mode, i = fit
-        kept.append(_candidate(ctx, lay, z, mode, per_stage[i][0].r, breakdown(mode, i), results[mode][1],
-                               per_stage, feasible=True))
+        kept.append(_candidate(ctx, lay, z, label(*mode), per_stage[i][0].r, breakdown(mode, i),
+                               slot_time(*mode), per_stage, feasible=True))
     return tried
 
 
-def _candidate(ctx: _Ctx, lc: dict, z: int, mode: str, r: int, mem: dict, slot_best, per_stage,
+def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot_best, per_stage,
                feasible: bool) -> ParallelCandidate:
-    t, sp, q, v, c, e, dp, mb, M = (lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M"))
+    t, sp, q, v, c, e, dp, mb, M, et = (lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "et"))
     prec, g = ctx.prec, ctx.g
-    slot, comp, tp_s, ep_s, cp_s, pp_s, st, fwd_mb, mb_bytes = slot_best
+    slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd_mb, mb_bytes = slot_best
     # DP: dense part over DP x CP, experts over EDP, per the module docstring's overlap rules
-    edp = dp * c * t // e
+    edp = dp * c * t // (e * et)
     span_dp = t * c * dp
     dp_bw = ctx.intra_bw if span_dp <= g else ctx.inter_bw
     dense_p = max(x[1] for x in per_stage)
@@ -714,17 +884,18 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: str, r: int, mem: dict, slot_b
     else:
         dp_s = M * (max(0.0, t_ag - fwd_mb) + max(0.0, t_ag + t_grad - bwd_mb))
     bubble = (q - 1) / v * slot
-    parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "cp": M * cp_s, "pp": M * pp_s,
-             "bubble": bubble, "dp": dp_s}
+    parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "etp": M * etp_s, "cp": M * cp_s,
+             "pp": M * pp_s, "bubble": bubble, "dp": dp_s}
     step = sum(parts.values())
     comm = {k: M * b for k, b in mb_bytes.items()}
     comm["dp"] = {0: grad_b, 1: grad_b + ag_b, 2: M * grad_b + ag_b, 3: M * (2 * ag_b + grad_b)}[z]
     return ParallelCandidate(
-        dp=dp, tp=t, sp=sp, pp=q, vpp=v, ep=e, cp=c, zero=z, recompute=mode, micro_batch=mb,
+        dp=dp, tp=t, sp=sp, pp=q, vpp=v, ep=e, cp=c, zero=z, recompute=mode[0], micro_batch=mb,
         micro_batches=M, memory=mem, memory_stage=r, step_s=step, parts=parts, comm_bytes=comm,
         mfu=ctx.model_flops_step / (ctx.G * ctx.peak * step),
         tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12, feasible=feasible,
-        layers_per_stage=_layer_note(ctx.m, q, v))
+        layers_per_stage=_layer_note(ctx.m, q, v), etp=et, recompute_layers=mode[1],
+        chunk_layers=max(nd + nm for x in per_stage for nd, nm in x[0].chunks))
 
 
 def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, long_seq, cp,
@@ -735,9 +906,11 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         + ("" if batch_given else f"; default: ~4M tokens rounded up to a multiple of the {G} GPUs")
         + ("); micro-batches of 1, 2, 4 or 8 sequences" if micro_batches is None
            else f"); M = {micro_batches} micro-batches per step"),
-        "mesh: world = DP x TP x PP x CP, rank order tp-cp-dp-pp; MoE layers folded as EP x EDP "
-        "with expert TP 1 (Megatron-core MoE parallel folding): EP divides DP x CP x TP, experts "
-        "data-parallel over EDP = DP x CP x TP / EP; MoE with TP > 1 uses sequence parallelism",
+        "mesh: world = DP x TP x PP x CP, rank order tp-cp-dp-pp; MoE layers folded as ETP x EP x EDP "
+        "(Megatron-core MoE parallel folding, initialize_model_parallel: world % (ETP x EP x PP) == 0): "
+        "EP x ETP divides DP x CP x TP, experts data-parallel over EDP = DP x CP x TP / (EP x ETP); "
+        "ETP (1 or TP unless fixed) divides the expert FFN width and the GPUs per node; MoE with "
+        "TP > 1 uses sequence parallelism",
         f"memory: precision {preset} ({prec.weights:g} B weights + {prec.grads:g} B grads + "
         f"{prec.master:g} B master + {prec.optimizer:g} B optimizer per parameter"
         f"{', optimizer on the host' if prec.offload_optimizer else ''}); ZeRO shards the dense "
@@ -751,7 +924,10 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         + "1F1B stage r holds min(PP - r, M) micro-batches, interleaved min(M v, 2(PP-r-1) + "
         "(v-1)PP + 1) chunks of L/(PP v) layers (Megatron-core warm-up + 1); + fp32 logits of one "
         "micro-batch / TP on the last stage; full recompute keeps each layer's input plus one "
-        "layer's full working set; every stage is checked, the binding one is reported",
+        "layer's full working set; full:N (Megatron --recompute-method block --recompute-num-layers N) "
+        "does so for the first N layers of each stage (model chunk) and keeps the rest whole; ETP "
+        "multiplies the dispatched expert input by ETP (all-gathered); every stage is checked, the "
+        "binding one is reported",
         f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
@@ -764,7 +940,9 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "
         f"{p.network_efficiency:g}; per-collective latency from the profile's links; TP/SP, EP and "
         "PP traffic exposed (not overlapped); EP all-to-all: on- and off-node parts concurrent, "
-        "full recompute repeats the forward's two; CP ring overlapped with the attention core",
+        "full recompute repeats the forward's two; ETP: all-gather + reduce-scatter of the "
+        "ETP-gathered dispatched tokens forward and again backward, 4 (ETP-1) c k tokens h 2 B per MoE "
+        "layer, on NVLink (Megatron-core token_dispatcher); CP ring overlapped with the attention core",
         "DP: ZeRO-0/1 reduce gradients once per step, overlapped with the last micro-batch's "
         "backward; ZeRO-1/2 all-gather updated weights overlapped with the next step's first "
         "forward; ZeRO-2 reduce-scatters gradients every micro-batch and ZeRO-3 also all-gathers "
@@ -774,7 +952,8 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); interleaving "
         "multiplies P2P sends by VPP; optimizer-step time and kernel launch gaps not modelled",
         "search: for each layout and ZeRO stage only the lightest recompute mode that fits is kept "
-        "(heavier ones fit too and are slower); ranked by step time",
+        "(none, selective, full:N with the smallest N found by bisection, full; heavier ones fit too "
+        "and are slower); ranked by step time",
         f"MFU: model FLOPs per step (formulas.train_flops_per_token, causal, no recompute) / "
         f"(GPUs x {'peak' if peak_given else 'achievable GEMM (the profile has no peak)'} "
         f"{(p.peak_flops if peak_given else p.gemm_flops) / 1e12:g} TFLOPS x step time)",

@@ -1,7 +1,8 @@
 """``repro plan``: parallel layouts for a model on a platform.
 
 Default (``--method parallel``): components.resources.parallel_planner searches DP with ZeRO 0-3,
-TP with sequence parallelism, PP (1F1B / interleaved), EP, CP and recompute, checks memory per
+TP with sequence parallelism, PP (1F1B / interleaved), EP with expert TP, CP and recompute (none,
+selective, full, or full of the first N layers per stage), checks memory per
 GPU and ranks by predicted step time. ``--method piper``: Piper's PP x EP planner (Sec. III-C,
 IV-C; Eq. 7-11), with the output it always had."""
 
@@ -95,7 +96,10 @@ def _layout(c) -> str:
         parts.append(f"EP {c.ep}")
     if c.cp > 1:
         parts.append(f"CP {c.cp}")
-    return " x ".join(parts) + f", ZeRO-{c.zero}, recompute {c.recompute}, micro-batch {c.micro_batch}, M {c.micro_batches}"
+    if c.etp > 1:
+        parts.append(f"ETP {c.etp}")
+    return " x ".join(parts) + (f", ZeRO-{c.zero}, recompute {c.recompute_note}, micro-batch {c.micro_batch}, "
+                                f"M {c.micro_batches}")
 
 
 def format_parallel(pl, name: str, top: int) -> str:
@@ -107,14 +111,14 @@ def format_parallel(pl, name: str, top: int) -> str:
     for i, c in enumerate(shown, 1):
         mem = c.memory
         row = [str(i), str(c.tp), "y" if c.sp else "n", str(c.pp), str(c.vpp), str(c.dp), str(c.ep), str(c.cp),
-               str(c.zero), c.recompute, str(c.micro_batch), str(c.micro_batches),
+               str(c.etp), str(c.zero), c.recompute_note, str(c.micro_batch), str(c.micro_batches),
                _gib(mem["weights"]), _gib(mem["grads"]), _gib(mem["optimizer"]), _gib(mem["activations"]),
                _gib(mem["buffers"]), _gib(mem["total"]),
                f"{c.step_s:.2f}" if c.feasible else "-", f"{c.mfu:.1%}" if c.feasible else "-"]
         if any_miss:
             row.append(c.why_not or "")
         rows.append(row)
-    headers = ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ZeRO", "recompute", "mb", "M",
+    headers = ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ETP", "ZeRO", "recompute", "mb", "M",
                "weights", "grads", "optim", "activ", "buffers", "total GiB", "step s", "MFU"]
     if any_miss:
         headers.append("why not")
@@ -159,9 +163,11 @@ def _modes(value: str | None) -> tuple[str, ...] | None:
     if value is None:
         return None
     out = tuple(x.strip() for x in value.split(","))
-    bad = [x for x in out if x not in ("none", "selective", "full")]
-    if bad or not out:
-        raise BadInput(f"--recompute must be none, selective or full (comma-separated), got {value!r}")
+    ok = lambda x: x in ("none", "selective", "block", "full") or (
+        x.startswith("full:") and x[5:].isdigit() and int(x[5:]) > 0)
+    if not out or not all(ok(x) for x in out):
+        raise BadInput(f"--recompute must be none, selective or full, block (the smallest N layers per stage "
+                       f"that fits) or full:N (comma-separated), got {value!r}")
     return out
 
 
@@ -187,12 +193,17 @@ def _presets() -> list[str]:
                    "deepseek-v3-fp8, adam-8bit, ...); default bf16-adam. An unknown name lists them.")
 @click.option("--zero", "zero", default=None,
               help="ZeRO stages to consider, e.g. 1 or 1,3 (default all; piper: one stage, default 0).")
-@click.option("--recompute", default=None, help="Recompute modes to consider: none,selective,full (default all).")
+@click.option("--recompute", default=None,
+              help="Recompute modes to consider: none, selective, full, block (full recompute of the "
+                   "smallest N layers per stage that fits; Megatron's --recompute-method block) or full:N "
+                   "(N fixed), comma-separated (default none,selective,block,full).")
 @click.option("--tp", type=int, default=None, help="Fix the tensor-parallel degree.")
 @click.option("--pp", type=int, default=None, help="Fix the pipeline degree (piper: with --ep).")
 @click.option("--vpp", type=int, default=None, help="Fix the virtual pipeline stages per GPU (1: plain 1F1B).")
 @click.option("--ep", type=int, default=None, help="Fix the expert-parallel degree (piper: with --pp).")
 @click.option("--cp", type=int, default=None, help="Fix the context-parallel degree (offered from seq 16K).")
+@click.option("--etp", type=int, default=None,
+              help="Fix the expert tensor-parallel degree (MoE models; default: search 1 and TP).")
 @click.option("--top", type=int, default=10, show_default=True, help="Candidates to print.")
 @click.option("--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention.")
 @click.option("--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing.")
@@ -201,7 +212,7 @@ def _presets() -> list[str]:
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
-            recompute, tp, pp, vpp, ep, cp, top, no_flash, no_checkpointing, causal_flops, schedule,
+            recompute, tp, pp, vpp, ep, cp, etp, top, no_flash, no_checkpointing, causal_flops, schedule,
             json_path) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
     rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
@@ -213,7 +224,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
 
     for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
                     ("--micro-batches", micro_batches), ("--tp", tp), ("--pp", pp), ("--vpp", vpp),
-                    ("--ep", ep), ("--cp", cp), ("--top", top)):
+                    ("--ep", ep), ("--cp", cp), ("--etp", etp), ("--top", top)):
         if v is not None and v <= 0:
             raise BadInput(f"{name} must be positive, got {v}")
     zeros, modes = _stages(zero), _modes(recompute)
@@ -224,7 +235,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
         raise BadInput(f"unknown precision preset {precision!r}; "
                        + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}"))
     if method == "piper":
-        for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--recompute", recompute),
+        for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--etp", etp), ("--recompute", recompute),
                         ("--precision", precision)):
             if v is not None:
                 raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
@@ -248,7 +259,8 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
     try:
         pl = plan_parallel(model, platform, nodes, seq=seq, global_batch=global_batch,
                            precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
-                           ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash)
+                           ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash,
+                           etp=etp)
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_parallel(pl, model.name, top))
