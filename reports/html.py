@@ -88,7 +88,9 @@ def render_reproduction(payload: dict, raw_json: str | None = None, figures: lis
     grades = {v: counts[v] for v in VERDICTS if v in counts}
     return environment().get_template("reproduction.html").render(
         p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css(),
-        paper=paper, grades=grades, status=status_of(set(counts)), grid=paper_grid(payload))
+        paper=paper, grades=grades, status=status_of(set(counts)),
+        # a paper table is laid out as the paper's grid; a figure's points are in its figures
+        grid=paper_grid(payload) if "Table" in str(payload.get("element", "")) else None)
 
 
 PAPER_GRID_MAX_COLUMNS = 8
