@@ -112,7 +112,9 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
             ax.fill_between(x, [s["lo"]] * len(x), [s["hi"]] * len(x), facecolor="none",
                             edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
             continue
-        (line,) = ax.plot(x, s["y"], marker=fig.get("marker", "."), label=s["label"])
+        # "line": False for points over categories (methods), where a joining line means nothing
+        (line,) = ax.plot(x, s["y"], marker="o" if s.get("line") is False else fig.get("marker", "."),
+                          linestyle="none" if s.get("line") is False else "-", label=s["label"])
         if s.get("lo") is not None and s.get("hi") is not None:
             if len(x) > 1:
                 ax.fill_between(x, s["lo"], s["hi"], color=line.get_color(), alpha=0.15, linewidth=0)

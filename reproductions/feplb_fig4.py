@@ -37,7 +37,7 @@ from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.network.simulator import simulate_messages, topology_for
 from moe_repro.reproductions import _feplb_traces as ft
-from moe_repro.reproductions.spec import PaperClaim, PaperValue, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 
 _SRC = "FEPLB Fig. 4 / Sec. 3.3 text"
 PAPER_VALUES = [  # % extra EP time over Before LB
@@ -182,7 +182,23 @@ def compute(repro: Reproduction, params: dict) -> Result:
                    f"simulator ({PLATFORM}, 1 node x {EP} GPUs); pipe = 2's stages in sequence; "
                    f"combine sends the same rows back, so its time equals dispatch's.",
                    *sim_assumptions]
-    return Result(cells=cells, assumptions=assumptions,
+    # Fig. 4's form: extra EP time over Before LB per method, dispatch and combine, with the
+    # paper's printed pipe = 2 values as markers (its pipe = 1 and FEPLB bars are given in words).
+    shown = methods[1:]
+    extra = [ft.change_pct(time_s[m], time_s["Before LB"]) for m in shown]
+    paper_at = [shown.index("FasterMoE pipe=2")]
+    figure = Figure(
+        name="feplb-fig4", title=f"Extra EP communication time over Before LB, EP = {EP} (modelled)",
+        xlabel="method", ylabel="extra dispatch / combine time vs Before LB (%)",
+        series=[{"label": "dispatch = combine (ours, modelled)", "x": shown, "y": extra, "kind": "ours",
+                 "line": False},
+                {"label": "FEPLB Fig. 4 dispatch", "x": [shown[i] for i in paper_at],
+                 "y": [repro.paper_value("Dispatch", "FasterMoE pipe=2 (EP time)").value],
+                 "kind": "paper"},
+                {"label": "FEPLB Fig. 4 combine", "x": [shown[i] for i in paper_at],
+                 "y": [repro.paper_value("Combine", "FasterMoE pipe=2 (EP time)").value],
+                 "kind": "paper"}])
+    return Result(cells=cells, assumptions=assumptions, figures=[figure],
                   extra={"rows": rows, "time_s_per_micro_batch": {k: v / n_mb for k, v in time_s.items()},
                          "copy_bytes_per_micro_batch": {k: v / n_mb for k, v in copy_bytes.items()}})
 
