@@ -113,8 +113,9 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
                             edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
             continue
         # "line": False for points over categories (methods), where a joining line means nothing
-        (line,) = ax.plot(x, s["y"], marker="o" if s.get("line") is False else fig.get("marker", "."),
-                          linestyle="none" if s.get("line") is False else "-", label=s["label"])
+        points_only = {"linestyle": "none", "marker": "o"} if s.get("line") is False else {}
+        (line,) = ax.plot(x, s["y"], **{"marker": fig.get("marker", "."), **points_only},
+                          label=s["label"])
         if s.get("lo") is not None and s.get("hi") is not None:
             if len(x) > 1:
                 ax.fill_between(x, s["lo"], s["hi"], color=line.get_color(), alpha=0.15, linewidth=0)
