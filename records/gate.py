@@ -92,10 +92,18 @@ def _records(path: Path) -> list:
 def load_entries(path: str | Path) -> dict[tuple, Entry]:
     """All comparable metrics of a results file or directory, keyed by (result, key, metric)."""
     path = Path(path)
-    if not path.exists():
+    try:
+        found = path.exists()
+    except OSError as e:  # e.g. a name longer than the file system allows
+        raise GateInputError(f"cannot read {str(path)[:80]}: {e.strerror}") from None
+    if not found:
         raise GateInputError(f"no such file or directory: {path}")
     newest: dict[tuple[str, str], object] = {}
-    for record in _records(path):
+    try:
+        records = _records(path)
+    except OSError as e:  # unreadable directory or file
+        raise GateInputError(f"cannot read {str(path)[:80]}: {e.strerror}") from None
+    for record in records:
         ident = (record.kind, record.name)
         if ident not in newest or record.timestamp >= newest[ident].timestamp:
             newest[ident] = record

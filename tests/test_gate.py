@@ -157,3 +157,10 @@ def test_simulated_records_are_compared_exactly():
     findings = compare(_entries(b), _entries(c))
     assert exit_code(findings) == 1
     assert {f.kind for f in findings} == {"exact"}
+
+
+def test_a_path_the_file_system_cannot_hold_is_bad_input():
+    from moe_repro.records.gate import GateInputError, load_entries
+
+    with pytest.raises(GateInputError, match="File name too long"):
+        load_entries("x" * 300)
