@@ -208,6 +208,16 @@ def direction(interval: tuple[float, float]) -> bool | None:
     return None
 
 
+def fastermoe_over_feplb_cell(repro, column: str, pairs: list, params: dict):
+    """The FasterMoE / FEPLB ratio at EP = 8 (row "2/8") over per-layer (FasterMoE, FEPLB) pairs,
+    graded with its bootstrap interval; both FEPLB tables print it."""
+    cell = estimate_cell(repro, "2/8", column, ratio_of(pairs), bootstrap_interval(ratio_of, pairs),
+                         "x", trace_note(params, 8), "x")
+    if cell.verdict == "deviates":
+        cell.note += "; not explained: it follows from the two reductions, which deviate"
+    return cell
+
+
 def estimate_cell(repro, row: str, column: str, ours: float, interval: tuple[float, float],
                   unit: str, note: str, interval_unit: str = ""):
     """A cell for a number estimated from the trace: graded ``close`` when the paper's value
