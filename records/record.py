@@ -51,6 +51,15 @@ KINDS = ("reproduction", "suite")
 STORE_DIRS = {"reproduction": "reproductions", "suite": "suites"}  # kind -> store directory
 
 
+def grade_counts(verdicts) -> dict[str, int]:
+    """Cells per grade, in GRADE_MEANING's order, grades with no cell left out. Counted from
+    the cells' grades (a stored ``summary`` may predate a grade)."""
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[v] = counts.get(v, 0) + 1
+    return {v: counts[v] for v in VERDICTS if v in counts}
+
+
 STATUS_MEANING = {
     "some-deviate": "an unexplained deviation or a failed claim",
     "explained-deviations": "every deviation has a recorded cause",

@@ -80,15 +80,12 @@ def render_reproduction(payload: dict, raw_json: str | None = None, figures: lis
                         home: str | None = None, raw_csv: str | None = None,
                         paper: dict | None = None) -> str:
     """A reproduction's page; ``paper``: its paper's facts (title, authors, venue, BibTeX)."""
-    from moe_repro.records.record import VERDICTS, status_of
+    from moe_repro.records.record import grade_counts, status_of
 
-    counts: dict[str, int] = {}
-    for c in payload.get("cells", []):
-        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
-    grades = {v: counts[v] for v in VERDICTS if v in counts}
+    grades = grade_counts(c["verdict"] for c in payload.get("cells", []))
     return environment().get_template("reproduction.html").render(
         p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css(),
-        paper=paper, grades=grades, status=status_of(set(counts)),
+        paper=paper, grades=grades, status=status_of(set(grades)),
         # a paper table is laid out as the paper's grid; a figure's points are in its figures
         grid=paper_grid(payload) if "Table" in str(payload.get("element", "")) else None)
 

@@ -15,16 +15,12 @@ from pathlib import Path
 from moe_repro import catalog
 from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moe_repro.records.environment import git_state
-from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump
+from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
 from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
-
-
-def _verdicts(summary: dict) -> str:
-    return ", ".join(f"{v} {k}" for k, v in summary.items() if v)
 
 
 def _paper_facts(paper: catalog.Paper) -> dict:
@@ -77,16 +73,14 @@ def build_site(store, out_dir: str | Path) -> Path:
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
-        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "verdicts": "",
-               "summary": {}}
+        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {}}
         if record is None:
             row["status"] = "not-yet-run" if implemented else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue,
                 implemented=implemented, home="../index.html", css=html.css()))
         else:
-            summary = grade_counts(record)
-            row.update(status=record.status, verdicts=_verdicts(summary), summary=summary,
+            row.update(status=record.status, summary=grade_counts(c.verdict for c in record.cells),
                        when=record.timestamp)
             write_reproduction_page(out / "repro", record, home="../index.html")
         by_paper.setdefault(entry.paper, []).append(row)
@@ -108,14 +102,6 @@ def build_site(store, out_dir: str | Path) -> Path:
     built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **git_state()}
     return atomic_write_text(out / "index.html", html.render_index(papers, suites, built=built))
-
-
-def grade_counts(record: ReproductionRecord) -> dict[str, int]:
-    """Cells per grade, counted from the cells (a stored summary may predate a grade)."""
-    counts: dict[str, int] = {}
-    for c in record.cells:
-        counts[c.verdict] = counts.get(c.verdict, 0) + 1
-    return {v: counts[v] for v in VERDICTS if v in counts}
 
 
 def _sum_counts(summaries) -> dict[str, int]:

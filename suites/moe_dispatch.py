@@ -21,12 +21,11 @@ surviving weights to sum to 1; both compute C in floating point (moe_layer.float
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from moe_repro.components.moe.gating import top_k_gating
-from moe_repro.components.moe.moe_layer import expert_capacity
+from moe_repro.components.moe.moe_layer import expert_capacity, float_expert_capacity
 from moe_repro.components.moe.peers import PEER_IMPLS
 from moe_repro.suites._moe_stages import IMPLS, derive_stage, peer_params, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
@@ -66,7 +65,7 @@ def _peer_capacity(impl: str, tokens: int, experts: int, top_k: int, factor: flo
     if impl == "megatron-nodrop":
         return None  # no dropping
     if impl == "megatron":  # get_capacity(S * k, E, c): ceil(S * k / E * c) in float64
-        return math.ceil((tokens * top_k / experts) * factor)
+        return float_expert_capacity(tokens, experts, top_k, factor)
     # DeepSpeed _capacity: ceil(S / E * tensor(c * k)), a float32 product
     return int(torch.ceil((tokens / experts) * torch.tensor(factor * top_k)))
 

@@ -82,7 +82,6 @@ class DispatchStages:
     route: Callable[[torch.Tensor], Any]
     dispatch: Callable[[torch.Tensor, Any], torch.Tensor]
     combine: Callable[[torch.Tensor, Any], torch.Tensor]
-    kept_weights: Callable[[Any], torch.Tensor]  # routing -> dense [S, E] weights of kept pairs
 
 
 def _quiet_import(module: str):
@@ -129,8 +128,7 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
             return mu.unpermute(y, r["sorted_indices"], r["shape"], probs=r["probs"],
                                 routing_map=r["map"])
 
-        return DispatchStages(impl, route, dispatch, combine,
-                              kept_weights=lambda r: r["probs"] * r["map"])
+        return DispatchStages(impl, route, dispatch, combine)
 
     sm = _quiet_import("deepspeed.moe.sharded_moe")
     sparse = impl == "deepspeed"
@@ -142,7 +140,7 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
             _, capacity, experts, indices, locations, gates, _ = out
             capacity = int(capacity)
             return {"slots": sm._route_slots(indices, locations, experts, capacity),
-                    "gates": gates, "indices": indices, "experts": experts,
+                    "gates": gates, "experts": experts,
                     "capacity": capacity, "tokens": x.shape[0]}
         _, combine_weights, dispatch_mask, _ = out
         return {"combine": combine_weights, "mask": dispatch_mask}
@@ -155,14 +153,6 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
             experts, capacity, hidden = y.shape
             return sm._sparse_decode(y.reshape(experts * capacity, hidden), r["slots"], r["gates"],
                                      r["tokens"])
-
-        def kept_weights(r):
-            dense = torch.zeros(r["tokens"], r["experts"], dtype=r["gates"].dtype)
-            idx = r["indices"].long()                       # [k, S], -1 where dropped
-            kept = idx >= 0
-            tokens = torch.arange(r["tokens"]).expand_as(idx)
-            dense[tokens[kept], idx[kept]] = r["gates"][kept].to(dense.dtype)
-            return dense
     else:
         def dispatch(x, r):
             return sm.einsum("sec,sm->ecm", r["mask"].type_as(x), x)
@@ -170,7 +160,4 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
         def combine(y, r):
             return sm.einsum("sec,ecm->sm", r["combine"].type_as(y), y)
 
-        def kept_weights(r):
-            return r["combine"].sum(dim=2)
-
-    return DispatchStages(impl, route, dispatch, combine, kept_weights)
+    return DispatchStages(impl, route, dispatch, combine)
