@@ -21,7 +21,6 @@ surviving weights to sum to 1; both compute C in floating point (moe_layer.float
 
 from __future__ import annotations
 
-
 import torch
 
 from moe_repro.components.moe.gating import top_k_gating
