@@ -17,6 +17,11 @@ FSDP-best per rank, W = FSDP x CP x TP GPUs, EP carved out of them (Table 3):
   kept + one layer's working set; the least memory of the modes, assumed: MoP does not say);
 - FSDP2's prefetch: two layers' gathered bf16 weights; bf16 + fp32 logits of N V / TP (loss
   parallel); the platform's framework overhead.
+
+Three FSDP-best cells fit here where Table 2 prints OOM (600B @ 128K, 1T @ 512K, 1T @ 1M). No
+cause is established: ``WHAT_IF`` lists the candidates tested one at a time (none applied), and
+``context_factor_bounds`` shows that no single factor on the context-dependent bytes fits all
+three models' borders; the assumptions report both.
 """
 
 from __future__ import annotations
@@ -125,6 +130,63 @@ def fsdp_best_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: 
     }
 
 
+# Candidate causes tested for the FSDP-best cells where Table 2 prints OOM and we fit (none was
+# established). Each adds per-rank bytes to fsdp_best_bytes; the reproduction reports which
+# deviating cells each one would flip and which matching cells it would break. None is applied.
+WHAT_IF = {
+    # FSDP2 keeps the sharded parameters in fp32 (torch MixedPrecisionPolicy docstring: "FSDP ...
+    # keeps the high-precision sharded parameters in memory anyway") and TorchTitan reduces
+    # gradients in fp32 (mixed_precision_reduce = "float32"): if only Adam's m, v went to the
+    # host, 4 + 4 B/param stay on the GPU instead of our 2 + 2.
+    # Neither reading MoP or TorchTitan gives: MoP's optimizer state is master + m + v (Sec. 2.1,
+    # 3.5: 12 B), and TorchTitan's CPU offload moves shards and grads to the host as well.
+    "fp32 shards and grads on GPU": "weights + grads 8 B/param on the GPU (offloaded models; not "
+                                    "MoP's 12 B 'optimizer state', Sec. 2.1, nor TorchTitan's offload)",
+    # TorchTitan's loss casts the logits to fp32 and keeps fp32 log-probabilities; its backward
+    # builds fp32 gradients: an upper reading of the loss working set, 16 B per logit (ours 6).
+    "16 B per logit": "fp32 cross-entropy working set, 16 B per logit instead of 6",
+    # FSDP2 backward: a layer's unsharded bf16 gradient and its fp32 copy for reduce-scatter
+    # (reduce_dtype fp32), beside the two gathered layers already counted.
+    "FSDP2 gradient buffers": "one layer's unsharded bf16 grads + fp32 reduce-scatter copy, 6 B/param",
+    # Table 2 does not state the baseline's micro-batch; 2 sequences double every
+    # context-dependent term.
+    "micro-batch 2": "two sequences per step: activations and logits doubled",
+    # TorchTitan's selective layer checkpointing ("every 2nd layer"): half the layers keep all.
+    "checkpointing every 2nd layer": "half the layers keep their activations (no recompute)",
+}
+
+
+def what_if_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool,
+                  seq: int) -> dict[str, float]:
+    """Bytes each WHAT_IF candidate adds to one rank of ``fsdp_best_bytes`` (no overhead term)."""
+    base = fsdp_best_bytes(m, fsdp, ep, cp, tp, offload, seq)
+    none = fsdp_best_bytes(m, fsdp, ep, cp, tp, offload, seq, recompute="none")
+    _, layer_experts = layer_params(m, moe=True)
+    layer = largest_dense_layer(m) / tp + layer_experts / ep
+    ctx = base["checkpointed activations"] + base["layer working set"] + base["logits"]
+    return {
+        "fp32 shards and grads on GPU": base["dense state"] + base["expert state"] if offload else 0.0,
+        "16 B per logit": base["logits"] * (16 / LOGIT_BYTES - 1),
+        "FSDP2 gradient buffers": (2 + 4) * layer,
+        "micro-batch 2": ctx,
+        "checkpointing every 2nd layer": (sum(none.values()) - sum(base.values())) / 2,
+    }
+
+
+def context_factor_bounds(fits: dict[str, tuple[bool, float, float]], hbm: float) -> tuple[float, float]:
+    """(lo, hi) of a common factor r on the context-dependent bytes that reproduces one model's
+    fit/OOM pattern: fits iff persistent + r ctx <= hbm. ``fits``: context -> (paper fits,
+    persistent bytes, context-dependent bytes). r must exceed lo and not exceed hi."""
+    lo, hi = 0.0, float("inf")
+    for paper_fits, persistent, ctx in fits.values():
+        r = (hbm - persistent) / ctx
+        if paper_fits:
+            hi = min(hi, r)
+        else:
+            lo = max(lo, r)
+    return lo, hi
+
+
 def compute(repro: Reproduction, params: dict) -> Result:
     P = int(params["P"])
     if P <= 0:
@@ -132,11 +194,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
     p = load_builtin(PLATFORM)
     hbm = p.hbm_bytes
     cells, extra = [], {}
+    what_if: dict[str, dict[str, float]] = {}  # row -> candidate -> GB under HBM (negative: over)
+    fsdp_fits: dict[str, tuple[bool, bool]] = {}  # row -> (paper fits, ours fits)
+    bounds: dict[str, tuple[float, float]] = {}
     for key, (label, nodes, (fsdp, ep, cp, tp, off), rows) in _TABLE.items():
         m = get_model(key)
         W = nodes * p.gpus_per_node
         if fsdp * cp * tp != W:
             raise ValueError(f"{label}: Table 3's FSDP x CP x TP = {fsdp * cp * tp} is not {W} GPUs")
+        pattern: dict[str, tuple[bool, float, float]] = {}
         for ctx in rows:
             S = CTX[ctx]
             mop = mop_plan_bytes(m, W, W, P, S, p.overhead_bytes)
@@ -145,31 +211,69 @@ def compute(repro: Reproduction, params: dict) -> Result:
             fs_total = sum(fs.values())
             no_ckpt = sum(fsdp_best_bytes(m, fsdp, ep, cp, tp, off, S, p.overhead_bytes, "none").values())
             row = f"{label} @ {ctx}"
-            extra[row] = {"mop_bytes": mop, "fsdp_bytes": fs, "fsdp_bytes_no_checkpointing": no_ckpt}
+            paper_fits = rows[ctx][1] != "OOM"
+            context_bytes = fs["checkpointed activations"] + fs["layer working set"] + fs["logits"]
+            pattern[ctx] = (paper_fits, fs_total - context_bytes, context_bytes)
+            fsdp_fits[row] = (paper_fits, fs_total <= hbm)
+            what_if[row] = {k: (hbm - fs_total - v) / 1e9
+                            for k, v in what_if_bytes(m, fsdp, ep, cp, tp, off, S).items()}
+            extra[row] = {"mop_bytes": mop, "fsdp_bytes": fs, "fsdp_bytes_no_checkpointing": no_ckpt,
+                          "fsdp_what_if_GB_under_hbm": what_if[row]}
             cells.append(repro.compare(row, "MoP fits", float(mop_total <= hbm), "fits",
                                        note=f"{mop_total / 1e9:.1f} GB per rank (public formulas, mop-table1's "
                                             f"plan: D = W = {W}, P = {P}); {_margin(mop_total, hbm)}"))
             top = max(fs, key=fs.get)
             sp = " (SP)" if tp > 1 else ""
+            unexplained = ""
+            if paper_fits != (fs_total <= hbm):
+                unexplained = ("; cause not found: each tested candidate leaves it fitting, breaks a "
+                               "matching cell or departs from the stated setup (assumptions); GB under "
+                               "HBM with each: "
+                               + ", ".join(f"{k} {v:.1f}" for k, v in what_if[row].items()))
             cells.append(repro.compare(
                 row, "FSDP-best fits", float(fs_total <= hbm), "fits",
                 note=f"{fs_total / 1e9:.1f} GB per rank (public formulas; largest term {top} "
                      f"{fs[top] / 1e9:.1f} GB); {_margin(fs_total, hbm)}; without activation "
                      f"checkpointing {no_ckpt / 1e9:.0f} GB; FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
-                     f"{'optimizer offloaded' if off else 'no offload'}"))
+                     f"{'optimizer offloaded' if off else 'no offload'}{unexplained}"))
+        bounds[label] = context_factor_bounds(pattern, hbm)
     assumptions = [
         f"H200 {hbm / 1e9:g} GB per GPU, 8 per node; framework overhead {p.overhead_bytes / 1e9:g} GB "
         "(h200 platform profile, an assumption). Per-rank bytes from components/resources/formulas.py "
         "(model_state_bytes, moe_activation_bytes_per_layer) under the settings below.",
-        "A deviation here has no found cause: what the baseline's unstated settings (checkpointing "
-        "policy, logits precision, buffers) and the stand-in architectures do to the borders is not "
-        "established; each note gives our margin to HBM and the total without checkpointing.",
+        "A deviation here has no found cause. Table 3's configuration is used as printed (no search); "
+        "what the baseline's unstated settings (checkpointing policy, logits precision, buffers, "
+        "micro-batch) and the stand-in architectures do to the borders is not established; each note "
+        "gives our margin to HBM and the total without checkpointing.",
+        "Candidates tested for the FSDP-best deviations, one at a time (per-row margins in "
+        "extra['<row>']['fsdp_what_if_GB_under_hbm']): "
+        + "; ".join(f"{k} ({WHAT_IF[k]}) flips {_cells(what_if, fsdp_fits, k, False)}, "
+                    f"breaks {_cells(what_if, fsdp_fits, k, True)}" for k in WHAT_IF) + ".",
+        "A common factor r on our context-dependent bytes (activations + logits) that reproduces each "
+        "model's fit/OOM border must lie in "
+        + ", ".join(f"{label} ({lo:.2f}, {hi:.2f}]" for label, (lo, hi) in bounds.items())
+        + ": ranges that share no value rule out one uniform under-count (micro-batch, activation "
+        "precision, checkpointing policy) as the cause for all three models, under our model-state "
+        "reading.",
+        "Not causes by direction: HBM (the data sheet's 141 GB, if GiB, leaves more room, not less); "
+        "TorchTitan's CPU offload (FSDP2 CPUOffloadPolicy also moves the sharded parameters and "
+        "gradients to the host: less device memory than our reading of 'offloading of the optimizer "
+        "state'); loss parallel (TorchTitan shards the logits over TP, as counted).",
         "Architectures are stand-ins (MoP publishes sizes only); see the zoo entries mop-120b/600b/1t.",
         *settings_lines("MoP", MOP_SETTINGS),
         *settings_lines("FSDP-best", FSDP_SETTINGS),
     ]
     return Result(cells=cells, assumptions=assumptions,
                   extra={**extra, "paper_settings": {"mop": MOP_SETTINGS, "fsdp-best": FSDP_SETTINGS}})
+
+
+def _cells(what_if: dict[str, dict[str, float]], fits: dict[str, tuple[bool, bool]], key: str,
+           matching: bool) -> str:
+    """Rows whose FSDP-best verdict the candidate ``key`` changes: cells that match now and would
+    deviate (``matching``), or cells that deviate now and would match."""
+    rows = [row for row, (paper, ours) in fits.items()
+            if (paper == ours) == matching and (what_if[row][key] >= 0) != ours]
+    return "[" + ", ".join(rows) + "]" if rows else "none"
 
 
 def _margin(total: float, hbm: float) -> str:
