@@ -237,6 +237,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                      f"checkpointing {no_ckpt / 1e9:.0f} GB; FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
                      f"{'optimizer offloaded' if off else 'no offload'}{unexplained}"))
         bounds[label] = context_factor_bounds(pattern, hbm)
+    common = (max(lo for lo, _ in bounds.values()), min(hi for _, hi in bounds.values()))
     assumptions = [
         f"H200 {hbm / 1e9:g} GB per GPU, 8 per node; framework overhead {p.overhead_bytes / 1e9:g} GB "
         "(h200 platform profile, an assumption). Per-rank bytes from components/resources/formulas.py "
@@ -252,9 +253,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "A common factor r on our context-dependent bytes (activations + logits) that reproduces each "
         "model's fit/OOM border must lie in "
         + ", ".join(f"{label} ({lo:.2f}, {hi:.2f}]" for label, (lo, hi) in bounds.items())
-        + ": ranges that share no value rule out one uniform under-count (micro-batch, activation "
-        "precision, checkpointing policy) as the cause for all three models, under our model-state "
-        "reading.",
+        + (": no value lies in all of them, which rules out one uniform under-count (micro-batch, "
+           "activation precision, checkpointing policy) as the cause for every model, under our "
+           "model-state reading." if common[0] >= common[1] else
+           f": all of them hold r in ({common[0]:.2f}, {common[1]:.2f}]."),
         "Not causes by direction: HBM (the data sheet's 141 GB, if GiB, leaves more room, not less); "
         "TorchTitan's CPU offload (FSDP2 CPUOffloadPolicy also moves the sharded parameters and "
         "gradients to the host: less device memory than our reading of 'offloading of the optimizer "
