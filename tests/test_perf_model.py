@@ -98,6 +98,24 @@ def test_flops_convention_hand_case():
     assert pm.train_flops_per_token(m, 8) == 6 * (64 + 24 + 8) + 384
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_output_head_is_a_matmul_tied_or_not(tied):
+    # Same model with a 10-word vocabulary: the input table (10 x 4) is a lookup, the head's
+    # [tokens x 4] @ [4 x 10] matmul runs either way: 6 x (64 + 24 + 8 + 40) + 384 per token.
+    m = MoEModel(key="t", name="t", layers=1, d_model=4, d_ffn=3, n_experts=2, top_k=1, n_mat=2,
+                 n_heads=1, attn_params="4d2", vocab=10, tie_embeddings=tied)
+    assert pm.matmul_active_params(m) == 64 + 24 + 8 + 40
+    assert pm.train_flops_per_token(m, 8) == 6 * 136 + 384
+
+
+def test_matmul_count_agrees_with_formulas_for_every_zoo_model():
+    from moe_repro.components.model.zoo import MODELS
+    from moe_repro.components.resources import formulas as F
+    for m in MODELS.values():
+        assert 6 * pm.matmul_active_params(m) == pytest.approx(
+            F.train_flops_per_token(m, 4096, attention="none"), rel=1e-12), m.key
+
+
 def test_eq12_product_is_flops_over_peak_time():
     r = pm.mfu_eq12(model_flops=1e15, peak_flops=1e14, gpus=4, t_compute=3.0, t_step=5.0)
     assert r["mfu"] == pytest.approx(1e15 / (1e14 * 4 * 5.0))
@@ -115,4 +133,7 @@ def test_estimate_is_consistent():
     assert 0 < e.mfu < 1
     ckpt = pm.estimate(m, p, PP=8, EP=4, micro_batch=1, seq=4096, M=32, checkpointing=True)
     assert ckpt.compute_s == pytest.approx(e.compute_s * 4 / 3) and ckpt.mfu < e.mfu
+    # Recompute re-runs the forward's dispatch and combine: 6 all-to-alls per MoE layer, not 4
+    # (X-MoE Sec. 4.3).
+    assert e.alltoall_s > 0 and ckpt.alltoall_s == pytest.approx(e.alltoall_s * 6 / 4)
     assert param_counts(m).active > pm.matmul_active_params(m)

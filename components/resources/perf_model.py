@@ -3,7 +3,9 @@
 FLOPs convention (stated because public tools differ):
   training FLOPs per token = 6 N_active + attention,
   N_active = active parameters that take part in a matmul (the input embedding table is a lookup
-  and is excluded; the output head is included);
+  and is excluded; the output head's V d is included whether or not it is tied to the input table,
+  since a tied head still runs the [tokens x d] @ [d x V] matmul; norm weights, MLA's latent norms
+  included, are not matmuls), the same count as components.resources.formulas;
   attention = 3 x 2 x 2 x s x H (d_qk + d_v) / 2 per layer and token, i.e. forward QK^T and AV
   (2 FLOPs per multiply-add) times 3 for forward + backward. With ``causal=False`` (default, the
   PaLM / Megatron-LM convention: 6N + 12 L H d_h s) the causal mask is NOT halved; with
@@ -23,7 +25,9 @@ Communication, bytes per GPU (bf16 activations, 2 bytes per element):
 Time model (an estimate, not a simulation): per micro-batch and stage, compute (attention at the
 achievable attention rate; projections, router, shared/dense FFNs and every expert GEMM by a
 roofline max(FLOPs / achievable GEMM rate, bytes / HBM bandwidth)), backward = 2 x forward,
-plus all-to-all (4 per MoE layer: dispatch+combine, forward+backward) and P2P, not overlapped.
+plus all-to-all (4 per MoE layer: dispatch+combine, forward+backward; 6 with full activation
+checkpointing, whose recomputed forward re-runs dispatch and combine, X-MoE Sec. 4.3: "a total of
+6 alltoalls per layer") and P2P, not overlapped.
 The step takes (M + PP - 1) slots of the slowest stage (1F1B and GPipe have the same bubble).
 """
 
@@ -60,9 +64,21 @@ def attention_core_flops_per_token(m: MoEModel, seq: int, causal: bool = False) 
     return 3 * fwd * (0.5 if causal else 1.0)
 
 
+def _mla_latent_norms(m: MoEModel) -> int:
+    """MLA's two latent RMSNorm weights per layer (q_lora_rank + kv_lora_rank), which
+    params.attention_params counts with the attention weights."""
+    if m.attn_params != "mla" or m.mla is None:
+        return 0
+    return m.layers * ((m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank)
+
+
 def matmul_active_params(m: MoEModel) -> int:
+    """Active weights that take part in a matmul: all active weights less the embeddings as
+    params counts them (V d, or 2 V d untied), plus the output head's V d (tied or not), less
+    the norm weights (module docstring)."""
     pc = param_counts(m)
-    return pc.active - (m.vocab * m.d_model if m.vocab else 0) - pc.norms
+    head = m.vocab * m.d_model if m.vocab else 0
+    return pc.active - pc.embeddings + head - pc.norms - _mla_latent_norms(m)
 
 
 def train_flops_per_token(m: MoEModel, seq: int, causal: bool = False) -> float:
@@ -181,7 +197,7 @@ class Estimate:
     tokens_per_step: float
     model_flops: float
     compute_s: float  # per micro-batch, slowest stage, forward + backward (+ recompute)
-    alltoall_s: float  # per micro-batch, slowest stage
+    alltoall_s: float  # per micro-batch, slowest stage (recompute's forward all-to-alls included)
     p2p_s: float  # per micro-batch
     allreduce_s: float  # per step
     step_s: float
@@ -218,7 +234,7 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
             moe = layer >= first_moe
             t = layer_forward_time(m, moe, tokens, seq, EP, p)
             fwd += t["attention"] + t["ffn"]
-            a2a += 4 * a2a_one if moe else 0.0
+            a2a += (6 if checkpointing else 4) * a2a_one if moe else 0.0
             replicated += layer_params(m, moe)[0]
         if i == PP - 1 and m.vocab:
             fwd += _gemm_time(tokens, m.d_model, m.vocab, p)  # output head

@@ -168,7 +168,8 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         f"TFLOPS, HBM {p.hbm_bytes_per_s / GB:g} GB/s roofline; MFU against {p.peak_flops / 1e12:g} TFLOPS peak",
         f"communication: intra-node all-to-all {p.intra_node_a2a_bytes_per_s / GB:g} GB/s per GPU, "
         f"inter-node {p.nic_bytes_per_s_per_gpu / GB:g} GB/s per GPU x efficiency {p.network_efficiency:g}; "
-        "balanced routing; no compute/communication overlap",
+        "balanced routing; no compute/communication overlap; 4 all-to-alls per MoE layer and step, 6 with "
+        "activation checkpointing (the recomputed forward re-runs dispatch and combine)",
         f"FLOPs: 6 x active matmul params + attention {'with' if causal else 'without'} causal halving",
     ]
     return Plan(m.key, p.name, nodes, G, seq, B, candidates, rejected, assumptions)
