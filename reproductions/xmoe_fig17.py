@@ -47,10 +47,14 @@ def compute(repro: Reproduction, params: dict) -> Result:
             cells.append(repro.compare(row, "SSMB from S", switch, "tokens",
                                        note="paper: 'the longer the sequence length, the better to choose "
                                             "SSMB'; consistent if ours switches inside the range"))
-        series.append({"label": f"{row} r", "x": list(SEQS), "y": [r] * 3, "kind": "ours"})
-    series.append({"label": "border 2/(cS)", "x": list(SEQS), "y": [2 / (c * S) for S in SEQS], "kind": "ours"})
-    fig = Figure(name="xmoe-fig17", title="SSMB (above the border) vs TED (below)", xlabel="sequence length S",
-                 ylabel="r = k / H_FFN", series=series, xscale="log", yscale="log")
+        series.append({"label": row, "x": [row], "y": [r], "kind": "ours", "line": False})
+    # Fig. 17's form (App. C.2): each model's r, and the advantage-region borderline r = 2 / (c S)
+    # for each of the three sequence lengths; above a border SSMB saves more, below it TED.
+    models = list(MODELS.values())
+    series += [{"label": f"border S={S} (r = 2/(cS), c={c:g})", "x": models, "y": [2 / (c * S)] * len(models),
+                "kind": "ours", "line": True} for S in SEQS]
+    fig = Figure(name="xmoe-fig17", title="SSMB (above a border) vs TED (below)", xlabel="model",
+                 ylabel="r = k / H_FFN", series=series, yscale="log")
     assumptions = [f"capacity factor c = {c:g} (as Fig. 17), TP = G = {G}, ZeRO-1, EP = E for the minimum cost.",
                    "k and H_FFN from the zoo (public configs); Arctic's expert width 4864 (not Piper's '~3,660')."]
     return Result(cells=cells, assumptions=assumptions, figures=[fig])
