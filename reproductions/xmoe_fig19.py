@@ -66,7 +66,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                    note=f"simulated; {what}. No number in the paper's text"))
     fig = Figure(name="xmoe-fig19", title=f"All-to-all time vs GPUs, {m.name} dispatch on "
                                          f"{platform.name} (simulated)",
-                 xlabel="GPUs (GCDs)", ylabel="time (ms, simulated)", xscale="log",
+                 xlabel="GPUs (GCDs)", ylabel="all-to-all time (ms, simulated)", xscale="log",
                  series=[{"label": "flat all-to-all (simulated)", "x": counts, "y": [times[n] for n in counts],
                           "kind": "ours"},
                          {"label": "Eq. 6 NIC bound", "x": counts, "y": [bounds[n] for n in counts],
