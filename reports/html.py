@@ -95,16 +95,37 @@ PAPER_GRID_MAX_COLUMNS = 8
 
 def paper_grid(payload: dict) -> dict | None:
     """The cells laid out as the paper's table is: its rows down, its columns across, each cell
-    the paper's printed value beside ours with the grade's colour. None when the cells do not
-    form a grid a reader can scan (one column, or more than PAPER_GRID_MAX_COLUMNS)."""
+    the paper's printed value beside ours with the grade's colour.
+
+    By default the cells' own rows and columns make the grid, in the cells' order; None when they
+    do not form a grid a reader can scan (one column, or more than PAPER_GRID_MAX_COLUMNS). A
+    reproduction whose table has grouped columns (a header over sub-columns, e.g. forward and
+    backward under each method) gives its layout in ``extra["paper_layout"]``:
+    ``{"corner": str, "rows": [cell row, ...], "groups": [{"label": str, "columns":
+    [{"label": str, "column": cell column}, ...]}, ...]}``; it is shown as given, however many
+    columns, and the cells it does not place are counted in ``outside``."""
     cells = payload.get("cells", [])
+    at = {(c["row"], c["column"]): c for c in cells}
+    layout = (payload.get("extra") or {}).get("paper_layout")
+    if layout:
+        return _laid_out_grid(layout, at)
     rows = list(dict.fromkeys(c["row"] for c in cells))
     columns = list(dict.fromkeys(c["column"] for c in cells))
     if len(columns) < 2 or len(columns) > PAPER_GRID_MAX_COLUMNS or len(rows) < 2:
         return None
-    at = {(c["row"], c["column"]): c for c in cells}
     return {"columns": columns,
             "rows": [{"label": r, "cells": [at.get((r, col)) for col in columns]} for r in rows]}
+
+
+def _laid_out_grid(layout: dict, at: dict) -> dict:
+    """``paper_grid`` for a reproduction's own ``paper_layout`` (see there)."""
+    groups = [{"label": g["label"], "span": len(g["columns"])} for g in layout["groups"]]
+    keys = [sub["column"] for g in layout["groups"] for sub in g["columns"]]
+    placed = {(r, col) for r in layout["rows"] for col in keys if (r, col) in at}
+    return {"corner": layout.get("corner", ""), "groups": groups,
+            "columns": [sub["label"] for g in layout["groups"] for sub in g["columns"]],
+            "rows": [{"label": r, "cells": [at.get((r, col)) for col in keys]} for r in layout["rows"]],
+            "outside": len(at) - len(placed)}
 
 
 def render_index(papers: list[dict], suites: list[dict], built: dict | None = None) -> str:

@@ -63,3 +63,52 @@ def test_paper_grid_lays_cells_out_in_the_papers_rows_and_columns():
     assert paper_grid({"cells": [{"row": r, "column": "x"} for r in "ABC"]}) is None
     assert paper_grid({"cells": [{"row": "A", "column": str(i)} for i in range(9)] +
                        [{"row": "B", "column": "0"}]}) is None
+
+
+def test_paper_grid_follows_a_reproductions_own_layout_with_column_groups():
+    from moe_repro.reports.html import paper_grid
+
+    cells = [{"row": r, "column": f"{m} {ph}", "verdict": "not-reproduced", "paper_printed": f"{r}{m}{ph}",
+              "ours": None} for r in ("1", "2") for m in ("a", "b") for ph in ("fwd", "bwd")]
+    cells.append({"row": "all", "column": "claim", "verdict": "not-reproduced"})
+    layout = {"corner": "PP/EP", "rows": ["2", "1"],
+              "groups": [{"label": m, "columns": [{"label": ph, "column": f"{m} {ph}"} for ph in ("fwd", "bwd")]}
+                         for m in ("b", "a")]}
+    grid = paper_grid({"cells": cells, "extra": {"paper_layout": layout}})
+    assert grid["corner"] == "PP/EP"
+    assert grid["groups"] == [{"label": "b", "span": 2}, {"label": "a", "span": 2}]
+    assert grid["columns"] == ["fwd", "bwd", "fwd", "bwd"]
+    assert [row["label"] for row in grid["rows"]] == ["2", "1"]
+    assert [c["paper_printed"] for c in grid["rows"][0]["cells"]] == ["2bfwd", "2bbwd", "2afwd", "2abwd"]
+    assert grid["outside"] == 1  # the claim is not in the paper's table
+    # a layout is shown however many columns it has (the default grid stops at 8)
+    wide = {"corner": "", "rows": ["1"], "groups": [{"label": "g", "columns": [
+        {"label": str(i), "column": str(i)} for i in range(12)]}]}
+    assert len(paper_grid({"cells": [{"row": "1", "column": str(i)} for i in range(12)],
+                           "extra": {"paper_layout": wide}})["columns"]) == 12
+
+
+def test_feplb_table2_page_shows_table_2_as_printed(monkeypatch):
+    from types import SimpleNamespace
+
+    from moe_repro.reports.html import render_reproduction
+    from moe_repro.reproductions import _feplb_traces as ft
+    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions.spec import record_of
+
+    # the layout does not depend on the modelled makespans: skip the traces (minutes on CPU)
+    monkeypatch.setattr(ft, "evaluate", lambda params, ep, **kw: {
+        m: SimpleNamespace(gemm_makespan_s=1e-3) for m in ("Before LB", "FasterMoE", "FEPLB")})
+    repro = all_reproductions()["feplb-table2"]
+    payload = record_of(repro, repro.run(), {}, ["repro", "run", "feplb-table2"]).model_dump()
+    page = render_reproduction(payload)
+    grid = page[page.index("In the paper's layout"):page.index("Paper vs ours")]
+    assert '<th rowspan="2">PP/EP</th>' in grid
+    for method in ("Before LB", "FasterMoE", "Triton Dist.", "Tutel", "FEPLB"):
+        assert f'<th colspan="2">{method}</th>' in grid
+    assert grid.count("<th>fwd</th><th>bwd</th>") == 5
+    # Table 2's first row, forward / backward per method, in the paper's order
+    assert [float(v) for v in re.findall(r'title="not-reproduced">([\d.]+)<br>', grid)[:10]] == [
+        8.2, 14.9, 7.9, 14.0, 13.1, 22.8, 8.0, 17.1, 7.9, 14.4]
+    assert "The 11 cells outside the paper's table" in grid
+
