@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_repro.components.balance.load_balance_eval import MethodStats, evaluate_trace
+from moe_repro.components.provenance import cached_in
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
                                                         contiguous_ranks, device_loads,
                                                         synthetic_trace)
@@ -103,16 +104,19 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
     if history not in ("previous", "actual"):
         raise ValueError(f"history must be 'previous' or 'actual', got {history!r}")
     base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history)
-    for name in methods:
-        if (*base, name) not in _CACHE:
-            trace, model = trace_for(params, ep), gemm_model()
-            knobs = balancer_knobs(params, dyn)
-            _CACHE[(*base, name)] = [
-                evaluate_trace(_layer_trace(trace, layer, history), methods=(name,),
+
+    def replay(name: str) -> list[MethodStats]:
+        trace, model = trace_for(params, ep), gemm_model()
+        knobs = balancer_knobs(params, dyn)
+        return [evaluate_trace(_layer_trace(trace, layer, history), methods=(name,),
                                gemm_model=model, **knobs)[name]
                 for layer in range(trace.num_layers)]
-    layers = len(_CACHE[(*base, methods[0])])
-    return [{name: _CACHE[(*base, name)][layer] for name in methods} for layer in range(layers)]
+
+    # cached_in: a cached replay still says it was simulated (components/provenance.py)
+    per_method = {name: cached_in(_CACHE, (*base, name), lambda name=name: replay(name))
+                  for name in methods}
+    layers = len(per_method[methods[0]])
+    return [{name: per_method[name][layer] for name in methods} for layer in range(layers)]
 
 
 def _layer_trace(trace: RoutingTrace, layer: int, history: str) -> RoutingTrace:

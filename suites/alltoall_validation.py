@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import lru_cache
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
+from moe_repro.components.provenance import remembering
 from moe_repro.suites import alltoall
 from moe_repro.suites.base import Metric, Suite, parse_size
 
@@ -155,7 +155,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
     return block
 
 
-@lru_cache(maxsize=8)
+@remembering(maxsize=8)
 def _fit_once(backend: str, gpus_per_node: int, ranks: tuple, sizes: tuple, repeats: int, shape: tuple) -> dict:
     print(f"alltoall-validation: measuring the fit set (flat over {backend}, ranks "
           f"{'+'.join(map(str, ranks))}, sizes {'+'.join(map(str, sizes))} B per rank)", file=sys.stderr)

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from moe_repro.components.provenance import produced
 from moe_repro.suites.base import Suite
 from moe_repro.records.stats import summarize
 
@@ -48,6 +49,7 @@ def _timed(suite: Suite, state: Any, number: int, ctx) -> float:
 
 def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
     """Measure one grid point; returns one flat record."""
+    produced("measured")
     state = suite.setup(params, ctx)
     record: dict[str, Any] = {"suite": suite.name, **params}
     if config.check and suite.check is not None:
@@ -160,6 +162,7 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
                              world_size=int(first["ranks"]),
                              ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
                              backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
+        produced("measured")  # on the ranks just launched, not in this process
         for rec in per_rank[0]:  # every rank holds the same, world-reduced numbers
             records.append(rec)
             if done:

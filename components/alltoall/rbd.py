@@ -63,6 +63,7 @@ from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
+from moe_repro.components.provenance import produced
 
 if TYPE_CHECKING:
     from moe_repro.components.moe.pft import PFT
@@ -327,6 +328,15 @@ def inter_node_redundancy(pft: PFT, expert_to_rank, topo: Topology, source_rank:
     flat = int((torch.div(s0.pair_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
     rbd = int((torch.div(s0.pilot_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
     return flat, rbd
+
+
+def sampled_redundancy_rate(pft: PFT, expert_to_rank, topo: Topology, source_rank: int,
+                            generator: torch.Generator | None = None) -> float:
+    """Monte Carlo estimate of the expected redundancy rate: 1 - rbd / flat counted on one
+    source rank's sampled routing ``pft`` (X-MoE Fig. 4); 0 when nothing leaves the node."""
+    produced("monte-carlo")
+    flat, rbd = inter_node_redundancy(pft, expert_to_rank, topo, source_rank, generator)
+    return 1 - rbd / flat if flat else 0.0
 
 
 def expected_redundancy_uniform(num_experts: int, top_k: int, nodes: int) -> float:

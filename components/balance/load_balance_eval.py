@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_repro.components.provenance import produced
 from moe_repro.components.balance import balancer_names, check_knobs, get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace, gemm_straggler,
@@ -40,6 +41,7 @@ def evaluate_trace(trace: RoutingTrace, *, gemm_model: GemmTimeModel | None = No
     """Mean stragglers per balancer. ``methods``: balancer names (default: every registered
     one, in registry order); ``knobs``: balancer knobs by name (e.g. dyn, tau, max_num_dyn,
     max_shadows), each balancer taking the ones it declares and its defaults for the rest."""
+    produced("simulated")  # a replay of each balancer on the trace, not a training run
     names = balancer_names() if methods is None else tuple(methods)
     balancers = [get_balancer(name) for name in names]
     check_knobs(knobs)

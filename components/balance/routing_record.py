@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from moe_repro.components.provenance import produced
 from moe_repro.components.model.moe_transformer import StageModule, TransformerConfig, lm_loss
 from moe_repro.components.balance.routing_trace import RoutingTrace, counts_from_top_experts
 from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
@@ -27,6 +28,7 @@ def fig9_config(n_experts: int = 16, top_k: int = 2, n_layers: int = 4) -> Trans
 def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: int = 4,
                      lr: float = 3e-3, seed: int = 0) -> tuple[RoutingTrace, list[float]]:
     """Train ``steps`` AdamW steps; return the routing trace [L, steps, sources, E] and losses."""
+    produced("measured")  # the routing of a real training run on this machine
     if steps <= 0 or batch <= 0 or sources <= 0 or batch % sources:
         raise ValueError("need steps, batch > 0 and batch divisible by sources")
     torch.manual_seed(seed)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_repro.components.provenance import produced
 from moe_repro.components.resources.memory_model import xmoe_activation_elements
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.padded_moe import PaddedMoELayer
@@ -42,6 +43,7 @@ class ActivationMeasurement:
     output_bytes: int              # the layer output [S, H], alive at the end of the forward
     theory_bytes: int              # X-MoE Table 2 at this config, this dtype
     max_abs_grad: float            # sanity: backward ran and produced finite input gradients
+    shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # (d_model, d_ffn, top_k, itemsize): the config
 
     @property
     def saved_bytes_beyond_input(self) -> int:
@@ -120,12 +122,14 @@ def measure_activation_memory(layer: MoELayer, x: torch.Tensor, impl: str) -> Ac
     return ActivationMeasurement(
         impl=impl, tokens=x.shape[0], saved_bytes=int(saved), input_saved_bytes=int(input_saved),
         peak_bytes=peak, max_abs_grad=grad, output_bytes=int(y.untyped_storage().nbytes()),
-        theory_bytes=theory_bytes(x.shape[0], layer.d_model, layer.d_ffn, layer.top_k, x.element_size()))
+        theory_bytes=theory_bytes(x.shape[0], layer.d_model, layer.d_ffn, layer.top_k, x.element_size()),
+        shape=(layer.d_model, layer.d_ffn, layer.top_k, x.element_size()))
 
 
 def measure_config(tokens: int, d_model: int, d_ffn: int, num_experts: int, top_k: int,
                    impls=IMPLS, capacity_factor: float = 1.25, seed: int = 0) -> dict[str, ActivationMeasurement]:
     """Build each impl's layer (fp32, CPU, same weights) at one config and measure it."""
+    produced("measured")
     out = {}
     for impl in impls:
         torch.manual_seed(seed)

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_repro.components.provenance import produced
 from moe_repro.components.alltoall import get_algorithm
 from moe_repro.components.network.platform import Platform, fabric_of, intra_node_of
 from moe_repro.components.network.topology import Topology
@@ -286,6 +287,7 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
               rank_messages: dict, per_message_s: float = 0.0) -> dict:
     """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
     the phase (per-message overhead). Returns phase start/end times and the total time."""
+    produced("simulated")
     phases = list(dict.fromkeys([*dependencies, *(f.phase for f in flows)]))
     by_phase = defaultdict(list)
     for f in flows:
