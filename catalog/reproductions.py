@@ -32,7 +32,10 @@ class ReproductionEntry:
     id: str
     paper: str  # key of PAPERS
     element: str  # the paper element as the paper names it: "Table IV", "Fig. 8", "Sec. 3.4"
-    how: str  # letters of HOW joined with "+", e.g. "A", "R+S"; may carry a note: "A (+R scaled)"
+    # Letters of HOW joined with "+", e.g. "A", "R+S": what the cells' how (derived by the code,
+    # components/provenance.py) add up to; listed here for `repro list` and `--how` before any
+    # run, and checked against a run by tests/test_provenance.py.
+    how: str
     title: str
     what: str  # one short line for listings
     description: str
@@ -254,7 +257,7 @@ _REPRODUCTIONS = (
         implemented=True, issue=10),
     # FEPLB
     ReproductionEntry(
-        id="feplb-table2", paper="feplb", element="Table 2", how="A+S",
+        id="feplb-table2", paper="feplb", element="Table 2", how="S",
         title=("Per-layer MoE forward/backward time per method (printed cells not reproducible "
                "here)"),
         what="per-layer forward/backward time per method",
@@ -279,7 +282,7 @@ _REPRODUCTIONS = (
                      "Sec. 3.1."),
         implemented=True, issue=7),
     ReproductionEntry(
-        id="feplb-fig4", paper="feplb", element="Fig. 4", how="A+S",
+        id="feplb-fig4", paper="feplb", element="Fig. 4", how="S",
         title="EP communication per method at EP = 8: extra dispatch/combine time",
         what="EP communication overhead per method (modelled time)",
         description=("Deduplicated EP rows from per-token synthetic routing for Before LB, "

@@ -122,6 +122,7 @@ class Cell(_Open):
     deviation_unit: Literal["rel", "pp"] | None = None
     cause: str | None = None  # explained cells: one of CAUSES
     tolerance: str | None = None  # close cells: the tolerance they are within
+    how: str | None = None  # HOW letters of what produced ours, e.g. "S" (None: older records)
 
 
 class MetricDeclaration(_Open):
@@ -155,8 +156,9 @@ class ReproductionRecord(_Record):
     title: str = ""
     paper: str = ""
     element: str = ""
-    how: str = ""
+    how: str = ""  # union of the cells' how (before schema 2's cell how: the catalog's label)
     how_words: str = ""
+    simulated: bool = False  # some cell's number is simulated (how contains S)
     description: str = ""
     params: dict[str, Any] = Field(default_factory=dict)
     tolerance: str = ""

@@ -28,9 +28,9 @@ def format_result(record: ReproductionRecord) -> str:
         else:
             dev = f"{c.deviation:+.2%}"
         grade = f"{c.verdict} ({c.cause})" if c.cause else c.verdict
-        rows.append([c.row, c.column, _num(c.paper_printed or c.paper), _num(c.ours), c.unit, dev,
-                     grade])
-    out = [head, table(["row", "column", "paper", "ours", "unit", "dev", "grade"], rows)]
+        rows.append([c.row, c.column, _num(c.paper_printed or c.paper), _num(c.ours), c.unit,
+                     c.how or "", dev, grade])
+    out = [head, table(["row", "column", "paper", "ours", "unit", "how", "dev", "grade"], rows)]
     notes = [(c.row, c.column, c.note) for c in record.cells if c.note]
     if notes:
         out.append("notes:")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from moe_repro.components.network import simulator as ns
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
-from moe_repro.reproductions.spec import Figure, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, Reproduction, Result, tracking
 from moe_repro.suites.base import doubling_range, parse_size
 
 SIM_LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (nodes, GCDs per node)
@@ -42,7 +42,8 @@ def _simulated_part(repro, platform, sizes):
         n = topo.world_size
         ys = []
         for size in sizes:
-            r = ns.simulate_uniform("flat", topo, platform, max(1, size // n))
+            with tracking() as made:
+                r = ns.simulate_uniform("flat", topo, platform, max(1, size // n))
             busbw = size / r.time_s * (n - 1) / n / 1e9
             ys.append(busbw)
             points.append({"nodes": nodes, "gpus": n, "bytes_per_gpu": size, "time_s": r.time_s,
@@ -51,10 +52,10 @@ def _simulated_part(repro, platform, sizes):
         series.append({"label": f"{n} GCDs on {nodes} node{'s' if nodes > 1 else ''} (simulated)",
                        "x": sizes, "y": ys, "kind": "ours"})
         cells.append(repro.compare(f"{n} GCDs / {nodes} node(s)", f"busbw @ {_size_label(sizes[-1])} (simulated)",
-                                   ys[-1], "GB/s", note=f"simulated on {platform.name}"))
+                                   ys[-1], "GB/s", note=f"simulated on {platform.name}", made=made))
     if 8 in at_largest and 16 in at_largest:
         cells.append(repro.compare("8 -> 16 GCDs (1 -> 2 nodes)", "busbw ratio (simulated)",
-                                   at_largest[16] / at_largest[8], "x",
+                                   at_largest[16] / at_largest[8], "x", made=made,
                                    note="simulated; the paper: bandwidth drops significantly as soon as "
                                         "the all-to-all leaves the node (no number in the text). In the "
                                         "model the drop is the ratio of NIC injection (4 x 25 GB/s per 8 "
@@ -85,7 +86,8 @@ def _real_part(repro, params):
     points = [p for nodes, g in REAL_LAYOUTS
               for p in SUITE.grid({"nodes": [nodes], "gpus_per_node": [g], "algo": ["flat"],
                                    "sizes": sizes, "hidden": [hidden]})]
-    records = run_grid("alltoall", points, repeats=repeats, check=False)
+    with tracking() as measuring:
+        records = run_grid("alltoall", points, repeats=repeats, check=False)
     # Calibrate on the 2x1 world: bytes one rank puts on the wire vs the minimum time of the
     # repeats (the sample least disturbed by other processes on a shared machine).
     fit_sizes = _sizes(params["fit_sizes"])
@@ -105,15 +107,17 @@ def _real_part(repro, params):
             per_rank[e * N // 16] += 1
         rows_to = [round(r["tokens"] * 4 * c / 16) for c in per_rank]
         fn, deps = ns.expected_schedule("flat", topo, hidden * 4)
-        predicted = ns.simulate_expected(fn, rows_to, topo, local, deps).time_s
+        with tracking() as predicting:
+            predicted = ns.simulate_expected(fn, rows_to, topo, local, deps).time_s
         measured = r["time_s_min"]
         dev = (predicted - measured) / measured
         used = " (used for the fit)" if r in fit else ""
         row = f"local {nodes}x{g}, {_size_label(r['size'])}/rank ({r['tokens']} tokens)"
         cells.append(repro.compare(row, "measured time (min of repeats)", measured * 1e3, "ms",
-                                   note=f"real, {device_words()}, median {r['time_s'] * 1e3:.4g} ms{used}"))
+                                   made=measuring, note=f"real, {device_words()}, median {r['time_s'] * 1e3:.4g} ms{used}"))
+        # simulated on a profile fitted to the measurements: both ways made it
         cells.append(repro.compare(row, "simulated time (calibrated local profile)", predicted * 1e3, "ms",
-                                   note=f"simulated; {dev:+.1%} vs the measurement"))
+                                   made=measuring | predicting, note=f"simulated; {dev:+.1%} vs the measurement"))
         s = series.setdefault((nodes, g), {"x": [], "m": [], "p": [], "bw": [], "bw_iqr": []})
         s["x"].append(r["size"])
         s["m"].append(measured * 1e3)
@@ -129,7 +133,7 @@ def _real_part(repro, params):
                                    f"(measured)", "x": s["x"], "y": s["bw"], "kind": "ours"})
         spread = max(i / b for i, b in zip(s["bw_iqr"], s["bw"]) if b) if any(s["bw"]) else 0.0
         cells.append(repro.compare(f"local {nodes}x{g}", f"busbw @ {_size_label(s['x'][-1])} (measured)",
-                                   s["bw"][-1], "GB/s",
+                                   s["bw"][-1], "GB/s", made=measuring,
                                    note=f"real, {device_words()}; median of {repeats} repeats, "
                                         f"largest IQR over the sizes {spread:.0%} of the median; "
                                         f"emulated nodes share one memory system, so no inter-node "

@@ -20,6 +20,17 @@ lists the grades):
 
 Deviation: relative, (ours - paper) / |paper| (so a negative paper value keeps the sign of the
 difference), except for cells in percent, whose deviation is ours - paper in percentage points.
+
+How each cell's number was made (``how``: letters of catalog.HOW, e.g. "A", "R", "A+S") is not
+typed: the code that measures, simulates or samples says so when it runs
+(components/provenance.py). By default a cell is labelled with everything that had run in the
+innermost ``tracking()`` scope when the cell was built: :meth:`Reproduction.run` opens one around
+the whole computation, and a number is computed before its cell, so nothing that made it is
+missed (but an analytic cell built after a measurement would be over-labelled R). A
+reproduction that mixes ways therefore computes each part inside its own ``with tracking():``
+(cells built there get that part's kinds), or passes a scope's set as ``compare(...,
+made=...)``. The record's ``how`` is the union over its cells; tests check it against the
+catalog's.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Any, Callable
 
 from moe_repro import catalog
 from moe_repro.catalog import HOW
+from moe_repro.components.provenance import current, letters, tracking
 from moe_repro.records.record import CAUSES, VERDICTS  # one list of grades: the record schema's
 
 
@@ -109,6 +121,7 @@ class Cell:
     deviation_unit: str | None = None
     cause: str | None = None
     tolerance: str | None = None
+    how: str | None = None  # letters of catalog.HOW, from what ran (components/provenance.py)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items()}
@@ -223,12 +236,16 @@ class Reproduction:
 
     def compare(self, row: str, column: str, ours: float | None, unit: str,
                 note: str | None = None, tolerance: Tolerance | None = None, *,
-                echo: bool = False, not_comparable: str | None = None) -> Cell:
+                echo: bool = False, not_comparable: str | None = None,
+                made: set | None = None) -> Cell:
         """Build the cell for (row, column): look up the paper's value and grade ours.
         ``echo``: ours restates an input or formula (graded echo, not evidence).
-        ``not_comparable``: why the paper's number is a different quantity."""
+        ``not_comparable``: why the paper's number is a different quantity.
+        ``made``: the set a ``tracking()`` scope collected while ours was computed (else what
+        had run so far in the innermost open scope)."""
         pv = self.paper_value(row, column)
         tol = tolerance or self.tolerance
+        made = current() if made is None else made
         verdict = verdict_for(pv, ours, tol)
         deviation = deviation_unit = None
         if pv is not None and ours is not None and not math.isnan(ours):
@@ -245,10 +262,11 @@ class Reproduction:
                     paper_unit=None if pv is None else pv.unit,
                     paper_source=None if pv is None else pv.source, deviation=deviation,
                     deviation_unit=deviation_unit,
-                    tolerance=tol.describe() if verdict == "close" else None)
+                    tolerance=tol.describe() if verdict == "close" else None,
+                    how=None if made is None or verdict == "not-reproduced" else letters(made))
 
     def claim(self, row: str, column: str, holds: bool | None, ours: float | None, unit: str,
-              note: str) -> Cell:
+              note: str, made: set | None = None) -> Cell:
         """Grade a claim the paper states in words (``paper_claims``) on our numbers: ``holds``
         True/False, or None when ours cannot test it (not-reproduced). ``note`` says how it was
         tested (which of our numbers, which threshold the words imply)."""
@@ -256,8 +274,10 @@ class Reproduction:
         if pc is None:
             raise ValueError(f"{self.id}: no paper claim for ({row!r}, {column!r})")
         verdict = "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+        made = current() if made is None else made
         return Cell(row=row, column=column, paper=None, ours=ours, unit=unit, verdict=verdict,
-                    note=note, paper_printed=pc.statement, paper_source=pc.source)
+                    note=note, paper_printed=pc.statement, paper_source=pc.source,
+                    how=None if made is None or holds is None else letters(made))
 
     def run(self, params: dict | None = None) -> Result:
         merged = {**self.defaults, **(params or {})}
@@ -265,7 +285,19 @@ class Reproduction:
         if unknown:
             raise ValueError(f"{self.id}: unknown parameter(s) {', '.join(sorted(unknown))}; "
                              f"known: {', '.join(sorted(self.defaults)) or 'none'}")
-        return self.compute(self, merged)
+        with tracking() as ran:
+            result = self.compute(self, merged)
+        for cell in result.cells:
+            if cell.how is None and cell.verdict != "not-reproduced":  # no number, no how
+                cell.how = letters(ran)
+        return result
+
+
+def how_of(cells: list[Cell]) -> str:
+    """The letters of every cell's ``how``, in catalog.HOW's order: "A+R" when some cells are
+    analytic and others measured ("A" for a result without cells)."""
+    used = {part for c in cells if c.how for part in c.how.split("+")}
+    return "+".join(letter for letter in HOW if letter in used) or "A"
 
 
 def summarize(cells: list[Cell]) -> dict[str, int]:
@@ -290,9 +322,10 @@ def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]
     from moe_repro.records.environment import collect_environment
     from moe_repro.records.record import ReproductionRecord
 
+    how = how_of(result.cells)
     return ReproductionRecord(
-        id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=repro.how,
-        how_words=" + ".join(HOW.get(h.strip()[0], h) for h in repro.how.split("+")),
+        id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=how,
+        how_words=" + ".join(HOW[letter] for letter in how.split("+")), simulated="S" in how,
         description=repro.description, params={**repro.defaults, **params},
         tolerance=repro.tolerance.describe(), cells=[c.to_dict() for c in result.cells],
         summary=summarize(result.cells), assumptions=result.assumptions,

@@ -15,7 +15,7 @@ All cells are ours (the appendix prints no numbers): verdict no-paper-value.
 
 from __future__ import annotations
 
-from moe_repro.reproductions.spec import Figure, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, Reproduction, Result, tracking
 
 GB = 1e9
 
@@ -53,15 +53,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
     real_runs = run_small(ORDERS, nodes, gpn, ep, tokens, k, hidden, eparams, int(params["seed"]))
     for order in ORDERS:
         real = real_runs[order]
-        model = traffic_model(nodes, gpn, ep, order, tokens, k, hidden, eparams, act_bytes=4,
-                              grad_bytes=4)
+        with tracking() as formula:
+            model = traffic_model(nodes, gpn, ep, order, tokens, k, hidden, eparams, act_bytes=4,
+                                  grad_bytes=4)
         for kind in ("alltoall", "allreduce"):
             for cls in ("intra_node", "inter_node"):
                 row = f"small real {nodes}x{gpn}, EP={ep}, {order}"
                 cells.append(repro.compare(row, f"{kind} {cls} (measured)", real[kind][cls] / 1e3, "kB",
                                            note=None if real["correct"] else "a collective returned a wrong result"))
                 cells.append(repro.compare(row, f"{kind} {cls} (formula)", model[kind][cls] / 1e3, "kB",
-                                           note="uniform routing expectation" if kind == "alltoall" else None))
+                                           made=formula, note="uniform routing expectation" if kind == "alltoall" else None))
     assumptions.append(f"Small real runs: {nodes} emulated nodes x {gpn} gloo ranks, EP = {gpn}, "
                        f"{tokens} tokens x top-{k} x H = {hidden} fp32 per rank, random uniform "
                        f"routing, 4 all-to-all exchanges; ring all-reduce of {eparams} fp32 expert "
@@ -80,18 +81,20 @@ def compute(repro: Reproduction, params: dict) -> Result:
         params_per_rank = m.n_experts // ep_deg * m.n_mat * m.d_model * m.d_ffn
         times = {}
         for order in ORDERS:
-            t = traffic_model(n_nodes, per_node, ep_deg, order, seq, m.top_k, m.d_model,
-                              params_per_rank, act_bytes=2, grad_bytes=2)
-            world = n_nodes * per_node
-            times[order] = comm_time_s(t, intra_bw, inter_bw, world)
+            with tracking() as formula:
+                t = traffic_model(n_nodes, per_node, ep_deg, order, seq, m.top_k, m.d_model,
+                                  params_per_rank, act_bytes=2, grad_bytes=2)
+                world = n_nodes * per_node
+                times[order] = comm_time_s(t, intra_bw, inter_bw, world)
             row = f"{m.name}, {world} GPUs ({n_nodes}x{per_node}), EP={ep_deg}, {order}"
             for kind in ("alltoall", "allreduce"):
-                cells.append(repro.compare(row, f"{kind} inter-node per GPU", t[kind]["inter_node"] / world / GB, "GB"))
-            cells.append(repro.compare(row, "comm time per GPU (model)", times[order] * 1e3, "ms",
+                cells.append(repro.compare(row, f"{kind} inter-node per GPU", t[kind]["inter_node"] / world / GB, "GB",
+                                           made=formula))
+            cells.append(repro.compare(row, "comm time per GPU (model)", times[order] * 1e3, "ms", made=formula,
                                        note=f"{params['intra_GBps']} GB/s intra, {params['inter_GBps']} GB/s inter-node"))
         winner = min(times, key=times.get)
         cells.append(repro.compare(f"{m.name}, EP={ep_deg}", "faster placement (1 = DP-first)",
-                                   1.0 if winner == "dp-first" else 0.0, "",
+                                   1.0 if winner == "dp-first" else 0.0, "", made=formula,
                                    note=f"{winner} is faster by {max(times.values()) / min(times.values()):.2f}x"))
         labels.append(m.name)
         xs.append(len(xs))

@@ -19,7 +19,7 @@ Ours, simulated: the paper's 32-GPU point, from reproductions/_xmoe_fig12_sim.py
 from __future__ import annotations
 
 from moe_repro.reproductions._xmoe_fig12_sim import PAPER_VALUES, simulated_32gpu_cells
-from moe_repro.reproductions.spec import Figure, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, Reproduction, Result, tracking
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -72,8 +72,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
     sim_cells, sim_assumptions, sim_figure, sim_extra = [], [], None, {}
     if params["simulate"]:
-        sim_cells, sim_assumptions, sim_figure, sim_extra = simulated_32gpu_cells(
-            repro, tokens=int(params["sim_tokens"]))
+        with tracking():  # its cells are simulated only, not measured like the ones above
+            sim_cells, sim_assumptions, sim_figure, sim_extra = simulated_32gpu_cells(
+                repro, tokens=int(params["sim_tokens"]))
     cells += sim_cells
 
     stages = sorted(set(res["flat_stages"]) | set(res["rbd_stages"]))

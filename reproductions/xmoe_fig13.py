@@ -17,7 +17,7 @@ no parameter placement), so the bars' difference is the activation difference we
 
 from __future__ import annotations
 
-from moe_repro.reproductions.spec import Figure, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, Reproduction, Result, tracking
 
 GB = 1e9
 MIB = 2.0 ** 20
@@ -37,8 +37,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         if g < 1 or cfg["experts"] % g or cfg["dense_ffn"] % g:
             raise ValueError(f"TP degree {g} must divide experts ({cfg['experts']}) and dense_ffn ({cfg['dense_ffn']})")
     cells, series = [], {k: [] for k in ("tp_ep", "ssmb", "tp_ep_model", "ssmb_model")}
-    table2 = xmoe_activation_elements(1, cfg["seq"], cfg["hidden"], cfg["expert_ffn"], cfg["top_k"])
-    model_full_seq = sum(table2.values()) * 4  # fp32 elements
+    with tracking() as table2_model:  # the model's cells below are labelled by what ran here
+        table2 = xmoe_activation_elements(1, cfg["seq"], cfg["hidden"], cfg["expert_ffn"], cfg["top_k"])
+        model_full_seq = sum(table2.values()) * 4  # fp32 elements
     points = [dict(cfg, variant=v, ranks=g, backend="gloo") for g in degrees for v in ("tp_ep", "ssmb")]
     records = run_grid("ssmb-memory", points, repeats=1, timeout_s=float(params["timeout_s"]))
     for g in degrees:
@@ -50,8 +51,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
         cells.append(repro.compare(row, "MoE activations w/o SSMB (measured)", tp_ep / MIB, "MiB"))
         cells.append(repro.compare(row, "MoE activations w/ SSMB (measured)", ssmb / MIB, "MiB"))
         cells.append(repro.compare(row, "w/o / w/ SSMB (measured)", tp_ep / ssmb, "x"))
-        cells.append(repro.compare(row, "MoE activations w/o SSMB (Table 2 model)", model_full_seq / MIB, "MiB"))
-        cells.append(repro.compare(row, "MoE activations w/ SSMB (Table 2 model)", model_ssmb / MIB, "MiB"))
+        cells.append(repro.compare(row, "MoE activations w/o SSMB (Table 2 model)", model_full_seq / MIB, "MiB",
+                                   made=table2_model))
+        cells.append(repro.compare(row, "MoE activations w/ SSMB (Table 2 model)", model_ssmb / MIB, "MiB",
+                                   made=table2_model))
         cells.append(repro.compare(row, "max |SSMB - TP+EP output|",
                                    pick(records, variant="ssmb", ranks=g)["max_abs_diff"], "abs"))
         series["tp_ep"].append(tp_ep / MIB)
@@ -61,14 +64,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
     m = get_model(params["full_model"])
     full_seq, layers = int(params["full_seq"]), m.layers
-    full = xmoe_activation_elements(1, full_seq, m.d_model, m.d_ffn, m.top_k)
-    full_bytes = sum(full.values()) * 2 * layers  # bf16, every layer MoE (zoo note)
+    with tracking() as full_model:
+        full = xmoe_activation_elements(1, full_seq, m.d_model, m.d_ffn, m.top_k)
+        full_bytes = sum(full.values()) * 2 * layers  # bf16, every layer MoE (zoo note)
     full_series = {"tp_ep": [], "ssmb": []}
     for g in (1, 2, 4):
         row = f"{m.name}, TP={g}"
-        cells.append(repro.compare(row, "MoE activations per GPU w/o SSMB (model)", full_bytes / GB, "GB"))
+        cells.append(repro.compare(row, "MoE activations per GPU w/o SSMB (model)", full_bytes / GB, "GB",
+                                   made=full_model))
         cells.append(repro.compare(row, "MoE activations per GPU w/ SSMB (model)", full_bytes / g / GB, "GB",
-                                   note="Fig. 13 prints bars without values; model states are equal in both variants"))
+                                   made=full_model, note="Fig. 13 prints bars without values; model states are equal in both variants"))
         full_series["tp_ep"].append(full_bytes / GB)
         full_series["ssmb"].append(full_bytes / g / GB)
     figures = [

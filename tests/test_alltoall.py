@@ -22,6 +22,7 @@ from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
 from moe_repro.runtime.launch import run_ranks
 
+from derived_how import assert_how_is_the_catalogs
 from procs import processes_with_env
 
 # --- single process: topology and schedules -------------------------------------------------
@@ -375,9 +376,9 @@ def test_xmoe_fig12_breakdown_runs_on_real_ranks():
     from moe_repro.reproductions import all_reproductions
 
     repro = all_reproductions()["xmoe-fig12"]
-    # the simulated 32-GPU point is tested with the simulator; here only the real part
-    result = repro.compute(repro, dict(repro.defaults, tokens=32, hidden=64, repeats=2, timeout_s=120,
-                                       simulate=False))
+    # the simulated 32-GPU point is tested with the simulator; here at a small size
+    result = repro.run(dict(tokens=32, hidden=64, repeats=2, timeout_s=120, sim_tokens=256))
+    assert_how_is_the_catalogs("xmoe-fig12", result)  # real cells R, the simulated point S
     by = {(c.row, c.column): c for c in result.cells}
     assert by[("pilot all-to-all (inter-node)", "rbd time")].ours > 0
     assert by[("all-to-all", "flat time")].ours > 0
@@ -452,8 +453,8 @@ def test_piper_fig5_local_part_sweeps_sizes_and_reports_busbw():
     from moe_repro.reproductions import all_reproductions
 
     repro = all_reproductions()["piper-fig5"]
-    result = repro.compute(repro, dict(repro.defaults, real_sizes="16K,4M", fit_sizes="16K,4M",
-                                       repeats=3, bytes_per_gpu="65536"))
+    result = repro.run(dict(real_sizes="16K,4M", fit_sizes="16K,4M", repeats=3, bytes_per_gpu="65536"))
+    assert_how_is_the_catalogs("piper-fig5", result)
     records = result.extra["real_records"]
     assert [(r["nodes"], r["gpus_per_node"], r["size"]) for r in records] == [
         (n, g, s) for n, g in ((1, 2), (2, 1), (2, 2)) for s in (16384, 4194304)]

@@ -11,6 +11,7 @@ from moe_repro.components.balance.fastermoe_shadow import choose_shadows, dispat
 from moe_repro.components.balance.load_balance_eval import evaluate_trace
 from moe_repro.components.balance.routing_trace import synthetic_trace
 from moe_repro.reproductions import all_reproductions
+from derived_how import assert_how_is_the_catalogs
 
 SMALL = ["--param", "tokens=128", "--param", "micro_batches=3", "--param", "layers=1"]
 
@@ -75,24 +76,31 @@ def test_other_feplb_reproductions_run_small():
     repros = all_reproductions()
     params = {"tokens": 128, "micro_batches": 3, "layers": 1}
     t4 = repros["feplb-table4"].run(params)
+    assert_how_is_the_catalogs("feplb-table4", t4)
     assert {c.column for c in t4.cells} >= {"Before LB", "FasterMoE", "FEPLB"}
     f6 = repros["feplb-fig6"].run(params)
+    assert_how_is_the_catalogs("feplb-fig6", f6)
     assert {c.column for c in f6.cells} >= {"dyn=2", "dyn=4", "dyn=8"} and f6.figures
-    f4 = {(c.row, c.column): c for c in repros["feplb-fig4"].run(params).cells}
+    f4_result = repros["feplb-fig4"].run(params)
+    assert_how_is_the_catalogs("feplb-fig4", f4_result)
+    f4 = {(c.row, c.column): c for c in f4_result.cells}
     assert f4[("Dispatch", "FEPLB (EP time)")].ours == 0.0
     for kind in ("time", "volume"):   # the stages can only add rows, and time
         assert f4[("Dispatch", f"FasterMoE pipe=2 (EP {kind})")].ours >= \
             f4[("Dispatch", f"FasterMoE pipe=1 (EP {kind})")].ours
     t2 = repros["feplb-table2"].run(params)
+    assert_how_is_the_catalogs("feplb-table2", t2)
     assert any(c.verdict == "not-reproduced" for c in t2.cells)
 
 
 def test_piper_fig9_and_alg2_tiny_run():
     repros = all_reproductions()
     fig9 = repros["piper-fig9"].run({"steps": 3, "batch": 4})
+    assert_how_is_the_catalogs("piper-fig9", fig9)
     assert fig9.figures and all(c.ours is not None for c in fig9.cells)
-    alg2 = {(c.row, c.column): c.ours for c in
-            repros["piper-alg2"].run({"steps": 3, "batch": 4, "check_every": 1}).cells}
+    alg2_result = repros["piper-alg2"].run({"steps": 3, "batch": 4, "check_every": 1})
+    assert_how_is_the_catalogs("piper-alg2", alg2_result)  # the cached trace still says measured
+    alg2 = {(c.row, c.column): c.ours for c in alg2_result.cells}
     # No hindsight: a migration planned on one window can be worse for the next steps when the
     # routing moves (it does in 3 steps), so only the shape is checked here; Alg. 2's own
     # guarantee is tested in test_expert_migration.py.

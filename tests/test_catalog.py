@@ -47,14 +47,6 @@ def test_the_design_inventory_is_complete():
     assert per_paper == {"piper": 15, "xmoe": 11, "feplb": 5, "mop": 4}
 
 
-@pytest.mark.parametrize("rid,how", [
-    # the rows where the first plan said otherwise: the implementation's word is kept
-    ("feplb-table2", "A+S"), ("feplb-table3", "S"), ("feplb-table4", "S"), ("feplb-fig4", "A+S"),
-    ("feplb-fig6", "S"), ("piper-fig8", "S"), ("xmoe-fig4", "A+M"), ("xmoe-appc1", "A+R")])
-def test_how_is_the_implementations(rid, how):
-    assert catalog.reproduction(rid).how == how
-
-
 def test_how_letters():
     assert catalog.reproduction("piper-fig5").how_letters == {"R", "S"}
     assert catalog.reproduction("xmoe-fig4").how_letters == {"A", "M"}

@@ -12,6 +12,7 @@ from moe_repro.reproductions import _feplb_traces as ft
 from moe_repro.reproductions import all_reproductions
 from moe_repro.reproductions import feplb_fig4, feplb_table3, feplb_table4
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result, status_of
+from derived_how import assert_how_is_the_catalogs
 
 SMALL = {"tokens": 128, "micro_batches": 3, "layers": 3}
 
@@ -164,6 +165,10 @@ def small_runs():
     repros = all_reproductions()
     return {rid: repros[rid].run(SMALL) for rid in
             ("feplb-table2", "feplb-table3", "feplb-table4", "feplb-fig4")}
+
+
+def test_feplb_table3_derives_its_label(small_runs):
+    assert_how_is_the_catalogs("feplb-table3", small_runs["feplb-table3"])
 
 
 def test_table2_is_not_compared(small_runs):

@@ -8,6 +8,7 @@ from moe_repro.components.model.attention import (attention_flops, causal_attent
 from moe_repro.components.model.zoo import get_model
 from moe_repro.suites import all_suites
 from moe_repro.suites.runner import RunConfig, run_point
+from derived_how import assert_how_is_the_catalogs
 
 FAST = RunConfig(warmup=0, repeats=2, min_sample_s=0.0)
 TINY_LAYER = {"tokens": 64, "d_model": 32, "experts": 8, "top_k": 2, "capacity_factor": 1.25,
@@ -67,10 +68,12 @@ def test_reproductions_name_their_device():
     fig4 = all_reproductions()["piper-fig4"].run({"models": "tiny-moe", "tokens_per_expert": "4",
                                                   "shape_div": 1, "repeats": 1})
     assert all(c.verdict == "no-paper-value" for c in fig4.cells)
+    assert_how_is_the_catalogs("piper-fig4", fig4)
     assert "cpu" in fig4.extra["device"] and any("measured on cpu" in (c.note or "") for c in fig4.cells)
     fig3 = all_reproductions()["piper-fig3"].run({"models": "tiny-moe", "seq_lens": "16", "heads": 2,
                                                   "repeats": 1})
     assert {c.verdict for c in fig3.cells} == {"no-paper-value", "not-reproduced"}
+    assert_how_is_the_catalogs("piper-fig3", fig3)
 
 
 @pytest.mark.multiprocess
@@ -79,6 +82,7 @@ def test_xmoe_fig11_runs_over_two_ranks():
 
     res = all_reproductions()["xmoe-fig11"].run({"tokens": 32, "d_model": 16, "d_ffn": 8, "experts": 4,
                                                  "top_k": 2, "repeats": 1, "timeout_s": 120.0})
+    assert_how_is_the_catalogs("xmoe-fig11", res)
     by = {(c.row, c.column): c for c in res.cells}
     assert by[("buffer dispatch", "speedup padded / pft (Small)")].paper == 35.7
     assert by[("alltoall", "alltoall time reduction % (Large, EP=64)")].verdict == "not-reproduced"

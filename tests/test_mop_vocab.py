@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported, return_freed_memory_to_os
+from derived_how import assert_how_is_the_catalogs
 
 needs_proc = pytest.mark.skipif(not peak_supported(), reason="needs Linux /proc/self/clear_refs")
 
@@ -30,6 +31,7 @@ def test_mop_vocab_peak_falls_with_group_size_and_loss_is_exact():
 
     result = all_reproductions()["mop-vocab"].run(
         {"tokens": 512, "hidden": 32, "vocab": 8192, "group_sizes": "1,2", "timeout_s": 120.0})
+    assert_how_is_the_catalogs("mop-vocab", result)
     cells = {(c.row, c.column): c.ours for c in result.cells}
     p1, p2 = cells[("P=1", "sharded peak (measured)")], cells[("P=2", "sharded peak (measured)")]
     dense = cells[("P=1", "dense peak (measured, P-independent)")]

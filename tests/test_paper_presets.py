@@ -15,6 +15,7 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.components.resources import formulas as F
 from moe_repro.reproductions import all_reproductions
 from moe_repro.reproductions import mop_table1, mop_table2, xmoe_fig3, xmoe_table4
+from derived_how import assert_how_is_the_catalogs
 
 GB, GiB = 1e9, 2 ** 30
 OVERHEAD = 4e9  # the h200 platform profile's framework overhead
@@ -143,6 +144,7 @@ def test_xmoe_fig3_per_gpu_bytes_by_hand():
     for row, cols in want.items():
         assert xmoe_fig3.per_gpu_bytes(row, b, s) == pytest.approx(cols, rel=1e-12)
     result = all_reproductions()["xmoe-fig3"].run({"shape_div": 64, "measured_seq": 16})
+    assert_how_is_the_catalogs("xmoe-fig3", result)
     cells = {(c.row, c.column): c for c in result.cells}
     for row, cols in want.items():
         for col, v in cols.items():
@@ -158,6 +160,7 @@ def test_xmoe_table4_theoretical_by_hand():
     terms = xmoe_table4.formulas_bytes(get_model("xmoe-large"), 1)
     assert sum(terms[k] for k in xmoe_table4.MOE_TERMS) == nbytes
     result = all_reproductions()["xmoe-table4"].run({"shape_div": 64, "experts_div": 16, "seq_div": 256})
+    assert_how_is_the_catalogs("xmoe-table4", result)
     cells = {(c.row, c.column): c for c in result.cells}
     ours = cells[("Memory (GB)", "Theoretical")]
     assert ours.ours == pytest.approx(nbytes / GB, rel=1e-12)
