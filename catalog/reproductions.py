@@ -14,14 +14,20 @@ from types import MappingProxyType
 
 from moe_repro.catalog.papers import PAPERS
 
-HOW = {"A": "analytic", "M": "Monte Carlo", "R": "real measurement", "S": "simulated at scale"}
-# What each letter means, for the index and every page (issue 16: A, R and S explained).
+HOW = {"A": "analytic", "M": "Monte Carlo", "R": "real measurement", "S": "simulated"}
+# What each letter means, for the index and every page (issue 16: A, R and S explained). A cell's
+# letters are not typed: the code that measured, simulated or sampled says so when it runs
+# (components/provenance.py); a number made while none of them ran is A.
 HOW_MEANING = {
-    "A": "a closed-form model (paper equations, the resource model) evaluated exactly",
-    "M": "a model evaluated on seeded random samples (routing, traces): deterministic per seed",
-    "R": "run for real on this machine: kernels timed, collectives over real processes",
-    "S": "the flow-level network simulator (or a simulated trainer) predicting a machine this "
-         "one is not; every simulated number says so and carries its assumptions",
+    "A": "closed-form arithmetic (paper equations, the resource model, counting) evaluated "
+         "exactly; nothing measured, simulated or sampled",
+    "M": "an expectation estimated from seeded random samples (e.g. redundancy over sampled "
+         "routings): deterministic per seed",
+    "R": "run for real on this machine: kernels or collectives timed over real processes, "
+         "memory read from counters, a model trained",
+    "S": "the flow-level network simulator or a replay of balancers on a routing trace, "
+         "predicting what a machine or a training run this is not would do; every simulated "
+         "number says so and carries its assumptions",
 }
 
 

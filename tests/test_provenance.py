@@ -97,7 +97,7 @@ def test_cells_are_labelled_by_what_ran_before_them_or_in_their_part():
     assert how_of(result.cells) == "A+R+S"
     record = record_of(repro, result, {}, ["repro", "run", "piper-table4"])
     assert record.how == "A+R+S" and record.simulated
-    assert record.how_words == "analytic + real measurement + simulated at scale"
+    assert record.how_words == "analytic + real measurement + simulated"
     assert [c.how for c in record.cells] == ["A", "R", "S", "A", None]
 
 

@@ -36,7 +36,7 @@ def test_index_and_page_show_grades_causes_and_citation(results_dir, tmp_path):
     for words in (*GRADE_MEANING.values(), *STATUS_MEANING.values()):
         assert str(escape(words)) in index
     for letter in ("A &middot; analytic", "M &middot; Monte Carlo", "R &middot; real measurement",
-                   "S &middot; simulated at scale"):
+                   "S &middot; simulated"):
         assert letter in index
     # Piper's counts per grade: Table IV's GiB rows are explained, the rest match or deviate
     piper = index[index.index("Piper: Efficient Large-Scale"):index.index("X-MoE")]
