@@ -103,7 +103,9 @@ def paper_grid(payload: dict) -> dict | None:
     backward under each method) gives its layout in ``extra["paper_layout"]``:
     ``{"corner": str, "rows": [cell row, ...], "groups": [{"label": str, "columns":
     [{"label": str, "column": cell column}, ...]}, ...]}``; it is shown as given, however many
-    columns, and the cells it does not place are counted in ``outside``."""
+    columns, and the cells it does not place are counted in ``outside``. Where the paper's rows
+    are our columns (a transposed table), a row is ``{"label": str, "keys": [[cell row, cell
+    column] or None, ...]}``, one key per column."""
     cells = payload.get("cells", [])
     at = {(c["row"], c["column"]): c for c in cells}
     layout = (payload.get("extra") or {}).get("paper_layout")
@@ -120,11 +122,15 @@ def paper_grid(payload: dict) -> dict | None:
 def _laid_out_grid(layout: dict, at: dict) -> dict:
     """``paper_grid`` for a reproduction's own ``paper_layout`` (see there)."""
     groups = [{"label": g["label"], "span": len(g["columns"])} for g in layout["groups"]]
-    keys = [sub["column"] for g in layout["groups"] for sub in g["columns"]]
-    placed = {(r, col) for r in layout["rows"] for col in keys if (r, col) in at}
+    columns = [sub.get("column") for g in layout["groups"] for sub in g["columns"]]
+    rows = [{"label": r["label"], "keys": [tuple(k) if k else None for k in r["keys"]]}
+            if isinstance(r, dict) else {"label": r, "keys": [(r, col) for col in columns]}
+            for r in layout["rows"]]
+    placed = {key for r in rows for key in r["keys"] if key in at}
     return {"corner": layout.get("corner", ""), "groups": groups,
             "columns": [sub["label"] for g in layout["groups"] for sub in g["columns"]],
-            "rows": [{"label": r, "cells": [at.get((r, col)) for col in keys]} for r in layout["rows"]],
+            "rows": [{"label": r["label"], "cells": [at.get(key) if key else None for key in r["keys"]]}
+                     for r in rows],
             "outside": len(at) - len(placed)}
 
 

@@ -173,6 +173,29 @@ FORMULA = {"dense weights": "Θ_dns/W", "attention activations": "O(NH)", "exper
            "optimizer state (host)": "host-resident"}
 
 
+# MoP Table 1's rows as printed (component, parallelism, per-rank memory) and the cell column of
+# ours each row shows; the paper prints formulas, ours are GB per model (the grid transposes our
+# model rows into its columns).
+TABLE1_ROWS = [
+    ("Dense weights Θ_dns", "Efficient sharding over W", "dense weights"),
+    ("Attention activations", "Sequence parallelism over D", "attention activations"),
+    ("Expert weights Θ_exp", "Hybrid EP x sharding (deg. W)", "expert weights"),
+    ("MoE activations", "Memory-efficient LLEP", "MoE activations (bound)"),
+    ("Vocabulary weights Θ_voc", "Data-tensor parallelism over P", "vocabulary weights"),
+    ("Vocabulary logits", "Sharded online loss", "vocabulary logits"),
+    ("Optimizer state {m, v, master}", "Host-resident; pipelined updates", "optimizer state (device)"),
+]
+
+
+def paper_layout(model_rows: list[str]) -> dict:
+    """Table 1 as printed, one column of ours per model (reports/html.py ``paper_grid``)."""
+    return {"corner": "Component · parallelism · per-rank memory (MoP Table 1)",
+            "groups": [{"label": "ours, per rank (GB)",
+                        "columns": [{"label": row} for row in model_rows]}],
+            "rows": [{"label": f"{name} · {how} · {FORMULA[col]}",
+                      "keys": [[row, col] for row in model_rows]} for name, how, col in TABLE1_ROWS]}
+
+
 def _note(comp: str, m: MoEModel, W: int, P: int, seq: int, v: float, part: dict) -> str:
     n, h = seq / W, m.d_model
     how = {
@@ -236,8 +259,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "experts, Kimi K2; the expert share of parameters is in extra (MoP Sec. 3.1: ~98-99% for 1T models).",
         *settings_lines("MoP", MOP_SETTINGS),
     ]
+    model_rows = [f"{label} ({nodes * p.gpus_per_node} GPUs)" for label, nodes in MODELS.values()]
     return Result(cells=cells, assumptions=assumptions,
-                  extra={**extra, "paper_settings": {"mop": MOP_SETTINGS}})
+                  extra={**extra, "paper_settings": {"mop": MOP_SETTINGS},
+                         "paper_layout": paper_layout(model_rows)})
 
 
 REPRODUCTION = Reproduction(

@@ -161,6 +161,10 @@ def test_xmoe_table4_theoretical_by_hand():
     assert sum(terms[k] for k in xmoe_table4.MOE_TERMS) == nbytes
     result = all_reproductions()["xmoe-table4"].run({"shape_div": 64, "experts_div": 16, "seq_div": 256})
     assert_how_is_the_catalogs("xmoe-table4", result)
+    from moe_repro.reports.html import paper_grid  # the page shows Table 4's one row as printed
+    grid = paper_grid({"cells": [c.to_dict() for c in result.cells], "extra": result.extra})
+    assert grid["columns"] == ["DS-MoE", "Tutel", "X-MoE", "Theoretical"]
+    assert [c["paper_printed"] for c in grid["rows"][0]["cells"]] == ["2.81", "1.95", "1.21", "1.125"]
     cells = {(c.row, c.column): c for c in result.cells}
     ours = cells[("Memory (GB)", "Theoretical")]
     assert ours.ours == pytest.approx(nbytes / GB, rel=1e-12)

@@ -88,6 +88,38 @@ def test_paper_grid_follows_a_reproductions_own_layout_with_column_groups():
                            "extra": {"paper_layout": wide}})["columns"]) == 12
 
 
+def test_paper_grid_can_transpose_our_rows_into_the_papers_columns():
+    from moe_repro.reports.html import paper_grid
+
+    # ours: one row per model, one column per component; the paper: one row per component
+    cells = [{"row": model, "column": comp, "ours": f"{model}/{comp}"}
+             for model in ("small", "big") for comp in ("weights", "logits", "other")]
+    layout = {"corner": "component", "groups": [{"label": "ours", "columns": [{"label": "small"},
+                                                                              {"label": "big"}]}],
+              "rows": [{"label": "Logits O(NV/P)", "keys": [["small", "logits"], ["big", "logits"]]},
+                       {"label": "Weights", "keys": [["small", "weights"], None]}]}
+    grid = paper_grid({"cells": cells, "extra": {"paper_layout": layout}})
+    assert grid["columns"] == ["small", "big"]
+    assert [[c and c["ours"] for c in row["cells"]] for row in grid["rows"]] == [
+        ["small/logits", "big/logits"], ["small/weights", None]]
+    assert grid["outside"] == 3  # big/weights and both "other" cells
+
+
+def test_mop_table1_page_has_the_papers_table():
+    from moe_repro.reports.html import paper_grid
+    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions.spec import record_of
+
+    repro = all_reproductions()["mop-table1"]
+    grid = paper_grid(record_of(repro, repro.run(), {}, ["repro"]).model_dump())
+    # MoP Table 1's seven components, in its order, one column per model size
+    assert [row["label"].split(" · ")[0] for row in grid["rows"]] == [
+        "Dense weights Θ_dns", "Attention activations", "Expert weights Θ_exp", "MoE activations",
+        "Vocabulary weights Θ_voc", "Vocabulary logits", "Optimizer state {m, v, master}"]
+    assert grid["columns"] == ["120B (16 GPUs)", "600B (64 GPUs)", "1T (96 GPUs)"]
+    assert all(c is not None for row in grid["rows"] for c in row["cells"])
+
+
 def test_feplb_table2_page_shows_table_2_as_printed(monkeypatch):
     from types import SimpleNamespace
 
