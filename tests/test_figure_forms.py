@@ -234,8 +234,6 @@ FORMS = {
 # Forms the reproductions we do not own miss today, and what to change (strict: they flip to a
 # failure once fixed, so the mark is removed then).
 TO_FIX = {
-    "piper-fig11": "x is the model's index 0-7 ('order of the table'), not the model's name: pass the row "
-                   "names as x (categorical, linear scale) in reproductions/piper_fig11.py",
     "xmoe-fig3": "x is a component index 0-3, not its name: pass COLS as x (categorical) in "
                  "reproductions/xmoe_fig3.py",
     "feplb-fig4": "the text's '< 1%' for FEPLB is not drawn: add a paper-range series (lo 0, hi 1) at "
