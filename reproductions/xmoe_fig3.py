@@ -148,10 +148,11 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                    note="measured per-GPU memory on 256 MI250X GCDs at full size; not "
                                         "reproduced here: see the scaled rows, measured on this machine"))
     cells.append(_shift_claim(repro, b, s))
+    ticks = [c.replace(" (", "\n(").replace("+", "\n+") for c in COLS]  # the names, on two lines
     fig = Figure(name="xmoe-fig3", title="One MoE layer per GPU: M_conv vs M_spec (analytic)",
-                 xlabel="component (0 weights+grads, 1 optimizer, 2 dispatch+combine, 3 intermediates)",
-                 ylabel="GiB", series=[{"label": r, "x": [0, 1, 2, 3], "y": [v / 2 ** 30 for v in vals],
-                                        "kind": "ours"} for r, vals in bars.items()])
+                 xlabel="component", ylabel="GiB",
+                 series=[{"label": r, "x": ticks, "y": [v / 2 ** 30 for v in vals], "kind": "ours",
+                          "line": False} for r, vals in bars.items()])  # components: no joining line
     scaled, device = _measure_scaled(H, H_FFN, E_BASE, M_FACTOR, params)
     for row, meas in scaled.items():
         cells += measured_cells(repro, f"{row} scaled", meas, device)
