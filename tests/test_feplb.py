@@ -46,10 +46,37 @@ def test_threshold_whole_experts_and_cap():
     # loads 43 vs 22, gap 21. tau = 5: expert 0 (40) would overshoot (40 !< 21), expert 1 (3)
     # is under tau: nothing moves.
     assert greedy_balance(counts, part, tau=5).moves == []
-    plan = greedy_balance(counts, part, tau=0)
-    assert [m.expert for m in plan.moves] == [1]            # then 40 vs 25: 0 still overshoots
+    # tau = 0: Sec. 2 selects the busiest dynamic expert, 0, which overshoots: nothing moves
+    assert greedy_balance(counts, part, tau=0).moves == []
+    # the diagnostic variant tries the next busiest, 1 (3 < 21); then 40 vs 25: 0 still overshoots
+    plan = greedy_balance(counts, part, tau=0, next_if_unfit=True)
+    assert [m.expert for m in plan.moves] == [1]
     assert plan.loads_after == [40, 25]
-    assert greedy_balance(counts, part, tau=0, max_num_dyn=0).moves == []
+    assert greedy_balance(counts, part, tau=0, max_num_dyn=0, next_if_unfit=True).moves == []
+
+
+def test_greedy_stops_at_the_busiest_dynamic_expert_that_does_not_fit():
+    # FEPLB Sec. 2: "repeatedly selects the busiest dynamic expert on the most overloaded device".
+    # 3 devices x 3 experts, all dynamic. Loads 60 | 20 | 10, gap 50: expert 0 (30) moves to
+    # device 2: 30 | 20 | 40. Device 2 is now the busiest; its busiest dynamic expert, 6 (6),
+    # fits (6 < 20): 30 | 26 | 34. Busiest: device 2 again; expert 7 (3 < 8): 30 | 29 | 31.
+    # Then device 2's expert 8 (1 < 2): 30 | 30 | 30.
+    placement = ExpertPlacement.contiguous(9, 3)
+    part = ExpertPartition.choose(placement, dyn=3)
+    counts = [30, 20, 10, 10, 5, 5, 6, 3, 1]
+    plan = greedy_balance(counts, part)
+    assert [(m.expert, m.src, m.dst) for m in plan.moves] == [(0, 0, 2), (6, 2, 1), (7, 2, 1),
+                                                              (8, 2, 1)]
+    assert plan.loads_after == [30, 30, 30]
+    # the busiest dynamic expert of the most loaded device does not fit the gap: the balancer
+    # stops, although smaller ones would; the diagnostic variant moves them
+    placement = ExpertPlacement.contiguous(6, 2)
+    part = ExpertPartition.choose(placement, dyn=3)
+    counts = [12, 3, 1, 4, 0, 0]                   # 16 | 4, gap 12: expert 0 (12) is not < 12
+    assert greedy_balance(counts, part).moves == []
+    plan = greedy_balance(counts, part, next_if_unfit=True)
+    assert [(m.expert, m.src, m.dst) for m in plan.moves] == [(1, 0, 1), (2, 0, 1)]
+    assert plan.loads_after == [12, 8]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -10,12 +10,16 @@ hottest experts of each device, or the last dyn without history.
 Balancer (Sec. 2): "repeatedly selects the busiest dynamic expert on the most overloaded device
 and copies that expert's weights (along with its tokens) to the most underloaded device. A
 minimum token threshold tau prevents copying experts with too few tokens. Each copy migrates an
-entire expert." Our reading of what the text leaves open, stated here so it can be checked:
+entire expert." The expert selected is the busiest one (with at least tau tokens, not yet
+moved); our reading of what the text leaves open, stated here so it can be checked:
 - an expert moves at most once per micro-batch, only from its home device;
-- the candidate must make things better: its count c satisfies c < L_max - L_min (otherwise
-  the receiver would become the new maximum at least as high); if the busiest dynamic expert
-  fails this, the next busiest is tried; when no dynamic expert of the most loaded device
-  qualifies, the balancer stops (the greedy never looks past the most loaded device);
+- the copy must make things better: its count c satisfies c < L_max - L_min (otherwise the
+  receiver would become the new maximum at least as high); when the busiest dynamic expert of
+  the most loaded device fails this, the balancer stops. That is the whole-expert granularity
+  limit FEPLB names (Sec. 3.2, Sec. 5: "whole-expert migration without token-level splitting,
+  which limits granularity"). ``next_if_unfit=True`` tries the next busiest instead (a smaller
+  expert the text does not select; an earlier reading of ours, kept as a diagnostic that
+  feplb-table3 prints);
 - a device receives at most ``max_num_dyn`` copies (the weight buffer, below);
 - ties: lowest device index, then lowest expert id. Deterministic, so every rank derives the
   same plan from the same counts without coordination (Sec. 2).
@@ -106,8 +110,10 @@ class BalancePlan:
 
 
 def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
-                   max_num_dyn: int | None = None) -> BalancePlan:
-    """FEPLB's per-micro-batch greedy balancer; see the module docstring for its exact rules."""
+                   max_num_dyn: int | None = None, next_if_unfit: bool = False) -> BalancePlan:
+    """FEPLB's per-micro-batch greedy balancer; see the module docstring for its exact rules
+    (``next_if_unfit``: when the busiest dynamic expert does not fit the gap, try the next
+    busiest instead of stopping; not the paper's rule, a diagnostic)."""
     # Plain Python on small lists: this runs on the CPU once per micro-batch and layer, and
     # FEPLB Sec. 2 budgets ~50 us for it (suites/feplb_balancer.py measures it).
     counts = (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor)
@@ -141,6 +147,8 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
             if counts[e] < gap:
                 pick = e
                 break
+            if not next_if_unfit:   # Sec. 2 selects the busiest dynamic expert, no other
+                break
         if pick is None:
             break
         candidates[d_max].remove(pick)
@@ -157,7 +165,8 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     on the actual counts; ``decision`` is the BalancePlan."""
     counts = step.counts
     partition = ExpertPartition.choose(step.placement, knobs["dyn"], history=step.previous_counts)
-    plan = greedy_balance(counts, partition, knobs["tau"], knobs["max_num_dyn"])
+    plan = greedy_balance(counts, partition, knobs["tau"], knobs["max_num_dyn"],
+                          bool(knobs["next_if_unfit"]))
     ranks = plan.rank_of_expert(step.placement)
     groups = [[int(counts[e]) for e in range(len(ranks)) if ranks[e] == d]
               for d in range(step.placement.world_size)]
@@ -169,7 +178,7 @@ register_balancer(Balancer(
     paper="FEPLB Sec. 2",
     description="whole dynamic experts copied from the most to the least loaded device, greedily",
     needs_history=True,
-    knobs={"dyn": 4, "tau": 0, "max_num_dyn": 8},
+    knobs={"dyn": 4, "tau": 0, "max_num_dyn": 8, "next_if_unfit": 0},   # 0: Sec. 2's rule
     plan=_replay_plan,
 ))
 
