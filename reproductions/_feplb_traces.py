@@ -29,12 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_repro.components.balance import get_balancer
+from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.load_balance_eval import MethodStats, evaluate_trace
 from moe_repro.components.provenance import cached_in
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
                                                         contiguous_ranks, device_loads,
                                                         synthetic_trace)
 from moe_repro.components.model.zoo import get_model
+from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.reproductions.spec import Tolerance
 
@@ -95,19 +98,23 @@ def balancer_knobs(params: dict, dyn: int | None = None) -> dict:
 
 def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
                     methods=("Before LB", "FasterMoE", "FEPLB"),
-                    history: str = "previous") -> list[dict[str, MethodStats]]:
+                    history: str = "previous",
+                    next_if_unfit: bool = False) -> list[dict[str, MethodStats]]:
     """The replay of each layer on its own (GEMM times always modelled): [layer] -> method ->
     MethodStats over that layer's replayed micro-batches. ``history``: what the methods that
     plan from history see, "previous" (the previous micro-batch's counts, as in training) or
     "actual" (this micro-batch's own counts: routing predicted exactly, a diagnostic that takes
-    the trace's predictability out). Cached per method."""
+    the trace's predictability out). ``next_if_unfit``: FEPLB's balancer tries the next busiest
+    dynamic expert when the busiest does not fit the gap (not FEPLB Sec. 2's rule; a
+    diagnostic). Cached per method."""
     if history not in ("previous", "actual"):
         raise ValueError(f"history must be 'previous' or 'actual', got {history!r}")
-    base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history)
+    base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,
+            bool(next_if_unfit))
 
     def replay(name: str) -> list[MethodStats]:
         trace, model = trace_for(params, ep), gemm_model()
-        knobs = balancer_knobs(params, dyn)
+        knobs = {**balancer_knobs(params, dyn), "next_if_unfit": int(bool(next_if_unfit))}
         return [evaluate_trace(_layer_trace(trace, layer, history), methods=(name,),
                                gemm_model=model, **knobs)[name]
                 for layer in range(trace.num_layers)]
@@ -149,10 +156,25 @@ def evaluate(params: dict, ep: int, dyn: int | None = None, with_gemm: bool = Fa
 
 
 def per_layer(params: dict, ep: int, method: str, metric: str = "token_straggler",
-              dyn: int | None = None, history: str = "previous") -> list[float]:
+              dyn: int | None = None, history: str = "previous",
+              next_if_unfit: bool = False) -> list[float]:
     """One metric of one method, per layer (the independent samples)."""
     return [getattr(layer[method], metric)
-            for layer in evaluate_layers(params, ep, dyn, methods=(method,), history=history)]
+            for layer in evaluate_layers(params, ep, dyn, methods=(method,), history=history,
+                                         next_if_unfit=next_if_unfit)]
+
+
+def feplb_unmoved(params: dict, ep: int) -> tuple[int, int]:
+    """(micro-batches where FEPLB's balancer moves nothing, replayed micro-batches): its first
+    pick, the busiest dynamic expert of the most loaded device, does not fit the gap to the
+    least loaded one (FEPLB Sec. 2's rule; the whole-expert limit of Sec. 3.2)."""
+    knobs = {**get_balancer("FEPLB").knobs, **balancer_knobs(params)}
+    trace = trace_for(params, ep)
+    placement = ExpertPlacement.contiguous(trace.num_experts, ep)
+    plans = [get_balancer("FEPLB").run(BalanceStep(placement, trace.counts[layer, mb],
+                                                   trace.counts[layer, mb - 1]), knobs).decision
+             for layer in range(trace.num_layers) for mb in range(1, trace.num_micro_batches)]
+    return sum(not plan.moves for plan in plans), len(plans)
 
 
 # --- statistics -------------------------------------------------------------------------------
@@ -411,7 +433,9 @@ ASSUMPTIONS = [
     "FasterMoE: shadows predicted from the previous micro-batch, greedy while the predicted "
     "maximum load drops, at most max_num_dyn shadows (components/balance/fastermoe_shadow.py).",
     "FEPLB: dynamic experts re-picked from the previous micro-batch (the Router Predictor), "
-    "greedy balancer on the actual counts with tau and max_num_dyn (components/balance/feplb.py).",
+    "greedy balancer on the actual counts with tau and max_num_dyn: the busiest dynamic expert "
+    "of the most loaded device, copied whole while it fits the gap to the least loaded one "
+    "(Sec. 2; components/balance/feplb.py).",
     "Micro-batch 0 of each layer only seeds the history; every method is averaged over the same "
     "micro-batches, each layer with equal weight; standard errors are over layers.",
 ]

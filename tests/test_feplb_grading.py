@@ -190,6 +190,9 @@ def test_explained_cells_name_a_found_cause(small_runs):
                 reduction = cells[(row, f"{column} vs Before LB")]
                 assert reduction.verdict in ("match", "close") or (
                     reduction.verdict == "explained" and reduction.cause == "different-input")
+                if rid == "feplb-table3" and c.cause == "different-input":
+                    # the input's scale is a cause only where the input's own statistic is off
+                    assert cells[(row, "Before LB")].verdict in ("deviates", "explained")
             if column.endswith("per straggler row"):
                 assert c.cause == "modelling-assumption"
 
@@ -211,6 +214,15 @@ def test_table3_shows_the_trace_beside_the_paper(small_runs):
     for row in ("4/2", "4/4", "2/8"):
         assert cells[(row, "trace: rows per device (mean)")].ours == 128 * 8
     assert {c.row for c in small_runs["feplb-table3"].cells} == {"4/2", "4/4", "2/8"}
+
+
+def test_table3_shows_feplb_with_the_other_selection_rule(small_runs):
+    # FEPLB Sec. 2's rule in the FEPLB columns; the next-busiest variant as a diagnostic
+    cells = {(c.row, c.column): c for c in small_runs["feplb-table3"].cells}
+    for row in ("4/2", "4/4", "2/8"):
+        diag = cells[(row, feplb_table3.RULE)]
+        assert diag.paper is None and diag.ours is not None and diag.unit == "%"
+        assert "selects the busiest dynamic expert" in diag.note and "paired" in diag.note
 
 
 def test_fig4_compares_time_not_volume(small_runs):
