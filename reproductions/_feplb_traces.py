@@ -60,6 +60,19 @@ def check(params: dict) -> None:
             raise ValueError(f"{key} must be >= 0")
 
 
+def straggler_table_layout(unit: str) -> dict:
+    """FEPLB Tables 3 and 4 as printed: PP/EP rows; Before LB, then FasterMoE and FEPLB each with
+    the reduction in parentheses (reports/html.py ``paper_grid``)."""
+    def method(name: str) -> dict:
+        columns = [{"label": unit, "column": name}]
+        if name != "Before LB":
+            columns.append({"label": "vs Before LB (%)", "column": f"{name} vs Before LB"})
+        return {"label": name, "columns": columns}
+
+    return {"corner": "PP/EP", "rows": [row for row, _ in CONFIGS],
+            "groups": [method(name) for name in ("Before LB", "FasterMoE", "FEPLB")]}
+
+
 def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
     m = get_model("glm5-moe")
     key = (int(params["layers"]), int(params["micro_batches"]), m.n_experts, m.top_k,

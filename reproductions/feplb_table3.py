@@ -135,7 +135,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         inputs.append({"pp_ep": row, "ep": ep, **mean, "trace": stats[ep].__dict__})
     cells += _claim_cells(repro, data, stats, params)
     return Result(cells=cells, assumptions=[ft.trace_assumption(params), *ft.ASSUMPTIONS],
-                  extra={"inputs": inputs})
+                  extra={"inputs": inputs, "paper_layout": ft.straggler_table_layout("tokens")})
 
 
 def _grade_absolute(cell, method, row, pct, pct_cell, scaling, base_cell) -> None:

@@ -111,7 +111,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                    f"GEMM time per expert group: max(2 rows H F n_mat / {model.flops_per_s:.3g} FLOP/s, "
                    f"(n_mat H F + rows (2H + 2F)) x 2 B / {model.bytes_per_s:.3g} B/s), H={model.d_model}, "
                    f"F={model.d_ffn}, forward only; a device's time is the sum over its groups."]
-    return Result(cells=cells, assumptions=assumptions, extra={"inputs": inputs})
+    return Result(cells=cells, assumptions=assumptions,
+                  extra={"inputs": inputs, "paper_layout": ft.straggler_table_layout("ms")})
 
 
 def _per_row_cell(repro, row, ms, tokens, note, model):

@@ -171,6 +171,22 @@ def test_feplb_table3_derives_its_label(small_runs):
     assert_how_is_the_catalogs("feplb-table3", small_runs["feplb-table3"])
 
 
+@pytest.mark.parametrize("rid,unit", [("feplb-table3", "tokens"), ("feplb-table4", "ms")])
+def test_straggler_tables_are_laid_out_as_printed(small_runs, rid, unit):
+    from moe_repro.reports.html import paper_grid
+
+    result = small_runs[rid]
+    grid = paper_grid({"cells": [c.to_dict() for c in result.cells], "extra": result.extra})
+    assert [g["label"] for g in grid["groups"]] == ["Before LB", "FasterMoE", "FEPLB"]
+    assert grid["columns"] == [unit, unit, "vs Before LB (%)", unit, "vs Before LB (%)"]
+    # row 2/8 as FEPLB prints it: Table 3 "6,666 4,036 (-39%) 2,021 (-70%)",
+    # Table 4 "1.110 0.625 (-44%) 0.352 (-68%)"
+    printed = [c["paper_printed"] for c in grid["rows"][2]["cells"]]
+    assert printed == {"feplb-table3": ["6,666", "4,036", "-39", "2,021", "-70"],
+                       "feplb-table4": ["1.110", "0.625", "-44", "0.352", "-68"]}[rid]
+    assert all(c is not None for row in grid["rows"] for c in row["cells"])
+
+
 def test_table2_is_not_compared(small_runs):
     cells = small_runs["feplb-table2"].cells
     assert status_of(cells) == "not-compared"
