@@ -9,6 +9,8 @@ optionally ``kind: "paper"``), and may set:
 - ``xticks``: put the x ticks at exactly these values (a swept parameter's grid);
   ``xticks_binary``: label them with K = 1,024;
 - ``legend_title``, ``marker``, ``legend`` (False: none, for a single unnamed line);
+- string x values: categories, in the order first drawn; names too long to sit side by side
+  are tilted;
 - ``kind: "dots"`` with ``categories`` (each ``label``, ``value``, optional ``lo``/``hi``,
   ``group``): one row per category, value on x (a dot plot; for runs with nothing numeric swept).
 
@@ -92,7 +94,8 @@ def _dates(values) -> list:
 def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[str, bytes]:
     """Return {"png": bytes, "svg": bytes}. Series kinds: "ours" (lines), "paper" (hollow
     markers), "paper-range" (a range the paper states in words: a hatched band from ``lo`` to
-    ``hi`` over ``x``), "limit" (a horizontal line at ``y``, e.g. HBM: a bound, not data).
+    ``hi`` over ``x``; over a single x, such as one category, a vertical span with caps),
+    "limit" (a horizontal line at ``y``, e.g. HBM: a bound, not data).
     ``provenance``: text stored in the files' metadata (PNG text chunks, SVG metadata): the
     commit, date, machine and command a figure came from travel with it."""
     if fig.get("kind") == "dots":
@@ -109,8 +112,13 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
             ax.plot(x, s["y"], linestyle="none", marker="o", mfc="none", label=f"{s['label']} (paper)")
             continue
         if s.get("kind") == "paper-range":
-            ax.fill_between(x, [s["lo"]] * len(x), [s["hi"]] * len(x), facecolor="none",
-                            edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
+            if len(set(x)) == 1:  # one x (a category): a band there has no width, draw a span
+                mid, half = (s["hi"] + s["lo"]) / 2, (s["hi"] - s["lo"]) / 2
+                ax.errorbar(x[:1], [mid], yerr=[[half], [half]], fmt="none", ecolor="0.4",
+                            elinewidth=2, capsize=6, capthick=1.5, label=f"{s['label']} (paper)")
+            else:
+                ax.fill_between(x, [s["lo"]] * len(x), [s["hi"]] * len(x), facecolor="none",
+                                edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
             continue
         # "line": False for points over categories (methods), where a joining line means nothing
         points_only = {"linestyle": "none", "marker": "o"} if s.get("line") is False else {}
@@ -150,7 +158,32 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
     ax.grid(True, alpha=0.3)
     if fig.get("legend", True):
         _legend(f, ax, len(fig["series"]), fig.get("legend_title"))
+    if not dates and any(isinstance(v, str) for s in fig["series"] if s.get("kind") != "limit"
+                         for v in s["x"]):
+        _tilt_crowded_categories(f, ax)
     return _save(f, provenance)
+
+
+def _tilt_crowded_categories(f, ax) -> None:
+    """Category names (strings on x) that would run into each other are tilted, right-aligned
+    under their tick; names that fit stay level. Measured as laid out when saved; the layout is
+    then put back, so that a figure whose names fit is saved exactly as before."""
+    pars = f.subplotpars
+    before = {k: getattr(pars, k) for k in ("left", "right", "bottom", "top", "wspace", "hspace")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        f.tight_layout()
+    f.canvas.draw()
+    renderer = f.canvas.get_renderer()
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    f.subplots_adjust(**before)
+    gap = 4  # pixels: closer than this reads as one name
+    if any(a.x1 + gap > b.x0 for a, b in zip(boxes, boxes[1:])):
+        for t in labels:
+            t.set_rotation(30)
+            t.set_horizontalalignment("right")
+            t.set_rotation_mode("anchor")
 
 
 def _legend(f, ax, entries: int, title: str | None = None) -> None:
