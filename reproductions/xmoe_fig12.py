@@ -77,13 +77,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
                 repro, tokens=int(params["sim_tokens"]))
     cells += sim_cells
 
-    stages = sorted(set(res["flat_stages"]) | set(res["rbd_stages"]))
+    # Fig. 12's legend: "w/o RBD" (flat dispatch) and "w/ RBD"; each algorithm's own stages, in
+    # pipeline order, as points (a line joining different stages means nothing)
+    legend = {"flat": "w/o RBD (flat, ours)", "rbd": "w/ RBD (ours)"}
     figure = Figure(name="xmoe-fig12-breakdown",
                     title=f"Dispatch time breakdown, {nodes}x{gpn} real ranks ({device})",
                     xlabel="stage", ylabel="time (ms, median, slowest rank)",
-                    series=[{"label": f"{algo} (ours)", "x": stages,
-                             "y": [res[f"{algo}_stages"].get(s, 0.0) * 1e3 for s in stages],
-                             "kind": "ours"} for algo in ("flat", "rbd")])
+                    series=[{"label": legend[algo], "x": list(stages_of(algo)),
+                             "y": [res[f"{algo}_stages"][s] * 1e3 for s in stages_of(algo)],
+                             "kind": "ours", "line": False} for algo in ("flat", "rbd")])
     assumptions = [
         f"Real part: {point['experts']} experts (contiguous, {point['experts'] // (nodes * gpn)} per "
         f"rank), top-{point['top_k']}, {point['tokens']} tokens per rank, hidden {point['hidden']} "
