@@ -237,9 +237,6 @@ TO_FIX = {
     "feplb-fig4": "the text's '< 1%' for FEPLB is not drawn: add a paper-range series (lo 0, hi 1) at "
                   "x 'FEPLB' in reproductions/feplb_fig4.py (reports/figures.py draws a one-x band with no "
                   "width: an error bar there would show it)",
-    "xmoe-fig13": "y is activations only ('MiB kept for backward', 'GB (bf16, all layers)'), not memory: "
-                  "say 'activation memory' in both y labels in reproductions/xmoe_fig13.py (the paper's "
-                  "quantity, maximum allocated memory, also holds model states)",
 }
 
 
