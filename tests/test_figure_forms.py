@@ -233,11 +233,7 @@ FORMS = {
 
 # Forms the reproductions we do not own miss today, and what to change (strict: they flip to a
 # failure once fixed, so the mark is removed then).
-TO_FIX = {
-    "feplb-fig4": "the text's '< 1%' for FEPLB is not drawn: add a paper-range series (lo 0, hi 1) at "
-                  "x 'FEPLB' in reproductions/feplb_fig4.py (reports/figures.py draws a one-x band with no "
-                  "width: an error bar there would show it)",
-}
+TO_FIX: dict[str, str] = {}
 
 
 @functools.lru_cache(maxsize=None)
