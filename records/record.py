@@ -44,9 +44,20 @@ GRADE_MEANING = {
 VERDICTS = tuple(GRADE_MEANING)
 # Grades that compare ours with something the paper states: the evidence a reproduction rests on.
 EVIDENCE = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails")
-# Causes an ``explained`` cell may record (someone found it; the note says how).
-CAUSES = ("unit-convention", "counting-convention", "different-hardware", "modelling-assumption",
-          "paper-inconsistency", "different-input")
+# Causes an ``explained`` cell may record (someone found it; the note says how), each meaning one
+# thing; shown beside the grades.
+CAUSE_MEANING = {
+    "unit-convention": "the same quantity in other units (GB printed for GiB, ...)",
+    "counting-convention": "the same quantity counted another way (which parameters, which bytes)",
+    "different-hardware": "the paper's machine is not this one, and the difference accounts for it",
+    "modelling-assumption": "an assumption of our model, named in the note with what it moves",
+    "paper-inconsistency": "the paper contradicts itself; the note cites both statements",
+    "different-input": "our input is not the paper's (e.g. a synthetic routing trace), and the "
+                       "input's own statistics account for it",
+    "unstated-input": "the paper does not state an input the number depends on, and over that "
+                      "input's plausible range ours spans the paper's value (range in the note)",
+}
+CAUSES = tuple(CAUSE_MEANING)
 KINDS = ("reproduction", "suite")
 STORE_DIRS = {"reproduction": "reproductions", "suite": "suites"}  # kind -> store directory
 

@@ -35,9 +35,10 @@ def environment() -> Environment:
     env.filters["deviation"] = deviation
     # What every letter, grade and status means: shown on the index and on every page.
     from moe_repro import catalog
-    from moe_repro.records.record import GRADE_MEANING, STATUS_MEANING
+    from moe_repro.records.record import CAUSE_MEANING, GRADE_MEANING, STATUS_MEANING
     env.globals.update(how_meaning=catalog.HOW_MEANING, how_words=catalog.HOW,
-                       grade_meaning=GRADE_MEANING, status_meaning=STATUS_MEANING)
+                       grade_meaning=GRADE_MEANING, status_meaning=STATUS_MEANING,
+                       cause_meaning=CAUSE_MEANING)
     return env
 
 

@@ -138,6 +138,11 @@ def compute(repro: Reproduction, params: dict) -> Result:
                      "the single-layer rate, "
                      "where the profile's constant GEMM rate enters, largely cancels out of this ratio)")
         cell = repro.compare(row, TFLOPS, ours, "TFLOPS", note=note)
+        inside_span = pl is not None and bool(got) and lo <= float(t) <= hi
+        if inside_span and cell.verdict == "deviates":
+            cell.explain("unstated-input", "cause: Fig. 12 states neither the micro-batch count nor "
+                                           "its GPU count for this bar, and over alpha ours spans "
+                                           "the paper's value (above)")
         if pl is not None and head_bound and cell.verdict == "deviates":
             whole = math.log(ours / float(t))
             rest = math.log(headless.tflops_per_gpu / float(t))
