@@ -94,9 +94,14 @@ def compute(repro: Reproduction, params: dict) -> Result:
             elif i == 0:
                 cell.explain(base_cause, base_note)
             elif pct_cell[method].verdict in ("match", "close"):
+                # the third factor: the share of Before LB's straggler left, within its interval
+                left = (1 + pct[method] / 100) / (1 + float(printed_pct) / 100)
+                whole = mean[method] / float(_PRINTED[row][2 * i - 1])
                 cell.explain(base_cause, f"the reduction vs Before LB is reproduced "
                                          f"({pct[method]:+.1f}% vs {printed_pct}%), so the "
-                                         f"deviation is Before LB's: {base_note}")
+                                         f"deviation is Before LB's: {base_note}; x (share of the "
+                                         f"straggler left {left:.2f}, within the reduction's "
+                                         f"interval) = {whole:.2f}, ours / paper for this cell")
             else:
                 cell.note += ("; not explained: the reduction vs Before LB deviates too, so "
                               "Before LB's causes do not account for it")
