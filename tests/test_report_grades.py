@@ -38,9 +38,14 @@ def test_index_and_page_show_grades_causes_and_citation(results_dir, tmp_path):
     for letter in ("A &middot; analytic", "M &middot; Monte Carlo", "R &middot; real measurement",
                    "S &middot; simulated"):
         assert letter in index
+    # the legend is closed, so its one-line summary itself says what each letter means
+    summary = index[index.index("<summary>How to read this"):index.index("</summary>")]
+    assert all(f"<b>{l}</b> {w}" in summary for l, w in
+               (("A", "analytic"), ("M", "Monte Carlo"), ("R", "real measurement"), ("S", "simulated")))
+    assert 'title="outside tolerance, cause not found"' in index  # grade chips say what they mean
     # Piper's counts per grade: Table IV's GiB rows are explained, the rest match or deviate
     piper = index[index.index("Piper: Efficient Large-Scale"):index.index("X-MoE")]
-    counts = dict((g, int(n)) for n, g in re.findall(r'<span class="grade [\w-]+">(\d+) ([\w-]+)</span>', piper))
+    counts = dict((g, int(n)) for n, g in re.findall(r'<span class="grade [\w-]+"[^>]*>(\d+) ([\w-]+)</span>', piper))
     assert counts["explained"] == 8 and counts["match"] == 2 and counts["deviates"] == 4
     assert "partly-reproduced" not in piper.split("<tbody>")[1].split("</tbody>")[0]
     page = (tmp_path / "site" / "repro" / "piper-table4.html").read_text()
