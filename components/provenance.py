@@ -7,7 +7,7 @@ The functions that make numbers other than by closed-form arithmetic say so when
 - ``simulated``: the flow-level network simulator (network/simulator.py ``run_flows``) and
   replaying a balancer on a routing trace (balance/load_balance_eval.py);
 - ``monte-carlo``: estimating an expectation from seeded random samples
-  (alltoall/rbd.py ``sampled_redundancy``).
+  (alltoall/rbd.py ``sampled_redundancy_rate``).
 
 A number computed while none of them ran is ``analytic``. A reproduction opens a
 :func:`tracking` scope around the work behind a cell (reproductions/spec.py) and labels the cell
@@ -53,22 +53,32 @@ def current() -> set | None:
     return scopes[-1] if scopes else None
 
 
+def _made(compute: Callable[[], Any]) -> tuple[Any, frozenset]:
+    """(value, the kinds produced computing it): what a cache keeps."""
+    with tracking() as made:
+        value = compute()
+    return value, frozenset(made)
+
+
+def _replayed(entry: tuple[Any, frozenset]) -> Any:
+    """A cached value, its kinds announced again as if it had just been produced."""
+    value, made = entry
+    for kind in made:
+        produced(kind)
+    return value
+
+
 def remembering(maxsize: int | None = None):
     """``functools.lru_cache`` that also remembers how each value was produced and says so again
     on every hit: a cached simulation still labels the cells that use it as simulated."""
     def wrap(fn: Callable) -> Callable:
         @functools.lru_cache(maxsize)
         def produce(*args, **kwargs):
-            with tracking() as made:
-                value = fn(*args, **kwargs)
-            return value, frozenset(made)
+            return _made(lambda: fn(*args, **kwargs))
 
         @functools.wraps(fn)
         def cached(*args, **kwargs):
-            value, made = produce(*args, **kwargs)
-            for kind in made:
-                produced(kind)
-            return value
+            return _replayed(produce(*args, **kwargs))
 
         cached.cache_clear = produce.cache_clear
         return cached
@@ -79,13 +89,8 @@ def cached_in(cache: dict, key: Hashable, compute: Callable[[], Any]) -> Any:
     """``cache[key]``, computing it on a miss, with the same memory as :func:`remembering` for
     module-level dict caches."""
     if key not in cache:
-        with tracking() as made:
-            value = compute()
-        cache[key] = (value, frozenset(made))
-    value, made = cache[key]
-    for kind in made:
-        produced(kind)
-    return value
+        cache[key] = _made(compute)
+    return _replayed(cache[key])
 
 
 def letters(kinds: set | frozenset) -> str:

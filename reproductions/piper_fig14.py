@@ -51,6 +51,12 @@ PAPER_CLAIMS = [
 ]
 
 
+def _spans_paper(span: dict, paper: float | None) -> bool:
+    """Ours over the unstated inputs covers the paper's value."""
+    got = [v for v in span.values() if v is not None]
+    return paper is not None and bool(got) and min(got) <= paper <= max(got)
+
+
 def _span_note(span: dict, paper: float | None) -> str:
     got = [v for v in span.values() if v is not None]
     if not got:
@@ -58,7 +64,7 @@ def _span_note(span: dict, paper: float | None) -> str:
     lo, hi = min(got), max(got)
     if paper is None:
         where = ""
-    elif lo <= paper <= hi:
+    elif _spans_paper(span, paper):
         where = (f"; the paper's {paper:g} is inside that span: the inputs we had to choose move ours by more "
                  "than this deviation, so it does not locate a fault of the model")
     else:
@@ -161,8 +167,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         pv = repro.paper_value(row, TFLOPS)
         note = describe(pl) + " (estimate)" + _span_note(span, None if pv is None else pv.value)
         cell = repro.compare(row, TFLOPS, ours, "TFLOPS", note=note)
-        got = [v for v in span.values() if v is not None]
-        if pv is not None and got and min(got) <= pv.value <= max(got):
+        if _spans_paper(span, None if pv is None else pv.value):
             cell.explain("unstated-input", "cause: Fig. 14 states neither the sequence length nor "
                                            "the micro-batch count, and over them ours spans the "
                                            "paper's value (above)")

@@ -287,8 +287,10 @@ class Reproduction:
                              f"known: {', '.join(sorted(self.defaults)) or 'none'}")
         with tracking() as ran:
             result = self.compute(self, merged)
+        # compare() and claim() label their cells as they build them; a Cell built directly
+        # (e.g. _trainer_cells.formula_cell) gets everything that ran. No number, no how.
         for cell in result.cells:
-            if cell.how is None and cell.verdict != "not-reproduced":  # no number, no how
+            if cell.how is None and cell.verdict != "not-reproduced":
                 cell.how = letters(ran)
         return result
 
