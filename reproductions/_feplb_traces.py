@@ -257,6 +257,21 @@ def fastermoe_over_feplb_cell(repro, column: str, pairs: list, params: dict):
     return cell
 
 
+def lead_grows_claim(repro, fm_fe: dict, what: str, paper_ratios: str):
+    """The claim both FEPLB tables grade (Fig. 5 caption, "increasingly outperforming FasterMoE
+    as EP grows"): the FasterMoE / FEPLB ratio of ``what`` rises at each EP step. ``fm_fe``: EP ->
+    per-layer (FasterMoE, FEPLB) pairs; ``paper_ratios``: the paper's, as its tables imply."""
+    eps = sorted(fm_fe)
+    lead, lead_int = trend([fm_fe[ep] for ep in eps], ratio_of, increasing=True)
+    ratios = {ep: ratio_of(fm_fe[ep]) for ep in eps}
+    return repro.claim("2/8", "FEPLB's lead over FasterMoE grows with EP", lead, ratios[eps[-1]], "x",
+                       note=claim_note(lead, lead_int, "x",
+                                       f"FasterMoE / FEPLB {what} at EP = "
+                                       + ", ".join(map(str, eps)) + ": "
+                                       + ", ".join(f"{ratios[ep]:.2f}x" for ep in eps)
+                                       + f" (paper: {paper_ratios}; holds if it grows at each step)"))
+
+
 def estimate_cell(repro, row: str, column: str, ours: float, interval: tuple[float, float],
                   unit: str, note: str, interval_unit: str = ""):
     """A cell for a number estimated from the trace: graded ``close`` when the paper's value
