@@ -108,9 +108,12 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
 def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, force) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
-    Each cell gets a verdict: match (within the printed precision), deviates (with a note where
-    the cause is known), no-paper-value, or not-reproduced (with why). Deviations are results,
-    not errors: the exit code is 0.
+    Each cell gets one grade: match (within the paper's printed precision), close (within the
+    tolerance the reproduction states), explained (deviates for a cause recorded with the cell),
+    deviates (cause not found), claim-holds / claim-fails (a claim the paper states in words),
+    not-comparable (a different quantity), echo (restates an input; not evidence),
+    no-paper-value, or not-reproduced (the note says why). Deviations are results, not errors:
+    the exit code is 0.
     """
     from moe_repro.reports.site import write_reproduction_page
     from moe_repro.reports.terminal import format_result
