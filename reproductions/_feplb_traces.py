@@ -115,13 +115,15 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
                     next_if_unfit: bool = False) -> list[dict[str, MethodStats]]:
     """The replay of each layer on its own (GEMM times always modelled): [layer] -> method ->
     MethodStats over that layer's replayed micro-batches. ``history``: what the methods that
-    plan from history see, "previous" (the previous micro-batch's counts, as in training) or
+    plan from history see, "previous" (the previous micro-batch's counts, as in training),
     "actual" (this micro-batch's own counts: routing predicted exactly, a diagnostic that takes
-    the trace's predictability out). ``next_if_unfit``: FEPLB's balancer tries the next busiest
+    the trace's predictability out) or "unrelated" (the same micro-batch of the next layer, whose
+    popularity is drawn independently: history that says nothing about this micro-batch, the
+    stalest any history could be; a diagnostic). ``next_if_unfit``: FEPLB's balancer tries the next busiest
     dynamic expert when the busiest does not fit the gap (not FEPLB Sec. 2's rule; a
     diagnostic). Cached per method."""
-    if history not in ("previous", "actual"):
-        raise ValueError(f"history must be 'previous' or 'actual', got {history!r}")
+    if history not in HISTORIES:
+        raise ValueError(f"history must be one of {', '.join(HISTORIES)}, got {history!r}")
     base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,
             bool(next_if_unfit))
 
@@ -139,14 +141,20 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
     return [{name: per_method[name][layer] for name in methods} for layer in range(layers)]
 
 
+HISTORIES = ("previous", "actual", "unrelated")
+
+
 def _layer_trace(trace: RoutingTrace, layer: int, history: str) -> RoutingTrace:
-    """One layer as a trace of its own. With history "actual", every replayed micro-batch
-    becomes a pseudo-layer of two identical micro-batches, so the replay's "previous" counts
-    are the actual ones; the same micro-batches are replayed either way."""
+    """One layer as a trace of its own. With history "actual" or "unrelated", every replayed
+    micro-batch becomes a pseudo-layer of two micro-batches, [history, replayed], so the replay's
+    "previous" counts are the ones chosen; the same micro-batches are replayed either way."""
     if history == "previous":
         return RoutingTrace(trace.counts[layer:layer + 1], trace.top_k, trace.source)
-    counts = trace.counts[layer, 1:].unsqueeze(1).expand(-1, 2, -1, -1).contiguous()
-    return RoutingTrace(counts, trace.top_k, f"{trace.source} (history = actual counts)")
+    replayed = trace.counts[layer, 1:]
+    seen = replayed if history == "actual" else trace.counts[(layer + 1) % trace.num_layers, 1:]
+    counts = torch.stack([seen, replayed], dim=1).contiguous()
+    words = "actual counts" if history == "actual" else "the next layer's counts"
+    return RoutingTrace(counts, trace.top_k, f"{trace.source} (history = {words})")
 
 
 _CACHE: dict = {}

@@ -126,6 +126,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
             if method == "Before LB":
                 base_cell = cell
             _grade_absolute(cell, method, row, pct, pct_cell, scaling, base_cell)
+            if method == "FEPLB" and cell.verdict == "deviates":
+                cell.note += _uninformed_dynamic_note(params, ep, row)
             cells.append(cell)
             if method != "Before LB":
                 cells.append(pct_cell[method])
@@ -136,6 +138,26 @@ def compute(repro: Reproduction, params: dict) -> Result:
     cells += _claim_cells(repro, data, stats, params)
     return Result(cells=cells, assumptions=[ft.trace_assumption(params), *ft.ASSUMPTIONS],
                   extra={"inputs": inputs, "paper_layout": ft.straggler_table_layout("tokens")})
+
+
+def _uninformed_dynamic_note(params, ep, row) -> str:
+    """A cause tried and ruled out: which experts are dynamic. Ours designates a device's dyn
+    hottest experts from the previous micro-batch; FEPLB Sec. 2 does not say how they are
+    picked, and the one predictor it names works "periodically ... based on historical routing
+    statistics, executed at checkpoint time", which may be far staler. History from an unrelated layer bounds that
+    staleness: it says nothing about the micro-batch being balanced."""
+    layer = ft.per_layer(params, ep, "FEPLB", history="unrelated")
+    value, (lo, hi) = ft.mean_of(layer), ft.bootstrap_interval(ft.mean_of, layer)
+    paper = float(_PRINTED[row][3].replace(",", ""))
+    verdict = ("outside it" if not lo <= paper <= hi else
+               "inside that wider interval" + (f" but above both point estimates (fresh history and "
+                                               f"the stalest): not established as the cause"
+                                               if value < paper else ""))
+    return (f"; tried as a cause: which experts are dynamic (ours: each device's {params['dyn']} "
+            f"hottest in the previous micro-batch; FEPLB Sec. 2 does not say how they are picked, "
+            f"and its Router Predictor works on historical statistics at checkpoint time). Designated from an unrelated layer's counts, "
+            f"the stalest history can be, FEPLB gives {ft.fmt(value)} tokens "
+            f"({ft.interval_note((lo, hi))}), the paper's {_PRINTED[row][3]} {verdict}")
 
 
 def _grade_absolute(cell, method, row, pct, pct_cell, scaling, base_cell) -> None:

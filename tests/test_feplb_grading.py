@@ -268,6 +268,25 @@ def test_exact_history_replays_the_same_micro_batches():
         ft.evaluate_layers(params, 2, history="next")
 
 
+def test_unrelated_history_shows_the_next_layers_counts_and_replays_the_same_micro_batches():
+    # history "unrelated": the planner sees the same micro-batch of the next layer (the last
+    # layer wraps to the first); what is replayed, and so Before LB, does not change
+    params = {**ft.DEFAULTS, **SMALL}
+    trace = ft.trace_for(params, 2)
+    last = trace.num_layers - 1
+    stale = ft._layer_trace(trace, last, "unrelated")
+    assert stale.counts.shape[:2] == (2, 2)
+    assert torch.equal(stale.counts[0, 0], trace.counts[0, 1])
+    assert torch.equal(stale.counts[0, 1], trace.counts[last, 1])
+    assert torch.equal(stale.counts[1, 0], trace.counts[0, 2])
+    assert torch.equal(stale.counts[1, 1], trace.counts[last, 2])
+    assert ft.per_layer(params, 2, "Before LB", history="unrelated") == \
+        pytest.approx(ft.per_layer(params, 2, "Before LB"))
+    # the history reaches the planner: FEPLB's dynamic experts, and so its result, change
+    informed = ft.mean_of(ft.per_layer(params, 2, "FEPLB"))
+    assert ft.mean_of(ft.per_layer(params, 2, "FEPLB", history="unrelated")) != informed
+
+
 def test_fastermoe_explained_only_with_exact_history_evidence(small_runs):
     cells = {(c.row, c.column): c for c in small_runs["feplb-table3"].cells}
     for row in ("4/2", "4/4", "2/8"):
