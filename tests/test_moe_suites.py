@@ -108,3 +108,12 @@ def test_xmoe_fig11_blames_the_micro_batch_only_where_its_range_covers_the_paper
     above = _speedup_cell(REPRODUCTION, row, 10.0, 20.0, 2048, "kernels differ")
     assert above.verdict == "deviates" and "above it" in above.note and "further" not in above.note
     assert _speedup_cell(REPRODUCTION, row, 35.7, 70.0, 2048, "kernels differ").verdict == "match"
+
+
+def test_xmoe_fig11_growth_claim_needs_the_ratio_nearer_double_than_flat():
+    from moe_repro.reproductions.xmoe_fig11 import GROWTH, REPRODUCTION, _growth_claim
+
+    assert _growth_claim(REPRODUCTION, "buffer dispatch", 10.0, 19.0).verdict == "claim-holds"
+    assert _growth_claim(REPRODUCTION, "buffer dispatch", 10.0, 13.0).verdict == "claim-fails"
+    flat = _growth_claim(REPRODUCTION, "buffer combine", 10.0, 10.0)
+    assert flat.verdict == "claim-fails" and flat.column == GROWTH and flat.ours == 1.0
