@@ -12,9 +12,12 @@ on 2 ranks of this machine's CPU, with PyTorch ops. The paper's micro-batch is n
 maximum micro-batch size of power of 2 under the memory limitation", Sec. 5.1), and App. B.5
 puts the padded layer's dispatch and combine at O(c k b^2 s^2 h) against PFT's O(k b s h): their
 ratio grows with the tokens per GPU. So the gating, buffer dispatch and buffer combine stages are
-also measured at twice the tokens (micro-batch 2), and the speedup cells give both. Compare
-directions and rough factors, not absolute times: the paper's ratios depend on its GPU kernels
-and network, ours on a CPU and loopback gloo.
+also measured at twice the tokens (micro-batch 2), and the speedup cells give both. The paper's
+baseline is DeepSpeed-MoE itself: with the peers extra installed, those three rank-local stages
+also run DeepSpeed's own code (topkgating and the GShard einsums) beside pft and our padded
+layer on one rank with one thread, so the stand-in can be checked against the real baseline.
+Compare directions and rough factors, not absolute times: the paper's ratios depend on its GPU
+kernels and network, ours on a CPU and loopback gloo.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ PAPER_VALUES = [
     PaperValue("layer", REDUCTION, "62.3", "%", _SRC),
     PaperValue("alltoall", A2A_LARGE, "50.7", "%", _SRC),
 ]
+# The paper's baseline is DeepSpeed-MoE; its own code (the peers extra) runs the rank-local
+# stages on one rank: DeepSpeed's topkgating and GShard einsums (App. A, Fig. 16's form).
+PEER = "deepspeed-einsum"
+ONE_RANK = "speedup DeepSpeed's code / pft (one rank)"
+PAPER_VALUES += [PaperValue(v.row, ONE_RANK, v.printed, v.unit, v.source)
+                 for v in PAPER_VALUES if v.column == SPEEDUP]
 # Stages whose padded cost App. B.5 puts at O(b^2 s^2): measured again at twice the tokens.
 SCALED = ("gating", "buffer_dispatch", "buffer_combine")
 GROWTH, AT_B2 = "speedup growth, 2x tokens", "speedup padded / pft at micro-batch 2 (diagnostic)"
@@ -58,19 +67,28 @@ def compute(repro: Reproduction, params: dict) -> Result:
             "d_model": int(params["d_model"]), "d_ffn": int(params["d_ffn"]),
             "experts": int(params["experts"]), "top_k": int(params["top_k"]),
             "capacity_factor": float(params["capacity_factor"]), "gemm": str(params["gemm"]),
-            "dtype": "float32", "device": "auto"}
+            "dtype": "float32", "device": "auto", "threads": 0}
     if base["ranks"] < 1 or base["experts"] % base["ranks"]:
         raise ValueError("ranks must be >= 1 and divide experts")
     doubled = dict(base, tokens=2 * base["tokens"])
     points = [dict(base, impl=impl, stage=stage) for impl in ("pft", "padded")
               for stage in (*STAGES, "layer")]
     points += [dict(doubled, impl=impl, stage=stage) for impl in ("pft", "padded") for stage in SCALED]
+    peer = peer_version()
+    # one rank, one thread: the thread each rank of the two-rank world gets on this machine
+    one_rank = dict(base, ranks=1, threads=1)
+    if peer:
+        points += [dict(one_rank, impl=impl, stage=stage) for impl in ("pft", "padded", PEER)
+                   for stage in SCALED]
     records = run_grid("moe-layer", points, int(params["repeats"]), float(params["timeout_s"]))
     device = device_words()
-    at_base = [r for r in records if r["tokens"] == base["tokens"]]
-    ms = {(r["impl"], r["stage"]): r["time_s"] * 1e3 for r in at_base}
-    iqr = {(r["impl"], r["stage"]): r["time_s_iqr"] * 1e3 for r in at_base}
-    ms2 = {(r["impl"], r["stage"]): r["time_s"] * 1e3 for r in records if r["tokens"] == doubled["tokens"]}
+
+    def times(like: dict, key: str = "time_s") -> dict:
+        """(impl, stage) -> ms of the records measured at ``like``'s world, threads and tokens."""
+        return {(r["impl"], r["stage"]): r[key] * 1e3 for r in records
+                if all(r[k] == like[k] for k in ("ranks", "threads", "tokens"))}
+
+    ms, iqr, ms2, solo = times(base), times(base, "time_s_iqr"), times(doubled), times(one_rank)
     where = f"measured on {device}, {base['ranks']} gloo ranks"
     kernel_note = ("ours: PyTorch CPU ops (index_select/index_add vs einsum over [S, E, C]); "
                    "paper: Triton kernels on MI250X at EP = 8; compare the direction, not the size")
@@ -88,13 +106,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                        note=kernel_note if repro.paper_value(row, SPEEDUP) else None))
             continue
         ratio2 = ms2[("padded", stage)] / ms2[("pft", stage)] if ms2[("pft", stage)] > 0 else None
-        cells.append(_speedup_cell(repro, row, ratio, ratio2, base["tokens"], kernel_note))
+        cell = _speedup_cell(repro, row, ratio, ratio2, base["tokens"], kernel_note)
+        if peer and cell.note and solo[("pft", stage)] > 0:
+            cell.note += (f"; with DeepSpeed-MoE's own code as the baseline (one rank, rows below) "
+                          f"ours is {solo[(PEER, stage)] / solo[('pft', stage)]:.3g}x")
+        cells.append(cell)
         cells.append(repro.compare(row, AT_B2, ratio2, "x",
                                    note=f"{doubled['tokens']} tokens per rank; padded "
                                         f"{ms2[('padded', stage)]:.4g} ms, pft {ms2[('pft', stage)]:.4g} ms; "
                                         f"{where}"))
         if repro.paper_claim(row, GROWTH) is not None:
             cells.append(_growth_claim(repro, row, ratio, ratio2))
+        cells += _deepspeed_cells(repro, row, stage, solo, peer, device)
     for impl in ("pft", "padded"):
         cells.append(repro.compare("layer", f"{impl} time", ms[(impl, "layer")], "ms",
                                    note=f"whole forward (stages plus shared glue); {where}"))
@@ -150,6 +173,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"{doubled['tokens']} tokens (micro-batch 2; X-MoE does not print its micro-batch).",
         f"Device: {device}; {base['ranks']} real EP ranks (gloo over loopback), one CPU thread "
         "each; stage time = slowest rank, median of the repeats.",
+        "DeepSpeed's code (peers extra): the 'deepspeed-einsum' peer, its topkgating with the "
+        "dense [S, E, C] einsums of App. A, on one rank with one thread (the share of a rank of "
+        "the two-rank world), beside pft and our padded layer measured the same way.",
         "pft gating includes PFT construction (App. B.2 times them together); padded gating "
         "includes building the [S, E, C] dispatch mask and combine tensor (as DeepSpeed-MoE's).",
         "pft drops nothing unless an expert exceeds C = ceil(1.25 S k / E) pairs (then the lowest "
@@ -158,6 +184,39 @@ def compute(repro: Reproduction, params: dict) -> Result:
     ]
     return Result(cells=cells, assumptions=assumptions, figures=figures,
                   extra={"device": device, "records": without_samples(records)})
+
+
+def peer_version() -> str | None:
+    """DeepSpeed's version where the peers extra is installed, else None."""
+    from moe_repro.components.moe.peers import PeerUnavailable, require_peer
+
+    try:
+        return require_peer(PEER)
+    except PeerUnavailable:
+        return None
+
+
+def _deepspeed_cells(repro, row, stage, solo, peer, device) -> list:
+    """The paper's comparison with the paper's baseline: DeepSpeed-MoE's own gating, dispatch
+    and combine code against pft on one rank (these stages never leave the rank), with the
+    thread count of a rank of the two-rank world, and our padded stand-in beside it."""
+    if not peer:
+        return [repro.compare(row, ONE_RANK, None, "x",
+                              note='not reproduced: needs DeepSpeed, pip install -e ".[peers]"')]
+    ds, pft, padded = solo[(PEER, stage)], solo[("pft", stage)], solo[("padded", stage)]
+    where = f"one rank, one thread, measured on {device}"
+    return [
+        repro.compare(row, "DeepSpeed's code time (one rank)", ds, "ms",
+                      note=f"deepspeed=={peer}: its topkgating and the dense GShard einsums over "
+                           f"[S, E, C] (X-MoE App. A), around our router and expert weights; {where}"),
+        repro.compare(row, ONE_RANK, ds / pft if pft > 0 else None, "x",
+                      note=f"DeepSpeed {ds:.4g} ms / pft {pft:.4g} ms on the same rank; {where}; "
+                           "paper: X-MoE's Triton kernels against DeepSpeed-MoE on MI250X"),
+        repro.compare(row, "our padded / DeepSpeed's code (one rank)", padded / ds if ds > 0 else None,
+                      "x", note=f"our padded {padded:.4g} ms / DeepSpeed {ds:.4g} ms: how far our "
+                                f"padded stand-in is from DeepSpeed-MoE's own code (below 1: faster); "
+                                f"{where}"),
+    ]
 
 
 def _speedup_cell(repro, row, ratio, ratio2, tokens, kernel_note):

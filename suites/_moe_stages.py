@@ -47,12 +47,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def set_threads(params: dict, ctx) -> None:
-    """Intra-op threads for a local CPU run (``threads``; 0 keeps torch's default). Ranks started
-    by the launcher already got their share of the cores, so worlds are left alone."""
+    """Intra-op threads of this process (``threads``; 0 keeps what it has: torch's default in a
+    local run, the launcher's share of the cores on a rank). An explicit count also applies on
+    a rank, so a one-rank world can run with the one thread each rank of a two-rank world gets
+    on two cores (a single-threaded index_add_ is several times faster than a two-threaded one
+    there, so thread counts must match where times are compared)."""
     threads = int(params.get("threads", 0))
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
-    if threads and ctx is None:
+    if threads:
         torch.set_num_threads(threads)
 
 

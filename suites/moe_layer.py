@@ -56,7 +56,7 @@ SUITE = Suite(
     params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
             "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
             "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],
-            "dtype": ["float32"], "device": ["auto"]},
+            "dtype": ["float32"], "device": ["auto"], "threads": [0]},
     quick={"tokens": [128], "d_model": [128], "d_ffn": [96], "experts": [8], "top_k": [2],
            "stage": ["dispatch_a2a", "expert", "layer"]},
     derived_params=check_params,
@@ -77,5 +77,6 @@ SUITE = Suite(
                 "experts": "E (divisible by ranks)", "top_k": "k",
                 "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
                 "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
-                "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda"},
+                "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda",
+                "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)"},
 )

@@ -94,6 +94,18 @@ def test_xmoe_fig11_runs_over_two_ranks():
     for row in ("buffer dispatch", "buffer combine"):
         assert by[(row, "speedup growth, 2x tokens")].verdict in ("claim-holds", "claim-fails")
     assert {r["tokens"] for r in res.extra["records"]} == {32, 64}
+    # the paper's baseline's own code, on one rank with one thread, where the peers extra is in
+    from moe_repro.reproductions.xmoe_fig11 import ONE_RANK, peer_version
+
+    for row in ("gating", "buffer dispatch", "buffer combine"):
+        cell = by[(row, ONE_RANK)]
+        if peer_version():
+            assert cell.ours > 0 and cell.paper is not None and "deepspeed==" in by[
+                (row, "DeepSpeed's code time (one rank)")].note
+        else:
+            assert cell.verdict == "not-reproduced" and "peers" in cell.note
+    solo = [r for r in res.extra["records"] if r["ranks"] == 1]
+    assert all(r["threads"] == 1 for r in solo) and (len(solo) == 9 if peer_version() else not solo)
 
 
 def test_xmoe_fig11_blames_the_micro_batch_only_where_its_range_covers_the_paper():
@@ -117,3 +129,23 @@ def test_xmoe_fig11_growth_claim_needs_the_ratio_nearer_double_than_flat():
     assert _growth_claim(REPRODUCTION, "buffer dispatch", 10.0, 13.0).verdict == "claim-fails"
     flat = _growth_claim(REPRODUCTION, "buffer combine", 10.0, 10.0)
     assert flat.verdict == "claim-fails" and flat.column == GROWTH and flat.ours == 1.0
+
+
+def test_an_explicit_thread_count_applies_on_a_rank_too():
+    # a one-rank world gets both cores from the launcher; threads=1 must still give it one, the
+    # share each rank of a two-rank world has, or one-rank and two-rank times are not comparable
+    import torch
+
+    from moe_repro.suites._moe_stages import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        set_threads({"threads": 1}, ctx=object())          # on a rank
+        assert torch.get_num_threads() == 1
+        set_threads({"threads": 0}, ctx=object())          # 0 leaves it alone
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError):
+            set_threads({"threads": -1}, ctx=None)
+    finally:
+        torch.set_num_threads(before)
