@@ -155,9 +155,13 @@ def compute(repro: Reproduction, params: dict) -> Result:
                        for impl in ("padded", "pft")], yscale="log"),
         Figure(name="xmoe-fig11-speedup", title="DeepSpeed-MoE-style / X-MoE time per stage",
                xlabel="stage", ylabel="speedup of the padding-free layer (x)",
-               series=[{"label": "ours", "x": stage_x + [layer_x],
+               series=[{"label": f"ours, padded layer ({base['ranks']} ranks)", "x": stage_x + [layer_x],
                         "y": [ms[("padded", s)] / ms[("pft", s)] for s in STAGES]
                         + [ms[("padded", "layer")] / ms[("pft", "layer")]], "kind": "ours", "line": False},
+                       *([{"label": f"ours, DeepSpeed {peer}'s code (one rank)",
+                           "x": [stage_x[STAGES.index(s)] for s in SCALED],
+                           "y": [solo[(PEER, s)] / solo[("pft", s)] for s in SCALED],
+                           "kind": "ours", "line": False}] if peer else []),
                        # Sec. 5.4.1's Small-model numbers; the layer's "reduced by 62.3%" as a speedup
                        {"label": f"X-MoE Small (text; layer: {paper_cut.printed}% less time)",
                         "x": [stage_x[STAGES.index(s)] for s in paper_speedup] + [layer_x],
