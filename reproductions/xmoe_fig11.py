@@ -15,14 +15,15 @@ ratio grows with the tokens per GPU. So the gating, buffer dispatch and buffer c
 also measured at twice the tokens (micro-batch 2), and the speedup cells give both. The paper's
 baseline is DeepSpeed-MoE itself: with the peers extra installed, those three rank-local stages
 also run DeepSpeed's own code (topkgating and the GShard einsums) beside pft and our padded
-layer on one rank with one thread, so the stand-in can be checked against the real baseline.
-Compare directions and rough factors, not absolute times: the paper's ratios depend on its GPU
+layer on one rank with a rank's share of the cores, so the stand-in is checked against the real
+baseline. Compare directions and rough factors, not absolute times: the paper's ratios depend on its GPU
 kernels and network, ours on a CPU and loopback gloo.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 
@@ -75,8 +76,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
               for stage in (*STAGES, "layer")]
     points += [dict(doubled, impl=impl, stage=stage) for impl in ("pft", "padded") for stage in SCALED]
     peer = peer_version()
-    # one rank, one thread: the thread each rank of the two-rank world gets on this machine
-    one_rank = dict(base, ranks=1, threads=1)
+    # one rank with the threads each rank of the EP world gets (the launcher's share)
+    one_rank = dict(base, ranks=1, threads=max(1, (os.cpu_count() or 1) // base["ranks"]))
     if peer:
         points += [dict(one_rank, impl=impl, stage=stage) for impl in ("pft", "padded", PEER)
                    for stage in SCALED]
@@ -117,7 +118,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                         f"{where}"))
         if repro.paper_claim(row, GROWTH) is not None:
             cells.append(_growth_claim(repro, row, ratio, ratio2))
-        cells += _deepspeed_cells(repro, row, stage, solo, peer, device)
+        cells += _deepspeed_cells(repro, row, stage, solo, peer, f"one rank, {one_rank['threads']} "
+                                  f"thread(s), measured on {device}")
     for impl in ("pft", "padded"):
         cells.append(repro.compare("layer", f"{impl} time", ms[(impl, "layer")], "ms",
                                    note=f"whole forward (stages plus shared glue); {where}"))
@@ -178,8 +180,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"Device: {device}; {base['ranks']} real EP ranks (gloo over loopback), one CPU thread "
         "each; stage time = slowest rank, median of the repeats.",
         "DeepSpeed's code (peers extra): the 'deepspeed-einsum' peer, its topkgating with the "
-        "dense [S, E, C] einsums of App. A, on one rank with one thread (the share of a rank of "
-        "the two-rank world), beside pft and our padded layer measured the same way.",
+        f"dense [S, E, C] einsums of App. A, on one rank with {one_rank['threads']} thread(s) (the "
+        "share of a rank of the EP world), beside pft and our padded layer measured the same way.",
         "pft gating includes PFT construction (App. B.2 times them together); padded gating "
         "includes building the [S, E, C] dispatch mask and combine tensor (as DeepSpeed-MoE's).",
         "pft drops nothing unless an expert exceeds C = ceil(1.25 S k / E) pairs (then the lowest "
@@ -200,15 +202,14 @@ def peer_version() -> str | None:
         return None
 
 
-def _deepspeed_cells(repro, row, stage, solo, peer, device) -> list:
+def _deepspeed_cells(repro, row, stage, solo, peer, where) -> list:
     """The paper's comparison with the paper's baseline: DeepSpeed-MoE's own gating, dispatch
     and combine code against pft on one rank (these stages never leave the rank), with the
-    thread count of a rank of the two-rank world, and our padded stand-in beside it."""
+    thread count of a rank of the EP world, and our padded stand-in beside it."""
     if not peer:
         return [repro.compare(row, ONE_RANK, None, "x",
                               note='not reproduced: needs DeepSpeed, pip install -e ".[peers]"')]
     ds, pft, padded = solo[(PEER, stage)], solo[("pft", stage)], solo[("padded", stage)]
-    where = f"one rank, one thread, measured on {device}"
     return [
         repro.compare(row, "DeepSpeed's code time (one rank)", ds, "ms",
                       note=f"deepspeed=={peer}: its topkgating and the dense GShard einsums over "
