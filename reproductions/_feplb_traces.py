@@ -119,9 +119,9 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
     "actual" (this micro-batch's own counts: routing predicted exactly, a diagnostic that takes
     the trace's predictability out) or "unrelated" (the same micro-batch of the next layer, whose
     popularity is drawn independently: history that says nothing about this micro-batch, the
-    stalest any history could be; a diagnostic). ``next_if_unfit``: FEPLB's balancer tries the next busiest
-    dynamic expert when the busiest does not fit the gap (not FEPLB Sec. 2's rule; a
-    diagnostic). Cached per method."""
+    stalest any history could be; a diagnostic). ``next_if_unfit``: FEPLB's balancer tries the
+    next busiest dynamic expert when the busiest does not fit the gap (not FEPLB Sec. 2's rule;
+    a diagnostic). Cached per method."""
     if history not in HISTORIES:
         raise ValueError(f"history must be one of {', '.join(HISTORIES)}, got {history!r}")
     base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,

@@ -141,10 +141,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 
 def _uninformed_dynamic_note(params, ep, row) -> str:
-    """A cause tried and ruled out: which experts are dynamic. Ours designates a device's dyn
-    hottest experts from the previous micro-batch; FEPLB Sec. 2 does not say how they are
-    picked, and the one predictor it names works "periodically ... based on historical routing
-    statistics, executed at checkpoint time", which may be far staler. History from an unrelated layer bounds that
+    """A cause tried: which experts are dynamic. Ours designates a device's dyn hottest experts
+    from the previous micro-batch; FEPLB Sec. 2 does not say how they are picked, and the one
+    predictor it names works "periodically ... based on historical routing statistics, executed
+    at checkpoint time", which may be far staler. History from an unrelated layer bounds that
     staleness: it says nothing about the micro-batch being balanced."""
     layer = ft.per_layer(params, ep, "FEPLB", history="unrelated")
     value, (lo, hi) = ft.mean_of(layer), ft.bootstrap_interval(ft.mean_of, layer)
@@ -155,8 +155,9 @@ def _uninformed_dynamic_note(params, ep, row) -> str:
                                                if value < paper else ""))
     return (f"; tried as a cause: which experts are dynamic (ours: each device's {params['dyn']} "
             f"hottest in the previous micro-batch; FEPLB Sec. 2 does not say how they are picked, "
-            f"and its Router Predictor works on historical statistics at checkpoint time). Designated from an unrelated layer's counts, "
-            f"the stalest history can be, FEPLB gives {ft.fmt(value)} tokens "
+            f"and its Router Predictor works on historical statistics at checkpoint time). "
+            f"Designated from an unrelated layer's counts, the stalest history can be, FEPLB "
+            f"gives {ft.fmt(value)} tokens "
             f"({ft.interval_note((lo, hi))}), the paper's {_PRINTED[row][3]} {verdict}")
 
 

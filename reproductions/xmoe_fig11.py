@@ -125,7 +125,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                    note=f"whole forward (stages plus shared glue); {where}"))
     layer_cut = 100.0 * (1 - ms[("pft", "layer")] / ms[("padded", "layer")])
     cells.append(repro.compare("layer", REDUCTION, layer_cut, "%",
-                               note=f"ours at the layer above, {base['tokens']} tokens per rank, on CPU; " + kernel_note))
+                               note=f"ours at the layer above, {base['tokens']} tokens per rank, on CPU; "
+                                    + kernel_note))
     a2a = {impl: ms[(impl, "dispatch_a2a")] + ms[(impl, "combine_a2a")] for impl in ("pft", "padded")}
     ours_a2a = 100.0 * (1 - a2a["pft"] / a2a["padded"]) if base["ranks"] > 1 and a2a["padded"] > 0 else None
     cells.append(repro.compare("alltoall", f"alltoall time reduction % ({base['ranks']} ranks, ours)",
