@@ -91,7 +91,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
     ms, iqr, ms2, solo = times(base), times(base, "time_s_iqr"), times(doubled), times(one_rank)
     where = f"measured on {device}, {base['ranks']} gloo ranks"
-    kernel_note = ("ours: PyTorch CPU ops (index_select/index_add vs einsum over [S, E, C]); "
+    kernel_note = (f"ours: PyTorch ops on {device} (index_select/index_add vs einsum over [S, E, C]); "
                    "paper: Triton kernels on MI250X at EP = 8; compare the direction, not the size")
 
     cells = []
@@ -125,8 +125,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                                    note=f"whole forward (stages plus shared glue); {where}"))
     layer_cut = 100.0 * (1 - ms[("pft", "layer")] / ms[("padded", "layer")])
     cells.append(repro.compare("layer", REDUCTION, layer_cut, "%",
-                               note=f"ours at the layer above, {base['tokens']} tokens per rank, on CPU; "
-                                    + kernel_note))
+                               note=f"ours at the layer above, {base['tokens']} tokens per rank, "
+                                    f"on {device}; " + kernel_note))
     a2a = {impl: ms[(impl, "dispatch_a2a")] + ms[(impl, "combine_a2a")] for impl in ("pft", "padded")}
     ours_a2a = 100.0 * (1 - a2a["pft"] / a2a["padded"]) if base["ranks"] > 1 and a2a["padded"] > 0 else None
     cells.append(repro.compare("alltoall", f"alltoall time reduction % ({base['ranks']} ranks, ours)",
@@ -139,7 +139,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     cells.append(repro.compare("alltoall", A2A_LARGE, None, "%",
                                note="not reproduced: EP = 64 over 256 GPUs and the Large layer "
                                     "(H 7168, E 256, k 8) need a cluster; this machine runs "
-                                    f"{base['ranks']} CPU ranks over loopback"))
+                                    f"{base['ranks']} ranks on {device} over loopback"))
 
     # Fig. 11's form: the six stages (Sec. 5.4.1) as categories, one series per system (the
     # paper's DeepSpeed-MoE and X-MoE bars; here the padded layer and the padding-free one).
@@ -178,8 +178,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"per rank, fp32, forward under no_grad; X-MoE Small is H 2048, F 1408, E 64, k 6, "
         "sequence 2k; gating, buffer dispatch and buffer combine also at "
         f"{doubled['tokens']} tokens (micro-batch 2; X-MoE does not print its micro-batch).",
-        f"Device: {device}; {base['ranks']} real EP ranks (gloo over loopback), one CPU thread "
-        "each; stage time = slowest rank, median of the repeats.",
+        f"Device: {device}; {base['ranks']} real EP ranks (gloo over loopback), "
+        f"{one_rank['threads']} CPU thread(s) each (the launcher's share of the cores); stage "
+        "time = slowest rank, median of the repeats.",
         "DeepSpeed's code (peers extra): the 'deepspeed-einsum' peer, its topkgating with the "
         f"dense [S, E, C] einsums of App. A, on one rank with {one_rank['threads']} thread(s) (the "
         "share of a rank of the EP world), beside pft and our padded layer measured the same way.",
