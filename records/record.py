@@ -27,33 +27,39 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 2
-# Grades of one cell, each meaning one thing (reproductions/spec.py decides them); the words are
-# shown on the site's index and every reproduction page.
+# Grades of one cell, each meaning one thing (records/grading.py is the policy that decides them;
+# reproductions/spec.py applies it); the words are shown on the site's index and every page.
 GRADE_MEANING = {
     "match": "within the paper's printed precision (half a unit of its last digit)",
-    "close": "outside the printed precision, within the tolerance the reproduction states (shown)",
-    "explained": "outside tolerance for a cause someone found and recorded with the cell",
-    "deviates": "outside tolerance, cause not found",
+    "close": "a prediction outside the printed precision, within the one prediction tolerance "
+             "(records/grading.py)",
+    "explained": "outside the policy's bound, and the cell recomputed with the cause removed "
+                 "agrees (the counterfactual is recorded with the cell)",
+    "deviates": "outside the policy's bound; no recomputation removes the gap (the note says "
+                "what was tried, and which of our components is at fault where one is)",
+    "seed-dependent": "a sampled cell whose grade differs between seeds (the fraction of seeds "
+                      "that agree is shown)",
     "claim-holds": "a claim the paper states in words holds on our numbers",
     "claim-fails": "a claim the paper states in words fails on our numbers",
-    "not-comparable": "the paper's number is a different quantity (the note says which)",
-    "echo": "ours restates an input or a formula: shown, never counted as evidence",
+    "not-comparable": "the paper's number is a different quantity, or was measured on other "
+                      "hardware (shown side by side, not graded)",
+    "echo": "ours restates an input or follows from our own formulas: shown, never evidence",
     "no-paper-value": "the paper prints no number for this cell; ours only",
     "not-reproduced": "we have no number here (the note says why)",
 }
 VERDICTS = tuple(GRADE_MEANING)
 # Grades that compare ours with something the paper states: the evidence a reproduction rests on.
-EVIDENCE = ("match", "close", "explained", "deviates", "claim-holds", "claim-fails")
-# Causes an ``explained`` cell may record (someone found it; the note says how), each meaning one
-# thing; shown beside the grades.
+EVIDENCE = ("match", "close", "explained", "deviates", "seed-dependent", "claim-holds",
+            "claim-fails")
+# Causes an ``explained`` cell may record: each is something outside our model, and the cell is
+# recomputed with it removed (records/grading.py). Our own model's or balancer's fault is not a
+# cause: such a cell deviates and names the component (``fault``).
 CAUSE_MEANING = {
     "unit-convention": "the same quantity in other units (GB printed for GiB, ...)",
     "counting-convention": "the same quantity counted another way (which parameters, which bytes)",
-    "different-hardware": "the paper's machine is not this one, and the difference accounts for it",
-    "modelling-assumption": "an assumption of our model, named in the note with what it moves",
     "paper-inconsistency": "the paper contradicts itself; the note cites both statements",
-    "different-input": "our input is not the paper's (e.g. a synthetic routing trace), and the "
-                       "input's own statistics account for it",
+    "different-input": "our input is not the paper's (e.g. a synthetic routing trace); the cell "
+                       "recomputed on the paper's stated input agrees",
     "unstated-input": "the paper does not state an input the number depends on, and over that "
                       "input's plausible range ours spans the paper's value (range in the note)",
 }
@@ -69,29 +75,6 @@ def grade_counts(verdicts) -> dict[str, int]:
     for v in verdicts:
         counts[v] = counts.get(v, 0) + 1
     return {v: counts[v] for v in VERDICTS if v in counts}
-
-
-STATUS_MEANING = {
-    "some-deviate": "an unexplained deviation or a failed claim",
-    "explained-deviations": "every deviation has a recorded cause",
-    "reproduced": "every compared cell matches, is close, or its claim holds",
-    "partly-reproduced": "as reproduced, but some cells could not be computed here",
-    "not-compared": "numbers, but nothing the paper states to compare them with",
-    "not-reproducible-here": "nothing could be computed on this machine",
-}
-
-
-def status_of(verdicts: set[str]) -> str:
-    """One word for an index from a result's cell grades, worst first (STATUS_MEANING). A result
-    with nothing compared is never "partly reproduced"."""
-    if verdicts & {"deviates", "claim-fails"}:
-        return "some-deviate"
-    compared = verdicts & set(EVIDENCE)
-    if not compared:
-        return "not-reproducible-here" if verdicts and verdicts <= {"not-reproduced"} else "not-compared"
-    if "explained" in verdicts:
-        return "explained-deviations"
-    return "partly-reproduced" if "not-reproduced" in verdicts else "reproduced"
 
 
 class UnreadableRecord(ValueError):
@@ -133,6 +116,13 @@ class Cell(_Open):
     deviation_unit: Literal["rel", "pp"] | None = None
     cause: str | None = None  # explained cells: one of CAUSES
     tolerance: str | None = None  # close cells: the tolerance they are within
+    grade_class: str | None = None  # records/grading.py CLASSES (None: older records)
+    counterfactual: dict[str, Any] | None = None  # the cell recomputed with the cause removed
+    fault: str | None = None  # deviates: our component at fault, where one is
+    seeds: dict[str, Any] | None = None  # sampled cells: per-seed values and agreement
+    reading: str | None = None  # claims: how the paper's words were read
+    derived_from: str | None = None  # "row / column" of the cell this one is derived from
+    detail: str | None = None  # a longer investigation, shown in a linked section
     how: str | None = None  # HOW letters of what produced ours, e.g. "S" (None: older records)
 
 
@@ -185,8 +175,18 @@ class ReproductionRecord(_Record):
         return self.id
 
     @property
+    def agreement(self) -> dict[str, int]:
+        """Compared cells that agree, are explained, deviate, depend on the seed (grading.py)."""
+        from moe_repro.records.grading import agreement
+
+        return agreement(self.cells)
+
+    @property
     def status(self) -> str:
-        return status_of({c.verdict for c in self.cells})
+        """'x of y compared cells agree, ...' (records/grading.py: agreement_line)."""
+        from moe_repro.records.grading import agreement_line
+
+        return agreement_line(self.agreement)
 
 
 class SuiteRecord(_Record):

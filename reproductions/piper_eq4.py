@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from moe_repro.reproductions._suite_runs import csv_param
 from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
-from moe_repro.reproductions.spec import Figure, Reproduction, Result, Tolerance
+from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 MIB = 2.0 ** 20
-INTEGER = Tolerance()  # printed precision of an integer: +-0.5
 
 
 def eq4_activation_bytes_per_layer(mbs: int, seq: int, d_model: int, n_heads: int, top_k: int,
@@ -60,13 +59,13 @@ def compute(repro: Reproduction, params: dict) -> Result:
             source = f"Piper {eq} at PP={pp}, M={m}, i={i}"
             cells.append(formula_cell(
                 row, "micro-batches in flight at the memory peak", s["in_flight_at_peak"],
-                "micro-batches", expected, str(expected), source, INTEGER,
+                "micro-batches", expected, str(expected), source, "exact",
                 note=None if i else "counted when the saved-activation bytes reached their peak: "
                                     "micro-batches whose forward started and backward had not "
                                     "finished on that stage"))
             cells.append(formula_cell(
                 row, "peak bytes / mean micro-batch bytes", s["peak_over_mean_microbatch"],
-                "micro-batches", expected, str(expected), source, INTEGER,
+                "micro-batches", expected, str(expected), source, "exact",
                 note=None if i else "peak saved-activation bytes over the mean bytes one "
                                     "micro-batch's forward (+ loss) adds on that stage; with EP a "
                                     "micro-batch's bytes vary with the rows routed to this rank's "

@@ -7,16 +7,13 @@ number the paper prints) or :meth:`claim` (a statement the paper makes in words)
 value is looked up, never used to compute ``ours``, and the grade decided (records/record.py
 lists the grades):
 
-- ``not-reproduced``: we have no number (``ours`` is None); the note says why.
-- ``no-paper-value``: the paper printed nothing for this cell.
-- ``echo``: ours restates an input or a formula the paper also states; not evidence.
-- ``not-comparable``: the paper's number is a different quantity; the note says which.
-- ``match``: within half a unit of the paper's last printed digit.
-- ``close``: within the tolerance the spec states (relative/absolute slack), shown on the cell.
-- ``explained``: outside it, for a cause someone found and recorded (``cause`` in CAUSES, and a
-  note saying how it was established).
-- ``deviates``: outside it, cause unknown.
-- ``claim-holds`` / ``claim-fails``: a claim the paper states in words, tested on our numbers.
+The grade is the grading policy's (records/grading.py), never the reproduction's: a
+reproduction declares the class of each cell's number (``grade_class``: exact, prediction,
+sampled, other-hardware; the reproduction's default, overridable per cell) and the policy decides.
+A sampled cell passes its per-seed values (``seeds``); an ``explained`` cell passes the value
+recomputed with the cause removed (:meth:`Cell.explain`), and the policy grades that too; a claim
+in words passes the words (``reading``) and :func:`grading.read_claim` reads them. Grades are
+listed in records/record.py.
 
 Deviation: relative, (ours - paper) / |paper| (so a negative paper value keeps the sign of the
 difference), except for cells in percent, whose deviation is ours - paper in percentage points.
@@ -37,12 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal
 from typing import Any, Callable
 
 from moe_repro import catalog
 from moe_repro.catalog import HOW
 from moe_repro.components.provenance import current, letters, tracking
+from moe_repro.records import grading
 from moe_repro.records.record import CAUSES, VERDICTS  # one list of grades: the record schema's
 
 
@@ -64,8 +61,7 @@ class PaperValue:
     @property
     def half_unit(self) -> float:
         """Half a unit of the last printed digit: the rounding interval of the printed value."""
-        exponent = Decimal(self.printed.replace(",", "").lstrip("~")).as_tuple().exponent
-        return 0.5 * 10.0 ** int(exponent)
+        return grading.half_unit(self.printed)
 
 
 @dataclass(frozen=True)
@@ -76,33 +72,6 @@ class PaperClaim:
     column: str
     statement: str  # quoted or closely paraphrased from the paper
     source: str  # where: "Sec. VII-C, text on Fig. 8"
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """``close`` if |ours - paper| <= half a printed unit (if ``printed``) + rel |paper| + abs.
-    ``match`` needs the printed precision alone."""
-
-    rel: float = 0.0
-    abs: float = 0.0
-    printed: bool = True
-
-    def bound(self, paper: PaperValue) -> float:
-        return (paper.half_unit if self.printed else 0.0) + self.rel * abs(paper.value) + self.abs
-
-    @property
-    def has_slack(self) -> bool:
-        return bool(self.rel or self.abs)
-
-    def describe(self) -> str:
-        parts = []
-        if self.printed:
-            parts.append("printed precision (half a unit of the last digit)")
-        if self.rel:
-            parts.append(f"{self.rel:.1%} relative")
-        if self.abs:
-            parts.append(f"{self.abs:g} absolute")
-        return " + ".join(parts) or "exact"
 
 
 @dataclass
@@ -122,17 +91,54 @@ class Cell:
     cause: str | None = None
     tolerance: str | None = None
     how: str | None = None  # letters of catalog.HOW, from what ran (components/provenance.py)
+    grade_class: str | None = None  # records/grading.py CLASSES
+    counterfactual: dict | None = None  # explain(): the cell recomputed with the cause removed
+    fault: str | None = None  # blame(): the component of ours at fault for a deviation
+    seeds: dict | None = None  # sampled cells: {"values": [...], "agree": fraction, "range"}
+    reading: str | None = None  # claims in words: how the policy read them
+    derived_from: str | None = None  # "row / column" of the cell this one restates
+    # The note is short (at most NOTE_WORDS words: the one-line why a reader sees first); a longer
+    # investigation goes here and the page shows it in a linked section below the cells.
+    detail: str | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items()}
 
-    def explain(self, cause: str, note: str) -> "Cell":
-        """Record the cause someone found for a deviation: ``deviates`` becomes ``explained``.
-        A cell that does not deviate keeps its grade (its note is still added)."""
+    def explain(self, cause: str, note: str, counterfactual: float | list[float] | None,
+                removed: str) -> "Cell":
+        """Try a cause for a deviation by computation: ``counterfactual`` is this cell recomputed
+        with the cause removed (``removed`` says what was changed: "GiB instead of GB", "dropout
+        on"), a list of per-seed values for a sampled cell. It is graded by the same policy; if
+        it agrees, ``deviates`` becomes ``explained``; if not (or None: nothing was recomputed),
+        the cell stays ``deviates`` and the note keeps the hypothesis and what the rerun gave.
+        A cell that does not deviate keeps its grade; the note and the rerun are still added."""
         if cause not in CAUSES:
-            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
-        if self.verdict == "deviates":
+            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r} (our own "
+                             f"model's fault is not a cause: use blame())")
+        grade = None
+        if counterfactual is not None and self.paper is not None and self.paper_printed:
+            half = grading.half_unit(self.paper_printed)
+            cls = self.grade_class or "exact"
+            if isinstance(counterfactual, (list, tuple)):
+                grade, _ = grading.grade_seeds(self.paper, half, list(counterfactual))
+            else:
+                grade = grading.grade_value(self.paper, half, counterfactual, cls)
+            self.counterfactual = {"cause": cause, "removed": removed, "ours": counterfactual,
+                                   "grade": grade}
+        if self.verdict == "deviates" and grade in ("match", "close"):
             self.verdict, self.cause = "explained", cause
+            self.tolerance = None
+        elif counterfactual is None:
+            note = f"{note} (a hypothesis: not recomputed)"
+        elif grade not in ("match", "close"):
+            note = f"{note} (recomputed with {removed}: still {grade})"
+        self.note = f"{self.note}; {note}" if self.note else note
+        return self
+
+    def blame(self, component: str, note: str) -> "Cell":
+        """Name the component of ours (model, simulator, balancer, planner) at fault for a
+        deviation: the cell stays ``deviates`` (never explained) and says so."""
+        self.fault = component
         self.note = f"{self.note}; {note}" if self.note else note
         return self
 
@@ -150,28 +156,34 @@ def deviation_of(paper: float, ours: float, unit: str) -> tuple[float | None, st
     return (ours - paper) / abs(paper), "rel"
 
 
-def verdict_for(paper: PaperValue | None, ours: float | None, tolerance: Tolerance) -> str:
+def grade_of(paper: PaperValue | None, ours: float | None, grade_class: str) -> str:
+    """The policy's grade of one number (records/grading.py)."""
     if ours is None or (isinstance(ours, float) and math.isnan(ours)):
         return "not-reproduced"
     if paper is None:
         return "no-paper-value"
-    miss = abs(ours - paper.value)
-    if miss <= (paper.half_unit if tolerance.printed else 0.0):
-        return "match"
-    return "close" if miss <= tolerance.bound(paper) else "deviates"
+    return grading.grade_value(paper.value, paper.half_unit, ours, grade_class)
+
+
+NOTE_WORDS = 60  # a cell's note at most; longer text goes to Cell.detail
 
 
 @dataclass
 class Figure:
-    """Data for one figure; reports/ draws it with matplotlib (components never plot)."""
+    """Data for one figure; reports/ draws it with matplotlib (components never plot).
+    ``form`` follows the paper's figure: "lines" (default), "bars" (grouped bars, one group per
+    x category, one bar per series), "stacked-bars" (series stacked per x category), "dots".
+    A bar whose y is None and whose series lists the x in ``oom`` is labelled OOM, as papers
+    print it."""
 
     name: str
     title: str
     xlabel: str
     ylabel: str
-    series: list[dict]  # {"label", "x", "y", "kind": "ours"|"paper"}
+    series: list[dict]  # {"label", "x", "y", "kind": "ours"|"paper", optional "oom": [x, ...]}
     xscale: str = "linear"
     yscale: str = "linear"
+    form: str = "lines"
 
 
 @dataclass
@@ -190,7 +202,8 @@ class Reproduction:
     id: str
     paper_values: list[PaperValue]
     compute: Callable[["Reproduction", dict], Result]
-    tolerance: Tolerance = field(default_factory=Tolerance)
+    # The class of most cells' numbers (records/grading.py); compare(grade_class=) for others.
+    grade_class: str = "exact"
     defaults: dict[str, Any] = field(default_factory=dict)
     paper_claims: list[PaperClaim] = field(default_factory=list)
 
@@ -235,18 +248,43 @@ class Reproduction:
         return None
 
     def compare(self, row: str, column: str, ours: float | None, unit: str,
-                note: str | None = None, tolerance: Tolerance | None = None, *,
-                echo: bool = False, not_comparable: str | None = None,
+                note: str | None = None, *, grade_class: str | None = None,
+                seeds: list[float] | None = None, echo: bool = False,
+                not_comparable: str | None = None, derived_from: str | None = None,
                 made: set | None = None) -> Cell:
-        """Build the cell for (row, column): look up the paper's value and grade ours.
-        ``echo``: ours restates an input or formula (graded echo, not evidence).
+        """Build the cell for (row, column): look up the paper's value and let the policy grade
+        ours (records/grading.py).
+        ``grade_class``: this number's class (default: the reproduction's).
+        ``seeds``: a sampled cell's per-seed values (at least grading.MIN_SEEDS); each is graded
+        and the grade must hold at every seed, else ``seed-dependent``. ``ours`` is the value
+        shown (None: the median over seeds).
+        ``echo``: ours restates an input or follows from our own formulas (never evidence).
         ``not_comparable``: why the paper's number is a different quantity.
+        ``derived_from``: "row / column" of the cell this one is computed from (counted once).
         ``made``: the set a ``tracking()`` scope collected while ours was computed (else what
         had run so far in the innermost open scope)."""
         pv = self.paper_value(row, column)
-        tol = tolerance or self.tolerance
+        cls = grade_class or self.grade_class
+        if cls not in grading.GRADE_CLASSES:
+            raise ValueError(f"{self.id}: grade class must be one of {', '.join(grading.CLASSES)}")
         made = current() if made is None else made
-        verdict = verdict_for(pv, ours, tol)
+        seed_info = None
+        if cls == "sampled" or seeds is not None:
+            if cls != "sampled" or not seeds:
+                raise ValueError(f"{self.id} ({row!r}, {column!r}): a sampled cell passes seeds "
+                                 f"and grade_class='sampled'")
+            values = [float(v) for v in seeds]
+            if ours is None:
+                ours = sorted(values)[len(values) // 2] if len(values) % 2 else \
+                    0.5 * (sorted(values)[len(values) // 2 - 1] + sorted(values)[len(values) // 2])
+            seed_info = {"values": values, "range": [min(values), max(values)]}
+            if pv is None or any(math.isnan(v) for v in values):
+                verdict = grade_of(pv, ours, "prediction")
+            else:
+                verdict, agree = grading.grade_seeds(pv.value, pv.half_unit, values)
+                seed_info["agree"] = agree
+        else:
+            verdict = grade_of(pv, ours, cls)
         deviation = deviation_unit = None
         if pv is not None and ours is not None and not math.isnan(ours):
             deviation, deviation_unit = deviation_of(pv.value, ours, unit)
@@ -262,22 +300,46 @@ class Reproduction:
                     paper_unit=None if pv is None else pv.unit,
                     paper_source=None if pv is None else pv.source, deviation=deviation,
                     deviation_unit=deviation_unit,
-                    tolerance=tol.describe() if verdict == "close" else None,
-                    how=None if made is None or verdict == "not-reproduced" else letters(made))
+                    tolerance=grading.tolerance_words(cls) if verdict == "close" else None,
+                    how=None if made is None or verdict == "not-reproduced" else letters(made),
+                    grade_class=cls, seeds=seed_info, derived_from=derived_from)
 
     def claim(self, row: str, column: str, holds: bool | None, ours: float | None, unit: str,
-              note: str, made: set | None = None) -> Cell:
-        """Grade a claim the paper states in words (``paper_claims``) on our numbers: ``holds``
-        True/False, or None when ours cannot test it (not-reproduced). ``note`` says how it was
-        tested (which of our numbers, which threshold the words imply)."""
+              note: str, made: set | None = None, *, reading: str | None = None,
+              seeds_hold: list[bool] | None = None, echo: bool = False,
+              derived_from: str | None = None) -> Cell:
+        """Grade a claim the paper states in words (``paper_claims``) on our numbers.
+        ``holds``: True/False for a direction or ordering claim tested in code, None when ours
+        cannot test it (not-reproduced). ``reading``: a number in the paper's words ("2x",
+        "2-3.6x", "<1%"): the policy reads it (grading.read_claim) and tests ``ours``; pass
+        ``holds=None`` then. ``seeds_hold``: per-seed outcomes of a sampled claim (all must
+        agree, else seed-dependent). ``echo``: the claim follows from our own formulas and
+        cannot fail: shown, not evidence. ``note`` says which of our numbers test it."""
         pc = self.paper_claim(row, column)
         if pc is None:
             raise ValueError(f"{self.id}: no paper claim for ({row!r}, {column!r})")
-        verdict = "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+        read = None
+        seed_info = None
+        if reading is not None:
+            if holds is not None:
+                raise ValueError(f"{self.id} ({row!r}, {column!r}): a claim read by the policy "
+                                 f"does not also pass holds=")
+            read = grading.read_claim(reading)
+            holds = None if ours is None or math.isnan(ours) else read.holds(ours)
+        if seeds_hold is not None:
+            grades = ["claim-holds" if h else "claim-fails" for h in seeds_hold]
+            verdict, agree = grading.consensus(grades)
+            seed_info = {"holds": list(seeds_hold), "agree": agree}
+        else:
+            verdict = "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+        if echo and verdict != "not-reproduced":
+            verdict = "echo"
         made = current() if made is None else made
         return Cell(row=row, column=column, paper=None, ours=ours, unit=unit, verdict=verdict,
                     note=note, paper_printed=pc.statement, paper_source=pc.source,
-                    how=None if made is None or holds is None else letters(made))
+                    how=None if made is None or verdict == "not-reproduced" else letters(made),
+                    grade_class="claim", seeds=seed_info,
+                    reading=None if read is None else read.describe(), derived_from=derived_from)
 
     def run(self, params: dict | None = None) -> Result:
         merged = {**self.defaults, **(params or {})}
@@ -309,11 +371,9 @@ def summarize(cells: list[Cell]) -> dict[str, int]:
     return counts
 
 
-def status_of(cells: list[Cell | dict]) -> str:
-    """One word for an index (records/record.py: status_of)."""
-    from moe_repro.records.record import status_of as status_of_verdicts
-
-    return status_of_verdicts({c["verdict"] if isinstance(c, dict) else c.verdict for c in cells})
+def agreement_of(cells: list[Cell | dict]) -> str:
+    """'x of y compared cells agree, ...' (records/grading.py)."""
+    return grading.agreement_line(grading.agreement(cells))
 
 
 def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str],
@@ -329,7 +389,7 @@ def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]
         id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=how,
         how_words=" + ".join(HOW[letter] for letter in how.split("+")), simulated="S" in how,
         description=repro.description, params={**repro.defaults, **params},
-        tolerance=repro.tolerance.describe(), cells=[c.to_dict() for c in result.cells],
+        tolerance="records/grading.py (one policy)", cells=[c.to_dict() for c in result.cells],
         summary=summarize(result.cells), assumptions=result.assumptions,
         figures=[f.__dict__ for f in result.figures], extra=result.extra,
         command=" ".join(argv), environment=collect_environment(invocation or argv))

@@ -1,7 +1,7 @@
 import pytest
 
-from moe_repro.reproductions.spec import (PaperValue, Reproduction, Result, Tolerance, status_of,
-                                          summarize, verdict_for)
+from moe_repro.reproductions.spec import (PaperClaim, PaperValue, Reproduction, Result,
+                                          agreement_of, grade_of, summarize)
 
 
 def pv(printed, unit="GB"):
@@ -16,23 +16,26 @@ def test_printed_precision_interval():
 
 @pytest.mark.parametrize("ours,expected", [(1.2149, "match"), (1.2051, "match"), (1.2151, "deviates"),
                                            (1.2049, "deviates"), (None, "not-reproduced")])
-def test_verdict_at_the_rounding_boundary(ours, expected):
-    assert verdict_for(pv("1.21"), ours, Tolerance()) == expected
+def test_exact_grade_at_the_rounding_boundary(ours, expected):
+    assert grade_of(pv("1.21"), ours, "exact") == expected
 
 
-def test_no_paper_value_and_relative_slack():
-    assert verdict_for(None, 3.0, Tolerance()) == "no-paper-value"
-    assert verdict_for(pv("100"), 100.4, Tolerance(rel=0.05)) == "match"   # printed precision
-    assert verdict_for(pv("100"), 104.0, Tolerance(rel=0.05)) == "close"   # the stated slack
-    assert verdict_for(pv("100"), 106.0, Tolerance(rel=0.05)) == "deviates"
-    assert verdict_for(pv("100"), 100.4, Tolerance(printed=False)) == "deviates"
+def test_no_paper_value_and_the_prediction_rule():
+    assert grade_of(None, 3.0, "exact") == "no-paper-value"
+    assert grade_of(pv("100"), 100.4, "prediction") == "match"   # printed precision
+    assert grade_of(pv("100"), 114.0, "prediction") == "close"   # the one prediction tolerance
+    assert grade_of(pv("100"), 116.0, "prediction") == "deviates"
+    assert grade_of(pv("100"), 104.0, "exact") == "deviates"     # exact numbers have no slack
+    assert grade_of(pv("100"), 50.0, "other-hardware") == "not-comparable"
 
 
-def _repro(compute):
+def _repro(compute, **kw):
     return Reproduction(id="t-x",
                         paper_values=[PaperValue("a", "size", "2.00", "GB", "Table X"),
                                       PaperValue("b", "size", "5.0", "GB", "Table X")],
-                        compute=compute, defaults={"k": 1})
+                        paper_claims=[PaperClaim("c", "speedup", "2-3.6x", "Sec. 7"),
+                                      PaperClaim("c", "below 16 nodes", "comparable", "Sec. 7")],
+                        compute=compute, defaults={"k": 1}, **kw)
 
 
 def test_compare_builds_cells_with_a_deliberately_deviating_one():
@@ -46,21 +49,19 @@ def test_compare_builds_cells_with_a_deliberately_deviating_one():
     assert [c.verdict for c in cells] == ["match", "deviates", "no-paper-value", "not-reproduced"]
     assert cells[1].deviation == pytest.approx(0.1) and cells[1].note == "known cause"
     assert cells[0].paper_printed == "2.00" and cells[0].paper_source == "Table X"
+    assert cells[0].grade_class == "exact"
     counts = summarize(cells)
     assert {k: v for k, v in counts.items() if v} == {"match": 1, "deviates": 1, "no-paper-value": 1,
                                                       "not-reproduced": 1}
-    assert status_of(cells) == "some-deviate"
-    assert status_of(cells[:1]) == "reproduced"
-    assert status_of([cells[0], cells[3]]) == "partly-reproduced"
-    assert status_of(cells[3:]) == "not-reproducible-here"
-    # nothing compared: never "partly reproduced", whatever else the cells hold
-    assert status_of(cells[2:]) == "not-compared"
-    assert status_of(cells[2:3]) == "not-compared"
+    assert agreement_of(cells) == "1 of 2 compared cells agree, 1 deviate"
+    assert agreement_of(cells[2:]) == "nothing compared"
 
 
-def test_unknown_parameter_is_rejected():
+def test_unknown_parameter_and_unknown_class_are_rejected():
     with pytest.raises(ValueError, match="unknown parameter"):
         _repro(lambda r, p: Result(cells=[])).run({"nope": 2})
+    with pytest.raises(ValueError, match="grade class"):
+        _repro(lambda r, p: Result(cells=[r.compare("a", "size", 2.0, "GB", grade_class="loose")])).run()
 
 
 def test_percent_cells_deviate_in_points_and_negative_cells_keep_their_sign():
@@ -76,34 +77,64 @@ def test_percent_cells_deviate_in_points_and_negative_cells_keep_their_sign():
     assert delta.deviation == pytest.approx(0.1) and delta.deviation_unit == "rel"  # -0.9 is above -1.0
 
 
-def test_explained_echo_not_comparable_and_claims():
-    from moe_repro.reproductions.spec import PaperClaim
-
+def test_explained_needs_a_counterfactual_that_agrees():
     def compute(repro, params):
+        # 2.15 "GB" is 2.00 GiB: recomputed in GiB it matches -> explained
         gib = repro.compare("a", "size", 2.15, "GB").explain(
-            "unit-convention", "the paper divides by 2^30 here: 2.15 GB = 2.00 GiB")
-        close = repro.compare("b", "size", 5.2, "GB", tolerance=Tolerance(rel=0.05))
-        echo = repro.compare("a", "size", 2.0, "GB", echo=True)
-        other = repro.compare("b", "size", 9.0, "GB", not_comparable="ours is % of time, theirs of volume")
-        holds = repro.claim("c", "below 16 nodes", True, 1.1, "x", note="max ratio 1.1 <= 1.2")
-        fails = repro.claim("c", "below 16 nodes", False, 3.3, "x", note="max ratio 3.3 > 1.2")
-        return Result(cells=[gib, close, echo, other, holds, fails])
+            "unit-convention", "the paper divides by 2^30", counterfactual=2.15 / 1.0737,
+            removed="GiB instead of GB")
+        # a hypothesis with no recomputation stays deviates
+        guess = repro.compare("a", "size", 2.5, "GB").explain(
+            "unstated-input", "maybe another batch", counterfactual=None, removed="batch 2")
+        # a recomputation that still misses stays deviates, and says so
+        miss = repro.compare("b", "size", 6.0, "GB").explain(
+            "counting-convention", "embeddings counted", counterfactual=5.6, removed="no embeddings")
+        blamed = repro.compare("b", "size", 7.0, "GB").blame("planner", "our stage split")
+        return Result(cells=[gib, guess, miss, blamed])
 
-    repro = Reproduction(id="t-x", compute=compute,
-                         paper_values=[PaperValue("a", "size", "2.00", "GB", "Table X"),
-                                       PaperValue("b", "size", "5.0", "GB", "Table X")],
-                         paper_claims=[PaperClaim("c", "below 16 nodes", "comparable", "Sec. 7")])
-    cells = repro.run().cells
-    assert [c.verdict for c in cells] == ["explained", "close", "echo", "not-comparable",
-                                          "claim-holds", "claim-fails"]
-    assert cells[0].cause == "unit-convention" and "2^30" in cells[0].note
-    assert cells[1].tolerance == "printed precision (half a unit of the last digit) + 5.0% relative"
-    assert cells[4].paper_printed == "comparable" and cells[4].paper_source == "Sec. 7"
-    assert status_of(cells[:1]) == "explained-deviations"
-    assert status_of(cells[2:4]) == "not-compared"   # an echo and a different quantity: no evidence
-    assert status_of(cells[:5]) == "explained-deviations"
-    assert status_of(cells) == "some-deviate"        # a failed claim is a deviation
+    gib, guess, miss, blamed = _repro(compute).run().cells
+    assert gib.verdict == "explained" and gib.cause == "unit-convention"
+    assert gib.counterfactual["grade"] == "match" and gib.counterfactual["removed"] == "GiB instead of GB"
+    assert guess.verdict == "deviates" and "not recomputed" in guess.note
+    assert miss.verdict == "deviates" and miss.counterfactual["grade"] == "deviates"
+    assert "still deviates" in miss.note
+    assert blamed.verdict == "deviates" and blamed.fault == "planner"
     with pytest.raises(ValueError, match="cause must be one of"):
-        cells[1].explain("guess", "a hunch")
+        gib.explain("modelling-assumption", "our model", counterfactual=2.0, removed="x")
+
+
+def test_sampled_cells_hold_over_seeds_or_are_seed_dependent():
+    def compute(repro, params):
+        steady = repro.compare("b", "size", None, "GB", grade_class="sampled",
+                               seeds=[5.3, 5.4, 5.6, 5.2, 5.5])           # all within 15%
+        flips = repro.compare("b", "size", None, "GB", grade_class="sampled",
+                              seeds=[5.3, 6.5, 5.6, 5.2, 5.5])            # one seed 30% off
+        return Result(cells=[steady, flips])
+
+    steady, flips = _repro(compute).run().cells
+    assert steady.verdict == "close" and steady.ours == pytest.approx(5.4)
+    assert steady.seeds["agree"] == 1.0 and steady.seeds["range"] == [5.2, 5.6]
+    assert flips.verdict == "seed-dependent" and flips.seeds["agree"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="at least 5 seeds"):
+        _repro(lambda r, p: Result(cells=[r.compare("b", "size", None, "GB", grade_class="sampled",
+                                                    seeds=[5.0, 5.1])])).run()
+    assert agreement_of([steady, flips]) == "1 of 2 compared cells agree, 1 seed-dependent"
+
+
+def test_claims_read_by_the_policy_echo_and_derived_cells():
+    def compute(repro, params):
+        low = repro.claim("c", "speedup", None, 1.84, "x", note="best speedup", reading="2-3.6x")
+        ok = repro.claim("c", "speedup", None, 1.96, "x", note="best speedup", reading="2-3.6x")
+        echo = repro.claim("c", "below 16 nodes", True, 1.0, "x", note="our formula", echo=True)
+        derived = repro.compare("a", "size", 2.5, "GB", derived_from="b / size")
+        return Result(cells=[low, ok, echo, derived])
+
+    low, ok, echo, derived = _repro(compute).run().cells
+    assert low.verdict == "claim-fails" and ok.verdict == "claim-holds"
+    assert low.reading == "'2-3.6x' read as 1.95 to 3.65"
+    assert echo.verdict == "echo"
+    assert derived.verdict == "deviates"
+    # the derived cell is shown, not counted; the echo is not evidence
+    assert agreement_of([low, ok, echo, derived]) == "1 of 2 compared cells agree, 1 deviate"
     with pytest.raises(ValueError, match="no paper claim"):
-        repro.claim("zz", "below 16 nodes", True, 1.0, "x", note="n")
+        _repro(lambda r, p: Result(cells=[r.claim("zz", "x", True, 1.0, "x", note="n")])).run()
