@@ -1,0 +1,117 @@
+"""Issue 27: one grading policy (records/grading.py) decides every grade.
+
+Three checks, from the policy's stated rules rather than from any reproduction's numbers:
+- no reproduction carries a tolerance of its own (read from the source with ``ast``);
+- every cell of every analytic or simulated reproduction obeys the policy: an ``explained`` cell
+  has a recorded counterfactual that agrees, ``close`` only for classes with a tolerance,
+  sampled cells over at least MIN_SEEDS seeds, notes at most NOTE_WORDS words;
+- a sampled reproduction run at two disjoint seed sets gives the same grades, except in cells
+  the policy marks seed-dependent.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from moe_repro.catalog import reproduction as entry_of
+from moe_repro.records import grading
+from moe_repro.records.record import CAUSES
+from moe_repro.reproductions import all_reproductions
+from moe_repro.reproductions.spec import NOTE_WORDS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tolerance_sites(path: Path) -> list[str]:
+    """Places in one source file that decide closeness themselves: a Tolerance, a tolerance=
+    argument, a name with 'tol' in it, or |a - b| compared with a fraction written in the code."""
+    found = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and ("tol" in node.id.lower()):
+            found.append(f"{path.name}:{node.lineno} name {node.id}")
+        elif isinstance(node, ast.keyword) and node.arg and "tol" in node.arg.lower():
+            found.append(f"{path.name}:{node.value.lineno} keyword {node.arg}=")
+        elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
+              and getattr(node.left.func, "id", None) == "abs"):
+            fractions = [c.value for side in node.comparators for c in ast.walk(side)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, float)
+                         and 1e-6 < c.value < 1]
+            if fractions:
+                found.append(f"{path.name}:{node.lineno} abs(...) against {fractions}")
+    return found
+
+
+def test_no_tolerance_outside_the_policy_module():
+    # spec.py applies the policy: its ``tolerance`` is the words grading.tolerance_words gives
+    sites = [s for p in sorted((REPO / "reproductions").glob("*.py")) if p.name != "spec.py"
+             for s in _tolerance_sites(p)]
+    assert not sites, "tolerances outside records/grading.py:\n" + "\n".join(sites)
+
+
+def test_the_check_finds_a_planted_tolerance(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f(ours, paper):\n    return abs(ours - paper) <= 0.05 * paper\n"
+                       "TOL = 3\n")
+    assert len(_tolerance_sites(planted)) == 2
+
+
+def _computed_ids() -> list[str]:
+    """Reproductions a test can run: analytic, simulated or sampled (no real measurement)."""
+    return [rid for rid in all_reproductions()
+            if not (entry_of(rid).how_letters & {"R"})]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {rid: all_reproductions()[rid].run() for rid in _computed_ids()}
+
+
+def test_every_cell_obeys_the_policy(results):
+    broken = []
+    for rid, result in results.items():
+        for c in result.cells:
+            where = f"{rid} [{c.row} / {c.column}] {c.verdict}"
+            if c.verdict == "explained":
+                cf = c.counterfactual or {}
+                if c.cause not in CAUSES or cf.get("grade") not in ("match", "close"):
+                    broken.append(f"{where}: explained without an agreeing counterfactual")
+            if c.verdict == "close" and c.grade_class not in ("prediction", "sampled"):
+                broken.append(f"{where}: close in class {c.grade_class}")
+            if c.verdict == "seed-dependent" and c.grade_class != "sampled" and not c.seeds:
+                broken.append(f"{where}: seed-dependent without seeds")
+            if c.grade_class == "sampled" and c.verdict in grading.COMPARED:
+                n = len((c.seeds or {}).get("values") or (c.seeds or {}).get("holds") or [])
+                if n < grading.MIN_SEEDS:
+                    broken.append(f"{where}: sampled over {n} seeds")
+            if c.verdict in grading.COMPARED and c.grade_class is None:
+                broken.append(f"{where}: no grade class")
+            if c.note and len(c.note.split()) > NOTE_WORDS:
+                broken.append(f"{where}: note of {len(c.note.split())} words")
+    assert not broken, f"{len(broken)} cells break the policy:\n" + "\n".join(broken[:40])
+
+
+def _sampled_ids(results) -> list[str]:
+    return [rid for rid, r in results.items()
+            if "seed" in all_reproductions()[rid].defaults
+            and any(c.grade_class == "sampled" for c in r.cells)]
+
+
+def test_grades_do_not_move_with_the_seed(results):
+    ids = _sampled_ids(results)
+    assert ids, "no sampled reproduction found: the seed check would test nothing"
+    moved = []
+    for rid in ids:
+        repro = all_reproductions()[rid]
+        other = repro.run({"seed": int(repro.defaults["seed"]) + grading.MIN_SEEDS})
+        first = {(c.row, c.column): c.verdict for c in results[rid].cells}
+        for c in other.cells:
+            was = first.get((c.row, c.column))
+            if was is None or "seed-dependent" in (was, c.verdict):
+                continue
+            if was != c.verdict:
+                moved.append(f"{rid} [{c.row} / {c.column}]: {was} -> {c.verdict}")
+    assert not moved, "grades that moved with the seed:\n" + "\n".join(moved)
