@@ -330,7 +330,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "roofline GEMMs at the profile's achievable rate, no congestion beyond the profile's network "
         "efficiency, no compute/communication overlap, layers split evenly over stages with the output head "
         "on the last).",
-        f"Each TFLOPS note also gives ours over alpha in {{{', '.join(map(str, SPAN_ALPHAS))}}} at the same node "
+        f"Each TFLOPS cell's detail also gives ours over alpha in {{{', '.join(map(str, SPAN_ALPHAS))}}} at "
+        "the same node "
         "count, and the full-model TFLOPS as a fraction of the single-layer ceiling (piper-fig11), ours beside "
         "the paper's Fig. 12 / Fig. 11.",
         *(planner_assumptions(first) if first else []),

@@ -137,7 +137,7 @@ def _efficiency_note(small, mid, big, layers: int, platform: str, paper_eff: flo
         f"i.e. the inter-node all-to-all at about {100 * p.network_efficiency * comm_b / need_comm:.0f}% of "
         f"the NIC line rate instead of the profile's assumed {100 * p.network_efficiency:.0f}% (not measured "
         f"here; the paper prints no inter-node all-to-all rate, and routing imbalance, which also grows with "
-        f"EP, is not modelled): not established, so it stays a deviation")
+        f"EP, is not modelled): not established as a cause")
 
 
 def compute(repro: Reproduction, params: dict) -> Result:

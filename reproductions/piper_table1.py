@@ -139,8 +139,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                          "expert's parameters over all layers, Snowflake's '3.66B' expert (the "
                          "public config's width is 4,864)",
         ("Llama 4 Scout", TOTAL): "text model only; a hypothesis, not recomputed: the published 109B "
-                                  "includes the vision encoder (not modelled). Maverick, with the same "
-                                  "encoder, is already above its printed 400 without it",
+                                  "includes the vision encoder (not modelled). Maverick, also multimodal, "
+                                  "is already above its printed 400 without an encoder",
         ("Llama 4 Maverick", TOTAL): "the table prints the published '400B'; ours is above it by more "
                                      "than its printed precision (0.5B)",
         ("Qwen3-30B-A3B", TOTAL): "the table prints the '30B' of the model's name; ours is above it by "
