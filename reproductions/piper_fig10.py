@@ -172,32 +172,39 @@ def compute(repro: Reproduction, params: dict) -> Result:
                    for label, kw in variants.items()}
     two_seq = min_nodes({n: eq_peak(m, n * g, EQ_1F1B, seq, alpha, p, micro=2.0)[0] for n in NODES}, hbm)
     at = {n: peaks[EQ_1F1B][n] / 1e9 for n in (32, 64)}
-    cells.append(repro.compare(
+    eq_cell = repro.compare(
         ROW, MIN_NODES, eq_min, "nodes",
-        note=(f"Piper Eq. 4 as printed (stage 0, FlashAttention, b/M = 1 sequence of {seq}, M = {alpha} x PP), "
-              f"the model Fig. 10 is computed from: {at[32]:.1f} GB at 32 nodes, {at[64]:.1f} GB at 64, against "
-              f"{hbm / 1e9:g} GB. Same answer " + "; ".join(f"{k}: {_fmt_nodes(v)}" for k, v in variant_min.items()
-                                                           if v == eq_min)
-              + "; a different one " + "; ".join(f"{k}: {_fmt_nodes(v)}" for k, v in variant_min.items()
-                                                   if v != eq_min)
-              + f", and with b/M = 2 sequences: {_fmt_nodes(two_seq)}. The paper states neither its "
-              "micro-batch nor its sequence for Fig. 10; 64 follows from one sequence per micro-batch")))
+        note=(f"Piper Eq. 4 as printed (stage 0, b/M = 1 sequence of {seq}, M = {alpha} x PP): {at[32]:.1f} GB "
+              f"at 32 nodes, {at[64]:.1f} GB at 64, against {hbm / 1e9:g} GB"))
+    eq_cell.detail = (
+        f"Piper Eq. 4 as printed (stage 0, FlashAttention, b/M = 1 sequence of {seq}, M = {alpha} x PP), the "
+        f"model Fig. 10 is computed from: {at[32]:.1f} GB at 32 nodes, {at[64]:.1f} GB at 64, against "
+        f"{hbm / 1e9:g} GB. Same answer " + "; ".join(f"{k}: {_fmt_nodes(v)}" for k, v in variant_min.items()
+                                                   if v == eq_min)
+        + "; a different one " + "; ".join(f"{k}: {_fmt_nodes(v)}" for k, v in variant_min.items()
+                                           if v != eq_min)
+        + f", and with b/M = 2 sequences: {_fmt_nodes(two_seq)}. The paper states neither its "
+        "micro-batch nor its sequence for Fig. 10; 64 follows from one sequence per micro-batch")
+    cells.append(eq_cell)
     st_plain, st_ac = min_nodes(peaks[ST_1F1B], hbm), min_nodes(peaks[ST_AC], hbm)
     no_div = variant_min[next(k for k in variants if "no / EP" in k)]
     at_max = (peaks[ST_1F1B][max(NODES)] or 0) / 1e9
     cell = repro.compare(
         ROW_STAGE, MIN_NODES, st_ac if st_plain is None else st_plain, "nodes",
-        note=(f"our stage model: 1F1B without checkpointing fits at {_fmt_nodes(st_plain)} ({at_max:.1f} GB "
-              f"at {max(NODES)} nodes), with full activation checkpointing at {_fmt_nodes(st_ac)}; ours is the "
-              "smaller of the two"))
+        note=(f"our stage model: 1F1B fits at {_fmt_nodes(st_plain)} without checkpointing ({at_max:.1f} GB at "
+              f"{max(NODES)} nodes), at {_fmt_nodes(st_ac)} with it; ours is the smaller"))
     if cell.verdict == "deviates":
-        cell.explain("modelling-assumption", (
-            f"established by computation: Eq. 4 as printed gives {_fmt_nodes(eq_min)} (row above) because it "
-            f"divides the expert activations by EP; the same Eq. 4 with each GPU keeping the activations "
-            f"of the token-expert pairs it receives, as our stage model does, fits at {_fmt_nodes(no_div)} "
-            "(under 1F1B stage 0 holds PP micro-batches of L/PP layers, i.e. L layers' activations of one "
-            "micro-batch, whatever PP is). Our stage model then only fits with activation checkpointing, "
-            "which Eq. 4 does not model"))
+        # Our stage model's own accounting, not something outside it: a fault of ours, named.
+        cell.blame("stage memory model", (
+            f"it keeps each GPU's received token-expert activations; Eq. 4 with that change fits at "
+            f"{_fmt_nodes(no_div)}, so ours only fits with checkpointing, which Eq. 4 leaves out"))
+        cell.detail = (
+            f"Eq. 4 as printed gives {_fmt_nodes(eq_min)} (row above) because it divides the expert activations "
+            f"by EP; the same Eq. 4 with each GPU keeping the activations of the token-expert pairs it receives, "
+            f"as our stage model does, fits at {_fmt_nodes(no_div)} (under 1F1B stage 0 holds PP micro-batches of "
+            "L/PP layers, i.e. L layers' activations of one micro-batch, whatever PP is). Our stage model then "
+            "only fits with activation checkpointing, which Eq. 4 does not model. Which accounting the paper's "
+            "measured runs follow is not stated; the difference is our model's, so the cell is a deviation")
     cells.append(cell)
 
     # Parameters: the text's 545 is X-MoE's count in units of 2^30; the caption's 615 is not.
@@ -205,25 +212,26 @@ def compute(repro: Reproduction, params: dict) -> Result:
     cell = repro.compare(ROW, PARAMS, pc.total / GIB, "2^30 parameters ('B')",
                          note=f"{pc.total / 1e9:.1f} x 10^9 parameters = {pc.total / GIB:.2f} x 2^30 "
                               "(X-MoE Table 3's unit, see xmoe-table3)")
-    if cell.verdict == "deviates":
-        no_router = (pc.total - pc.routers) / GIB
-        pv = repro.paper_value(ROW, PARAMS)
-        medium = param_counts(get_model("xmoe-medium"))
-        if abs(no_router - pv.value) <= pv.half_unit:
-            cell.explain("counting-convention", (
-                f"without the {m.layers} routers (d E = {m.d_model * m.n_experts:,} weights each, "
-                f"{pc.routers / GIB:.2f} x 2^30 in all) ours is {no_router:.2f}, X-MoE Table 3's 545.4, which "
-                "the text prints as 545. X-MoE leaves routers out: its Medium row (55.2) also follows only "
-                f"without them ({(medium.total - medium.routers) / GIB:.3f}; with them "
-                f"{medium.total / GIB:.3f} would print {medium.total / GIB:.1f})"))
+    medium = param_counts(get_model("xmoe-medium"))
+    no_router = (pc.total - pc.routers) / GIB
+    # X-MoE's count leaves the routers out; the same recount on X-MoE's Medium row (55.2) agrees
+    # only without them (55.235; with them 55.252 prints 55.3), so it is X-MoE's rule, not one row's.
+    cell.explain("counting-convention",
+                 f"X-MoE counts without the {m.layers} routers ({pc.routers / GIB:.2f} x 2^30): "
+                 f"{no_router:.2f}, its Table 3's 545.4; its Medium row agrees only that way too",
+                 counterfactual=no_router, removed=f"the {m.layers} routers left out")
+    cell.detail = (
+        f"Without the {m.layers} routers (d E = {m.d_model * m.n_experts:,} weights each, "
+        f"{pc.routers / GIB:.2f} x 2^30 in all) ours is {no_router:.2f}, X-MoE Table 3's 545.4, which the text "
+        "prints as 545. X-MoE leaves routers out: its Medium row (55.2) also follows only without them "
+        f"({(medium.total - medium.routers) / GIB:.3f}; with them {medium.total / GIB:.3f} would print "
+        f"{medium.total / GIB:.1f})")
     cells.append(cell)
     cell = repro.compare(ROW, PARAMS_CAPTION, pc.total / 1e9, "B",
-                         note=f"{pc.total / 1e9:.1f} x 10^9 ({pc.total / GIB:.1f} x 2^30)")
-    if cell.verdict == "deviates":
-        cell.explain("paper-inconsistency", (
-            "the text names the same model '545B' (and X-MoE Table 3 545.4B), which ours reproduces (row "
-            "'parameters'); the caption's 615B matches neither unit. A 64-layer Super would count "
-            f"{pc.total / m.layers * 64 / 1e9:.1f} x 10^9, one reading of 615, not confirmed by the paper"))
+                         note=(f"{pc.total / 1e9:.1f} x 10^9 ({pc.total / GIB:.1f} x 2^30); the text names the "
+                               "same model '545B', which ours reproduces (row 'parameters'); 615 fits neither "
+                               f"unit. A 64-layer Super would count {pc.total / m.layers * 64 / 1e9:.1f} x 10^9: "
+                               "a guess fitted to the caption, not a recomputation"))
     cells.append(cell)
 
     # Claims, on our stage model.
@@ -231,15 +239,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
               if peaks[ST_1F1B][n] is not None and peaks[ST_GPIPE][n]]
     cells.append(repro.claim(
         "1F1B vs GPipe", "peak memory per GPU", bool(ratios) and max(ratios) < 1, max(ratios, default=None), "x",
+        echo=True,  # our stage model holds fewer micro-batches under 1F1B by construction
         note=f"best 1F1B / best GPipe peak per GPU (stage model) at {list(NODES)} nodes: "
-             + ", ".join(f"{r:.2f}" for r in ratios) + "; the claim holds if every ratio is below 1"))
+             + ", ".join(f"{r:.2f}" for r in ratios) + "; below 1 by our model's construction (1F1B holds at "
+             "most PP micro-batches, GPipe all M): shown, not evidence"))
     stages0 = [binding[(n, s)] for n in NODES for s in (ST_1F1B, ST_AC) if binding.get((n, s)) is not None]
     cells.append(repro.claim(
         "binding stage", "1F1B stage 0", bool(stages0) and all(s == 0 for s in stages0),
         float(max(stages0, default=0)), "stage index",
+        echo=True,  # stage 0 holds the most micro-batches in our 1F1B model by construction
         note="the stage with the largest peak in the best 1F1B layout (with and without checkpointing) at "
-             f"every node count: {sorted(set(stages0))}; the planner checks every stage, so this is a test, "
-             "not an assumption (the Super model has no embeddings or output head on the last stage)"))
+             f"every node count: {sorted(set(stages0))}; it follows from our model (1F1B stage 0 holds the "
+             "most micro-batches, and the Super model has no output head on the last stage): shown, not evidence"))
 
     fig = Figure(name="piper-fig10", title="Super model: per-GPU memory vs nodes and strategy (64 GB HBM line)",
                  xlabel="nodes (8 MI250X GCDs each)", ylabel="peak memory per GPU (GB, 10^9 bytes)",
@@ -270,4 +281,5 @@ def compute(repro: Reproduction, params: dict) -> Result:
 REPRODUCTION = Reproduction(
     id="piper-fig10",
     paper_values=PAPER_VALUES, paper_claims=PAPER_CLAIMS, compute=compute, defaults={"seq": 4096, "alpha": 4},
+    grade_class="exact",  # Fig. 10 is computed from Eq. 2-4 (Sec. VII), not measured; counts and formulas
 )

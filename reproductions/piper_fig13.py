@@ -9,7 +9,8 @@ reproduced; the speed-up over X-MoE is ours divided by X-MoE's printed value.
 from __future__ import annotations
 
 from moe_repro.components.model.zoo import get_model
-from moe_repro.reproductions._resource import best_plan, describe, planner_assumptions, words_interval
+from moe_repro.records import grading
+from moe_repro.reproductions._resource import best_plan, describe, planner_assumptions
 from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 
 _SRC = "Fig. 13 (as transcribed in piper-review.md 9.5); GPU counts from its caption"
@@ -65,15 +66,17 @@ def compute(repro: Reproduction, params: dict) -> Result:
         FITS, "memory-feasible layout", all(fits.values()), float(sum(fits.values())), "models",
         note="a layout within HBM (Eq. 7-11, checkpointing allowed) on the caption's GPU count, per model: "
              + ", ".join(f"{row} {'yes' if ok else 'no'}" for row, ok in fits.items())))
-    lo, hi = words_interval("2", "3.6")
+    # "2-3.6X" read by the policy (records/grading.py read_claim: a range at the precision of its more
+    # precise end, 1.95-3.65); the claim is about every model, so the ratio tested is the one of ours
+    # farthest outside the reading (any one inside if none is out).
+    reading = grading.read_claim("2-3.6x")
+    worst = max(ratios.values(), key=lambda r: max(reading.low - r, r - reading.high, 0.0), default=None)
     own = [float(p) / float(x) for _, _, _, p, x in _PRINTED.values()]
     cells.append(repro.claim(
-        SPEEDUP_RANGE, "ratio", (all(lo <= r < hi for r in ratios.values()) and len(ratios) == len(_PRINTED))
-        if ratios else None, min(ratios.values(), default=None), "x",
+        SPEEDUP_RANGE, "ratio", None, worst if len(ratios) == len(_PRINTED) else None, "x", reading="2-3.6x",
         note=(f"ours / X-MoE's printed TFLOPS: {', '.join(f'{row} {r:.2f}x' for row, r in ratios.items())}; "
-              f"'2-3.6X', each end read at the precision it is written in ('2' to the unit, '3.6' to a "
-              f"tenth; the paper itself calls its {min(own):.3f}x '2'), covers [{lo:g}, {hi:g}); the paper's "
-              f"own ratios are {', '.join(f'{r:.2f}x' for r in own)}; holds if every ratio of ours is inside")))
+              f"holds if every ratio is inside the reading (tested: the one farthest out); the paper's own "
+              f"ratios are {', '.join(f'{r:.2f}x' for r in own)}")))
     assumptions = [
         "GPU counts 8, 32, 80, 512 (caption); sequence 2048 for Small, 4096 otherwise (X-MoE Table 3); "
         f"1 sequence per GPU per micro-batch, M = {alpha} x PP.",
@@ -81,15 +84,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
         *planner_assumptions(best_plan("xmoe-small", platform, 1, 2048, alpha)),
     ]
     rows = [row for row, *_ in _PRINTED.values()]
-    series = [{"label": name, "x": rows, "y": [None if v is None else float(v) for v in vals], "kind": "paper"}
+    # A framework's missing bar is OOM in Fig. 13: labelled as the paper prints it.
+    series = [{"label": name, "x": rows, "y": [None if v is None else float(v) for v in vals], "kind": "paper",
+               "oom": [r for r, v in zip(rows, vals) if v is None]}
               for name, vals in FRAMEWORKS.items()]
     series += [{"label": "X-MoE", "x": rows, "y": [float(x) for *_, x in _PRINTED.values()], "kind": "paper"},
                {"label": "Piper", "x": rows, "y": [float(p) for *_, p, _ in _PRINTED.values()], "kind": "paper"},
                {"label": "Piper, ours (resource-model estimate)", "x": rows, "y": [ours_by_row[r] for r in rows],
                 "kind": "ours"}]
-    fig = Figure(name="piper-fig13", title="Throughput vs MoE frameworks (no mark: OOM); Piper on 8/32/80/512 GPUs",
+    fig = Figure(name="piper-fig13", title="Throughput vs MoE frameworks; Piper on 8/32/80/512 GPUs",
                  xlabel="model (X-MoE Table 3 configuration)",
-                 ylabel="throughput (TFLOPS per GPU = MI250X GCD)", series=series, yscale="log")
+                 ylabel="throughput (TFLOPS per GPU = MI250X GCD)", series=series, yscale="log",
+                 form="bars")  # Fig. 13's grouped bars
     return Result(cells=cells, assumptions=assumptions, figures=[fig], extra={"inputs": inputs})
 
 
@@ -97,4 +103,5 @@ REPRODUCTION = Reproduction(
     id="piper-fig13",
     paper_values=PAPER_VALUES, paper_claims=PAPER_CLAIMS, compute=compute,
     defaults={"alpha": 4, "platform": "frontier"},
+    grade_class="prediction",  # our planner predicting throughput Piper measured on Frontier
 )

@@ -7,9 +7,12 @@ table with the public configs the zoo uses, which is how its Qwen3-235B and Arct
 
 from __future__ import annotations
 
+import dataclasses
+
 from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import get_model
-from moe_repro.reproductions.spec import PaperValue, Reproduction, Result, Tolerance
+from moe_repro.records import grading
+from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 TOTAL, ACTIVE, EXPERTS, LAYERS, HIDDEN, FFN = ("Total Params", "Active Params", "Total Experts",
                                                "Layers", "Hidden Size", "FFN Dim (per expert)")
@@ -43,92 +46,139 @@ def _paper_values() -> list[PaperValue]:
 
 
 PAPER_VALUES = _paper_values()
-# Table I marks some values with "~" (approximate, footnote e); those get 5% either side.
-_APPROX = Tolerance(rel=0.05)
 
 
-def _cell(repro, row, col, ours, unit, note=None):
-    pv = repro.paper_value(row, col)
-    tol = _APPROX if pv is not None and pv.printed.startswith("~") else None
-    return repro.compare(row, col, ours, unit, note=note, tolerance=tol)
+def _agrees(pv: PaperValue, value: float) -> bool:
+    """``value`` agrees with the printed ``pv`` under the exact rule (printed precision)."""
+    return grading.grade_value(pv.value, pv.half_unit, value, "exact") == "match"
+
+
+def try_convention(repro: Reproduction, cells: dict, recount: dict, cause: str, removed: str,
+                   note: str) -> list[str]:
+    """Try a counting convention of the table as a cause, the same way on every row it applies to.
+
+    ``cells``: (row, column) -> the cell as we count it; ``recount``: (row, column) -> the same
+    cell recounted under the convention, for every cell the convention changes. A convention the
+    table does not use everywhere is not the table's convention: when it turns a cell that agrees
+    as we count it into one that does not, it is contradicted and explains nothing (the deviating
+    cells keep ``deviates``, with the hypothesis and the rows against it in the note). Otherwise
+    each deviating cell is recomputed through :meth:`Cell.explain` and the policy grades it.
+    Returns the rows that contradict it."""
+    against = [f"{row} {recount[(row, col)]:.4g} vs {repro.paper_value(row, col).printed}"
+               for (row, col) in recount
+               if _agrees(repro.paper_value(row, col), cells[(row, col)].ours)
+               and not _agrees(repro.paper_value(row, col), recount[(row, col)])]
+    for key, value in recount.items():
+        cell = cells[key]
+        if cell.verdict != "deviates":
+            continue
+        if against:
+            # said only where the recount alone would agree: the hypothesis this rules out
+            if _agrees(repro.paper_value(*key), value):
+                cell.note = _join(cell.note, f"{note}: {value:.4g}{cell.unit}, but the same count "
+                                             f"gives {'; '.join(against)}: not the table's count")
+        else:
+            cell.explain(cause, note, counterfactual=value, removed=removed)
+    return against
+
+
+def _join(note: str | None, more: str) -> str:
+    return f"{note}; {more}" if note else more
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    cells, inputs = [], []
+    cells, inputs, by = [], [], {}
+    models = {key: get_model(key) for key in _PRINTED}
+    counts = {key: param_counts(m) for key, m in models.items()}
     for key, (row, *_rest) in _PRINTED.items():
-        m = get_model(key)
-        pc = param_counts(m)
+        m, pc = models[key], counts[key]
         scale = 1e12 if key == "kimi-k2" else 1e9
-        total = _cell(repro, row, TOTAL, pc.total / scale, "T" if key == "kimi-k2" else "B")
-        active = _cell(repro, row, ACTIVE, pc.active / 1e9, "B")
-        if active.verdict == "deviates" and m.vocab:
-            no_input_emb = (pc.active - m.vocab * m.d_model) / 1e9
-            pv = repro.paper_value(row, ACTIVE)
-            if abs(no_input_emb - pv.value) <= pv.half_unit:
-                active.explain("counting-convention",
-                               f"{no_input_emb:.2f}B without the input embedding table (a lookup, not a "
-                               f"matmul) matches; the table appears to count active parameters that way")
-        if key == "deepseek-v3.2" and active.verdict == "deviates":
-            active.explain("counting-convention",
-                           f"includes the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B), "
-                           "which the table's copy of V3's 37B leaves out")
-        if key == "arctic":
-            msg = ("Snowflake's '17B active' counts a 10B dense backbone; the public config's attention, "
-                   f"residual MLP and embeddings come to {(pc.active - pc.routed_active) / 1e9:.1f}B")
-            if active.verdict == "deviates":
-                active.explain("counting-convention", msg)
-        if key == "llama4-scout" and total.verdict == "deviates":
-            total.explain("counting-convention", "text model only; the published 109B includes the "
-                          "vision encoder (not modelled)")
-        for c in (total, active):
-            pv = repro.paper_value(row, c.column)
-            if c.verdict == "deviates" and not c.note and int(c.ours) == pv.value:
-                c.explain("counting-convention",
-                          f"{c.ours:.2f} truncated is the printed {pv.printed}: the table truncates (or "
-                          "quotes the model's name) rather than rounding")
-        if key == "deepseek-v3.2" and total.verdict == "deviates":
-            total.explain("counting-convention",
-                          f"V3 plus the DSA indexer ({m.layers * m.extra_params_per_layer / 1e9:.2f}B); "
-                          "the table repeats V3's 671B")
-        cells += [total, active]
-        cells.append(repro.compare(row, EXPERTS, m.n_experts + m.n_shared, ""))
-        if key == "kimi-k2" and cells[-1].verdict == "deviates":
-            cells[-1].explain("paper-inconsistency",
-                              "384 routed + 1 shared expert; the DeepSeek rows count the shared expert "
-                              "(257, 162), this row does not")
-        cells.append(_cell(repro, row, LAYERS, m.layers, ""))
-        hidden = _cell(repro, row, HIDDEN, m.d_model, "")
-        ffn = _cell(repro, row, FFN, m.d_ffn, "")
-        if key == "qwen3-235b-a22b":
-            wrong = param_counts(type(m)(**{**m.__dict__, "d_model": 7168, "d_ffn": 2048})).total / 1e9
-            for c in (hidden, ffn):
-                c.explain("paper-inconsistency",
-                          f"the table prints DeepSeek-V3's 7,168 / 2,048; the public config has "
-                          f"4,096 / 1,536. With the printed values the model would have "
-                          f"{wrong:.0f}B parameters, not the row's 235B")
-        if key == "arctic":
-            ffn.explain("paper-inconsistency",
-                        f"3 x 7168 x 4864 x 35 layers = {3 * 7168 * 4864 * 35 / 1e9:.2f}B: the table's "
-                        "'~3,660' is one expert's parameter count across all layers (3.66B), not an FFN width")
-        cells += [hidden, ffn]
-        # The configuration columns restate the public config the zoo was typed from: a match
-        # checks the table's transcription, not a computation, so it is an echo, not evidence.
-        for c in cells[-4:]:
-            if c.verdict in ("match", "close"):
+        by[(row, TOTAL)] = repro.compare(row, TOTAL, pc.total / scale, "T" if key == "kimi-k2" else "B")
+        by[(row, ACTIVE)] = repro.compare(row, ACTIVE, pc.active / 1e9, "B")
+        by[(row, EXPERTS)] = repro.compare(row, EXPERTS, m.n_experts + m.n_shared, "")
+        by[(row, LAYERS)] = repro.compare(row, LAYERS, m.layers, "")
+        by[(row, HIDDEN)] = repro.compare(row, HIDDEN, m.d_model, "")
+        by[(row, FFN)] = repro.compare(row, FFN, m.d_ffn, "")
+        inputs.append({"model": key, **pc.to_dict(), "source": m.source})
+    rows = {key: row for key, (row, *_rest) in _PRINTED.items()}
+    found = {}
+
+    # Active parameters without the input embedding table (a lookup, not a matmul): it would fit
+    # DeepSeek-V3/V3.2 and Kimi K2, so it is tried on every row of the column, as the table's rule.
+    found["input embedding"] = try_convention(
+        repro, by, {(rows[k], ACTIVE): (counts[k].active - models[k].vocab * models[k].d_model) / 1e9
+                    for k in _PRINTED if models[k].vocab},
+        "counting-convention", "the input embedding table left out",
+        "without the input embedding table")
+    # DeepSeek-V3.2 is V3 plus the DSA indexer; the table repeats V3's numbers for it.
+    v32 = models["deepseek-v3.2"]
+    no_indexer = dataclasses.replace(v32, extra_params_per_layer=0)
+    pc = param_counts(no_indexer)
+    found["indexer"] = try_convention(
+        repro, by, {(rows["deepseek-v3.2"], TOTAL): pc.total / 1e9,
+                    (rows["deepseek-v3.2"], ACTIVE): pc.active / 1e9},
+        "counting-convention", f"the DSA indexer ({v32.layers * v32.extra_params_per_layer / 1e9:.2f}B) "
+        "left out", "the table repeats DeepSeek-V3's row: recounted without V3.2's DSA indexer")
+    # Total experts: Kimi K2 has 384 routed + 1 shared; counting routed experts only, every row.
+    found["routed only"] = try_convention(
+        repro, by, {(rows[k], EXPERTS): float(models[k].n_experts) for k in _PRINTED
+                    if models[k].n_shared and repro.paper_value(rows[k], EXPERTS)},
+        "counting-convention", "the shared expert left out", "counting routed experts only")
+
+    # Deviations no recount of ours removes: what is known, as hypotheses (not recomputed).
+    arctic, scout, qwen = models["arctic"], models["llama4-scout"], models["qwen3-235b-a22b"]
+    dense = (counts["arctic"].active - counts["arctic"].routed_active) / 1e9
+    one_expert = 3 * arctic.d_model * arctic.d_ffn * arctic.layers
+    notes = {
+        ("Arctic", ACTIVE): f"Snowflake states 17B as a '10B dense' part plus 2 x 3.66B experts; the "
+                            f"public config's dense part (attention, residual MLP, embeddings) counts "
+                            f"{dense:.1f}B. A hypothesis: the 10B is not a count we can recompute",
+        ("Arctic", TOTAL): f"same gap as the active count: the dense part counts {dense:.1f}B, not "
+                           "Snowflake's '10B'",
+        ("Arctic", FFN): f"not an FFN width: 3 x 7168 x 4864 x 35 layers = {one_expert / 1e9:.4f}B is one "
+                         "expert's parameters over all layers, Snowflake's '3.66B' expert (the "
+                         "public config's width is 4,864)",
+        ("Llama 4 Scout", TOTAL): "text model only; a hypothesis, not recomputed: the published 109B "
+                                  "includes the vision encoder (not modelled). Maverick, also multimodal, "
+                                  "is already above its printed 400 without an encoder",
+        ("Llama 4 Maverick", TOTAL): "the table prints the published '400B'; ours is above it by more "
+                                     "than its printed precision (0.5B)",
+        ("Qwen3-30B-A3B", TOTAL): "the table prints the '30B' of the model's name; ours is above it by "
+                                  "more than its printed precision (0.5B)",
+    }
+    wrong = param_counts(dataclasses.replace(qwen, d_model=7168, d_ffn=2048)).total / 1e9
+    for col in (HIDDEN, FFN):
+        notes[("Qwen3-235B-A22B", col)] = (
+            f"the table prints DeepSeek-V3's 7,168 / 2,048; the public config has 4,096 / 1,536. "
+            f"With the printed values the model would have {wrong:.0f}B parameters, not the row's 235B")
+    for key, note in notes.items():
+        if by[key].verdict == "deviates":
+            by[key].note = _join(by[key].note, note)
+
+    for key, (row, *_rest) in _PRINTED.items():
+        for col in (TOTAL, ACTIVE, EXPERTS, LAYERS, HIDDEN, FFN):
+            c = by[(row, col)]
+            # The configuration columns restate the public config the zoo was typed from: a match
+            # checks the table's transcription, not a computation, so it is an echo, not evidence.
+            if col not in (TOTAL, ACTIVE) and c.verdict == "match":
                 c.verdict = "echo"
                 c.note = "configuration value (ours is the public config's): a transcription check"
-        inputs.append({"model": key, **pc.to_dict(), "source": m.source})
+            cells.append(c)
     assumptions = [
         "Weights only (biases ignored), RMSNorm weights counted; Qwen3's per-head q/k norms left out.",
         "Active = total minus routed experts plus top-k routed experts per MoE layer; embeddings counted "
         "whole (input table and untied output head).",
         "DeepSeek counts exclude the multi-token-prediction module; Llama 4 counts the text model only.",
-        "Cells the table marks with '~' match within 5%; the others within their printed precision.",
+        "Every cell is graded at the table's printed precision, '~' included (records/grading.py, exact).",
+        "A counting convention is tried as a cause on every row it applies to; one that breaks a row "
+        "that agrees without it is not the table's and explains nothing: "
+        + "; ".join(f"{name}: contradicted by {', '.join(rows_)}" if rows_ else f"{name}: not contradicted"
+                    for name, rows_ in found.items()) + ".",
     ]
     return Result(cells=cells, assumptions=assumptions, extra={"inputs": inputs})
 
 
 REPRODUCTION = Reproduction(
     id="piper-table1",
-    paper_values=PAPER_VALUES, compute=compute,
+    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",
 )
