@@ -62,5 +62,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig17",
-    paper_values=PAPER_VALUES, compute=compute, defaults={"capacity_factor": 1.0, "G": 4},
+    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",  # Eq. 1-2 verdicts
+    defaults={"capacity_factor": 1.0, "G": 4},
 )
