@@ -174,6 +174,8 @@ def test_xmoe_table4_theoretical_by_hand():
     ours = cells[("Memory (GB)", "Theoretical")]
     assert ours.ours == pytest.approx(nbytes / GB, rel=1e-12)
     assert (ours.verdict, ours.cause) == ("explained", "unit-convention")
+    # explained by its recorded counterfactual: the same bytes in GiB, which print as 1.125
+    assert ours.counterfactual["ours"] == nbytes / GiB and ours.counterfactual["grade"] == "match"
     expr = cells[(xmoe_table4.EXPR_ROW, "Theoretical")]
     assert expr.verdict == "echo" and expr.ours == pytest.approx(nbytes / GB, rel=1e-12)
 
