@@ -44,15 +44,17 @@ def _ssmb_claims(repro: Reproduction, degrees: list[int], tp_ep: list[float], ss
         return [repro.claim(*LOWER, None, None, "x", note="needs a TP degree above 1"),
                 repro.claim(*GROWS, None, None, "x", note="needs a TP degree above 1")]
     lower = all(b < a and not comparable(a, b) for _, a, b in sharded)
-    grows = len(degrees) > 1 and all(r2 > r1 for r1, r2 in zip(ratios, ratios[1:]))
     words = ", ".join(f"TP={g}: {r:.2f}x" for g, r in zip(degrees, ratios))
     tol = f"{PREDICTION_TOLERANCE:.0%}"
-    return [
-        repro.claim(*LOWER, lower, min(a / b for _, a, b in sharded), "x",
-                    note=f"w/o / w/ SSMB, measured: {words}; holds if lower beyond {tol} at every TP > 1"),
-        repro.claim(*GROWS, grows, ratios[-1] / ratios[0], "x",
-                    note=f"w/o / w/ SSMB, measured: {words}; holds if it rises with each TP step"),
-    ]
+    cells = [repro.claim(*LOWER, lower, min(a / b for _, a, b in sharded), "x",
+                         note=f"w/o / w/ SSMB, measured: {words}; holds if lower beyond {tol} at every TP > 1")]
+    if len(degrees) < 2:
+        cells.append(repro.claim(*GROWS, None, None, "x", note="needs two TP degrees or more"))
+    else:
+        grows = all(r2 > r1 for r1, r2 in zip(ratios, ratios[1:]))
+        cells.append(repro.claim(*GROWS, grows, ratios[-1] / ratios[0], "x",
+                                 note=f"w/o / w/ SSMB, measured: {words}; holds if it rises with each TP step"))
+    return cells
 
 
 def compute(repro: Reproduction, params: dict) -> Result:

@@ -88,6 +88,9 @@ def test_xmoe_fig13_ssmb_claims_by_hand():
     # 10% lower is "comparable" (within 15%), not significantly lower; the ratio does not grow
     got = {c.column: c.verdict for c in xmoe_fig13._ssmb_claims(repro, [1, 2, 4], [10, 10, 10], [10, 9, 9])}
     assert got == {"lower with SSMB": "claim-fails", "benefit grows with TP": "claim-fails"}
+    # one TP degree cannot show a benefit growing with TP
+    got = {c.column: c.verdict for c in xmoe_fig13._ssmb_claims(repro, [2], [10], [5])}
+    assert got == {"lower with SSMB": "claim-holds", "benefit grows with TP": "not-reproduced"}
 
 
 def test_xmoe_appc1_placement_claims_by_hand():
