@@ -103,3 +103,18 @@ def test_xmoe_appc1_placement_claims_by_hand():
     ratios = {"mixtral-8x7b": ("Mixtral", 1.1), "xmoe-large": ("Large", 0.9), "deepseek-v3": ("V3", 1.2)}
     got = [c.verdict for c in xmoe_appc1._placement_claims(repro, ratios, made=set())]
     assert got == ["claim-fails", "claim-fails"]
+
+
+# --- xmoe-fig17: App. C.2's statements on the saving / cost ratio ------------------------------
+
+def test_xmoe_fig17_ratio_and_claims_by_hand():
+    # A_saving / M_mincost = 4 c k S H / (8 H_FFN H) = c k S / (2 H_FFN), c = 1 (public configs:
+    # Mixtral 8x7B k 2, H_FFN 14336; DeepSeek-V3 k 8, H_FFN 2048; Arctic k 2, H_FFN 4864)
+    cells = {(c.row, c.column): c for c in all_reproductions()["xmoe-fig17"].run().cells}
+    assert cells[("Mixtral-8x7b", "S=8192")].ours == pytest.approx(2 * 8192 / (2 * 14336))
+    assert cells[("DeepSeek-v3", "S=2048")].ours == pytest.approx(8 * 2048 / (2 * 2048))
+    assert cells[("Arctic", "S=4096")].ours == pytest.approx(2 * 4096 / (2 * 4864))  # < 1: TED
+    assert cells[("Arctic", "S=8192")].ours == pytest.approx(2 * 8192 / (2 * 4864))  # > 1: SSMB
+    claims = [c for c in cells.values() if c.grade_class == "claim"]
+    assert len(claims) == 13 and all(c.verdict == "claim-holds" for c in claims)
+    assert cells[("Arctic", "choice vs S")].ours == 8192
