@@ -2,9 +2,11 @@
 
 For each model, node count and context of Table 2 we estimate the per-rank memory of MoP's plan
 (mop-table1's ``mop_plan_bytes``: D = W, P = 8) and of Table 3's FSDP-best configuration
-(``fsdp_best_bytes`` here) from the public formulas (components/resources/formulas.py) and compare
-'fits in 141 GB' with the table: a printed throughput means it fit (1), 'OOM' that it did not
-(0). Throughputs themselves are not estimated.
+(``fsdp_best_bytes`` here) from the public formulas (components/resources/formulas.py). Each cell
+of Table 2 is a statement in words, quoted as printed: a throughput says the configuration ran,
+"OOM" that it ran out of device memory. The policy reads "OOM" as "over 141 GB" per rank and a
+printed throughput as "at most 141 GB" (grading.read_claim) and grades our per-rank bytes
+against that. Throughputs themselves are not estimated.
 
 FSDP-best per rank, W = FSDP x CP x TP GPUs, EP carved out of them (Table 3):
 
@@ -18,7 +20,7 @@ FSDP-best per rank, W = FSDP x CP x TP GPUs, EP carved out of them (Table 3):
 - FSDP2's prefetch: two layers' gathered bf16 weights; bf16 + fp32 logits of N V / TP (loss
   parallel); the platform's framework overhead.
 
-Three FSDP-best cells fit here where Table 2 prints OOM (600B @ 128K, 1T @ 512K, 1T @ 1M). No
+Three FSDP-best cells fit here where Table 2 prints OOM (claim-fails) (600B @ 128K, 1T @ 512K, 1T @ 1M). No
 cause is established: ``WHAT_IF`` lists the candidates tested one at a time (none applied), and
 ``context_factor_bounds`` shows that no single factor on the context-dependent bytes fits all
 three models' borders; the assumptions report both.
@@ -32,9 +34,9 @@ from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import formulas as F
 from moe_repro.reproductions.mop_table1 import (ACT_BYTES, MOP_SETTINGS, PLATFORM, PRECISION, largest_dense_layer,
                                                 mop_plan_bytes, settings_lines)
-from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
+from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result
 
-_SRC = "MoP Table 2 (a printed throughput = fits: 1; OOM = 0)"
+_SRC = "MoP Table 2 (tokens/s/GPU as printed; 'OOM': out of device memory)"
 CTX = {"64K": 65536, "128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 # model key -> label, nodes, Table 3 (fsdp, ep, cp, tp, offload), {context: (MoP, FSDP-best) as printed}
 _TABLE = {
@@ -46,9 +48,12 @@ _TABLE = {
     "mop-1t": ("1T", 12, (3, 96, 4, 8, True),
                {"128K": ("166", "25"), "256K": ("140", "17"), "512K": ("108", "OOM"), "1M": ("100", "OOM")}),
 }
-PAPER_VALUES = [PaperValue(f"{label} @ {ctx}", col, "0" if v == "OOM" else "1", "fits", _SRC)
+SYSTEMS = ("MoP", "FSDP-best")
+# Each cell of Table 2 is a statement in words: a printed throughput says the configuration ran
+# (fit in device memory), "OOM" that it did not. Quoted as printed; graded on our per-rank bytes.
+PAPER_CLAIMS = [PaperClaim(f"{label} @ {ctx}", col, v, _SRC)
                 for label, _, _, rows in _TABLE.values() for ctx, pair in rows.items()
-                for col, v in zip(("MoP fits", "FSDP-best fits"), pair)]
+                for col, v in zip(SYSTEMS, pair)]
 FSDP_ZERO_STAGE = 3  # MoP Sec. 2.3: "ZeRO-3 / FSDP-FULL_SHARD"
 LOGIT_BYTES = 2 + 4  # bf16 logits and the fp32 copy the loss reads (not stated)
 
@@ -197,6 +202,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     what_if: dict[str, dict[str, float]] = {}  # row -> candidate -> GB under HBM (negative: over)
     fsdp_fits: dict[str, tuple[bool, bool]] = {}  # row -> (paper fits, ours fits)
     bounds: dict[str, tuple[float, float]] = {}
+    mem: dict[str, tuple[float, float, bool]] = {}  # row -> (MoP GB, FSDP-best GB, paper OOM)
     for key, (label, nodes, (fsdp, ep, cp, tp, off), rows) in _TABLE.items():
         m = get_model(key)
         W = nodes * p.gpus_per_node
@@ -219,23 +225,29 @@ def compute(repro: Reproduction, params: dict) -> Result:
                             for k, v in what_if_bytes(m, fsdp, ep, cp, tp, off, S).items()}
             extra[row] = {"mop_bytes": mop, "fsdp_bytes": fs, "fsdp_bytes_no_checkpointing": no_ckpt,
                           "fsdp_what_if_GB_under_hbm": what_if[row]}
-            cells.append(repro.compare(row, "MoP fits", float(mop_total <= hbm), "fits",
-                                       note=f"{mop_total / 1e9:.1f} GB per rank (public formulas, mop-table1's "
-                                            f"plan: D = W = {W}, P = {P}); {_margin(mop_total, hbm)}"))
+            hbm_gb = f"{hbm / 1e9:g} GB"
+            # "OOM" read as more than the HBM per rank; a printed throughput as at most the HBM.
+            reading = lambda printed: f"over {hbm_gb}" if printed == "OOM" else f"at most {hbm_gb}"
+            cells.append(repro.claim(row, "MoP", None, mop_total / 1e9, "GB per rank",
+                                     reading=reading(rows[ctx][0]),
+                                     note=f"ours: {_words(mop_total, hbm)} (public formulas, mop-table1's "
+                                          f"plan: D = W = {W}, P = {P})"))
             top = max(fs, key=fs.get)
             sp = " (SP)" if tp > 1 else ""
-            unexplained = ""
+            cell = repro.claim(
+                row, "FSDP-best", None, fs_total / 1e9, "GB per rank", reading=reading(rows[ctx][1]),
+                note=f"ours: {_words(fs_total, hbm)}; largest term {top} {fs[top] / 1e9:.1f} GB; "
+                     f"FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
+                     f"{'optimizer offloaded' if off else 'no offload'}")
+            cell.detail = f"Without activation checkpointing: {no_ckpt / 1e9:.0f} GB per rank."
             if paper_fits != (fs_total <= hbm):
-                unexplained = ("; cause not found: each tested candidate leaves it fitting, breaks a "
-                               "matching cell or departs from the stated setup (assumptions); GB under "
-                               "HBM with each: "
-                               + ", ".join(f"{k} {v:.1f}" for k, v in what_if[row].items()))
-            cells.append(repro.compare(
-                row, "FSDP-best fits", float(fs_total <= hbm), "fits",
-                note=f"{fs_total / 1e9:.1f} GB per rank (public formulas; largest term {top} "
-                     f"{fs[top] / 1e9:.1f} GB); {_margin(fs_total, hbm)}; without activation "
-                     f"checkpointing {no_ckpt / 1e9:.0f} GB; FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
-                     f"{'optimizer offloaded' if off else 'no offload'}{unexplained}"))
+                cell.note += "; cause not found (detail)"
+                cell.detail += (" Cause not found: each tested candidate leaves it fitting, breaks a "
+                                "matching cell or departs from the stated setup (assumptions). GB "
+                                "under HBM with each: "
+                                + ", ".join(f"{k} {v:.1f}" for k, v in what_if[row].items()) + ".")
+            cells.append(cell)
+            mem[row] = (mop_total / 1e9, fs_total / 1e9, rows[ctx][1] == "OOM")
         bounds[label] = context_factor_bounds(pattern, hbm)
     common = (max(lo for lo, _ in bounds.values()), min(hi for _, hi in bounds.values()))
     assumptions = [
@@ -265,7 +277,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
         *settings_lines("MoP", MOP_SETTINGS),
         *settings_lines("FSDP-best", FSDP_SETTINGS),
     ]
-    return Result(cells=cells, assumptions=assumptions,
+    rows_ = list(mem)
+    figure = Figure(
+        name="mop-table2", title=f"Per-rank memory, MoP vs FSDP-best (ours); OOM where Table 2 prints OOM",
+        xlabel="model @ context", ylabel="GB per rank (ours, public formulas)", form="bars",
+        series=[{"label": "MoP (ours)", "x": rows_, "y": [mem[r][0] for r in rows_], "kind": "ours"},
+                {"label": "FSDP-best (ours)", "x": rows_, "y": [mem[r][1] for r in rows_], "kind": "ours"},
+                {"label": "FSDP-best, MoP Table 2", "x": rows_, "y": [None] * len(rows_), "kind": "paper",
+                 "oom": [r for r in rows_ if mem[r][2]]},
+                {"label": f"H200 HBM {hbm / 1e9:g} GB (limit)", "x": [], "y": hbm / 1e9, "kind": "limit"}])
+    return Result(cells=cells, assumptions=assumptions, figures=[figure],
                   extra={**extra, "paper_settings": {"mop": MOP_SETTINGS, "fsdp-best": FSDP_SETTINGS}})
 
 
@@ -278,12 +299,15 @@ def _cells(what_if: dict[str, dict[str, float]], fits: dict[str, tuple[bool, boo
     return "[" + ", ".join(rows) + "]" if rows else "none"
 
 
-def _margin(total: float, hbm: float) -> str:
+def _words(total: float, hbm: float) -> str:
+    """'fits: 37.2 GB, 103.8 under HBM' or 'OOM: 163.2 GB, 22.2 over HBM'."""
     gap = (hbm - total) / 1e9
-    return f"{gap:.1f} GB under HBM" if gap >= 0 else f"{-gap:.1f} GB over HBM"
+    return (f"fits, {total / 1e9:.1f} GB ({gap:.1f} under HBM)" if gap >= 0 else
+            f"OOM, {total / 1e9:.1f} GB ({-gap:.1f} over HBM)")
 
 
 REPRODUCTION = Reproduction(
     id="mop-table2",
-    paper_values=PAPER_VALUES, compute=compute, defaults={"P": 8},
+    paper_values=[], paper_claims=PAPER_CLAIMS, compute=compute, defaults={"P": 8},
+    grade_class="exact",  # formula bytes against the HBM: each cell is a claim read by the policy
 )

@@ -50,6 +50,6 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-table2",
-    paper_values=PAPER_VALUES, compute=compute,
+    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",  # formula evaluations
     defaults={"m": 8, "b": 4, "s": 2048, "h": 4096, "h_ffn": 16384},
 )

@@ -44,11 +44,31 @@ def test_context_factor_bounds_by_hand():
 
 def test_deviating_cells_say_what_was_ruled_out():
     res = all_reproductions()["mop-table2"].run()
-    bad = {c.row for c in res.cells if c.verdict == "deviates"}
+    bad = {c.row for c in res.cells if c.verdict == "claim-fails"}
     assert bad == {"600B @ 128K", "1T @ 512K", "1T @ 1M"}
     for c in res.cells:
-        if c.verdict == "deviates":
-            assert "cause not found" in c.note and "micro-batch 2" in c.note
-            assert c.cause is None
+        if c.verdict == "claim-fails":
+            assert c.column == "FSDP-best" and c.paper_printed == "OOM"
+            assert "cause not found" in c.note and "micro-batch 2" in c.detail
+            assert c.cause is None and c.note.startswith("ours: fits")
     text = " ".join(res.assumptions)
     assert "Candidates tested" in text and "common factor r" in text
+
+
+def test_cells_and_figure_say_fits_or_oom_in_words():
+    res = all_reproductions()["mop-table2"].run()
+    # Table 2's OOM cells, typed from the paper (MoP Table 2), not from the module
+    oom = {("120B", c) for c in ("256K", "512K", "1M")} | {("600B", c) for c in ("128K", "256K", "512K", "1M")} \
+        | {("1T", c) for c in ("512K", "1M")}
+    rows = {tuple(c.row.split(" @ ")) for c in res.cells if c.paper_printed == "OOM"}
+    assert rows == oom
+    for c in res.cells:
+        assert c.unit == "GB per rank" and c.reading
+        assert c.note.startswith("ours: fits") or c.note.startswith("ours: OOM")
+        # the policy's reading decides: OOM is over the HBM, a throughput at most the HBM
+        assert ("over 141 GB" in c.reading) == (c.paper_printed == "OOM")
+    (fig,) = res.figures
+    assert fig.form == "bars"
+    paper = [s for s in fig.series if s["kind"] == "paper"]
+    assert len(paper) == 1 and {tuple(x.split(" @ ")) for x in paper[0]["oom"]} == oom
+    assert all(y is None for y in paper[0]["y"])
