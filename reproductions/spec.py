@@ -292,6 +292,8 @@ class Reproduction:
             if not_comparable:
                 verdict = "not-comparable"
                 note = f"{note}; {not_comparable}" if note else not_comparable
+                if seed_info:  # nothing was graded: no share of seeds agreeing to show
+                    seed_info.pop("agree", None)
             elif echo:
                 verdict = "echo"
         return Cell(row=row, column=column, paper=None if pv is None else pv.value, ours=ours,
