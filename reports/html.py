@@ -173,18 +173,28 @@ def answers(cells: list[dict]) -> dict:
     """The short list a page opens with: each claim the paper states in words, then each
     compared number that does not simply agree (deviates, explained, seed-dependent), with ours,
     the grade and the one-line why (the note); the paper values that agree are counted in one
-    line. Derived cells are left out (their source stands for them)."""
-    claims = [c for c in cells if c.get("grade_class") == "claim" or
+    line, and the claims that are no evidence (echo, not reproduced) in another. Derived cells
+    are left out (their source stands for them)."""
+    from moe_repro.records.record import grade_counts
+
+    from moe_repro.records.grading import COMPARED
+
+    stated = [c for c in cells if c.get("grade_class") == "claim" or
               c["verdict"] in ("claim-holds", "claim-fails")]
+    # a claim that follows from our own formulas (echo) or that ours cannot test is no evidence:
+    # counted in one line, shown with the ungraded cells
+    claims = [c for c in stated if c["verdict"] in COMPARED]
+    untested = [c for c in stated if c not in claims]
     order = {"deviates": 0, "seed-dependent": 1, "explained": 2}
-    numbers = sorted((c for c in cells if c not in claims and c["verdict"] in order
+    numbers = sorted((c for c in cells if c not in stated and c["verdict"] in order
                       and not c.get("derived_from")), key=lambda c: order[c["verdict"]])
-    agreeing = [c for c in cells if c not in claims and c["verdict"] in ("match", "close")
+    agreeing = [c for c in cells if c not in stated and c["verdict"] in ("match", "close")
                 and not c.get("derived_from")]
     items = [{"claim": True, **c} for c in claims] + [{"claim": False, **c} for c in numbers]
     by_grade = {g: sum(c["verdict"] == g for c in agreeing) for g in ("match", "close")}
     return {"items": items[:ANSWERS_SHOWN], "more": max(0, len(items) - ANSWERS_SHOWN),
-            "agreeing": len(agreeing), "agreeing_by": {g: n for g, n in by_grade.items() if n}}
+            "agreeing": len(agreeing), "agreeing_by": {g: n for g, n in by_grade.items() if n},
+            "untested": grade_counts(c["verdict"] for c in untested)}
 
 
 def _value(x, unit: str = "") -> str:
