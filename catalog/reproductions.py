@@ -337,7 +337,9 @@ _REPRODUCTIONS = (
         description=("Synthetic GLM-5-shaped routing replayed through no balancing, FasterMoE "
                      "shadow experts and FEPLB's greedy per-micro-batch balancer; token "
                      "straggler per FEPLB Sec. 3.1."),
-        implemented=True, issue=7),
+        implemented=True, issue=7,
+        needs="any machine: one process on the CPU, no accelerator",
+        minutes=None),  # TIME feplb-table3
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table4", paper="feplb", element="Table 4", how="S",
         title="GEMM straggler (max - mean, ms) per PP/EP: Before LB, FasterMoE, FEPLB",
@@ -345,7 +347,9 @@ _REPRODUCTIONS = (
         description=("Synthetic GLM-5-shaped routing replayed through the balancers; per-device "
                      "grouped-GEMM time modelled on an H100 roofline; GEMM straggler per FEPLB "
                      "Sec. 3.1."),
-        implemented=True, issue=7),
+        implemented=True, issue=7,
+        needs="any machine: one process on the CPU, no accelerator",
+        minutes=None),  # TIME feplb-table4,
     ReproductionEntry(
         id="feplb-fig4", paper="feplb", element="Fig. 4", how="S",
         title="EP communication per method at EP = 8: extra dispatch/combine time",
@@ -362,7 +366,9 @@ _REPRODUCTIONS = (
         what="token straggler vs dyn = 2, 4, 8",
         description=("FEPLB's greedy balancer on the synthetic traces of feplb-table3 with dyn = "
                      "2, 4, 8."),
-        implemented=True, issue=7),
+        implemented=True, issue=7,
+        needs="any machine: one process on the CPU, no accelerator",
+        minutes=None),  # TIME feplb-fig6
     # MoP
     ReproductionEntry(
         id="mop-table1", paper="mop", element="Table 1", how="A",

@@ -79,7 +79,8 @@ def build_site(store, out_dir: str | Path) -> Path:
         if record is None:
             row["state"] = "not yet run" if implemented else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
-                id=rid, element=element, how=how, what=what, issue=issue,
+                id=rid, element=element, how=how, what=what, issue=issue, title=entry.title,
+                description=entry.description,
                 implemented=implemented, needs=row["needs"], home="../index.html", css=html.css()))
         else:
             counts = record.agreement

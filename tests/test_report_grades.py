@@ -266,3 +266,33 @@ def test_feplb_table2_page_shows_table_2_as_printed(monkeypatch):
         8.2, 14.9, 7.9, 14.0, 13.1, 22.8, 8.0, 17.1, 7.9, 14.4]
     assert "The 11 cells outside the paper's table" in grid
 
+
+
+def test_pages_not_run_yet_say_what_a_run_needs(results_dir, tmp_path):
+    from moe_repro import catalog
+
+    _console("site", "build", "--out", str(tmp_path / "site"))
+    for entry in catalog.REPRODUCTIONS.values():
+        if not entry.implemented:
+            continue
+        assert entry.needs, f"{entry.id}: no hardware stated"
+        page = (tmp_path / "site" / "repro" / f"{entry.id}.html").read_text()
+        assert "not yet run" in page and str(escape(entry.needs)) in page
+        assert f"<pre>repro run {entry.id}</pre>" in page
+        if entry.minutes is None:
+            assert "not measured yet" in page
+        else:
+            assert "about " in page and "2-core CPU machine" in page
+    for entry in catalog.SUITES.values():
+        page = (tmp_path / "site" / "suites" / f"{entry.name}.html").read_text()
+        assert str(escape(entry.needs)) in page and f"<pre>repro bench {entry.name}</pre>" in page
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert index.count("not yet run") >= len([e for e in catalog.REPRODUCTIONS.values() if e.implemented])
+
+
+def test_analytic_and_simulated_reproductions_state_their_expected_minutes():
+    from moe_repro import catalog
+
+    for entry in catalog.REPRODUCTIONS.values():
+        if entry.implemented and entry.how_letters <= {"A", "S"}:
+            assert entry.minutes is not None and entry.minutes > 0, entry.id
