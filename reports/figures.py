@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import math
+import re
 import warnings
 
 import matplotlib
@@ -216,6 +217,11 @@ def _styles(series: list[dict]) -> dict[int, tuple]:
     out = {}
     for s in ours + [s for s in data if s not in ours]:
         label = str(s["label"])
+        if label not in keys and s not in ours:
+            # the paper's "Piper" beside ours "Piper, ours (estimate)": one thing, one colour
+            same = [k for k in keys if re.match(re.escape(label) + r"\b", k)]
+            if same:
+                keys[label] = keys[same[0]]
         if label not in keys:
             if two and s in ours:
                 a, b = _factors(label)

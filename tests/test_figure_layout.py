@@ -195,6 +195,20 @@ def test_the_papers_points_take_the_colour_of_ours(drawn):
     assert colour["B (paper)"] == colour["B"] != colour["A"]
 
 
+def test_the_papers_bars_take_the_colour_of_ours_named_after_them(drawn):
+    sizes = ["Small", "Medium"]
+    figures.render_figure({"title": "t", "xlabel": "model", "ylabel": "y", "form": "bars", "series": [
+        {"label": "X-MoE", "kind": "paper", "x": sizes, "y": [44.0, 24.2]},
+        {"label": "Piper", "kind": "paper", "x": sizes, "y": [90.44, 57.83]},
+        {"label": "Piper, ours (estimate)", "x": sizes, "y": [74.9, 66.8]}]})
+    (f,) = drawn
+    bars = _bars(f.axes[0])
+    ours = next(b for b in bars if not b.get_hatch())
+    edges = {tuple(round(v, 3) for v in b.get_edgecolor()[:3]) for b in bars if b.get_hatch()}
+    assert tuple(round(v, 3) for v in ours.get_facecolor()[:3]) in edges
+    assert len(edges) == 2  # X-MoE keeps a colour of its own
+
+
 def test_categories_on_x_are_never_joined_by_a_line(drawn):
     figures.render_figure({"title": "t", "xlabel": "model", "ylabel": "y", "series": [
         {"label": "ours", "x": ["DeepSeek-V3", "Kimi K2", "Arctic"], "y": [1.0, 3.0, 2.0]}]})
