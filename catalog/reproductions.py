@@ -48,8 +48,9 @@ class ReproductionEntry:
     implemented: bool
     issue: int | None = None  # the issue that builds it
     # What a run at the defaults needs, shown on the page of one not run yet: the hardware in
-    # words, and the minutes `repro run ID` took at its defaults on a 2-core CPU machine (None:
-    # not measured yet).
+    # words, and the minutes `repro run ID` takes at its defaults on a 2-core CPU machine, rounded
+    # up to a tenth (None: not measured yet). A and S entries were timed as CPU seconds (user +
+    # system) of one run on a shared 2-core machine, which is the wall time of an idle one.
     needs: str = ""
     minutes: float | None = None
 
@@ -75,7 +76,7 @@ _REPRODUCTIONS = (
                      "against the configs."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-table1
+        minutes=0.1),
     ReproductionEntry(
         id="piper-table4", paper="piper", element="Table IV", how="A",
         title="Per-layer worst-case expert-migration send size and latency per GPU",
@@ -85,7 +86,7 @@ _REPRODUCTIONS = (
                      "migration cost model."),
         implemented=True, issue=2,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-table4
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig3", paper="piper", element="Fig. 3", how="R",
         title="Attention throughput vs sequence length per model shape",
@@ -122,7 +123,7 @@ _REPRODUCTIONS = (
                      "range."),
         implemented=True, issue=5,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig8
+        minutes=0.2),
     ReproductionEntry(
         id="piper-fig9", paper="piper", element="Fig. 9", how="R",
         title="Expert load distribution over a real small training run without balancing loss",
@@ -149,7 +150,7 @@ _REPRODUCTIONS = (
                      "GPipe and 1F1B pipelined expert parallelism, against the 64 GB HBM line."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig10
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig11", paper="piper", element="Fig. 11", how="A",
         title="Single-layer throughput ceiling per model on one node",
@@ -158,7 +159,7 @@ _REPRODUCTIONS = (
                      "parallelism on one node, beside Piper's measurements."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig11
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig12", paper="piper", element="Fig. 12", how="A",
         title="Full-model TFLOPS and MFU of SOTA MoE models (estimates vs Piper)",
@@ -167,7 +168,7 @@ _REPRODUCTIONS = (
                      "12 at the smallest feasible node count on the Frontier profile."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig12
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig13", paper="piper", element="Fig. 13", how="A",
         title="Piper vs frameworks on Small/Medium/Large/Super (estimates)",
@@ -176,7 +177,7 @@ _REPRODUCTIONS = (
                      "counts; the other frameworks' measured columns are marked not reproduced."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig13
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig14", paper="piper", element="Fig. 14", how="A",
         title="M10B family: sizes, estimated TFLOPS per GPU and weak-scaling efficiency",
@@ -186,7 +187,7 @@ _REPRODUCTIONS = (
                      "Frontier profile."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME piper-fig14
+        minutes=0.1),
     ReproductionEntry(
         id="piper-eq4", paper="piper", element="Eq. 4-5", how="R",
         title="Per-stage activation memory of the 1F1B PP x EP trainer vs Eq. 4-5",
@@ -216,7 +217,7 @@ _REPRODUCTIONS = (
                      "the activation model, in the table's units."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME xmoe-table2
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-table3", paper="xmoe", element="Table 3", how="A",
         title="Parameter counts of X-MoE's Small/Medium/Large/Super models",
@@ -224,7 +225,7 @@ _REPRODUCTIONS = (
         description="Total and activated parameters computed from Table 3's H, H_FFN, E, k and L.",
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME xmoe-table3
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-table4", paper="xmoe", element="Table 4", how="A+R",
         title="Activation memory per MoE layer (Large model): theory vs measured",
@@ -297,7 +298,7 @@ _REPRODUCTIONS = (
                      "from X-MoE's App. C.2 trade-off."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME xmoe-fig17
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-fig19", paper="xmoe", element="Fig. 19", how="S",
         title="All-to-all time vs GPU count, 8-1024 GCDs (simulated)",
@@ -306,7 +307,7 @@ _REPRODUCTIONS = (
                      "profile from 8 to 1024 GCDs, beside X-MoE's three observed regions."),
         implemented=True, issue=5,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME xmoe-fig19
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-appc1", paper="xmoe", element="App. C.1", how="A+R",
         title=("EP-first vs DP-first placement: all-to-all and gradient all-reduce bytes per "
@@ -329,7 +330,7 @@ _REPRODUCTIONS = (
                      "cells."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME feplb-table2
+        minutes=2.8),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table3", paper="feplb", element="Table 3", how="S",
         title="Token straggler (max - mean) per PP/EP: Before LB, FasterMoE, FEPLB",
@@ -339,7 +340,7 @@ _REPRODUCTIONS = (
                      "straggler per FEPLB Sec. 3.1."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME feplb-table3
+        minutes=2.9),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table4", paper="feplb", element="Table 4", how="S",
         title="GEMM straggler (max - mean, ms) per PP/EP: Before LB, FasterMoE, FEPLB",
@@ -349,7 +350,7 @@ _REPRODUCTIONS = (
                      "Sec. 3.1."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME feplb-table4,
+        minutes=3.1),
     ReproductionEntry(
         id="feplb-fig4", paper="feplb", element="Fig. 4", how="S",
         title="EP communication per method at EP = 8: extra dispatch/combine time",
@@ -359,7 +360,7 @@ _REPRODUCTIONS = (
                      "and combine time (the paper's quantity); copy-path bytes reported apart."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME feplb-fig4
+        minutes=0.7),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-fig6", paper="feplb", element="Fig. 6", how="S",
         title="Token straggler vs dynamic expert count dyn = 2, 4, 8",
@@ -368,7 +369,7 @@ _REPRODUCTIONS = (
                      "2, 4, 8."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME feplb-fig6
+        minutes=0.7),
     # MoP
     ReproductionEntry(
         id="mop-table1", paper="mop", element="Table 1", how="A",
@@ -378,7 +379,7 @@ _REPRODUCTIONS = (
                      "model sizes."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME mop-table1
+        minutes=0.1),
     ReproductionEntry(
         id="mop-table2", paper="mop", element="Tables 2-3", how="A",
         title="Which contexts fit: MoP vs FSDP-best (the OOM pattern of Table 2)",
@@ -387,7 +388,7 @@ _REPRODUCTIONS = (
                      "against 141 GB, compared with Table 2's fits/OOM pattern."),
         implemented=True, issue=3,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=None),  # TIME mop-table2
+        minutes=0.1),
     ReproductionEntry(
         id="mop-vocab", paper="mop", element="Sec. 3.4", how="R",
         title="Sharded vocabulary loss: exact, peak memory O(NV/P)",
