@@ -183,8 +183,8 @@ def answers(cells: list[dict]) -> dict:
               c["verdict"] in ("claim-holds", "claim-fails")]
     # a claim that follows from our own formulas (echo) or that ours cannot test is no evidence:
     # counted in one line, shown with the ungraded cells
-    claims = [c for c in stated if c["verdict"] in COMPARED]
-    untested = [c for c in stated if c not in claims]
+    claims = [c for c in stated if c["verdict"] in COMPARED and not c.get("derived_from")]
+    untested = [c for c in stated if c["verdict"] not in COMPARED]
     order = {"deviates": 0, "seed-dependent": 1, "explained": 2}
     numbers = sorted((c for c in cells if c not in stated and c["verdict"] in order
                       and not c.get("derived_from")), key=lambda c: order[c["verdict"]])

@@ -112,6 +112,8 @@ PAYLOAD = {
               seeds={"values": [1.4, 1.5, 1.9, 2.0, 1.6], "range": [1.4, 2.0], "agree": 0.6}),
         _cell("MFU", "big", "deviates", paper=50.0, paper_printed="50", ours=70.0, unit="%",
               grade_class="prediction", derived_from="time / big", note="TFLOPS / peak"),
+        _cell("speedup", "one rank", "claim-holds", paper_printed="2-3.6x faster", ours=2.5,
+              grade_class="claim", derived_from="speedup / all", note="against their own code"),
         _cell("echo", "all", "echo", paper_printed="follows from Eq. 3", grade_class="claim",
               note="our own formula"),
         _cell("long", "note", "no-paper-value", note=" ".join(["word"] * 90)),
@@ -132,6 +134,7 @@ def test_a_page_opens_with_claims_and_evidence_then_figures_then_graded_cells():
     assert "flips with the trace" in top
     assert "1 other paper value agrees (1 match)" in top
     assert "TFLOPS / peak" not in top  # a derived cell stands behind its source
+    assert "against their own code" not in top  # a derived claim too
     assert "follows from Eq. 3" not in top  # an echo claim is no evidence: counted, not listed
     assert "1 claim following from our own formulas (echo)" in top
     # the count line: 6 compared (the derived MFU counted once, at its source), the echo not
