@@ -95,7 +95,8 @@ def comparison(run: SuiteRecord) -> dict:
 
 
 def figure(comp: dict, table_index: int = 0) -> dict:
-    """Median time per stage (a categorical axis), one line per implementation."""
+    """Median time per stage (a categorical axis): grouped bars, one per implementation (stages
+    are not a sequence, so no line joins them)."""
     table = comp["tables"][table_index]
     series = []
     for row in table["rows"]:
@@ -104,7 +105,7 @@ def figure(comp: dict, table_index: int = 0) -> dict:
                        "kind": "ours"})
     return {"name": f"peers-{comp['suite']}", "title": f"{comp['suite']}: median time per stage",
             "xlabel": "stage", "ylabel": "time (ms, median, log scale)", "series": series,
-            "xscale": "linear", "yscale": "log"}
+            "xscale": "linear", "yscale": "log", "form": "bars"}
 
 
 def write_peers_page(store, out: Path) -> Path:

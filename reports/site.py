@@ -15,6 +15,7 @@ from pathlib import Path
 from moe_repro import catalog
 from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moe_repro.records.environment import git_state
+from moe_repro.records import grading
 from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
@@ -73,15 +74,18 @@ def build_site(store, out_dir: str | Path) -> Path:
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
-        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {}}
+        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {},
+               "counts": None, "needs": run_needs(entry)}
         if record is None:
-            row["status"] = "not-yet-run" if implemented else "planned"
+            row["state"] = "not yet run" if implemented else "planned"
             atomic_write_text(out / href, html.environment().get_template("pending.html").render(
-                id=rid, element=element, how=how, what=what, issue=issue,
-                implemented=implemented, home="../index.html", css=html.css()))
+                id=rid, element=element, how=how, what=what, issue=issue, title=entry.title,
+                description=entry.description,
+                implemented=implemented, needs=row["needs"], home="../index.html", css=html.css()))
         else:
-            row.update(status=record.status, summary=grade_counts(c.verdict for c in record.cells),
-                       when=record.timestamp)
+            counts = record.agreement
+            row.update(counts=counts, agreement=grading.agreement_line(counts),
+                       summary=grade_counts(c.verdict for c in record.cells), when=record.timestamp)
             write_reproduction_page(out / "repro", record, home="../index.html")
         by_paper.setdefault(entry.paper, []).append(row)
 
@@ -90,18 +94,33 @@ def build_site(store, out_dir: str | Path) -> Path:
         runs = store.runs("suite", name)  # readable runs, oldest first
         latest = runs[-1] if runs else None
         href = f"suites/{name}.html"
-        write_suite_page(out / "suites", name, runs, home="../index.html")
+        write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
         suites.append({"name": name, "description": suite.description, "href": href,
+                       "needs": run_needs(suite),
                        "records": len(latest.records) if latest else 0,
                        "when": latest.timestamp if latest else None})
 
     write_peers_page(store, out)
     papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
-               "grades": _sum_counts(r["summary"] for r in rows)}
+               "grades": _sum_counts(r["summary"] for r in rows),
+               "agreement": grading.agreement_line(
+                   grading.add_agreement(*(r["counts"] for r in rows if r["counts"]))),
+               "run": sum(r["counts"] is not None for r in rows)}
               for k, rows in by_paper.items() if rows]
     built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **git_state()}
     return atomic_write_text(out / "index.html", html.render_index(papers, suites, built=built))
+
+
+def run_needs(entry) -> dict:
+    """What a run of a reproduction or suite needs, for pages not run yet: the hardware, the
+    expected minutes at its defaults on a 2-core CPU machine (None: not measured yet), and the
+    command (catalog fields ``needs`` and ``minutes``)."""
+    if isinstance(entry, catalog.SuiteEntry):
+        command = f"repro bench {entry.name}"
+    else:
+        command = f"repro run {entry.id}"
+    return {"hardware": entry.needs, "minutes": entry.minutes, "command": command}
 
 
 def _sum_counts(summaries) -> dict[str, int]:
@@ -437,7 +456,7 @@ def _write_figure(directory: Path, stem: str, fig: dict) -> dict:
 
 
 def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
-                     home: str | None = "../index.html") -> Path:
+                     home: str | None = "../index.html", needs: dict | None = None) -> Path:
     """One suite's page in ``directory`` from its stored runs (oldest first): the latest run's
     metric-vs-parameter figures and compact table, its raw JSON and CSV, the history figures and
     the list of stored runs. With no run, a page that says how to make one."""
@@ -445,7 +464,7 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
     latest = runs[-1] if runs else None
     if latest is None:
         return atomic_write_text(directory / f"{name}.html",
-                                 html.render_suite(name, None, None, [], home))
+                                 html.render_suite(name, None, None, [], home, needs=needs))
     payload = dump(latest)
     raw = f"{name}.json"
     atomic_write_json(directory / raw, payload)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_repro.records.record import ReproductionRecord, SuiteRecord
+from moe_repro.records.record import ReproductionRecord, SuiteRecord, grade_counts
 from moe_repro.reports.numbers import fmt
 
 
@@ -35,7 +35,9 @@ def format_result(record: ReproductionRecord) -> str:
     if notes:
         out.append("notes:")
         out += [f"  {r} / {col}: {n}" for r, col, n in notes]
-    out.append("summary: " + ", ".join(f"{v} {k}" for k, v in record.summary.items() if v))
+    out.append("grades: " + ", ".join(f"{v} {k}" for k, v in grade_counts(
+        c.verdict for c in record.cells).items()))
+    out.append(f"{record.id}: {record.status}")  # 'x of y compared cells agree, ...' last
     return "\n".join(out)
 
 

@@ -8,6 +8,9 @@ given there), never copied from the reproductions. The papers as we have them ca
 text, not the plotted axes, so no axis scale is stated anywhere and none is required; a
 categorical axis must stay linear, the only scale on which the renderer labels categories.
 
+Where the paper draws bars (Piper Fig. 12 and 13, X-MoE Fig. 11) ours must be drawn as bars, and
+the bars Piper Fig. 13 prints as OOM (piper-review.md 9.5's table) must be OOM slots.
+
 Reproductions are run at their smallest parameters; the ones that start real ranks are marked
 slow. A form a reproduction we do not own misses is marked xfail(strict) with what to change.
 """
@@ -41,6 +44,8 @@ class Form:
     values: tuple[tuple, ...] = ()                # (x or None, printed y): a "paper" point each
     ranges: tuple[tuple, ...] = ()                # (x or None, lo, hi): a "paper-range" band each
     min_ours: int = 1                             # "various models": at least this many ours series
+    bars: bool = False                            # the paper draws bars: form "bars" or "stacked-bars"
+    oom: tuple[tuple, ...] = ()                   # (legend entry, x category) the paper prints as OOM
 
 
 def _norm(text) -> str:
@@ -147,10 +152,11 @@ FORMS = {
         Form("Piper Fig. 12: 'Training throughput of SOTA MoE models using Piper (sequence length 4096)'; "
              "bars as transcribed in piper-review.md 9.4",
              "piper-fig12", x=("model",), y=("throughput",), unit=TFLOPS,
-             categories=tuple((m,) for m, *_ in PIPER_FIG12), values=tuple((m, t) for m, t, _ in PIPER_FIG12)),
+             categories=tuple((m,) for m, *_ in PIPER_FIG12), values=tuple((m, t) for m, t, _ in PIPER_FIG12),
+             bars=True),
         Form("Piper Fig. 12 MFU (piper-review.md 9.4)", "piper-fig12-mfu", x=("model",), y=("MFU",),
              unit=("%",), categories=tuple((m,) for m, *_ in PIPER_FIG12),
-             values=tuple((m, u) for m, _, u in PIPER_FIG12))],
+             values=tuple((m, u) for m, _, u in PIPER_FIG12), bars=True)],
     "piper-fig13": [Form(
         "Piper Fig. 13: 'Throughput comparison against SOTA MoE training frameworks ... small, medium, "
         "large, and super model'; Sec. VII-C names Tutel, DeepSpeed MoE, DeepSpeed TED, X-MoE; bars as "
@@ -158,7 +164,9 @@ FORMS = {
         "piper-fig13", x=("model",), y=("throughput",), unit=TFLOPS, ours=(("Piper",),),
         legend=tuple((name,) for name in PIPER_FIG13), categories=tuple((s,) for s in XMOE_SIZES),
         values=tuple((size, v) for vals in PIPER_FIG13.values() for size, v in zip(XMOE_SIZES, vals)
-                     if v is not None))],
+                     if v is not None),
+        bars=True, oom=tuple(((name,), size) for name, vals in PIPER_FIG13.items()
+                             for size, v in zip(XMOE_SIZES, vals) if v is None))],
     "piper-fig14": [Form(
         "Piper Fig. 14 'Scaling M10B models with experts'; Sec. VII-D: 16 experts on 8 nodes (64 GPUs), "
         "'512 GPUs at 39.38 TFLOPs', '1024 GPUs at 33 TFLOPs' (64 GPUs' 45.15: piper-review.md 9.6)",
@@ -184,7 +192,7 @@ FORMS = {
              ours=(("DeepSpeed-MoE",), ("X-MoE",)),
              categories=(("gating",), ("buffer dispatch", "buffer dispatching"), ("dispatch alltoall",),
                          ("expert", "expert computation"), ("combine alltoall",),
-                         ("buffer combine", "buffer combining"))),
+                         ("buffer combine", "buffer combining")), bars=True),
         Form("X-MoE Sec. 5.4.1 (Small): gating, buffer dispatch and buffer combine 'accelerated by 5.7x, "
              "35.7x and 8.1x'; 'the overall layer time is reduced by 62.3%', i.e. 1 / (1 - 0.623) faster",
              "xmoe-fig11-speedup", x=("stage",), y=("speedup",),
@@ -297,6 +305,12 @@ def _problems(rid: str, form: Form, figures: dict) -> list[str]:
                   for s in paper for px, py in zip(s["x"], s["y"]))
         if not hit:
             out.append(f"{where}: the paper's {printed or 'point'} at x={x} is not drawn as a paper point")
+    if form.bars and getattr(fig, "form", "lines") not in ("bars", "stacked-bars"):
+        out.append(f"{where}: the paper draws bars, ours is drawn as {getattr(fig, 'form', 'lines')!r}")
+    for entry, x in form.oom:
+        if not any(_any_names(s["label"], entry) and any(_x_is(v, x) for v in s.get("oom") or [])
+                   for s in fig.series):
+            out.append(f"{where}: the paper's OOM for {entry[0]!r} at {x!r} is not drawn as OOM")
     bands = [s for s in fig.series if s.get("kind") == "paper-range"]
     for x, lo, hi in form.ranges:
         hit = any(math.isclose(s["lo"], float(lo)) and math.isclose(s["hi"], float(hi))

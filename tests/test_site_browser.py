@@ -1,4 +1,8 @@
-"""Headless Chromium clicks through the built site: index -> a reproduction -> its raw data.
+"""Headless Chromium clicks through the built site: index -> a reproduction -> its raw data; and
+looks at what a reader sees: the style applied, the figures loaded, the answer first on each
+reproduction page (claims and evidence, then figures, then graded cells), nothing wider than a
+phone's screen, and screenshots of the index and five pages at 1280 px and 375 px kept in
+$MOE_REPRO_ARTIFACTS.
 
 Needs Debian's chromium and the playwright package (the `browser` extra); skipped without them,
 except where MOE_REPRO_REQUIRE_BROWSER=1 (CI), where their absence fails the test.
@@ -35,12 +39,23 @@ def _require_browser():
 
 # One reproduction of each paper (fast analytic or simulated ones), and the suite pages opened.
 PAGES = ["piper-table4", "piper-fig8", "xmoe-table3", "feplb-fig6", "mop-table1"]
+# The pages a reader is shown first, screenshotted at both widths (with the index): figures in
+# the paper's form (bars, OOM), a sampled table, and a table whose throughput reads in words.
+SHOWN = ["piper-fig8", "piper-fig12", "xmoe-fig11", "feplb-table3", "mop-table2"]
+FIGURES = {"piper-fig8", "piper-fig12", "xmoe-fig11"}  # the paper's element is a figure
+WIDTHS = (1280, 375)
+# xmoe-fig11 measures real ranks: a small layer here (its defaults take minutes)
+SMALL_XMOE_FIG11 = ["--param", "ranks=2", "--param", "tokens=32", "--param", "d_model=16",
+                    "--param", "d_ffn=8", "--param", "experts=4", "--param", "top_k=2",
+                    "--param", "repeats=1"]
 
 
 @pytest.fixture
 def site(tmp_path, results_dir):
     runner = CliRunner()
-    assert runner.invoke(cli, ["run", *PAGES, "--quiet"]).exit_code == 0
+    fast = [p for p in dict.fromkeys(PAGES + SHOWN) if p != "xmoe-fig11"]
+    assert runner.invoke(cli, ["run", *fast, "--quiet"]).exit_code == 0
+    assert runner.invoke(cli, ["run", "xmoe-fig11", "--quiet", *SMALL_XMOE_FIG11]).exit_code == 0
     assert runner.invoke(cli, ["bench", "gemm", "--n", "32", "--repeats", "2"]).exit_code == 0
     assert runner.invoke(cli, ["bench", "alltoall", "--quick", "--repeats", "2"]).exit_code == 0
     out = tmp_path / "site"
@@ -101,5 +116,53 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
             shots.append(shot.parent / f"site-{name}.png")
             page.screenshot(path=str(shots[-1]), full_page=True)
         browser.close()
+        shots += look_as_a_reader(p, site, shot.parent)
     assert problems == []
     assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
+    """The index and the SHOWN pages at each of WIDTHS: styled, every image loaded, nothing wider
+    than the screen (tables scroll in their own box), on a reproduction page the claims and
+    evidence before the figures before the graded cells, and the ungraded cells folded. Returns
+    the screenshots written (site-<page>-<width>.png)."""
+    shots = []
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+    for width in WIDTHS:
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        for name in ["index", *SHOWN]:
+            path = site / "index.html" if name == "index" else site / "repro" / f"{name}.html"
+            page.goto(path.as_uri())
+            where = f"{name} at {width} px"
+            assert "sans-serif" in page.evaluate("getComputedStyle(document.body).fontFamily"), where
+            widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
+            assert all(w > 0 for w in widths), (where, widths)
+            # nothing runs off the side: wide tables scroll inside their own box
+            assert page.evaluate("document.documentElement.scrollWidth") <= width, where
+            if name != "index":
+                order = page.evaluate("""() => {
+                    const top = el => el ? el.getBoundingClientRect().top + window.scrollY : null;
+                    return {answer: top(document.querySelector('#answer')),
+                            figure: top(document.querySelector('figure img')),
+                            graded: top(document.querySelector('#graded'))};
+                }""")
+                assert order["answer"] is not None and order["graded"] is not None, (where, order)
+                assert order["answer"] < order["graded"], (where, order)
+                if name in FIGURES:
+                    assert order["figure"] is not None, f"{where}: no figure"
+                    assert order["answer"] < order["figure"] < order["graded"], (where, order)
+                # ungraded cells are folded: what a reader sees first is the graded ones
+                folded = page.locator("details.ungraded")
+                if folded.count():
+                    assert not folded.first.evaluate("d => d.open"), where
+                    assert folded.first.locator("tr.no-paper-value, tr.echo, tr.not-comparable, "
+                                                "tr.not-reproduced").first.is_hidden(), where
+            shots.append(artifacts / f"site-{name}-{width}.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+            if name == "piper-fig8" and width == 375:
+                # its 34 ungraded rows once made the page 13,000 px tall on a phone
+                height = page.evaluate("document.documentElement.scrollHeight")
+                assert height < 8000, height
+        page.close()
+    browser.close()
+    return shots
