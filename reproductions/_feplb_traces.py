@@ -20,12 +20,21 @@ differs between seeds is ``seed-dependent``. A claim in words is tested on each 
 per layer, 3 replayed; ``tokens`` per EP rank) are our inputs, stated in the assumptions. With 2
 layers the table's numbers were one draw (Before LB at EP = 2 ranged 1,547-5,624 over seeds 0-4);
 the layers, each drawing its own popularity, are the independent samples within a seed.
+
+Cost: drawing a trace is most of a run's time (every token's top-8 over 128 experts), and 5 seeds
+make 15 traces. Each trace's counts are therefore also kept on disk (:func:`trace_for`, under
+$MOE_REPRO_CACHE, default ~/.cache/moe-repro; MOE_REPRO_CACHE=off disables it), keyed by the
+generator's arguments, its module's source and the torch version, so a changed generator or RNG
+draws anew; the reproductions that share the traces (tables 2-4, fig. 6) draw them once.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
+import inspect
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,6 +42,7 @@ from moe_repro.components.balance import get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.load_balance_eval import MethodStats, evaluate_trace
 from moe_repro.components.provenance import cached_in
+from moe_repro.components.balance import routing_trace
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
                                                         contiguous_ranks, device_loads,
                                                         synthetic_trace)
@@ -101,8 +111,11 @@ def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
     if not keep_tokens and (*key, False) in _TRACES:
         return _TRACES[(*key, False)]
     layers, mbs, experts, top_k, tokens, ep_, skew, drift, noise, seed = key
-    trace = synthetic_trace(layers, mbs, experts, top_k, tokens, ep_, skew=skew, drift=drift,
-                            noise=noise, seed=seed, keep_tokens=keep_tokens)
+    trace = None if keep_tokens else _load(key)
+    if trace is None:
+        trace = synthetic_trace(layers, mbs, experts, top_k, tokens, ep_, skew=skew, drift=drift,
+                                noise=noise, seed=seed, keep_tokens=keep_tokens)
+        _save(key, trace)
     if keep_tokens:
         for old in [k for k in _TRACES if k[-1]]:
             del _TRACES[old]
@@ -115,6 +128,40 @@ def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
 
 
 _TRACES: dict = {}
+
+
+def _disk_path(key: tuple) -> Path | None:
+    """Where a trace's counts are kept: a digest of the generator's arguments, its module's
+    source and the torch version (the RNG), so nothing stale is ever read."""
+    root = os.environ.get("MOE_REPRO_CACHE", str(Path.home() / ".cache" / "moe-repro"))
+    if root.lower() in ("", "0", "off", "none"):
+        return None
+    what = repr((key, torch.__version__, inspect.getsource(routing_trace)))
+    return Path(root) / "feplb-traces" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.pt"
+
+
+def _load(key: tuple) -> RoutingTrace | None:
+    path = _disk_path(key)
+    if path is None or not path.is_file():
+        return None
+    try:
+        kept = torch.load(path, weights_only=True)
+        return RoutingTrace(kept["counts"], int(kept["top_k"]), str(kept["source"]))
+    except Exception:        # unreadable or from another layout: draw it again
+        return None
+
+
+def _save(key: tuple, trace: RoutingTrace) -> None:
+    path = _disk_path(key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        torch.save({"counts": trace.counts, "top_k": trace.top_k, "source": trace.source}, partial)
+        os.replace(partial, path)       # whole or not at all, with concurrent runs
+    except OSError:          # a read-only home: run without the disk cache
+        return
 
 
 def gemm_model() -> GemmTimeModel:

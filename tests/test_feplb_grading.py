@@ -321,3 +321,22 @@ def test_exact_history_is_a_diagnostic_not_a_cause(small_runs):
     for row in ("4/2", "4/4", "2/8"):
         assert cells[(row, feplb_table3.EXACT)].verdict == "no-paper-value"
         assert cells[(row, "FasterMoE vs Before LB")].cause is None
+
+
+def test_trace_counts_kept_on_disk_are_the_drawn_ones(tmp_path, monkeypatch):
+    from moe_repro.components.balance.routing_trace import synthetic_trace
+
+    monkeypatch.setenv("MOE_REPRO_CACHE", str(tmp_path))
+    params = {**ft.DEFAULTS, **SMALL, "seed": 7}
+    monkeypatch.setattr(ft, "_TRACES", {})
+    drawn = ft.trace_for(params, 2)
+    assert len(list((tmp_path / "feplb-traces").iterdir())) == 1
+    monkeypatch.setattr(ft, "_TRACES", {})
+    loaded = ft.trace_for(params, 2)                      # read back from disk
+    direct = synthetic_trace(3, 3, 128, 8, 128, 2, seed=7 * 1000 + 2)
+    assert torch.equal(loaded.counts, direct.counts) and torch.equal(drawn.counts, direct.counts)
+    # another seed is another file; "off" keeps nothing
+    ft.trace_for({**params, "seed": 8}, 2)
+    assert len(list((tmp_path / "feplb-traces").iterdir())) == 2
+    monkeypatch.setenv("MOE_REPRO_CACHE", "off")
+    assert ft._disk_path(("any",)) is None
