@@ -1,6 +1,6 @@
 """Shared by the feplb-* reproductions: the PP/EP configurations, the routing traces they replay,
 the replay through the balancers (components/balance/load_balance_eval.py), the statistics of
-the traces themselves, and the sampling error of everything averaged over them; cached per process.
+the traces themselves, and the seeds every number is computed at; cached per process and on disk.
 
 GLM-5 routing traces are not public. Every number here comes from a *synthetic* trace
 (components/balance/routing_trace.py: log-normal expert popularity with skew, random-walk drift,
