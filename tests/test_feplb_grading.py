@@ -150,6 +150,19 @@ def test_pair_rows_sums_to_dispatch_rows():
             assert all(int(rows[s].diagonal().sum()) == 0 for s in range(pipe))
 
 
+def test_pair_rows_is_the_components_rule():
+    from moe_repro.components.balance.fastermoe_shadow import dispatch_rows_per_pair
+
+    g = torch.Generator().manual_seed(5)
+    top = torch.stack([torch.randperm(32, generator=g)[:4] for _ in range(300)])
+    source = torch.arange(300) // 75
+    ranks = [e // 8 for e in range(32)]
+    for pipe in (1, 2):
+        for shadows in ((), (3, 17, 30)):
+            assert torch.equal(feplb_fig4.pair_rows(top, source, ranks, 4, pipe, shadows),
+                               dispatch_rows_per_pair(top, source, ranks, 4, pipe, shadows))
+
+
 def test_messages_of_chains_the_stages():
     rows = torch.tensor([[[0, 2], [1, 0]], [[0, 3], [0, 0]]])
     msgs, deps = feplb_fig4.messages_of(rows, 10)
@@ -335,8 +348,14 @@ def test_trace_counts_kept_on_disk_are_the_drawn_ones(tmp_path, monkeypatch):
     loaded = ft.trace_for(params, 2)                      # read back from disk
     direct = synthetic_trace(3, 3, 128, 8, 128, 2, seed=7 * 1000 + 2)
     assert torch.equal(loaded.counts, direct.counts) and torch.equal(drawn.counts, direct.counts)
-    # another seed is another file; "off" keeps nothing
-    ft.trace_for({**params, "seed": 8}, 2)
-    assert len(list((tmp_path / "feplb-traces").iterdir())) == 2
+    # every token's choices are kept too where the trace kept them, and read back as drawn
+    monkeypatch.setattr(ft, "_TRACES", {})
+    ft.trace_for({**params, "seed": 8}, 2, keep_tokens=True)
+    monkeypatch.setattr(ft, "_TRACES", {})
+    tokens = ft.trace_for({**params, "seed": 8}, 2, keep_tokens=True)
+    direct = synthetic_trace(3, 3, 128, 8, 128, 2, seed=8 * 1000 + 2, keep_tokens=True)
+    assert all(torch.equal(a, b) for la, lb in zip(tokens.top_experts, direct.top_experts)
+               for a, b in zip(la, lb))
+    assert len(list((tmp_path / "feplb-traces").iterdir())) == 3     # 2 counts, 1 choices
     monkeypatch.setenv("MOE_REPRO_CACHE", "off")
     assert ft._disk_path(("any",)) is None
