@@ -177,6 +177,20 @@ def _save(key: tuple, trace: RoutingTrace) -> None:
         return
 
 
+def gemm_model() -> GemmTimeModel:
+    """Roofline time of one GLM-5 expert on an H100 (dgx-h100 profile: achievable bf16 GEMM
+    rate and HBM bandwidth). A model, not a measurement."""
+    m, p = get_model("glm5-moe"), load_builtin("dgx-h100")
+    return GemmTimeModel(m.d_model, m.d_ffn, p.gemm_flops, p.hbm_bytes_per_s, n_mat=m.n_mat)
+
+
+def balancer_knobs(params: dict, dyn: int | None = None) -> dict:
+    """The knobs of the registered balancers these reproductions use (FasterMoE gets the same
+    weight-buffer budget, max_num_dyn, as FEPLB)."""
+    return {"dyn": dyn or int(params["dyn"]), "tau": int(params["tau"]),
+            "max_num_dyn": int(params["max_num_dyn"]), "max_shadows": int(params["max_num_dyn"])}
+
+
 # --- the replay, per layer ------------------------------------------------------------------------
 
 def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
