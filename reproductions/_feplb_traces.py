@@ -485,8 +485,8 @@ def trace_assumption(params: dict) -> str:
     return (f"Trace: synthetic, 128 experts, top-8, EP sources x {params['tokens']} tokens per "
             f"micro-batch, {params['layers']} layers x {params['micro_batches']} micro-batches, "
             f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; seeds "
-            f"{seeds(params)[0]}-{seeds(params)[-1]} (trace seed = seed x 1000 + EP), every sampled "
-            f"cell graded at each seed (records/grading.py). 18 layers as FEPLB Sec. 3.1's reduced "
+            f"{seeds(params)[0]}-{seeds(params)[-1]} (trace seed = seed x 1000 + EP), every "
+            f"sampled cell graded at each seed (records/grading.py). 18 layers as FEPLB Sec. 3.1's reduced "
             f"GLM-5; the paper prints no micro-batch count or size (ours: inputs). GLM-5 "
             f"routing is not public. The trace's imbalance differs from GLM-5's (feplb-table3's "
             f"'trace:' cells): it grows much faster with EP.")

@@ -187,7 +187,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
                     f"construction"))
             else:
                 cell = ft.sampled(repro, phase, f"{method} (EP time)", extra, "%",
-                                  f"{note}; rows in all {ft.span(over('extra_rows', method), '%')}, "
+                                  f"{note}; rows in all "
+                                  f"{ft.span(over('extra_rows', method), '%')}, "
                                   f"busiest port's rows over the two stages "
                                   f"{ft.span(over('extra_port', method), '%')} over Before LB's")
                 if cell.verdict == "deviates":

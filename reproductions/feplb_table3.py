@@ -219,8 +219,9 @@ def _reduction_detail(method: str, ep: int, d: list, data: dict) -> str:
                 f"FasterMoE's drop with EP to routing that is less predictable at higher EP; ours "
                 f"is more predictable (prediction error {errors} at EP = 2, 4, 8, medians). With "
                 f"the routing predicted exactly (the diagnostic column) it gives "
-                f"{ft.span([x['exact'] for x in d], '%')} over the seeds. Neither is a recomputation "
-                f"on the paper's input (GLM-5 routing is not public), so neither explains the gap.")
+                f"{ft.span([x['exact'] for x in d], '%')} over the seeds. Neither is a "
+                f"recomputation on the paper's input (GLM-5 routing is not public), so neither "
+                f"explains the gap.")
     s = d[0]["stats"]
     return (f"The balancer follows FEPLB Sec. 2 (the busiest dynamic expert of the most loaded "
             f"device, whole, while it fits the gap) and decides on the actual counts, so the "

@@ -107,8 +107,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
             cell = ft.sampled(repro, row, method, [x["ms"][method] for x in d], "ms", note)
             red = None
             if i:
-                red = ft.sampled(repro, row, f"{method} vs Before LB", [x["pct"][method] for x in d],
-                                 "%", note)
+                red = ft.sampled(repro, row, f"{method} vs Before LB",
+                                 [x["pct"][method] for x in d], "%", note)
                 check = ft.printed_percentage_note(_PRINTED[row][2 * i - 1], _PRINTED[row][0],
                                                    _PRINTED[row][2 * i])
                 if check:

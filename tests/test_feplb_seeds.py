@@ -22,7 +22,8 @@ def _grades(module, seed: int) -> dict:
     return {(c.row, c.column): c.verdict for c in result.cells}
 
 
-@pytest.mark.parametrize("module", [feplb_table3, feplb_table4], ids=["feplb-table3", "feplb-table4"])
+@pytest.mark.parametrize("module", [feplb_table3, feplb_table4],
+                         ids=["feplb-table3", "feplb-table4"])
 def test_grades_hold_on_a_disjoint_seed_set(module):
     first, second = _grades(module, 0), _grades(module, 5)
     assert first.keys() == second.keys()
