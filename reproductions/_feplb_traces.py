@@ -1,6 +1,6 @@
 """Shared by the feplb-* reproductions: the PP/EP configurations, the routing traces they replay,
 the replay through the balancers (components/balance/load_balance_eval.py), the statistics of
-the traces themselves, and the sampling error of everything averaged over them; cached per process.
+the traces themselves, and the seeds every number is computed at; cached per process and on disk.
 
 GLM-5 routing traces are not public. Every number here comes from a *synthetic* trace
 (components/balance/routing_trace.py: log-normal expert popularity with skew, random-walk drift,
@@ -11,21 +11,30 @@ has 18 layers; its metrics are "averaged over the full training run"). PP change
 a stage holds, not one layer's balance, so a PP/EP row differs from another only through EP
 (and its own trace seed).
 
-Why 18 layers and not fewer: in the synthetic generator each layer draws its own expert
-popularity and the micro-batches of one layer share it (drift 0.05), so the layers are the
-independent samples. With 2 layers the table's numbers were one draw: over seeds 0-4 the
-Before LB straggler at EP = 2 ranged 1,547-5,624 and FasterMoE's reduction -2% to -72%. Every
-averaged number therefore comes with a 95% interval over the layers (:func:`bootstrap_interval`),
-a cell is ``close`` when the paper's value lies inside it, and a claim about an ordering or a
-trend is graded only when the interval of the difference excludes 0 (:func:`direction`).
-4 micro-batches per layer (3 replayed; the first only seeds the history) keep the cost down:
-more micro-batches of one layer add little, they share its popularity.
+Seeds: every number computed from a trace is a sampled number (records/grading.py): it is
+computed on the traces of ``SEEDS`` = grading.MIN_SEEDS seeds, base ``seed`` to seed + 4 (trace
+seed = seed x 1000 + EP), and the policy grades each seed by the prediction rule; a grade that
+differs between seeds is ``seed-dependent``. A claim in words is tested on each seed's numbers
+(``seeds_hold``). Trace length: 18 layers, as FEPLB Sec. 3.1's reduced GLM-5; the paper averages
+"over the full training run" and prints no micro-batch count or size, so ours (4 micro-batches
+per layer, 3 replayed; ``tokens`` per EP rank) are our inputs, stated in the assumptions. With 2
+layers the table's numbers were one draw (Before LB at EP = 2 ranged 1,547-5,624 over seeds 0-4);
+the layers, each drawing its own popularity, are the independent samples within a seed.
+
+Cost: drawing a trace is most of a run's time (every token's top-8 over 128 experts), and 5 seeds
+make 15 traces. Each trace's counts are therefore also kept on disk (:func:`trace_for`, under
+$MOE_REPRO_CACHE, default ~/.cache/moe-repro; MOE_REPRO_CACHE=off disables it), keyed by the
+generator's arguments, its module's source and the torch version, so a changed generator or RNG
+draws anew; the reproductions that share the traces (tables 2-4, fig. 6) draw them once.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
+import inspect
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,20 +42,20 @@ from moe_repro.components.balance import get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.load_balance_eval import MethodStats, evaluate_trace
 from moe_repro.components.provenance import cached_in
+from moe_repro.components.balance import routing_trace
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
                                                         contiguous_ranks, device_loads,
                                                         synthetic_trace)
 from moe_repro.components.model.zoo import get_model
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.network.platform import load_builtin
-from moe_repro.reproductions.spec import Tolerance
+from moe_repro.records import grading
 
 CONFIGS = (("4/2", 2), ("4/4", 4), ("2/8", 8))   # FEPLB Sec. 3.1: PP=4/EP=2, 4/4, 2/8
 
 DEFAULTS = {"tokens": 4096, "layers": 18, "micro_batches": 4, "skew": 1.0, "drift": 0.05,
             "noise": 0.3, "seed": 0, "dyn": 4, "tau": 0, "max_num_dyn": 8}
 
-BOOTSTRAP = 2000   # resamples of the layers for the 95% intervals
 
 
 def check(params: dict) -> None:
@@ -73,24 +82,99 @@ def straggler_table_layout(unit: str) -> dict:
             "groups": [method(name) for name in ("Before LB", "FasterMoE", "FEPLB")]}
 
 
+def seeds(params: dict) -> list[int]:
+    """The seeds a sampled cell is computed at: grading.SEEDS offset by the ``seed`` parameter
+    (seed 0: 0-4; seed 5: 5-9, a disjoint set)."""
+    return [int(params["seed"]) + s for s in grading.SEEDS]
+
+
+def at_seed(params: dict, seed: int) -> dict:
+    return {**params, "seed": seed}
+
+
+def over_seeds(params: dict, compute) -> list:
+    """``compute(params at seed s)`` for each seed of :func:`seeds`."""
+    return [compute(at_seed(params, s)) for s in seeds(params)]
+
+
 def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
+    """The synthetic trace of ``params["seed"]`` at ``ep``, cached per process: every count-only
+    trace (under 1 MB each at the defaults, so the 5 seeds x 3 EP configurations of one run, and
+    the reproductions that share them, stay cached) and one trace that keeps every token's
+    choices (about 150 MB at EP = 8)."""
     m = get_model("glm5-moe")
     key = (int(params["layers"]), int(params["micro_batches"]), m.n_experts, m.top_k,
            int(params["tokens"]), ep, float(params["skew"]), float(params["drift"]),
            float(params["noise"]), int(params["seed"]) * 1000 + ep)
-    if not keep_tokens and (*key, True) in _TRACES:   # the same routing, tokens kept
+    if (*key, True) in _TRACES:                 # the same routing, tokens kept
         return _TRACES[(*key, True)]
-    if (*key, keep_tokens) not in _TRACES:
-        if len(_TRACES) >= 8:
-            _TRACES.pop(next(iter(_TRACES)))
-        layers, mbs, experts, top_k, tokens, ep_, skew, drift, noise, seed = key
-        _TRACES[(*key, keep_tokens)] = synthetic_trace(
-            layers, mbs, experts, top_k, tokens, ep_, skew=skew, drift=drift, noise=noise,
-            seed=seed, keep_tokens=keep_tokens)
-    return _TRACES[(*key, keep_tokens)]
+    if not keep_tokens and (*key, False) in _TRACES:
+        return _TRACES[(*key, False)]
+    layers, mbs, experts, top_k, tokens, ep_, skew, drift, noise, seed = key
+    trace = _load(key, keep_tokens)
+    if trace is None:
+        trace = synthetic_trace(layers, mbs, experts, top_k, tokens, ep_, skew=skew, drift=drift,
+                                noise=noise, seed=seed, keep_tokens=keep_tokens)
+        _save(key, trace)
+    if keep_tokens:
+        for old in [k for k in _TRACES if k[-1]]:
+            del _TRACES[old]
+    elif sum(not k[-1] for k in _TRACES) >= 64:
+        _TRACES.pop(next(k for k in _TRACES if not k[-1]))
+    _TRACES[(*key, keep_tokens)] = trace
+    # the counts alone stay cached when the token-keeping trace is dropped
+    _TRACES[(*key, False)] = RoutingTrace(trace.counts, trace.top_k, trace.source)
+    return trace
 
 
 _TRACES: dict = {}
+
+
+def _disk_path(key: tuple) -> Path | None:
+    """Where a trace's counts are kept: a digest of the generator's arguments, its module's
+    source and the torch version (the RNG), so nothing stale is ever read."""
+    root = os.environ.get("MOE_REPRO_CACHE", str(Path.home() / ".cache" / "moe-repro"))
+    if root.lower() in ("", "0", "off", "none"):
+        return None
+    what = repr((key, torch.__version__, inspect.getsource(routing_trace)))
+    return Path(root) / "feplb-traces" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.pt"
+
+
+def _load(key: tuple, keep_tokens: bool) -> RoutingTrace | None:
+    path = _disk_path(key)
+    top_path = None if path is None else path.with_suffix(".top.pt")
+    if path is None or not path.is_file() or (keep_tokens and not top_path.is_file()):
+        return None
+    try:
+        kept = torch.load(path, weights_only=True)
+        top = None
+        if keep_tokens:   # [layers, micro-batches, tokens, k] as uint8: back to [L][M] -> [S, k]
+            stacked = torch.load(top_path, weights_only=True).to(torch.int64)
+            top = [[stacked[layer, mb] for mb in range(stacked.shape[1])]
+                   for layer in range(stacked.shape[0])]
+        return RoutingTrace(kept["counts"], int(kept["top_k"]), str(kept["source"]), top)
+    except Exception:        # unreadable or from another layout: draw it again
+        return None
+
+
+def _save(key: tuple, trace: RoutingTrace) -> None:
+    """The counts, and every token's choices where the trace kept them (as uint8 when the
+    experts fit: about 19 MB per trace at EP = 8 against 150 MB in memory)."""
+    path = _disk_path(key)
+    if path is None:
+        return
+    parts = [(path, {"counts": trace.counts, "top_k": trace.top_k, "source": trace.source})]
+    if trace.top_experts is not None and trace.num_experts <= 256:
+        stacked = torch.stack([torch.stack(mbs) for mbs in trace.top_experts])
+        parts.append((path.with_suffix(".top.pt"), stacked.to(torch.uint8)))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for where, what in parts:
+            partial = where.with_suffix(f".{os.getpid()}.part")
+            torch.save(what, partial)
+            os.replace(partial, where)       # whole or not at all, with concurrent runs
+    except OSError:          # a read-only home: run without the disk cache
+        return
 
 
 def gemm_model() -> GemmTimeModel:
@@ -210,109 +294,65 @@ def change_pct(value: float, base: float) -> float:
     return 100.0 * (value - base) / base
 
 
-def bootstrap_interval(stat, *groups, resamples: int = BOOTSTRAP, seed: int = 0,
-                       level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of ``stat(*groups)`` over resamples of the layers: each group (one
-    EP configuration's per-layer values, or per-layer tuples) is resampled with replacement,
-    independently of the others. Seeded, so a run is reproducible. The per-layer values are
-    heavy-tailed (one layer can hold 3x the next one's straggler), so a percentile interval
-    rather than mean +- 2 standard errors."""
-    rng = random.Random(seed)
-    values = sorted(stat(*[[g[rng.randrange(len(g))] for _ in g] for g in groups])
-                    for _ in range(resamples))
-    tail = (1.0 - level) / 2.0
-    return values[int(tail * resamples)], values[min(resamples - 1, int((1.0 - tail) * resamples))]
-
-
-def interval_tolerance(ours: float, interval: tuple[float, float], paper: float | None) -> Tolerance:
-    """``close`` when the paper's value lies inside our interval: the slack on the paper's side
-    of ours (the interval need not be symmetric)."""
-    lo, hi = interval
-    if paper is None:
-        return Tolerance(abs=max(hi - ours, ours - lo, 0.0))
-    return Tolerance(abs=max(hi - ours, 0.0) if paper >= ours else max(ours - lo, 0.0))
-
-
 def fmt(x: float, sign: bool = False) -> str:
     """A number for a note: thousands separated from 1,000 on, else 3 significant digits."""
     text = f"{abs(x):,.0f}" if abs(x) >= 1000 else f"{abs(x):.3g}"
     return ("-" if x < 0 else "+" if sign else "") + text
 
 
-def interval_note(interval: tuple[float, float], unit: str = "") -> str:
-    lo, hi = interval
-    return f"95% interval over the trace's layers {fmt(lo)} to {fmt(hi)}{unit} (bootstrap)"
+def median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def direction(interval: tuple[float, float]) -> bool | None:
-    """A difference whose interval excludes 0: True (positive), False (negative); None when
-    our sampling error cannot tell."""
-    lo, hi = interval
-    if lo > 0:
-        return True
-    if hi < 0:
-        return False
-    return None
+def span(values, unit: str = "") -> str:
+    """'a to b unit' over the seeds, for a note."""
+    return f"{fmt(min(values))} to {fmt(max(values))}{unit}"
 
 
-def fastermoe_over_feplb_cell(repro, column: str, pairs: list, params: dict):
-    """The FasterMoE / FEPLB ratio at EP = 8 (row "2/8") over per-layer (FasterMoE, FEPLB) pairs,
-    graded with its bootstrap interval; both FEPLB tables print it."""
-    cell = estimate_cell(repro, "2/8", column, ratio_of(pairs), bootstrap_interval(ratio_of, pairs),
-                         "x", trace_note(params, 8), "x")
-    if cell.verdict == "deviates":
-        cell.note += "; not explained: it follows from the two reductions, which deviate"
-    return cell
+def sampled(repro, row: str, column: str, values: list[float], unit: str, note: str, **kw):
+    """A sampled cell: ``values`` per seed (:func:`seeds`); the policy grades each seed by the
+    prediction rule (records/grading.py)."""
+    return repro.compare(row, column, None, unit, note=note, grade_class="sampled",
+                         seeds=list(values), **kw)
 
 
-def lead_grows_claim(repro, fm_fe: dict, what: str, paper_ratios: str):
+def seeds_note(params: dict, ep: int | None = None) -> str:
+    """Which traces a cell's numbers come from (short; the full description is in the
+    assumptions)."""
+    first = seeds(params)
+    words = f"synthetic trace, seeds {first[0]}-{first[-1]}"
+    return words + (f", EP={ep}" if ep is not None else "")
+
+
+def read_per_seed(words: str, values) -> list[bool]:
+    """A number in the paper's words (grading.read_claim) tested on each seed's value."""
+    reading = grading.read_claim(words)
+    return [reading.holds(v) for v in values]
+
+
+def fastermoe_over_feplb_claim(repro, column: str, words: str, ratios: list[float], what: str):
+    """The FasterMoE / FEPLB ratio at EP = 8 (row "2/8"), the paper's "2x" / "1.8x lower than
+    FasterMoE", read by the policy's one rule and tested on each seed."""
+    return repro.claim("2/8", column, None, median(ratios), "x", reading=words,
+                       seeds_hold=read_per_seed(words, ratios),
+                       note=(f"FasterMoE / FEPLB {what} at EP = 8, per seed: "
+                             + ", ".join(f"{r:.2f}x" for r in ratios)))
+
+
+def lead_grows_claim(repro, ratios: dict, what: str, paper_ratios: str):
     """The claim both FEPLB tables grade (Fig. 5 caption, "increasingly outperforming FasterMoE
-    as EP grows"): the FasterMoE / FEPLB ratio of ``what`` rises at each EP step. ``fm_fe``: EP ->
-    per-layer (FasterMoE, FEPLB) pairs; ``paper_ratios``: the paper's, as its tables imply."""
-    eps = sorted(fm_fe)
-    lead, lead_int = trend([fm_fe[ep] for ep in eps], ratio_of, increasing=True)
-    ratios = {ep: ratio_of(fm_fe[ep]) for ep in eps}
-    return repro.claim("2/8", "FEPLB's lead over FasterMoE grows with EP", lead, ratios[eps[-1]], "x",
-                       note=claim_note(lead, lead_int, "x",
-                                       f"FasterMoE / FEPLB {what} at EP = "
-                                       + ", ".join(map(str, eps)) + ": "
-                                       + ", ".join(f"{ratios[ep]:.2f}x" for ep in eps)
-                                       + f" (paper: {paper_ratios}; holds if it grows at each step)"))
-
-
-def estimate_cell(repro, row: str, column: str, ours: float, interval: tuple[float, float],
-                  unit: str, note: str, interval_unit: str = ""):
-    """A cell for a number estimated from the trace: graded ``close`` when the paper's value
-    lies inside our 95% interval over the layers (the note gives the interval)."""
-    pv = repro.paper_value(row, column)
-    tol = interval_tolerance(ours, interval, None if pv is None else pv.value)
-    return repro.compare(row, column, ours, unit, note=f"{note}; {interval_note(interval, interval_unit)}",
-                         tolerance=tol)
-
-
-def trend(groups, stat, increasing: bool) -> tuple[bool | None, list[tuple[float, float]]]:
-    """Does stat(group) rise (``increasing``) or fall from each group to the next? True when
-    every step's interval of stat(next) - stat(this) is on that side of 0, False when one step
-    is on the other side, None when a step cannot be told apart from 0 (and none contradicts)."""
-    verdict, intervals = True, []
-    for a, b in zip(groups, groups[1:]):
-        interval = bootstrap_interval(lambda ga, gb: stat(gb) - stat(ga), a, b)
-        intervals.append(interval)
-        d = direction(interval)
-        if d is None:
-            verdict = None if verdict else verdict
-        elif d != increasing:
-            verdict = False
-    return verdict, intervals
-
-
-def claim_note(holds: bool | None, intervals, unit: str, text: str) -> str:
-    """A claim's note: what was tested, and the interval(s) of the change it was decided on."""
-    spans = ", ".join(f"{fmt(lo, True)} to {fmt(hi, True)}{unit}" for lo, hi in intervals)
-    if holds is None:
-        return (f"{text}; not decided: our sampling error cannot tell (95% interval of the "
-                f"difference {spans})")
-    return f"{text}; 95% interval of the difference {spans}"
+    as EP grows"): the FasterMoE / FEPLB ratio of ``what`` rises at each EP step, on each seed.
+    ``ratios``: EP -> per-seed ratios; ``paper_ratios``: the paper's, as its tables imply."""
+    eps = sorted(ratios)
+    holds = [strictly_increasing(r) for r in zip(*(ratios[ep] for ep in eps))]
+    return repro.claim(
+        "2/8", "FEPLB's lead over FasterMoE grows with EP", None, median(ratios[eps[-1]]), "x",
+        seeds_hold=holds,
+        note=(f"FasterMoE / FEPLB {what} at EP = {', '.join(map(str, eps))}, median over seeds: "
+              + ", ".join(f"{median(ratios[ep]):.2f}x" for ep in eps)
+              + f" (paper: {paper_ratios}); holds on a seed if it grows at each step"))
 
 
 def mean_of(group) -> float:
@@ -441,15 +481,13 @@ def derived_printed(numerator: str, denominator: str, digits: int) -> str:
 
 # --- notes ------------------------------------------------------------------------------------
 
-def trace_note(params: dict, ep: int) -> str:
-    """Which trace a cell's number comes from (short; the full description is in assumptions)."""
-    return f"synthetic trace, EP={ep}, seed={int(params['seed']) * 1000 + ep}"
-
-
 def trace_assumption(params: dict) -> str:
     return (f"Trace: synthetic, 128 experts, top-8, EP sources x {params['tokens']} tokens per "
             f"micro-batch, {params['layers']} layers x {params['micro_batches']} micro-batches, "
-            f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; GLM-5 "
+            f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; seeds "
+            f"{seeds(params)[0]}-{seeds(params)[-1]} (trace seed = seed x 1000 + EP), every "
+            f"sampled cell graded at each seed (records/grading.py). 18 layers as FEPLB Sec. 3.1's reduced "
+            f"GLM-5; the paper prints no micro-batch count or size (ours: inputs). GLM-5 "
             f"routing is not public. The trace's imbalance differs from GLM-5's (feplb-table3's "
             f"'trace:' cells): it grows much faster with EP.")
 
@@ -465,7 +503,6 @@ def printed_percentage_note(value: str, base: str, printed_pct: str) -> str | No
 
 
 ASSUMPTIONS = [
-    "Routing: synthetic (components/routing_trace.synthetic_trace); GLM-5 traces are not public.",
     "FasterMoE: shadows predicted from the previous micro-batch, greedy while the predicted "
     "maximum load drops, at most max_num_dyn shadows (components/balance/fastermoe_shadow.py).",
     "FEPLB: dynamic experts re-picked from the previous micro-batch (the Router Predictor), "
@@ -473,5 +510,5 @@ ASSUMPTIONS = [
     "of the most loaded device, copied whole while it fits the gap to the least loaded one "
     "(Sec. 2; components/balance/feplb.py).",
     "Micro-batch 0 of each layer only seeds the history; every method is averaged over the same "
-    "micro-batches, each layer with equal weight; standard errors are over layers.",
+    "micro-batches, each layer with equal weight; a seed's number is that mean over its trace.",
 ]
