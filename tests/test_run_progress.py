@@ -153,3 +153,16 @@ def test_run_help_teaches_full_progress_and_the_count_line():
     text = " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
     for needle in ("--full", "progress", "compared cells agree", "--quiet", "interrupted"):
         assert needle in text, needle
+
+
+@pytest.mark.multiprocess
+def test_mop_llep_grades_the_recapped_direction_not_the_gpu_size():
+    from moe_repro.reproductions.mop_llep import FASTER, REPRODUCTION
+
+    result = REPRODUCTION.run({"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2,
+                               "repeats": 1})
+    by = {(c.row, c.column): c for c in result.cells}
+    speedup, claim = by[("LLEP", "speedup vs plain EP")], by[("LLEP", FASTER)]
+    assert speedup.verdict == "no-paper-value"
+    assert claim.verdict == ("claim-holds" if speedup.ours > 1 else "claim-fails")
+    assert claim.ours == speedup.ours
