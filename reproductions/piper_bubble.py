@@ -41,13 +41,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
         row = f"PP={pp}, M={m}"
         per_stage = ", ".join(f"stage {s['pp_rank']} {s['idle_fraction']:.3f}"
                               for s in r["per_stage"])
-        cells.append(formula_cell(
+        cell = formula_cell(
             row, "bubble fraction", r["bubble_measured"], "fraction", theory, f"{theory:.4f}",
             f"Piper III-D / GPipe: (PP-1)/(M+PP-1) at PP={pp}, M={m}", "prediction",
-            note=f"1 - busiest rank's compute / schedule step (the critical stage's idle time); "
-                 f"idle fraction per stage, stage imbalance included: {per_stage} (mean "
-                 f"{r['idle_fraction_mean']:.3f}); stages are unequal (embedding on the first, LM "
-                 "head + loss on the last), the formula assumes equal stages"))
+            note="1 - busiest rank's compute / schedule step: the critical stage's idle time")
+        cell.detail = (f"Idle fraction per stage, stage imbalance included: {per_stage} (mean "
+                       f"{r['idle_fraction_mean']:.3f}). The stages are unequal (the embedding on "
+                       "the first, the LM head and loss on the last); the formula assumes equal "
+                       "stages.")
+        cells.append(cell)
         cells.append(repro.compare(row, "idle fraction, mean over stages", r["idle_fraction_mean"],
                                    "fraction"))
         split = r["time_split_s"]
