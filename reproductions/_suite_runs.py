@@ -38,19 +38,40 @@ class Watch:
     store: Any = None
     command: list[str] | None = None
     saved: list[Path] = field(default_factory=list)  # suite records written during the run
+    started: float = field(default_factory=time.monotonic)
+    last_line: float = field(default_factory=time.monotonic)  # when progress was last shown
+    inline: bool = False  # a progress line is open (being rewritten) on a terminal
 
 
 _WATCH: Watch | None = None
+TICK_S = 30.0  # a computation with no grid points to count says it is alive this often
 
 
 @contextmanager
 def watching(watch: Watch):
-    """Report progress and keep finished points of every grid measured inside this block."""
+    """Report progress and keep finished points of every grid measured inside this block. Where
+    nothing has been reported for TICK_S (a training run, a long simulation: no grid points to
+    count), a line says how long the reproduction has been running."""
     global _WATCH
     previous, _WATCH = _WATCH, watch
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            now = time.monotonic()
+            if now - watch.last_line >= TICK_S:
+                _show(watch, f"running, {clock(now - watch.started)} elapsed")
+    ticker = threading.Thread(target=tick, name="progress-tick", daemon=True)
+    if watch.stream is not None:
+        ticker.start()
     try:
         yield watch
     finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join()
+        if watch.inline:
+            _show(watch, "", end=True)
         _WATCH = previous
 
 
@@ -173,7 +194,6 @@ class _Keeper:
         self.start = time.monotonic()
         self.path: Path | None = None
         self.environment = None
-        self._inline = False  # a progress line is open on a terminal
         if watch is not None:
             self._show(f"{suite.name} 0/{total} points (measuring on this machine)")
 
@@ -196,7 +216,7 @@ class _Keeper:
             kept = f"; the {len(self.records)} finished are stored in {self.path}" if self.path else ""
             self._show(f"{self.suite.name} stopped after {len(self.records)}/{self.total} points "
                        f"({error}){kept}", end=True)
-        elif self._inline:
+        elif self.watch.inline:
             self._show("", end=True)
 
     def _save(self, interrupted: bool, error: str | None = None) -> None:
@@ -221,17 +241,28 @@ class _Keeper:
             atomic_write_json(self.path, dump(record))  # the same run, more points finished
 
     def _show(self, text: str, end: bool = False) -> None:
-        stream = self.watch.stream
-        if stream is None:
-            return
-        line = f"{self.watch.label}: {text}" if text else ""
+        if self.watch.stream is not None:
+            _show(self.watch, text, end)
+
+
+_LOCK = threading.Lock()
+
+
+def _show(watch: Watch, text: str, end: bool = False) -> None:
+    """One progress line for ``watch``: rewritten in place on a terminal (a newline when
+    ``end``), a plain line otherwise."""
+    stream = watch.stream
+    if stream is None:
+        return
+    line = f"{watch.label}: {text}" if text else ""
+    with _LOCK:
         if _is_terminal(stream):
-            # one line rewritten in place; a newline when the grid ends
             stream.write("\r\x1b[K" + line + ("\n" if end else ""))
-            self._inline = not end
+            watch.inline = not end
         elif line:
             stream.write(line + "\n")
         stream.flush()
+        watch.last_line = time.monotonic()
 
 
 def _asdict(obj) -> dict:

@@ -166,3 +166,16 @@ def test_mop_llep_grades_the_recapped_direction_not_the_gpu_size():
     assert speedup.verdict == "no-paper-value"
     assert claim.verdict == ("claim-holds" if speedup.ours > 1 else "claim-fails")
     assert claim.ours == speedup.ours
+
+
+def test_a_computation_without_grid_points_still_says_it_is_running(monkeypatch):
+    import time
+
+    from moe_repro.reproductions import _suite_runs
+
+    monkeypatch.setattr(_suite_runs, "TICK_S", 0.5)
+    stream = io.StringIO()
+    with watching(Watch("demo", stream=stream)):
+        time.sleep(2.5)
+    lines = stream.getvalue().splitlines()
+    assert lines and all(re.fullmatch(r"demo: running, 0:0\d elapsed", line) for line in lines)

@@ -151,9 +151,10 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     paper and for all. --quiet prints only those lines.
 
     Measured (R) reproductions finish in a few minutes at their defaults and show progress on
-    stderr (points done / total, elapsed, time left); every finished point is stored at once
-    (results/suites/), so an interrupted or timed-out run keeps what it measured. --full runs
-    them at the paper's size (much longer).
+    stderr (points done / total, elapsed, time left; a computation with no points to count
+    says how long it has run); every finished point is stored at once (results/suites/), so
+    an interrupted or timed-out run keeps what it measured. --full runs them at the paper's
+    size (much longer).
     """
     from moe_repro import cli
     from moe_repro.records import grading
