@@ -41,6 +41,7 @@ class Watch:
     started: float = field(default_factory=time.monotonic)
     last_line: float = field(default_factory=time.monotonic)  # when progress was last shown
     inline: bool = False  # a progress line is open (being rewritten) on a terminal
+    status: str | None = None  # the grid being measured: "moe-layer 3/29 points"
 
 
 _WATCH: Watch | None = None
@@ -60,7 +61,7 @@ def watching(watch: Watch):
         while not stop.wait(1.0):
             now = time.monotonic()
             if now - watch.last_line >= TICK_S:
-                _show(watch, f"running, {clock(now - watch.started)} elapsed")
+                _show(watch, f"{watch.status or 'running'}, {clock(now - watch.started)} elapsed")
     ticker = threading.Thread(target=tick, name="progress-tick", daemon=True)
     if watch.stream is not None:
         ticker.start()
@@ -195,7 +196,8 @@ class _Keeper:
         self.path: Path | None = None
         self.environment = None
         if watch is not None:
-            self._show(f"{suite.name} 0/{total} points (measuring on this machine)")
+            watch.status = f"{suite.name} 0/{total} points"
+            self._show(f"{watch.status} (measuring on this machine)")
 
     def add(self, record: dict) -> None:
         self.records.append(record)
@@ -204,12 +206,14 @@ class _Keeper:
         self._save(interrupted=len(self.records) < self.total)
         done, elapsed = len(self.records), time.monotonic() - self.start
         left = elapsed / done * (self.total - done)
+        self.watch.status = f"{self.suite.name} {done}/{self.total} points"
         self._show(f"{self.suite.name} {done}/{self.total} points, {clock(elapsed)} elapsed"
                    + (f", about {clock(left)} left" if done < self.total else ""))
 
     def close(self, error: str | None = None) -> None:
         if self.watch is None:
             return
+        self.watch.status = None
         if error is not None:
             if self.records:
                 self._save(interrupted=True, error=error)
