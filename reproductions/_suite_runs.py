@@ -208,7 +208,8 @@ class _Keeper:
         left = elapsed / done * (self.total - done)
         self.watch.status = f"{self.suite.name} {done}/{self.total} points"
         self._show(f"{self.suite.name} {done}/{self.total} points, {clock(elapsed)} elapsed"
-                   + (f", about {clock(left)} left" if done < self.total else ""))
+                   + (f", about {clock(left)} left" if done < self.total else ""),
+                   end=done == self.total)
 
     def close(self, error: str | None = None) -> None:
         if self.watch is None:
@@ -261,7 +262,8 @@ def _show(watch: Watch, text: str, end: bool = False) -> None:
     line = f"{watch.label}: {text}" if text else ""
     with _LOCK:
         if _is_terminal(stream):
-            stream.write("\r\x1b[K" + line + ("\n" if end else ""))
+            # rewrite the open line; end=True with no text closes it, keeping what it says
+            stream.write(("\r\x1b[K" + line if line else "") + ("\n" if end else ""))
             watch.inline = not end
         elif line:
             stream.write(line + "\n")

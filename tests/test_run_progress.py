@@ -179,3 +179,17 @@ def test_a_computation_without_grid_points_still_says_it_is_running(monkeypatch)
         time.sleep(2.5)
     lines = stream.getvalue().splitlines()
     assert lines and all(re.fullmatch(r"demo: running, 0:0\d elapsed", line) for line in lines)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_one_line_is_rewritten_and_the_last_one_kept(tmp_path):
+    stream = _Terminal()
+    with watching(Watch("demo", stream=stream)):
+        run_grid("memcopy", [_memcopy(1), _memcopy(2)], repeats=1)
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, closed once
+    assert text.split("\r\x1b[K")[-1].startswith("demo: memcopy 2/2 points")
