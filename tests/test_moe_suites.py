@@ -65,15 +65,16 @@ def test_attention_suite_and_component():
 
 
 def test_reproductions_name_their_device():
-    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions.piper_fig3 import REPRODUCTION as piper_fig3
+    from moe_repro.reproductions.piper_fig4 import REPRODUCTION as piper_fig4
 
-    fig4 = all_reproductions()["piper-fig4"].run({"models": "tiny-moe", "tokens_per_expert": "4",
-                                                  "shape_div": 1, "repeats": 1})
+    fig4 = piper_fig4.run({"models": "tiny-moe", "tokens_per_expert": "4",
+                          "shape_div": 1, "repeats": 1})
     assert all(c.verdict == "no-paper-value" for c in fig4.cells)
     assert_how_is_the_catalogs("piper-fig4", fig4)
     assert "cpu" in fig4.extra["device"] and any("measured on cpu" in (c.note or "") for c in fig4.cells)
-    fig3 = all_reproductions()["piper-fig3"].run({"models": "tiny-moe", "seq_lens": "16", "heads": 2,
-                                                  "repeats": 1})
+    fig3 = piper_fig3.run({"models": "tiny-moe", "seq_lens": "16", "heads": 2,
+                          "repeats": 1})
     assert {c.verdict for c in fig3.cells} == {"no-paper-value", "not-reproduced"}
     assert_how_is_the_catalogs("piper-fig3", fig3)
 
