@@ -174,6 +174,8 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         if len(chosen) > 1 and not quiet:
             click.echo(f"[{i + 1}/{len(chosen)}] {rid}", err=True)
         given = {**(known[rid].full if full else {}), **overrides}
+        if full and not known[rid].full and not quiet:
+            click.echo(f"{rid}: its defaults are already its full run", err=True)
         # an unreadable stored file is named on stderr by the store and rerun here
         stored = store.latest("reproduction", rid) if resume else None
         if stored is not None and is_current(stored, given):
