@@ -14,6 +14,7 @@ assignment of tokens to experts).
 
 from __future__ import annotations
 
+from moe_repro.records import grading
 from moe_repro.reproductions.spec import PaperClaim, Reproduction, Result
 
 LAYER_NAMES = {"plain": "plain EP", "llep": "LLEP"}
@@ -47,13 +48,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
     speedup = plain["time_s"] / llep["time_s"]
     cells.append(repro.compare("LLEP", "speedup vs plain EP", speedup, "x",
                                note=note + "; MoP Sec. 3.3 recaps 'up to 5x' on GPUs (not comparable)"))
-    spread = plain["time_s_iqr"] + llep["time_s_iqr"]
+    # The direction at every repeat, paired fastest with fastest (as xmoe-fig11's): with the
+    # policy's minimum of repeats, one that holds at some repeats only is seed-dependent.
+    per_repeat = [a < b for a, b in zip(sorted(llep["samples"]["time_s"]),
+                                        sorted(plain["samples"]["time_s"]))]
+    enough = len(per_repeat) >= grading.MIN_SEEDS
     cells.append(repro.claim(
-        "LLEP", FASTER, speedup > 1, speedup, "x",
+        "LLEP", FASTER, speedup > 1, speedup, "x", seeds_hold=per_repeat if enough else None,
         note=f"LLEP {llep['time_s'] * 1e3:.4g} ms vs plain EP {plain['time_s'] * 1e3:.4g} ms per "
-             f"fwd+bwd (medians)" + ("; the gap is within the spread (IQRs added): a rerun may "
-                                     "reverse it" if abs(plain["time_s"] - llep["time_s"]) <= spread
-                                     else "")))
+             f"fwd+bwd (medians)" + (f"; LLEP faster at {sum(per_repeat)} of {len(per_repeat)} "
+                                     "repeats" if enough else "")))
     cells.append(repro.compare("LLEP", "max |LLEP - plain EP| (output, input grad)", llep["max_abs_diff"],
                                "abs", note="exact semantics: differences are fp32 summation order only"))
     assumptions = ["Router skew: feature 0 of every token is 1 and the gate's row 0 rises linearly "

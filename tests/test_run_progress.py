@@ -166,6 +166,12 @@ def test_mop_llep_grades_the_recapped_direction_not_the_gpu_size():
     assert speedup.verdict == "no-paper-value"
     assert claim.verdict == ("claim-holds" if speedup.ours > 1 else "claim-fails")
     assert claim.ours == speedup.ours
+    # with the policy's minimum of repeats the direction is read at every repeat
+    result = REPRODUCTION.run({"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2,
+                               "repeats": 5})
+    claim = next(c for c in result.cells if c.column == FASTER)
+    assert claim.verdict in ("claim-holds", "claim-fails", "seed-dependent")
+    assert len(claim.seeds["holds"]) == 5 and "of 5 repeats" in claim.note
 
 
 def test_a_computation_without_grid_points_still_says_it_is_running(monkeypatch):
