@@ -224,6 +224,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "pft drops nothing unless an expert exceeds C = ceil(1.25 S k / E) pairs (then the lowest "
         "weights); padded drops by GShard priority: the two keep slightly different pairs.",
         "The paper's Large-model all-to-all number needs EP = 64 and is marked not-reproduced.",
+        f"Load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores when the run ended: "
+        "other processes sharing the cores change the times between grid points, so a direction "
+        "with a small gap can differ between runs even where it holds at every repeat of one.",
         "Graded: the paper's directions, as claims, at every repeat (pft faster, or slower at "
         "the expert stage; repeats paired fastest with fastest; a direction that holds at some "
         "repeats only is seed-dependent, inside the noise). Its magnitudes were measured on MI250X GPUs with Triton kernels and are "
