@@ -153,6 +153,9 @@ def test_run_help_teaches_full_progress_and_the_count_line():
     text = " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
     for needle in ("--full", "progress", "compared cells agree", "--quiet", "interrupted"):
         assert needle in text, needle
+    from moe_repro.records.grading import PREDICTION_TOLERANCE
+
+    assert f"within {PREDICTION_TOLERANCE:.0%} of the paper's value" in text  # the policy's own
 
 
 @pytest.mark.multiprocess

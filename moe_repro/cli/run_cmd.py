@@ -139,7 +139,8 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
 
     Each cell's grade follows one policy for every paper (records/grading.py): match (within
     the paper's printed precision), close (a prediction within 15% of the paper's value),
-    seed-dependent (a sampled number whose grade changes with the seed), explained (deviates,
+    seed-dependent (a sampled number, or a measured direction, whose grade changes with the
+    seed or the repeat), explained (deviates,
     and the cell recomputed with the recorded cause removed agrees), deviates, claim-holds /
     claim-fails (a claim the paper states in words), not-comparable (a different quantity, or
     measured here against another machine's number), echo (restates an input; not evidence),
