@@ -202,3 +202,16 @@ def test_on_a_terminal_one_line_is_rewritten_and_the_last_one_kept(tmp_path):
     text = stream.getvalue()
     assert text.count("\n") == 1 and text.endswith("\n")  # one line, closed once
     assert text.split("\r\x1b[K")[-1].startswith("demo: memcopy 2/2 points")
+
+
+def test_piper_fig5_shows_the_caption_claim_as_echo_of_the_simulator():
+    """Fig. 5's 'bandwidth drops significantly as soon as all-to-all involves inter-node
+    communication', on the simulated Frontier: it follows from the profile's link speeds, so it
+    is shown and not counted."""
+    from moe_repro.records.grading import agreement
+    from moe_repro.reproductions.piper_fig5 import DROP, REPRODUCTION
+
+    result = REPRODUCTION.run({"real": 0, "bytes_per_gpu": "16777216"})
+    (claim,) = [c for c in result.cells if c.column == DROP]
+    assert claim.verdict == "echo" and claim.ours < 1 and claim.how == "S"
+    assert agreement(result.cells)["compared"] == 0
