@@ -93,15 +93,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
     if base["ranks"] < 1 or base["experts"] % base["ranks"]:
         raise ValueError("ranks must be >= 1 and divide experts")
     doubled = dict(base, tokens=2 * base["tokens"])
-    points = [dict(base, impl=impl, stage=stage) for impl in ("pft", "padded")
-              for stage in (*STAGES, "layer")]
-    points += [dict(doubled, impl=impl, stage=stage) for impl in ("pft", "padded") for stage in SCALED]
+    # The implementations compared at a stage are measured one right after the other (stage
+    # by stage, not one layer then the other): on a shared machine the load drifts over a run,
+    # and a direction should compare times taken under the same load.
+    points = [dict(base, impl=impl, stage=stage) for stage in (*STAGES, "layer")
+              for impl in ("pft", "padded")]
+    points += [dict(doubled, impl=impl, stage=stage) for stage in SCALED for impl in ("pft", "padded")]
     peer = peer_version()
     # one rank with the threads each rank of the EP world gets (the launcher's share)
     one_rank = dict(base, ranks=1, threads=max(1, (os.cpu_count() or 1) // base["ranks"]))
     if peer:
-        points += [dict(one_rank, impl=impl, stage=stage) for impl in ("pft", "padded", PEER)
-                   for stage in SCALED]
+        points += [dict(one_rank, impl=impl, stage=stage) for stage in SCALED
+                   for impl in ("pft", "padded", PEER)]
     records = run_grid("moe-layer", points, int(params["repeats"]), float(params["timeout_s"]))
     device = device_words()
 
