@@ -196,6 +196,8 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         if not quiet:
             click.echo("\n" + format_result(record))
             click.echo(f"stored: {path}")
+            for points in watch.saved:
+                click.echo(f"measured points: {points}")
         if out_dir:
             page = write_reproduction_page(Path(out_dir), record)
             if not quiet:
