@@ -1,14 +1,88 @@
-"""Run a benchmark suite's grid from inside a reproduction (real measurements on this machine)."""
+"""Run a benchmark suite's grid from inside a reproduction (real measurements on this machine).
+
+:func:`run_grid` is the one way a reproduction measures, so it is also where a measured run
+shows its progress and keeps what finished. Inside :func:`watching` (``repro run`` opens it
+around each reproduction), every finished grid point
+
+- prints a progress line on the watch's stream: points done / total, time elapsed and an
+  estimate of the time left (a line rewritten in place on a terminal, plain lines otherwise);
+- is written to the results store as a suite record (``ROOT/suites/<suite>/``), rewritten as
+  each point finishes and marked ``interrupted`` until the grid completes, so a run that is
+  interrupted or times out keeps every point it finished.
+
+A multi-process suite runs each world's points in one launch (starting ranks costs seconds);
+rank 0 writes each record to a file as it finishes, and this process picks the files up while
+the world runs, so progress and storage are per point there too.
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+
+@dataclass
+class Watch:
+    """What ``repro run`` wants from the grids a reproduction measures: progress lines on
+    ``stream`` (None: none) prefixed with ``label``, and finished points saved in ``store``
+    (a results store; None: not saved), the run's ``command`` recorded with them."""
+
+    label: str
+    stream: TextIO | None = None
+    store: Any = None
+    command: list[str] | None = None
+    saved: list[Path] = field(default_factory=list)  # suite records written during the run
+    started: float = field(default_factory=time.monotonic)
+    last_line: float = field(default_factory=time.monotonic)  # when progress was last shown
+    inline: bool = False  # a progress line is open (being rewritten) on a terminal
+    status: str | None = None  # the grid being measured: "moe-layer 3/29 points"
+
+
+_WATCH: Watch | None = None
+TICK_S = 30.0  # a computation with no grid points to count says it is alive this often
+
+
+@contextmanager
+def watching(watch: Watch):
+    """Report progress and keep finished points of every grid measured inside this block. Where
+    nothing has been reported for TICK_S (a training run, a long simulation: no grid points to
+    count), a line says how long the reproduction has been running."""
+    global _WATCH
+    previous, _WATCH = _WATCH, watch
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            now = time.monotonic()
+            if now - watch.last_line >= TICK_S:
+                _show(watch, f"{watch.status or 'running'}, {clock(now - watch.started)} elapsed")
+    ticker = threading.Thread(target=tick, name="progress-tick", daemon=True)
+    if watch.stream is not None:
+        ticker.start()
+    try:
+        yield watch
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join()
+        if watch.inline:
+            _show(watch, "", end=True)
+        _WATCH = previous
 
 
 def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float = 600.0,
              check: bool = True) -> list[dict]:
-    """Records of ``points`` (full parameter dicts) measured by suite ``suite_name``: the one way
-    a reproduction measures. Multi-process suites are launched by the runner, one world per
-    distinct world parameters. Params a suite derives from a point (e.g. ranks = nodes x
-    gpus_per_node) are added here, as the suite's own grid does."""
+    """Records of ``points`` (full parameter dicts) measured by suite ``suite_name`` (find one
+    with :func:`pick`). Multi-process suites are launched one world per distinct world
+    parameters. Params a suite derives from a point (e.g. ranks = nodes x gpus_per_node) are
+    added here, as the suite's own grid does. ``timeout_s`` bounds one launched world."""
+    from moe_repro.runtime.launch import launched_world_size
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite
 
@@ -18,7 +92,203 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
     if suite.derived_params is not None:
         points = [{**p, **suite.derived_params(p)} for p in points]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s)
-    return run_suite(suite, points, config)
+    keeper = _Keeper(_WATCH, suite, len(points))
+    try:
+        if suite.distributed and not launched_world_size() and not any(p.get("simulated") for p in points):
+            records = _run_worlds(suite, points, config, keeper.add)
+        else:
+            records = run_suite(suite, points, config, done=keeper.add)
+    except BaseException as e:  # interrupted, timed out, or a failing point: keep what finished
+        keeper.close(error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        raise
+    keeper.close()
+    return records
+
+
+def points_on_rank(ctx, suite: str, points: list[dict], config: dict, out_dir: str) -> int:
+    """Launcher target: run a world's grid points on this rank (every rank runs all of them);
+    rank 0 writes each finished record to ``out_dir/<index>.json`` at once (the records are
+    world-reduced: every rank holds the same numbers)."""
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.suites import all_suites
+    from moe_repro.suites.runner import RunConfig, run_point
+
+    s, cfg = all_suites()[suite], RunConfig(**config)
+    for i, params in enumerate(points):
+        record = run_point(s, params, cfg, ctx)
+        if ctx.rank == 0:
+            atomic_write_json(Path(out_dir) / f"{i:06d}.json", record)
+    return len(points)
+
+
+def _run_worlds(suite, points: list[dict], config, done: Callable[[dict], None]) -> list[dict]:
+    """Every world's points in one launch, each record passed to ``done`` as rank 0 finishes it
+    (a thread reads the files points_on_rank writes while the launch waits on the ranks)."""
+    import tempfile
+    from dataclasses import asdict
+
+    from moe_repro.components.provenance import produced
+    from moe_repro.runtime.launch import run_ranks
+    from moe_repro.suites.runner import world_key
+
+    worlds: dict[tuple, list[dict]] = {}
+    for params in points:
+        worlds.setdefault(world_key(suite, params), []).append(params)
+    records: list[dict] = []
+    for world in worlds.values():
+        first = world[0]
+        with tempfile.TemporaryDirectory(prefix="moe-repro-points-") as out_dir:
+            reader = _PointReader(Path(out_dir), len(world), lambda r: (records.append(r), done(r)))
+            reader.start()
+            try:
+                run_ranks("moe_repro.reproductions._suite_runs:points_on_rank",
+                          {"suite": suite.name, "points": world, "config": asdict(config),
+                           "out_dir": out_dir},
+                          world_size=int(first["ranks"]),
+                          ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
+                          backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
+            finally:
+                reader.finish()  # the points that finished, even when the world failed
+                if reader.count:
+                    produced("measured")  # on the ranks just launched, not in this process
+        if reader.count != len(world):
+            raise RuntimeError(f"{suite.name}: the world returned {reader.count} of {len(world)} points")
+    return records
+
+
+class _PointReader(threading.Thread):
+    """Passes ``out_dir/<index>.json`` to ``deliver`` in index order as the files appear."""
+
+    def __init__(self, out_dir: Path, total: int, deliver: Callable[[dict], None]):
+        super().__init__(name="point-reader", daemon=True)
+        self.out_dir, self.total, self.deliver = out_dir, total, deliver
+        self.count = 0
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def _drain(self) -> None:
+        with self._lock:
+            while self.count < self.total:
+                path = self.out_dir / f"{self.count:06d}.json"
+                if not path.exists():
+                    return
+                record = json.loads(path.read_text())
+                self.count += 1
+                self.deliver(record)
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            self._drain()
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join()
+        self._drain()
+
+
+class _Keeper:
+    """One grid's progress lines and its suite record in the store, updated per point."""
+
+    def __init__(self, watch: Watch | None, suite, total: int):
+        self.watch, self.suite, self.total = watch, suite, total
+        self.records: list[dict] = []
+        self.start = time.monotonic()
+        self.path: Path | None = None
+        self.environment = None
+        if watch is not None:
+            watch.status = f"{suite.name} 0/{total} points"
+            self._show(f"{watch.status} (measuring on this machine)")
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        if self.watch is None:
+            return
+        self._save(interrupted=len(self.records) < self.total)
+        done, elapsed = len(self.records), time.monotonic() - self.start
+        left = elapsed / done * (self.total - done)
+        self.watch.status = f"{self.suite.name} {done}/{self.total} points"
+        self._show(f"{self.suite.name} {done}/{self.total} points, {clock(elapsed)} elapsed"
+                   + (f", about {clock(left)} left" if done < self.total else ""),
+                   end=done == self.total)
+
+    def close(self, error: str | None = None) -> None:
+        if self.watch is None:
+            return
+        self.watch.status = None
+        if error is not None:
+            if self.records:
+                self._save(interrupted=True, error=error)
+            kept = f"; the {len(self.records)} finished are stored in {self.path}" if self.path else ""
+            self._show(f"{self.suite.name} stopped after {len(self.records)}/{self.total} points "
+                       f"({error}){kept}", end=True)
+        elif self.watch.inline:
+            self._show("", end=True)
+
+    def _save(self, interrupted: bool, error: str | None = None) -> None:
+        from moe_repro.records.atomic import atomic_write_json
+        from moe_repro.records.environment import collect_environment
+        from moe_repro.records.record import SuiteRecord, dump
+
+        store = self.watch.store
+        if store is None:
+            return
+        if self.environment is None:  # once per grid: the file name keeps its start time
+            self.environment = collect_environment(self.watch.command)
+        s = self.suite
+        record = SuiteRecord(suite=s.name, description=s.description, params=list(s.params),
+                             metrics=[_asdict(m) for m in s.all_metrics], records=self.records,
+                             table_keys=list(s.table_keys), table_metrics=list(s.table_metrics),
+                             interrupted=interrupted, error=error, environment=self.environment)
+        if self.path is None:
+            self.path = store.save(record)
+            self.watch.saved.append(self.path)
+        else:
+            atomic_write_json(self.path, dump(record))  # the same run, more points finished
+
+    def _show(self, text: str, end: bool = False) -> None:
+        if self.watch.stream is not None:
+            _show(self.watch, text, end)
+
+
+_LOCK = threading.Lock()
+
+
+def _show(watch: Watch, text: str, end: bool = False) -> None:
+    """One progress line for ``watch``: rewritten in place on a terminal (a newline when
+    ``end``), a plain line otherwise."""
+    stream = watch.stream
+    if stream is None:
+        return
+    line = f"{watch.label}: {text}" if text else ""
+    with _LOCK:
+        if _is_terminal(stream):
+            # rewrite the open line; end=True with no text closes it, keeping what it says
+            stream.write(("\r\x1b[K" + line if line else "") + ("\n" if end else ""))
+            watch.inline = not end
+        elif line:
+            stream.write(line + "\n")
+        stream.flush()
+        watch.last_line = time.monotonic()
+
+
+def _asdict(obj) -> dict:
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def clock(seconds: float) -> str:
+    """'1:05' for 65 s, '1:01:05' for an hour and more."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
 
 
 def device_words() -> str:

@@ -15,6 +15,8 @@ source (byte-level tokens) is the second figure (the inventory has no separate i
 
 from __future__ import annotations
 
+import os
+
 from moe_repro.reproductions._suite_runs import csv_param
 from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
@@ -35,19 +37,27 @@ def compute(repro: Reproduction, params: dict) -> Result:
                               schedule=params["schedule"], lr=float(params["lr"]),
                               seed=int(params["seed"])) for m in ms],
                         timeout_s=float(params["timeout_s"]))
+    # The bubble is a ratio of times: other processes on the machine distort it, so the load
+    # the runs shared the cores with is recorded beside it.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for m, r in zip(ms, runs):
+        r = dict(r, load=load)
         reports[m] = r
         theory = (pp - 1) / (m + pp - 1)
         row = f"PP={pp}, M={m}"
         per_stage = ", ".join(f"stage {s['pp_rank']} {s['idle_fraction']:.3f}"
                               for s in r["per_stage"])
-        cells.append(formula_cell(
+        cell = formula_cell(
             row, "bubble fraction", r["bubble_measured"], "fraction", theory, f"{theory:.4f}",
             f"Piper III-D / GPipe: (PP-1)/(M+PP-1) at PP={pp}, M={m}", "prediction",
-            note=f"1 - busiest rank's compute / schedule step (the critical stage's idle time); "
-                 f"idle fraction per stage, stage imbalance included: {per_stage} (mean "
-                 f"{r['idle_fraction_mean']:.3f}); stages are unequal (embedding on the first, LM "
-                 "head + loss on the last), the formula assumes equal stages"))
+            note="1 - busiest rank's compute / schedule step: the critical stage's idle time"
+                 + (f"; measured at load average {r['load']:.1f} on {os.cpu_count()} cores (other "
+                    "processes shared them)" if r.get("load") else ""))
+        cell.detail = (f"Idle fraction per stage, stage imbalance included: {per_stage} (mean "
+                       f"{r['idle_fraction_mean']:.3f}). The stages are unequal (the embedding on "
+                       "the first, the LM head and loss on the last); the formula assumes equal "
+                       "stages.")
+        cells.append(cell)
         cells.append(repro.compare(row, "idle fraction, mean over stages", r["idle_fraction_mean"],
                                    "fraction"))
         split = r["time_split_s"]

@@ -63,14 +63,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
                 note=None if i else "counted when the saved-activation bytes reached their peak: "
                                     "micro-batches whose forward started and backward had not "
                                     "finished on that stage"))
-            cells.append(formula_cell(
+            cell = formula_cell(
                 row, "peak bytes / mean micro-batch bytes", s["peak_over_mean_microbatch"],
                 "micro-batches", expected, str(expected), source, "exact",
                 note=None if i else "peak saved-activation bytes over the mean bytes one "
-                                    "micro-batch's forward (+ loss) adds on that stage; with EP a "
-                                    "micro-batch's bytes vary with the rows routed to this rank's "
-                                    "experts and the peak (max over ranks and steps) catches the "
-                                    "largest, so the ratio can exceed the count"))
+                                    "micro-batch's forward (+ loss) adds on that stage")
+            if not i:
+                cell.detail = ("With EP a micro-batch's bytes vary with the rows routed to this "
+                               "rank's experts, and the peak (max over ranks and steps) catches "
+                               "the largest, so the ratio can exceed the count.")
+            cells.append(cell)
             eq4 = layers_per_stage * expected * per_layer
             cells.append(repro.compare(row, "activation peak (measured)",
                                        s["activation_peak_bytes"] / MIB, "MiB"))

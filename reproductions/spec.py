@@ -205,6 +205,9 @@ class Reproduction:
     # The class of most cells' numbers (records/grading.py); compare(grade_class=) for others.
     grade_class: str = "exact"
     defaults: dict[str, Any] = field(default_factory=dict)
+    # `repro run ID --full`: parameters that make the run paper-sized where the defaults are cut
+    # down to finish in minutes on a small machine (empty: the defaults are the full run).
+    full: dict[str, Any] = field(default_factory=dict)
     paper_claims: list[PaperClaim] = field(default_factory=list)
 
     @property

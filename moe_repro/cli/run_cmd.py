@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -46,8 +47,9 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
     return list(ids)
 
 
-def run_one(rid: str, params: dict):
-    """Compute one reproduction; its record (the DESIGN.md contract, records/record.py)."""
+def run_one(rid: str, params: dict, full: bool = False):
+    """Compute one reproduction; its record (the DESIGN.md contract, records/record.py).
+    ``params``: the overrides of its defaults (with ``full``: its paper-sized ones included)."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.spec import record_of
 
@@ -59,7 +61,9 @@ def run_one(rid: str, params: dict):
     from moe_repro import cli
 
     # command: how to rerun this one result; the environment keeps the command line that ran
-    argv = ["repro", "run", rid] + [f"--param {k}={v}" for k, v in params.items()]
+    full_params = repro.full if full else {}
+    argv = ["repro", "run", rid] + (["--full"] if full else []) + [
+        f"--param {k}={v}" for k, v in params.items() if not (k in full_params and full_params[k] == v)]
     return record_of(repro, result, params, argv, invocation=cli.INVOCATION)
 
 
@@ -88,6 +92,26 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
     return out
 
 
+def count_lines(records) -> list[str]:
+    """The closing lines: per paper when several reproductions ran, then all of them (one
+    reproduction: its own line, already printed). Counts from records/grading.py."""
+    from moe_repro.records import grading
+
+    if len(records) < 2:
+        return []
+    papers: dict[str, list] = {}
+    for r in records:
+        papers.setdefault(r.paper, []).append(r)
+    lines = []
+    for paper, rs in papers.items():
+        counts = grading.add_agreement(*(grading.agreement(r.cells) for r in rs))
+        lines.append(f"{paper} ({len(rs)} reproduction{'s' if len(rs) > 1 else ''}): "
+                     f"{grading.agreement_line(counts)}")
+    total = grading.add_agreement(*(grading.agreement(r.cells) for r in records))
+    lines.append(f"all {len(records)} reproductions: {grading.agreement_line(total)}")
+    return lines
+
+
 @click.command("run")
 @click.argument("ids", nargs=-1)
 @click.option("--paper", default=None, help="Run every implemented reproduction of one paper.")
@@ -95,55 +119,92 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
 @click.option("--how", default=None, metavar="A,R,S",
               help="With --all/--paper: only reproductions made entirely this way, e.g. --how A,S "
                    "for the deterministic ones (what CI gates).")
+@click.option("--full", is_flag=True,
+              help="The paper-sized run where the default is cut down to finish in minutes here "
+                   "(measured reproductions); elsewhere the defaults already are.")
 @click.option("--param", "params", multiple=True, metavar="K=V",
-              help="Override a reproduction parameter (repeatable), e.g. --param gpus=16.")
+              help="Override a reproduction parameter (repeatable), e.g. --param gpus=16; "
+                   "applied after --full.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
-@click.option("--quiet", is_flag=True, help="Do not print the table.")
+@click.option("--quiet", is_flag=True,
+              help="Print only one line per reproduction: its counts of compared cells.")
 @click.option("--force", is_flag=True,
               help="With --all/--paper: rerun even reproductions whose stored result is current.")
 @click.pass_obj
-def command(store, ids, paper, run_all, how, params, json_path, out_dir, quiet, force) -> None:
+def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
-    Each cell gets one grade: match (within the paper's printed precision), close (within the
-    tolerance the reproduction states), explained (deviates for a cause recorded with the cell),
-    deviates (cause not found), claim-holds / claim-fails (a claim the paper states in words),
-    not-comparable (a different quantity), echo (restates an input; not evidence),
+    Each cell's grade follows one policy for every paper (records/grading.py): match (within
+    the paper's printed precision), close (a prediction within 15% of the paper's value),
+    seed-dependent (a sampled number, or a measured direction, whose grade changes with the
+    seed or the repeat), explained (deviates,
+    and the cell recomputed with the recorded cause removed agrees), deviates, claim-holds /
+    claim-fails (a claim the paper states in words), not-comparable (a different quantity, or
+    measured here against another machine's number), echo (restates an input; not evidence),
     no-paper-value, or not-reproduced (the note says why). Deviations are results, not errors:
     the exit code is 0.
+
+    After each reproduction a line counts its compared cells: "x of y compared cells agree,
+    e explained, z deviate, w seed-dependent"; with several, the last lines count them per
+    paper and for all. --quiet prints only those lines.
+
+    Measured (R) reproductions finish in a few minutes at their defaults and show progress on
+    stderr (points done / total, elapsed, time left; a computation with no points to count
+    says how long it has run); every finished point is stored at once (results/suites/), so
+    an interrupted or timed-out run keeps what it measured. --full runs them at the paper's
+    size (much longer).
     """
+    from moe_repro import cli
+    from moe_repro.records import grading
     from moe_repro.reports.site import write_reproduction_page
     from moe_repro.reports.terminal import format_result
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
+    from moe_repro.reproductions import all_reproductions
+    from moe_repro.reproductions._suite_runs import Watch, clock, watching
 
     chosen = resolve_ids(ids, paper, run_all, how)
     overrides = parse_params(params)
     resume = (run_all or paper) and not force
+    known = all_reproductions()
     records = []
-    with click.progressbar(chosen, label="reproductions", file=sys.stderr,
-                           hidden=quiet or len(chosen) < 2, item_show_func=lambda r: r or "") as bar:
-        for rid in bar:
-            # an unreadable stored file is named on stderr by the store and rerun here
-            stored = store.latest("reproduction", rid) if resume else None
-            if stored is not None and is_current(stored, overrides):
-                records.append(stored)
-                if not quiet:
-                    click.echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
-                continue
-            record = run_one(rid, overrides)
-            path = store.save(record)
-            records.append(record)
+    for i, rid in enumerate(chosen):
+        if len(chosen) > 1 and not quiet:
+            click.echo(f"[{i + 1}/{len(chosen)}] {rid}", err=True)
+        given = {**(known[rid].full if full else {}), **overrides}
+        if full and not known[rid].full and not quiet:
+            click.echo(f"{rid}: its defaults are already its full run", err=True)
+        # an unreadable stored file is named on stderr by the store and rerun here
+        stored = store.latest("reproduction", rid) if resume else None
+        if stored is not None and is_current(stored, given):
+            records.append(stored)
             if not quiet:
-                click.echo("\n" + format_result(record))
-                click.echo(f"stored: {path}")
-            if out_dir:
-                page = write_reproduction_page(Path(out_dir), record)
-                if not quiet:
-                    click.echo(f"report: {page}")
+                click.echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
+            click.echo(f"{rid}: {grading.agreement_line(grading.agreement(stored.cells))} (stored)")
+            continue
+        started = time.monotonic()
+        watch = Watch(label=rid, stream=None if quiet else sys.stderr, store=store,
+                      command=cli.INVOCATION)
+        with watching(watch):
+            record = run_one(rid, given, full)
+        took = clock(time.monotonic() - started)
+        path = store.save(record)
+        records.append(record)
+        if not quiet:
+            click.echo("\n" + format_result(record))
+            click.echo(f"stored: {path}")
+            for points in watch.saved:
+                click.echo(f"measured points: {points}")
+        if out_dir:
+            page = write_reproduction_page(Path(out_dir), record)
+            if not quiet:
+                click.echo(f"report: {page}")
+        click.echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
+    for line in count_lines(records):
+        click.echo(line)
     if json_path:
         payloads = [dump(r) for r in records]
         atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)
