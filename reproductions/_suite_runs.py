@@ -10,9 +10,8 @@ around each reproduction), every finished grid point
   each point finishes and marked ``interrupted`` until the grid completes, so a run that is
   interrupted or times out keeps every point it finished.
 
-A multi-process suite runs each world's points in one launch (starting ranks costs seconds);
-rank 0 writes each record to a file as it finishes, and this process picks the files up while
-the world runs, so progress and storage are per point there too.
+A multi-process suite hands each world's points back one by one as they finish
+(suites/runner.py), so progress and storage are per point there too.
 """
 
 from __future__ import annotations
@@ -82,7 +81,6 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
     with :func:`pick`). Multi-process suites are launched one world per distinct world
     parameters. Params a suite derives from a point (e.g. ranks = nodes x gpus_per_node) are
     added here, as the suite's own grid does. ``timeout_s`` bounds one launched world."""
-    from moe_repro.runtime.launch import launched_world_size
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_suite
 
@@ -94,96 +92,12 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s)
     keeper = _Keeper(_WATCH, suite, len(points))
     try:
-        if suite.distributed and not launched_world_size() and not any(p.get("simulated") for p in points):
-            records = _run_worlds(suite, points, config, keeper.add)
-        else:
-            records = run_suite(suite, points, config, done=keeper.add)
+        records = run_suite(suite, points, config, done=keeper.add)
     except BaseException as e:  # interrupted, timed out, or a failing point: keep what finished
         keeper.close(error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         raise
     keeper.close()
     return records
-
-
-def points_on_rank(ctx, suite: str, points: list[dict], config: dict, out_dir: str) -> int:
-    """Launcher target: run a world's grid points on this rank (every rank runs all of them);
-    rank 0 writes each finished record to ``out_dir/<index>.json`` at once (the records are
-    world-reduced: every rank holds the same numbers)."""
-    from moe_repro.records.atomic import atomic_write_json
-    from moe_repro.suites import all_suites
-    from moe_repro.suites.runner import RunConfig, run_point
-
-    s, cfg = all_suites()[suite], RunConfig(**config)
-    for i, params in enumerate(points):
-        record = run_point(s, params, cfg, ctx)
-        if ctx.rank == 0:
-            atomic_write_json(Path(out_dir) / f"{i:06d}.json", record)
-    return len(points)
-
-
-def _run_worlds(suite, points: list[dict], config, done: Callable[[dict], None]) -> list[dict]:
-    """Every world's points in one launch, each record passed to ``done`` as rank 0 finishes it
-    (a thread reads the files points_on_rank writes while the launch waits on the ranks)."""
-    import tempfile
-    from dataclasses import asdict
-
-    from moe_repro.components.provenance import produced
-    from moe_repro.runtime.launch import run_ranks
-    from moe_repro.suites.runner import world_key
-
-    worlds: dict[tuple, list[dict]] = {}
-    for params in points:
-        worlds.setdefault(world_key(suite, params), []).append(params)
-    records: list[dict] = []
-    for world in worlds.values():
-        first = world[0]
-        with tempfile.TemporaryDirectory(prefix="moe-repro-points-") as out_dir:
-            reader = _PointReader(Path(out_dir), len(world), lambda r: (records.append(r), done(r)))
-            reader.start()
-            try:
-                run_ranks("moe_repro.reproductions._suite_runs:points_on_rank",
-                          {"suite": suite.name, "points": world, "config": asdict(config),
-                           "out_dir": out_dir},
-                          world_size=int(first["ranks"]),
-                          ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
-                          backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
-            finally:
-                reader.finish()  # the points that finished, even when the world failed
-                if reader.count:
-                    produced("measured")  # on the ranks just launched, not in this process
-        if reader.count != len(world):
-            raise RuntimeError(f"{suite.name}: the world returned {reader.count} of {len(world)} points")
-    return records
-
-
-class _PointReader(threading.Thread):
-    """Passes ``out_dir/<index>.json`` to ``deliver`` in index order as the files appear."""
-
-    def __init__(self, out_dir: Path, total: int, deliver: Callable[[dict], None]):
-        super().__init__(name="point-reader", daemon=True)
-        self.out_dir, self.total, self.deliver = out_dir, total, deliver
-        self.count = 0
-        self._halt = threading.Event()
-        self._lock = threading.Lock()
-
-    def _drain(self) -> None:
-        with self._lock:
-            while self.count < self.total:
-                path = self.out_dir / f"{self.count:06d}.json"
-                if not path.exists():
-                    return
-                record = json.loads(path.read_text())
-                self.count += 1
-                self.deliver(record)
-
-    def run(self) -> None:
-        while not self._halt.wait(0.2):
-            self._drain()
-
-    def finish(self) -> None:
-        self._halt.set()
-        self.join()
-        self._drain()
 
 
 class _Keeper:

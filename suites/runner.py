@@ -8,9 +8,13 @@ world all ranks start a sample together (barrier) and a sample's time is the slo
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from moe_repro.components.provenance import produced
@@ -93,12 +97,50 @@ def simulated_record(suite: Suite, params: dict) -> dict:
     return record
 
 
-def run_points_on_rank(ctx, suite: str, points: list[dict], config: dict) -> list[dict]:
-    """Launcher target: run a world's grid points on this rank (every rank runs all of them)."""
+def run_points_on_rank(ctx, suite: str, points: list[dict], config: dict, out_dir: str) -> int:
+    """Launcher target: run a world's grid points on this rank (every rank runs all of them);
+    rank 0 writes each finished record to ``out_dir/<index>.json`` at once (the records are
+    world-reduced: every rank holds the same numbers), so the parent can report and keep each
+    point while the world still runs."""
+    from moe_repro.records.atomic import atomic_write_json
     from moe_repro.suites import all_suites
 
     s, cfg = all_suites()[suite], RunConfig(**config)
-    return [run_point(s, p, cfg, ctx) for p in points]
+    for i, params in enumerate(points):
+        record = run_point(s, params, cfg, ctx)
+        if ctx.rank == 0:
+            atomic_write_json(Path(out_dir) / f"{i:06d}.json", record)
+    return len(points)
+
+
+class _PointReader(threading.Thread):
+    """Passes ``out_dir/<index>.json`` to ``deliver`` in index order as the files appear."""
+
+    def __init__(self, out_dir: Path, total: int, deliver: Callable[[dict], None]):
+        super().__init__(name="point-reader", daemon=True)
+        self.out_dir, self.total, self.deliver = out_dir, total, deliver
+        self.count = 0
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def _drain(self) -> None:
+        with self._lock:
+            while self.count < self.total:
+                path = self.out_dir / f"{self.count:06d}.json"
+                if not path.exists():
+                    return
+                record = json.loads(path.read_text())
+                self.count += 1
+                self.deliver(record)
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            self._drain()
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join()
+        self._drain()
 
 
 def world_key(suite: Suite, params: dict) -> tuple:
@@ -157,16 +199,30 @@ def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
         first = points[0]
         if progress:
             progress(i, len(grid), {k: first[k] for k in suite.world_params})
-        per_rank = run_ranks("moe_repro.suites.runner:run_points_on_rank",
-                             {"suite": suite.name, "points": points, "config": asdict(config)},
-                             world_size=int(first["ranks"]),
-                             ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
-                             backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
-        produced("measured")  # on the ranks just launched, not in this process
-        for rec in per_rank[0]:  # every rank holds the same, world-reduced numbers
+
+        def deliver(rec: dict) -> None:
             records.append(rec)
             if done:
                 done(rec)
+
+        # one launch per world (starting ranks costs seconds); its points come back one by one
+        with tempfile.TemporaryDirectory(prefix="moe-repro-points-") as out_dir:
+            reader = _PointReader(Path(out_dir), len(points), deliver)
+            reader.start()
+            try:
+                run_ranks("moe_repro.suites.runner:run_points_on_rank",
+                          {"suite": suite.name, "points": points, "config": asdict(config),
+                           "out_dir": out_dir},
+                          world_size=int(first["ranks"]),
+                          ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
+                          backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
+            finally:
+                reader.finish()  # the points that finished, even when the world failed
+                if reader.count:
+                    produced("measured")  # on the ranks just launched, not in this process
+        if reader.count != len(points):
+            raise RuntimeError(f"{suite.name}: the world returned {reader.count} of "
+                               f"{len(points)} points")
         i += len(points)
     return records
 

@@ -27,12 +27,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _tolerance_sites(path: Path) -> list[str]:
     """Places in one source file that decide closeness themselves: a Tolerance, a tolerance=
-    argument, a name with 'tol' in it, or |a - b| compared with a fraction written in the code."""
+    argument, a number assigned to a name with 'tol' in it, or |a - b| compared with a fraction
+    written in the code. (Quoting grading.PREDICTION_TOLERANCE in a note is the policy's own.)"""
     found = []
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and ("tol" in node.id.lower()):
+        if isinstance(node, ast.Name) and node.id == "Tolerance":
             found.append(f"{path.name}:{node.lineno} name {node.id}")
+        elif isinstance(node, ast.Assign) and any(
+                "tol" in ast.unparse(t).lower() for t in node.targets) and any(
+                isinstance(c, ast.Constant) and isinstance(c.value, (int, float))
+                and not isinstance(c.value, bool) for c in ast.walk(node.value)):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:60]}")
         elif isinstance(node, ast.keyword) and node.arg and "tol" in node.arg.lower():
             found.append(f"{path.name}:{node.value.lineno} keyword {node.arg}=")
         elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
@@ -55,8 +61,9 @@ def test_no_tolerance_outside_the_policy_module():
 def test_the_check_finds_a_planted_tolerance(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f(ours, paper):\n    return abs(ours - paper) <= 0.05 * paper\n"
-                       "TOL = 3\n")
-    assert len(_tolerance_sites(planted)) == 2
+                       "REL_TOL = 0.1\ng(x, tolerance=2)\nTolerance(rel=0.05)\n"
+                       "words = f'{PREDICTION_TOLERANCE:.0%}'\n")
+    assert len(_tolerance_sites(planted)) == 4
 
 
 def _computed_ids() -> list[str]:
