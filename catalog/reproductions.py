@@ -237,7 +237,7 @@ _REPRODUCTIONS = (
                      "Frontier columns are marked not reproduced."),
         implemented=True, issue=3,
         needs="one process: measures activation memory on this machine's device",
-        minutes=None),  # TO MEASURE: a timed run at the defaults (R: measured separately)
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-fig3", paper="xmoe", element="Fig. 3", how="A+R",
         title="Memory distribution of one conventional vs fine-grained MoE layer",
@@ -247,7 +247,7 @@ _REPRODUCTIONS = (
                      "a scaled config beside the theory at that config."),
         implemented=True, issue=3,
         needs="one process: measures activation memory on this machine's device",
-        minutes=None),  # TO MEASURE: a timed run at the defaults (R: measured separately)
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-fig4", paper="xmoe", element="Fig. 4", how="A+M",
         title="Redundancy rate of dispatched tokens vs EP size (256 experts, top-8)",
@@ -257,7 +257,7 @@ _REPRODUCTIONS = (
                      "RBD's pilot selection on uniform and skewed routing."),
         implemented=True, issue=4,
         needs="one process on the CPU (seeded sampling), no accelerator",
-        minutes=None),  # TO MEASURE: a timed run at the defaults (R: measured separately)
+        minutes=0.1),
     ReproductionEntry(
         id="xmoe-fig11", paper="xmoe", element="Fig. 11", how="R",
         title=("MoE layer forward time breakdown: padding-free (X-MoE) vs capacity-padded "
@@ -289,7 +289,7 @@ _REPRODUCTIONS = (
                      "X-MoE's activation model for the Large model."),
         implemented=True, issue=10,
         needs="up to 4 local processes (gloo ranks, TP = 1, 2, 4) on CPU",
-        minutes=None),  # TO MEASURE: a timed run at the defaults (R: measured separately)
+        minutes=0.2),
     ReproductionEntry(
         id="xmoe-fig17", paper="xmoe", element="Fig. 17", how="A",
         title="SSMB vs TED memory-saving advantage regions",
@@ -318,7 +318,7 @@ _REPRODUCTIONS = (
                      "the formula at full scale."),
         implemented=True, issue=10,
         needs="4 local processes (gloo ranks, 2 emulated nodes) on CPU",
-        minutes=None),  # TO MEASURE: a timed run at the defaults (R: measured separately)
+        minutes=0.1),
     # FEPLB
     ReproductionEntry(
         id="feplb-table2", paper="feplb", element="Table 2", how="S",
