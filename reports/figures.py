@@ -219,7 +219,9 @@ def _styles(series: list[dict]) -> dict[int, tuple]:
         label = str(s["label"])
         if label not in keys and s not in ours:
             # the paper's "Piper" beside ours "Piper, ours (estimate)": one thing, one colour
-            same = [k for k in keys if re.match(re.escape(label) + r"\b", k)]
+            # (or "FSDP-best, MoP Table 2" beside "FSDP-best (ours)": the same stem)
+            same = [k for k in keys if re.match(re.escape(label) + r"\b", k)
+                    or _stem(k) == _stem(label)]
             if same:
                 keys[label] = keys[same[0]]
         if label not in keys:
@@ -233,6 +235,11 @@ def _styles(series: list[dict]) -> dict[int, tuple]:
                                LINESTYLES[(n // len(COLOURS)) % len(LINESTYLES)])
         out[id(s)] = keys[label]
     return out
+
+
+def _stem(label: str) -> str:
+    """What a series label names before its qualifiers: "FSDP-best (ours)" -> "FSDP-best"."""
+    return re.split(r",| \(", label, maxsplit=1)[0].strip()
 
 
 def _point_key(x, y, span: float):

@@ -209,6 +209,18 @@ def test_the_papers_bars_take_the_colour_of_ours_named_after_them(drawn):
     assert len(edges) == 2  # X-MoE keeps a colour of its own
 
 
+def test_a_papers_series_with_qualifiers_takes_the_colour_of_ours_with_the_same_stem(drawn):
+    # MoP Table 2: the paper's "FSDP-best, MoP Table 2" beside ours "MoP (ours)" and
+    # "FSDP-best (ours)" is FSDP-best's colour, not MoP's
+    figures.render_figure({"title": "t", "xlabel": "x", "ylabel": "y", "series": [
+        {"label": "MoP (ours)", "x": [1, 2], "y": [1, 2]},
+        {"label": "FSDP-best (ours)", "x": [1, 2], "y": [3, 4]},
+        {"label": "FSDP-best, MoP Table 2", "kind": "paper", "x": [2], "y": [4.4]}]})
+    (f,) = drawn
+    colour = {line.get_label(): to_rgba(line.get_color()) for line in f.axes[0].lines}
+    assert colour["FSDP-best, MoP Table 2 (paper)"] == colour["FSDP-best (ours)"] != colour["MoP (ours)"]
+
+
 def test_categories_on_x_are_never_joined_by_a_line(drawn):
     figures.render_figure({"title": "t", "xlabel": "model", "ylabel": "y", "series": [
         {"label": "ours", "x": ["DeepSeek-V3", "Kimi K2", "Arctic"], "y": [1.0, 3.0, 2.0]}]})
