@@ -75,6 +75,30 @@ def watching(watch: Watch):
         _WATCH = previous
 
 
+STEP_LINE_S = 5.0  # off a terminal, a step counter prints a line at most this often
+
+
+def step_progress(what: str) -> Callable[[int, int], None]:
+    """A callback ``(done, total)`` for a computation that counts its own steps (a training run):
+    progress lines like a grid's ("training 40/200 steps, 0:31 elapsed, about 2:04 left") on the
+    watch ``repro run`` opened; does nothing outside one."""
+    watch, start = _WATCH, time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        if watch is None:
+            return
+        now = time.monotonic()
+        watch.status = f"{what} {done}/{total} steps"
+        finished = done >= total
+        if not (finished or _is_terminal(watch.stream) or now - watch.last_line >= STEP_LINE_S):
+            return
+        elapsed = now - start
+        left = elapsed / done * (total - done) if done else 0.0
+        _show(watch, f"{watch.status}, {clock(elapsed)} elapsed"
+                     + ("" if finished else f", about {clock(left)} left"), end=finished)
+    return report
+
+
 def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float = 600.0,
              check: bool = True) -> list[dict]:
     """Records of ``points`` (full parameter dicts) measured by suite ``suite_name`` (find one

@@ -17,13 +17,15 @@ from __future__ import annotations
 from moe_repro.components.balance.routing_record import fig9_config, train_and_record
 from moe_repro.components.provenance import remembering
 from moe_repro.components.balance.routing_trace import contiguous_ranks, device_loads, max_min_gap
+from moe_repro.reproductions._suite_runs import step_progress
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 
 @remembering(maxsize=2)
 def real_trace(steps: int, batch: int, seed: int):
     """The recorded run, cached per process (piper-alg2 replays the same trace)."""
-    return train_and_record(fig9_config(), steps, batch, sources=4, seed=seed)
+    return train_and_record(fig9_config(), steps, batch, sources=4, seed=seed,
+                            progress=step_progress("training"))
 
 
 def compute(repro: Reproduction, params: dict) -> Result:

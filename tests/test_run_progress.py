@@ -215,3 +215,26 @@ def test_piper_fig5_shows_the_caption_claim_as_echo_of_the_simulator():
     (claim,) = [c for c in result.cells if c.column == DROP]
     assert claim.verdict == "echo" and claim.ours < 1 and claim.how == "S"
     assert agreement(result.cells)["compared"] == 0
+
+
+def test_a_training_run_counts_its_steps(monkeypatch):
+    # piper-fig9 / piper-alg2: one training run, no grid points; its steps are counted instead
+    from moe_repro.components.balance.routing_record import fig9_config, train_and_record
+    from moe_repro.reproductions import _suite_runs
+
+    monkeypatch.setattr(_suite_runs, "STEP_LINE_S", 0.0)  # a line per step off a terminal
+    stream = io.StringIO()
+    with watching(Watch("demo", stream=stream)):
+        train_and_record(fig9_config(n_layers=1), steps=3, batch=4, sources=2,
+                         progress=_suite_runs.step_progress("training"))
+    lines = stream.getvalue().splitlines()
+    assert [re.match(r"demo: training (\d)/3 steps, 0:0\d elapsed", line).group(1)
+            for line in lines] == ["1", "2", "3"]
+    assert "left" in lines[0] and "left" not in lines[-1]
+
+
+def test_a_step_counter_outside_a_watch_prints_nothing(capsys):
+    from moe_repro.reproductions._suite_runs import step_progress
+
+    step_progress("training")(1, 2)
+    assert capsys.readouterr() == ("", "")

@@ -11,6 +11,8 @@ ranks (consecutive sequences per rank), so the balancers can replay it.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from moe_repro.components.provenance import produced
@@ -26,8 +28,11 @@ def fig9_config(n_experts: int = 16, top_k: int = 2, n_layers: int = 4) -> Trans
 
 
 def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: int = 4,
-                     lr: float = 3e-3, seed: int = 0) -> tuple[RoutingTrace, list[float]]:
-    """Train ``steps`` AdamW steps; return the routing trace [L, steps, sources, E] and losses."""
+                     lr: float = 3e-3, seed: int = 0,
+                     progress: Callable[[int, int], None] | None = None,
+                     ) -> tuple[RoutingTrace, list[float]]:
+    """Train ``steps`` AdamW steps; return the routing trace [L, steps, sources, E] and losses.
+    ``progress(done, steps)`` is called after each step (a long run can say how far it is)."""
     produced("measured")  # the routing of a real training run on this machine
     if steps <= 0 or batch <= 0 or sources <= 0 or batch % sources:
         raise ValueError("need steps, batch > 0 and batch divisible by sources")
@@ -59,6 +64,8 @@ def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: in
         losses.append(float(loss.detach()))
         for i in range(cfg.n_layers):   # rows are (sequence, position) flattened: sequence-major
             counts[i, step] = counts_from_top_experts(current[i], cfg.n_experts, sources)
+        if progress is not None:
+            progress(step + 1, steps)
     source = (f"real: {cfg.n_layers}-layer MoE (d_model {cfg.d_model}, {cfg.n_experts} experts, "
               f"top-{cfg.top_k}, no aux loss) trained {steps} steps x {batch} x {cfg.seq_len} bytes "
               f"of Python stdlib source on CPU, seed {seed}")
