@@ -49,8 +49,8 @@ class ReproductionEntry:
     issue: int | None = None  # the issue that builds it
     # What a run at the defaults needs, shown on the page of one not run yet: the hardware in
     # words, and the minutes `repro run ID` takes at its defaults on a 2-core CPU machine, rounded
-    # up to a tenth (None: not measured yet). A and S entries were timed as CPU seconds (user +
-    # system) of one run on a shared 2-core machine, which is the wall time of an idle one.
+    # up to a tenth (None: not measured yet): wall time of one run on an idle machine, with no
+    # cached FEPLB traces (MOE_REPRO_CACHE) where the reproduction draws them.
     needs: str = ""
     minutes: float | None = None
 
@@ -95,7 +95,7 @@ _REPRODUCTIONS = (
                      "shapes, measured on this machine (scaled head count)."),
         implemented=True, issue=6,
         needs="one process; times attention on this machine's device (CPU or GPU)",
-        minutes=0.4),
+        minutes=0.2),
     ReproductionEntry(
         id="piper-fig4", paper="piper", element="Fig. 4", how="R",
         title="Expert GEMM throughput vs tokens per expert",
@@ -104,7 +104,7 @@ _REPRODUCTIONS = (
                      "tokens per expert per model shape, measured on this machine."),
         implemented=True, issue=6,
         needs="one process; times grouped expert GEMMs on this machine's device (CPU or GPU)",
-        minutes=0.6),
+        minutes=0.4),
     ReproductionEntry(
         id="piper-fig5", paper="piper", element="Fig. 5", how="R+S",
         title="All-to-all bandwidth vs message size, 2-64 GPUs on 1-8 nodes",
@@ -113,7 +113,7 @@ _REPRODUCTIONS = (
                      "real runs here beside the simulator calibrated on them."),
         implemented=True, issue=5,
         needs="2+ CPU cores: real all-to-all over local gloo ranks, then the network simulator",
-        minutes=0.4),
+        minutes=0.2),
     ReproductionEntry(
         id="piper-fig8", paper="piper", element="Fig. 8", how="S",
         title="HALO vs flat all-to-all latency on Frontier, 1-512 nodes (simulated)",
@@ -123,7 +123,7 @@ _REPRODUCTIONS = (
                      "range."),
         implemented=True, issue=5,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=0.2),
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig9", paper="piper", element="Fig. 9", how="R",
         title="Expert load distribution over a real small training run without balancing loss",
@@ -132,7 +132,7 @@ _REPRODUCTIONS = (
                      "records per-layer expert loads at every step."),
         implemented=True, issue=7,
         needs="one process: trains a small MoE on this machine's device (CPU or GPU)",
-        minutes=3.0),
+        minutes=0.1),
     ReproductionEntry(
         id="piper-alg2", paper="piper", element="Alg. 2", how="R",
         title="Hill-climbing expert migration: imbalance before/after, swaps, overhead",
@@ -141,7 +141,7 @@ _REPRODUCTIONS = (
                      "CPU run and a synthetic trace; migration cost from Piper's cost model."),
         implemented=True, issue=7,
         needs="one process: trains a small MoE on this machine's device (CPU or GPU)",
-        minutes=3.7),
+        minutes=0.1),
     ReproductionEntry(
         id="piper-fig10", paper="piper", element="Fig. 10", how="A",
         title="Per-GPU memory vs node count and strategy; minimum nodes",
@@ -197,7 +197,7 @@ _REPRODUCTIONS = (
                      "Eq. 4's (PP - i) under 1F1B and Eq. 3's M under GPipe."),
         implemented=True, issue=8,
         needs="4 local processes (gloo ranks, pipeline stages) on CPU",
-        minutes=0.3),
+        minutes=0.2),
     ReproductionEntry(
         id="piper-bubble", paper="piper", element="Sec. III-D", how="R",
         title="Measured pipeline bubble of the PP x EP trainer vs (PP-1)/(M+PP-1); convergence",
@@ -207,7 +207,7 @@ _REPRODUCTIONS = (
                      "curve of the longest run on real text."),
         implemented=True, issue=8,
         needs="2 local processes (gloo ranks, pipeline stages) on CPU",
-        minutes=0.5),
+        minutes=0.2),
     # X-MoE
     ReproductionEntry(
         id="xmoe-table2", paper="xmoe", element="Table 2", how="A",
@@ -279,7 +279,7 @@ _REPRODUCTIONS = (
                      "32-GPU point simulated on the Frontier profile."),
         implemented=True, issue=4,
         needs="4 local processes (gloo ranks, 2 emulated nodes) on CPU, then the simulator",
-        minutes=3.6),
+        minutes=0.5),
     ReproductionEntry(
         id="xmoe-fig13", paper="xmoe", element="Fig. 13", how="A+R",
         title="SSMB: MoE activation memory vs TP degree, with and without sequence sharding",
@@ -331,7 +331,7 @@ _REPRODUCTIONS = (
                      "backward columns are not reproduced here."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=2.8),
+        minutes=1.0),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table3", paper="feplb", element="Table 3", how="S",
         title="Token straggler (max - mean) per PP/EP: Before LB, FasterMoE, FEPLB",
@@ -341,7 +341,7 @@ _REPRODUCTIONS = (
                      "straggler per FEPLB Sec. 3.1."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=2.9),
+        minutes=1.0),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table4", paper="feplb", element="Table 4", how="S",
         title="GEMM straggler (max - mean, ms) per PP/EP: Before LB, FasterMoE, FEPLB",
@@ -351,7 +351,7 @@ _REPRODUCTIONS = (
                      "Sec. 3.1."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=3.1),
+        minutes=1.0),
     ReproductionEntry(
         id="feplb-fig4", paper="feplb", element="Fig. 4", how="S",
         title="EP communication per method at EP = 8: extra dispatch/combine time",
@@ -361,7 +361,7 @@ _REPRODUCTIONS = (
                      "and combine time (the paper's quantity); copy-path bytes reported apart."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=0.7),
+        minutes=0.8),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-fig6", paper="feplb", element="Fig. 6", how="S",
         title="Token straggler vs dynamic expert count dyn = 2, 4, 8",
@@ -370,7 +370,7 @@ _REPRODUCTIONS = (
                      "2, 4, 8."),
         implemented=True, issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=0.7),
+        minutes=0.8),
     # MoP
     ReproductionEntry(
         id="mop-table1", paper="mop", element="Table 1", how="A",
@@ -400,7 +400,7 @@ _REPRODUCTIONS = (
                      "one."),
         implemented=True, issue=10,
         needs="up to 4 local processes (gloo ranks) on CPU",
-        minutes=1.6),
+        minutes=0.8),
     ReproductionEntry(
         id="mop-llep", paper="mop", element="Sec. 3.3", how="R",
         title="Least-loaded EP vs plain EP on skewed routing (real gloo ranks)",
@@ -409,7 +409,7 @@ _REPRODUCTIONS = (
                      "busiest-rank rows, layer time, exactness."),
         implemented=True, issue=7,
         needs="2 local processes (gloo ranks) on CPU",
-        minutes=0.2),
+        minutes=0.1),
 )
 
 REPRODUCTIONS: MappingProxyType[str, ReproductionEntry] = MappingProxyType(
