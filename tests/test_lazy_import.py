@@ -36,3 +36,12 @@ def test_the_alltoall_registry_loads_without_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['flat', 'halo', 'rbd'] False"
+
+
+def test_an_unknown_reproduction_id_is_refused_before_torch_is_imported():
+    # `repro run` checks ids against the catalog: a typo costs no torch import (issue 31)
+    code = ("import sys\nfrom moe_repro.cli import main\nsys.argv = ['repro', 'run', 'piper-tabel4']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "2 False", r.stdout + r.stderr
+    assert "did you mean piper-table4" in r.stderr

@@ -14,11 +14,12 @@ from moe_repro.cli.errors import BadInput, OutputFile
 
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
                 how: str | None = None) -> list[str]:
-    """Turn the command's arguments into reproduction ids, or fail with one line (exit 2)."""
+    """Turn the command's arguments into reproduction ids, or fail with one line (exit 2).
+    Read from the catalog alone (no reproduction module, so no torch, is imported): a typo is
+    answered at once."""
     from moe_repro import catalog
-    from moe_repro.reproductions import all_reproductions
 
-    known = all_reproductions()
+    known = dict(sorted((rid, r) for rid, r in catalog.REPRODUCTIONS.items() if r.implemented))
     if how:
         allowed = {h.strip().upper() for h in how.split(",")}
         if not allowed <= {"A", "M", "R", "S"}:
