@@ -65,6 +65,13 @@ class RankContext:
         return self.rank % self.ranks_per_node
 
     @property
+    def device(self):
+        """This rank's device: cuda:LOCAL_RANK under nccl, cpu otherwise (runtime/device.py)."""
+        from moe_repro.runtime.device import rank_device
+
+        return rank_device(self.backend, self.local_rank)
+
+    @property
     def n_nodes(self) -> int:
         return -(-self.world_size // self.ranks_per_node)
 
@@ -84,7 +91,7 @@ class RankContext:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
@@ -473,6 +480,9 @@ def init_launched_world(backend: str) -> RankContext:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
+        from moe_repro.runtime.device import bind, rank_device
+
+        bind(rank_device(backend, rank % local))  # nccl: this rank's GPU, as RankContext.device
         dist.init_process_group(backend, rank=rank, world_size=size)
         # Tear the group down before the interpreter does: a process group destroyed during
         # interpreter shutdown, with its threads still running, can abort the rank (SIGABRT,

@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.backend != "mpi":
             import torch.distributed as dist
 
+            from moe_repro.runtime.device import bind, rank_device
+
+            bind(rank_device(a.backend, rank % a.ranks_per_node))  # nccl: this rank's GPU first
             dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{a.master_port}",
                                     rank=rank, world_size=a.world_size,
                                     timeout=datetime.timedelta(seconds=300))

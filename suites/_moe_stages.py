@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from moe_repro.runtime.device import resolve_device
+from moe_repro.runtime.timing import peak_memory_bytes, reset_peak_memory
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.padded_moe import PaddedMoELayer
 from moe_repro.components.moe.peers import PEER_IMPLS, peer_dispatch, require_peer
@@ -59,10 +61,9 @@ def set_threads(params: dict, ctx) -> None:
         torch.set_num_threads(threads)
 
 
-def device_for(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def device_for(name: str, ctx=None) -> torch.device:
+    """The point's device by the runtime's one rule (runtime/device.py)."""
+    return resolve_device(name, ctx)
 
 
 def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
@@ -75,7 +76,7 @@ def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
     experts, top_k = int(params["experts"]), int(params["top_k"])
     if min(hidden, experts, int(params["d_ffn"])) < 1 or tokens < 0 or not 1 <= top_k <= experts:
         raise ValueError("need tokens >= 0, d_model, d_ffn, experts >= 1 and 1 <= top_k <= experts")
-    device, dtype = device_for(params["device"]), DTYPES[params["dtype"]]
+    device, dtype = device_for(params["device"], ctx), DTYPES[params["dtype"]]
     torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
     cls = PaddedMoELayer if impl == "padded" else MoELayer  # peers borrow MoELayer's weights
     layer = cls(hidden, int(params["d_ffn"]), experts, top_k,
@@ -151,12 +152,9 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
     with torch.no_grad():
         call()  # warm-up: lazily built kernels, thread pools
         if device.type == "cuda":
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            before = reset_peak_memory(device)
             call()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - before
+            peak = peak_memory_bytes(device) - before
         else:
             from moe_repro.components.training.peak_memory import (measure_peak_rss, peak_supported,
                                                           return_freed_memory_to_os)

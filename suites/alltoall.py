@@ -105,13 +105,19 @@ def launched_defaults() -> dict[str, list]:
     return {"nodes": [topo.nodes], "gpus_per_node": [topo.ranks_per_node]}
 
 
-def choose_backend(requested: str) -> tuple[str, str | None]:
-    """(backend, why) for ``--backend``; auto picks MPI when it can run here (or when an MPI
-    launcher started the world) and gloo otherwise; why is None when the user named one."""
+def choose_backend(requested: str, ranks_per_node: int = LOCAL_GPUS_PER_NODE,
+                   device: str = "auto") -> tuple[str, str | None]:
+    """(backend, why) for ``--backend``; auto picks nccl when every rank sees a GPU (and the
+    device asked for is not the CPU), else MPI when it can run here (or when an MPI launcher
+    started the world), else gloo; why is None when the user named one."""
+    from moe_repro.runtime.device import auto_backend
     from moe_repro.runtime.launch import launched_by_mpi, launched_world_size, mpi_unavailable
 
     if requested != "auto":
         return requested, None
+    gpu_backend, gpu_why = auto_backend(ranks_per_node)
+    if gpu_backend and str(device).partition(":")[0] != "cpu":
+        return gpu_backend, f"backend {gpu_backend} (auto: {gpu_why})"
     if launched_world_size():
         if launched_by_mpi():
             return "mpi", "backend mpi (auto: the world was started by an MPI launcher)"
@@ -175,7 +181,7 @@ def derived_params(p: dict) -> dict:
     if kind != "none" and not 0 <= fault_rank < nodes * gpn:
         raise ValueError(f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks")
     if why is None:
-        backend, chosen_because = choose_backend(p["backend"])
+        backend, chosen_because = choose_backend(p["backend"], gpn, str(p.get("device", "auto")))
         real = {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
                 "backend": backend, "simulated": False, "impl": f"{p['algo']} over {IMPL[backend]}"}
         return {**real, "backend_chosen": chosen_because} if chosen_because else real
@@ -302,14 +308,15 @@ def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
     return x, top, weights
 
 
-def rank_workload(params: dict, rank: int, world: int) -> dict:
+def rank_workload(params: dict, rank: int, world: int, device=None) -> dict:
     """One rank's inputs for a grid point: x, its PFT, the expert -> rank map and the flat send
-    order (PFT rows grouped by destination rank) with its counts."""
+    order (PFT rows grouped by destination rank) with its counts; on ``device`` (the rank's,
+    runtime/device.py; drawn on the CPU first so every device sees the same numbers)."""
     from moe_repro.components.alltoall.flat import flat_send_layout
     from moe_repro.components.moe.pft import build_pft
 
     placement = _placement(params["placement"], int(params["experts"]), world, int(params["seed"]))
-    x, top, weights = _rank_inputs(params, rank)
+    x, top, weights = (t.to(device) for t in _rank_inputs(params, rank))
     pft = build_pft(top, weights, int(params["experts"]))
     order, send_counts = flat_send_layout(pft, placement, world)
     return {"x": x, "pft": pft, "placement": placement, "token_order": pft.token_ids[order],
@@ -329,7 +336,7 @@ def setup(params: dict, ctx) -> dict:
         _COMMS[key] = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
     comms = _COMMS[key]
     state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"],
-             **rank_workload(params, ctx.rank, ctx.world_size),
+             **rank_workload(params, ctx.rank, ctx.world_size, ctx.device),
              "fault": _parse_fault(params["fault"]), "calls": 0}
     pft = state["pft"]
     state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],

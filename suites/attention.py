@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from moe_repro.runtime.device import resolve_device
 from moe_repro.components.model.attention import (attention_flops, causal_attention, reference_attention,
                                             shape_from_model)
 from moe_repro.components.model.zoo import get_model
@@ -35,8 +36,7 @@ def setup(params: dict, ctx=None) -> dict:
         raise ValueError("batch and seq_len must be >= 1, heads >= 0")
     set_threads(params, ctx)
     shape = shape_from_model(model, heads or None)
-    name = params["device"]
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    device = resolve_device(params["device"], ctx)
     dtype = _DTYPES[params["dtype"]]
     g = torch.Generator().manual_seed(seq)
     q = torch.randn(batch, shape.heads, seq, shape.head_dim, generator=g).to(device=device, dtype=dtype)

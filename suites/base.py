@@ -138,19 +138,10 @@ def _not_one_of(key: str, value, allowed) -> str:
 
 
 def check_device(device: str) -> None:
-    """A ``device`` param names a device this machine has: auto, cpu, or cuda[:N] with a GPU."""
-    kind, _, index = device.partition(":")
-    if kind in ("auto", "cpu") and not index:
-        return
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
-    import torch
+    """A ``device`` param names a device this machine has (the rule: runtime/device.py)."""
+    from moe_repro.runtime.device import check_device as check
 
-    if not torch.cuda.is_available():
-        raise ValueError(f"device {device}: this machine has no CUDA GPU (torch "
-                         f"{torch.__version__}, cuda available: False); use --device cpu or auto")
-    if index and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
+    check(device)
 
 
 _SUFFIX = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}

@@ -66,7 +66,7 @@ def setup(params: dict, ctx) -> dict:
                                           ctx.backend, ctx.comm)
     comms = _COMMS[key]
     state = {"ctx": ctx, "algo": params["algo"], "comms": comms, "laps": {},
-             **rank_workload(params, ctx.rank, ctx.world_size)}
+             **rank_workload(params, ctx.rank, ctx.world_size, ctx.device)}
     # the same pilot generator as the alltoall suite's ranks (algorithms that draw at random)
     state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
         comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank))
@@ -86,6 +86,7 @@ def _dispatch(state: dict) -> torch.Tensor:
     """One dispatch; each stage's seconds on this rank go to state["laps"] (replaced each call)."""
     dispatcher, laps = state["dispatcher"], {}
     dispatcher.timings = laps
+    dispatcher.timing_device = state["x"].device
     out = dispatcher.dispatch(state["x"], state["pft"])
     dispatcher.timings = None
     state["laps"] = laps

@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from moe_repro.runtime.device import resolve_device
 from moe_repro.suites.base import Metric, Suite
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def setup(params: dict, ctx=None) -> dict:
@@ -23,7 +18,7 @@ def setup(params: dict, ctx=None) -> dict:
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     gen = torch.Generator().manual_seed(n)
-    device = _device(params["device"])
+    device = resolve_device(params["device"], ctx)
     a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
     return {"a": a, "b": b, "c": torch.empty(n, n, device=device, dtype=dtype), "n": n}

@@ -19,12 +19,12 @@ the issue's ">= 80% of dense at >= 256 tokens per expert" goal is judged on).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from moe_repro.components.moe.grouped_gemm import grouped_gemm, grouped_gemm_names
 from moe_repro.components.model.zoo import get_model
+from moe_repro.runtime.device import resolve_device
+from moe_repro.runtime.timing import timer_for
 from moe_repro.suites._moe_stages import set_threads
 from moe_repro.suites.base import Metric, Suite
 
@@ -34,10 +34,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def variants() -> tuple[str, ...]:
     """Every registered grouped-GEMM kernel, then the equal-FLOPs dense GEMM (the ceiling)."""
     return (*grouped_gemm_names(), "dense")
-
-
-def _device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
 def shape_of(params: dict) -> tuple[int, int]:
@@ -63,7 +59,7 @@ def setup(params: dict, ctx=None) -> dict:
         raise ValueError("tokens_per_expert and local_experts must be >= 1")
     k, m = shape_of(params)
     set_threads(params, ctx)
-    device, dtype = _device(params["device"]), _DTYPES[params["dtype"]]
+    device, dtype = resolve_device(params["device"], ctx), _DTYPES[params["dtype"]]
     g = torch.Generator().manual_seed(tokens * 7 + experts)
     x = torch.randn(tokens * experts, k, generator=g).to(device=device, dtype=dtype)
     w = (torch.randn(experts, k, m, generator=g) * k ** -0.5).to(device=device, dtype=dtype)
@@ -82,16 +78,13 @@ def run(state: dict):
 def _dense_time_s(state: dict, min_s: float = 0.01) -> float:
     """Mean seconds of one equal-FLOPs dense GEMM, over enough calls to last ``min_s``."""
     x, w = state["x"], state["w_dense"]
+    timer = timer_for(x.device)  # CUDA events on a GPU (runtime/timing.py)
     calls, elapsed = 0, 0.0
     with torch.no_grad():
         while elapsed < min_s:
-            if x.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            timer.start()
             torch.mm(x, w)
-            if x.device.type == "cuda":
-                torch.cuda.synchronize()
-            elapsed += time.perf_counter() - t0
+            elapsed += timer.stop()
             calls += 1
     return elapsed / calls
 

@@ -22,7 +22,7 @@ def setup(params: dict, ctx=None) -> dict:
     if mbytes < 1:
         raise ValueError(f"mbytes must be >= 1, got {mbytes}")
     set_threads(params, ctx)
-    device = device_for(params["device"])
+    device = device_for(params["device"], ctx)
     n = mbytes * MIB // 4
     # Varying values (not a constant), so a copy that skips or shifts a block is caught.
     src = torch.arange(n, dtype=torch.float32, device=device)

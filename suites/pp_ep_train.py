@@ -79,7 +79,7 @@ def setup(params: dict, ctx) -> dict:
     report = train_rank(ctx, **asdict(cfg))  # the instrumented run; the report is rank 0's
     shared = [report if ctx.rank == 0 else None]
     dist.broadcast_object_list(shared, src=0)
-    device = torch.device("cuda", ctx.local_rank) if ctx.backend == "nccl" else torch.device("cpu")
+    device = ctx.device  # the runtime's rule: cuda:LOCAL_RANK under nccl, else cpu
     torch.manual_seed(cfg.seed)
     runner = StepRunner(build_rank(cfg, device))  # a fresh copy for the timed steps
     return {"report": flatten_report(shared[0]), "losses": shared[0]["losses"], "runner": runner,

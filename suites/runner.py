@@ -12,7 +12,6 @@ import json
 import math
 import tempfile
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +19,8 @@ from typing import Any, Callable
 from moe_repro.components.provenance import produced
 from moe_repro.suites.base import Suite
 from moe_repro.records.stats import summarize
+from moe_repro.runtime.device import bind, resolve_device
+from moe_repro.runtime.timing import peak_memory_bytes, reset_peak_memory, timer_for
 
 
 @dataclass
@@ -32,29 +33,30 @@ class RunConfig:
     timeout_s: float = 300.0
 
 
-def _device_sync() -> None:
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def _timed(suite: Suite, state: Any, number: int, ctx) -> float:
+def _timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
+    """Mean seconds of one of ``number`` back-to-back calls, by ``timer`` (CUDA events on a GPU:
+    the host clock would time the kernel launches only); a world's time is its slowest rank's."""
     if ctx is not None:
         ctx.barrier()
-    _device_sync()
-    t0 = time.perf_counter()
+    timer.start()
     for _ in range(number):
         suite.run(state)
-    _device_sync()
-    elapsed = (time.perf_counter() - t0) / number
+    elapsed = timer.stop() / number
     return ctx.all_reduce_max(elapsed) if ctx is not None else elapsed
 
 
 def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
-    """Measure one grid point; returns one flat record."""
+    """Measure one grid point; returns one flat record.
+
+    The device comes from the runtime's one rule (runtime/device.py): in a world the backend
+    and local rank decide, alone the point's ``device`` (auto by default). The suite's setup
+    sees it as ``params["device"]`` (e.g. ``cuda:1``); the record keeps the asked-for value and
+    adds ``device_used`` and the ``clock`` that timed it."""
     produced("measured")
-    state = suite.setup(params, ctx)
+    device = resolve_device(params.get("device", "auto"), ctx)
+    bind(device)
+    timer = timer_for(device)
+    state = suite.setup({**params, "device": str(device)}, ctx)
     record: dict[str, Any] = {"suite": suite.name, **params}
     if config.check and suite.check is not None:
         wrong = int(suite.check(state))
@@ -62,22 +64,27 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
             wrong = int(ctx.all_reduce_max(float(wrong)))
         record.update(wrong=wrong, correct=wrong == 0)
     for _ in range(config.warmup):
-        _timed(suite, state, 1, ctx)
-    single = _timed(suite, state, 1, ctx)
+        _timed(suite, state, 1, ctx, timer)
+    single = _timed(suite, state, 1, ctx, timer)
     number = 1 if single <= 0 else int(min(config.max_number, max(1, math.ceil(config.min_sample_s / single))))
     samples: dict[str, list[float]] = {"time_s": []}
+    reset_peak_memory(device)
     for _ in range(config.repeats):
-        t = _timed(suite, state, number, ctx)
+        t = _timed(suite, state, number, ctx, timer)
         samples["time_s"].append(t)
         for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
             samples.setdefault(name, []).append(float(value))
+    peak = peak_memory_bytes(device)  # CUDA: the allocator's high-water mark over the samples
     for name, xs in samples.items():
         s = summarize(xs)
         record[name] = s["median"]
         record[f"{name}_iqr"] = s["iqr"]
         record[f"{name}_min"] = s["min"]
         record[f"{name}_max"] = s["max"]
-    record.update(repeats=config.repeats, number=number, samples=samples)
+    record.update(repeats=config.repeats, number=number, samples=samples,
+                  device_used=str(device), clock=timer.clock)
+    if peak is not None:
+        record["cuda_max_allocated_bytes"] = int(ctx.all_reduce_max(float(peak)) if ctx is not None else peak)
     if ctx is not None:
         record.update(world_size=ctx.world_size, ranks_per_node=ctx.ranks_per_node)
     return record

@@ -20,11 +20,11 @@ This module imports no algorithm: the package ``__init__`` imports them, which r
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from moe_repro.runtime.timing import instant
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
 
@@ -91,15 +91,18 @@ class Dispatcher(ABC):
     """
 
     timings: dict[str, float] | None = None
+    # The device the stages' work runs on: on CUDA each stamp first waits for its queued work
+    # (runtime/timing.instant), so a stage's seconds include its kernels and transfers.
+    timing_device = None
 
     def _clock(self) -> float:
-        return time.perf_counter() if self.timings is not None else 0.0
+        return instant(self.timing_device) if self.timings is not None else 0.0
 
     def _lap(self, stage: str, since: float) -> float:
         """Add the time since ``since`` to ``stage``; returns now (the next stage's start)."""
         if self.timings is None:
             return since
-        now = time.perf_counter()
+        now = instant(self.timing_device)
         self.timings[stage] = self.timings.get(stage, 0.0) + now - since
         return now
 

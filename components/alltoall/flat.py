@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from moe_repro.runtime.device import group_device
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, ReusedBuffers, register
 from moe_repro.components.lazy_import import lazy_module
 
@@ -171,9 +172,11 @@ class Comm:
         handle.wait()
         return out
 
+    device = "cpu"  # where this communicator's tensors live (NCCL: the GPU)
+
     def exchange_counts(self, send_counts: list[int], phase: str = "counts") -> list[int]:
         """How many rows each peer will send me: one int64 to and from every peer."""
-        send = torch.tensor([int(c) for c in send_counts], dtype=torch.int64)
+        send = torch.tensor([int(c) for c in send_counts], dtype=torch.int64, device=self.device)
         recv = self.alltoallv(send, [1] * self.size, [1] * self.size, phase)
         return [int(c) for c in recv.tolist()]
 
@@ -184,6 +187,7 @@ class TorchComm(Comm):
     def __init__(self, group, ranks: list[int]):
         super().__init__(ranks, dist.get_rank())
         self.group = group
+        self.device = group_device(group)  # the runtime's rule: NCCL moves CUDA tensors only
 
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Uneven all-to-all; returns (out, handle). ``out`` may be a preallocated buffer."""
@@ -209,7 +213,7 @@ class TorchComm(Comm):
         return _Works(works, keep=tuple(t for _, t in sends))
 
     def allgather_ints(self, values: list[int]) -> list[list[int]]:
-        t = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t, group=self.group)
         return [o.tolist() for o in out]

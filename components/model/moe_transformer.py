@@ -23,7 +23,6 @@ MoEAuxLossAutoScaler does), which gives the same gradients as adding it to the l
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe_repro.runtime.timing import instant, instant_clock
 from moe_repro.components.moe.gating import GateOutput
 from moe_repro.components.moe.moe_layer import MoELayer
 
@@ -78,24 +78,27 @@ def _seeded_normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
     return torch.randn(shape, generator=g) * std
 
 
-# --- timing: forward with perf_counter, backward between two identity marks ---------------------
+# --- timing: forward between two time stamps, backward between two identity marks ---------------------
 
 class RegionClock:
     """Seconds per category (attention, experts, all-to-all), forward and backward together.
 
     Backward time of a region is the time between the autograd engine passing its output mark
-    and its input mark (CPU autograd runs a region's nodes back to back; an estimate on GPU,
-    where only host time is seen unless synchronised)."""
+    and its input mark (CPU autograd runs a region's nodes back to back). On CUDA every stamp
+    first synchronizes the device, so a region's time includes its kernels, not only their
+    launches (and the synchronizations serialize the step: region times are an upper bound
+    on what overlapped kernels would take)."""
 
-    def __init__(self, synchronize: bool = False):
+    def __init__(self, device=None):
         self.seconds: dict[str, float] = {}
         self._open: dict[str, float] = {}
-        self.synchronize = synchronize
+        self.device = device
+        self.clock = instant_clock(device)  # what timed the regions, for the record
 
     def now(self) -> float:
-        if self.synchronize:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        # On CUDA the device's queued work is finished before the host clock is read: a region
+        # boundary is a synchronization point (runtime/timing.py).
+        return instant(self.device)
 
     def add(self, key: str, seconds: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
+from moe_repro.runtime.device import bind
+from moe_repro.runtime.timing import timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.model.moe_transformer import (RegionClock, StageModule, TransformerConfig,
                                                   expert_owner, expert_param_names, lm_loss,
@@ -332,19 +333,20 @@ def _p2p_seconds_per_message(state: RankState, shape: tuple[int, ...], repeats: 
     me = state.coords["pp"]
     buf = torch.zeros(shape, device=state.device)
     times = []
+    timer = timer_for(state.device)  # CUDA events under nccl (runtime/timing.py)
     for left in range(cfg.pp - 1):
         if me not in (left, left + 1):
             continue
         peer = dist.get_global_rank(group, left + 1 if me == left else left)
         for _ in range(repeats + 1):
-            start = time.perf_counter()
+            timer.start()
             if me == left:
                 dist.send(buf, peer)
                 dist.recv(buf, peer)
             else:
                 dist.recv(buf, peer)
                 dist.send(buf, peer)
-            times.append((time.perf_counter() - start) / 2)
+            times.append(timer.stop() / 2)
     return statistics.median(times[1:]) if len(times) > 1 else 0.0
 
 
@@ -353,15 +355,12 @@ def _gemm_peak_flops(device: torch.device, n: int = 384, repeats: int = 5) -> fl
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     best = math.inf
+    timer = timer_for(device)  # CUDA events on a GPU (runtime/timing.py)
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+        timer.start()
         for _ in range(4):
             a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / 4)
+        best = min(best, timer.stop() / 4)
     return 2.0 * n ** 3 / best
 
 
@@ -385,7 +384,7 @@ class StepRunner:
         self.shard = state.coords["dp"] * cfg.ep + state.coords["ep"]
         self.has_first = any(s.is_first for s in state.stages)
         self.has_last = any(s.is_last for s in state.stages)
-        self.clock = RegionClock(synchronize=state.device.type == "cuda")
+        self.clock = RegionClock(device=state.device)
         for m in state.modules:
             m.set_clock(self.clock)
         self.meter = SavedActivationMeter([p for m in state.modules for p in m.parameters()])
@@ -430,9 +429,8 @@ class StepRunner:
 def train_rank(ctx, **config) -> dict:
     """``run_ranks`` target: train ``steps`` steps on this rank; rank 0's result has the report."""
     cfg = TrainConfig(**config)
-    device = torch.device("cuda", ctx.local_rank) if ctx.backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = ctx.device  # the runtime's rule (runtime/device.py): cuda:LOCAL_RANK under nccl, else cpu
+    bind(device)
     torch.manual_seed(cfg.seed)
     state = build_rank(cfg, device)
     mc = state.model_cfg
@@ -608,15 +606,20 @@ def _compare_with_reference(state: RankState, grads_per_step: list[dict], is_roo
             "reference_worst_param": worst_name}
 
 
-def launch_training(cfg: TrainConfig, timeout_s: float = 600.0) -> dict:
-    """Start dp x pp x ep real ranks on this machine (gloo) and return rank 0's report.
+def launch_training(cfg: TrainConfig, timeout_s: float = 600.0, backend: str = "auto") -> dict:
+    """Start dp x pp x ep real ranks on this machine and return rank 0's report; ``auto``: nccl
+    when every rank sees a GPU of its own, else gloo (runtime/device.py).
 
     A rank that dies makes the launcher kill the others at once (moe_repro.runtime.launch.run_ranks);
     a hung world is killed after ``timeout_s``: either way RankFailure names the ranks."""
     from moe_repro.runtime.launch import run_ranks
 
+    from moe_repro.runtime.device import auto_backend
+
     cfg.validate()
+    if backend == "auto":
+        backend = auto_backend(cfg.ranks_per_node or cfg.world_size)[0] or "gloo"
     results = run_ranks("moe_repro.components.training.pp_ep_trainer:train_rank", asdict(cfg),
                         world_size=cfg.world_size, ranks_per_node=cfg.ranks_per_node,
-                        backend="gloo", timeout_s=timeout_s)
+                        backend=backend, timeout_s=timeout_s)
     return results[0]

@@ -43,9 +43,12 @@ def options_as_params(args: list[str]) -> list[str]:
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")
+@click.option("--device", default=None, metavar="auto|cpu|cuda[:N]",
+              help="Where every suite runs (default: the suite's own, else auto). In a world of "
+                   "ranks the backend decides: nccl ranks on cuda:LOCAL_RANK, gloo/mpi on cpu.")
 @click.pass_context
 def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sample_s, check, timeout_s,
-            json_path) -> None:
+            json_path, device) -> None:
     """Run benchmark SUITE over its parameter grid and print median and spread per metric.
 
     Any suite parameter can also be given as its own option: `--nodes 2 --algo flat,halo` is
@@ -68,6 +71,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
+    from moe_repro.runtime.device import check_device, check_world_device
     from moe_repro.runtime.launch import RankFailure, launched_world_size
     from moe_repro.reports.terminal import format_records
     from moe_repro import catalog
@@ -91,7 +95,13 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         return
     try:
         pairs = list(params) + options_as_params(ctx.args)
-        grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
+        overrides = suite.parse_overrides(pairs)
+        if device is not None:  # the one place --device reaches every suite (as a grid value)
+            check_device(device)
+            overrides["device"] = [device]
+        grid = suite.grid(overrides, quick=quick)
+        for point in grid:  # a world's ranks run where its backend puts them
+            check_world_device(point.get("device", "auto"), str(point.get("backend", "")))
     except ValueError as e:
         raise BadInput(str(e)) from None
     config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,

@@ -142,11 +142,11 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
     launched = launched_world_size()
     _check_fits_in_memory(cfg, launched=bool(launched))
     if launched:
-        import torch
+        from moe_repro.runtime.device import auto_backend
 
         if launched != cfg.world_size:
             raise BadInput(f"the launcher started {launched} ranks; dp x pp x ep = {cfg.world_size}")
-        ctx = init_launched_world("nccl" if torch.cuda.is_available() else "gloo")
+        ctx = init_launched_world(auto_backend(launched)[0] or "gloo")  # nccl when every rank has a GPU
         report = train_rank(ctx, **cfg.__dict__)
         if ctx.rank != 0:
             return
