@@ -5,7 +5,8 @@ Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py):
 rows ``offsets[g-1]:offsets[g]`` with ``offsets = cumsum(tokens_per_group)``. A grouped GEMM
 computes ``y[rows of g] = x[rows of g] @ w[g]`` for x [N, K] and w [G, K, M].
 
-Kernels (all differentiable, all exact up to fp summation order):
+Kernels (all differentiable, all exact up to fp summation order; ``triton`` is offered only
+where Triton can run, see components/moe/triton_support.py):
 - ``sequential``: one GEMM per group in a Python loop (X-MoE App. B.4 "sequential GeMM").
 - ``padded_bmm``: scatter groups into a zero-padded [G, max_rows, K] batch, one ``torch.bmm``,
   gather back (what a capacity-padded pipeline computes; wastes G*max_rows - N rows).
@@ -14,6 +15,8 @@ Kernels (all differentiable, all exact up to fp summation order):
   columns when they are not); its backward rejects expanded/non-contiguous incoming gradients
   and zero-row inputs, so we hand it a contiguous gradient and route N = 0 through
   ``sequential``.
+- ``triton``: a Triton kernel over BLOCK_M-row tiles of each group, with its backward
+  (components/moe/triton_kernels.py); on a GPU, or on the CPU in interpreter mode.
 
 FLOPs of one grouped GEMM: 2 * N * K * M (N = total rows); bytes read at least
 (N*K + G*K*M) * itemsize, written N*M*itemsize. The padded kernel performs
@@ -39,6 +42,8 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
+from moe_repro.components.moe.triton_support import triton_unavailable
+
 
 @dataclass(frozen=True)
 class GroupedGemmKernel:
@@ -47,6 +52,9 @@ class GroupedGemmKernel:
     name: str
     description: str
     compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    # () -> why the kernel cannot run in this process (None: it can); such a kernel stays
+    # registered but is left out of grouped_gemm_names() and refused by name in one line
+    unavailable: Callable[[], str | None] = lambda: None
 
 
 GROUPED_GEMM_KERNELS: dict[str, GroupedGemmKernel] = {}
@@ -61,15 +69,19 @@ def register_grouped_gemm(kernel: GroupedGemmKernel) -> GroupedGemmKernel:
 
 
 def grouped_gemm_names() -> tuple[str, ...]:
-    """Registered kernel names, in registration order."""
-    return tuple(GROUPED_GEMM_KERNELS)
+    """Names of the registered kernels that can run here, in registration order."""
+    return tuple(name for name, k in GROUPED_GEMM_KERNELS.items() if k.unavailable() is None)
 
 
 def get_grouped_gemm(name: str) -> GroupedGemmKernel:
     if name not in GROUPED_GEMM_KERNELS:
         raise ValueError(f"unknown grouped GEMM kernel {name!r}; "
                          f"known: {', '.join(GROUPED_GEMM_KERNELS)}")
-    return GROUPED_GEMM_KERNELS[name]
+    kernel = GROUPED_GEMM_KERNELS[name]
+    why = kernel.unavailable()
+    if why:
+        raise ValueError(f"grouped GEMM kernel {name} cannot run here: {why}")
+    return kernel
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor,
@@ -143,3 +155,14 @@ register_grouped_gemm(GroupedGemmKernel(
     "padded_bmm", "groups zero-padded to the largest, one batched matmul", _padded_bmm))
 register_grouped_gemm(GroupedGemmKernel(
     "grouped_mm", "torch._grouped_mm, one kernel over int32 group offsets", _grouped_mm))
+
+
+def _triton(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    from moe_repro.components.moe import triton_kernels  # imports Triton: only when used
+
+    return triton_kernels.grouped_gemm(x, w, counts)
+
+
+register_grouped_gemm(GroupedGemmKernel(
+    "triton", "Triton kernel over per-group row tiles, fp32 accumulation (X-MoE App. B.4)",
+    _triton, unavailable=triton_unavailable))

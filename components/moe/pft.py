@@ -148,17 +148,34 @@ def _capacity_keep_mask(flat_experts: torch.Tensor, by_priority: torch.Tensor,
     return keep
 
 
-def gather_tokens(x: torch.Tensor, pft: PFT) -> torch.Tensor:
+# Implementations of the permute (gather) and combine (weighted scatter): "torch" is this
+# module's PyTorch ops; "triton" the fused kernels of components/moe/triton_kernels.py (X-MoE
+# App. B.4), offered where Triton can run (components/moe/triton_support.py).
+PERMUTE_IMPLS = ("torch", "triton")
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in PERMUTE_IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(PERMUTE_IMPLS)}, got {impl!r}")
+
+
+def gather_tokens(x: torch.Tensor, pft: PFT, impl: str = "torch") -> torch.Tensor:
     """dispatch_in[i, :] = x[token_ids[i], :] -> [N, H]; differentiable (index_select)."""
+    _check_impl(impl)
     if x.dim() != 2 or x.shape[0] != pft.num_tokens:
         raise ValueError(f"x must be [{pft.num_tokens}, H], got shape {tuple(x.shape)}")
+    if impl == "triton":
+        from moe_repro.components.moe import triton_kernels
+
+        return triton_kernels.gather_rows(x, pft.token_ids, pft.num_tokens)
     return x.index_select(0, pft.token_ids)
 
 
 COMBINE_ACCUMULATE = ("float32", "input")
 
 
-def scatter_combine(y: torch.Tensor, pft: PFT, accumulate: str = "float32") -> torch.Tensor:
+def scatter_combine(y: torch.Tensor, pft: PFT, accumulate: str = "float32",
+                    impl: str = "torch") -> torch.Tensor:
     """out[token_ids[i], :] += y[i, :] * combine_weights[i] -> [S, H].
 
     Differentiable in y and in combine_weights (so the gate receives its gradient). Tokens
@@ -168,11 +185,19 @@ def scatter_combine(y: torch.Tensor, pft: PFT, accumulate: str = "float32") -> t
     at the end, as Megatron's ``unpermute`` (fp32 router probs promote the product) and
     DeepSpeed's ``_sparse_decode`` do; "input" sums in y's dtype (rounds at every add: 0.46%
     vs 0.33% relative RMS error in bf16 for top-8, issue 19). fp32/fp64 inputs are unaffected.
+    ``impl="triton"`` (fused kernel, always fp32 sums) takes accumulate="float32" only.
     """
+    _check_impl(impl)
     if y.dim() != 2 or y.shape[0] != pft.num_rows:
         raise ValueError(f"y must be [{pft.num_rows}, H], got shape {tuple(y.shape)}")
     if accumulate not in COMBINE_ACCUMULATE:
         raise ValueError(f"accumulate must be one of {COMBINE_ACCUMULATE}, got {accumulate!r}")
+    if impl == "triton":
+        if accumulate != "float32":
+            raise ValueError("the triton combine sums in float32 (accumulate='float32' only)")
+        from moe_repro.components.moe import triton_kernels
+
+        return triton_kernels.combine_rows(y, pft.combine_weights, pft.token_ids, pft.num_tokens)
     low_precision = y.dtype in (torch.bfloat16, torch.float16)
     acc_dtype = torch.float32 if accumulate == "float32" and low_precision else y.dtype
     return _WeightedScatter.apply(y, pft.combine_weights, pft.token_ids, pft.num_tokens, acc_dtype)
