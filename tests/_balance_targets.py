@@ -55,11 +55,15 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
             ref = ref_grads[name][layer.local_experts] if name.startswith("experts.") else ref_grads[name]
             errs[name] = max_err(g, ref)
             vs_plain[name] = max_err(g, p_grads[name])
+        overlap = None
         if case["impl"] == "feplb":
             moves = [(m.expert, m.src, m.dst) for m in layer.stats.plan.moves]
+            copy = layer.stats.copy
+            overlap = vars(copy.overlap()) if copy is not None and copy.overlap() else None
         else:
             moves = [(s.expert, s.rank, s.rows) for s in layer.last_plan.foreign_segments()]
-        results.append({"rank": ctx.rank, "errs": errs, "vs_plain": vs_plain, "moves": moves})
+        results.append({"rank": ctx.rank, "errs": errs, "vs_plain": vs_plain, "moves": moves,
+                        "overlap": overlap})
     return results
 
 

@@ -121,6 +121,15 @@ def test_two_phase_dispatch_exact_two_ranks(targets_on_path):
                         timeout_s=120)
     assert_exact_vs_plain(results, TOL)
     assert all(results[0][i]["moves"] for i in range(3)), "the inputs must make FEPLB move experts"
+    # the copy-engine path ran (on CPU: gloo's worker thread, and it says so) and was measured
+    from moe_repro.components.balance.expert_copy import CPU_PATH
+
+    for rank in results:
+        for case in rank:
+            o = case["overlap"]
+            assert o is not None and o["path"] == CPU_PATH and o["clock"] == "host perf_counter"
+            assert o["copy_s"] > 0 and o["compute_s"] > 0
+            assert 0 <= o["hidden_s"] <= min(o["copy_s"], o["compute_s"]) + 1e-9
 
 
 @pytest.mark.multiprocess

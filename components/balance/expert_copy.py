@@ -11,12 +11,30 @@ same group, so the home expert's gradient is the sum over every rank that comput
 as if it had computed all those rows itself.
 
 Bytes per copied expert: n_mat * H * F * itemsize (forward) and the same for its gradient.
+
+The copy-engine path (FEPLB Sec. 2: weights copied "asynchronously ... as the static experts
+compute"). On CUDA the copy is issued from its own CUDA stream, after an event that says the
+packed weights are ready; NCCL runs it on the group's communication stream, the copy stream
+waits for it, and an event at its end is what the compute stream waits on before the dynamic
+experts (``wait``). On the CPU the same code path runs the copy on gloo's worker thread (there
+is no copy engine: the copy competes with the compute for cores), and says so.
+
+Measured overlap (:meth:`ExpertCopy.overlap`): copy time (issue to completion), the static
+experts' compute time (between :meth:`ExpertCopy.compute_started` and
+:meth:`ExpertCopy.compute_finished`), and the hidden part, the length of their intersection.
+CUDA: events on the copy and compute streams (read after they complete); CPU: host clock stamps
+at issue, at the worker's completion callback and around the (synchronous) compute.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
+
+from moe_repro.runtime.timing import host_seconds
 
 from moe_repro.components.alltoall.flat import exchange_rows
 from moe_repro.components.moe.expert_mlp import ExpertMLP, grouped_gemm
@@ -93,20 +111,124 @@ class _AttachCopyGrad(torch.autograd.Function):
         return back, None, None, None, None
 
 
+CUDA_PATH = "CUDA copy stream (NCCL), ordered by events against the static experts' compute"
+CPU_PATH = "gloo worker thread (CPU: no copy engine; the copy shares the cores with the compute)"
+
+
+@dataclass(frozen=True)
+class CopyOverlap:
+    """How much of one expert copy the static experts' compute hid."""
+
+    path: str         # CUDA_PATH or CPU_PATH: where the copy ran
+    clock: str        # what timed it
+    copy_s: float     # issue to completion
+    compute_s: float  # the static experts' compute
+    hidden_s: float   # the part of the copy during the compute
+
+    @property
+    def hidden_fraction(self) -> float:
+        return self.hidden_s / self.copy_s if self.copy_s > 0 else 1.0
+
+
+_COPY_STREAMS: dict = {}  # one copy stream per CUDA device, reused by every layer
+
+
+def _copy_stream(device: torch.device):
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _COPY_STREAMS:
+        _COPY_STREAMS[key] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[key]
+
+
 class ExpertCopy:
-    """One asynchronous, differentiable all-to-all-v of packed expert rows on ``group``."""
+    """One asynchronous, differentiable all-to-all-v of packed expert rows on ``group``, on the
+    copy-engine path (module docstring), with its overlap against the static compute measured."""
 
     def __init__(self, sent: torch.Tensor, send_counts: list[int], recv_counts: list[int], group):
         self.sent, self.send_counts, self.recv_counts, self.group = sent, send_counts, recv_counts, group
         self.received = sent.new_empty(sum(recv_counts), sent.shape[1])
-        self.work = dist.all_to_all_single(self.received, sent.detach().contiguous(),
-                                           output_split_sizes=list(recv_counts),
-                                           input_split_sizes=list(send_counts),
-                                           group=group, async_op=True)
+        payload = sent.detach().contiguous()
+        self.on_cuda = sent.device.type == "cuda"
+        self._marked: set[str] = set()
+        if self.on_cuda:
+            self._events = {k: torch.cuda.Event(enable_timing=True)
+                            for k in ("copy_start", "copy_end", "compute_start", "compute_end")}
+            compute = torch.cuda.current_stream(sent.device)
+            self.stream = _copy_stream(sent.device)
+            self.stream.wait_stream(compute)  # the packed weights are ready
+            with torch.cuda.stream(self.stream):
+                self._events["copy_start"].record(self.stream)
+                self.work = dist.all_to_all_single(self.received, payload,
+                                                   output_split_sizes=list(recv_counts),
+                                                   input_split_sizes=list(send_counts),
+                                                   group=group, async_op=True)
+                self.work.wait()  # the copy stream (not the host) waits for NCCL's stream
+                self._events["copy_end"].record(self.stream)
+            # buffers used on the copy stream stay allocated until its work is done
+            payload.record_stream(self.stream)
+            self.received.record_stream(self.stream)
+        else:
+            self._stamps: dict[str, float] = {"copy_start": host_seconds()}
+            self._lock = threading.Lock()
+            self.work = dist.all_to_all_single(self.received, payload,
+                                               output_split_sizes=list(recv_counts),
+                                               input_split_sizes=list(send_counts),
+                                               group=group, async_op=True)
+            try:  # stamped by the worker thread the moment the copy completes
+                self.work.get_future().add_done_callback(lambda _: self._stamp("copy_end"))
+            except (RuntimeError, AttributeError):
+                pass  # no future for this op: wait() stamps when it sees the copy done
+        self._payload = payload
+
+    def _stamp(self, key: str) -> None:
+        with self._lock:
+            self._stamps.setdefault(key, host_seconds())  # the first stamp is the earliest
+
+    def compute_started(self) -> None:
+        """The static experts' compute starts now (on the compute stream, on CUDA)."""
+        if self.on_cuda:
+            self._events["compute_start"].record(torch.cuda.current_stream(self.sent.device))
+            self._marked.add("compute_start")
+        else:
+            self._stamp("compute_start")
+
+    def compute_finished(self) -> None:
+        if self.on_cuda:
+            self._events["compute_end"].record(torch.cuda.current_stream(self.sent.device))
+            self._marked.add("compute_end")
+        else:
+            self._stamp("compute_end")
 
     def wait(self) -> torch.Tensor:
-        self.work.wait()
+        if self.on_cuda:  # the compute stream waits for the copy's end event; the host does not
+            torch.cuda.current_stream(self.sent.device).wait_event(self._events["copy_end"])
+        else:
+            self.work.wait()
+            self._stamp("copy_end")
         if not (self.sent.requires_grad and torch.is_grad_enabled()):
             return self.received
         return _AttachCopyGrad.apply(self.sent, self.received, self.send_counts,
                                      self.recv_counts, self.group)
+
+    def overlap(self) -> CopyOverlap | None:
+        """The measured overlap (None if compute_started/finished were not called). On CUDA
+        this waits for the events (call it after the step, not inside it)."""
+        if self.on_cuda:
+            ev = self._events
+            if not {"compute_start", "compute_end"} <= self._marked:
+                return None
+            ev["copy_end"].synchronize()
+            ev["compute_end"].synchronize()
+            ref = ev["copy_start"]
+            t = {k: ref.elapsed_time(e) / 1e3 if k != "copy_start" else 0.0 for k, e in ev.items()}
+            clock = "cuda events"
+        else:
+            with self._lock:
+                t = dict(self._stamps)
+            if "compute_start" not in t or "compute_end" not in t:
+                return None
+            clock = "host perf_counter"
+        hidden = max(0.0, min(t["copy_end"], t["compute_end"]) - max(t["copy_start"], t["compute_start"]))
+        return CopyOverlap(path=CUDA_PATH if self.on_cuda else CPU_PATH, clock=clock,
+                           copy_s=t["copy_end"] - t["copy_start"],
+                           compute_s=t["compute_end"] - t["compute_start"], hidden_s=hidden)

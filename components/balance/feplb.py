@@ -205,6 +205,7 @@ def phase2_bytes(plan: BalancePlan, d_model: int, d_ffn: int, n_mat: int = 3,
 class FEPLBStats:
     plan: BalancePlan | None = None
     balance_s: float = 0.0
+    copy: ExpertCopy | None = None  # the last Phase 2 weight copy; .overlap() measures it
 
 
 class FEPLBMoELayer(MoELayer):
@@ -247,6 +248,7 @@ class FEPLBMoELayer(MoELayer):
     def _two_phase_compute(self, expert_in: torch.Tensor, local_counts: list[int],
                            global_counts: list[int], balance: BalancePlan) -> torch.Tensor:
         if not balance.moves:  # the same decision on every rank: all skip Phase 2 together
+            self.stats.copy = None
             return self.experts(expert_in, torch.tensor(local_counts))
         me, world = self.ep_rank, self.placement.world_size
         local = self.local_experts
@@ -277,9 +279,12 @@ class FEPLBMoELayer(MoELayer):
                               group=self.ep_group)
 
         # Static (kept) experts compute while the copy is in flight.
+        copy.compute_started()
         kept_out = ffn_with_weights(self.experts, expert_in.index_select(0, kept_idx.to(device)),
                                     [local_counts[slot[e]] for e in kept_experts],
                                     local_stacks(self.experts, [slot[e] for e in kept_experts]))
+        copy.compute_finished()
+        self.stats.copy = copy
         # Dynamic experts: copied weights, rows from their homes (source-major, expert-sorted).
         copied = copy.wait()
         dyn_out = ffn_with_weights(self.experts, dyn_in, [global_counts[m.expert] for m in incoming],
