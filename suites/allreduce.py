@@ -24,7 +24,7 @@ def setup(params: dict, ctx) -> dict:
         # Zeros keep repeated in-place sums finite; the check uses its own buffer.
         state.update(send=np.zeros(n, np.float32), recv=np.empty(n, np.float32))
     else:
-        state["buf"] = torch.zeros(n)
+        state["buf"] = torch.zeros(n, device=ctx.device)  # nccl: this rank's GPU
     return state
 
 
@@ -50,9 +50,9 @@ def check(state: dict) -> int:
     else:
         import torch.distributed as dist
 
-        t = torch.from_numpy(mine.copy())
+        t = torch.from_numpy(mine.copy()).to(ctx.device)
         dist.all_reduce(t)
-        out = t.numpy()
+        out = t.cpu().numpy()
     return int((out != expected).sum())
 
 
@@ -76,6 +76,7 @@ SUITE = Suite(
              Metric("algbw_GBps", "GB/s", "higher", description="bytes / time_s"),
              Metric("busbw_GBps", "GB/s", "higher", description="algbw * 2(n-1)/n")],
     param_help={"ranks": "world size (real processes on this machine)",
-                "backend": "gloo (torch.distributed) or mpi (mpi4py under mpiexec)",
+                "backend": "gloo (torch.distributed), nccl (GPUs: cuda:LOCAL_RANK) or mpi (mpi4py "
+                           "under mpiexec)",
                 "bytes": "buffer size in bytes (multiple of 4)"},
 )

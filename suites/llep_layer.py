@@ -63,11 +63,12 @@ def setup(params: dict, ctx) -> dict:
     if ranks < 2 or experts % ranks:
         raise ValueError(f"need ranks >= 2 dividing experts, got ranks={ranks}, experts={experts}")
     torch.set_num_threads(1)
-    layers = _build_layers(params)
+    layers = {name: layer.to(ctx.device) for name, layer in _build_layers(params).items()}
     gx = torch.Generator().manual_seed(int(params["seed"]) * 100 + ctx.rank)
     x = torch.randn(int(params["tokens"]), int(params["d_model"]), generator=gx)
     x[:, 0] = 1.0
     grad_out = torch.randn(x.shape, generator=gx)
+    x, grad_out = x.to(ctx.device), grad_out.to(ctx.device)  # the rank's device (runtime rule)
 
     # One instrumented pass of both layers on the same inputs: plan loads and exactness.
     y_plain, dx_plain = _forward_backward(layers["plain"], x, grad_out)

@@ -123,8 +123,8 @@ class _Done:
 class _Works:
     """Waits on a list of torch Work handles or mpi4py Requests (keeping buffers alive)."""
 
-    def __init__(self, works, keep=()):
-        self.works, self.keep = [w for w in works if w is not None], keep
+    def __init__(self, works, keep=(), then=None):
+        self.works, self.keep, self.then = [w for w in works if w is not None], keep, then
 
     def wait(self) -> None:
         for w in self.works:
@@ -132,7 +132,9 @@ class _Works:
                 w.Wait()
             else:
                 w.wait()
-        self.works, self.keep = [], ()
+        if self.then is not None:  # e.g. copy a staged result back to the host
+            self.then()
+        self.works, self.keep, self.then = [], (), None
 
 
 class Comm:
@@ -192,6 +194,14 @@ class TorchComm(Comm):
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Uneven all-to-all; returns (out, handle). ``out`` may be a preallocated buffer."""
         x, out, send_counts, recv_counts, _ = self._prepare(x, send_counts, recv_counts, phase, out)
+        if x.device != torch.device(self.device):
+            # Host-side metadata (counts, plans) on an NCCL group: staged through the GPU, since
+            # NCCL moves CUDA tensors only; the rows themselves already live on the GPU.
+            x_dev, out_dev = x.to(self.device), out.to(self.device)
+            work = dist.all_to_all_single(out_dev, x_dev, output_split_sizes=recv_counts,
+                                          input_split_sizes=send_counts, group=self.group,
+                                          async_op=True)
+            return out, _Works([work], keep=(x_dev, out_dev), then=lambda: out.copy_(out_dev))
         work = dist.all_to_all_single(out, x, output_split_sizes=recv_counts,
                                       input_split_sizes=send_counts, group=self.group,
                                       async_op=True)

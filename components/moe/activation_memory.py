@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_repro.runtime.timing import peak_memory_bytes, reset_peak_memory
 from moe_repro.components.provenance import produced
 from moe_repro.components.resources.memory_model import xmoe_activation_elements
 from moe_repro.components.moe.moe_layer import MoELayer
@@ -82,14 +83,11 @@ def _release_heap() -> None:
 
 def _forward_peak(layer: MoELayer, x: torch.Tensor, meter: SavedActivationMeter):
     """Run the forward under the meter; return (output, peak bytes of the forward)."""
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    if x.device.type == "cuda":  # the allocator's high-water mark (runtime/timing.py)
+        before = reset_peak_memory(x.device)
         with meter.hooks():
             y = layer(x)
-        torch.cuda.synchronize()
-        return y, float(torch.cuda.max_memory_allocated() - before)
+        return y, float(peak_memory_bytes(x.device) - before)
     from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported
     if not peak_supported():
         with meter.hooks():

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.runtime.device import bind
-from moe_repro.runtime.timing import timer_for
+from moe_repro.runtime.timing import peak_memory_bytes, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.model.moe_transformer import (RegionClock, StageModule, TransformerConfig,
                                                   expert_owner, expert_param_names, lm_loss,
@@ -474,8 +474,7 @@ def _rank_summary(state: RankState, per_step: list[dict], p2p_msg_s: float,
     n_neighbours = sum(1 for s in state.stages if not s.is_first) + \
         sum(1 for s in state.stages if not s.is_last)
     p2p_messages = 2 * cfg.micro_batches * n_neighbours  # activations and their gradients
-    cuda_peak = (torch.cuda.max_memory_allocated(state.device) if state.device.type == "cuda"
-                 else None)  # allocator high-water mark, everything included (GPU runs)
+    cuda_peak = peak_memory_bytes(state.device)  # allocator high-water mark (GPU runs; None on CPU)
     return {"coords": state.coords, "per_step": per_step, "static_bytes": static_bytes,
             "cuda_max_allocated_bytes": cuda_peak,
             "p2p_s_per_step": p2p_msg_s * p2p_messages, "peak_flops": peak_flops}
