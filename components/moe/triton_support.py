@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 INSTALL_HINT = "pip install 'moe-repro[triton]'"
 
@@ -24,6 +25,10 @@ def triton_unavailable() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return f"triton is not installed ({INSTALL_HINT})"
     if interpreting():
+        language = sys.modules.get("triton.language")
+        if language is not None and type(language.zeros).__name__ == "JITFunction":
+            return ("triton was imported before TRITON_INTERPRET=1 was set, so its library is "
+                    "compiled, not interpreted: set the variable before Python starts")
         return None
     from moe_repro.runtime.device import cuda_count
 

@@ -14,7 +14,11 @@ the all-to-all sends uneven row counts whose values encode (source, destination,
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import click
@@ -132,21 +136,20 @@ def check_collectives(backend: str, label: str) -> Check:
 
 
 def check_triton(on_gpu: bool) -> Check:
-    import os
-
     name = "Triton kernels vs PyTorch (grouped GEMM, gather, combine; fwd+bwd)"
     if on_gpu:
         return _triton_check(name, on_gpu)
-    # interpreter mode: set before the kernels are defined, for this check only
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return _triton_check(name + ", interpreter mode", on_gpu)
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+    # Interpreter mode, in a child process: TRITON_INTERPRET must be set before triton is first
+    # imported (its library functions are fixed then).
+    name += ", interpreter mode"
+    code = ("import json; from moe_repro.cli.doctor_cmd import _triton_check; "
+            f"print(json.dumps(vars(_triton_check({name!r}, False))))")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(name, "failed", f"the check's process exited {r.returncode}: {last}")
+    return Check(**json.loads(r.stdout.strip().splitlines()[-1]))
 
 
 def _triton_check(name: str, on_gpu: bool) -> Check:
