@@ -224,3 +224,12 @@ def test_the_code_check_finds_a_host_clock(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import time\nt0 = time.perf_counter()\n")
     assert _host_clock_calls(bad) == [2]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_a_device_list_is_checked_item_by_item(tmp_path, capsys):
+    from moe_repro.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--results", str(tmp_path), "bench", "gemm", "--device", "cpu,cuda", "--quick"])
+    assert e.value.code == 2 and "device cuda: this machine has no CUDA GPU" in capsys.readouterr().err

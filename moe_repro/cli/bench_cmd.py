@@ -43,7 +43,7 @@ def options_as_params(args: list[str]) -> list[str]:
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")
-@click.option("--device", default=None, metavar="auto|cpu|cuda[:N]",
+@click.option("--device", default=None, metavar="auto|cpu|cuda[:N][,...]",
               help="Where every suite runs (default: the suite's own, else auto). In a world of "
                    "ranks the backend decides: nccl ranks on cuda:LOCAL_RANK, gloo/mpi on cpu.")
 @click.pass_context
@@ -96,9 +96,10 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     try:
         pairs = list(params) + options_as_params(ctx.args)
         overrides = suite.parse_overrides(pairs)
-        if device is not None:  # the one place --device reaches every suite (as a grid value)
-            check_device(device)
-            overrides["device"] = [device]
+        if device is not None:  # the one place --device reaches every suite (as a grid axis)
+            overrides["device"] = [d.strip() for d in device.split(",")]
+            for name in overrides["device"]:
+                check_device(name)
         grid = suite.grid(overrides, quick=quick)
         for point in grid:  # a world's ranks run where its backend puts them
             check_world_device(point.get("device", "auto"), str(point.get("backend", "")))
