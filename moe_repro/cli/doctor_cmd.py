@@ -163,7 +163,9 @@ def _triton_check(name: str, on_gpu: bool) -> Check:
     from moe_repro.components.moe.grouped_gemm import grouped_gemm
     from moe_repro.components.moe.pft import build_pft, gather_tokens, scatter_combine
 
-    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    from moe_repro.runtime.device import resolve_device
+
+    device = resolve_device("auto")  # the first GPU when there is one (on_gpu), else the CPU
     worst = {}
     g = torch.Generator().manual_seed(7)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
