@@ -142,3 +142,19 @@ def test_two_phase_dispatch_exact_four_ranks(targets_on_path):
                         timeout_s=150)
     assert_exact_vs_plain(results, TOL)
     assert all(results[0][i]["moves"] for i in range(2))
+
+
+@pytest.mark.parametrize("stamps,hidden", [
+    ((0.0, 10.0, 4.0, 20.0), 6.0),    # compute starts while the copy runs
+    ((0.0, 10.0, 12.0, 20.0), 0.0),   # the copy ended before the compute began: nothing hidden
+    ((2.0, 5.0, 0.0, 20.0), 3.0),     # the compute covers the whole copy
+    ((0.0, 30.0, 5.0, 9.0), 4.0),     # the copy outlasts the compute
+])
+def test_hidden_part_of_a_copy_is_the_intersection(stamps, hidden):
+    from moe_repro.components.balance.expert_copy import CPU_PATH, overlap_of
+
+    t = dict(zip(("copy_start", "copy_end", "compute_start", "compute_end"), stamps))
+    o = overlap_of(t, CPU_PATH, "test")
+    assert o.hidden_s == hidden
+    assert o.copy_s == stamps[1] - stamps[0] and o.compute_s == stamps[3] - stamps[2]
+    assert o.hidden_fraction == hidden / o.copy_s

@@ -228,7 +228,13 @@ class ExpertCopy:
             if "compute_start" not in t or "compute_end" not in t:
                 return None
             clock = "host perf_counter"
-        hidden = max(0.0, min(t["copy_end"], t["compute_end"]) - max(t["copy_start"], t["compute_start"]))
-        return CopyOverlap(path=CUDA_PATH if self.on_cuda else CPU_PATH, clock=clock,
-                           copy_s=t["copy_end"] - t["copy_start"],
-                           compute_s=t["compute_end"] - t["compute_start"], hidden_s=hidden)
+        return overlap_of(t, CUDA_PATH if self.on_cuda else CPU_PATH, clock)
+
+
+def overlap_of(t: dict[str, float], path: str, clock: str) -> CopyOverlap:
+    """Copy, compute and hidden seconds from the four time stamps (one clock, any origin): the
+    hidden part is the length of the intersection of [copy_start, copy_end] and
+    [compute_start, compute_end]."""
+    hidden = max(0.0, min(t["copy_end"], t["compute_end"]) - max(t["copy_start"], t["compute_start"]))
+    return CopyOverlap(path=path, clock=clock, copy_s=t["copy_end"] - t["copy_start"],
+                       compute_s=t["compute_end"] - t["compute_start"], hidden_s=hidden)

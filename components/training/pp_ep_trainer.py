@@ -458,6 +458,7 @@ def train_rank(ctx, **config) -> dict:
     if ctx.rank != 0:
         return {"rank": ctx.rank}
     report = summarize(cfg, mc, gathered, device)
+    report["clock"] = runner.clock.clock  # what timed the steps and regions (runtime/timing.py)
     if cfg.check_reference:
         report.update(diffs)
         loss_diff = max(abs(a - b) for a, b in zip(report["losses"], diffs["reference_losses"]))
