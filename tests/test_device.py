@@ -86,11 +86,9 @@ def test_alltoall_auto_backend_is_nccl_on_a_gpu_node_unless_the_cpu_is_asked_for
 
 SELECTION = re.compile(r'torch\.device\(\s*"cuda"|torch\.cuda\.is_available\(\)\s*(else|and|or)?|'
                        r'"cuda"\s+if\s|if\s+ctx\.backend\s*==\s*"nccl"')
-# Places that read CUDA availability without choosing where work runs: the environment record
-# (reports which GPU the machine has) and the host optimizer (pinned host memory when a GPU may
-# copy from it).
-NOT_SELECTION = {"records/environment.py", "components/training/host_optimizer.py",
-                 "runtime/device.py"}
+# The rule itself, and the environment record, which reports which GPU the machine has (records
+# sit below the runtime and may not import it).
+NOT_SELECTION = {"records/environment.py", "runtime/device.py"}
 
 
 def test_device_selection_lives_only_in_the_runtime_rule():

@@ -36,6 +36,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from moe_repro.runtime.device import cuda_count
+
 
 class HostPipelinedAdamW:
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -62,7 +64,7 @@ class HostPipelinedAdamW:
         self._queued: set[int] = set()
         self._step_open = False
         self._hooks = []
-        pin = torch.cuda.is_available()
+        pin = cuda_count() > 0  # pinned host buffers only where a GPU copies from them
         self.state = []
         for p in self.params:
             on_host = p.device.type == "cpu"
