@@ -46,6 +46,13 @@ class ResultsStore:
         self.on_unreadable = on_unreadable
         self._reported: set[str] = set()
 
+    def write_problem(self) -> str | None:
+        """Why runs could not be saved here, in a few words (None: they can); commands that
+        store ask before any work, so a long run never ends unable to keep its result."""
+        from moe_repro.records.atomic import output_dir_problem
+
+        return output_dir_problem(self.root)
+
     def _dir(self, kind: str, name: str) -> Path:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -89,6 +89,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
         return
+    problem = store.write_problem()
+    if problem:
+        raise BadInput(f"cannot store results in {store.root}: {problem}")
     try:
         pairs = list(params) + options_as_params(ctx.args)
         grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
@@ -118,7 +121,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
             path = store.save(record)
             click.echo(f"stored: {path}", err=True)
         if json_path:
-            atomic_write_json(json_path, dump(record))
+            atomic_write_json(json_path, dump(record), make_parents=False)
 
     try:
         run_suite(suite, grid, config, progress=progress, done=records.append)

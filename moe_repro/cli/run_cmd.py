@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from moe_repro.cli.errors import BadInput, OutputFile
+from moe_repro.cli.errors import BadInput, OutputDir, OutputFile
 
 
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
@@ -128,7 +128,7 @@ def count_lines(records) -> list[str]:
                    "applied after --full.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--out", "out_dir", type=OutputDir(), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
 @click.option("--quiet", is_flag=True,
               help="Print only one line per reproduction: its counts of compared cells.")
@@ -168,6 +168,9 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     from moe_repro.reproductions._suite_runs import Watch, clock, watching
 
     chosen = resolve_ids(ids, paper, run_all, how)
+    problem = store.write_problem()
+    if problem:
+        raise BadInput(f"cannot store results in {store.root}: {problem}")
     overrides = parse_params(params)
     resume = (run_all or paper) and not force
     known = all_reproductions()
@@ -208,4 +211,5 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         click.echo(line)
     if json_path:
         payloads = [dump(r) for r in records]
-        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)
+        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads,
+                          make_parents=False)
