@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -58,6 +59,43 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, make_parents: bool 
     return target
 
 
+def atomic_create_bytes(directory: str | os.PathLike, names, data: bytes) -> Path:
+    """Write ``data`` as a new file in ``directory`` under the first of ``names`` that no file
+    has, atomically and exclusively: the whole file appears at once (written to a temporary
+    name, then hard-linked, which fails rather than replace an existing name), so writers at
+    the same moment never overwrite each other."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        for name in names:
+            path = directory / name
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue
+            return path
+        raise FileExistsError(errno.EEXIST, "every candidate name is taken", str(directory))
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def atomic_create_json(directory: str | os.PathLike, names, obj: Any) -> Path:
+    return atomic_create_bytes(directory, names, _json_bytes(obj))
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n").encode("utf-8")
+
+
 def _resolve(path: Path) -> tuple[Path, int | None]:
     """The file a write to ``path`` lands in (a symlink's target) and its mode (None: absent)."""
     target = Path(os.path.realpath(path)) if os.path.islink(path) else path
@@ -91,8 +129,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, make_parents: bool = T
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, make_parents: bool = True) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n",
-                             make_parents)
+    return atomic_write_bytes(path, _json_bytes(obj), make_parents)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -171,3 +208,19 @@ def _probe(directory: Path) -> str | None:
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused unless it is a plain file name that stays in ``directory``
+    (no '/', no '..', no symlink leading out): what a page is called must never decide where it
+    is written."""
+    if not _FILE_NAME.match(name) or ".." in name:
+        raise ValueError(f"refusing to write {name!r}: not a plain file name")
+    path = Path(directory) / name
+    root = os.path.realpath(directory)
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
+        raise ValueError(f"refusing to write {path}: it leads outside {directory}")
+    return path

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from moe_repro.records.atomic import atomic_write_json
+from moe_repro.records.atomic import atomic_create_json
 from moe_repro.records.record import (KINDS, STORE_DIRS, ReproductionRecord, SuiteRecord,
                                       UnreadableRecord, dump, load_record)
 
@@ -64,23 +64,39 @@ class ResultsStore:
         stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")
         commit = (env.git_commit or "nogit")[:10]
         directory = self._dir(record.kind, record.name)
-        path = directory / f"{stamp or 'undated'}-{commit}.json"
-        n = 1
-        while path.exists():  # two runs in the same second: keep both
-            path = directory / f"{stamp or 'undated'}-{commit}-{n}.json"
-            n += 1
-        return atomic_write_json(path, dump(record))
+        # two runs in the same second, even from two processes at once: each gets its own file
+        # (created exclusively: a name another writer took is never overwritten)
+        names = (f"{stamp or 'undated'}-{commit}{'' if n == 0 else f'-{n}'}.json" for n in range(1_000_000))
+        return atomic_create_json(directory, names, dump(record))
 
     def history(self, kind: str, name: str) -> list[Path]:
         directory = self._dir(kind, name)
         if not directory.is_dir():
             return []
-        return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
+        # only regular files: a FIFO named *.json would block the first reader that opened it
+        # (is_file() looks with stat, opening nothing); others are named once and passed over
+        files = []
+        for p in sorted(directory.glob("*.json")):
+            if p.name.startswith("."):
+                continue
+            if p.is_file():
+                files.append(p)
+            elif str(p) not in self._reported:
+                self._reported.add(str(p))
+                self.on_unreadable(UnreadableRecord(p, "not a regular file (skipped unread)"))
+        return files
 
     def read(self, path: Path) -> ReproductionRecord | SuiteRecord | None:
         """The record in ``path``, or None after reporting it (once) as unreadable."""
         try:
-            return load_record(path)
+            record = load_record(path, regular_only=True)
+            # a record filed under another name or kind than its folder's is not that result
+            # (and its own name must never decide where anything is written)
+            if (path.parent.name != _SAFE.sub("_", record.name)
+                    or path.parent.parent.name != STORE_DIRS[record.kind]):
+                raise UnreadableRecord(path, f"holds {record.kind} {record.name!r}, not one of "
+                                             f"{path.parent.parent.name}/{path.parent.name}")
+            return record
         except UnreadableRecord as e:
             if e.path not in self._reported:
                 self._reported.add(e.path)

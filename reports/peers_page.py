@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text, inside
 from moe_repro.records.record import SuiteRecord
 from moe_repro.reports import html
 from moe_repro.reports.figures import render_figure
@@ -116,8 +116,8 @@ def write_peers_page(store, out: Path) -> Path:
         drawn = render_figure(fig)
         names = {fmt: f"{fig['name']}.{fmt}" for fmt in drawn}
         for fmt, data in drawn.items():
-            atomic_write_bytes(out / names[fmt], data)
+            atomic_write_bytes(inside(out, names[fmt]), data)
         comp["figure"] = {"title": fig["title"], **names}
         comps.append(comp)
-    return atomic_write_text(out / "peers.html", html.environment().get_template("peers.html").render(
+    return atomic_write_text(inside(out, "peers.html"), html.environment().get_template("peers.html").render(
         comparisons=comps, tests=EQUIVALENCE_TESTS, ours=OURS, home="index.html", css=html.css()))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from moe_repro import catalog
-from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, inside
 from moe_repro.records.environment import git_state
 from moe_repro.records import grading
 from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
@@ -30,23 +31,39 @@ def _paper_facts(paper: catalog.Paper) -> dict:
     return {**asdict(paper), "authors": list(paper.authors), "bibtex": paper.bibtex}
 
 
-def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None) -> Path:
-    """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``."""
-    rid, payload = record.id, dump(record)
+def _warn(message: str) -> None:
+    sys.stderr.write(f"repro: warning: {message}\n")
+
+
+def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None,
+                            name: str | None = None) -> Path:
+    """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``.
+    ``name``: the catalog's id the files are named after (default: the record's id, which the
+    schema restricts to a plain name)."""
+    rid, payload = name or record.id, dump(record)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     figures = []
     for fig in record.figures:
-        drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
-        names = {ext: f"{rid}-{fig['name']}.{ext}" for ext in drawn}
+        try:
+            drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
+            names = {ext: inside(directory, f"{rid}-{fig['name']}.{ext}").name for ext in drawn}
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            # a stored figure is data someone else wrote: one that cannot be drawn is named and
+            # left out; the page and its numbers still stand
+            _warn(f"{rid}: figure {str(fig.get('name'))[:60]!r} not drawn: {type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]}")
+            continue
         for ext, data in drawn.items():
-            atomic_write_bytes(directory / names[ext], data)
+            atomic_write_bytes(inside(directory, names[ext]), data)
         figures.append({"title": fig["title"], **names})
-    atomic_write_json(directory / f"{rid}.json", payload)
-    atomic_write_text(directory / f"{rid}.csv", write(frame(record), "csv"))
+    atomic_write_json(inside(directory, f"{rid}.json"), payload)
+    atomic_write_text(inside(directory, f"{rid}.csv"), write(frame(record), "csv"))
     try:
         paper = _paper_facts(catalog.paper(record.paper))
     except (KeyError, ValueError):
         paper = None
-    return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
+    return atomic_write_text(inside(directory, f"{rid}.html"), html.render_reproduction(
         payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv",
         paper=paper))
 
@@ -78,7 +95,7 @@ def build_site(store, out_dir: str | Path) -> Path:
                "counts": None, "needs": run_needs(entry)}
         if record is None:
             row["state"] = "not yet run" if implemented else "planned"
-            atomic_write_text(out / href, html.environment().get_template("pending.html").render(
+            atomic_write_text(inside(out / "repro", f"{rid}.html"), html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue, title=entry.title,
                 description=entry.description,
                 implemented=implemented, needs=row["needs"], home="../index.html", css=html.css()))
@@ -86,7 +103,7 @@ def build_site(store, out_dir: str | Path) -> Path:
             counts = record.agreement
             row.update(counts=counts, agreement=grading.agreement_line(counts),
                        summary=grade_counts(c.verdict for c in record.cells), when=record.timestamp)
-            write_reproduction_page(out / "repro", record, home="../index.html")
+            write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
         by_paper.setdefault(entry.paper, []).append(row)
 
     suites = []
@@ -449,9 +466,9 @@ def suite_view(run: SuiteRecord) -> dict:
 
 def _write_figure(directory: Path, stem: str, fig: dict) -> dict:
     drawn = render_figure(fig)
-    names = {ext: f"{stem}.{ext}" for ext in drawn}
+    names = {ext: inside(directory, f"{stem}.{ext}").name for ext in drawn}
     for ext, data in drawn.items():
-        atomic_write_bytes(directory / names[ext], data)
+        atomic_write_bytes(inside(directory, names[ext]), data)
     return {"title": fig["title"], "caption": fig.get("caption", ""), **names}
 
 
@@ -463,12 +480,12 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
     directory = Path(directory)
     latest = runs[-1] if runs else None
     if latest is None:
-        return atomic_write_text(directory / f"{name}.html",
+        return atomic_write_text(inside(directory, f"{name}.html"),
                                  html.render_suite(name, None, None, [], home, needs=needs))
     payload = dump(latest)
     raw = f"{name}.json"
-    atomic_write_json(directory / raw, payload)
-    atomic_write_text(directory / f"{name}.csv", write(frame(latest), "csv"))
+    atomic_write_json(inside(directory, raw), payload)
+    atomic_write_text(inside(directory, f"{name}.csv"), write(frame(latest), "csv"))
     sweeps, graphs = [], []
     for metric in headline_metrics(latest):  # the metrics as the newest stored run declared them
         fig = sweep_figure(name, metric, latest)
@@ -479,5 +496,5 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
             graphs.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
     summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
                 "records": len(r.records), "command": r.environment.command} for r in reversed(runs)]
-    return atomic_write_text(directory / f"{name}.html", html.render_suite(
+    return atomic_write_text(inside(directory, f"{name}.html"), html.render_suite(
         name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps))

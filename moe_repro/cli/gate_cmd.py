@@ -11,12 +11,17 @@ from moe_repro.cli.errors import OutputFile
 _HELP = """Compare CURRENT results against BASELINE results; fail on regressions.
 
 \b
-Analytic and simulated metrics must match exactly: any change fails.
+Analytic and simulated metrics must match exactly: any change fails. Each
+reproduction cell is judged by what produced it, so an analytic cell inside a
+reproduction that also measures is compared exactly too.
 Measured metrics fail only when the median is worse by more than --threshold
 AND (with >= 4 repeats on both sides) a two-sided Mann-Whitney U test gives
-p < --alpha (exact p for small samples without ties, scipy.stats).
+p < --alpha (exact p for small samples without ties, scipy.stats). A measured
+metric with no better direction (most measured reproduction cells) cannot be
+judged that way: it is listed by name as "not-gated".
 A current value or sample that is NaN or infinite is a regression ("not
-finite"), whatever the baseline holds; it never passes.
+finite"), whatever the baseline holds; it never passes. So is a current value
+that is null where the baseline had a number.
 Improvements and new results are reported, never failing.
 
 \b
