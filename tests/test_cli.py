@@ -151,14 +151,13 @@ def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
         assert len(workers) == 3
         time.sleep(3)  # let them get into the timed collectives
         os.kill(workers[1], signal.SIGKILL)
-        start = time.monotonic()
-        _, err = proc.communicate(timeout=60)
-        assert time.monotonic() - start < 60
+        _, err = proc.communicate(timeout=300)  # a hang guard only: --timeout 90 would end it first
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "rank(s)" in err and "Traceback" not in err
+    assert "did not finish" not in err  # found from the death, not at the timeout
     time.sleep(0.5)
     assert processes_with_env(tag) == []
 
