@@ -251,3 +251,27 @@ def test_export_into_a_device_and_a_symlinked_file(tmp_path, results_dir):
     res = repro("export", "--kind", "reproductions", "--out", tmp_path / "l.csv", env=env)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "l.csv").is_symlink() and "piper-table4" in target.read_text()
+
+
+WRITERS = {
+    "run --json": ["run", "piper-table4", "--quiet", "--json", "OUT"],
+    "plan --json": ["plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--json", "OUT"],
+    "bench --json": ["bench", "memcopy", "--mbytes", "1", "--repeats", "1", "--json", "OUT"],
+}
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_a_fifo_and_a_symlink_survive_every_command_that_writes(tmp_path, name):
+    env = {**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")}
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    res = repro(*[str(fifo) if a == "OUT" else a for a in WRITERS[name]], env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(reader.join()) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    link.symlink_to(target)
+    res = repro(*[str(link) if a == "OUT" else a for a in WRITERS[name]], env=env)
+    assert res.returncode == 0, res.stderr
+    assert link.is_symlink() and json.loads(target.read_text())
