@@ -1,8 +1,9 @@
 """The regression gate: compare two sets of stored results, metric by metric.
 
 Rules (asv's, adapted):
-- exact metrics (analytic and simulated results, and `correct`): any change is reported and
-  fails the gate; they are deterministic, so a change is a change of code or model.
+- exact metrics (analytic, seeded Monte Carlo and simulated results, and `correct`): any change
+  is reported and fails the gate; they are deterministic, so a change is a change of code or
+  model. A reproduction cell is judged by what produced it (its own ``how``), wherever it sits.
 - measured metrics: a change fails only if it is both large and real: the median moved in the
   metric's worse direction by more than the threshold (default 5%, per-suite overrides), and,
   where both sides kept at least 4 repeats, a two-sided Mann-Whitney U test on the samples gives
@@ -165,9 +166,10 @@ def _numbers(values, where: str) -> list[float] | None:
 
 
 def _how_kind(how: str) -> str:
-    """exact for what analytic models and the simulator computed (deterministic), else measured."""
+    """exact for what is deterministic: analytic (A), Monte Carlo with fixed seeds (M) and
+    simulated (S) numbers (catalog.HOW_MEANING); measured for what ran for real (R)."""
     letters = {part.strip()[:1] for part in how.split("+")}
-    return "exact" if letters <= {"A", "S"} else "measured"
+    return "exact" if letters <= {"A", "M", "S"} else "measured"
 
 
 def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:

@@ -336,3 +336,14 @@ def test_a_measured_suite_metric_that_becomes_null_or_nan_fails(write):
         c["records"][0]["samples"] = {}
         res = gate("--baseline", write("b.json", suite()), "--current", write("c.json", json.dumps(c)))
         assert res.returncode == 1, (broken, res.stdout, res.stderr)
+
+
+def test_a_seeded_monte_carlo_cell_is_compared_exactly(write):
+    # M: an expectation from seeded samples, deterministic per seed (catalog.HOW_MEANING)
+    b, c = mixed(), mixed()
+    for record in (b, c):
+        record["how"], record["cells"][0]["how"] = "M+R", "M"
+    c["cells"][0]["ours"] = 100.0 * (1 + 1e-6)
+    c["cells"][0]["verdict"] = "deviates"
+    res = gate("--baseline", write("b.json", b), "--current", write("c.json", c))
+    assert res.returncode == 1 and "params (B)" in res.stdout, res.stdout + res.stderr

@@ -11,7 +11,8 @@ from moe_repro.cli.errors import OutputFile
 _HELP = """Compare CURRENT results against BASELINE results; fail on regressions.
 
 \b
-Analytic and simulated metrics must match exactly: any change fails. Each
+Analytic, seeded Monte Carlo and simulated metrics must match exactly: any
+change fails. Each
 reproduction cell is judged by what produced it, so an analytic cell inside a
 reproduction that also measures is compared exactly too.
 Measured metrics fail only when the median is worse by more than --threshold

@@ -203,7 +203,7 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
             for points in watch.saved:
                 click.echo(f"measured points: {points}")
         if out_dir:
-            page = write_reproduction_page(Path(out_dir), record)
+            page = write_reproduction_page(Path(out_dir), record, name=rid)  # the catalog id names the files
             if not quiet:
                 click.echo(f"report: {page}")
         click.echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
