@@ -1,4 +1,6 @@
-"""The results store: every run saved atomically as one JSON file, never overwritten.
+"""The results store: every run saved atomically as one JSON file, never overwritten (each file
+is created exclusively, so runs saved at the same moment, from any number of processes, each
+keep their own file).
 
 Layout (one directory per reproduction or suite, one file per run)::
 
@@ -11,7 +13,9 @@ either a complete file or none, and every run that finished before it stays.
 
 Files are read as records (records/record.py): validated, older versions migrated. A file that
 cannot be read is reported once, by path, through ``on_unreadable`` (default: one line on
-stderr) and skipped, so one bad file never hides the others.
+stderr) and skipped, so one bad file never hides the others. So is anything that is not a
+regular file (a FIFO named *.json is never opened), and a record filed under another name or
+kind than its folder's.
 
 ROOT defaults to ``./results`` and can be set with ``--results DIR`` or ``MOE_REPRO_RESULTS``.
 """
@@ -56,13 +60,18 @@ class ResultsStore:
     def _dir(self, kind: str, name: str) -> Path:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return self.root / STORE_DIRS[kind] / _SAFE.sub("_", name)
+        safe = _SAFE.sub("_", name)
+        if not safe.strip(".") or safe.startswith("."):  # '', '.', '..', a hidden folder
+            raise ValueError(f"not a result name: {name!r}")
+        return self.root / STORE_DIRS[kind] / safe
 
     def save(self, record: ReproductionRecord | SuiteRecord) -> Path:
         """Store one run; the file name sorts by time, then by commit."""
         env = record.environment
         stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")
-        commit = (env.git_commit or "nogit")[:10]
+        # the file name is made of the record's content: only plain characters of it
+        stamp = _SAFE.sub("_", stamp).strip(".")
+        commit = _SAFE.sub("_", (env.git_commit or "nogit")[:10]).strip(".")
         directory = self._dir(record.kind, record.name)
         # two runs in the same second, even from two processes at once: each gets its own file
         # (created exclusively: a name another writer took is never overwritten)
@@ -119,4 +128,5 @@ class ResultsStore:
         base = self.root / STORE_DIRS[kind] if kind in KINDS else None
         if base is None:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+        return sorted(p.name for p in base.iterdir()
+                      if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []

@@ -192,3 +192,17 @@ def test_eight_writers_saving_at_the_same_moment_keep_eight_files(tmp_path):
     assert len(files) == 8 and not [p for p in files if p.name.startswith(".")]
     writers = sorted(load_record(p).extra["writer"] for p in files)
     assert writers == list(range(8))
+
+
+def test_a_saved_file_name_is_made_only_of_plain_characters(tmp_path):
+    record = validate(a_record(environment={"timestamp": "../../../escaped", "git_commit": "../x/y"}))
+    path = ResultsStore(tmp_path / "store").save(record)
+    assert path.parent == tmp_path / "store" / "reproductions" / "piper-table4"
+    assert "/" not in path.name and not path.name.startswith(".")
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", ".hidden"])
+def test_the_store_refuses_a_name_that_is_no_folder_of_its_own(tmp_path, name):
+    with pytest.raises(ValueError):
+        ResultsStore(tmp_path).history("reproduction", name)
