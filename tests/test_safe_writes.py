@@ -257,6 +257,7 @@ WRITERS = {
     "run --json": ["run", "piper-table4", "--quiet", "--json", "OUT"],
     "plan --json": ["plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--json", "OUT"],
     "bench --json": ["bench", "memcopy", "--mbytes", "1", "--repeats", "1", "--json", "OUT"],
+    "calibrate --out": ["calibrate", "--quick", "--no-alltoall", "--ranks", "1", "--out", "OUT"],
 }
 
 
