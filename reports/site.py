@@ -31,6 +31,10 @@ def _paper_facts(paper: catalog.Paper) -> dict:
     return {**asdict(paper), "authors": list(paper.authors), "bibtex": paper.bibtex}
 
 
+# What drawing or laying out a stored record that validates but holds unexpected values raises
+_BAD_DATA = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
 def _warn(message: str) -> None:
     sys.stderr.write(f"repro: warning: {message}\n")
 
@@ -48,7 +52,7 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
         try:
             drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
             names = {ext: inside(directory, f"{rid}-{fig['name']}.{ext}").name for ext in drawn}
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        except _BAD_DATA as e:
             # a stored figure is data someone else wrote: one that cannot be drawn is named and
             # left out; the page and its numbers still stand
             _warn(f"{rid}: figure {str(fig.get('name'))[:60]!r} not drawn: {type(e).__name__}: "
@@ -91,6 +95,14 @@ def build_site(store, out_dir: str | Path) -> Path:
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
+        if record is not None:
+            try:
+                write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
+            except _BAD_DATA as e:
+                # a stored result that validates but cannot be laid out: named, shown as not run
+                _warn(f"{rid}: its stored result cannot be shown ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:200]}); shown as not yet run")
+                record = None
         row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {},
                "counts": None, "needs": run_needs(entry)}
         if record is None:
@@ -103,15 +115,22 @@ def build_site(store, out_dir: str | Path) -> Path:
             counts = record.agreement
             row.update(counts=counts, agreement=grading.agreement_line(counts),
                        summary=grade_counts(c.verdict for c in record.cells), when=record.timestamp)
-            write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
         by_paper.setdefault(entry.paper, []).append(row)
 
     suites = []
     for name, suite in catalog.SUITES.items():
         runs = store.runs("suite", name)  # readable runs, oldest first
-        latest = runs[-1] if runs else None
         href = f"suites/{name}.html"
-        write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        try:
+            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        except _BAD_DATA as e:
+            # a stored run that validates but cannot be laid out (a record someone else wrote):
+            # named, and the page says how to make a run instead
+            _warn(f"suite {name}: its stored runs cannot be shown ({type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]}); its page lists no run")
+            runs = []
+            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        latest = runs[-1] if runs else None
         suites.append({"name": name, "description": suite.description, "href": href,
                        "needs": run_needs(suite),
                        "records": len(latest.records) if latest else 0,

@@ -206,3 +206,16 @@ def test_a_saved_file_name_is_made_only_of_plain_characters(tmp_path):
 def test_the_store_refuses_a_name_that_is_no_folder_of_its_own(tmp_path, name):
     with pytest.raises(ValueError):
         ResultsStore(tmp_path).history("reproduction", name)
+
+
+def test_a_stored_peer_run_that_cannot_be_laid_out_is_named_and_left_out(tmp_path):
+    root = tmp_path / "store"
+    folder = root / "suites" / "moe-layer"
+    folder.mkdir(parents=True)
+    run = {"kind": "suite", "schema_version": 2, "suite": "moe-layer", "environment": {},
+           "params": ["impl", "stage"], "records": [{"peer": "megatron-core 0.0", "time_s": "fast"}]}
+    (folder / "20990101T000000Z-x.json").write_text(json.dumps(run))
+    res = repro("--results", root, "site", "build", "--out", tmp_path / "site")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "peers page: moe-layer" in res.stderr and "left out" in res.stderr
+    assert (tmp_path / "site" / "peers.html").is_file() and (tmp_path / "site" / "index.html").is_file()
