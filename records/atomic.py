@@ -215,12 +215,17 @@ _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def inside(directory: Path, name: str) -> Path:
     """``directory / name``, refused unless it is a plain file name that stays in ``directory``
-    (no '/', no '..', no symlink leading out): what a page is called must never decide where it
-    is written."""
+    (no '/', no '..', no symlink leading out) and is a regular file or nothing yet: what a page
+    is called must never decide where it is written."""
     if not _FILE_NAME.match(name) or ".." in name:
         raise ValueError(f"refusing to write {name!r}: not a plain file name")
     path = Path(directory) / name
     root = os.path.realpath(directory)
     if os.path.commonpath([root, os.path.realpath(path)]) != root:
         raise ValueError(f"refusing to write {path}: it leads outside {directory}")
+    try:  # a FIFO or device planted in a folder the writer owns would be written through (or block)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"refusing to write {path}: it exists and is not a regular file")
+    except FileNotFoundError:
+        pass
     return path

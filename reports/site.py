@@ -145,7 +145,7 @@ def build_site(store, out_dir: str | Path) -> Path:
               for k, rows in by_paper.items() if rows]
     built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **git_state()}
-    return atomic_write_text(out / "index.html", html.render_index(papers, suites, built=built))
+    return atomic_write_text(inside(out, "index.html"), html.render_index(papers, suites, built=built))
 
 
 def run_needs(entry) -> dict:

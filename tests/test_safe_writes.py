@@ -276,3 +276,11 @@ def test_a_fifo_and_a_symlink_survive_every_command_that_writes(tmp_path, name):
     res = repro(*[str(link) if a == "OUT" else a for a in WRITERS[name]], env=env)
     assert res.returncode == 0, res.stderr
     assert link.is_symlink() and json.loads(target.read_text())
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_device_that_refuses_the_write_stays_a_device(tmp_path):
+    r = reproduction_file(tmp_path)
+    res = repro("gate", "--baseline", r, "--current", r, "--json", "/dev/full")
+    one_line_exit_2(res, "cannot write --json /dev/full")
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)

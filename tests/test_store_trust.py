@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,15 @@ def test_a_stored_peer_run_that_cannot_be_laid_out_is_named_and_left_out(tmp_pat
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "peers page: moe-layer" in res.stderr and "left out" in res.stderr
     assert (tmp_path / "site" / "peers.html").is_file() and (tmp_path / "site" / "index.html").is_file()
+
+
+def test_a_fifo_planted_in_the_site_folder_is_refused_not_waited_on(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    os.mkfifo(site / "index.html")
+    with pytest.raises(ValueError, match="not a regular file"):
+        inside(site, "index.html")
+    res = repro("--results", tmp_path / "store", "site", "build", "--out", site)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "not a regular file" in res.stderr
+    assert stat.S_ISFIFO(os.lstat(site / "index.html").st_mode)
