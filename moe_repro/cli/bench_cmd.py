@@ -66,6 +66,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     stored in the results store even when interrupted (the records that finished are kept).
     """
 
+    if not show_params:  # where results go is checked first: a run must never end unable to keep them
+        problem = ctx.obj.write_problem()
+        if problem:
+            raise BadInput(f"cannot store results in {ctx.obj.root}: {problem}")
+
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
     from moe_repro.runtime.launch import RankFailure, launched_world_size
@@ -89,9 +94,6 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
         return
-    problem = store.write_problem()
-    if problem:
-        raise BadInput(f"cannot store results in {store.root}: {problem}")
     try:
         pairs = list(params) + options_as_params(ctx.args)
         grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
