@@ -158,6 +158,10 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     an interrupted or timed-out run keeps what it measured. --full runs them at the paper's
     size (much longer).
     """
+    # where results go is checked first: a long run must never end unable to keep them
+    problem = store.write_problem()
+    if problem:
+        raise BadInput(f"cannot store results in {store.root}: {problem}")
     from moe_repro import cli
     from moe_repro.records import grading
     from moe_repro.reports.site import write_reproduction_page
@@ -168,9 +172,6 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     from moe_repro.reproductions._suite_runs import Watch, clock, watching
 
     chosen = resolve_ids(ids, paper, run_all, how)
-    problem = store.write_problem()
-    if problem:
-        raise BadInput(f"cannot store results in {store.root}: {problem}")
     overrides = parse_params(params)
     resume = (run_all or paper) and not force
     known = all_reproductions()
