@@ -79,6 +79,15 @@ def atomic_create_bytes(directory: str | os.PathLike, names, data: bytes) -> Pat
                 os.link(tmp, path)
             except FileExistsError:
                 continue
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                # a file system without hard links: an exclusive create still never overwrites
+                # (a reader may see the file while it is written, for this once)
+                try:
+                    _create_exclusive(path, data)
+                except FileExistsError:
+                    continue
             return path
         raise FileExistsError(errno.EEXIST, "every candidate name is taken", str(directory))
     finally:
@@ -86,6 +95,24 @@ def atomic_create_bytes(directory: str | os.PathLike, names, data: bytes) -> Pat
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+
+def _create_exclusive(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(path)  # no half-written result is left behind
+        raise
+    finally:
+        os.close(fd)
 
 
 def atomic_create_json(directory: str | os.PathLike, names, obj: Any) -> Path:

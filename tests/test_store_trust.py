@@ -232,3 +232,16 @@ def test_a_fifo_planted_in_the_site_folder_is_refused_not_waited_on(tmp_path):
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "not a regular file" in res.stderr
     assert stat.S_ISFIFO(os.lstat(site / "index.html").st_mode)
+
+
+def test_without_hard_links_saves_still_never_overwrite(tmp_path, monkeypatch):
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "hard links not supported here")
+    monkeypatch.setattr(os, "link", no_link)
+    record = validate(a_record())
+    store = ResultsStore(tmp_path / "store")
+    paths = [store.save(record) for _ in range(3)]
+    assert len(set(paths)) == 3 and all(load_record(p) == record for p in paths)
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == sorted(p.name for p in paths)
