@@ -1,8 +1,9 @@
 """The regression gate: compare two sets of stored results, metric by metric.
 
 Rules (asv's, adapted):
-- exact metrics (analytic and simulated results, and `correct`): any change is reported and
-  fails the gate; they are deterministic, so a change is a change of code or model.
+- exact metrics (analytic, seeded Monte Carlo and simulated results, and `correct`): any change
+  is reported and fails the gate; they are deterministic, so a change is a change of code or
+  model. A reproduction cell is judged by what produced it (its own ``how``), wherever it sits.
 - measured metrics: a change fails only if it is both large and real: the median moved in the
   metric's worse direction by more than the threshold (default 5%, per-suite overrides), and,
   where both sides kept at least 4 repeats, a two-sided Mann-Whitney U test on the samples gives
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,19 +73,29 @@ class Finding:
     why: str = ""
 
 
+_WARNED: set[str] = set()
+
+
 def _records(path: Path) -> list:
     """Every record in a result file, or in the JSON files under a directory. A file that is
     not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
     by skipping the file that held its regression."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+    if path.is_dir():
+        # in a directory only regular files are results: a FIFO named *.json would block the
+        # gate on opening it; is_file() looks with stat and opens nothing
+        found = sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+        files = [p for p in found if p.is_file()]
+        for p in found:
+            if not p.is_file() and not p.is_dir() and str(p) not in _WARNED:
+                _WARNED.add(str(p))  # once, though both sides may be the same directory
+                sys.stderr.write(f"repro gate: warning: skipped {p}: not a regular file\n")
+    else:  # a file the user named: a pipe (<(...)) is read as it is
+        files = [path]
     records = []
     for f in files:
         if f.is_file() and f.stat().st_size == 0:  # a run that died before writing
             raise GateInputError(f"{f}: empty file, no results")
-        try:
-            records.extend(load_records(f))
-        except RecursionError:  # json's parser recurses once per nesting level
-            raise GateInputError(f"{f}: JSON nested too deeply to be a result") from None
+        records.extend(load_records(f))
     if not records:  # an empty side would turn every result into "missing", not a wrong path
         raise GateInputError(f"no results found in {path}")
     return records
@@ -153,14 +165,23 @@ def _numbers(values, where: str) -> list[float] | None:
     return out
 
 
+def _how_kind(how: str) -> str:
+    """exact for what is deterministic: analytic (A), Monte Carlo with fixed seeds (M) and
+    simulated (S) numbers (catalog.HOW_MEANING); measured for what ran for real (R)."""
+    letters = {part.strip()[:1] for part in how.split("+")}
+    return "exact" if letters <= {"A", "M", "S"} else "measured"
+
+
 def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:
-    letters = {part.strip()[:1] for part in (p.how or "A").split("+")}
-    default_kind = "exact" if letters <= {"A", "S"} else "measured"
+    default_kind = _how_kind(p.how or "A")
     out = []
     for c in p.cells:
         extra = c.model_extra or {}
         key = f"{c.row} | {c.column}"
-        out.append(Entry(p.id, key, "ours", extra.get("kind", default_kind),
+        # each cell by what produced it (schema 2 records it per cell): an analytic cell inside
+        # a reproduction that also measures is still compared exactly
+        kind = extra.get("kind") or (_how_kind(c.how) if c.how else default_kind)
+        out.append(Entry(p.id, key, "ours", kind,
                          extra.get("better", "none"), c.unit, c.ours,
                          _numbers(extra.get("samples"), f"{p.id} {key}: ours")))
     return out
@@ -233,11 +254,12 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
     if b.value is not None and c.value is not None and not math.isfinite(b.value):
         f.status, f.why = "improvement", f"baseline value was not finite ({b.value})"
         return f
+    if c.value is None and b.value is not None:  # a metric that is no longer computed is broken
+        f.status, f.why = "regression", "current value is null (the baseline had one)"
+        return f
     if b.value is None or c.value is None:
-        if (b.value is None) != (c.value is None):
-            f.status, f.why = "changed", "a value appeared or disappeared"
-            if b.kind == "exact":
-                f.status = "regression"
+        if c.value is not None:
+            f.status, f.why = "changed", "a value appeared where the baseline had none"
         return f
     f.ratio = c.value / b.value if b.value else (math.inf if c.value else 1.0)
     if b.kind == "exact":
@@ -247,8 +269,10 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
     worse = (f.ratio > 1 + threshold) if b.better == "lower" else (f.ratio < 1 / (1 + threshold))
     better = (f.ratio < 1 / (1 + threshold)) if b.better == "lower" else (f.ratio > 1 + threshold)
     if b.better == "none":
-        if abs(f.ratio - 1) > threshold:
-            f.status, f.why = "changed", f"moved {f.ratio - 1:+.1%} (no better direction)"
+        # measured with no better direction: nothing says which way is a regression, so it is
+        # listed by name as not gated (never silently passed)
+        f.status = "not-gated"
+        f.why = f"measured, no better direction: not gated (moved {f.ratio - 1:+.1%})"
         return f
     if not (worse or better):
         return f

@@ -24,9 +24,20 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+import math
+import stat
+
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
 SCHEMA_VERSION = 2
+# Deepest nesting a result may have: real records nest a handful of levels (a cell's
+# counterfactual, a figure's series); a file nested deeper is not a result, and would otherwise
+# exhaust the parser's recursion (RecursionError) or a reader's.
+MAX_DEPTH = 64
+# A name that becomes part of a file name (a reproduction id, a suite, a figure): letters,
+# digits, '_', '.', '-', starting with a letter or digit (no '/', no '..' alone, no dot file).
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 # Grades of one cell, each meaning one thing (records/grading.py is the policy that decides them;
 # reproductions/spec.py applies it); the words are shown on the site's index and every page.
 GRADE_MEANING = {
@@ -125,6 +136,17 @@ class Cell(_Open):
     detail: str | None = None  # a longer investigation, shown in a linked section
     how: str | None = None  # HOW letters of what produced ours, e.g. "S" (None: older records)
 
+    @model_validator(mode="after")
+    def _agreement_needs_numbers(self):
+        # NaN compares false with everything; a grade of agreement on a non-finite number is a
+        # broken record, never shown as agreement
+        if self.verdict in ("match", "close"):
+            for side in ("ours", "paper"):
+                value = getattr(self, side)
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValueError(f"graded {self.verdict} but {side} is {value}")
+        return self
+
 
 class MetricDeclaration(_Open):
     name: str
@@ -151,9 +173,17 @@ class _Record(BaseModel):
         return self.environment.timestamp
 
 
+class Figure(_Open):
+    """What a figure must hold to be drawn and named; its series are checked when drawn."""
+
+    name: str = Field(pattern=SAFE_NAME)
+    title: str
+    series: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class ReproductionRecord(_Record):
     kind: Literal["reproduction"] = "reproduction"
-    id: str
+    id: str = Field(pattern=SAFE_NAME)
     title: str = ""
     paper: str = ""
     element: str = ""
@@ -167,6 +197,13 @@ class ReproductionRecord(_Record):
     summary: dict[str, int] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)
     figures: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("figures")
+    @classmethod
+    def _figures_have_names(cls, figures):
+        for figure in figures:
+            Figure.model_validate(figure)
+        return figures
     extra: dict[str, Any] = Field(default_factory=dict)
     command: str = ""
 
@@ -191,7 +228,7 @@ class ReproductionRecord(_Record):
 
 class SuiteRecord(_Record):
     kind: Literal["suite"] = "suite"
-    suite: str
+    suite: str = Field(pattern=SAFE_NAME)
     description: str = ""
     params: list[str] = Field(default_factory=list)  # the grid's parameter names
     metrics: list[MetricDeclaration] = Field(default_factory=list)
@@ -245,25 +282,57 @@ def validate(data: Any, where: str | os.PathLike | None = None) -> ReproductionR
         raise UnreadableRecord(where, str(e)) from None
 
 
-def load_records(path: str | os.PathLike) -> list[ReproductionRecord | SuiteRecord]:
+def depth_over(data: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``data`` nests lists and dicts more than ``limit`` deep (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def _read_regular(path: Path) -> str:
+    """The text of a regular file; anything else (a FIFO, a device) is refused without waiting
+    on it: O_NONBLOCK makes opening a FIFO return at once, and nothing is read from it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnreadableRecord(path, "not a regular file (skipped unread)")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read().decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def load_records(path: str | os.PathLike, regular_only: bool = False) -> list[ReproductionRecord | SuiteRecord]:
     """Every record in a result file (one object, or a list of them as ``run --json`` writes
-    for several ids)."""
+    for several ids). ``regular_only``: refuse a FIFO or device without reading it (the store,
+    whose folders anyone may have put anything into); a path a user names may be a pipe."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = _read_regular(path) if regular_only else path.read_text()
+        data = json.loads(text)
     except (OSError, UnicodeDecodeError) as e:
         raise UnreadableRecord(path, f"cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise UnreadableRecord(path, f"not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise UnreadableRecord(path, f"JSON nested deeper than {MAX_DEPTH} levels: not a result") from None
+    if depth_over(data):
+        raise UnreadableRecord(path, f"JSON nested deeper than {MAX_DEPTH} levels: not a result")
     items = data if isinstance(data, list) else [data]
     if not items:
         raise UnreadableRecord(path, "an empty list: no results")
     return [validate(item, path if len(items) == 1 else f"{path}[{i}]") for i, item in enumerate(items)]
 
 
-def load_record(path: str | os.PathLike) -> ReproductionRecord | SuiteRecord:
+def load_record(path: str | os.PathLike, regular_only: bool = False) -> ReproductionRecord | SuiteRecord:
     """The one record of a result file written by the store."""
-    records = load_records(path)
+    records = load_records(path, regular_only)
     if len(records) != 1:
         raise UnreadableRecord(path, f"holds {len(records)} results, expected one")
     return records[0]

@@ -1,4 +1,6 @@
-"""The results store: every run saved atomically as one JSON file, never overwritten.
+"""The results store: every run saved atomically as one JSON file, never overwritten (each file
+is created exclusively, so runs saved at the same moment, from any number of processes, each
+keep their own file).
 
 Layout (one directory per reproduction or suite, one file per run)::
 
@@ -11,7 +13,9 @@ either a complete file or none, and every run that finished before it stays.
 
 Files are read as records (records/record.py): validated, older versions migrated. A file that
 cannot be read is reported once, by path, through ``on_unreadable`` (default: one line on
-stderr) and skipped, so one bad file never hides the others.
+stderr) and skipped, so one bad file never hides the others. So is anything that is not a
+regular file (a FIFO named *.json is never opened), and a record filed under another name or
+kind than its folder's.
 
 ROOT defaults to ``./results`` and can be set with ``--results DIR`` or ``MOE_REPRO_RESULTS``.
 """
@@ -24,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from moe_repro.records.atomic import atomic_write_json
+from moe_repro.records.atomic import atomic_create_json
 from moe_repro.records.record import (KINDS, STORE_DIRS, ReproductionRecord, SuiteRecord,
                                       UnreadableRecord, dump, load_record)
 
@@ -46,34 +50,62 @@ class ResultsStore:
         self.on_unreadable = on_unreadable
         self._reported: set[str] = set()
 
+    def write_problem(self) -> str | None:
+        """Why runs could not be saved here, in a few words (None: they can); commands that
+        store ask before any work, so a long run never ends unable to keep its result."""
+        from moe_repro.records.atomic import output_dir_problem
+
+        return output_dir_problem(self.root)
+
     def _dir(self, kind: str, name: str) -> Path:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return self.root / STORE_DIRS[kind] / _SAFE.sub("_", name)
+        safe = _SAFE.sub("_", name)
+        if not safe.strip(".") or safe.startswith("."):  # '', '.', '..', a hidden folder
+            raise ValueError(f"not a result name: {name!r}")
+        return self.root / STORE_DIRS[kind] / safe
 
     def save(self, record: ReproductionRecord | SuiteRecord) -> Path:
         """Store one run; the file name sorts by time, then by commit."""
         env = record.environment
         stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")
-        commit = (env.git_commit or "nogit")[:10]
+        # the file name is made of the record's content: only plain characters of it
+        stamp = _SAFE.sub("_", stamp).strip(".")
+        commit = _SAFE.sub("_", (env.git_commit or "nogit")[:10]).strip(".")
         directory = self._dir(record.kind, record.name)
-        path = directory / f"{stamp or 'undated'}-{commit}.json"
-        n = 1
-        while path.exists():  # two runs in the same second: keep both
-            path = directory / f"{stamp or 'undated'}-{commit}-{n}.json"
-            n += 1
-        return atomic_write_json(path, dump(record))
+        # two runs in the same second, even from two processes at once: each gets its own file
+        # (created exclusively: a name another writer took is never overwritten)
+        names = (f"{stamp or 'undated'}-{commit}{'' if n == 0 else f'-{n}'}.json" for n in range(1_000_000))
+        return atomic_create_json(directory, names, dump(record))
 
     def history(self, kind: str, name: str) -> list[Path]:
         directory = self._dir(kind, name)
         if not directory.is_dir():
             return []
-        return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
+        # only regular files: a FIFO named *.json would block the first reader that opened it
+        # (is_file() looks with stat, opening nothing); others are named once and passed over
+        files = []
+        for p in sorted(directory.glob("*.json")):
+            if p.name.startswith("."):
+                continue
+            if p.is_file():
+                files.append(p)
+            elif str(p) not in self._reported:
+                self._reported.add(str(p))
+                self.on_unreadable(UnreadableRecord(p, "not a regular file (skipped unread)"))
+        return files
 
     def read(self, path: Path) -> ReproductionRecord | SuiteRecord | None:
         """The record in ``path``, or None after reporting it (once) as unreadable."""
         try:
-            return load_record(path)
+            record = load_record(path, regular_only=True)
+            # a record filed under another name or kind than its folder's is not that result
+            # (and its own name must never decide where anything is written)
+            if (path.parent.name != _SAFE.sub("_", record.name)
+                    or path.parent.parent.name != STORE_DIRS[record.kind]):
+                raise UnreadableRecord(path, f"holds {record.kind} {record.name!r}, not one of "
+                                             f"{path.parent.parent.name}/{path.parent.name}")
+            return record
         except UnreadableRecord as e:
             if e.path not in self._reported:
                 self._reported.add(e.path)
@@ -96,4 +128,5 @@ class ResultsStore:
         base = self.root / STORE_DIRS[kind] if kind in KINDS else None
         if base is None:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+        return sorted(p.name for p in base.iterdir()
+                      if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []

@@ -9,9 +9,10 @@ the equivalence tests assert is stated beside it; they run in CI, not at report 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text, inside
 from moe_repro.records.record import SuiteRecord
 from moe_repro.reports import html
 from moe_repro.reports.figures import render_figure
@@ -111,13 +112,19 @@ def figure(comp: dict, table_index: int = 0) -> dict:
 def write_peers_page(store, out: Path) -> Path:
     comps, figures = [], []
     for run in peer_runs(store):
-        comp = comparison(run)
-        fig = figure(comp)
-        drawn = render_figure(fig)
+        try:
+            comp = comparison(run)
+            fig = figure(comp)
+            drawn = render_figure(fig)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+            # a stored run that validates but cannot be laid out: named and left out
+            sys.stderr.write(f"repro: warning: peers page: {run.suite} run of {run.timestamp} "
+                             f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n")
+            continue
         names = {fmt: f"{fig['name']}.{fmt}" for fmt in drawn}
         for fmt, data in drawn.items():
-            atomic_write_bytes(out / names[fmt], data)
+            atomic_write_bytes(inside(out, names[fmt]), data)
         comp["figure"] = {"title": fig["title"], **names}
         comps.append(comp)
-    return atomic_write_text(out / "peers.html", html.environment().get_template("peers.html").render(
+    return atomic_write_text(inside(out, "peers.html"), html.environment().get_template("peers.html").render(
         comparisons=comps, tests=EQUIVALENCE_TESTS, ours=OURS, home="index.html", css=html.css()))

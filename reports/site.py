@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from moe_repro import catalog
-from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, inside
 from moe_repro.records.environment import git_state
 from moe_repro.records import grading
 from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
@@ -30,23 +31,43 @@ def _paper_facts(paper: catalog.Paper) -> dict:
     return {**asdict(paper), "authors": list(paper.authors), "bibtex": paper.bibtex}
 
 
-def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None) -> Path:
-    """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``."""
-    rid, payload = record.id, dump(record)
+# What drawing or laying out a stored record that validates but holds unexpected values raises
+_BAD_DATA = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"repro: warning: {message}\n")
+
+
+def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None,
+                            name: str | None = None) -> Path:
+    """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``.
+    ``name``: the catalog's id the files are named after (default: the record's id, which the
+    schema restricts to a plain name)."""
+    rid, payload = name or record.id, dump(record)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     figures = []
     for fig in record.figures:
-        drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
-        names = {ext: f"{rid}-{fig['name']}.{ext}" for ext in drawn}
+        try:
+            drawn = render_figure(fig, provenance=_provenance(record, fig["title"]))
+            names = {ext: inside(directory, f"{rid}-{fig['name']}.{ext}").name for ext in drawn}
+        except _BAD_DATA as e:
+            # a stored figure is data someone else wrote: one that cannot be drawn is named and
+            # left out; the page and its numbers still stand
+            _warn(f"{rid}: figure {str(fig.get('name'))[:60]!r} not drawn: {type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]}")
+            continue
         for ext, data in drawn.items():
-            atomic_write_bytes(directory / names[ext], data)
+            atomic_write_bytes(inside(directory, names[ext]), data)
         figures.append({"title": fig["title"], **names})
-    atomic_write_json(directory / f"{rid}.json", payload)
-    atomic_write_text(directory / f"{rid}.csv", write(frame(record), "csv"))
+    atomic_write_json(inside(directory, f"{rid}.json"), payload)
+    atomic_write_text(inside(directory, f"{rid}.csv"), write(frame(record), "csv"))
     try:
         paper = _paper_facts(catalog.paper(record.paper))
     except (KeyError, ValueError):
         paper = None
-    return atomic_write_text(directory / f"{rid}.html", html.render_reproduction(
+    return atomic_write_text(inside(directory, f"{rid}.html"), html.render_reproduction(
         payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv",
         paper=paper))
 
@@ -74,11 +95,19 @@ def build_site(store, out_dir: str | Path) -> Path:
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
+        if record is not None:
+            try:
+                write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
+            except _BAD_DATA as e:
+                # a stored result that validates but cannot be laid out: named, shown as not run
+                _warn(f"{rid}: its stored result cannot be shown ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:200]}); shown as not yet run")
+                record = None
         row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {},
                "counts": None, "needs": run_needs(entry)}
         if record is None:
             row["state"] = "not yet run" if implemented else "planned"
-            atomic_write_text(out / href, html.environment().get_template("pending.html").render(
+            atomic_write_text(inside(out / "repro", f"{rid}.html"), html.environment().get_template("pending.html").render(
                 id=rid, element=element, how=how, what=what, issue=issue, title=entry.title,
                 description=entry.description,
                 implemented=implemented, needs=row["needs"], home="../index.html", css=html.css()))
@@ -86,15 +115,22 @@ def build_site(store, out_dir: str | Path) -> Path:
             counts = record.agreement
             row.update(counts=counts, agreement=grading.agreement_line(counts),
                        summary=grade_counts(c.verdict for c in record.cells), when=record.timestamp)
-            write_reproduction_page(out / "repro", record, home="../index.html")
         by_paper.setdefault(entry.paper, []).append(row)
 
     suites = []
     for name, suite in catalog.SUITES.items():
         runs = store.runs("suite", name)  # readable runs, oldest first
-        latest = runs[-1] if runs else None
         href = f"suites/{name}.html"
-        write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        try:
+            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        except _BAD_DATA as e:
+            # a stored run that validates but cannot be laid out (a record someone else wrote):
+            # named, and the page says how to make a run instead
+            _warn(f"suite {name}: its stored runs cannot be shown ({type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]}); its page lists no run")
+            runs = []
+            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+        latest = runs[-1] if runs else None
         suites.append({"name": name, "description": suite.description, "href": href,
                        "needs": run_needs(suite),
                        "records": len(latest.records) if latest else 0,
@@ -109,7 +145,7 @@ def build_site(store, out_dir: str | Path) -> Path:
               for k, rows in by_paper.items() if rows]
     built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **git_state()}
-    return atomic_write_text(out / "index.html", html.render_index(papers, suites, built=built))
+    return atomic_write_text(inside(out, "index.html"), html.render_index(papers, suites, built=built))
 
 
 def run_needs(entry) -> dict:
@@ -449,9 +485,9 @@ def suite_view(run: SuiteRecord) -> dict:
 
 def _write_figure(directory: Path, stem: str, fig: dict) -> dict:
     drawn = render_figure(fig)
-    names = {ext: f"{stem}.{ext}" for ext in drawn}
+    names = {ext: inside(directory, f"{stem}.{ext}").name for ext in drawn}
     for ext, data in drawn.items():
-        atomic_write_bytes(directory / names[ext], data)
+        atomic_write_bytes(inside(directory, names[ext]), data)
     return {"title": fig["title"], "caption": fig.get("caption", ""), **names}
 
 
@@ -463,12 +499,12 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
     directory = Path(directory)
     latest = runs[-1] if runs else None
     if latest is None:
-        return atomic_write_text(directory / f"{name}.html",
+        return atomic_write_text(inside(directory, f"{name}.html"),
                                  html.render_suite(name, None, None, [], home, needs=needs))
     payload = dump(latest)
     raw = f"{name}.json"
-    atomic_write_json(directory / raw, payload)
-    atomic_write_text(directory / f"{name}.csv", write(frame(latest), "csv"))
+    atomic_write_json(inside(directory, raw), payload)
+    atomic_write_text(inside(directory, f"{name}.csv"), write(frame(latest), "csv"))
     sweeps, graphs = [], []
     for metric in headline_metrics(latest):  # the metrics as the newest stored run declared them
         fig = sweep_figure(name, metric, latest)
@@ -479,5 +515,5 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
             graphs.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
     summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
                 "records": len(r.records), "command": r.environment.command} for r in reversed(runs)]
-    return atomic_write_text(directory / f"{name}.html", html.render_suite(
+    return atomic_write_text(inside(directory, f"{name}.html"), html.render_suite(
         name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps))

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -318,13 +317,12 @@ def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
 def test_bench_alltoall_fails_fast_when_a_rank_dies(tmp_path, results_dir):
     tag = f"MOE_A2A_TEST_{uuid.uuid4().hex}"
     env = dict(os.environ, **{tag: "1"})
-    start = time.monotonic()
     r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "1", "--algo", "halo",
                "--fault", "kill:1", "--timeout", "90", "--repeats", "50", "--tokens", "16",
-               "--hidden", "8", env=env, timeout=150)
+               "--hidden", "8", env=env, timeout=300)
     assert r.returncode == 1
-    assert time.monotonic() - start < 150
-    assert "rank(s) 1" in r.stderr and "killed" in r.stderr
+    # found from the death, not at --timeout (which would say "did not finish")
+    assert "rank(s) 1" in r.stderr and "killed" in r.stderr and "did not finish" not in r.stderr
     assert "Traceback" not in r.stderr
     assert processes_with_env(tag) == []
 

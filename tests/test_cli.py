@@ -144,21 +144,20 @@ def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
                             stderr=subprocess.PIPE, text=True)
     try:
         workers = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a hang guard: a loaded machine starts ranks slowly
         while len(workers) < 3 and time.monotonic() < deadline:  # wait for the three ranks
             workers = [p for p in processes_with_env(tag) if p != proc.pid and _is_worker(p)]
             time.sleep(0.2)
         assert len(workers) == 3
         time.sleep(3)  # let them get into the timed collectives
         os.kill(workers[1], signal.SIGKILL)
-        start = time.monotonic()
-        _, err = proc.communicate(timeout=60)
-        assert time.monotonic() - start < 60
+        _, err = proc.communicate(timeout=300)  # a hang guard only: --timeout 90 would end it first
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "rank(s)" in err and "Traceback" not in err
+    assert "did not finish" not in err  # found from the death, not at the timeout
     time.sleep(0.5)
     assert processes_with_env(tag) == []
 

@@ -284,3 +284,66 @@ def test_ties_use_the_tie_corrected_normal_approximation():
 def test_mann_whitney_refuses_an_empty_sample():
     with pytest.raises(ValueError):
         mann_whitney_u([], [1.0])
+
+
+# ---- nothing exact missed: per-cell kind, null metrics, measured cells listed --------------
+
+def mixed(analytic=100.0, measured=5.0, latency=2.0):
+    """A reproduction with analytic and measured cells, as spec.py records them (how per cell)."""
+    cells = [
+        {"row": "model", "column": "params (B)", "paper": 100.0, "ours": analytic, "verdict": "match", "how": "A"},
+        {"row": "run", "column": "throughput", "paper": 5.0, "ours": measured, "verdict": "not-comparable", "how": "R"},
+        {"row": "run", "column": "latency", "paper": 2.0, "ours": latency, "verdict": "not-comparable", "how": "R"},
+    ]
+    cells[0]["verdict"] = "match" if analytic == 100.0 else "deviates"
+    return {"id": "piper-fig9", "how": "A+R", "cells": cells, "environment": {}}
+
+
+def test_an_exact_cell_changed_x1_5_inside_a_mixed_reproduction_fails(write, tmp_path):
+    out = tmp_path / "g.json"
+    res = gate("--baseline", write("b.json", mixed()), "--current", write("c.json", mixed(analytic=150.0)),
+               "--json", out)
+    assert res.returncode == 1, res.stdout + res.stderr
+    by_key = {f["key"]: f for f in findings(out)}
+    assert by_key["model | params (B)"]["status"] == "regression"
+    assert by_key["model | params (B)"]["kind"] == "exact"
+
+
+def test_a_measured_cell_moving_is_listed_by_name_as_not_gated(write, tmp_path):
+    out = tmp_path / "g.json"
+    res = gate("--baseline", write("b.json", mixed()), "--current", write("c.json", mixed(measured=9.0)),
+               "--json", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "not-gated" in res.stdout and "run | throughput" in res.stdout
+    statuses = {f["key"]: f["status"] for f in findings(out)}
+    assert statuses == {"model | params (B)": "unchanged", "run | throughput": "not-gated",
+                        "run | latency": "not-gated"}
+
+
+@pytest.mark.parametrize("which", ["measured cell", "analytic cell"])
+def test_a_cell_that_becomes_null_fails(write, which):
+    current = mixed()
+    current["cells"][1 if which == "measured cell" else 0]["ours"] = None
+    current["cells"][0]["verdict"] = "not-reproduced" if which == "analytic cell" else "match"
+    res = gate("--baseline", write("b.json", mixed()), "--current", write("c.json", current))
+    assert res.returncode == 1 and "null" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_measured_suite_metric_that_becomes_null_or_nan_fails(write):
+    for broken in (None, "NaN"):
+        c = suite()
+        c["records"][0]["time_s"] = None if broken is None else math.nan
+        c["records"][0]["samples"] = {}
+        res = gate("--baseline", write("b.json", suite()), "--current", write("c.json", json.dumps(c)))
+        assert res.returncode == 1, (broken, res.stdout, res.stderr)
+
+
+def test_a_seeded_monte_carlo_cell_is_compared_exactly(write):
+    # M: an expectation from seeded samples, deterministic per seed (catalog.HOW_MEANING)
+    b, c = mixed(), mixed()
+    for record in (b, c):
+        record["how"], record["cells"][0]["how"] = "M+R", "M"
+    c["cells"][0]["ours"] = 100.0 * (1 + 1e-6)
+    c["cells"][0]["verdict"] = "deviates"
+    res = gate("--baseline", write("b.json", b), "--current", write("c.json", c))
+    assert res.returncode == 1 and "params (B)" in res.stdout, res.stdout + res.stderr

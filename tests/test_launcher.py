@@ -43,10 +43,9 @@ def test_real_collective_over_backends(targets_on_path, backend):
 
 
 def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
-    start = time.monotonic()
     with pytest.raises(RankFailure) as err:
         run_ranks("_launch_targets:killed_mid_collective", {"victim": 1}, world_size=3, timeout_s=60)
-    assert time.monotonic() - start < 60
+    assert "did not finish" not in str(err.value)  # found from the death, not at the timeout
     assert err.value.ranks[0] == 1  # the killed rank is named first, not the peers it broke
     assert "killed by signal 9" in str(err.value)
     assert _none_left(tag)
@@ -61,10 +60,8 @@ def test_raising_rank_is_named_with_its_error(targets_on_path, tag):
 
 
 def test_hung_rank_times_out(targets_on_path, tag):
-    start = time.monotonic()
     with pytest.raises(RankFailure) as err:
         run_ranks("_launch_targets:hangs", {"victim": 0}, world_size=2, timeout_s=20)
-    assert 19 < time.monotonic() - start < 45
     assert 0 in err.value.ranks  # (rank 1 too, if a loaded machine kept it from finishing)
     assert "did not finish within 20 s" in str(err.value)
     assert _none_left(tag)

@@ -5,7 +5,6 @@ arithmetic written out here, not values read back from the code under test)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -39,13 +38,6 @@ def test_gpt3_on_64_nodes_finds_layouts_that_respect_the_mesh(gpt3_64):
     assert steps == sorted(steps) or all(abs(a - b) < 1e-3 * a for a, b in zip(steps, sorted(steps)))
     assert all(not c.feasible and c.why_not for c in pl.candidates[len(pl.feasible):])
     json.dumps(pl.to_dict())  # JSON-ready
-
-
-def test_search_is_fast():
-    start = time.perf_counter()
-    plan_parallel(get_model("deepseek-v3"), DGX, 64)
-    plan_parallel(GPT3, DGX, 64)
-    assert time.perf_counter() - start < 2.0
 
 
 def test_gpt3_tp8_pp8_dp16_zero1_memory_and_time_by_hand():
@@ -255,10 +247,10 @@ def test_rejections_are_grouped_with_counts(gpt3_64):
     assert counts == sorted(counts, reverse=True)
 
 
-def test_huge_clusters_are_answered_quickly():
-    start = time.perf_counter()
+def test_huge_clusters_are_answered():
+    # how long it takes is measured in benchmarks/test_bench_planner.py, not asserted here
     pl = plan_parallel(get_model("deepseek-v3"), load_builtin("frontier"), 10 ** 8)
-    assert pl.gpus == 8 * 10 ** 8 and time.perf_counter() - start < 5
+    assert pl.gpus == 8 * 10 ** 8 and pl.candidates
 
 
 @pytest.mark.parametrize("kwargs, needle", [

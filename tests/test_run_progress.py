@@ -238,3 +238,24 @@ def test_a_step_counter_outside_a_watch_prints_nothing(capsys):
 
     step_progress("training")(1, 2)
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.multiprocess
+def test_a_world_that_times_out_keeps_every_point_it_finished(tmp_path):
+    """A long measured grid whose rank stops answering: the world is killed at its timeout (a
+    short one here), and the points that finished before are stored, marked interrupted."""
+    from moe_repro.suites import get_suite
+
+    suite = get_suite("alltoall")
+    # one world (same ranks and backend), three points; the third stops rank 1 mid-collective
+    grid = suite.grid(suite.parse_overrides(["nodes=2", "gpus_per_node=1", "algo=flat,halo",
+                                             "tokens=16", "hidden=8"]))
+    hang = dict(grid[0], fault="hang:1")
+    store, stream = ResultsStore(tmp_path / "results"), io.StringIO()
+    with watching(Watch("demo", stream=stream, store=store)):
+        with pytest.raises(Exception, match="did not finish within 60 s|silent|hung"):
+            run_grid("alltoall", [*grid, hang], repeats=1, timeout_s=60)
+    (stored,) = store.runs("suite", "alltoall")
+    assert [r["algo"] for r in stored.records] == ["flat", "halo"]
+    assert stored.interrupted and stored.error
+    assert "stopped after 2/3 points" in stream.getvalue()

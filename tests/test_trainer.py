@@ -11,7 +11,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -139,10 +138,9 @@ def test_a_dead_rank_stops_the_world_with_a_clear_message():
 
     cfg = TrainConfig(**{**SMALL, "check_reference": False, "pp": 2, "ep": 1, "steps": 3,
                          "fail_rank": 1, "fail_step": 1})
-    start = time.monotonic()
     with pytest.raises(RankFailure) as err:
         launch_training(cfg, timeout_s=120)
-    assert time.monotonic() - start < 90  # killed when rank 1 died, not at the timeout
+    assert "did not finish" not in str(err.value)  # killed when rank 1 died, not at the timeout
     # Rank 1 is named; its peer may be named too (gloo reports the closed connection at once).
     assert 1 in err.value.ranks and "code 3" in str(err.value)
 

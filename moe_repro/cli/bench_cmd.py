@@ -69,6 +69,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     stored in the results store even when interrupted (the records that finished are kept).
     """
 
+    if not show_params:  # where results go is checked first: a run must never end unable to keep them
+        problem = ctx.obj.write_problem()
+        if problem:
+            raise BadInput(f"cannot store results in {ctx.obj.root}: {problem}")
+
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
     from moe_repro.runtime.device import check_device, check_world_device
@@ -129,7 +134,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
             path = store.save(record)
             click.echo(f"stored: {path}", err=True)
         if json_path:
-            atomic_write_json(json_path, dump(record))
+            atomic_write_json(json_path, dump(record), make_parents=False)
 
     try:
         run_suite(suite, grid, config, progress=progress, done=records.append)

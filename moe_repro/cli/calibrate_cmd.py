@@ -8,7 +8,7 @@ import os
 
 import click
 
-from moe_repro.cli.errors import BadInput, RunFailure
+from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 
 def _run(suite_name: str, point: dict, repeats: int, check: bool = True) -> dict:
@@ -127,7 +127,7 @@ def write_alltoall_calibration(doc: dict, fits: dict, links_from: str, when: str
 
 
 @click.command("calibrate")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="local-platform.json",
+@click.option("--out", "out_path", type=OutputFile(), default="local-platform.json",
               show_default=True, help="Where to write the profile (use it as --platform FILE).")
 @click.option("--ranks", type=int, default=None, help="Ranks ('GPUs') per node (default: CPU cores).")
 @click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats (seconds).")
@@ -182,7 +182,7 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
         fits = measure_alltoall(quick, repeats=3 if quick else 5)
         chosen = write_alltoall_calibration(doc, fits, links_from, env.get("timestamp"))
     from_dict(doc)  # validate before writing
-    atomic_write_json(out_path, doc)
+    atomic_write_json(out_path, doc, make_parents=False)
     click.echo(f"GEMM ceiling (1 thread, fp32): {peak * 1e3:.1f} GFLOPS  "
                + " ".join(f"n={n}: {v['tflops'] * 1e3:.1f}" for n, v in gemm.items()))
     click.echo(f"attention (sdpa, causal): {attn * 1e3:.1f} GFLOPS; memory copy: {copy:.1f} GB/s")

@@ -16,17 +16,34 @@ class RunFailure(click.ClickException):
 
 
 class OutputFile(click.Path):
-    """A file the command writes (atomically): its directory must exist. A typo in a path
-    should not silently create directories, so a missing one is bad input (exit 2)."""
+    """A file the command writes (records/atomic.py): checked when the option is read, before
+    any work. A missing directory is bad input (a typo in a path should not silently create
+    directories), as are a directory, an unwritable place, /proc, or a name too long; a device,
+    FIFO or symlink is fine (written through, or its target written)."""
 
     def __init__(self):
         super().__init__(dir_okay=False)
 
     def convert(self, value, param, ctx):
-        from pathlib import Path
+        from moe_repro.records.atomic import output_file_problem
 
-        value = super().convert(value, param, ctx)
-        parent = Path(value).parent
-        if not parent.is_dir():
-            self.fail(f"directory {str(parent)!r} does not exist (it is not created)", param, ctx)
-        return value
+        problem = output_file_problem(value)
+        if problem:
+            self.fail(f"cannot write {str(value)!r}: {problem}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class OutputDir(click.Path):
+    """A directory the command writes into, created if missing: checked before any work (it
+    must not be a file, and its nearest existing ancestor must take a new file)."""
+
+    def __init__(self):
+        super().__init__(file_okay=False)
+
+    def convert(self, value, param, ctx):
+        from moe_repro.records.atomic import output_dir_problem
+
+        problem = output_dir_problem(value)
+        if problem:
+            self.fail(f"cannot write into {str(value)!r}: {problem}", param, ctx)
+        return super().convert(value, param, ctx)

@@ -35,5 +35,5 @@ def command(store, names, kind, fmt, history, out_path) -> None:
     if not frames:
         raise BadInput(f"the results store at {store.root} holds no {kind} yet")
     df = pd.concat(frames, ignore_index=True)
-    atomic_write_text(out_path, write(df, fmt))
+    atomic_write_text(out_path, write(df, fmt), make_parents=False)
     click.echo(f"exported {len(df)} rows to {out_path}")

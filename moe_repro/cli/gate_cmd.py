@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from pathlib import Path
 
 import click
+
+from moe_repro.cli.errors import OutputFile
 
 _HELP = """Compare CURRENT results against BASELINE results; fail on regressions.
 
 \b
-Analytic and simulated metrics must match exactly: any change fails.
+Analytic, seeded Monte Carlo and simulated metrics must match exactly: any
+change fails. Each
+reproduction cell is judged by what produced it, so an analytic cell inside a
+reproduction that also measures is compared exactly too.
 Measured metrics fail only when the median is worse by more than --threshold
 AND (with >= 4 repeats on both sides) a two-sided Mann-Whitney U test gives
-p < --alpha (exact p for small samples without ties, scipy.stats).
+p < --alpha (exact p for small samples without ties, scipy.stats). A measured
+metric with no better direction (most measured reproduction cells) cannot be
+judged that way: it is listed by name as "not-gated".
 A current value or sample that is NaN or infinite is a regression ("not
-finite"), whatever the baseline holds; it never passes.
+finite"), whatever the baseline holds; it never passes. So is a current value
+that is null where the baseline had a number.
 Improvements and new results are reported, never failing.
 
 \b
@@ -47,7 +52,7 @@ Exit codes (CI can tell "slower" from "broken"):
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True,
               callback=lambda ctx, param, value: _finite(param, value),
               help="Significance level of the Mann-Whitney U test.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write every finding to this file (its directory must exist).")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
 def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
@@ -80,8 +85,6 @@ def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show
             if not sep or not name:
                 raise gate.GateInputError(f"--suite-threshold expects NAME=PCT, got {pair!r}")
             per_suite[name] = gate.parse_threshold(pct)
-        if json_path:
-            _check_writable(json_path)
         base = _side("baseline", baseline, gate)
         cur = _side("current", current, gate)
         gate.check_comparable(base, cur)
@@ -99,7 +102,8 @@ def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show
     click.echo("gate: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if json_path:
         try:
-            atomic_write_json(json_path, {"findings": gate.findings_json(findings), "counts": counts})
+            atomic_write_json(json_path, {"findings": gate.findings_json(findings), "counts": counts},
+                              make_parents=False)
         except OSError as e:  # checked above; the disk can still fill or the directory vanish
             raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
     return gate.exit_code(findings)
@@ -113,23 +117,6 @@ def _side(which: str, path: str, gate):
         return gate.load_entries(path)
     except (gate.GateInputError, UnreadableRecord) as e:
         raise gate.GateInputError(f"{which}: {e}") from None
-
-
-def _check_writable(json_path: str) -> None:
-    """Refuse an output path that cannot be written, before any work: a run must not end in a
-    regression verdict that CI never sees because the findings file could not be written."""
-    from moe_repro.records.gate import GateInputError
-
-    parent = Path(json_path).parent
-    if not parent.is_dir():
-        raise GateInputError(f"--json {json_path}: directory {parent} does not exist "
-                             "(it is not created)")
-    try:  # a real write: permission bits say nothing for root or read-only mounts
-        fd, probe = tempfile.mkstemp(prefix=".gate-probe.", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise GateInputError(f"--json {json_path}: cannot write in {parent}: {e.strerror or e}") from None
 
 
 def _finite(param, value: float) -> float:

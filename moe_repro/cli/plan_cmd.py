@@ -265,7 +265,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
         raise BadInput(str(e)) from None
     click.echo(format_parallel(pl, model.name, top))
     if json_path:
-        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict()})
+        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict()}, make_parents=False)
 
 
 def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
@@ -286,4 +286,4 @@ def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, ze
         raise BadInput(str(e)) from None
     click.echo(format_plan(pl))
     if json_path:
-        atomic_write_json(json_path, pl.to_dict())
+        atomic_write_json(json_path, pl.to_dict(), make_parents=False)

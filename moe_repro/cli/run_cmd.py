@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from moe_repro.cli.errors import BadInput, OutputFile
+from moe_repro.cli.errors import BadInput, OutputDir, OutputFile
 
 
 def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
@@ -128,7 +128,7 @@ def count_lines(records) -> list[str]:
                    "applied after --full.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--out", "out_dir", type=OutputDir(), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
 @click.option("--quiet", is_flag=True,
               help="Print only one line per reproduction: its counts of compared cells.")
@@ -158,6 +158,10 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     an interrupted or timed-out run keeps what it measured. --full runs them at the paper's
     size (much longer).
     """
+    # where results go is checked first: a long run must never end unable to keep them
+    problem = store.write_problem()
+    if problem:
+        raise BadInput(f"cannot store results in {store.root}: {problem}")
     from moe_repro import cli
     from moe_repro.records import grading
     from moe_repro.reports.site import write_reproduction_page
@@ -200,7 +204,7 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
             for points in watch.saved:
                 click.echo(f"measured points: {points}")
         if out_dir:
-            page = write_reproduction_page(Path(out_dir), record)
+            page = write_reproduction_page(Path(out_dir), record, name=rid)  # the catalog id names the files
             if not quiet:
                 click.echo(f"report: {page}")
         click.echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
@@ -208,4 +212,5 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         click.echo(line)
     if json_path:
         payloads = [dump(r) for r in records]
-        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads)
+        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads,
+                          make_parents=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.errors import OutputDir
+
 
 @click.group("site")
 def command() -> None:
@@ -11,7 +13,7 @@ def command() -> None:
 
 
 @command.command("build")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="site/_build",
+@click.option("--out", "out_dir", type=OutputDir(), default="site/_build",
               show_default=True, help="Directory to write the site into.")
 @click.pass_obj
 def build(store, out_dir: str) -> None:

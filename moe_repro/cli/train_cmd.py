@@ -158,7 +158,7 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
     report["environment"] = collect_environment()
     click.echo(format_report(report))
     if json_path:
-        atomic_write_json(json_path, report)
+        atomic_write_json(json_path, report, make_parents=False)
     if check_reference and report["reference_max_abs_diff"] > REFERENCE_TOLERANCE:
         raise RunFailure(f"reference_max_abs_diff {report['reference_max_abs_diff']:.3g} > "
                          f"{REFERENCE_TOLERANCE:g}: the distributed run differs from one process")
