@@ -249,12 +249,19 @@ def simulate(params: dict) -> dict:
     else:  # every rank's real routing, message by message
         from moe_repro.components.moe.pft import build_pft
 
-        pfts, gens = [], []
-        for r in range(N):  # the same inputs and generators as the real run's ranks
-            _, top, weights = _rank_inputs(params, r)
-            pfts.append(build_pft(top, weights, E))
-            gens.append(_rank_generator(r))
-        msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
+        # One thread: the tensors are a few hundred rows per rank, and a second intra-op thread
+        # only waits for a core on a shared machine (measured 10x slower under load).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            pfts, gens = [], []
+            for r in range(N):  # the same inputs and generators as the real run's ranks
+                _, top, weights = _rank_inputs(params, r)
+                pfts.append(build_pft(top, weights, E))
+                gens.append(_rank_generator(r))
+            msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
+        finally:
+            torch.set_num_threads(threads)
         res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model)
         payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
     t = res.time_s

@@ -246,58 +246,149 @@ class Flow:
 
 
 def max_min_rates(flows: list[Flow], capacity: dict) -> list[float]:
-    """Max-min fair rate of each flow (progressive filling): raise every unfixed flow's rate
-    together; when a resource fills (sum of coefficient x rate = capacity), fix its flows."""
+    """Max-min fair rate of each flow (progressive filling; see :class:`_FlowTable`)."""
     if not flows:
         return []
-    keys = {k: i for i, k in enumerate(capacity)}
-    f_idx, r_idx, coef = [], [], []
+    table = _FlowTable(flows, capacity)
+    return table.max_min(np.arange(len(flows))).tolist()
+
+
+# Shares within this relative distance of each other count as one level (rounding).
+_LEVEL_TOLERANCE = 1e-12
+
+
+def _implied_resources(flows: list[Flow], keys: list, capacity: np.ndarray) -> set[int]:
+    """Resources that can never be the bottleneck: every flow on resource r also uses a resource
+    of one family (same key kind, e.g. the destination NICs under a spine switch) with at least
+    the same coefficient, and those resources' capacities sum to at most r's. Then r's load is
+    at most their total load, at most their total capacity, so r never fills before them and
+    the max-min rates are the same without it. Dropping such resources (a rail spine with
+    spine_taper 1 over its NICs, a fat-tree level with taper 1) keeps them from chaining every
+    flow into one sequence of fairness levels. Only resources with a smaller (capacity, index)
+    may imply another, so no two resources drop each other."""
+    def family(key):
+        return key[0] if isinstance(key, tuple) else key
+
+    index = {k: i for i, k in enumerate(keys)}
+    on = defaultdict(list)  # resource -> [(flow, coefficient)]
+    uses_of = []  # flow -> {family: [(resource, coefficient)]}
     for i, f in enumerate(flows):
+        fam = defaultdict(list)
         for k, c in f.uses.items():
-            f_idx.append(i)
-            r_idx.append(keys[k])
-            coef.append(c)
-    f_idx, r_idx, coef = np.array(f_idx, int), np.array(r_idx, int), np.array(coef, float)
-    remaining = np.array([capacity[k] for k in keys], float)
-    rate = np.full(len(flows), math.inf)
-    unfixed = np.ones(len(flows), bool)
-    while unfixed.any():
-        live = unfixed[f_idx]
-        load = np.bincount(r_idx[live], weights=coef[live], minlength=len(remaining))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(load > 0, remaining / load, math.inf)
-        level = share.min()
-        if not math.isfinite(level):
-            break  # flows that use no resource: unlimited
-        level = max(level, 0.0)
-        full = share <= level * (1 + 1e-12)
-        fix_nnz = live & full[r_idx]
-        fixed = np.zeros(len(flows), bool)
-        fixed[f_idx[fix_nnz]] = True
-        fixed &= unfixed
-        rate[fixed] = level
-        unfixed &= ~fixed
-        nnz = fixed[f_idx]
-        remaining -= np.bincount(r_idx[nnz], weights=coef[nnz] * level, minlength=len(remaining))
-        remaining = np.maximum(remaining, 0.0)
-    return rate.tolist()
+            on[index[k]].append((i, c))
+            fam[family(k)].append((index[k], c))
+        uses_of.append(fam)
+    implied = set()
+    for r, users in on.items():
+        rank_r = (capacity[r], r)
+        for fam in uses_of[users[0][0]]:
+            cover = set()
+            for f, c in users:
+                pick = next((q for q, cq in uses_of[f].get(fam, ()) if cq >= c and (capacity[q], q) < rank_r), None)
+                if pick is None:
+                    break
+                cover.add(pick)
+            else:
+                if sum(capacity[q] for q in cover) <= capacity[r] * (1 + _LEVEL_TOLERANCE):
+                    implied.add(r)
+                    break
+    return implied
+
+
+class _FlowTable:
+    """Flows and the resources they load, as arrays (one row per (flow, resource) use, in flow
+    order), so that each event of :func:`run_flows` solves max-min fairness with a few array
+    operations per fairness level instead of rebuilding the problem from Python objects."""
+
+    def __init__(self, flows: list[Flow], capacity: dict):
+        keys = {k: i for i, k in enumerate(capacity)}
+        use_flow, use_res, use_coef = [], [], []
+        for i, f in enumerate(flows):
+            for k, c in f.uses.items():
+                use_flow.append(i)
+                use_res.append(keys[k])
+                use_coef.append(c)
+        self.capacity = np.array([capacity[k] for k in keys], dtype=float)
+        implied = _implied_resources(flows, list(keys), self.capacity)
+        kept = [i for i, r in enumerate(use_res) if r not in implied]
+        self.use_flow = np.array(use_flow, dtype=np.int64)[kept]
+        self.use_res = np.array(use_res, dtype=np.int64)[kept]
+        self.use_coef = np.array(use_coef, dtype=float)[kept]
+        self.n_flows = len(flows)
+        self.implied = len(implied)
+
+    def max_min(self, flows: np.ndarray) -> np.ndarray:
+        """Max-min fair rates of the flows ``flows`` (sorted indices), by progressive filling:
+        every unfixed flow's rate rises together; a resource whose load (sum of coefficient x
+        rate) reaches its capacity fixes its flows at its fair share. Shares only grow as flows
+        are fixed (a flow is fixed at the lowest share, at most any other resource's), so every
+        resource whose share is the lowest among all resources its unfixed flows use can fix its
+        flows in the same round as the global minimum: the rates are those of filling one level
+        at a time, in fewer rounds. Flows that use no resource get rate inf."""
+        R = len(self.capacity)
+        chosen = np.zeros(self.n_flows, dtype=bool)
+        chosen[flows] = True
+        use = chosen[self.use_flow]
+        flow, res, coef = self.use_flow[use], self.use_res[use], self.use_coef[use]
+        rate = np.full(self.n_flows, math.inf)
+        remaining = self.capacity.copy()
+        tol = 1 + _LEVEL_TOLERANCE
+        while flow.size:
+            # Uses are grouped by flow: per-flow minima by reduceat over the group starts.
+            first = np.empty(flow.size, dtype=bool)
+            first[0] = True
+            np.not_equal(flow[1:], flow[:-1], out=first[1:])
+            starts = np.flatnonzero(first)
+            group = np.cumsum(first) - 1
+            load = np.bincount(res, weights=coef, minlength=R)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.maximum(remaining, 0.0) / load  # inf where a resource has no live use
+            use_share = share[res]
+            flow_min = np.minimum.reduceat(use_share, starts)
+            if not np.isfinite(flow_min).any():
+                break  # only unlimited resources left
+            use_min = flow_min[group] * tol
+            # A resource is ready when no flow on it has a lower share elsewhere.
+            not_ready = np.zeros(R, dtype=bool)
+            not_ready[res[use_min < use_share]] = True
+            fixed_group = np.zeros(starts.size, dtype=bool)
+            fixed_group[group[~not_ready[res] & (use_share <= use_min)]] = True
+            rate[flow[starts[fixed_group]]] = flow_min[fixed_group]
+            done = fixed_group[group]
+            remaining -= np.bincount(res[done], weights=coef[done] * flow_min[group[done]], minlength=R)
+            keep = ~done
+            flow, res, coef = flow[keep], res[keep], coef[keep]
+        return rate[flows]
 
 
 def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[str]],
               rank_messages: dict, per_message_s: float = 0.0) -> dict:
     """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
-    the phase (per-message overhead). Returns phase start/end times and the total time."""
+    the phase (per-message overhead). Returns phase start/end times and the total time.
+
+    Between two events (a flow ends, or a released flow starts) every active flow moves at its
+    max-min fair rate; the rates are recomputed at each event. Sets each flow's ``release`` and
+    ``finish``."""
     produced("simulated")
     phases = list(dict.fromkeys([*dependencies, *(f.phase for f in flows)]))
-    by_phase = defaultdict(list)
-    for f in flows:
-        by_phase[f.phase].append(f)
+    n = len(flows)
+    table = _FlowTable(flows, capacity)
+    nbytes = np.array([float(f.nbytes) for f in flows], dtype=float)
+    delay = np.array([per_message_s * rank_messages.get((f.src, f.phase), 0) + f.release_delay
+                      for f in flows], dtype=float)
+    of_phase = {ph: [] for ph in phases}
+    for i, f in enumerate(flows):
+        of_phase[f.phase].append(i)
+    of_phase = {ph: np.array(ix, dtype=np.int64) for ph, ix in of_phase.items()}
+    remaining = nbytes.copy()
+    release = np.full(n, math.inf)
+    finish = np.zeros(n)
+    waiting = np.zeros(n, dtype=bool)  # released, not yet moving
+    active = np.zeros(n, dtype=bool)
+    done = np.zeros(n, dtype=bool)
     start, end = {}, {}
-    remaining = {id(f): float(f.nbytes) for f in flows}
-    pending = set(phases)
+    pending = list(phases)
     now = 0.0
-    active: list[Flow] = []
-    waiting: list[Flow] = []
 
     def release_ready():
         progress = True
@@ -309,54 +400,59 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
                     continue
                 t0 = max([end[d] for d in deps], default=0.0)
                 start[ph] = t0
-                for f in by_phase[ph]:
-                    f.release = t0 + per_message_s * rank_messages.get((f.src, ph), 0) + f.release_delay
-                    waiting.append(f)
-                if not by_phase[ph]:
+                ix = of_phase[ph]
+                release[ix] = t0 + delay[ix]
+                waiting[ix] = True
+                if not ix.size:
                     end[ph] = t0
-                    pending.discard(ph)
+                    pending.remove(ph)
                     progress = True
 
     def close_phases():
         changed = False
         for ph in list(pending):
-            if ph in start and ph not in end and all(remaining[id(f)] <= 0 for f in by_phase[ph]):
-                end[ph] = max([f.finish for f in by_phase[ph]], default=start[ph])
-                pending.discard(ph)
+            ix = of_phase[ph]
+            if ph in start and ph not in end and done[ix].all():
+                end[ph] = float(finish[ix].max()) if ix.size else start[ph]
+                pending.remove(ph)
                 changed = True
         return changed
 
     release_ready()
     while pending:
-        # move released flows to active
-        waiting.sort(key=lambda f: f.release)
-        while waiting and waiting[0].release <= now + 1e-18:
-            active.append(waiting.pop(0))
-        if not active:
-            if waiting:
-                now = waiting[0].release
+        moving = waiting & (release <= now + 1e-18)
+        active |= moving
+        waiting &= ~moving
+        if not active.any():
+            if waiting.any():
+                now = float(release[waiting].min())
                 continue
             if close_phases():
                 release_ready()
                 continue
             raise RuntimeError(f"phases {sorted(pending)} can never start (dependency cycle?)")
-        rates = max_min_rates(active, capacity)
-        horizon = waiting[0].release - now if waiting else math.inf
-        dt = min([remaining[id(f)] / r if r > 0 else math.inf for f, r in zip(active, rates)] + [horizon])
+        idx = np.flatnonzero(active)
+        rates = table.max_min(idx)
+        horizon = float(release[waiting].min()) - now if waiting.any() else math.inf
+        left = remaining[idx]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            to_end = np.where(rates > 0, left / rates, math.inf)
+        dt = min(float(to_end.min()), horizon)
         if not math.isfinite(dt):
             raise RuntimeError("a flow has no bandwidth (zero-capacity resource)")
         now += dt
-        still = []
-        for f, r in zip(active, rates):
-            remaining[id(f)] -= r * dt if math.isfinite(r) else remaining[id(f)]
-            if remaining[id(f)] <= max(1e-9 * f.nbytes, 1e-12):
-                remaining[id(f)] = 0.0
-                f.finish = now
-            else:
-                still.append(f)
-        active = still
+        left = np.where(np.isfinite(rates), left - rates * dt, 0.0)
+        ended = left <= np.maximum(1e-9 * nbytes[idx], 1e-12)
+        left[ended] = 0.0
+        remaining[idx] = left
+        finished = idx[ended]
+        finish[finished] = now
+        active[finished] = False
+        done[finished] = True
         if close_phases():
             release_ready()
+    for i, f in enumerate(flows):
+        f.release, f.finish = float(release[i]), float(finish[i])
     return {"time_s": max(end.values(), default=0.0), "phase_start_s": start, "phase_end_s": end}
 
 
