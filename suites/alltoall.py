@@ -183,6 +183,9 @@ def derived_params(p: dict) -> dict:
     if auto_gpn:
         gpn = profile.gpus_per_node
     ranks = nodes * gpn
+    # The grid simulated comes first: with gpus_per_node auto it is the platform's, not the
+    # local 2 per node the reason above counts with.
+    why = f"{nodes} nodes x {gpn} GPUs = {ranks} ranks; {why}"
     if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
         raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
                          f"ranks; got {ranks}")

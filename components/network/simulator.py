@@ -27,7 +27,12 @@ Network model (one resource per link instance; capacities in bytes/s, one direct
   host              only when the profile has ``network.host_GBps``: everything a single
                     machine moves (the local profile, where "nodes" are emulated processes).
 Contention: concurrent flows get max-min fair rates (progressive filling). When a flow ends or
-starts, rates are recomputed (event-driven fluid model).
+starts, rates are recomputed (event-driven fluid model). The engine holds flows and their
+resources as arrays and fixes, per round, every resource that no lower share elsewhere holds
+back (the same rates as filling one level at a time); resources that never bind (a spine or a
+tree level with taper 1 over the NICs below it) are dropped first. RBD's 4,064 messages on 16
+dgx-h100 nodes take about 0.8 s of CPU instead of 8 s, with the same times to 1e-15
+(tests/test_flow_engine.py against the old engine, kept in tests/_flow_sim_reference.py).
 Per-message cost (``network.latency_model``; every result lists what it assumed):
   overlapped (default, LogGP-style): a rank pays one ``per_message_us`` before its first byte
   moves; issuing its other messages overlaps with transfers, as a cap on the rank's sending
@@ -257,41 +262,34 @@ def max_min_rates(flows: list[Flow], capacity: dict) -> list[float]:
 _LEVEL_TOLERANCE = 1e-12
 
 
-def _implied_resources(flows: list[Flow], keys: list, capacity: np.ndarray) -> set[int]:
-    """Resources that can never be the bottleneck: every flow on resource r also uses a resource
-    of one family (same key kind, e.g. the destination NICs under a spine switch) with at least
-    the same coefficient, and those resources' capacities sum to at most r's. Then r's load is
-    at most their total load, at most their total capacity, so r never fills before them and
-    the max-min rates are the same without it. Dropping such resources (a rail spine with
-    spine_taper 1 over its NICs, a fat-tree level with taper 1) keeps them from chaining every
-    flow into one sequence of fairness levels. Only resources with a smaller (capacity, index)
-    may imply another, so no two resources drop each other."""
-    def family(key):
-        return key[0] if isinstance(key, tuple) else key
-
-    index = {k: i for i, k in enumerate(keys)}
-    on = defaultdict(list)  # resource -> [(flow, coefficient)]
-    uses_of = []  # flow -> {family: [(resource, coefficient)]}
-    for i, f in enumerate(flows):
-        fam = defaultdict(list)
-        for k, c in f.uses.items():
-            on[index[k]].append((i, c))
-            fam[family(k)].append((index[k], c))
-        uses_of.append(fam)
-    implied = set()
-    for r, users in on.items():
-        rank_r = (capacity[r], r)
-        for fam in uses_of[users[0][0]]:
-            cover = set()
-            for f, c in users:
-                pick = next((q for q, cq in uses_of[f].get(fam, ()) if cq >= c and (capacity[q], q) < rank_r), None)
-                if pick is None:
-                    break
-                cover.add(pick)
-            else:
-                if sum(capacity[q] for q in cover) <= capacity[r] * (1 + _LEVEL_TOLERANCE):
-                    implied.add(r)
-                    break
+def _implied_resources(use_flow: np.ndarray, use_res: np.ndarray, use_coef: np.ndarray,
+                       families: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Resources that can never be the bottleneck (a mask): every flow on resource r also uses
+    a resource of one family (same key kind, e.g. the destination NICs under a spine switch)
+    with at least the same coefficient, and those resources' capacities sum to at most r's.
+    Then r's load is at most their total load, at most their total capacity, so r never fills
+    before them and the max-min rates are the same without it. Dropping such resources (a rail
+    spine with spine_taper 1 over its NICs, a fat-tree level with taper 1) keeps them from
+    chaining every flow into one sequence of fairness levels. Only a resource with a smaller
+    (capacity, index) may stand for another, so no two resources drop each other."""
+    R = len(capacity)
+    implied = np.zeros(R, dtype=bool)
+    n_flows = int(use_flow.max()) + 1 if use_flow.size else 0
+    for family in np.unique(families):
+        # The flow's first resource of this family stands for the flow's other resources.
+        mine = np.flatnonzero(families == family)[::-1]  # reversed: the first use wins below
+        pick = np.full(n_flows, -1, dtype=np.int64)
+        pick_coef = np.zeros(n_flows)
+        pick[use_flow[mine]] = use_res[mine]
+        pick_coef[use_flow[mine]] = use_coef[mine]
+        q = pick[use_flow]
+        lower = (capacity[q] < capacity[use_res]) | ((capacity[q] == capacity[use_res]) & (q < use_res))
+        ok = (q >= 0) & (q != use_res) & (pick_coef[use_flow] >= use_coef) & lower
+        fails = np.zeros(R, dtype=bool)
+        fails[use_res[~ok]] = True
+        pairs = np.unique(use_res[ok] * R + q[ok])  # (resource, covering resource), once each
+        cover = np.bincount(pairs // R, weights=capacity[pairs % R], minlength=R)
+        implied |= ~fails & (cover > 0) & (cover <= capacity * (1 + _LEVEL_TOLERANCE))
     return implied
 
 
@@ -309,13 +307,15 @@ class _FlowTable:
                 use_res.append(keys[k])
                 use_coef.append(c)
         self.capacity = np.array([capacity[k] for k in keys], dtype=float)
-        implied = _implied_resources(flows, list(keys), self.capacity)
-        kept = [i for i, r in enumerate(use_res) if r not in implied]
-        self.use_flow = np.array(use_flow, dtype=np.int64)[kept]
-        self.use_res = np.array(use_res, dtype=np.int64)[kept]
-        self.use_coef = np.array(use_coef, dtype=float)[kept]
+        family_of = {}
+        families = np.array([family_of.setdefault(k[0] if isinstance(k, tuple) else k, len(family_of))
+                             for k in keys], dtype=np.int64)
+        use_flow = np.array(use_flow, dtype=np.int64)
+        use_res = np.array(use_res, dtype=np.int64)
+        use_coef = np.array(use_coef, dtype=float)
+        kept = ~_implied_resources(use_flow, use_res, use_coef, families[use_res], self.capacity)[use_res]
+        self.use_flow, self.use_res, self.use_coef = use_flow[kept], use_res[kept], use_coef[kept]
         self.n_flows = len(flows)
-        self.implied = len(implied)
 
     def max_min(self, flows: np.ndarray) -> np.ndarray:
         """Max-min fair rates of the flows ``flows`` (sorted indices), by progressive filling:
@@ -325,40 +325,36 @@ class _FlowTable:
         resource whose share is the lowest among all resources its unfixed flows use can fix its
         flows in the same round as the global minimum: the rates are those of filling one level
         at a time, in fewer rounds. Flows that use no resource get rate inf."""
-        R = len(self.capacity)
-        chosen = np.zeros(self.n_flows, dtype=bool)
-        chosen[flows] = True
-        use = chosen[self.use_flow]
-        flow, res, coef = self.use_flow[use], self.use_res[use], self.use_coef[use]
-        rate = np.full(self.n_flows, math.inf)
+        R, A = len(self.capacity), len(flows)
+        local = np.full(self.n_flows, -1, dtype=np.int64)
+        local[flows] = np.arange(A)
+        fl = local[self.use_flow]  # each use's flow, as a position in ``flows``
+        use = fl >= 0
+        fl, res, coef = fl[use], self.use_res[use], self.use_coef[use]
+        rate = np.full(A, math.inf)
         remaining = self.capacity.copy()
         tol = 1 + _LEVEL_TOLERANCE
-        while flow.size:
-            # Uses are grouped by flow: per-flow minima by reduceat over the group starts.
-            first = np.empty(flow.size, dtype=bool)
-            first[0] = True
-            np.not_equal(flow[1:], flow[:-1], out=first[1:])
-            starts = np.flatnonzero(first)
-            group = np.cumsum(first) - 1
+        while fl.size:
             load = np.bincount(res, weights=coef, minlength=R)
             with np.errstate(divide="ignore", invalid="ignore"):
                 share = np.maximum(remaining, 0.0) / load  # inf where a resource has no live use
             use_share = share[res]
-            flow_min = np.minimum.reduceat(use_share, starts)
-            if not np.isfinite(flow_min).any():
+            flow_min = np.full(A, math.inf)
+            np.minimum.at(flow_min, fl, use_share)
+            use_min = flow_min[fl] * tol
+            if not np.isfinite(use_min).any():
                 break  # only unlimited resources left
-            use_min = flow_min[group] * tol
             # A resource is ready when no flow on it has a lower share elsewhere.
             not_ready = np.zeros(R, dtype=bool)
             not_ready[res[use_min < use_share]] = True
-            fixed_group = np.zeros(starts.size, dtype=bool)
-            fixed_group[group[~not_ready[res] & (use_share <= use_min)]] = True
-            rate[flow[starts[fixed_group]]] = flow_min[fixed_group]
-            done = fixed_group[group]
-            remaining -= np.bincount(res[done], weights=coef[done] * flow_min[group[done]], minlength=R)
+            fixed = np.zeros(A, dtype=bool)
+            fixed[fl[~not_ready[res] & (use_share <= use_min)]] = True
+            rate[fixed] = flow_min[fixed]
+            done = fixed[fl]
+            remaining -= np.bincount(res[done], weights=coef[done] * rate[fl[done]], minlength=R)
             keep = ~done
-            flow, res, coef = flow[keep], res[keep], coef[keep]
-        return rate[flows]
+            fl, res, coef = fl[keep], res[keep], coef[keep]
+        return rate
 
 
 def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[str]],
