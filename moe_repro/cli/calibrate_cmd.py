@@ -28,20 +28,64 @@ def require_correct(record: dict) -> None:
                          "its time is not a ceiling")
 
 
+class _Steps:
+    """Counts calibrate's measurements (each GEMM size, the copy, the attention, each all-to-all
+    point) and reports them as progress lines (moe_repro/cli/progress.py)."""
+
+    def __init__(self, total: int):
+        from moe_repro.cli.progress import StepLines
+
+        self.done, self.total, self.lines = 0, total, StepLines("calibrate")
+
+    def start(self, what: str) -> None:
+        self.lines(self.done, self.total, f"now {what}")
+
+    def finished(self, record: dict | None = None) -> None:
+        self.done += 1
+        if record is not None and self.done < self.total:  # an all-to-all point, measured
+            self.lines(self.done, self.total, f"measured all-to-all ranks {record.get('ranks')}, "
+                                              f"{record.get('size')} B per rank")
+        if self.done == self.total:
+            self.lines(self.done, self.total)
+
+    def skip(self, steps: int) -> None:
+        """Steps that will not run (a backend skipped or failed part-way)."""
+        self.total -= steps
+        if self.done >= self.total:
+            self.lines(self.total, self.total)
+
+
+_STEPS: _Steps | None = None
+
+
+def _step(what: str) -> None:
+    if _STEPS is not None:
+        _STEPS.start(what)
+
+
+def _stepped(record: dict | None = None) -> None:
+    if _STEPS is not None:
+        _STEPS.finished(record)
+
+
 def measure_gemm_tflops(sizes: list[int], repeats: int) -> dict:
     """GEMM ceiling with suites/gemm.py (float32, CPU, the caller's threads): median TFLOP/s
     per size."""
     best = {}
     for n in sizes:
+        _step(f"GEMM n={n}")
         rec = _run("gemm", {"n": n, "dtype": "float32", "device": "cpu"}, repeats, check=n <= 512)
         best[n] = {"tflops": rec["tflops"], "tflops_iqr": rec.get("tflops_iqr"), "correct": rec.get("correct")}
+        _stepped()
     return best
 
 
 def measure_copy_GBps(mbytes: int, repeats: int) -> tuple[float, float]:
     """Memory bandwidth of a large tensor copy (suites/memcopy.py, one thread): median GB/s and
     the spread of the copy time (max - min sample, seconds)."""
+    _step(f"memory copy {mbytes} MB")
     rec = _run("memcopy", {"mbytes": mbytes, "device": "cpu", "threads": 1}, repeats)
+    _stepped()
     require_correct(rec)
     return rec["GBps"], rec["time_s_max"] - rec["time_s_min"]
 
@@ -51,7 +95,9 @@ def measure_attention_tflops(seq: int, repeats: int) -> tuple[float, float]:
     GQA (switch-base's head shape): median TFLOP/s and the time spread (max - min, seconds)."""
     point = {"model": "switch-base", "seq_len": seq, "batch": 1, "heads": 4, "backward": False,
              "dtype": "float32", "device": "cpu", "threads": 1}
+    _step(f"attention seq {seq}")
     rec = _run("attention", point, repeats)
+    _stepped()
     require_correct(rec)
     return rec["tflops"], rec["time_s_max"] - rec["time_s_min"]
 
@@ -69,16 +115,23 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
     from moe_repro.suites.alltoall_validation import measure_and_fit_flat
 
     grid = ALLTOALL_GRID[quick]
+    runs = len(grid["ranks"]) * len(grid["sizes"])
     fits = {}
     for backend in ("gloo", "mpi"):
         why_not = mpi_unavailable() if backend == "mpi" else None
-        if why_not:
+        if why_not:  # not counted in the steps
             fits[backend] = {"skipped": why_not}
             continue
+        _step(f"all-to-all over {backend}: {runs} runs "
+              f"(ranks {'/'.join(map(str, grid['ranks']))} x {len(grid['sizes'])} sizes)")
+        measured = _STEPS.done if _STEPS is not None else 0
         try:
-            fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats)
+            fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats,
+                                                 done=_stepped)
         except (RankFailure, ValueError) as e:
             fits[backend] = {"skipped": f"{backend} all-to-all failed: {e}"}
+            if _STEPS is not None:
+                _STEPS.skip(runs - (_STEPS.done - measured))
     return fits
 
 
@@ -158,6 +211,13 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     if ranks <= 0:
         raise BadInput(f"--ranks must be positive, got {ranks}")
     repeats = 3 if quick else 7
+    global _STEPS
+    grid = ALLTOALL_GRID[quick]
+    from moe_repro.runtime.launch import mpi_unavailable
+
+    backends = 1 + (mpi_unavailable() is None)  # gloo, and MPI where it runs
+    _STEPS = _Steps((2 if quick else 3) + 2
+                    + (len(grid["ranks"]) * len(grid["sizes"]) * backends if fit_alltoall else 0))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
