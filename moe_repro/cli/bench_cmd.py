@@ -80,6 +80,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     except ValueError as e:
         raise BadInput(str(e)) from None
     suite = get_suite(suite_name)  # imports that suite's module only
+    try:  # before --show-params too: it also checks the options given with it
+        pairs = list(params) + options_as_params(ctx.args)
+        grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     if show_params:
         click.echo(f"{suite.name}: {suite.description}")
         for key, default in suite.params.items():
@@ -88,12 +93,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
                        f"\n      {suite.param_help.get(key, '')}".rstrip())
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
+        click.echo(f"the options given make {len(grid)} grid point{'s' if len(grid) != 1 else ''} (none run)")
         return
-    try:
-        pairs = list(params) + options_as_params(ctx.args)
-        grid = suite.grid(suite.parse_overrides(pairs), quick=quick)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
     config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []

@@ -191,7 +191,7 @@ def write_alltoall_calibration(doc: dict, fits: dict, links_from: str, when: str
               show_default=True, help="Which backend's all-to-all fit sets the profile's links.")
 def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     """Measure GEMM, attention and memory-copy ceilings on this machine (one thread = one rank)
-    and write a `local` platform profile for `repro plan --platform FILE`.
+    and write a `local` platform profile for `repro plan --model M --nodes N --platform FILE`.
 
     With --alltoall (default) it also runs flat all-to-all dispatches over 2-8 real local ranks
     (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over gloo and over MPI where it runs, and
@@ -254,4 +254,4 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
-    click.echo(f"wrote {out_path} (use: repro plan --platform {out_path} ...)")
+    click.echo(f"wrote {out_path} (use: repro plan --model MODEL --nodes N --platform {out_path})")

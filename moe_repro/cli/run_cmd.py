@@ -49,7 +49,7 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
 
 
 def run_one(rid: str, params: dict, full: bool = False):
-    """Compute one reproduction; its record (the DESIGN.md contract, records/record.py).
+    """Compute one reproduction; its result record (records/record.py).
     ``params``: the overrides of its defaults (with ``full``: its paper-sized ones included)."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.spec import record_of
@@ -174,7 +174,7 @@ def count_lines(records) -> list[str]:
               help="Override a reproduction parameter (repeatable), e.g. --param gpus=16; "
                    "applied after --full.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
+              help="Write the result record (records/record.py) to this file; with several ids, a list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
 @click.option("--quiet", is_flag=True,
