@@ -90,3 +90,23 @@ def test_site_build_prints_progress(results_dir, tmp_path):
     assert lines[0].startswith("site build: 0/") and "elapsed" in lines[0]
     total = lines[0].split("/")[1].split()[0]
     assert lines[-1].startswith(f"site build: {total}/{total} done")
+
+
+def test_export_keeps_integers_and_says_which_runs_it_kept(results_dir, tmp_path):
+    import csv
+
+    for args in (["alltoall", "--nodes", "16", "--algo", "flat"], ["alltoall", "--nodes", "16", "--algo", "halo"],
+                 ["gemm", "--n", "64", "--repeats", "1", "--warmup", "0"]):
+        assert repro("bench", *args).returncode == 0
+    out = tmp_path / "r.csv"
+    r = repro("export", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(out.open()))
+    # gemm rows have no "ranks": the alltoall rows' ranks stay whole numbers, not 128.0
+    assert {row["ranks"] for row in rows} == {"128", ""}
+    assert {row["n"] for row in rows} == {"64", ""}
+    # the latest alltoall run (halo) stands for the suite, and the command says so
+    assert {row["algo"] for row in rows} == {"halo", ""}
+    assert "alltoall: the latest run" in r.stderr and "1 earlier run left out (--all-runs exports them)" in r.stderr
+    r = repro("export", "--all-runs", "--out", str(out))
+    assert {row["algo"] for row in csv.DictReader(out.open())} == {"flat", "halo", ""}
