@@ -110,3 +110,27 @@ def test_export_keeps_integers_and_says_which_runs_it_kept(results_dir, tmp_path
     assert "alltoall: the latest run" in r.stderr and "1 earlier run left out (--all-runs exports them)" in r.stderr
     r = repro("export", "--all-runs", "--out", str(out))
     assert {row["algo"] for row in csv.DictReader(out.open())} == {"flat", "halo", ""}
+
+
+@pytest.mark.parametrize("fit, expect", [
+    # the fit: 67% rms, worst 90%, L 0 -> a warning with what to do, and L explained
+    ({"rms_residual_pct": 67.0, "max_abs_residual_pct": 90.0, "latency_us": 0.0, "per_message_us": 211.0},
+     ["warning: the all-to-all fit over gloo misses its own runs by 67% rms (worst 90%), above the 25% bound",
+      "note: L (latency) fitted to 0 over gloo"]),
+    ({"rms_residual_pct": 12.0, "max_abs_residual_pct": 20.0, "latency_us": 30.0, "per_message_us": 5.0}, []),
+    ({"rms_residual_pct": 10.0, "max_abs_residual_pct": 15.0, "latency_us": 0.0, "per_message_us": 0.0},
+     ["warning: the fit over gloo found no start cost at all (L = o = 0)"]),
+    ({"rms_residual_pct": 10.0, "max_abs_residual_pct": 15.0, "latency_us": 40.0, "per_message_us": 0.0},
+     ["note: o (per-message cost) fitted to 0 over gloo"]),
+])
+def test_calibrate_judges_its_fit(fit, expect):
+    from moe_repro.cli.calibrate_cmd import FIT_RMS_BOUND_PCT, judge_fit
+
+    lines = judge_fit("gloo", fit, load=(0.1, 0.1, 0.1))
+    assert len(lines) == len(expect)
+    for line, start in zip(lines, expect):
+        assert line.startswith(start)
+    if fit["rms_residual_pct"] > FIT_RMS_BOUND_PCT:
+        assert "rerun `repro calibrate` on an idle machine" in lines[0] and "load average" not in lines[0]
+        busy = judge_fit("gloo", fit, load=(9.0, 8.0, 7.0))[0]
+        assert "load average was 9.0" in busy

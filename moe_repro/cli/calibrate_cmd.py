@@ -135,6 +135,41 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
     return fits
 
 
+# A fit whose simulated times miss the measured runs by more than this (rms of the relative
+# residuals) is reported as not trustworthy: the profile's all-to-all predictions are then off by
+# more than a quarter of the time on the very runs it was fitted to. A choice, stated here and in
+# the warning, not tuned to any result.
+FIT_RMS_BOUND_PCT = 25.0
+
+
+def judge_fit(backend: str, fit: dict, load: tuple[float, float, float] | None = None) -> list[str]:
+    """Warnings and explanations for one backend's all-to-all fit, one line each: residuals above
+    FIT_RMS_BOUND_PCT (with what to do), and a latency L or per-message cost o fitted to zero
+    (what that means for predictions). Empty for a fit within the bound with both terms."""
+    lines = []
+    rms, worst = fit["rms_residual_pct"], fit["max_abs_residual_pct"]
+    if rms > FIT_RMS_BOUND_PCT:
+        busy = (f"; load average was {load[0]:.1f} on {os.cpu_count()} cores: other work shared the "
+                f"machine" if load and load[0] > 0.5 * (os.cpu_count() or 1) else "")
+        lines.append(f"warning: the all-to-all fit over {backend} misses its own runs by {rms:.0f}% rms "
+                     f"(worst {worst:.0f}%), above the {FIT_RMS_BOUND_PCT:.0f}% bound{busy}. The "
+                     f"profile's all-to-all times are that uncertain: rerun `repro calibrate` on an idle "
+                     f"machine (more repeats without --quick), or take the other backend's links "
+                     f"(--links-from) if its fit is within the bound")
+    if fit["latency_us"] == 0 and fit["per_message_us"] > 0:
+        lines.append(f"note: L (latency) fitted to 0 over {backend}: the runs cannot tell a per-message "
+                     f"latency from the per-message cost, so o = {fit['per_message_us']:.3g} us carries "
+                     f"both; the profile predicts every message's start cost from o alone")
+    elif fit["per_message_us"] == 0 and fit["latency_us"] > 0:
+        lines.append(f"note: o (per-message cost) fitted to 0 over {backend}: L = {fit['latency_us']:.3g} us "
+                     f"carries the start cost of a message; issuing many messages is predicted free")
+    elif fit["latency_us"] == 0 and fit["per_message_us"] == 0:
+        lines.append(f"warning: the fit over {backend} found no start cost at all (L = o = 0): small "
+                     f"messages are predicted to take no time, which no real machine does; rerun on an "
+                     f"idle machine without --quick (more sizes below 64 KiB)")
+    return lines
+
+
 def faster_backend(fits: dict) -> tuple[str, dict]:
     """The fitted backend with the lower geometric-mean measured time over the runs every fitted
     backend made (each size and ranks count weighs the same), and that mean per backend (s)."""
@@ -199,7 +234,11 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
-    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us."""
+    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
+
+    Each fit is judged: residuals above 25% rms print a warning with what to do (an idle
+    machine, more repeats, the other backend's links), and a latency or per-message cost fitted
+    to zero is explained; the judgment is kept with the fit in the profile."""
     import torch
 
     from moe_repro.records.atomic import atomic_write_json
@@ -240,6 +279,10 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     fits, chosen = {}, None
     if fit_alltoall:
         fits = measure_alltoall(quick, repeats=3 if quick else 5)
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        for backend, fit in fits.items():
+            if "runs" in fit:  # kept with the fit in the profile, and printed below
+                fit["judgment"] = judge_fit(backend, fit, load)
         chosen = write_alltoall_calibration(doc, fits, links_from, env.get("timestamp"))
     from_dict(doc)  # validate before writing
     atomic_write_json(out_path, doc)
@@ -254,4 +297,6 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
+        for line in fit.get("judgment", []):
+            click.echo(line, err=line.startswith("warning"))
     click.echo(f"wrote {out_path} (use: repro plan --model MODEL --nodes N --platform {out_path})")
