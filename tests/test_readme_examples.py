@@ -44,11 +44,13 @@ SHOW = ["--show-params"]
 # command as written -> (how, arguments appended for the cheap check)
 HOW: dict[str, tuple[str, list[str]]] = {
     # README: install lines (CI runs them)
-    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && "
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 --index-url "
+    "https://download.pytorch.org/whl/cpu && pip install -e . && "
     "repro run piper-table4 && repro run --all --how A,M,S --quiet && repro site build --out site/_build":
         ("install", []),
-    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
-    "pip install -e \".[test,peers]\" && python -m pytest -q": ("install", []),
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 --index-url "
+    "https://download.pytorch.org/whl/cpu && pip install -e \".[test,peers]\" && python -m pytest -q":
+        ("install", []),
     # README: what you can do
     "repro list": ("run", []),
     "repro run piper-table4 --json t.json": ("run", []),
