@@ -265,7 +265,8 @@ def simulate(params: dict) -> dict:
             msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
         finally:
             torch.set_num_threads(threads)
-        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model)
+        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model,
+                                   progress=_flow_progress(f"simulating {params['algo']}"))
         payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
@@ -277,6 +278,28 @@ def simulate(params: dict) -> dict:
             "busbw_GBps": bus_bandwidth(algbw, N) / 1e9, "bytes": payload,
             "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s,
             "latency_model_used": res.latency_model, "assumptions": list(res.assumptions)}
+
+
+PROGRESS_EVERY_S = 2.0  # a long simulation prints a line at most this often (stderr)
+
+
+def _flow_progress(what: str):
+    """A ``progress(finished, total)`` for the simulator: after PROGRESS_EVERY_S, plain lines on
+    stderr with the flows finished, the time elapsed and an estimate of the time left."""
+    import sys
+
+    started = last = time.monotonic()
+
+    def report(finished: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < PROGRESS_EVERY_S or not finished or finished >= total:
+            return
+        last = now
+        elapsed = now - started
+        print(f"{what}: {finished}/{total} flows finished, {elapsed:.0f} s elapsed, about "
+              f"{elapsed / finished * (total - finished):.0f} s left", file=sys.stderr, flush=True)
+    return report
 
 
 def _parse_fault(fault: str) -> tuple[str, int]:

@@ -358,13 +358,14 @@ class _FlowTable:
 
 
 def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[str]],
-              rank_messages: dict, per_message_s: float = 0.0) -> dict:
+              rank_messages: dict, per_message_s: float = 0.0, progress=None) -> dict:
     """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
     the phase (per-message overhead). Returns phase start/end times and the total time.
 
     Between two events (a flow ends, or a released flow starts) every active flow moves at its
     max-min fair rate; the rates are recomputed at each event. Sets each flow's ``release`` and
-    ``finish``."""
+    ``finish``. ``progress(finished, total)``, when given, is called after every event (flows
+    finished so far, of all)."""
     produced("simulated")
     phases = list(dict.fromkeys([*dependencies, *(f.phase for f in flows)]))
     n = len(flows)
@@ -445,6 +446,8 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
         finish[finished] = now
         active[finished] = False
         done[finished] = True
+        if progress is not None:
+            progress(int(done.sum()), n)
         if close_phases():
             release_ready()
     for i, f in enumerate(flows):
@@ -600,9 +603,11 @@ def _issue_counts(m: Machine, counts: dict) -> dict:
 
 
 def simulate_messages(messages, topo: Topology, platform: Platform,
-                      dependencies: dict[str, list[str]], latency_model: str | None = None) -> SimResult:
+                      dependencies: dict[str, list[str]], latency_model: str | None = None,
+                      progress=None) -> SimResult:
     """Per-message simulation of an explicit schedule: every (phase, src, dst, nbytes) message
-    is one flow on the resources of its own nodes. Self-messages are local copies (no link)."""
+    is one flow on the resources of its own nodes. Self-messages are local copies (no link).
+    ``progress(finished, total)``: see :func:`run_flows`."""
     from moe_repro.components.network.topology import bytes_by_link_class
 
     m = Machine.from_platform(platform, latency_model)
@@ -623,7 +628,7 @@ def simulate_messages(messages, topo: Topology, platform: Platform,
     keys = {k for f in flows for k in f.uses}
     cap = _capacity(m, topo, keys, per_node_share=False)
     _add_issue_limits(m, flows, cap)
-    run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s)
+    run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s, progress)
     return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
                      phase_end_s=run["phase_end_s"], link_bytes=bytes_by_link_class(messages, topo),
                      flows=len(flows), latency_model=m.latency_model, assumptions=tuple(m.assumptions()))
