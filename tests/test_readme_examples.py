@@ -56,6 +56,7 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro run piper-table4 --json t.json": ("run", []),
     "repro run piper-table4 --out reports-out": ("run", []),
     "repro run --paper piper": ("cheap", SHOW),
+    "repro run xmoe-fig11 --show-params": ("run", []),
     "repro bench gemm --n 512,1024": ("cheap", SHOW),
     "repro bench allreduce --ranks 2,4": ("cheap", SHOW),
     "mpiexec -n 4 repro bench allreduce --backend mpi": ("launcher", []),
