@@ -40,6 +40,10 @@ def test_batch_line_scales_the_catalog_minutes_by_the_pace_so_far(monkeypatch):
     # a took 120 s where the catalog says 60: the rest is expected twice as slow
     line = run_cmd.batch_line(1, ["a", "b", "c"], 1000.0, {"a": 1.0, "b": 2.0, "c": None})
     assert line == "[2/3] b, 2:00 elapsed, about 4:00 left (+1 not timed)"
+    # faster than the catalog (its minutes are rounded up): the catalog's minutes, not less
+    clock = iter([1000.0 + 6.0])
+    line = run_cmd.batch_line(1, ["a", "b", "c"], 1000.0, {"a": 1.0, "b": 2.0, "c": None})
+    assert line == "[2/3] b, 0:06 elapsed, about 2:00 left (+1 not timed)"
 
 
 def test_several_ids_print_progress_lines_when_stderr_is_a_file(results_dir, tmp_path):

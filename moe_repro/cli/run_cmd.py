@@ -112,7 +112,9 @@ def params_listing(rids: list[str]) -> str:
 def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
     """``[i/n] id, elapsed, about T left`` for a run of several reproductions: the time left
     is the catalog's idle-machine minutes of the ones not finished, scaled by how much slower
-    than those minutes the finished ones ran (none finished: the catalog's minutes as they are)."""
+    than those minutes the finished ones ran (never below the catalog's minutes: they are rounded
+    up to a tenth, so short runs finishing early say little about the long ones; none finished:
+    the catalog's minutes as they are)."""
     from moe_repro.reproductions._suite_runs import clock
 
     elapsed = time.monotonic() - started
@@ -121,7 +123,7 @@ def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
     left_expected = sum(minutes.get(r) or 0.0 for r in chosen[i:]) * 60
     if not left_expected:
         return head
-    pace = elapsed / done_expected if done_expected and elapsed else 1.0
+    pace = max(1.0, elapsed / done_expected) if done_expected else 1.0
     unknown = sum(1 for r in chosen[i:] if not minutes.get(r))
     return (head + f", about {clock(left_expected * pace)} left"
             + (f" (+{unknown} not timed)" if unknown else ""))
