@@ -53,7 +53,6 @@ def run_one(rid: str, params: dict, full: bool = False):
     ``params``: the overrides of its defaults (with ``full``: its paper-sized ones included)."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.spec import record_of
-
     from moe_repro.runtime.launch import RankFailure
 
     repro = all_reproductions()[rid]
