@@ -38,7 +38,7 @@ def test_startup(benchmark, name, tmp_path):
         assert "Usage:" in done.stdout and "list" in done.stdout
     elif name == "list":
         assert "piper-table4" in done.stdout
-    elif args[2] == "bench":
+    elif COMMANDS[name][0] == "bench":
         assert done.stdout.startswith("simulated on frontier") and "halo" in done.stdout
     else:
         assert {"reproductions", "suites"} <= set(json.loads(done.stdout))

@@ -7,11 +7,22 @@ import pandas as pd
 from moe_repro.records.record import ReproductionRecord, SuiteRecord
 
 
+def _keep_integers(rows: list[dict]) -> pd.DataFrame:
+    """A frame of ``rows`` whose integer columns stay integers (pandas' nullable Int64) where
+    some rows lack the key: otherwise the gaps turn the column to float ("ranks 4.0")."""
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        values = [r[col] for r in rows if r.get(col) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            df[col] = df[col].astype("Int64")
+    return df
+
+
 def reproduction_frame(record: ReproductionRecord) -> pd.DataFrame:
     env = record.environment
     rows = [{"id": record.id, **cell.model_dump(), "git_commit": env.git_commit,
              "timestamp": env.timestamp} for cell in record.cells]
-    return pd.DataFrame(rows)
+    return _keep_integers(rows)
 
 
 def suite_frame(record: SuiteRecord) -> pd.DataFrame:
@@ -19,7 +30,7 @@ def suite_frame(record: SuiteRecord) -> pd.DataFrame:
     rows = [{**{k: v for k, v in r.items() if k != "samples"}, "git_commit": env.git_commit,
              "timestamp": env.timestamp, "device": getattr(env, "device", None)}
             for r in record.records]
-    return pd.DataFrame(rows)
+    return _keep_integers(rows)
 
 
 FRAMES = {"reproduction": reproduction_frame, "suite": suite_frame}

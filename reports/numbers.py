@@ -165,3 +165,48 @@ def binary_ticks(values) -> bool:
     16K, 1M bytes or tokens)."""
     big = [float(v) for v in values if is_number(v) and abs(v) >= short_ticks_from(values)]
     return bool(big) and all(v.is_integer() and int(v) % 1024 == 0 for v in big)
+
+
+_PREFIXES = {"T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "": 1.0}
+
+
+def column_unit(values, unit: str | None, ascii: bool = False) -> tuple[float, str | None]:
+    """(divide by, unit to name in the header) for a table column of ``values`` in ``unit``:
+    seconds to s/ms/µs/ns and bytes to B/KiB/MiB/GiB by the column's largest value, and a unit
+    with a decimal prefix (GB/s, TFLOP/s) to the prefix its largest value reaches (1e-5 GB/s is
+    10 KB/s); any other unit as declared."""
+    finite = [abs(float(v)) for v in values if is_number(v) and math.isfinite(v)]
+    big = max(finite, default=0.0)
+    if not big or not unit:
+        return 1.0, unit
+    if unit in ("s", "B"):
+        factor, name = scale_for(finite, unit)
+        return factor, ("us" if ascii and name == "µs" else name)
+    prefix, rest = unit[:1], unit[1:]
+    if prefix in _PREFIXES and prefix and len(rest) >= 2 and rest[0].isupper():
+        base = big * _PREFIXES[prefix]
+        for p in ("T", "G", "M", "K", ""):
+            if base >= _PREFIXES[p] * 0.9995 or p == "":
+                return _PREFIXES[p] / _PREFIXES[prefix], p + rest
+    return 1.0, unit
+
+
+def column(values, unit: str | None = None, digits: int = DIGITS, ascii: bool = False) -> tuple[str | None, list[str]]:
+    """A table column as a person reads it: (the unit its header names, the cells). Scaled to
+    one unit for the whole column (:func:`column_unit`), so the header carries the unit and the
+    cells only numbers; every cell with the same decimals (``digits`` significant digits of the
+    largest value, at least two of the smallest, at most 6 decimals), thousands separators, no
+    scientific notation; whole numbers stay whole.
+    Cells that are not numbers are as :func:`fmt` writes them."""
+    factor, name = column_unit(values, unit, ascii)
+    numbers = [v for v in values if is_number(v) and math.isfinite(v)]
+    whole = factor == 1.0 and all(isinstance(v, int) or float(v).is_integer() for v in numbers)
+    scaled = [abs(v) / factor for v in numbers if v]
+    decimals = 0
+    if scaled and not whole:
+        # ``digits`` significant digits for the largest value, at least two for the smallest
+        decimals = min(6, max(0, digits - 1 - math.floor(math.log10(max(scaled))),
+                              1 - math.floor(math.log10(min(scaled)))))
+    cells = [f"{v / factor:,.{decimals}f}" if is_number(v) and math.isfinite(v) else fmt(v)
+             for v in values]
+    return name, cells

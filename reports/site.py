@@ -85,11 +85,17 @@ def _provenance(record: ReproductionRecord, title: str) -> dict[str, str]:
             "command": env.command or record.command}
 
 
-def build_site(store, out_dir: str | Path) -> Path:
+def build_site(store, out_dir: str | Path, progress=None) -> Path:
+    """Write the site; ``progress(done, total, what)``, when given, is called before each page
+    and once at the end (done == total)."""
     # What exists comes from the catalog (reports never import the live spec or suite registries).
     out = Path(out_dir)
     by_paper: dict[str, list[dict]] = {key: [] for key in catalog.PAPERS}
+    total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 2  # + peers page + index
+    step = iter(range(total))
+    report = progress or (lambda done, total, what: None)
     for entry in catalog.REPRODUCTIONS.values():
+        report(next(step), total, f"reproduction {entry.id}")
         rid, element, how, what, issue = (entry.id, entry.paper_element, entry.how, entry.what,
                                           entry.issue)
         implemented = entry.implemented
@@ -119,6 +125,7 @@ def build_site(store, out_dir: str | Path) -> Path:
 
     suites = []
     for name, suite in catalog.SUITES.items():
+        report(next(step), total, f"suite {name}")
         runs = store.runs("suite", name)  # readable runs, oldest first
         href = f"suites/{name}.html"
         try:
@@ -136,7 +143,9 @@ def build_site(store, out_dir: str | Path) -> Path:
                        "records": len(latest.records) if latest else 0,
                        "when": latest.timestamp if latest else None})
 
+    report(next(step), total, "peers page")
     write_peers_page(store, out)
+    report(next(step), total, "index")
     papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
                "grades": _sum_counts(r["summary"] for r in rows),
                "agreement": grading.agreement_line(
@@ -145,7 +154,9 @@ def build_site(store, out_dir: str | Path) -> Path:
               for k, rows in by_paper.items() if rows]
     built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **git_state()}
-    return atomic_write_text(inside(out, "index.html"), html.render_index(papers, suites, built=built))
+    index = atomic_write_text(inside(out, "index.html"), html.render_index(papers, suites, built=built))
+    report(total, total, "")
+    return index
 
 
 def run_needs(entry) -> dict:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from moe_repro.records.record import ReproductionRecord, SuiteRecord, grade_counts
-from moe_repro.reports.numbers import fmt
+from moe_repro.reports.numbers import column, fmt
+
+SPREAD_FLAG = 0.5  # a spread (IQR / median) above this is flagged under the table
+SIZE_KEYS = ("size", "sizes", "bytes")  # grid keys that are byte counts
 
 
 def _num(x, unit: str | None = None) -> str:
@@ -77,18 +80,33 @@ def format_records(record: SuiteRecord) -> str:
     units = {m.name: m.unit for m in record.metrics}  # seconds and bytes print in their units
     main = metric_names[0]
     baseline = _impl_baseline(records, keys, main)
+    # One unit per column, named in the header (reports/numbers.py column()).
+    columns = []
+    for k in keys:  # grid values are labels: each in its own unit (1 KiB, 4 MiB)
+        columns.append([_num(r.get(k), "B" if k in SIZE_KEYS else None) for r in records])
+    for j, m in enumerate(metric_names):
+        name, cells = column([r.get(m) for r in records], units.get(m), ascii=True)
+        headers[len(keys) + j] = f"{m} (median, {name})" if name else f"{m} (median)"
+        columns.append(cells)
     if baseline:
         headers.insert(len(keys) + 1, f"x {baseline[0]}")
-    rows = []
-    for r in records:
-        row = [_num(r.get(k)) for k in keys] + [_num(r.get(m), units.get(m)) for m in metric_names]
+    rows, flagged = [], False
+    for n, r in enumerate(records):
+        row = [cells[n] for cells in columns]
         if baseline:
             base = baseline[1].get(_point_without_impl(r, keys))
             row.insert(len(keys) + 1, f"{r[main] / base:.2f}" if base and r.get(main) is not None else "-")
-        row.append(f"{r[main + '_iqr'] / r[main]:.1%}" if r.get(main) else "-")
+        spread = r[main + '_iqr'] / r[main] if r.get(main) and r.get(main + "_iqr") is not None else None
+        flag = spread is not None and spread > SPREAD_FLAG
+        flagged |= flag
+        row.append("-" if spread is None else f"{spread:.1%}" + (" !" if flag else ""))
         if has_check:
             row.append(str(r.get("wrong", "-")))
         if simulated:
             row.append("yes" if r.get("simulated") else "no (real)")
         rows.append(row)
-    return table(headers, rows)
+    out = table(headers, rows)
+    if flagged:
+        out += (f"\n! spread (IQR / median) above {SPREAD_FLAG:.0%}: the samples disagree (a busy machine, "
+                f"or too short a call); rerun with more --repeats or a larger --min-sample-s on an idle machine")
+    return out

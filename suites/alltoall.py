@@ -189,6 +189,9 @@ def derived_params(p: dict) -> dict:
     if auto_gpn:
         gpn = profile.gpus_per_node
     ranks = nodes * gpn
+    # The grid simulated comes first: with gpus_per_node auto it is the platform's, not the
+    # local 2 per node the reason above counts with.
+    why = f"{nodes} nodes x {gpn} GPUs = {ranks} ranks; {why}"
     if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
         raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
                          f"ranks; got {ranks}")
@@ -255,13 +258,21 @@ def simulate(params: dict) -> dict:
     else:  # every rank's real routing, message by message
         from moe_repro.components.moe.pft import build_pft
 
-        pfts, gens = [], []
-        for r in range(N):  # the same inputs and generators as the real run's ranks
-            _, top, weights = _rank_inputs(params, r)
-            pfts.append(build_pft(top, weights, E))
-            gens.append(_rank_generator(r))
-        msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
-        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model)
+        # One thread: the tensors are a few hundred rows per rank, and a second intra-op thread
+        # only waits for a core on a shared machine (measured 10x slower under load).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            pfts, gens = [], []
+            for r in range(N):  # the same inputs and generators as the real run's ranks
+                _, top, weights = _rank_inputs(params, r)
+                pfts.append(build_pft(top, weights, E))
+                gens.append(_rank_generator(r))
+            msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
+        finally:
+            torch.set_num_threads(threads)
+        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model,
+                                   progress=_flow_progress(f"simulating {params['algo']}"))
         payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
@@ -273,6 +284,28 @@ def simulate(params: dict) -> dict:
             "busbw_GBps": bus_bandwidth(algbw, N) / 1e9, "bytes": payload,
             "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s,
             "latency_model_used": res.latency_model, "assumptions": list(res.assumptions)}
+
+
+PROGRESS_EVERY_S = 2.0  # a long simulation prints a line at most this often (stderr)
+
+
+def _flow_progress(what: str):
+    """A ``progress(finished, total)`` for the simulator: after PROGRESS_EVERY_S, plain lines on
+    stderr with the flows finished, the time elapsed and an estimate of the time left."""
+    import sys
+
+    started = last = time.monotonic()
+
+    def report(finished: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < PROGRESS_EVERY_S or not finished or finished >= total:
+            return
+        last = now
+        elapsed = now - started
+        print(f"{what}: {finished}/{total} flows finished, {elapsed:.0f} s elapsed, about "
+              f"{elapsed / finished * (total - finished):.0f} s left", file=sys.stderr, flush=True)
+    return report
 
 
 def _parse_fault(fault: str) -> tuple[str, int]:

@@ -115,12 +115,14 @@ def split_list(text: str, what: str, convert) -> list:
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
-                         repeats: int = 5, shape: dict | None = None, timeout_s: float = 600.0) -> dict:
+                         repeats: int = 5, shape: dict | None = None, timeout_s: float = 600.0,
+                         done=None) -> dict:
     """Measure flat dispatches over real local ranks (suites/alltoall.py: ``ranks_list`` x
     ``sizes``, emulated nodes of ``gpus_per_node``, ``repeats`` samples, median) and fit the
     simulator's serial model to them (simulator.fit_alltoall_terms). Returns the calibration
     block a profile stores per backend: latency_us (L), per_message_us (o), GBps (beta), the
-    form, the residuals of the fit simulated at the fitted values, and the runs."""
+    form, the residuals of the fit simulated at the fitted values, and the runs. ``done``, when
+    given, is called with each measured point's record (progress)."""
     from moe_repro.components.network import simulator as ns
     from moe_repro.suites.runner import RunConfig, run_suite
 
@@ -130,7 +132,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                               "backend": backend, "sizes": s})
               for n in ranks_list for s in sizes]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
-    records = run_suite(alltoall.SUITE, points, config)
+    records = run_suite(alltoall.SUITE, points, config, done=done)  # done(record) per point
     terms, times = [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)

@@ -24,6 +24,8 @@ def test_sixteen_nodes_are_simulated_on_the_default_platform(tmp_path, results_d
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
     assert first.startswith("simulated on dgx-h100") and "not a measurement" in first
+    # the grid it simulates comes first, not the local ranks that did not fit
+    assert first.startswith("simulated on dgx-h100 (16 nodes x 8 GPUs = 128 ranks;")
     records = json.loads(out.read_text())["records"]
     for rec in records:
         # 16 nodes of the platform's 8 GPUs, marked simulated, with the platform and assumptions

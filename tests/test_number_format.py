@@ -90,5 +90,33 @@ def test_terminal_table_spells_seconds_and_bytes():
                       records=[{"impl": "pft", "time_s": 0.00314, "time_s_iqr": 0.0001,
                                 "peak_bytes": 3072000.0}])
     out = terminal.format_records(run)
-    assert "3.14 ms" in out and "2.93 MiB" in out
+    header, _, row = out.splitlines()
+    # the unit is in the header, the cells are numbers in it
+    assert "time_s (median, ms)" in header and "peak_bytes (median, MiB)" in header
+    assert "3.140" in row and "2.930" in row
     assert "e+06" not in out and "0.00314" not in out
+
+
+def test_terminal_columns_share_one_unit_and_fixed_decimals():
+    from moe_repro.reports.numbers import column
+
+    # seconds: the largest value picks the unit, every cell the same decimals
+    assert column([0.0001613, 0.00004194, None], "s", ascii=True) == ("us", ["161.3", "41.9", "-"])
+    # a decimal-prefixed rate below 1 in its unit goes down a prefix: no 1.001e-05 GB/s
+    assert column([1.001e-05, 2.5e-05], "GB/s") == ("KB/s", ["10.01", "25.00"])
+    assert column([0.002484], "TFLOP/s") == ("GFLOP/s", ["2.484"])
+    # bytes in a binary unit; whole numbers stay whole; no scientific notation anywhere
+    assert column([3 * 2**20, 2**21], "B") == ("MiB", ["3.000", "2.000"])
+    assert column([4, 128], "ranks") == ("ranks", ["4", "128"])
+    name, cells = column([1e-9, 0.5, 999_999.0], None)
+    assert name is None and not any("e" in c for c in cells)
+
+
+def test_terminal_flags_spreads_above_half_the_median():
+    run = SuiteRecord(suite="s", params=["impl"], environment=collect_environment(["repro"]),
+                      metrics=[{"name": "time_s", "unit": "s"}],
+                      records=[{"impl": "a", "time_s": 0.002, "time_s_iqr": 0.0002},
+                               {"impl": "b", "time_s": 0.002, "time_s_iqr": 0.0097}])
+    lines = terminal.format_records(run).splitlines()
+    assert lines[2].endswith("10.0%") and lines[3].endswith("485.0% !")
+    assert lines[4].startswith("! spread (IQR / median) above 50%")

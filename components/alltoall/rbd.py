@@ -287,7 +287,7 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
         raise ValueError(f"need one PFT per rank ({N}), got {len(pfts)}")
     generators = generators or [None] * N
     msgs = []
-    replicas = [[0] * N for _ in range(N)]  # [pilot rank][destination rank]
+    replicas = torch.zeros(N * N, dtype=torch.int64)  # [pilot rank * N + destination rank]
     for s, (pft, g) in enumerate(zip(pfts, generators)):
         s0 = select_pilots(pft, expert_to_rank, topo, g)
         for p in range(N):
@@ -298,13 +298,13 @@ def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int
                 msgs.append(("meta", s, p, s0.meta_counts[p] * META_BYTES_PER_PAIR))
             if s0.pilot_counts[p]:
                 msgs.append(("pilot", s, p, s0.pilot_counts[p] * row_bytes))
-        start = 0
-        for p in range(N):
-            block = s0.meta[start:start + s0.meta_counts[p]]
-            start += s0.meta_counts[p]
-            for d in block[:, 1].tolist():
-                if d != p:
-                    replicas[p][d] += 1
+        # Replicas: each pair whose destination is not its pilot's rank (meta rows are grouped
+        # by pilot rank, column 1 is the destination rank).
+        pilot_rank = torch.repeat_interleave(torch.arange(N), torch.tensor(s0.meta_counts, dtype=torch.int64))
+        dest = s0.meta[:, 1]
+        away = dest != pilot_rank
+        replicas += torch.bincount(pilot_rank[away] * N + dest[away], minlength=N * N)
+    replicas = replicas.view(N, N).tolist()
     for p in range(N):
         for d in range(N):
             if replicas[p][d]:

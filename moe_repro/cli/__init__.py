@@ -21,12 +21,13 @@ from moe_repro import __version__
 
 _EPILOG = """\b
 Examples:
-  repro list                          what can be run
-  repro run piper-table4              one paper table: paper vs ours, HTML report
-  repro run piper-table4 --json t.json --out reports/
-  repro bench gemm --param n=512,1024 the device's GEMM ceiling
-  repro bench allreduce --quick       2- and 4-rank all-reduce, gloo and MPI, for real
-  repro site build --out /tmp/site    the static results site
+  repro list                            what can be run
+  repro run piper-table4                one paper table: paper vs ours, in the terminal
+  repro run piper-table4 --json t.json --out piper-report
+                                        ... plus its JSON and an HTML report in piper-report/
+  repro bench gemm --param n=512,1024   the device's GEMM ceiling
+  repro bench allreduce --quick         2- and 4-rank all-reduce, gloo and MPI, for real
+  repro site build --out site/_build    the static results site
 
 Results are stored under ./results (or --results DIR, or $MOE_REPRO_RESULTS).
 Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input.

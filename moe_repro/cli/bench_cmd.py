@@ -89,16 +89,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     except ValueError as e:
         raise BadInput(str(e)) from None
     suite = get_suite(suite_name)  # imports that suite's module only
-    if show_params:
-        click.echo(f"{suite.name}: {suite.description}")
-        for key, default in suite.params.items():
-            quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
-            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}"
-                       f"\n      {suite.param_help.get(key, '')}".rstrip())
-        click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
-                                          for m in suite.all_metrics))
-        return
-    try:
+    try:  # before --show-params too: it also checks the options given with it
         pairs = list(params) + options_as_params(ctx.args)
         overrides = suite.parse_overrides(pairs)
         if device is not None:  # the one place --device reaches every suite (as a grid axis)
@@ -110,6 +101,16 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
             check_world_device(point.get("device", "auto"), str(point.get("backend", "")))
     except ValueError as e:
         raise BadInput(str(e)) from None
+    if show_params:
+        click.echo(f"{suite.name}: {suite.description}")
+        for key, default in suite.params.items():
+            quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
+            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}"
+                       f"\n      {suite.param_help.get(key, '')}".rstrip())
+        click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
+                                          for m in suite.all_metrics))
+        click.echo(f"the options given make {len(grid)} grid point{'s' if len(grid) != 1 else ''} (none run)")
+        return
     config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []

@@ -28,20 +28,64 @@ def require_correct(record: dict) -> None:
                          "its time is not a ceiling")
 
 
+class _Steps:
+    """Counts calibrate's measurements (each GEMM size, the copy, the attention, each all-to-all
+    point) and reports them as progress lines (moe_repro/cli/progress.py)."""
+
+    def __init__(self, total: int):
+        from moe_repro.cli.progress import StepLines
+
+        self.done, self.total, self.lines = 0, total, StepLines("calibrate")
+
+    def start(self, what: str) -> None:
+        self.lines(self.done, self.total, f"now {what}")
+
+    def finished(self, record: dict | None = None) -> None:
+        self.done += 1
+        if record is not None and self.done < self.total:  # an all-to-all point, measured
+            self.lines(self.done, self.total, f"measured all-to-all ranks {record.get('ranks')}, "
+                                              f"{record.get('size')} B per rank")
+        if self.done == self.total:
+            self.lines(self.done, self.total)
+
+    def skip(self, steps: int) -> None:
+        """Steps that will not run (a backend skipped or failed part-way)."""
+        self.total -= steps
+        if self.done >= self.total:
+            self.lines(self.total, self.total)
+
+
+_STEPS: _Steps | None = None
+
+
+def _step(what: str) -> None:
+    if _STEPS is not None:
+        _STEPS.start(what)
+
+
+def _stepped(record: dict | None = None) -> None:
+    if _STEPS is not None:
+        _STEPS.finished(record)
+
+
 def measure_gemm_tflops(sizes: list[int], repeats: int) -> dict:
     """GEMM ceiling with suites/gemm.py (float32, CPU, the caller's threads): median TFLOP/s
     per size."""
     best = {}
     for n in sizes:
+        _step(f"GEMM n={n}")
         rec = _run("gemm", {"n": n, "dtype": "float32", "device": "cpu"}, repeats, check=n <= 512)
         best[n] = {"tflops": rec["tflops"], "tflops_iqr": rec.get("tflops_iqr"), "correct": rec.get("correct")}
+        _stepped()
     return best
 
 
 def measure_copy_GBps(mbytes: int, repeats: int) -> tuple[float, float]:
     """Memory bandwidth of a large tensor copy (suites/memcopy.py, one thread): median GB/s and
     the spread of the copy time (max - min sample, seconds)."""
+    _step(f"memory copy {mbytes} MB")
     rec = _run("memcopy", {"mbytes": mbytes, "device": "cpu", "threads": 1}, repeats)
+    _stepped()
     require_correct(rec)
     return rec["GBps"], rec["time_s_max"] - rec["time_s_min"]
 
@@ -51,7 +95,9 @@ def measure_attention_tflops(seq: int, repeats: int) -> tuple[float, float]:
     GQA (switch-base's head shape): median TFLOP/s and the time spread (max - min, seconds)."""
     point = {"model": "switch-base", "seq_len": seq, "batch": 1, "heads": 4, "backward": False,
              "dtype": "float32", "device": "cpu", "threads": 1}
+    _step(f"attention seq {seq}")
     rec = _run("attention", point, repeats)
+    _stepped()
     require_correct(rec)
     return rec["tflops"], rec["time_s_max"] - rec["time_s_min"]
 
@@ -69,17 +115,59 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
     from moe_repro.suites.alltoall_validation import measure_and_fit_flat
 
     grid = ALLTOALL_GRID[quick]
+    runs = len(grid["ranks"]) * len(grid["sizes"])
     fits = {}
     for backend in ("gloo", "mpi"):
         why_not = mpi_unavailable() if backend == "mpi" else None
-        if why_not:
+        if why_not:  # not counted in the steps
             fits[backend] = {"skipped": why_not}
             continue
+        _step(f"all-to-all over {backend}: {runs} runs "
+              f"(ranks {'/'.join(map(str, grid['ranks']))} x {len(grid['sizes'])} sizes)")
+        measured = _STEPS.done if _STEPS is not None else 0
         try:
-            fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats)
+            fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats,
+                                                 done=_stepped)
         except (RankFailure, ValueError) as e:
             fits[backend] = {"skipped": f"{backend} all-to-all failed: {e}"}
+            if _STEPS is not None:
+                _STEPS.skip(runs - (_STEPS.done - measured))
     return fits
+
+
+# A fit whose simulated times miss the measured runs by more than this (rms of the relative
+# residuals) is reported as not trustworthy: the profile's all-to-all predictions are then off by
+# more than a quarter of the time on the very runs it was fitted to. A choice, stated here and in
+# the warning, not tuned to any result.
+FIT_RMS_BOUND_PCT = 25.0
+
+
+def judge_fit(backend: str, fit: dict, load: tuple[float, float, float] | None = None) -> list[str]:
+    """Warnings and explanations for one backend's all-to-all fit, one line each: residuals above
+    FIT_RMS_BOUND_PCT (with what to do), and a latency L or per-message cost o fitted to zero
+    (what that means for predictions). Empty for a fit within the bound with both terms."""
+    lines = []
+    rms, worst = fit["rms_residual_pct"], fit["max_abs_residual_pct"]
+    if rms > FIT_RMS_BOUND_PCT:
+        busy = (f"; load average was {load[0]:.1f} on {os.cpu_count()} cores: other work shared the "
+                f"machine" if load and load[0] > 0.5 * (os.cpu_count() or 1) else "")
+        lines.append(f"warning: the all-to-all fit over {backend} misses its own runs by {rms:.0f}% rms "
+                     f"(worst {worst:.0f}%), above the {FIT_RMS_BOUND_PCT:.0f}% bound{busy}. The "
+                     f"profile's all-to-all times are that uncertain: rerun `repro calibrate` on an idle "
+                     f"machine (more repeats without --quick), or take the other backend's links "
+                     f"(--links-from) if its fit is within the bound")
+    if fit["latency_us"] == 0 and fit["per_message_us"] > 0:
+        lines.append(f"note: L (latency) fitted to 0 over {backend}: the runs cannot tell a per-message "
+                     f"latency from the per-message cost, so o = {fit['per_message_us']:.3g} us carries "
+                     f"both; the profile predicts every message's start cost from o alone")
+    elif fit["per_message_us"] == 0 and fit["latency_us"] > 0:
+        lines.append(f"note: o (per-message cost) fitted to 0 over {backend}: L = {fit['latency_us']:.3g} us "
+                     f"carries the start cost of a message; issuing many messages is predicted free")
+    elif fit["latency_us"] == 0 and fit["per_message_us"] == 0:
+        lines.append(f"warning: the fit over {backend} found no start cost at all (L = o = 0): small "
+                     f"messages are predicted to take no time, which no real machine does; rerun on an "
+                     f"idle machine without --quick (more sizes below 64 KiB)")
+    return lines
 
 
 def faster_backend(fits: dict) -> tuple[str, dict]:
@@ -138,7 +226,7 @@ def write_alltoall_calibration(doc: dict, fits: dict, links_from: str, when: str
               show_default=True, help="Which backend's all-to-all fit sets the profile's links.")
 def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     """Measure GEMM, attention and memory-copy ceilings on this machine (one thread = one rank)
-    and write a `local` platform profile for `repro plan --platform FILE`.
+    and write a `local` platform profile for `repro plan --model M --nodes N --platform FILE`.
 
     With --alltoall (default) it also runs flat all-to-all dispatches over 2-8 real local ranks
     (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over gloo and over MPI where it runs, and
@@ -146,7 +234,11 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
-    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us."""
+    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
+
+    Each fit is judged: residuals above 25% rms print a warning with what to do (an idle
+    machine, more repeats, the other backend's links), and a latency or per-message cost fitted
+    to zero is explained; the judgment is kept with the fit in the profile."""
     import torch
 
     from moe_repro.records.atomic import atomic_write_json
@@ -158,6 +250,13 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     if ranks <= 0:
         raise BadInput(f"--ranks must be positive, got {ranks}")
     repeats = 3 if quick else 7
+    global _STEPS
+    grid = ALLTOALL_GRID[quick]
+    from moe_repro.runtime.launch import mpi_unavailable
+
+    backends = 1 + (mpi_unavailable() is None)  # gloo, and MPI where it runs
+    _STEPS = _Steps((2 if quick else 3) + 2
+                    + (len(grid["ranks"]) * len(grid["sizes"]) * backends if fit_alltoall else 0))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -180,6 +279,10 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     fits, chosen = {}, None
     if fit_alltoall:
         fits = measure_alltoall(quick, repeats=3 if quick else 5)
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        for backend, fit in fits.items():
+            if "runs" in fit:  # kept with the fit in the profile, and printed below
+                fit["judgment"] = judge_fit(backend, fit, load)
         chosen = write_alltoall_calibration(doc, fits, links_from, env.get("timestamp"))
     from_dict(doc)  # validate before writing
     atomic_write_json(out_path, doc, make_parents=False)
@@ -194,4 +297,6 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
-    click.echo(f"wrote {out_path} (use: repro plan --platform {out_path} ...)")
+        for line in fit.get("judgment", []):
+            click.echo(line, err=line.startswith("warning"))
+    click.echo(f"wrote {out_path} (use: repro plan --model MODEL --nodes N --platform {out_path})")

@@ -1,4 +1,4 @@
-"""Error types the CLI maps to exit codes (DESIGN.md: 2 bad input, 1 failure while running)."""
+"""Error types the CLI maps to exit codes (2 bad input, 1 failure while running)."""
 
 import click
 

@@ -49,16 +49,25 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
 
 
 def run_one(rid: str, params: dict, full: bool = False):
-    """Compute one reproduction; its record (the DESIGN.md contract, records/record.py).
+    """Compute one reproduction; its result record (records/record.py).
     ``params``: the overrides of its defaults (with ``full``: its paper-sized ones included)."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions.spec import record_of
+    from moe_repro.runtime.launch import RankFailure
 
     repro = all_reproductions()[rid]
     try:
         result = repro.run(params)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    except RankFailure as e:
+        # A slow machine is not a hang: say which parameter allows a longer run.
+        if "did not finish within" in str(e) and "timeout_s" in repro.defaults:
+            allowed = {**repro.defaults, **params}["timeout_s"]
+            raise RankFailure(f"{e}; {rid} allows {allowed:g} s (--param timeout_s): if the machine "
+                              f"is only slow, rerun with e.g. --param timeout_s={4 * float(allowed):g}",
+                              e.ranks) from None
+        raise
     from moe_repro import cli
 
     # command: how to rerun this one result; the environment keeps the command line that ran
@@ -78,6 +87,45 @@ def is_current(stored, params: dict) -> bool:
         return False
     expected = {**all_reproductions()[stored.id].defaults, **params}
     return env.git_commit == state["git_commit"] and stored.params == expected
+
+
+def params_listing(rids: list[str]) -> str:
+    """The parameters of reproductions with their defaults (and --full values), one per line."""
+    from moe_repro.reproductions import all_reproductions
+
+    known = all_reproductions()
+    lines = []
+    for rid in rids:
+        repro = known[rid]
+        lines.append(f"{rid}: parameters (--param K=V) and defaults"
+                     + (" [and --full values]" if repro.full else "") + ":")
+        width = max((len(k) for k in repro.defaults), default=0)
+        for key, value in repro.defaults.items():
+            full = f"  [--full: {repro.full[key]}]" if key in repro.full else ""
+            lines.append(f"  {key:<{width}}  {value}{full}")
+        if not repro.defaults:
+            lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
+    """``[i/n] id, elapsed, about T left`` for a run of several reproductions: the time left
+    is the catalog's idle-machine minutes of the ones not finished, scaled by how much slower
+    than those minutes the finished ones ran (never below the catalog's minutes: they are rounded
+    up to a tenth, so short runs finishing early say little about the long ones; none finished:
+    the catalog's minutes as they are)."""
+    from moe_repro.reproductions._suite_runs import clock
+
+    elapsed = time.monotonic() - started
+    head = f"[{i + 1}/{len(chosen)}] {chosen[i]}, {clock(elapsed)} elapsed"
+    done_expected = sum(minutes.get(r) or 0.0 for r in chosen[:i]) * 60
+    left_expected = sum(minutes.get(r) or 0.0 for r in chosen[i:]) * 60
+    if not left_expected:
+        return head
+    pace = max(1.0, elapsed / done_expected) if done_expected else 1.0
+    unknown = sum(1 for r in chosen[i:] if not minutes.get(r))
+    return (head + f", about {clock(left_expected * pace)} left"
+            + (f" (+{unknown} not timed)" if unknown else ""))
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict:
@@ -127,15 +175,18 @@ def count_lines(records) -> list[str]:
               help="Override a reproduction parameter (repeatable), e.g. --param gpus=16; "
                    "applied after --full.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write the result (DESIGN.md contract) to this file; with several ids, a list.")
+              help="Write the result record (records/record.py) to this file; with several ids, a list.")
 @click.option("--out", "out_dir", type=OutputDir(), default=None,
               help="Also write the HTML report (and its JSON) into this directory.")
 @click.option("--quiet", is_flag=True,
               help="Print only one line per reproduction: its counts of compared cells.")
 @click.option("--force", is_flag=True,
               help="With --all/--paper: rerun even reproductions whose stored result is current.")
+@click.option("--show-params", is_flag=True,
+              help="List the reproductions' parameters (what --param takes) with their defaults, and exit.")
 @click.pass_obj
-def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force) -> None:
+def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force,
+            show_params) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
     Each cell's grade follows one policy for every paper (records/grading.py): match (within
@@ -172,13 +223,20 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     from moe_repro.reproductions._suite_runs import Watch, clock, watching
 
     chosen = resolve_ids(ids, paper, run_all, how)
+    if show_params:
+        click.echo(params_listing(chosen))
+        return
     overrides = parse_params(params)
+    from moe_repro import catalog
+
+    minutes = {rid: catalog.REPRODUCTIONS[rid].minutes for rid in chosen}
     resume = (run_all or paper) and not force
     known = all_reproductions()
+    batch_started = time.monotonic()
     records = []
     for i, rid in enumerate(chosen):
         if len(chosen) > 1 and not quiet:
-            click.echo(f"[{i + 1}/{len(chosen)}] {rid}", err=True)
+            click.echo(batch_line(i, chosen, batch_started, minutes), err=True)
         given = {**(known[rid].full if full else {}), **overrides}
         if full and not known[rid].full and not quiet:
             click.echo(f"{rid}: its defaults are already its full run", err=True)

@@ -18,7 +18,10 @@ def command() -> None:
 @click.pass_obj
 def build(store, out_dir: str) -> None:
     """Render an index of every reproduction and suite, a page for each, and the raw JSON."""
+    from moe_repro.cli.progress import StepLines
     from moe_repro.reports.site import build_site
 
-    index = build_site(store, out_dir)
+    # pages take from milliseconds to seconds each: a line at most every 2 s, on stderr
+    lines = StepLines("site build", every_s=2.0)
+    index = build_site(store, out_dir, progress=lambda done, total, what: lines(done, total, what and f"now {what}"))
     click.echo(f"site: {index}")
