@@ -3,6 +3,8 @@ stages of X-MoE Fig. 11, each stage a zero-argument call on inputs prepared befo
 
 impl "pft":    gating (+ PFT construction), buffer dispatch (gather), dispatch all-to-all-v,
                expert (grouped GEMM), combine all-to-all-v, buffer combine (weighted scatter).
+               On several ranks dispatch_a2a / combine_a2a are the layer's dispatch / combine
+               (its dispatcher, with the gather and the weighted sum inside).
 impl "padded": gating (+ dispatch mask and combine tensor [S, E, C]), buffer dispatch (einsum
                into [E, C, H]), even all-to-all, expert (bmm on [E_local, W*C, H]), even
                all-to-all back, buffer combine (einsum).
@@ -93,15 +95,25 @@ def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
         if impl == "pft":
             calls["gating"] = lambda: layer.make_pft(layer.route(x))
             pft = calls["gating"]()
+            # One rank: buffer dispatch/combine are the PFT gather and the weighted scatter, the
+            # all-to-all stages move nothing. Expert parallel: the layer's dispatch and combine
+            # (its dispatcher: the code the alltoall suite times and the trainer runs) gather,
+            # exchange and sum in one, so the *_a2a stages hold them and the buffer stages time
+            # the local gather and scatter alone.
             calls["buffer_dispatch"] = lambda: layer.buffer_dispatch(x, pft)
             dispatch_in = calls["buffer_dispatch"]()
-            calls["dispatch_a2a"] = lambda: layer.dispatch_alltoall(dispatch_in, pft)
+            if layer.dispatcher is None:
+                plan = layer.dispatch(x, pft)[1]
+                calls["dispatch_a2a"] = lambda: (dispatch_in, plan)
+            else:
+                calls["dispatch_a2a"] = lambda: layer.dispatch(x, pft)
             expert_in, plan = calls["dispatch_a2a"]()
             calls["expert"] = lambda: layer.expert_compute(expert_in, plan)
             expert_out = calls["expert"]()
-            calls["combine_a2a"] = lambda: layer.combine_alltoall(expert_out, plan)
-            combine_in = calls["combine_a2a"]()
-            calls["buffer_combine"] = lambda: layer.buffer_combine(combine_in, pft)
+            calls["combine_a2a"] = ((lambda: expert_out) if layer.dispatcher is None
+                                    else (lambda: layer.combine(expert_out, plan, pft)))
+            calls["combine_a2a"]()
+            calls["buffer_combine"] = lambda: layer.buffer_combine(dispatch_in, pft)
             rows = pft.num_rows
         elif impl in PEER_IMPLS:
             peer = peer_dispatch(impl, layer.gate.weight, layer.top_k, layer.capacity_factor)

@@ -24,9 +24,11 @@ over real ranks built on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
-from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, ReusedBuffers, register
+from moe_repro.components.alltoall.base import (AllToAll, AllToAllFacts, Dispatcher, FlatLayout, ReusedBuffers,
+                                                register)
 from moe_repro.components.lazy_import import lazy_module
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
@@ -317,66 +319,76 @@ def flat_send_layout(pft, expert_to_rank, world_size: int) -> tuple[torch.Tensor
     return order, [int(c) for c in counts]
 
 
+@dataclass
+class FlatPlan:
+    layout: FlatLayout
+    token_order: torch.Tensor  # token of each send row
+    weights: torch.Tensor  # PFT combine weight of each send row (detached)
+    known_counts: object = None  # what else the counts exchange learnt (HALO's KnownCounts)
+
+
 class FlatDispatcher(Dispatcher):
-    """Dispatch: gather the PFT's rows in flat send order, exchange counts, one all-to-all-v.
-    Combine: the reverse all-to-all-v, then each row scaled by its combine weight and added into
-    its token. Subclasses change only the two exchanges (:class:`halo_group.HaloDispatcher`).
-    The send, receive and combine-receive rows live in reused buffers (:class:`ReusedBuffers`)."""
+    """Plan: the send layout (computed once per PFT) and the counts exchange. Way out: gather
+    the PFT's rows in flat send order, one all-to-all-v. Way back: the reverse all-to-all-v, then
+    each row (scaled by its combine weight) added into its token. Subclasses change only the two
+    exchanges (:class:`halo_group.HaloDispatcher`). The send, receive and returned rows live in
+    reused buffers (:class:`ReusedBuffers`)."""
 
     def __init__(self, comm: Comm, expert_to_rank):
-        self.comm, self.expert_to_rank = comm, expert_to_rank
+        self._comm, self.expert_to_rank = comm, expert_to_rank
         self.buffers = ReusedBuffers()
         self._pft = None  # the PFT the layout below was computed for
-        self._token_order = self._weights = None
-        self._send_counts: list[int] = []
-        self._recv_counts: list[int] | None = None
+        self._layout = None
 
-    def _use_layout_of(self, pft) -> None:
+    def comm(self) -> Comm:
+        return self._comm
+
+    def _layout_of(self, pft):
         # The layout is a pure function of the PFT and the placement: computed once per PFT,
         # outside the exchange (the alltoall suite times dispatch of one PFT again and again).
         if pft is not self._pft:
-            order, self._send_counts = flat_send_layout(pft, self.expert_to_rank, self.comm.size)
-            self._token_order = pft.token_ids[order]
-            self._weights = pft.combine_weights.detach()[order]
+            order, send_counts = flat_send_layout(pft, self.expert_to_rank, self._comm.size)
+            self._layout = (order, send_counts, pft.token_ids[order], pft.combine_weights.detach()[order])
             self._pft = pft
+        return self._layout
 
-    def exchange(self, rows: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """(received rows, rows received from each rank) of one all-to-all-v."""
+    def receive_counts(self, send_counts: list[int]):
+        """(rows received from each rank, what the exchange needs besides): the counts exchange."""
+        return self._comm.exchange_counts(send_counts), None
+
+    def plan(self, pft) -> FlatPlan:
+        order, send_counts, token_order, weights = self._layout_of(pft)
         t = self._clock()
-        recv_counts = self.comm.exchange_counts(send_counts)
-        t = self._lap("counts exchange", t)
-        out = self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
-                                  out=self.buffers.get("received", sum(recv_counts), rows))
-        self._lap("all-to-all", t)
-        return out, recv_counts
+        recv_counts, known = self.receive_counts(send_counts)
+        self._lap("counts exchange", t)
+        return FlatPlan(FlatLayout(order, send_counts, recv_counts), token_order, weights, known)
+
+    def exchange(self, rows: torch.Tensor, state: FlatPlan) -> torch.Tensor:
+        """The received rows of one all-to-all-v (counts known on both sides)."""
+        recv_counts = state.layout.recv_counts
+        return self._comm.alltoallv(rows, state.layout.send_counts, recv_counts, "a2a",
+                                    out=self.buffers.get("received", sum(recv_counts), rows))
 
     def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """The exchange back (counts known on both sides)."""
-        return self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
-                                   out=self.buffers.get("returned", sum(recv_counts), rows))
+        return self._comm.alltoallv(rows, send_counts, recv_counts, "a2a",
+                                    out=self.buffers.get("returned", sum(recv_counts), rows))
 
-    def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[0] != pft.num_tokens:
-            raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
-        self._use_layout_of(pft)
+    def send_rows(self, x: torch.Tensor, state: FlatPlan) -> torch.Tensor:
         t = self._clock()
-        if x.requires_grad and torch.is_grad_enabled():  # out= has no autograd
-            rows = x.index_select(0, self._token_order)
-        else:
-            rows = torch.index_select(x, 0, self._token_order,
-                                      out=self.buffers.get("send", self._token_order.numel(), x))
-        self._lap("buffer gather", t)
-        out, self._recv_counts = self.exchange(rows, self._send_counts)
+        rows = torch.index_select(x, 0, state.token_order,
+                                  out=self.buffers.get("send", state.token_order.numel(), x))
+        t = self._lap("buffer gather", t)
+        out = self.exchange(rows, state)
+        self._lap("all-to-all", t)
         return out
 
-    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        if self._recv_counts is None:
-            raise RuntimeError("combine called before dispatch")
-        if y.shape[0] != sum(self._recv_counts):
-            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {sum(self._recv_counts)}")
-        back = self.reverse(y, self._recv_counts, self._send_counts)
+    def return_rows(self, y: torch.Tensor, state: FlatPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+        back = self.reverse(y, state.layout.recv_counts, state.layout.send_counts)
+        if weighted:
+            back = back * state.weights.to(y.dtype).unsqueeze(1)
         out = y.new_zeros((num_tokens, y.shape[1]))
-        return out.index_add_(0, self._token_order, back * self._weights.to(y.dtype).unsqueeze(1))
+        return out.index_add_(0, state.token_order, back)
 
 
 class FlatAlgorithm(AllToAll):
@@ -385,15 +397,16 @@ class FlatAlgorithm(AllToAll):
     facts = AllToAllFacts(
         name="flat", label="flat", paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
         description="every rank exchanges rows directly with every other rank (all-to-all-v)",
-        layer_form=True, equal_ranks_per_node=False, schedule_from_counts=True,
-        stages=("buffer gather", "counts exchange", "all-to-all"))
+        equal_ranks_per_node=False, schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> FlatDispatcher:
         return FlatDispatcher(comms.world, expert_to_rank)
 
-    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
-        return all_to_all_v(x, send_counts, recv_counts, group)
+    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> FlatDispatcher:
+        group = dist.group.WORLD if group is None else group
+        return FlatDispatcher(TorchComm(group, dist.get_process_group_ranks(group)), expert_to_rank)
 
     def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
         return flat_schedule(counts_matrix, row_bytes, with_counts, ranks=ranks)

@@ -179,20 +179,23 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
 
 class HaloDispatcher(FlatDispatcher):
     """MoE dispatch/combine in the flat layout with HALO's three phases in place of the flat
-    all-to-all-v (same rows, same order). The dispatched rows are HALO's persistent output
-    buffer: the next call overwrites them."""
+    all-to-all-v (same rows, same order). Without grad the dispatched rows are HALO's persistent
+    output buffer: the next call overwrites them."""
 
     def __init__(self, halo: HaloAllToAll, expert_to_rank):
         super().__init__(halo.comms.world, expert_to_rank)
         self.halo = halo
 
-    def exchange(self, rows, send_counts):
+    def receive_counts(self, send_counts):
         counts = self.halo.known_counts(send_counts)  # what HALO's own call would exchange
-        received = [int(counts[s][self.comm.rank]) for s in range(self.comm.size)]
-        return self.halo(rows, send_counts, counts_matrix=counts), received
+        me = self.comm().rank
+        return [int(counts[s][me]) for s in range(self.comm().size)], counts
+
+    def exchange(self, rows, state):
+        return self.halo(rows, state.layout.send_counts, counts_matrix=state.known_counts)
 
     def reverse(self, rows, send_counts, recv_counts):
-        return self.halo(rows, send_counts)
+        return self.halo(rows, send_counts)  # its own counts exchange learns the transposed counts
 
 
 class HaloAlgorithm(AllToAll):
@@ -202,14 +205,15 @@ class HaloAlgorithm(AllToAll):
         name="halo", label="HALO", paper_section="Piper Sec. V, Alg. 1",
         description="hierarchical all-to-all: one message per remote node through same-local-rank "
                     "peers, regrouped inside the node",
-        layer_form=True, equal_ranks_per_node=True, schedule_from_counts=True)
+        equal_ranks_per_node=True, schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> HaloDispatcher:
         return HaloDispatcher(HaloAllToAll(comms), expert_to_rank)
 
-    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
-        return halo_all_to_all_v(x, send_counts, recv_counts, group)
+    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> HaloDispatcher:
+        return HaloDispatcher(build_group_halo(group, topo), expert_to_rank)
 
     def check_group(self, group_ranks, topo) -> None:
         group_topology(group_ranks, topo)

@@ -233,7 +233,7 @@ class FEPLBMoELayer(MoELayer):
     def routed(self, x: torch.Tensor, gate_out) -> torch.Tensor:
         pft = self.make_pft(gate_out)
         # Phase 1: the unchanged EP dispatch; rows arrive grouped by local expert.
-        expert_in, plan = self.dispatch_alltoall(self.buffer_dispatch(x, pft), pft)
+        expert_in, plan = self.dispatch(x, pft)
         global_counts = pft.tokens_per_expert.clone()
         dist.all_reduce(global_counts, group=self.ep_group)
         t0 = time.perf_counter()
@@ -242,7 +242,7 @@ class FEPLBMoELayer(MoELayer):
         self.stats.plan = balance
         expert_out = self._two_phase_compute(expert_in, plan.tokens_per_local_expert.tolist(),
                                              global_counts.cpu().tolist(), balance)
-        return self.buffer_combine(self.combine_alltoall(expert_out, plan), pft)
+        return self.combine(expert_out, plan, pft)
 
     def _two_phase_compute(self, expert_in: torch.Tensor, local_counts: list[int],
                            global_counts: list[int], balance: BalancePlan) -> torch.Tensor:

@@ -65,7 +65,7 @@ class TrainConfig:
     aux_loss_coef: float = 0.01
     seed: int = 0
     checkpoint: bool = False  # activation checkpointing of every block
-    alltoall: str = "flat"  # expert all-to-all inside each EP group: a registered layer form
+    alltoall: str = "flat"  # the dispatcher inside each EP group: a registered all-to-all
     ranks_per_node: int | None = None  # emulated node size of a local launch (None: one node)
     check_reference: bool = False
     # Fault injection (tests, drills): rank ``fail_rank`` dies abruptly at step ``fail_step``.
@@ -96,9 +96,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
             raise ValueError(f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef}")
-        layer_forms = algorithm_names(layer_form=True)  # usable inside the MoE layer
-        if self.alltoall not in layer_forms:
-            raise ValueError(f"alltoall must be one of {', '.join(layer_forms)}, got {self.alltoall!r}")
+        if self.alltoall not in algorithm_names():  # every registered dispatcher trains
+            raise ValueError(f"alltoall must be one of {', '.join(algorithm_names())}, got {self.alltoall!r}")
         if self.ranks_per_node is not None and (self.ranks_per_node < 1
                                                 or self.world_size % self.ranks_per_node):
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must divide the "
