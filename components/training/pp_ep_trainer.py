@@ -5,10 +5,11 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens with an all-to-all-v through components/moe/moe_layer.py: ``alltoall`` names
-any registered algorithm with a differentiable EP-group form (components/alltoall: flat, the
-default, or Piper Sec. V's HALO on the EP group over the emulated nodes, ``ranks_per_node``,
-restricted to the group), and because every pipeline executes the same schedule, the EP group's
+ranks exchange tokens through the dispatcher components/moe/moe_layer.py holds: ``alltoall``
+names any registered algorithm (components/alltoall: flat, the default, Piper Sec. V's HALO or
+X-MoE Sec. 4.2's RBD on the EP group over the emulated nodes, ``ranks_per_node``, restricted to
+the group; each one's dispatcher is differentiable), the same code the alltoall and
+dispatch-stages suites time, and because every pipeline executes the same schedule, the EP group's
 collectives are issued in the same order on every member.
 
 Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
