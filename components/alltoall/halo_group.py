@@ -3,8 +3,9 @@
     halo_all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 
 Same contract as :func:`moe_repro.components.alltoall.flat.all_to_all_v` (rows of ``x`` split
-by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order), so
-the MoE layer can use either. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
+by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order): a
+plain collective for callers that move rows other than an MoE dispatch. The MoE layer and the
+trainer hold :class:`HaloDispatcher` (``HaloAlgorithm.group_dispatcher``) instead. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
 :class:`moe_repro.components.alltoall.halo.HaloAllToAll`); its backward is HALO again with the
 transposed counts matrix: what I received from rank s goes back to s, through the same phases.
 
