@@ -229,6 +229,7 @@ def simulate(params: dict) -> dict:
     import sys
 
     from moe_repro.components.network import simulator as ns
+    from moe_repro.components.alltoall import simulated
 
     platform = _simulated_platform(str(params["platform"]), int(params["gpus_per_node"]))
     model = None if params.get("latency_model", "profile") == "profile" else params["latency_model"]
@@ -243,7 +244,7 @@ def simulate(params: dict) -> dict:
         for rank in placement:
             per_rank[rank] += 1
         rows_to = [round(S * k * e / E) for e in per_rank]
-        fn, deps = ns.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
+        fn, deps = simulated.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
         res = ns.simulate_expected(fn, rows_to, topo, platform, deps, model)
         payload = sum(rows_to) * row_bytes
     else:  # every rank's real routing, message by message

@@ -14,6 +14,7 @@ from moe_repro.components.alltoall.halo_group import HaloAlgorithm
 from moe_repro.components.alltoall.rbd import RBDAlgorithm
 from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.topology import Topology
 from moe_repro.runtime.launch import run_ranks
 
@@ -107,10 +108,10 @@ def test_unknown_names_and_facts_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="unknown all-to-all fact 'fast'"):
         algorithm_names(fast=True)
     with pytest.raises(ValueError, match="all-to-all 'ring'"):
-        ns.expected_schedule("ring", TOPO, ROW)
+        simulated.expected_schedule("ring", TOPO, ROW)
     # RBD's messages depend on the tokens: the simulator cannot build them from counts
     with pytest.raises(ValueError, match="rbd cannot be simulated from expected counts"):
-        ns.expected_schedule("rbd", TOPO, ROW)
+        simulated.expected_schedule("rbd", TOPO, ROW)
 
 
 def test_register_refuses_duplicates_and_broken_promises(monkeypatch):
@@ -160,7 +161,7 @@ def _choices():
         "trainer": accepted(lambda a: TrainConfig(model="tiny-moe", alltoall=a).validate()),
         "cli": set(option.type.choices),
         "suite": accepted(lambda a: SUITE.grid({"algo": [a], "platform": ["dgx-h100"], "nodes": [2]})),
-        "simulator": accepted(lambda a: ns.expected_schedule(a, TOPO, ROW)),
+        "simulator": accepted(lambda a: simulated.expected_schedule(a, TOPO, ROW)),
     }
 
 

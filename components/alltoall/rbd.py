@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, FlatLayout, register
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
@@ -72,8 +71,8 @@ from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
 from moe_repro.components.provenance import produced
 
-if TYPE_CHECKING:
-    from moe_repro.components.moe.pft import PFT
+# ``PFT`` in the annotations is components/moe/pft.py's; not imported: moe sits above alltoall
+# in components/ (tests/test_layers.py), and annotations are never evaluated here.
 
 # Imported on first use: the registry (read by the simulator) imports this module.
 torch = lazy_module("torch", globals())
