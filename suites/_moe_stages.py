@@ -13,7 +13,11 @@ peers (components/moe/peers.py: megatron, megatron-drop, deepspeed-sparse, deeps
                the same expert weights (ours: grouped GEMM on Megatron's [N, H] rows, bmm on
                DeepSpeed's [E, C, H] buffer); one rank only, with no all-to-all stages (their
                all-to-alls need the peers' own parallel state).
-Forward only, under torch.no_grad() (Fig. 11 is a forward breakdown). Peak memory of a stage is
+Forward only, under torch.no_grad() (Fig. 11 is a forward breakdown), except in whole-layer
+passes (``backward`` = 1, or a peer on ranks > 1; stage "layer"): there each implementation's
+own expert-parallel layer runs (ours: its dispatcher; Megatron's token dispatcher and
+DeepSpeed's MOELayer with their own all-to-alls, components/moe/peer_ep.py), forward or forward
++ backward, and ``check`` compares its output (and input gradient) with a one-rank reference. Peak memory of a stage is
 measured once per grid point after a warm-up call: peak allocated bytes on CUDA, else the
 process's peak resident set rise (components/training/peak_memory.py), max over ranks.
 """
@@ -33,9 +37,15 @@ def peer_params(p: dict) -> dict:
     if p["impl"] not in PEER_IMPLS:
         return {"peer": ""}
     version = require_peer(p["impl"])
-    if int(p.get("ranks", 1)) != 1:
-        raise ValueError(f"impl {p['impl']} runs on one rank (ranks=1): its all-to-all needs the "
-                         f"peer's own parallel state")
+    if layer_pass_mode(p):  # the peer's own expert-parallel layer (components/moe/peer_ep.py)
+        from moe_repro.components.moe.peer_ep import EP_PEERS
+
+        if p["impl"] not in EP_PEERS or p["stage"] != "layer" or int(p.get("ranks", 1)) < 2:
+            raise ValueError(f"on several ranks or with backward a peer runs its whole "
+                             f"expert-parallel layer: impl one of {', '.join(EP_PEERS)}, "
+                             f"stage=layer, ranks >= 2; got impl={p['impl']}, stage={p['stage']}, "
+                             f"ranks={p.get('ranks', 1)}")
+        return {"peer": f"{PEER_IMPLS[p['impl']][0]}=={version}"}
     if p["stage"] not in (*PEER_STAGES, "layer", "total"):
         raise ValueError(f"impl {p['impl']} has stages {', '.join(PEER_STAGES)}, layer, total; "
                          f"got {p['stage']!r}")
@@ -67,7 +77,7 @@ def device_for(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
+def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELayer, torch.Tensor]:
     impl = params["impl"]
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -80,9 +90,10 @@ def build(params: dict, ctx) -> tuple[MoELayer, torch.Tensor]:
     device, dtype = device_for(params["device"]), DTYPES[params["dtype"]]
     torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
     cls = PaddedMoELayer if impl == "padded" else MoELayer  # peers borrow MoELayer's weights
-    layer = cls(hidden, int(params["d_ffn"]), experts, top_k,
-                capacity_factor=float(params["capacity_factor"]), gemm=params.get("gemm", "sequential"),
-                expert_parallel=ctx is not None and ctx.world_size > 1, dtype=dtype, device=device)
+    options = {"capacity_factor": float(params["capacity_factor"]), **(layer_options or {})}
+    layer = cls(hidden, int(params["d_ffn"]), experts, top_k, gemm=params.get("gemm", "sequential"),
+                expert_parallel=ctx is not None and ctx.world_size > 1, dtype=dtype, device=device,
+                **options)
     g = torch.Generator().manual_seed(99 + (ctx.rank if ctx is not None else 0))
     x = torch.randn(tokens, hidden, generator=g).to(device=device, dtype=dtype)
     return layer, x
@@ -181,7 +192,100 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
     return ctx.all_reduce_max(float(peak)) if ctx is not None else float(peak)
 
 
+def layer_pass_mode(params: dict) -> bool:
+    """Whole-layer passes through each implementation's own expert-parallel path (forward, or
+    forward + backward with ``backward``): asked for by ``backward`` or by a peer on ranks > 1."""
+    return bool(int(params.get("backward", 0))) or (params["impl"] in PEER_IMPLS
+                                                     and int(params.get("ranks", 1)) > 1)
+
+
+def _reference_out(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
+    """The layer's output computed on this rank alone (differentiable in x): every rank built its
+    experts from the same seed (build), so expert e's weights are local expert e mod E_local's
+    here. Shares no code with any dispatcher or peer."""
+    from moe_repro.components.moe.pft import gather_tokens, scatter_combine
+
+    pft = layer.make_pft(layer.route(x))
+    local = pft.expert_ids % len(layer.local_experts)
+    order = torch.argsort(local, stable=True)
+    rows = gather_tokens(x, pft).index_select(0, order)
+    counts = torch.bincount(local, minlength=len(layer.local_experts))
+    y = torch.zeros_like(rows).index_copy(0, order, layer.experts(rows, counts))
+    out = scatter_combine(y, pft, layer.combine_accumulate)
+    if layer.shared is not None:
+        out = out + layer.shared(x, torch.tensor([x.shape[0]]))
+    return out
+
+
+def setup_layer_pass(params: dict, ctx) -> dict:
+    """One implementation's whole layer over the real EP group: ours (its dispatcher), or a
+    peer's own expert-parallel layer (components/moe/peer_ep.py) around our weights."""
+    from moe_repro.components.moe.peer_ep import EP_PEERS, peer_forward
+
+    impl, backward = params["impl"], bool(int(params.get("backward", 0)))
+    if impl == "padded":
+        raise ValueError("impl padded has no whole-layer pass with backward here (stage calls only)")
+    if params["stage"] != "layer":
+        raise ValueError(f"with backward or a peer on several ranks the stage is the whole layer "
+                         f"(stage=layer), got {params['stage']!r}")
+    if impl in PEER_IMPLS and impl not in EP_PEERS:
+        raise ValueError(f"impl {impl} has no expert-parallel form here; those with one: "
+                         f"{', '.join(EP_PEERS)}")
+    set_threads(params, ctx)
+    layer, x = build(params, ctx, EP_PEERS.get(impl))
+    if impl in PEER_IMPLS:
+        import torch.distributed as dist
+
+        if not layer.expert_parallel:
+            raise ValueError(f"impl {impl}: the peers' expert-parallel layers need ranks >= 2")
+        forward = peer_forward(impl, layer, dist.group.WORLD, float(params["capacity_factor"]))
+    else:
+        forward = layer
+    g = torch.Generator().manual_seed(7 + (ctx.rank if ctx is not None else 0))
+    grad_out = torch.randn(x.shape, generator=g).to(x)
+
+    def call():
+        if not backward:
+            with torch.no_grad():
+                return forward(x)
+        layer.zero_grad(set_to_none=True)
+        xi = x.detach().requires_grad_(True)
+        out = forward(xi)
+        (out * grad_out).sum().backward()
+        return out.detach(), xi.grad
+
+    return {"call": call, "layer": layer, "x": x, "impl": impl, "backward": backward,
+            "peak_bytes": float("nan"), "buffer_rows": float("nan"), "pass": True,
+            "grad_out": grad_out}
+
+
+def check_layer_pass(state: dict) -> int:
+    """Elements of the output (and, with backward, of the input gradient) that differ from the
+    one-rank reference (:func:`_reference_out`) by more than 1e-5 of the largest value in fp32
+    (1e-2 in bf16): a peer's own path and ours are checked alike. 0 outside whole-layer passes
+    (the stage calls are checked by tests/test_moe_layer.py)."""
+    if not state.get("pass"):
+        return 0
+    layer, x = state["layer"], state["x"]
+    got = state["call"]()
+    out, dx = got if state["backward"] else (got, None)
+    xi = x.detach().clone().requires_grad_(state["backward"])
+    want = _reference_out(layer, xi)
+    tol = 1e-2 if x.dtype == torch.bfloat16 else 1e-5
+
+    def wrong(a, b):
+        return int(((a.float() - b.float()).abs() > tol * max(1.0, b.abs().max().item() if b.numel() else 0)).sum())
+
+    count = wrong(out, want.detach())
+    if dx is not None:
+        (ref_dx,) = torch.autograd.grad((want * state["grad_out"]).sum(), xi)
+        count += wrong(dx, ref_dx)
+    return count
+
+
 def setup_stage(params: dict, ctx) -> dict:
+    if layer_pass_mode(params):
+        return setup_layer_pass(params, ctx)
     stage = params["stage"]
     set_threads(params, ctx)
     layer, x = build(params, ctx)
@@ -200,9 +304,14 @@ def setup_stage(params: dict, ctx) -> dict:
 
 
 def run_stage(state: dict) -> None:
+    if state.get("pass"):  # a whole-layer pass: the call holds its own grad mode
+        state["call"]()
+        return
     with torch.no_grad():
         state["call"]()
 
 
 def derive_stage(params: dict, state: dict, time_s: float) -> dict:
+    if state.get("pass"):
+        return {}
     return {"peak_bytes": state["peak_bytes"], "buffer_rows": state["buffer_rows"]}

@@ -7,13 +7,13 @@ the same router weight and the same expert weights as our :class:`MoELayer` on t
   megatron   Megatron-core 0.16's ``MoEAlltoAllTokenDispatcher`` (the token dispatcher its
              ``MoELayer`` holds for ``--moe-token-dispatcher-type alltoall``), given our EP group
              through its ``ProcessGroupCollection`` (ep = tp_ep = our group; no expert tensor
-             parallelism). Routing: our gate's top-k (the same pairs and weights as ours, as a
-             dense probs / routing_map pair); the dispatcher permutes, exchanges the counts
+             parallelism). Routing: our layer's kept pairs and weights (its gate's top-k after
+             its capacity drop, if any), as Megatron's dense probs / routing_map pair; the dispatcher permutes, exchanges the counts
              (all-gather), the rows and the probs (all-to-all-v), sorts by local expert; our
              experts run on its rows and scale them by its probs (Megatron's experts apply the
              probs inside the MLP, before the second projection: the same product, the second
              projection being linear without bias); then its combine (sort back, all-to-all-v,
-             unpermute). Dropless, like Megatron's default.
+             unpermute).
   deepspeed  DeepSpeed 0.19's ``MOELayer`` (deepspeed.moe.sharded_moe: the layer its ``MoE``
              wraps) with its ``_AllToAll`` on our EP group, registered with deepspeed.comm
              (``init_distributed`` on the already initialised torch.distributed world). Gating:
@@ -43,7 +43,13 @@ from torch import nn
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.peers import _quiet_import, require_peer
 
-EP_PEERS = ("megatron", "deepspeed")
+# peer -> the options our MoELayer takes to have the peer's semantics (the suites build the
+# peer around such a layer and check it against a reference of it)
+EP_PEERS = {
+    "megatron": {},  # our kept pairs, capacity_factor as given
+    "megatron-nodrop": {"capacity_factor": None},
+    "deepspeed": {"drop_policy": "probs", "renormalize_after_drop": True},
+}
 
 
 def megatron_on_cpu() -> None:
@@ -95,11 +101,11 @@ def megatron_forward(layer: MoELayer, ep_group) -> Callable[[torch.Tensor], torc
     dispatcher = _megatron_dispatcher(layer, ep_group)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        gate = layer.route(x)
-        probs = torch.zeros(x.shape[0], layer.num_experts, dtype=gate.combine_weights.dtype,
-                            device=x.device).scatter(1, gate.top_experts, gate.combine_weights)
-        routing_map = torch.zeros(x.shape[0], layer.num_experts, dtype=torch.bool,
-                                  device=x.device).scatter(1, gate.top_experts, True)
+        pft = layer.make_pft(layer.route(x))  # our kept pairs (after any capacity drop)
+        probs = torch.zeros(x.shape[0], layer.num_experts, dtype=pft.combine_weights.dtype,
+                            device=x.device).index_put((pft.token_ids, pft.expert_ids), pft.combine_weights)
+        routing_map = torch.zeros(x.shape[0], layer.num_experts, dtype=torch.bool, device=x.device)
+        routing_map[pft.token_ids, pft.expert_ids] = True
         tokens, token_probs = dispatcher.dispatch_preprocess(x, routing_map, probs)
         tokens, token_probs = dispatcher.token_dispatch(tokens, token_probs)
         tokens, per_expert, token_probs = dispatcher.dispatch_postprocess(tokens, token_probs)
@@ -165,7 +171,7 @@ def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Call
 
 def peer_forward(impl: str, layer: MoELayer, ep_group, capacity_factor: float | None):
     """The named peer's expert-parallel forward around ``layer`` (one of EP_PEERS)."""
-    if impl == "megatron":
+    if impl in ("megatron", "megatron-nodrop"):
         return megatron_forward(layer, ep_group)
     if impl == "deepspeed":
         if capacity_factor is None:
