@@ -26,35 +26,31 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.moe.moe_layer import MoELayer
+from moe_repro.components.moe.moe_layer import MoEConfig, MoELayer
 from moe_repro.components.moe.padded_moe import PaddedMoELayer
-from moe_repro.components.moe.peers import PEER_IMPLS, peer_dispatch, require_peer
+from moe_repro.components.moe.impls import ONE_RANK_STAGES, get_impl, impl_names
+from moe_repro.components.moe.peers import peer_dispatch, require_peer
 
 
 def peer_params(p: dict) -> dict:
-    """Derived params of a grid point: the peer's package and version (recorded with every
-    result), or a one-line refusal when it is not installed or the stage needs ranks."""
-    if p["impl"] not in PEER_IMPLS:
+    """Derived params of a grid point: the implementation's package and version (recorded with
+    every result; "" for ours), or a one-line refusal when it is not installed or does not
+    support the point (components/moe/impls.py declares what each supports)."""
+    impl = get_impl(p["impl"])
+    ranks, backward = int(p.get("ranks", 1)), bool(int(p.get("backward", 0)))
+    why = impl.supports(ranks=ranks, backward=backward, dtype=p.get("dtype", "float32"),
+                        stage=p.get("stage"))
+    if why is None and impl.form == "peer" and impl.whole_layer_only(ranks=ranks, backward=backward) \
+            and ranks < 2:
+        why = f"impl {impl.name}: the peers' expert-parallel layers need ranks >= 2"
+    if why:
+        raise ValueError(why)
+    if impl.distribution is None:
         return {"peer": ""}
-    version = require_peer(p["impl"])
-    if layer_pass_mode(p):  # the peer's own expert-parallel layer (components/moe/peer_ep.py)
-        from moe_repro.components.moe.peer_ep import EP_PEERS
+    return {"peer": f"{impl.distribution}=={require_peer(impl.name)}"}
 
-        if p["impl"] not in EP_PEERS or p["stage"] != "layer" or int(p.get("ranks", 1)) < 2:
-            raise ValueError(f"on several ranks or with backward a peer runs its whole "
-                             f"expert-parallel layer: impl one of {', '.join(EP_PEERS)}, "
-                             f"stage=layer, ranks >= 2; got impl={p['impl']}, stage={p['stage']}, "
-                             f"ranks={p.get('ranks', 1)}")
-        return {"peer": f"{PEER_IMPLS[p['impl']][0]}=={version}"}
-    if p["stage"] not in (*PEER_STAGES, "layer", "total"):
-        raise ValueError(f"impl {p['impl']} has stages {', '.join(PEER_STAGES)}, layer, total; "
-                         f"got {p['stage']!r}")
-    return {"peer": f"{PEER_IMPLS[p['impl']][0]}=={version}"}
-
-OUR_IMPLS = ("pft", "padded")
-IMPLS = (*OUR_IMPLS, *PEER_IMPLS)
-PEER_STAGES = ("gating", "buffer_dispatch", "expert", "buffer_combine")
-STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a", "buffer_combine")
+IMPLS = impl_names()  # the registry, components/moe/impls.py
+STAGES = ONE_RANK_STAGES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -78,9 +74,7 @@ def device_for(name: str) -> torch.device:
 
 
 def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELayer, torch.Tensor]:
-    impl = params["impl"]
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    impl = get_impl(params["impl"])
     if params["dtype"] not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {params['dtype']!r}")
     tokens, hidden = int(params["tokens"]), int(params["d_model"])
@@ -89,11 +83,11 @@ def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELaye
         raise ValueError("need tokens >= 0, d_model, d_ffn, experts >= 1 and 1 <= top_k <= experts")
     device, dtype = device_for(params["device"]), DTYPES[params["dtype"]]
     torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
-    cls = PaddedMoELayer if impl == "padded" else MoELayer  # peers borrow MoELayer's weights
-    options = {"capacity_factor": float(params["capacity_factor"]), **(layer_options or {})}
-    layer = cls(hidden, int(params["d_ffn"]), experts, top_k, gemm=params.get("gemm", "sequential"),
-                expert_parallel=ctx is not None and ctx.world_size > 1, dtype=dtype, device=device,
-                **options)
+    cls = PaddedMoELayer if impl.form == "padded" else MoELayer  # peers borrow MoELayer's weights
+    config = MoEConfig(hidden, int(params["d_ffn"]), experts, top_k, gemm=params.get("gemm", "sequential"),
+                       capacity_factor=float(params["capacity_factor"]), dtype=dtype)
+    layer = cls.from_config(config.replace(**(layer_options or {})), device=device,
+                            expert_parallel=ctx is not None and ctx.world_size > 1)
     g = torch.Generator().manual_seed(99 + (ctx.rank if ctx is not None else 0))
     x = torch.randn(tokens, hidden, generator=g).to(device=device, dtype=dtype)
     return layer, x
@@ -102,8 +96,9 @@ def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELaye
 def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
     """Run the forward once, keeping every stage's input; return {stage: call} (and products)."""
     calls = {}
+    form = get_impl(impl).form
     with torch.no_grad():
-        if impl == "pft":
+        if form == "pft":
             calls["gating"] = lambda: layer.make_pft(layer.route(x))
             pft = calls["gating"]()
             # One rank: buffer dispatch/combine are the PFT gather and the weighted scatter, the
@@ -126,7 +121,7 @@ def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
             calls["combine_a2a"]()
             calls["buffer_combine"] = lambda: layer.buffer_combine(dispatch_in, pft)
             rows = pft.num_rows
-        elif impl in PEER_IMPLS:
+        elif form == "peer":
             peer = peer_dispatch(impl, layer.gate.weight, layer.top_k, layer.capacity_factor)
             calls["gating"] = lambda: peer.route(x)
             routing = calls["gating"]()
@@ -194,9 +189,9 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
 
 def layer_pass_mode(params: dict) -> bool:
     """Whole-layer passes through each implementation's own expert-parallel path (forward, or
-    forward + backward with ``backward``): asked for by ``backward`` or by a peer on ranks > 1."""
-    return bool(int(params.get("backward", 0))) or (params["impl"] in PEER_IMPLS
-                                                     and int(params.get("ranks", 1)) > 1)
+    forward + backward with ``backward``): as the registry says (MoEImpl.whole_layer_only)."""
+    return get_impl(params["impl"]).whole_layer_only(ranks=int(params.get("ranks", 1)),
+                                                     backward=bool(int(params.get("backward", 0))))
 
 
 def _reference_out(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
@@ -220,20 +215,13 @@ def _reference_out(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
 def setup_layer_pass(params: dict, ctx) -> dict:
     """One implementation's whole layer over the real EP group: ours (its dispatcher), or a
     peer's own expert-parallel layer (components/moe/peer_ep.py) around our weights."""
-    from moe_repro.components.moe.peer_ep import EP_PEERS, peer_forward
+    from moe_repro.components.moe.peer_ep import peer_forward
 
     impl, backward = params["impl"], bool(int(params.get("backward", 0)))
-    if impl == "padded":
-        raise ValueError("impl padded has no whole-layer pass with backward here (stage calls only)")
-    if params["stage"] != "layer":
-        raise ValueError(f"with backward or a peer on several ranks the stage is the whole layer "
-                         f"(stage=layer), got {params['stage']!r}")
-    if impl in PEER_IMPLS and impl not in EP_PEERS:
-        raise ValueError(f"impl {impl} has no expert-parallel form here; those with one: "
-                         f"{', '.join(EP_PEERS)}")
+    peer_params(params)  # what the registry says it supports (one-line refusal)
     set_threads(params, ctx)
-    layer, x = build(params, ctx, EP_PEERS.get(impl))
-    if impl in PEER_IMPLS:
+    layer, x = build(params, ctx, get_impl(impl).layer_options)
+    if get_impl(impl).form == "peer":
         import torch.distributed as dist
 
         if not layer.expert_parallel:

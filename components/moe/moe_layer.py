@@ -129,6 +129,33 @@ def float_expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacit
     return max(min_capacity, math.ceil((num_tokens * top_k / num_experts) * capacity_factor))
 
 
+@dataclass(frozen=True)
+class MoEConfig:
+    """Every option of one MoE layer in one object (``MoELayer.from_config``); the defaults are
+    MoELayer's. Process groups and placements are the run's, not the layer's: passed apart."""
+
+    d_model: int
+    d_ffn: int
+    num_experts: int
+    top_k: int
+    score: str = "softmax"
+    normalize: bool | None = None
+    num_shared: int = 0
+    activation: str = "swiglu"
+    gemm: str = "sequential"
+    capacity_factor: float | None = None
+    drop_policy: str = "probs"
+    renormalize_after_drop: bool = False
+    combine_accumulate: str = "float32"
+    all_to_all: str = "flat"  # the dispatcher the layer holds under expert parallelism
+    dtype: torch.dtype = torch.float32
+
+    def replace(self, **changes) -> "MoEConfig":
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
 class MoELayer(nn.Module):
     """Padding-free MoE layer; see the module docstring. ``capacity_factor`` None: drop nothing.
 
@@ -185,6 +212,16 @@ class MoELayer(nn.Module):
         # DeepSeek-MoE shared experts: always active, so one dense FFN num_shared * d_ffn wide.
         self.shared = (ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
                        if num_shared else None)
+
+    @classmethod
+    def from_config(cls, config: MoEConfig, *, expert_parallel: bool = False, ep_group=None,
+                    placement: ExpertPlacement | None = None, device=None) -> "MoELayer":
+        from dataclasses import asdict
+
+        options = asdict(config)
+        dims = [options.pop(k) for k in ("d_model", "d_ffn", "num_experts", "top_k")]
+        return cls(*dims, **options, expert_parallel=expert_parallel, ep_group=ep_group,
+                   placement=placement, device=device)
 
     # --- stages (X-MoE Fig. 11 names) ---------------------------------------------------------
     def route(self, x: torch.Tensor) -> GateOutput:

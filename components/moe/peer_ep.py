@@ -43,15 +43,6 @@ from torch import nn
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.peers import _quiet_import, require_peer
 
-# peer -> the options our MoELayer takes to have the peer's semantics (the suites build the
-# peer around such a layer and check it against a reference of it)
-EP_PEERS = {
-    "megatron": {},  # our kept pairs, capacity_factor as given
-    "megatron-nodrop": {"capacity_factor": None},
-    "deepspeed": {"drop_policy": "probs", "renormalize_after_drop": True},
-}
-
-
 def megatron_on_cpu() -> None:
     """On a CPU-only torch, make ``torch.cuda.current_device()`` name the CPU for this process
     (Megatron allocates its collectives' outputs there, forward and backward; without CUDA the
@@ -169,8 +160,12 @@ def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Call
     return forward
 
 
+EP_PEERS = ("megatron", "megatron-nodrop", "deepspeed")  # impls.py declares what each supports
+
+
 def peer_forward(impl: str, layer: MoELayer, ep_group, capacity_factor: float | None):
-    """The named peer's expert-parallel forward around ``layer`` (one of EP_PEERS)."""
+    """The named peer's expert-parallel forward around ``layer`` (built with the impl's
+    ``layer_options``, components/moe/impls.py)."""
     if impl in ("megatron", "megatron-nodrop"):
         return megatron_forward(layer, ep_group)
     if impl == "deepspeed":
