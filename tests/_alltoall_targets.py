@@ -341,7 +341,7 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
     """Every registered all-to-all, chosen by name: its dispatcher's dispatch == the loop
     reference (the flat layout) and combine == the loop reference; what it sends during dispatch
     == its routed_schedule; its autograd form (forward, dx, d weights) == one process's. Nodes:
-    the launcher's (what the layer forms read too)."""
+    the launcher's (what the group dispatchers read too)."""
     from moe_repro.components.alltoall import Dispatcher, algorithm_names, get_algorithm
 
     topo = Topology.from_context(ctx)

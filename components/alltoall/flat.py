@@ -1,6 +1,7 @@
 """Flat all-to-all-v: every rank exchanges rows directly with every other rank.
 
-Interface (the MoE layer's differentiable form; every layer form keeps this contract):
+A differentiable all-to-all-v for callers that move rows other than an MoE dispatch (Ulysses
+attention, expert weights); the MoE dispatch itself is :class:`FlatDispatcher`:
 
     all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 

@@ -33,7 +33,7 @@ group as the world (inter-node bytes equal flat's; Phase III adds intra-node byt
 
 HALO's registry entry (``halo``, :class:`HaloAlgorithm`) lives here because this module
 completes it: the world collective and its schedule come from the halo module, the
-differentiable EP-group form from this one.
+dispatcher on any EP group (``group_dispatcher``: what the layer and the trainer hold) from this one.
 """
 
 from __future__ import annotations
