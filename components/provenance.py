@@ -3,7 +3,7 @@
 The functions that make numbers other than by closed-form arithmetic say so when they run:
 
 - ``measured``: timing a kernel or a collective on this machine (suites/runner.py), reading a
-  peak-memory counter (moe/activation_memory.py), training for real (balance/routing_record.py);
+  peak-memory counter (training/activation_memory.py), training for real (balance/routing_record.py);
 - ``simulated``: the flow-level network simulator (network/simulator.py ``run_flows``) and
   replaying a balancer on a routing trace (balance/load_balance_eval.py);
 - ``monte-carlo``: estimating an expectation from seeded random samples

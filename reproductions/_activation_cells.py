@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_repro.components.moe.activation_memory import ActivationMeasurement, theory_bytes
+from moe_repro.components.training.activation_memory import ActivationMeasurement, theory_bytes
 from moe_repro.reproductions.spec import Cell, Reproduction, tracking
 
 MIB = 2.0 ** 20

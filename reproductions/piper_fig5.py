@@ -18,6 +18,7 @@ Two parts:
 from __future__ import annotations
 
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
 from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result, tracking
@@ -47,7 +48,7 @@ def _simulated_part(repro, platform, sizes):
         ys = []
         for size in sizes:
             with tracking() as made:
-                r = ns.simulate_uniform("flat", topo, platform, max(1, size // n))
+                r = simulated.simulate_uniform("flat", topo, platform, max(1, size // n))
             busbw = size / r.time_s * (n - 1) / n / 1e9
             ys.append(busbw)
             points.append({"nodes": nodes, "gpus": n, "bytes_per_gpu": size, "time_s": r.time_s,
@@ -117,7 +118,7 @@ def _real_part(repro, params):
         for e in range(16):
             per_rank[e * N // 16] += 1
         rows_to = [round(r["tokens"] * 4 * c / 16) for c in per_rank]
-        fn, deps = ns.expected_schedule("flat", topo, hidden * 4)
+        fn, deps = simulated.expected_schedule("flat", topo, hidden * 4)
         with tracking() as predicting:
             predicted = ns.simulate_expected(fn, rows_to, topo, local, deps).time_s
         measured = r["time_s_min"]

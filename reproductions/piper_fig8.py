@@ -17,6 +17,7 @@ against the paper use the profile's model; the others show what the gain rests o
 from __future__ import annotations
 
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import from_dict, load_builtin
 from moe_repro.reproductions._suite_runs import csv_param
 from moe_repro.records import grading
@@ -99,8 +100,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
             topo = ns.topology_for(platform, n)
             speedups = {}
             for name, (model, machine) in variants.items():
-                f = ns.simulate_uniform("flat", topo, machine, b, latency_model=model)
-                h = ns.simulate_uniform("halo", topo, machine, b, latency_model=model)
+                f = simulated.simulate_uniform("flat", topo, machine, b, latency_model=model)
+                h = simulated.simulate_uniform("halo", topo, machine, b, latency_model=model)
                 speedups[name] = (f, h, f.time_s / h.time_s)
                 model_speed[name].append(f.time_s / h.time_s)
                 per_model[name]["above" if n >= 16 else "below"].append(f.time_s / h.time_s)

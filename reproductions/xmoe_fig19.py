@@ -17,6 +17,7 @@ The paper prints no values, so the three regions are graded as claims on our sim
 from __future__ import annotations
 
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions._suite_runs import csv_param
@@ -46,7 +47,7 @@ def simulate_point(m, platform, gpus: int, tokens: int, algo: str = "flat") -> n
     for e in range(E):
         per_rank[e * N // E] += 1
     rows_to = [round(tokens * m.top_k * c / E) for c in per_rank]
-    fn, deps = ns.expected_schedule(algo, topo, m.d_model * 2)  # bf16 rows
+    fn, deps = simulated.expected_schedule(algo, topo, m.d_model * 2)  # bf16 rows
     return ns.simulate_expected(fn, rows_to, topo, platform, deps)
 
 

@@ -16,7 +16,7 @@ claim (the bottleneck shifts from parameters to dispatch/combine activations) is
 Measured, scaled (real, this machine): the same two layers with H and h' divided by
 ``shape_div`` (e = 16 and e m = 128 experts, k = 1 and 8 kept) on ``measured_seq`` tokens, one
 fp32 forward of the padding-free layer each: bytes autograd saves for backward and the forward's
-peak memory rise (components/moe/activation_memory.py), beside Table 2's theory at that config. The
+peak memory rise (components/training/activation_memory.py), beside Table 2's theory at that config. The
 measured bars are activations only; the model-state bars stay analytic (they are parameter
 counts, not something a run changes). Fig. 3's own measured bars (Frontier) are not reproduced.
 """
@@ -209,7 +209,7 @@ def _shift_claim(repro: Reproduction, b: int, s: int):
 
 
 def _measure_scaled(h: int, hp: int, e: int, m: int, params: dict):
-    from moe_repro.components.moe.activation_memory import measure_config
+    from moe_repro.components.training.activation_memory import measure_config
     from moe_repro.reproductions._suite_runs import device_words
 
     div, seq = int(params["shape_div"]), int(params["measured_seq"])

@@ -19,7 +19,7 @@ Measured, scaled (real, this machine): the Large layer with H and H_FFN divided 
 E by ``experts_div`` and the sequence by ``seq_div`` (k = 8 kept), one fp32 forward of the
 padding-free layer (X-MoE's pipeline, components/moe/moe_layer.py) and of the capacity-padded layer
 (DS-MoE's pipeline, components/moe/padded_moe.py, capacity factor 1.25). We count the bytes autograd
-saves for backward and the forward's peak memory rise (components/moe/activation_memory.py) and set
+saves for backward and the forward's peak memory rise (components/training/activation_memory.py) and set
 them beside Table 2's theory at the same scaled config. Sec. 5.4.1's claim (X-MoE's memory
 significantly lower than DS-MoE's) is graded on the two scaled layers: a direction, since ours
 is measured here and the paper's on Frontier.
@@ -145,7 +145,7 @@ def _lower_claim(repro: Reproduction, meas: dict, device: str):
 
 
 def _measure_scaled(m, seq: int, params: dict) -> dict:
-    from moe_repro.components.moe.activation_memory import measure_config
+    from moe_repro.components.training.activation_memory import measure_config
     from moe_repro.reproductions._suite_runs import device_words
 
     divs = {k: int(params[k]) for k in ("shape_div", "experts_div", "seq_div")}

@@ -71,7 +71,7 @@ from moe_repro.suites.base import Metric, Suite
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
 
 PLACEMENTS = ("contiguous", "strided", "random")
-PATHS = ("dispatch", "collective")
+PATHS = ("dispatch", "combine", "collective")
 LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
@@ -238,6 +238,7 @@ def simulate(params: dict) -> dict:
     import sys
 
     from moe_repro.components.network import simulator as ns
+    from moe_repro.components.alltoall import simulated
 
     platform = _simulated_platform(str(params["platform"]), int(params["gpus_per_node"]))
     model = None if params.get("latency_model", "profile") == "profile" else params["latency_model"]
@@ -252,7 +253,7 @@ def simulate(params: dict) -> dict:
         for rank in placement:
             per_rank[rank] += 1
         rows_to = [round(S * k * e / E) for e in per_rank]
-        fn, deps = ns.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
+        fn, deps = simulated.expected_schedule(params["algo"], topo, row_bytes, with_counts=False)
         res = ns.simulate_expected(fn, rows_to, topo, platform, deps, model)
         payload = sum(rows_to) * row_bytes
     else:  # every rank's real routing, message by message
@@ -382,6 +383,10 @@ def setup(params: dict, ctx) -> dict:
         recv_counts = comms.world.exchange_counts(send_counts)
         state["collective"] = (rows, send_counts, recv_counts, rows.new_empty((sum(recv_counts), rows.shape[1])))
 
+    if params.get("path", "dispatch") == "combine":  # expert outputs of one dispatch, combined again and again
+        state["combine_y"] = 2 * _dispatch(state).clone() + 1
+    state["memcpy_s"] = ctx.all_reduce_max(_memcpy_seconds(state["x"], int(params["top_k"])))
+
     # One logged call: bytes per link class as actually sent, summed over the world.
     log: list = []
     comms.set_log(log)
@@ -396,6 +401,21 @@ def setup(params: dict, ctx) -> dict:
     return state
 
 
+def _memcpy_seconds(x: torch.Tensor, top_k: int, repeats: int = 5) -> float:
+    """Median seconds of one copy of a rank's routed rows (tokens * top_k rows like x's) from
+    one buffer into another, every rank copying at the same time: the memory bandwidth a
+    dispatch on this host can use. A dispatch must move every routed row at least once."""
+    src = x.new_ones((max(1, x.shape[0] * top_k), x.shape[1]))
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults outside the timing
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] if x.shape[0] else 0.0
+
+
 def _dispatch(state: dict) -> torch.Tensor:
     """The measured call: the MoE dispatch, or with path collective the bare flat collective."""
     if "collective" in state:
@@ -406,6 +426,9 @@ def _dispatch(state: dict) -> torch.Tensor:
 
 def run(state: dict) -> None:
     state["calls"] += 1
+    if "combine_y" in state:  # path combine: the reverse of the dispatch set up once
+        state["dispatcher"].combine(state["combine_y"], int(state["params"]["tokens"]))
+        return
     kind, victim = state["fault"]
     if kind != "none" and victim == state["ctx"].rank and state["calls"] == 3:
         # Fault injection for the failure tests: the peers are already inside this call's
@@ -461,7 +484,12 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     n = int(params["ranks"])
     algbw = state["payload_bytes"] / time_s
     lb = state["link_bytes"]
-    return {"latency_s": time_s, "inter_node_bytes": lb["inter_node"],
+    # The physical floor on this host: every routed row copied once at the memcpy bandwidth
+    # measured in this run (same ranks copying at once), whatever the algorithm.
+    bound = state["memcpy_s"]
+    limit = {"memcpy_GBps": state["payload_bytes"] / bound / 1e9 if bound else float("nan"),
+             "bound_s": bound, "time_over_bound": time_s / bound if bound else float("nan")}
+    return {**limit, "latency_s": time_s, "inter_node_bytes": lb["inter_node"],
             "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
             "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"]}
 
@@ -496,6 +524,14 @@ SUITE = Suite(
     check=check,
     simulate=simulate,
     metrics=[*DISPATCH_METRICS,
+             Metric("memcpy_GBps", "GB/s", "none",
+                    description="real runs: one rank's routed rows copied buffer to buffer, all ranks "
+                                "at once, measured in the same run (slowest rank)"),
+             Metric("bound_s", "s", "none",
+                    description="real runs: routed bytes per rank / memcpy bandwidth: the least a "
+                                "dispatch or combine on this host can take"),
+             Metric("time_over_bound", "x", "lower",
+                    description="real runs: time_s / bound_s (1 = at the memory-copy limit)"),
              Metric("eq6_bound_s", "s", "none", kind="simulated",
                     description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
                                 "(busiest NIC's bytes / B_NIC)")],
@@ -520,7 +556,8 @@ SUITE = Suite(
                 "experts": "experts in total", "top_k": "experts per token",
                 "placement": "expert -> rank map: contiguous, strided or random",
                 "seed": "input and routing seed",
-                "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v) or "
+                "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
+                        "combine (its reverse: rows back, weighted sum per token) or "
                         "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
                         "buffers reused; the floor a dispatch can reach)",
                 "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},

@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 
 from moe_repro.components.moe.gating import top_k_gating
-from moe_repro.components.moe.moe_layer import expert_capacity, float_expert_capacity
-from moe_repro.components.moe.peers import PEER_IMPLS
+from moe_repro.components.moe.impls import get_impl
 from moe_repro.suites._moe_stages import IMPLS, derive_stage, peer_params, run_stage, setup_stage
 from moe_repro.suites.base import Metric, Suite
 
@@ -59,43 +58,30 @@ def _kept_weight_per_token(policy: str, experts: list[list[int]], weights: list[
     return kept
 
 
-def _peer_capacity(impl: str, tokens: int, experts: int, top_k: int, factor: float) -> int | None:
-    """The capacity each peer computes, in its own (floating-point) arithmetic."""
-    if impl == "megatron-nodrop":
-        return None  # no dropping
-    if impl == "megatron":  # get_capacity(S * k, E, c): ceil(S * k / E * c) in float64
-        return float_expert_capacity(tokens, experts, top_k, factor)
-    # DeepSpeed _capacity: ceil(S / E * tensor(c * k)), a float32 product
-    return int(torch.ceil((tokens / experts) * torch.tensor(factor * top_k)))
-
-
 def check(state: dict) -> int:
-    layer, x, impl = state["layer"], state["x"], state["impl"]
+    """Output elements of gating + buffer dispatch + buffer combine (experts: identity) that
+    differ from a plain pass over the routing with the implementation's own drop policy,
+    capacity arithmetic and renormalisation, as the registry declares them (impls.py)."""
+    layer, x = state["layer"], state["x"]
+    impl = get_impl(state["impl"])
     tokens = x.shape[0]
     with torch.no_grad():
-        if impl in PEER_IMPLS:
+        if impl.form == "peer":
             peer = state["peer"]
             routing = peer.route(x)
             out = peer.combine(peer.dispatch(x, routing), routing)
-            # the peers route on fp32 logits
-            gate = top_k_gating(x.float() @ layer.gate.weight.float(), layer.top_k)
+        elif impl.form == "pft":
+            pft = layer.make_pft(layer.route(x))
+            out = layer.buffer_combine(layer.buffer_dispatch(x, pft), pft)
         else:
-            gate = layer.route(x)
-            if impl == "pft":
-                pft = layer.make_pft(gate)
-                out = layer.buffer_combine(layer.buffer_dispatch(x, pft), pft)
-            else:
-                mask, combine = layer.make_masks(gate)
-                out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
-    if impl in PEER_IMPLS:
-        policy = "probs"
-        capacity = _peer_capacity(impl, tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
-        renormalize = impl.startswith("deepspeed")
-    else:
-        policy, renormalize = ("probs" if impl == "pft" else "slot"), False
-        capacity = expert_capacity(tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
-    kept = _kept_weight_per_token(policy, gate.top_experts.tolist(), gate.combine_weights.tolist(),
-                                  layer.num_experts, capacity, renormalize)
+            mask, combine = layer.make_masks(layer.route(x))
+            out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
+        gate = (top_k_gating(x.float() @ layer.gate.weight.float(), layer.top_k)
+                if impl.routes_on_fp32_logits else layer.route(x))
+    capacity = impl.capacity(tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
+    kept = _kept_weight_per_token(impl.drop_policy or "probs", gate.top_experts.tolist(),
+                                  gate.combine_weights.tolist(), layer.num_experts, capacity,
+                                  impl.renormalize_after_drop)
     expected = x.float() * torch.tensor(kept, dtype=torch.float32, device=x.device).unsqueeze(1)
     tol = 1e-4 if x.dtype == torch.float32 else 2e-2
     return int(((out.float() - expected).abs() > tol * (1 + expected.abs())).sum())

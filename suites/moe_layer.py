@@ -7,7 +7,11 @@ the all-to-all stages are no-ops (nothing leaves the rank).
 
 Peers (``[peers]`` extra): Megatron-core and DeepSpeed run their own gating, dispatch and
 combine around the same expert weights, on one rank (ranks=1, stages gating, buffer_dispatch,
-expert, buffer_combine, layer); each record's ``peer`` names the package and version.
+expert, buffer_combine, layer); each record's ``peer`` names the package and version. On ranks
+> 1 (and with ``backward`` = 1) megatron, megatron-nodrop and deepspeed run their own
+expert-parallel layers with their own all-to-alls (stage layer), forward or forward + backward,
+checked against a one-rank reference like ours: ``repro bench moe-layer --ranks 4 --impl
+pft,megatron,deepspeed --backward 1 --stage layer``.
 
 Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), F = 704
 (Small: 1408), E = 64, k = 6, capacity factor 1.25, 1024 tokens per rank, 2 ranks.
@@ -16,7 +20,8 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 from __future__ import annotations
 
 from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
-from moe_repro.suites._moe_stages import IMPLS, STAGES, derive_stage, peer_params, run_stage, setup_stage
+from moe_repro.suites._moe_stages import (IMPLS, STAGES, check_layer_pass, derive_stage, peer_params, run_stage,
+                                          setup_stage)
 from moe_repro.suites.base import Metric, Suite
 
 
@@ -32,6 +37,8 @@ def check_params(p: dict) -> dict:
     for key in ("ranks", "d_model", "d_ffn", "experts", "top_k"):
         if int(p[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {p[key]}")
+    if str(p.get("backward", 0)) not in ("0", "1"):
+        raise ValueError(f"backward must be 0 or 1, got {p['backward']!r}")
     if int(p["tokens"]) < 0:
         raise ValueError(f"tokens must be >= 0, got {p['tokens']}")
     if int(p["top_k"]) > int(p["experts"]):
@@ -51,18 +58,30 @@ def setup(params: dict, ctx=None) -> dict:
     return setup_stage(params, ctx)
 
 
-SUITE = Suite(
+class MoELayerSuite(Suite):
+    """With ``backward`` 1 (whole-layer passes) and no stage asked for, the stage is the whole
+    layer: the other stages are forward cuts of our layer alone."""
+
+    def grid(self, overrides: dict[str, list] | None = None, quick: bool = False) -> list[dict]:
+        overrides = dict(overrides or {})
+        if "stage" not in overrides and [str(v) for v in overrides.get("backward", ())] == ["1"]:
+            overrides["stage"] = ["layer"]
+        return super().grid(overrides, quick)
+
+
+SUITE = MoELayerSuite(
     name="moe-layer",
     params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
             "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
             "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],
-            "dtype": ["float32"], "device": ["auto"], "threads": [0]},
+            "dtype": ["float32"], "device": ["auto"], "threads": [0], "backward": [0]},
     quick={"tokens": [128], "d_model": [128], "d_ffn": [96], "experts": [8], "top_k": [2],
            "stage": ["dispatch_a2a", "expert", "layer"]},
     derived_params=check_params,
     setup=setup,
     run=run_stage,
     derive=derive_stage,
+    check=check_layer_pass,
     world_params=("ranks", "backend"),
     metrics=[Metric("peak_bytes", "B", "lower",
                     description="peak memory of one call above the memory held before it, max over ranks"),
@@ -78,5 +97,8 @@ SUITE = Suite(
                 "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
                 "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
                 "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda",
-                "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)"},
+                "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)",
+                "backward": "1: time forward + backward of the whole layer (stage=layer), each "
+                            "implementation's own expert-parallel path, checked against a "
+                            "one-rank reference"},
 )

@@ -311,11 +311,37 @@ def group_rbd_vs_flat(ctx, seeds, experts=6, top_k=3):
     return out
 
 
+def _autograd_vs_local(dispatcher, seed, me, placement, experts, top_k):
+    """The dispatcher's autograd form against the same formula computed in one process: expert
+    e on rank r computes (r + 2) * x - 1, so a row or a gradient sent to the wrong rank changes
+    the result. out[t] = sum_j w[t, j] * ((rank(e_tj) + 2) * x[t] - 1); loss = sum(out * g)."""
+    xt, top, w = _routing(seed, me, experts, top_k)
+    g = torch.Generator().manual_seed(seed * 13 + me)
+    g_out = torch.randint(-9, 9, xt.shape, generator=g).double()
+    rank_of = torch.tensor(placement)
+    # local reference: plain autograd on this rank's tokens
+    x_ref, w_ref = xt.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    scale = (rank_of[top] + 2).double().unsqueeze(-1)  # [tokens, k, 1]
+    out_ref = (w_ref.unsqueeze(-1) * (scale * x_ref.unsqueeze(1) - 1)).sum(1)
+    (out_ref * g_out).sum().backward()
+    # over the ranks, through the dispatcher's differentiable dispatch and combine
+    x, wd = xt.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    pft = build_pft(top, wd, experts)
+    rows = dispatcher.dispatch(x, pft)
+    weights = dispatcher.received_weights(pft.combine_weights)
+    out = dispatcher.combine((me + 2) * rows - 1, xt.shape[0], weights=weights)
+    (out * g_out).sum().backward()
+    same = lambda a, b: a is not None and b is not None and torch.allclose(a, b, atol=1e-9, rtol=0)  # noqa: E731
+    return {"autograd_forward": same(out.detach(), out_ref.detach()),
+            "autograd_dx": same(x.grad, x_ref.grad) if xt.shape[0] else True,
+            "autograd_dw": same(wd.grad, w_ref.grad) if xt.shape[0] else True}
+
+
 def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
     """Every registered all-to-all, chosen by name: its dispatcher's dispatch == the loop
     reference (the flat layout) and combine == the loop reference; what it sends during dispatch
-    == its routed_schedule; where it has a layer form, forward and backward == flat's. Nodes:
-    the launcher's (what the layer forms read too)."""
+    == its routed_schedule; its autograd form (forward, dx, d weights) == one process's. Nodes:
+    the launcher's (what the group dispatchers read too)."""
     from moe_repro.components.alltoall import Dispatcher, algorithm_names, get_algorithm
 
     topo = Topology.from_context(ctx)
@@ -346,16 +372,7 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
                     "dispatch_exact": exact,
                     "combine_exact": torch.equal(y, combined),
                     "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me)}
-            if algo.facts.layer_form:
-                C = _counts_matrix(seed, n)
-                x = _rows(seed, me, sum(C[me]), 5).requires_grad_(True)
-                g_out = _received_rows(seed, C, me, 5, salt=500)
-                flat = get_algorithm("flat").all_to_all_v(x, C[me])
-                flat.backward(g_out)
-                flat_grad, x.grad = x.grad.clone(), None
-                layer = algo.all_to_all_v(x, C[me])
-                layer.backward(g_out)
-                case["layer_forward_exact"] = torch.equal(layer, _received_rows(seed, C, me, 5))
-                case["layer_backward_equals_flat"] = torch.equal(x.grad, flat_grad)
+            case.update(_autograd_vs_local(algo.dispatcher(comms, placement), seed, me, placement,
+                                           experts, top_k))
             out.append(case)
     return out

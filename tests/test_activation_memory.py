@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from moe_repro.components.moe import pft as pft_module
-from moe_repro.components.moe.activation_memory import measure_config, theory_bytes
+from moe_repro.components.training.activation_memory import measure_config, theory_bytes
 from moe_repro.components.training.peak_memory import peak_supported
 from moe_repro.components.moe.pft import build_pft, scatter_combine
 

@@ -512,3 +512,22 @@ def test_simulated_bench_takes_sizes():
         m = SUITE.simulate(p)
         assert m["bytes"] == p["size"]  # the expected routing sends every routed pair
         assert m["busbw_GBps"] == pytest.approx(p["size"] / m["time_s"] * 31 / 32 / 1e9)
+
+
+@pytest.mark.multiprocess
+def test_bench_alltoall_times_dispatch_and_combine_against_the_memcpy_floor(tmp_path, results_dir):
+    """Every registered algorithm's dispatch and combine (the code the layer trains with),
+    checked, with the memory-copy floor measured in the same run."""
+    out = tmp_path / "c.json"
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo",
+               "flat,halo,rbd", "--path", "dispatch,combine", "--backend", "gloo", "--check",
+               "--json", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    records = json.loads(out.read_text())["records"]
+    assert sorted((rec["algo"], rec["path"]) for rec in records) == sorted(
+        (a, p) for a in ("flat", "halo", "rbd") for p in ("dispatch", "combine"))
+    for rec in records:
+        assert rec["wrong"] == 0
+        assert rec["memcpy_GBps"] > 0 and rec["bound_s"] > 0
+        # the bound is one number per point, so the median ratio is the median time over it
+        assert rec["time_over_bound"] == pytest.approx(rec["time_s"] / rec["bound_s"], rel=1e-9)

@@ -14,6 +14,7 @@ from moe_repro.components.alltoall.halo_group import HaloAlgorithm
 from moe_repro.components.alltoall.rbd import RBDAlgorithm
 from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.topology import Topology
 from moe_repro.runtime.launch import run_ranks
 
@@ -22,9 +23,8 @@ from moe_repro.runtime.launch import run_ranks
 
 def test_the_three_papers_algorithms_are_registered_in_order():
     assert algorithm_names() == ["flat", "halo", "rbd"]
-    assert algorithm_names(layer_form=True) == ["flat", "halo"]
     assert algorithm_names(schedule_from_counts=False) == ["rbd"]
-    assert algorithm_names(equal_ranks_per_node=True, layer_form=True) == ["halo"]
+    assert algorithm_names(equal_ranks_per_node=True, schedule_from_counts=True) == ["halo"]
 
 
 @pytest.mark.parametrize("name", ["flat", "halo", "rbd"])
@@ -45,7 +45,7 @@ def test_every_registered_algorithm_implements_the_interface(name):
         left = {p: ds for p, ds in left.items() if p not in ready}
     # what the facts promise is implemented (else the base class raises)
     overridden = lambda method: getattr(type(algo), method) is not getattr(AllToAll, method)  # noqa: E731
-    assert overridden("all_to_all_v") == algo.facts.layer_form
+    assert overridden("group_dispatcher")  # the layer and the trainer hold any of them
     assert overridden("counts_schedule") == algo.facts.schedule_from_counts
     assert overridden("check_group") == algo.facts.equal_ranks_per_node
 
@@ -108,22 +108,20 @@ def test_unknown_names_and_facts_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="unknown all-to-all fact 'fast'"):
         algorithm_names(fast=True)
     with pytest.raises(ValueError, match="all-to-all 'ring'"):
-        ns.expected_schedule("ring", TOPO, ROW)
+        simulated.expected_schedule("ring", TOPO, ROW)
     # RBD's messages depend on the tokens: the simulator cannot build them from counts
     with pytest.raises(ValueError, match="rbd cannot be simulated from expected counts"):
-        ns.expected_schedule("rbd", TOPO, ROW)
-    with pytest.raises(ValueError, match="rbd has no differentiable EP-group form"):
-        get_algorithm("rbd").all_to_all_v(torch.zeros(0, 1), [0, 0])
+        simulated.expected_schedule("rbd", TOPO, ROW)
 
 
 def test_register_refuses_duplicates_and_broken_promises(monkeypatch):
     with pytest.raises(ValueError, match="already registered"):
         register(FlatAlgorithm())
 
-    class Promises(RBDAlgorithm):  # says it has a layer form but does not implement one
-        facts = replace(RBDAlgorithm.facts, name="promises", layer_form=True)
+    class Promises(RBDAlgorithm):  # says it schedules from counts but does not implement it
+        facts = replace(RBDAlgorithm.facts, name="promises", schedule_from_counts=True)
 
-    with pytest.raises(ValueError, match="layer_form is set but Promises does not implement"):
+    with pytest.raises(ValueError, match="schedule_from_counts is set but Promises does not implement"):
         register(Promises())
     assert "promises" not in ALGORITHMS
 
@@ -163,22 +161,21 @@ def _choices():
         "trainer": accepted(lambda a: TrainConfig(model="tiny-moe", alltoall=a).validate()),
         "cli": set(option.type.choices),
         "suite": accepted(lambda a: SUITE.grid({"algo": [a], "platform": ["dgx-h100"], "nodes": [2]})),
-        "simulator": accepted(lambda a: ns.expected_schedule(a, TOPO, ROW)),
+        "simulator": accepted(lambda a: simulated.expected_schedule(a, TOPO, ROW)),
     }
 
 
 def test_every_callers_choices_come_from_the_registry(monkeypatch):
     before = _choices()
-    assert before == {"layer": {"flat", "halo"}, "trainer": {"flat", "halo"}, "cli": {"flat", "halo"},
-                      "suite": {"flat", "halo", "rbd"}, "simulator": {"flat", "halo"}}
+    every = {"flat", "halo", "rbd"}
+    assert before == {"layer": every, "trainer": every, "cli": every, "suite": every,
+                      "simulator": {"flat", "halo"}}
     with monkeypatch.context() as m:
         for fake in (FakeFlat(), FakeHalo(), FakeRouted()):
             m.setitem(ALGORITHMS, fake.facts.name, fake)
         during = _choices()
-    assert during == {"layer": {"flat", "halo", "fake-flat", "fake-halo"},
-                      "trainer": {"flat", "halo", "fake-flat", "fake-halo"},
-                      "cli": {"flat", "halo", "fake-flat", "fake-halo"},
-                      "suite": {"flat", "halo", "rbd", "fake-flat", "fake-halo", "fake-routed"},
+    all_six = {"flat", "halo", "rbd", "fake-flat", "fake-halo", "fake-routed"}
+    assert during == {"layer": all_six, "trainer": all_six, "cli": all_six, "suite": all_six,
                       "simulator": {"flat", "halo", "fake-flat", "fake-halo"}}
     assert _choices() == before  # gone again
 
@@ -209,7 +206,7 @@ def test_callers_ask_the_facts_not_the_name(monkeypatch):
 
 def test_facts_fields_are_what_callers_filter_on():
     names = {f.name for f in fields(AllToAllFacts)}
-    assert {"layer_form", "equal_ranks_per_node", "schedule_from_counts"} <= names
+    assert {"equal_ranks_per_node", "schedule_from_counts"} <= names
     for name in algorithm_names():
         assert algorithm_names(**{f: getattr(get_algorithm(name).facts, f) for f in names}) == [name]
 
@@ -223,13 +220,13 @@ def _check_registry_cases(per_rank):
         for c in cases:
             bad = [k for k, v in c.items() if v is False]
             assert not bad, c
-        assert {c["algo"] for c in cases if "layer_forward_exact" in c} == set(algorithm_names(layer_form=True))
+        assert {c["algo"] for c in cases if "autograd_dw" in c} == set(algorithm_names())
 
 
 @pytest.mark.multiprocess
 def test_every_registered_algorithm_equals_the_reference_on_2x2(targets_on_path):
     """Each algorithm chosen by name on 4 ranks over 2 emulated nodes: dispatch and combine
-    == the loop reference, its messages == its schedule, its layer form == flat's."""
+    == the loop reference, its messages == its schedule, its autograd form == one process's."""
     per_rank = run_ranks("_alltoall_targets:registry_vs_reference", {"seeds": [1, 2, 3]},
                          world_size=4, ranks_per_node=2, timeout_s=150)
     _check_registry_cases(per_rank)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import from_dict
 
 GB = 1e9
@@ -38,7 +39,7 @@ def machine(gpus: int, nics: int, nic_GBps: float, fabric: dict | None = None,
 
 
 def uniform(algo, p, nodes, size, model=None):
-    return ns.simulate_uniform(algo, ns.topology_for(p, nodes), p, size, latency_model=model).time_s
+    return simulated.simulate_uniform(algo, ns.topology_for(p, nodes), p, size, latency_model=model).time_s
 
 
 # --- rail-optimised ---------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def test_window_caps_the_rate_of_a_latency_bound_rank():
 
 def test_every_simulated_result_lists_its_assumptions():
     p = machine(8, 8, 50.0, RAIL_4_TO_1, NVSWITCH, per_message_us=1.0, window=32)
-    r = ns.simulate_uniform("flat", ns.topology_for(p, 4), p, 4096)
+    r = simulated.simulate_uniform("flat", ns.topology_for(p, 4), p, 4096)
     text = " | ".join(r.assumptions)
     assert r.latency_model == "overlapped"
     for needle in ("overlapped", "rail-optimised", "taper 0.25", "non-blocking switch", "max-min fair",
@@ -183,7 +184,7 @@ def test_aggregated_equals_per_message_on_every_fabric(fabric, algo, model):
     # message when the traffic is node-symmetric, whatever the fabric and latency model.
     p = machine(4, 4, 25.0, fabric, NVSWITCH, latency_us=2.0, per_message_us=1.0, window=8)
     topo = ns.topology_for(p, 4)
-    fn, deps = ns.expected_schedule(algo, topo, 4096)
+    fn, deps = simulated.expected_schedule(algo, topo, 4096)
     rows_to = [3, 0, 5, 1] * 4
     agg = ns.simulate_expected(fn, rows_to, topo, p, deps, model)
     full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps, model)

@@ -67,7 +67,8 @@ def test_world_params_are_derived_and_bad_points_refused():
     with pytest.raises(ValueError, match="divide"):
         traffic.grid({"nodes": [2], "gpus_per_node": [2], "ep": [3]})
     with pytest.raises(ValueError, match="algo"):
-        stages.grid({"algo": ["halo"]})
+        stages.grid({"algo": ["ring"]})  # flat, HALO and RBD all time their stages now
+    assert {p["algo"] for p in stages.grid({"algo": ["flat", "halo", "rbd"]})} == {"flat", "halo", "rbd"}
     assert stage_metric("pilot all-to-all (inter-node)") == "pilot_all_to_all_inter_node_s"
     assert [p["ranks"] for p in train.grid({"pp": [2], "ep": [2], "dp": [2]})] == [8]
     with pytest.raises(ValueError, match="EP=3"):

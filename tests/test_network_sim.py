@@ -8,6 +8,7 @@ import random
 import pytest
 
 from moe_repro.components.network import simulator as ns
+from moe_repro.components.alltoall import simulated
 from moe_repro.components.alltoall.flat import PHASE_DEPENDENCIES as FLAT_DEPS
 from moe_repro.components.alltoall.flat import flat_schedule
 from moe_repro.components.alltoall.halo import PHASE_DEPENDENCIES as HALO_DEPS
@@ -112,7 +113,7 @@ def test_aggregated_equals_per_message_on_symmetric_worlds(seed, algo):
     pattern[rng.randrange(gpus)] = 0
     rows_to = pattern * nodes
     row_bytes = 4096
-    fn, deps = ns.expected_schedule(algo, topo, row_bytes)
+    fn, deps = simulated.expected_schedule(algo, topo, row_bytes)
     agg = ns.simulate_expected(fn, rows_to, topo, p, deps)
     full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps)
     assert agg.time_s == pytest.approx(full.time_s, rel=1e-9)
@@ -124,8 +125,8 @@ def test_aggregated_equals_per_message_on_symmetric_worlds(seed, algo):
 def test_halo_beats_flat_at_512_frontier_nodes_and_both_respect_eq6():
     p = load_builtin("frontier")
     topo = ns.topology_for(p, 512)
-    flat = ns.simulate_uniform("flat", topo, p, 4096)
-    halo = ns.simulate_uniform("halo", topo, p, 4096)
+    flat = simulated.simulate_uniform("flat", topo, p, 4096)
+    halo = simulated.simulate_uniform("halo", topo, p, 4096)
     assert halo.time_s < flat.time_s
     assert flat.time_s >= flat.eq6_bound_s and halo.time_s >= halo.eq6_bound_s
     assert flat.link_bytes["inter_node"] == halo.link_bytes["inter_node"]
@@ -140,7 +141,7 @@ def test_host_resource_shares_one_machine_between_emulated_nodes():
     two = ns.simulate_messages([("a2a", 0, 1, b), ("a2a", 2, 3, b)], topo, p, FLAT_DEPS).time_s
     assert one == pytest.approx(b / 1e9, rel=1e-12) and two == pytest.approx(2 * b / 1e9, rel=1e-12)
     # the aggregated path counts every node's flows on the shared host too
-    fn, deps = ns.expected_schedule("flat", topo, b)
+    fn, deps = simulated.expected_schedule("flat", topo, b)
     agg = ns.simulate_expected(fn, [1] * 4, topo, p, deps).time_s
     full = ns.simulate_messages(fn([[1] * 4] * 4, range(4)), topo, p, deps).time_s
     assert agg == pytest.approx(full, rel=1e-9) == 12 * b / 1e9

@@ -111,11 +111,12 @@ def test_a_record_without_simulated_cells_says_so():
 
 def test_the_flow_simulator_says_simulated():
     from moe_repro.components.network import simulator as ns
+    from moe_repro.components.alltoall import simulated
     from moe_repro.components.network.platform import load_builtin
 
     platform = load_builtin("dgx-h100")
     with tracking() as made:
-        ns.simulate_uniform("flat", ns.topology_for(platform, 2, 8), platform, 4096)
+        simulated.simulate_uniform("flat", ns.topology_for(platform, 2, 8), platform, 4096)
     assert made == {"simulated"}
 
 
@@ -145,7 +146,7 @@ def test_a_balancer_replay_says_simulated_and_a_sampled_estimate_monte_carlo():
 
 
 def test_a_suite_point_and_a_memory_probe_say_measured():
-    from moe_repro.components.moe.activation_memory import measure_config
+    from moe_repro.components.training.activation_memory import measure_config
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, run_point
 

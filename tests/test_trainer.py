@@ -111,16 +111,35 @@ def test_pp_ep_2x2_matches_one_process_and_gpipe_equals_1f1b(targets_on_path):
 
 
 @pytest.mark.multiprocess
-def test_train_cli_with_halo_all_to_all_matches_one_process(tmp_path):
-    """PP=2 x EP=2 with HALO as each stage's expert all-to-all (components/alltoall_halo_group)."""
+def test_every_dispatcher_trains_like_one_process_on_four_ranks_over_two_nodes(targets_on_path):
+    """EP=4 over 2 emulated nodes of 2 ranks, each registered dispatcher in turn (flat; HALO's
+    three phases; RBD's pilots across the nodes and replicas inside them): losses and every
+    gradient of every step equal the one-process model's (reference_max_abs_diff)."""
+    from moe_repro.components.alltoall import algorithm_names
+
+    names = algorithm_names()
+    assert {"flat", "halo", "rbd"} <= set(names)
+    configs = [dict(SMALL, pp=1, ep=4, ranks_per_node=2, alltoall=name, seed=10 + i)
+               for i, name in enumerate(names)]
+    reports = run_ranks("_trainer_targets:train_several", {"configs": configs}, world_size=4,
+                        ranks_per_node=2, timeout_s=300)[0]
+    for name, report in zip(names, reports):
+        assert report["config"]["alltoall"] == name
+        _check(report, SMALL["steps"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("alltoall", ["halo", "rbd"])
+def test_train_cli_with_each_all_to_all_matches_one_process(tmp_path, alltoall):
+    """PP=2 x EP=2 with HALO or RBD as each stage's dispatcher, from the command line."""
     out = tmp_path / "t.json"
     proc = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "train",
-                           "--model", "tiny-moe", "--pp", "2", "--ep", "2", "--alltoall", "halo",
+                           "--model", "tiny-moe", "--pp", "2", "--ep", "2", "--alltoall", alltoall,
                            "--steps", "2", "--check-reference", "--json", str(out)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["config"]["alltoall"] == "halo" and report["world_size"] == 4
+    assert report["config"]["alltoall"] == alltoall and report["world_size"] == 4
     _check(report, 2)
 
 

@@ -11,13 +11,15 @@ expected schedule the network simulator replays, and the bytes it puts on each l
 The registry: each module registers its algorithm once, on import (this package imports all of
 them). ``get_algorithm(name)`` returns one (ValueError naming the known ones otherwise),
 ``algorithm_names(**facts)`` lists the names whose :class:`.base.AllToAllFacts` match, e.g.
-``algorithm_names(layer_form=True)`` for the MoE layer and the trainer. The MoE layer, the
-trainer and ``repro train --alltoall``, the alltoall suite and the network simulator all choose
-by name through it and ask the facts, never the name, what an algorithm can do.
+``algorithm_names(schedule_from_counts=True)`` for the aggregated simulator. The MoE layer, the
+trainer and ``repro train --alltoall``, the alltoall and dispatch-stages suites and the network
+simulator all choose by name through it and ask the facts, never the name, what an algorithm
+can do. Every algorithm's :class:`.base.Dispatcher` is differentiable when grad is enabled:
+it is the one dispatch path, timed by the suites and trained with by the layer.
 
 Adding an algorithm:
   1. a module here implementing :class:`.base.AllToAll` (facts, phase_dependencies, dispatcher,
-     routed_schedule, and what its facts promise), ending with ``register(MyAlgorithm())``, and
+     group_dispatcher, routed_schedule, and what its facts promise), ending with ``register(MyAlgorithm())``, and
      imported below;
   2. its exactness test against flat: tests/test_alltoall_registry.py already runs every
      registered algorithm's dispatch and combine against the loop reference on real ranks and

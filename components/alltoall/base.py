@@ -4,10 +4,11 @@ An algorithm is one :class:`AllToAll` object, registered once by its own module 
 :func:`register`. Callers choose it by name (``get_algorithm("halo")``) and ask its
 :class:`AllToAllFacts` what it can do instead of checking names:
 
-- over real ranks: :meth:`AllToAll.dispatcher` builds a :class:`Dispatcher` (MoE dispatch of a
-  PFT's rows to their experts' ranks, in the flat all-to-all's output layout, and the reverse
-  combine); where ``facts.layer_form``, :meth:`AllToAll.all_to_all_v` is a differentiable
-  all-to-all-v on any EP process group, usable inside the MoE layer and the trainer;
+- over real ranks: :meth:`AllToAll.dispatcher` (on topology.Communicators) and
+  :meth:`AllToAll.group_dispatcher` (on any EP process group) build a :class:`Dispatcher`: MoE
+  dispatch of a PFT's rows to their experts' ranks, in the flat all-to-all's output layout, and
+  the reverse combine, differentiable when grad is enabled. It is the one dispatch path: the
+  MoE layer, the trainer, the alltoall and dispatch-stages suites all run it;
 - as data, for the network simulator: :meth:`AllToAll.routed_schedule` (the messages one
   dispatch sends for every rank's routing), :meth:`AllToAll.counts_schedule` (the same from a
   counts matrix alone, where ``facts.schedule_from_counts``: what the aggregated simulation of
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import ClassVar
 
 from moe_repro.runtime.timing import instant
@@ -41,9 +43,6 @@ class AllToAllFacts:
     label: str  # how reports and error messages call it, e.g. "HALO"
     paper_section: str  # where the algorithm comes from, e.g. "Piper Sec. V, Alg. 1"
     description: str  # one line
-    # A differentiable all-to-all-v on any EP process group (all_to_all_v), with the flat
-    # all-to-all-v's contract: usable inside MoELayer and the PP x EP trainer.
-    layer_form: bool
     # Needs the same number of ranks on every node, its ranks node by node (check_group says
     # whether a group qualifies).
     equal_ranks_per_node: bool
@@ -76,15 +75,42 @@ class ReusedBuffers:
         return b[:rows]
 
 
+@dataclass
+class FlatLayout:
+    """Where one dispatch's rows go, in the flat all-to-all's terms (every algorithm delivers
+    this layout): ``send_rows[j]`` is the PFT row sent j-th (PFT order grouped stably by
+    destination rank), ``send_counts[d]`` rows go to rank d, ``recv_counts[s]`` rows arrive
+    from rank s."""
+
+    send_rows: "torch.Tensor"
+    send_counts: list[int]
+    recv_counts: list[int]
+
+
 class Dispatcher(ABC):
     """One rank's MoE dispatch and combine over real ranks, for one expert -> rank placement.
 
     ``dispatch`` returns this rank's expert inputs in the flat all-to-all's layout: by source
     rank, then in the source's send order (PFT order grouped stably by destination rank), so the
     same expert computation runs whatever the algorithm. ``combine`` reverses the last dispatch:
-    every token gets the combine-weighted sum of its experts' outputs. The rows ``dispatch``
-    returns live in a buffer the next dispatch overwrites (no fresh allocation per call); a
-    dispatcher is the measured, no-autograd path (the layer uses ``AllToAll.all_to_all_v``).
+    every token gets the combine-weighted sum of its experts' outputs.
+
+    Each algorithm implements three parts: :meth:`plan` (the layout of one PFT and every
+    metadata exchange: counts, RBD's pilots), :meth:`send_rows` (the rows' way out: gather and
+    exchange) and :meth:`return_rows` (their way back, summed into tokens). ``dispatch`` is
+    plan + send_rows and ``combine`` is return_rows, so the benchmarks and the MoE layer run the
+    same code.
+
+    Autograd form (what the layer and the trainer use): when grad is enabled and the input
+    requires it, ``dispatch`` and ``combine`` are differentiable. The backward of dispatch is the
+    way back without weights (each token gets the sum of its rows' gradients); the backward of
+    combine is the way out of the gradient (every row gets its token's gradient), through the
+    same algorithm, with the layout saved by that call (several micro-batches may be in flight).
+    Combine weights that need a gradient (the gate's) are passed as ``weights``: one per
+    received row (:meth:`received_weights`), applied on the expert's rank before the way back.
+
+    Without grad the rows ``dispatch`` returns live in a buffer the next dispatch overwrites (no
+    fresh allocation per call: the measured path); with grad they are a fresh copy.
 
     Set ``timings`` to a dict and ``dispatch`` adds each of the algorithm's ``facts.stages``
     seconds to it (a stage includes waiting for peers); None (default) costs no clock reads.
@@ -94,6 +120,7 @@ class Dispatcher(ABC):
     # The device the stages' work runs on: on CUDA each stamp first waits for its queued work
     # (runtime/timing.instant), so a stage's seconds include its kernels and transfers.
     timing_device = None
+    state = None  # the last dispatch's plan (what combine reverses)
 
     def _clock(self) -> float:
         return instant(self.timing_device) if self.timings is not None else 0.0
@@ -106,13 +133,112 @@ class Dispatcher(ABC):
         self.timings[stage] = self.timings.get(stage, 0.0) + now - since
         return now
 
+    # --- what each algorithm implements -------------------------------------------------------
     @abstractmethod
-    def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
-        """x [tokens, H] and its PFT -> expert input rows on this rank."""
+    def plan(self, pft):
+        """The layout of one dispatch of ``pft`` (exchanging whatever metadata it needs); an
+        object with a ``layout`` (:class:`FlatLayout`) that send_rows and return_rows read."""
 
     @abstractmethod
-    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """Expert outputs (the last dispatch's rows) -> [num_tokens, H]."""
+    def send_rows(self, x: torch.Tensor, state) -> torch.Tensor:
+        """x [tokens, H] -> expert input rows on this rank (flat layout), no autograd."""
+
+    @abstractmethod
+    def return_rows(self, y: torch.Tensor, state, num_tokens: int, weighted: bool) -> torch.Tensor:
+        """Expert outputs (flat layout) -> [num_tokens, H], no autograd: each token the sum of
+        its rows, each row scaled by its PFT combine weight when ``weighted``."""
+
+    @abstractmethod
+    def comm(self):
+        """The EP group's communicator (flat.Comm): the combine weights travel on it."""
+
+    # --- dispatch and combine -----------------------------------------------------------------
+    def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
+        """x [tokens, H] and its PFT -> expert input rows on this rank."""
+        if x.dim() != 2 or x.shape[0] != pft.num_tokens:
+            raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        self.state = self.plan(pft)
+        return self._send(x, self.state)
+
+    def _send(self, x: torch.Tensor, state) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _autograd_functions()[0].apply(x, self, state)
+        return self.send_rows(x, state)
+
+    def combine(self, y: torch.Tensor, num_tokens: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Expert outputs (the last dispatch's rows) -> [num_tokens, H]. ``weights`` None: the
+        PFT's combine weights (no gradient to them); else one weight per row of ``y``
+        (differentiable, see :meth:`received_weights`)."""
+        state = self.state
+        if state is None:
+            raise RuntimeError("combine called before dispatch")
+        total = sum(state.layout.recv_counts)
+        if y.dim() != 2 or y.shape[0] != total:
+            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {total}")
+        if weights is not None:
+            y = y * weights.to(y.dtype).unsqueeze(1)
+        if torch.is_grad_enabled() and y.requires_grad:
+            if weights is None:
+                raise ValueError("a differentiable combine needs its weights passed "
+                                 "(Dispatcher.received_weights)")
+            return _autograd_functions()[1].apply(y, self, state, num_tokens)
+        return self.return_rows(y, state, num_tokens, weighted=weights is None)
+
+    def received_weights(self, combine_weights: torch.Tensor) -> torch.Tensor:
+        """The last dispatch's PFT combine weights, one per row it delivered here (flat layout),
+        by one all-to-all-v of a scalar per row (4 bytes per fp32 row, 1/H of the rows' bytes);
+        differentiable, its backward the reverse exchange (so the gate gets its gradient)."""
+        layout = self.state.layout
+        w = combine_weights.index_select(0, layout.send_rows).reshape(-1, 1)
+        return _autograd_functions()[2].apply(w, self.comm(), layout.send_counts,
+                                              layout.recv_counts).reshape(-1)
+
+    def expert_counts_from_each_rank(self, tokens_per_expert: torch.Tensor) -> list[list[int]]:
+        """Every rank's tokens_per_expert ([W][E] ints) by one all-gather of E int64 (X-MoE
+        App. B.3 exchanges this ERI-array): the layer groups the received rows by expert."""
+        return self.comm().allgather_ints([int(c) for c in tokens_per_expert.tolist()])
+
+
+@cache
+def _autograd_functions():
+    """(dispatch, combine, weights) autograd Functions, defined on first use (torch is imported
+    on first use: the simulator reads this registry without tensors)."""
+
+    class DispatchRows(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dispatcher, state):
+            ctx.dispatcher, ctx.state, ctx.num_tokens = dispatcher, state, x.shape[0]
+            return dispatcher.send_rows(x.detach(), state).clone()  # the buffer is reused
+
+        @staticmethod
+        def backward(ctx, grad):
+            # d(rows)/dx is a gather: the gradient of each token is the sum of its rows'.
+            dx = ctx.dispatcher.return_rows(grad.contiguous(), ctx.state, ctx.num_tokens, weighted=False)
+            return dx, None, None
+
+    class CombineRows(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, dispatcher, state, num_tokens):
+            ctx.dispatcher, ctx.state = dispatcher, state
+            return dispatcher.return_rows(y.detach(), state, num_tokens, weighted=False)
+
+        @staticmethod
+        def backward(ctx, grad):
+            # The sum over a token's rows: every row gets its token's gradient (the way out).
+            return ctx.dispatcher.send_rows(grad.contiguous(), ctx.state).clone(), None, None, None
+
+    class ExchangeScalars(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w, comm, send_counts, recv_counts):
+            ctx.comm, ctx.send_counts, ctx.recv_counts = comm, send_counts, recv_counts
+            return comm.alltoallv(w.detach().contiguous(), send_counts, recv_counts, "weights")
+
+        @staticmethod
+        def backward(ctx, grad):
+            back = ctx.comm.alltoallv(grad.contiguous(), ctx.recv_counts, ctx.send_counts, "weights")
+            return back, None, None, None
+
+    return DispatchRows, CombineRows, ExchangeScalars
 
 
 class AllToAll(ABC):
@@ -140,11 +266,14 @@ class AllToAll(ABC):
         raise ValueError(f"{self.facts.name} cannot be built from a counts matrix: it needs every "
                          f"rank's routing (routed_schedule)")
 
-    def all_to_all_v(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
-                     group=None) -> torch.Tensor:
-        """Differentiable all-to-all-v over ``group`` (flat.all_to_all_v's contract). Only where
-        ``facts.layer_form``."""
-        raise ValueError(f"{self.facts.name} has no differentiable EP-group form")
+    @abstractmethod
+    def group_dispatcher(self, expert_to_rank, group=None, topo: Topology | None = None,
+                         generator: torch.Generator | None = None) -> Dispatcher:
+        """This rank's dispatcher over the torch.distributed process group ``group`` (None =
+        world; e.g. one pipeline stage's EP group), ``expert_to_rank`` in group ranks, nodes
+        from ``topo`` (default: the launcher's emulated layout) restricted to the group. Not
+        collective (no process group is created: stage-local EP groups would deadlock). What
+        the MoE layer and the trainer hold."""
 
     def check_group(self, group_ranks: list[int], topo: Topology) -> None:
         """Raise ValueError when this algorithm cannot run on the process group of these global
@@ -173,7 +302,7 @@ def register(algorithm: AllToAll) -> AllToAll:
         raise ValueError(f"all-to-all {facts.name!r} is already registered")
     if not isinstance(getattr(algorithm, "phase_dependencies", None), dict):
         raise ValueError(f"{facts.name}: phase_dependencies must map each phase to the phases it waits for")
-    promised = {"layer_form": "all_to_all_v", "schedule_from_counts": "counts_schedule",
+    promised = {"schedule_from_counts": "counts_schedule",
                 "equal_ranks_per_node": "check_group"}
     for fact, method in promised.items():
         if getattr(facts, fact) and getattr(cls, method) is getattr(AllToAll, method):
@@ -191,7 +320,7 @@ def get_algorithm(name: str) -> AllToAll:
 
 def algorithm_names(**facts) -> list[str]:
     """Names of the registered algorithms, in registration order, whose facts equal every
-    keyword given, e.g. ``algorithm_names(layer_form=True)``."""
+    keyword given, e.g. ``algorithm_names(equal_ranks_per_node=False)``."""
     known = {f.name for f in fields(AllToAllFacts)}
     unknown = sorted(set(facts) - known)
     if unknown:

@@ -1,6 +1,7 @@
 """Flat all-to-all-v: every rank exchanges rows directly with every other rank.
 
-Interface (the MoE layer's differentiable form; every layer form keeps this contract):
+A differentiable all-to-all-v for callers that move rows other than an MoE dispatch (Ulysses
+attention, expert weights); the MoE dispatch itself is :class:`FlatDispatcher`:
 
     all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 
@@ -24,11 +25,16 @@ over real ranks built on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
-from moe_repro.runtime.device import group_device
-from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, ReusedBuffers, register
+from moe_repro.components.alltoall.base import (AllToAll, AllToAllFacts, Dispatcher, FlatLayout, ReusedBuffers,
+                                                register)
 from moe_repro.components.lazy_import import lazy_module
+# The backend-neutral communicators live in the network layer (topology builds them); the names
+# stay importable from here, where HALO, RBD and the tests have always found them.
+from moe_repro.components.network.comm import (Comm, MPIComm, TorchComm, _Done, _Works,  # noqa: F401
+                                               _as_bytes, row_bytes_of)
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
 torch = lazy_module("torch", globals())
@@ -99,180 +105,6 @@ def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int]
     return _all_to_all_v_function().apply(x, send_counts, recv_counts, group)
 
 
-# --- Backend-neutral communicators ------------------------------------------------------------
-# HALO and RBD are written once against these two adapters: TorchComm (torch.distributed: gloo on
-# CPU, NCCL on GPU) and MPIComm (mpi4py). Each call appends what it actually put on the wire to
-# ``log`` as (phase, src_global_rank, dst_global_rank, nbytes) when a log list is attached, so
-# byte accounting per link class is measured, not modelled. Self-messages are logged too (they
-# are local copies; components.network.topology.bytes_by_link_class counts them on no link).
-
-
-def row_bytes_of(x: torch.Tensor) -> int:
-    """Bytes per row (dim 0) of ``x``."""
-    n = 1
-    for s in x.shape[1:]:
-        n *= int(s)
-    return n * x.element_size()
-
-
-class _Done:
-    def wait(self) -> None:
-        pass
-
-
-class _Works:
-    """Waits on a list of torch Work handles or mpi4py Requests (keeping buffers alive)."""
-
-    def __init__(self, works, keep=(), then=None):
-        self.works, self.keep, self.then = [w for w in works if w is not None], keep, then
-
-    def wait(self) -> None:
-        for w in self.works:
-            if hasattr(w, "Wait"):
-                w.Wait()
-            else:
-                w.wait()
-        if self.then is not None:  # e.g. copy a staged result back to the host
-            self.then()
-        self.works, self.keep, self.then = [], (), None
-
-
-class Comm:
-    """Common part: group ranks <-> global ranks, and the message log."""
-
-    def __init__(self, ranks: list[int], my_global_rank: int):
-        self.ranks = list(ranks)  # global rank of each group rank
-        self.size = len(self.ranks)
-        self.global_rank = my_global_rank
-        self.rank = self.ranks.index(my_global_rank)
-        self.log: list | None = None
-
-    def _record(self, phase: str, counts_bytes) -> None:
-        if self.log is not None:
-            for peer, nbytes in enumerate(counts_bytes):
-                if nbytes:
-                    self.log.append((phase, self.global_rank, self.ranks[peer], int(nbytes)))
-
-    def _prepare(self, x, send_counts, recv_counts, phase, out):
-        """Validate, make contiguous, allocate the output, log the sends; -> (x, out, sc, rc, row bytes)."""
-        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        if len(send_counts) != self.size or len(recv_counts) != self.size:
-            raise ValueError(f"need {self.size} send and recv counts, got {len(send_counts)}, "
-                             f"{len(recv_counts)}")
-        if sum(send_counts) != x.shape[0]:
-            raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
-        x = x.contiguous()
-        if out is None:
-            out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-        rb = row_bytes_of(x)
-        self._record(phase, [c * rb for c in send_counts])
-        return x, out, send_counts, recv_counts, rb
-
-    def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        """Blocking uneven all-to-all (see alltoallv_async)."""
-        out, handle = self.alltoallv_async(x, send_counts, recv_counts, phase, out)
-        handle.wait()
-        return out
-
-    device = "cpu"  # where this communicator's tensors live (NCCL: the GPU)
-
-    def exchange_counts(self, send_counts: list[int], phase: str = "counts") -> list[int]:
-        """How many rows each peer will send me: one int64 to and from every peer."""
-        send = torch.tensor([int(c) for c in send_counts], dtype=torch.int64, device=self.device)
-        recv = self.alltoallv(send, [1] * self.size, [1] * self.size, phase)
-        return [int(c) for c in recv.tolist()]
-
-
-class TorchComm(Comm):
-    """torch.distributed process group (None = world) with its global ranks."""
-
-    def __init__(self, group, ranks: list[int]):
-        super().__init__(ranks, dist.get_rank())
-        self.group = group
-        self.device = group_device(group)  # the runtime's rule: NCCL moves CUDA tensors only
-
-    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        """Uneven all-to-all; returns (out, handle). ``out`` may be a preallocated buffer."""
-        x, out, send_counts, recv_counts, _ = self._prepare(x, send_counts, recv_counts, phase, out)
-        if x.device != torch.device(self.device):
-            # Host-side metadata (counts, plans) on an NCCL group: staged through the GPU, since
-            # NCCL moves CUDA tensors only; the rows themselves already live on the GPU.
-            x_dev, out_dev = x.to(self.device), out.to(self.device)
-            work = dist.all_to_all_single(out_dev, x_dev, output_split_sizes=recv_counts,
-                                          input_split_sizes=send_counts, group=self.group,
-                                          async_op=True)
-            return out, _Works([work], keep=(x_dev, out_dev), then=lambda: out.copy_(out_dev))
-        work = dist.all_to_all_single(out, x, output_split_sizes=recv_counts,
-                                      input_split_sizes=send_counts, group=self.group,
-                                      async_op=True)
-        return out, _Works([work], keep=(x,))
-
-    def p2p(self, sends, recvs, phase="p2p"):
-        """Batched isend/irecv: ``sends``/``recvs`` are (peer group rank, tensor) lists."""
-        ops = []
-        for peer, t in recvs:
-            if t.numel():
-                ops.append(dist.P2POp(dist.irecv, t, self.ranks[peer], self.group))
-        for peer, t in sends:
-            if t.numel():
-                if self.log is not None:
-                    self.log.append((phase, self.global_rank, self.ranks[peer],
-                                     t.numel() * t.element_size()))
-                ops.append(dist.P2POp(dist.isend, t, self.ranks[peer], self.group))
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return _Works(works, keep=tuple(t for _, t in sends))
-
-    def allgather_ints(self, values: list[int]) -> list[list[int]]:
-        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
-        out = [torch.empty_like(t) for _ in range(self.size)]
-        dist.all_gather(out, t, group=self.group)
-        return [o.tolist() for o in out]
-
-
-def _as_bytes(t: torch.Tensor):
-    """A uint8 numpy view of a contiguous tensor (any dtype, zero rows included)."""
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
-
-
-class MPIComm(Comm):
-    """mpi4py communicator with the global rank of each of its ranks."""
-
-    def __init__(self, comm, ranks: list[int]):
-        super().__init__(ranks, ranks[comm.Get_rank()])
-        self.comm = comm
-
-    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        from mpi4py import MPI
-
-        x, out, send_counts, recv_counts, rb = self._prepare(x, send_counts, recv_counts, phase, out)
-        sb = [c * rb for c in send_counts]
-        rbytes = [c * rb for c in recv_counts]
-        sdis = [sum(sb[:i]) for i in range(self.size)]
-        rdis = [sum(rbytes[:i]) for i in range(self.size)]
-        send_np, recv_np = _as_bytes(x), out.reshape(-1).view(torch.uint8).numpy()
-        req = self.comm.Ialltoallv([send_np, (sb, sdis), MPI.BYTE], [recv_np, (rbytes, rdis), MPI.BYTE])
-        return out, _Works([req], keep=(x, send_np, recv_np))
-
-    def p2p(self, sends, recvs, phase="p2p"):
-        reqs, keep = [], []
-        for peer, t in recvs:
-            if t.numel():
-                buf = t.reshape(-1).view(torch.uint8).numpy()  # t must be contiguous: filled in place
-                reqs.append(self.comm.Irecv(buf, source=peer, tag=11))
-                keep.append(buf)
-        for peer, t in sends:
-            if t.numel():
-                buf = _as_bytes(t)
-                if self.log is not None:
-                    self.log.append((phase, self.global_rank, self.ranks[peer], buf.nbytes))
-                reqs.append(self.comm.Isend(buf, dest=peer, tag=11))
-                keep.append(buf)
-        return _Works(reqs, keep=tuple(keep))
-
-    def allgather_ints(self, values: list[int]) -> list[list[int]]:
-        return [list(v) for v in self.comm.allgather([int(v) for v in values])]
-
-
 def flat_all_to_all_v(comm: Comm, x: torch.Tensor, send_counts: list[int],
                       recv_counts: list[int] | None = None, phase: str = "a2a") -> torch.Tensor:
     """Flat all-to-all-v over a TorchComm or MPIComm (not differentiable; see all_to_all_v)."""
@@ -331,66 +163,76 @@ def flat_send_layout(pft, expert_to_rank, world_size: int) -> tuple[torch.Tensor
     return order, [int(c) for c in counts]
 
 
+@dataclass
+class FlatPlan:
+    layout: FlatLayout
+    token_order: torch.Tensor  # token of each send row
+    weights: torch.Tensor  # PFT combine weight of each send row (detached)
+    known_counts: object = None  # what else the counts exchange learnt (HALO's KnownCounts)
+
+
 class FlatDispatcher(Dispatcher):
-    """Dispatch: gather the PFT's rows in flat send order, exchange counts, one all-to-all-v.
-    Combine: the reverse all-to-all-v, then each row scaled by its combine weight and added into
-    its token. Subclasses change only the two exchanges (:class:`halo_group.HaloDispatcher`).
-    The send, receive and combine-receive rows live in reused buffers (:class:`ReusedBuffers`)."""
+    """Plan: the send layout (computed once per PFT) and the counts exchange. Way out: gather
+    the PFT's rows in flat send order, one all-to-all-v. Way back: the reverse all-to-all-v, then
+    each row (scaled by its combine weight) added into its token. Subclasses change only the two
+    exchanges (:class:`halo_group.HaloDispatcher`). The send, receive and returned rows live in
+    reused buffers (:class:`ReusedBuffers`)."""
 
     def __init__(self, comm: Comm, expert_to_rank):
-        self.comm, self.expert_to_rank = comm, expert_to_rank
+        self._comm, self.expert_to_rank = comm, expert_to_rank
         self.buffers = ReusedBuffers()
         self._pft = None  # the PFT the layout below was computed for
-        self._token_order = self._weights = None
-        self._send_counts: list[int] = []
-        self._recv_counts: list[int] | None = None
+        self._layout = None
 
-    def _use_layout_of(self, pft) -> None:
+    def comm(self) -> Comm:
+        return self._comm
+
+    def _layout_of(self, pft):
         # The layout is a pure function of the PFT and the placement: computed once per PFT,
         # outside the exchange (the alltoall suite times dispatch of one PFT again and again).
         if pft is not self._pft:
-            order, self._send_counts = flat_send_layout(pft, self.expert_to_rank, self.comm.size)
-            self._token_order = pft.token_ids[order]
-            self._weights = pft.combine_weights.detach()[order]
+            order, send_counts = flat_send_layout(pft, self.expert_to_rank, self._comm.size)
+            self._layout = (order, send_counts, pft.token_ids[order], pft.combine_weights.detach()[order])
             self._pft = pft
+        return self._layout
 
-    def exchange(self, rows: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """(received rows, rows received from each rank) of one all-to-all-v."""
+    def receive_counts(self, send_counts: list[int]):
+        """(rows received from each rank, what the exchange needs besides): the counts exchange."""
+        return self._comm.exchange_counts(send_counts), None
+
+    def plan(self, pft) -> FlatPlan:
+        order, send_counts, token_order, weights = self._layout_of(pft)
         t = self._clock()
-        recv_counts = self.comm.exchange_counts(send_counts)
-        t = self._lap("counts exchange", t)
-        out = self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
-                                  out=self.buffers.get("received", sum(recv_counts), rows))
-        self._lap("all-to-all", t)
-        return out, recv_counts
+        recv_counts, known = self.receive_counts(send_counts)
+        self._lap("counts exchange", t)
+        return FlatPlan(FlatLayout(order, send_counts, recv_counts), token_order, weights, known)
+
+    def exchange(self, rows: torch.Tensor, state: FlatPlan) -> torch.Tensor:
+        """The received rows of one all-to-all-v (counts known on both sides)."""
+        recv_counts = state.layout.recv_counts
+        return self._comm.alltoallv(rows, state.layout.send_counts, recv_counts, "a2a",
+                                    out=self.buffers.get("received", sum(recv_counts), rows))
 
     def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """The exchange back (counts known on both sides)."""
-        return self.comm.alltoallv(rows, send_counts, recv_counts, "a2a",
-                                   out=self.buffers.get("returned", sum(recv_counts), rows))
+        return self._comm.alltoallv(rows, send_counts, recv_counts, "a2a",
+                                    out=self.buffers.get("returned", sum(recv_counts), rows))
 
-    def dispatch(self, x: torch.Tensor, pft) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[0] != pft.num_tokens:
-            raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
-        self._use_layout_of(pft)
+    def send_rows(self, x: torch.Tensor, state: FlatPlan) -> torch.Tensor:
         t = self._clock()
-        if x.requires_grad and torch.is_grad_enabled():  # out= has no autograd
-            rows = x.index_select(0, self._token_order)
-        else:
-            rows = torch.index_select(x, 0, self._token_order,
-                                      out=self.buffers.get("send", self._token_order.numel(), x))
-        self._lap("buffer gather", t)
-        out, self._recv_counts = self.exchange(rows, self._send_counts)
+        rows = torch.index_select(x, 0, state.token_order,
+                                  out=self.buffers.get("send", state.token_order.numel(), x))
+        t = self._lap("buffer gather", t)
+        out = self.exchange(rows, state)
+        self._lap("all-to-all", t)
         return out
 
-    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        if self._recv_counts is None:
-            raise RuntimeError("combine called before dispatch")
-        if y.shape[0] != sum(self._recv_counts):
-            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {sum(self._recv_counts)}")
-        back = self.reverse(y, self._recv_counts, self._send_counts)
+    def return_rows(self, y: torch.Tensor, state: FlatPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+        back = self.reverse(y, state.layout.recv_counts, state.layout.send_counts)
+        if weighted:
+            back = back * state.weights.to(y.dtype).unsqueeze(1)
         out = y.new_zeros((num_tokens, y.shape[1]))
-        return out.index_add_(0, self._token_order, back * self._weights.to(y.dtype).unsqueeze(1))
+        return out.index_add_(0, state.token_order, back)
 
 
 class FlatAlgorithm(AllToAll):
@@ -399,15 +241,16 @@ class FlatAlgorithm(AllToAll):
     facts = AllToAllFacts(
         name="flat", label="flat", paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
         description="every rank exchanges rows directly with every other rank (all-to-all-v)",
-        layer_form=True, equal_ranks_per_node=False, schedule_from_counts=True,
-        stages=("buffer gather", "counts exchange", "all-to-all"))
+        equal_ranks_per_node=False, schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> FlatDispatcher:
         return FlatDispatcher(comms.world, expert_to_rank)
 
-    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
-        return all_to_all_v(x, send_counts, recv_counts, group)
+    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> FlatDispatcher:
+        group = dist.group.WORLD if group is None else group
+        return FlatDispatcher(TorchComm(group, dist.get_process_group_ranks(group)), expert_to_rank)
 
     def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
         return flat_schedule(counts_matrix, row_bytes, with_counts, ranks=ranks)

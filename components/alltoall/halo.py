@@ -45,7 +45,7 @@ C[s][d], or R int64s, C[s][d'] for every d' on d's node, when d is s's Phase-II 
     counts bytes sent per rank = 8 * (N + (nodes - 1) * (R - 1))     (< 16 N; 61 KB at 512 x 8)
 :class:`KnownCounts` holds what arrived; reading any other entry raises KeyError.
 
-The registry entry ``halo`` (with the differentiable EP-group form) is in halo_group.py.
+The registry entry ``halo`` (with its dispatcher on any EP group) is in halo_group.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
     halo_all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 
 Same contract as :func:`moe_repro.components.alltoall.flat.all_to_all_v` (rows of ``x`` split
-by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order), so
-the MoE layer can use either. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
+by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order): a
+plain collective for callers that move rows other than an MoE dispatch. The MoE layer and the
+trainer hold :class:`HaloDispatcher` (``HaloAlgorithm.group_dispatcher``) instead. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
 :class:`moe_repro.components.alltoall.halo.HaloAllToAll`); its backward is HALO again with the
 transposed counts matrix: what I received from rank s goes back to s, through the same phases.
 
@@ -32,7 +33,7 @@ group as the world (inter-node bytes equal flat's; Phase III adds intra-node byt
 
 HALO's registry entry (``halo``, :class:`HaloAlgorithm`) lives here because this module
 completes it: the world collective and its schedule come from the halo module, the
-differentiable EP-group form from this one.
+dispatcher on any EP group (``group_dispatcher``: what the layer and the trainer hold) from this one.
 """
 
 from __future__ import annotations
@@ -179,20 +180,23 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
 
 class HaloDispatcher(FlatDispatcher):
     """MoE dispatch/combine in the flat layout with HALO's three phases in place of the flat
-    all-to-all-v (same rows, same order). The dispatched rows are HALO's persistent output
-    buffer: the next call overwrites them."""
+    all-to-all-v (same rows, same order). Without grad the dispatched rows are HALO's persistent
+    output buffer: the next call overwrites them."""
 
     def __init__(self, halo: HaloAllToAll, expert_to_rank):
         super().__init__(halo.comms.world, expert_to_rank)
         self.halo = halo
 
-    def exchange(self, rows, send_counts):
+    def receive_counts(self, send_counts):
         counts = self.halo.known_counts(send_counts)  # what HALO's own call would exchange
-        received = [int(counts[s][self.comm.rank]) for s in range(self.comm.size)]
-        return self.halo(rows, send_counts, counts_matrix=counts), received
+        me = self.comm().rank
+        return [int(counts[s][me]) for s in range(self.comm().size)], counts
+
+    def exchange(self, rows, state):
+        return self.halo(rows, state.layout.send_counts, counts_matrix=state.known_counts)
 
     def reverse(self, rows, send_counts, recv_counts):
-        return self.halo(rows, send_counts)
+        return self.halo(rows, send_counts)  # its own counts exchange learns the transposed counts
 
 
 class HaloAlgorithm(AllToAll):
@@ -202,14 +206,15 @@ class HaloAlgorithm(AllToAll):
         name="halo", label="HALO", paper_section="Piper Sec. V, Alg. 1",
         description="hierarchical all-to-all: one message per remote node through same-local-rank "
                     "peers, regrouped inside the node",
-        layer_form=True, equal_ranks_per_node=True, schedule_from_counts=True)
+        equal_ranks_per_node=True, schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"))
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> HaloDispatcher:
         return HaloDispatcher(HaloAllToAll(comms), expert_to_rank)
 
-    def all_to_all_v(self, x, send_counts, recv_counts=None, group=None) -> torch.Tensor:
-        return halo_all_to_all_v(x, send_counts, recv_counts, group)
+    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> HaloDispatcher:
+        return HaloDispatcher(build_group_halo(group, topo), expert_to_rank)
 
     def check_group(self, group_ranks, topo) -> None:
         group_topology(group_ranks, topo)

@@ -47,26 +47,32 @@ Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` 
 per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
 every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (replicas for it).
 
-Registered as ``rbd`` (:class:`RBDAlgorithm`). It has no differentiable EP-group form (the MoE
-layer cannot use it), and the simulator replays it from every rank's routing, not from a
-counts matrix: which rows cross nodes depends on which tokens share a destination node.
+Registered as ``rbd`` (:class:`RBDAlgorithm`). Like every dispatcher it is differentiable when
+grad is enabled (components/alltoall/base.py: the backward of dispatch is this combine without
+weights, that of combine this dispatch's way out), so the MoE layer and the trainer train with
+it. The simulator replays it from every rank's routing, not from a counts matrix: which rows
+cross nodes depends on which tokens share a destination node.
+
+Stage order: all metadata (counts, per-pair rows, the replicas' (source, slot)) is exchanged in
+the plan, before any row moves, so that the rows' way out (pilot gather, pilot all-to-all,
+replica reconstruction and all-to-all, expert input reconstruction) can run again on a gradient
+with the same pilots.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, register
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, FlatLayout, register
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
 from moe_repro.components.provenance import produced
 
-if TYPE_CHECKING:
-    from moe_repro.components.moe.pft import PFT
+# ``PFT`` in the annotations is components/moe/pft.py's; not imported: moe sits above alltoall
+# in components/ (tests/test_layers.py), and annotations are never evaluated here.
 
 # Imported on first use: the registry (read by the simulator) imports this module.
 torch = lazy_module("torch", globals())
@@ -89,6 +95,8 @@ class Stage0:
     meta_counts: list[int]  # pairs per pilot rank
     pilot_dest_rank: torch.Tensor  # pilot rank of each pilot (send order)
     pair_dest_rank: torch.Tensor  # destination rank of each pair, PFT order
+    send_rows: torch.Tensor  # the flat send order (PFT row of each flat send row)
+    send_counts: list[int]  # the flat layout's rows per destination rank
 
 
 def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
@@ -134,23 +142,31 @@ def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
     return Stage0(pilot_token=pft.token_ids[pilot_pairs][send], pilot_counts=[int(c) for c in pilot_counts],
                   meta=meta[meta_order].contiguous(),
                   meta_counts=[int(c) for c in torch.bincount(pair_pilot_rank, minlength=N).tolist()],
-                  pilot_dest_rank=pilot_rank[send], pair_dest_rank=dest)
+                  pilot_dest_rank=pilot_rank[send], pair_dest_rank=dest, send_rows=order,
+                  send_counts=[int(c) for c in counts])
 
 
 @dataclass
-class _DispatchState:
+class RBDPlan:
+    """Everything one dispatch's rows need, learnt before any row moves (stage 0, the counts
+    and metadata exchanges and the index arithmetic); the ways out and back read only this."""
+
+    layout: FlatLayout
     s0: Stage0
-    pilot_recv: list[int]
-    n_pilots_in: int
+    pilot_recv: list[int]  # pilots from each rank
     direct_pilot: torch.Tensor  # pilot row (received buffer) of pairs whose expert is here
     direct_out: torch.Tensor  # output row of those pairs
     direct_weight: torch.Tensor
-    replica_pilot: torch.Tensor  # pilot row of each replica I built, in replica send order
+    replica_pilot: torch.Tensor  # pilot row of each replica I build, in replica send order
     replica_weight: torch.Tensor
     replica_send: list[int]  # per local rank
     replica_recv: list[int]
-    replica_out: torch.Tensor  # output row of each replica I received
+    replica_out: torch.Tensor  # output row of each replica I receive
     total_out: int
+
+    @property
+    def n_pilots_in(self) -> int:
+        return sum(self.pilot_recv)
 
 
 class RBDDispatcher(Dispatcher):
@@ -167,10 +183,14 @@ class RBDDispatcher(Dispatcher):
         self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
         self.generator = generator
         self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
-        self.state: _DispatchState | None = None
+        self.state: RBDPlan | None = None
+
+    def comm(self):
+        return self.comms.world
 
     @classmethod
-    def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None) -> "RBDDispatcher":
+    def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None,
+                  generator: torch.Generator | None = None) -> "RBDDispatcher":
         """RBD over the torch.distributed process group ``group`` (None = world), with
         ``expert_to_rank`` in group ranks and ``topo`` (default: the launcher's emulated node
         layout) restricted to the group. Not collective: no process group is created."""
@@ -182,29 +202,30 @@ class RBDDispatcher(Dispatcher):
         intra = NodeP2PComm(comm, sub.node_ranks(sub.node_of(comm.rank)))
         # RBD uses only ``world`` (S1) and ``intra`` (S2); the group stands in for ``inter``.
         return cls(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
-                                 inter=comm), expert_to_rank)
+                                 inter=comm), expert_to_rank, generator)
 
     def dispatch(self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Expert inputs on this rank, in the flat all-to-all's output layout."""
-        topo, world, intra = self.topo, self.comms.world, self.comms.intra
-        N, me = topo.world_size, self.rank
+        """Expert inputs on this rank, in the flat all-to-all's output layout; ``generator``
+        (default: the dispatcher's) draws the pilots."""
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
             raise ValueError(f"x must be [{pft.num_tokens}, H], got {tuple(x.shape)}")
+        self.state = self.plan(pft, generator)
+        return self._send(x, self.state)
+
+    def plan(self, pft: PFT, generator: torch.Generator | None = None) -> RBDPlan:
+        """S0, the S1 counts and metadata exchange and the S2 replica metadata exchange."""
+        topo, world, intra = self.topo, self.comms.world, self.comms.intra
+        N, me = topo.world_size, self.rank
         generator = self.generator if generator is None else generator
         t = self._clock()
         s0 = select_pilots(pft, self.expert_to_rank, topo, generator)
         t = self._lap("pilot selection", t)
 
-        # S1: counts, metadata (with the combine weights) and pilots; only pilots cross nodes.
+        # S1 metadata: counts, and one row per pair (with its combine weight) to its pilot's rank.
         counts = torch.tensor([s0.pilot_counts, s0.meta_counts], dtype=torch.int64).t().contiguous()
         got = world.alltoallv(counts, [1] * N, [1] * N, "counts")
         pilot_recv, meta_recv = got[:, 0].tolist(), got[:, 1].tolist()
         meta = world.alltoallv(s0.meta, s0.meta_counts, meta_recv, "meta")
-        t = self._lap("metadata exchange", t)
-        pilot_rows = x.index_select(0, s0.pilot_token)
-        t = self._lap("pilot gather", t)
-        pilots = world.alltoallv(pilot_rows, s0.pilot_counts, pilot_recv, "pilot")
-        t = self._lap("pilot all-to-all (inter-node)", t)
 
         # Re-encode relative pilot indices to rows of the received pilot buffer.
         src_of_meta = torch.repeat_interleave(torch.arange(N), torch.tensor(meta_recv, dtype=torch.int64))
@@ -215,59 +236,62 @@ class RBDDispatcher(Dispatcher):
         direct = dst == me
         if bool(((dst // topo.ranks_per_node) != topo.node_of(me)).any()):
             raise RuntimeError("RBD metadata names a destination outside this node (placement maps differ?)")
-
-        # Local replica reconstruction: one copy of the pilot per other pair on this node,
-        # ordered by destination rank so the intra-node exchange buffer is contiguous.
+        # Local replicas: one copy of the pilot per other pair on this node, ordered by
+        # destination rank so the intra-node exchange buffer is contiguous.
         rep = torch.nonzero(~direct).reshape(-1)
         rep = rep[torch.argsort(dst[rep], stable=True)]
         local_of_dst = dst[rep] - topo.node_ranks(topo.node_of(me))[0]
-        replica_send = torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()
-        replica_rows = pilots.index_select(0, pilot_row[rep])
+        replica_send = [int(c) for c in torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()]
         replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
-        t = self._lap("replica reconstruction", t)
-
-        # S2: intra-node exchange of replicas and their (source, slot).
+        # S2 metadata: each replica's (source, slot) to its destination.
         replica_recv = intra.exchange_counts(replica_send, "counts")
         got_meta = intra.alltoallv(replica_meta, replica_send, replica_recv, "replica_meta")
-        got_rows = intra.alltoallv(replica_rows, replica_send, replica_recv, "replica")
-        t = self._lap("replica all-to-all (intra-node)", t)
-
-        # Expert input reconstruction in the flat layout: row = start[source] + slot.
+        # Expert input rows in the flat layout: row = start[source] + slot.
         src_all = torch.cat([src_of_meta[direct], got_meta[:, 0]])
         per_source = torch.bincount(src_all, minlength=N)
         start = torch.cumsum(per_source, 0) - per_source
-        direct_out = start[src_of_meta[direct]] + slot[direct]
-        replica_out = start[got_meta[:, 0]] + got_meta[:, 1]
-        total = int(per_source.sum())
-        out = x.new_empty((total, x.shape[1]))
-        out.index_copy_(0, direct_out, pilots.index_select(0, pilot_row[direct]))
-        out.index_copy_(0, replica_out, got_rows)
-        t = self._lap("expert input reconstruction", t)
-        self.state = _DispatchState(
-            s0=s0, pilot_recv=pilot_recv, n_pilots_in=pilots.shape[0],
-            direct_pilot=pilot_row[direct], direct_out=direct_out, direct_weight=weight[direct],
-            replica_pilot=pilot_row[rep], replica_weight=weight[rep],
-            replica_send=[int(c) for c in replica_send], replica_recv=replica_recv,
-            replica_out=replica_out, total_out=total)
+        self._lap("metadata exchange", t)
+        return RBDPlan(
+            layout=FlatLayout(s0.send_rows, s0.send_counts, [int(c) for c in per_source.tolist()]),
+            s0=s0, pilot_recv=pilot_recv,
+            direct_pilot=pilot_row[direct], direct_out=start[src_of_meta[direct]] + slot[direct],
+            direct_weight=weight[direct], replica_pilot=pilot_row[rep], replica_weight=weight[rep],
+            replica_send=replica_send, replica_recv=replica_recv,
+            replica_out=start[got_meta[:, 0]] + got_meta[:, 1], total_out=int(per_source.sum()))
+
+    def send_rows(self, x: torch.Tensor, st: RBDPlan) -> torch.Tensor:
+        """S1 pilots across nodes, replicas rebuilt and exchanged inside the node (S2)."""
+        world, intra = self.comms.world, self.comms.intra
+        t = self._clock()
+        pilot_rows = x.index_select(0, st.s0.pilot_token)
+        t = self._lap("pilot gather", t)
+        pilots = world.alltoallv(pilot_rows, st.s0.pilot_counts, st.pilot_recv, "pilot")
+        t = self._lap("pilot all-to-all (inter-node)", t)
+        replica_rows = pilots.index_select(0, st.replica_pilot)
+        t = self._lap("replica reconstruction", t)
+        got_rows = intra.alltoallv(replica_rows, st.replica_send, st.replica_recv, "replica")
+        t = self._lap("replica all-to-all (intra-node)", t)
+        out = x.new_empty((st.total_out, x.shape[1]))
+        out.index_copy_(0, st.direct_out, pilots.index_select(0, st.direct_pilot))
+        out.index_copy_(0, st.replica_out, got_rows)
+        self._lap("expert input reconstruction", t)
         return out
 
-    def combine(self, y: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """Reverse of the last dispatch: y (expert outputs, flat layout) -> [num_tokens, H],
-        each token the combine-weighted sum of its experts' outputs."""
-        st = self.state
-        if st is None:
-            raise RuntimeError("combine called before dispatch")
-        if y.shape[0] != st.total_out:
-            raise ValueError(f"y has {y.shape[0]} rows, dispatch delivered {st.total_out}")
+    def return_rows(self, y: torch.Tensor, st: RBDPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+        """Reverse of send_rows: y (expert outputs, flat layout) -> [num_tokens, H], each token
+        the (combine-weighted when ``weighted``) sum of its experts' outputs."""
         world, intra = self.comms.world, self.comms.intra
         # Reverse S2: replicas' outputs go back to their pilot's rank (same order as sent).
         back = intra.alltoallv(y.index_select(0, st.replica_out), st.replica_recv, st.replica_send,
                                "combine_replica")
-        # Weight scaling in stage 1, then merge replicas into their pilots.
+        direct = y.index_select(0, st.direct_out)
+        if weighted:  # weight scaling in stage 1
+            direct = direct * st.direct_weight.to(y.dtype).unsqueeze(1)
+            back = back * st.replica_weight.to(y.dtype).unsqueeze(1)
+        # Merge replicas into their pilots.
         acc = y.new_zeros((st.n_pilots_in, y.shape[1]))
-        acc.index_add_(0, st.direct_pilot, y.index_select(0, st.direct_out)
-                       * st.direct_weight.to(y.dtype).unsqueeze(1))
-        acc.index_add_(0, st.replica_pilot, back * st.replica_weight.to(y.dtype).unsqueeze(1))
+        acc.index_add_(0, st.direct_pilot, direct)
+        acc.index_add_(0, st.replica_pilot, back)
         # Reverse S1: one row per (token, node) back to the source, summed into the token.
         returned = world.alltoallv(acc, st.pilot_recv, st.s0.pilot_counts, "combine_pilot")
         out = y.new_zeros((num_tokens, y.shape[1]))
@@ -367,7 +391,7 @@ class RBDAlgorithm(AllToAll):
         name="rbd", label="RBD", paper_section="X-MoE Sec. 4.2, Fig. 7",
         description="redundancy-bypassing dispatch: one pilot per (token, remote node) across "
                     "nodes, its replicas rebuilt and exchanged inside the node",
-        layer_form=False, equal_ranks_per_node=True, schedule_from_counts=False,
+        equal_ranks_per_node=True, schedule_from_counts=False,
         stages=("pilot selection", "metadata exchange", "pilot gather", "pilot all-to-all (inter-node)",
                 "replica reconstruction", "replica all-to-all (intra-node)",
                 "expert input reconstruction"))
@@ -375,6 +399,9 @@ class RBDAlgorithm(AllToAll):
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> RBDDispatcher:
         return RBDDispatcher(comms, expert_to_rank, generator)
+
+    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> RBDDispatcher:
+        return RBDDispatcher.for_group(expert_to_rank, group, topo, generator)
 
     def check_group(self, group_ranks, topo) -> None:
         group_topology(group_ranks, topo, "RBD", "node = group rank // ranks per node")

@@ -15,7 +15,7 @@ history), the home placement and its knobs, it returns the rows and expert GEMM 
 device. Placement-changing methods (EPLB replication, Piper's hill-climbing migration) fit the
 same interface: their plan for a micro-batch is the placement they chose from history, applied
 to the actual counts (base.py says what that leaves out). Each method's module registers it
-once; this package holds the one registry, in the order shown by :func:`balancer_names`:
+once; this package holds the one registry (registry.py), in the order shown by :func:`balancer_names`:
 "Before LB" (base.py), "FasterMoE", "FEPLB", "LLEP", "EPLB", "Piper migration".
 :func:`get_balancer` looks one up by the name users see; load_balance_eval replays every
 registered balancer.
@@ -24,47 +24,17 @@ Adding a balancer:
 1. in its own module of this package, write ``plan(step: BalanceStep, knobs: dict) ->
    DeviceWork`` and register it once at the bottom of the module:
    ``register_balancer(Balancer(name=..., paper=..., description=..., needs_history=...,
-   knobs={knob: default}, plan=plan))``;
+   knobs={knob: default}, plan=plan))`` (``register_balancer`` from ``.registry``);
 2. import that module at the bottom of this file, after the others.
 tests/test_balance_registry.py then checks it keeps every row and returns one entry per device.
 """
 
 from __future__ import annotations
 
-from moe_repro.components.balance.base import PLAIN_EP, Balancer
-
-BALANCERS: dict[str, Balancer] = {}
-
-
-def register_balancer(balancer: Balancer) -> Balancer:
-    """Add a balancer to the registry under its name (once)."""
-    if balancer.name in BALANCERS:
-        raise ValueError(f"balancer {balancer.name!r} is already registered")
-    BALANCERS[balancer.name] = balancer
-    return balancer
-
-
-def balancer_names() -> tuple[str, ...]:
-    """Registered balancer names, in registration order."""
-    return tuple(BALANCERS)
-
-
-def get_balancer(name: str) -> Balancer:
-    if name not in BALANCERS:
-        raise ValueError(f"unknown balancer {name!r}; known: {', '.join(BALANCERS)}")
-    return BALANCERS[name]
-
-
-def check_knobs(knobs) -> None:
-    """Refuse knob names that no registered balancer declares."""
-    known = {k for b in BALANCERS.values() for k in b.knobs}
-    unknown = sorted(set(knobs) - known)
-    if unknown:
-        raise ValueError(f"unknown balancer knob(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(sorted(known))}")
-
-
-register_balancer(PLAIN_EP)
+# The registry itself lives in registry.py, which the balancers' modules import (importing this
+# package from them would close an import cycle: tests/test_layers.py).
+from moe_repro.components.balance.registry import (BALANCERS, balancer_names, check_knobs,  # noqa: F401
+                                                   get_balancer, register_balancer)
 
 # Each module registers its balancer when imported (after the functions above exist).
 from moe_repro.components.balance import fastermoe_shadow  # noqa: E402,F401

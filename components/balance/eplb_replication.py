@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork, work_of_placement
 from moe_repro.components.balance.migration_cost import moves_send_bytes_per_gpu
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 
 

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.components.alltoall.flat import all_to_all_v
-from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
                                                pack_experts, unpack_experts)
@@ -234,7 +234,7 @@ class FEPLBMoELayer(MoELayer):
     def routed(self, x: torch.Tensor, gate_out) -> torch.Tensor:
         pft = self.make_pft(gate_out)
         # Phase 1: the unchanged EP dispatch; rows arrive grouped by local expert.
-        expert_in, plan = self.dispatch_alltoall(self.buffer_dispatch(x, pft), pft)
+        expert_in, plan = self.dispatch(x, pft)
         global_counts = pft.tokens_per_expert.clone()
         dist.all_reduce(global_counts, group=self.ep_group)
         t0 = time.perf_counter()
@@ -243,7 +243,7 @@ class FEPLBMoELayer(MoELayer):
         self.stats.plan = balance
         expert_out = self._two_phase_compute(expert_in, plan.tokens_per_local_expert.tolist(),
                                              global_counts.cpu().tolist(), balance)
-        return self.buffer_combine(self.combine_alltoall(expert_out, plan), pft)
+        return self.combine(expert_out, plan, pft)
 
     def _two_phase_compute(self, expert_in: torch.Tensor, local_counts: list[int],
                            global_counts: list[int], balance: BalancePlan) -> torch.Tensor:

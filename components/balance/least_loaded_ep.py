@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from moe_repro.components.alltoall.flat import all_to_all_v
-from moe_repro.components.balance import register_balancer
+from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
                                                pack_experts, unpack_experts)

@@ -182,8 +182,8 @@ class ExpertParallelMoE(nn.Module):
     """The padding-free MoE layer of components/moe/moe_layer.py (router replicated, E/EP experts
     per EP rank, contiguous placement: expert e on EP rank e // (E/EP)), run stage by stage so
     that the trainer can time router+experts apart from the all-to-alls, plus the optional
-    Switch balance loss on this rank's tokens. ``all_to_all``: a registered all-to-all with a
-    differentiable EP-group form (components/alltoall, ``algorithm_names(layer_form=True)``)."""
+    Switch balance loss on this rank's tokens. ``all_to_all``: the registered all-to-all whose
+    dispatcher the layer holds (components/alltoall, ``algorithm_names()``)."""
 
     def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
                  all_to_all: str = "flat"):
@@ -204,11 +204,10 @@ class ExpertParallelMoE(nn.Module):
         layer, clock = self.layer, self.clock
         gate_out = _timed(clock, "experts", layer.route, x)
         pft = layer.make_pft(gate_out)
-        rows = _timed(clock, "experts", lambda t: layer.buffer_dispatch(t, pft), x)
-        expert_in, plan = _timed(clock, "alltoall", lambda t: layer.dispatch_alltoall(t, pft), rows)
+        # Dispatch and combine (with their buffer gather and weighted sum) count as all-to-all.
+        expert_in, plan = _timed(clock, "alltoall", lambda t: layer.dispatch(t, pft), x)
         y = _timed(clock, "experts", lambda t: layer.expert_compute(t, plan), expert_in)
-        y = _timed(clock, "alltoall", lambda t: layer.combine_alltoall(t, plan), y)
-        out = _timed(clock, "experts", lambda t: layer.buffer_combine(t, pft), y)
+        out = _timed(clock, "alltoall", lambda t: layer.combine(t, plan, pft), y)
         if self.cfg.aux_loss_coef and self.training:
             # Switch load-balancing loss on this rank's tokens: E * sum_e f_e * P_e.
             frac = pft.tokens_per_expert.to(gate_out.scores.dtype) / max(1, pft.num_rows)

@@ -1,23 +1,25 @@
 """Padding-free MoE layer (X-MoE Sec. 4.1.1, Listing 1 lines 60-72, App. B.3).
 
-    gate -> build_pft -> gather (buffer dispatch) -> [uneven all-to-all] -> grouped expert MLP
-         -> [uneven all-to-all back] -> weighted scatter (buffer combine) (+ shared experts)
+    gate -> build_pft -> dispatch (gather + uneven all-to-all) -> grouped expert MLP
+         -> combine (uneven all-to-all back + weighted sum per token) (+ shared experts)
 
 Every stage is a method so the suites can time them one by one (X-MoE Fig. 11); ``forward``
 just chains them. Nothing is padded: with N = retained (token, expert) pairs, the buffers are
 [N, H] and each all-to-all moves exactly N rows in total.
 
 Expert parallelism (EP): ranks of ``ep_group`` each own the experts an :class:`ExpertPlacement`
-gives them. Dispatch learns every rank's tokens_per_expert with one all_gather of E int64
-(App. B.3: "we first exchange the tokens_per_expert ERI-array"), sends each rank the rows of its
-experts with an all-to-all-v (``all_to_all``: any registered algorithm with a differentiable
-EP-group form, components/alltoall; flat by default, or Piper's HALO on the EP group; all give
-the same rows in the same order), and regroups the received rows
-(source-major) into expert-major order for the grouped GEMM; combine reverses both steps.
+gives them. The layer holds one dispatcher (``all_to_all``: any registered algorithm,
+components/alltoall: flat by default, Piper's HALO or X-MoE's RBD on the EP group; all deliver
+the same rows in the same order), as Megatron-core's layer holds its token dispatcher. Dispatch
+is the dispatcher's (differentiable), plus one all_gather of E int64 (App. B.3: "we first
+exchange the tokens_per_expert ERI-array") to regroup the received rows (source-major) into
+expert-major order for the grouped GEMM, and one all-to-all of the combine weights (a scalar per
+row) so that each row is weighted on its expert's rank and the gate gets its gradient; combine
+is the dispatcher's way back.
 Zero-token experts and zero-token ranks take the same path (empty chunks), so every rank makes
 the same collective calls in forward and backward; a rank with S = 0 still joins them.
 
-Bytes on the wire per rank and direction: sum over remote destinations of rows * H * itemsize,
+Bytes on the wire per rank and direction (flat): sum over remote destinations of rows * H * itemsize,
 versus E * C * H * itemsize * (W - 1) / W for the capacity-padded layer (padded_moe.py).
 """
 
@@ -86,17 +88,15 @@ class ExpertPlacement:
 
 @dataclass
 class DispatchPlan:
-    """What the combine stage needs to undo dispatch (all host-side counts are Python ints)."""
+    """What expert compute and combine need from one dispatch."""
 
     tokens_per_local_expert: torch.Tensor        # int64 [E_local]
-    send_counts: list[int] = field(default_factory=list)
-    recv_counts: list[int] = field(default_factory=list)
-    send_order: torch.Tensor | None = None       # PFT rows -> rank-major rows (None: identity)
-    expert_order: torch.Tensor | None = None     # received rows -> expert-major rows
+    expert_order: torch.Tensor | None = None     # received rows -> expert-major rows (None: local)
+    weights: torch.Tensor | None = None          # combine weight of each received row (EP only)
 
     @property
     def expert_parallel(self) -> bool:
-        return bool(self.send_counts)
+        return self.expert_order is not None
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float,
@@ -129,6 +129,33 @@ def float_expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacit
     return max(min_capacity, math.ceil((num_tokens * top_k / num_experts) * capacity_factor))
 
 
+@dataclass(frozen=True)
+class MoEConfig:
+    """Every option of one MoE layer in one object (``MoELayer.from_config``); the defaults are
+    MoELayer's. Process groups and placements are the run's, not the layer's: passed apart."""
+
+    d_model: int
+    d_ffn: int
+    num_experts: int
+    top_k: int
+    score: str = "softmax"
+    normalize: bool | None = None
+    num_shared: int = 0
+    activation: str = "swiglu"
+    gemm: str = "sequential"
+    capacity_factor: float | None = None
+    drop_policy: str = "probs"
+    renormalize_after_drop: bool = False
+    combine_accumulate: str = "float32"
+    all_to_all: str = "flat"  # the dispatcher the layer holds under expert parallelism
+    dtype: torch.dtype = torch.float32
+
+    def replace(self, **changes) -> "MoEConfig":
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
 class MoELayer(nn.Module):
     """Padding-free MoE layer; see the module docstring. ``capacity_factor`` None: drop nothing.
 
@@ -157,9 +184,8 @@ class MoELayer(nn.Module):
         self.capacity_factor, self.drop_policy = capacity_factor, drop_policy
         self.renormalize_after_drop, self.combine_accumulate = renormalize_after_drop, combine_accumulate
         self.expert_parallel, self.ep_group = expert_parallel, ep_group
-        layer_forms = algorithm_names(layer_form=True)  # the registry's differentiable forms
-        if all_to_all not in layer_forms:
-            raise ValueError(f"all_to_all must be one of {', '.join(layer_forms)}, got {all_to_all!r}")
+        if all_to_all not in algorithm_names():  # every registered dispatcher trains
+            raise ValueError(f"all_to_all must be one of {', '.join(algorithm_names())}, got {all_to_all!r}")
         self.all_to_all = all_to_all
         if expert_parallel:
             world, self.ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
@@ -175,12 +201,27 @@ class MoELayer(nn.Module):
         if self.placement.num_experts != num_experts:
             raise ValueError(f"placement covers {self.placement.num_experts} experts, layer has {num_experts}")
         self.local_experts = list(self.placement.experts_of_rank[self.ep_rank])
+        # The one dispatch path: the registered algorithm's dispatcher on the EP group
+        # (components/alltoall); a fixed generator for RBD's pilots leaves the global RNG alone.
+        self.dispatcher = (get_algorithm(all_to_all).group_dispatcher(
+            self.placement.rank_of_expert().tolist(), ep_group,
+            generator=torch.Generator().manual_seed(self.ep_rank)) if expert_parallel else None)
         kw = {"dtype": dtype, "device": device}
         self.gate = TopKGate(d_model, num_experts, top_k, score, normalize, **kw)
         self.experts = ExpertMLP(len(self.local_experts), d_model, d_ffn, activation, gemm, **kw)
         # DeepSeek-MoE shared experts: always active, so one dense FFN num_shared * d_ffn wide.
         self.shared = (ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
                        if num_shared else None)
+
+    @classmethod
+    def from_config(cls, config: MoEConfig, *, expert_parallel: bool = False, ep_group=None,
+                    placement: ExpertPlacement | None = None, device=None) -> "MoELayer":
+        from dataclasses import asdict
+
+        options = asdict(config)
+        dims = [options.pop(k) for k in ("d_model", "d_ffn", "num_experts", "top_k")]
+        return cls(*dims, **options, expert_parallel=expert_parallel, ep_group=ep_group,
+                   placement=placement, device=device)
 
     # --- stages (X-MoE Fig. 11 names) ---------------------------------------------------------
     def route(self, x: torch.Tensor) -> GateOutput:
@@ -197,48 +238,35 @@ class MoELayer(nn.Module):
     def buffer_dispatch(self, x: torch.Tensor, pft: PFT) -> torch.Tensor:
         return gather_tokens(x, pft)
 
-    def dispatch_alltoall(self, dispatch_in: torch.Tensor, pft: PFT) -> tuple[torch.Tensor, DispatchPlan]:
-        """Send each rank the rows of its experts; return them grouped by local expert."""
-        if not self.expert_parallel:
-            return dispatch_in, DispatchPlan(tokens_per_local_expert=pft.tokens_per_expert)
-        world = self.placement.world_size
-        # One small collective: every rank's tokens_per_expert ([W, E] int64).
-        counts = [torch.empty_like(pft.tokens_per_expert) for _ in range(world)]
-        dist.all_gather(counts, pft.tokens_per_expert.contiguous(), group=self.ep_group)
-        counts_all = torch.stack(counts).cpu()                          # [W, E]
-        mine = pft.tokens_per_expert.cpu()
-        send_counts = [int(mine[list(experts)].sum()) for experts in self.placement.experts_of_rank]
-        local = self.local_experts
-        from_source = counts_all[:, local]                              # [W, E_local]
-        recv_counts = [int(c) for c in from_source.sum(1).tolist()]
-        send_order = None
-        if not self.placement.is_contiguous:  # PFT rows are expert-major; make them rank-major
-            rank_of_row = self.placement.rank_of_expert().to(pft.expert_ids.device)[pft.expert_ids]
-            send_order = torch.argsort(rank_of_row, stable=True)
-            dispatch_in = dispatch_in.index_select(0, send_order)
-        received = get_algorithm(self.all_to_all).all_to_all_v(dispatch_in, send_counts, recv_counts,
-                                                               group=self.ep_group)
-        # Received rows are source-major, each source's rows expert-major: regroup by expert.
+    def dispatch(self, x: torch.Tensor, pft: PFT) -> tuple[torch.Tensor, DispatchPlan]:
+        """Each expert's rows on its rank, grouped by local expert (the grouped GEMM's input).
+
+        One rank: the PFT gather. Expert parallel: the dispatcher's dispatch (the same code the
+        alltoall and dispatch-stages suites time), differentiable; its rows come source-major,
+        each source's rows expert-ascending, and are regrouped by expert here."""
+        if self.dispatcher is None:
+            return self.buffer_dispatch(x, pft), DispatchPlan(tokens_per_local_expert=pft.tokens_per_expert)
+        received = self.dispatcher.dispatch(x, pft)
+        weights = self.dispatcher.received_weights(pft.combine_weights)
+        counts = self.dispatcher.expert_counts_from_each_rank(pft.tokens_per_expert)  # [W][E]
+        from_source = torch.tensor(counts, dtype=torch.int64)[:, self.local_experts]  # [W, E_local]
         local_expert_of_row = torch.repeat_interleave(
-            torch.arange(len(local)).repeat(world), from_source.reshape(-1)).to(received.device)
-        expert_order = torch.argsort(local_expert_of_row, stable=True)
-        plan = DispatchPlan(tokens_per_local_expert=from_source.sum(0), send_counts=send_counts,
-                            recv_counts=recv_counts, send_order=send_order, expert_order=expert_order)
-        return received.index_select(0, expert_order), plan
+            torch.arange(len(self.local_experts)).repeat(from_source.shape[0]), from_source.reshape(-1))
+        expert_order = torch.argsort(local_expert_of_row, stable=True).to(received.device)
+        return received.index_select(0, expert_order), DispatchPlan(
+            tokens_per_local_expert=from_source.sum(0), expert_order=expert_order, weights=weights)
 
     def expert_compute(self, expert_in: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
         return self.experts(expert_in, plan.tokens_per_local_expert)
 
-    def combine_alltoall(self, expert_out: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-        """Reverse of dispatch_alltoall: rows come back in PFT order."""
+    def combine(self, expert_out: torch.Tensor, plan: DispatchPlan, pft: PFT) -> torch.Tensor:
+        """Expert outputs (dispatch's grouping) -> [S, H]: each token the combine-weighted sum of
+        its experts' outputs. Expert parallel: the rows are weighted on the expert's rank and
+        summed on the way back by the dispatcher's combine."""
         if not plan.expert_parallel:
-            return expert_out
+            return self.buffer_combine(expert_out, pft)
         source_major = expert_out.index_select(0, inverse_permutation(plan.expert_order))
-        back = get_algorithm(self.all_to_all).all_to_all_v(source_major, plan.recv_counts,
-                                                           plan.send_counts, group=self.ep_group)
-        if plan.send_order is not None:
-            back = back.index_select(0, inverse_permutation(plan.send_order))
-        return back
+        return self.dispatcher.combine(source_major, pft.num_tokens, weights=plan.weights)
 
     def buffer_combine(self, combine_in: torch.Tensor, pft: PFT) -> torch.Tensor:
         return scatter_combine(combine_in, pft, self.combine_accumulate)
@@ -246,9 +274,8 @@ class MoELayer(nn.Module):
     # --- the layer ----------------------------------------------------------------------------
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
         pft = self.make_pft(gate_out)
-        expert_in, plan = self.dispatch_alltoall(self.buffer_dispatch(x, pft), pft)
-        expert_out = self.expert_compute(expert_in, plan)
-        return self.buffer_combine(self.combine_alltoall(expert_out, plan), pft)
+        expert_in, plan = self.dispatch(x, pft)
+        return self.combine(self.expert_compute(expert_in, plan), plan, pft)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [S, H] -> [S, H]."""

@@ -76,7 +76,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_repro.components.provenance import produced
-from moe_repro.components.alltoall import get_algorithm
 from moe_repro.components.network.platform import Platform, fabric_of, intra_node_of
 from moe_repro.components.network.topology import Topology
 
@@ -723,32 +722,6 @@ def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tup
     if slope <= 0:
         raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
     return max(float(alpha), 0.0), 1.0 / float(slope)
-
-
-# --- the algorithms' schedules ---------------------------------------------------------------
-
-def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bool = False):
-    """(schedule_fn(C, ranks), phase dependencies) of the registered all-to-all ``algo``, for
-    :func:`simulate_expected`. Only algorithms whose messages follow from a counts matrix
-    (``facts.schedule_from_counts``); the others need every rank's routing: replay their
-    ``routed_schedule`` with :func:`simulate_messages`."""
-    algorithm = get_algorithm(algo)
-    if not algorithm.facts.schedule_from_counts:
-        raise ValueError(f"{algo} cannot be simulated from expected counts (its messages depend on "
-                         f"every rank's routing): use simulate_messages with its routed_schedule")
-
-    def schedule_fn(C, ranks):
-        return algorithm.counts_schedule(C, topo, row_bytes, with_counts, ranks=ranks)
-
-    return schedule_fn, algorithm.phase_dependencies
-
-
-def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_peer: int,
-                     with_counts: bool = False, latency_model: str | None = None) -> SimResult:
-    """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank,
-    by the registered all-to-all ``algo``."""
-    fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)
-    return simulate_expected(fn, [1] * topo.world_size, topo, platform, deps, latency_model)
 
 
 def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,

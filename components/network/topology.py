@@ -176,7 +176,7 @@ def bytes_by_link_class(messages, topo: Topology) -> dict[str, int]:
 
 @dataclass
 class Communicators:
-    """This rank's communicators; each is a Comm adapter from components.alltoall.flat."""
+    """This rank's communicators; each is a Comm adapter from components.network.comm."""
 
     topo: Topology
     world: object
@@ -196,7 +196,7 @@ def build_communicators(topo: Topology, rank: int, backend: str, mpi_comm=None) 
     torch.distributed: ``new_group`` for every node and every NIC index (all ranks create all
     groups, as torch requires). MPI: ``Split`` of ``mpi_comm`` by node and by NIC index.
     """
-    from moe_repro.components.alltoall.flat import MPIComm, TorchComm
+    from moe_repro.components.network.comm import MPIComm, TorchComm
 
     if topo.world_size <= rank:
         raise ValueError(f"rank {rank} outside a world of {topo.world_size}")

@@ -5,10 +5,11 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens with an all-to-all-v through components/moe/moe_layer.py: ``alltoall`` names
-any registered algorithm with a differentiable EP-group form (components/alltoall: flat, the
-default, or Piper Sec. V's HALO on the EP group over the emulated nodes, ``ranks_per_node``,
-restricted to the group), and because every pipeline executes the same schedule, the EP group's
+ranks exchange tokens through the dispatcher components/moe/moe_layer.py holds: ``alltoall``
+names any registered algorithm (components/alltoall: flat, the default, Piper Sec. V's HALO or
+X-MoE Sec. 4.2's RBD on the EP group over the emulated nodes, ``ranks_per_node``, restricted to
+the group; each one's dispatcher is differentiable), the same code the alltoall and
+dispatch-stages suites time, and because every pipeline executes the same schedule, the EP group's
 collectives are issued in the same order on every member.
 
 Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
@@ -66,7 +67,7 @@ class TrainConfig:
     aux_loss_coef: float = 0.01
     seed: int = 0
     checkpoint: bool = False  # activation checkpointing of every block
-    alltoall: str = "flat"  # expert all-to-all inside each EP group: a registered layer form
+    alltoall: str = "flat"  # the dispatcher inside each EP group: a registered all-to-all
     ranks_per_node: int | None = None  # emulated node size of a local launch (None: one node)
     check_reference: bool = False
     # Fault injection (tests, drills): rank ``fail_rank`` dies abruptly at step ``fail_step``.
@@ -97,9 +98,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
             raise ValueError(f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef}")
-        layer_forms = algorithm_names(layer_form=True)  # usable inside the MoE layer
-        if self.alltoall not in layer_forms:
-            raise ValueError(f"alltoall must be one of {', '.join(layer_forms)}, got {self.alltoall!r}")
+        if self.alltoall not in algorithm_names():  # every registered dispatcher trains
+            raise ValueError(f"alltoall must be one of {', '.join(algorithm_names())}, got {self.alltoall!r}")
         if self.ranks_per_node is not None and (self.ranks_per_node < 1
                                                 or self.world_size % self.ranks_per_node):
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must divide the "

@@ -8,7 +8,8 @@ from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 
 def options_as_params(args: list[str]) -> list[str]:
-    """Turn leftover ``--key value`` / ``--key=value`` words into ``key=value`` parameter pairs."""
+    """Turn leftover ``--key value`` / ``--key=value`` words into ``key=value`` parameter pairs;
+    a bare ``--key`` (no value follows) is ``key=1``."""
     pairs, i = [], 0
     while i < len(args):
         word = args[i]
@@ -17,8 +18,9 @@ def options_as_params(args: list[str]) -> list[str]:
         key, eq, value = word[2:].partition("=")
         if not eq:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise BadInput(f"option --{key} needs a value")
-            value, i = args[i + 1], i + 1
+                value = "1"  # a bare --flag sets a 0/1 parameter (e.g. --backward)
+            else:
+                value, i = args[i + 1], i + 1
         pairs.append(f"{key.replace('-', '_')}={value}")
         i += 1
     return pairs

@@ -15,7 +15,7 @@ REFERENCE_TOLERANCE = 1e-5
 
 
 class LayerAllToAllChoice(click.Choice):
-    """The registered all-to-all algorithms with a differentiable EP-group form, read from the
+    """The registered all-to-all algorithms (each one's dispatcher trains), read from the
     registry when the option is parsed or its help shown (importing it at startup would load
     torch for every command)."""
 
@@ -26,7 +26,7 @@ class LayerAllToAllChoice(click.Choice):
     def choices(self) -> tuple[str, ...]:
         from moe_repro.components.alltoall import algorithm_names
 
-        return tuple(algorithm_names(layer_form=True))
+        return tuple(algorithm_names())
 
     @choices.setter
     def choices(self, _ignored) -> None:
@@ -103,10 +103,11 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
 @click.option("--checkpoint/--no-checkpoint", default=False, show_default=True,
               help="Activation checkpointing of every transformer block.")
 @click.option("--alltoall", type=LayerAllToAllChoice(), default="flat", show_default=True,
-              help="Expert all-to-all inside each stage's EP group (halo: Piper Sec. V).")
+              help="Expert dispatcher inside each stage's EP group (halo: Piper Sec. V; rbd: "
+                   "X-MoE Sec. 4.2).")
 @click.option("--ranks-per-node", type=int, default=None,
               help="Emulated node size of a local launch (default: one node); HALO's phases "
-                   "follow it.")
+                   "and RBD's pilots follow it.")
 @click.option("--check-reference", is_flag=True,
               help="Also run the same steps in one process and report reference_max_abs_diff.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,

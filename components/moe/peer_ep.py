@@ -1,0 +1,175 @@
+"""Megatron-core's and DeepSpeed's own expert-parallel MoE layers, on the same ranks as ours.
+
+components/moe/peers.py runs the peers' gating, permute and unpermute on one rank. Here their
+whole expert-parallel path runs over a real EP group (gloo on CPU), forward and backward, with
+the same router weight and the same expert weights as our :class:`MoELayer` on that group:
+
+  megatron   Megatron-core 0.16's ``MoEAlltoAllTokenDispatcher`` (the token dispatcher its
+             ``MoELayer`` holds for ``--moe-token-dispatcher-type alltoall``), given our EP group
+             through its ``ProcessGroupCollection`` (ep = tp_ep = our group; no expert tensor
+             parallelism). Routing: our layer's kept pairs and weights (its gate's top-k after
+             its capacity drop, if any), as Megatron's dense probs / routing_map pair; the dispatcher permutes, exchanges the counts
+             (all-gather), the rows and the probs (all-to-all-v), sorts by local expert; our
+             experts run on its rows and scale them by its probs (Megatron's experts apply the
+             probs inside the MLP, before the second projection: the same product, the second
+             projection being linear without bias); then its combine (sort back, all-to-all-v,
+             unpermute).
+  deepspeed  DeepSpeed 0.19's ``MOELayer`` (deepspeed.moe.sharded_moe: the layer its ``MoE``
+             wraps) with its ``_AllToAll`` on our EP group, registered with deepspeed.comm
+             (``init_distributed`` on the already initialised torch.distributed world). Gating:
+             its ``topkgating`` on the same router logits (drop policy "probs", capacity from
+             its own ``_capacity``, weights renormalised after the drop), sparse slot encode /
+             decode into its [E, C, H] buffer, our experts on that buffer (``forward_padded``).
+             Our layer matches it with ``capacity_factor``, ``drop_policy="probs"`` and
+             ``renormalize_after_drop=True`` (pft.DROP_POLICIES).
+
+CPU worlds: Megatron allocates the received rows of its all-to-all and all-gather on
+``torch.cuda.current_device()`` and moves split sizes through a CUDA side stream; on a CPU
+world :func:`megatron_on_cpu` points the first at the CPU (for the rank's process: its
+backward allocates there too) and the dispatcher's side-stream copy (a synchronisation method) becomes turning
+the split sizes into host lists: they already live on the CPU. Every collective and
+every permutation is Megatron's own code. DeepSpeed's path needs no change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Callable
+
+import torch
+from torch import nn
+
+from moe_repro.components.moe.moe_layer import MoELayer
+from moe_repro.components.moe.peers import _quiet_import, require_peer
+
+def megatron_on_cpu() -> None:
+    """On a CPU-only torch, make ``torch.cuda.current_device()`` name the CPU for this process
+    (Megatron allocates its collectives' outputs there, forward and backward; without CUDA the
+    call could only raise). Nothing changes where CUDA is present."""
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: torch.device("cpu")
+
+
+def _megatron_dispatcher(layer: MoELayer, ep_group):
+    td = _quiet_import("megatron.core.transformer.moe.token_dispatcher")
+    tc = _quiet_import("megatron.core.transformer.transformer_config")
+    pgc = _quiet_import("megatron.core.process_groups_config")
+
+    class _CPUAlltoAllTokenDispatcher(td.MoEAlltoAllTokenDispatcher):
+        """Megatron's all-to-all dispatcher; on CPU its DtoH side-stream step only turns the
+        split sizes into host lists (what the CUDA path's copy to numpy gives the collective)."""
+
+        def _maybe_dtoh_and_synchronize(self, point, tokens_per_expert=None):
+            if torch.cuda.is_available():
+                return super()._maybe_dtoh_and_synchronize(point, tokens_per_expert)
+            if point == self.cuda_dtoh_point:
+                for name in ("input_splits", "output_splits", "output_splits_tp"):
+                    value = getattr(self, name)
+                    if torch.is_tensor(value):
+                        setattr(self, name, value.tolist())
+            return tokens_per_expert
+
+    if not torch.cuda.is_available() and td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+        td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = False  # its __init__ makes a CUDA stream
+    config = tc.TransformerConfig(
+        num_layers=1, hidden_size=layer.d_model, num_attention_heads=1, ffn_hidden_size=layer.d_ffn,
+        num_moe_experts=layer.num_experts, moe_router_topk=layer.top_k,
+        moe_token_dispatcher_type="alltoall", expert_model_parallel_size=layer.placement.world_size,
+        add_bias_linear=False, moe_permute_fusion=False)
+    groups = pgc.ProcessGroupCollection(ep=ep_group, tp_ep=ep_group, expt_tp=None)
+    return _CPUAlltoAllTokenDispatcher(len(layer.local_experts), list(layer.local_experts), config,
+                                       pg_collection=groups)
+
+
+def megatron_forward(layer: MoELayer, ep_group) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [S, H] -> [S, H] through Megatron's token dispatcher around ``layer``'s gate and
+    experts (differentiable: gradients reach x, the gate and the experts)."""
+    require_peer("megatron")
+    if not layer.placement.is_contiguous:
+        raise ValueError("Megatron's dispatcher needs contiguous experts per rank")
+    megatron_on_cpu()
+    dispatcher = _megatron_dispatcher(layer, ep_group)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        pft = layer.make_pft(layer.route(x))  # our kept pairs (after any capacity drop)
+        probs = torch.zeros(x.shape[0], layer.num_experts, dtype=pft.combine_weights.dtype,
+                            device=x.device).index_put((pft.token_ids, pft.expert_ids), pft.combine_weights)
+        routing_map = torch.zeros(x.shape[0], layer.num_experts, dtype=torch.bool, device=x.device)
+        routing_map[pft.token_ids, pft.expert_ids] = True
+        tokens, token_probs = dispatcher.dispatch_preprocess(x, routing_map, probs)
+        tokens, token_probs = dispatcher.token_dispatch(tokens, token_probs)
+        tokens, per_expert, token_probs = dispatcher.dispatch_postprocess(tokens, token_probs)
+        y = layer.experts(tokens, torch.as_tensor(per_expert, dtype=torch.int64).cpu())
+        y = y * token_probs.to(y.dtype).unsqueeze(1)
+        y = dispatcher.combine_preprocess(y)
+        y = dispatcher.token_combine(y)
+        return dispatcher.combine_postprocess(y)
+
+    return forward
+
+
+class _DeepSpeedGate(nn.Module):
+    """DeepSpeed's ``topkgating`` (sparse routes) on our router weight, as its MOELayer's gate."""
+
+    def __init__(self, layer: MoELayer, capacity_factor: float, sm):
+        super().__init__()
+        self.layer, self.capacity_factor, self.sm = layer, capacity_factor, sm
+
+    def _set_ep_group(self, group) -> None:
+        pass  # drop_tokens=True: the capacity is local, no collective in the gate
+
+    def forward(self, x, used_token=None, use_tutel=False, *_):
+        logits = x.float() @ self.layer.gate.weight.float()
+        return self.sm.topkgating(logits, self.layer.top_k, self.capacity_factor, min_capacity=1,
+                                  drop_tokens=True, drop_policy="probs", sparse_routes=True)
+
+
+class _OurExpertsOnBuffer(nn.Module):
+    """Our experts on DeepSpeed's [ep, E_local, C, H] buffer."""
+
+    def __init__(self, layer: MoELayer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, buffer: torch.Tensor) -> torch.Tensor:
+        ep, local, capacity, hidden = buffer.shape
+        per_expert = buffer.transpose(0, 1).reshape(local, ep * capacity, hidden)
+        out = self.layer.experts.forward_padded(per_expert)
+        return out.reshape(local, ep, capacity, hidden).transpose(0, 1)
+
+
+def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [S, H] -> [S, H] through DeepSpeed's MOELayer (its gating, encode, all-to-all, decode)
+    around ``layer``'s router weight and experts."""
+    require_peer("deepspeed")
+    ds_comm = _quiet_import("deepspeed.comm")
+    sm = _quiet_import("deepspeed.moe.sharded_moe")
+    if not ds_comm.is_initialized():
+        with contextlib.redirect_stdout(io.StringIO()):
+            ds_comm.init_distributed(dist_backend=torch.distributed.get_backend(),
+                                     auto_mpi_discovery=False, verbose=False)
+    world = layer.placement.world_size
+    moe = sm.MOELayer(_DeepSpeedGate(layer, capacity_factor, sm), _OurExpertsOnBuffer(layer),
+                      "ep_size_repro", world, len(layer.local_experts))
+    moe._set_ep_group(ep_group)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return moe(x, None)
+
+    return forward
+
+
+EP_PEERS = ("megatron", "megatron-nodrop", "deepspeed")  # impls.py declares what each supports
+
+
+def peer_forward(impl: str, layer: MoELayer, ep_group, capacity_factor: float | None):
+    """The named peer's expert-parallel forward around ``layer`` (built with the impl's
+    ``layer_options``, components/moe/impls.py)."""
+    if impl in ("megatron", "megatron-nodrop"):
+        return megatron_forward(layer, ep_group)
+    if impl == "deepspeed":
+        if capacity_factor is None:
+            raise ValueError("deepspeed drops tokens above capacity: give capacity_factor")
+        return deepspeed_forward(layer, ep_group, capacity_factor)
+    raise ValueError(f"multi-rank peer must be one of {', '.join(EP_PEERS)}, got {impl!r}")
