@@ -64,6 +64,7 @@ import os
 import signal
 import time
 
+from moe_repro.runtime.timing import host_seconds, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.suites.base import Metric, Suite
@@ -295,11 +296,11 @@ def _flow_progress(what: str):
     stderr with the flows finished, the time elapsed and an estimate of the time left."""
     import sys
 
-    started = last = time.monotonic()
+    started = last = host_seconds()  # the simulator's own progress: host-only work
 
     def report(finished: int, total: int) -> None:
         nonlocal last
-        now = time.monotonic()
+        now = host_seconds()
         if now - last < PROGRESS_EVERY_S or not finished or finished >= total:
             return
         last = now
@@ -409,10 +410,11 @@ def _memcpy_seconds(x: torch.Tensor, top_k: int, repeats: int = 5) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch: page faults outside the timing
     times = []
+    timer = timer_for(dst.device)  # CUDA events on a GPU: the copy is queued, not done, on return
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        timer.start()
         dst.copy_(src)
-        times.append(time.perf_counter() - t0)
+        times.append(timer.stop())
     return sorted(times)[len(times) // 2] if x.shape[0] else 0.0
 
 

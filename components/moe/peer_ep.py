@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from moe_repro.runtime.device import cuda_count  # whether CUDA exists: the runtime's one answer
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.peers import _quiet_import, require_peer
 
@@ -47,7 +48,7 @@ def megatron_on_cpu() -> None:
     """On a CPU-only torch, make ``torch.cuda.current_device()`` name the CPU for this process
     (Megatron allocates its collectives' outputs there, forward and backward; without CUDA the
     call could only raise). Nothing changes where CUDA is present."""
-    if not torch.cuda.is_available():
+    if not cuda_count():
         torch.cuda.current_device = lambda: torch.device("cpu")
 
 
@@ -61,7 +62,7 @@ def _megatron_dispatcher(layer: MoELayer, ep_group):
         split sizes into host lists (what the CUDA path's copy to numpy gives the collective)."""
 
         def _maybe_dtoh_and_synchronize(self, point, tokens_per_expert=None):
-            if torch.cuda.is_available():
+            if cuda_count():
                 return super()._maybe_dtoh_and_synchronize(point, tokens_per_expert)
             if point == self.cuda_dtoh_point:
                 for name in ("input_splits", "output_splits", "output_splits_tp"):
@@ -70,7 +71,7 @@ def _megatron_dispatcher(layer: MoELayer, ep_group):
                         setattr(self, name, value.tolist())
             return tokens_per_expert
 
-    if not torch.cuda.is_available() and td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+    if not cuda_count() and td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
         td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = False  # its __init__ makes a CUDA stream
     config = tc.TransformerConfig(
         num_layers=1, hidden_size=layer.d_model, num_attention_heads=1, ffn_hidden_size=layer.d_ffn,
