@@ -22,6 +22,7 @@ How each is checked (HOW):
            output still checked) for the micro-benchmarks -- and a test marked slow runs it as
            written
   launcher needs a launcher (mpiexec beside this Python): slow, skipped without one
+  gpu      needs a CUDA GPU: slow, skipped without one (run as written on a GPU node)
   install  the install + main-job and install + test commands: run by CI (.ci/run) as written
 """
 
@@ -79,6 +80,10 @@ HOW: dict[str, tuple[str, list[str]]] = {
         ("cheap", SHOW),
     "repro run --all --how A,M,S --quiet --json .ci/baseline.json": ("cheap", SHOW),
     "python -m pytest benchmarks/ --benchmark-columns=median,iqr,rounds": ("cheap", ["--benchmark-disable"]),
+    # README: running on a GPU node (repro doctor runs its CPU half on a machine without a GPU)
+    "repro doctor": ("run", []),
+    "python -m pytest -q -m gpu": ("gpu", []),
+    "repro bench gemm --device cuda": ("gpu", []),
     # --help texts
     "repro run piper-table4": ("run", []),
     "repro run piper-table4 --json t.json --out piper-report": ("run", []),
@@ -184,10 +189,17 @@ def test_examples_run(scratch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [c for c in HOW if HOW[c][0] in ("cheap", "launcher")])
+@pytest.mark.parametrize("command", [c for c in HOW if HOW[c][0] in ("cheap", "launcher", "gpu")])
 def test_long_examples_run_as_written(command, scratch):
     if HOW[command][0] == "launcher" and not (Path(sys.executable).parent / "mpiexec").exists():
         pytest.skip("needs mpiexec beside this Python (pip install mpich)")
+    if HOW[command][0] == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU")
+        if command.startswith("python -m pytest"):  # the project's own tests: from its root
+            scratch = ROOT
     if command.startswith("repro plan") or command.startswith("repro gate"):
         pytest.skip("reads files an earlier example writes: covered by test_examples_run")
     r = _run(command.strip(), [], scratch, timeout=3600)
