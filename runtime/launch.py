@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import shutil
 import signal
@@ -87,6 +88,51 @@ class RankContext:
         t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
+
+
+# What one local rank costs, for the local-rank limit. Memory: a rank with torch and a gloo
+# group loaded holds 220 MiB resident (ru_maxrss after init_process_group, torch 2.x, CPU);
+# 256 MiB leaves its suite's buffers a little room (larger buffers are each suite's own memory
+# rule). Cores: beyond 8 ranks per core start-up alone (every rank imports torch) takes minutes
+# and timings mean nothing. Files: gloo opens sockets to every peer in every rank.
+RANK_MEMORY_BYTES = 256 * 2 ** 20
+RANKS_PER_CORE = 8
+FILES_PER_PEER = 4
+FILES_RESERVED = 128
+
+
+def available_memory_bytes() -> float:
+    """MemAvailable of /proc/meminfo (bytes), else the physical memory, else no limit."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def local_rank_limit() -> tuple[int, str]:
+    """(most ranks this machine runs at once, why): the smallest of 8 per core, the available
+    memory at 256 MiB per rank, and the open-file limit at 4 files per peer."""
+    import resource
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = available_memory_bytes()
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limits = {f"{RANKS_PER_CORE} per core on {cores} cores": cores * RANKS_PER_CORE}
+    if math.isfinite(memory):
+        limits[f"{memory / 2 ** 30:.1f} GiB available at {RANK_MEMORY_BYTES >> 20} MiB per rank"] = \
+            int(memory // RANK_MEMORY_BYTES)
+    if files != resource.RLIM_INFINITY:
+        limits[f"open-file limit {files} at {FILES_PER_PEER} per peer"] = \
+            max(1, (files - FILES_RESERVED) // FILES_PER_PEER)
+    why = min(limits, key=limits.get)
+    return max(1, limits[why]), why
 
 
 def free_port() -> int:
@@ -162,6 +208,9 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     ranks_per_node = ranks_per_node or world_size
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(f"ranks_per_node={ranks_per_node} must divide world_size={world_size}")
+    limit, why = local_rank_limit()
+    if world_size > limit:  # refused before any rank starts (suites check this earlier still)
+        raise ValueError(f"{world_size} local ranks requested; this machine runs at most {limit} ({why})")
     if threads_per_rank is None:  # oversubscribing cores makes every rank slower than one
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
 

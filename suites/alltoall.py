@@ -66,7 +66,8 @@ import time
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.lazy_import import lazy_module
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of,
+                                   top_k_within_experts, whole)
 
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
 
@@ -438,8 +439,41 @@ DISPATCH_METRICS = [
     Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)"),
 ]
 
+# The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the
+# largest MoE training clusters reported), predicted in seconds; 100000 nodes ran for over ten
+# minutes with no end in sight.
+MAX_NODES = 4096
+
+
+def _gpus_per_node(value: str) -> None:
+    if value != "auto":
+        _positive({"gpus_per_node": value}, "gpus_per_node")
+        if int(value) > 1024:
+            raise ValueError(f"gpus_per_node must be <= 1024, got {value}")
+
+
+def _platform_name(value: str) -> None:
+    """local, or a platform profile that loads (a shipped name or a JSON file)."""
+    if value != "local":
+        from moe_repro.components.network.platform import load_platform
+
+        load_platform(value)
+
 SUITE = Suite(
     name="alltoall",
+    schema={"nodes": whole(1, MAX_NODES, why_max="the simulator's largest fabric"),
+            "gpus_per_node": Param(str, check=_gpus_per_node, bad=("0", "-2", "x", "1e400")),
+            "algo": one_of(*algorithm_names()), "platform": Param(str, check=_platform_name,
+                                                                  bad=("nosuch", "/nonexistent/p.json")),
+            "backend": one_of("auto", *IMPL), "latency_model": one_of(*LATENCY_MODELS),
+            "sizes": whole(0, 2 ** 34), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "placement": one_of(*PLACEMENTS),
+            "seed": SEED, "fault": Param(str, check=_parse_fault, bad=("kill", "kill:x", "boom:1")),
+            "path": one_of(*PATHS)},
+    rules=(top_k_within_experts(),
+           # every rank's send and receive rows, the combine output and the input (float32)
+           fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
+                          * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
             "backend": ["auto"], "latency_model": ["profile"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],

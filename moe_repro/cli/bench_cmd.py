@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.finite import FiniteFloatRange
 from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 
@@ -35,11 +36,11 @@ def options_as_params(args: list[str]) -> list[str]:
               help="Timed samples per grid point (median and spread are over these).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
               help="Untimed calls before the samples.")
-@click.option("--min-sample-s", type=click.FloatRange(0), default=0.01, show_default=True,
+@click.option("--min-sample-s", type=FiniteFloatRange(0), default=0.01, show_default=True,
               help="Each sample repeats the call until it lasts this long (timer resolution).")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the suite's correctness check (#wrong) before timing.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=300.0, show_default=True,
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")

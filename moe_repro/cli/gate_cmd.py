@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from moe_repro.cli.finite import FiniteFloatRange
+
 _HELP = """Compare CURRENT results against BASELINE results; fail on regressions.
 
 \b
@@ -44,7 +46,7 @@ Exit codes (CI can tell "slower" from "broken"):
               help="Minimum change of a measured median that counts (e.g. 5% or 0.05).")
 @click.option("--suite-threshold", "suite_thresholds", multiple=True, metavar="NAME=PCT",
               help="Per-suite threshold, e.g. --suite-threshold alltoall=15% (repeatable).")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True,
+@click.option("--alpha", type=FiniteFloatRange(0, 1, min_open=True), default=0.05, show_default=True,
               callback=lambda ctx, param, value: _finite(param, value),
               help="Significance level of the Mann-Whitney U test.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.finite import FiniteFloatRange
 from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 # fp32 end to end: distributed and single-process gradients agree to rounding (summation order).
@@ -109,7 +110,7 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
                    "follow it.")
 @click.option("--check-reference", is_flag=True,
               help="Also run the same steps in one process and report reference_max_abs_diff.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=600.0, show_default=True,
               help="Kill every rank and fail if the run takes longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the report (losses, tokens_per_s, per_stage, bubble, time split, MFU).")
