@@ -69,6 +69,22 @@ CASES = {
     "vocab-loss unknown impl": (["bench", "vocab-loss", "--impl", "shardd"], "did you mean sharded?"),
     "llep-layer unknown layer": (["bench", "llep-layer", "--layer", "foo"], "layer must be one of plain, llep"),
     "gemm unknown device": (["bench", "gemm", "--device", "tpu"], "device must be auto, cpu or cuda[:N]"),
+    "plan tp that divides no heads": (["plan", "--model", "deepseek-v3", "--platform", "frontier",
+                                       "--nodes", "4", "--tp", "7"], "--tp 7: TP 7 does not divide 128 heads"),
+    "plan ep that divides no experts": (["plan", "--model", "deepseek-v3", "--platform", "frontier",
+                                         "--nodes", "4", "--ep", "7"], "--ep 7: EP 7 does not divide 256 experts"),
+    "plan pp that divides no GPU count": (["plan", "--model", "deepseek-v3", "--platform", "frontier",
+                                           "--nodes", "4", "--pp", "7"], "--pp 7: PP 7 does not divide the 32 GPUs"),
+    "run --how empty": (["run", "--all", "--how", ""], "--how takes letters"),
+    "run param overflowing to infinity": (["run", "piper-table4", "--param", "gpus=1e400"],
+                                          "--param gpus: '1e400' is not a finite number"),
+    "bench timeout nan": (["bench", "allreduce", "--timeout", "nan"], "'nan' is not a finite number"),
+    "eplb skew nan": (["bench", "eplb-policy", "--skew", "nan"], "skew must be a finite number"),
+    "gemm n with a zero": (["bench", "gemm", "--n", "64,0"], "n must be >= 1, got 0"),
+    "alltoall 100000 nodes": (["bench", "alltoall", "--nodes", "100000"], "nodes must be <= 4096"),
+    "memcopy 100 TB": (["bench", "memcopy", "--mbytes", "100000000"], "GiB of memory available here"),
+    "allreduce 1000 local ranks": (["bench", "allreduce", "--ranks", "1000"],
+                                   "1000 local ranks requested; this machine runs at most"),
 }
 
 
@@ -102,6 +118,15 @@ PLATFORM_CASES = {
     "negative link bandwidth": (set_field("links.2.GBps", -25.0), "links[2].GBps must be positive"),
     "a taper above 1": (set_field("network.fabric.global_taper", 2.0), "global_taper must be in (0, 1]"),
     "an unknown fabric": (set_field("network.fabric.kind", "torus"), "fabric.kind must be fat_tree"),
+    "a number where an object belongs": (set_field("network.fabric", 3), "network.fabric must be an object"),
+    "a number for the efficiency section": (set_field("efficiency", 0.7), "efficiency must be an object"),
+    "NIC affinity as text": (set_field("node.gpu_nic_affinity", "0,1"),
+                             "node.gpu_nic_affinity must be a list"),
+    "a GPU on two NICs": (set_field("node.gpu_nic_affinity", [[0, 1], [1, 2]]),
+                          "node.gpu_nic_affinity[1] holds 1"),
+    "negative framework overhead": (set_field("framework_overhead_GB", -1.0),
+                                    "framework_overhead_GB must be >= 0"),
+    "a million GPUs per node": (set_field("node.gpus", 1000000), "node.gpus must be <= 1024"),
 }
 
 
