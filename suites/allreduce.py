@@ -9,8 +9,10 @@ Byte count and bandwidth formulas, as nccl-tests declares them for all_reduce:
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from moe_repro.components.lazy_import import lazy_module
+
+torch = lazy_module("torch", globals())  # imported by the ranks; the parent only validates the grid
 from moe_repro.suites.base import Metric, Suite, fits_in_memory, one_of, whole
 
 

@@ -123,6 +123,14 @@ def choose_backend(requested: str) -> tuple[str, str | None]:
     return "gloo", f"backend gloo (auto: no MPI here: {why_not})"
 
 
+def local_ranks_here() -> int:
+    """Real local ranks this suite runs before it simulates instead: MAX_LOCAL_RANKS, or fewer
+    where the machine's local-rank limit (runtime.launch.local_rank_limit) is lower."""
+    from moe_repro.runtime.launch import local_rank_limit
+
+    return min(MAX_LOCAL_RANKS, local_rank_limit()[0])
+
+
 def _positive(p: dict, key: str) -> int:
     try:
         value = int(p[key])
@@ -167,10 +175,10 @@ def derived_params(p: dict) -> dict:
     why = None
     if platform != "local":
         why = f"--platform {platform}"
-    elif nodes * gpn > MAX_LOCAL_RANKS and not launched:
+    elif nodes * gpn > local_ranks_here() and not launched:
         platform = DEFAULT_PLATFORM
         why = (f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
-               f"machine runs ({MAX_LOCAL_RANKS}), and no launcher started a world; {DEFAULT_PLATFORM} "
+               f"machine runs ({local_ranks_here()}), and no launcher started a world; {DEFAULT_PLATFORM} "
                f"is the default platform (see repro bench --help)")
     kind, fault_rank = _parse_fault(p["fault"])
     if kind != "none" and not 0 <= fault_rank < nodes * gpn:

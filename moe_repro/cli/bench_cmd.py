@@ -25,7 +25,23 @@ def options_as_params(args: list[str]) -> list[str]:
     return pairs
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+class _BenchCommand(click.Command):
+    """``repro bench``, whose help ends with this machine's local-rank limit and its reason
+    (computed when the help is shown: cores, available memory and the open-file limit)."""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        from moe_repro.runtime.launch import local_rank_limit
+
+        limit, why = local_rank_limit()
+        formatter.write_paragraph()
+        formatter.write_text(f"Local ranks on this machine: at most {limit} ({why}; 8 per core, "
+                             f"256 MiB per rank, 4 open files per peer, whichever is least). A larger "
+                             f"real world is refused before any rank starts, except where the suite "
+                             f"simulates it (alltoall); launch it with torchrun, mpiexec or srun.")
+
+
+@click.command("bench", cls=_BenchCommand,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("suite_name", metavar="SUITE")
 @click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
               help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")

@@ -142,6 +142,13 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
         raise BadInput(str(e).strip("'\"")) from None
     launched = launched_world_size()
     _check_fits_in_memory(cfg, launched=bool(launched))
+    if not launched:
+        from moe_repro.runtime.launch import local_rank_limit
+
+        limit, why = local_rank_limit()
+        if cfg.world_size > limit:  # refused before any rank starts
+            raise BadInput(f"dp x pp x ep = {cfg.world_size} local ranks; this machine runs at most "
+                           f"{limit} ({why}); start a larger world with torchrun, mpiexec or srun")
     if launched:
         import torch
 
