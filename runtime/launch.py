@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_repro.runtime import signals
+
 BACKENDS = ("gloo", "nccl", "mpi")
 
 
@@ -215,11 +217,12 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
 
     remove_stale_workdirs()
-    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-    previous = _terminate_on_signals()
-    janitor = None
+    previous, workdir, janitor = {}, None, None
     try:
-        (workdir / "owner.pid").write_text(str(os.getpid()))
+        previous = signals.install()
+        with signals.deferred():  # the directory is never without its owner file (a signal waits)
+            workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            (workdir / "owner.pid").write_text(str(os.getpid()))
         janitor = _start_janitor(workdir)
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
@@ -235,24 +238,26 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
             # _supervise ends the others itself.
             keep = ["-disable-auto-cleanup"] if Path(mpiexec).parent == Path(sys.executable).parent else []
             cmd = [mpiexec, *keep, "-n", str(world_size), sys.executable, *common]
-            with open(workdir / "mpiexec.err", "wb") as err:
+            with open(workdir / "mpiexec.err", "wb") as err, signals.deferred():
                 procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                    start_new_session=True, preexec_fn=die_with_parent)
+                                                    start_new_session=True, preexec_fn=_in_child)
         else:
             port = free_port()
             for r in range(world_size):
                 cmd = [sys.executable, *common, "--rank", str(r), "--master-port", str(port)]
-                with open(workdir / f"rank-{r}.err", "wb") as err:
+                with open(workdir / f"rank-{r}.err", "wb") as err, signals.deferred():
                     procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                     start_new_session=True, preexec_fn=die_with_parent)
+                                                     start_new_session=True, preexec_fn=_in_child)
         _supervise(procs, workdir, world_size, timeout_s)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if janitor is not None:
-            janitor.kill()
-            janitor.wait()
-        _restore_signals(previous)
+        with signals.deferred():  # a second signal must not cut the cleanup short
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if janitor is not None:
+                janitor.kill()
+                janitor.wait()
+            signals.restore(previous)
 
 
 WORKDIR_PREFIX = "moe-repro-ranks-"
@@ -289,24 +294,10 @@ def die_with_parent() -> None:
         pass
 
 
-def _terminate_on_signals() -> dict:
-    """While ranks run, SIGTERM/SIGHUP (a scheduler ending the job) exit through the normal
-    cleanup path (kill the rank groups, remove the work directory) with code 128 + signal.
-    Only the main thread may set handlers; elsewhere nothing changes."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-
-def _restore_signals(previous: dict) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)
+def _in_child() -> None:
+    """preexec_fn of a rank (or mpiexec), forked with SIGINT/SIGTERM/SIGHUP blocked: no Python
+    handler of the parent may run here (runtime/signals.py), then the parent-death signal."""
+    signals.in_child_after_fork(before_unblocking=die_with_parent)
 
 
 def remove_stale_workdirs() -> list[Path]:
@@ -394,9 +385,10 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             time.sleep(0.02)
     finally:
         # Kill every group, finished or not: a group may hold children (mpiexec's proxies,
-        # a rank's helpers) after its leader exited.
-        for p in procs.values():
-            _kill_group(p)
+        # a rank's helpers) after its leader exited. A signal now waits until all are gone.
+        with signals.deferred():
+            for p in procs.values():
+                _kill_group(p)
 
 
 def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str,
@@ -500,6 +492,43 @@ def launched_world_size() -> int | None:
         return None
     size = _first_int(_SIZE_VARS)
     return size if size and size > 1 else None
+
+
+def launched_rank() -> int | None:
+    """This process's rank in a world torchrun, srun or mpirun started (None when not launched)."""
+    return _first_int(_RANK_VARS) if launched_world_size() else None
+
+
+def launched_by() -> str:
+    """Which launcher started this world, as the user would name it."""
+    if launched_by_mpi():
+        return "mpiexec/mpirun"
+    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("LOCAL_WORLD_SIZE"):
+        return "torchrun"
+    if os.environ.get("SLURM_NTASKS"):
+        return "srun"
+    return "a launcher"
+
+
+def check_launched_world(backends: set[str], ranks: set[int]) -> None:
+    """Before any work under torchrun, mpiexec or srun: the backends asked for must be able to
+    use this world, and the world sizes asked for must be its size. ValueError saying what to
+    run instead (a backend "mpi" rank outside an MPI world is a 1-rank MPI singleton: it would
+    measure alone and be labelled with the launcher's world size)."""
+    size = launched_world_size()
+    if not size:
+        return
+    how = launched_by()
+    if "mpi" in backends and not launched_by_mpi():
+        raise ValueError(f"--backend mpi needs a world started by mpiexec/mpirun; this one was "
+                         f"started by {how} ({size} ranks), where each MPI rank would be a 1-rank "
+                         f"singleton. Run: mpiexec -n {size} repro ... --backend mpi, or keep "
+                         f"{how} with --backend gloo")
+    wrong = sorted(r for r in ranks if r != size)
+    if wrong:
+        raise ValueError(f"{how} started {size} ranks, but the grid asks for "
+                         f"{', '.join(map(str, wrong))}; launch that many, or leave the world size "
+                         f"to the launcher")
 
 
 def init_launched_world(backend: str) -> RankContext:

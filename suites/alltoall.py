@@ -103,7 +103,7 @@ def launched_defaults() -> dict[str, list]:
     if not launched_world_size():
         return {}
     topo = Topology.from_environment()
-    return {"nodes": [topo.nodes], "gpus_per_node": [topo.ranks_per_node]}
+    return {"nodes": [topo.nodes], "gpus_per_node": [str(topo.ranks_per_node)]}  # a str param ("auto")
 
 
 def choose_backend(requested: str) -> tuple[str, str | None]:

@@ -229,7 +229,22 @@ class Suite:
             self.check_rules(point)
         if self.distributed:
             check_local_ranks(points)
+            self.check_launched_world(points, overrides or {})
         return points
+
+    def check_launched_world(self, points: list[dict], overrides: dict[str, list]) -> None:
+        """Under torchrun/mpiexec/srun: the backends the user named and the world sizes of the
+        grid must fit the launched world (runtime.launch.check_launched_world), before work.
+        A suite whose grid names ``ranks`` takes the launcher's size unless the user gave one."""
+        from moe_repro.runtime.launch import check_launched_world
+
+        real = [p for p in points if not p.get("simulated")]
+        backends = {str(v) for v in overrides.get("backend", ())}
+        if "ranks" in self.params:
+            ranks = {int(v) for v in overrides.get("ranks", ())}
+        else:
+            ranks = {int(p["ranks"]) for p in real if "ranks" in p}
+        check_launched_world(backends, ranks)
 
     def check_rules(self, point: dict, partial: bool = False) -> None:
         """Raise ValueError for the first rule ``point`` breaks; ``partial``: skip the rules that

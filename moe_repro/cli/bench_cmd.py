@@ -85,7 +85,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
-    from moe_repro.runtime.launch import RankFailure, launched_world_size
+    from moe_repro.runtime.launch import RankFailure, launched_rank, launched_world_size
+    from moe_repro.runtime.signals import Interrupted, deferred
     from moe_repro.reports.terminal import format_records
     from moe_repro import catalog
     from moe_repro.suites import get_suite
@@ -115,13 +116,14 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []
 
+    speaks = launched_rank() in (None, 0)  # under a launcher, one line per job: rank 0's
     simulated = {str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")}
-    if simulated:
+    if simulated and speaks:
         # first line of output: the numbers below are predictions, and why
         click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
                                                for name, why in simulated.items())
                    + ": every number below is a prediction of the flow-level simulator, not a measurement")
-    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen")):
+    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks):
         click.echo(line)  # what --backend auto picked, and why
 
     def progress(i: int, n: int, point: dict) -> None:
@@ -139,8 +141,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     try:
         run_suite(suite, grid, config, progress=progress, done=records.append)
-    except KeyboardInterrupt:
-        finish(interrupted=True)
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
+        with deferred():  # a second signal waits until the finished records are stored
+            finish(interrupted=True)
         raise
     except RankFailure as e:
         finish(error=str(e))
@@ -150,9 +153,10 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         raise BadInput(str(e)) from None
     if launched_world_size() and not records:
         return  # under an external launcher only rank 0 reports and stores
-    record = suite_record(suite, records)
-    click.echo(format_records(record))
-    finish(record=record)
+    with deferred():  # every point finished: a signal now waits until the record is stored
+        record = suite_record(suite, records)
+        click.echo(format_records(record))
+        finish(record=record)
     wrong = [r for r in records if r.get("correct") is False]
     if wrong:
         raise RunFailure(f"{len(wrong)} record(s) failed the correctness check (#wrong > 0)")
