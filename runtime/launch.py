@@ -365,9 +365,13 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
     watch = "mpiexec" in procs
     pids: dict[int, int] = {}
     vanished: list[int] = []
+    beats = _Heartbeats(workdir, world_size)
     try:
         while True:
             codes = {name: p.poll() for name, p in procs.items()}
+            silent = beats.silent_ranks()
+            if silent:  # found from the heartbeats, without waiting for the timeout
+                _raise_for(workdir, world_size, codes, beats.describe(silent), silent=silent)
             if watch and not vanished:
                 vanished = _vanished_ranks(workdir, world_size, pids)
                 if vanished and codes.get("mpiexec") is None:
@@ -391,8 +395,61 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 _kill_group(p)
 
 
+# A rank is hung when its heartbeat has been silent longer than HANG_MULTIPLE times the slowest
+# gap between two heartbeats seen so far in this world (a loaded machine beats slower: the limit
+# grows with it), and never less than HANG_FLOOR_S (start-up imports can hold the interpreter
+# lock for seconds on an oversubscribed machine), while another rank still beats.
+HANG_FLOOR_S = 15.0
+HANG_MULTIPLE = 10.0
+_BEAT_READ_S = 0.5  # how often the supervisor reads the heartbeats
+
+
+class _Heartbeats:
+    """The ranks' heartbeats (worker.py writes one every HEARTBEAT_S) as the supervisor sees
+    them: each rank's last beat and the slowest gap between two beats of any rank so far."""
+
+    def __init__(self, workdir: Path, world_size: int):
+        self.workdir, self.world_size = workdir, world_size
+        self.last: dict[int, float] = {}
+        self.where: dict[int, str] = {}
+        self.slowest_gap = 0.0
+        self.read_at = 0.0
+
+    def limit_s(self) -> float:
+        return max(HANG_FLOOR_S, HANG_MULTIPLE * self.slowest_gap)
+
+    def silent_ranks(self) -> list[int]:
+        """Unfinished ranks silent past the limit while another unfinished rank still beats."""
+        if time.monotonic() - self.read_at < _BEAT_READ_S:
+            return []
+        self.read_at = time.monotonic()
+        unfinished = [r for r in range(self.world_size) if not (self.workdir / f"rank-{r}.json").exists()]
+        for r in unfinished:
+            try:
+                beat = json.loads((self.workdir / f"rank-{r}.beat").read_text())
+                t = float(beat["t"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not started yet, or being written
+            if r in self.last and t > self.last[r]:
+                self.slowest_gap = max(self.slowest_gap, t - self.last[r])
+            self.last[r] = max(t, self.last.get(r, t))
+            self.where[r] = str(beat.get("where", "?"))
+        now, limit = time.time(), self.limit_s()
+        silent = [r for r in unfinished if r in self.last and now - self.last[r] > limit]
+        beating = [r for r in unfinished if r in self.last and r not in silent]
+        return silent if beating else []
+
+    def describe(self, silent: list[int]) -> str:
+        now = time.time()
+        last = "; ".join(f"rank {r} silent for {now - self.last[r]:.0f} s, last at {self.where[r]}"
+                         for r in silent)
+        return (f"stopped making progress ({last}): no heartbeat for longer than {self.limit_s():.0f} s "
+                f"(the larger of {HANG_FLOOR_S:g} s and {HANG_MULTIPLE:g} x the slowest heartbeat gap "
+                f"so far, {self.slowest_gap:.1f} s); the others waited on it")
+
+
 def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str,
-               vanished: list[int] | None = None) -> None:
+               vanished: list[int] | None = None, silent: list[int] | None = None) -> None:
     """Name the ranks that caused the failure, most likely cause first.
 
     A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
@@ -411,34 +468,42 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
         # its own was, by its last heartbeat, outside communication (see _hung_ranks)
         on_own = [r for r in first_gone if not _waiting_in_communication(workdir, r)]
         first_gone = on_own or first_gone
-    if "within" in what and running:
+    signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
+    if silent:
+        culprits = silent
+    elif "within" in what and running:
         culprits, what = _hung_ranks(workdir, running, what)
     elif first_gone:
         # under mpiexec: the rank(s) whose process vanished first (we end the rest)
         culprits = died = first_gone
     else:
-        culprits = died + raised or unfinished
-    details = []
-    for r in culprits[:4]:
+        # a rank killed by a signal is the cause; peers that then failed are named after it
+        culprits = signalled or died + raised or unfinished
+    # the ranks that failed after the cause, each under its own cause (not the cause's)
+    followers = [r for r in died + raised if r not in culprits]
+
+    def detail(r: int) -> str:
         code = rank_codes.get(r)
         how = f"killed by signal {-code}" if code is not None and code < 0 else (
             f"exit code {code}" if code else "")
         if r in first_gone and not how:
             how = "its process ended first, without a Python error"
         tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
-        if how or tail:
-            details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
+        return f"rank {r}: " + "; ".join(x for x in (how, tail) if x) if how or tail else ""
+
+    details = [d for d in map(detail, culprits[:4]) if d]
     if not details and (workdir / "mpiexec.err").exists():
         details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
     names = ", ".join(map(str, culprits)) or "none"
     if what == "exited with code" and first_gone:
         what = "ended first, killed or crashed (its peers were then stopped)"
     elif what == "exited with code":
-        signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
-        what = ("was killed by a signal (its peers then failed or hung in the collective it left)"
-                if signalled and culprits[0] in signalled else "failed")
-    msg = f"rank(s) {names} of {world_size} {what}"
-    raise RankFailure(msg + (f" -- {' | '.join(details)}" if details else ""), culprits)
+        what = "was killed by a signal" if signalled and culprits[0] in signalled else "failed"
+    msg = f"rank(s) {names} of {world_size} {what}" + (f" -- {' | '.join(details)}" if details else "")
+    after = [d for d in map(detail, followers[:4]) if d]
+    if after:
+        msg += f"; then, after it: {' | '.join(after)}"
+    raise RankFailure(msg, culprits)
 
 
 # Where a rank's main thread waits when it is blocked on its peers, not stuck on its own.

@@ -160,3 +160,37 @@ def test_under_mpiexec_the_rank_that_died_is_named(victim, results_dir):
     line = r.stderr.strip().splitlines()[-1]
     named = line.split("rank(s) ", 1)[1].split(" of 4 ended first, killed or crashed")[0]
     assert str(victim) in named.split(", "), line
+
+
+def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_timeout(tmp_path, targets_on_path):
+    # The default 300 s timeout: a SIGSTOPped rank is silent in its heartbeat while the others
+    # beat, so it is reported once the silence passes the hang limit (runtime/launch.py), named
+    # alone, and the job fails then -- the 300 s are never waited for (the join below would
+    # time out first).
+    import threading
+
+    from moe_repro.runtime.launch import HANG_FLOOR_S, RankFailure, run_ranks
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    caught = []
+
+    def job():
+        try:
+            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 600},
+                      world_size=4, timeout_s=300)
+        except RankFailure as e:
+            caught.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert wait_until(lambda: len(list(pid_dir.glob("rank-*.pid"))) == 4, 120)
+    stopped = int((pid_dir / "rank-2.pid").read_text())
+    os.kill(stopped, signal.SIGSTOP)
+    t.join(timeout=HANG_FLOOR_S * 8)
+    assert not t.is_alive(), "the stopped rank was not found from its heartbeat"
+    (err,) = caught
+    assert err.ranks == [2], str(err)
+    assert "no heartbeat for longer than" in str(err) and "rank 2 silent for" in str(err)
+    assert "within 300 s" not in str(err)
+    assert wait_until(lambda: not running(stopped), 10.0)
