@@ -218,6 +218,7 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
 
     remove_stale_workdirs()
     previous, workdir, janitor = {}, None, None
+    procs: dict[str, subprocess.Popen] = {}
     try:
         previous = signals.install()
         with signals.deferred():  # the directory is never without its owner file (a signal waits)
@@ -230,7 +231,6 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         common = ["-m", "moe_repro.runtime.worker", "--target", target, "--workdir", str(workdir),
                   "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),
                   "--backend", backend]
-        procs: dict[str, subprocess.Popen] = {}
         if backend == "mpi":
             mpiexec = mpiexec_path()
             # MPICH's mpiexec (hydra, the mpich wheel's) SIGKILLs every rank when one dies, which
@@ -252,6 +252,10 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
         with signals.deferred():  # a second signal must not cut the cleanup short
+            # ranks first (a signal may have come while they were being started, before
+            # _supervise): a live rank writing its heartbeat would keep the directory
+            for p in procs.values():
+                _kill_group(p)
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
             if janitor is not None:

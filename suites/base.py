@@ -75,12 +75,12 @@ class Param:
             if self.kind is int and value != int(value):
                 raise ValueError(f"{key} must be a whole number, got {value!r}")
             if self.min is not None and value < self.min:
-                raise ValueError(f"{key} must be >= {self.min:g}, got {value:g}")
+                raise ValueError(f"{key} must be >= {_number(self.min)}, got {_number(value)}")
             if self.max is not None and value > self.max:
                 why = f" ({self.why_max})" if self.why_max else ""
-                raise ValueError(f"{key} must be <= {self.max:g}{why}, got {value:g}")
+                raise ValueError(f"{key} must be <= {_number(self.max)}{why}, got {_number(value)}")
             if self.multiple_of and int(value) % self.multiple_of:
-                raise ValueError(f"{key} must be a multiple of {self.multiple_of}, got {value:g}")
+                raise ValueError(f"{key} must be a multiple of {self.multiple_of}, got {_number(value)}")
             return
         if not isinstance(value, str):
             raise ValueError(f"{key} must be text, got {value!r}")
@@ -88,6 +88,18 @@ class Param:
             raise ValueError(_not_one_of(key, value, self.choices))
         if self.check is not None:
             self.check(value)
+
+    def describe(self) -> str:
+        """What the declaration allows, for --show-params: 'whole number in [1, 1048576]'."""
+        if self.kind is bool:
+            return "true or false"
+        if self.kind in (int, float):
+            what = "whole number" if self.kind is int else "finite number"
+            low = "-inf" if self.min is None else _number(self.min)
+            high = "inf" if self.max is None else _number(self.max)
+            return f"{what} in [{low}, {high}]" + (f", a multiple of {self.multiple_of}"
+                                                  if self.multiple_of else "")
+        return f"one of {', '.join(map(str, self.choices))}" if self.choices else "checked when given"
 
     def bad_values(self) -> list[str]:
         """Command-line values this declaration refuses (the fuzz test tries each)."""
@@ -110,6 +122,9 @@ class Param:
 
 
 def _number(value: float) -> str:
+    """A bound or value as the command line writes it: whole numbers in full, others as repr."""
+    if isinstance(value, int):
+        return str(value)
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 

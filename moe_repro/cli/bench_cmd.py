@@ -102,7 +102,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo(f"{suite.name}: {suite.description}")
         for key, default in suite.params.items():
             quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
-            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}"
+            allowed = f" [{suite.schema[key].describe()}]" if key in suite.schema else ""
+            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}{allowed}"
                        f"\n      {suite.param_help.get(key, '')}".rstrip())
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
