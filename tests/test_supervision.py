@@ -194,3 +194,46 @@ def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_time
     assert "no heartbeat for longer than" in str(err) and "rank 2 silent for" in str(err)
     assert "within 300 s" not in str(err)
     assert wait_until(lambda: not running(stopped), 10.0)
+
+
+def test_no_handler_of_the_parent_runs_in_a_child_forked_for_a_rank(tmp_path):
+    # A SIGTERM that lands between fork and exec (sent here by the child to itself, at the worst
+    # moment) must not run the parent's Python handler in the child: the rank is forked with the
+    # signal blocked and restores the default disposition before unblocking, so it dies of it.
+    import moe_repro.runtime.launch as launch
+    from moe_repro.runtime import signals
+
+    marker = tmp_path / "handler-ran-in"
+
+    def handler(signum, frame):
+        marker.write_text(str(os.getpid()))
+
+    def preexec():
+        os.kill(os.getpid(), signal.SIGTERM)
+        launch._in_child()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with signals.deferred():
+            child = subprocess.Popen([sys.executable, "-c", "pass"], preexec_fn=preexec)
+        code = child.wait(timeout=60)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not marker.exists(), "the parent's handler ran in the child"
+    assert code == -signal.SIGTERM
+
+
+def test_a_signal_while_deferred_reaches_the_parent_afterwards():
+    from moe_repro.runtime import signals
+
+    previous = signals.install()
+    reached = False
+    try:
+        with pytest.raises(signals.Interrupted) as ended:
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(0.05)
+                reached = True  # blocked: the handler has not run yet
+    finally:
+        signals.restore(previous)
+    assert reached and ended.value.code == 128 + signal.SIGHUP
