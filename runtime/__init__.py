@@ -3,6 +3,6 @@
 ``launch`` starts local ranks (gloo, NCCL or MPI), supervises them (timeouts, a failed rank ends
 the world) and attaches to worlds started by torchrun, srun or mpirun; ``worker`` is one rank's
 entry point; ``signals`` makes SIGTERM/SIGHUP end a command as Ctrl-C does and keeps
-handlers out of forked children. Every layer may use this package; it uses none of them (only ``records.atomic``
-for the files ranks hand back).
+handlers out of forked children. Every layer may use this package; it uses none of them (only
+``records.atomic`` for the files ranks hand back).
 """
