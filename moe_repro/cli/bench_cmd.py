@@ -70,7 +70,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     `repro list` names the suites; `repro bench SUITE --show-params` lists a suite's parameters.
 
-    A world this machine cannot hold is simulated, never refused: `repro bench alltoall --nodes
+    A world this machine cannot hold is simulated where the suite can simulate (alltoall), and
+    refused before any rank starts where it cannot (the limit is at the end): `repro bench alltoall --nodes
     16` (more than 16 local ranks, no launcher) predicts it on dgx-h100 -- 8 H100 GPUs and 8
     400 Gb/s NICs per node on a rail-optimised fabric, the cluster most MoE training runs on --
     and says so in its first line; `--platform frontier|h200|FILE.json` picks another profile.
@@ -80,7 +81,13 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
     the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
-    stored in the results store even when interrupted (the records that finished are kept).
+    stored in the results store even when interrupted (the records that finished are kept, marked
+    `interrupted: true`): by Ctrl-C, SIGTERM or SIGHUP alike (exit 130, 143, 129).
+
+    Every parameter is checked against the suite's declaration (--show-params prints each one's
+    range) before any rank starts; a bad value is one line, exit 2. A rank whose heartbeat stops
+    for longer than max(15 s, 10 x the slowest heartbeat gap so far) while the others beat is
+    reported as hung at once, without waiting for --timeout.
     """
 
     from moe_repro.records.atomic import atomic_write_json
