@@ -51,7 +51,8 @@ def start_job(tmp_path, targets_on_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_dir)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(list(pid_dir.glob("rank-*.pid"))) < 4:
+    # a pid file exists a moment before its pid is written in it: wait for four written ones
+    while len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) < 4:
         assert parent.poll() is None, "the parent died before its ranks started"
         assert time.monotonic() < deadline, "ranks did not start"
         time.sleep(0.1)
