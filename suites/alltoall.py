@@ -66,7 +66,7 @@ import time
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.lazy_import import lazy_module
-from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of,
+from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of, registered,
                                    top_k_within_experts, whole)
 
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
@@ -471,7 +471,7 @@ SUITE = Suite(
     name="alltoall",
     schema={"nodes": whole(1, MAX_NODES, why_max="the simulator's largest fabric"),
             "gpus_per_node": Param(str, check=_gpus_per_node, bad=("0", "-2", "x", "1e400")),
-            "algo": one_of(*algorithm_names()), "platform": Param(str, check=_platform_name,
+            "algo": registered("algo", algorithm_names), "platform": Param(str, check=_platform_name,
                                                                   bad=("nosuch", "/nonexistent/p.json")),
             "backend": one_of("auto", *IMPL), "latency_model": one_of(*LATENCY_MODELS),
             "sizes": whole(0, 2 ** 34), "tokens": whole(0), "hidden": whole(1, 2 ** 16),

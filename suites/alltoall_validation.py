@@ -38,8 +38,8 @@ import sys
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.provenance import remembering
 from moe_repro.suites import alltoall
-from moe_repro.suites.base import (SEED, Metric, Param, Suite, divides, fits_in_memory, one_of,
-                                   top_k_within_experts, whole, parse_size)
+from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
+                                   parse_size, registered, top_k_within_experts, whole)
 
 FIT_SEPARATOR = "+"  # inside one grid value ("2K+16K"): a comma would split it into grid values
 
@@ -239,7 +239,7 @@ def _fit_sizes(value: str) -> None:
 SUITE = Suite(
     name="alltoall-validation",
     schema={"ranks": whole(2, alltoall.MAX_LOCAL_RANKS, why_max="real local ranks"),
-            "gpus_per_node": whole(1, alltoall.MAX_LOCAL_RANKS), "algo": one_of(*algorithm_names()),
+            "gpus_per_node": whole(1, alltoall.MAX_LOCAL_RANKS), "algo": registered("algo", algorithm_names),
             "backend": one_of("gloo", "mpi"), "sizes": whole(1, 2 ** 34), "hidden": whole(1, 2 ** 16),
             "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
             "placement": one_of(*alltoall.PLACEMENTS), "seed": SEED,
@@ -247,7 +247,9 @@ SUITE = Suite(
             "fit_ranks": Param(str, check=_fit_ranks, bad=("1", "x", "+", "3+5")),
             "fit_sizes": Param(str, check=_fit_sizes, bad=("0", "x", "+", "nanK")),
             "fit_repeats": whole(1, 1000)},
-    rules=(top_k_within_experts(), divides("gpus_per_node", "ranks", {"ranks": "4", "gpus_per_node": "3"}),
+    rules=(top_k_within_experts(), Rule(lambda p: int(p["ranks"]) % int(p["gpus_per_node"]) == 0,
+                "ranks={ranks} must be a multiple of gpus_per_node={gpus_per_node}",
+                {"ranks": "4", "gpus_per_node": "3"}),
            fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["sizes"]), {"sizes": str(2 ** 34)})),
     params={"ranks": [2, 4, 8], "gpus_per_node": [2], "algo": algorithm_names(), "backend": ["gloo"],
             "sizes": [1024, 65536, 1048576, 16777216], "hidden": [256], "experts": [16], "top_k": [4],

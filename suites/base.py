@@ -82,6 +82,8 @@ class Param:
             if self.multiple_of and int(value) % self.multiple_of:
                 raise ValueError(f"{key} must be a multiple of {self.multiple_of}, got {_number(value)}")
             return
+        if isinstance(value, int) and not isinstance(value, bool) and self.check is not None:
+            value = str(value)  # an open-ended value ("auto" or a count) given as a number by code
         if not isinstance(value, str):
             raise ValueError(f"{key} must be text, got {value!r}")
         if self.choices and value not in self.choices:
@@ -404,6 +406,18 @@ def whole(min: int = 1, max: int = 2 ** 20, **kw) -> Param:
 
 def one_of(*choices: str) -> Param:
     return Param(str, choices=tuple(choices))
+
+
+def registered(what: str, names: Callable[[], Any]) -> Param:
+    """A name from a registry that may grow while the process runs (all-to-all algorithms,
+    grouped-GEMM kernels): ``names()`` is asked at each check, not when the suite is declared."""
+
+    def check(value: str) -> None:
+        known = list(names())
+        if value not in known:
+            raise ValueError(_not_one_of(what, value, known))
+
+    return Param(str, check=check, bad=("nosuch",))
 
 
 def top_k_within_experts(top_k: str = "top_k", experts: str = "experts") -> Rule:

@@ -24,7 +24,7 @@ import time
 import torch
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.suites.base import (SEED, Metric, Suite, fits_in_memory, one_of,
+from moe_repro.suites.base import (SEED, Metric, Suite, fits_in_memory, one_of, registered,
                                    top_k_within_experts, whole)
 
 
@@ -118,7 +118,7 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="dispatch-stages",
-    schema={"algo": one_of(*timed_algorithms()), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
+    schema={"algo": registered("algo", timed_algorithms), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
             "backend": one_of("gloo", "mpi"), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
             "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
             "placement": one_of("contiguous", "strided", "random"), "seed": SEED},

@@ -27,7 +27,7 @@ from moe_repro.components.moe.grouped_gemm import grouped_gemm, grouped_gemm_nam
 from moe_repro.components.model.zoo import get_model
 from moe_repro.suites._moe_stages import set_threads
 from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, fits_in_memory, one_of,
-                                   whole)
+                                   registered, whole)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -122,7 +122,7 @@ def _known_model(key: str) -> None:
 
 SUITE = Suite(
     name="expert-gemm",
-    schema={"variant": one_of(*variants()), "tokens_per_expert": whole(1),
+    schema={"variant": registered("variant", variants), "tokens_per_expert": whole(1),
             "model": Param(str, check=_known_model, bad=("nosuch",)), "shape_div": whole(1, 2 ** 16),
             "local_experts": whole(1, 2 ** 12), "dtype": one_of(*_DTYPES), "device": DEVICE,
             "threads": THREADS},

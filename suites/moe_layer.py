@@ -19,7 +19,7 @@ from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm
 from moe_repro.suites._moe_stages import (IMPLS, MEMORY_RULES, STAGES, derive_stage, peer_params, run_stage,
                                          setup_stage)
 from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, divides, one_of,
-                                   top_k_within_experts, whole)
+                                   registered, top_k_within_experts, whole)
 
 
 def check_params(p: dict) -> dict:
@@ -58,7 +58,7 @@ SUITE = Suite(
     schema={"impl": one_of(*IMPLS), "stage": one_of(*STAGES, "layer"), "ranks": whole(1, 65536),
             "backend": one_of("gloo"), "tokens": whole(0), "d_model": whole(1, 2 ** 16),
             "d_ffn": whole(1, 2 ** 16), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "capacity_factor": Param(float, 0.01, 1000.0), "gemm": one_of(*grouped_gemm_names()),
+            "capacity_factor": Param(float, 0.01, 1000.0), "gemm": registered("gemm", grouped_gemm_names),
             "dtype": one_of("float32", "bfloat16"), "device": DEVICE, "threads": THREADS},
     rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
            *MEMORY_RULES),
