@@ -60,13 +60,30 @@ def restore(previous: dict) -> None:
 
 @contextlib.contextmanager
 def deferred():
-    """Block SIGINT, SIGTERM and SIGHUP in this thread while the block runs; one that arrives
-    meanwhile is delivered (its handler raises) when the block ends."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    """SIGINT, SIGTERM and SIGHUP wait while the block runs; one that arrives meanwhile reaches
+    its handler (which raises) when the block ends.
+
+    Two mechanisms, because a signal sent to the process goes to any thread that does not block
+    it: this thread blocks them (so a child forked here starts with them blocked and runs no
+    handler: :func:`in_child_after_fork`), and in the main thread the Python handlers are
+    swapped for one that only notes the signal (another thread, such as a result reader, may be
+    the one the kernel picks); on leaving, the handlers come back, this thread's blocked signals
+    are delivered to them, and the noted ones are raised again."""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    noted: list[int] = []
+    swapped = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in HANDLED:
+            if callable(signal.getsignal(sig)):
+                swapped[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in swapped.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 def in_child_after_fork(before_unblocking=None) -> None:

@@ -224,9 +224,18 @@ def test_no_handler_of_the_parent_runs_in_a_child_forked_for_a_rank(tmp_path):
     assert code == -signal.SIGTERM
 
 
-def test_a_signal_while_deferred_reaches_the_parent_afterwards():
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_a_signal_while_deferred_reaches_the_parent_afterwards(other_thread):
+    # with another thread alive (as the point reader is during a run) the kernel may hand the
+    # signal to that thread, which does not block it: it must still wait for the block's end
+    import threading
+
     from moe_repro.runtime import signals
 
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:
+        helper.start()
     previous = signals.install()
     reached = False
     try:
@@ -237,4 +246,5 @@ def test_a_signal_while_deferred_reaches_the_parent_afterwards():
                 reached = True  # blocked: the handler has not run yet
     finally:
         signals.restore(previous)
+        stop.set()
     assert reached and ended.value.code == 128 + signal.SIGHUP
