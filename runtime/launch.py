@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import shutil
 import signal
@@ -34,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from moe_repro.runtime import signals
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -94,6 +97,51 @@ class RankContext:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
+
+
+# What one local rank costs, for the local-rank limit. Memory: a rank with torch and a gloo
+# group loaded holds 220 MiB resident (ru_maxrss after init_process_group, torch 2.x, CPU);
+# 256 MiB leaves its suite's buffers a little room (larger buffers are each suite's own memory
+# rule). Cores: beyond 8 ranks per core start-up alone (every rank imports torch) takes minutes
+# and timings mean nothing. Files: gloo opens sockets to every peer in every rank.
+RANK_MEMORY_BYTES = 256 * 2 ** 20
+RANKS_PER_CORE = 8
+FILES_PER_PEER = 4
+FILES_RESERVED = 128
+
+
+def available_memory_bytes() -> float:
+    """MemAvailable of /proc/meminfo (bytes), else the physical memory, else no limit."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def local_rank_limit() -> tuple[int, str]:
+    """(most ranks this machine runs at once, why): the smallest of 8 per core, the available
+    memory at 256 MiB per rank, and the open-file limit at 4 files per peer."""
+    import resource
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = available_memory_bytes()
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limits = {f"{RANKS_PER_CORE} per core on {cores} cores": cores * RANKS_PER_CORE}
+    if math.isfinite(memory):
+        limits[f"{memory / 2 ** 30:.1f} GiB available at {RANK_MEMORY_BYTES >> 20} MiB per rank"] = \
+            int(memory // RANK_MEMORY_BYTES)
+    if files != resource.RLIM_INFINITY:
+        limits[f"open-file limit {files} at {FILES_PER_PEER} per peer"] = \
+            max(1, (files - FILES_RESERVED) // FILES_PER_PEER)
+    why = min(limits, key=limits.get)
+    return max(1, limits[why]), why
 
 
 def free_port() -> int:
@@ -169,15 +217,20 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     ranks_per_node = ranks_per_node or world_size
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(f"ranks_per_node={ranks_per_node} must divide world_size={world_size}")
+    limit, why = local_rank_limit()
+    if world_size > limit:  # refused before any rank starts (suites check this earlier still)
+        raise ValueError(f"{world_size} local ranks requested; this machine runs at most {limit} ({why})")
     if threads_per_rank is None:  # oversubscribing cores makes every rank slower than one
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
 
     remove_stale_workdirs()
-    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-    previous = _terminate_on_signals()
-    janitor = None
+    previous, workdir, janitor = {}, None, None
+    procs: dict[str, subprocess.Popen] = {}
     try:
-        (workdir / "owner.pid").write_text(str(os.getpid()))
+        previous = signals.install()
+        with signals.deferred():  # the directory is never without its owner file (a signal waits)
+            workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            (workdir / "owner.pid").write_text(str(os.getpid()))
         janitor = _start_janitor(workdir)
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
@@ -185,7 +238,6 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         common = ["-m", "moe_repro.runtime.worker", "--target", target, "--workdir", str(workdir),
                   "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),
                   "--backend", backend]
-        procs: dict[str, subprocess.Popen] = {}
         if backend == "mpi":
             mpiexec = mpiexec_path()
             # MPICH's mpiexec (hydra, the mpich wheel's) SIGKILLs every rank when one dies, which
@@ -193,24 +245,30 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
             # _supervise ends the others itself.
             keep = ["-disable-auto-cleanup"] if Path(mpiexec).parent == Path(sys.executable).parent else []
             cmd = [mpiexec, *keep, "-n", str(world_size), sys.executable, *common]
-            with open(workdir / "mpiexec.err", "wb") as err:
+            with open(workdir / "mpiexec.err", "wb") as err, signals.deferred():
                 procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                    start_new_session=True, preexec_fn=die_with_parent)
+                                                    start_new_session=True, preexec_fn=_in_child)
         else:
             port = free_port()
             for r in range(world_size):
                 cmd = [sys.executable, *common, "--rank", str(r), "--master-port", str(port)]
-                with open(workdir / f"rank-{r}.err", "wb") as err:
+                with open(workdir / f"rank-{r}.err", "wb") as err, signals.deferred():
                     procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                     start_new_session=True, preexec_fn=die_with_parent)
+                                                     start_new_session=True, preexec_fn=_in_child)
         _supervise(procs, workdir, world_size, timeout_s)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if janitor is not None:
-            janitor.kill()
-            janitor.wait()
-        _restore_signals(previous)
+        with signals.deferred():  # a second signal must not cut the cleanup short
+            # ranks first (a signal may have come while they were being started, before
+            # _supervise): a live rank writing its heartbeat would keep the directory
+            for p in procs.values():
+                _kill_group(p)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if janitor is not None:
+                janitor.kill()
+                janitor.wait()
+            signals.restore(previous)
 
 
 WORKDIR_PREFIX = "moe-repro-ranks-"
@@ -247,24 +305,10 @@ def die_with_parent() -> None:
         pass
 
 
-def _terminate_on_signals() -> dict:
-    """While ranks run, SIGTERM/SIGHUP (a scheduler ending the job) exit through the normal
-    cleanup path (kill the rank groups, remove the work directory) with code 128 + signal.
-    Only the main thread may set handlers; elsewhere nothing changes."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-
-def _restore_signals(previous: dict) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)
+def _in_child() -> None:
+    """preexec_fn of a rank (or mpiexec), forked with SIGINT/SIGTERM/SIGHUP blocked: no Python
+    handler of the parent may run here (runtime/signals.py), then the parent-death signal."""
+    signals.in_child_after_fork(before_unblocking=die_with_parent)
 
 
 def remove_stale_workdirs() -> list[Path]:
@@ -332,9 +376,13 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
     watch = "mpiexec" in procs
     pids: dict[int, int] = {}
     vanished: list[int] = []
+    beats = _Heartbeats(workdir, world_size)
     try:
         while True:
             codes = {name: p.poll() for name, p in procs.items()}
+            silent = beats.silent_ranks()
+            if silent:  # found from the heartbeats, without waiting for the timeout
+                _raise_for(workdir, world_size, codes, beats.describe(silent), silent=silent)
             if watch and not vanished:
                 vanished = _vanished_ranks(workdir, world_size, pids)
                 if vanished and codes.get("mpiexec") is None:
@@ -352,13 +400,67 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             time.sleep(0.02)
     finally:
         # Kill every group, finished or not: a group may hold children (mpiexec's proxies,
-        # a rank's helpers) after its leader exited.
-        for p in procs.values():
-            _kill_group(p)
+        # a rank's helpers) after its leader exited. A signal now waits until all are gone.
+        with signals.deferred():
+            for p in procs.values():
+                _kill_group(p)
+
+
+# A rank is hung when its heartbeat has been silent longer than HANG_MULTIPLE times the slowest
+# gap between two heartbeats seen so far in this world (a loaded machine beats slower: the limit
+# grows with it), and never less than HANG_FLOOR_S (start-up imports can hold the interpreter
+# lock for seconds on an oversubscribed machine), while another rank still beats.
+HANG_FLOOR_S = 15.0
+HANG_MULTIPLE = 10.0
+_BEAT_READ_S = 0.5  # how often the supervisor reads the heartbeats
+
+
+class _Heartbeats:
+    """The ranks' heartbeats (worker.py writes one every HEARTBEAT_S) as the supervisor sees
+    them: each rank's last beat and the slowest gap between two beats of any rank so far."""
+
+    def __init__(self, workdir: Path, world_size: int):
+        self.workdir, self.world_size = workdir, world_size
+        self.last: dict[int, float] = {}
+        self.where: dict[int, str] = {}
+        self.slowest_gap = 0.0
+        self.read_at = 0.0
+
+    def limit_s(self) -> float:
+        return max(HANG_FLOOR_S, HANG_MULTIPLE * self.slowest_gap)
+
+    def silent_ranks(self) -> list[int]:
+        """Unfinished ranks silent past the limit while another unfinished rank still beats."""
+        if time.monotonic() - self.read_at < _BEAT_READ_S:
+            return []
+        self.read_at = time.monotonic()
+        unfinished = [r for r in range(self.world_size) if not (self.workdir / f"rank-{r}.json").exists()]
+        for r in unfinished:
+            try:
+                beat = json.loads((self.workdir / f"rank-{r}.beat").read_text())
+                t = float(beat["t"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not started yet, or being written
+            if r in self.last and t > self.last[r]:
+                self.slowest_gap = max(self.slowest_gap, t - self.last[r])
+            self.last[r] = max(t, self.last.get(r, t))
+            self.where[r] = str(beat.get("where", "?"))
+        now, limit = time.time(), self.limit_s()
+        silent = [r for r in unfinished if r in self.last and now - self.last[r] > limit]
+        beating = [r for r in unfinished if r in self.last and r not in silent]
+        return silent if beating else []
+
+    def describe(self, silent: list[int]) -> str:
+        now = time.time()
+        last = "; ".join(f"rank {r} silent for {now - self.last[r]:.0f} s, last at {self.where[r]}"
+                         for r in silent)
+        return (f"stopped making progress ({last}): no heartbeat for longer than {self.limit_s():.0f} s "
+                f"(the larger of {HANG_FLOOR_S:g} s and {HANG_MULTIPLE:g} x the slowest heartbeat gap "
+                f"so far, {self.slowest_gap:.1f} s); the others waited on it")
 
 
 def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str,
-               vanished: list[int] | None = None) -> None:
+               vanished: list[int] | None = None, silent: list[int] | None = None) -> None:
     """Name the ranks that caused the failure, most likely cause first.
 
     A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
@@ -377,34 +479,42 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
         # its own was, by its last heartbeat, outside communication (see _hung_ranks)
         on_own = [r for r in first_gone if not _waiting_in_communication(workdir, r)]
         first_gone = on_own or first_gone
-    if "within" in what and running:
+    signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
+    if silent:
+        culprits = silent
+    elif "within" in what and running:
         culprits, what = _hung_ranks(workdir, running, what)
     elif first_gone:
         # under mpiexec: the rank(s) whose process vanished first (we end the rest)
         culprits = died = first_gone
     else:
-        culprits = died + raised or unfinished
-    details = []
-    for r in culprits[:4]:
+        # a rank killed by a signal is the cause; peers that then failed are named after it
+        culprits = signalled or died + raised or unfinished
+    # the ranks that failed after the cause, each under its own cause (not the cause's)
+    followers = [r for r in died + raised if r not in culprits]
+
+    def detail(r: int) -> str:
         code = rank_codes.get(r)
         how = f"killed by signal {-code}" if code is not None and code < 0 else (
             f"exit code {code}" if code else "")
         if r in first_gone and not how:
             how = "its process ended first, without a Python error"
         tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
-        if how or tail:
-            details.append(f"rank {r}: " + "; ".join(x for x in (how, tail) if x))
+        return f"rank {r}: " + "; ".join(x for x in (how, tail) if x) if how or tail else ""
+
+    details = [d for d in map(detail, culprits[:4]) if d]
     if not details and (workdir / "mpiexec.err").exists():
         details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
     names = ", ".join(map(str, culprits)) or "none"
     if what == "exited with code" and first_gone:
         what = "ended first, killed or crashed (its peers were then stopped)"
     elif what == "exited with code":
-        signalled = [r for r in died if (rank_codes.get(r) or 0) < 0]
-        what = ("was killed by a signal (its peers then failed or hung in the collective it left)"
-                if signalled and culprits[0] in signalled else "failed")
-    msg = f"rank(s) {names} of {world_size} {what}"
-    raise RankFailure(msg + (f" -- {' | '.join(details)}" if details else ""), culprits)
+        what = "was killed by a signal" if signalled and culprits[0] in signalled else "failed"
+    msg = f"rank(s) {names} of {world_size} {what}" + (f" -- {' | '.join(details)}" if details else "")
+    after = [d for d in map(detail, followers[:4]) if d]
+    if after:
+        msg += f"; then, after it: {' | '.join(after)}"
+    raise RankFailure(msg, culprits)
 
 
 # Where a rank's main thread waits when it is blocked on its peers, not stuck on its own.
@@ -458,6 +568,43 @@ def launched_world_size() -> int | None:
         return None
     size = _first_int(_SIZE_VARS)
     return size if size and size > 1 else None
+
+
+def launched_rank() -> int | None:
+    """This process's rank in a world torchrun, srun or mpirun started (None when not launched)."""
+    return _first_int(_RANK_VARS) if launched_world_size() else None
+
+
+def launched_by() -> str:
+    """Which launcher started this world, as the user would name it."""
+    if launched_by_mpi():
+        return "mpiexec/mpirun"
+    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("LOCAL_WORLD_SIZE"):
+        return "torchrun"
+    if os.environ.get("SLURM_NTASKS"):
+        return "srun"
+    return "a launcher"
+
+
+def check_launched_world(backends: set[str], ranks: set[int]) -> None:
+    """Before any work under torchrun, mpiexec or srun: the backends asked for must be able to
+    use this world, and the world sizes asked for must be its size. ValueError saying what to
+    run instead (a backend "mpi" rank outside an MPI world is a 1-rank MPI singleton: it would
+    measure alone and be labelled with the launcher's world size)."""
+    size = launched_world_size()
+    if not size:
+        return
+    how = launched_by()
+    if "mpi" in backends and not launched_by_mpi():
+        raise ValueError(f"--backend mpi needs a world started by mpiexec/mpirun; this one was "
+                         f"started by {how} ({size} ranks), where each MPI rank would be a 1-rank "
+                         f"singleton. Run: mpiexec -n {size} repro ... --backend mpi, or keep "
+                         f"{how} with --backend gloo")
+    wrong = sorted(r for r in ranks if r != size)
+    if wrong:
+        raise ValueError(f"{how} started {size} ranks, but the grid asks for "
+                         f"{', '.join(map(str, wrong))}; launch that many, or leave the world size "
+                         f"to the launcher")
 
 
 def init_launched_world(backend: str) -> RankContext:

@@ -32,6 +32,7 @@ from moe_repro.components.moe.moe_layer import MoEConfig, MoELayer
 from moe_repro.components.moe.padded_moe import PaddedMoELayer
 from moe_repro.components.moe.impls import ONE_RANK_STAGES, get_impl, impl_names
 from moe_repro.components.moe.peers import peer_dispatch, require_peer
+from moe_repro.suites.base import fits_in_memory
 
 
 def peer_params(p: dict) -> dict:
@@ -54,6 +55,19 @@ def peer_params(p: dict) -> dict:
 IMPLS = impl_names()  # the registry, components/moe/impls.py
 STAGES = ONE_RANK_STAGES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _layer_bytes(p: dict) -> float:
+    """What one grid point holds at its largest (float32, every local rank): the input and
+    output, the S*k dispatch rows (twice: buffer and expert output), the padded buffer
+    [E, C, H] with C = capacity_factor * S * k / E, and the experts' weights."""
+    tokens, hidden, ffn = int(p["tokens"]), int(p["d_model"]), int(p["d_ffn"])
+    experts, top_k = int(p["experts"]), int(p["top_k"])
+    rows = tokens * top_k * (2 + 2 * float(p["capacity_factor"]))
+    return 4 * int(p.get("ranks", 1)) * (2 * tokens * hidden + rows * hidden + 2 * experts * hidden * ffn)
+
+
+MEMORY_RULES = (fits_in_memory(_layer_bytes, {"tokens": str(2 ** 20), "d_model": str(2 ** 16)}),)
 
 
 def set_threads(params: dict, ctx) -> None:

@@ -67,7 +67,8 @@ import time
 from moe_repro.runtime.timing import host_seconds, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.lazy_import import lazy_module
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of, registered,
+                                   top_k_within_experts, whole)
 
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
 
@@ -103,7 +104,7 @@ def launched_defaults() -> dict[str, list]:
     if not launched_world_size():
         return {}
     topo = Topology.from_environment()
-    return {"nodes": [topo.nodes], "gpus_per_node": [topo.ranks_per_node]}
+    return {"nodes": [topo.nodes], "gpus_per_node": [str(topo.ranks_per_node)]}  # a str param ("auto")
 
 
 def choose_backend(requested: str, ranks_per_node: int = LOCAL_GPUS_PER_NODE,
@@ -127,6 +128,14 @@ def choose_backend(requested: str, ranks_per_node: int = LOCAL_GPUS_PER_NODE,
     if why_not is None:
         return "mpi", f"backend mpi (auto: {AUTO_BACKEND_WHY}; --backend gloo to compare)"
     return "gloo", f"backend gloo (auto: no MPI here: {why_not})"
+
+
+def local_ranks_here() -> int:
+    """Real local ranks this suite runs before it simulates instead: MAX_LOCAL_RANKS, or fewer
+    where the machine's local-rank limit (runtime.launch.local_rank_limit) is lower."""
+    from moe_repro.runtime.launch import local_rank_limit
+
+    return min(MAX_LOCAL_RANKS, local_rank_limit()[0])
 
 
 def _positive(p: dict, key: str) -> int:
@@ -173,10 +182,10 @@ def derived_params(p: dict) -> dict:
     why = None
     if platform != "local":
         why = f"--platform {platform}"
-    elif nodes * gpn > MAX_LOCAL_RANKS and not launched:
+    elif nodes * gpn > local_ranks_here() and not launched:
         platform = DEFAULT_PLATFORM
         why = (f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
-               f"machine runs ({MAX_LOCAL_RANKS}), and no launcher started a world; {DEFAULT_PLATFORM} "
+               f"machine runs ({local_ranks_here()}), and no launcher started a world; {DEFAULT_PLATFORM} "
                f"is the default platform (see repro bench --help)")
     kind, fault_rank = _parse_fault(p["fault"])
     if kind != "none" and not 0 <= fault_rank < nodes * gpn:
@@ -508,8 +517,41 @@ DISPATCH_METRICS = [
     Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)"),
 ]
 
+# The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the
+# largest MoE training clusters reported), predicted in seconds; 100000 nodes ran for over ten
+# minutes with no end in sight.
+MAX_NODES = 4096
+
+
+def _gpus_per_node(value: str) -> None:
+    if value != "auto":
+        _positive({"gpus_per_node": value}, "gpus_per_node")
+        if int(value) > 1024:
+            raise ValueError(f"gpus_per_node must be <= 1024, got {value}")
+
+
+def _platform_name(value: str) -> None:
+    """local, or a platform profile that loads (a shipped name or a JSON file)."""
+    if value != "local":
+        from moe_repro.components.network.platform import load_platform
+
+        load_platform(value)
+
 SUITE = Suite(
     name="alltoall",
+    schema={"nodes": whole(1, MAX_NODES, why_max="the simulator's largest fabric"),
+            "gpus_per_node": Param(str, check=_gpus_per_node, bad=("0", "-2", "x", "1e400")),
+            "algo": registered("algo", algorithm_names), "platform": Param(str, check=_platform_name,
+                                                                  bad=("nosuch", "/nonexistent/p.json")),
+            "backend": one_of("auto", *IMPL), "latency_model": one_of(*LATENCY_MODELS),
+            "sizes": whole(0, 2 ** 34), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "placement": one_of(*PLACEMENTS),
+            "seed": SEED, "fault": Param(str, check=_parse_fault, bad=("kill", "kill:x", "boom:1")),
+            "path": one_of(*PATHS)},
+    rules=(top_k_within_experts(),
+           # every rank's send and receive rows, the combine output and the input (float32)
+           fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
+                          * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
             "backend": ["auto"], "latency_model": ["profile"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],

@@ -38,7 +38,8 @@ import sys
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.provenance import remembering
 from moe_repro.suites import alltoall
-from moe_repro.suites.base import Metric, Suite, parse_size
+from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
+                                   parse_size, registered, top_k_within_experts, whole)
 
 FIT_SEPARATOR = "+"  # inside one grid value ("2K+16K"): a comma would split it into grid values
 
@@ -221,8 +222,37 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
             "error_pct": 100 * (predicted / time_s - 1)}
 
 
+def _calibration_source(value: str) -> None:
+    if value != "fit" and not os.path.isfile(value):
+        raise ValueError(f"calibration must be fit or a profile file written by repro calibrate; "
+                         f"{value!r} is not a file")
+
+
+def _fit_ranks(value: str) -> None:
+    ranks = split_list(value, "fit_ranks", int)
+    if min(ranks) < 2 or max(ranks) > alltoall.MAX_LOCAL_RANKS:
+        raise ValueError(f"fit_ranks must be in [2, {alltoall.MAX_LOCAL_RANKS}], got {value}")
+
+
+def _fit_sizes(value: str) -> None:
+    if min(split_list(value, "fit_sizes", parse_size)) < 1:
+        raise ValueError(f"fit_sizes must be positive, got {value}")
+
 SUITE = Suite(
     name="alltoall-validation",
+    schema={"ranks": whole(2, alltoall.MAX_LOCAL_RANKS, why_max="real local ranks"),
+            "gpus_per_node": whole(1, alltoall.MAX_LOCAL_RANKS), "algo": registered("algo", algorithm_names),
+            "backend": one_of("gloo", "mpi"), "sizes": whole(1, 2 ** 34), "hidden": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
+            "placement": one_of(*alltoall.PLACEMENTS), "seed": SEED,
+            "calibration": Param(str, check=_calibration_source, bad=("/nonexistent/c.json",)),
+            "fit_ranks": Param(str, check=_fit_ranks, bad=("1", "x", "+", "3+5")),
+            "fit_sizes": Param(str, check=_fit_sizes, bad=("0", "x", "+", "nanK")),
+            "fit_repeats": whole(1, 1000)},
+    rules=(top_k_within_experts(), Rule(lambda p: int(p["ranks"]) % int(p["gpus_per_node"]) == 0,
+                "ranks={ranks} must be a multiple of gpus_per_node={gpus_per_node}",
+                {"ranks": "4", "gpus_per_node": "3"}),
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["sizes"]), {"sizes": str(2 ** 34)})),
     params={"ranks": [2, 4, 8], "gpus_per_node": [2], "algo": algorithm_names(), "backend": ["gloo"],
             "sizes": [1024, 65536, 1048576, 16777216], "hidden": [256], "experts": [16], "top_k": [4],
             "placement": ["contiguous"], "seed": [0], "calibration": ["fit"],

@@ -19,7 +19,8 @@ from moe_repro.components.model.attention import (attention_flops, causal_attent
                                             shape_from_model)
 from moe_repro.components.model.zoo import get_model
 from moe_repro.suites._moe_stages import set_threads
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, fits_in_memory, one_of,
+                                   whole)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -76,8 +77,22 @@ def check(state: dict) -> int:
     return int(((out - reference_attention(q, k, v)).abs() > tol).sum())
 
 
+def _known_model(key: str) -> None:
+    from moe_repro.components.model.zoo import get_model
+
+    try:
+        get_model(key)
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+
 SUITE = Suite(
     name="attention",
+    schema={"model": Param(str, check=_known_model, bad=("nosuch",)), "seq_len": whole(1, 2 ** 20),
+            "batch": whole(1, 2 ** 16), "heads": whole(0, 1024), "backward": Param(bool),
+            "dtype": one_of(*_DTYPES), "device": DEVICE, "threads": THREADS},
+    # the score matrix [batch, heads, seq, seq] and its softmax, the reference's float64 copy
+    rules=(fits_in_memory(lambda p: 3 * 8 * int(p["batch"]) * (int(p["heads"]) or 128)
+                          * int(p["seq_len"]) ** 2, {"seq_len": str(2 ** 20)}),),
     choices={"dtype": tuple(_DTYPES)},
     params={"model": ["mixtral-8x7b", "qwen3-30b-a3b", "xmoe-small", "deepseek-v3"],
             "seq_len": [256, 512, 1024, 2048], "batch": [1], "heads": [8], "backward": [False],

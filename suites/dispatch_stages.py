@@ -24,7 +24,8 @@ import time
 import torch
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Suite, fits_in_memory, one_of, registered,
+                                   top_k_within_experts, whole)
 
 
 
@@ -118,6 +119,13 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="dispatch-stages",
+    schema={"algo": registered("algo", timed_algorithms), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
+            "backend": one_of("gloo", "mpi"), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
+            "placement": one_of("contiguous", "strided", "random"), "seed": SEED},
+    rules=(top_k_within_experts(),
+           fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
+                          * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
             "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
             "placement": ["contiguous"], "seed": [0]},

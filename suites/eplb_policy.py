@@ -33,7 +33,8 @@ from moe_repro.components.balance.eplb_replication import (ReplicaPlan, dispatch
                                                             plan_replicas)
 from moe_repro.components.balance.routing_trace import (RoutingTrace, group_limited_trace,
                                                         synthetic_trace)
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
+                                   top_k_within_experts, whole)
 
 POLICIES = ("none", "global", "hierarchical")
 TRACES = ("synthetic", "group-limited")
@@ -132,6 +133,18 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="eplb-policy",
+    schema={"policy": one_of(*POLICIES), "trace": one_of(*TRACES), "nodes": whole(1, 1024),
+            "gpus_per_node": whole(1, 64), "groups": whole(1, 2 ** 16), "top_groups": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "redundant_slots": whole(0, 64),
+            "tokens": whole(1), "micro_batches": whole(1, 1024), "hidden": whole(1, 2 ** 16),
+            "itemsize": whole(1, 8), "skew": Param(float, 0.0, 100.0), "seed": SEED},
+    rules=(top_k_within_experts(),
+           Rule(lambda p: int(p["top_groups"]) <= int(p["groups"]),
+                "top_groups={top_groups} exceeds groups={groups}", {"top_groups": "9", "groups": "8"}),
+           # the trace's expert choices: micro-batches x tokens on every GPU x top_k (int64)
+           fits_in_memory(lambda p: 8 * 2 * (int(p["micro_batches"]) + 1) * int(p["tokens"])
+                          * int(p["nodes"]) * int(p["gpus_per_node"]) * int(p["top_k"]),
+                          {"tokens": str(2 ** 20), "micro_batches": "1024"})),
     params={"policy": list(POLICIES), "trace": list(TRACES), "nodes": [4], "gpus_per_node": [8],
             "groups": [8], "top_groups": [4], "experts": [256], "top_k": [8],
             "redundant_slots": [1], "tokens": [512], "micro_batches": [4], "hidden": [7168],

@@ -14,7 +14,7 @@ from __future__ import annotations
 from moe_repro.components.balance.feplb import ExpertPartition, greedy_balance
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.balance.routing_trace import synthetic_trace
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import Metric, Rule, Suite, divides, whole
 
 
 def setup(params: dict, ctx=None) -> dict:
@@ -54,6 +54,12 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="feplb-balancer",
+    schema={"experts": whole(1, 2 ** 16), "ep": whole(1, 4096), "dyn": whole(1, 2 ** 16),
+            "tau": whole(0, 2 ** 30)},
+    rules=(divides("ep", "experts", {"ep": "3", "experts": "128"}),
+           Rule(lambda p: int(p["dyn"]) <= int(p["experts"]) // int(p["ep"]),
+                "dyn={dyn} exceeds the experts per device (experts={experts} / ep={ep})",
+                {"dyn": "64", "ep": "4", "experts": "128"})),
     params={"experts": [128], "ep": [2, 4, 8], "dyn": [2, 4, 8], "tau": [0]},
     quick={"ep": [8], "dyn": [4]},
     setup=setup,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from moe_repro.runtime.device import resolve_device
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import DEVICE, Metric, Suite, fits_in_memory, one_of, whole
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +44,9 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="gemm",
+    schema={"n": whole(1, 2 ** 17), "dtype": one_of(*_DTYPES), "device": DEVICE},
+    # A, B, C and the check's float64 A, B and product
+    rules=(fits_in_memory(lambda p: 3 * (4 + 8) * int(p["n"]) ** 2, {"n": str(2 ** 17)}),),
     choices={"dtype": tuple(_DTYPES)},
     params={"n": [256, 512, 1024, 2048], "dtype": ["float32"], "device": ["auto"]},
     quick={"n": [128, 256]},

@@ -26,7 +26,8 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.runtime.device import resolve_device
 from moe_repro.runtime.timing import timer_for
 from moe_repro.suites._moe_stages import set_threads
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, fits_in_memory, one_of,
+                                   registered, whole)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -104,8 +105,24 @@ def check(state: dict) -> int:
     return int(((y - ref).abs() > tol).sum())
 
 
+def _known_model(key: str) -> None:
+    from moe_repro.components.model.zoo import get_model
+
+    try:
+        get_model(key)
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+
 SUITE = Suite(
     name="expert-gemm",
+    schema={"variant": registered("variant", variants), "tokens_per_expert": whole(1),
+            "model": Param(str, check=_known_model, bad=("nosuch",)), "shape_div": whole(1, 2 ** 16),
+            "local_experts": whole(1, 2 ** 12), "dtype": one_of(*_DTYPES), "device": DEVICE,
+            "threads": THREADS},
+    # inputs, outputs and weights at the largest zoo width (float32; 32768 bounds d_model, d_ffn)
+    rules=(fits_in_memory(lambda p: 4 * int(p["local_experts"]) * (2 * int(p["tokens_per_expert"])
+                                                                   + 32768) * 32768 / int(p["shape_div"]) ** 2,
+                          {"tokens_per_expert": str(2 ** 20), "local_experts": "4096"}),),
     choices={"dtype": tuple(_DTYPES)},
     params={"variant": list(variants()), "tokens_per_expert": [16, 64, 256, 1024],
             "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Param, Suite, divides, fits_in_memory, one_of,
+                                   top_k_within_experts, whole)
 
 LAYERS = ("plain", "llep")
 RTOL, ATOL = 1e-4, 1e-5
@@ -99,6 +100,16 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="llep-layer",
+    schema={"layer": one_of(*LAYERS), "ranks": whole(2, 65536), "backend": one_of("gloo"),
+            "tokens": whole(1), "d_model": whole(1, 2 ** 16), "d_ffn": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "skew": Param(float, -1e6, 1e6),
+            "seed": SEED},
+    rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
+           # every rank holds all experts' weights once while building, and its tokens' rows
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["experts"]) * int(p["d_model"])
+                                                           * int(p["d_ffn"]) + 8 * int(p["tokens"])
+                                                           * int(p["top_k"]) * int(p["d_model"])),
+                          {"d_model": str(2 ** 16), "d_ffn": str(2 ** 16)})),
     choices={"layer": LAYERS},
     params={"layer": list(LAYERS), "ranks": [2], "backend": ["gloo"], "tokens": [512],
             "d_model": [64], "d_ffn": [256], "experts": [8], "top_k": [2], "skew": [4.0],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from moe_repro.suites._moe_stages import device_for, set_threads
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import DEVICE, THREADS, Metric, Suite, fits_in_memory, whole
 
 MIB = 2 ** 20
 
@@ -45,6 +45,8 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="memcopy",
+    schema={"mbytes": whole(1, 2 ** 30), "device": DEVICE, "threads": THREADS},
+    rules=(fits_in_memory(lambda p: 2 * int(p["mbytes"]) * MIB, {"mbytes": str(2 ** 30)}),),
     params={"mbytes": [64, 256], "device": ["cpu"], "threads": [1]},
     quick={"mbytes": [16]},
     setup=setup,

@@ -25,8 +25,9 @@ import torch
 
 from moe_repro.components.moe.gating import top_k_gating
 from moe_repro.components.moe.impls import get_impl
-from moe_repro.suites._moe_stages import IMPLS, derive_stage, peer_params, run_stage, setup_stage
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites._moe_stages import IMPLS, MEMORY_RULES, derive_stage, peer_params, run_stage, setup_stage
+from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, one_of,
+                                   top_k_within_experts, whole)
 
 
 def _kept_weight_per_token(policy: str, experts: list[list[int]], weights: list[list[float]],
@@ -95,6 +96,12 @@ def setup(params: dict, ctx=None) -> dict:
 
 SUITE = Suite(
     name="moe-dispatch",
+    schema={"impl": one_of(*IMPLS), "stage": one_of("gating", "buffer_dispatch", "buffer_combine", "total"),
+            "tokens": whole(0), "d_model": whole(1, 2 ** 16), "experts": whole(1, 2 ** 16),
+            "top_k": whole(1, 2 ** 10), "capacity_factor": Param(float, 0.01, 1000.0),
+            "d_ffn": whole(1, 2 ** 16), "dtype": one_of("float32", "bfloat16"), "device": DEVICE,
+            "threads": THREADS},
+    rules=(top_k_within_experts(), *MEMORY_RULES),
     params={"impl": ["pft", "padded"], "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
             "tokens": [4096], "d_model": [2048], "experts": [64], "top_k": [6],
             "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"], "threads": [1]},

@@ -20,9 +20,10 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 from __future__ import annotations
 
 from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
-from moe_repro.suites._moe_stages import (IMPLS, STAGES, check_layer_pass, derive_stage, peer_params, run_stage,
-                                          setup_stage)
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites._moe_stages import (IMPLS, MEMORY_RULES, STAGES, check_layer_pass, derive_stage, peer_params,
+                                          run_stage, setup_stage)
+from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, divides, one_of,
+                                   registered, top_k_within_experts, whole)
 
 
 def check_params(p: dict) -> dict:
@@ -71,6 +72,13 @@ class MoELayerSuite(Suite):
 
 SUITE = MoELayerSuite(
     name="moe-layer",
+    schema={"impl": one_of(*IMPLS), "stage": one_of(*STAGES, "layer"), "ranks": whole(1, 65536),
+            "backend": one_of("gloo"), "tokens": whole(0), "d_model": whole(1, 2 ** 16),
+            "d_ffn": whole(1, 2 ** 16), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
+            "capacity_factor": Param(float, 0.01, 1000.0), "gemm": registered("gemm", grouped_gemm_names),
+            "dtype": one_of("float32", "bfloat16"), "device": DEVICE, "threads": THREADS},
+    rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
+           *MEMORY_RULES),
     params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
             "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
             "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import SEED, Metric, Param, Suite, one_of, whole
 
 CONFIG_KEYS = ("model", "pp", "ep", "dp", "schedule", "micro_batches", "micro_batch_size", "steps",
                "lr", "seed")
@@ -115,8 +115,20 @@ def report_of(record: dict) -> dict:
             "config": asdict(cfg), "model_config": asdict(cfg.model_config())}
 
 
+def _known_model(key: str) -> None:
+    from moe_repro.components.model.zoo import get_model
+
+    try:
+        get_model(key)
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+
 SUITE = Suite(
     name="pp-ep-train",
+    schema={"model": Param(str, check=_known_model, bad=("nosuch",)), "pp": whole(1, 64),
+            "ep": whole(1, 1024), "dp": whole(1, 1024), "schedule": one_of("1f1b", "gpipe", "interleaved"),
+            "micro_batches": whole(1, 1024), "micro_batch_size": whole(1, 1024), "steps": whole(1, 10 ** 5),
+            "lr": Param(float, 1e-12, 10.0), "seed": SEED, "backend": one_of("gloo", "nccl")},
     params={"model": ["tiny-moe"], "pp": [2], "ep": [1], "dp": [1], "schedule": ["1f1b"],
             "micro_batches": [4], "micro_batch_size": [2], "steps": [4], "lr": [1e-3],
             "seed": [0], "backend": ["gloo"]},

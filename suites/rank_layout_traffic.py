@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, divides, fits_in_memory,
+                                   one_of, whole)
 
 KINDS = {"alltoall": "a2a", "allreduce": "grad-allreduce"}  # metric prefix -> logged phase prefix
 CLASSES = ("intra_node", "inter_node")
@@ -112,6 +113,15 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="rank-layout-traffic",
+    schema={"order": one_of("ep-first", "dp-first"), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
+            "ep": whole(1, 4096), "tokens": whole(1), "top_k": whole(1, 2 ** 10), "hidden": whole(1, 2 ** 16),
+            "expert_params": whole(1, 2 ** 34), "seed": SEED, "uniform": Param(bool)},
+    rules=(Rule(lambda p: not p["uniform"] or int(p["tokens"]) * int(p["top_k"]) % int(p["ep"]) == 0,
+                "uniform routing needs tokens * top_k ({tokens} * {top_k}) divisible by ep={ep}",
+                {"uniform": "true", "tokens": "3", "top_k": "1", "ep": "2", "nodes": "1"}),
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["tokens"]) * int(p["top_k"])
+                                                           * int(p["hidden"]) + 2 * int(p["expert_params"])),
+                          {"expert_params": str(2 ** 34)})),
     params={"order": ["ep-first", "dp-first"], "nodes": [2], "gpus_per_node": [2], "ep": [2],
             "tokens": [64], "top_k": [2], "hidden": [32], "expert_params": [4096], "seed": [0],
             "uniform": [False]},

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Suite, divides, fits_in_memory, one_of,
+                                   top_k_within_experts, whole)
 
 VARIANTS = ("tp_ep", "ssmb")
 RTOL, ATOL = 1e-4, 1e-5
@@ -74,6 +75,19 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="ssmb-memory",
+    schema={"variant": one_of(*VARIANTS), "ranks": whole(1, 65536), "backend": one_of("gloo"),
+            "seq": whole(1), "hidden": whole(1, 2 ** 16), "dense_ffn": whole(1, 2 ** 16),
+            "experts": whole(1, 2 ** 16), "expert_ffn": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
+            "seed": SEED},
+    rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3"}),
+           divides("ranks", "dense_ffn", {"ranks": "4", "dense_ffn": "6", "experts": "16"}),
+           # every rank builds the whole model and sequence (float32), activations kept for backward
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["hidden"]) * int(p["dense_ffn"])
+                                                           + 2 * int(p["experts"]) * int(p["hidden"])
+                                                           * int(p["expert_ffn"]) + 8 * int(p["seq"])
+                                                           * int(p["top_k"]) * max(int(p["hidden"]),
+                                                                                   int(p["expert_ffn"]))),
+                          {"seq": str(2 ** 20), "hidden": str(2 ** 16)})),
     choices={"variant": VARIANTS, "backend": ("gloo",)},
     params={"variant": list(VARIANTS), "ranks": [1, 2, 4], "backend": ["gloo"], "seq": [1024],
             "hidden": [64], "dense_ffn": [128], "experts": [16], "expert_ffn": [32], "top_k": [4],

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import SEED, Metric, Rule, Suite, fits_in_memory, one_of, whole
 
 IMPLS = ("sharded", "dense")
 RTOL, ATOL = 1e-4, 1e-5
@@ -131,6 +131,14 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="vocab-loss",
+    schema={"impl": one_of(*IMPLS), "ranks": whole(1, 65536), "backend": one_of("gloo"),
+            "tokens": whole(1), "hidden": whole(1, 2 ** 16), "vocab": whole(1, 2 ** 24), "seed": SEED},
+    rules=(Rule(lambda p: int(p["ranks"]) <= int(p["vocab"]), "ranks={ranks} exceeds vocab={vocab} "
+                "(every rank holds a slice of the vocabulary)", {"ranks": "4", "vocab": "2"}),
+           # the full projection, logits and their gradient on every rank (float32)
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["hidden"]) * int(p["vocab"])
+                                                           + 3 * int(p["tokens"]) * int(p["vocab"])),
+                          {"tokens": str(2 ** 20), "vocab": str(2 ** 24)})),
     choices={"impl": IMPLS, "backend": ("gloo",)},
     params={"impl": list(IMPLS), "ranks": [1, 2, 4], "backend": ["gloo"], "tokens": [2048],
             "hidden": [256], "vocab": [32768], "seed": [0]},

@@ -22,3 +22,67 @@ def test_torchrun_four_ranks_exit_zero(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "terminate called" not in r.stderr
     assert [rec["algo"] for rec in json.loads(out.read_text())["records"]] == ["flat", "halo"]
+
+
+def _run_as_launched_rank(args: list[str], monkeypatch, tmp_path, rank: int, **env) -> tuple[int, str]:
+    """``repro bench ...`` in this process as rank ``rank`` of a 4-rank world the environment
+    describes (torchrun's variables unless ``env`` gives others); nothing may start a world."""
+    import contextlib
+    import io
+
+    import moe_repro.suites.runner as runner
+    from moe_repro.cli import main
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MOE_REPRO_WORKER",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in ({"WORLD_SIZE": "4", "RANK": str(rank), "LOCAL_WORLD_SIZE": "4",
+                         "TORCHELASTIC_RUN_ID": "test"} if not env else env).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MOE_REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(runner, "run_suite", lambda *a, **k: pytest.fail("work started"))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with pytest.raises(SystemExit) as exited:
+            main(["bench", *args])
+    return exited.value.code, err.getvalue()
+
+
+def test_mpi_backend_under_torchrun_is_refused_before_work_saying_what_to_run(monkeypatch, tmp_path):
+    code, err = _run_as_launched_rank(["allreduce", "--backend", "mpi"], monkeypatch, tmp_path, rank=0)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--backend mpi needs a world started by mpiexec/mpirun" in err
+    assert "Run: mpiexec -n 4 repro" in err and "torchrun" in err
+    # the other ranks exit the same way without repeating the line
+    code, err = _run_as_launched_rank(["allreduce", "--backend", "mpi"], monkeypatch, tmp_path, rank=3)
+    assert code == 2 and err == ""
+
+
+def test_a_grid_world_size_other_than_the_launchers_is_refused(monkeypatch, tmp_path):
+    code, err = _run_as_launched_rank(["allreduce", "--ranks", "2"], monkeypatch, tmp_path, rank=0)
+    assert code == 2 and "torchrun started 4 ranks, but the grid asks for 2" in err
+    code, err = _run_as_launched_rank(["alltoall", "--nodes", "4", "--gpus-per-node", "2"], monkeypatch,
+                                      tmp_path, rank=0)
+    assert code == 2 and "the grid asks for 8" in err
+
+
+def test_mpi_backend_under_mpiexec_passes_the_check(monkeypatch, tmp_path):
+    from moe_repro.runtime.launch import check_launched_world
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "MOE_REPRO_WORKER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_SIZE", "4")
+    monkeypatch.setenv("PMI_RANK", "0")
+    check_launched_world({"mpi"}, {4})  # no error: an MPI world of the asked size
+    with pytest.raises(ValueError, match="mpiexec/mpirun started 4 ranks, but the grid asks for 2"):
+        check_launched_world({"mpi"}, {2})
+
+
+@pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not beside this Python")
+def test_torchrun_with_the_mpi_backend_exits_2_on_every_rank(tmp_path):
+    r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(BIN / "repro"),
+                        "--results", str(tmp_path / "store"), "bench", "allreduce", "--backend", "mpi"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert r.stderr.count("--backend mpi needs a world started by mpiexec/mpirun") == 1, r.stderr[-3000:]
+    assert "exitcode  : 2" in r.stderr and not (tmp_path / "store").exists()

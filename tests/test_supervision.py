@@ -51,7 +51,8 @@ def start_job(tmp_path, targets_on_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_dir)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(list(pid_dir.glob("rank-*.pid"))) < 4:
+    # a pid file exists a moment before its pid is written in it: wait for four written ones
+    while len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) < 4:
         assert parent.poll() is None, "the parent died before its ranks started"
         assert time.monotonic() < deadline, "ranks did not start"
         time.sleep(0.1)
@@ -160,3 +161,90 @@ def test_under_mpiexec_the_rank_that_died_is_named(victim, results_dir):
     line = r.stderr.strip().splitlines()[-1]
     named = line.split("rank(s) ", 1)[1].split(" of 4 ended first, killed or crashed")[0]
     assert str(victim) in named.split(", "), line
+
+
+def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_timeout(tmp_path, targets_on_path):
+    # The default 300 s timeout: a SIGSTOPped rank is silent in its heartbeat while the others
+    # beat, so it is reported once the silence passes the hang limit (runtime/launch.py), named
+    # alone, and the job fails then -- the 300 s are never waited for (the join below would
+    # time out first).
+    import threading
+
+    from moe_repro.runtime.launch import HANG_FLOOR_S, RankFailure, run_ranks
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    caught = []
+
+    def job():
+        try:
+            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 600},
+                      world_size=4, timeout_s=300)
+        except RankFailure as e:
+            caught.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert wait_until(lambda: len(list(pid_dir.glob("rank-*.pid"))) == 4, 120)
+    stopped = int((pid_dir / "rank-2.pid").read_text())
+    os.kill(stopped, signal.SIGSTOP)
+    t.join(timeout=HANG_FLOOR_S * 8)
+    assert not t.is_alive(), "the stopped rank was not found from its heartbeat"
+    (err,) = caught
+    assert err.ranks == [2], str(err)
+    assert "no heartbeat for longer than" in str(err) and "rank 2 silent for" in str(err)
+    assert "within 300 s" not in str(err)
+    assert wait_until(lambda: not running(stopped), 10.0)
+
+
+def test_no_handler_of_the_parent_runs_in_a_child_forked_for_a_rank(tmp_path):
+    # A SIGTERM that lands between fork and exec (sent here by the child to itself, at the worst
+    # moment) must not run the parent's Python handler in the child: the rank is forked with the
+    # signal blocked and restores the default disposition before unblocking, so it dies of it.
+    import moe_repro.runtime.launch as launch
+    from moe_repro.runtime import signals
+
+    marker = tmp_path / "handler-ran-in"
+
+    def handler(signum, frame):
+        marker.write_text(str(os.getpid()))
+
+    def preexec():
+        os.kill(os.getpid(), signal.SIGTERM)
+        launch._in_child()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with signals.deferred():
+            child = subprocess.Popen([sys.executable, "-c", "pass"], preexec_fn=preexec)
+        code = child.wait(timeout=60)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not marker.exists(), "the parent's handler ran in the child"
+    assert code == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_a_signal_while_deferred_reaches_the_parent_afterwards(other_thread):
+    # with another thread alive (as the point reader is during a run) the kernel may hand the
+    # signal to that thread, which does not block it: it must still wait for the block's end
+    import threading
+
+    from moe_repro.runtime import signals
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:
+        helper.start()
+    previous = signals.install()
+    reached = False
+    try:
+        with pytest.raises(signals.Interrupted) as ended:
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(0.05)
+                reached = True  # blocked: the handler has not run yet
+    finally:
+        signals.restore(previous)
+        stop.set()
+    assert reached and ended.value.code == 128 + signal.SIGHUP

@@ -134,6 +134,48 @@ def _count(value, where: str) -> int:
     return int(v)
 
 
+# The most GPUs (and NICs) one node may hold: the largest single NVLink domains sold hold 72 to
+# 576 GPUs; a larger count is a typo, and the simulator would model millions of ranks.
+MAX_GPUS_PER_NODE = 1024
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _object_at(d: dict, path: str) -> None:
+    """An optional section, if present, is a JSON object (a number there is named, not an
+    AttributeError deep inside)."""
+    node = d
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ValueError(f"platform profile: {path} must be an object, got {_kind(node)} ({node!r:.40})")
+
+
+def _check_affinity(affinity, gpus: int, nics: int) -> None:
+    """node.gpu_nic_affinity: one list per NIC of the GPUs (0..gpus-1) that inject through it."""
+    if affinity is None:
+        return
+    where = "node.gpu_nic_affinity"
+    if not isinstance(affinity, list) or len(affinity) > nics:
+        raise ValueError(f"platform profile: {where} must be a list of at most node.nics={nics} "
+                         f"lists of GPU indices, got {_kind(affinity)} ({affinity!r:.40})")
+    seen = set()
+    for nic, members in enumerate(affinity):
+        if not isinstance(members, list):
+            raise ValueError(f"platform profile: {where}[{nic}] must be a list of GPU indices, "
+                             f"got {_kind(members)} ({members!r:.40})")
+        for gpu in members:
+            if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus or gpu in seen:
+                raise ValueError(f"platform profile: {where}[{nic}] holds {gpu!r}: GPU indices are "
+                                 f"0..{gpus - 1}, each on one NIC")
+            seen.add(gpu)
+
+
 def from_dict(d: dict) -> Platform:
     """Validate a profile document; ValueError naming the missing or bad field."""
     if not isinstance(d, dict):
@@ -147,6 +189,10 @@ def from_dict(d: dict) -> Platform:
             node = node[part]
         return _number(node, path, positive)
 
+    for path in ("gpu", "node", "network", "efficiency", "node.intra_node", "network.fabric"):
+        _object_at(d, path)
+    if not isinstance(d.get("links", []), list):
+        raise ValueError(f"platform profile: links must be a list, got {_kind(d['links'])}")
     eff = d.get("efficiency", {}).get("network", 1.0)
     if not (isinstance(eff, (int, float)) and 0 < eff <= 1):
         raise ValueError(f"platform profile: efficiency.network must be in (0, 1], got {eff}")
@@ -156,21 +202,32 @@ def from_dict(d: dict) -> Platform:
         for key in ("GBps", "latency_us", "taper"):
             if key in link:
                 _number(link[key], f"links[{i}].{key}", positive=key != "latency_us")
+    gpus = _count(get("node.gpus"), "node.gpus")
+    if gpus > MAX_GPUS_PER_NODE:
+        raise ValueError(f"platform profile: node.gpus must be <= {MAX_GPUS_PER_NODE} (GPUs in one "
+                         f"node), got {gpus}")
+    nics = _count(get("node.nics"), "node.nics")
+    if nics > MAX_GPUS_PER_NODE:
+        raise ValueError(f"platform profile: node.nics must be <= {MAX_GPUS_PER_NODE}, got {nics}")
+    _check_affinity(d["node"].get("gpu_nic_affinity"), gpus, nics)
+    overhead = _number(d.get("framework_overhead_GB", 0.0), "framework_overhead_GB", positive=False)
+    if overhead < 0:
+        raise ValueError(f"platform profile: framework_overhead_GB must be >= 0, got {overhead!r}")
     platform = Platform(
         name=str(d.get("name", "custom")),
-        gpus_per_node=_count(get("node.gpus"), "node.gpus"),
+        gpus_per_node=gpus,
         peak_flops=get("gpu.peak_tflops") * 1e12,
         hbm_bytes=get("gpu.hbm_GB") * GB,
         hbm_bytes_per_s=get("gpu.hbm_GBps") * GB,
         gemm_flops=get("gpu.achievable_gemm_tflops") * 1e12,
         attention_flops=get("gpu.achievable_attention_tflops") * 1e12,
-        nics_per_node=_count(get("node.nics"), "node.nics"),
+        nics_per_node=nics,
         nic_bytes_per_s=get("node.nic_GBps") * GB,
         intra_node_a2a_bytes_per_s=get("node.intra_node_alltoall_GBps_per_gpu") * GB,
         switch_group_nodes=_count(get("network.switch_group_nodes"), "network.switch_group_nodes"),
         rack_nodes=_count(get("network.rack_nodes"), "network.rack_nodes"),
         network_efficiency=float(eff),
-        overhead_bytes=float(d.get("framework_overhead_GB", 0.0)) * GB,
+        overhead_bytes=float(overhead) * GB,
         links=tuple(d.get("links", ())),
         raw=d,
     )

@@ -444,9 +444,12 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
             return False
         return True
 
-    def pp_ok(q: int) -> bool:
+    def pp_ok(q: int) -> bool:  # asked only of a PP degree the user fixed
         if q > L:
             rej.add(f"PP {q} > {L} layers")
+            return False
+        if G % q:
+            rej.add(f"PP {q} does not divide the {G} GPUs")
             return False
         return True
 

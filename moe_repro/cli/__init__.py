@@ -18,6 +18,7 @@ import traceback
 import click
 
 from moe_repro import __version__
+from moe_repro.runtime import signals
 
 _EPILOG = """\b
 Examples:
@@ -69,17 +70,35 @@ _register()
 INVOCATION: list[str] | None = None
 
 
+def _speaks() -> bool:
+    """Not a non-zero rank of a launched world (read from the launcher's variables only)."""
+    if os.environ.get("MOE_REPRO_WORKER"):
+        return True
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value) == 0
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     global INVOCATION
     INVOCATION = ["repro", *(sys.argv[1:] if argv is None else argv)]
+    # SIGTERM/SIGHUP end a command as Ctrl-C does: finished results kept, exit 128 + signal
+    previous_handlers = signals.install()
     try:
         code = cli.main(args=argv, prog_name="repro", standalone_mode=False)
+    except signals.Interrupted as e:
+        click.echo(f"repro: interrupted by {e.signal_name} (finished results were kept)", err=True)
+        sys.exit(e.code)
     except click.exceptions.Abort:
         click.echo("repro: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        # One line, whatever the kind of input error (click's own usage errors included).
-        click.echo(f"repro: error: {e.format_message()}", err=True)
+        # One line, whatever the kind of input error (click's own usage errors included); under
+        # torchrun/mpiexec/srun every rank exits with the code, rank 0 alone says why.
+        if _speaks():
+            click.echo(f"repro: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("repro: interrupted (finished results were kept)", err=True)
@@ -90,4 +109,6 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"repro: failed: {type(e).__name__}: {e} (MOE_REPRO_DEBUG=1 for the traceback)",
                    err=True)
         sys.exit(1)
+    finally:
+        signals.restore(previous_handlers)
     sys.exit(code if isinstance(code, int) else 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.finite import FiniteFloatRange
 from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 
@@ -26,7 +27,23 @@ def options_as_params(args: list[str]) -> list[str]:
     return pairs
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+class _BenchCommand(click.Command):
+    """``repro bench``, whose help ends with this machine's local-rank limit and its reason
+    (computed when the help is shown: cores, available memory and the open-file limit)."""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        from moe_repro.runtime.launch import local_rank_limit
+
+        limit, why = local_rank_limit()
+        formatter.write_paragraph()
+        formatter.write_text(f"Local ranks on this machine: at most {limit} ({why}; 8 per core, "
+                             f"256 MiB per rank, 4 open files per peer, whichever is least). A larger "
+                             f"real world is refused before any rank starts, except where the suite "
+                             f"simulates it (alltoall); launch it with torchrun, mpiexec or srun.")
+
+
+@click.command("bench", cls=_BenchCommand,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("suite_name", metavar="SUITE")
 @click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
               help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")
@@ -37,11 +54,11 @@ def options_as_params(args: list[str]) -> list[str]:
               help="Timed samples per grid point (median and spread are over these).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
               help="Untimed calls before the samples.")
-@click.option("--min-sample-s", type=click.FloatRange(0), default=0.01, show_default=True,
+@click.option("--min-sample-s", type=FiniteFloatRange(0), default=0.01, show_default=True,
               help="Each sample repeats the call until it lasts this long (timer resolution).")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the suite's correctness check (#wrong) before timing.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=300.0, show_default=True,
               help="Multi-process suites: kill the world and fail if it runs longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")
@@ -58,7 +75,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     `repro list` names the suites; `repro bench SUITE --show-params` lists a suite's parameters.
 
-    A world this machine cannot hold is simulated, never refused: `repro bench alltoall --nodes
+    A world this machine cannot hold is simulated where the suite can simulate (alltoall), and
+    refused before any rank starts where it cannot (the limit is at the end): `repro bench alltoall --nodes
     16` (more than 16 local ranks, no launcher) predicts it on dgx-h100 -- 8 H100 GPUs and 8
     400 Gb/s NICs per node on a rail-optimised fabric, the cluster most MoE training runs on --
     and says so in its first line; `--platform frontier|h200|FILE.json` picks another profile.
@@ -68,7 +86,13 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     Every record holds its parameters and metrics as flat keys (median, plus _iqr, _min, _max),
     the raw samples, and, where the suite checks its output, `wrong` and `correct`. Results are
-    stored in the results store even when interrupted (the records that finished are kept).
+    stored in the results store even when interrupted (the records that finished are kept, marked
+    `interrupted: true`): by Ctrl-C, SIGTERM or SIGHUP alike (exit 130, 143, 129).
+
+    Every parameter is checked against the suite's declaration (--show-params prints each one's
+    range) before any rank starts; a bad value is one line, exit 2. A rank whose heartbeat stops
+    for longer than max(15 s, 10 x the slowest heartbeat gap so far) while the others beat is
+    reported as hung at once, without waiting for --timeout.
     """
 
     if not show_params:  # where results go is checked first: a run must never end unable to keep them
@@ -79,7 +103,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
     from moe_repro.runtime.device import check_device, check_world_device
-    from moe_repro.runtime.launch import RankFailure, launched_world_size
+    from moe_repro.runtime.launch import RankFailure, launched_rank, launched_world_size
+    from moe_repro.runtime.signals import Interrupted, deferred
     from moe_repro.reports.terminal import format_records
     from moe_repro import catalog
     from moe_repro.suites import get_suite
@@ -107,7 +132,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo(f"{suite.name}: {suite.description}")
         for key, default in suite.params.items():
             quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
-            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}"
+            allowed = f" [{suite.schema[key].describe()}]" if key in suite.schema else ""
+            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}{allowed}"
                        f"\n      {suite.param_help.get(key, '')}".rstrip())
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
@@ -117,13 +143,14 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []
 
+    speaks = launched_rank() in (None, 0)  # under a launcher, one line per job: rank 0's
     simulated = {str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")}
-    if simulated:
+    if simulated and speaks:
         # first line of output: the numbers below are predictions, and why
         click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
                                                for name, why in simulated.items())
                    + ": every number below is a prediction of the flow-level simulator, not a measurement")
-    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen")):
+    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks):
         click.echo(line)  # what --backend auto picked, and why
 
     def progress(i: int, n: int, point: dict) -> None:
@@ -141,8 +168,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     try:
         run_suite(suite, grid, config, progress=progress, done=records.append)
-    except KeyboardInterrupt:
-        finish(interrupted=True)
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
+        with deferred():  # a second signal waits until the finished records are stored
+            finish(interrupted=True)
         raise
     except RankFailure as e:
         finish(error=str(e))
@@ -152,9 +180,10 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         raise BadInput(str(e)) from None
     if launched_world_size() and not records:
         return  # under an external launcher only rank 0 reports and stores
-    record = suite_record(suite, records)
-    click.echo(format_records(record))
-    finish(record=record)
+    with deferred():  # every point finished: a signal now waits until the record is stored
+        record = suite_record(suite, records)
+        click.echo(format_records(record))
+        finish(record=record)
     wrong = [r for r in records if r.get("correct") is False]
     if wrong:
         raise RunFailure(f"{len(wrong)} record(s) failed the correctness check (#wrong > 0)")

@@ -7,6 +7,7 @@ import sys
 import click
 
 from moe_repro.cli.errors import OutputFile
+from moe_repro.cli.finite import FiniteFloatRange
 
 _HELP = """Compare CURRENT results against BASELINE results; fail on regressions.
 
@@ -49,7 +50,7 @@ Exit codes (CI can tell "slower" from "broken"):
               help="Minimum change of a measured median that counts (e.g. 5% or 0.05).")
 @click.option("--suite-threshold", "suite_thresholds", multiple=True, metavar="NAME=PCT",
               help="Per-suite threshold, e.g. --suite-threshold alltoall=15% (repeatable).")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True,
+@click.option("--alpha", type=FiniteFloatRange(0, 1, min_open=True), default=0.05, show_default=True,
               callback=lambda ctx, param, value: _finite(param, value),
               help="Significance level of the Mann-Whitney U test.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,

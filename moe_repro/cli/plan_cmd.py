@@ -263,6 +263,14 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
                            etp=etp)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    if not pl.candidates:
+        # a degree the user fixed that breaks a rule on its own: say what does not divide,
+        # not "none fits"
+        for name, value in (("tp", tp), ("ep", ep), ("pp", pp), ("cp", cp), ("etp", etp)):
+            why = [r["reason"] for r in pl.rejected if value is not None
+                   and r["reason"].startswith(f"{name.upper()} {value}")]
+            if why:
+                raise BadInput(f"--{name} {value}: {'; '.join(why)}")
     click.echo(format_parallel(pl, model.name, top))
     if json_path:
         atomic_write_json(json_path, {"method": "parallel", **pl.to_dict()}, make_parents=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
     from moe_repro import catalog
 
     known = dict(sorted((rid, r) for rid, r in catalog.REPRODUCTIONS.items() if r.implemented))
-    if how:
+    if how is not None:  # --how '' selects nothing: an error, not "no filter"
         allowed = {h.strip().upper() for h in how.split(",")}
         if not allowed <= {"A", "M", "R", "S"}:
             raise BadInput(f"--how takes letters A (analytic), M (Monte Carlo), R (real), "
@@ -138,6 +139,9 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
             out[key] = float(value) if "." in value or "e" in value.lower() else int(value)
         except ValueError:
             out[key] = value
+        if value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") or (
+                isinstance(out[key], float) and not math.isfinite(out[key])):
+            raise BadInput(f"--param {key}: {value!r} is not a finite number")
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from moe_repro.cli.finite import FiniteFloatRange
 from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 
 # fp32 end to end: distributed and single-process gradients agree to rounding (summation order).
@@ -110,7 +111,7 @@ def _check_fits_in_memory(cfg, launched: bool) -> None:
                    "and RBD's pilots follow it.")
 @click.option("--check-reference", is_flag=True,
               help="Also run the same steps in one process and report reference_max_abs_diff.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=600.0, show_default=True,
               help="Kill every rank and fail if the run takes longer (s).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the report (losses, tokens_per_s, per_stage, bubble, time split, MFU).")
@@ -142,6 +143,13 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
         raise BadInput(str(e).strip("'\"")) from None
     launched = launched_world_size()
     _check_fits_in_memory(cfg, launched=bool(launched))
+    if not launched:
+        from moe_repro.runtime.launch import local_rank_limit
+
+        limit, why = local_rank_limit()
+        if cfg.world_size > limit:  # refused before any rank starts
+            raise BadInput(f"dp x pp x ep = {cfg.world_size} local ranks; this machine runs at most "
+                           f"{limit} ({why}); start a larger world with torchrun, mpiexec or srun")
     if launched:
         from moe_repro.runtime.device import auto_backend
 
