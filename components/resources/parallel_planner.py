@@ -233,6 +233,19 @@ def _layers(m: MoEModel, seq: int) -> tuple[_Layer, _Layer]:
     return dense, moe
 
 
+def _elementwise_bytes(m: MoEModel, moe: bool, seq: int, t: int, sp: bool, flash: bool,
+                       dropout: bool) -> float:
+    """HBM bytes of one layer's non-GEMM kernels per token of the sequence on one GPU of the TP
+    group, forward only (formulas.elementwise_bytes_per_token)."""
+    if moe:
+        f = m.top_k * m.d_ffn + m.n_shared * (m.d_ffn_shared or m.d_ffn)
+    else:
+        f = m.d_ffn_dense or 0
+    f += m.d_ffn_residual or 0
+    return F.elementwise_bytes_per_token(m.d_model, m.heads, seq, f, m.n_mat, t, sp or moe and t > 1, flash,
+                                         dropout, m.top_k if moe and m.n_experts > 1 else 0)
+
+
 def _split(L: int, parts: int) -> list[int]:
     """Layers per part: the first L mod parts get one more (memory_model.stage_layers' rule)."""
     base, extra = divmod(L, parts)
@@ -413,7 +426,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     long_seq = seq >= CP_FROM_SEQ
     ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
                kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor, m.d_ffn)
+               capacity_factor, m.d_ffn, dropout)
 
     # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
@@ -615,6 +628,7 @@ class _Ctx:
     hbm: float
     cf: float
     d_ffn: int
+    dropout: bool = False
 
 
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
@@ -735,7 +749,26 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             extra_mm = rd * dl.mm + rm * ml.mm
             extra_core = core if kind == "selective" else rec * dl.core
             core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
-            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s
+            if not ctx.flash:
+                # materialised scores: the batched GEMMs compute every score (the causal mask is
+                # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
+                # of each token (2 B each): a roofline of the attention rate and HBM per pass
+                def core_pass(layers: float) -> float:
+                    return max(2 * layers * dl.core / ctx.p.attention_flops,
+                               layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
+                core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
+                    * tokens_gpu
+            # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
+            # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
+            ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
+            ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
+                         for x, moe in zip(ew, (False, True))]
+            ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
+            ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
+                (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
+            tokens_seq = mb * seq / c
+            elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
+            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
             tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
             if t > 1:
                 tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
