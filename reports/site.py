@@ -22,6 +22,7 @@ from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
 from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
+from moe_repro.reports.validation_page import write_validation_page
 
 
 def _paper_facts(paper: catalog.Paper) -> dict:
@@ -101,6 +102,7 @@ def build_site(store, out_dir: str | Path) -> Path:
                        "when": latest.timestamp if latest else None})
 
     write_peers_page(store, out)
+    write_validation_page(store, out)
     papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
                "grades": _sum_counts(r["summary"] for r in rows),
                "agreement": grading.agreement_line(

@@ -71,3 +71,21 @@ def test_validate_command_prints_each_predictor_and_writes_json(tmp_path):
 def test_validate_refuses_an_unknown_predictor():
     r = CliRunner().invoke(cli, ["validate", "--predictor", "nope"])
     assert r.exit_code == 2
+
+
+def test_validation_page_from_the_stored_result(tmp_path):
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.reports.validation_page import write_validation_page
+
+    store = ResultsStore(tmp_path / "results")
+    site = tmp_path / "site"
+    site.mkdir()
+    page = write_validation_page(store, site).read_text()
+    assert "Not yet run" in page
+    r = CliRunner().invoke(cli, ["--results", str(store.root), "validate", "--predictor", "alltoall-bandwidth"])
+    assert r.exit_code == 0, r.output
+    page = write_validation_page(store, site).read_text()
+    assert "Not yet run" not in page and "deepep-dispatch-ep8" in page and "Calculon" in page
+    assert (site / "validation-alltoall-bandwidth.png").stat().st_size > 0
+    doc = json.loads((store.root / "validation" / "validation.json").read_text())
+    assert page.count("<tr>") >= 1 + len(doc["points"])  # the summary row and one row per point

@@ -49,7 +49,8 @@ def format_report(summaries, doc: dict) -> str:
               help="Score only this predictor (repeatable; default all).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write every scored point and the per-predictor MAPE and max error to this file.")
-def command(predictors, json_path) -> None:
+@click.pass_obj
+def command(store, predictors, json_path) -> None:
     """Score each predictor against published measurements of real clusters and print, per
     predictor, the mean and maximum absolute percentage error, then every point with its source.
 
@@ -64,8 +65,13 @@ def command(predictors, json_path) -> None:
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_report(summaries, doc))
+    payload = {"summaries": [s.to_dict() for s in summaries],
+               "points": [x.to_dict() for s in summaries for x in s.scored],
+               "parameters": doc.get("parameters", []), "anchors": doc.get("anchors", [])}
+    if store is not None:  # the site's validation page reads the latest stored result
+        from moe_repro.reports.validation_page import STORED
+
+        path = atomic_write_json(store.root / STORED, payload)
+        click.echo(f"stored: {path}")
     if json_path:
-        atomic_write_json(json_path, {"summaries": [s.to_dict() for s in summaries],
-                                      "points": [x.to_dict() for s in summaries for x in s.scored],
-                                      "parameters": doc.get("parameters", []),
-                                      "anchors": doc.get("anchors", [])})
+        atomic_write_json(json_path, payload)
