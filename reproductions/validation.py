@@ -148,8 +148,9 @@ def predict_step_time(point: dict) -> tuple[float | None, str]:
     if best is None:
         why = pl.candidates[0].why_not if pl.candidates else "; ".join(r["reason"] for r in pl.rejected[:1])
         return None, f"no feasible layout: {why}"
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in best.parts.items() if v > 0)
     return best.step_s, (f"VPP {best.vpp}, micro-batch {best.micro_batch}, M {best.micro_batches}, "
-                         f"MFU {best.mfu:.1%}")
+                         f"MFU {best.mfu:.1%}; seconds: {parts}")
 
 
 def predict_memory(point: dict) -> tuple[float | None, str]:
@@ -159,7 +160,7 @@ def predict_memory(point: dict) -> tuple[float | None, str]:
         return None, "rejected: " + "; ".join(r["reason"] for r in pl.rejected[:2])
     mem = c.memory
     terms = ", ".join(f"{k} {mem[k] / GiB:.1f}" for k in ("weights", "grads", "optimizer", "activations", "buffers"))
-    missing = point["layout"].get("not_modelled") or []
+    missing = list(point["layout"].get("not_modelled") or []) + list(point.get("named_differences") or [])
     note = terms + (f"; not modelled: {', '.join(missing)}" if missing else "")
     return mem["total"] / GiB, note
 
