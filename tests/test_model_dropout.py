@@ -49,3 +49,9 @@ def test_repro_plan_uses_the_models_dropout_unless_told():
 
     default, on, off = activ([]), activ(["--dropout"]), activ(["--no-dropout"])
     assert default == on and off < on
+
+
+def test_dropout_flag_is_refused_by_the_piper_method():
+    r = CliRunner().invoke(cli, ["plan", "--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "8",
+                                 "--method", "piper", "--dropout"])
+    assert r.exit_code == 2 and "--dropout" in r.output
