@@ -97,7 +97,9 @@ def megatron_gpt(layers: int, hidden: int, heads: int, vocab: int, dropout: bool
     return MoEModel(key=f"megatron-gpt-{layers}x{hidden}", name=f"Megatron GPT ({layers} x {hidden})",
                     layers=layers, moe_layers=0, d_model=hidden, d_ffn=4 * hidden, d_ffn_dense=4 * hidden,
                     n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=hidden // heads, vocab=vocab,
-                    tie_embeddings=True, family="dense", source="Narayanan et al. SC'21 Table 1")
+                    tie_embeddings=True, family="dense", dropout=dropout,
+                    source="Narayanan et al. SC'21 Table 1; dropout: Megatron-LM's --hidden-dropout and "
+                           "--attention-dropout default 0.1")
 
 
 def _model(spec: dict):
@@ -130,7 +132,8 @@ def _plan(point: dict):
     return m, p, plan_parallel(m, p, gpus // p.gpus_per_node, seq=spec["seq"], precision=lay["precision"],
                                zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
                                cp=lay.get("cp"), flash_attention=lay["flash_attention"],
-                               dropout=bool(getattr(m, "dropout", False)), **kw)
+                               dropout=bool(getattr(m, "dropout", False)),
+                               overlap_dp=lay.get("overlap_dp", True), **kw)
 
 
 def measured_step_time(point: dict) -> float:

@@ -368,14 +368,17 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                   recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
                   ep: int | None = None, cp: int | None = None, vpp: int | None = None,
                   micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
-                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None) -> ParallelPlan:
+                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None,
+                  overlap_dp: bool = True) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
     searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
     is reported among the rejected, not raised); ``sp`` fixes sequence parallelism for TP > 1;
     ``micro_batches`` fixes M; ``flash_attention`` (default) keeps no attention scores;
     ``dropout`` adds Korthikanti's dropout masks; ``capacity_factor`` scales routed copies and
-    all-to-all bytes. ValueError for malformed input (non-positive numbers, unknown preset,
+    all-to-all bytes; ``overlap_dp=False``: ZeRO 0/1 reduce (and gather) once per step after the
+    last backward, exposed (Megatron-LM before --overlap-grad-reduce: train_step calls
+    allreduce_gradients() after forward_backward_func returns). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode)."""
     t0 = time.perf_counter()
     for name, val in (("nodes", nodes), ("seq", seq), ("capacity_factor", capacity_factor)):
@@ -426,7 +429,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     long_seq = seq >= CP_FROM_SEQ
     ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
                kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor, m.d_ffn, dropout)
+               capacity_factor, m.d_ffn, dropout, overlap_dp)
 
     # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
@@ -629,6 +632,7 @@ class _Ctx:
     cf: float
     d_ffn: int
     dropout: bool = False
+    overlap_dp: bool = True
 
 
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
@@ -910,7 +914,9 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
                 ag_b += F.allgather_bytes(n_params * prec.weights, n)
     t_grad, t_ag = grad_b / dp_bw, ag_b / dp_bw
     bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
-    if z in (0, 1):
+    if z in (0, 1) and not ctx.overlap_dp:
+        dp_s = t_grad + t_ag  # once per step, after the last backward, nothing to hide behind
+    elif z in (0, 1):
         dp_s = max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
     elif z == 2:
         dp_s = M * max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
