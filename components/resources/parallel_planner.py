@@ -61,7 +61,11 @@ Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
 Step time (slowest stage; communication dimensions do not contend for links):
   compute per micro-batch = matmul FLOPs / achievable GEMM rate + attention-core FLOPs /
   achievable attention rate (formulas' FLOPs per layer, x 3 for forward + backward, + the
-  recomputed forward); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
+  recomputed forward) + the non-GEMM kernels' HBM bytes (formulas.elementwise_bytes_per_token:
+  norms, activations, bias-dropout-add, and without FlashAttention the softmax and dropout of the
+  scores; backward 1.5 x forward) / HBM bandwidth; without FlashAttention the score GEMMs are a
+  roofline of the attention rate (every score computed: no causal halving) and HBM (QK^T writes,
+  AV reads a s scores per token); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
   bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
   MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
   dispatched tokens over the expert-TP group after the EP all-to-all
@@ -82,6 +86,7 @@ Step time (slowest stage; communication dimensions do not contend for links):
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -233,6 +238,7 @@ def _layers(m: MoEModel, seq: int) -> tuple[_Layer, _Layer]:
     return dense, moe
 
 
+@functools.lru_cache(maxsize=4096)  # called per stage and recompute mode of every layout searched
 def _elementwise_bytes(m: MoEModel, moe: bool, seq: int, t: int, sp: bool, flash: bool,
                        dropout: bool) -> float:
     """HBM bytes of one layer's non-GEMM kernels per token of the sequence on one GPU of the TP
@@ -593,6 +599,9 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
     assumptions = _assumptions(m, p, seq, B, G, prec, precision, flash_attention, dropout, capacity_factor,
                                peak_given, long_seq, cp, global_batch is not None, micro_batches)
+    if not overlap_dp:
+        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
     return ParallelPlan(
         model=m.key, platform=p.name, nodes=nodes, gpus_per_node=g, gpus=G, seq=seq, global_batch=B,
         precision=precision if isinstance(precision, str) else "custom",
@@ -973,7 +982,9 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         f"compute: formulas' FLOPs per layer (causal attention halved, as Megatron-LM counts), "
         f"matmuls at the achievable {p.gemm_flops / 1e12:g} TFLOPS, attention core at "
         f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
-        "modelled); backward = 2 x forward; recompute adds the recomputed forward; every stage "
+        "modelled); backward = 2 x forward; recompute adds the recomputed forward; non-GEMM kernels "
+        f"(norms, activations, bias-dropout-add{', softmax and dropout of the scores' if not flash else ''}) "
+        f"at HBM {p.hbm_bytes_per_s / 1e9:g} GB/s; every stage "
         "runs at the pace of the slowest (uneven splits put extra layers on the first stages)",
         f"communication: formulas' bytes; TP/SP, CP and EP inside a node at {p.intra_node_a2a_bytes_per_s / 1e9:g} "
         f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "
