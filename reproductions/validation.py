@@ -131,7 +131,7 @@ def _plan(point: dict):
         kw["global_batch"] = lay["global_batch"]
     return m, p, plan_parallel(m, p, gpus // p.gpus_per_node, seq=spec["seq"], precision=lay["precision"],
                                zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
-                               cp=lay.get("cp"), flash_attention=lay["flash_attention"],
+                               cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],
                                dropout=bool(getattr(m, "dropout", False)),
                                overlap_dp=lay.get("overlap_dp", True), **kw)
 
