@@ -64,6 +64,61 @@ def test_fit_keeps_costs_non_negative_and_refuses_what_it_cannot_fit():
         ns.fit_alltoall_terms([(2, 2, 1e3), (2, 2, 1e7)], [1e-3, 0.0])
 
 
+def test_fit_takes_the_known_host_work_off_before_fitting_the_messages():
+    # synthetic runs: the serial model's time plus a known host part k per run (random sizes)
+    import random
+
+    rng = random.Random(7)
+    terms, times, known = [], [], []
+    for n in (2, 4, 8):
+        for _ in range(4):
+            b = rng.randrange(1 << 8, 1 << 23)
+            msgs, topo = flat_uniform(n, b)
+            terms.append(ns.alltoall_time_terms(msgs, topo, FLAT_DEPS, CORES))
+            known.append(rng.uniform(1e-5, 5e-3))
+            times.append(flat_uniform_time_by_hand(n, b) + known[-1])
+    fit = ns.fit_alltoall_terms(terms, times, known)
+    assert fit["latency_s"] == pytest.approx(L_TRUE, rel=1e-6)
+    assert fit["per_message_s"] == pytest.approx(O_TRUE, rel=1e-6)
+    assert fit["bytes_per_s"] == pytest.approx(BETA_TRUE, rel=1e-6)
+    assert max(abs(r) for r in fit["residuals"]) < 1e-9
+    # without k the same runs do not fit exactly: the host part is not a message cost
+    assert max(abs(r) for r in ns.fit_alltoall_terms(terms, times)["residuals"]) > 1e-3
+    with pytest.raises(ValueError, match="known parts"):
+        ns.fit_alltoall_terms(terms[:2], times[:2], [-1.0, 0.0])
+
+
+def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_by_cores():
+    # 120 ops at 10 us and 4 MB at 2 GB/s = 1.2 ms + 2 ms; 8 ranks on 2 cores take 4 times as long
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2) == pytest.approx(3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2) == pytest.approx(4 * 3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, None) == pytest.approx(3.2e-3, rel=1e-12)
+    with pytest.raises(ValueError):
+        ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
+
+
+def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives():
+    import torch
+
+    from moe_repro.suites.alltoall import count_host_work
+
+    g = torch.Generator().manual_seed(3)
+    rows, width = int(torch.randint(5, 50, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+    x = torch.randn(rows, width, generator=g)
+    idx = torch.randperm(rows, generator=g)[: rows // 2]
+    out = torch.zeros(rows, width)
+
+    def work():
+        picked = x.index_select(0, idx)        # writes len(idx) rows
+        out.index_copy_(0, idx, picked)        # in place: writes its source's rows
+        x[1:3].view(-1)                        # two views: ops, no bytes
+
+    got = count_host_work(work)
+    assert got["ops"] == 4
+    assert got["bytes"] == 2 * idx.numel() * width * 4
+    assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0}
+
+
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
 
 def test_bad_points_are_refused_before_anything_runs():
