@@ -91,13 +91,16 @@ def routed_messages(point: dict):
 
 def predict(point: dict, fit: dict, cores: int) -> dict:
     """Simulated time and bytes per link class of one alltoall point on the local profile of an
-    all-to-all fit (``latency_us``, ``per_message_us``, ``GBps``)."""
+    all-to-all fit (``latency_us``, or ``latency_us_by_ranks`` at the point's ranks count,
+    ``per_message_us``, ``GBps``)."""
     from moe_repro.components.network import simulator as ns
     from moe_repro.components.network.platform import from_dict
     from moe_repro.components.network.topology import bytes_by_link_class
 
     msgs, topo, deps = routed_messages(point)
-    doc = ns.local_alltoall_profile(fit["latency_us"] * 1e-6, fit["per_message_us"] * 1e-6,
+    # the latency fitted at this ranks count where the fit had one (else its median)
+    latency_us = (fit.get("latency_us_by_ranks") or {}).get(str(int(point["ranks"])), fit["latency_us"])
+    doc = ns.local_alltoall_profile(latency_us * 1e-6, fit["per_message_us"] * 1e-6,
                                     fit["GBps"] * 1e9, topo.ranks_per_node, cores)
     res = ns.simulate_messages(msgs, topo, from_dict(doc), deps)
     lb = bytes_by_link_class(msgs, topo)
@@ -196,8 +199,11 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
         terms.append(ns.alltoall_time_terms(msgs, topo, deps, cores))
         times.append(rec["time_s"])
         known.append(host_s({**rec, "ranks": point["ranks"]}, prices, cores))
-    fit = ns.fit_alltoall_terms(terms, times, known)
+    # One latency per ranks count: a phase's synchronisation of n ranks, which grows once the
+    # ranks outnumber the cores the machine gives them (the count exchange is such a phase).
+    fit = ns.fit_alltoall_terms(terms, times, known, groups=[int(p["ranks"]) for p in points])
     block = {"backend": backend, "latency_us": fit["latency_s"] * 1e6,
+             "latency_us_by_ranks": {str(n): v * 1e6 for n, v in fit["latency_s_by_group"].items()},
              "per_message_us": fit["per_message_s"] * 1e6, "GBps": fit["bytes_per_s"] / 1e9,
              **prices, "host_cores": cores,
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
