@@ -157,6 +157,30 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
                     "calibration": [str(path)]})
 
 
+def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_prices(tmp_path):
+    """derive: the simulated messages (derived_params) plus the host work counted on the run
+    (ops, bytes on the busiest rank), priced by the calibration block, 4 ranks on 2 cores."""
+    from moe_repro.suites import alltoall_validation as v
+
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps({"calibration": {"gloo": {
+        "latency_us": 40.0, "latency_us_by_ranks": {"4": 90.0}, "per_message_us": 250.0, "GBps": 0.6,
+        "host_cores": 2, "host_op_us": 12.0, "pack_GBps": 3.0}}}))
+    suite = all_suites()["alltoall-validation"]
+    (p,) = suite.grid({"ranks": [4], "algo": ["halo"], "sizes": [65536], "calibration": [str(path)]})
+    names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
+    state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0),
+             "host_work": {"ops": 37, "bytes": 3_000_000}}
+    got = v.derive(p, state, 0.01)
+    host = (37 * 12e-6 + 3e6 / 3e9) * 4 / 2
+    assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)
+    assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + host, rel=1e-12)
+    assert got["error_pct"] == pytest.approx(100 * (got["predicted_time_s"] / 0.01 - 1), rel=1e-12)
+    # the 4-rank latency was used, not the median one: 90 us per latency on the critical path
+    with_median = v.predict(p, {"latency_us": 40.0, "per_message_us": 250.0, "GBps": 0.6}, 2)
+    assert p["predicted_time_s"] > with_median["predicted_time_s"]
+
+
 # --- repro calibrate's profile fields (no runs: fits written here) ------------------------------
 
 def test_calibrate_writes_every_fit_and_the_faster_backends_links():
