@@ -75,7 +75,8 @@ def alltoall_point(p: dict) -> dict:
 def routed_messages(point: dict):
     """(messages, topology, phase dependencies) of one real dispatch of an alltoall point: every
     rank's routing rebuilt from its seed (suites/alltoall.rank_workload), the algorithm's
-    ``routed_schedule`` with the count exchange."""
+    ``routed_schedule`` with the count exchange, and the phase order its dispatcher runs them in
+    (``dispatcher_dependencies``)."""
     from moe_repro.components.network.topology import Topology
 
     N = int(point["ranks"])
@@ -86,7 +87,8 @@ def routed_messages(point: dict):
     # from the run's (the record keeps both byte counts).
     msgs = algo.routed_schedule([w["pft"] for w in work], work[0]["placement"], topo,
                                 int(point["hidden"]) * 4, None, with_counts=True)
-    return msgs, topo, algo.phase_dependencies
+    # the order the measured dispatcher's blocking calls impose (RBD: one call after another)
+    return msgs, topo, algo.dispatcher_dependencies
 
 
 def predict(point: dict, fit: dict, cores: int) -> dict:

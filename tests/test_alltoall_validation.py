@@ -119,6 +119,31 @@ def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives(
     assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0}
 
 
+def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
+    """The local prediction follows the dispatcher's call order: for every registered
+    all-to-all it covers the same phases and keeps every dependency the algorithm states (a
+    linear order of the calls may add waits, never drop one)."""
+    from moe_repro.components.alltoall import algorithm_names, get_algorithm
+
+    def before(deps, phase):  # every phase ``phase`` waits for, transitively
+        seen, todo = set(), list(deps[phase])
+        while todo:
+            q = todo.pop()
+            if q not in seen:
+                seen.add(q)
+                todo += deps[q]
+        return seen
+
+    for name in algorithm_names():
+        algo = get_algorithm(name)
+        own, calls = algo.phase_dependencies, algo.dispatcher_dependencies
+        assert set(calls) == set(own), name
+        for phase in own:
+            assert before(own, phase) <= before(calls, phase), (name, phase)
+    rbd = get_algorithm("rbd").dispatcher_dependencies
+    assert before(rbd, "replica") == {"counts", "meta", "pilot", "replica_meta"}  # one call after another
+
+
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
 
 def test_bad_points_are_refused_before_anything_runs():
