@@ -348,9 +348,9 @@ def setup(params: dict, ctx) -> dict:
     comms.set_log(log)
     work = count_host_work(lambda: _dispatch(state))
     comms.set_log(None)
-    ops_bytes = comms.world.allgather_ints([work["ops"], work["bytes"]])
+    counted = comms.world.allgather_ints([work["ops"], work["bytes"], work["fresh_bytes"]])
     # The busiest rank's counts (each maximised on its own: an upper bound when ranks differ).
-    state["host_work"] = {"ops": max(r[0] for r in ops_bytes), "bytes": max(r[1] for r in ops_bytes)}
+    state["host_work"] = {k: max(r[i] for r in counted) for i, k in enumerate(("ops", "bytes", "fresh_bytes"))}
     mine = bytes_by_link_class(log, comms.topo)
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
@@ -367,16 +367,17 @@ _NOT_HOST_WORK_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 def count_host_work(fn) -> dict:
     """Run ``fn`` once and count the host (CPU) work it does outside the collectives: ``ops``,
-    the aten ops it dispatches (each pays the framework's per-op cost), and ``bytes``, what the
-    non-view ones write (packing, reordering, reconstruction: an out-of-place op writes its
-    outputs; an in-place op as much as its largest other tensor argument, e.g. index_copy_'s
-    source). Collectives (c10d ops) and views are not counted. These are counts read off the
+    the aten ops it dispatches (each pays the framework's per-op cost); ``bytes``, what the
+    non-view ones write into existing tensors (an out= op its outputs, an in-place op as much as
+    its largest other tensor argument, e.g. index_copy_'s source); and ``fresh_bytes``, the
+    outputs of out-of-place ops, written into fresh memory (a large one is page-faulted in on
+    first touch: ReusedBuffers). Collectives (c10d ops) and views are not counted. These are counts read off the
     real call, not times: the simulator's host-work term (simulator.host_work_s) prices them
     with per-op and per-byte costs measured apart."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    work = {"ops": 0, "bytes": 0}
+    work = {"ops": 0, "bytes": 0, "fresh_bytes": 0}
 
     def nbytes(t) -> int:
         return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
@@ -392,8 +393,10 @@ def count_host_work(fn) -> dict:
                 if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
                     others = [nbytes(a) for a in tree_flatten((args[1:], kwargs or {}))[0]]
                     work["bytes"] += max(others, default=0) or nbytes(args[0])
-                else:
-                    work["bytes"] += sum(nbytes(o) for o in tree_flatten(out)[0])
+                elif "out" in (kwargs or {}) or func._overloadname.startswith("out"):
+                    work["bytes"] += sum(nbytes(o) for o in tree_flatten(out)[0])  # a reused buffer
+                else:  # a fresh output: its pages are touched for the first time
+                    work["fresh_bytes"] += sum(nbytes(o) for o in tree_flatten(out)[0])
             return out
 
     with Counter():
@@ -469,7 +472,8 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     return {"latency_s": time_s, "inter_node_bytes": lb["inter_node"],
             "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
             "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"],
-            "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"]}
+            "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"],
+            "host_fresh_bytes": state["host_work"]["fresh_bytes"]}
 
 
 # What one dispatch over real ranks yields (also the alltoall-validation suite's measured side).
@@ -485,7 +489,9 @@ DISPATCH_METRICS = [
     Metric("host_ops", "ops", "none",
            description="aten ops one dispatch runs on the busiest rank, collectives left out (counted)"),
     Metric("host_bytes", "B", "none",
-           description="bytes those ops write on the busiest rank: packing, reordering (counted)"),
+           description="bytes those ops write into existing buffers on the busiest rank (counted)"),
+    Metric("host_fresh_bytes", "B", "none",
+           description="bytes those ops write into fresh tensors on the busiest rank (counted)"),
 ]
 
 SUITE = Suite(

@@ -28,9 +28,10 @@ reorder, RBD's pilot selection and reconstruction): the aten ops and the bytes t
 counted on the run's own dispatch (suites/alltoall.count_host_work, in setup) and priced at a
 per-op cost and a packing rate measured on one core apart from any all-to-all
 (measure_host_costs), stretched by ranks / cores when ranks outnumber cores
-(simulator.host_work_s). What it still leaves out (so where errors come from): Python work
-between the ops, the copy regime changing with size (caches), page faults of fresh buffers
-beyond a write's cost, and the machine's other load while it runs. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+(simulator.host_work_s); bytes written into fresh tensors are priced at the measured rate of
+a fresh write (page faults included). What it still leaves out (so where errors come from):
+Python work between the ops, the copy regime changing with size (caches), and the machine's
+other load while it runs. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 5) -> dict:
     of 4 rows of 8 floats, timed in a loop of 2000: the per-op dispatch cost every aten op of a
     dispatch pays), and ``pack_GBps``, the rate of packing rows by index (index_select of
     ``pack_bytes`` of 1 KiB rows in random order into a reused buffer, the per-op cost taken
-    off). Medians of ``repeats`` samples; the spread (max / min) is kept beside each."""
+    off), and ``fresh_GBps``, the same into a fresh tensor (page faults of first touch
+    included). Medians of ``repeats`` samples; the spread (max / min) is kept beside each."""
     import time
 
     import torch
@@ -149,20 +151,28 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 5) -> dict:
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
         out = torch.empty_like(x)
         torch.index_select(x, 0, order, out=out)  # first touch outside the timing
-        pack_samples = []
+        pack_samples, fresh_samples = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
             torch.index_select(x, 0, order, out=out)
             pack_samples.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fresh = torch.index_select(x, 0, order)  # a fresh output, page-faulted in
+            fresh_samples.append(time.perf_counter() - t0)
+            del fresh
     finally:
         torch.set_num_threads(threads)
     op_s = sorted(op_samples)[len(op_samples) // 2]
     pack_s = max(sorted(pack_samples)[len(pack_samples) // 2] - op_s, 1e-9)
+    fresh_s = max(sorted(fresh_samples)[len(fresh_samples) // 2] - op_s, 1e-9)
     return {"host_op_us": op_s * 1e6, "host_op_spread": max(op_samples) / min(op_samples),
             "pack_GBps": x.numel() * 4 / pack_s / 1e9,
             "pack_spread": max(pack_samples) / min(pack_samples),
+            "fresh_GBps": x.numel() * 4 / fresh_s / 1e9,
+            "fresh_spread": max(fresh_samples) / min(fresh_samples),
             "host_measured": f"one thread in the calibrating process: index_select of 4 rows x {loop} "
-                             f"(per op) and of {rows} rows of 1 KiB in random order (packing), "
+                             f"(per op) and of {rows} rows of 1 KiB in random order (packing into a reused "
+                             f"buffer, and into a fresh one), "
                              f"median of {repeats}"}
 
 
@@ -174,7 +184,8 @@ def host_s(record: dict, block: dict, cores: int) -> float:
     if "host_op_us" not in block or "host_ops" not in record:
         return 0.0
     return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
-                          block["pack_GBps"] * 1e9, int(record["ranks"]), cores)
+                          block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
+                          record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9)
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
@@ -209,7 +220,8 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
              "per_message_us": fit["per_message_s"] * 1e6, "GBps": fit["bytes_per_s"] / 1e9,
              **prices, "host_cores": cores,
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
-                     "(ops x host_op_us + host_bytes / pack_GBps) x max(1, ranks / host_cores), "
+                     "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps) x "
+                     "max(1, ranks / host_cores), "
                      "ops and bytes counted on the run's own dispatch (suites/alltoall.count_host_work)",
              "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
                           f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
@@ -220,6 +232,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
         runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "size": point["size"],
                      "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
                      "host_s": host, "host_ops": rec.get("host_ops"), "host_bytes": rec.get("host_bytes"),
+                     "host_fresh_bytes": rec.get("host_fresh_bytes"),
                      "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
                      "bytes_term": term[2]})
     block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
