@@ -256,10 +256,13 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert math.isfinite(r["error_pct"])
         # median of per-sample errors = the error of the median sample (3 repeats)
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9)
-        assert set(r["how"]) == {"time_s", "predicted_time_s", "error_pct"}
+        assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "error_pct"}
+        # the host work is counted on the run and is part of the prediction
+        assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
+        assert calib["host_op_us"] > 0 and calib["pack_GBps"] > 0 and set(calib["latency_us_by_ranks"]) == {"2"}
         # the fit set is flat at sizes the grid does not hold
         assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
         assert all(math.isfinite(run["residual_pct"]) for run in calib["runs"])
