@@ -23,6 +23,7 @@ from moe_repro.reports.export import frame, write
 from moe_repro.reports.figures import render_figure
 from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
+from moe_repro.reports.validation_page import write_validation_page
 
 
 def _paper_facts(paper: catalog.Paper) -> dict:
@@ -91,7 +92,7 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     # What exists comes from the catalog (reports never import the live spec or suite registries).
     out = Path(out_dir)
     by_paper: dict[str, list[dict]] = {key: [] for key in catalog.PAPERS}
-    total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 2  # + peers page + index
+    total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 3  # + peers, validation, index
     step = iter(range(total))
     report = progress or (lambda done, total, what: None)
     for entry in catalog.REPRODUCTIONS.values():
@@ -145,6 +146,8 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
 
     report(next(step), total, "peers page")
     write_peers_page(store, out)
+    report(next(step), total, "validation page")
+    write_validation_page(store, out)
     report(next(step), total, "index")
     papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
                "grades": _sum_counts(r["summary"] for r in rows),

@@ -8,7 +8,9 @@ The paper states a range, not per-point values: "1.1x - 9x lower latency for con
 
 The gain depends on one assumption above all: what a message costs beyond its bytes. So every
 point is simulated under four cost models, side by side (COST_MODELS): the profile's
-overlapped model (1 us of issue time per message, overlapped with transfers), the serial model
+overlapped model (0.454 us of issue time per message, overlapped with transfers, at most 64
+messages in flight: HPE's published osu_mbw_mr message rate on Slingshot-11, see the Frontier
+profile's sources), the serial model
 (all issue costs paid before any byte moves), a window of messages in flight with no issue
 cost, and pure alpha-beta (latency and bandwidth per link, nothing else). The cells graded
 against the paper use the profile's model; the others show what the gain rests on.
@@ -49,7 +51,9 @@ LEFT_OUT = (
     "Frontier's, so taper 1), RCCL's internal channels and proxy threads, and kernel-launch and "
     "packing costs. What the model does contain: NIC injection per GCD pair with GPU-NIC "
     "affinity for both algorithms, max-min sharing of every link class, link-class latencies, "
-    "and a per-message cost (network.per_message_us, an assumption of 1 us).")
+    "and a per-message cost (network.per_message_us) with a window of messages in flight "
+    "(network.window), both from HPE's published osu_mbw_mr run on Slingshot-11 (host-initiated MPI "
+    "from CPU memory, not RCCL from GPU memory; see the Frontier profile's sources).")
 
 
 # name -> (latency model, per-message cost kept?, window kept?) and what it assumes, in words

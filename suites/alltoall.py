@@ -397,11 +397,15 @@ def setup(params: dict, ctx) -> dict:
         state["combine_y"] = 2 * _dispatch(state).clone() + 1
     state["memcpy_s"] = ctx.all_reduce_max(_memcpy_seconds(state["x"], int(params["top_k"])))
 
-    # One logged call: bytes per link class as actually sent, summed over the world.
+    # One logged call: bytes per link class as actually sent, summed over the world, and the
+    # host work of the call (aten ops and the bytes they write; count_host_work).
     log: list = []
     comms.set_log(log)
-    _dispatch(state)
+    work = count_host_work(lambda: _dispatch(state))
     comms.set_log(None)
+    counted = comms.world.allgather_ints([work["ops"], work["bytes"], work["fresh_bytes"]])
+    # The busiest rank's counts (each maximised on its own: an upper bound when ranks differ).
+    state["host_work"] = {k: max(r[i] for r in counted) for i, k in enumerate(("ops", "bytes", "fresh_bytes"))}
     mine = bytes_by_link_class(log, comms.topo)
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
@@ -425,6 +429,50 @@ def _memcpy_seconds(x: torch.Tensor, top_k: int, repeats: int = 5) -> float:
         dst.copy_(src)
         times.append(timer.stop())
     return sorted(times)[len(times) // 2] if x.shape[0] else 0.0
+
+
+# aten ops left out of the host work: the collectives themselves (their cost is the network
+# model's) and ops that only look at a tensor.
+_NOT_HOST_WORK_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+def count_host_work(fn) -> dict:
+    """Run ``fn`` once and count the host (CPU) work it does outside the collectives: ``ops``,
+    the aten ops it dispatches (each pays the framework's per-op cost); ``bytes``, what the
+    non-view ones write into existing tensors (an out= op its outputs, an in-place op as much as
+    its largest other tensor argument, e.g. index_copy_'s source); and ``fresh_bytes``, the
+    outputs of out-of-place ops, written into fresh memory (a large one is page-faulted in on
+    first touch: ReusedBuffers). Collectives (c10d ops) and views are not counted. These are counts read off the
+    real call, not times: the simulator's host-work term (simulator.host_work_s) prices them
+    with per-op and per-byte costs measured apart."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    work = {"ops": 0, "bytes": 0, "fresh_bytes": 0}
+
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace in _NOT_HOST_WORK_NAMESPACES:
+                return out
+            work["ops"] += 1
+            if not func.is_view:
+                name = func.overloadpacket.__name__
+                if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
+                    others = [nbytes(a) for a in tree_flatten((args[1:], kwargs or {}))[0]]
+                    work["bytes"] += max(others, default=0) or nbytes(args[0])
+                elif "out" in (kwargs or {}) or func._overloadname.startswith("out"):
+                    work["bytes"] += sum(nbytes(o) for o in tree_flatten(out)[0])  # a reused buffer
+                else:  # a fresh output: its pages are touched for the first time
+                    work["fresh_bytes"] += sum(nbytes(o) for o in tree_flatten(out)[0])
+            return out
+
+    with Counter():
+        fn()
+    return work
 
 
 def _dispatch(state: dict) -> torch.Tensor:
@@ -502,7 +550,9 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
              "bound_s": bound, "time_over_bound": time_s / bound if bound else float("nan")}
     return {**limit, "latency_s": time_s, "inter_node_bytes": lb["inter_node"],
             "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"]}
+            "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"],
+            "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"],
+            "host_fresh_bytes": state["host_work"]["fresh_bytes"]}
 
 
 # What one dispatch over real ranks yields (also the alltoall-validation suite's measured side).
@@ -515,6 +565,12 @@ DISPATCH_METRICS = [
     Metric("intra_node_bytes", "B", "none",
            description="bytes sent to other ranks of the same node in one call, all ranks"),
     Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)"),
+    Metric("host_ops", "ops", "none",
+           description="aten ops one dispatch runs on the busiest rank, collectives left out (counted)"),
+    Metric("host_bytes", "B", "none",
+           description="bytes those ops write into existing buffers on the busiest rank (counted)"),
+    Metric("host_fresh_bytes", "B", "none",
+           description="bytes those ops write into fresh tensors on the busiest rank (counted)"),
 ]
 
 # The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the

@@ -23,11 +23,15 @@ median), the bytes the prediction moved per link class beside those the run sent
 ``calibration_used`` (the fit: values, form, residuals and its runs). ``how`` names which
 number is measured and which simulated.
 
-What the prediction leaves out (so where errors come from): the CPU work around the messages
-(gathering rows, HALO's reorder, RBD's pilot selection and reconstruction), oversubscription
-beyond the per-message cost fitted on flat (more ranks than cores stretch every message's CPU
-cost, the model only the bytes, by the ``host`` resource), and the copy regime changing with
-size (caches). The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+The prediction adds to the simulated messages the CPU work around them (gathering rows, HALO's
+reorder, RBD's pilot selection and reconstruction): the aten ops and the bytes they write are
+counted on the run's own dispatch (suites/alltoall.count_host_work, in setup) and priced at a
+per-op cost and a packing rate measured on one core apart from any all-to-all
+(measure_host_costs), stretched by ranks / cores when ranks outnumber cores
+(simulator.host_work_s); bytes written into fresh tensors are priced at the measured rate of
+a fresh write (page faults included). What it still leaves out (so where errors come from):
+Python work between the ops, the copy regime changing with size (caches), and the machine's
+other load while it runs. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ def alltoall_point(p: dict) -> dict:
 def routed_messages(point: dict):
     """(messages, topology, phase dependencies) of one real dispatch of an alltoall point: every
     rank's routing rebuilt from its seed (suites/alltoall.rank_workload), the algorithm's
-    ``routed_schedule`` with the count exchange."""
+    ``routed_schedule`` with the count exchange, and the phase order its dispatcher runs them in
+    (``dispatcher_dependencies``)."""
     from moe_repro.components.network.topology import Topology
 
     N = int(point["ranks"])
@@ -84,18 +89,22 @@ def routed_messages(point: dict):
     # from the run's (the record keeps both byte counts).
     msgs = algo.routed_schedule([w["pft"] for w in work], work[0]["placement"], topo,
                                 int(point["hidden"]) * 4, None, with_counts=True)
-    return msgs, topo, algo.phase_dependencies
+    # the order the measured dispatcher's blocking calls impose (RBD: one call after another)
+    return msgs, topo, algo.dispatcher_dependencies
 
 
 def predict(point: dict, fit: dict, cores: int) -> dict:
     """Simulated time and bytes per link class of one alltoall point on the local profile of an
-    all-to-all fit (``latency_us``, ``per_message_us``, ``GBps``)."""
+    all-to-all fit (``latency_us``, or ``latency_us_by_ranks`` at the point's ranks count,
+    ``per_message_us``, ``GBps``)."""
     from moe_repro.components.network import simulator as ns
     from moe_repro.components.network.platform import from_dict
     from moe_repro.components.network.topology import bytes_by_link_class
 
     msgs, topo, deps = routed_messages(point)
-    doc = ns.local_alltoall_profile(fit["latency_us"] * 1e-6, fit["per_message_us"] * 1e-6,
+    # the latency fitted at this ranks count where the fit had one (else its median)
+    latency_us = (fit.get("latency_us_by_ranks") or {}).get(str(int(point["ranks"])), fit["latency_us"])
+    doc = ns.local_alltoall_profile(latency_us * 1e-6, fit["per_message_us"] * 1e-6,
                                     fit["GBps"] * 1e9, topo.ranks_per_node, cores)
     res = ns.simulate_messages(msgs, topo, from_dict(doc), deps)
     lb = bytes_by_link_class(msgs, topo)
@@ -113,6 +122,71 @@ def split_list(text: str, what: str, convert) -> list:
     if not values:
         raise ValueError(f"{what} is empty")
     return values
+
+
+def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 5) -> dict:
+    """The two prices of the host-work term (simulator.host_work_s), measured on one core in
+    this process, apart from any all-to-all: ``host_op_us``, one framework op (an index_select
+    of 4 rows of 8 floats, timed in a loop of 2000: the per-op dispatch cost every aten op of a
+    dispatch pays), and ``pack_GBps``, the rate of packing rows by index (index_select of
+    ``pack_bytes`` of 1 KiB rows in random order into a reused buffer, the per-op cost taken
+    off), and ``fresh_GBps``, the same into a fresh tensor (page faults of first touch
+    included). Medians of ``repeats`` samples; the spread (max / min) is kept beside each."""
+    import torch
+
+    from moe_repro.runtime.timing import host_seconds  # CPU-only work: the host clock is the right one
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one rank = one thread, as in the runs
+    try:
+        small, few = torch.zeros(64, 8), torch.arange(4)
+        loop = 2000
+        op_samples = []
+        for _ in range(repeats):
+            t0 = host_seconds()
+            for _ in range(loop):
+                torch.index_select(small, 0, few)
+            op_samples.append((host_seconds() - t0) / loop)
+        rows = max(1, pack_bytes // 1024)
+        x = torch.randn(rows, 256)
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
+        out = torch.empty_like(x)
+        torch.index_select(x, 0, order, out=out)  # first touch outside the timing
+        pack_samples, fresh_samples = [], []
+        for _ in range(repeats):
+            t0 = host_seconds()
+            torch.index_select(x, 0, order, out=out)
+            pack_samples.append(host_seconds() - t0)
+            t0 = host_seconds()
+            fresh = torch.index_select(x, 0, order)  # a fresh output, page-faulted in
+            fresh_samples.append(host_seconds() - t0)
+            del fresh
+    finally:
+        torch.set_num_threads(threads)
+    op_s = sorted(op_samples)[len(op_samples) // 2]
+    pack_s = max(sorted(pack_samples)[len(pack_samples) // 2] - op_s, 1e-9)
+    fresh_s = max(sorted(fresh_samples)[len(fresh_samples) // 2] - op_s, 1e-9)
+    return {"host_op_us": op_s * 1e6, "host_op_spread": max(op_samples) / min(op_samples),
+            "pack_GBps": x.numel() * 4 / pack_s / 1e9,
+            "pack_spread": max(pack_samples) / min(pack_samples),
+            "fresh_GBps": x.numel() * 4 / fresh_s / 1e9,
+            "fresh_spread": max(fresh_samples) / min(fresh_samples),
+            "host_measured": f"one thread in the calibrating process: index_select of 4 rows x {loop} "
+                             f"(per op) and of {rows} rows of 1 KiB in random order (packing into a reused "
+                             f"buffer, and into a fresh one), "
+                             f"median of {repeats}"}
+
+
+def host_s(record: dict, block: dict, cores: int) -> float:
+    """The host-work part of one run (simulator.host_work_s) at a calibration block's prices; 0
+    for a block written before the host work was measured."""
+    from moe_repro.components.network import simulator as ns
+
+    if "host_op_us" not in block or "host_ops" not in record:
+        return 0.0
+    return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
+                          block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
+                          record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9)
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
@@ -134,23 +208,34 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
               for n in ranks_list for s in sizes]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
     records = run_suite(alltoall.SUITE, points, config, done=done)  # done(record) per point
-    terms, times = [], []
+    prices = measure_host_costs()
+    terms, times, known = [], [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)
         terms.append(ns.alltoall_time_terms(msgs, topo, deps, cores))
         times.append(rec["time_s"])
-    fit = ns.fit_alltoall_terms(terms, times)
+        known.append(host_s({**rec, "ranks": point["ranks"]}, prices, cores))
+    # One latency per ranks count: a phase's synchronisation of n ranks, which grows once the
+    # ranks outnumber the cores the machine gives them (the count exchange is such a phase).
+    fit = ns.fit_alltoall_terms(terms, times, known, groups=[int(p["ranks"]) for p in points])
     block = {"backend": backend, "latency_us": fit["latency_s"] * 1e6,
+             "latency_us_by_ranks": {str(n): v * 1e6 for n, v in fit["latency_s_by_group"].items()},
              "per_message_us": fit["per_message_s"] * 1e6, "GBps": fit["bytes_per_s"] / 1e9,
-             "host_cores": cores, "form": ns.ALLTOALL_FIT_FORM,
+             **prices, "host_cores": cores,
+             "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
+                     "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps) x "
+                     "max(1, ranks / host_cores), "
+                     "ops and bytes counted on the run's own dispatch (suites/alltoall.count_host_work)",
              "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
                           f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
     runs, residuals = [], []
-    for point, rec, term in zip(points, records, terms):
-        simulated = predict(point, block, cores)["predicted_time_s"]
+    for point, rec, term, host in zip(points, records, terms, known):
+        simulated = predict(point, block, cores)["predicted_time_s"] + host
         residuals.append(simulated / rec["time_s"] - 1)
         runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "size": point["size"],
                      "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
+                     "host_s": host, "host_ops": rec.get("host_ops"), "host_bytes": rec.get("host_bytes"),
+                     "host_fresh_bytes": rec.get("host_fresh_bytes"),
                      "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
                      "bytes_term": term[2]})
     block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
@@ -209,7 +294,10 @@ def derived_params(p: dict) -> dict:
                      f"exchange included), each sample the slowest rank",
            "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
                                f"run's own messages, on a local profile calibrated from "
-                               f"{calibration.get('fitted_on', calibration['source'])}",
+                               f"{calibration.get('fitted_on', calibration['source'])}; plus the "
+                               f"run's host work (its counted ops and packed bytes at the measured "
+                               f"per-op and packing costs)",
+           "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
            "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
     # Every alltoall param joins the point (its setup and run read them); simulated: false there
     # says the run is real, predicted_* are the simulated values beside it.
@@ -217,8 +305,15 @@ def derived_params(p: dict) -> dict:
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
-    predicted = float(params["predicted_time_s"])
-    return {**alltoall.derive(params, state, time_s), "predicted_time_s": predicted,
+    """Measured metrics of the run, and the prediction: the simulated messages (derived_params)
+    plus the host work this run's dispatch does (its op and byte counts, read off the run in
+    setup, at the calibration's measured prices: simulator.host_work_s)."""
+    measured = alltoall.derive(params, state, time_s)
+    calibration = params["calibration_used"]
+    cores = int(calibration.get("host_cores") or host_cores())
+    host = host_s({**measured, "ranks": params["ranks"]}, calibration, cores)
+    predicted = float(params["predicted_time_s"]) + host
+    return {**measured, "predicted_time_s": predicted, "predicted_host_s": host,
             "error_pct": 100 * (predicted / time_s - 1)}
 
 
@@ -267,7 +362,11 @@ SUITE = Suite(
     derive=derive,
     check=alltoall.check,
     metrics=[Metric("predicted_time_s", "s", "none", kind="simulated",
-                    description="the simulator's time for this run's messages on the calibrated local profile"),
+                    description="the simulator's time for this run's messages on the calibrated local "
+                                "profile, plus its host work (predicted_host_s)"),
+             Metric("predicted_host_s", "s", "none", kind="simulated",
+                    description="the host-work part of the prediction: the run's counted ops and "
+                                "packed bytes at the calibration's measured per-op and per-byte costs"),
              Metric("error_pct", "%", "none",
                     description="(predicted / measured - 1) x 100: positive = the simulator is slower"),
              *alltoall.DISPATCH_METRICS],

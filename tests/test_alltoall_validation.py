@@ -64,6 +64,92 @@ def test_fit_keeps_costs_non_negative_and_refuses_what_it_cannot_fit():
         ns.fit_alltoall_terms([(2, 2, 1e3), (2, 2, 1e7)], [1e-3, 0.0])
 
 
+def test_fit_takes_the_known_host_work_off_before_fitting_the_messages():
+    # synthetic runs: the serial model's time plus a known host part k per run (random sizes)
+    import random
+
+    rng = random.Random(7)
+    terms, times, known = [], [], []
+    for n in (2, 4, 8):
+        for _ in range(4):
+            b = rng.randrange(1 << 8, 1 << 23)
+            msgs, topo = flat_uniform(n, b)
+            terms.append(ns.alltoall_time_terms(msgs, topo, FLAT_DEPS, CORES))
+            known.append(rng.uniform(1e-5, 5e-3))
+            times.append(flat_uniform_time_by_hand(n, b) + known[-1])
+    fit = ns.fit_alltoall_terms(terms, times, known)
+    assert fit["latency_s"] == pytest.approx(L_TRUE, rel=1e-6)
+    assert fit["per_message_s"] == pytest.approx(O_TRUE, rel=1e-6)
+    assert fit["bytes_per_s"] == pytest.approx(BETA_TRUE, rel=1e-6)
+    assert max(abs(r) for r in fit["residuals"]) < 1e-9
+    # without k the same runs do not fit exactly: the host part is not a message cost
+    assert max(abs(r) for r in ns.fit_alltoall_terms(terms, times)["residuals"]) > 1e-3
+    with pytest.raises(ValueError, match="known parts"):
+        ns.fit_alltoall_terms(terms[:2], times[:2], [-1.0, 0.0])
+
+
+def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_by_cores():
+    # 120 ops at 10 us and 4 MB at 2 GB/s = 1.2 ms + 2 ms; 8 ranks on 2 cores take 4 times as long
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2) == pytest.approx(3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2) == pytest.approx(4 * 3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, None) == pytest.approx(3.2e-3, rel=1e-12)
+    # 1 MB into fresh tensors at 0.5 GB/s adds 2 ms
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9) == pytest.approx(5.2e-3, rel=1e-12)
+    with pytest.raises(ValueError):
+        ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
+
+
+def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives():
+    import torch
+
+    from moe_repro.suites.alltoall import count_host_work
+
+    g = torch.Generator().manual_seed(3)
+    rows, width = int(torch.randint(5, 50, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+    x = torch.randn(rows, width, generator=g)
+    idx = torch.randperm(rows, generator=g)[: rows // 2]
+    out = torch.zeros(rows, width)
+
+    def work():
+        picked = x.index_select(0, idx)        # writes len(idx) rows
+        out.index_copy_(0, idx, picked)        # in place: writes its source's rows
+        x[1:3].view(-1)                        # two views: ops, no bytes
+
+    got = count_host_work(work)
+    assert got["ops"] == 4
+    assert got["fresh_bytes"] == idx.numel() * width * 4  # index_select's fresh output
+    assert got["bytes"] == idx.numel() * width * 4        # index_copy_ into an existing tensor
+    buf = torch.empty(idx.numel(), width)
+    got = count_host_work(lambda: torch.index_select(x, 0, idx, out=buf))  # out=: a reused buffer
+    assert got == {"ops": 1, "bytes": idx.numel() * width * 4, "fresh_bytes": 0}
+    assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0, "fresh_bytes": 0}
+
+
+def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
+    """The local prediction follows the dispatcher's call order: for every registered
+    all-to-all it covers the same phases and keeps every dependency the algorithm states (a
+    linear order of the calls may add waits, never drop one)."""
+    from moe_repro.components.alltoall import algorithm_names, get_algorithm
+
+    def before(deps, phase):  # every phase ``phase`` waits for, transitively
+        seen, todo = set(), list(deps[phase])
+        while todo:
+            q = todo.pop()
+            if q not in seen:
+                seen.add(q)
+                todo += deps[q]
+        return seen
+
+    for name in algorithm_names():
+        algo = get_algorithm(name)
+        own, calls = algo.phase_dependencies, algo.dispatcher_dependencies
+        assert set(calls) == set(own), name
+        for phase in own:
+            assert before(own, phase) <= before(calls, phase), (name, phase)
+    rbd = get_algorithm("rbd").dispatcher_dependencies
+    assert before(rbd, "replica") == {"counts", "meta", "pilot", "replica_meta"}  # one call after another
+
+
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
 
 def test_bad_points_are_refused_before_anything_runs():
@@ -100,6 +186,30 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     with pytest.raises(ValueError, match="no calibration for backend mpi"):
         suite.grid({"ranks": [2], "algo": ["flat"], "sizes": [65536], "backend": ["mpi"],
                     "calibration": [str(path)]})
+
+
+def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_prices(tmp_path):
+    """derive: the simulated messages (derived_params) plus the host work counted on the run
+    (ops, bytes on the busiest rank), priced by the calibration block, 4 ranks on 2 cores."""
+    from moe_repro.suites import alltoall_validation as v
+
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps({"calibration": {"gloo": {
+        "latency_us": 40.0, "latency_us_by_ranks": {"4": 90.0}, "per_message_us": 250.0, "GBps": 0.6,
+        "host_cores": 2, "host_op_us": 12.0, "pack_GBps": 3.0, "fresh_GBps": 1.0}}}))
+    suite = all_suites()["alltoall-validation"]
+    (p,) = suite.grid({"ranks": [4], "algo": ["halo"], "sizes": [65536], "calibration": [str(path)]})
+    names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
+    state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0),
+             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000}}
+    got = v.derive(p, state, 0.01)
+    host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9) * 4 / 2
+    assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)
+    assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + host, rel=1e-12)
+    assert got["error_pct"] == pytest.approx(100 * (got["predicted_time_s"] / 0.01 - 1), rel=1e-12)
+    # the 4-rank latency was used, not the median one: 90 us per latency on the critical path
+    with_median = v.predict(p, {"latency_us": 40.0, "per_message_us": 250.0, "GBps": 0.6}, 2)
+    assert p["predicted_time_s"] > with_median["predicted_time_s"]
 
 
 # --- repro calibrate's profile fields (no runs: fits written here) ------------------------------
@@ -146,10 +256,13 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert math.isfinite(r["error_pct"])
         # median of per-sample errors = the error of the median sample (3 repeats)
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9)
-        assert set(r["how"]) == {"time_s", "predicted_time_s", "error_pct"}
+        assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "error_pct"}
+        # the host work is counted on the run and is part of the prediction
+        assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
+        assert calib["host_op_us"] > 0 and calib["pack_GBps"] > 0 and set(calib["latency_us_by_ranks"]) == {"2"}
         # the fit set is flat at sizes the grid does not hold
         assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
         assert all(math.isfinite(run["residual_pct"]) for run in calib["runs"])

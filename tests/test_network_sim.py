@@ -223,7 +223,7 @@ def test_piper_fig8_reports_simulated_speedups_beside_the_paper_range():
     from moe_repro.reproductions import all_reproductions
 
     repro = all_reproductions()["piper-fig8"]
-    result = repro.run({"nodes": "2,16,64", "bytes_per_peer": "256,65536"})
+    result = repro.run({"nodes": "2,8,16,64", "bytes_per_peer": "256,65536"})
     by = {(c.row, c.column): c for c in result.cells}
     assert by[("16 nodes", "speedup @ 256 B/peer")].ours > 1.5  # per-message cost: HALO ahead
     lowest = by[("HALO speedup over flat, >= 16 nodes", "lowest")]
@@ -237,10 +237,13 @@ def test_piper_fig8_reports_simulated_speedups_beside_the_paper_range():
     assert [c.row for c in result.cells[:3]] == ["HALO speedup over flat, >= 16 nodes"] * 2 + [
         "HALO speedup over flat, < 16 nodes"]
     # 'comparable' is the policy's rule: the claim holds only if every point below 16 nodes is within
-    # 15% either way; 2 nodes at 256 B/peer is HALO ahead by more (per-message cost)
-    assert by[("2 nodes", "speedup @ 256 B/peer")].ours > 1 / 0.85
-    assert by[("HALO speedup over flat, < 16 nodes", "comparable")].verdict == "claim-fails"
+    # 15% either way; 8 nodes at 256 B/peer is HALO ahead by more (per-message cost: 8 x 7 remote
+    # GCD messages per GCD for flat against 7 node messages for HALO)
+    below = [c.ours for c in result.cells if c.row in ("2 nodes", "8 nodes")]
+    assert by[("8 nodes", "speedup @ 256 B/peer")].ours > 1 / 0.85
+    assert by[("HALO speedup over flat, < 16 nodes", "comparable")].verdict == (
+        "claim-holds" if all(0.85 <= r <= 1 / 0.85 for r in below) else "claim-fails") == "claim-fails"
     # nothing is sampled: a second run gives the same numbers
-    again = repro.run({"nodes": "2,16,64", "bytes_per_peer": "256,65536"})
+    again = repro.run({"nodes": "2,8,16,64", "bytes_per_peer": "256,65536"})
     assert [c.ours for c in again.cells] == [c.ours for c in result.cells]
     assert any("background traffic" in a and "job placement" in a for a in result.assumptions)

@@ -248,6 +248,13 @@ class AllToAll(ABC):
     facts: ClassVar[AllToAllFacts]
     phase_dependencies: ClassVar[dict[str, list[str]]]  # phase -> phases it waits for
 
+    @property
+    def dispatcher_dependencies(self) -> dict[str, list[str]]:
+        """The phase order this package's dispatcher imposes on one rank: its blocking calls run
+        one after another, so a phase the algorithm could overlap may wait for an earlier call.
+        Default: the algorithm's own dependencies (the dispatcher overlaps what they allow)."""
+        return self.phase_dependencies
+
     @abstractmethod
     def dispatcher(self, comms, expert_to_rank, generator: torch.Generator | None = None) -> Dispatcher:
         """This rank's dispatcher over ``comms`` (topology.Communicators: ``world`` is the EP

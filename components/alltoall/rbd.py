@@ -81,6 +81,11 @@ dist = lazy_module("torch.distributed", globals(), "dist")
 PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
                       "replica": ["pilot", "meta"], "replica_meta": ["meta"]}
 COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
+# RBDDispatcher.dispatch's blocking calls in program order (counts, meta, pilot, then the
+# intra-node replica metadata and rows): what its measured time follows, not the overlap
+# PHASE_DEPENDENCIES allows.
+DISPATCHER_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["meta"],
+                           "replica_meta": ["pilot"], "replica": ["replica_meta"]}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
 
@@ -396,6 +401,7 @@ class RBDAlgorithm(AllToAll):
                 "replica reconstruction", "replica all-to-all (intra-node)",
                 "expert input reconstruction"))
     phase_dependencies = PHASE_DEPENDENCIES
+    dispatcher_dependencies = DISPATCHER_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> RBDDispatcher:
         return RBDDispatcher(comms, expert_to_rank, generator)

@@ -58,6 +58,10 @@ class MoEModel:
     d_ffn_residual: int | None = None  # a dense FFN beside the MoE in every layer (Arctic)
     extra_params_per_layer: int = 0  # e.g. DeepSeek-V3.2's DSA indexer
     family: str = ""  # groups entries for reproductions: "piper-table1", "xmoe-table3", "m10b", ...
+    # Trained with dropout (attention-probability and hidden dropout): its 1-byte masks are stored
+    # activations (Korthikanti et al. 2022 Sec. 4.1). Off unless the source says the model used it
+    # (the Llama 3, Mixtral and DeepSeek configs set attention_dropout 0.0).
+    dropout: bool = False
 
     @property
     def n_moe_layers(self) -> int:
@@ -298,14 +302,16 @@ MODELS: dict[str, MoEModel] = {
         MoEModel(
             key="gpt3-175b", name="GPT-3 175B", layers=96, moe_layers=0, d_model=12288,
             d_ffn=4 * 12288, d_ffn_dense=4 * 12288, n_experts=1, top_k=1, n_mat=2, n_heads=96,
-            head_dim=128, vocab=50257, tie_embeddings=True, family="dense",
+            head_dim=128, vocab=50257, tie_embeddings=True, family="dense", dropout=True,
             source="Brown et al. 2020 (Language Models are Few-Shot Learners) Table 2.1: 96 layers, "
                    "d_model 12288, 96 heads of 128, d_ffn = 4 d_model, context 2048; GPT-2 BPE "
                    "vocabulary 50257; two-matrix GELU FFN, output head tied to the token embedding",
             notes="Counts 174.6B weights (12 L d^2 + V d + norms): the learned position embedding "
                   "(2048 x 12288 = 25M), biases (9 d per layer, 11M) and LayerNorm biases are not "
                   "modelled (0.02% together); the paper rounds to 175.0B. GPT-3 alternates dense and "
-                  "locally banded sparse attention; attention here is dense. Sequence 2048.",
+                  "locally banded sparse attention; attention here is dense. Sequence 2048. Dropout "
+                  "on: GPT-3 follows GPT-2's training setup (dropout 0.1), and Korthikanti et al. "
+                  "2022 (Sec. 4.1, Table 2) count its masks for this model.",
         ),
         MoEModel(
             key="llama3-8b", name="Llama 3 8B", layers=32, moe_layers=0, d_model=4096, d_ffn=14336,

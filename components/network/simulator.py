@@ -825,32 +825,75 @@ def alltoall_time_terms(messages, topo: Topology, dependencies: dict[str, list[s
     return n_latency, n_messages, nbytes
 
 
-def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[float]) -> dict:
-    """Non-negative least squares of t = n_L L + n_o o + B / beta on relative error (each run
-    weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time). Returns
-    latency_s, per_message_s, bytes_per_s and residuals (t_fit / t_measured - 1 per run). L or o
-    may come out 0 (the runs cannot tell them apart, or they are negligible); beta never does."""
+def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: float,
+                ranks: int, host_cores: int | None, fresh_bytes: float = 0.0,
+                fresh_bytes_per_s: float | None = None) -> float:
+    """The CPU work around a local all-to-all's messages, which the flow model leaves out: ``ops``
+    framework ops at ``per_op_s`` each, ``nbytes`` packed, reordered or reconstructed into reused
+    buffers at ``pack_bytes_per_s`` and ``fresh_bytes`` written into fresh tensors at
+    ``fresh_bytes_per_s`` (page faults included; default the pack rate), all measured on one
+    core by the calibration, on the busiest rank. With more ranks than cores the ranks share
+    them, so the work stretches by ranks / cores. Added to the simulated time (serial: these
+    dispatches pack, then send, then unpack)."""
+    fresh_rate = pack_bytes_per_s if fresh_bytes_per_s is None else fresh_bytes_per_s
+    if min(ops, nbytes, fresh_bytes, per_op_s) < 0 or pack_bytes_per_s <= 0 or fresh_rate <= 0:
+        raise ValueError("host work needs non-negative counts and costs and positive rates")
+    share = max(1.0, ranks / host_cores) if host_cores else 1.0
+    return (ops * per_op_s + nbytes / pack_bytes_per_s + fresh_bytes / fresh_rate) * share
+
+
+def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[float],
+                       known_s: list[float] | None = None, groups: list | None = None) -> dict:
+    """Non-negative least squares of t = n_L L + n_o o + B / beta + k on relative error (each run
+    weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time), where k is
+    a known part of each run's time (``known_s``, default 0: the host work of host_work_s,
+    measured apart). With ``groups`` (one label per run, e.g. its ranks count) each group gets
+    its own latency L_g: the cost of a phase's synchronisation, which on a shared machine grows
+    with the ranks that must all be scheduled (ranks past the cores wait for a time slice).
+    Returns latency_s (the runs' median L when grouped), latency_s_by_group, per_message_s,
+    bytes_per_s and residuals (t_fit / t_measured - 1 per run, k included). An L or o may come
+    out 0 (the runs cannot tell them apart, or they are negligible); beta never does."""
+    from itertools import combinations
+
     if len(terms) != len(times_s) or len(terms) < 2:
         raise ValueError("need at least two runs (terms and times of equal length)")
-    A = np.asarray(terms, float)
+    A3 = np.asarray(terms, float)
     t = np.asarray(times_s, float)
-    if A.shape[1] != 3 or not np.all(np.isfinite(A)) or not np.all(t > 0):
-        raise ValueError("terms must be (n_L, n_o, B) triples and times positive")
-    W = A / t[:, None]  # relative residual: (A x - t) / t
+    k = np.zeros_like(t) if known_s is None else np.asarray(known_s, float)
+    if A3.ndim != 2 or A3.shape[1] != 3 or not np.all(np.isfinite(A3)) or not np.all(t > 0) \
+            or k.shape != t.shape or not np.all(k >= 0):
+        raise ValueError("terms must be (n_L, n_o, B) triples, times positive, known parts >= 0")
+    labels = [None] * len(t) if groups is None else list(groups)
+    if len(labels) != len(t):
+        raise ValueError("one group label per run")
+    names = sorted(set(labels), key=str)
+    # columns: one n_L per group, then n_o, then B
+    A = np.zeros((len(t), len(names) + 2))
+    for i, g in enumerate(labels):
+        A[i, names.index(g)] = A3[i, 0]
+    A[:, -2:] = A3[:, 1:]
+    W = A / t[:, None]  # relative residual: (A x + k - t) / t
+    target = 1.0 - k / t
     best = None
-    # Every subset of the three unknowns that keeps the bandwidth; the feasible (non-negative)
-    # solution with the smallest residual is the NNLS optimum (3 unknowns: 4 subsets).
-    for keep in ([0, 1, 2], [0, 2], [1, 2], [2]):
-        x_sub, *_ = np.linalg.lstsq(W[:, keep], np.ones_like(t), rcond=None)
-        if np.any(x_sub < 0):
-            continue
-        x = np.zeros(3)
-        x[keep] = x_sub
-        ssr = float(np.sum((W @ x - 1.0) ** 2))
-        if best is None or ssr < best[0] - 1e-15:
-            best = (ssr, x)
-    if best is None or best[1][2] <= 0:
+    # Every subset of the unknowns that keeps the bandwidth; the feasible (non-negative) solution
+    # with the smallest residual is the NNLS optimum (a handful of unknowns: few subsets).
+    others = list(range(A.shape[1] - 1))
+    for size in range(len(others), -1, -1):
+        for chosen in combinations(others, size):
+            keep = [*chosen, A.shape[1] - 1]
+            x_sub, *_ = np.linalg.lstsq(W[:, keep], target, rcond=None)
+            if np.any(x_sub < 0):
+                continue
+            x = np.zeros(A.shape[1])
+            x[keep] = x_sub
+            ssr = float(np.sum((W @ x - target) ** 2))
+            if best is None or ssr < best[0] - 1e-15:
+                best = (ssr, x)
+    if best is None or best[1][-1] <= 0:
         raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
     x = best[1]
-    return {"latency_s": float(x[0]), "per_message_s": float(x[1]), "bytes_per_s": 1.0 / float(x[2]),
-            "residuals": [float(r) for r in (A @ x) / t - 1.0]}
+    by_group = {g: float(x[i]) for i, g in enumerate(names)}
+    latency = float(np.median([by_group[g] for g in labels]))
+    return {"latency_s": latency, "latency_s_by_group": by_group, "per_message_s": float(x[-2]),
+            "bytes_per_s": 1.0 / float(x[-1]),
+            "residuals": [float(r) for r in (A @ x + k) / t - 1.0]}

@@ -223,6 +223,35 @@ def narayanan_eq3_flops(B: float, s: int, l: int, h: int, V: int) -> float:
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
+def elementwise_bytes_per_token(h: int, a: int, s: int, ffn_active: float, n_mat: int = 2, t: int = 1,
+                                sp: bool = False, flash: bool = True, dropout: bool = False,
+                                moe_top_k: int = 0, bytes_per_value: float = 2) -> float:
+    """HBM bytes the non-GEMM kernels of one transformer layer's forward read and write per
+    token (one GPU of a TP group), Megatron-LM's kernel set (its fusions: bias + GeLU,
+    bias + dropout + add, scale + mask + softmax):
+
+      layer norms: 2 x (read h, write h)                                          4 h
+      bias + dropout + add, twice: read out and residual, write h (+ 1-byte mask)  6 h (+ h masks)
+      FFN activation: read the n_mat - 1 input projections, write one width      n_mat x f
+      attention scores (no FlashAttention): softmax reads and writes a s          2 a s
+        attention dropout: reads and writes a s, writes a 1-byte mask               2 a s (+ a s mask)
+      MoE permute and unpermute of k token copies (read and write each)           4 k h
+
+    ``f``: the FFN width a token passes through (top-k x the expert width for MoE, plus shared
+    experts). TP divides the head and FFN terms; sequence parallelism also divides the h terms.
+    The GEMMs' own operand traffic is not here (the GEMM roofline holds it). With FlashAttention
+    the scores never reach HBM (Dao et al. 2022 Sec. 3). The backward of each of these kernels
+    reads the forward's input (or output) and the incoming gradient and writes one gradient:
+    1.5 x the forward's traffic (callers apply it)."""
+    h_share = h / t if sp else h
+    values = 10 * h_share + n_mat * ffn_active / t + 4 * moe_top_k * h_share
+    masks = 2 * h_share if dropout else 0.0
+    if not flash:
+        values += 2 * a * s / t + (2 * a * s / t if dropout else 0.0)
+        masks += a * s / t if dropout else 0.0
+    return values * bytes_per_value + masks
+
+
 # ============================================================================================
 # 3. Activation memory per transformer layer (Korthikanti et al. 2022)
 # ============================================================================================

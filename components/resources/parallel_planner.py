@@ -61,7 +61,11 @@ Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
 Step time (slowest stage; communication dimensions do not contend for links):
   compute per micro-batch = matmul FLOPs / achievable GEMM rate + attention-core FLOPs /
   achievable attention rate (formulas' FLOPs per layer, x 3 for forward + backward, + the
-  recomputed forward); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
+  recomputed forward) + the non-GEMM kernels' HBM bytes (formulas.elementwise_bytes_per_token:
+  norms, activations, bias-dropout-add, and without FlashAttention the softmax and dropout of the
+  scores; backward 1.5 x forward) / HBM bandwidth; without FlashAttention the score GEMMs are a
+  roofline of the attention rate (every score computed: no causal halving) and HBM (QK^T writes,
+  AV reads a s scores per token); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
   bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
   MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
   dispatched tokens over the expert-TP group after the EP all-to-all
@@ -82,6 +86,7 @@ Step time (slowest stage; communication dimensions do not contend for links):
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -233,6 +238,20 @@ def _layers(m: MoEModel, seq: int) -> tuple[_Layer, _Layer]:
     return dense, moe
 
 
+@functools.lru_cache(maxsize=4096)  # called per stage and recompute mode of every layout searched
+def _elementwise_bytes(m: MoEModel, moe: bool, seq: int, t: int, sp: bool, flash: bool,
+                       dropout: bool) -> float:
+    """HBM bytes of one layer's non-GEMM kernels per token of the sequence on one GPU of the TP
+    group, forward only (formulas.elementwise_bytes_per_token)."""
+    if moe:
+        f = m.top_k * m.d_ffn + m.n_shared * (m.d_ffn_shared or m.d_ffn)
+    else:
+        f = m.d_ffn_dense or 0
+    f += m.d_ffn_residual or 0
+    return F.elementwise_bytes_per_token(m.d_model, m.heads, seq, f, m.n_mat, t, sp or moe and t > 1, flash,
+                                         dropout, m.top_k if moe and m.n_experts > 1 else 0)
+
+
 def _split(L: int, parts: int) -> list[int]:
     """Layers per part: the first L mod parts get one more (memory_model.stage_layers' rule)."""
     base, extra = divmod(L, parts)
@@ -355,14 +374,17 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                   recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
                   ep: int | None = None, cp: int | None = None, vpp: int | None = None,
                   micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
-                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None) -> ParallelPlan:
+                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None,
+                  overlap_dp: bool = True) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
     searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
     is reported among the rejected, not raised); ``sp`` fixes sequence parallelism for TP > 1;
     ``micro_batches`` fixes M; ``flash_attention`` (default) keeps no attention scores;
     ``dropout`` adds Korthikanti's dropout masks; ``capacity_factor`` scales routed copies and
-    all-to-all bytes. ValueError for malformed input (non-positive numbers, unknown preset,
+    all-to-all bytes; ``overlap_dp=False``: ZeRO 0/1 reduce (and gather) once per step after the
+    last backward, exposed (Megatron-LM before --overlap-grad-reduce: train_step calls
+    allreduce_gradients() after forward_backward_func returns). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode)."""
     t0 = time.perf_counter()
     for name, val in (("nodes", nodes), ("seq", seq), ("capacity_factor", capacity_factor)):
@@ -413,7 +435,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     long_seq = seq >= CP_FROM_SEQ
     ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
                kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor, m.d_ffn)
+               capacity_factor, m.d_ffn, dropout, overlap_dp)
 
     # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
@@ -580,6 +602,9 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
     assumptions = _assumptions(m, p, seq, B, G, prec, precision, flash_attention, dropout, capacity_factor,
                                peak_given, long_seq, cp, global_batch is not None, micro_batches)
+    if not overlap_dp:
+        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
     return ParallelPlan(
         model=m.key, platform=p.name, nodes=nodes, gpus_per_node=g, gpus=G, seq=seq, global_batch=B,
         precision=precision if isinstance(precision, str) else "custom",
@@ -618,6 +643,8 @@ class _Ctx:
     hbm: float
     cf: float
     d_ffn: int
+    dropout: bool = False
+    overlap_dp: bool = True
 
 
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
@@ -738,7 +765,26 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             extra_mm = rd * dl.mm + rm * ml.mm
             extra_core = core if kind == "selective" else rec * dl.core
             core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
-            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s
+            if not ctx.flash:
+                # materialised scores: the batched GEMMs compute every score (the causal mask is
+                # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
+                # of each token (2 B each): a roofline of the attention rate and HBM per pass
+                def core_pass(layers: float) -> float:
+                    return max(2 * layers * dl.core / ctx.p.attention_flops,
+                               layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
+                core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
+                    * tokens_gpu
+            # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
+            # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
+            ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
+            ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
+                         for x, moe in zip(ew, (False, True))]
+            ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
+            ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
+                (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
+            tokens_seq = mb * seq / c
+            elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
+            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
             tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
             if t > 1:
                 tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
@@ -880,7 +926,9 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
                 ag_b += F.allgather_bytes(n_params * prec.weights, n)
     t_grad, t_ag = grad_b / dp_bw, ag_b / dp_bw
     bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
-    if z in (0, 1):
+    if z in (0, 1) and not ctx.overlap_dp:
+        dp_s = t_grad + t_ag  # once per step, after the last backward, nothing to hide behind
+    elif z in (0, 1):
         dp_s = max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
     elif z == 2:
         dp_s = M * max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
@@ -937,7 +985,9 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         f"compute: formulas' FLOPs per layer (causal attention halved, as Megatron-LM counts), "
         f"matmuls at the achievable {p.gemm_flops / 1e12:g} TFLOPS, attention core at "
         f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
-        "modelled); backward = 2 x forward; recompute adds the recomputed forward; every stage "
+        "modelled); backward = 2 x forward; recompute adds the recomputed forward; non-GEMM kernels "
+        f"(norms, activations, bias-dropout-add{', softmax and dropout of the scores' if not flash else ''}) "
+        f"at HBM {p.hbm_bytes_per_s / 1e9:g} GB/s; every stage "
         "runs at the pace of the slowest (uneven splits put extra layers on the first stages)",
         f"communication: formulas' bytes; TP/SP, CP and EP inside a node at {p.intra_node_a2a_bytes_per_s / 1e9:g} "
         f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "

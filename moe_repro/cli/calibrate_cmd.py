@@ -232,7 +232,9 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over gloo and over MPI where it runs, and
     fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
     (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
-    simulator for each run's messages), least squares on relative error. The profile keeps
+    simulator for each run's messages), least squares on relative error, after taking off each
+    run's host work (its counted framework ops and packed bytes at a per-op cost and a packing
+    rate measured on one core), with one L per ranks count. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
     links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
 
@@ -297,6 +299,10 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
+        if "host_op_us" in fit:  # the host work, measured apart and taken off before the fit
+            click.echo(f"  host work: {fit['host_op_us']:.3g} us per op, packing {fit['pack_GBps']:.3g} GB/s; "
+                       "L per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
+                                                         fit.get("latency_us_by_ranks", {}).items()))
         for line in fit.get("judgment", []):
             click.echo(line, err=line.startswith("warning"))
     click.echo(f"wrote {out_path} (use: repro plan --model MODEL --nodes N --platform {out_path})")

@@ -205,6 +205,9 @@ def _presets() -> list[str]:
 @click.option("--etp", type=int, default=None,
               help="Fix the expert tensor-parallel degree (MoE models; default: search 1 and TP).")
 @click.option("--top", type=int, default=10, show_default=True, help="Candidates to print.")
+@click.option("--dropout/--no-dropout", "dropout", default=None,
+              help="Count dropout masks in the activations (default: the model's own setting, e.g. on for "
+                   "gpt3-175b, off for the Llama 3 family).")
 @click.option("--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention.")
 @click.option("--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing.")
 @click.option("--causal-flops", is_flag=True, help="piper: halve attention FLOPs for the causal mask.")
@@ -212,7 +215,7 @@ def _presets() -> list[str]:
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
-            recompute, tp, pp, vpp, ep, cp, etp, top, no_flash, no_checkpointing, causal_flops, schedule,
+            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_checkpointing, causal_flops, schedule,
             json_path) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
     rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
@@ -236,7 +239,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
                        + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}"))
     if method == "piper":
         for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--etp", etp), ("--recompute", recompute),
-                        ("--precision", precision)):
+                        ("--precision", precision), ("--dropout/--no-dropout", dropout)):
             if v is not None:
                 raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
         if zeros is not None and len(zeros) > 1:
@@ -260,7 +263,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
         pl = plan_parallel(model, platform, nodes, seq=seq, global_batch=global_batch,
                            precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
                            ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash,
-                           etp=etp)
+                           etp=etp, dropout=model.dropout if dropout is None else dropout)
     except ValueError as e:
         raise BadInput(str(e)) from None
     if not pl.candidates:

@@ -1,0 +1,80 @@
+"""The validation page: our predictions against published measurements of real clusters.
+
+It reads what ``repro validate`` stored (``<results>/validation/validation.json``: every scored
+point, per-predictor MAPE and maximum error, the parameters' sources and the anchors' published
+errors) and draws, per predictor, predicted against measured on log axes with the identity line
+and a +-10% band (the step-time goal of the validation), beside the errors Calculon, vTrain and
+ASTRA-sim publish for theirs. Nothing is recomputed here (reports read stored results only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text
+from moe_repro.reports import html
+
+STORED = Path("validation") / "validation.json"
+BAND = 0.10  # the +-10% band drawn around the identity line
+
+
+def stored_validation(root: Path) -> dict | None:
+    """The stored ``repro validate`` result under a results root, or None (never run, unreadable)."""
+    path = Path(root) / STORED
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
+    """Predicted vs measured (log-log), identity line and +-BAND band; PNG and SVG bytes."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [p for p in points if p["predicted"] is not None]
+    f, ax = plt.subplots(figsize=(5.2, 4.4), dpi=110)
+    if pts:
+        lo = min(min(p["measured"], p["predicted"]) for p in pts) / 1.3
+        hi = max(max(p["measured"], p["predicted"]) for p in pts) * 1.3
+        xs = [lo, hi]
+        ax.fill_between(xs, [x * (1 - BAND) for x in xs], [x * (1 + BAND) for x in xs], color="0.88",
+                        label=f"+-{BAND:.0%}")
+        ax.plot(xs, xs, color="0.3", linewidth=1, label="predicted = measured")
+        ax.plot([p["measured"] for p in pts], [p["predicted"] for p in pts], "o", color="tab:blue",
+                label="published point")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"measured ({unit}, as published)")
+    ax.set_ylabel(f"predicted ({unit}, {'simulated' if predictor == 'alltoall-bandwidth' else 'analytic'})")
+    ax.set_title(predictor)
+    ax.legend(loc="upper left", fontsize=8)
+    out = {}
+    for fmt in ("png", "svg"):
+        buf = io.BytesIO()
+        f.savefig(buf, format=fmt, bbox_inches="tight")
+        out[fmt] = buf.getvalue()
+    plt.close(f)
+    return out
+
+
+def write_validation_page(store, out: Path) -> Path:
+    doc = stored_validation(store.root)
+    predictors = []
+    if doc is not None:
+        for s in doc.get("summaries", []):
+            pts = [p for p in doc.get("points", []) if p["predictor"] == s["predictor"]]
+            unit = pts[0]["unit"] if pts else ""
+            names = {}
+            for fmt, data in scatter(s["predictor"], pts, unit).items():
+                names[fmt] = f"validation-{s['predictor']}.{fmt}"
+                atomic_write_bytes(Path(out) / names[fmt], data)
+            predictors.append({**s, "points": pts, "figure": names, "unit": unit})
+    return atomic_write_text(Path(out) / "validation.html", html.environment().get_template("validation.html").render(
+        doc=doc, predictors=predictors, band=BAND, home="index.html", css=html.css()))

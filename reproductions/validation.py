@@ -1,0 +1,228 @@
+"""Predictions scored against published measurements of real clusters (``repro validate``).
+
+The points are data (validation_points.json, next to this module): each one is a number its
+source prints (paper or benchmark page, table, row, column, hardware), in the reproductions'
+paper-value form, with the configuration the source states. Three predictors are scored:
+
+- ``step-time``: the parallelism planner (components.resources.parallel_planner.plan_parallel)
+  with the published layout fixed (TP, PP, DP, global batch, recompute, attention kernel); what it
+  leaves open (micro-batch size, virtual stages) the planner picks, as `repro plan` would. The
+  measured step time is derived from the printed throughput with the source's own FLOP count
+  (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
+- ``memory``: the planner's per-GPU memory on the binding pipeline stage (weights, gradients,
+  optimizer state, activations, buffers) for the published layout, in GiB.
+- ``alltoall-bandwidth``: the flow-level network simulator (components.network.simulator) on the
+  named machine's profile, reporting the bandwidth on the link the source names as the
+  bottleneck (NVLink bytes per GPU inside a node; RDMA bytes per GPU between nodes) per second.
+
+Every predicted number is analytic or simulated, never measured here; no parameter of any
+predictor was set from a scored point (the data file's ``parameters`` list says where each one
+comes from). Percentage error = (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from importlib import resources
+
+GiB = 2 ** 30
+PREDICTORS = ("step-time", "memory", "alltoall-bandwidth")
+UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s"}
+
+
+@dataclass
+class Scored:
+    point_id: str
+    predictor: str
+    measured: float
+    predicted: float | None  # None: the predictor gave no number (the layout did not fit, ...)
+    unit: str
+    source: str  # paper, table, row
+    how: str  # "analytic" or "simulated"
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured, or None without a prediction."""
+        if self.predicted is None:
+            return None
+        return (self.predicted - self.measured) / self.measured
+
+    def to_dict(self) -> dict:
+        return {"id": self.point_id, "predictor": self.predictor, "measured": self.measured,
+                "predicted": self.predicted, "unit": self.unit, "error": self.error,
+                "source": self.source, "how": self.how, "note": self.note}
+
+
+@dataclass
+class Summary:
+    predictor: str
+    points: int
+    predicted: int  # points with a prediction
+    mape: float | None  # mean absolute percentage error over predicted points (fraction)
+    max_abs_error: float | None
+    worst: str = ""
+    scored: list[Scored] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"predictor": self.predictor, "points": self.points, "predicted": self.predicted,
+                "mape": self.mape, "max_abs_error": self.max_abs_error, "worst": self.worst}
+
+
+def load_points() -> dict:
+    """The validation data file (package data)."""
+    text = resources.files("moe_repro.reproductions").joinpath("validation_points.json").read_text()
+    return json.loads(text)
+
+
+def published_value(point: dict) -> float:
+    return float(point["published"]["printed"].replace(",", ""))
+
+
+def _source(point: dict) -> str:
+    pub = point["published"]
+    return f"{pub['paper'].split(',')[0]}: {pub['source'].split(' (')[0]}, {pub['row']}"
+
+
+# ----------------------------------------------------------------------------------- models
+
+def megatron_gpt(layers: int, hidden: int, heads: int, vocab: int, dropout: bool = True):
+    """A GPT model of Narayanan et al. Sec. 5.1: two-matrix GeLU MLP of 4h, vocabulary V tied to
+    the output head (their parameter count, Eq. 2, counts V h once), learned position
+    embeddings (not counted by the zoo), dropout as Megatron-LM's GPT defaults."""
+    from moe_repro.components.model.zoo import MoEModel
+
+    return MoEModel(key=f"megatron-gpt-{layers}x{hidden}", name=f"Megatron GPT ({layers} x {hidden})",
+                    layers=layers, moe_layers=0, d_model=hidden, d_ffn=4 * hidden, d_ffn_dense=4 * hidden,
+                    n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=hidden // heads, vocab=vocab,
+                    tie_embeddings=True, family="dense", dropout=dropout,
+                    source="Narayanan et al. SC'21 Table 1; dropout: Megatron-LM's --hidden-dropout and "
+                           "--attention-dropout default 0.1")
+
+
+def _model(spec: dict):
+    from moe_repro.components.model.zoo import get_model
+
+    if spec["kind"] == "megatron-gpt":
+        return megatron_gpt(spec["layers"], spec["hidden"], spec["heads"], spec["vocab"])
+    return get_model(spec["key"])
+
+
+# ----------------------------------------------------------------------------------- predictors
+
+def _plan(point: dict):
+    """The planner's candidates for the published layout (everything the source fixes, fixed)."""
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources.parallel_planner import plan_parallel
+
+    p = load_builtin(point["platform"])
+    lay, spec = point["layout"], point["model"]
+    m = _model(spec)
+    gpus = lay["gpus"]
+    if gpus % p.gpus_per_node:
+        raise ValueError(f"{point['id']}: {gpus} GPUs is not whole nodes of {p.name}")
+    kw = {}
+    if "local_batch" in lay:  # torchtitan: a local batch per data-parallel rank, micro-batches of mb
+        kw["global_batch"] = lay["local_batch"] * lay["dp"]
+        kw["micro_batches"] = lay["local_batch"] // lay["micro_batch"]
+    else:
+        kw["global_batch"] = lay["global_batch"]
+    return m, p, plan_parallel(m, p, gpus // p.gpus_per_node, seq=spec["seq"], precision=lay["precision"],
+                               zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
+                               cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],
+                               dropout=bool(getattr(m, "dropout", False)),
+                               overlap_dp=lay.get("overlap_dp", True), **kw)
+
+
+def measured_step_time(point: dict) -> float:
+    """Narayanan et al. Eq. 3: F = 96 B s l h^2 (1 + s / 6h + V / 16 l h) FLOPs per iteration
+    (GEMMs only, with the recomputed forward); step time = F / (n X)."""
+    spec, lay = point["model"], point["layout"]
+    B, s, l, h, V = lay["global_batch"], spec["seq"], spec["layers"], spec["hidden"], spec["vocab"]
+    F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return F / (lay["gpus"] * published_value(point) * 1e12)
+
+
+def predict_step_time(point: dict) -> tuple[float | None, str]:
+    _, _, pl = _plan(point)
+    best = pl.best
+    if best is None:
+        why = pl.candidates[0].why_not if pl.candidates else "; ".join(r["reason"] for r in pl.rejected[:1])
+        return None, f"no feasible layout: {why}"
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in best.parts.items() if v > 0)
+    return best.step_s, (f"VPP {best.vpp}, micro-batch {best.micro_batch}, M {best.micro_batches}, "
+                         f"MFU {best.mfu:.1%}; seconds: {parts}")
+
+
+def predict_memory(point: dict) -> tuple[float | None, str]:
+    _, _, pl = _plan(point)
+    c = pl.best or (pl.candidates[0] if pl.candidates else None)
+    if c is None:
+        return None, "rejected: " + "; ".join(r["reason"] for r in pl.rejected[:2])
+    mem = c.memory
+    terms = ", ".join(f"{k} {mem[k] / GiB:.1f}" for k in ("weights", "grads", "optimizer", "activations", "buffers"))
+    missing = list(point["layout"].get("not_modelled") or []) + list(point.get("named_differences") or [])
+    note = terms + (f"; not modelled: {', '.join(missing)}" if missing else "")
+    return mem["total"] / GiB, note
+
+
+def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
+    """Uniform routing of ``tokens x top_k`` token copies over the EP ranks (flat all-to-all);
+    bandwidth = bytes one GPU sends over the named bottleneck / simulated time."""
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.network.simulator import simulate_uniform, topology_for
+
+    p = load_builtin(point["platform"])
+    w = point["workload"]
+    ep, g = w["ep"], p.gpus_per_node
+    nodes = max(1, ep // g)
+    topo = topology_for(p, nodes, gpus_per_node=min(ep, g))
+    per_peer = w["tokens_per_rank"] * w["top_k"] * w["hidden"] * w["bytes_per_value"] / ep
+    res = simulate_uniform("flat", topo, p, int(per_peer))
+    local = min(ep, g)
+    if w["bottleneck"] == "nvlink":
+        link_bytes = per_peer * (local - 1)
+    else:
+        link_bytes = per_peer * (ep - local)
+    return link_bytes / res.time_s / 1e9, (f"{nodes} node(s) x {local} GPUs, {per_peer / 1e6:.2f} MB per peer, "
+                                           f"simulated {res.time_s * 1e3:.3f} ms")
+
+
+def score_point(point: dict) -> Scored:
+    pred = point["predictor"]
+    if pred == "step-time":
+        measured = measured_step_time(point)
+        predicted, note = predict_step_time(point)
+        how = "analytic"
+    elif pred == "memory":
+        measured = published_value(point)
+        predicted, note = predict_memory(point)
+        how = "analytic"
+    elif pred == "alltoall-bandwidth":
+        measured = published_value(point)
+        predicted, note = predict_alltoall_bandwidth(point)
+        how = "simulated"
+    else:
+        raise ValueError(f"{point['id']}: unknown predictor {pred!r}")
+    return Scored(point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note)
+
+
+def summarise(predictor: str, scored: list[Scored]) -> Summary:
+    errs = [(abs(s.error), s.point_id) for s in scored if s.error is not None]
+    if not errs:
+        return Summary(predictor, len(scored), 0, None, None, "", scored)
+    worst = max(errs)
+    return Summary(predictor, len(scored), len(errs), statistics.fmean(e for e, _ in errs), worst[0], worst[1],
+                   scored)
+
+
+def validate(predictors: tuple[str, ...] = PREDICTORS, doc: dict | None = None) -> list[Summary]:
+    """Score every ``scored`` point of the data file whose predictor is asked for."""
+    doc = doc if doc is not None else load_points()
+    out = []
+    for name in predictors:
+        pts = [p for p in doc["points"] if p["predictor"] == name and p.get("role") == "scored"]
+        out.append(summarise(name, [score_point(p) for p in pts]))
+    return out

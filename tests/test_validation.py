@@ -1,0 +1,91 @@
+"""repro validate: the published points, the derived measurements and the command."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from moe_repro.cli import cli
+from moe_repro.reproductions import validation as V
+
+
+def _points(predictor):
+    return [p for p in V.load_points()["points"] if p["predictor"] == predictor and p["role"] == "scored"]
+
+
+def test_enough_points_per_predictor_each_with_its_source():
+    assert len(_points("step-time")) >= 10
+    assert len(_points("memory")) >= 10
+    assert len(_points("alltoall-bandwidth")) >= 6
+    for p in V.load_points()["points"]:
+        pub = p["published"]
+        for key in ("paper", "source", "row", "column", "printed", "unit", "hardware", "url"):
+            assert pub.get(key), (p["id"], key)
+        assert V.published_value(p) > 0
+
+
+def test_every_parameter_says_where_it_comes_from():
+    doc = V.load_points()
+    assert doc["parameters"]
+    for par in doc["parameters"]:
+        assert par["role"] and par["source"]
+        assert "scored" not in par["role"] or "not scored" in par["role"]
+
+
+def test_measured_step_time_agrees_with_the_papers_training_time_estimate():
+    # Narayanan et al. Sec. 5.1: the 1T model on 3072 GPUs at 163 teraFLOP/s needs 84 days for
+    # 450B tokens (Eq. 4, an approximation of Eq. 3 within a few percent).
+    p = next(x for x in _points("step-time") if x["id"] == "narayanan21-t1-1008.0b")
+    steps = 450e9 / (p["layout"]["global_batch"] * p["model"]["seq"])
+    days = V.measured_step_time(p) * steps / 86400
+    assert days == pytest.approx(84, rel=0.04)
+
+
+def test_simulated_nvlink_bandwidth_is_the_links_rate_for_large_messages():
+    p = next(x for x in _points("alltoall-bandwidth") if x["id"] == "deepep-combine-ep8")
+    bw, _ = V.predict_alltoall_bandwidth(p)
+    assert bw == pytest.approx(200.0, rel=0.01)  # H800 NVLink, 400 GB/s bidirectional
+
+
+def test_errors_and_summary_follow_their_definitions():
+    a = V.Scored("a", "memory", 80.0, 88.0, "GiB", "s", "analytic")
+    b = V.Scored("b", "memory", 50.0, 40.0, "GiB", "s", "analytic")
+    c = V.Scored("c", "memory", 50.0, None, "GiB", "s", "analytic")
+    s = V.summarise("memory", [a, b, c])
+    assert (s.points, s.predicted) == (3, 2)
+    assert s.mape == pytest.approx((0.1 + 0.2) / 2)
+    assert (s.max_abs_error, s.worst) == (pytest.approx(0.2), "b")
+
+
+def test_validate_command_prints_each_predictor_and_writes_json(tmp_path):
+    out = tmp_path / "v.json"
+    r = CliRunner().invoke(cli, ["validate", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    for name in ("step-time", "memory", "alltoall-bandwidth", "MAPE", "narayanan21-t1-1.7b", "Calculon"):
+        assert name in r.output
+    doc = json.loads(out.read_text())
+    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth"}
+    assert len(doc["points"]) == sum(s["points"] for s in doc["summaries"])
+
+
+def test_validate_refuses_an_unknown_predictor():
+    r = CliRunner().invoke(cli, ["validate", "--predictor", "nope"])
+    assert r.exit_code == 2
+
+
+def test_validation_page_from_the_stored_result(tmp_path):
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.reports.validation_page import write_validation_page
+
+    store = ResultsStore(tmp_path / "results")
+    site = tmp_path / "site"
+    site.mkdir()
+    page = write_validation_page(store, site).read_text()
+    assert "Not yet run" in page
+    r = CliRunner().invoke(cli, ["--results", str(store.root), "validate", "--predictor", "alltoall-bandwidth"])
+    assert r.exit_code == 0, r.output
+    page = write_validation_page(store, site).read_text()
+    assert "Not yet run" not in page and "deepep-dispatch-ep8" in page and "Calculon" in page
+    assert (site / "validation-alltoall-bandwidth.png").stat().st_size > 0
+    doc = json.loads((store.root / "validation" / "validation.json").read_text())
+    assert page.count("<tr>") >= 1 + len(doc["points"])  # the summary row and one row per point
