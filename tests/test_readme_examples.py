@@ -69,6 +69,8 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro bench alltoall --nodes 16 --platform my-fabric.json --latency-model serial": ("run", []),
     "repro plan --model gpt3-175b --platform dgx-h100 --nodes 64": ("run", []),
     "repro plan --model deepseek-v3 --platform frontier --nodes 64 --method piper": ("run", []),
+    "repro validate": ("run", []),
+    "repro validate --predictor step-time": ("run", []),
     "repro calibrate --out my.json": ("cheap", ["--quick", "--no-alltoall"]),
     "repro plan --model tiny-moe --nodes 1 --platform my.json": ("run", []),
     "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference": ("cheap", ["--steps", "1"]),
