@@ -83,3 +83,32 @@ def test_simulated_mode_needs_no_ranks():
     (record,) = run_suite(suite, grid, RunConfig())
     assert record["simulated"] and record["wrong"] == 0 and record["nodes"] == 2
     assert 0 < record["inter_node_bytes"] <= record["token_bytes"]
+
+
+def test_the_suite_page_lays_out_balancer_by_workload_with_the_seed_spread(tmp_path):
+    from moe_repro.records.environment import collect_environment
+    from moe_repro.records.record import SuiteRecord
+    from moe_repro.reports import site
+
+    records = []
+    for balancer, base in (("Before LB", 3.0), ("FEPLB", 1.5)):
+        for workload, scale in (("hot-set", 1.0), ("balanced", 0.5)):
+            for seed in range(3):
+                records.append({"suite": "imbalance", "mode": "stats", "balancer": balancer,
+                                "workload": workload, "ep": 8, "seed": seed,
+                                "max_over_mean": base * scale + seed * 0.1, "decide_us": 10.0,
+                                "wrong": 1 if (balancer, workload, seed) == ("FEPLB", "balanced", 2) else 0})
+    run = SuiteRecord(suite="imbalance", description="x", params=["mode", "balancer", "workload", "ep", "seed"],
+                      metrics=[{"name": "time_s", "unit": "s", "better": "lower"},
+                               {"name": "max_over_mean", "unit": "x", "better": "lower"},
+                               {"name": "decide_us", "unit": "us", "better": "lower"}],
+                      records=records, environment=collect_environment(["repro", "bench", "imbalance"]))
+    (matrix, _) = site.matrix_views(run)
+    assert matrix["columns"] == ["hot-set", "balanced"]
+    assert [r["name"] for r in matrix["rows"]] == ["Before LB", "FEPLB"]
+    before_hot = matrix["rows"][0]["cells"][0]["text"]
+    assert before_hot.startswith("3.1") and "(3" in before_hot and "3.2" in before_hot   # median (min-max)
+    assert matrix["rows"][1]["cells"][1]["bad"] and not matrix["rows"][0]["cells"][1]["bad"]
+    assert "3 seed(s)" in matrix["note"]
+    page = site.write_suite_page(tmp_path, "imbalance", [run]).read_text()
+    assert "<h2>Matrix</h2>" in page and "hot-set" in page
