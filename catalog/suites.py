@@ -67,8 +67,8 @@ _SUITES = (
                needs="one process on this machine's device (CPU, or a GPU where there is one)",
                minutes=0.5),
     SuiteEntry("feplb-balancer", distributed=False,
-               description=("FEPLB greedy per-micro-batch balancer: CPU decision time (target <= "
-                            "50 us median for 128 experts, EP=8, dyn=4)."),
+               description=("FEPLB greedy per-micro-batch balancer: CPU decision time (goal <= "
+                            "20 us median for 128 experts, EP=8, dyn=4)."),
                needs="one process on this machine's device (CPU, or a GPU where there is one)",
                minutes=0.1),
     SuiteEntry("gemm", distributed=False,
