@@ -74,8 +74,16 @@ def derived_params(p: dict) -> dict:
         raise ValueError(f"ep must be >= 1, got {ep}")
     if int(p["steps"]) < 2:
         raise ValueError(f"steps must be >= 2 (step 0 is history), got {p['steps']}")
-    return {"ranks": ep if p["mode"] == "real" else 1, "simulated": p["mode"] == "simulated",
-            "nodes": -(-ep // GPUS_PER_NODE)}
+    experts = _workload(p).num_experts
+    if experts % ep:
+        raise ValueError(f"{p['workload']}: {experts} experts do not divide over EP={ep}")
+    out = {"ranks": ep if p["mode"] == "real" else 1, "simulated": p["mode"] == "simulated",
+           "nodes": -(-ep // GPUS_PER_NODE)}
+    if out["simulated"]:
+        out.update(platform=f"{out['nodes']} node(s) of {GPUS_PER_NODE} GPUs",
+                   simulated_because="the balancers' plans replayed on the workload's counts, "
+                                     "GEMM time from the roofline model")
+    return out
 
 
 def _workload(p: dict):
