@@ -67,8 +67,8 @@ _SUITES = (
                needs="one process on this machine's device (CPU, or a GPU where there is one)",
                minutes=0.5),
     SuiteEntry("feplb-balancer", distributed=False,
-               description=("FEPLB greedy per-micro-batch balancer: CPU decision time (target <= "
-                            "50 us median for 128 experts, EP=8, dyn=4)."),
+               description=("FEPLB greedy per-micro-batch balancer: CPU decision time (goal <= "
+                            "20 us median for 128 experts, EP=8, dyn=4)."),
                needs="one process on this machine's device (CPU, or a GPU where there is one)",
                minutes=0.1),
     SuiteEntry("gemm", distributed=False,
@@ -76,6 +76,13 @@ _SUITES = (
                             "device's ceiling."),
                needs="one process on this machine's device (CPU, or a GPU where there is one)",
                minutes=0.1),
+    SuiteEntry("imbalance", distributed=True,
+               description=("Every registered balancer on every routing workload (the eight "
+                            "standard token-imbalance workloads, our synthetic trace, real-count "
+                            "OLMoE workloads) at EP 2-16: stragglers, max/mean, bytes moved, "
+                            "decision time, #wrong against the exact oracle; stats, real gloo "
+                            "ranks, or simulated."),
+               needs="local processes (real gloo ranks) on the CPU; 2+ cores"),
     SuiteEntry("llep-layer", distributed=True,
                description=("Least-loaded EP vs plain EP MoE layer, forward+backward on skewed "
                             "routing over real ranks: busiest-rank rows, time, difference from "

@@ -494,7 +494,59 @@ def suite_view(run: SuiteRecord) -> dict:
     return {"machine": _machine(env), "constants": constants, "varying": varying, "columns": columns,
             "rows": rows, "has_wrong": has_wrong, "wrong": wrong, "simulated": sim_note,
             "no_spread": [m for m in headline if m not in with_iqr], "hidden": hidden,
-            "bytes_note": BYTES_NOTE if bytes_shown else None, "interrupted": run.interrupted, "error": run.error}
+            "bytes_note": BYTES_NOTE if bytes_shown else None, "interrupted": run.interrupted, "error": run.error,
+            "matrices": matrix_views(run)}
+
+
+# Suites whose records cross methods with inputs (suites/imbalance.py: balancer x workload over
+# seeds) get one matrix per setting of their other varying parameters: rows x columns, each cell
+# the median over the spread parameter with its min-max, so the seed spread shows beside it.
+MATRIX_AXES = ("balancer", "workload", "seed")
+MATRIX_METRICS = ("max_over_mean", "decide_us")
+
+
+def matrix_views(run: SuiteRecord) -> list[dict]:
+    rows_key, cols_key, over = MATRIX_AXES
+    records = [r for r in run.records if rows_key in r and cols_key in r]
+    if not records:
+        return []
+    varying, _ = split_params(run, records)
+    others = [p for p in varying if p not in MATRIX_AXES]
+    units = {m.name: m.unit for m in run.metrics}
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(r.get(p) for p in others), []).append(r)
+    out = []
+    for key, group in groups.items():
+        row_names = list(dict.fromkeys(r[rows_key] for r in group))
+        col_names = list(dict.fromkeys(r[cols_key] for r in group))
+        for metric in MATRIX_METRICS:
+            if not any(_finite(r.get(metric)) for r in group):
+                continue
+            table = []
+            for row in row_names:
+                cells = []
+                for col in col_names:
+                    hits = [r for r in group if r[rows_key] == row and r[cols_key] == col]
+                    values = sorted(float(r[metric]) for r in hits if _finite(r.get(metric)))
+                    wrong = sum(int(r.get("wrong") or 0) for r in hits)
+                    if not values:
+                        cells.append({"text": "-", "bad": False})
+                        continue
+                    mid = values[len(values) // 2] if len(values) % 2 else \
+                        (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+                    text = fmt(mid, units.get(metric))
+                    if len(values) > 1:
+                        text += f" ({fmt(values[0], units.get(metric))}-{fmt(values[-1], units.get(metric))})"
+                    cells.append({"text": text + (f" #wrong {wrong}" if wrong else ""), "bad": bool(wrong)})
+                table.append({"name": row, "cells": cells})
+            seeds = sorted({r.get(over) for r in group}, key=str)
+            setting = ", ".join(f"{p}={fmt(v)}" for p, v in zip(others, key))
+            out.append({"title": f"{metric} [{units.get(metric, '')}]" + (f", {setting}" if setting else ""),
+                        "columns": col_names, "rows": table,
+                        "note": f"median over {len(seeds)} {over}(s) {', '.join(map(str, seeds))}"
+                                + (" (min-max in brackets)" if len(seeds) > 1 else "")})
+    return out
 
 
 def _write_figure(directory: Path, stem: str, fig: dict) -> dict:

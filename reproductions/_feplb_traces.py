@@ -46,6 +46,7 @@ from moe_repro.components.balance import routing_trace
 from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
                                                         contiguous_ranks, device_loads,
                                                         synthetic_trace)
+from moe_repro.components.balance.workloads import DOMAINS, LAYERS, get_workload
 from moe_repro.components.model.zoo import get_model
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.network.platform import load_builtin
@@ -54,7 +55,11 @@ from moe_repro.records import grading
 CONFIGS = (("4/2", 2), ("4/4", 4), ("2/8", 8))   # FEPLB Sec. 3.1: PP=4/EP=2, 4/4, 2/8
 
 DEFAULTS = {"tokens": 4096, "layers": 18, "micro_batches": 4, "skew": 1.0, "drift": 0.05,
-            "noise": 0.3, "seed": 0, "dyn": 4, "tau": 0, "max_num_dyn": 8}
+            "noise": 0.3, "seed": 0, "dyn": 4, "tau": 0, "max_num_dyn": 8,
+            "workload": "synthetic"}
+# Real-count workloads (components/balance/workloads.py) the replay can take instead of the
+# synthetic trace: OLMoE-1B-7B's real per-expert counts (64 experts, top-8), per domain and layer.
+REAL_CANDIDATES = tuple(f"olmoe-{d}-L{layer}" for d in DOMAINS for layer in LAYERS)
 
 
 
@@ -67,18 +72,30 @@ def check(params: dict) -> None:
     for key in ("skew", "drift", "noise"):
         if float(params[key]) < 0:
             raise ValueError(f"{key} must be >= 0")
+    workload = str(params.get("workload", "synthetic"))
+    if workload != "synthetic" and workload not in REAL_CANDIDATES:
+        raise ValueError(f"workload must be synthetic or one of {', '.join(REAL_CANDIDATES)}, "
+                         f"got {workload!r}")
+
+
+REAL_ROW = "real counts"   # suffix of the rows graded again on the nearest real-count workload
+
+
+def real_row(row: str) -> str:
+    return f"{row} {REAL_ROW}"
 
 
 def straggler_table_layout(unit: str) -> dict:
     """FEPLB Tables 3 and 4 as printed: PP/EP rows; Before LB, then FasterMoE and FEPLB each with
-    the reduction in parentheses (reports/html.py ``paper_grid``)."""
+    the reduction in parentheses (reports/html.py ``paper_grid``); then the same rows graded on
+    the real-count workload."""
     def method(name: str) -> dict:
         columns = [{"label": unit, "column": name}]
         if name != "Before LB":
             columns.append({"label": "vs Before LB (%)", "column": f"{name} vs Before LB"})
         return {"label": name, "columns": columns}
 
-    return {"corner": "PP/EP", "rows": [row for row, _ in CONFIGS],
+    return {"corner": "PP/EP", "rows": [row for row, _ in CONFIGS] + [real_row(row) for row, _ in CONFIGS],
             "groups": [method(name) for name in ("Before LB", "FasterMoE", "FEPLB")]}
 
 
@@ -102,6 +119,8 @@ def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
     trace (under 1 MB each at the defaults, so the 5 seeds x 3 EP configurations of one run, and
     the reproductions that share them, stay cached) and one trace that keeps every token's
     choices (about 150 MB at EP = 8)."""
+    if str(params.get("workload", "synthetic")) != "synthetic":
+        return _workload_trace(params, ep, keep_tokens)
     m = get_model("glm5-moe")
     key = (int(params["layers"]), int(params["micro_batches"]), m.n_experts, m.top_k,
            int(params["tokens"]), ep, float(params["skew"]), float(params["drift"]),
@@ -128,6 +147,49 @@ def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
 
 
 _TRACES: dict = {}
+
+
+def _workload_trace(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
+    """A real-count workload as a trace: ``tokens`` x EP tokens per micro-batch (as many rows
+    per device as the synthetic trace), layer l's micro-batch m drawn as the workload's step
+    l x micro_batches + m at the seed, so layers are independent samples of the same real
+    popularity; the EP ranks are the sources (consecutive tokens per rank). Cached per process."""
+    name, seed = str(params["workload"]), int(params["seed"])
+    layers, mbs = int(params["layers"]), int(params["micro_batches"])
+    key = ("workload", name, layers, mbs, int(params["tokens"]), ep, seed)
+    if key in _TRACES:
+        return _TRACES[key]
+    w = get_workload(name, tokens=int(params["tokens"]) * ep)
+    counts = torch.zeros(layers, mbs, ep, w.num_experts, dtype=torch.int64)
+    top: list[list[torch.Tensor]] = []
+    for layer in range(layers):
+        top.append([])
+        for mb in range(mbs):
+            r = w.routing(seed, layer * mbs + mb, ep)
+            counts[layer, mb] = r.source_counts(w.num_experts, ep)
+            top[layer].append(r.expert_ids)
+    trace = RoutingTrace(counts, w.top_k, f"real-count workload {name}: {w.description}",
+                         top if keep_tokens else None)
+    if len([k for k in _TRACES if k[0] == "workload"]) >= 32:
+        _TRACES.pop(next(k for k in _TRACES if k[0] == "workload"))
+    _TRACES[key] = trace
+    return trace
+
+
+def nearest_real_workload(params: dict, target_max_mean: float) -> tuple[str, float]:
+    """The OLMoE real-count workload whose Before LB device max/mean at EP = 2 (mean over the
+    first seed's replayed micro-batches of 2 layers) is nearest ``target_max_mean``, and its
+    value."""
+    best = None
+    for name in REAL_CANDIDATES:
+        trace = _workload_trace({**params, "workload": name, "layers": 2}, 2)
+        ranks = contiguous_ranks(trace.num_experts, 2)
+        values = [imbalance(trace.expert_counts(layer, mb), ranks, 2).device_max_mean
+                  for layer in range(trace.num_layers) for mb in range(1, trace.num_micro_batches)]
+        value = _mean(values)
+        if best is None or abs(value - target_max_mean) < abs(best[1] - target_max_mean):
+            best = (name, value)
+    return best
 
 
 def _disk_path(key: tuple) -> Path | None:
@@ -208,7 +270,7 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
     a diagnostic). Cached per method."""
     if history not in HISTORIES:
         raise ValueError(f"history must be one of {', '.join(HISTORIES)}, got {history!r}")
-    base = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,
+    base = (tuple(sorted((k, params.get(k, DEFAULTS[k])) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,
             bool(next_if_unfit))
 
     def replay(name: str) -> list[MethodStats]:
@@ -322,7 +384,9 @@ def seeds_note(params: dict, ep: int | None = None) -> str:
     """Which traces a cell's numbers come from (short; the full description is in the
     assumptions)."""
     first = seeds(params)
-    words = f"synthetic trace, seeds {first[0]}-{first[-1]}"
+    workload = str(params.get("workload", "synthetic"))
+    words = (f"synthetic trace" if workload == "synthetic" else f"real-count workload {workload}") \
+        + f", seeds {first[0]}-{first[-1]}"
     return words + (f", EP={ep}" if ep is not None else "")
 
 
@@ -431,7 +495,7 @@ class TraceStats:
 
 
 def trace_stats(params: dict, ep: int) -> TraceStats:
-    key = (tuple(sorted((k, params[k]) for k in DEFAULTS)), ep)
+    key = (tuple(sorted((k, params.get(k, DEFAULTS[k])) for k in DEFAULTS)), ep)
     if key not in _STATS:
         trace = trace_for(params, ep)
         ranks = contiguous_ranks(trace.num_experts, ep)
@@ -482,6 +546,15 @@ def derived_printed(numerator: str, denominator: str, digits: int) -> str:
 # --- notes ------------------------------------------------------------------------------------
 
 def trace_assumption(params: dict) -> str:
+    workload = str(params.get("workload", "synthetic"))
+    if workload != "synthetic":
+        return (f"Trace: real-count workload {workload} (components/balance/workloads.py): "
+                f"OLMoE-1B-7B's real per-expert counts (64 experts, top-8) for that domain and "
+                f"layer; tokens ({params['tokens']} per EP rank and micro-batch) and gates sampled "
+                f"per step; {params['layers']} layers x {params['micro_batches']} micro-batches "
+                f"as independent draws of the same popularity; seeds {seeds(params)[0]}-"
+                f"{seeds(params)[-1]}. Not GLM-5's routing (128 experts): a real model's "
+                f"imbalance, totals per domain, not per step.")
     return (f"Trace: synthetic, 128 experts, top-8, EP sources x {params['tokens']} tokens per "
             f"micro-batch, {params['layers']} layers x {params['micro_batches']} micro-batches, "
             f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; seeds "

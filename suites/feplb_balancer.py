@@ -1,6 +1,6 @@
 """FEPLB's greedy balancer: decision time per micro-batch (FEPLB Sec. 2: "completes in
-approximately 50 us on a single CPU core"; the issue's target: <= 50 us median for 128 experts,
-EP = 8, dyn = 4).
+approximately 50 us on a single CPU core"; our goal: <= 20 us median for 128 experts, EP = 8,
+dyn = 4).
 
 One ``run`` = one micro-batch decision: ``greedy_balance`` on the next micro-batch's counts of
 a synthetic GLM-5-shaped trace (128 experts, top-8), cycling through its micro-batches. The

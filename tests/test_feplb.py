@@ -97,6 +97,69 @@ def test_greedy_properties_random(seed):
     assert greedy_balance(counts, part, tau=10, max_num_dyn=2).moves == plan.moves  # deterministic
 
 
+def _greedy_as_written(counts, part, tau, cap, next_if_unfit):
+    """FEPLB Sec. 2's greedy loop written the plain way (rescan everything every round), the
+    reference the fast greedy_balance must equal move for move."""
+    placement = part.placement
+    world = placement.world_size
+    loads = [sum(counts[e] for e in ex) for ex in placement.experts_of_rank]
+    moved, received, moves = set(), [0] * world, []
+    while True:
+        d_max = max(range(world), key=lambda d: (loads[d], -d))
+        others = [d for d in range(world) if d != d_max and received[d] < cap]
+        if not others:
+            break
+        d_min = min(others, key=lambda d: (loads[d], d))
+        gap = loads[d_max] - loads[d_min]
+        busiest_first = sorted((e for e in part.dynamic_of_rank[d_max]
+                                if e not in moved and counts[e] >= max(tau, 1)),
+                               key=lambda e: (-counts[e], e))
+        fits = [e for e in busiest_first if counts[e] < gap]
+        if not fits or (not next_if_unfit and fits[0] != busiest_first[0]):
+            break
+        e = fits[0]
+        moved.add(e)
+        loads[d_max] -= counts[e]
+        loads[d_min] += counts[e]
+        received[d_min] += 1
+        moves.append((e, d_max, d_min, counts[e]))
+    return moves, loads
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_equals_the_plain_loop_on_fresh_inputs(seed):
+    """Uneven splits (a permuted, non-contiguous placement), empty experts, ties, tau, caps."""
+    g = torch.Generator().manual_seed(100 + seed)
+    world = int(torch.randint(2, 9, (1,), generator=g))
+    per = int(torch.randint(1, 9, (1,), generator=g))
+    experts = world * per
+    if seed % 2:
+        placement = ExpertPlacement.contiguous(experts, world)
+    else:  # experts scattered over ranks, uneven counts per rank
+        ranks = torch.randint(0, world, (experts,), generator=g).tolist()
+        ranks[:world] = list(range(world))
+        placement = ExpertPlacement.from_ranks(ranks, world)
+    raw = (torch.rand(experts, generator=g) ** 3 * 300).long()
+    raw[torch.rand(experts, generator=g) < 0.25] = 0                       # empty experts
+    if seed % 3 == 0:
+        raw = raw // 50 * 50                                               # many ties
+    counts = raw.tolist()
+    dyn = min(len(ex) for ex in placement.experts_of_rank)
+    dyn = int(torch.randint(0, dyn + 1, (1,), generator=g))
+    part = ExpertPartition(placement, tuple(tuple(ex[len(ex) - dyn:]) if dyn else ()
+                                            for ex in placement.experts_of_rank))
+    tau = int(torch.randint(0, 40, (1,), generator=g))
+    for cap in (None, 0, 1, 2):
+        for unfit in (False, True):
+            want_moves, want_loads = _greedy_as_written(counts, part, tau, world * experts
+                                                        if cap is None else cap, unfit)
+            for given in (counts, torch.tensor(counts), [float(c) for c in counts]):
+                plan = greedy_balance(given, part, tau, cap, unfit)
+                assert [tuple(m) for m in plan.moves] == want_moves
+                assert plan.loads_after == want_loads
+                assert all(type(v) is int for v in plan.loads_after)
+
+
 def test_buffer_bytes_glm5():
     # FEPLB Sec. 2: one GLM-5 expert is 72 MiB; max_num_dyn = 8 -> 576 MiB.
     assert weight_buffer_bytes(8, 6144, 2048) == 576 * 2 ** 20

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -83,13 +85,32 @@ class ExpertPartition:
             out.append(tuple(sorted(chosen)))
         return cls(placement, tuple(out))
 
+    @cached_property
+    def layout(self) -> tuple:
+        """(E, per-rank (start, stop) spans when every rank holds consecutive experts else None,
+        experts per rank, dynamic experts per rank): what greedy_balance needs besides the
+        counts, computed once per partition."""
+        experts_of_rank = self.placement.experts_of_rank
+        spans = []
+        for experts in experts_of_rank:
+            if experts and list(experts) == list(range(experts[0], experts[-1] + 1)):
+                spans.append((experts[0], experts[-1] + 1))
+            else:
+                spans = None
+                break
+        dynamic = tuple(tuple(sorted(d)) for d in self.dynamic_of_rank)   # ties: lower id first
+        return (self.placement.num_experts, spans, experts_of_rank, dynamic)
+
     @property
     def dynamic(self) -> set[int]:
         return {e for dyn in self.dynamic_of_rank for e in dyn}
 
 
-@dataclass(frozen=True)
-class Move:
+class Move(NamedTuple):
+    """One copy: ``expert`` (with its ``tokens`` rows) from device ``src`` to ``dst``. A named
+    tuple rather than a frozen dataclass: it is built inside the timed decision, and a frozen
+    dataclass's __init__ costs about a microsecond more per move."""
+
     expert: int
     src: int
     dst: int
@@ -115,35 +136,53 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
     (``next_if_unfit``: when the busiest dynamic expert does not fit the gap, try the next
     busiest instead of stopping; not the paper's rule, a diagnostic)."""
     # Plain Python on small lists: this runs on the CPU once per micro-batch and layer, and
-    # FEPLB Sec. 2 budgets ~50 us for it (suites/feplb_balancer.py measures it).
-    counts = (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor)
-              else [int(c) for c in expert_counts])
-    placement = partition.placement
-    if len(counts) != placement.num_experts:
-        raise ValueError(f"{len(counts)} counts for {placement.num_experts} experts")
-    world = placement.world_size
-    loads = [sum([counts[e] for e in experts]) for experts in placement.experts_of_rank]
+    # FEPLB Sec. 2 budgets ~50 us for it (suites/feplb_balancer.py and suites/imbalance.py
+    # measure it). What does not depend on the counts (the ranks' expert spans, the dynamic
+    # lists) is prepared once per partition (ExpertPartition.layout); a device's candidates
+    # are sorted only when it is the most loaded one.
+    if isinstance(expert_counts, torch.Tensor):
+        counts = expert_counts.tolist()
+    elif type(expert_counts) is list and set(map(type, expert_counts)) <= {int}:
+        counts = expert_counts
+    else:
+        counts = [int(c) for c in expert_counts]
+    num_experts, spans, experts_of_rank, dynamic_of_rank = partition.layout
+    if len(counts) != num_experts:
+        raise ValueError(f"{len(counts)} counts for {num_experts} experts")
+    world = len(dynamic_of_rank)
+    if spans is not None:
+        loads = [sum(counts[a:b]) for a, b in spans]
+    else:
+        loads = [sum([counts[e] for e in experts]) for experts in experts_of_rank]
     before = list(loads)
     floor = max(tau, 1)
-    # Candidates per home device, busiest first (ties: lower expert id).
-    candidates = [sorted([e for e in dyn if counts[e] >= floor], key=lambda e: (-counts[e], e))
-                  for dyn in partition.dynamic_of_rank]
+    candidates: list[list[int] | None] = [None] * world
     received = [0] * world
-    cap = max_num_dyn if max_num_dyn is not None else world * placement.num_experts
+    cap = max_num_dyn if max_num_dyn is not None else world * num_experts
     moves: list[Move] = []
-    ranks = range(world)
     while True:
         top = max(loads)
         d_max = loads.index(top)                       # lowest index among the most loaded
-        d_min, low = -1, None
-        for d in ranks:
-            if d != d_max and received[d] < cap and (low is None or loads[d] < low):
-                d_min, low = d, loads[d]
-        if d_min < 0:
+        low = min(loads)
+        d_min = loads.index(low)                       # lowest index among the least loaded
+        if d_min == d_max:                             # every device equal: nothing to gain
             break
+        if received[d_min] >= cap:                     # the least loaded is full: next one
+            d_min, low = -1, None
+            for d in range(world):
+                if d != d_max and received[d] < cap and (low is None or loads[d] < low):
+                    d_min, low = d, loads[d]
+            if d_min < 0:
+                break
         gap = top - low
+        mine = candidates[d_max]
+        if mine is None:
+            # busiest first; ties: lower expert id (the dynamic tuple is ascending and the sort
+            # is stable under reverse=True)
+            mine = candidates[d_max] = sorted([e for e in dynamic_of_rank[d_max] if counts[e] >= floor],
+                                              key=counts.__getitem__, reverse=True)
         pick = None
-        for e in candidates[d_max]:
+        for e in mine:
             if counts[e] < gap:
                 pick = e
                 break
@@ -151,11 +190,12 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
                 break
         if pick is None:
             break
-        candidates[d_max].remove(pick)
-        loads[d_max] -= counts[pick]
-        loads[d_min] += counts[pick]
+        mine.remove(pick)
+        c = counts[pick]
+        loads[d_max] -= c
+        loads[d_min] += c
         received[d_min] += 1
-        moves.append(Move(pick, d_max, d_min, counts[pick]))
+        moves.append(Move(pick, d_max, d_min, c))
     return BalancePlan(moves, before, loads)
 
 

@@ -149,7 +149,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         # first line of output: the numbers below are predictions, and why
         click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
                                                for name, why in simulated.items())
-                   + ": every number below is a prediction of the flow-level simulator, not a measurement")
+                   + ": every number of those points is a prediction of the suite's simulator, not a measurement")
     for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks):
         click.echo(line)  # what --backend auto picked, and why
 

@@ -1,0 +1,321 @@
+"""imbalance: every registered balancer on every routing workload, at EP 2-16.
+
+A grid point is (``mode``, ``balancer``, ``workload``, ``ep``, ``seed``). The workload
+(components/balance/workloads.py: the eight standard token-imbalance workloads, our synthetic
+generator, and real-count OLMoE workloads) gives the routing of ``steps`` steps, the same at
+every EP; step 0 is history only, the balancer plans steps 1..steps-1 (from the previous
+step's counts where it plans from history) under the contiguous home placement, and every
+metric is the mean over those steps (and over the layers of a multi-layer workload).
+
+Modes:
+- ``stats``: routing statistics only, in one process. The measured call (``time_s``) is one
+  balancer decision; ``decide_us`` is that time in microseconds.
+- ``real``: the balancer's plan executed on ``ep`` real local gloo ranks at a small size
+  (``d_model`` 16, ``d_ffn`` 32, float64 with integer inputs and weights so sums are exact):
+  each rank holds its own tokens, all-gathers the per-expert counts, decides, dispatches every
+  token-expert row to the device the plan names (all-to-all-v), computes the experts there and
+  sends the rows back to be gated and summed. The measured call is one such step, decision
+  included; ``decide_us`` is the decision alone.
+- ``simulated``: the statistics at scale, no process started and no time measured (recorded
+  ``simulated: true``); EP beyond 8 spans nodes of 8 GPUs.
+
+Metrics. Analytic (exact counts): ``max_over_mean`` (busiest device's rows over the mean),
+``token_straggler`` (FEPLB Sec. 3.1: max - mean rows), ``token_bytes`` (token-expert rows
+computed away from their source, GLM-5's d_model 6144 at 2 bytes), ``inter_node_bytes`` (the
+part crossing nodes of 8 GPUs), ``weight_bytes`` (experts computed away from their home, one
+GLM-5 expert each: FEPLB/FasterMoE/LLEP copy these per micro-batch; for EPLB and Piper it is
+the standing displacement from home, moved only when their plan changes). Simulated:
+``gemm_straggler_us`` (max - mean of each device's grouped-GEMM time from the roofline
+GemmTimeModel of a GLM-5 expert on an H100: a model, not a measurement). Measured:
+``time_s``, ``decide_us``. #wrong: the exact oracle of components/balance/row_plan.py (every
+token-expert row computed exactly once, on the devices the balancer's own work accounts for)
+and, in ``real`` mode, output elements that differ from the dense reference (every token's
+experts computed once, with its gates; exact arithmetic, so any difference is an error).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import torch
+
+from moe_repro.components.balance import balancer_names, get_balancer
+from moe_repro.components.balance.base import BalanceStep
+from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, weight_copies
+from moe_repro.components.balance.routing_trace import GemmTimeModel, gemm_straggler, token_straggler
+from moe_repro.components.balance.workloads import STANDARD, get_workload, workload_names
+from moe_repro.components.moe.moe_layer import ExpertPlacement
+from moe_repro.suites.base import Metric, Suite
+
+MODES = ("stats", "real", "simulated")
+GPUS_PER_NODE = 8
+# the real-count workload whose Before-LB device imbalance at EP=2 is nearest FEPLB Table 3's
+# (reproductions/feplb_table3.py picks it; listed here so the grid holds it)
+WORKLOADS = (*STANDARD, "synthetic", "olmoe-c4-L7", "olmoe-arxiv-L0", "olmoe-switch", "olmoe-layers")
+REAL_SIZE = {"d_model": 16, "d_ffn": 32}
+
+
+@lru_cache(maxsize=1)
+def glm5_scale() -> tuple[GemmTimeModel, int, int]:
+    """(GEMM time model, bytes of one token row, bytes of one expert's weights) at GLM-5's
+    shape on an H100 (the dgx-h100 profile), as feplb-table4 uses."""
+    from moe_repro.components.model.zoo import get_model
+    from moe_repro.components.network.platform import load_builtin
+
+    m, p = get_model("glm5-moe"), load_builtin("dgx-h100")
+    model = GemmTimeModel(m.d_model, m.d_ffn, p.gemm_flops, p.hbm_bytes_per_s, n_mat=m.n_mat)
+    return model, m.d_model * 2, m.n_mat * m.d_model * m.d_ffn * 2
+
+
+def derived_params(p: dict) -> dict:
+    ep = int(p["ep"])
+    if ep < 1:
+        raise ValueError(f"ep must be >= 1, got {ep}")
+    if int(p["steps"]) < 2:
+        raise ValueError(f"steps must be >= 2 (step 0 is history), got {p['steps']}")
+    experts = _workload(p).num_experts
+    if experts % ep:
+        raise ValueError(f"{p['workload']}: {experts} experts do not divide over EP={ep}")
+    out = {"ranks": ep if p["mode"] == "real" else 1, "simulated": p["mode"] == "simulated",
+           "nodes": -(-ep // GPUS_PER_NODE)}
+    if out["simulated"]:
+        out.update(platform=f"{out['nodes']} node(s) of {GPUS_PER_NODE} GPUs",
+                   simulated_because="the balancers' plans replayed on the workload's counts, "
+                                     "GEMM time from the roofline model")
+    return out
+
+
+def _workload(p: dict):
+    name = p["workload"]
+    if name in STANDARD or name == "synthetic":
+        return get_workload(name, int(p["experts"]), int(p["top_k"]), int(p["tokens"]))
+    return get_workload(name, tokens=int(p["tokens"]))
+
+
+def plan_steps(p: dict) -> dict:
+    """Every measured step's BalanceStep, decision, row plan and oracle count."""
+    w, ep = _workload(p), int(p["ep"])
+    placement = ExpertPlacement.contiguous(w.num_experts, ep)
+    balancer = get_balancer(p["balancer"])
+    steps = []
+    for layer in range(w.num_layers):
+        routings = [w.routing(int(p["seed"]), s, ep, layer) for s in range(int(p["steps"]))]
+        for s in range(1, len(routings)):
+            step = BalanceStep(placement, routings[s].source_counts(w.num_experts, ep),
+                               routings[s - 1].source_counts(w.num_experts, ep))
+            work = balancer.run(step)
+            rows = rows_to_devices(balancer.name, step, work)
+            steps.append({"step": step, "work": work, "rows": rows, "routing": routings[s],
+                          "wrong": count_wrong(step, work, rows)})
+    return {"workload": w, "placement": placement, "balancer": balancer, "steps": steps}
+
+
+def routing_stats(p: dict, plan: dict) -> dict:
+    """The analytic and modelled metrics, means over the measured steps."""
+    model, row_bytes, expert_bytes = glm5_scale()
+    ep = int(p["ep"])
+    node = torch.arange(ep) // GPUS_PER_NODE
+    home = plan["placement"].rank_of_expert().tolist()
+    sums = {"max_over_mean": 0.0, "token_straggler": 0.0, "gemm_straggler_us": 0.0,
+            "token_bytes": 0.0, "inter_node_bytes": 0.0, "weight_bytes": 0.0}
+    for s in plan["steps"]:
+        loads, rows = s["work"].loads, s["rows"]
+        mean = sum(loads) / len(loads)
+        sums["max_over_mean"] += max(loads) / mean if mean else 1.0
+        sums["token_straggler"] += token_straggler(loads)
+        sums["gemm_straggler_us"] += gemm_straggler(model.device_times_s(s["work"].gemm_groups)) * 1e6
+        per_pair = rows.sum(1)                                       # [W_src, W_dst]
+        away = per_pair.sum() - per_pair.diagonal().sum()
+        sums["token_bytes"] += float(away) * row_bytes
+        crossing = per_pair[node.unsqueeze(1) != node.unsqueeze(0)].sum()
+        sums["inter_node_bytes"] += float(crossing) * row_bytes
+        sums["weight_bytes"] += weight_copies(rows, home) * expert_bytes
+    n = len(plan["steps"])
+    return {k: v / n for k, v in sums.items()}
+
+
+# --- real mode: the plan executed over real ranks --------------------------------------------------
+
+def _expert_weights(p: dict, experts: int):
+    """Integer weights of every expert, the same on every rank (drawn from the seed alone)."""
+    g = torch.Generator().manual_seed(1000 + int(p["seed"]))
+    h, f = REAL_SIZE["d_model"], REAL_SIZE["d_ffn"]
+    w1 = torch.randint(-2, 3, (experts, h, f), generator=g).double()
+    w2 = torch.randint(-2, 3, (experts, f, h), generator=g).double()
+    return w1, w2
+
+
+def _ffn(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def _real_step(state: dict, s: dict) -> torch.Tensor:
+    """One step on this rank: counts all-gathered, decision, dispatch, experts, combine."""
+    import torch.distributed as dist
+
+    from moe_repro.components.alltoall.flat import all_to_all_v
+
+    me, world, experts = state["rank"], state["ep"], state["experts"]
+    ids, gates, x = s["ids"], s["gates"], s["x"]
+    local = torch.bincount(ids.reshape(-1), minlength=experts)
+    gathered = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    t0 = time.perf_counter()
+    step = BalanceStep(state["placement"], torch.stack(gathered), s["previous"])
+    work = state["balancer"].run(step)
+    rows = rows_to_devices(state["balancer"].name, step, work)
+    state["decide_s"].append(time.perf_counter() - t0)
+    # this rank's token-expert pairs, expert-major, each expert's rows cut over devices in order
+    flat_e = ids.reshape(-1)
+    pairs = flat_e.numel()
+    pair_index = torch.arange(pairs)
+    order = torch.argsort(flat_e * pairs + pair_index)               # by expert, then pair
+    dest = torch.empty(pairs, dtype=torch.int64)
+    start = 0
+    mine = rows[me]                                                  # [E, W]
+    for e in range(experts):
+        for d in range(world):
+            n = int(mine[e, d])
+            dest[order[start:start + n]] = d
+            start += n
+    # the send buffer: by device, expert-major inside, so a receiver knows each row's expert
+    send_order = torch.argsort((dest * experts + flat_e) * pairs + pair_index)
+    tokens = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
+    send_counts = torch.bincount(dest, minlength=world).tolist()
+    recv_counts = rows[:, :, me].sum(1).tolist()
+    received = all_to_all_v(x[tokens[send_order]], send_counts, recv_counts)
+    # rows from source r arrive expert-major: their experts are known from the plan
+    recv_experts = torch.cat([torch.arange(experts).repeat_interleave(rows[r, :, me])
+                              for r in range(world)])
+    out = torch.empty_like(received)
+    for e in torch.unique(recv_experts).tolist():
+        sel = (recv_experts == e).nonzero().flatten()
+        out[sel] = _ffn(received[sel], state["w1"][e], state["w2"][e])
+    back = all_to_all_v(out, recv_counts, send_counts)
+    result = torch.empty_like(back)
+    result[send_order] = back
+    pair_out = result.reshape(ids.shape[0], ids.shape[1], -1)
+    y = torch.zeros(ids.shape[0], x.shape[1], dtype=x.dtype)
+    for j in range(ids.shape[1]):                                    # gate, then sum in slot order
+        y += gates[:, j:j + 1].double() * pair_out[:, j]
+    return y
+
+
+def _reference(state: dict, s: dict) -> torch.Tensor:
+    ids, gates, x = s["ids"], s["gates"], s["x"]
+    pair_out = torch.empty(ids.shape[0], ids.shape[1], x.shape[1], dtype=x.dtype)
+    for e in torch.unique(ids).tolist():
+        t, j = (ids == e).nonzero(as_tuple=True)
+        pair_out[t, j] = _ffn(x[t], state["w1"][e], state["w2"][e])
+    y = torch.zeros(ids.shape[0], x.shape[1], dtype=x.dtype)
+    for j in range(ids.shape[1]):
+        y += gates[:, j:j + 1].double() * pair_out[:, j]
+    return y
+
+
+def _setup_real(p: dict, plan: dict, ctx) -> dict:
+    torch.set_num_threads(1)
+    w = plan["workload"]
+    state = {"rank": ctx.rank, "ep": int(p["ep"]), "experts": w.num_experts,
+             "placement": plan["placement"], "balancer": plan["balancer"], "decide_s": [], "i": 0}
+    state["w1"], state["w2"] = _expert_weights(p, w.num_experts)
+    g = torch.Generator().manual_seed(2000 + int(p["seed"]))
+    local_steps = []
+    for s in plan["steps"]:
+        r = s["routing"]
+        mask = r.source_ranks(state["ep"]) == ctx.rank
+        x_all = torch.randint(-3, 4, (r.tokens, REAL_SIZE["d_model"]), generator=g).double()
+        local_steps.append({"ids": r.expert_ids[mask], "gates": r.gates[mask], "x": x_all[mask],
+                            "previous": s["step"].previous_source_counts})
+    state["local_steps"] = local_steps
+    wrong = 0
+    for s in local_steps:   # one pass of every step against the dense reference
+        wrong += int((_real_step(state, s) != _reference(state, s)).sum())
+    state["output_wrong"] = wrong
+    state["decide_s"].clear()
+    return state
+
+
+def setup(params: dict, ctx=None) -> dict:
+    if params["mode"] not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {params['mode']!r}")
+    plan = plan_steps(params)
+    state = {"mode": params["mode"], "plan": plan, "stats": routing_stats(params, plan),
+             "plan_wrong": sum(s["wrong"] for s in plan["steps"]), "i": 0, "decide_s": []}
+    if params["mode"] == "real":
+        state["real"] = _setup_real(params, plan, ctx)
+    return state
+
+
+def run(state: dict):
+    if state["mode"] == "real":
+        real = state["real"]
+        s = real["local_steps"][real["i"] % len(real["local_steps"])]
+        real["i"] += 1
+        return _real_step(real, s)
+    steps = state["plan"]["steps"]
+    s = steps[state["i"] % len(steps)]
+    state["i"] += 1
+    return state["plan"]["balancer"].run(s["step"])
+
+
+def derive(params: dict, state: dict, time_s: float) -> dict:
+    if state["mode"] == "real":
+        times = state["real"]["decide_s"]
+        decide = sorted(times)[len(times) // 2] if times else float("nan")
+        times.clear()
+    else:
+        decide = time_s
+    return {"decide_us": decide * 1e6, **state["stats"]}
+
+
+def check(state: dict) -> int:
+    return state["plan_wrong"] + (state["real"]["output_wrong"] if state["mode"] == "real" else 0)
+
+
+def simulate(params: dict) -> dict:
+    plan = plan_steps(params)
+    wrong = sum(s["wrong"] for s in plan["steps"])
+    return {**routing_stats(params, plan), "wrong": wrong, "correct": wrong == 0}
+
+
+SUITE = Suite(
+    name="imbalance",
+    params={"mode": ["stats", "real"], "balancer": list(balancer_names()),
+            "workload": list(WORKLOADS), "ep": [2, 4, 8, 16], "seed": [0, 1, 2, 3, 4],
+            "steps": [4], "experts": [64], "top_k": [8], "tokens": [4096], "backend": ["gloo"]},
+    quick={"mode": ["stats"], "ep": [2, 8], "seed": [0], "steps": [3], "tokens": [1024]},
+    choices={"mode": MODES, "workload": workload_names()},
+    setup=setup,
+    run=run,
+    derive=derive,
+    check=check,
+    simulate=simulate,
+    derived_params=derived_params,
+    world_params=("ranks", "backend"),
+    table_keys=("mode", "balancer", "workload", "ep", "seed"),
+    table_metrics=("max_over_mean", "token_straggler", "decide_us"),
+    metrics=[
+        Metric("decide_us", "us", "lower", description="one balancer decision (FEPLB Sec. 2 budgets ~50 us)"),
+        Metric("max_over_mean", "x", "lower", kind="analytic",
+               description="busiest device's token-expert rows over the mean, mean over steps"),
+        Metric("token_straggler", "rows", "lower", kind="analytic",
+               description="FEPLB Sec. 3.1: max - mean rows per device, mean over steps"),
+        Metric("gemm_straggler_us", "us", "lower", kind="simulated",
+               description="max - mean grouped-GEMM time per device, roofline model of a GLM-5 "
+                           "expert on an H100"),
+        Metric("token_bytes", "B", "lower", kind="analytic",
+               description="rows computed away from their source x 6144 x 2 B, per step"),
+        Metric("inter_node_bytes", "B", "lower", kind="analytic",
+               description="the part of token_bytes crossing nodes of 8 GPUs"),
+        Metric("weight_bytes", "B", "lower", kind="analytic",
+               description="experts computed away from their home x one GLM-5 expert's weights"),
+    ],
+    param_help={"mode": "stats (one process), real (gloo ranks), simulated (no run)",
+                "balancer": "a registered balancer", "workload": "a routing workload",
+                "ep": "EP degree", "seed": "workload seed", "steps": "steps (step 0 is history)",
+                "experts": "E (standard and synthetic workloads; real-count ones fix their own)",
+                "top_k": "k (as experts)", "tokens": "tokens per step, all ranks together",
+                "backend": "gloo"},
+)
