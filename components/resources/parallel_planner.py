@@ -369,6 +369,51 @@ def default_global_batch(seq: int, gpus: int) -> int:
     return gpus * max(1, -(-want // gpus))
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a parallelism plan is asked for: the model, the platform, the nodes, and every degree,
+    mode or setting the user fixed (None: searched). :func:`plan` answers it; ``plan_parallel``
+    takes the same fields as arguments."""
+
+    model: MoEModel
+    platform: Platform
+    nodes: int
+    seq: int = 4096
+    global_batch: int | None = None
+    precision: str = "bf16-adam"
+    zero: tuple[int, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    cp: int | None = None
+    vpp: int | None = None
+    micro_batches: int | None = None
+    sp: bool | None = None
+    flash_attention: bool = True
+    dropout: bool = False
+    capacity_factor: float = 1.0
+    etp: int | None = None
+    overlap_dp: bool = True
+
+    def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
+        """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
+        names the first malformed field (non-positive number, unknown preset, stage or mode)."""
+        for name, val in (("nodes", self.nodes), ("seq", self.seq), ("capacity_factor", self.capacity_factor)):
+            if val is None or val <= 0:
+                raise ValueError(f"{name} must be positive, got {val}")
+        for name, val in (("global batch", self.global_batch), ("micro-batches", self.micro_batches)):
+            if val is not None and val <= 0:
+                raise ValueError(f"{name} must be positive, got {val}")
+        prec = F.precision(self.precision)
+        zeros = tuple(ZERO_STAGES if self.zero is None else self.zero)
+        for z in zeros:
+            if z not in ZERO_STAGES:
+                raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
+        modes = parse_recompute(RECOMPUTE if self.recompute is None else self.recompute)
+        return prec, zeros, modes
+
+
 def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
                   precision: str = "bf16-adam", zero: tuple[int, ...] | None = None,
                   recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
@@ -385,24 +430,88 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     all-to-all bytes; ``overlap_dp=False``: ZeRO 0/1 reduce (and gather) once per step after the
     last backward, exposed (Megatron-LM before --overlap-grad-reduce: train_step calls
     allreduce_gradients() after forward_backward_func returns). ValueError for malformed input (non-positive numbers, unknown preset,
-    stage or mode)."""
-    t0 = time.perf_counter()
-    for name, val in (("nodes", nodes), ("seq", seq), ("capacity_factor", capacity_factor)):
-        if val is None or val <= 0:
-            raise ValueError(f"{name} must be positive, got {val}")
-    for name, val in (("global batch", global_batch), ("micro-batches", micro_batches)):
-        if val is not None and val <= 0:
-            raise ValueError(f"{name} must be positive, got {val}")
-    prec = F.precision(precision)
-    zeros = tuple(ZERO_STAGES if zero is None else zero)
-    for z in zeros:
-        if z not in ZERO_STAGES:
-            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
-    modes = parse_recompute(RECOMPUTE if recompute is None else recompute)
+    stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
+    return plan(PlanRequest(m, p, nodes, seq=seq, global_batch=global_batch, precision=precision, zero=zero,
+                            recompute=recompute, tp=tp, pp=pp, ep=ep, cp=cp, vpp=vpp,
+                            micro_batches=micro_batches, sp=sp, flash_attention=flash_attention,
+                            dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp))
 
+
+def plan(req: PlanRequest) -> ParallelPlan:
+    """The plan for ``req``: check the request, build the context (shapes, rates, bandwidths),
+    filter each degree on its own (:func:`_degree_options`), search the layouts they combine into
+    (:func:`_search`, each evaluated for memory and time by ``_evaluate``), rank what fits."""
+    t0 = time.perf_counter()
+    m, p = req.model, req.platform
+    prec, zeros, modes = req.checked()
+    ctx = _context(req, prec, zeros, modes)
+    if req.vpp is not None and req.vpp <= 0:
+        raise ValueError(f"vpp must be positive, got {req.vpp}")
+    rej = _Rejections()
+    degrees = _degree_options(req, ctx, rej)
+    memory = _Memory(m, req.seq, prec, req.dropout, req.capacity_factor)
+    kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
+
+    # ties (to 4 significant digits) go to less communication, then less memory
+    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
+    misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    assumptions = _assumptions(m, p, req.seq, ctx.B, ctx.G, prec, req.precision, req.flash_attention,
+                               req.dropout, req.capacity_factor, peak_given, req.seq >= CP_FROM_SEQ, req.cp,
+                               req.global_batch is not None, req.micro_batches)
+    if not req.overlap_dp:
+        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
+    pc = param_counts(m)
+    return ParallelPlan(
+        model=m.key, platform=p.name, nodes=req.nodes, gpus_per_node=ctx.g, gpus=ctx.G, seq=req.seq,
+        global_batch=ctx.B, precision=req.precision if isinstance(req.precision, str) else "custom",
+        params={"total": pc.total, "active": pc.active},
+        flops_per_token={"forward": F.forward_flops_per_token(m, req.seq, "causal"),
+                         "training": F.train_flops_per_token(m, req.seq, "causal", "none"),
+                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
+        hbm_bytes=ctx.hbm, candidates=kept + misses, rejected=rej.lines(ctx.hbm), assumptions=assumptions,
+        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
+                "seconds": time.perf_counter() - t0})
+
+
+def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) -> "_Ctx":
+    """What every layout's evaluation reads: the GPUs, the batch, the layer shapes, the platform's
+    rates, bandwidths and latencies."""
+    m, p, seq = req.model, req.platform, req.seq
     g = p.gpus_per_node
-    G = nodes * g
-    B = global_batch if global_batch is not None else default_global_batch(seq, G)
+    G = req.nodes * g
+    B = req.global_batch if req.global_batch is not None else default_global_batch(seq, G)
+    intra_bw = p.intra_node_a2a_bytes_per_s
+    inter_bw = p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    peak = p.peak_flops if peak_given else p.gemm_flops
+    dense_l, moe_l = _layers(m, seq)
+    V = m.vocab or 0
+    d = m.d_model
+    model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
+    return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, 2.0 * V * d, V, d,
+                F.kv_width(m), intra_bw, inter_bw, lat[0], lat[-1], peak, model_flops_step, p.hbm_bytes,
+                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp)
+
+
+@dataclass
+class _Degrees:
+    """Each degree's options on its own (a fixed one that breaks a rule is left out, with its
+    reason among the rejected); ``etp_ok`` checks an ETP per layout (its default follows TP)."""
+
+    tps: list[int]
+    cps: list[int]
+    eps: list[int]
+    pps_fixed: list[int] | None
+    etps_fixed: list[int] | None
+    etp_ok: object
+
+
+def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees:
+    """The constraints of the module docstring that a degree meets or breaks alone."""
+    m, seq, G, g = req.model, req.seq, ctx.G, ctx.g
     L, E = m.layers, m.n_experts
     is_moe = m.n_moe_layers > 0
     H = m.heads
@@ -410,34 +519,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     ffns = sorted({f for f in (m.d_ffn_dense if m.n_dense_layers else None,
                                (m.d_ffn_shared or m.d_ffn) if m.n_shared and is_moe else None,
                                m.d_ffn_residual) if f})
-    rej = _Rejections()
-    hbm = p.hbm_bytes
-    intra_bw = p.intra_node_a2a_bytes_per_s
-    inter_bw = p.nic_bytes_per_s_per_gpu * p.network_efficiency
-    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
-    intra_lat, inter_lat = lat[0], lat[-1]
-    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
-    peak = p.peak_flops if peak_given else p.gemm_flops
 
-    dense_l, moe_l = _layers(m, seq)
-    V = m.vocab or 0
-    d = m.d_model
-    head_flops = 2.0 * V * d
-    pc = param_counts(m)
-    fwd_token = F.forward_flops_per_token(m, seq, "causal")
-    model_flops_token = F.train_flops_per_token(m, seq, "causal", "none")
-    model_flops_step = model_flops_token * B * seq
-    kvw = F.kv_width(m)
-
-    # ---------------------------------------------------------------- degree options
-    if vpp is not None and vpp <= 0:
-        raise ValueError(f"vpp must be positive, got {vpp}")
-    long_seq = seq >= CP_FROM_SEQ
-    ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
-               kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor, m.d_ffn, dropout, overlap_dp)
-
-    # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
         why = []
         if t > g:
@@ -487,18 +569,28 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
             rej.add(why)
         return not why
 
-    etps_fixed = None if etp is None else [x for x in _options("etp", etp, []) if etp_ok(x)]
-    tps = [t for t in _options("tp", tp, divisors(g)) if tp_ok(t)]
-    cps = [c for c in _options("cp", cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
+    long_seq = seq >= CP_FROM_SEQ
+    etps_fixed = None if req.etp is None else [x for x in _options("etp", req.etp, []) if etp_ok(x)]
+    tps = [t for t in _options("tp", req.tp, divisors(g)) if tp_ok(t)]
+    cps = [c for c in _options("cp", req.cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
            if cp_ok(c)]
-    eps = [e for e in _options("ep", ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
-    pps_fixed = None if pp is None else [q for q in _options("pp", pp, []) if pp_ok(q)]
-    if vpp is not None and vpp > 1 and pp == 1:
-        rej.add(f"VPP {vpp} needs PP > 1")
+    eps = [e for e in _options("ep", req.ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
+    pps_fixed = None if req.pp is None else [q for q in _options("pp", req.pp, []) if pp_ok(q)]
+    if req.vpp is not None and req.vpp > 1 and req.pp == 1:
+        rej.add(f"VPP {req.vpp} needs PP > 1")
+    return _Degrees(tps, cps, eps, pps_fixed, etps_fixed, etp_ok)
 
-    act_cache: dict[tuple, float] = {}
 
-    def layer_act(moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
+class _Memory:
+    """Activation bytes of one layer and model-state bytes of a parameter count, cached: asked
+    per stage and recompute mode of every layout searched."""
+
+    def __init__(self, m: MoEModel, seq: int, prec: F.Precision, dropout: bool, capacity_factor: float):
+        self.m, self.seq, self.prec, self.dropout, self.cf = m, seq, prec, dropout, capacity_factor
+        self.act_cache: dict[tuple, float] = {}
+        self.state_cache: dict[tuple, dict[str, float]] = {}
+
+    def layer_act(self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
         """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
         the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
         ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
@@ -506,35 +598,44 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
         after the EP all-to-all and reduce-scatters before the return all-to-all."""
         et = et if moe else 1
         key = (moe, t, sp, c, mb, mode, et)
-        if key not in act_cache:
+        if key not in self.act_cache:
             terms = F.moe_activation_terms_per_layer(
-                m, seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
-                dropout=dropout, capacity_factor=capacity_factor)
+                self.m, self.seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
+                dropout=self.dropout, capacity_factor=self.cf)
             if et > 1 and "dispatch" in terms:
                 terms["dispatch"] *= et
-            act_cache[key] = sum(terms.values())
-        return act_cache[key]
+            self.act_cache[key] = sum(terms.values())
+        return self.act_cache[key]
 
-    state_cache: dict[tuple, float] = {}
-
-    def state(n_params: float, n: int, z: int) -> dict[str, float]:
+    def state(self, n_params: float, n: int, z: int) -> dict[str, float]:
         key = (n_params, n, z)
-        if key not in state_cache:
-            state_cache[key] = F.model_state_bytes(n_params, n, z, prec) if n_params else \
+        if key not in self.state_cache:
+            self.state_cache[key] = F.model_state_bytes(n_params, n, z, self.prec) if n_params else \
                 {"weights": 0.0, "grads": 0.0, "master": 0.0, "optimizer": 0.0, "total": 0.0, "host": 0.0}
-        return state_cache[key]
+        return self.state_cache[key]
 
+
+def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
+            rej: _Rejections) -> tuple[list[ParallelCandidate], int, int]:
+    """Every layout the degree options combine into (CP, TP, PP, VPP, EP x ETP, micro-batch, SP),
+    each evaluated for every ZeRO stage and recompute mode; returns (the candidates that fit,
+    layouts, evaluations)."""
+    m, G, B = req.model, ctx.G, ctx.B
+    L = m.layers
+    is_moe = m.n_moe_layers > 0
+    vpp, sp, micro_batches = req.vpp, req.sp, req.micro_batches
     stage_cache: dict[tuple, list[_Stage]] = {}
     kept: list[ParallelCandidate] = []
     layouts = evaluated = 0
 
-    for c in cps:
-        for t in tps:
+    for c in deg.cps:
+        for t in deg.tps:
             if G % (t * c):
                 rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x CP {c}")
                 continue
             rest = G // (t * c)
-            pps = pps_fixed if pps_fixed is not None else [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+            pps = deg.pps_fixed if deg.pps_fixed is not None else \
+                [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
             for q in pps:
                 if rest % q:
                     rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x PP {q} x CP {c}")
@@ -552,13 +653,13 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                     if key not in stage_cache:
                         stage_cache[key] = _stages(m, q, v)
                     stages = stage_cache[key]
-                    if etps_fixed is not None:
-                        ets = etps_fixed
+                    if deg.etps_fixed is not None:
+                        ets = deg.etps_fixed
                     elif is_moe:  # Megatron-core's default ETP = TP, and ETP 1
-                        ets = [x for x in sorted({1, t}) if etp_ok(x, record=False)]
+                        ets = [x for x in sorted({1, t}) if deg.etp_ok(x, record=False)]
                     else:
                         ets = [1]
-                    for e, et in ((e, et) for e in eps for et in ets):
+                    for e, et in ((e, et) for e in deg.eps for et in ets):
                         if (dp * c * t) % (e * et):
                             rej.add("EP x ETP does not divide DP x CP x TP (Megatron-core "
                                     "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
@@ -595,25 +696,8 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                                 evaluated += _evaluate(
                                     dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages,
                                          et=et),
-                                    ctx, layer_act, state, rej, kept)
-
-    # ties (to 4 significant digits) go to less communication, then less memory
-    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
-    misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
-    assumptions = _assumptions(m, p, seq, B, G, prec, precision, flash_attention, dropout, capacity_factor,
-                               peak_given, long_seq, cp, global_batch is not None, micro_batches)
-    if not overlap_dp:
-        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
-                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
-    return ParallelPlan(
-        model=m.key, platform=p.name, nodes=nodes, gpus_per_node=g, gpus=G, seq=seq, global_batch=B,
-        precision=precision if isinstance(precision, str) else "custom",
-        params={"total": pc.total, "active": pc.active},
-        flops_per_token={"forward": fwd_token, "training": model_flops_token,
-                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
-        hbm_bytes=hbm, candidates=kept + misses, rejected=rej.lines(hbm), assumptions=assumptions,
-        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
-                "seconds": time.perf_counter() - t0})
+                                    ctx, memory.layer_act, memory.state, rej, kept)
+    return kept, layouts, evaluated
 
 
 @dataclass(frozen=True)
