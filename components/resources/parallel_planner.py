@@ -97,6 +97,7 @@ from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.planner import divisors
+from moe_repro.components.resources.perf_model import link_bytes_per_s
 
 GiB = 2 ** 30
 RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
@@ -482,8 +483,8 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     g = p.gpus_per_node
     G = req.nodes * g
     B = req.global_batch if req.global_batch is not None else default_global_batch(seq, G)
-    intra_bw = p.intra_node_a2a_bytes_per_s
-    inter_bw = p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    intra_bw = link_bytes_per_s(p, off_node=False)  # the link rule both planners share
+    inter_bw = link_bytes_per_s(p, off_node=True)
     lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
     peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
     peak = p.peak_flops if peak_given else p.gemm_flops
