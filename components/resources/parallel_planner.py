@@ -753,6 +753,155 @@ def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
 
+@dataclass
+class _LayoutView:
+    """One layout's degrees and the values its memory and time parts share (set once per layout
+    by ``_evaluate``), with the memo of each part per recompute mode."""
+
+    t: int
+    sp: bool
+    q: int
+    v: int
+    c: int
+    e: int
+    mb: int
+    M: int
+    et: int
+    per_stage: list
+    s_loc: float
+    tokens_gpu: float
+    pp_bw: float
+    cp_bw: float
+    pp_lat: float
+    nmax: int
+    act_memo: dict = field(default_factory=dict)
+    time_memo: dict = field(default_factory=dict)
+
+
+def _mode_key(kind: str, n: int, nmax: int) -> tuple[str, int]:
+    """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
+    return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
+
+
+def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> list[float]:
+    """Memory: activation bytes of every representative stage under (kind, N) (module
+    docstring, "Memory per GPU")."""
+    m = ctx.m
+    t, sp, c, mb, et, q, v, M, per_stage, s_loc = (lv.t, lv.sp, lv.c, lv.mb, lv.et, lv.q, lv.v, lv.M,
+                                                   lv.per_stage, lv.s_loc)
+    k = _mode_key(kind, n, lv.nmax)
+    if k in lv.act_memo:
+        return lv.act_memo[k]
+    kind, n = k
+    la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
+        m.n_moe_layers if moe else m.n_dense_layers) else 0.0
+    if kind == "full":
+        # the layers not recomputed keep everything (Megatron's block method); with
+        # FlashAttention that is what selective keeps
+        rest = "selective" if ctx.flash else "none"
+        a_dense, a_moe = la(False, rest), la(True, rest)
+        in_dense, in_moe = la(False, "full"), la(True, "full")
+        a_work = max(a_dense, a_moe)
+    else:
+        mem_mode = "selective" if (ctx.flash and kind == "none") else kind
+        a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
+        in_dense, in_moe, a_work = a_dense, a_moe, 0.0
+    acts = []
+    for st, *_ in per_stage:
+        if v == 1:
+            chunks = min(q - st.r, M)
+        else:
+            chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
+        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+        per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
+        act = chunks * per_mb / v + a_work
+        if st.last and ctx.V:
+            act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
+        acts.append(act)
+    lv.act_memo[k] = acts
+    return acts
+
+
+
+def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
+    """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
+    bytes (module docstring, "Step time")."""
+    m, seq, g = ctx.m, ctx.seq, ctx.g
+    dl, ml = ctx.dense_l, ctx.moe_l
+    t, sp, q, v, c, e, mb, et, per_stage = lv.t, lv.sp, lv.q, lv.v, lv.c, lv.e, lv.mb, lv.et, lv.per_stage
+    s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat = lv.s_loc, lv.tokens_gpu, lv.pp_bw, lv.cp_bw, lv.pp_lat
+    k = _mode_key(kind, n, lv.nmax)
+    if k in lv.time_memo:
+        return lv.time_memo[k]
+    kind, n = k
+    slot_best = None
+    for st, _, _, n_layers, mm, core, head in per_stage:
+        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+        rec = rd + rm
+        extra_mm = rd * dl.mm + rm * ml.mm
+        extra_core = core if kind == "selective" else rec * dl.core
+        core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
+        if not ctx.flash:
+            # materialised scores: the batched GEMMs compute every score (the causal mask is
+            # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
+            # of each token (2 B each): a roofline of the attention rate and HBM per pass
+            def core_pass(layers: float) -> float:
+                return max(2 * layers * dl.core / ctx.p.attention_flops,
+                           layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
+            core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
+                * tokens_gpu
+        # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
+        # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
+        ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
+        ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
+                     for x, moe in zip(ew, (False, True))]
+        ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
+        ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
+            (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
+        tokens_seq = mb * seq / c
+        elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
+        comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
+        tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
+        if t > 1:
+            tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
+                    + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
+            n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
+            tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
+        ep_s = etp_s = 0.0
+        moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
+        tokens = mb * seq / (t * c)
+        if e > 1 and st.n_moe:
+            ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
+            per_peer = ep_b / (e - 1)
+            on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
+            on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
+            n_coll = 4 * st.n_moe + 2 * rm
+            ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
+                n_coll * (ctx.inter_lat if off else ctx.intra_lat)
+        if et > 1 and st.n_moe:
+            # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
+            # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
+            # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
+            gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
+            etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
+            etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
+        cp_s = 0.0
+        if c > 1:
+            cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
+            cp_s = max(0.0, cp_b / cp_bw - core_s)
+        pp_s = 0.0
+        if q > 1:
+            pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
+            pp_s = pp_b / pp_bw + 2 * v * pp_lat
+        slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
+        if slot_best is None or slot > slot_best[0]:
+            fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
+            slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
+                         {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
+    lv.time_memo[k] = slot_best
+    return slot_best
+
+
 def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: list) -> int:
     """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
     that fits (heavier ones fit too and are slower); "block" is the smallest N of Megatron's
@@ -795,120 +944,16 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
                     (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
     zero3_buffer = 2 * big_layer * prec.weights
 
-    def key_of(kind: str, n: int) -> tuple[str, int]:
-        """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
-        return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
+    lv = _LayoutView(t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat, nmax)
 
-    act_memo: dict[tuple, list] = {}
+    def key_of(kind: str, n: int) -> tuple[str, int]:
+        return _mode_key(kind, n, nmax)
 
     def stage_acts(kind: str, n: int) -> list[float]:
-        """Activation bytes of every representative stage under (kind, N)."""
-        k = key_of(kind, n)
-        if k in act_memo:
-            return act_memo[k]
-        kind, n = k
-        la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
-            m.n_moe_layers if moe else m.n_dense_layers) else 0.0
-        if kind == "full":
-            # the layers not recomputed keep everything (Megatron's block method); with
-            # FlashAttention that is what selective keeps
-            rest = "selective" if ctx.flash else "none"
-            a_dense, a_moe = la(False, rest), la(True, rest)
-            in_dense, in_moe = la(False, "full"), la(True, "full")
-            a_work = max(a_dense, a_moe)
-        else:
-            mem_mode = "selective" if (ctx.flash and kind == "none") else kind
-            a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
-            in_dense, in_moe, a_work = a_dense, a_moe, 0.0
-        acts = []
-        for st, *_ in per_stage:
-            if v == 1:
-                chunks = min(q - st.r, M)
-            else:
-                chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
-            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-            per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
-            act = chunks * per_mb / v + a_work
-            if st.last and ctx.V:
-                act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
-            acts.append(act)
-        act_memo[k] = acts
-        return acts
-
-    time_memo: dict[tuple, tuple] = {}
+        return _stage_acts(lv, ctx, layer_act, kind, n)
 
     def slot_time(kind: str, n: int):
-        """The slowest stage's time per micro-batch under (kind, N), with its parts and bytes."""
-        k = key_of(kind, n)
-        if k in time_memo:
-            return time_memo[k]
-        kind, n = k
-        slot_best = None
-        for st, _, _, n_layers, mm, core, head in per_stage:
-            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-            rec = rd + rm
-            extra_mm = rd * dl.mm + rm * ml.mm
-            extra_core = core if kind == "selective" else rec * dl.core
-            core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
-            if not ctx.flash:
-                # materialised scores: the batched GEMMs compute every score (the causal mask is
-                # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
-                # of each token (2 B each): a roofline of the attention rate and HBM per pass
-                def core_pass(layers: float) -> float:
-                    return max(2 * layers * dl.core / ctx.p.attention_flops,
-                               layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
-                core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
-                    * tokens_gpu
-            # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
-            # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
-            ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
-            ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
-                         for x, moe in zip(ew, (False, True))]
-            ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
-            ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
-                (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
-            tokens_seq = mb * seq / c
-            elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
-            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
-            tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
-            if t > 1:
-                tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
-                        + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
-                n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
-                tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
-            ep_s = etp_s = 0.0
-            moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
-            tokens = mb * seq / (t * c)
-            if e > 1 and st.n_moe:
-                ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
-                per_peer = ep_b / (e - 1)
-                on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-                on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
-                n_coll = 4 * st.n_moe + 2 * rm
-                ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
-                    n_coll * (ctx.inter_lat if off else ctx.intra_lat)
-            if et > 1 and st.n_moe:
-                # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
-                # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
-                # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
-                gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
-                etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
-                etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
-            cp_s = 0.0
-            if c > 1:
-                cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
-                cp_s = max(0.0, cp_b / cp_bw - core_s)
-            pp_s = 0.0
-            if q > 1:
-                pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
-                pp_s = pp_b / pp_bw + 2 * v * pp_lat
-            slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
-            if slot_best is None or slot > slot_best[0]:
-                fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
-                slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
-                             {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
-        time_memo[k] = slot_best
-        return slot_best
+        return _slot_time(lv, ctx, kind, n)
 
     def label(kind: str, n: int) -> tuple[str, int]:
         kind, n = key_of(kind, n)
