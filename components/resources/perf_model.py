@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.memory_model import stage_layers
 from moe_repro.components.model.params import attention_params, layer_params, param_counts
 from moe_repro.components.network.platform import Platform
@@ -136,8 +137,9 @@ def p2p_bytes_per_gpu(micro_batch: float, seq: int, d: int) -> float:
 
 
 def ring_allreduce_time(nbytes: float, n: int, bw: float) -> float:
-    """Ring all-reduce: each rank sends 2 (n-1)/n x nbytes (nccl-tests busbw convention)."""
-    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw
+    """Ring all-reduce: each rank sends 2 (n-1)/n x nbytes (nccl-tests busbw convention), counted
+    by formulas.ring_allreduce_bytes as the parallelism planner counts its DP reduction."""
+    return 0.0 if n <= 1 else F.ring_allreduce_bytes(nbytes, n) / bw
 
 
 def bubble_fraction(PP: int, M: int) -> float:
