@@ -113,6 +113,14 @@ class Environment(_Open):
 
 
 class Cell(_Open):
+    """One graded cell of a reproduction: built by reproductions/spec.py (compare, claim), tried
+    against a cause by :meth:`explain` or blamed on a component by :meth:`blame`, stored as is in
+    a reproduction record. One type from the computation to the file: the record holds the cells
+    a reproduction built, checked again when the record is made (``revalidate_instances``: a cell
+    changed after it was built, e.g. by explain, is checked as stored)."""
+
+    model_config = ConfigDict(extra="allow", revalidate_instances="always")
+
     row: str
     column: str
     paper: float | None = None
@@ -145,6 +153,50 @@ class Cell(_Open):
                 value = getattr(self, side)
                 if isinstance(value, float) and not math.isfinite(value):
                     raise ValueError(f"graded {self.verdict} but {side} is {value}")
+        return self
+
+    def to_dict(self) -> dict:
+        """The cell as stored (the record's JSON form)."""
+        return self.model_dump(mode="python")
+
+    def explain(self, cause: str, note: str, counterfactual: float | list[float] | None,
+                removed: str) -> "Cell":
+        """Try a cause for a deviation by computation: ``counterfactual`` is this cell recomputed
+        with the cause removed (``removed`` says what was changed: "GiB instead of GB", "dropout
+        on"), a list of per-seed values for a sampled cell. It is graded by the same policy; if
+        it agrees, ``deviates`` becomes ``explained``; if not (or None: nothing was recomputed),
+        the cell stays ``deviates`` and the note keeps the hypothesis and what the rerun gave.
+        A cell that does not deviate keeps its grade; the note and the rerun are still added."""
+        from moe_repro.records import grading
+
+        if cause not in CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r} (our own "
+                             f"model's fault is not a cause: use blame())")
+        grade = None
+        if counterfactual is not None and self.paper is not None and self.paper_printed:
+            half = grading.half_unit(self.paper_printed)
+            cls = self.grade_class or "exact"
+            if isinstance(counterfactual, (list, tuple)):
+                grade, _ = grading.grade_seeds(self.paper, half, list(counterfactual))
+            else:
+                grade = grading.grade_value(self.paper, half, counterfactual, cls)
+            self.counterfactual = {"cause": cause, "removed": removed, "ours": counterfactual,
+                                   "grade": grade}
+        if self.verdict == "deviates" and grade in ("match", "close"):
+            self.verdict, self.cause = "explained", cause
+            self.tolerance = None
+        elif counterfactual is None:
+            note = f"{note} (a hypothesis: not recomputed)"
+        elif grade not in ("match", "close"):
+            note = f"{note} (recomputed with {removed}: still {grade})"
+        self.note = f"{self.note}; {note}" if self.note else note
+        return self
+
+    def blame(self, component: str, note: str) -> "Cell":
+        """Name the component of ours (model, simulator, balancer, planner) at fault for a
+        deviation: the cell stays ``deviates`` (never explained) and says so."""
+        self.fault = component
+        self.note = f"{self.note}; {note}" if self.note else note
         return self
 
 

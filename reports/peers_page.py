@@ -5,6 +5,11 @@ parameter, which the suites fill with the package and version that ran) and lays
 point, every implementation's median time per stage with its spread, the ratio to ours, and the
 suite's correctness check (#wrong against a loop over tokens under each peer's semantics). What
 the equivalence tests assert is stated beside it; they run in CI, not at report time.
+
+A second section lays out the expert-parallel passes: the newest moe-layer run holding records at
+ranks > 1 with ``backward`` = 1 (stage ``layer``: each implementation's own expert-parallel
+layer, forward + backward, over real ranks), one row per ranks count, each implementation's
+median time with its spread and its ratio to ours at the same ranks count.
 """
 
 from __future__ import annotations
@@ -109,8 +114,63 @@ def figure(comp: dict, table_index: int = 0) -> dict:
             "xscale": "linear", "yscale": "log", "form": "bars"}
 
 
+def _multi_rank(record: dict) -> bool:
+    """A forward + backward pass of the whole layer over more than one rank."""
+    return (record.get("stage") == "layer" and int(record.get("ranks", 1) or 1) > 1
+            and str(record.get("backward", 0)) == "1" and record.get("time_s") is not None)
+
+
+def multi_rank_run(store) -> SuiteRecord | None:
+    """The newest moe-layer run with forward + backward records at ranks > 1 that ran a peer."""
+    for run in reversed(store.runs("suite", "moe-layer")):
+        picked = [r for r in run.records if _multi_rank(r)]
+        if any(r.get("peer") for r in picked):
+            return run
+    return None
+
+
+def multi_rank_comparison(run: SuiteRecord) -> dict:
+    """Per ranks count (and any other axis the run varied), each implementation's median time of
+    one forward + backward layer pass, its spread (IQR, min-max) and the ratio to ours."""
+    records = [r for r in run.records if _multi_rank(r)]
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    others = [k for k in run.params if k not in ("impl", "stage", "ranks", "backward")]
+    varied = [k for k in others if len({str(r.get(k)) for r in records}) > 1]
+    keys = sorted(dict.fromkeys((int(r["ranks"]), *(str(r.get(k)) for k in varied)) for r in records))
+    by = {((int(r["ranks"]), *(str(r.get(k)) for k in varied)), r["impl"]): r for r in records}
+    rows = []
+    for key in keys:
+        ours = by.get((key, OURS))
+        cells = []
+        for impl in impls:
+            r = by.get((key, impl))
+            if r is None:
+                cells.append(None)
+                continue
+            t = r["time_s"]
+            cells.append({"ms_text": _ms(t * 1e3), "iqr_text": _ms(r.get("time_s_iqr", 0.0) * 1e3),
+                          "range_text": f"{_ms(r.get('time_s_min', t) * 1e3)}-{_ms(r.get('time_s_max', t) * 1e3)}",
+                          "ratio": t / ours["time_s"] if ours and ours.get("time_s") else None,
+                          "wrong": r.get("wrong")})
+        label = ", ".join(f"{k}={v}" for k, v in zip(varied, key[1:]))
+        rows.append({"ranks": key[0], "label": label, "cells": cells})
+    packages = {impl: next((r["peer"] for r in records if r["impl"] == impl and r.get("peer")), "moe-repro")
+                for impl in impls}
+    return {"impls": impls, "packages": packages, "rows": rows,
+            "fixed": ", ".join(f"{k}={records[0].get(k)}" for k in others if k not in varied),
+            "environment": run.environment.model_dump()}
+
+
 def write_peers_page(store, out: Path) -> Path:
     comps, figures = [], []
+    multi = None
+    run = multi_rank_run(store)
+    if run is not None:
+        try:
+            multi = multi_rank_comparison(run)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+            sys.stderr.write(f"repro: warning: peers page: moe-layer multi-rank run of {run.timestamp} "
+                             f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n")
     for run in peer_runs(store):
         try:
             comp = comparison(run)
@@ -127,4 +187,4 @@ def write_peers_page(store, out: Path) -> Path:
         comp["figure"] = {"title": fig["title"], **names}
         comps.append(comp)
     return atomic_write_text(inside(out, "peers.html"), html.environment().get_template("peers.html").render(
-        comparisons=comps, tests=EQUIVALENCE_TESTS, ours=OURS, home="index.html", css=html.css()))
+        comparisons=comps, multi=multi, tests=EQUIVALENCE_TESTS, ours=OURS, home="index.html", css=html.css()))

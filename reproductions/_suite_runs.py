@@ -106,17 +106,15 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
     parameters. Params a suite derives from a point (e.g. ranks = nodes x gpus_per_node) are
     added here, as the suite's own grid does. ``timeout_s`` bounds one launched world."""
     from moe_repro.suites import all_suites
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, measure
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     suite = all_suites()[suite_name]
-    if suite.derived_params is not None:
-        points = [{**p, **suite.derived_params(p)} for p in points]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s)
     keeper = _Keeper(_WATCH, suite, len(points))
-    try:
-        records = run_suite(suite, points, config, done=keeper.add)
+    try:  # the runner's one entry point; the keeper stores and reports each finished point
+        records = measure(suite, points, config, done=keeper.add, derive=True)
     except BaseException as e:  # interrupted, timed out, or a failing point: keep what finished
         keeper.close(error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         raise

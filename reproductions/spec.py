@@ -33,14 +33,15 @@ catalog's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from moe_repro import catalog
 from moe_repro.catalog import HOW
 from moe_repro.components.provenance import current, letters, tracking
 from moe_repro.records import grading
-from moe_repro.records.record import CAUSES, VERDICTS  # one list of grades: the record schema's
+from moe_repro.records.record import VERDICTS  # one list of grades: the record schema's
+from moe_repro.records.record import Cell  # one cell type, from compare() to the stored record
 
 
 
@@ -72,75 +73,6 @@ class PaperClaim:
     column: str
     statement: str  # quoted or closely paraphrased from the paper
     source: str  # where: "Sec. VII-C, text on Fig. 8"
-
-
-@dataclass
-class Cell:
-    row: str
-    column: str
-    paper: float | None
-    ours: float | None
-    unit: str
-    verdict: str
-    note: str | None = None
-    paper_printed: str | None = None
-    paper_unit: str | None = None
-    paper_source: str | None = None
-    deviation: float | None = None  # relative, or percentage points (deviation_unit "pp")
-    deviation_unit: str | None = None
-    cause: str | None = None
-    tolerance: str | None = None
-    how: str | None = None  # letters of catalog.HOW, from what ran (components/provenance.py)
-    grade_class: str | None = None  # records/grading.py CLASSES
-    counterfactual: dict | None = None  # explain(): the cell recomputed with the cause removed
-    fault: str | None = None  # blame(): the component of ours at fault for a deviation
-    seeds: dict | None = None  # sampled cells: {"values": [...], "agree": fraction, "range"}
-    reading: str | None = None  # claims in words: how the policy read them
-    derived_from: str | None = None  # "row / column" of the cell this one restates
-    # The note is short (at most NOTE_WORDS words: the one-line why a reader sees first); a longer
-    # investigation goes here and the page shows it in a linked section below the cells.
-    detail: str | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items()}
-
-    def explain(self, cause: str, note: str, counterfactual: float | list[float] | None,
-                removed: str) -> "Cell":
-        """Try a cause for a deviation by computation: ``counterfactual`` is this cell recomputed
-        with the cause removed (``removed`` says what was changed: "GiB instead of GB", "dropout
-        on"), a list of per-seed values for a sampled cell. It is graded by the same policy; if
-        it agrees, ``deviates`` becomes ``explained``; if not (or None: nothing was recomputed),
-        the cell stays ``deviates`` and the note keeps the hypothesis and what the rerun gave.
-        A cell that does not deviate keeps its grade; the note and the rerun are still added."""
-        if cause not in CAUSES:
-            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r} (our own "
-                             f"model's fault is not a cause: use blame())")
-        grade = None
-        if counterfactual is not None and self.paper is not None and self.paper_printed:
-            half = grading.half_unit(self.paper_printed)
-            cls = self.grade_class or "exact"
-            if isinstance(counterfactual, (list, tuple)):
-                grade, _ = grading.grade_seeds(self.paper, half, list(counterfactual))
-            else:
-                grade = grading.grade_value(self.paper, half, counterfactual, cls)
-            self.counterfactual = {"cause": cause, "removed": removed, "ours": counterfactual,
-                                   "grade": grade}
-        if self.verdict == "deviates" and grade in ("match", "close"):
-            self.verdict, self.cause = "explained", cause
-            self.tolerance = None
-        elif counterfactual is None:
-            note = f"{note} (a hypothesis: not recomputed)"
-        elif grade not in ("match", "close"):
-            note = f"{note} (recomputed with {removed}: still {grade})"
-        self.note = f"{self.note}; {note}" if self.note else note
-        return self
-
-    def blame(self, component: str, note: str) -> "Cell":
-        """Name the component of ours (model, simulator, balancer, planner) at fault for a
-        deviation: the cell stays ``deviates`` (never explained) and says so."""
-        self.fault = component
-        self.note = f"{self.note}; {note}" if self.note else note
-        return self
 
 
 def is_percent(unit: str) -> bool:
@@ -394,7 +326,7 @@ def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]
         id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=how,
         how_words=" + ".join(HOW[letter] for letter in how.split("+")), simulated="S" in how,
         description=repro.description, params={**repro.defaults, **params},
-        tolerance="records/grading.py (one policy)", cells=[c.to_dict() for c in result.cells],
+        tolerance="records/grading.py (one policy)", cells=list(result.cells),
         summary=summarize(result.cells), assumptions=result.assumptions,
         figures=[f.__dict__ for f in result.figures], extra=result.extra,
         command=" ".join(argv), environment=collect_environment(invocation or argv))

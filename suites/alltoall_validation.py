@@ -199,7 +199,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
     form, the residuals of the fit simulated at the fitted values, and the runs. ``done``, when
     given, is called with each measured point's record (progress)."""
     from moe_repro.components.network import simulator as ns
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, measure
 
     shape = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0, **(shape or {})}
     cores = host_cores()
@@ -207,7 +207,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                               "backend": backend, "sizes": s})
               for n in ranks_list for s in sizes]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
-    records = run_suite(alltoall.SUITE, points, config, done=done)  # done(record) per point
+    records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
     prices = measure_host_costs()
     terms, times, known = [], [], []
     for point, rec in zip(points, records):

@@ -154,10 +154,26 @@ def world_key(suite: Suite, params: dict) -> tuple:
     return tuple(params[k] for k in suite.world_params)
 
 
-def run_suite(suite: Suite, grid: list[dict], config: RunConfig,
-              progress: Callable[[int, int, dict], None] | None = None,
-              done: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run every grid point; ``done(record)`` is called as each record finishes."""
+def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = None,
+            progress: Callable[[int, int, dict], None] | None = None,
+            done: Callable[[dict], None] | None = None, derive: bool = False) -> list[dict]:
+    """The one way to run a suite (``repro bench``, the reproductions, ``repro calibrate`` and the
+    all-to-all validation all come here): every grid point measured by :func:`run_point` (warm-up,
+    calibrated repeats, median and spread), simulated by the suite's simulator where the point
+    says so, or launched one world per distinct world parameters for a multi-process suite.
+
+    ``suite``: a Suite or its name. ``grid``: full parameter dicts; ``derive=True`` adds the
+    parameters the suite derives from a point (e.g. ranks = nodes x gpus_per_node), as the
+    suite's own grid does (points written by code rather than made by ``Suite.grid``).
+    ``config``: RunConfig() by default. ``progress(i, n, point)`` before a point or world,
+    ``done(record)`` as each record finishes."""
+    if isinstance(suite, str):
+        from moe_repro.suites import get_suite
+
+        suite = get_suite(suite)
+    if derive and suite.derived_params is not None:
+        grid = [{**p, **suite.derived_params(p)} for p in grid]
+    config = config if config is not None else RunConfig()
     records: list[dict] = []
     if suite.simulate is not None and any(p.get("simulated") for p in grid):
         for i, params in enumerate(p for p in grid if p.get("simulated")):

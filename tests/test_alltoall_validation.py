@@ -242,12 +242,12 @@ def test_calibrate_writes_every_fit_and_the_faster_backends_links():
 
 @pytest.mark.multiprocess
 def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, measure
 
     suite = all_suites()["alltoall-validation"]
     grid = suite.grid({"ranks": [2], "sizes": [1024, 65536], "fit_ranks": ["2"], "fit_sizes": ["2K+256K"],
                        "fit_repeats": [3]})
-    records = run_suite(suite, grid, RunConfig(warmup=1, repeats=3, min_sample_s=0.005, timeout_s=240))
+    records = measure(suite, grid, RunConfig(warmup=1, repeats=3, min_sample_s=0.005, timeout_s=240))
     assert [(r["algo"], r["size"]) for r in records] == [(a, s) for a in ("flat", "halo", "rbd")
                                                         for s in (1024, 65536)]
     for r in records:

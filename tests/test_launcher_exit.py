@@ -40,7 +40,7 @@ def _run_as_launched_rank(args: list[str], monkeypatch, tmp_path, rank: int, **e
                          "TORCHELASTIC_RUN_ID": "test"} if not env else env).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MOE_REPRO_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(runner, "run_suite", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(runner, "measure", lambda *a, **k: pytest.fail("work started"))
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(SystemExit) as exited:

@@ -164,7 +164,7 @@ def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run():
     fitting in cache: measured 3.2 ms at 2.1 MB, 8.2 ms at 4.1 MB), so a one-bandwidth profile
     is checked only below that."""
     from moe_repro.suites import all_suites
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, measure
 
     suite = all_suites()["alltoall"]
     grid = suite.grid({"nodes": [2], "gpus_per_node": [1], "algo": ["flat"], "tokens": [32, 128, 256],
@@ -172,7 +172,7 @@ def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run():
     # Rounds interleave the sizes (load from other processes then hits all of them alike);
     # single calls per sample (min_sample_s=0): the minimum is one undisturbed call.
     rounds = 10
-    records = run_suite(suite, grid * rounds, RunConfig(warmup=2, repeats=7, min_sample_s=0.0,
+    records = measure(suite, grid * rounds, RunConfig(warmup=2, repeats=7, min_sample_s=0.0,
                                                         check=False, timeout_s=240))
     assert len(records) == 3 * rounds and all(r["simulated"] is False for r in records)
     wire = [r["inter_node_bytes"] / 2 for r in records[:3]]  # bytes one rank puts on the wire

@@ -353,3 +353,20 @@ def test_an_invalid_expert_tp_is_rejected_with_a_one_line_reason():
     # by default ETP is searched over 1 and TP, and every candidate respects the folding rule
     for c in plan_parallel(m, DGX, 64).candidates:
         assert c.etp in (1, c.tp) and (c.dp * c.cp * c.tp) % (c.ep * c.etp) == 0
+
+
+def test_a_request_is_answered_as_the_arguments_are():
+    """plan(PlanRequest(...)) is plan_parallel(...) with the same fields; a malformed request is
+    refused by its check before any search."""
+    from moe_repro.components.resources.parallel_planner import PlanRequest, plan
+
+    mix = get_model("mixtral-8x7b")
+    kw = dict(seq=8192, zero=(1, 3), recompute=("none", "block"), ep=8, capacity_factor=1.25)
+    by_request = plan(PlanRequest(mix, DGX, 4, **kw)).to_dict()
+    by_arguments = plan_parallel(mix, DGX, 4, **kw).to_dict()
+    for d in (by_request, by_arguments):
+        d["search"].pop("seconds")
+    assert by_request == by_arguments and by_request["candidates"]
+    assert all(c["ep"] == 8 for c in by_request["candidates"])
+    with pytest.raises(ValueError, match="ZeRO stage must be 0, 1, 2 or 3, got 4"):
+        PlanRequest(mix, DGX, 4, zero=(4,)).checked()

@@ -137,3 +137,15 @@ def test_estimate_is_consistent():
     # (X-MoE Sec. 4.3).
     assert e.alltoall_s > 0 and ckpt.alltoall_s == pytest.approx(e.alltoall_s * 6 / 4)
     assert param_counts(m).active > pm.matmul_active_params(m)
+
+
+def test_both_planners_time_links_by_one_rule():
+    """Inside a node the all-to-all rate, across nodes NIC x efficiency: the Piper model's
+    all-to-all and the parallelism planner's context read the same function."""
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources import parallel_planner, perf_model
+
+    p = load_builtin("dgx-h100")
+    assert perf_model.link_bytes_per_s(p, off_node=False) == p.intra_node_a2a_bytes_per_s
+    assert perf_model.link_bytes_per_s(p, off_node=True) == p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    assert parallel_planner.link_bytes_per_s is perf_model.link_bytes_per_s

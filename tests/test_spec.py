@@ -138,3 +138,21 @@ def test_claims_read_by_the_policy_echo_and_derived_cells():
     assert agreement_of([low, ok, echo, derived]) == "1 of 2 compared cells agree, 1 deviate"
     with pytest.raises(ValueError, match="no paper claim"):
         _repro(lambda r, p: Result(cells=[r.claim("zz", "x", True, 1.0, "x", note="n")])).run()
+
+
+def test_one_cell_type_checked_again_as_stored():
+    """The cell a reproduction builds is the record's cell; one changed after it was built (as
+    explain() changes it) is checked again when a record takes it: a grade of agreement on NaN
+    is refused there."""
+    import math
+
+    import pydantic
+
+    from moe_repro.records.record import Cell as StoredCell
+    from moe_repro.reproductions import spec as spec_module
+
+    assert spec_module.Cell is StoredCell
+    cell = spec_module.Cell(row="r", column="c", paper=1.0, ours=2.0, unit="x", verdict="deviates")
+    cell.ours, cell.verdict = math.nan, "match"
+    with pytest.raises(pydantic.ValidationError, match="graded match but ours is nan"):
+        StoredCell.model_validate(cell)

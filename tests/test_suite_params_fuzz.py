@@ -53,7 +53,7 @@ def no_rank_may_start(monkeypatch, tmp_path):
         raise RankStarted("a bad input reached the runner")
 
     monkeypatch.setattr(launch, "run_ranks", refuse)
-    monkeypatch.setattr(runner, "run_suite", refuse)
+    monkeypatch.setattr(runner, "measure", refuse)
     monkeypatch.setattr(runner, "run_point", refuse)
     monkeypatch.setenv("MOE_REPRO_RESULTS", str(tmp_path / "results"))
 

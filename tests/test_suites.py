@@ -1,7 +1,7 @@
 import pytest
 
 from moe_repro.suites import all_suites
-from moe_repro.suites.runner import RunConfig, run_suite
+from moe_repro.suites.runner import RunConfig, measure
 from moe_repro.records.stats import quantile, summarize
 
 
@@ -22,7 +22,7 @@ def test_grid_and_overrides_are_typed_and_validated():
 
 def test_gemm_suite_measures_and_checks():
     gemm = all_suites()["gemm"]
-    records = run_suite(gemm, gemm.grid({"n": [32, 64]}), RunConfig(repeats=3, min_sample_s=0.001))
+    records = measure(gemm, gemm.grid({"n": [32, 64]}), RunConfig(repeats=3, min_sample_s=0.001))
     assert [r["n"] for r in records] == [32, 64]
     for r in records:
         assert r["correct"] is True and r["wrong"] == 0
@@ -49,7 +49,7 @@ def test_gemm_check_counts_wrong_elements():
 def test_allreduce_suite_runs_for_real_on_both_backends(ranks):
     suite = all_suites()["allreduce"]
     grid = suite.grid({"ranks": [ranks], "bytes": [8, 4096]})
-    records = run_suite(suite, grid, RunConfig(repeats=2, min_sample_s=0.001, timeout_s=120))
+    records = measure(suite, grid, RunConfig(repeats=2, min_sample_s=0.001, timeout_s=120))
     assert {(r["backend"], r["bytes"]) for r in records} == {("gloo", 8), ("gloo", 4096), ("mpi", 8), ("mpi", 4096)}
     for r in records:
         assert r["correct"] and r["world_size"] == ranks
@@ -67,3 +67,19 @@ def test_sizes_take_suffixes_and_doubling_ranges():
     for bad in (["n=8K:1K"], ["n=0:4"], ["n=1Q"]):
         with pytest.raises(ValueError):
             gemm.parse_overrides(bad)
+
+
+def test_measure_takes_a_suite_by_name_and_derives_what_its_grid_derives(monkeypatch):
+    """measure() is the one entry point: by name, with derive=True a point written by code gets
+    the parameters the suite's grid would add (eplb-policy: gpus = nodes x gpus_per_node)."""
+    import moe_repro.suites.runner as runner
+
+    seen = []
+    monkeypatch.setattr(runner, "run_point", lambda suite, params, config, ctx=None: seen.append(params) or {})
+    point = {k: v for k, v in all_suites()["eplb-policy"].grid(quick=True)[0].items()
+             if k not in ("gpus", "slots_per_gpu", "row_bytes")}
+    point.update(nodes=2, gpus_per_node=4)
+    measure("eplb-policy", [point])
+    assert "gpus" not in seen[0]  # as given
+    measure("eplb-policy", [point], derive=True)
+    assert seen[1]["gpus"] == 8 and seen[1]["row_bytes"] == point["hidden"] * point["itemsize"]

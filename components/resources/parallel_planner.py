@@ -97,6 +97,7 @@ from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.planner import divisors
+from moe_repro.components.resources.perf_model import link_bytes_per_s
 
 GiB = 2 ** 30
 RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
@@ -369,6 +370,51 @@ def default_global_batch(seq: int, gpus: int) -> int:
     return gpus * max(1, -(-want // gpus))
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a parallelism plan is asked for: the model, the platform, the nodes, and every degree,
+    mode or setting the user fixed (None: searched). :func:`plan` answers it; ``plan_parallel``
+    takes the same fields as arguments."""
+
+    model: MoEModel
+    platform: Platform
+    nodes: int
+    seq: int = 4096
+    global_batch: int | None = None
+    precision: str = "bf16-adam"
+    zero: tuple[int, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    cp: int | None = None
+    vpp: int | None = None
+    micro_batches: int | None = None
+    sp: bool | None = None
+    flash_attention: bool = True
+    dropout: bool = False
+    capacity_factor: float = 1.0
+    etp: int | None = None
+    overlap_dp: bool = True
+
+    def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
+        """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
+        names the first malformed field (non-positive number, unknown preset, stage or mode)."""
+        for name, val in (("nodes", self.nodes), ("seq", self.seq), ("capacity_factor", self.capacity_factor)):
+            if val is None or val <= 0:
+                raise ValueError(f"{name} must be positive, got {val}")
+        for name, val in (("global batch", self.global_batch), ("micro-batches", self.micro_batches)):
+            if val is not None and val <= 0:
+                raise ValueError(f"{name} must be positive, got {val}")
+        prec = F.precision(self.precision)
+        zeros = tuple(ZERO_STAGES if self.zero is None else self.zero)
+        for z in zeros:
+            if z not in ZERO_STAGES:
+                raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
+        modes = parse_recompute(RECOMPUTE if self.recompute is None else self.recompute)
+        return prec, zeros, modes
+
+
 def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
                   precision: str = "bf16-adam", zero: tuple[int, ...] | None = None,
                   recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
@@ -385,24 +431,88 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     all-to-all bytes; ``overlap_dp=False``: ZeRO 0/1 reduce (and gather) once per step after the
     last backward, exposed (Megatron-LM before --overlap-grad-reduce: train_step calls
     allreduce_gradients() after forward_backward_func returns). ValueError for malformed input (non-positive numbers, unknown preset,
-    stage or mode)."""
-    t0 = time.perf_counter()
-    for name, val in (("nodes", nodes), ("seq", seq), ("capacity_factor", capacity_factor)):
-        if val is None or val <= 0:
-            raise ValueError(f"{name} must be positive, got {val}")
-    for name, val in (("global batch", global_batch), ("micro-batches", micro_batches)):
-        if val is not None and val <= 0:
-            raise ValueError(f"{name} must be positive, got {val}")
-    prec = F.precision(precision)
-    zeros = tuple(ZERO_STAGES if zero is None else zero)
-    for z in zeros:
-        if z not in ZERO_STAGES:
-            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}")
-    modes = parse_recompute(RECOMPUTE if recompute is None else recompute)
+    stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
+    return plan(PlanRequest(m, p, nodes, seq=seq, global_batch=global_batch, precision=precision, zero=zero,
+                            recompute=recompute, tp=tp, pp=pp, ep=ep, cp=cp, vpp=vpp,
+                            micro_batches=micro_batches, sp=sp, flash_attention=flash_attention,
+                            dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp))
 
+
+def plan(req: PlanRequest) -> ParallelPlan:
+    """The plan for ``req``: check the request, build the context (shapes, rates, bandwidths),
+    filter each degree on its own (:func:`_degree_options`), search the layouts they combine into
+    (:func:`_search`, each evaluated for memory and time by ``_evaluate``), rank what fits."""
+    t0 = time.perf_counter()
+    m, p = req.model, req.platform
+    prec, zeros, modes = req.checked()
+    ctx = _context(req, prec, zeros, modes)
+    if req.vpp is not None and req.vpp <= 0:
+        raise ValueError(f"vpp must be positive, got {req.vpp}")
+    rej = _Rejections()
+    degrees = _degree_options(req, ctx, rej)
+    memory = _Memory(m, req.seq, prec, req.dropout, req.capacity_factor)
+    kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
+
+    # ties (to 4 significant digits) go to less communication, then less memory
+    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
+    misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    assumptions = _assumptions(m, p, req.seq, ctx.B, ctx.G, prec, req.precision, req.flash_attention,
+                               req.dropout, req.capacity_factor, peak_given, req.seq >= CP_FROM_SEQ, req.cp,
+                               req.global_batch is not None, req.micro_batches)
+    if not req.overlap_dp:
+        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
+    pc = param_counts(m)
+    return ParallelPlan(
+        model=m.key, platform=p.name, nodes=req.nodes, gpus_per_node=ctx.g, gpus=ctx.G, seq=req.seq,
+        global_batch=ctx.B, precision=req.precision if isinstance(req.precision, str) else "custom",
+        params={"total": pc.total, "active": pc.active},
+        flops_per_token={"forward": F.forward_flops_per_token(m, req.seq, "causal"),
+                         "training": F.train_flops_per_token(m, req.seq, "causal", "none"),
+                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
+        hbm_bytes=ctx.hbm, candidates=kept + misses, rejected=rej.lines(ctx.hbm), assumptions=assumptions,
+        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
+                "seconds": time.perf_counter() - t0})
+
+
+def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) -> "_Ctx":
+    """What every layout's evaluation reads: the GPUs, the batch, the layer shapes, the platform's
+    rates, bandwidths and latencies."""
+    m, p, seq = req.model, req.platform, req.seq
     g = p.gpus_per_node
-    G = nodes * g
-    B = global_batch if global_batch is not None else default_global_batch(seq, G)
+    G = req.nodes * g
+    B = req.global_batch if req.global_batch is not None else default_global_batch(seq, G)
+    intra_bw = link_bytes_per_s(p, off_node=False)  # the link rule both planners share
+    inter_bw = link_bytes_per_s(p, off_node=True)
+    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    peak = p.peak_flops if peak_given else p.gemm_flops
+    dense_l, moe_l = _layers(m, seq)
+    V = m.vocab or 0
+    d = m.d_model
+    model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
+    return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, 2.0 * V * d, V, d,
+                F.kv_width(m), intra_bw, inter_bw, lat[0], lat[-1], peak, model_flops_step, p.hbm_bytes,
+                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp)
+
+
+@dataclass
+class _Degrees:
+    """Each degree's options on its own (a fixed one that breaks a rule is left out, with its
+    reason among the rejected); ``etp_ok`` checks an ETP per layout (its default follows TP)."""
+
+    tps: list[int]
+    cps: list[int]
+    eps: list[int]
+    pps_fixed: list[int] | None
+    etps_fixed: list[int] | None
+    etp_ok: object
+
+
+def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees:
+    """The constraints of the module docstring that a degree meets or breaks alone."""
+    m, seq, G, g = req.model, req.seq, ctx.G, ctx.g
     L, E = m.layers, m.n_experts
     is_moe = m.n_moe_layers > 0
     H = m.heads
@@ -410,34 +520,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     ffns = sorted({f for f in (m.d_ffn_dense if m.n_dense_layers else None,
                                (m.d_ffn_shared or m.d_ffn) if m.n_shared and is_moe else None,
                                m.d_ffn_residual) if f})
-    rej = _Rejections()
-    hbm = p.hbm_bytes
-    intra_bw = p.intra_node_a2a_bytes_per_s
-    inter_bw = p.nic_bytes_per_s_per_gpu * p.network_efficiency
-    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
-    intra_lat, inter_lat = lat[0], lat[-1]
-    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
-    peak = p.peak_flops if peak_given else p.gemm_flops
 
-    dense_l, moe_l = _layers(m, seq)
-    V = m.vocab or 0
-    d = m.d_model
-    head_flops = 2.0 * V * d
-    pc = param_counts(m)
-    fwd_token = F.forward_flops_per_token(m, seq, "causal")
-    model_flops_token = F.train_flops_per_token(m, seq, "causal", "none")
-    model_flops_step = model_flops_token * B * seq
-    kvw = F.kv_width(m)
-
-    # ---------------------------------------------------------------- degree options
-    if vpp is not None and vpp <= 0:
-        raise ValueError(f"vpp must be positive, got {vpp}")
-    long_seq = seq >= CP_FROM_SEQ
-    ctx = _Ctx(m, p, seq, G, g, B, prec, zeros, modes, flash_attention, dense_l, moe_l, head_flops, V, d,
-               kvw, intra_bw, inter_bw, intra_lat, inter_lat, peak, model_flops_step, hbm,
-               capacity_factor, m.d_ffn, dropout, overlap_dp)
-
-    # ---------------------------------------------------------------- each degree on its own
     def tp_ok(t: int) -> bool:
         why = []
         if t > g:
@@ -487,18 +570,28 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
             rej.add(why)
         return not why
 
-    etps_fixed = None if etp is None else [x for x in _options("etp", etp, []) if etp_ok(x)]
-    tps = [t for t in _options("tp", tp, divisors(g)) if tp_ok(t)]
-    cps = [c for c in _options("cp", cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
+    long_seq = seq >= CP_FROM_SEQ
+    etps_fixed = None if req.etp is None else [x for x in _options("etp", req.etp, []) if etp_ok(x)]
+    tps = [t for t in _options("tp", req.tp, divisors(g)) if tp_ok(t)]
+    cps = [c for c in _options("cp", req.cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
            if cp_ok(c)]
-    eps = [e for e in _options("ep", ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
-    pps_fixed = None if pp is None else [q for q in _options("pp", pp, []) if pp_ok(q)]
-    if vpp is not None and vpp > 1 and pp == 1:
-        rej.add(f"VPP {vpp} needs PP > 1")
+    eps = [e for e in _options("ep", req.ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
+    pps_fixed = None if req.pp is None else [q for q in _options("pp", req.pp, []) if pp_ok(q)]
+    if req.vpp is not None and req.vpp > 1 and req.pp == 1:
+        rej.add(f"VPP {req.vpp} needs PP > 1")
+    return _Degrees(tps, cps, eps, pps_fixed, etps_fixed, etp_ok)
 
-    act_cache: dict[tuple, float] = {}
 
-    def layer_act(moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
+class _Memory:
+    """Activation bytes of one layer and model-state bytes of a parameter count, cached: asked
+    per stage and recompute mode of every layout searched."""
+
+    def __init__(self, m: MoEModel, seq: int, prec: F.Precision, dropout: bool, capacity_factor: float):
+        self.m, self.seq, self.prec, self.dropout, self.cf = m, seq, prec, dropout, capacity_factor
+        self.act_cache: dict[tuple, float] = {}
+        self.state_cache: dict[tuple, dict[str, float]] = {}
+
+    def layer_act(self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
         """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
         the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
         ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
@@ -506,35 +599,44 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
         after the EP all-to-all and reduce-scatters before the return all-to-all."""
         et = et if moe else 1
         key = (moe, t, sp, c, mb, mode, et)
-        if key not in act_cache:
+        if key not in self.act_cache:
             terms = F.moe_activation_terms_per_layer(
-                m, seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
-                dropout=dropout, capacity_factor=capacity_factor)
+                self.m, self.seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
+                dropout=self.dropout, capacity_factor=self.cf)
             if et > 1 and "dispatch" in terms:
                 terms["dispatch"] *= et
-            act_cache[key] = sum(terms.values())
-        return act_cache[key]
+            self.act_cache[key] = sum(terms.values())
+        return self.act_cache[key]
 
-    state_cache: dict[tuple, float] = {}
-
-    def state(n_params: float, n: int, z: int) -> dict[str, float]:
+    def state(self, n_params: float, n: int, z: int) -> dict[str, float]:
         key = (n_params, n, z)
-        if key not in state_cache:
-            state_cache[key] = F.model_state_bytes(n_params, n, z, prec) if n_params else \
+        if key not in self.state_cache:
+            self.state_cache[key] = F.model_state_bytes(n_params, n, z, self.prec) if n_params else \
                 {"weights": 0.0, "grads": 0.0, "master": 0.0, "optimizer": 0.0, "total": 0.0, "host": 0.0}
-        return state_cache[key]
+        return self.state_cache[key]
 
+
+def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
+            rej: _Rejections) -> tuple[list[ParallelCandidate], int, int]:
+    """Every layout the degree options combine into (CP, TP, PP, VPP, EP x ETP, micro-batch, SP),
+    each evaluated for every ZeRO stage and recompute mode; returns (the candidates that fit,
+    layouts, evaluations)."""
+    m, G, B = req.model, ctx.G, ctx.B
+    L = m.layers
+    is_moe = m.n_moe_layers > 0
+    vpp, sp, micro_batches = req.vpp, req.sp, req.micro_batches
     stage_cache: dict[tuple, list[_Stage]] = {}
     kept: list[ParallelCandidate] = []
     layouts = evaluated = 0
 
-    for c in cps:
-        for t in tps:
+    for c in deg.cps:
+        for t in deg.tps:
             if G % (t * c):
                 rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x CP {c}")
                 continue
             rest = G // (t * c)
-            pps = pps_fixed if pps_fixed is not None else [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+            pps = deg.pps_fixed if deg.pps_fixed is not None else \
+                [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
             for q in pps:
                 if rest % q:
                     rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x PP {q} x CP {c}")
@@ -552,13 +654,13 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                     if key not in stage_cache:
                         stage_cache[key] = _stages(m, q, v)
                     stages = stage_cache[key]
-                    if etps_fixed is not None:
-                        ets = etps_fixed
+                    if deg.etps_fixed is not None:
+                        ets = deg.etps_fixed
                     elif is_moe:  # Megatron-core's default ETP = TP, and ETP 1
-                        ets = [x for x in sorted({1, t}) if etp_ok(x, record=False)]
+                        ets = [x for x in sorted({1, t}) if deg.etp_ok(x, record=False)]
                     else:
                         ets = [1]
-                    for e, et in ((e, et) for e in eps for et in ets):
+                    for e, et in ((e, et) for e in deg.eps for et in ets):
                         if (dp * c * t) % (e * et):
                             rej.add("EP x ETP does not divide DP x CP x TP (Megatron-core "
                                     "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
@@ -595,25 +697,8 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                                 evaluated += _evaluate(
                                     dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages,
                                          et=et),
-                                    ctx, layer_act, state, rej, kept)
-
-    # ties (to 4 significant digits) go to less communication, then less memory
-    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
-    misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
-    assumptions = _assumptions(m, p, seq, B, G, prec, precision, flash_attention, dropout, capacity_factor,
-                               peak_given, long_seq, cp, global_batch is not None, micro_batches)
-    if not overlap_dp:
-        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
-                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
-    return ParallelPlan(
-        model=m.key, platform=p.name, nodes=nodes, gpus_per_node=g, gpus=G, seq=seq, global_batch=B,
-        precision=precision if isinstance(precision, str) else "custom",
-        params={"total": pc.total, "active": pc.active},
-        flops_per_token={"forward": fwd_token, "training": model_flops_token,
-                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
-        hbm_bytes=hbm, candidates=kept + misses, rejected=rej.lines(hbm), assumptions=assumptions,
-        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
-                "seconds": time.perf_counter() - t0})
+                                    ctx, memory.layer_act, memory.state, rej, kept)
+    return kept, layouts, evaluated
 
 
 @dataclass(frozen=True)
@@ -668,6 +753,155 @@ def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
 
+@dataclass
+class _LayoutView:
+    """One layout's degrees and the values its memory and time parts share (set once per layout
+    by ``_evaluate``), with the memo of each part per recompute mode."""
+
+    t: int
+    sp: bool
+    q: int
+    v: int
+    c: int
+    e: int
+    mb: int
+    M: int
+    et: int
+    per_stage: list
+    s_loc: float
+    tokens_gpu: float
+    pp_bw: float
+    cp_bw: float
+    pp_lat: float
+    nmax: int
+    act_memo: dict = field(default_factory=dict)
+    time_memo: dict = field(default_factory=dict)
+
+
+def _mode_key(kind: str, n: int, nmax: int) -> tuple[str, int]:
+    """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
+    return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
+
+
+def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> list[float]:
+    """Memory: activation bytes of every representative stage under (kind, N) (module
+    docstring, "Memory per GPU")."""
+    m = ctx.m
+    t, sp, c, mb, et, q, v, M, per_stage, s_loc = (lv.t, lv.sp, lv.c, lv.mb, lv.et, lv.q, lv.v, lv.M,
+                                                   lv.per_stage, lv.s_loc)
+    k = _mode_key(kind, n, lv.nmax)
+    if k in lv.act_memo:
+        return lv.act_memo[k]
+    kind, n = k
+    la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
+        m.n_moe_layers if moe else m.n_dense_layers) else 0.0
+    if kind == "full":
+        # the layers not recomputed keep everything (Megatron's block method); with
+        # FlashAttention that is what selective keeps
+        rest = "selective" if ctx.flash else "none"
+        a_dense, a_moe = la(False, rest), la(True, rest)
+        in_dense, in_moe = la(False, "full"), la(True, "full")
+        a_work = max(a_dense, a_moe)
+    else:
+        mem_mode = "selective" if (ctx.flash and kind == "none") else kind
+        a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
+        in_dense, in_moe, a_work = a_dense, a_moe, 0.0
+    acts = []
+    for st, *_ in per_stage:
+        if v == 1:
+            chunks = min(q - st.r, M)
+        else:
+            chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
+        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+        per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
+        act = chunks * per_mb / v + a_work
+        if st.last and ctx.V:
+            act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
+        acts.append(act)
+    lv.act_memo[k] = acts
+    return acts
+
+
+
+def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
+    """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
+    bytes (module docstring, "Step time")."""
+    m, seq, g = ctx.m, ctx.seq, ctx.g
+    dl, ml = ctx.dense_l, ctx.moe_l
+    t, sp, q, v, c, e, mb, et, per_stage = lv.t, lv.sp, lv.q, lv.v, lv.c, lv.e, lv.mb, lv.et, lv.per_stage
+    s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat = lv.s_loc, lv.tokens_gpu, lv.pp_bw, lv.cp_bw, lv.pp_lat
+    k = _mode_key(kind, n, lv.nmax)
+    if k in lv.time_memo:
+        return lv.time_memo[k]
+    kind, n = k
+    slot_best = None
+    for st, _, _, n_layers, mm, core, head in per_stage:
+        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+        rec = rd + rm
+        extra_mm = rd * dl.mm + rm * ml.mm
+        extra_core = core if kind == "selective" else rec * dl.core
+        core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
+        if not ctx.flash:
+            # materialised scores: the batched GEMMs compute every score (the causal mask is
+            # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
+            # of each token (2 B each): a roofline of the attention rate and HBM per pass
+            def core_pass(layers: float) -> float:
+                return max(2 * layers * dl.core / ctx.p.attention_flops,
+                           layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
+            core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
+                * tokens_gpu
+        # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
+        # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
+        ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
+        ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
+                     for x, moe in zip(ew, (False, True))]
+        ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
+        ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
+            (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
+        tokens_seq = mb * seq / c
+        elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
+        comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
+        tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
+        if t > 1:
+            tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
+                    + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
+            n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
+            tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
+        ep_s = etp_s = 0.0
+        moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
+        tokens = mb * seq / (t * c)
+        if e > 1 and st.n_moe:
+            ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
+            per_peer = ep_b / (e - 1)
+            on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
+            on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
+            n_coll = 4 * st.n_moe + 2 * rm
+            ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
+                n_coll * (ctx.inter_lat if off else ctx.intra_lat)
+        if et > 1 and st.n_moe:
+            # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
+            # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
+            # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
+            gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
+            etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
+            etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
+        cp_s = 0.0
+        if c > 1:
+            cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
+            cp_s = max(0.0, cp_b / cp_bw - core_s)
+        pp_s = 0.0
+        if q > 1:
+            pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
+            pp_s = pp_b / pp_bw + 2 * v * pp_lat
+        slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
+        if slot_best is None or slot > slot_best[0]:
+            fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
+            slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
+                         {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
+    lv.time_memo[k] = slot_best
+    return slot_best
+
+
 def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: list) -> int:
     """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
     that fits (heavier ones fit too and are slower); "block" is the smallest N of Megatron's
@@ -710,120 +944,16 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
                     (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
     zero3_buffer = 2 * big_layer * prec.weights
 
-    def key_of(kind: str, n: int) -> tuple[str, int]:
-        """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
-        return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
+    lv = _LayoutView(t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat, nmax)
 
-    act_memo: dict[tuple, list] = {}
+    def key_of(kind: str, n: int) -> tuple[str, int]:
+        return _mode_key(kind, n, nmax)
 
     def stage_acts(kind: str, n: int) -> list[float]:
-        """Activation bytes of every representative stage under (kind, N)."""
-        k = key_of(kind, n)
-        if k in act_memo:
-            return act_memo[k]
-        kind, n = k
-        la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
-            m.n_moe_layers if moe else m.n_dense_layers) else 0.0
-        if kind == "full":
-            # the layers not recomputed keep everything (Megatron's block method); with
-            # FlashAttention that is what selective keeps
-            rest = "selective" if ctx.flash else "none"
-            a_dense, a_moe = la(False, rest), la(True, rest)
-            in_dense, in_moe = la(False, "full"), la(True, "full")
-            a_work = max(a_dense, a_moe)
-        else:
-            mem_mode = "selective" if (ctx.flash and kind == "none") else kind
-            a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
-            in_dense, in_moe, a_work = a_dense, a_moe, 0.0
-        acts = []
-        for st, *_ in per_stage:
-            if v == 1:
-                chunks = min(q - st.r, M)
-            else:
-                chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
-            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-            per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
-            act = chunks * per_mb / v + a_work
-            if st.last and ctx.V:
-                act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
-            acts.append(act)
-        act_memo[k] = acts
-        return acts
-
-    time_memo: dict[tuple, tuple] = {}
+        return _stage_acts(lv, ctx, layer_act, kind, n)
 
     def slot_time(kind: str, n: int):
-        """The slowest stage's time per micro-batch under (kind, N), with its parts and bytes."""
-        k = key_of(kind, n)
-        if k in time_memo:
-            return time_memo[k]
-        kind, n = k
-        slot_best = None
-        for st, _, _, n_layers, mm, core, head in per_stage:
-            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-            rec = rd + rm
-            extra_mm = rd * dl.mm + rm * ml.mm
-            extra_core = core if kind == "selective" else rec * dl.core
-            core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
-            if not ctx.flash:
-                # materialised scores: the batched GEMMs compute every score (the causal mask is
-                # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
-                # of each token (2 B each): a roofline of the attention rate and HBM per pass
-                def core_pass(layers: float) -> float:
-                    return max(2 * layers * dl.core / ctx.p.attention_flops,
-                               layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
-                core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
-                    * tokens_gpu
-            # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
-            # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
-            ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
-            ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
-                         for x, moe in zip(ew, (False, True))]
-            ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
-            ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
-                (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
-            tokens_seq = mb * seq / c
-            elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
-            comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
-            tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
-            if t > 1:
-                tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
-                        + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
-                n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
-                tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
-            ep_s = etp_s = 0.0
-            moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
-            tokens = mb * seq / (t * c)
-            if e > 1 and st.n_moe:
-                ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
-                per_peer = ep_b / (e - 1)
-                on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-                on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
-                n_coll = 4 * st.n_moe + 2 * rm
-                ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
-                    n_coll * (ctx.inter_lat if off else ctx.intra_lat)
-            if et > 1 and st.n_moe:
-                # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
-                # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
-                # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
-                gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
-                etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
-                etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
-            cp_s = 0.0
-            if c > 1:
-                cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
-                cp_s = max(0.0, cp_b / cp_bw - core_s)
-            pp_s = 0.0
-            if q > 1:
-                pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
-                pp_s = pp_b / pp_bw + 2 * v * pp_lat
-            slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
-            if slot_best is None or slot > slot_best[0]:
-                fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
-                slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
-                             {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
-        time_memo[k] = slot_best
-        return slot_best
+        return _slot_time(lv, ctx, kind, n)
 
     def label(kind: str, n: int) -> tuple[str, int]:
         kind, n = key_of(kind, n)

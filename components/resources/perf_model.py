@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.memory_model import stage_layers
 from moe_repro.components.model.params import attention_params, layer_params, param_counts
 from moe_repro.components.network.platform import Platform
@@ -104,14 +105,21 @@ def alltoall_bytes_per_gpu(tokens: float, k: int, d: int, EP: int, gpus_per_node
     return per_peer * on_node_peers, per_peer * max(0, EP - gpus_per_node)
 
 
+def link_bytes_per_s(p: Platform, off_node: bool) -> float:
+    """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink) inside a node;
+    across nodes nics x B_NIC / g x network efficiency. The one link rule both planners time
+    communication with (this model and parallel_planner)."""
+    return p.nic_bytes_per_s_per_gpu * p.network_efficiency if off_node else p.intra_node_a2a_bytes_per_s
+
+
 def alltoall_time(tokens: float, k: int, d: int, EP: int, p: Platform) -> float:
     """One dispatch (or combine): intra- and inter-node parts proceed concurrently; the slower
     bounds it. Inter-node per-GPU bandwidth = nics x B_NIC / g x network efficiency."""
     if EP == 1:
         return 0.0
     on, off = alltoall_bytes_per_gpu(tokens, k, d, EP, p.gpus_per_node)
-    t_on = on / p.intra_node_a2a_bytes_per_s
-    t_off = off / (p.nic_bytes_per_s_per_gpu * p.network_efficiency) if off else 0.0
+    t_on = on / link_bytes_per_s(p, off_node=False)
+    t_off = off / link_bytes_per_s(p, off_node=True) if off else 0.0
     latency = _latency_s(p, off > 0)
     return max(t_on, t_off) + latency
 
@@ -129,8 +137,9 @@ def p2p_bytes_per_gpu(micro_batch: float, seq: int, d: int) -> float:
 
 
 def ring_allreduce_time(nbytes: float, n: int, bw: float) -> float:
-    """Ring all-reduce: each rank sends 2 (n-1)/n x nbytes (nccl-tests busbw convention)."""
-    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw
+    """Ring all-reduce: each rank sends 2 (n-1)/n x nbytes (nccl-tests busbw convention), counted
+    by formulas.ring_allreduce_bytes as the parallelism planner counts its DP reduction."""
+    return 0.0 if n <= 1 else F.ring_allreduce_bytes(nbytes, n) / bw
 
 
 def bubble_fraction(PP: int, M: int) -> float:
@@ -223,7 +232,7 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
     first_moe = m.layers - m.n_moe_layers
     a2a_one = alltoall_time(tokens, m.top_k, m.d_model, EP, p)
     same_node_next = EP < p.gpus_per_node and p.gpus_per_node % EP == 0
-    p2p_bw = p.intra_node_a2a_bytes_per_s if same_node_next else p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    p2p_bw = link_bytes_per_s(p, off_node=not same_node_next)
     p2p = 2 * p2p_bytes_per_gpu(micro_batch, seq, m.d_model) / p2p_bw if PP > 1 else 0.0
 
     worst = None
@@ -242,7 +251,7 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
         if worst is None or compute + a2a > worst[1] + worst[2]:
             worst = (i, compute, a2a, replicated)
     slowest, compute, a2a, replicated = worst
-    ar_bw = p.intra_node_a2a_bytes_per_s if EP <= p.gpus_per_node else p.nic_bytes_per_s_per_gpu * p.network_efficiency
+    ar_bw = link_bytes_per_s(p, off_node=EP > p.gpus_per_node)
     allreduce = ring_allreduce_time(ACT_BYTES * replicated, EP, ar_bw)
 
     slot = compute + a2a + p2p

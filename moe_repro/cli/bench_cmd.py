@@ -108,7 +108,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     from moe_repro.reports.terminal import format_records
     from moe_repro import catalog
     from moe_repro.suites import get_suite
-    from moe_repro.suites.runner import RunConfig, run_suite, suite_record
+    from moe_repro.suites.runner import RunConfig, measure, suite_record
 
     store = ctx.obj
     try:
@@ -167,7 +167,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
             atomic_write_json(json_path, dump(record), make_parents=False)
 
     try:
-        run_suite(suite, grid, config, progress=progress, done=records.append)
+        measure(suite, grid, config, progress=progress, done=records.append)
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
         with deferred():  # a second signal waits until the finished records are stored
             finish(interrupted=True)

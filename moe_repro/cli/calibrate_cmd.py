@@ -14,11 +14,10 @@ from moe_repro.cli.errors import BadInput, OutputFile, RunFailure
 def _run(suite_name: str, point: dict, repeats: int, check: bool = True) -> dict:
     """The record of one grid point of a local suite, measured by the runner (warm-up,
     calibrated repeats, median and spread)."""
-    from moe_repro.suites import all_suites
-    from moe_repro.suites.runner import RunConfig, run_suite
+    from moe_repro.suites.runner import RunConfig, measure
 
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.05, check=check)
-    [record] = run_suite(all_suites()[suite_name], [point], config)
+    [record] = measure(suite_name, [point], config)
     return record
 
 
