@@ -43,6 +43,16 @@ def warn_on_stderr(error: UnreadableRecord) -> None:
     sys.stderr.write(f"repro: warning: skipped unreadable result {error}\n")
 
 
+
+def _run_order(path: Path) -> tuple:
+    """Sort key of a stored run, oldest first: its time stamp and commit, then the number a
+    second run in the same second got ("-1", "-2", ...; plain name sorting would put
+    "T-c-1.json" before "T-c.json", since "-" sorts before ".")."""
+    parts = path.stem.split("-")
+    if len(parts) >= 3 and parts[-1].isdigit():  # <stamp>-<commit>-<n>
+        return ("-".join(parts[:-1]), int(parts[-1]))
+    return (path.stem, 0)
+
 class ResultsStore:
     def __init__(self, root: str | os.PathLike | None = None,
                  on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr):
@@ -85,7 +95,7 @@ class ResultsStore:
         # only regular files: a FIFO named *.json would block the first reader that opened it
         # (is_file() looks with stat, opening nothing); others are named once and passed over
         files = []
-        for p in sorted(directory.glob("*.json")):
+        for p in sorted(directory.glob("*.json"), key=_run_order):
             if p.name.startswith("."):
                 continue
             if p.is_file():

@@ -172,7 +172,8 @@ def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
     """Uniform routing of ``tokens x top_k`` token copies over the EP ranks (flat all-to-all);
     bandwidth = bytes one GPU sends over the named bottleneck / simulated time."""
     from moe_repro.components.network.platform import load_builtin
-    from moe_repro.components.network.simulator import simulate_uniform, topology_for
+    from moe_repro.components.alltoall.simulated import simulate_uniform
+    from moe_repro.components.network.simulator import topology_for
 
     p = load_builtin(point["platform"])
     w = point["workload"]

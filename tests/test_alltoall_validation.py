@@ -201,7 +201,8 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
     (p,) = suite.grid({"ranks": [4], "algo": ["halo"], "sizes": [65536], "calibration": [str(path)]})
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0),
-             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000}}
+             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000},
+             "memcpy_s": 0.001}  # the run's memcpy bound (suites/alltoall.py setup)
     got = v.derive(p, state, 0.01)
     host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9) * 4 / 2
     assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)

@@ -130,10 +130,12 @@ def test_plan_deepseek_v3_default_method():
     assert "best: TP" in r.stdout
 
 
-def test_plan_tp16_is_a_rejected_family():
+def test_plan_tp16_is_refused_with_its_reason():
+    # A pinned degree no layout can take is bad input, said in one line before any search (it
+    # used to end in "best: none fits", leaving the reader to find the rejected family).
     r = _repro("plan", "--model", "gpt3-175b", "--nodes", "64", "--platform", "dgx-h100", "--tp", "16")
-    assert r.returncode == 0, r.stderr
-    assert "1: TP 16 > 8 GPUs per node" in r.stdout and "best: none fits" in r.stdout
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "repro: error: --tp 16: TP 16 > 8 GPUs per node"
 
 
 def test_plan_etp_and_block_recompute(tmp_path):

@@ -56,3 +56,17 @@ def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
     finally:
         os.umask(old)
     assert p.stat().st_mode & 0o777 == 0o644
+
+
+def test_runs_saved_in_the_same_second_keep_their_order():
+    # "-" sorts before ".": by plain name the second run of a second ("T-c-1.json") would come
+    # before the first ("T-c.json") and `latest` would return the older one
+    from pathlib import Path
+
+    from moe_repro.records.store import _run_order
+
+    saved = ["20261125T143620Z-abc.json", "20261125T143620Z-abc-1.json", "20261125T143620Z-abc-2.json",
+             "20261125T143620Z-abc-10.json"]
+    older = ["20261125T143619Z-abd.json"]
+    shuffled = [saved[2], older[0], saved[3], saved[0], saved[1]]
+    assert sorted(shuffled, key=lambda n: _run_order(Path(n))) == older + saved
