@@ -275,8 +275,6 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
         p.data = moved[0]
         for k, t in zip(keys, moved[1:]):
             state[k] = t
-    layer.placement = new_placement
-    layer.local_experts = new_local
-    layer.experts.num_experts = len(new_local)
+    layer.set_placement(new_placement)  # its dispatcher routes to where the experts now live
     dist.barrier(group=layer.ep_group)
     return sent_bytes

@@ -201,17 +201,31 @@ class MoELayer(nn.Module):
         if self.placement.num_experts != num_experts:
             raise ValueError(f"placement covers {self.placement.num_experts} experts, layer has {num_experts}")
         self.local_experts = list(self.placement.experts_of_rank[self.ep_rank])
-        # The one dispatch path: the registered algorithm's dispatcher on the EP group
-        # (components/alltoall); a fixed generator for RBD's pilots leaves the global RNG alone.
-        self.dispatcher = (get_algorithm(all_to_all).group_dispatcher(
-            self.placement.rank_of_expert().tolist(), ep_group,
-            generator=torch.Generator().manual_seed(self.ep_rank)) if expert_parallel else None)
+        self.dispatcher = self._make_dispatcher()
         kw = {"dtype": dtype, "device": device}
         self.gate = TopKGate(d_model, num_experts, top_k, score, normalize, **kw)
         self.experts = ExpertMLP(len(self.local_experts), d_model, d_ffn, activation, gemm, **kw)
         # DeepSeek-MoE shared experts: always active, so one dense FFN num_shared * d_ffn wide.
         self.shared = (ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
                        if num_shared else None)
+
+    def _make_dispatcher(self):
+        """The one dispatch path: the registered algorithm's dispatcher on the EP group for the
+        current placement (components/alltoall); a fixed generator for RBD's pilots leaves the
+        global RNG alone. None on one rank."""
+        if not self.expert_parallel:
+            return None
+        return get_algorithm(self.all_to_all).group_dispatcher(
+            self.placement.rank_of_expert().tolist(), self.ep_group,
+            generator=torch.Generator().manual_seed(self.ep_rank))
+
+    def set_placement(self, placement: ExpertPlacement) -> None:
+        """Adopt a new expert placement (after expert migration moved the weights): the local
+        experts and the dispatcher, whose routes depend on where each expert lives, follow it."""
+        self.placement = placement
+        self.local_experts = list(placement.experts_of_rank[self.ep_rank])
+        self.experts.num_experts = len(self.local_experts)
+        self.dispatcher = self._make_dispatcher()
 
     @classmethod
     def from_config(cls, config: MoEConfig, *, expert_parallel: bool = False, ep_group=None,
