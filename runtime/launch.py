@@ -518,7 +518,8 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
 
 
 # Where a rank's main thread waits when it is blocked on its peers, not stuck on its own.
-_WAITING_IN = ("torch/distributed", "mpi4py", "components/alltoall/", "runtime/launch.py")
+_WAITING_IN = ("torch/distributed", "mpi4py", "components/alltoall/", "components/network/comm.py",
+               "runtime/launch.py")
 STALE_HEARTBEAT_S = 3.0
 
 
