@@ -14,7 +14,7 @@ from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, 
 from moe_repro.components.balance.workloads import get_workload
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.suites import get_suite
-from moe_repro.suites.runner import RunConfig, run_suite
+from moe_repro.suites.runner import RunConfig, measure
 
 
 def _step(workload: str, ep: int, seed: int = 0):
@@ -69,7 +69,7 @@ def test_real_mode_over_gloo_ranks_matches_the_dense_reference():
     grid = suite.grid({"mode": ["real"], "balancer": ["LLEP", "FasterMoE", "EPLB"],
                        "workload": ["ragged-source", "olmoe-switch"], "ep": [2], "seed": [1],
                        "steps": [2], "tokens": [256]})
-    records = run_suite(suite, grid, RunConfig(warmup=0, repeats=1, min_sample_s=0.0))
+    records = measure(suite, grid, RunConfig(warmup=0, repeats=1, min_sample_s=0.0))
     assert len(records) == 6
     for r in records:
         assert r["wrong"] == 0 and r["correct"], r
@@ -80,7 +80,7 @@ def test_simulated_mode_needs_no_ranks():
     suite = get_suite("imbalance")
     grid = suite.grid({"mode": ["simulated"], "balancer": ["FEPLB"], "workload": ["burst"],
                        "ep": [16], "seed": [0], "steps": [4], "tokens": [1024]})
-    (record,) = run_suite(suite, grid, RunConfig())
+    (record,) = measure(suite, grid, RunConfig())
     assert record["simulated"] and record["wrong"] == 0 and record["nodes"] == 2
     assert 0 < record["inter_node_bytes"] <= record["token_bytes"]
 
