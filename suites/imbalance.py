@@ -35,11 +35,11 @@ experts computed once, with its gates; exact arithmetic, so any difference is an
 
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 
 import torch
 
+from moe_repro.runtime.timing import host_seconds
 from moe_repro.components.balance import balancer_names, get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, weight_copies
@@ -161,11 +161,11 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
     local = torch.bincount(ids.reshape(-1), minlength=experts)
     gathered = [torch.zeros_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)
-    t0 = time.perf_counter()
+    t0 = host_seconds()  # the balancer's decision is host-only planning: the host clock times it
     step = BalanceStep(state["placement"], torch.stack(gathered), s["previous"])
     work = state["balancer"].run(step)
     rows = rows_to_devices(state["balancer"].name, step, work)
-    state["decide_s"].append(time.perf_counter() - t0)
+    state["decide_s"].append(host_seconds() - t0)
     # this rank's token-expert pairs, expert-major, each expert's rows cut over devices in order
     flat_e = ids.reshape(-1)
     pairs = flat_e.numel()
