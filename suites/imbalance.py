@@ -46,7 +46,8 @@ from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, 
 from moe_repro.components.balance.routing_trace import GemmTimeModel, gemm_straggler, token_straggler
 from moe_repro.components.balance.workloads import STANDARD, get_workload, workload_names
 from moe_repro.components.moe.moe_layer import ExpertPlacement
-from moe_repro.suites.base import Metric, Suite
+from moe_repro.suites.base import (SEED, Metric, Suite, divides, one_of, registered,
+                                   top_k_within_experts, whole)
 
 MODES = ("stats", "real", "simulated")
 GPUS_PER_NODE = 8
@@ -282,6 +283,11 @@ def simulate(params: dict) -> dict:
 
 SUITE = Suite(
     name="imbalance",
+    schema={"mode": one_of(*MODES), "balancer": registered("balancer", balancer_names),
+            "workload": registered("workload", workload_names), "ep": whole(1, 4096), "seed": SEED,
+            "steps": whole(1, 10000), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
+            "tokens": whole(1, 2 ** 24), "backend": one_of("gloo")},
+    rules=(top_k_within_experts(), divides("ep", "experts", {"ep": "3", "experts": "64"})),
     params={"mode": ["stats", "real"], "balancer": list(balancer_names()),
             "workload": list(WORKLOADS), "ep": [2, 4, 8, 16], "seed": [0, 1, 2, 3, 4],
             "steps": [4], "experts": [64], "top_k": [8], "tokens": [4096], "backend": ["gloo"]},
