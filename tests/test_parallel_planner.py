@@ -205,15 +205,20 @@ def test_deepseek_v3_expert_state_sharded_over_the_expert_dp_group_by_hand():
 
 
 def test_per_layer_flops_and_weights_add_up_to_formulas():
-    # the planner's per-layer FLOPs and weights, summed over the layers plus embedding and head,
-    # are formulas' forward FLOPs per token and parameter total
+    # the GEMMs the time model times per layer, summed over the layers with the attention core
+    # and the head, are formulas' forward FLOPs per token; the planner's per-layer weights,
+    # summed with embedding, head and final norm, are formulas' parameter total
+    from moe_repro.components.resources import time_model as T
     from moe_repro.components.resources.parallel_planner import _layers
 
     for key in ("deepseek-v3", "gpt3-175b", "llama3-8b", "mixtral-8x7b", "arctic", "glam-1.2t"):
         m = get_model(key)
-        dense, moe = _layers(m, 4096)
+        dense, moe = _layers(m)
         V = m.vocab or 0
-        fwd = m.n_dense_layers * (dense.mm + dense.core) + m.n_moe_layers * (moe.mm + moe.core) + 2 * V * m.d_model
+        w = F.attention_widths(m)
+        core = 2 * 4096 * w["heads"] * (w["d_qk"] + w["d_v"]) * 0.5
+        per_layer = {kind: sum(g.flops for g in T.layer_gemms(m, kind, 1.0)) + core for kind in (False, True)}
+        fwd = m.n_dense_layers * per_layer[False] + m.n_moe_layers * per_layer[True] + 2 * V * m.d_model
         assert fwd == pytest.approx(F.forward_flops_per_token(m, 4096, "causal"), rel=1e-12), key
         weights = (m.n_dense_layers * (dense.w_tp + dense.w_rep)
                    + m.n_moe_layers * (moe.w_tp + moe.w_rep + moe.w_exp)

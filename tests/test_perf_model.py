@@ -132,7 +132,10 @@ def test_estimate_is_consistent():
     assert e.tflops_per_gpu == pytest.approx(e.mfu * 191.5)
     assert 0 < e.mfu < 1
     ckpt = pm.estimate(m, p, PP=8, EP=4, micro_batch=1, seq=4096, M=32, checkpointing=True)
-    assert ckpt.compute_s == pytest.approx(e.compute_s * 4 / 3) and ckpt.mfu < e.mfu
+    # full checkpointing re-runs the forward of the stage's 4 layers (never the output head)
+    from moe_repro.components.resources import time_model as T
+    layer = T.layer_forward(m, True, p, 4096, 4096, ep=4)
+    assert ckpt.compute_s == pytest.approx(e.compute_s + 4 * layer.total) and ckpt.mfu < e.mfu
     # Recompute re-runs the forward's dispatch and combine: 6 all-to-alls per MoE layer, not 4
     # (X-MoE Sec. 4.3).
     assert e.alltoall_s > 0 and ckpt.alltoall_s == pytest.approx(e.alltoall_s * 6 / 4)
@@ -140,12 +143,11 @@ def test_estimate_is_consistent():
 
 
 def test_both_planners_time_links_by_one_rule():
-    """Inside a node the all-to-all rate, across nodes NIC x efficiency: the Piper model's
-    all-to-all and the parallelism planner's context read the same function."""
+    """Inside a node the all-to-all rate, across nodes NIC x efficiency: both planners time every
+    transfer through time_model, and neither reads a link rate itself."""
     from moe_repro.components.network.platform import load_builtin
-    from moe_repro.components.resources import parallel_planner, perf_model
+    from moe_repro.components.resources import time_model as T
 
     p = load_builtin("dgx-h100")
-    assert perf_model.link_bytes_per_s(p, off_node=False) == p.intra_node_a2a_bytes_per_s
-    assert perf_model.link_bytes_per_s(p, off_node=True) == p.nic_bytes_per_s_per_gpu * p.network_efficiency
-    assert parallel_planner.link_bytes_per_s is perf_model.link_bytes_per_s
+    assert T.link_bytes_per_s(p, off_node=False) == p.intra_node_a2a_bytes_per_s
+    assert T.link_bytes_per_s(p, off_node=True) == p.nic_bytes_per_s_per_gpu * p.network_efficiency

@@ -59,14 +59,16 @@ Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
   buffers = the platform's framework overhead + (ZeRO-3) the prefetched all-gather of two layers'
   weights.
 Step time (slowest stage; communication dimensions do not contend for links):
-  compute per micro-batch = matmul FLOPs / achievable GEMM rate + attention-core FLOPs /
-  achievable attention rate (formulas' FLOPs per layer, x 3 for forward + backward, + the
-  recomputed forward) + the non-GEMM kernels' HBM bytes (formulas.elementwise_bytes_per_token:
-  norms, activations, bias-dropout-add, and without FlashAttention the softmax and dropout of the
-  scores; backward 1.5 x forward) / HBM bandwidth; without FlashAttention the score GEMMs are a
-  roofline of the attention rate (every score computed: no causal halving) and HBM (QK^T writes,
-  AV reads a s scores per token); TP/SP, EP, ETP and PP traffic are exposed (not overlapped); EP all-to-all
-  bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
+  every second from components.resources.time_model, the time model Piper's planner shares:
+  compute per micro-batch = each GEMM of the stage's layers at its own shape (a roofline of the
+  achievable GEMM rate and HBM; TP splits the projections' and FFNs' widths, MLA's
+  down-projections and the router are replicated over TP, each local expert gets its share of
+  the EP group's routed tokens), the attention core at the achievable attention rate, the
+  non-GEMM kernels' HBM bytes (formulas.elementwise_bytes_per_token) / HBM bandwidth; backward
+  2 x forward (1.5 x for the non-GEMM kernels), + the recomputed forward; without
+  FlashAttention the score GEMMs are a roofline of the attention rate (every score computed:
+  no causal halving) and HBM (QK^T writes, AV reads a s scores per token); TP/SP, EP, ETP and
+  PP traffic are exposed (not overlapped); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
   MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
   dispatched tokens over the expert-TP group after the EP all-to-all
   (gather_from_sequence_parallel_region) and reduce-scatters the expert output before the
@@ -86,7 +88,6 @@ Step time (slowest stage; communication dimensions do not contend for links):
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -97,7 +98,7 @@ from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.planner import divisors
-from moe_repro.components.resources.perf_model import link_bytes_per_s
+from moe_repro.components.resources import time_model as T
 
 GiB = 2 ** 30
 RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
@@ -194,8 +195,6 @@ class _Layer:
     w_tp: float  # weights split over TP (matrices)
     w_rep: float  # weights replicated over TP (norms, MLA down-projections + latent norms, router)
     w_exp: float  # routed-expert weights, all E experts
-    mm: float  # forward matmul FLOPs per token (active weights)
-    core: float  # forward attention-core FLOPs per token (causal)
 
 
 def _mla_replicated(m: MoEModel) -> int:
@@ -208,49 +207,22 @@ def _mla_replicated(m: MoEModel) -> int:
     return d * rq + rq + d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
 
 
-def _latent_norms(m: MoEModel) -> int:
-    if m.attn_params != "mla" or m.mla is None:
-        return 0
-    return (m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank
-
-
-def _layers(m: MoEModel, seq: int) -> tuple[_Layer, _Layer]:
-    """(dense layer, MoE layer) shapes. FLOPs follow formulas.forward_flops_breakdown (2 FLOPs
-    per multiply-add; attention core 2 s H (d_qk + d_v), halved for the causal mask); summed over
-    the layers plus the head they equal formulas.forward_flops_per_token(m, seq, "causal")."""
+def _layers(m: MoEModel) -> tuple[_Layer, _Layer]:
+    """(dense layer, MoE layer) weights; summed over the layers plus the embedding, head and
+    final norm they equal formulas.parameters(m)["total"]. (Their time: time_model.layer_forward.)"""
     d = m.d_model
-    w = F.attention_widths(m)
     attn = attention_params(m)
-    attn_mm = attn - _latent_norms(m)
     rep_attn = _mla_replicated(m)
     norms = 2 * d
     extra = m.extra_params_per_layer
     resid = residual_ffn_params(m)
-    core = 2 * seq * w["heads"] * (w["d_qk"] + w["d_v"]) * 0.5
     dense_ffn = dense_ffn_params(m) if m.n_dense_layers else 0
-    dense = _Layer(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0,
-                   2.0 * (attn_mm + extra + resid + dense_ffn), core)
+    dense = _Layer(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0)
     router = d * m.n_experts if m.n_experts > 1 else 0
     shared = shared_expert_params(m)
     moe = _Layer(True, attn + extra + resid + shared - rep_attn, norms + rep_attn + router,
-                 float(m.n_experts * m.expert_params()),
-                 2.0 * (attn_mm + extra + resid + shared + router
-                        + min(m.top_k, m.n_experts) * m.expert_params()), core)
+                 float(m.n_experts * m.expert_params()))
     return dense, moe
-
-
-@functools.lru_cache(maxsize=4096)  # called per stage and recompute mode of every layout searched
-def _elementwise_bytes(m: MoEModel, moe: bool, seq: int, t: int, sp: bool, flash: bool,
-                       dropout: bool) -> float:
-    """HBM bytes of one layer's non-GEMM kernels per token of the sequence on one GPU of the TP
-    group, forward only (formulas.elementwise_bytes_per_token)."""
-    if moe:
-        f = m.top_k * m.d_ffn + m.n_shared * (m.d_ffn_shared or m.d_ffn)
-    else:
-        f = m.d_ffn_dense or 0
-    f += m.d_ffn_residual or 0
-    return F.elementwise_bytes_per_token(m.d_model, m.heads, seq, f, m.n_mat, t, sp or moe and t > 1, flash,
-                                         dropout, m.top_k if moe and m.n_experts > 1 else 0)
 
 
 def _split(L: int, parts: int) -> list[int]:
@@ -483,17 +455,14 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     g = p.gpus_per_node
     G = req.nodes * g
     B = req.global_batch if req.global_batch is not None else default_global_batch(seq, G)
-    intra_bw = link_bytes_per_s(p, off_node=False)  # the link rule both planners share
-    inter_bw = link_bytes_per_s(p, off_node=True)
-    lat = sorted(float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links) or [0.0]
     peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
     peak = p.peak_flops if peak_given else p.gemm_flops
-    dense_l, moe_l = _layers(m, seq)
+    dense_l, moe_l = _layers(m)
     V = m.vocab or 0
     d = m.d_model
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
-    return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, 2.0 * V * d, V, d,
-                F.kv_width(m), intra_bw, inter_bw, lat[0], lat[-1], peak, model_flops_step, p.hbm_bytes,
+    return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, V, d,
+                F.kv_width(m), peak, model_flops_step, p.hbm_bytes,
                 req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp)
 
 
@@ -715,14 +684,9 @@ class _Ctx:
     flash: bool
     dense_l: _Layer
     moe_l: _Layer
-    head_flops: float
     V: int
     d: int
     kvw: int
-    intra_bw: float
-    inter_bw: float
-    intra_lat: float
-    inter_lat: float
     peak: float
     model_flops_step: float
     hbm: float
@@ -769,11 +733,10 @@ class _LayoutView:
     et: int
     per_stage: list
     s_loc: float
-    tokens_gpu: float
-    pp_bw: float
-    cp_bw: float
-    pp_lat: float
+    pp_off_node: bool  # a pipeline neighbour on another node
+    cp_off_node: bool  # a CP ring spanning nodes
     nmax: int
+    layer_fwd: dict  # moe -> time_model.Compute of one layer's forward on one GPU
     act_memo: dict = field(default_factory=dict)
     time_memo: dict = field(default_factory=dict)
 
@@ -825,48 +788,35 @@ def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> l
 
 def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
     """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
-    bytes (module docstring, "Step time")."""
-    m, seq, g = ctx.m, ctx.seq, ctx.g
-    dl, ml = ctx.dense_l, ctx.moe_l
+    bytes (module docstring, "Step time"); every second from components.resources.time_model."""
+    m, seq, g, p = ctx.m, ctx.seq, ctx.g, ctx.p
     t, sp, q, v, c, e, mb, et, per_stage = lv.t, lv.sp, lv.q, lv.v, lv.c, lv.e, lv.mb, lv.et, lv.per_stage
-    s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat = lv.s_loc, lv.tokens_gpu, lv.pp_bw, lv.cp_bw, lv.pp_lat
+    s_loc = lv.s_loc
     k = _mode_key(kind, n, lv.nmax)
     if k in lv.time_memo:
         return lv.time_memo[k]
     kind, n = k
+    none = T.Compute()
+    dense_fwd, moe_fwd = lv.layer_fwd.get(False, none), lv.layer_fwd.get(True, none)
     slot_best = None
-    for st, _, _, n_layers, mm, core, head in per_stage:
+    for st, _, _, n_layers in per_stage:
         rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
         rec = rd + rm
-        extra_mm = rd * dl.mm + rm * ml.mm
-        extra_core = core if kind == "selective" else rec * dl.core
-        core_s = (3 * core + extra_core) / ctx.p.attention_flops * tokens_gpu
-        if not ctx.flash:
-            # materialised scores: the batched GEMMs compute every score (the causal mask is
-            # applied in the softmax, so no halving) and QK^T writes, AV reads, the a s scores
-            # of each token (2 B each): a roofline of the attention rate and HBM per pass
-            def core_pass(layers: float) -> float:
-                return max(2 * layers * dl.core / ctx.p.attention_flops,
-                           layers * 4 * m.heads * seq / ctx.p.hbm_bytes_per_s)
-            core_s = (3 * core_pass(n_layers) + core_pass(extra_core / dl.core if dl.core else 0.0)) \
-                * tokens_gpu
-        # non-GEMM kernels (norms, activations, bias-dropout-add, softmax without FlashAttention)
-        # are bound by HBM bandwidth: forward + 1.5 x for the backward + the recomputed forward
-        ew = [_elementwise_bytes(m, moe, seq, t, sp, ctx.flash, ctx.dropout) for moe in (False, True)]
-        ew_scores = [x - _elementwise_bytes(m, moe, seq, t, sp, True, ctx.dropout)
-                     for x, moe in zip(ew, (False, True))]
-        ew_fwd = st.n_dense * ew[0] + st.n_moe * ew[1]
-        ew_rec = (rd * ew[0] + rm * ew[1]) if kind == "full" else \
-            (st.n_dense * ew_scores[0] + st.n_moe * ew_scores[1]) if kind == "selective" else 0.0
-        tokens_seq = mb * seq / c
-        elementwise_s = (2.5 * ew_fwd + ew_rec) * tokens_seq / ctx.p.hbm_bytes_per_s
-        comp = (3 * (mm + head) + extra_mm) / ctx.p.gemm_flops * tokens_gpu + core_s + elementwise_s
+        layers_fwd = st.n_dense * dense_fwd + st.n_moe * moe_fwd
+        if kind == "full":
+            recomputed = rd * dense_fwd + rm * moe_fwd
+        elif kind == "selective":
+            recomputed = layers_fwd.attention_only()
+        else:
+            recomputed = none
+        fwd = layers_fwd + (T.head_forward(m, p, mb * seq / c, t) if st.last else none)
+        comp = T.train_time(fwd, recomputed)
+        core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
         tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
         if t > 1:
             tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
                     + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
-            n_coll = (4 * n_layers + 2 * rec) * (2 if sp else 1)
-            tp_s = tp_b / ctx.intra_bw + n_coll * ctx.intra_lat
+            tp_s = T.transfer_time(p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * (2 if sp else 1))
         ep_s = etp_s = 0.0
         moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
         tokens = mb * seq / (t * c)
@@ -874,29 +824,26 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
             ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
             per_peer = ep_b / (e - 1)
             on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-            on, off = per_peer * (on_node - 1), per_peer * (e - on_node)
-            n_coll = 4 * st.n_moe + 2 * rm
-            ep_s = max(on / ctx.intra_bw, off / ctx.inter_bw if off else 0.0) + \
-                n_coll * (ctx.inter_lat if off else ctx.intra_lat)
+            ep_s = T.alltoall_time(p, per_peer * (on_node - 1), per_peer * (e - on_node),
+                                   messages=4 * st.n_moe + 2 * rm)
         if et > 1 and st.n_moe:
             # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
             # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
             # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
             gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
             etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
-            etp_s = etp_b / ctx.intra_bw + (4 * st.n_moe + 2 * rm) * ctx.intra_lat
+            etp_s = T.transfer_time(p, etp_b, off_node=False, messages=4 * st.n_moe + 2 * rm)
         cp_s = 0.0
-        if c > 1:
+        if c > 1:  # the ring exchange overlaps the attention core it feeds
             cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
-            cp_s = max(0.0, cp_b / cp_bw - core_s)
+            cp_s = max(0.0, T.transfer_time(p, cp_b, lv.cp_off_node, messages=0) - core_s)
         pp_s = 0.0
         if q > 1:
             pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
-            pp_s = pp_b / pp_bw + 2 * v * pp_lat
+            pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * v)
         slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
         if slot_best is None or slot > slot_best[0]:
-            fwd = ((mm + head) / ctx.p.gemm_flops + core / ctx.p.attention_flops) * tokens_gpu
-            slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd,
+            slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd.total,
                          {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
     lv.time_memo[k] = slot_best
     return slot_best
@@ -913,11 +860,7 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
     dl, ml = ctx.dense_l, ctx.moe_l
     edp = dp * c * t // (e * et)
     s_loc = seq / c
-    tokens_gpu = mb * seq / (c * t)  # token-equivalents of work per GPU per micro-batch
     span_dp = t * c * dp  # ranks a DP (and EDP) group spans
-    pp_bw = ctx.intra_bw if span_dp * q <= g else ctx.inter_bw
-    cp_bw = ctx.intra_bw if t * c <= g else ctx.inter_bw
-    pp_lat = ctx.intra_lat if span_dp * q <= g else ctx.inter_lat
     nmax = max(nd + nm for st in stages for nd, nm in st.chunks)  # layers of the largest chunk
 
     # ---------------------------------------------------------------- per stage: params, time
@@ -933,18 +876,18 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
                 w_tp += ctx.V * ctx.d  # output head (a copy of a tied embedding when PP > 1)
         dense_params = w_tp / t + w_rep
         expert_params = st.n_moe * ml.w_exp / (e * et)
-        n_layers = st.n_dense + st.n_moe
-        mm = st.n_dense * dl.mm + st.n_moe * ml.mm
-        core = n_layers * dl.core
-        head = ctx.head_flops if st.last else 0.0
-        per_stage.append((st, dense_params, expert_params, n_layers, mm, core, head))
+        per_stage.append((st, dense_params, expert_params, st.n_dense + st.n_moe))
 
     # ZeRO-3 prefetch buffers: two layers' gathered weights (the largest layer kind present)
     big_layer = max((ml.w_tp / t + ml.w_rep + ml.w_exp / (e * et)) if m.n_moe_layers else 0.0,
                     (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
     zero3_buffer = 2 * big_layer * prec.weights
 
-    lv = _LayoutView(t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, tokens_gpu, pp_bw, cp_bw, pp_lat, nmax)
+    rows = mb * seq / c  # tokens a TP rank's GEMMs see: its CP shard of the micro-batch
+    layer_fwd = {moe: T.layer_forward(m, moe, ctx.p, rows, seq, t, sp, e, et, ctx.flash, ctx.dropout)
+                 for moe in (False, True) if (m.n_moe_layers if moe else m.n_dense_layers)}
+    lv = _LayoutView(t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, span_dp * q > g, t * c > g, nmax,
+                     layer_fwd)
 
     def key_of(kind: str, n: int) -> tuple[str, int]:
         return _mode_key(kind, n, nmax)
@@ -1043,7 +986,6 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
     # DP: dense part over DP x CP, experts over EDP, per the module docstring's overlap rules
     edp = dp * c * t // (e * et)
     span_dp = t * c * dp
-    dp_bw = ctx.intra_bw if span_dp <= g else ctx.inter_bw
     dense_p = max(x[1] for x in per_stage)
     exp_p = max(x[2] for x in per_stage)
     grad_b = ag_b = 0.0
@@ -1054,17 +996,12 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
             else:
                 grad_b += F.reduce_scatter_bytes(n_params * prec.grads, n)
                 ag_b += F.allgather_bytes(n_params * prec.weights, n)
-    t_grad, t_ag = grad_b / dp_bw, ag_b / dp_bw
+    dp_off_node = span_dp > g
+    t_grad = T.transfer_time(ctx.p, grad_b, dp_off_node, messages=0)
+    t_ag = T.transfer_time(ctx.p, ag_b, dp_off_node, messages=0)
     bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
-    if z in (0, 1) and not ctx.overlap_dp:
-        dp_s = t_grad + t_ag  # once per step, after the last backward, nothing to hide behind
-    elif z in (0, 1):
-        dp_s = max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
-    elif z == 2:
-        dp_s = M * max(0.0, t_grad - bwd_mb) + max(0.0, t_ag - fwd_mb)
-    else:
-        dp_s = M * (max(0.0, t_ag - fwd_mb) + max(0.0, t_ag + t_grad - bwd_mb))
-    bubble = (q - 1) / v * slot
+    dp_s = T.exposed_dp_time(t_grad, t_ag, z, M, fwd_mb, bwd_mb, ctx.overlap_dp)
+    _, bubble = T.pipeline_step(slot, M, q, v)  # the parts below add up to busy + bubble
     parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "etp": M * etp_s, "cp": M * cp_s,
              "pp": M * pp_s, "bubble": bubble, "dp": dp_s}
     step = sum(parts.values())
@@ -1112,10 +1049,11 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
-        f"compute: formulas' FLOPs per layer (causal attention halved, as Megatron-LM counts), "
-        f"matmuls at the achievable {p.gemm_flops / 1e12:g} TFLOPS, attention core at "
+        f"compute (time_model): each GEMM at its own shape, a roofline of the achievable "
+        f"{p.gemm_flops / 1e12:g} TFLOPS and HBM, attention core (causal halved) at "
         f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
-        "modelled); backward = 2 x forward; recompute adds the recomputed forward; non-GEMM kernels "
+        "modelled); backward = 2 x forward (1.5 x for non-GEMM kernels); recompute adds the recomputed "
+        "forward; non-GEMM kernels "
         f"(norms, activations, bias-dropout-add{', softmax and dropout of the scores' if not flash else ''}) "
         f"at HBM {p.hbm_bytes_per_s / 1e9:g} GB/s; every stage "
         "runs at the pace of the slowest (uneven splits put extra layers on the first stages)",

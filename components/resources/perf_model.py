@@ -22,13 +22,16 @@ Communication, bytes per GPU (bf16 activations, 2 bytes per element):
   Gradient all-reduce of the weights replicated over the EP group (ring): 2 (n-1)/n x 2 bytes x
   params (Piper leaves this out; it is small for MoE models).
 
-Time model (an estimate, not a simulation): per micro-batch and stage, compute (attention at the
-achievable attention rate; projections, router, shared/dense FFNs and every expert GEMM by a
-roofline max(FLOPs / achievable GEMM rate, bytes / HBM bandwidth)), backward = 2 x forward,
-plus all-to-all (4 per MoE layer: dispatch+combine, forward+backward; 6 with full activation
-checkpointing, whose recomputed forward re-runs dispatch and combine, X-MoE Sec. 4.3: "a total of
-6 alltoalls per layer") and P2P, not overlapped.
-The step takes (M + PP - 1) slots of the slowest stage (1F1B and GPipe have the same bubble).
+Time model (an estimate, not a simulation): every second comes from
+components.resources.time_model, the one time model both planners share: per micro-batch and
+stage, compute (each GEMM of a layer a roofline at its own shape, the attention core at the
+achievable attention rate, the non-GEMM kernels at HBM bandwidth; backward 2 x forward for GEMMs
+and attention, 1.5 x for the HBM-bound kernels; full activation checkpointing re-runs the layers'
+forward, never the head), plus all-to-all (4 per MoE layer: dispatch+combine, forward+backward;
+6 with full activation checkpointing, whose recomputed forward re-runs dispatch and combine,
+X-MoE Sec. 4.3: "a total of 6 alltoalls per layer") and P2P, not overlapped.
+The step takes (M + PP - 1) slots of the slowest stage (1F1B and GPipe have the same bubble),
+plus the EP group's gradient all-reduce after the last backward.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources import time_model as T
 from moe_repro.components.resources.memory_model import stage_layers
-from moe_repro.components.model.params import attention_params, layer_params, param_counts
+from moe_repro.components.model.params import layer_params, param_counts
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.model.zoo import MoEModel
 
@@ -105,30 +109,12 @@ def alltoall_bytes_per_gpu(tokens: float, k: int, d: int, EP: int, gpus_per_node
     return per_peer * on_node_peers, per_peer * max(0, EP - gpus_per_node)
 
 
-def link_bytes_per_s(p: Platform, off_node: bool) -> float:
-    """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink) inside a node;
-    across nodes nics x B_NIC / g x network efficiency. The one link rule both planners time
-    communication with (this model and parallel_planner)."""
-    return p.nic_bytes_per_s_per_gpu * p.network_efficiency if off_node else p.intra_node_a2a_bytes_per_s
-
-
 def alltoall_time(tokens: float, k: int, d: int, EP: int, p: Platform) -> float:
-    """One dispatch (or combine): intra- and inter-node parts proceed concurrently; the slower
-    bounds it. Inter-node per-GPU bandwidth = nics x B_NIC / g x network efficiency."""
+    """One dispatch (or combine) of ``tokens`` local tokens over an EP group (time_model.alltoall_time)."""
     if EP == 1:
         return 0.0
     on, off = alltoall_bytes_per_gpu(tokens, k, d, EP, p.gpus_per_node)
-    t_on = on / link_bytes_per_s(p, off_node=False)
-    t_off = off / link_bytes_per_s(p, off_node=True) if off else 0.0
-    latency = _latency_s(p, off > 0)
-    return max(t_on, t_off) + latency
-
-
-def _latency_s(p: Platform, off_node: bool) -> float:
-    if not p.links:
-        return 0.0
-    cls = [lk for lk in p.links if ("nic" in lk["class"]) == off_node] or list(p.links)
-    return max(lk.get("latency_us", 0.0) for lk in cls) * 1e-6
+    return T.alltoall_time(p, on, off)
 
 
 def p2p_bytes_per_gpu(micro_batch: float, seq: int, d: int) -> float:
@@ -136,16 +122,10 @@ def p2p_bytes_per_gpu(micro_batch: float, seq: int, d: int) -> float:
     return ACT_BYTES * micro_batch * seq * d
 
 
-def ring_allreduce_time(nbytes: float, n: int, bw: float) -> float:
-    """Ring all-reduce: each rank sends 2 (n-1)/n x nbytes (nccl-tests busbw convention), counted
-    by formulas.ring_allreduce_bytes as the parallelism planner counts its DP reduction."""
-    return 0.0 if n <= 1 else F.ring_allreduce_bytes(nbytes, n) / bw
-
-
 def bubble_fraction(PP: int, M: int) -> float:
     """Idle fraction of a 1F1B or GPipe step: (PP-1) / (M + PP - 1) (Piper III-D, GPipe)."""
     _positive(PP=PP, M=M)
-    return (PP - 1) / (M + PP - 1)
+    return T.bubble_fraction(PP, M)
 
 
 def mfu_eq12(model_flops: float, peak_flops: float, gpus: int, t_compute: float, t_step: float) -> dict:
@@ -161,38 +141,14 @@ def mfu_eq12(model_flops: float, peak_flops: float, gpus: int, t_compute: float,
 
 # ---------------------------------------------------------------- compute
 
-def _gemm_time(tokens: float, d_in: int, d_out: int, p: Platform) -> float:
-    """Roofline time of one [tokens x d_in] @ [d_in x d_out] GEMM, bf16 operands."""
-    if tokens <= 0:
-        return 0.0
-    flops = 2 * tokens * d_in * d_out
-    nbytes = ACT_BYTES * (tokens * d_in + d_in * d_out + tokens * d_out)
-    return max(flops / p.gemm_flops, nbytes / p.hbm_bytes_per_s)
-
-
-def _ffn_time(tokens: float, m: MoEModel, d_ffn: int, p: Platform) -> float:
-    # n_mat - 1 input matrices (d -> d_ffn) and one output matrix (d_ffn -> d).
-    return (m.n_mat - 1) * _gemm_time(tokens, m.d_model, d_ffn, p) + _gemm_time(tokens, d_ffn, m.d_model, p)
-
-
-def layer_forward_time(m: MoEModel, moe: bool, tokens: float, seq: int, EP: int, p: Platform) -> dict:
-    """Forward compute seconds of one layer on one GPU holding ``tokens`` local tokens."""
-    dqk, dv = head_dims(m)
-    proj = 2 * tokens * attention_params(m) / p.gemm_flops
-    core = 2 * tokens * seq * m.heads * (dqk + dv) * 0.5 / p.attention_flops  # causal kernels
-    ffn = 0.0
-    if moe:
-        local_experts = m.n_experts // EP
-        tokens_per_expert = tokens * m.top_k * EP / m.n_experts  # balanced routing
-        ffn += local_experts * _ffn_time(tokens_per_expert, m, m.d_ffn, p)
-        ffn += 2 * tokens * m.d_model * m.n_experts / p.gemm_flops  # router
-        if m.n_shared:
-            ffn += m.n_shared * _ffn_time(tokens, m, m.d_ffn_shared or m.d_ffn, p)
-    elif m.d_ffn_dense:
-        ffn += _ffn_time(tokens, m, m.d_ffn_dense, p)
-    if m.d_ffn_residual:
-        ffn += _ffn_time(tokens, m, m.d_ffn_residual, p)
-    return {"attention": proj + core, "ffn": ffn}
+def layer_forward_time(m: MoEModel, moe: bool, tokens: float, seq: int, EP: int, p: Platform,
+                       flash: bool = True) -> dict:
+    """Forward compute seconds of one layer on one GPU holding ``tokens`` local tokens
+    (time_model.layer_forward): attention = projections + core, ffn = experts, router, shared
+    and dense FFNs, hbm = the non-GEMM kernels."""
+    t = T.layer_forward(m, moe, p, tokens, seq, ep=EP, flash=flash, dropout=m.dropout)
+    proj = T.gemms_time(p, T.attention_gemms(m, tokens))
+    return {"attention": proj + t.attention, "ffn": t.gemm - proj, "hbm": t.hbm, "compute": t}
 
 
 @dataclass
@@ -223,8 +179,9 @@ class Estimate:
 
 
 def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq: int, M: int,
-             checkpointing: bool = False, causal: bool = False) -> Estimate:
-    """Step time and MFU of a PP x EP mesh (module docstring). ``micro_batch``: sequences per GPU."""
+             checkpointing: bool = False, causal: bool = False, flash: bool = True) -> Estimate:
+    """Step time and MFU of a PP x EP mesh (module docstring). ``micro_batch``: sequences per GPU.
+    Every second comes from components.resources.time_model."""
     _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M)
     if m.n_experts % EP:
         raise ValueError(f"EP={EP} does not divide the expert count E={m.n_experts} (Eq. 8)")
@@ -232,30 +189,37 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
     first_moe = m.layers - m.n_moe_layers
     a2a_one = alltoall_time(tokens, m.top_k, m.d_model, EP, p)
     same_node_next = EP < p.gpus_per_node and p.gpus_per_node % EP == 0
-    p2p_bw = link_bytes_per_s(p, off_node=not same_node_next)
-    p2p = 2 * p2p_bytes_per_gpu(micro_batch, seq, m.d_model) / p2p_bw if PP > 1 else 0.0
+    p2p = T.transfer_time(p, 2 * p2p_bytes_per_gpu(micro_batch, seq, m.d_model), off_node=not same_node_next,
+                          messages=2) if PP > 1 else 0.0
+    layer_fwd = {moe: T.layer_forward(m, moe, p, tokens, seq, ep=EP, flash=flash, dropout=m.dropout)
+                 for moe in (False, True)}
 
     worst = None
     for i, layers in enumerate(stage_layers(m.layers, PP)):
-        fwd = a2a = 0.0
+        fwd = T.Compute()
+        a2a = 0.0
         replicated = 0
         for layer in layers:
             moe = layer >= first_moe
-            t = layer_forward_time(m, moe, tokens, seq, EP, p)
-            fwd += t["attention"] + t["ffn"]
+            fwd += layer_fwd[moe]
             a2a += (6 if checkpointing else 4) * a2a_one if moe else 0.0
             replicated += layer_params(m, moe)[0]
-        if i == PP - 1 and m.vocab:
-            fwd += _gemm_time(tokens, m.d_model, m.vocab, p)  # output head
-        compute = fwd * (4 if checkpointing else 3)  # backward = 2 x forward; recompute = 1
+        recomputed = fwd if checkpointing else T.Compute()  # the layers re-run; the head never is
+        if i == PP - 1:
+            fwd += T.head_forward(m, p, tokens)
+        compute = T.train_time(fwd, recomputed)
         if worst is None or compute + a2a > worst[1] + worst[2]:
             worst = (i, compute, a2a, replicated)
     slowest, compute, a2a, replicated = worst
-    ar_bw = link_bytes_per_s(p, off_node=EP > p.gpus_per_node)
-    allreduce = ring_allreduce_time(ACT_BYTES * replicated, EP, ar_bw)
+    off_node = EP > p.gpus_per_node
+    grad_s = T.transfer_time(p, F.ring_allreduce_bytes(ACT_BYTES * replicated, EP), off_node, messages=0) \
+        if EP > 1 else 0.0
+    allreduce = T.exposed_dp_time(grad_s, 0.0, zero=0, micro_batches=M, forward_s=0.0, backward_s=0.0,
+                                  overlap=False)  # after the last backward, as Piper leaves it
 
     slot = compute + a2a + p2p
-    step = (M + PP - 1) * slot + allreduce
+    busy, bubble = T.pipeline_step(slot, M, PP)
+    step = busy + bubble + allreduce
     gpus = PP * EP
     tokens_step = tokens * EP * M
     flops = train_flops_per_token(m, seq, causal) * tokens_step

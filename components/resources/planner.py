@@ -164,8 +164,10 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         f"memory: 16 B/param (bf16 weight+grad, fp32 master+Adam), ZeRO-{zero_stage}, "
         f"{'FlashAttention' if flash else 'materialised attention scores'}, framework overhead "
         f"{p.overhead_bytes / GB:g} GB, embeddings on stage 0, output head + fp32 logits on the last stage",
-        f"compute: achievable GEMM {p.gemm_flops / 1e12:g} TFLOPS, attention {p.attention_flops / 1e12:g} "
-        f"TFLOPS, HBM {p.hbm_bytes_per_s / GB:g} GB/s roofline; MFU against {p.peak_flops / 1e12:g} TFLOPS peak",
+        f"compute (time_model, shared with the parallelism planner): each GEMM at its own shape, a roofline "
+        f"of the achievable {p.gemm_flops / 1e12:g} TFLOPS and HBM {p.hbm_bytes_per_s / GB:g} GB/s; attention "
+        f"{p.attention_flops / 1e12:g} TFLOPS; non-GEMM kernels at HBM bandwidth; MFU against "
+        f"{p.peak_flops / 1e12:g} TFLOPS peak",
         f"communication: intra-node all-to-all {p.intra_node_a2a_bytes_per_s / GB:g} GB/s per GPU, "
         f"inter-node {p.nic_bytes_per_s_per_gpu / GB:g} GB/s per GPU x efficiency {p.network_efficiency:g}; "
         "balanced routing; no compute/communication overlap; 4 all-to-alls per MoE layer and step, 6 with "

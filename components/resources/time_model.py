@@ -1,0 +1,295 @@
+"""The one time model both planners use: Piper's PP x EP planner (perf_model.estimate) and the
+parallelism planner (parallel_planner). Everything that turns work into seconds is here; the
+planners count the work (FLOPs, bytes, layers per stage) and add the seconds up.
+
+Kernels (one GPU):
+  GEMM       [rows x k] @ [k x n], bf16 operands: a roofline, max(2 rows k n / GEMM rate,
+             2 (rows k + k n + rows n) bytes / HBM bandwidth) (Williams et al. 2009). Each GEMM of
+             a layer is timed at its own shape, so a thin expert GEMM (few tokens per expert) is
+             memory-bound while the attention projections of the same layer are not.
+  attention  FlashAttention's fused core: its FLOPs at the achievable attention rate (the scores
+             never reach HBM, Dao et al. 2022 Sec. 3). Materialised scores (no FlashAttention): the
+             two batched GEMMs compute every score (the causal mask is applied in the softmax, so
+             no halving) and write / read the a s scores of each token: a roofline of the attention
+             rate and HBM per pass.
+  HBM-bound  the non-GEMM kernels (norms, activations, bias-dropout-add, the softmax and dropout
+             of materialised scores; formulas.elementwise_bytes_per_token): bytes / HBM bandwidth.
+  backward   2 x the forward for GEMMs and attention (data and weight gradients), 1.5 x for the
+             HBM-bound kernels (each reads its input and the incoming gradient and writes one
+             gradient); a recomputed forward is added once.
+Communication:
+  a transfer   bytes / the link's per-GPU rate + one latency per message (link rule: NVLink
+               inside a node, NICs x B_NIC / g x network efficiency across nodes).
+  all-to-all   on- and off-node parts proceed concurrently; the slower bounds it.
+  DP reduction ZeRO 0/1 once per step (hidden behind the last micro-batch's backward when
+               overlapped), ZeRO-2/3 every micro-batch; only the excess over the compute it hides
+               behind is exposed.
+Pipeline: M slots of the slowest stage plus a bubble of (PP - 1) / VPP slots (Narayanan et al.
+  2021 Sec. 2.2: 1F1B and GPipe idle (p - 1) slots, interleaving divides it by v), i.e. the
+  (M + PP - 1) slots of Piper III-D when VPP = 1.
+
+Where the two planners disagreed before this module, the more faithful form was kept:
+  - per-GEMM rooflines, not total matmul FLOPs / GEMM rate: a GEMM with few rows (an expert
+    with few tokens, a decode-sized micro-batch) is bound by its weights' HBM traffic;
+  - the non-GEMM kernels are timed (a real step runs them; Piper's estimate left them out);
+  - MLA's down-projections and the router are replicated over TP (Megatron-core keeps them
+    duplicated), so each TP rank runs them whole rather than 1/TP of them;
+  - the output head is not recomputed under activation checkpointing (only the transformer
+    layers are re-run; Narayanan et al. 2021 Eq. 3 counts it 3x, the layers 4x);
+  - message latency: the on-node classes' latency inside a node, the largest of the profile's
+    link classes across nodes (a collective waits for its farthest message).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_repro.components.model.zoo import MoEModel
+from moe_repro.components.network.platform import Platform
+from moe_repro.components.resources import formulas as F
+
+BYTES_PER_VALUE = 2  # bf16 operands and activations
+BACKWARD_GEMM = 2.0  # backward / forward for GEMMs and attention: data + weight gradients
+BACKWARD_HBM = 1.5  # backward / forward for HBM-bound kernels (see the module docstring)
+ON_NODE_LINKS = ("intra_package", "intra_node")
+
+
+# ============================================================================================
+# Kernels
+# ============================================================================================
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` GEMMs of [rows x k] @ [k x n] on one GPU."""
+
+    count: float
+    rows: float
+    k: float
+    n: float
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.count * self.rows * self.k * self.n
+
+
+def gemm_time(p: Platform, rows: float, k: float, n: float) -> float:
+    """Seconds of one [rows x k] @ [k x n] GEMM on ``p`` (module docstring: a roofline)."""
+    if rows <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    flops = 2.0 * rows * k * n
+    nbytes = BYTES_PER_VALUE * (rows * k + k * n + rows * n)
+    return max(flops / p.gemm_flops, nbytes / p.hbm_bytes_per_s)
+
+
+def gemms_time(p: Platform, gemms) -> float:
+    return sum(g.count * gemm_time(p, g.rows, g.k, g.n) for g in gemms)
+
+
+def hbm_time(p: Platform, nbytes: float) -> float:
+    """Seconds of a kernel bound by HBM bandwidth that reads and writes ``nbytes``."""
+    return nbytes / p.hbm_bytes_per_s
+
+
+def attention_core_time(p: Platform, tokens: float, keys: float, heads: float, d_qk: int, d_v: int,
+                        flash: bool = True) -> float:
+    """Forward seconds of QK^T and AV for ``tokens`` queries over ``keys`` keys each, ``heads``
+    heads on this GPU. FlashAttention: 2 tokens keys heads (d_qk + d_v) FLOPs, halved for the
+    causal mask, at the attention rate. Materialised scores: every score computed (no halving),
+    and QK^T writes and AV reads 2 B per score: max(FLOPs / attention rate, bytes / HBM)."""
+    flops = 2.0 * tokens * keys * heads * (d_qk + d_v)
+    if flash:
+        return 0.5 * flops / p.attention_flops
+    score_bytes = 2 * BYTES_PER_VALUE * tokens * keys * heads
+    return max(flops / p.attention_flops, score_bytes / p.hbm_bytes_per_s)
+
+
+# ============================================================================================
+# One layer's forward on one GPU
+# ============================================================================================
+
+def attention_gemms(m: MoEModel, rows: float, t: int = 1) -> list[Gemm]:
+    """The attention projections of one layer: Q/K/V (fused) and output, split over ``t`` TP
+    ranks (column- then row-parallel); MLA [DeepSeek-V2 Sec. 2.1]: query and KV down-projections
+    (replicated over TP), their up-projections and the output projection (split)."""
+    d = m.d_model
+    if m.attn_params == "4d2":
+        return [Gemm(1, rows, d, 3 * d / t), Gemm(1, rows, d / t, d)]
+    w = F.attention_widths(m)
+    if m.attn_params == "mla":
+        a = m.mla
+        out = []
+        if a.q_lora_rank:
+            out += [Gemm(1, rows, d, a.q_lora_rank), Gemm(1, rows, a.q_lora_rank, w["q"] / t)]
+        else:
+            out.append(Gemm(1, rows, d, w["q"] / t))
+        out += [Gemm(1, rows, d, a.kv_lora_rank + a.qk_rope_head_dim),
+                Gemm(1, rows, a.kv_lora_rank, w["heads"] * (a.qk_nope_head_dim + a.v_head_dim) / t),
+                Gemm(1, rows, w["o"] / t, d)]
+        return out
+    return [Gemm(1, rows, d, (w["q"] + w["k"] + w["v"]) / t), Gemm(1, rows, w["o"] / t, d)]
+
+
+def ffn_gemms(m: MoEModel, rows: float, width: float, count: float = 1) -> list[Gemm]:
+    """One FFN of ``width`` (already split over any tensor parallelism): n_mat - 1 input matrices
+    (d -> width) and one output matrix (width -> d)."""
+    return [Gemm(count * (m.n_mat - 1), rows, m.d_model, width), Gemm(count, rows, width, m.d_model)]
+
+
+def layer_gemms(m: MoEModel, moe: bool, rows: float, t: int = 1, ep: int = 1, etp: int = 1) -> list[Gemm]:
+    """Every GEMM of one layer's forward on one GPU. ``rows``: the tokens a TP rank's GEMMs see
+    (the whole sequence shard of its TP group); the E / ``ep`` local experts each receive
+    ``etp`` x ep x rows k / (t E) tokens (balanced routing; the ETP group all-gathers the
+    dispatched tokens) at width d_ffn / ``etp``; the router runs on the sequence-parallel
+    shard (rows / t) and is replicated over TP."""
+    out = attention_gemms(m, rows, t)
+    if m.extra_params_per_layer:
+        out.append(Gemm(1, rows, m.d_model, m.extra_params_per_layer / m.d_model / t))
+    if moe:
+        local = m.n_experts / ep
+        per_expert = etp * ep * rows * m.top_k / (t * m.n_experts)
+        out += ffn_gemms(m, per_expert, m.d_ffn / etp, local)
+        if m.n_experts > 1:
+            out.append(Gemm(1, rows / t, m.d_model, m.n_experts))
+        if m.n_shared:
+            out += ffn_gemms(m, rows, (m.d_ffn_shared or m.d_ffn) / t, m.n_shared)
+    elif m.d_ffn_dense:
+        out += ffn_gemms(m, rows, m.d_ffn_dense / t)
+    if m.d_ffn_residual:
+        out += ffn_gemms(m, rows, m.d_ffn_residual / t)
+    return out
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Forward seconds of some work on one GPU, by kind: ``gemm``, ``attention`` (the core),
+    ``hbm`` (non-GEMM kernels, the scores' softmax and dropout included), ``scores_hbm`` (the
+    part of ``hbm`` on materialised scores, what selective recompute re-runs with the core)."""
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    hbm: float = 0.0
+    scores_hbm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.hbm
+
+    def __add__(self, o: "Compute") -> "Compute":
+        return Compute(self.gemm + o.gemm, self.attention + o.attention, self.hbm + o.hbm,
+                       self.scores_hbm + o.scores_hbm)
+
+    def __mul__(self, x: float) -> "Compute":
+        return Compute(self.gemm * x, self.attention * x, self.hbm * x, self.scores_hbm * x)
+
+    __rmul__ = __mul__
+
+    def attention_only(self) -> "Compute":
+        """What selective recompute re-runs (Korthikanti et al. 2022 Sec. 5): the core, and the
+        softmax and dropout of its scores."""
+        return Compute(0.0, self.attention, self.scores_hbm, self.scores_hbm)
+
+
+def layer_forward(m: MoEModel, moe: bool, p: Platform, rows: float, keys: float, t: int = 1, sp: bool = False,
+                  ep: int = 1, etp: int = 1, flash: bool = True, dropout: bool = False) -> Compute:
+    """Forward seconds of one layer on one GPU of a TP group whose GEMMs see ``rows`` tokens,
+    each attending to ``keys`` keys (module docstring). Non-GEMM bytes per
+    formulas.elementwise_bytes_per_token (Megatron-LM's kernel set)."""
+    w = F.attention_widths(m)
+    core = attention_core_time(p, rows, keys, w["heads"] / t, w["d_qk"], w["d_v"], flash)
+    if moe:
+        f = m.top_k * m.d_ffn + m.n_shared * (m.d_ffn_shared or m.d_ffn)
+    else:
+        f = m.d_ffn_dense or 0
+    f += m.d_ffn_residual or 0
+    top_k = m.top_k if moe and m.n_experts > 1 else 0
+
+    def ew(with_flash: bool) -> float:
+        return F.elementwise_bytes_per_token(m.d_model, m.heads, keys, f, m.n_mat, t, sp or moe and t > 1,
+                                             with_flash, dropout, top_k, BYTES_PER_VALUE)
+
+    hbm_bytes = ew(flash) * rows
+    scores_bytes = hbm_bytes - ew(True) * rows
+    return Compute(gemms_time(p, layer_gemms(m, moe, rows, t, ep, etp)), core,
+                   hbm_time(p, hbm_bytes), hbm_time(p, scores_bytes))
+
+
+def head_forward(m: MoEModel, p: Platform, rows: float, t: int = 1) -> Compute:
+    """The output head, [rows x d] @ [d x V / t] (vocabulary-parallel); none without a vocabulary."""
+    return Compute(gemm=gemm_time(p, rows, m.d_model, m.vocab / t) if m.vocab else 0.0)
+
+
+def train_time(forward: Compute, recomputed: Compute = Compute()) -> float:
+    """Forward + backward (module docstring) + the recomputed forward."""
+    return ((1 + BACKWARD_GEMM) * (forward.gemm + forward.attention) + (1 + BACKWARD_HBM) * forward.hbm
+            + recomputed.total)
+
+
+# ============================================================================================
+# Communication
+# ============================================================================================
+
+def link_bytes_per_s(p: Platform, off_node: bool) -> float:
+    """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink) inside a node;
+    across nodes nics x B_NIC / g x network efficiency."""
+    return p.nic_bytes_per_s_per_gpu * p.network_efficiency if off_node else p.intra_node_a2a_bytes_per_s
+
+
+def link_latency_s(p: Platform, off_node: bool) -> float:
+    """One message's latency: the on-node link classes' inside a node, the largest of all link
+    classes across nodes (a collective waits for its farthest message); 0 without links."""
+    lat = [float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links
+           if off_node or lk["class"] in ON_NODE_LINKS]
+    if not lat:  # a profile naming no on-node class: its fastest link
+        lat = [min(float(lk.get("latency_us", 0.0)) for lk in p.links) * 1e-6] if p.links else [0.0]
+    return max(lat)
+
+
+def transfer_time(p: Platform, nbytes: float, off_node: bool, messages: float = 1) -> float:
+    """Seconds to send ``nbytes`` per GPU over the link (``messages`` latencies added)."""
+    return nbytes / link_bytes_per_s(p, off_node) + messages * link_latency_s(p, off_node)
+
+
+def alltoall_time(p: Platform, on_node_bytes: float, off_node_bytes: float, messages: float = 1) -> float:
+    """An all-to-all sending ``on_node_bytes`` to peers in the node and ``off_node_bytes`` off it
+    per GPU: both parts proceed at once, the slower bounds it; one latency per collective."""
+    if on_node_bytes <= 0 and off_node_bytes <= 0:
+        return 0.0
+    off = off_node_bytes > 0
+    return (max(on_node_bytes / link_bytes_per_s(p, False),
+                off_node_bytes / link_bytes_per_s(p, True) if off else 0.0)
+            + messages * link_latency_s(p, off))
+
+
+def exposed_dp_time(grad_s: float, gather_s: float, zero: int, micro_batches: int, forward_s: float,
+                    backward_s: float, overlap: bool = True) -> float:
+    """Seconds of the data-parallel reduction (``grad_s``: reduce or reduce-scatter of gradients;
+    ``gather_s``: all-gather of weights) a step exposes (module docstring). ``forward_s`` /
+    ``backward_s``: one micro-batch's forward / backward (with any recompute) it hides behind.
+    ``overlap=False``: ZeRO 0/1 run it once after the last backward (Megatron-LM before
+    --overlap-grad-reduce)."""
+    if zero in (0, 1) and not overlap:
+        return grad_s + gather_s
+    if zero in (0, 1):
+        return max(0.0, grad_s - backward_s) + max(0.0, gather_s - forward_s)
+    if zero == 2:
+        return micro_batches * max(0.0, grad_s - backward_s) + max(0.0, gather_s - forward_s)
+    return micro_batches * (max(0.0, gather_s - forward_s) + max(0.0, gather_s + grad_s - backward_s))
+
+
+# ============================================================================================
+# Pipeline
+# ============================================================================================
+
+def pipeline_step(slot_s: float, micro_batches: int, pp: int, vpp: int = 1) -> tuple[float, float]:
+    """(busy, bubble) seconds of a pipelined step whose slowest stage takes ``slot_s`` per
+    micro-batch: M slots, and (PP - 1) / VPP idle slots (module docstring)."""
+    if slot_s < 0 or micro_batches <= 0 or pp <= 0 or vpp <= 0:
+        raise ValueError(f"pipeline_step needs slot >= 0 and positive M, PP, VPP; got "
+                         f"{slot_s}, {micro_batches}, {pp}, {vpp}")
+    return micro_batches * slot_s, (pp - 1) / vpp * slot_s
+
+
+def bubble_fraction(pp: int, micro_batches: int, vpp: int = 1) -> float:
+    """Idle fraction of a step: bubble / (busy + bubble) = (PP-1)/VPP / (M + (PP-1)/VPP)."""
+    busy, bubble = pipeline_step(1.0, micro_batches, pp, vpp)
+    return bubble / (busy + bubble)

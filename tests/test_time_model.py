@@ -1,0 +1,127 @@
+"""components.resources.time_model: each formula against a hand computation from its source
+(the numbers below are worked out from the profiles' published rates, not read from the code),
+and both planners timing the same work the same way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_repro.components.model.zoo import get_model
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.resources import time_model as T
+
+A100 = load_builtin("dgx-a100")  # 267.9 TFLOPS achievable GEMM, 2039 GB/s HBM (profile sources)
+H100 = load_builtin("dgx-h100")
+
+
+def test_gemm_roofline_compute_bound_hand_case():
+    # 8192^3 square GEMM: 2 x 8192^3 = 1.099511627776e12 FLOPs at 267.9e12 FLOP/s = 4.10419 ms;
+    # its bytes, 3 x 8192^2 x 2 = 402.65 MB at 2039 GB/s = 0.197 ms, do not bind
+    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(1.099511627776e12 / 267.9e12, rel=1e-12)
+    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(4.10419e-3, rel=1e-5)
+
+
+def test_gemm_roofline_memory_bound_hand_case():
+    # an expert with 16 tokens, d 4096 -> 14336: 2 x 16 x 4096 x 14336 = 1.879e9 FLOPs (7.0 us at
+    # 267.9 TFLOPS) but it reads the 4096 x 14336 weights: (16 x 4096 + 4096 x 14336 + 16 x 14336)
+    # x 2 B = (65,536 + 58,720,256 + 229,376) x 2 = 118,030,336 B at 2039 GB/s = 57.886 us:
+    # memory-bound
+    assert T.gemm_time(A100, 16, 4096, 14336) == pytest.approx(118_030_336 / 2039e9, rel=1e-12)
+    assert T.gemm_time(A100, 0, 4096, 14336) == 0.0
+
+
+def test_attention_core_hand_cases():
+    # FlashAttention, causal: 2 x 4096 queries x 4096 keys x 32 heads x (128 + 128) / 2
+    # = 1.37439e11 FLOPs at the attention rate (267.9 TFLOPS on this profile)
+    flops = 2 * 4096 * 4096 * 32 * 256 / 2
+    assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128) == pytest.approx(flops / 267.9e12, rel=1e-12)
+    # materialised scores: every score computed (2 x flops = 2.749e11, 1.026 ms) and 4 B per
+    # score (write + read) = 4 x 4096^2 x 32 B = 2.147 GB at 2039 GB/s = 1.053 ms: the bytes bind
+    assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128, flash=False) == pytest.approx(
+        4 * 4096 * 4096 * 32 / 2039e9, rel=1e-12)
+    # heads of width 256: 2 x 4096^2 x 32 x 512 = 5.498e11 FLOPs, 2.052 ms: the FLOPs bind
+    assert T.attention_core_time(A100, 4096, 4096, 32, 256, 256, flash=False) == pytest.approx(
+        2 * 4096 * 4096 * 32 * 512 / 267.9e12, rel=1e-12)
+
+
+def test_train_time_backward_factors():
+    # backward = 2 x forward for GEMMs and attention, 1.5 x for HBM-bound kernels; recompute once
+    fwd = T.Compute(gemm=1.0, attention=2.0, hbm=4.0)
+    assert T.train_time(fwd) == 3 * 3.0 + 2.5 * 4.0
+    assert T.train_time(fwd, fwd) == 3 * 3.0 + 2.5 * 4.0 + 7.0
+    sel = T.Compute(attention=2.0, hbm=4.0, scores_hbm=1.0).attention_only()  # Korthikanti Sec. 5
+    assert (sel.gemm, sel.attention, sel.hbm) == (0.0, 2.0, 1.0)
+
+
+def test_pipeline_step_is_narayanan_and_piper():
+    # 1F1B / GPipe: M slots + (PP - 1) idle slots = Piper's (M + PP - 1) slots; interleaving
+    # divides the bubble by VPP (Narayanan et al. 2021 Sec. 2.2.2)
+    assert T.pipeline_step(2.0, 8, 4) == (16.0, 6.0)
+    assert T.pipeline_step(2.0, 8, 4, vpp=2) == (16.0, 3.0)
+    assert T.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert T.pipeline_step(2.0, 8, 1) == (16.0, 0.0)
+    with pytest.raises(ValueError):
+        T.pipeline_step(1.0, 0, 4)
+
+
+def test_link_transfer_and_alltoall_hand_cases():
+    # dgx-h100: NVLink 450 GB/s per GPU inside a node; 8 NICs x 50 GB/s / 8 GPUs x efficiency
+    # across nodes; latencies 2 us (intra_node) and 4 us (the farthest class, inter_group)
+    p = H100
+    nic = p.raw["node"]["nics"] * p.raw["node"]["nic_GBps"] * 1e9 / p.raw["node"]["gpus"] * p.raw["efficiency"]["network"]
+    nvl = p.raw["node"]["intra_node_alltoall_GBps_per_gpu"] * 1e9
+    assert T.transfer_time(p, 1e9, off_node=False, messages=3) == pytest.approx(1e9 / nvl + 3 * 2e-6)
+    assert T.transfer_time(p, 1e9, off_node=True, messages=0) == pytest.approx(1e9 / nic)
+    # on- and off-node parts concurrently: the slower bounds it, one off-node latency
+    assert T.alltoall_time(p, 1e9, 1e8) == pytest.approx(max(1e9 / nvl, 1e8 / nic) + 4e-6)
+    assert T.alltoall_time(p, 1e9, 0.0, messages=2) == pytest.approx(1e9 / nvl + 2 * 2e-6)
+    assert T.alltoall_time(p, 0.0, 0.0) == 0.0
+
+
+def test_exposed_dp_time_cases():
+    # ZeRO 0/1 not overlapped: all of it; overlapped: what exceeds the last backward / first forward
+    assert T.exposed_dp_time(3.0, 1.0, 0, 8, 0.5, 2.0, overlap=False) == 4.0
+    assert T.exposed_dp_time(3.0, 1.0, 1, 8, 0.5, 2.0) == 1.0 + 0.5
+    # ZeRO-2: the reduce-scatter every micro-batch; ZeRO-3 also gathers for forward and backward
+    assert T.exposed_dp_time(3.0, 1.0, 2, 8, 0.5, 2.0) == 8 * 1.0 + 0.5
+    assert T.exposed_dp_time(3.0, 1.0, 3, 8, 0.5, 2.0) == 8 * (0.5 + 2.0)
+
+
+def test_layer_gemms_shapes_under_tp_and_ep():
+    # Mixtral 8x7B (d 4096, FFN 14336, SwiGLU, 32 heads, 8 KV heads of 128), TP 2, EP 4, 4096 rows:
+    # QKV 4096 -> (4096 + 2 x 1024) / 2, output 2048 -> 4096; 2 local experts, each receiving
+    # 4 x 4096 x 2 / (2 x 8) = 2048 tokens (the EP group's k copies over 8 experts, / TP for SP);
+    # the router on the 2048-token SP shard
+    m = get_model("mixtral-8x7b")
+    g = T.layer_gemms(m, True, 4096, t=2, ep=4)
+    assert T.Gemm(1, 4096, 4096, 3072) in g and T.Gemm(1, 4096, 2048, 4096) in g
+    assert T.Gemm(2 * 2, 2048, 4096, 14336) in g and T.Gemm(2, 2048, 14336, 4096) in g
+    assert T.Gemm(1, 2048, 4096, 8) in g
+
+
+def test_both_planners_give_the_same_compute_for_the_same_layout():
+    # Piper's PP x EP estimate and the parallelism planner at PP 1, EP 8, TP 1, one sequence per
+    # micro-batch: the same stage, the same seconds of compute per micro-batch
+    from moe_repro.components.resources.parallel_planner import plan_parallel
+    from moe_repro.components.resources.perf_model import estimate
+
+    m = get_model("mixtral-8x7b")
+    e = estimate(m, H100, PP=1, EP=8, micro_batch=1, seq=4096, M=4)
+    pl = plan_parallel(m, H100, 1, seq=4096, global_batch=32, micro_batches=4, tp=1, pp=1, ep=8, cp=1,
+                       zero=(3,), recompute=("none",), etp=1)
+    c = pl.candidates[0]
+    assert (c.tp, c.pp, c.ep, c.micro_batch, c.micro_batches) == (1, 1, 8, 1, 4)
+    assert c.parts["compute"] / 4 == pytest.approx(e.compute_s, rel=1e-12)
+
+
+def test_no_planner_keeps_a_time_formula_of_its_own():
+    # every division of work by a rate (GEMM, attention, HBM, link) is in time_model
+    root = Path(__file__).resolve().parents[1] / "components" / "resources"
+    rate = re.compile(r"/\s*\(?\s*(ctx\.)?p\.(gemm_flops|attention_flops|hbm_bytes_per_s|"
+                      r"intra_node_a2a_bytes_per_s|nic_bytes_per_s_per_gpu)|/\s*\w*_bw\b|link_bytes_per_s\(")
+    for name in ("perf_model.py", "planner.py", "parallel_planner.py"):
+        code = (root / name).read_text()
+        assert not rate.search(code), (name, rate.search(code))
