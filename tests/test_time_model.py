@@ -18,17 +18,19 @@ H100 = load_builtin("dgx-h100")
 
 
 def test_gemm_roofline_compute_bound_hand_case():
-    # 8192^3 square GEMM: 2 x 8192^3 = 1.099511627776e12 FLOPs at 267.9e12 FLOP/s = 4.10419 ms;
-    # its bytes, 3 x 8192^2 x 2 = 402.65 MB at 2039 GB/s = 0.197 ms, do not bind
-    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(1.099511627776e12 / 267.9e12, rel=1e-12)
-    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(4.10419e-3, rel=1e-5)
+    # 8192^3 square GEMM: 2 x 8192^3 = 1.099511627776e12 FLOPs at 267.9e12 FLOP/s x 512/513 (its
+    # 2048 tiles of 256x128 take 19 waves of 108: 2048 / 2052) = 4.11221 ms; its bytes,
+    # 3 x 8192^2 x 2 = 402.65 MB at 2039 GB/s = 0.197 ms, do not bind
+    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(
+        1.099511627776e12 / (267.9e12 * 512 / 513), rel=1e-12)
+    assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(4.11221e-3, rel=1e-5)
 
 
 def test_gemm_roofline_memory_bound_hand_case():
     # an expert with 16 tokens, d 4096 -> 14336: 2 x 16 x 4096 x 14336 = 1.879e9 FLOPs (7.0 us at
     # 267.9 TFLOPS) but it reads the 4096 x 14336 weights: (16 x 4096 + 4096 x 14336 + 16 x 14336)
     # x 2 B = (65,536 + 58,720,256 + 229,376) x 2 = 118,030,336 B at 2039 GB/s = 57.886 us:
-    # memory-bound
+    # memory-bound (its FLOPs at the 64x256 tiles' 1/4 efficiency take 28 us)
     assert T.gemm_time(A100, 16, 4096, 14336) == pytest.approx(118_030_336 / 2039e9, rel=1e-12)
     assert T.gemm_time(A100, 0, 4096, 14336) == 0.0
 
@@ -125,3 +127,31 @@ def test_no_planner_keeps_a_time_formula_of_its_own():
     for name in ("perf_model.py", "planner.py", "parallel_planner.py"):
         code = (root / name).read_text()
         assert not rate.search(code), (name, rate.search(code))
+
+
+def test_gemm_efficiency_tile_and_wave_quantization_hand_cases():
+    # NVIDIA Matrix Multiplication Background guide Ch. 3 on the A100's 108 SMs, 2048 x 2304 output:
+    # 256x128 tiles: 8 x 18 = 144 tiles = 1.33 waves, 2 launched: 144 / 216 = 2/3;
+    # 128x128: 288 tiles, 3 waves: 288 / 324 = 8/9; 64x64: 32 x 36 = 1152 tiles, 10.67 waves,
+    # 11 launched: 1152 / 1188 = 32/33, the least waste of the guide's tiles
+    assert A100.sm_count == 108
+    assert T.gemm_efficiency(A100, 2048, 2304) == pytest.approx(1152 / 1188, rel=1e-12)
+    # 300 x 128: fewer tiles than SMs (split-K fills them), so only padding: 64x128 tiles,
+    # 5 tiles of 8192 for 38400 useful = 0.9375
+    assert T.gemm_efficiency(A100, 300, 128) == pytest.approx(300 * 128 / (5 * 8192), rel=1e-12)
+    # the ceiling's own shape (Bekman, 6912 x 16384 x 2048) quantizes without loss: 3456 tiles
+    # of 256x128 = 32 whole waves
+    assert T.gemm_efficiency(A100, 6912, 16384) == 1.0
+    assert T.gemm_time(A100, 2048, 4096, 2304) == pytest.approx(
+        2 * 2048 * 4096 * 2304 / (267.9e12 * 32 / 33), rel=1e-12)
+    # a profile without an SM count has one rate for every shape
+    assert H100.sm_count == 0 and T.gemm_efficiency(H100, 2048, 2304) == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, -108, "108"])
+def test_a_bad_sm_count_is_refused_with_its_field(bad):
+    from moe_repro.components.network.platform import from_dict
+
+    d = dict(A100.raw, gpu={**A100.raw["gpu"], "sm_count": bad})
+    with pytest.raises(ValueError, match="gpu.sm_count"):
+        from_dict(d)

@@ -4,7 +4,10 @@ A profile is a JSON document (components/network/platforms/<name>.json, copy one
 
 - ``gpu``: ``peak_tflops`` (dense bf16, the MFU denominator), ``hbm_GB`` (C_GPU of Piper Eq. 11),
   ``hbm_GBps``, ``achievable_gemm_tflops`` and ``achievable_attention_tflops`` (what kernels reach,
-  Piper Sec. IV-A: measured by micro-benchmarks; ``repro calibrate`` measures them locally).
+  Piper Sec. IV-A: measured by micro-benchmarks; ``repro calibrate`` measures them locally);
+  optional ``sm_count`` (streaming multiprocessors, data sheet): with it a GEMM's rate depends on
+  its shape (tile and wave quantization, components.resources.time_model.gemm_efficiency) and
+  ``achievable_gemm_tflops`` is the ceiling at a shape without quantization loss.
 - ``node``: ``gpus`` (g), ``nics``, ``nic_GBps`` (B_NIC of Eq. 6, one direction), ``gpu_nic_affinity``
   (which GPUs inject through which NIC), ``intra_node_alltoall_GBps_per_gpu``.
 - ``network``: ``switch_group_nodes`` (N_h of Eq. 10), ``rack_nodes``, ``topology``.
@@ -58,6 +61,7 @@ class Platform:
     overhead_bytes: float
     links: tuple[dict, ...]
     raw: dict
+    sm_count: int = 0  # streaming multiprocessors; 0: no shape-dependent GEMM rate
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:
@@ -230,6 +234,7 @@ def from_dict(d: dict) -> Platform:
         overhead_bytes=float(overhead) * GB,
         links=tuple(d.get("links", ())),
         raw=d,
+        sm_count=_count(d["gpu"]["sm_count"], "gpu.sm_count") if "sm_count" in d["gpu"] else 0,
     )
     net = d.get("network", {})
     for key in ("per_message_us", "host_GBps"):

@@ -6,7 +6,9 @@ Kernels (one GPU):
   GEMM       [rows x k] @ [k x n], bf16 operands: a roofline, max(2 rows k n / GEMM rate,
              2 (rows k + k n + rows n) bytes / HBM bandwidth) (Williams et al. 2009). Each GEMM of
              a layer is timed at its own shape, so a thin expert GEMM (few tokens per expert) is
-             memory-bound while the attention projections of the same layer are not.
+             memory-bound while the attention projections of the same layer are not. On a profile
+             that gives its SM count, the GEMM rate is the profile's ceiling x the shape's tile and
+             wave quantization efficiency (gemm_efficiency), so it depends on rows and n too.
   attention  FlashAttention's fused core: its FLOPs at the achievable attention rate (the scores
              never reach HBM, Dao et al. 2022 Sec. 3). Materialised scores (no FlashAttention): the
              two batched GEMMs compute every score (the causal mask is applied in the softmax, so
@@ -42,6 +44,7 @@ Where the two planners disagreed before this module, the more faithful form was 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from moe_repro.components.model.zoo import MoEModel
@@ -52,6 +55,11 @@ BYTES_PER_VALUE = 2  # bf16 operands and activations
 BACKWARD_GEMM = 2.0  # backward / forward for GEMMs and attention: data + weight gradients
 BACKWARD_HBM = 1.5  # backward / forward for HBM-bound kernels (see the module docstring)
 ON_NODE_LINKS = ("intra_package", "intra_node")
+# Output tiles cuBLAS chooses among: NVIDIA, Matrix Multiplication Background User's Guide
+# (DU-09799-001), Sec. 2.3, from the most efficient (256x128, 128x256) to the least (64x64). All
+# are taken at the ceiling's rate: the guide ranks the smaller ones less efficient but gives no
+# factor, so shapes a small tile wins are timed optimistically.
+GEMM_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
 # ============================================================================================
@@ -72,13 +80,34 @@ class Gemm:
         return 2.0 * self.count * self.rows * self.k * self.n
 
 
+def gemm_efficiency(p: Platform, rows: float, n: float) -> float:
+    """Fraction of the profile's GEMM ceiling a [rows x k] @ [k x n] GEMM reaches; 1 on a
+    profile without ``sm_count``. NVIDIA's Matrix Multiplication Background guide, Ch. 3: the
+    output is cut into tiles (tile quantization, Sec. 3.1: a partial tile costs a whole one) that
+    run one per SM in waves (wave quantization, Sec. 3.2: a partial wave costs a whole one), so
+    the useful rows x n is set against the tile area of every whole wave launched; of
+    GEMM_TILES the one that wastes least is taken (cuBLAS's heuristic chooses among its tiles). A
+    GEMM of fewer tiles than SMs is taken to fill the SMs by splitting K (cuBLAS's split-K), so
+    only its tile padding counts. The ceiling (``achievable_gemm_tflops``) is a measurement at a
+    shape that quantizes without loss."""
+    if not p.sm_count or rows <= 0 or n <= 0:
+        return 1.0
+    best = 0.0
+    for tile_rows, tile_n in GEMM_TILES:
+        tiles = math.ceil(rows / tile_rows) * math.ceil(n / tile_n)
+        slots = math.ceil(tiles / p.sm_count) * p.sm_count if tiles >= p.sm_count else tiles
+        best = max(best, rows * n / (slots * tile_rows * tile_n))
+    return best
+
+
 def gemm_time(p: Platform, rows: float, k: float, n: float) -> float:
-    """Seconds of one [rows x k] @ [k x n] GEMM on ``p`` (module docstring: a roofline)."""
+    """Seconds of one [rows x k] @ [k x n] GEMM on ``p`` (module docstring: a roofline at the
+    shape's rate, the profile's ceiling x gemm_efficiency)."""
     if rows <= 0 or k <= 0 or n <= 0:
         return 0.0
     flops = 2.0 * rows * k * n
     nbytes = BYTES_PER_VALUE * (rows * k + k * n + rows * n)
-    return max(flops / p.gemm_flops, nbytes / p.hbm_bytes_per_s)
+    return max(flops / (p.gemm_flops * gemm_efficiency(p, rows, n)), nbytes / p.hbm_bytes_per_s)
 
 
 def gemms_time(p: Platform, gemms) -> float:
