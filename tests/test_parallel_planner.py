@@ -375,3 +375,14 @@ def test_a_request_is_answered_as_the_arguments_are():
     assert all(c["ep"] == 8 for c in by_request["candidates"])
     with pytest.raises(ValueError, match="ZeRO stage must be 0, 1, 2 or 3, got 4"):
         PlanRequest(mix, DGX, 4, zero=(4,)).checked()
+
+
+def test_pipeline_sends_use_megatrons_scatter_gather_without_sp():
+    # Narayanan et al. 2021 Sec. 4.1: each of the 8 TP ranks sends 1/8 of the 2048 x 12288
+    # activation (2 B) forward and its gradient backward: 2 x 2048 x 12288 x 2 / 8 = 12,582,912 B
+    # per micro-batch, 16 micro-batches; the same bytes with SP (the shard is already 1/8)
+    for sp in (False, True):
+        c = plan_parallel(GPT3, load_builtin("dgx-a100"), 8, seq=2048, global_batch=16, micro_batches=16,
+                          tp=8, pp=8, vpp=1, cp=1, sp=sp, zero=(1,), recompute=("full",)).candidates[0]
+        assert (c.tp, c.pp, c.sp, c.micro_batch) == (8, 8, sp, 1)
+        assert c.comm_bytes["pp"] == 16 * 12_582_912

@@ -68,7 +68,10 @@ Step time (slowest stage; communication dimensions do not contend for links):
   2 x forward (1.5 x for the non-GEMM kernels), + the recomputed forward; without
   FlashAttention the score GEMMs are a roofline of the attention rate (every score computed:
   no causal halving) and HBM (QK^T writes, AV reads a s scores per token); TP/SP, EP, ETP and
-  PP traffic are exposed (not overlapped); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b / (TP CP)); ETP: Megatron-core
+  PP traffic are exposed (not overlapped); PP sends 1/TP of each activation and all-gathers it
+  on NVLink (Megatron's scatter/gather, Narayanan et al. 2021 Sec. 4.1; with SP the shard is
+  already 1/TP); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b /
+  (TP CP)); ETP: Megatron-core
   MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
   dispatched tokens over the expert-TP group after the EP all-to-all
   (gather_from_sequence_parallel_region) and reduce-scatters the expert output before the
@@ -839,8 +842,12 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
             cp_s = max(0.0, T.transfer_time(p, cp_b, lv.cp_off_node, messages=0) - core_s)
         pp_s = 0.0
         if q > 1:
-            pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp) * v
+            # Megatron's scatter/gather (Narayanan et al. 2021 Sec. 4.1, on by default): without SP
+            # each TP rank sends 1/t of the activation and the receivers all-gather it on NVLink
+            pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp, scatter_gather=True) * v
             pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * v)
+            if t > 1 and not sp:
+                pp_s += T.transfer_time(p, F.allgather_bytes(pp_b * t, t), off_node=False, messages=2 * v)
         slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
         if slot_best is None or slot > slot_best[0]:
             slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd.total,
@@ -1070,7 +1077,8 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         "weights for every forward and backward (DeepSpeed/FSDP under gradient accumulation), "
         "each overlapped with that micro-batch's compute; only the excess is counted; a DP group "
         f"inside one node of {g} GPUs uses NVLink, others the NIC",
-        "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); interleaving "
+        "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); P2P scatter/gather "
+        "(1/TP of each activation per rank, all-gathered on NVLink; Narayanan 2021 Sec. 4.1); interleaving "
         "multiplies P2P sends by VPP; optimizer-step time and kernel launch gaps not modelled",
         "search: for each layout and ZeRO stage only the lightest recompute mode that fits is kept "
         "(none, selective, full:N with the smallest N found by bisection, full; heavier ones fit too "
