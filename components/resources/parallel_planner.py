@@ -1057,7 +1057,9 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
         f"compute (time_model): each GEMM at its own shape, a roofline of the achievable "
-        f"{p.gemm_flops / 1e12:g} TFLOPS and HBM, attention core (causal halved) at "
+        f"{p.gemm_flops / 1e12:g} TFLOPS"
+        + (f" x tile and wave quantization on {p.sm_count} SMs" if p.sm_count else "")
+        + " and HBM, attention core (causal halved) at "
         f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
         "modelled); backward = 2 x forward (1.5 x for non-GEMM kernels); recompute adds the recomputed "
         "forward; non-GEMM kernels "

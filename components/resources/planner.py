@@ -165,7 +165,9 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         f"{'FlashAttention' if flash else 'materialised attention scores'}, framework overhead "
         f"{p.overhead_bytes / GB:g} GB, embeddings on stage 0, output head + fp32 logits on the last stage",
         f"compute (time_model, shared with the parallelism planner): each GEMM at its own shape, a roofline "
-        f"of the achievable {p.gemm_flops / 1e12:g} TFLOPS and HBM {p.hbm_bytes_per_s / GB:g} GB/s; attention "
+        f"of the achievable {p.gemm_flops / 1e12:g} TFLOPS"
+        + (f" x tile and wave quantization on {p.sm_count} SMs" if p.sm_count else "")
+        + f" and HBM {p.hbm_bytes_per_s / GB:g} GB/s; attention "
         f"{p.attention_flops / 1e12:g} TFLOPS; non-GEMM kernels at HBM bandwidth; MFU against "
         f"{p.peak_flops / 1e12:g} TFLOPS peak",
         f"communication: intra-node all-to-all {p.intra_node_a2a_bytes_per_s / GB:g} GB/s per GPU, "
