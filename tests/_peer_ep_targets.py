@@ -46,4 +46,7 @@ def peers_beside_ours(ctx, impls, tokens=48, d_model=16, d_ffn=12, experts=8, to
         with torch.no_grad():
             kept = ours.make_pft(ours.route(x)).num_rows
         out[impl] = {"diffs": diffs, "scale": scale, "dropped_pairs": tokens * top_k - kept}
+        if impl == "deepspeed":  # its communication backend, set up by peer_forward
+            from deepspeed.comm import comm as ds_comm
+            out[impl]["shared_memory_op_built"] = ds_comm.cdb.shm_comm_op is not None
     return out

@@ -246,7 +246,6 @@ def test_a_peer_that_is_not_installed_is_refused_in_one_line(monkeypatch, tmp_pa
 
 
 @pytest.mark.multiprocess
-@pytest.mark.skip(reason="times out at 2 and 4 ranks since the last merges of this wave (passed on its branch); issue 32 stays open for it")
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_peers_own_expert_parallel_layers_equal_ours_forward_and_backward(ranks, mu, sm, targets_on_path):
     from moe_repro.runtime.launch import run_ranks
@@ -264,3 +263,6 @@ def test_peers_own_expert_parallel_layers_equal_ours_forward_and_backward(ranks,
             assert r["scale"]["out"] > 0.1 and r["scale"]["dx"] > 0.1  # not trivially zero
     # capacity bites somewhere: DeepSpeed's drops are compared, not only its kept rows
     assert sum(r["deepspeed"]["dropped_pairs"] for r in per_rank) > 0
+    # deepspeed.comm came up without compiling its shared-memory op (minutes of C++ build on
+    # every fresh install, for an op only its inference all-reduce uses)
+    assert not any(r["deepspeed"]["shared_memory_op_built"] for r in per_rank)

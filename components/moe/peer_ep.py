@@ -28,7 +28,8 @@ CPU worlds: Megatron allocates the received rows of its all-to-all and all-gathe
 world :func:`megatron_on_cpu` points the first at the CPU (for the rank's process: its
 backward allocates there too) and the dispatcher's side-stream copy (a synchronisation method) becomes turning
 the split sizes into host lists: they already live on the CPU. Every collective and
-every permutation is Megatron's own code. DeepSpeed's path needs no change.
+every permutation is Megatron's own code. DeepSpeed's path needs no change; its communication
+backend is only kept from compiling a C++ op this path never calls (:func:`_without_shared_memory_op`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,17 @@ class _OurExpertsOnBuffer(nn.Module):
         return out.reshape(local, ep, capacity, hidden).transpose(0, 1)
 
 
+def _without_shared_memory_op() -> None:
+    """Keep deepspeed.comm from compiling its shared-memory C++ op. Its ``TorchBackend`` builds
+    that op on first use (torch's JIT extension build: about 4 minutes of compiling on a loaded
+    2-core machine, again for every new install or extension cache), and the op only serves
+    ``inference_all_reduce``; the MoE layer's all-to-all is torch.distributed's. The op is marked
+    unavailable in DeepSpeed's own table of compatible ops, the one its ``build_shm_op``
+    consults (deepspeed.ops keeps that dict so that edits to it persist)."""
+    ops = _quiet_import("deepspeed.ops")
+    ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [S, H] -> [S, H] through DeepSpeed's MOELayer (its gating, encode, all-to-all, decode)
     around ``layer``'s router weight and experts."""
@@ -147,6 +159,7 @@ def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Call
     ds_comm = _quiet_import("deepspeed.comm")
     sm = _quiet_import("deepspeed.moe.sharded_moe")
     if not ds_comm.is_initialized():
+        _without_shared_memory_op()
         with contextlib.redirect_stdout(io.StringIO()):
             ds_comm.init_distributed(dist_backend=torch.distributed.get_backend(),
                                      auto_mpi_discovery=False, verbose=False)
