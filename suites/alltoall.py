@@ -639,7 +639,9 @@ def _size(nbytes: int) -> str:
 def side_by_side(records: list[dict]) -> list[str]:
     """Under the table, where one run timed our dispatch or combine beside the bare collective
     or a peer's dispatcher (same point, same ranks): each one's median time and time / bound,
-    and ours over each of them. Nothing where there is nothing beside ours."""
+    and ours over each of them. One bound per point: the fastest of the memory copies its
+    paths measured (each path measures its own, a few seconds apart), so every row of a point
+    is divided by the same floor. Nothing where there is nothing beside ours."""
     groups: dict[tuple, dict[str, dict]] = {}
     for r in records:
         if not r.get("simulated") and "path" in r:
@@ -647,21 +649,21 @@ def side_by_side(records: list[dict]) -> list[str]:
             groups.setdefault(key, {})[r["path"]] = r
     lines = []
     for by_path in groups.values():
+        bound = min((r["bound_s"] for r in by_path.values() if r.get("bound_s")), default=None)
         for call in CALLS:
             ours = by_path.get(call)
             beside = [(peer, by_path.get(f"{peer}-{call}")) for peer in peer_dispatcher_names()]
             beside = [(name, r) for name, r in [*beside, ("collective", by_path.get("collective"))] if r]
-            if ours is None or not beside:
+            if ours is None or not beside or not bound:
                 continue
-            cells = [f"ours {_ms(ours['time_s'])} ({ours['time_over_bound']:.3g}x bound)"]
-            cells += [f"{name} {_ms(r['time_s'])}" + (f" ({r['time_over_bound']:.3g}x bound)"
-                                                      if name != "collective" else "") for name, r in beside]
+            cells = [f"{name} {_ms(r['time_s'])} ({r['time_s'] / bound:.3g}x bound)"
+                     for name, r in [("ours", ours), *beside]]
             cells += [f"ours/{name} {ours['time_s'] / r['time_s']:.2f}" for name, r in beside]
-            lines.append(f"  {_size(ours['size'])} {call}: " + " | ".join(cells))
+            lines.append(f"  {_size(ours['size'])} {call} (bound {_ms(bound)}): " + " | ".join(cells))
     if not lines:
         return []
-    return ["side by side, measured in this run (median times; bound: the routed bytes at this "
-            "run's memcpy bandwidth):", *lines]
+    return ["side by side, measured in this run (median times; bound: the routed bytes per rank "
+            "at this run's fastest memcpy bandwidth for the point):", *lines]
 
 
 # The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the

@@ -260,10 +260,12 @@ def test_megatron_dispatcher_runs_beside_ours_in_the_alltoall_suite_checked(mu, 
         assert "inter_node_bytes" not in records[path]  # its collectives are not ours to count
     lines = r.stdout.splitlines()
     for call in ("dispatch", "combine"):
-        (line,) = [x for x in lines if x.strip().startswith(f"16 KiB {call}:")]
+        (line,) = [x for x in lines if x.strip().startswith(f"16 KiB {call} (bound ")]
         ours, theirs = records[call]["time_s"], records[f"megatron-{call}"]["time_s"]
         assert f"ours/megatron {ours / theirs:.2f}" in line
         assert f"ours/collective {ours / records['collective']['time_s']:.2f}" in line
+        bound = min(rec["bound_s"] for rec in records.values())  # one floor for every row
+        assert f"(bound {bound * 1e3:.3g} ms)" in line and f"({theirs / bound:.3g}x bound)" in line
 
 
 @pytest.mark.multiprocess
