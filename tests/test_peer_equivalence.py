@@ -269,6 +269,28 @@ def test_megatron_dispatcher_runs_beside_ours_in_the_alltoall_suite_checked(mu, 
 
 
 @pytest.mark.multiprocess
+def test_dispatch_stages_times_megatrons_stages_beside_ours(mu, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()",
+                        "--results", str(tmp_path / "results"), "bench", "dispatch-stages", "--algo", "flat",
+                        "--dispatcher", "ours,megatron", "--nodes", "1", "--gpus-per-node", "2",
+                        "--tokens", "32", "--hidden", "16", "--experts", "4", "--top-k", "2", "--check",
+                        "--repeats", "2", "--warmup", "0", "--min-sample-s", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ours, megatron = json.loads(out.read_text())["records"]
+    assert (ours["dispatcher"], megatron["dispatcher"]) == ("ours", "megatron")
+    assert ours["wrong"] == 0 and megatron["wrong"] == 0
+    assert {"counts_exchange_s", "buffer_gather_s", "all_to_all_s"} <= set(ours)
+    assert {"permute_and_counts_s", "all_to_all_s"} <= set(megatron) and "counts_exchange_s" not in megatron
+    assert megatron["permute_and_counts_s"] > 0 and megatron["all_to_all_s"] > 0  # both timed
+
+
+@pytest.mark.multiprocess
 def test_the_suites_check_sees_a_fault_in_megatrons_dispatch(mu, targets_on_path):
     from moe_repro.runtime.launch import run_ranks
     from moe_repro.suites.alltoall import SUITE
