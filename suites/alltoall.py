@@ -11,6 +11,13 @@ flat all-to-all's layout, including the count/metadata exchange each algorithm n
   halo  gather rows, the all-to-all of the counts HALO's plan needs, HALO's three phases
   rbd   pilot selection, metadata, pilots across nodes, replicas inside nodes
 
+``path`` megatron-dispatch / megatron-combine time Megatron-core's own token dispatcher
+(``MoEAlltoAllTokenDispatcher``: permute, an all-gather of the counts, all-to-all-v of the rows
+and of their probs; on the way back all-to-all-v and unpermute) on the same routing, rows and
+ranks, checked against the same reference (components/moe/peer_ep.MegatronDispatcher; any
+registered peer dispatcher gets its two paths). Its collectives are not our communicators', so
+its records carry no bytes per link class.
+
 ``path`` collective times, instead of the dispatch, the bare flat all-to-all-v of rows already
 packed in send order with every count known and the receive buffer reused: what nccl-tests'
 alltoall times, the floor a flat dispatch can reach. ``--path dispatch,collective`` puts the
@@ -67,13 +74,18 @@ import time
 from moe_repro.runtime.timing import host_seconds, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.lazy_import import lazy_module
+from moe_repro.components.moe.peer_dispatchers import get_peer_dispatcher, peer_dispatcher_names
 from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of, registered,
                                    top_k_within_experts, whole)
 
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
 
 PLACEMENTS = ("contiguous", "strided", "random")
-PATHS = ("dispatch", "combine", "collective")
+CALLS = ("dispatch", "combine")  # what a dispatcher's path times
+# A peer's own dispatcher (components/moe/peer_dispatchers.py) on the same routing, rows and
+# ranks as ours: path "<peer>-dispatch" / "<peer>-combine" -> (peer, call)
+PEER_PATHS = {f"{name}-{call}": (name, call) for name in peer_dispatcher_names() for call in CALLS}
+PATHS = (*CALLS, "collective", *PEER_PATHS)
 LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
@@ -166,6 +178,9 @@ def derived_params(p: dict) -> dict:
     if path == "collective" and p["algo"] != "flat":
         raise ValueError(f"path collective times the bare flat all-to-all-v (every algorithm's "
                          f"baseline); use it with --algo flat, not {p['algo']}")
+    peer = _peer_of(path)
+    if peer is not None:
+        check_peer_point(peer, f"path {path}", p)
     if p.get("latency_model", "profile") not in LATENCY_MODELS:
         raise ValueError(f"latency_model must be one of {', '.join(LATENCY_MODELS)}, got {p['latency_model']!r}")
     _parse_fault(p["fault"])
@@ -192,9 +207,16 @@ def derived_params(p: dict) -> dict:
         raise ValueError(f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks")
     if why is None:
         backend, chosen_because = choose_backend(p["backend"], gpn, str(p.get("device", "auto")))
+        if peer is not None and peer.torch_groups_only and backend == "mpi":
+            raise ValueError(f"path {path} runs {peer.label} on torch.distributed groups: use "
+                             f"--backend gloo (or nccl), not mpi")
+        impl = f"{peer.label if peer else p['algo']} over {IMPL[backend]}"
         real = {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
-                "backend": backend, "simulated": False, "impl": f"{p['algo']} over {IMPL[backend]}"}
+                "backend": backend, "simulated": False, "impl": impl}
         return {**real, "backend_chosen": chosen_because} if chosen_because else real
+    if peer is not None:
+        raise ValueError(f"path {path} runs {peer.label} over real ranks only; this point would "
+                         f"be simulated ({why})")
     profile = _simulated_platform(platform, None if auto_gpn else gpn)
     if auto_gpn:
         gpn = profile.gpus_per_node
@@ -208,6 +230,28 @@ def derived_params(p: dict) -> dict:
     return {**rows, "gpus_per_node": gpn, "platform": platform, "ranks": ranks, "ranks_per_node": gpn,
             "simulated": True, "simulated_because": why, "backend": "none (simulated)",
             "impl": f"{p['algo']} simulated on {profile.name} (components/network/simulator.py)"}
+
+
+def _peer_of(path: str):
+    """The peer dispatcher a path runs (components/moe/peer_dispatchers.py), None for ours."""
+    return get_peer_dispatcher(PEER_PATHS[path][0]) if path in PEER_PATHS else None
+
+
+def _call_of(path: str) -> str:
+    """What a path times: dispatch, combine or collective."""
+    return PEER_PATHS[path][1] if path in PEER_PATHS else path
+
+
+def check_peer_point(peer, what: str, p: dict) -> None:
+    """Refuse, in one line, a point ``p`` that ``peer``'s dispatcher cannot run; ``what`` names
+    the choice that asked for it (e.g. "path megatron-dispatch")."""
+    peer.require()  # PeerUnavailable (a ValueError): the package and the install hint
+    if p["algo"] != peer.alltoall:
+        raise ValueError(f"{what} runs {peer.label}, a {peer.alltoall} all-to-all: use it with "
+                         f"--algo {peer.alltoall}, not {p['algo']}")
+    if peer.contiguous_experts_only and p["placement"] != "contiguous":
+        raise ValueError(f"{what}: {peer.label} needs each rank's experts consecutive "
+                         f"(--placement contiguous), got {p['placement']}")
 
 
 def rows_for_size(size: int, tokens: int, hidden: int, top_k: int) -> dict:
@@ -383,9 +427,15 @@ def setup(params: dict, ctx) -> dict:
              **rank_workload(params, ctx.rank, ctx.world_size, ctx.device),
              "fault": _parse_fault(params["fault"]), "calls": 0}
     pft = state["pft"]
-    state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],
-                                                                   _rank_generator(ctx.rank))
-    if params.get("path", "dispatch") == "collective":
+    path = params.get("path", "dispatch")
+    peer = _peer_of(path)
+    if peer is not None:  # the peer's own dispatcher on the same EP group, routing and rows
+        state["dispatcher"] = peer.build(comms.world, state["placement"], int(params["hidden"]),
+                                         int(params["top_k"]))
+    else:
+        state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],
+                                                                       _rank_generator(ctx.rank))
+    if _call_of(path) == "collective":
         from moe_repro.components.alltoall.flat import flat_send_layout
 
         order, send_counts = flat_send_layout(pft, state["placement"], ctx.world_size)
@@ -393,7 +443,7 @@ def setup(params: dict, ctx) -> dict:
         recv_counts = comms.world.exchange_counts(send_counts)
         state["collective"] = (rows, send_counts, recv_counts, rows.new_empty((sum(recv_counts), rows.shape[1])))
 
-    if params.get("path", "dispatch") == "combine":  # expert outputs of one dispatch, combined again and again
+    if _call_of(path) == "combine":  # expert outputs of one dispatch, combined again and again
         state["combine_y"] = 2 * _dispatch(state).clone() + 1
     state["memcpy_s"] = ctx.all_reduce_max(_memcpy_seconds(state["x"], int(params["top_k"])))
 
@@ -409,7 +459,9 @@ def setup(params: dict, ctx) -> dict:
     mine = bytes_by_link_class(log, comms.topo)
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
-    state["link_bytes"] = dict(zip(names, totals))
+    # a peer's collectives are its own library's calls: our communicators do not see them, so
+    # its bytes per link class are not counted (left out of its record, not reported as 0)
+    state["link_bytes"] = dict(zip(names, totals)) if peer is None else None
     pairs = sum(comms.world.allgather_ints([pft.num_rows])[r][0] for r in range(ctx.world_size))
     state["payload_bytes"] = pairs * int(params["hidden"]) * 4 / ctx.world_size
     return state
@@ -548,8 +600,8 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     bound = state["memcpy_s"]
     limit = {"memcpy_GBps": state["payload_bytes"] / bound / 1e9 if bound else float("nan"),
              "bound_s": bound, "time_over_bound": time_s / bound if bound else float("nan")}
-    return {**limit, "latency_s": time_s, "inter_node_bytes": lb["inter_node"],
-            "intra_node_bytes": lb["intra_node"], "algbw_GBps": algbw / 1e9,
+    links = {} if lb is None else {"inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
+    return {**limit, "latency_s": time_s, **links, "algbw_GBps": algbw / 1e9,
             "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"],
             "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"],
             "host_fresh_bytes": state["host_work"]["fresh_bytes"]}
@@ -572,6 +624,47 @@ DISPATCH_METRICS = [
     Metric("host_fresh_bytes", "B", "none",
            description="bytes those ops write into fresh tensors on the busiest rank (counted)"),
 ]
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def side_by_side(records: list[dict]) -> list[str]:
+    """Under the table, where one run timed our dispatch or combine beside the bare collective
+    or a peer's dispatcher (same point, same ranks): each one's median time and time / bound,
+    and ours over each of them. One bound per point: the fastest of the memory copies its
+    paths measured (each path measures its own, a few seconds apart), so every row of a point
+    is divided by the same floor. Nothing where there is nothing beside ours."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if not r.get("simulated") and "path" in r:
+            key = tuple(str(r.get(k)) for k in SUITE.params if k != "path")
+            groups.setdefault(key, {})[r["path"]] = r
+    lines = []
+    for by_path in groups.values():
+        bound = min((r["bound_s"] for r in by_path.values() if r.get("bound_s")), default=None)
+        for call in CALLS:
+            ours = by_path.get(call)
+            beside = [(peer, by_path.get(f"{peer}-{call}")) for peer in peer_dispatcher_names()]
+            beside = [(name, r) for name, r in [*beside, ("collective", by_path.get("collective"))] if r]
+            if ours is None or not beside or not bound:
+                continue
+            cells = [f"{name} {_ms(r['time_s'])} ({r['time_s'] / bound:.3g}x bound)"
+                     for name, r in [("ours", ours), *beside]]
+            cells += [f"ours/{name} {ours['time_s'] / r['time_s']:.2f}" for name, r in beside]
+            lines.append(f"  {_size(ours['size'])} {call} (bound {_ms(bound)}): " + " | ".join(cells))
+    if not lines:
+        return []
+    return ["side by side, measured in this run (median times; bound: the routed bytes per rank "
+            "at this run's fastest memcpy bandwidth for the point):", *lines]
+
 
 # The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the
 # largest MoE training clusters reported), predicted in seconds; 100000 nodes ran for over ten
@@ -615,6 +708,7 @@ SUITE = Suite(
     quick={"nodes": [2], "tokens": [16], "hidden": [64]},  # 16 KiB per rank
     table_keys=("nodes", "gpus_per_node", "algo", "path", "backend", "platform", "size"),
     table_metrics=("time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes"),
+    summary=side_by_side,
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
     launched_defaults=launched_defaults,
@@ -659,6 +753,8 @@ SUITE = Suite(
                 "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
                         "combine (its reverse: rows back, weighted sum per token) or "
                         "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
-                        "buffers reused; the floor a dispatch can reach)",
+                        "buffers reused; the floor a dispatch can reach), or a peer's own dispatcher "
+                        "on the same routing and rows: " + ", ".join(PEER_PATHS) + " (flat, contiguous "
+                        "placement, gloo or nccl; the peers extra)",
                 "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},
 )

@@ -201,6 +201,9 @@ class Suite:
     launched_defaults: Callable[[], dict[str, list]] | None = None
     table_keys: tuple[str, ...] = ()
     table_metrics: tuple[str, ...] = ()
+    # Lines printed under the terminal table, from the run's records (e.g. the alltoall suite's
+    # side-by-side ratios of points measured in the same run); None: nothing more.
+    summary: Callable[[list[dict]], list[str]] | None = None
     # Allowed values of enumerated params, checked when the grid is built, before any rank
     # starts (a bad one is a one-line error with close matches, exit 2).
     choices: dict[str, tuple] = field(default_factory=dict)

@@ -6,7 +6,10 @@ routing): each rank holds ``tokens`` rows of ``hidden`` float32 values and a ran
 routing over ``experts`` experts. The measured call is one dispatch by ``algo``, any registered
 all-to-all whose dispatcher times its stages (``facts.stages``, components/alltoall/base.py):
 flat times buffer gather, counts exchange and the all-to-all-v; RBD its seven stages from pilot
-selection to expert input reconstruction.
+selection to expert input reconstruction. ``dispatcher`` names whose dispatcher: ours (the
+algorithm's) or a peer's own (components/moe/peer_dispatchers.py; megatron: Megatron-core's
+MoEAlltoAllTokenDispatcher, its stages "permute and counts" and "all-to-all" of the rows and
+their probs), on the same inputs; a peer's collectives are not counted in the bytes below.
 The stages of one call cannot be separate grid points, so each stage is a metric: its time in
 the sample's last call, the slowest rank's (a stage includes waiting for peers); median over
 repeats like every metric. ``time_s`` is the whole dispatch.
@@ -24,6 +27,8 @@ import time
 import torch
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
+from moe_repro.components.moe.peer_dispatchers import (PEER_DISPATCHERS, get_peer_dispatcher,
+                                                       peer_dispatcher_names)
 from moe_repro.suites.base import (SEED, Metric, Suite, fits_in_memory, one_of, registered,
                                    top_k_within_experts, whole)
 
@@ -36,6 +41,22 @@ def timed_algorithms() -> list[str]:
 
 def stages_of(algo: str) -> tuple[str, ...]:
     return get_algorithm(algo).facts.stages
+
+
+def _peer(params: dict):
+    """The peer dispatcher a point runs, None for ours."""
+    name = params.get("dispatcher", "ours")
+    return None if name == "ours" else get_peer_dispatcher(name)
+
+
+def point_stages(params: dict) -> tuple[str, ...]:
+    peer = _peer(params)
+    return peer.stages if peer else stages_of(params["algo"])
+
+def _stage_owners() -> list[tuple[str, tuple[str, ...]]]:
+    """(algorithm or peer dispatcher, its stages) for every dispatcher that times its stages."""
+    return [*((a, stages_of(a)) for a in timed_algorithms()),
+            *((p.name, p.stages) for p in PEER_DISPATCHERS.values())]
 
 _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
 
@@ -53,6 +74,14 @@ def derived_params(p: dict) -> dict:
     if p["algo"] not in timed_algorithms():
         raise ValueError(f"algo must be one of {', '.join(timed_algorithms())} (the all-to-alls "
                          f"that time their stages), got {p['algo']!r}")
+    peer = _peer(p)
+    if peer is not None:
+        from moe_repro.suites.alltoall import check_peer_point
+
+        check_peer_point(peer, f"dispatcher {peer.name}", p)
+        if peer.torch_groups_only and p["backend"] == "mpi":
+            raise ValueError(f"dispatcher {peer.name} runs on torch.distributed groups: use "
+                             f"--backend gloo, not mpi")
     return {"ranks": nodes * gpn, "ranks_per_node": gpn}
 
 
@@ -68,9 +97,14 @@ def setup(params: dict, ctx) -> dict:
     comms = _COMMS[key]
     state = {"ctx": ctx, "algo": params["algo"], "comms": comms, "laps": {},
              **rank_workload(params, ctx.rank, ctx.world_size, ctx.device)}
-    # the same pilot generator as the alltoall suite's ranks (algorithms that draw at random)
-    state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
-        comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank))
+    peer = _peer(params)
+    state["stages"] = point_stages(params)
+    if peer is not None:  # the peer's own dispatcher on the same EP group and inputs
+        state["dispatcher"] = peer.build(comms.world, state["placement"], int(params["hidden"]),
+                                         int(params["top_k"]))
+    else:  # the same pilot generator as the alltoall suite's ranks (algorithms that draw at random)
+        state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
+            comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank))
 
     log: list = []
     comms.set_log(log)
@@ -79,7 +113,7 @@ def setup(params: dict, ctx) -> dict:
     mine = bytes_by_link_class(log, comms.topo)
     names = ("intra_node", "inter_node")
     totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
-    state["link_bytes"] = dict(zip(names, totals))
+    state["link_bytes"] = dict(zip(names, totals)) if peer is None else None  # not ours to count
     return state
 
 
@@ -101,8 +135,10 @@ def run(state: dict) -> None:
 def derive(params: dict, state: dict, time_s: float) -> dict:
     # Every rank reaches this point after the same samples, so the reductions line up.
     ctx, laps = state["ctx"], state["laps"]
-    out = {stage_metric(s): ctx.all_reduce_max(laps.get(s, 0.0)) for s in stages_of(state["algo"])}
+    out = {stage_metric(s): ctx.all_reduce_max(laps.get(s, 0.0)) for s in state["stages"]}
     lb = state["link_bytes"]
+    if lb is None:
+        return out
     return {**out, "inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
 
 
@@ -122,13 +158,14 @@ SUITE = Suite(
     schema={"algo": registered("algo", timed_algorithms), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
             "backend": one_of("gloo", "mpi"), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
             "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "placement": one_of("contiguous", "strided", "random"), "seed": SEED},
+            "placement": one_of("contiguous", "strided", "random"), "seed": SEED,
+            "dispatcher": one_of("ours", *peer_dispatcher_names())},
     rules=(top_k_within_experts(),
            fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
                           * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
             "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
-            "placement": ["contiguous"], "seed": [0]},
+            "placement": ["contiguous"], "seed": [0], "dispatcher": ["ours"]},
     quick={"tokens": [32], "hidden": [64]},
     derived_params=derived_params,
     setup=setup,
@@ -136,7 +173,7 @@ SUITE = Suite(
     derive=derive,
     check=check,
     world_params=("ranks", "backend", "ranks_per_node"),
-    table_keys=("algo", "nodes", "gpus_per_node", "tokens", "hidden"),
+    table_keys=("algo", "dispatcher", "nodes", "gpus_per_node", "tokens", "hidden"),
     table_metrics=("time_s", "inter_node_bytes"),
     metrics=[Metric("inter_node_bytes", "B", "lower",
                     description="bytes sent to other nodes in one call, all ranks, metadata included"),
@@ -145,14 +182,16 @@ SUITE = Suite(
              # one metric per stage name (flat and HALO share theirs: their dispatchers differ
              # only in the exchange)
              *(Metric(stage_metric(s), "s", "lower",
-                      description=f"{', '.join(a for a in timed_algorithms() if s in stages_of(a))}: "
+                      description=f"{', '.join(n for n, st in _stage_owners() if s in st)}: "
                                   f"{s}, slowest rank")
-               for s in dict.fromkeys(s for algo in timed_algorithms() for s in stages_of(algo)))],
+               for s in dict.fromkeys(s for _, stages in _stage_owners() for s in stages))],
     param_help={"algo": "an all-to-all that times its stages: " + ", ".join(timed_algorithms()),
                 "nodes": "emulated nodes",
                 "gpus_per_node": "ranks per emulated node", "backend": "gloo or mpi",
                 "tokens": "tokens per rank", "hidden": "float32 values per row",
                 "experts": "experts in total", "top_k": "experts per token",
                 "placement": "expert -> rank map: contiguous, strided or random",
-                "seed": "input and routing seed"},
+                "seed": "input and routing seed",
+                "dispatcher": "ours (the algorithm's) or a peer's own, on the same inputs: "
+                              + ", ".join(peer_dispatcher_names()) + " (with --algo flat; the peers extra)"},
 )

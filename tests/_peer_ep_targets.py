@@ -46,4 +46,27 @@ def peers_beside_ours(ctx, impls, tokens=48, d_model=16, d_ffn=12, experts=8, to
         with torch.no_grad():
             kept = ours.make_pft(ours.route(x)).num_rows
         out[impl] = {"diffs": diffs, "scale": scale, "dropped_pairs": tokens * top_k - kept}
+        if impl == "deepspeed":  # its communication backend, set up by peer_forward
+            from deepspeed.comm import comm as ds_comm
+            out[impl]["shared_memory_op_built"] = ds_comm.cdb.shm_comm_op is not None
     return out
+
+
+def megatron_dispatch_checked(ctx, point, reverse_received_rows=False):
+    """The alltoall suite's check of Megatron's dispatcher (path megatron-dispatch) on this
+    rank: #wrong of its dispatch and combine against the suite's reference. With
+    ``reverse_received_rows`` its all-to-all's output rows (and their probs) come in reverse
+    order: a planted fault the check must see."""
+    from moe_repro.suites import alltoall
+
+    state = alltoall.setup(point, ctx)
+    megatron = state["dispatcher"].megatron
+    if reverse_received_rows:
+        token_dispatch = megatron.token_dispatch
+
+        def reversed_dispatch(rows, probs):
+            out, out_probs = token_dispatch(rows, probs)
+            return out.flip(0), out_probs.flip(0)
+
+        megatron.token_dispatch = reversed_dispatch
+    return {"wrong": alltoall.check(state), "rows": int(state["pft"].num_rows)}

@@ -80,6 +80,8 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro bench moe-dispatch --impl pft,megatron,deepspeed": ("cheap", SHOW),
     "repro bench moe-dispatch --impl pft,megatron-nodrop,deepspeed-einsum --tokens 1024 --d-model 512":
         ("cheap", SHOW),
+    "repro bench alltoall --nodes 1 --gpus-per-node 4 --algo flat --backend gloo --sizes 4M --check "
+    "--path dispatch,combine,collective,megatron-dispatch,megatron-combine": ("cheap", SHOW),
     "repro run --all --how A,M,S --quiet --json .ci/baseline.json": ("cheap", SHOW),
     "python -m pytest benchmarks/ --benchmark-columns=median,iqr,rounds": ("cheap", ["--benchmark-disable"]),
     # README: running on a GPU node (repro doctor runs its CPU half on a machine without a GPU)

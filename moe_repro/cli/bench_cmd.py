@@ -183,6 +183,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     with deferred():  # every point finished: a signal now waits until the record is stored
         record = suite_record(suite, records)
         click.echo(format_records(record))
+        for line in suite.summary(records) if suite.summary else ():
+            click.echo(line)
         finish(record=record)
     wrong = [r for r in records if r.get("correct") is False]
     if wrong:
