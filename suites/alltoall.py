@@ -71,8 +71,12 @@ import os
 import signal
 import time
 
+import numpy as np
+
 from moe_repro.runtime.timing import host_seconds, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
+from moe_repro.components.alltoall.base import RoutedPairs
+from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.moe.peer_dispatchers import get_peer_dispatcher, peer_dispatcher_names
 from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of, registered,
@@ -311,24 +315,14 @@ def simulate(params: dict) -> dict:
         res = ns.simulate_expected(fn, rows_to, topo, platform, deps, model)
         payload = sum(rows_to) * row_bytes
     else:  # every rank's real routing, message by message
-        from moe_repro.components.moe.pft import build_pft
-
-        # One thread: the tensors are a few hundred rows per rank, and a second intra-op thread
-        # only waits for a core on a shared machine (measured 10x slower under load).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            pfts, gens = [], []
-            for r in range(N):  # the same inputs and generators as the real run's ranks
-                _, top, weights = _rank_inputs(params, r)
-                pfts.append(build_pft(top, weights, E))
-                gens.append(_rank_generator(r))
-            msgs = algo.routed_schedule(pfts, placement, topo, row_bytes, gens, with_counts=False)
-        finally:
-            torch.set_num_threads(threads)
+        # The same draws as the real run's ranks (their inputs' and pilots' generators), by
+        # numpy twins of torch's generator: no torch to import.
+        routes = [_rank_routing(params, r) for r in range(N)]
+        gens = [TorchCPUGenerator(_rank_generator_seed(r)) for r in range(N)]
+        msgs = algo.routed_schedule(routes, placement, topo, row_bytes, gens, with_counts=False)
         res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model,
                                    progress=_flow_progress(f"simulating {params['algo']}"))
-        payload = sum(pft.num_rows for pft in pfts) * row_bytes / N
+        payload = sum(route.num_rows for route in routes) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
     print(f"simulated {params['algo']} on {platform.name} {params['nodes']}x{params['gpus_per_node']}: "
@@ -377,23 +371,53 @@ def _placement(kind: str, experts: int, ranks: int, seed: int) -> list[int]:
         return [e * ranks // experts for e in range(experts)]
     if kind == "strided":
         return [e % ranks for e in range(experts)]
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, ranks, (experts,), generator=g).tolist()
+    # torch.randint(0, ranks, (experts,), generator=torch.Generator().manual_seed(seed))
+    return TorchCPUGenerator(seed).randint(0, ranks, (experts,)).tolist()
+
+
+def _rank_generator_seed(rank: int) -> int:
+    return 104729 + rank
 
 
 def _rank_generator(rank: int) -> torch.Generator:
     """The generator of an algorithm's random choices on ``rank`` (RBD's pilots)."""
-    return torch.Generator().manual_seed(104729 + rank)
+    return torch.Generator().manual_seed(_rank_generator_seed(rank))
+
+
+def _rank_inputs_seed(params: dict, rank: int) -> int:
+    return 7919 * int(params["seed"]) + rank
 
 
 def _rank_inputs(params: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [tokens, hidden] (small integers: sums stay exact), top experts, dyadic weights."""
     S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
-    g = torch.Generator().manual_seed(7919 * int(params["seed"]) + rank)
+    g = torch.Generator().manual_seed(_rank_inputs_seed(params, rank))
     x = torch.randint(-64, 64, (S, H), generator=g).float()
     top = torch.argsort(torch.rand(S, E, generator=g), dim=1)[:, :k]
     weights = torch.randint(1, 9, (S, k), generator=g).float() / 8
     return x, top, weights
+
+
+def _rank_routing(params: dict, rank: int) -> RoutedPairs:
+    """The (token, expert) pairs of ``rank``'s :func:`_rank_inputs` in PFT order (build_pft's:
+    expert ascending, then token), drawn by the numpy twin of its generator. A token whose
+    k-th and (k+1)-th scores tie has its top-k set chosen by torch's sort; then, rarely (the
+    scores are 24-bit draws), this rank is routed by torch itself."""
+    S, H, E, k = (int(params[n]) for n in ("tokens", "hidden", "experts", "top_k"))
+    g = TorchCPUGenerator(_rank_inputs_seed(params, rank))
+    g.skip(S * H)  # x's draws
+    scores = g.rand(S, E)
+    by_score = np.argsort(scores, axis=1, kind="stable")
+    kth = np.take_along_axis(scores, by_score[:, k - 1:k + 1], axis=1)  # k-th and (k+1)-th lowest
+    if k < E and (kth[:, 0] == kth[:, 1]).any():
+        from moe_repro.components.moe.pft import build_pft
+
+        _, top, weights = _rank_inputs(params, rank)
+        pft = build_pft(top, weights, E)
+        return RoutedPairs(pft.token_ids.numpy(), pft.expert_ids.numpy(), E)
+    experts = by_score[:, :k].reshape(-1)
+    order = np.argsort(experts, kind="stable")  # build_pft's stable sort by expert
+    return RoutedPairs(token_ids=order // k, expert_ids=experts[order], num_experts=E)
 
 
 def rank_workload(params: dict, rank: int, world: int, device=None) -> dict:

@@ -48,7 +48,7 @@ ALLOWED = {
 # import only units before it. The communicators sit in network (topology builds them), the
 # algorithms above it and the simulator glue with them (alltoall/simulated.py), the layer
 # above the algorithms, and the activation-memory meter with the training code it uses.
-COMPONENT_ORDER = ["lazy_import", "provenance", "network", "alltoall", "moe", "model",
+COMPONENT_ORDER = ["lazy_import", "provenance", "torch_cpu_random", "network", "alltoall", "moe", "model",
                    "resources", "training", "balance"]
 
 

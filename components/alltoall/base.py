@@ -35,6 +35,21 @@ torch = lazy_module("torch", globals())  # the simulator reads this registry wit
 Message = tuple[str, int, int, int]  # (phase, src rank, dst rank, bytes)
 
 
+@dataclass
+class RoutedPairs:
+    """One rank's routed (token, expert) pairs in PFT order (expert ascending, then token), as
+    numpy arrays: what a routed schedule reads of a PFT, without a tensor (a simulated rank's
+    routing, drawn by components/torch_cpu_random.py)."""
+
+    token_ids: "np.ndarray"  # int64 [pairs]
+    expert_ids: "np.ndarray"  # int64 [pairs], ascending
+    num_experts: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids)
+
+
 @dataclass(frozen=True)
 class AllToAllFacts:
     """What callers may rely on, so that none of them has to branch on a name."""
@@ -264,7 +279,10 @@ class AllToAll(ABC):
     def routed_schedule(self, pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
                         generators: list | None = None, with_counts: bool = True) -> list[Message]:
         """The messages one dispatch sends when rank r routes ``pfts[r]`` (generators seeded as
-        the ranks' were). ``with_counts`` False leaves out the count/metadata-size exchange."""
+        the ranks' were). ``with_counts`` False leaves out the count/metadata-size exchange.
+        Algorithms simulated per message (``facts.schedule_from_counts`` False) also take
+        :class:`RoutedPairs` with torch_cpu_random.TorchCPUGenerator twins of the generators:
+        what the simulator passes, so that a simulated grid needs no torch."""
 
     def counts_schedule(self, counts_matrix, topo: Topology, row_bytes: int, with_counts: bool = True,
                         ranks=None) -> list[Message]:

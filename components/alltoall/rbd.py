@@ -64,12 +64,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, FlatLayout, register
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Communicators, Topology
 from moe_repro.components.provenance import produced
+from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 
 # ``PFT`` in the annotations is components/moe/pft.py's; not imported: moe sits above alltoall
 # in components/ (tests/test_layers.py), and annotations are never evaluated here.
@@ -88,6 +91,40 @@ DISPATCHER_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["meta"],
                            "replica_meta": ["pilot"], "replica": ["replica_meta"]}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
+
+
+def _pilot_groups(group_key: torch.Tensor, priority: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pilot pair of every group, groups in key order; group number of every pair): each
+    group's pilot is its pair of lowest priority, ties left to torch's (unstable) argsort."""
+    n_pairs = group_key.numel()
+    by_priority = torch.argsort(priority)
+    by_group = by_priority[torch.argsort(group_key[by_priority], stable=True)]
+    sorted_keys = group_key[by_group]
+    first = torch.ones(n_pairs, dtype=torch.bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_of_sorted = torch.cumsum(first.long(), 0) - 1  # group number, groups in key order
+    pilot_pairs = by_group[first]  # one pair per group, groups in (token, node) order
+    pilot_of_pair = torch.empty(n_pairs, dtype=torch.int64)
+    pilot_of_pair[by_group] = group_of_sorted  # group (== pilot) number of every pair
+    return pilot_pairs, pilot_of_pair
+
+
+def _pilot_groups_numpy(group_key: np.ndarray, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_pilot_groups` on numpy arrays, the same pilots: sorted by (group, priority),
+    each group's first pair is its pilot; where two pairs tie for a group's lowest priority the
+    pilot is whichever torch's unstable sort puts first, so those ask torch (rare: priorities
+    are 24-bit draws)."""
+    order = np.lexsort((priority, group_key))
+    sorted_keys, sorted_priority = group_key[order], priority[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    tied = ~first[1:] & first[:-1] & (sorted_priority[1:] == sorted_priority[:-1])
+    if tied.any():
+        pilots, groups = _pilot_groups(torch.from_numpy(group_key), torch.from_numpy(priority))
+        return pilots.numpy(), groups.numpy()
+    pilot_of_pair = np.empty(len(order), dtype=np.int64)
+    pilot_of_pair[order] = np.cumsum(first) - 1
+    return order[first], pilot_of_pair
 
 
 @dataclass
@@ -120,15 +157,7 @@ def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
     # Group pairs by (token, destination node); a random priority picks each group's pilot.
     group_key = pft.token_ids * topo.nodes + dest_node
     priority = torch.rand(n_pairs, generator=generator)
-    by_priority = torch.argsort(priority)
-    by_group = by_priority[torch.argsort(group_key[by_priority], stable=True)]
-    sorted_keys = group_key[by_group]
-    first = torch.ones(n_pairs, dtype=torch.bool)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    group_of_sorted = torch.cumsum(first.long(), 0) - 1  # group number, groups in key order
-    pilot_pairs = by_group[first]  # one pair per group, groups in (token, node) order
-    pilot_of_pair = torch.empty(n_pairs, dtype=torch.int64)
-    pilot_of_pair[by_group] = group_of_sorted  # group (== pilot) number of every pair
+    pilot_pairs, pilot_of_pair = _pilot_groups(group_key, priority)
 
     # Pilots travel to their own expert's rank, grouped by that rank (stable).
     pilot_rank = dest[pilot_pairs]
@@ -303,43 +332,65 @@ class RBDDispatcher(Dispatcher):
         return out.index_add_(0, st.s0.pilot_token, returned)
 
 
-def rbd_schedule(pfts: list[PFT], expert_to_rank, topo: Topology, row_bytes: int,
-                 generators: list[torch.Generator | None] | None = None) -> list[tuple[str, int, int, int]]:
-    """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, from the same
-    :func:`select_pilots` the collective runs (pass generators seeded as the ranks' were).
+def rbd_schedule(pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
+                 generators: list | None = None) -> list[tuple[str, int, int, int]]:
+    """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, with the pilots
+    :func:`select_pilots` draws (pass generators seeded as the ranks' were).
     Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
     sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed.
     For an EP sub-group pass its topology (``RBDDispatcher.topo``) and group-local placement:
-    ranks in the messages are then group ranks (map them through the group's rank list)."""
+    ranks in the messages are then group ranks (map them through the group's rank list).
+    ``pfts`` may be base.RoutedPairs and ``generators`` TorchCPUGenerator twins (the same
+    draws in numpy): the messages are then built without torch."""
     N = topo.world_size
     if len(pfts) != N:
         raise ValueError(f"need one PFT per rank ({N}), got {len(pfts)}")
     generators = generators or [None] * N
-    msgs = []
-    replicas = torch.zeros(N * N, dtype=torch.int64)  # [pilot rank * N + destination rank]
+    pilots = np.zeros((N, N), dtype=np.int64)  # [source, pilot rank]
+    metas = np.zeros((N, N), dtype=np.int64)  # [source, pilot rank]: metadata rows
+    replicas = np.zeros(N * N, dtype=np.int64)  # [pilot rank * N + destination rank]
     for s, (pft, g) in enumerate(zip(pfts, generators)):
-        s0 = select_pilots(pft, expert_to_rank, topo, g)
+        # S0 as select_pilots does it, counted: the same draws, the same pilots.
+        token_ids, expert_ids = np.asarray(pft.token_ids), np.asarray(pft.expert_ids)
+        dest = _placement_vector(expert_to_rank, pft.num_experts, N)[expert_ids]
+        priority = g.rand(len(token_ids)) if isinstance(g, TorchCPUGenerator) \
+            else torch.rand(len(token_ids), generator=g).numpy()
+        pilot_pairs, group_of_pair = _pilot_groups_numpy(token_ids * topo.nodes + dest // topo.ranks_per_node,
+                                                         priority)
+        pilot_rank = dest[pilot_pairs]
+        pair_pilot_rank = pilot_rank[group_of_pair]
+        pilots[s] = np.bincount(pilot_rank, minlength=N)
+        metas[s] = np.bincount(pair_pilot_rank, minlength=N)
+        # Replicas: each pair whose destination is not its pilot's rank.
+        away = dest != pair_pilot_rank
+        replicas += np.bincount(pair_pilot_rank[away] * N + dest[away], minlength=N * N)
+    msgs = []
+    pilots, metas, replicas = pilots.tolist(), metas.tolist(), replicas.reshape(N, N).tolist()
+    for s in range(N):
         for p in range(N):
             msgs.append(("counts", s, p, 16))
             if topo.node_of(p) == topo.node_of(s):
                 msgs.append(("counts", s, p, 8))
-            if s0.meta_counts[p]:
-                msgs.append(("meta", s, p, s0.meta_counts[p] * META_BYTES_PER_PAIR))
-            if s0.pilot_counts[p]:
-                msgs.append(("pilot", s, p, s0.pilot_counts[p] * row_bytes))
-        # Replicas: each pair whose destination is not its pilot's rank (meta rows are grouped
-        # by pilot rank, column 1 is the destination rank).
-        pilot_rank = torch.repeat_interleave(torch.arange(N), torch.tensor(s0.meta_counts, dtype=torch.int64))
-        dest = s0.meta[:, 1]
-        away = dest != pilot_rank
-        replicas += torch.bincount(pilot_rank[away] * N + dest[away], minlength=N * N)
-    replicas = replicas.view(N, N).tolist()
+            if metas[s][p]:
+                msgs.append(("meta", s, p, metas[s][p] * META_BYTES_PER_PAIR))
+            if pilots[s][p]:
+                msgs.append(("pilot", s, p, pilots[s][p] * row_bytes))
     for p in range(N):
         for d in range(N):
             if replicas[p][d]:
                 msgs.append(("replica", p, d, replicas[p][d] * row_bytes))
                 msgs.append(("replica_meta", p, d, replicas[p][d] * REPLICA_META_BYTES))
     return msgs
+
+
+def _placement_vector(expert_to_rank, num_experts: int, world_size: int) -> np.ndarray:
+    """flat.expert_rank_map's checks, as a numpy vector (no tensor needed)."""
+    placement = np.asarray(expert_to_rank, dtype=np.int64).reshape(-1)
+    if placement.size != num_experts:
+        raise ValueError(f"expert_to_rank has {placement.size} entries, PFT has {num_experts} experts")
+    if placement.size and (placement.min() < 0 or placement.max() >= world_size):
+        raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
+    return placement
 
 
 

@@ -328,31 +328,30 @@ class _FlowTable:
         local = np.full(self.n_flows, -1, dtype=np.int64)
         local[flows] = np.arange(A)
         fl = local[self.use_flow]  # each use's flow, as a position in ``flows``
-        use = fl >= 0
+        use = np.flatnonzero(fl >= 0)  # an index array: cheaper than a boolean mask to apply thrice
         fl, res, coef = fl[use], self.use_res[use], self.use_coef[use]
         rate = np.full(A, math.inf)
         remaining = self.capacity.copy()
         tol = 1 + _LEVEL_TOLERANCE
-        while fl.size:
-            load = np.bincount(res, weights=coef, minlength=R)
-            with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            while fl.size:
+                load = np.bincount(res, weights=coef, minlength=R)
                 share = np.maximum(remaining, 0.0) / load  # inf where a resource has no live use
-            use_share = share[res]
-            flow_min = np.full(A, math.inf)
-            np.minimum.at(flow_min, fl, use_share)
-            use_min = flow_min[fl] * tol
-            if not np.isfinite(use_min).any():
-                break  # only unlimited resources left
-            # A resource is ready when no flow on it has a lower share elsewhere.
-            not_ready = np.zeros(R, dtype=bool)
-            not_ready[res[use_min < use_share]] = True
-            fixed = np.zeros(A, dtype=bool)
-            fixed[fl[~not_ready[res] & (use_share <= use_min)]] = True
-            rate[fixed] = flow_min[fixed]
-            done = fixed[fl]
-            remaining -= np.bincount(res[done], weights=coef[done] * rate[fl[done]], minlength=R)
-            keep = ~done
-            fl, res, coef = fl[keep], res[keep], coef[keep]
+                use_share = share[res]
+                flow_min = np.full(A, math.inf)
+                np.minimum.at(flow_min, fl, use_share)
+                if not np.isfinite(flow_min).any():
+                    break  # only unlimited resources left
+                # A resource is ready when no flow on it has a lower share elsewhere; a flow on a
+                # ready resource has its lowest share there (to within tol) and is fixed at it.
+                not_ready = np.bincount(res, weights=flow_min[fl] * tol < use_share, minlength=R) > 0
+                fixed = np.bincount(fl, weights=~not_ready[res], minlength=A) > 0
+                rate[fixed] = flow_min[fixed]
+                done = fixed[fl]
+                # zeros for the unfixed flows' uses: the sums are those over the fixed ones
+                remaining -= np.bincount(res, weights=np.where(done, coef * rate[fl], 0.0), minlength=R)
+                keep = np.flatnonzero(~done)  # indices, as above
+                fl, res, coef = fl[keep], res[keep], coef[keep]
         return rate
 
 
@@ -376,17 +375,22 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
     for i, f in enumerate(flows):
         of_phase[f.phase].append(i)
     of_phase = {ph: np.array(ix, dtype=np.int64) for ph, ix in of_phase.items()}
+    phase_number = {ph: i for i, ph in enumerate(phases)}
+    phase_of = np.array([phase_number[f.phase] for f in flows], dtype=np.int64)
+    unfinished = [len(of_phase[ph]) for ph in phases]  # flows of each phase not finished yet
+    end_within = np.maximum(1e-9 * nbytes, 1e-12)  # bytes left that count as finished (rounding)
     remaining = nbytes.copy()
     release = np.full(n, math.inf)
     finish = np.zeros(n)
     waiting = np.zeros(n, dtype=bool)  # released, not yet moving
     active = np.zeros(n, dtype=bool)
-    done = np.zeros(n, dtype=bool)
     start, end = {}, {}
     pending = list(phases)
     now = 0.0
+    n_waiting = n_done = 0
 
     def release_ready():
+        nonlocal n_waiting
         progress = True
         while progress:  # an empty phase ends as it starts and may release its dependents
             progress = False
@@ -399,6 +403,7 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
                 ix = of_phase[ph]
                 release[ix] = t0 + delay[ix]
                 waiting[ix] = True
+                n_waiting += ix.size
                 if not ix.size:
                     end[ph] = t0
                     pending.remove(ph)
@@ -408,7 +413,7 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
         changed = False
         for ph in list(pending):
             ix = of_phase[ph]
-            if ph in start and ph not in end and done[ix].all():
+            if ph in start and ph not in end and not unfinished[phase_number[ph]]:
                 end[ph] = float(finish[ix].max()) if ix.size else start[ph]
                 pending.remove(ph)
                 changed = True
@@ -416,11 +421,13 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
 
     release_ready()
     while pending:
-        moving = waiting & (release <= now + 1e-18)
-        active |= moving
-        waiting &= ~moving
+        if n_waiting:
+            moving = waiting & (release <= now + 1e-18)
+            active |= moving
+            waiting &= ~moving
+            n_waiting -= int(np.count_nonzero(moving))
         if not active.any():
-            if waiting.any():
+            if n_waiting:
                 now = float(release[waiting].min())
                 continue
             if close_phases():
@@ -429,7 +436,7 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
             raise RuntimeError(f"phases {sorted(pending)} can never start (dependency cycle?)")
         idx = np.flatnonzero(active)
         rates = table.max_min(idx)
-        horizon = float(release[waiting].min()) - now if waiting.any() else math.inf
+        horizon = float(release[waiting].min()) - now if n_waiting else math.inf
         left = remaining[idx]
         with np.errstate(divide="ignore", invalid="ignore"):
             to_end = np.where(rates > 0, left / rates, math.inf)
@@ -438,15 +445,17 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
             raise RuntimeError("a flow has no bandwidth (zero-capacity resource)")
         now += dt
         left = np.where(np.isfinite(rates), left - rates * dt, 0.0)
-        ended = left <= np.maximum(1e-9 * nbytes[idx], 1e-12)
+        ended = left <= end_within[idx]
         left[ended] = 0.0
         remaining[idx] = left
         finished = idx[ended]
         finish[finished] = now
         active[finished] = False
-        done[finished] = True
+        n_done += finished.size
+        for ph, count in enumerate(np.bincount(phase_of[finished], minlength=len(phases)).tolist()):
+            unfinished[ph] -= count
         if progress is not None:
-            progress(int(done.sum()), n)
+            progress(n_done, n)
         if close_phases():
             release_ready()
     for i, f in enumerate(flows):
