@@ -147,7 +147,8 @@ def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
         for phase in own:
             assert before(own, phase) <= before(calls, phase), (name, phase)
     rbd = get_algorithm("rbd").dispatcher_dependencies
-    assert before(rbd, "replica") == {"counts", "meta", "pilot", "replica_meta"}  # one call after another
+    # one call after another: all six of them
+    assert before(rbd, "replica") == {"counts", "meta", "replica_counts", "replica_meta", "pilot"}
 
 
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
