@@ -125,6 +125,37 @@ def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives(
     assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0, "fresh_bytes": 0}
 
 
+def test_python_work_counts_the_bytecode_instructions_a_call_executes():
+    """count_python_work: a straight-line function executes each of its instructions once (the
+    entry, RESUME, is the call itself); a loop adds its body's instructions per iteration; the
+    tracer the caller had is put back."""
+    import dis
+    import sys
+
+    from moe_repro.suites.alltoall import count_python_work
+
+    tracer = sys.gettrace()  # a coverage tool's, or None
+
+    def straight():
+        a = 1
+        b = a + 2
+        return b * 3
+
+    listed = [i.opname for i in dis.get_instructions(straight)]
+    assert count_python_work(straight) == len(listed) - listed.count("RESUME")
+
+    def loop(n):
+        t = 0
+        for i in range(n):
+            t += i
+        return t
+
+    ops = [i.opname for i in dis.get_instructions(loop)]
+    body = ops.index("JUMP_BACKWARD") - ops.index("FOR_ITER") + 1  # FOR_ITER .. JUMP_BACKWARD
+    assert count_python_work(lambda: loop(20)) - count_python_work(lambda: loop(10)) == 10 * body
+    assert sys.gettrace() is tracer
+
+
 def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
     """The local prediction follows the dispatcher's call order: for every registered
     all-to-all it covers the same phases and keeps every dependency the algorithm states (a
