@@ -171,9 +171,12 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     spread max / min kept beside each):
     ``python_op_ns``, one Python bytecode instruction (_python_bookkeeping, its instructions
     counted by suites/alltoall.count_python_work);
+    ``sort_unit_ns``, one unit of n log2 n of a stable argsort of 2^16 random int64 keys (the
+    sorts dispatch planning runs: destination ranks, group keys);
     ``host_op_us``, one aten op with the dispatcher and Python binding around it, on the mix of
     ops dispatch planning runs (the flat send layout and RBD's pilot selection on PRICE_ROUTING,
-    its instructions taken off at python_op_ns, its ops counted by count_host_work);
+    its instructions and sort work taken off at their prices, its ops counted by
+    count_host_work);
     ``pack_GBps``, packing rows by index (index_select of ``pack_bytes`` of 1 KiB rows in
     random order into a reused buffer, one op's cost taken off);
     ``fresh_GBps``, the same into a fresh tensor (page faults of first touch included)."""
@@ -189,6 +192,10 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
         py_s, py_spread = _least_cpu_s(_python_bookkeeping, 200, repeats)
         py_op_s = py_s / alltoall.count_python_work(_python_bookkeeping)
 
+        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
+        sort_s, sort_spread = _least_cpu_s(lambda: torch.argsort(keys, stable=True), 3, repeats)
+        sort_unit_s = sort_s / alltoall.count_host_work(lambda: torch.argsort(keys, stable=True))["sort_work"]
+
         point = alltoall_point(PRICE_ROUTING)
         work = alltoall.rank_workload(point, 0, int(point["ranks"]))
         topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
@@ -199,9 +206,10 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
             flat_send_layout(work["pft"], work["placement"], topo.world_size)
             select_pilots(work["pft"], work["placement"], topo, generator)
 
-        plan_ops = alltoall.count_host_work(plan)["ops"]
+        plan_work = alltoall.count_host_work(plan)
         plan_s, op_spread = _least_cpu_s(plan, 50, repeats)
-        op_s = max(plan_s - alltoall.count_python_work(plan) * py_op_s, 1e-9) / plan_ops
+        op_s = max(plan_s - alltoall.count_python_work(plan) * py_op_s - plan_work["sort_work"] * sort_unit_s,
+                   1e-9) / plan_work["ops"]
 
         rows = max(1, pack_bytes // 1024)
         x = torch.randn(rows, 256)
@@ -214,12 +222,14 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
         torch.set_num_threads(threads)
     return {"host_op_us": op_s * 1e6, "host_op_spread": op_spread,
             "python_op_ns": py_op_s * 1e9, "python_op_spread": py_spread,
+            "sort_unit_ns": sort_unit_s * 1e9, "sort_spread": sort_spread,
             "pack_GBps": x.numel() * 4 / max(pack_s - op_s, 1e-9) / 1e9, "pack_spread": pack_spread,
             "fresh_GBps": x.numel() * 4 / max(fresh_s - op_s, 1e-9) / 1e9, "fresh_spread": fresh_spread,
             "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
-                             f"Python bookkeeping (per instruction), the flat send layout and RBD's "
+                             f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
+                             f"(per n log2 n), the flat send layout and RBD's "
                              f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
-                             f"op, {plan_ops} ops), index_select of {rows} rows of 1 KiB in random "
+                             f"op, {plan_work['ops']} ops), index_select of {rows} rows of 1 KiB in random "
                              f"order into a reused buffer and into a fresh one (packing)"}
 
 
@@ -233,7 +243,8 @@ def host_s(record: dict, block: dict, cores: int) -> float:
     return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
                           block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
                           record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
-                          record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9)
+                          record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
+                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9)
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
@@ -287,8 +298,8 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                                       "before the fit runs and after the host prices"},
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
                      "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
-                     "python_ops x python_op_ns) x max(1, ranks / host_cores), ops, bytes and Python "
-                     "instructions counted on a warm call of the run's own dispatch "
+                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x max(1, ranks / host_cores), "
+                     "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
                      "(suites/alltoall.count_host_work, count_python_work)",
              "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
                           f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
