@@ -301,10 +301,13 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "error_pct"}
         # the host work is counted on the run and is part of the prediction
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
+        assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
         assert calib["host_op_us"] > 0 and calib["pack_GBps"] > 0 and set(calib["latency_us_by_ranks"]) == {"2"}
+        assert calib["python_op_ns"] > 0 and calib["sort_unit_ns"] > 0
+        assert len(calib["load_average"]["before"]) == len(calib["load_average"]["after"]) == 3
         # the fit set is flat at sizes the grid does not hold
         assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
         assert all(math.isfinite(run["residual_pct"]) for run in calib["runs"])
