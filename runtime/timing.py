@@ -96,6 +96,12 @@ def host_seconds() -> float:
     return time.perf_counter()
 
 
+def thread_cpu_seconds() -> float:
+    """CPU seconds this thread has run, for pricing host-only work per core: on a shared machine
+    the time other processes hold the core is left out (the wall clock counts it)."""
+    return time.thread_time()
+
+
 def reset_peak_memory(device) -> int | None:
     """On CUDA: start a new high-water mark; returns the bytes allocated now (None on CPU)."""
     if device is not None and str(getattr(device, "type", device)).startswith("cuda"):

@@ -67,6 +67,7 @@ its size.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -472,14 +473,19 @@ def setup(params: dict, ctx) -> dict:
     state["memcpy_s"] = ctx.all_reduce_max(_memcpy_seconds(state["x"], int(params["top_k"])))
 
     # One logged call: bytes per link class as actually sent, summed over the world, and the
-    # host work of the call (aten ops and the bytes they write; count_host_work).
+    # host work of the call (aten ops and the bytes they write; count_host_work). The call
+    # counted is a warm one, like every timed call: the first dispatch allocates the reused
+    # buffers (14 more ops and twice the payload in fresh bytes for flat), the later ones do not.
+    _dispatch(state)
     log: list = []
     comms.set_log(log)
     work = count_host_work(lambda: _dispatch(state))
     comms.set_log(None)
-    counted = comms.world.allgather_ints([work["ops"], work["bytes"], work["fresh_bytes"]])
+    work["python_ops"] = count_python_work(lambda: _dispatch(state))
+    keys = ("ops", "bytes", "fresh_bytes", "sort_work", "python_ops")
+    counted = comms.world.allgather_ints([work[k] for k in keys])
     # The busiest rank's counts (each maximised on its own: an upper bound when ranks differ).
-    state["host_work"] = {k: max(r[i] for r in counted) for i, k in enumerate(("ops", "bytes", "fresh_bytes"))}
+    state["host_work"] = {k: max(r[i] for r in counted) for i, k in enumerate(keys)}
     mine = bytes_by_link_class(log, comms.topo)
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     totals = [sum(col) for col in zip(*comms.world.allgather_ints([mine[n] for n in names]))]
@@ -510,6 +516,9 @@ def _memcpy_seconds(x: torch.Tensor, top_k: int, repeats: int = 5) -> float:
 # aten ops left out of the host work: the collectives themselves (their cost is the network
 # model's) and ops that only look at a tensor.
 _NOT_HOST_WORK_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# Sorting ops (argsort is aten sort): their cost grows as n log n in the elements they order,
+# faster than the bytes they write.
+_SORT_OPS = ("sort", "topk", "_unique2", "unique_dim", "unique_consecutive")
 
 
 def count_host_work(fn) -> dict:
@@ -518,13 +527,14 @@ def count_host_work(fn) -> dict:
     non-view ones write into existing tensors (an out= op its outputs, an in-place op as much as
     its largest other tensor argument, e.g. index_copy_'s source); and ``fresh_bytes``, the
     outputs of out-of-place ops, written into fresh memory (a large one is page-faulted in on
-    first touch: ReusedBuffers). Collectives (c10d ops) and views are not counted. These are counts read off the
+    first touch: ReusedBuffers); ``sort_work``, n log2 n summed over the sorting ops (n: the
+    elements of the tensor each orders). Collectives (c10d ops) and views are not counted. These are counts read off the
     real call, not times: the simulator's host-work term (simulator.host_work_s) prices them
     with per-op and per-byte costs measured apart."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    work = {"ops": 0, "bytes": 0, "fresh_bytes": 0}
+    work = {"ops": 0, "bytes": 0, "fresh_bytes": 0, "sort_work": 0}
 
     def nbytes(t) -> int:
         return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
@@ -537,6 +547,9 @@ def count_host_work(fn) -> dict:
             work["ops"] += 1
             if not func.is_view:
                 name = func.overloadpacket.__name__
+                if name in _SORT_OPS and args and isinstance(args[0], torch.Tensor) and args[0].numel() > 1:
+                    n = args[0].numel()
+                    work["sort_work"] += round(n * math.log2(n))
                 if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
                     others = [nbytes(a) for a in tree_flatten((args[1:], kwargs or {}))[0]]
                     work["bytes"] += max(others, default=0) or nbytes(args[0])
@@ -549,6 +562,32 @@ def count_host_work(fn) -> dict:
     with Counter():
         fn()
     return work
+
+
+def count_python_work(fn) -> int:
+    """Run ``fn`` once and count the Python bytecode instructions it executes on this thread:
+    the interpreter's work between the aten ops (argument checks, list building, the
+    communicators' bookkeeping), which count_host_work's ops leave out. A count read off the
+    real call, priced by the simulator's host-work term at a per-instruction cost measured
+    apart. The tracer slows this one call down; only its count is kept."""
+    import sys
+
+    executed = 0
+
+    def trace(frame, event, arg):
+        nonlocal executed
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            executed += 1
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(previous)
+    return executed
 
 
 def _dispatch(state: dict) -> torch.Tensor:
@@ -628,7 +667,9 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     return {**limit, "latency_s": time_s, **links, "algbw_GBps": algbw / 1e9,
             "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"],
             "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"],
-            "host_fresh_bytes": state["host_work"]["fresh_bytes"]}
+            "host_fresh_bytes": state["host_work"]["fresh_bytes"],
+            "host_sort_work": state["host_work"]["sort_work"],
+            "host_python_ops": state["host_work"]["python_ops"]}
 
 
 # What one dispatch over real ranks yields (also the alltoall-validation suite's measured side).
@@ -647,6 +688,10 @@ DISPATCH_METRICS = [
            description="bytes those ops write into existing buffers on the busiest rank (counted)"),
     Metric("host_fresh_bytes", "B", "none",
            description="bytes those ops write into fresh tensors on the busiest rank (counted)"),
+    Metric("host_sort_work", "n log2 n", "none",
+           description="n log2 n summed over the sorts one dispatch runs on the busiest rank (counted)"),
+    Metric("host_python_ops", "instructions", "none",
+           description="Python bytecode instructions one dispatch executes on the busiest rank (counted)"),
 ]
 
 def _ms(seconds: float) -> str:

@@ -24,14 +24,17 @@ median), the bytes the prediction moved per link class beside those the run sent
 number is measured and which simulated.
 
 The prediction adds to the simulated messages the CPU work around them (gathering rows, HALO's
-reorder, RBD's pilot selection and reconstruction): the aten ops and the bytes they write are
-counted on the run's own dispatch (suites/alltoall.count_host_work, in setup) and priced at a
-per-op cost and a packing rate measured on one core apart from any all-to-all
-(measure_host_costs), stretched by ranks / cores when ranks outnumber cores
-(simulator.host_work_s); bytes written into fresh tensors are priced at the measured rate of
-a fresh write (page faults included). What it still leaves out (so where errors come from):
-Python work between the ops, the copy regime changing with size (caches), and the machine's
-other load while it runs. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+reorder, RBD's pilot selection and reconstruction): the aten ops, the bytes they write and the
+Python bytecode instructions run between them are counted on a warm call of the run's own
+dispatch (suites/alltoall.count_host_work and count_python_work, in setup) and priced at a
+per-op cost, a packing rate and a per-instruction cost measured on one core, in CPU time,
+apart from any all-to-all (measure_host_costs), stretched by ranks / cores when ranks
+outnumber cores (simulator.host_work_s); bytes written into fresh tensors are priced at the
+measured rate of a fresh write (page faults included). Every fit and every record keeps the
+machine's load average. What it still leaves out (so where errors come from): the copy regime
+changing with size (caches), a per-op cost that differs between op kinds, and the machine's
+other load while it runs (which the fitted latencies absorb only at the load of the fit). The
+default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_mem
                                    parse_size, registered, top_k_within_experts, whole)
 
 FIT_SEPARATOR = "+"  # inside one grid value ("2K+16K"): a comma would split it into grid values
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages, kept beside every calibration and
+    validation measurement (on a shared machine they say how much other work ran); None where
+    the platform has none."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def host_cores() -> int:
@@ -124,57 +134,103 @@ def split_list(text: str, what: str, convert) -> list:
     return values
 
 
-def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 5) -> dict:
-    """The two prices of the host-work term (simulator.host_work_s), measured on one core in
-    this process, apart from any all-to-all: ``host_op_us``, one framework op (an index_select
-    of 4 rows of 8 floats, timed in a loop of 2000: the per-op dispatch cost every aten op of a
-    dispatch pays), and ``pack_GBps``, the rate of packing rows by index (index_select of
-    ``pack_bytes`` of 1 KiB rows in random order into a reused buffer, the per-op cost taken
-    off), and ``fresh_GBps``, the same into a fresh tensor (page faults of first touch
-    included). Medians of ``repeats`` samples; the spread (max / min) is kept beside each."""
+# The routing the per-op price is measured on: the all-to-alls' own planning code on inputs no
+# scored point uses (its seed is none of the grid's), one process, no communication.
+PRICE_ROUTING = {"hidden": 64, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 90001,
+                 "ranks": 4, "gpus_per_node": 2, "algo": "rbd", "backend": "gloo", "sizes": 64 * 4 * 64 * 4}
+
+
+def _least_cpu_s(fn, loop: int, repeats: int) -> tuple[float, float]:
+    """(least CPU seconds of one call of ``fn`` over ``repeats`` samples of ``loop`` calls, the
+    samples' spread max / min), on this thread's CPU clock: on a shared machine the time
+    other processes hold the core is left out, and the least sample is the one least disturbed
+    (caches, frequency) by them."""
+    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
+
+    samples = []
+    for _ in range(repeats):
+        t0 = thread_cpu_seconds()
+        for _ in range(loop):
+            fn()
+        samples.append((thread_cpu_seconds() - t0) / loop)
+    return min(samples), max(samples) / max(min(samples), 1e-12)
+
+
+def _python_bookkeeping(n: int = 64) -> int:
+    """Pure Python of the kind a dispatch runs between its ops (count lists, prefix sums,
+    per-peer dicts): no tensor."""
+    counts = [(7 * i) % 11 for i in range(n)]
+    starts = [sum(counts[:d]) for d in range(n)]
+    peers = {d: c for d, c in enumerate(counts) if c}
+    return sum(int(c) for c in starts) + len(peers)
+
+
+def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
+    """The prices of the host-work term (simulator.host_work_s), measured on one core in this
+    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples; the
+    spread max / min kept beside each):
+    ``python_op_ns``, one Python bytecode instruction (_python_bookkeeping, its instructions
+    counted by suites/alltoall.count_python_work);
+    ``sort_unit_ns``, one unit of n log2 n of a stable argsort of 2^16 random int64 keys (the
+    sorts dispatch planning runs: destination ranks, group keys);
+    ``host_op_us``, one aten op with the dispatcher and Python binding around it, on the mix of
+    ops dispatch planning runs (the flat send layout and RBD's pilot selection on PRICE_ROUTING,
+    its instructions and sort work taken off at their prices, its ops counted by
+    count_host_work);
+    ``pack_GBps``, packing rows by index (index_select of ``pack_bytes`` of 1 KiB rows in
+    random order into a reused buffer, one op's cost taken off);
+    ``fresh_GBps``, the same into a fresh tensor (page faults of first touch included)."""
     import torch
 
-    from moe_repro.runtime.timing import host_seconds  # CPU-only work: the host clock is the right one
+    from moe_repro.components.alltoall.flat import flat_send_layout
+    from moe_repro.components.alltoall.rbd import select_pilots
+    from moe_repro.components.network.topology import Topology
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one rank = one thread, as in the runs
     try:
-        small, few = torch.zeros(64, 8), torch.arange(4)
-        loop = 2000
-        op_samples = []
-        for _ in range(repeats):
-            t0 = host_seconds()
-            for _ in range(loop):
-                torch.index_select(small, 0, few)
-            op_samples.append((host_seconds() - t0) / loop)
+        py_s, py_spread = _least_cpu_s(_python_bookkeeping, 200, repeats)
+        py_op_s = py_s / alltoall.count_python_work(_python_bookkeeping)
+
+        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
+        sort_s, sort_spread = _least_cpu_s(lambda: torch.argsort(keys, stable=True), 3, repeats)
+        sort_unit_s = sort_s / alltoall.count_host_work(lambda: torch.argsort(keys, stable=True))["sort_work"]
+
+        point = alltoall_point(PRICE_ROUTING)
+        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
+        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
+        generator = torch.Generator()
+
+        def plan():
+            generator.manual_seed(0)  # the same pilots every call
+            flat_send_layout(work["pft"], work["placement"], topo.world_size)
+            select_pilots(work["pft"], work["placement"], topo, generator)
+
+        plan_work = alltoall.count_host_work(plan)
+        plan_s, op_spread = _least_cpu_s(plan, 50, repeats)
+        op_s = max(plan_s - alltoall.count_python_work(plan) * py_op_s - plan_work["sort_work"] * sort_unit_s,
+                   1e-9) / plan_work["ops"]
+
         rows = max(1, pack_bytes // 1024)
         x = torch.randn(rows, 256)
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
         out = torch.empty_like(x)
         torch.index_select(x, 0, order, out=out)  # first touch outside the timing
-        pack_samples, fresh_samples = [], []
-        for _ in range(repeats):
-            t0 = host_seconds()
-            torch.index_select(x, 0, order, out=out)
-            pack_samples.append(host_seconds() - t0)
-            t0 = host_seconds()
-            fresh = torch.index_select(x, 0, order)  # a fresh output, page-faulted in
-            fresh_samples.append(host_seconds() - t0)
-            del fresh
+        pack_s, pack_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order, out=out), 1, repeats)
+        fresh_s, fresh_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order), 1, repeats)
     finally:
         torch.set_num_threads(threads)
-    op_s = sorted(op_samples)[len(op_samples) // 2]
-    pack_s = max(sorted(pack_samples)[len(pack_samples) // 2] - op_s, 1e-9)
-    fresh_s = max(sorted(fresh_samples)[len(fresh_samples) // 2] - op_s, 1e-9)
-    return {"host_op_us": op_s * 1e6, "host_op_spread": max(op_samples) / min(op_samples),
-            "pack_GBps": x.numel() * 4 / pack_s / 1e9,
-            "pack_spread": max(pack_samples) / min(pack_samples),
-            "fresh_GBps": x.numel() * 4 / fresh_s / 1e9,
-            "fresh_spread": max(fresh_samples) / min(fresh_samples),
-            "host_measured": f"one thread in the calibrating process: index_select of 4 rows x {loop} "
-                             f"(per op) and of {rows} rows of 1 KiB in random order (packing into a reused "
-                             f"buffer, and into a fresh one), "
-                             f"median of {repeats}"}
+    return {"host_op_us": op_s * 1e6, "host_op_spread": op_spread,
+            "python_op_ns": py_op_s * 1e9, "python_op_spread": py_spread,
+            "sort_unit_ns": sort_unit_s * 1e9, "sort_spread": sort_spread,
+            "pack_GBps": x.numel() * 4 / max(pack_s - op_s, 1e-9) / 1e9, "pack_spread": pack_spread,
+            "fresh_GBps": x.numel() * 4 / max(fresh_s - op_s, 1e-9) / 1e9, "fresh_spread": fresh_spread,
+            "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
+                             f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
+                             f"(per n log2 n), the flat send layout and RBD's "
+                             f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
+                             f"op, {plan_work['ops']} ops), index_select of {rows} rows of 1 KiB in random "
+                             f"order into a reused buffer and into a fresh one (packing)"}
 
 
 def host_s(record: dict, block: dict, cores: int) -> float:
@@ -186,7 +242,9 @@ def host_s(record: dict, block: dict, cores: int) -> float:
         return 0.0
     return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
                           block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
-                          record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9)
+                          record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
+                          record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
+                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9)
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
@@ -207,8 +265,10 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                               "backend": backend, "sizes": s})
               for n in ranks_list for s in sizes]
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
+    load_before = load_average()
     records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
     prices = measure_host_costs()
+    load_after = load_average()
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)
@@ -233,10 +293,14 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
              **(prices if separated else
                 {"host_work": f"not separated: with it taken off first, {why}; fitted whole"}),
              "host_cores": cores,
+             "load_average": {"before": load_before, "after": load_after,
+                              "what": "1, 5 and 15 minute load averages of the machine (os.getloadavg) "
+                                      "before the fit runs and after the host prices"},
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
-                     "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps) x "
-                     "max(1, ranks / host_cores), "
-                     "ops and bytes counted on the run's own dispatch (suites/alltoall.count_host_work)",
+                     "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
+                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x max(1, ranks / host_cores), "
+                     "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
+                     "(suites/alltoall.count_host_work, count_python_work)",
              "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
                           f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
     runs, residuals = [], []
@@ -306,8 +370,9 @@ def derived_params(p: dict) -> dict:
            "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
                                f"run's own messages, on a local profile calibrated from "
                                f"{calibration.get('fitted_on', calibration['source'])}; plus the "
-                               f"run's host work (its counted ops and packed bytes at the measured "
-                               f"per-op and packing costs)",
+                               f"run's host work (its counted ops, packed bytes and Python "
+                               f"instructions at the measured per-op, packing and per-instruction "
+                               f"costs)",
            "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
            "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
     # Every alltoall param joins the point (its setup and run read them); simulated: false there
@@ -324,8 +389,9 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     cores = int(calibration.get("host_cores") or host_cores())
     host = host_s({**measured, "ranks": params["ranks"]}, calibration, cores)
     predicted = float(params["predicted_time_s"]) + host
+    load = load_average()
     return {**measured, "predicted_time_s": predicted, "predicted_host_s": host,
-            "error_pct": 100 * (predicted / time_s - 1)}
+            "error_pct": 100 * (predicted / time_s - 1), **({"load_average": load[0]} if load else {})}
 
 
 def _calibration_source(value: str) -> None:
@@ -380,6 +446,9 @@ SUITE = Suite(
                                 "packed bytes at the calibration's measured per-op and per-byte costs"),
              Metric("error_pct", "%", "none",
                     description="(predicted / measured - 1) x 100: positive = the simulator is slower"),
+             Metric("load_average", "", "none",
+                    description="the machine's 1-minute load average after each sample (os.getloadavg): "
+                                "how much other work shared the cores"),
              *alltoall.DISPATCH_METRICS],
     param_help={"ranks": f"real local ranks (2-{alltoall.MAX_LOCAL_RANKS}; default 2,4,8 on a small machine)",
                 "gpus_per_node": "ranks per emulated node (HALO and RBD need nodes)",

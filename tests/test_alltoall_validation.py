@@ -95,6 +95,10 @@ def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_
     assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, None) == pytest.approx(3.2e-3, rel=1e-12)
     # 1 MB into fresh tensors at 0.5 GB/s adds 2 ms
     assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9) == pytest.approx(5.2e-3, rel=1e-12)
+    # Python instructions between the ops: 50000 at 20 ns = 1 ms more; sorts: 1e6 n log2 n at 2 ns = 2 ms more
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9) == pytest.approx(6.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9, 1e6, 2e-9) \
+        == pytest.approx(8.2e-3, rel=1e-12)
     with pytest.raises(ValueError):
         ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
 
@@ -121,8 +125,42 @@ def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives(
     assert got["bytes"] == idx.numel() * width * 4        # index_copy_ into an existing tensor
     buf = torch.empty(idx.numel(), width)
     got = count_host_work(lambda: torch.index_select(x, 0, idx, out=buf))  # out=: a reused buffer
-    assert got == {"ops": 1, "bytes": idx.numel() * width * 4, "fresh_bytes": 0}
-    assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0, "fresh_bytes": 0}
+    assert got == {"ops": 1, "bytes": idx.numel() * width * 4, "fresh_bytes": 0, "sort_work": 0}
+    assert count_host_work(lambda: None) == {"ops": 0, "bytes": 0, "fresh_bytes": 0, "sort_work": 0}
+    # a sort orders n elements: n log2 n of sort work (argsort is aten sort), n = 1024 -> 10240
+    keys = torch.randint(0, 100, (1024,), generator=g)
+    assert count_host_work(lambda: torch.argsort(keys, stable=True))["sort_work"] == 1024 * 10
+
+
+def test_python_work_counts_the_bytecode_instructions_a_call_executes():
+    """count_python_work: a straight-line function executes each of its instructions once (the
+    entry, RESUME, is the call itself); a loop adds its body's instructions per iteration; the
+    tracer the caller had is put back."""
+    import dis
+    import sys
+
+    from moe_repro.suites.alltoall import count_python_work
+
+    tracer = sys.gettrace()  # a coverage tool's, or None
+
+    def straight():
+        a = 1
+        b = a + 2
+        return b * 3
+
+    listed = [i.opname for i in dis.get_instructions(straight)]
+    assert count_python_work(straight) == len(listed) - listed.count("RESUME")
+
+    def loop(n):
+        t = 0
+        for i in range(n):
+            t += i
+        return t
+
+    ops = [i.opname for i in dis.get_instructions(loop)]
+    body = ops.index("JUMP_BACKWARD") - ops.index("FOR_ITER") + 1  # FOR_ITER .. JUMP_BACKWARD
+    assert count_python_work(lambda: loop(20)) - count_python_work(lambda: loop(10)) == 10 * body
+    assert sys.gettrace() is tracer
 
 
 def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
@@ -147,7 +185,8 @@ def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
         for phase in own:
             assert before(own, phase) <= before(calls, phase), (name, phase)
     rbd = get_algorithm("rbd").dispatcher_dependencies
-    assert before(rbd, "replica") == {"counts", "meta", "pilot", "replica_meta"}  # one call after another
+    # one call after another: all six of them
+    assert before(rbd, "replica") == {"counts", "meta", "replica_counts", "replica_meta", "pilot"}
 
 
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
@@ -196,15 +235,17 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
     path = tmp_path / "local.json"
     path.write_text(json.dumps({"calibration": {"gloo": {
         "latency_us": 40.0, "latency_us_by_ranks": {"4": 90.0}, "per_message_us": 250.0, "GBps": 0.6,
-        "host_cores": 2, "host_op_us": 12.0, "pack_GBps": 3.0, "fresh_GBps": 1.0}}}))
+        "host_cores": 2, "host_op_us": 12.0, "pack_GBps": 3.0, "fresh_GBps": 1.0, "python_op_ns": 20.0,
+        "sort_unit_ns": 3.0}}}))
     suite = all_suites()["alltoall-validation"]
     (p,) = suite.grid({"ranks": [4], "algo": ["halo"], "sizes": [65536], "calibration": [str(path)]})
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
     state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0),
-             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000},
+             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000, "python_ops": 4000,
+                           "sort_work": 100_000},
              "memcpy_s": 0.001}  # the run's memcpy bound (suites/alltoall.py setup)
     got = v.derive(p, state, 0.01)
-    host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9) * 4 / 2
+    host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9 + 4000 * 20e-9 + 100_000 * 3e-9) * 4 / 2
     assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)
     assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + host, rel=1e-12)
     assert got["error_pct"] == pytest.approx(100 * (got["predicted_time_s"] / 0.01 - 1), rel=1e-12)
@@ -260,10 +301,13 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "error_pct"}
         # the host work is counted on the run and is part of the prediction
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
+        assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
         assert calib["host_op_us"] > 0 and calib["pack_GBps"] > 0 and set(calib["latency_us_by_ranks"]) == {"2"}
+        assert calib["python_op_ns"] > 0 and calib["sort_unit_ns"] > 0
+        assert len(calib["load_average"]["before"]) == len(calib["load_average"]["after"]) == 3
         # the fit set is flat at sizes the grid does not hold
         assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
         assert all(math.isfinite(run["residual_pct"]) for run in calib["runs"])

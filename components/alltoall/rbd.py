@@ -45,7 +45,8 @@ Inter-node rows per source rank = the number of unique (token, destination node)
 destination node other than its own; flat sends one row per (token, expert) pair there.
 Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` carries 32 bytes
 per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
-every rank (pilots and pairs for it) plus 8 bytes to every rank of the node (replicas for it).
+every rank (pilots and pairs for it), ``replica_counts`` 8 bytes to every rank of the node
+(replicas for it).
 
 Registered as ``rbd`` (:class:`RBDAlgorithm`). Like every dispatcher it is differentiable when
 grad is enabled (components/alltoall/base.py: the backward of dispatch is this combine without
@@ -81,14 +82,18 @@ from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 torch = lazy_module("torch", globals())
 dist = lazy_module("torch.distributed", globals(), "dist")
 
+# replica_counts: how many replicas each rank of the node builds for me, known only once the
+# metadata has arrived (the replicas are read off it).
 PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
-                      "replica": ["pilot", "meta"], "replica_meta": ["meta"]}
+                      "replica": ["pilot", "meta"], "replica_counts": ["meta"],
+                      "replica_meta": ["replica_counts"]}
 COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
-# RBDDispatcher.dispatch's blocking calls in program order (counts, meta, pilot, then the
-# intra-node replica metadata and rows): what its measured time follows, not the overlap
-# PHASE_DEPENDENCIES allows.
-DISPATCHER_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["meta"],
-                           "replica_meta": ["pilot"], "replica": ["replica_meta"]}
+# RBDDispatcher.dispatch's six blocking calls in program order (the plan's counts, meta, replica
+# counts and replica metadata, then the pilots and the replicas): what its measured time
+# follows, not the overlap PHASE_DEPENDENCIES allows.
+DISPATCHER_DEPENDENCIES = {"counts": [], "meta": ["counts"], "replica_counts": ["meta"],
+                           "replica_meta": ["replica_counts"], "pilot": ["replica_meta"],
+                           "replica": ["pilot"]}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
 
@@ -278,7 +283,7 @@ class RBDDispatcher(Dispatcher):
         replica_send = [int(c) for c in torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()]
         replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
         # S2 metadata: each replica's (source, slot) to its destination.
-        replica_recv = intra.exchange_counts(replica_send, "counts")
+        replica_recv = intra.exchange_counts(replica_send, "replica_counts")
         got_meta = intra.alltoallv(replica_meta, replica_send, replica_recv, "replica_meta")
         # Expert input rows in the flat layout: row = start[source] + slot.
         src_all = torch.cat([src_of_meta[direct], got_meta[:, 0]])
@@ -336,7 +341,8 @@ def rbd_schedule(pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
                  generators: list | None = None) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, with the pilots
     :func:`select_pilots` draws (pass generators seeded as the ranks' were).
-    Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_meta. The combine
+    Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_counts and
+    replica_meta (the intra-node exchange's counts and metadata). The combine
     sends the reverse: combine_replica = replica reversed, combine_pilot = pilot reversed.
     For an EP sub-group pass its topology (``RBDDispatcher.topo``) and group-local placement:
     ranks in the messages are then group ranks (map them through the group's rank list).
@@ -370,7 +376,7 @@ def rbd_schedule(pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
         for p in range(N):
             msgs.append(("counts", s, p, 16))
             if topo.node_of(p) == topo.node_of(s):
-                msgs.append(("counts", s, p, 8))
+                msgs.append(("replica_counts", s, p, 8))
             if metas[s][p]:
                 msgs.append(("meta", s, p, metas[s][p] * META_BYTES_PER_PAIR))
             if pilots[s][p]:
@@ -465,7 +471,7 @@ class RBDAlgorithm(AllToAll):
 
     def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
         msgs = rbd_schedule(pfts, expert_to_rank, topo, row_bytes, generators)
-        return msgs if with_counts else [m for m in msgs if m[0] != "counts"]
+        return msgs if with_counts else [m for m in msgs if m[0] not in ("counts", "replica_counts")]
 
 
 register(RBDAlgorithm())

@@ -232,8 +232,9 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
     (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error, after taking off each
-    run's host work (its counted framework ops and packed bytes at a per-op cost and a packing
-    rate measured on one core), with one L per ranks count. The profile keeps
+    run's host work (its counted framework ops, packed bytes and Python instructions at a per-op
+    cost, a packing rate and a per-instruction cost measured on one core in CPU time), with one L
+    per ranks count; the machine's load average before and after is kept with the fit. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
     links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
 
@@ -299,9 +300,13 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
         if "host_op_us" in fit:  # the host work, measured apart and taken off before the fit
-            click.echo(f"  host work: {fit['host_op_us']:.3g} us per op, packing {fit['pack_GBps']:.3g} GB/s; "
+            click.echo(f"  host work: {fit['host_op_us']:.3g} us per op, {fit.get('python_op_ns', 0):.3g} ns "
+                       f"per Python instruction, packing {fit['pack_GBps']:.3g} GB/s; "
                        "L per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
                                                          fit.get("latency_us_by_ranks", {}).items()))
+        if fit.get("load_average"):
+            load = fit["load_average"]
+            click.echo(f"  load average (1/5/15 min): {load['before']} before the runs, {load['after']} after")
         for line in fit.get("judgment", []):
             click.echo(line, err=line.startswith("warning"))
     click.echo(f"wrote {out_path} (use: repro plan --model MODEL --nodes N --platform {out_path})")
