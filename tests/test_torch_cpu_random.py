@@ -104,8 +104,8 @@ def rbd_schedule_before(pfts, expert_to_rank, topo, row_bytes, generators=None):
         s0 = rbd.select_pilots(pft, expert_to_rank, topo, g)
         for p in range(N):
             msgs.append(("counts", s, p, 16))
-            if topo.node_of(p) == topo.node_of(s):
-                msgs.append(("counts", s, p, 8))
+            if topo.node_of(p) == topo.node_of(s):  # the intra-node exchange's own phase
+                msgs.append(("replica_counts", s, p, 8))
             if s0.meta_counts[p]:
                 msgs.append(("meta", s, p, s0.meta_counts[p] * rbd.META_BYTES_PER_PAIR))
             if s0.pilot_counts[p]:
