@@ -51,19 +51,23 @@ HEAVY = ("torch", "numpy", "pandas", "matplotlib")
 LAYERS_NOT_NEEDED = ("moe_repro.reproductions", "moe_repro.suites", "moe_repro.components")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["list"], ["list", "--json"]])
-def test_help_and_list_start_without_heavy_imports(args):
-    """Run the command in a fresh interpreter and read which modules it imported."""
-    code = ("import json, sys\n"
-            "from moe_repro.cli import main\n"
-            "try:\n"
-            "    main(sys.argv[1:])\n"
-            "except SystemExit:\n"
-            "    pass\n"
-            "print(json.dumps(sorted(sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=120)
+@pytest.mark.parametrize("args,code", [(["--help"], 0), (["list"], 0), (["list", "--json"], 0),
+                                       (["run", "nosuch"], 2)])
+def test_help_and_list_start_without_heavy_imports(args, code, tmp_path):
+    """Run the command in a fresh interpreter and read which modules it imported (a typo in
+    `repro run` is answered from the catalog, before the reports' matplotlib or torch load)."""
+    program = ("import json, sys\n"
+               "from moe_repro.cli import main\n"
+               "try:\n"
+               "    main(sys.argv[1:])\n"
+               "except SystemExit as e:\n"
+               f"    assert e.code in (None, {code}), e.code\n"
+               "print(json.dumps(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    if code:
+        assert "unknown reproduction 'nosuch'" in done.stderr
     loaded = json.loads(done.stdout.splitlines()[-1])
     heavy = [m for m in loaded if m.split(".")[0] in HEAVY]
     layers = [m for m in loaded if m.startswith(LAYERS_NOT_NEEDED)]

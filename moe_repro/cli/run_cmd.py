@@ -217,6 +217,9 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     problem = store.write_problem()
     if problem:
         raise BadInput(f"cannot store results in {store.root}: {problem}")
+    # the ids first, from the catalog alone: a typo is answered before matplotlib, pandas or
+    # torch load (they cost seconds)
+    chosen = resolve_ids(ids, paper, run_all, how)
     from moe_repro import cli
     from moe_repro.records import grading
     from moe_repro.reports.site import write_reproduction_page
@@ -226,7 +229,6 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions._suite_runs import Watch, clock, watching
 
-    chosen = resolve_ids(ids, paper, run_all, how)
     if show_params:
         click.echo(params_listing(chosen))
         return
