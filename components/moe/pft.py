@@ -165,6 +165,9 @@ def gather_tokens(x: torch.Tensor, pft: PFT, impl: str = "torch") -> torch.Tenso
     if x.dim() != 2 or x.shape[0] != pft.num_tokens:
         raise ValueError(f"x must be [{pft.num_tokens}, H], got shape {tuple(x.shape)}")
     if impl == "triton":
+        from moe_repro.components.moe import triton_support
+
+        triton_support.require_triton(x)  # one line before the kernels' module imports Triton
         from moe_repro.components.moe import triton_kernels
 
         return triton_kernels.gather_rows(x, pft.token_ids, pft.num_tokens)
@@ -195,6 +198,9 @@ def scatter_combine(y: torch.Tensor, pft: PFT, accumulate: str = "float32",
     if impl == "triton":
         if accumulate != "float32":
             raise ValueError("the triton combine sums in float32 (accumulate='float32' only)")
+        from moe_repro.components.moe import triton_support
+
+        triton_support.require_triton(y)  # one line before the kernels' module imports Triton
         from moe_repro.components.moe import triton_kernels
 
         return triton_kernels.combine_rows(y, pft.combine_weights, pft.token_ids, pft.num_tokens)
