@@ -133,7 +133,8 @@ def _plan(point: dict):
                                zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
                                cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],
                                dropout=bool(getattr(m, "dropout", False)),
-                               overlap_dp=lay.get("overlap_dp", True), **kw)
+                               overlap_dp=lay.get("overlap_dp", True),
+                               fused_grad_accumulation=lay.get("fused_grad_accumulation", True), **kw)
 
 
 def measured_step_time(point: dict) -> float:

@@ -92,15 +92,35 @@ def test_gpt3_tp8_pp8_dp16_zero1_memory_and_time_by_hand():
     assert c.parts["compute"] == pytest.approx(64 * (mm + core + ew), rel=1e-12)
     # TP with SP (Korthikanti Sec. 4.2.2): 4 all-gathers + 4 reduce-scatters of s b h x 2 bytes per
     # layer, each (t-1)/t of it sent: 8 x 7/8 x 4096 x 12288 x 2 = 704,643,072 B per layer, at
-    # 450 GB/s over NVLink, plus 8 collectives x 2 us (the profile's NVLink latency) per layer.
-    tp = 12 * (8 * 7 / 8 * 4096 * 12288 * 2 / 450e9 + 8 * 2e-6)
+    # 450 GB/s x 0.8 over NVLink (line rate x the app-level share NCCL's maintainers give), plus 8
+    # collectives x 2 us (the profile's NVLink latency) per layer.
+    tp = 12 * (8 * 7 / 8 * 4096 * 12288 * 2 / 360e9 + 8 * 2e-6)
     assert c.parts["tp"] == pytest.approx(64 * tp, rel=1e-12)
     # Bubble: (PP - 1) slots of the slowest stage (1F1B).
     slot = (c.parts["compute"] + c.parts["tp"] + c.parts["pp"]) / 64
     assert c.parts["bubble"] == pytest.approx(7 * slot, rel=1e-12)
+    # The optimizer step reads and writes stage 0's state once at HBM speed: 2 x (weights 2 p0 +
+    # grads 2 p0 + optimizer 12 p0 / 16) bytes; gradient accumulation is fused (the default).
+    assert c.parts["optimizer"] == pytest.approx(2 * (4 * p0 + 12 * p0 / 16) / 3350e9, rel=1e-12)
+    assert c.parts["grad_accum"] == 0.0
     # MFU: model FLOPs (3 x forward, no recompute) x tokens / (GPUs x 989 TFLOPS x step).
     flops = F.train_flops_per_token(GPT3, 4096, "causal") * 1024 * 4096
     assert c.mfu == pytest.approx(flops / (1024 * 989e12 * c.step_s), rel=1e-12)
+    assert c.step_s == pytest.approx(sum(c.parts.values()), rel=1e-12)
+
+
+def test_unfused_gradient_accumulation_adds_a_pass_per_micro_batch_by_hand():
+    # The layout above with Megatron-LM's unfused accumulation (main_grad.add_(grad)): each of the
+    # 64 micro-batches reads stage 0's new 16-bit gradients (2 p0 B) and reads and writes the held
+    # 2-byte gradients (2 x 2 p0 B) at 3.35 TB/s; nothing else moves.
+    kw = dict(tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True)
+    fused = plan_parallel(GPT3, DGX, 128, **kw).candidates[0]
+    unfused = plan_parallel(GPT3, DGX, 128, fused_grad_accumulation=False, **kw).candidates[0]
+    p0 = 2_795_398_656
+    assert unfused.parts["grad_accum"] == pytest.approx(64 * 6 * p0 / 3350e9, rel=1e-12)
+    assert unfused.step_s - fused.step_s == pytest.approx(unfused.parts["grad_accum"], rel=1e-9)
+    assert any("gradient accumulation (asked)" in a for a in plan_parallel(
+        GPT3, DGX, 128, fused_grad_accumulation=False, **kw).assumptions)
 
 
 def test_interleaving_holds_megatrons_penalty_on_stage_0():

@@ -13,14 +13,14 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import time_model as T
 
-A100 = load_builtin("dgx-a100")  # 267.9 TFLOPS achievable GEMM, 2039 GB/s HBM (profile sources)
+A100 = load_builtin("dgx-a100")  # 267.9 TFLOPS achievable GEMM, 1800 GB/s measured HBM (profile sources)
 H100 = load_builtin("dgx-h100")
 
 
 def test_gemm_roofline_compute_bound_hand_case():
     # 8192^3 square GEMM: 2 x 8192^3 = 1.099511627776e12 FLOPs at 267.9e12 FLOP/s x 512/513 (its
     # 2048 tiles of 256x128 take 19 waves of 108: 2048 / 2052) = 4.11221 ms; its bytes,
-    # 3 x 8192^2 x 2 = 402.65 MB at 2039 GB/s = 0.197 ms, do not bind
+    # 3 x 8192^2 x 2 = 402.65 MB at 1800 GB/s = 0.224 ms, do not bind
     assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(
         1.099511627776e12 / (267.9e12 * 512 / 513), rel=1e-12)
     assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(4.11221e-3, rel=1e-5)
@@ -29,9 +29,10 @@ def test_gemm_roofline_compute_bound_hand_case():
 def test_gemm_roofline_memory_bound_hand_case():
     # an expert with 16 tokens, d 4096 -> 14336: 2 x 16 x 4096 x 14336 = 1.879e9 FLOPs (7.0 us at
     # 267.9 TFLOPS) but it reads the 4096 x 14336 weights: (16 x 4096 + 4096 x 14336 + 16 x 14336)
-    # x 2 B = (65,536 + 58,720,256 + 229,376) x 2 = 118,030,336 B at 2039 GB/s = 57.886 us:
+    # x 2 B = (65,536 + 58,720,256 + 229,376) x 2 = 118,030,336 B at 1800 GB/s (the measured
+    # rate, 88% of the data sheet's 2039) = 65.572 us:
     # memory-bound (its FLOPs at the 64x256 tiles' 1/4 efficiency take 28 us)
-    assert T.gemm_time(A100, 16, 4096, 14336) == pytest.approx(118_030_336 / 2039e9, rel=1e-12)
+    assert T.gemm_time(A100, 16, 4096, 14336) == pytest.approx(118_030_336 / 1800e9, rel=1e-12)
     assert T.gemm_time(A100, 0, 4096, 14336) == 0.0
 
 
@@ -41,9 +42,9 @@ def test_attention_core_hand_cases():
     flops = 2 * 4096 * 4096 * 32 * 256 / 2
     assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128) == pytest.approx(flops / 267.9e12, rel=1e-12)
     # materialised scores: every score computed (2 x flops = 2.749e11, 1.026 ms) and 4 B per
-    # score (write + read) = 4 x 4096^2 x 32 B = 2.147 GB at 2039 GB/s = 1.053 ms: the bytes bind
+    # score (write + read) = 4 x 4096^2 x 32 B = 2.147 GB at 1800 GB/s = 1.193 ms: the bytes bind
     assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128, flash=False) == pytest.approx(
-        4 * 4096 * 4096 * 32 / 2039e9, rel=1e-12)
+        4 * 4096 * 4096 * 32 / 1800e9, rel=1e-12)
     # heads of width 256: 2 x 4096^2 x 32 x 512 = 5.498e11 FLOPs, 2.052 ms: the FLOPs bind
     assert T.attention_core_time(A100, 4096, 4096, 32, 256, 256, flash=False) == pytest.approx(
         2 * 4096 * 4096 * 32 * 512 / 267.9e12, rel=1e-12)
@@ -74,7 +75,8 @@ def test_link_transfer_and_alltoall_hand_cases():
     # across nodes; latencies 2 us (intra_node) and 4 us (the farthest class, inter_group)
     p = H100
     nic = p.raw["node"]["nics"] * p.raw["node"]["nic_GBps"] * 1e9 / p.raw["node"]["gpus"] * p.raw["efficiency"]["network"]
-    nvl = p.raw["node"]["intra_node_alltoall_GBps_per_gpu"] * 1e9
+    # NVLink: the data sheet's line rate x the application-level share (efficiency.nvlink)
+    nvl = p.raw["node"]["intra_node_alltoall_GBps_per_gpu"] * 1e9 * p.raw["efficiency"]["nvlink"]
     assert T.transfer_time(p, 1e9, off_node=False, messages=3) == pytest.approx(1e9 / nvl + 3 * 2e-6)
     assert T.transfer_time(p, 1e9, off_node=True, messages=0) == pytest.approx(1e9 / nic)
     # on- and off-node parts concurrently: the slower bounds it, one off-node latency
@@ -155,3 +157,52 @@ def test_a_bad_sm_count_is_refused_with_its_field(bad):
     d = dict(A100.raw, gpu={**A100.raw["gpu"], "sm_count": bad})
     with pytest.raises(ValueError, match="gpu.sm_count"):
         from_dict(d)
+
+
+def _profile(**edits):
+    """dgx-a100's document with ``edits`` (dotted path -> value) applied, loaded."""
+    import copy
+
+    from moe_repro.components.network.platform import from_dict
+
+    doc = copy.deepcopy(A100.raw)
+    for path, value in edits.items():
+        node = doc
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return from_dict(doc)
+
+
+def test_nvlink_efficiency_scales_every_on_node_rate_and_no_nic():
+    from moe_repro.components.network.platform import intra_node_of
+    from moe_repro.components.network.simulator import Machine
+
+    full, half = _profile(**{"efficiency.nvlink": 1.0}), _profile(**{"efficiency.nvlink": 0.5})
+    # the data sheet's 300 GB/s NVLink: all of it, or half of it, on every reader
+    assert full.intra_node_a2a_bytes_per_s == 300e9 and half.intra_node_a2a_bytes_per_s == 150e9
+    assert intra_node_of(half)["bytes_per_s"] == 150e9
+    assert T.transfer_time(half, 3e9, off_node=False, messages=0) == pytest.approx(0.02)
+    mf, mh = Machine.from_platform(full), Machine.from_platform(half)
+    assert mh.link_bytes_per_s["intra_node"] == 150e9
+    # NICs and the fabric keep their rates (25 GB/s HDR per GPU)
+    for cls in ("nic_injection", "switch_group", "inter_group"):
+        assert mh.link_bytes_per_s[cls] == mf.link_bytes_per_s[cls] == 25e9
+    assert T.transfer_time(half, 25e9, off_node=True, messages=0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.2, "0.8", True])
+def test_a_bad_nvlink_efficiency_is_refused_with_its_field(bad):
+    with pytest.raises(ValueError, match="efficiency.nvlink"):
+        _profile(**{"efficiency.nvlink": bad})
+
+
+def test_achievable_hbm_rate_replaces_the_data_sheets_where_given():
+    sheet = _profile(**{"gpu.achievable_hbm_GBps": 2039.0})
+    measured = _profile(**{"gpu.achievable_hbm_GBps": 1000.0})
+    assert T.hbm_time(sheet, 2039e9) == pytest.approx(1.0)
+    assert T.hbm_time(measured, 2e9) == pytest.approx(2e-3)
+    # a memory-bound GEMM (16 rows) reads its weights at the measured rate: 2 x 4096 x 4096 B
+    weights = 2 * 4096 * 4096
+    assert T.gemm_time(measured, 16, 4096, 4096) == pytest.approx((weights + 2 * 2 * 16 * 4096) / 1e12)

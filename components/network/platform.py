@@ -5,7 +5,9 @@ A profile is a JSON document (components/network/platforms/<name>.json, copy one
 - ``gpu``: ``peak_tflops`` (dense bf16, the MFU denominator), ``hbm_GB`` (C_GPU of Piper Eq. 11),
   ``hbm_GBps``, ``achievable_gemm_tflops`` and ``achievable_attention_tflops`` (what kernels reach,
   Piper Sec. IV-A: measured by micro-benchmarks; ``repro calibrate`` measures them locally);
-  optional ``sm_count`` (streaming multiprocessors, data sheet): with it a GEMM's rate depends on
+  optional ``achievable_hbm_GBps`` (what a streaming kernel measures; where given, every HBM-bound
+  time reads it in place of the data sheet's ``hbm_GBps``); optional ``sm_count`` (streaming
+  multiprocessors, data sheet): with it a GEMM's rate depends on
   its shape (tile and wave quantization, components.resources.time_model.gemm_efficiency) and
   ``achievable_gemm_tflops`` is the ceiling at a shape without quantization loss.
 - ``node``: ``gpus`` (g), ``nics``, ``nic_GBps`` (B_NIC of Eq. 6, one direction), ``gpu_nic_affinity``
@@ -28,6 +30,12 @@ A profile is a JSON document (components/network/platforms/<name>.json, copy one
   ``network.window`` (messages in flight per rank): the simulator's per-message cost.
 - ``efficiency.network``: the fraction of NIC line rate a flat all-to-all sustains (an assumption
   unless measured), ``framework_overhead_GB`` (M_fw), ``sources`` and ``approximate``.
+- ``efficiency.nvlink`` (optional, default 1): the fraction of the on-node links' line rate an
+  application moves. The profile's on-node figures (``intra_node_alltoall_GBps_per_gpu``,
+  ``node.intra_node``, the ``intra_node`` / ``intra_package`` link classes) stay the data sheet's
+  line rate; every reader (the time model, the simulator) gets them times this fraction. NVLink
+  carries packet headers with the data: NCCL's maintainers give app-level bandwidth as roughly 80%
+  of the peak (NVIDIA/nccl issue 1054; 370 of 450 GB/s on H100, nccl-tests issue 212).
 
 Loading the built-in profiles reads package data; :func:`load_platform` also reads a user's
 profile file by path (the only file I/O in components/).
@@ -41,6 +49,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 GB = 1e9
+ON_NODE_CLASSES = ("intra_package", "intra_node")  # link classes inside a node (efficiency.nvlink)
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class Platform:
     links: tuple[dict, ...]
     raw: dict
     sm_count: int = 0  # streaming multiprocessors; 0: no shape-dependent GEMM rate
+    nvlink_efficiency: float = 1.0  # efficiency.nvlink: on-node rates are line rate x this
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:
@@ -200,6 +210,9 @@ def from_dict(d: dict) -> Platform:
     eff = d.get("efficiency", {}).get("network", 1.0)
     if not (isinstance(eff, (int, float)) and 0 < eff <= 1):
         raise ValueError(f"platform profile: efficiency.network must be in (0, 1], got {eff}")
+    nvlink = d.get("efficiency", {}).get("nvlink", 1.0)
+    if not (isinstance(nvlink, (int, float)) and not isinstance(nvlink, bool) and 0 < nvlink <= 1):
+        raise ValueError(f"platform profile: efficiency.nvlink must be in (0, 1], got {nvlink!r}")
     for i, link in enumerate(d.get("links", ())):
         if not isinstance(link, dict) or "class" not in link:
             raise ValueError(f"platform profile: links[{i}] must be an object with a 'class'")
@@ -222,12 +235,13 @@ def from_dict(d: dict) -> Platform:
         gpus_per_node=gpus,
         peak_flops=get("gpu.peak_tflops") * 1e12,
         hbm_bytes=get("gpu.hbm_GB") * GB,
-        hbm_bytes_per_s=get("gpu.hbm_GBps") * GB,
+        hbm_bytes_per_s=(get("gpu.achievable_hbm_GBps") if "achievable_hbm_GBps" in d["gpu"]
+                         else get("gpu.hbm_GBps")) * GB,
         gemm_flops=get("gpu.achievable_gemm_tflops") * 1e12,
         attention_flops=get("gpu.achievable_attention_tflops") * 1e12,
         nics_per_node=nics,
         nic_bytes_per_s=get("node.nic_GBps") * GB,
-        intra_node_a2a_bytes_per_s=get("node.intra_node_alltoall_GBps_per_gpu") * GB,
+        intra_node_a2a_bytes_per_s=get("node.intra_node_alltoall_GBps_per_gpu") * GB * nvlink,
         switch_group_nodes=_count(get("network.switch_group_nodes"), "network.switch_group_nodes"),
         rack_nodes=_count(get("network.rack_nodes"), "network.rack_nodes"),
         network_efficiency=float(eff),
@@ -235,6 +249,7 @@ def from_dict(d: dict) -> Platform:
         links=tuple(d.get("links", ())),
         raw=d,
         sm_count=_count(d["gpu"]["sm_count"], "gpu.sm_count") if "sm_count" in d["gpu"] else 0,
+        nvlink_efficiency=float(nvlink),
     )
     net = d.get("network", {})
     for key in ("per_message_us", "host_GBps"):
@@ -311,15 +326,16 @@ def fabric_of(p: Platform) -> dict:
 def intra_node_of(p: Platform) -> dict:
     """The intra-node links, normalised: ``{"kind": "port"}``, ``{"kind": "switch",
     "bytes_per_s"}`` or ``{"kind": "graph", "pairs": {(a, b): bytes_per_s}, "other_bytes_per_s"}``
-    (both directions of every listed pair)."""
+    (both directions of every listed pair), rates times ``efficiency.nvlink``."""
     spec = p.raw.get("node", {}).get("intra_node")
+    eff = p.nvlink_efficiency
     if spec is None:
         return {"kind": "port"}
     kind = spec.get("kind") if isinstance(spec, dict) else None
     g = p.gpus_per_node
     if kind == "switch":
         return {"kind": "switch",
-                "bytes_per_s": _number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu") * GB}
+                "bytes_per_s": _number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu") * GB * eff}
     if kind == "graph":
         pairs = {}
         for i, entry in enumerate(spec.get("pairs") or []):
@@ -329,8 +345,8 @@ def intra_node_of(p: Platform) -> dict:
             a, b = entry[:2]
             if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < g for x in (a, b)) or a == b:
                 raise ValueError(f"platform profile: {where} names GPUs outside 0..{g - 1} or a self-link")
-            pairs[(a, b)] = pairs[(b, a)] = _number(entry[2], where) * GB
-        other = _number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps") * GB
+            pairs[(a, b)] = pairs[(b, a)] = _number(entry[2], where) * GB * eff
+        other = _number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps") * GB * eff
         return {"kind": "graph", "pairs": pairs, "other_bytes_per_s": other}
     raise ValueError(f"platform profile: node.intra_node.kind must be switch or graph, got {kind!r}")
 

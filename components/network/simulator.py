@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_repro.components.provenance import produced
-from moe_repro.components.network.platform import Platform, fabric_of, intra_node_of
+from moe_repro.components.network.platform import ON_NODE_CLASSES, Platform, fabric_of, intra_node_of
 from moe_repro.components.network.topology import Topology
 
 GB = 1e9
@@ -143,7 +143,8 @@ class Machine:
         return cls(platform=p,
                    per_message_s=float(net.get("per_message_us", 0.0)) * 1e-6,
                    link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
-                   link_bytes_per_s={c: float(lk["GBps"]) * GB for c, lk in links.items() if "GBps" in lk},
+                   link_bytes_per_s={c: float(lk["GBps"]) * GB * (p.nvlink_efficiency if c in ON_NODE_CLASSES else 1.0)
+                                     for c, lk in links.items() if "GBps" in lk},
                    package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
                    host_bytes_per_s=float(host) * GB if host else None,
                    latency_model=model, window=int(net.get("window", DEFAULT_WINDOW)),

@@ -85,8 +85,13 @@ Step time (slowest stage; communication dimensions do not contend for links):
   every micro-batch and ZeRO-3 also all-gathers weights for every forward and backward (as
   DeepSpeed and FSDP do under gradient accumulation), each overlapped with that micro-batch's
   compute; the pipeline bubble is (PP - 1) / VPP slots of the slowest stage (Narayanan et al.
-  2021: (p-1)/m for 1F1B, / v interleaved). MFU = model FLOPs (no recompute) per step / (GPUs x
-  peak x step time).
+  2021: (p-1)/m for 1F1B, / v interleaved); the optimizer step reads and writes the stage's
+  model state on the GPU once (weights, gradients, master weights and moments: an elementwise
+  pass bound by HBM; state offloaded to the host is not timed); unless gradient accumulation is
+  fused into the weight-gradient GEMMs (Megatron-LM --gradient-accumulation-fusion, the default
+  here), each micro-batch reads its new 16-bit gradients and reads and writes the held ones (the
+  pipeline's slot does not include this pass, so the bubble is slightly under-counted). MFU =
+  model FLOPs (no recompute) per step / (GPUs x peak x step time).
 """
 
 from __future__ import annotations
@@ -371,6 +376,7 @@ class PlanRequest:
     capacity_factor: float = 1.0
     etp: int | None = None
     overlap_dp: bool = True
+    fused_grad_accumulation: bool = True
 
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
@@ -396,7 +402,7 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                   ep: int | None = None, cp: int | None = None, vpp: int | None = None,
                   micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
                   dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None,
-                  overlap_dp: bool = True) -> ParallelPlan:
+                  overlap_dp: bool = True, fused_grad_accumulation: bool = True) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
     searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
@@ -405,12 +411,16 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     ``dropout`` adds Korthikanti's dropout masks; ``capacity_factor`` scales routed copies and
     all-to-all bytes; ``overlap_dp=False``: ZeRO 0/1 reduce (and gather) once per step after the
     last backward, exposed (Megatron-LM before --overlap-grad-reduce: train_step calls
-    allreduce_gradients() after forward_backward_func returns). ValueError for malformed input (non-positive numbers, unknown preset,
+    allreduce_gradients() after forward_backward_func returns); ``fused_grad_accumulation=False``:
+    every micro-batch's weight gradients are added to the held gradients in a separate
+    HBM-bound pass (Megatron-LM's DDP hook ``main_grad.add_(grad)`` without
+    --gradient-accumulation-fusion; PyTorch's AccumulateGrad). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(PlanRequest(m, p, nodes, seq=seq, global_batch=global_batch, precision=precision, zero=zero,
                             recompute=recompute, tp=tp, pp=pp, ep=ep, cp=cp, vpp=vpp,
                             micro_batches=micro_batches, sp=sp, flash_attention=flash_attention,
-                            dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp))
+                            dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp,
+                            fused_grad_accumulation=fused_grad_accumulation))
 
 
 def plan(req: PlanRequest) -> ParallelPlan:
@@ -438,6 +448,10 @@ def plan(req: PlanRequest) -> ParallelPlan:
     if not req.overlap_dp:
         assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
                            "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
+    if not req.fused_grad_accumulation:
+        assumptions.append("gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
+                           "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
+                           "main_grad.add_ hook without --gradient-accumulation-fusion)")
     pc = param_counts(m)
     return ParallelPlan(
         model=m.key, platform=p.name, nodes=req.nodes, gpus_per_node=ctx.g, gpus=ctx.G, seq=req.seq,
@@ -466,7 +480,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
     return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, V, d,
                 F.kv_width(m), peak, model_flops_step, p.hbm_bytes,
-                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp)
+                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp, req.fused_grad_accumulation)
 
 
 @dataclass
@@ -697,6 +711,7 @@ class _Ctx:
     d_ffn: int
     dropout: bool = False
     overlap_dp: bool = True
+    fused_grad_accumulation: bool = True
 
 
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
@@ -1009,8 +1024,15 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
     bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
     dp_s = T.exposed_dp_time(t_grad, t_ag, z, M, fwd_mb, bwd_mb, ctx.overlap_dp)
     _, bubble = T.pipeline_step(slot, M, q, v)  # the parts below add up to busy + bubble
+    # Gradient accumulation (unfused) and the optimizer step: HBM-bound passes over the state of
+    # the stage that holds the most, stage r (module docstring, "Step time")
+    state = mem["weights"] + mem["grads"] + mem["optimizer"]
+    params_r = next(d_p + e_p for st_, d_p, e_p, _ in per_stage if st_.r == r)
+    accumulate = 0.0 if ctx.fused_grad_accumulation else M * T.hbm_time(
+        ctx.p, params_r * T.BYTES_PER_VALUE + 2 * mem["grads"])
     parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "etp": M * etp_s, "cp": M * cp_s,
-             "pp": M * pp_s, "bubble": bubble, "dp": dp_s}
+             "pp": M * pp_s, "bubble": bubble, "dp": dp_s, "grad_accum": accumulate,
+             "optimizer": T.hbm_time(ctx.p, 2 * state)}
     step = sum(parts.values())
     comm = {k: M * b for k, b in mb_bytes.items()}
     comm["dp"] = {0: grad_b, 1: grad_b + ag_b, 2: M * grad_b + ag_b, 3: M * (2 * ag_b + grad_b)}[z]

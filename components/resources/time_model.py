@@ -48,13 +48,12 @@ import math
 from dataclasses import dataclass
 
 from moe_repro.components.model.zoo import MoEModel
-from moe_repro.components.network.platform import Platform
+from moe_repro.components.network.platform import ON_NODE_CLASSES, Platform
 from moe_repro.components.resources import formulas as F
 
 BYTES_PER_VALUE = 2  # bf16 operands and activations
 BACKWARD_GEMM = 2.0  # backward / forward for GEMMs and attention: data + weight gradients
 BACKWARD_HBM = 1.5  # backward / forward for HBM-bound kernels (see the module docstring)
-ON_NODE_LINKS = ("intra_package", "intra_node")
 # Output tiles cuBLAS chooses among: NVIDIA, Matrix Multiplication Background User's Guide
 # (DU-09799-001), Sec. 2.3, from the most efficient (256x128, 128x256) to the least (64x64). All
 # are taken at the ceiling's rate: the guide ranks the smaller ones less efficient but gives no
@@ -258,8 +257,9 @@ def train_time(forward: Compute, recomputed: Compute = Compute()) -> float:
 # ============================================================================================
 
 def link_bytes_per_s(p: Platform, off_node: bool) -> float:
-    """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink) inside a node;
-    across nodes nics x B_NIC / g x network efficiency."""
+    """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink line rate x
+    efficiency.nvlink, platform.from_dict) inside a node; across nodes nics x B_NIC / g x
+    network efficiency."""
     return p.nic_bytes_per_s_per_gpu * p.network_efficiency if off_node else p.intra_node_a2a_bytes_per_s
 
 
@@ -267,7 +267,7 @@ def link_latency_s(p: Platform, off_node: bool) -> float:
     """One message's latency: the on-node link classes' inside a node, the largest of all link
     classes across nodes (a collective waits for its farthest message); 0 without links."""
     lat = [float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links
-           if off_node or lk["class"] in ON_NODE_LINKS]
+           if off_node or lk["class"] in ON_NODE_CLASSES]
     if not lat:  # a profile naming no on-node class: its fastest link
         lat = [min(float(lk.get("latency_us", 0.0)) for lk in p.links) * 1e-6] if p.links else [0.0]
     return max(lat)
