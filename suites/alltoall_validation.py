@@ -7,12 +7,15 @@ measured call, the count exchange, #wrong; ``ranks`` real local ranks in emulate
 ``routed_schedule`` for the ranks' real routing, count exchange included) on a local profile
 calibrated from *other* runs:
 
-- ``calibration=fit`` (default): before the grid, a fit set is measured -- flat only, at the
-  sizes ``fit_sizes`` (none of the default grid's sizes) and the ranks counts ``fit_ranks``,
-  same backend and emulated nodes -- and the simulator's serial latency model is fitted to it
-  (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by non-negative least squares on
-  relative error). HALO and RBD are never fitted, and no validated size is: every cell is a
-  prediction.
+- ``calibration=fit`` (default): a fit set -- flat only, at the sizes ``fit_sizes`` (none of
+  the default grid's sizes) and the ranks counts ``fit_ranks``, same backend and emulated nodes
+  -- is measured in the same worlds as the scored cells (one world per ranks count), the fit
+  runs and the cells alternating and sampled in turn, round by round (measure_grid): on a
+  shared machine the load drifts over the minutes of a run, and a fit measured before the grid
+  priced every synchronisation at another load. Then the simulator's serial latency model is
+  fitted to the fit runs (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by
+  non-negative least squares on relative error) and each cell predicted. HALO and RBD are never
+  fitted, and no validated size is: every cell is a prediction.
 - ``calibration=FILE``: the ``calibration`` block that ``repro calibrate`` wrote into a profile,
   for the point's backend (that fit used flat runs at its own sizes, which may include
   validated ones: say so when comparing).
@@ -43,7 +46,6 @@ import os
 import sys
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.components.provenance import remembering
 from moe_repro.suites import alltoall
 from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
                                    parse_size, registered, top_k_within_experts, whole)
@@ -247,27 +249,47 @@ def host_s(record: dict, block: dict, cores: int) -> float:
                           record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9)
 
 
+FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
+
+
+def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
+                    shape: dict | None = None) -> list[dict]:
+    """The alltoall points of a fit set: flat dispatches at ``ranks_list`` x ``sizes``."""
+    shape = {**FIT_SHAPE, **(shape or {})}
+    return [alltoall_point({**shape, "ranks": n, "gpus_per_node": min(gpus_per_node, n), "algo": "flat",
+                            "backend": backend, "sizes": s})
+            for n in ranks_list for s in sizes]
+
+
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
                          repeats: int = 5, shape: dict | None = None, timeout_s: float = 600.0,
                          done=None) -> dict:
     """Measure flat dispatches over real local ranks (suites/alltoall.py: ``ranks_list`` x
     ``sizes``, emulated nodes of ``gpus_per_node``, ``repeats`` samples, median) and fit the
-    simulator's serial model to them (simulator.fit_alltoall_terms). Returns the calibration
-    block a profile stores per backend: latency_us (L), per_message_us (o), GBps (beta), the
-    form, the residuals of the fit simulated at the fitted values, and the runs. ``done``, when
-    given, is called with each measured point's record (progress)."""
-    from moe_repro.components.network import simulator as ns
+    simulator's serial model to them (fit_flat). ``done``, when given, is called with each
+    measured point's record (progress)."""
     from moe_repro.suites.runner import RunConfig, measure
 
-    shape = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0, **(shape or {})}
-    cores = host_cores()
-    points = [alltoall_point({**shape, "ranks": n, "gpus_per_node": min(gpus_per_node, n), "algo": "flat",
-                              "backend": backend, "sizes": s})
-              for n in ranks_list for s in sizes]
+    points = flat_fit_points(backend, ranks_list, sizes, gpus_per_node, shape)
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
     load_before = load_average()
     records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
     prices = measure_host_costs()
+    return fit_flat(points, records, prices, backend, load_before,
+                    f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
+                    f"nodes of {gpus_per_node} ranks, median of {repeats} repeats")
+
+
+def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str,
+             load_before: list | None, fitted_on: str) -> dict:
+    """Fit the simulator's serial model (simulator.fit_alltoall_terms) to measured flat
+    dispatches (``records`` of ``points``), their host work priced at ``prices``
+    (measure_host_costs) and taken off first. Returns the calibration block a profile stores
+    per backend: latency_us (L), per_message_us (o), GBps (beta), the form, the residuals of
+    the fit simulated at the fitted values, and the runs."""
+    from moe_repro.components.network import simulator as ns
+
+    cores = host_cores()
     load_after = load_average()
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
@@ -301,8 +323,7 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                      "sort_work x sort_unit_ns + python_ops x python_op_ns) x max(1, ranks / host_cores), "
                      "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
                      "(suites/alltoall.count_host_work, count_python_work)",
-             "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
-                          f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
+             "fitted_on": fitted_on}
     runs, residuals = [], []
     for point, rec, term, host in zip(points, records, terms, known if separated else [0.0] * len(known)):
         simulated = predict(point, block, cores)["predicted_time_s"] + host
@@ -316,13 +337,6 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
     block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
                  max_abs_residual_pct=100 * max(abs(r) for r in residuals))
     return block
-
-
-@remembering(maxsize=8)
-def _fit_once(backend: str, gpus_per_node: int, ranks: tuple, sizes: tuple, repeats: int, shape: tuple) -> dict:
-    print(f"alltoall-validation: measuring the fit set (flat over {backend}, ranks "
-          f"{'+'.join(map(str, ranks))}, sizes {'+'.join(map(str, sizes))} B per rank)", file=sys.stderr)
-    return measure_and_fit_flat(backend, list(ranks), list(sizes), gpus_per_node, repeats, dict(shape))
 
 
 def calibration_from_profile(path: str, backend: str) -> dict:
@@ -341,43 +355,59 @@ def calibration_from_profile(path: str, backend: str) -> dict:
     return {**block, "source": path}
 
 
-def calibration_for(p: dict, gpus_per_node: int) -> dict:
+def fit_set(p: dict) -> dict:
+    """The fit set of a calibration=fit point: backend, emulated nodes, ranks counts, sizes,
+    repeats and the routing shape (checked; measured with the grid by measure_grid)."""
     from moe_repro.runtime.launch import launched_world_size
 
-    source = str(p["calibration"])
-    if source != "fit":
-        return calibration_from_profile(source, p["backend"])
     if launched_world_size():
         raise ValueError("calibration=fit starts its own worlds, which it cannot under torchrun/mpirun/"
                          "srun: write a profile with `repro calibrate` and pass calibration=FILE")
+    gpus_per_node = int(p["gpus_per_node"])
     ranks = tuple(split_list(p["fit_ranks"], "fit_ranks", int))
     sizes = tuple(split_list(p["fit_sizes"], "fit_sizes", parse_size))
     if min(ranks) < 2 or any(n % min(gpus_per_node, n) for n in ranks):
         raise ValueError(f"fit_ranks must be >= 2 and multiples of gpus_per_node, got {p['fit_ranks']}")
-    shape = tuple(sorted({k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}.items()))
     repeats = int(p["fit_repeats"])
     if repeats < 1:
         raise ValueError(f"fit_repeats must be >= 1, got {repeats}")
-    return {**_fit_once(str(p["backend"]), gpus_per_node, ranks, sizes, repeats, shape), "source": "fit"}
+    return {"backend": str(p["backend"]), "gpus_per_node": gpus_per_node, "ranks": list(ranks),
+            "sizes": list(sizes), "repeats": repeats,
+            "shape": {k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}}
+
+
+def _fitted_on(fs: dict) -> str:
+    return (f"flat over {fs['backend']}, ranks {list(fs['ranks'])}, sizes {list(fs['sizes'])} B per rank, "
+            f"emulated nodes of {fs['gpus_per_node']} ranks, median of {fs['repeats']} repeats, measured "
+            f"in the same worlds as the scored cells, their samples taken in turn (round by round)")
+
+
+def _how(point: dict, fitted_on: str) -> dict:
+    return {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
+                      f"exchange included), each sample the slowest rank",
+            "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
+                                f"run's own messages, on a local profile calibrated from {fitted_on}; "
+                                f"plus the run's host work (its counted ops, packed bytes and Python "
+                                f"instructions at the measured per-op, packing and per-instruction "
+                                f"costs)",
+            "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
+            "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
 
 
 def derived_params(p: dict) -> dict:
     point = alltoall_point(p)
-    calibration = calibration_for(p, int(p["gpus_per_node"]))
+    if str(p["calibration"]) == "fit":
+        # The fit set is measured with the grid, in its worlds (measure_grid): the prediction
+        # joins the record once the fit exists.
+        # The grid's own values name the set (the point's hidden may be narrowed below).
+        fs = fit_set(p)
+        return {**point, "fit_set": fs, "how": _how(point, _fitted_on(fs))}
+    calibration = calibration_from_profile(str(p["calibration"]), p["backend"])
     cores = int(calibration.get("host_cores") or host_cores())
-    how = {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
-                     f"exchange included), each sample the slowest rank",
-           "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
-                               f"run's own messages, on a local profile calibrated from "
-                               f"{calibration.get('fitted_on', calibration['source'])}; plus the "
-                               f"run's host work (its counted ops, packed bytes and Python "
-                               f"instructions at the measured per-op, packing and per-instruction "
-                               f"costs)",
-           "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
-           "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
     # Every alltoall param joins the point (its setup and run read them); simulated: false there
     # says the run is real, predicted_* are the simulated values beside it.
-    return {**point, **predict(point, calibration, cores), "calibration_used": calibration, "how": how}
+    return {**point, **predict(point, calibration, cores), "calibration_used": calibration,
+            "how": _how(point, calibration.get("fitted_on", calibration["source"]))}
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
@@ -385,13 +415,126 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     plus the host work this run's dispatch does (its op and byte counts, read off the run in
     setup, at the calibration's measured prices: simulator.host_work_s)."""
     measured = alltoall.derive(params, state, time_s)
-    calibration = params["calibration_used"]
-    cores = int(calibration.get("host_cores") or host_cores())
-    host = host_s({**measured, "ranks": params["ranks"]}, calibration, cores)
-    predicted = float(params["predicted_time_s"]) + host
     load = load_average()
+    measured.update({"load_average": load[0]} if load else {})
+    if "calibration_used" not in params:  # calibration=fit: predicted once the fit exists
+        return measured
+    calibration = params["calibration_used"]
+    host = host_s({**measured, "ranks": params["ranks"]}, calibration,
+                  int(calibration.get("host_cores") or host_cores()))
+    predicted = float(params["predicted_time_s"]) + host
     return {**measured, "predicted_time_s": predicted, "predicted_host_s": host,
-            "error_pct": 100 * (predicted / time_s - 1), **({"load_average": load[0]} if load else {})}
+            "error_pct": 100 * (predicted / time_s - 1)}
+
+
+def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: dict,
+                          fit: list[bool]) -> list[dict]:
+    """Launcher target: one world's points (fit runs and scored cells alike), each set up,
+    checked and warmed up, then sampled in turn, round by round (every point's i-th sample
+    before any point's (i+1)-th), so that all of them see the same load on a shared machine.
+    ``repeats[i]`` samples of point i; fit points (``fit[i]``) are not checked. Rank 0 returns
+    the records, the other ranks []."""
+    import dataclasses
+
+    from moe_repro.suites.runner import RunConfig, _timed, prepare_point, summarized
+
+    cfg = RunConfig(**config)
+    prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
+                for p, f in zip(points, fit)]
+    samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
+    for r in range(max(repeats)):
+        for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
+            if r < repeats[i]:
+                t = _timed(alltoall.SUITE, state, number, ctx, timer)
+                for name, value in {"time_s": t, **derive(p, state, t)}.items():
+                    samples[i].setdefault(name, []).append(float(value))
+    records = []
+    for i, (state, record, timer, number, device) in enumerate(prepared):
+        record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
+                      device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
+                      ranks_per_node=ctx.ranks_per_node)
+        records.append(record)
+    return records if ctx.rank == 0 else []
+
+
+def _in_turn(a: list, b: list) -> list:
+    """a[0], b[0], a[1], b[1], ... then the rest of the longer."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
+
+
+def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dict] | None:
+    """calibration=fit: the fit set and the scored cells measured in the same worlds, one world
+    per ranks count, their samples in turn (measure_world_on_rank): load that drifts over the
+    minutes of a run moves the fit and the cells together. Then the fit (fit_flat, host prices
+    measured after the worlds) and each cell's prediction. None (measured the usual way, the
+    prediction made per sample by derive) for calibration=FILE."""
+    import json
+    from dataclasses import asdict
+
+    from moe_repro.runtime.launch import run_ranks
+    from moe_repro.suites.runner import summarized
+
+    fitted = [p for p in grid if str(p["calibration"]) == "fit"]
+    if not fitted:
+        return None
+    if len(fitted) != len(grid):
+        raise ValueError("calibration=fit and calibration=FILE cannot share one run: run them apart")
+    by_set: dict[str, list[int]] = {}
+    for i, p in enumerate(grid):
+        by_set.setdefault(json.dumps(p["fit_set"], sort_keys=True), []).append(i)
+    records: list[dict | None] = [None] * len(grid)
+    finished = 0
+    for key, members in by_set.items():
+        fs = json.loads(key)
+        fit_points = flat_fit_points(fs["backend"], fs["ranks"], fs["sizes"], fs["gpus_per_node"], fs["shape"])
+        fit_records: list[dict | None] = [None] * len(fit_points)
+        print(f"alltoall-validation: the fit set (flat over {fs['backend']}, ranks "
+              f"{'+'.join(map(str, fs['ranks']))}, sizes {'+'.join(map(str, fs['sizes']))} B per rank) "
+              f"measured in the grid's worlds, in turn with the cells", file=sys.stderr)
+        load_before = load_average()
+        worlds: dict[tuple, tuple[list[int], list[int]]] = {}  # world -> (fit indices, cell indices)
+        for j, f in enumerate(fit_points):
+            worlds.setdefault((f["ranks"], f["ranks_per_node"]), ([], []))[0].append(j)
+        for i in members:
+            worlds.setdefault((grid[i]["ranks"], grid[i]["ranks_per_node"]), ([], []))[1].append(i)
+        for (ranks, per_node), (fits, cells) in sorted(worlds.items()):
+            order = _in_turn([("fit", j) for j in fits], [("cell", i) for i in cells])
+            if progress:
+                progress(finished, len(grid), {"ranks": ranks, "backend": fs["backend"], "ranks_per_node": per_node})
+            got = run_ranks("moe_repro.suites.alltoall_validation:measure_world_on_rank",
+                            {"points": [fit_points[k] if what == "fit" else grid[k] for what, k in order],
+                             "repeats": [fs["repeats"] if what == "fit" else config.repeats for what, _ in order],
+                             "config": asdict(config), "fit": [what == "fit" for what, _ in order]},
+                            world_size=ranks, ranks_per_node=per_node, backend=fs["backend"],
+                            timeout_s=config.timeout_s)[0]
+            for (what, k), rec in zip(order, got):
+                if what == "fit":
+                    fit_records[k] = rec
+                else:
+                    records[k] = {**rec, "suite": SUITE.name}
+            finished += len(cells)
+        block = {**fit_flat(fit_points, fit_records, measure_host_costs(), fs["backend"], load_before,
+                            _fitted_on(fs)), "source": "fit"}
+        cores = int(block["host_cores"])
+        for i in members:
+            rec, point = records[i], grid[i]
+            host = host_s({**rec, "ranks": point["ranks"]}, block, cores)
+            predicted = predict(point, block, cores)
+            total = predicted["predicted_time_s"] + host
+            extra = {"predicted_time_s": [total] * len(rec["samples"]["time_s"]),
+                     "predicted_host_s": [host] * len(rec["samples"]["time_s"]),
+                     "error_pct": [100 * (total / t - 1) for t in rec["samples"]["time_s"]]}
+            rec["samples"].update(extra)
+            rec.update(summarized(extra), predicted_inter_node_bytes=predicted["predicted_inter_node_bytes"],
+                       predicted_intra_node_bytes=predicted["predicted_intra_node_bytes"],
+                       calibration_used=block)
+    for rec in records:
+        if done:
+            done(rec)
+    return records
 
 
 def _calibration_source(value: str) -> None:
@@ -434,6 +577,7 @@ SUITE = Suite(
     table_metrics=("time_s", "predicted_time_s", "error_pct"),
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
+    measure_grid=measure_grid,
     setup=alltoall.setup,
     run=alltoall.run,
     derive=derive,
