@@ -31,9 +31,13 @@ reorder, RBD's pilot selection and reconstruction): the aten ops, the bytes they
 Python bytecode instructions run between them are counted on a warm call of the run's own
 dispatch (suites/alltoall.count_host_work and count_python_work, in setup) and priced at a
 per-op cost, a packing rate and a per-instruction cost measured on one core, in CPU time,
-apart from any all-to-all (measure_host_costs), stretched by ranks / cores when ranks
-outnumber cores (simulator.host_work_s); bytes written into fresh tensors are priced at the
-measured rate of a fresh write (page faults included). Every fit and every record keeps the
+apart from any all-to-all (measure_host_costs), and stretched (simulator.host_work_s) by the
+wall seconds per CPU second that the ranks' own work takes in the run's world (cpu_stretch:
+every rank runs the same Python work at once, once a round, slowest rank, median over the
+rounds): a rank shares the cores with the other ranks and with whatever else the machine runs
+then (a profile file's block, measured elsewhere, stretches by ranks / cores instead); bytes
+written into fresh tensors are priced at the measured rate of a fresh write (page faults
+included). Every fit and every record keeps the
 machine's load average. What it still leaves out (so where errors come from): the copy regime
 changing with size (caches), a per-op cost that differs between op kinds, and the machine's
 other load while it runs (which the fitted latencies absorb only at the load of the fit). The
@@ -43,6 +47,7 @@ default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
@@ -246,9 +251,27 @@ def host_s(record: dict, block: dict, cores: int) -> float:
                           block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
                           record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
                           record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
-                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9)
+                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9,
+                          record.get("cpu_stretch"))
 
 
+def cpu_stretch(ctx, cpu_s: float = 0.03) -> float:
+    """Wall seconds per CPU second of Python work (_python_bookkeeping, ``cpu_s`` of it) that
+    every rank of the world runs at once, the slowest rank's: how much longer host work takes
+    than its one-core price when the ranks share the cores with each other and with whatever
+    else runs on the machine at that moment. 30 ms: several scheduler slices, so the share is
+    the steady one (2 ms bursts just after the barrier ran on their wake-up credit: 1.0 at 4
+    ranks on 2 cores)."""
+    from moe_repro.runtime.timing import host_seconds, thread_cpu_seconds
+
+    ctx.barrier()
+    wall, cpu = host_seconds(), thread_cpu_seconds()
+    while thread_cpu_seconds() - cpu < cpu_s:
+        _python_bookkeeping()
+    return ctx.all_reduce_max((host_seconds() - wall) / max(thread_cpu_seconds() - cpu, 1e-9))
+
+
+HOST_COUNTS = ("host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work", "cpu_stretch")
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
 
 
@@ -320,7 +343,8 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
                                       "before the fit runs and after the host prices"},
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
                      "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
-                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x max(1, ranks / host_cores), "
+                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x the cpu_stretch measured in the run's "
+                     "world (else max(1, ranks / host_cores)), "
                      "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
                      "(suites/alltoall.count_host_work, count_python_work)",
              "fitted_on": fitted_on}
@@ -330,8 +354,7 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
         residuals.append(simulated / rec["time_s"] - 1)
         runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "size": point["size"],
                      "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
-                     "host_s": host, "host_ops": rec.get("host_ops"), "host_bytes": rec.get("host_bytes"),
-                     "host_fresh_bytes": rec.get("host_fresh_bytes"),
+                     "host_s": host, **{k: rec.get(k) for k in HOST_COUNTS},
                      "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
                      "bytes_term": term[2]})
     block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
@@ -390,7 +413,9 @@ def _how(point: dict, fitted_on: str) -> dict:
                                 f"plus the run's host work (its counted ops, packed bytes and Python "
                                 f"instructions at the measured per-op, packing and per-instruction "
                                 f"costs)",
-            "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
+            "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work, "
+                                "stretched by the cpu_stretch measured in its world (fit) or by "
+                                "ranks / cores (a profile file)",
             "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
 
 
@@ -442,17 +467,20 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
                 for p, f in zip(points, fit)]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
+    stretch = []
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
                 t = _timed(alltoall.SUITE, state, number, ctx, timer)
                 for name, value in {"time_s": t, **derive(p, state, t)}.items():
                     samples[i].setdefault(name, []).append(float(value))
+        stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
     records = []
     for i, (state, record, timer, number, device) in enumerate(prepared):
         record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
                       device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
-                      ranks_per_node=ctx.ranks_per_node)
+                      ranks_per_node=ctx.ranks_per_node, cpu_stretch=statistics.median(stretch),
+                      cpu_stretch_samples=stretch)
         records.append(record)
     return records if ctx.rank == 0 else []
 

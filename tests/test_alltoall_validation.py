@@ -101,6 +101,12 @@ def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_
         == pytest.approx(8.2e-3, rel=1e-12)
     with pytest.raises(ValueError):
         ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
+    # a measured stretch replaces ranks / cores: 2 ranks on 2 cores that get 1.5 s of wall per CPU
+    # second (other load) take 1.5 times as long, 8 ranks at a measured 3 three times
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, stretch=1.5) == pytest.approx(1.5 * 3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2, stretch=3.0) == pytest.approx(3 * 3.2e-3, rel=1e-12)
+    with pytest.raises(ValueError):
+        ns.host_work_s(1, 1, 1e-6, 1e9, 2, 2, stretch=0.0)
 
 
 def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives():
@@ -302,6 +308,8 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # the host work is counted on the run and is part of the prediction
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
+        # measured in the run's world: wall per CPU second is never below 1 for one thread
+        assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
