@@ -30,8 +30,11 @@ The prediction adds to the simulated messages the CPU work around them (gatherin
 reorder, RBD's pilot selection and reconstruction): the aten ops, the bytes they write and the
 Python bytecode instructions run between them are counted on a warm call of the run's own
 dispatch (suites/alltoall.count_host_work and count_python_work, in setup) and priced at a
-per-op cost, a packing rate and a per-instruction cost measured on one core, in CPU time,
-apart from any all-to-all (measure_host_costs), and stretched (simulator.host_work_s) by the
+per-op cost, a packing rate and a per-instruction cost measured in CPU time apart from any
+all-to-all (measure_host_costs; with calibration=fit in each ranks count's world, once a
+round, every rank at once, slowest rank, median over the rounds: world_price_sample, since
+ranks that pack at once share the caches and the memory bus -- 2 ranks packed at 3 GB/s
+where one process alone packed at 8), and stretched (simulator.host_work_s) by the
 wall seconds per CPU second that the ranks' own work takes in the run's world (cpu_stretch:
 every rank runs the same Python work at once, once a round, slowest rank, median over the
 rounds): a rank shares the cores with the other ranks and with whatever else the machine runs
@@ -147,22 +150,6 @@ PRICE_ROUTING = {"hidden": 64, "experts": 16, "top_k": 4, "placement": "contiguo
                  "ranks": 4, "gpus_per_node": 2, "algo": "rbd", "backend": "gloo", "sizes": 64 * 4 * 64 * 4}
 
 
-def _least_cpu_s(fn, loop: int, repeats: int) -> tuple[float, float]:
-    """(least CPU seconds of one call of ``fn`` over ``repeats`` samples of ``loop`` calls, the
-    samples' spread max / min), on this thread's CPU clock: on a shared machine the time
-    other processes hold the core is left out, and the least sample is the one least disturbed
-    (caches, frequency) by them."""
-    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
-
-    samples = []
-    for _ in range(repeats):
-        t0 = thread_cpu_seconds()
-        for _ in range(loop):
-            fn()
-        samples.append((thread_cpu_seconds() - t0) / loop)
-    return min(samples), max(samples) / max(min(samples), 1e-12)
-
-
 def _python_bookkeeping(n: int = 64) -> int:
     """Pure Python of the kind a dispatch runs between its ops (count lists, prefix sums,
     per-peer dicts): no tensor."""
@@ -172,10 +159,98 @@ def _python_bookkeeping(n: int = 64) -> int:
     return sum(int(c) for c in starts) + len(peers)
 
 
+class _PriceWork:
+    """The work the host prices are measured on (built once per process): Python bookkeeping,
+    a stable argsort of 2^16 random int64 keys, the flat send layout and RBD's pilot selection
+    on PRICE_ROUTING, and index_select of ``pack_bytes`` of 1 KiB rows in random order."""
+
+    def __init__(self, pack_bytes: int):
+        import torch
+
+        from moe_repro.components.alltoall.flat import flat_send_layout
+        from moe_repro.components.alltoall.rbd import select_pilots
+        from moe_repro.components.network.topology import Topology
+
+        self.py_instructions = alltoall.count_python_work(_python_bookkeeping)
+        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
+        self.sort = lambda: torch.argsort(keys, stable=True)
+        self.sort_work = alltoall.count_host_work(self.sort)["sort_work"]
+        point = alltoall_point(PRICE_ROUTING)
+        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
+        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
+        generator = torch.Generator()
+
+        def plan():
+            generator.manual_seed(0)  # the same pilots every call
+            flat_send_layout(work["pft"], work["placement"], topo.world_size)
+            select_pilots(work["pft"], work["placement"], topo, generator)
+
+        self.plan = plan
+        self.plan_work = alltoall.count_host_work(plan)
+        self.plan_instructions = alltoall.count_python_work(plan)
+        self.rows = max(1, pack_bytes // 1024)
+        self.x = torch.randn(self.rows, 256)
+        order = torch.randperm(self.rows, generator=torch.Generator().manual_seed(0))
+        out = torch.empty_like(self.x)
+        torch.index_select(self.x, 0, order, out=out)  # first touch outside the timing
+        self.pack = lambda: torch.index_select(self.x, 0, order, out=out)
+        self.fresh = lambda: torch.index_select(self.x, 0, order)
+
+    def sample(self, repeats: int) -> dict[str, list[float]]:
+        """``repeats`` samples of each raw time (CPU seconds of one call), one thread."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one rank = one thread, as in the runs
+        try:
+            return {name: _cpu_samples(fn, loop, repeats)
+                    for name, fn, loop in (("python", _python_bookkeeping, 200), ("sort", self.sort, 3),
+                                           ("plan", self.plan, 50), ("pack", self.pack, 1),
+                                           ("fresh", self.fresh, 1))}
+        finally:
+            torch.set_num_threads(threads)
+
+    def prices(self, samples: dict[str, list[float]], pick) -> dict:
+        """The prices from raw times, each time ``pick``ed over its samples (min or median)."""
+        t = {name: pick(xs) for name, xs in samples.items()}
+        py_op_s = t["python"] / self.py_instructions
+        sort_unit_s = t["sort"] / self.sort_work
+        op_s = max(t["plan"] - self.plan_instructions * py_op_s - self.plan_work["sort_work"] * sort_unit_s,
+                   1e-9) / self.plan_work["ops"]
+        nbytes = self.x.numel() * 4
+        return {"host_op_us": op_s * 1e6, "python_op_ns": py_op_s * 1e9, "sort_unit_ns": sort_unit_s * 1e9,
+                "pack_GBps": nbytes / max(t["pack"] - op_s, 1e-9) / 1e9,
+                "fresh_GBps": nbytes / max(t["fresh"] - op_s, 1e-9) / 1e9}
+
+
+def _cpu_samples(fn, loop: int, repeats: int) -> list[float]:
+    """``repeats`` samples of the CPU seconds of one call of ``fn`` (each the mean of ``loop``
+    calls), on this thread's CPU clock: on a shared machine the time other processes hold the
+    core is left out."""
+    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
+
+    samples = []
+    for _ in range(repeats):
+        t0 = thread_cpu_seconds()
+        for _ in range(loop):
+            fn()
+        samples.append((thread_cpu_seconds() - t0) / loop)
+    return samples
+
+
+_PRICE_WORK: dict[int, _PriceWork] = {}
+
+
+def price_work(pack_bytes: int = 4 * 2 ** 20) -> _PriceWork:
+    if pack_bytes not in _PRICE_WORK:
+        _PRICE_WORK[pack_bytes] = _PriceWork(pack_bytes)
+    return _PRICE_WORK[pack_bytes]
+
+
 def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     """The prices of the host-work term (simulator.host_work_s), measured on one core in this
-    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples; the
-    spread max / min kept beside each):
+    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples: the one
+    least disturbed by other processes; the spread max / min kept beside each):
     ``python_op_ns``, one Python bytecode instruction (_python_bookkeeping, its instructions
     counted by suites/alltoall.count_python_work);
     ``sort_unit_ns``, one unit of n log2 n of a stable argsort of 2^16 random int64 keys (the
@@ -187,56 +262,18 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     ``pack_GBps``, packing rows by index (index_select of ``pack_bytes`` of 1 KiB rows in
     random order into a reused buffer, one op's cost taken off);
     ``fresh_GBps``, the same into a fresh tensor (page faults of first touch included)."""
-    import torch
-
-    from moe_repro.components.alltoall.flat import flat_send_layout
-    from moe_repro.components.alltoall.rbd import select_pilots
-    from moe_repro.components.network.topology import Topology
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one rank = one thread, as in the runs
-    try:
-        py_s, py_spread = _least_cpu_s(_python_bookkeeping, 200, repeats)
-        py_op_s = py_s / alltoall.count_python_work(_python_bookkeeping)
-
-        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
-        sort_s, sort_spread = _least_cpu_s(lambda: torch.argsort(keys, stable=True), 3, repeats)
-        sort_unit_s = sort_s / alltoall.count_host_work(lambda: torch.argsort(keys, stable=True))["sort_work"]
-
-        point = alltoall_point(PRICE_ROUTING)
-        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
-        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
-        generator = torch.Generator()
-
-        def plan():
-            generator.manual_seed(0)  # the same pilots every call
-            flat_send_layout(work["pft"], work["placement"], topo.world_size)
-            select_pilots(work["pft"], work["placement"], topo, generator)
-
-        plan_work = alltoall.count_host_work(plan)
-        plan_s, op_spread = _least_cpu_s(plan, 50, repeats)
-        op_s = max(plan_s - alltoall.count_python_work(plan) * py_op_s - plan_work["sort_work"] * sort_unit_s,
-                   1e-9) / plan_work["ops"]
-
-        rows = max(1, pack_bytes // 1024)
-        x = torch.randn(rows, 256)
-        order = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
-        out = torch.empty_like(x)
-        torch.index_select(x, 0, order, out=out)  # first touch outside the timing
-        pack_s, pack_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order, out=out), 1, repeats)
-        fresh_s, fresh_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order), 1, repeats)
-    finally:
-        torch.set_num_threads(threads)
-    return {"host_op_us": op_s * 1e6, "host_op_spread": op_spread,
-            "python_op_ns": py_op_s * 1e9, "python_op_spread": py_spread,
-            "sort_unit_ns": sort_unit_s * 1e9, "sort_spread": sort_spread,
-            "pack_GBps": x.numel() * 4 / max(pack_s - op_s, 1e-9) / 1e9, "pack_spread": pack_spread,
-            "fresh_GBps": x.numel() * 4 / max(fresh_s - op_s, 1e-9) / 1e9, "fresh_spread": fresh_spread,
+    work = price_work(pack_bytes)
+    samples = work.sample(repeats)
+    spread = {name: max(xs) / max(min(xs), 1e-12) for name, xs in samples.items()}
+    return {**work.prices(samples, min),
+            **{f"{price}_spread": spread[raw] for price, raw in
+               (("host_op", "plan"), ("python_op", "python"), ("sort", "sort"), ("pack", "pack"),
+                ("fresh", "fresh"))},
             "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
                              f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
                              f"(per n log2 n), the flat send layout and RBD's "
                              f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
-                             f"op, {plan_work['ops']} ops), index_select of {rows} rows of 1 KiB in random "
+                             f"op, {work.plan_work['ops']} ops), index_select of {work.rows} rows of 1 KiB in random "
                              f"order into a reused buffer and into a fresh one (packing)"}
 
 
@@ -247,12 +284,22 @@ def host_s(record: dict, block: dict, cores: int) -> float:
 
     if "host_op_us" not in block or "host_ops" not in record:
         return 0.0
+    # the prices measured in the run's world where the block has them
+    block = {**block, **(block.get("host_prices_by_ranks") or {}).get(str(int(record["ranks"])), {})}
     return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
                           block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
                           record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
                           record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
                           record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9,
                           record.get("cpu_stretch"))
+
+
+def world_price_sample(ctx) -> dict[str, float]:
+    """One sample of each raw time the host prices come from (_PriceWork), every rank of the
+    world measuring at once, the slowest rank's: the caches and the memory bus shared with the
+    other ranks and the machine's other load as the runs share them."""
+    ctx.barrier()
+    return {name: ctx.all_reduce_max(xs[0]) for name, xs in price_work().sample(1).items()}
 
 
 def cpu_stretch(ctx, cpu_s: float = 0.03) -> float:
@@ -314,6 +361,9 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
 
     cores = host_cores()
     load_after = load_average()
+    # prices measured in each ranks count's world, where the runs have them (measure_grid)
+    by_ranks = {str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r}
+    prices = {**prices, **({"host_prices_by_ranks": by_ranks} if by_ranks else {})}
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)
@@ -467,7 +517,7 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
                 for p, f in zip(points, fit)]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
-    stretch = []
+    stretch, priced = [], []
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
@@ -475,12 +525,15 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
                 for name, value in {"time_s": t, **derive(p, state, t)}.items():
                     samples[i].setdefault(name, []).append(float(value))
         stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
+        priced.append(world_price_sample(ctx))
     records = []
     for i, (state, record, timer, number, device) in enumerate(prepared):
         record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
                       device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
                       ranks_per_node=ctx.ranks_per_node, cpu_stretch=statistics.median(stretch),
-                      cpu_stretch_samples=stretch)
+                      cpu_stretch_samples=stretch,
+                      host_prices=price_work().prices({k: [x[k] for x in priced] for k in priced[0]},
+                                                      statistics.median))
         records.append(record)
     return records if ctx.rank == 0 else []
 

@@ -310,6 +310,9 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         # measured in the run's world: wall per CPU second is never below 1 for one thread
         assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3
+        # and the host prices, measured in the world by every rank at once
+        world_prices = r["calibration_used"]["host_prices_by_ranks"]["2"]
+        assert world_prices == r["host_prices"] and world_prices["pack_GBps"] > 0 and world_prices["host_op_us"] > 0
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
@@ -373,3 +376,17 @@ def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(
         assert "same worlds" in calib["fitted_on"] and "same worlds" in r["how"]["predicted_time_s"]
         assert r["error_pct"] == pytest.approx(0.0, abs=1e-6)
         assert len(r["samples"]["error_pct"]) == 3
+
+
+def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
+    """A block with prices per ranks count (measured in each world) prices a run at its own
+    ranks count's, and at the block's own prices where it has none for that count."""
+    from moe_repro.suites import alltoall_validation as v
+
+    block = {"host_op_us": 1.0, "pack_GBps": 1.0, "host_cores": 2,
+             "host_prices_by_ranks": {"4": {"host_op_us": 10.0, "pack_GBps": 2.0}}}
+    run = {"host_ops": 100, "host_bytes": 2e6, "cpu_stretch": 1.5}
+    # 4 ranks: 100 ops at 10 us + 2 MB at 2 GB/s = 2 ms, stretched 1.5 times
+    assert v.host_s({**run, "ranks": 4}, block, 2) == pytest.approx(3e-3, rel=1e-12)
+    # 8 ranks: the block's own prices, 100 us + 2 ms
+    assert v.host_s({**run, "ranks": 8}, block, 2) == pytest.approx(1.5 * 2.1e-3, rel=1e-12)
