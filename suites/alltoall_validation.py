@@ -36,9 +36,10 @@ round, every rank at once, slowest rank, median over the rounds: world_price_sam
 ranks that pack at once share the caches and the memory bus -- 2 ranks packed at 3 GB/s
 where one process alone packed at 8), and stretched (simulator.host_work_s) by the
 wall seconds per CPU second that the ranks' own work takes in the run's world (cpu_stretch:
-every rank runs the same Python work at once, once a round, slowest rank, median over the
+every rank runs the same pieces of Python work at once, each ended by a tiny collective as
+a dispatch's host work is by its next phase, once a round, slowest rank, median over the
 rounds): a rank shares the cores with the other ranks and with whatever else the machine runs
-then (a profile file's block, measured elsewhere, stretches by ranks / cores instead); bytes
+then, and each sync waits for the rank preempted last (a profile file's block, measured elsewhere, stretches by ranks / cores instead); bytes
 written into fresh tensors are priced at the measured rate of a fresh write (page faults
 included). Every fit and every record keeps the
 machine's load average. What it still leaves out (so where errors come from): the copy regime
@@ -302,20 +303,32 @@ def world_price_sample(ctx) -> dict[str, float]:
     return {name: ctx.all_reduce_max(xs[0]) for name, xs in price_work().sample(1).items()}
 
 
-def cpu_stretch(ctx, cpu_s: float = 0.03) -> float:
-    """Wall seconds per CPU second of Python work (_python_bookkeeping, ``cpu_s`` of it) that
-    every rank of the world runs at once, the slowest rank's: how much longer host work takes
-    than its one-core price when the ranks share the cores with each other and with whatever
-    else runs on the machine at that moment. 30 ms: several scheduler slices, so the share is
-    the steady one (2 ms bursts just after the barrier ran on their wake-up credit: 1.0 at 4
-    ranks on 2 cores)."""
+def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
+    """Wall seconds per CPU second of host work as a dispatch runs it: ``segments`` pieces of
+    Python work (_python_bookkeeping, ``segment_s`` of CPU each) on every rank at once, each
+    ended by a tiny collective of the world (the next phase's sync), less as many tiny
+    collectives back to back, the slowest rank's. A rank shares the cores with the other ranks
+    and with whatever else the machine runs then, and a sync waits for the rank that was
+    preempted last (2 ranks on 2 cores measured about 2, where 30 ms of work with no sync
+    measured 1.0-1.7). 1 ms: between the 0.15 ms and 2.5 ms of host work per sync of RBD's
+    dispatch at 1 KiB and 16 MiB; 0.05 ms pieces were lost in the syncs' own spread."""
     from moe_repro.runtime.timing import host_seconds, thread_cpu_seconds
 
-    ctx.barrier()
-    wall, cpu = host_seconds(), thread_cpu_seconds()
-    while thread_cpu_seconds() - cpu < cpu_s:
-        _python_bookkeeping()
-    return ctx.all_reduce_max((host_seconds() - wall) / max(thread_cpu_seconds() - cpu, 1e-9))
+    def timed(work: bool) -> tuple[float, float]:
+        ctx.barrier()
+        start, cpu = host_seconds(), 0.0
+        for _ in range(segments):
+            if work:
+                begin = thread_cpu_seconds()
+                while thread_cpu_seconds() - begin < segment_s:
+                    _python_bookkeeping()
+                cpu += thread_cpu_seconds() - begin
+            ctx.all_reduce_max(0.0)  # a tiny collective of the world
+        return host_seconds() - start, cpu
+
+    synced, _ = timed(False)
+    wall, cpu = timed(True)
+    return ctx.all_reduce_max(max(wall - synced, cpu) / max(cpu, 1e-9))
 
 
 HOST_COUNTS = ("host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work", "cpu_stretch")
