@@ -551,6 +551,12 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     return records if ctx.rank == 0 else []
 
 
+# Calls per sample chosen from the median of this many single calls: one call that hit a
+# scheduler stall (3-5 ms at a load of 8 on 2 cores) made a 0.5 ms dispatch's samples 3 calls
+# long, each then either stall-free or several times too slow (fit and cells alike).
+NUMBER_FROM = 5
+
+
 def _in_turn(a: list, b: list) -> list:
     """a[0], b[0], a[1], b[1], ... then the rest of the longer."""
     out = []
@@ -566,7 +572,7 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
     measured after the worlds) and each cell's prediction. None (measured the usual way, the
     prediction made per sample by derive) for calibration=FILE."""
     import json
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from moe_repro.runtime.launch import run_ranks
     from moe_repro.suites.runner import summarized
@@ -601,7 +607,8 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
             got = run_ranks("moe_repro.suites.alltoall_validation:measure_world_on_rank",
                             {"points": [fit_points[k] if what == "fit" else grid[k] for what, k in order],
                              "repeats": [fs["repeats"] if what == "fit" else config.repeats for what, _ in order],
-                             "config": asdict(config), "fit": [what == "fit" for what, _ in order]},
+                             "config": asdict(replace(config, number_from=NUMBER_FROM)),
+                             "fit": [what == "fit" for what, _ in order]},
                             world_size=ranks, ranks_per_node=per_node, backend=fs["backend"],
                             timeout_s=config.timeout_s)[0]
             for (what, k), rec in zip(order, got):

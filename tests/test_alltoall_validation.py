@@ -367,6 +367,7 @@ def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(
                          ("flat", 65536, False), ("flat", 4194304, True)]
         assert all(p["ranks"] == n for p in kwargs["points"])
         assert kwargs["repeats"] == [2, 3, 2, 3, 2]
+        assert kwargs["config"]["number_from"] > 1  # calls per sample not set by one stalled call
     assert [(r["ranks"], r["size"]) for r in records] == [(2, 1024), (2, 65536), (4, 1024), (4, 65536)]
     for r in records:
         calib = r["calibration_used"]
