@@ -7,12 +7,15 @@ measured call, the count exchange, #wrong; ``ranks`` real local ranks in emulate
 ``routed_schedule`` for the ranks' real routing, count exchange included) on a local profile
 calibrated from *other* runs:
 
-- ``calibration=fit`` (default): before the grid, a fit set is measured -- flat only, at the
-  sizes ``fit_sizes`` (none of the default grid's sizes) and the ranks counts ``fit_ranks``,
-  same backend and emulated nodes -- and the simulator's serial latency model is fitted to it
-  (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by non-negative least squares on
-  relative error). HALO and RBD are never fitted, and no validated size is: every cell is a
-  prediction.
+- ``calibration=fit`` (default): a fit set -- flat only, at the sizes ``fit_sizes`` (none of
+  the default grid's sizes) and the ranks counts ``fit_ranks``, same backend and emulated nodes
+  -- is measured in the same worlds as the scored cells (one world per ranks count), the fit
+  runs and the cells alternating and sampled in turn, round by round (measure_grid): on a
+  shared machine the load drifts over the minutes of a run, and a fit measured before the grid
+  priced every synchronisation at another load. Then the simulator's serial latency model is
+  fitted to the fit runs (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by
+  non-negative least squares on relative error) and each cell predicted. HALO and RBD are never
+  fitted, and no validated size is: every cell is a prediction.
 - ``calibration=FILE``: the ``calibration`` block that ``repro calibrate`` wrote into a profile,
   for the point's backend (that fit used flat runs at its own sizes, which may include
   validated ones: say so when comparing).
@@ -27,10 +30,18 @@ The prediction adds to the simulated messages the CPU work around them (gatherin
 reorder, RBD's pilot selection and reconstruction): the aten ops, the bytes they write and the
 Python bytecode instructions run between them are counted on a warm call of the run's own
 dispatch (suites/alltoall.count_host_work and count_python_work, in setup) and priced at a
-per-op cost, a packing rate and a per-instruction cost measured on one core, in CPU time,
-apart from any all-to-all (measure_host_costs), stretched by ranks / cores when ranks
-outnumber cores (simulator.host_work_s); bytes written into fresh tensors are priced at the
-measured rate of a fresh write (page faults included). Every fit and every record keeps the
+per-op cost, a packing rate and a per-instruction cost measured in CPU time apart from any
+all-to-all (measure_host_costs; with calibration=fit in each ranks count's world, once a
+round, every rank at once, slowest rank, median over the rounds: world_price_sample, since
+ranks that pack at once share the caches and the memory bus -- 2 ranks packed at 3 GB/s
+where one process alone packed at 8), and stretched (simulator.host_work_s) by the
+wall seconds per CPU second that the ranks' own work takes in the run's world (cpu_stretch:
+every rank runs the same pieces of Python work at once, each ended by a tiny collective as
+a dispatch's host work is by its next phase, once a round, slowest rank, median over the
+rounds): a rank shares the cores with the other ranks and with whatever else the machine runs
+then, and each sync waits for the rank preempted last (a profile file's block, measured elsewhere, stretches by ranks / cores instead); bytes
+written into fresh tensors are priced at the measured rate of a fresh write (page faults
+included). Every fit and every record keeps the
 machine's load average. What it still leaves out (so where errors come from): the copy regime
 changing with size (caches), a per-op cost that differs between op kinds, and the machine's
 other load while it runs (which the fitted latencies absorb only at the load of the fit). The
@@ -40,10 +51,10 @@ default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.components.provenance import remembering
 from moe_repro.suites import alltoall
 from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
                                    parse_size, registered, top_k_within_experts, whole)
@@ -140,22 +151,6 @@ PRICE_ROUTING = {"hidden": 64, "experts": 16, "top_k": 4, "placement": "contiguo
                  "ranks": 4, "gpus_per_node": 2, "algo": "rbd", "backend": "gloo", "sizes": 64 * 4 * 64 * 4}
 
 
-def _least_cpu_s(fn, loop: int, repeats: int) -> tuple[float, float]:
-    """(least CPU seconds of one call of ``fn`` over ``repeats`` samples of ``loop`` calls, the
-    samples' spread max / min), on this thread's CPU clock: on a shared machine the time
-    other processes hold the core is left out, and the least sample is the one least disturbed
-    (caches, frequency) by them."""
-    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
-
-    samples = []
-    for _ in range(repeats):
-        t0 = thread_cpu_seconds()
-        for _ in range(loop):
-            fn()
-        samples.append((thread_cpu_seconds() - t0) / loop)
-    return min(samples), max(samples) / max(min(samples), 1e-12)
-
-
 def _python_bookkeeping(n: int = 64) -> int:
     """Pure Python of the kind a dispatch runs between its ops (count lists, prefix sums,
     per-peer dicts): no tensor."""
@@ -165,10 +160,98 @@ def _python_bookkeeping(n: int = 64) -> int:
     return sum(int(c) for c in starts) + len(peers)
 
 
+class _PriceWork:
+    """The work the host prices are measured on (built once per process): Python bookkeeping,
+    a stable argsort of 2^16 random int64 keys, the flat send layout and RBD's pilot selection
+    on PRICE_ROUTING, and index_select of ``pack_bytes`` of 1 KiB rows in random order."""
+
+    def __init__(self, pack_bytes: int):
+        import torch
+
+        from moe_repro.components.alltoall.flat import flat_send_layout
+        from moe_repro.components.alltoall.rbd import select_pilots
+        from moe_repro.components.network.topology import Topology
+
+        self.py_instructions = alltoall.count_python_work(_python_bookkeeping)
+        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
+        self.sort = lambda: torch.argsort(keys, stable=True)
+        self.sort_work = alltoall.count_host_work(self.sort)["sort_work"]
+        point = alltoall_point(PRICE_ROUTING)
+        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
+        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
+        generator = torch.Generator()
+
+        def plan():
+            generator.manual_seed(0)  # the same pilots every call
+            flat_send_layout(work["pft"], work["placement"], topo.world_size)
+            select_pilots(work["pft"], work["placement"], topo, generator)
+
+        self.plan = plan
+        self.plan_work = alltoall.count_host_work(plan)
+        self.plan_instructions = alltoall.count_python_work(plan)
+        self.rows = max(1, pack_bytes // 1024)
+        self.x = torch.randn(self.rows, 256)
+        order = torch.randperm(self.rows, generator=torch.Generator().manual_seed(0))
+        out = torch.empty_like(self.x)
+        torch.index_select(self.x, 0, order, out=out)  # first touch outside the timing
+        self.pack = lambda: torch.index_select(self.x, 0, order, out=out)
+        self.fresh = lambda: torch.index_select(self.x, 0, order)
+
+    def sample(self, repeats: int) -> dict[str, list[float]]:
+        """``repeats`` samples of each raw time (CPU seconds of one call), one thread."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one rank = one thread, as in the runs
+        try:
+            return {name: _cpu_samples(fn, loop, repeats)
+                    for name, fn, loop in (("python", _python_bookkeeping, 200), ("sort", self.sort, 3),
+                                           ("plan", self.plan, 50), ("pack", self.pack, 1),
+                                           ("fresh", self.fresh, 1))}
+        finally:
+            torch.set_num_threads(threads)
+
+    def prices(self, samples: dict[str, list[float]], pick) -> dict:
+        """The prices from raw times, each time ``pick``ed over its samples (min or median)."""
+        t = {name: pick(xs) for name, xs in samples.items()}
+        py_op_s = t["python"] / self.py_instructions
+        sort_unit_s = t["sort"] / self.sort_work
+        op_s = max(t["plan"] - self.plan_instructions * py_op_s - self.plan_work["sort_work"] * sort_unit_s,
+                   1e-9) / self.plan_work["ops"]
+        nbytes = self.x.numel() * 4
+        return {"host_op_us": op_s * 1e6, "python_op_ns": py_op_s * 1e9, "sort_unit_ns": sort_unit_s * 1e9,
+                "pack_GBps": nbytes / max(t["pack"] - op_s, 1e-9) / 1e9,
+                "fresh_GBps": nbytes / max(t["fresh"] - op_s, 1e-9) / 1e9}
+
+
+def _cpu_samples(fn, loop: int, repeats: int) -> list[float]:
+    """``repeats`` samples of the CPU seconds of one call of ``fn`` (each the mean of ``loop``
+    calls), on this thread's CPU clock: on a shared machine the time other processes hold the
+    core is left out."""
+    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
+
+    samples = []
+    for _ in range(repeats):
+        t0 = thread_cpu_seconds()
+        for _ in range(loop):
+            fn()
+        samples.append((thread_cpu_seconds() - t0) / loop)
+    return samples
+
+
+_PRICE_WORK: dict[int, _PriceWork] = {}
+
+
+def price_work(pack_bytes: int = 4 * 2 ** 20) -> _PriceWork:
+    if pack_bytes not in _PRICE_WORK:
+        _PRICE_WORK[pack_bytes] = _PriceWork(pack_bytes)
+    return _PRICE_WORK[pack_bytes]
+
+
 def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     """The prices of the host-work term (simulator.host_work_s), measured on one core in this
-    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples; the
-    spread max / min kept beside each):
+    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples: the one
+    least disturbed by other processes; the spread max / min kept beside each):
     ``python_op_ns``, one Python bytecode instruction (_python_bookkeeping, its instructions
     counted by suites/alltoall.count_python_work);
     ``sort_unit_ns``, one unit of n log2 n of a stable argsort of 2^16 random int64 keys (the
@@ -180,56 +263,18 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     ``pack_GBps``, packing rows by index (index_select of ``pack_bytes`` of 1 KiB rows in
     random order into a reused buffer, one op's cost taken off);
     ``fresh_GBps``, the same into a fresh tensor (page faults of first touch included)."""
-    import torch
-
-    from moe_repro.components.alltoall.flat import flat_send_layout
-    from moe_repro.components.alltoall.rbd import select_pilots
-    from moe_repro.components.network.topology import Topology
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one rank = one thread, as in the runs
-    try:
-        py_s, py_spread = _least_cpu_s(_python_bookkeeping, 200, repeats)
-        py_op_s = py_s / alltoall.count_python_work(_python_bookkeeping)
-
-        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
-        sort_s, sort_spread = _least_cpu_s(lambda: torch.argsort(keys, stable=True), 3, repeats)
-        sort_unit_s = sort_s / alltoall.count_host_work(lambda: torch.argsort(keys, stable=True))["sort_work"]
-
-        point = alltoall_point(PRICE_ROUTING)
-        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
-        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
-        generator = torch.Generator()
-
-        def plan():
-            generator.manual_seed(0)  # the same pilots every call
-            flat_send_layout(work["pft"], work["placement"], topo.world_size)
-            select_pilots(work["pft"], work["placement"], topo, generator)
-
-        plan_work = alltoall.count_host_work(plan)
-        plan_s, op_spread = _least_cpu_s(plan, 50, repeats)
-        op_s = max(plan_s - alltoall.count_python_work(plan) * py_op_s - plan_work["sort_work"] * sort_unit_s,
-                   1e-9) / plan_work["ops"]
-
-        rows = max(1, pack_bytes // 1024)
-        x = torch.randn(rows, 256)
-        order = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
-        out = torch.empty_like(x)
-        torch.index_select(x, 0, order, out=out)  # first touch outside the timing
-        pack_s, pack_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order, out=out), 1, repeats)
-        fresh_s, fresh_spread = _least_cpu_s(lambda: torch.index_select(x, 0, order), 1, repeats)
-    finally:
-        torch.set_num_threads(threads)
-    return {"host_op_us": op_s * 1e6, "host_op_spread": op_spread,
-            "python_op_ns": py_op_s * 1e9, "python_op_spread": py_spread,
-            "sort_unit_ns": sort_unit_s * 1e9, "sort_spread": sort_spread,
-            "pack_GBps": x.numel() * 4 / max(pack_s - op_s, 1e-9) / 1e9, "pack_spread": pack_spread,
-            "fresh_GBps": x.numel() * 4 / max(fresh_s - op_s, 1e-9) / 1e9, "fresh_spread": fresh_spread,
+    work = price_work(pack_bytes)
+    samples = work.sample(repeats)
+    spread = {name: max(xs) / max(min(xs), 1e-12) for name, xs in samples.items()}
+    return {**work.prices(samples, min),
+            **{f"{price}_spread": spread[raw] for price, raw in
+               (("host_op", "plan"), ("python_op", "python"), ("sort", "sort"), ("pack", "pack"),
+                ("fresh", "fresh"))},
             "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
                              f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
                              f"(per n log2 n), the flat send layout and RBD's "
                              f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
-                             f"op, {plan_work['ops']} ops), index_select of {rows} rows of 1 KiB in random "
+                             f"op, {work.plan_work['ops']} ops), index_select of {work.rows} rows of 1 KiB in random "
                              f"order into a reused buffer and into a fresh one (packing)"}
 
 
@@ -240,11 +285,63 @@ def host_s(record: dict, block: dict, cores: int) -> float:
 
     if "host_op_us" not in block or "host_ops" not in record:
         return 0.0
+    # the prices measured in the run's world where the block has them
+    block = {**block, **(block.get("host_prices_by_ranks") or {}).get(str(int(record["ranks"])), {})}
     return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
                           block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
                           record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
                           record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
-                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9)
+                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9,
+                          record.get("cpu_stretch"))
+
+
+def world_price_sample(ctx) -> dict[str, float]:
+    """One sample of each raw time the host prices come from (_PriceWork), every rank of the
+    world measuring at once, the slowest rank's: the caches and the memory bus shared with the
+    other ranks and the machine's other load as the runs share them."""
+    ctx.barrier()
+    return {name: ctx.all_reduce_max(xs[0]) for name, xs in price_work().sample(1).items()}
+
+
+def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
+    """Wall seconds per CPU second of host work as a dispatch runs it: ``segments`` pieces of
+    Python work (_python_bookkeeping, ``segment_s`` of CPU each) on every rank at once, each
+    ended by a tiny collective of the world (the next phase's sync), less as many tiny
+    collectives back to back, the slowest rank's. A rank shares the cores with the other ranks
+    and with whatever else the machine runs then, and a sync waits for the rank that was
+    preempted last (2 ranks on 2 cores measured about 2, where 30 ms of work with no sync
+    measured 1.0-1.7). 1 ms: between the 0.15 ms and 2.5 ms of host work per sync of RBD's
+    dispatch at 1 KiB and 16 MiB; 0.05 ms pieces were lost in the syncs' own spread."""
+    from moe_repro.runtime.timing import host_seconds, thread_cpu_seconds
+
+    def timed(work: bool) -> tuple[float, float]:
+        ctx.barrier()
+        start, cpu = host_seconds(), 0.0
+        for _ in range(segments):
+            if work:
+                begin = thread_cpu_seconds()
+                while thread_cpu_seconds() - begin < segment_s:
+                    _python_bookkeeping()
+                cpu += thread_cpu_seconds() - begin
+            ctx.all_reduce_max(0.0)  # a tiny collective of the world
+        return host_seconds() - start, cpu
+
+    synced, _ = timed(False)
+    wall, cpu = timed(True)
+    return ctx.all_reduce_max(max(wall - synced, cpu) / max(cpu, 1e-9))
+
+
+HOST_COUNTS = ("host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work", "cpu_stretch")
+FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
+
+
+def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
+                    shape: dict | None = None) -> list[dict]:
+    """The alltoall points of a fit set: flat dispatches at ``ranks_list`` x ``sizes``."""
+    shape = {**FIT_SHAPE, **(shape or {})}
+    return [alltoall_point({**shape, "ranks": n, "gpus_per_node": min(gpus_per_node, n), "algo": "flat",
+                            "backend": backend, "sizes": s})
+            for n in ranks_list for s in sizes]
 
 
 def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
@@ -252,23 +349,34 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                          done=None) -> dict:
     """Measure flat dispatches over real local ranks (suites/alltoall.py: ``ranks_list`` x
     ``sizes``, emulated nodes of ``gpus_per_node``, ``repeats`` samples, median) and fit the
-    simulator's serial model to them (simulator.fit_alltoall_terms). Returns the calibration
-    block a profile stores per backend: latency_us (L), per_message_us (o), GBps (beta), the
-    form, the residuals of the fit simulated at the fitted values, and the runs. ``done``, when
-    given, is called with each measured point's record (progress)."""
-    from moe_repro.components.network import simulator as ns
+    simulator's serial model to them (fit_flat). ``done``, when given, is called with each
+    measured point's record (progress)."""
     from moe_repro.suites.runner import RunConfig, measure
 
-    shape = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0, **(shape or {})}
-    cores = host_cores()
-    points = [alltoall_point({**shape, "ranks": n, "gpus_per_node": min(gpus_per_node, n), "algo": "flat",
-                              "backend": backend, "sizes": s})
-              for n in ranks_list for s in sizes]
+    points = flat_fit_points(backend, ranks_list, sizes, gpus_per_node, shape)
     config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
     load_before = load_average()
     records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
     prices = measure_host_costs()
+    return fit_flat(points, records, prices, backend, load_before,
+                    f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
+                    f"nodes of {gpus_per_node} ranks, median of {repeats} repeats")
+
+
+def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str,
+             load_before: list | None, fitted_on: str) -> dict:
+    """Fit the simulator's serial model (simulator.fit_alltoall_terms) to measured flat
+    dispatches (``records`` of ``points``), their host work priced at ``prices``
+    (measure_host_costs) and taken off first. Returns the calibration block a profile stores
+    per backend: latency_us (L), per_message_us (o), GBps (beta), the form, the residuals of
+    the fit simulated at the fitted values, and the runs."""
+    from moe_repro.components.network import simulator as ns
+
+    cores = host_cores()
     load_after = load_average()
+    # prices measured in each ranks count's world, where the runs have them (measure_grid)
+    by_ranks = {str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r}
+    prices = {**prices, **({"host_prices_by_ranks": by_ranks} if by_ranks else {})}
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)
@@ -298,31 +406,23 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
                                       "before the fit runs and after the host prices"},
              "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
                      "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
-                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x max(1, ranks / host_cores), "
+                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x the cpu_stretch measured in the run's "
+                     "world (else max(1, ranks / host_cores)), "
                      "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
                      "(suites/alltoall.count_host_work, count_python_work)",
-             "fitted_on": f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
-                          f"nodes of {gpus_per_node} ranks, median of {repeats} repeats"}
+             "fitted_on": fitted_on}
     runs, residuals = [], []
     for point, rec, term, host in zip(points, records, terms, known if separated else [0.0] * len(known)):
         simulated = predict(point, block, cores)["predicted_time_s"] + host
         residuals.append(simulated / rec["time_s"] - 1)
         runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "size": point["size"],
                      "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
-                     "host_s": host, "host_ops": rec.get("host_ops"), "host_bytes": rec.get("host_bytes"),
-                     "host_fresh_bytes": rec.get("host_fresh_bytes"),
+                     "host_s": host, **{k: rec.get(k) for k in HOST_COUNTS},
                      "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
                      "bytes_term": term[2]})
     block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
                  max_abs_residual_pct=100 * max(abs(r) for r in residuals))
     return block
-
-
-@remembering(maxsize=8)
-def _fit_once(backend: str, gpus_per_node: int, ranks: tuple, sizes: tuple, repeats: int, shape: tuple) -> dict:
-    print(f"alltoall-validation: measuring the fit set (flat over {backend}, ranks "
-          f"{'+'.join(map(str, ranks))}, sizes {'+'.join(map(str, sizes))} B per rank)", file=sys.stderr)
-    return measure_and_fit_flat(backend, list(ranks), list(sizes), gpus_per_node, repeats, dict(shape))
 
 
 def calibration_from_profile(path: str, backend: str) -> dict:
@@ -341,43 +441,61 @@ def calibration_from_profile(path: str, backend: str) -> dict:
     return {**block, "source": path}
 
 
-def calibration_for(p: dict, gpus_per_node: int) -> dict:
+def fit_set(p: dict) -> dict:
+    """The fit set of a calibration=fit point: backend, emulated nodes, ranks counts, sizes,
+    repeats and the routing shape (checked; measured with the grid by measure_grid)."""
     from moe_repro.runtime.launch import launched_world_size
 
-    source = str(p["calibration"])
-    if source != "fit":
-        return calibration_from_profile(source, p["backend"])
     if launched_world_size():
         raise ValueError("calibration=fit starts its own worlds, which it cannot under torchrun/mpirun/"
                          "srun: write a profile with `repro calibrate` and pass calibration=FILE")
+    gpus_per_node = int(p["gpus_per_node"])
     ranks = tuple(split_list(p["fit_ranks"], "fit_ranks", int))
     sizes = tuple(split_list(p["fit_sizes"], "fit_sizes", parse_size))
     if min(ranks) < 2 or any(n % min(gpus_per_node, n) for n in ranks):
         raise ValueError(f"fit_ranks must be >= 2 and multiples of gpus_per_node, got {p['fit_ranks']}")
-    shape = tuple(sorted({k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}.items()))
     repeats = int(p["fit_repeats"])
     if repeats < 1:
         raise ValueError(f"fit_repeats must be >= 1, got {repeats}")
-    return {**_fit_once(str(p["backend"]), gpus_per_node, ranks, sizes, repeats, shape), "source": "fit"}
+    return {"backend": str(p["backend"]), "gpus_per_node": gpus_per_node, "ranks": list(ranks),
+            "sizes": list(sizes), "repeats": repeats,
+            "shape": {k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}}
+
+
+def _fitted_on(fs: dict) -> str:
+    return (f"flat over {fs['backend']}, ranks {list(fs['ranks'])}, sizes {list(fs['sizes'])} B per rank, "
+            f"emulated nodes of {fs['gpus_per_node']} ranks, median of {fs['repeats']} repeats, measured "
+            f"in the same worlds as the scored cells, their samples taken in turn (round by round)")
+
+
+def _how(point: dict, fitted_on: str) -> dict:
+    return {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
+                      f"exchange included), each sample the slowest rank",
+            "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
+                                f"run's own messages, on a local profile calibrated from {fitted_on}; "
+                                f"plus the run's host work (its counted ops, packed bytes and Python "
+                                f"instructions at the measured per-op, packing and per-instruction "
+                                f"costs)",
+            "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work, "
+                                "stretched by the cpu_stretch measured in its world (fit) or by "
+                                "ranks / cores (a profile file)",
+            "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
 
 
 def derived_params(p: dict) -> dict:
     point = alltoall_point(p)
-    calibration = calibration_for(p, int(p["gpus_per_node"]))
+    if str(p["calibration"]) == "fit":
+        # The fit set is measured with the grid, in its worlds (measure_grid): the prediction
+        # joins the record once the fit exists.
+        # The grid's own values name the set (the point's hidden may be narrowed below).
+        fs = fit_set(p)
+        return {**point, "fit_set": fs, "how": _how(point, _fitted_on(fs))}
+    calibration = calibration_from_profile(str(p["calibration"]), p["backend"])
     cores = int(calibration.get("host_cores") or host_cores())
-    how = {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
-                     f"exchange included), each sample the slowest rank",
-           "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
-                               f"run's own messages, on a local profile calibrated from "
-                               f"{calibration.get('fitted_on', calibration['source'])}; plus the "
-                               f"run's host work (its counted ops, packed bytes and Python "
-                               f"instructions at the measured per-op, packing and per-instruction "
-                               f"costs)",
-           "predicted_host_s": "simulated: simulator.host_work_s of the run's counted host work",
-           "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
     # Every alltoall param joins the point (its setup and run read them); simulated: false there
     # says the run is real, predicted_* are the simulated values beside it.
-    return {**point, **predict(point, calibration, cores), "calibration_used": calibration, "how": how}
+    return {**point, **predict(point, calibration, cores), "calibration_used": calibration,
+            "how": _how(point, calibration.get("fitted_on", calibration["source"]))}
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
@@ -385,13 +503,139 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     plus the host work this run's dispatch does (its op and byte counts, read off the run in
     setup, at the calibration's measured prices: simulator.host_work_s)."""
     measured = alltoall.derive(params, state, time_s)
-    calibration = params["calibration_used"]
-    cores = int(calibration.get("host_cores") or host_cores())
-    host = host_s({**measured, "ranks": params["ranks"]}, calibration, cores)
-    predicted = float(params["predicted_time_s"]) + host
     load = load_average()
+    measured.update({"load_average": load[0]} if load else {})
+    if "calibration_used" not in params:  # calibration=fit: predicted once the fit exists
+        return measured
+    calibration = params["calibration_used"]
+    host = host_s({**measured, "ranks": params["ranks"]}, calibration,
+                  int(calibration.get("host_cores") or host_cores()))
+    predicted = float(params["predicted_time_s"]) + host
     return {**measured, "predicted_time_s": predicted, "predicted_host_s": host,
-            "error_pct": 100 * (predicted / time_s - 1), **({"load_average": load[0]} if load else {})}
+            "error_pct": 100 * (predicted / time_s - 1)}
+
+
+def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: dict,
+                          fit: list[bool]) -> list[dict]:
+    """Launcher target: one world's points (fit runs and scored cells alike), each set up,
+    checked and warmed up, then sampled in turn, round by round (every point's i-th sample
+    before any point's (i+1)-th), so that all of them see the same load on a shared machine.
+    ``repeats[i]`` samples of point i; fit points (``fit[i]``) are not checked. Rank 0 returns
+    the records, the other ranks []."""
+    import dataclasses
+
+    from moe_repro.suites.runner import RunConfig, _timed, prepare_point, summarized
+
+    cfg = RunConfig(**config)
+    prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
+                for p, f in zip(points, fit)]
+    samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
+    stretch, priced = [], []
+    for r in range(max(repeats)):
+        for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
+            if r < repeats[i]:
+                t = _timed(alltoall.SUITE, state, number, ctx, timer)
+                for name, value in {"time_s": t, **derive(p, state, t)}.items():
+                    samples[i].setdefault(name, []).append(float(value))
+        stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
+        priced.append(world_price_sample(ctx))
+    records = []
+    for i, (state, record, timer, number, device) in enumerate(prepared):
+        record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
+                      device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
+                      ranks_per_node=ctx.ranks_per_node, cpu_stretch=statistics.median(stretch),
+                      cpu_stretch_samples=stretch,
+                      host_prices=price_work().prices({k: [x[k] for x in priced] for k in priced[0]},
+                                                      statistics.median))
+        records.append(record)
+    return records if ctx.rank == 0 else []
+
+
+# Calls per sample chosen from the median of this many single calls: one call that hit a
+# scheduler stall (3-5 ms at a load of 8 on 2 cores) made a 0.5 ms dispatch's samples 3 calls
+# long, each then either stall-free or several times too slow (fit and cells alike).
+NUMBER_FROM = 5
+
+
+def _in_turn(a: list, b: list) -> list:
+    """a[0], b[0], a[1], b[1], ... then the rest of the longer."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
+
+
+def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dict] | None:
+    """calibration=fit: the fit set and the scored cells measured in the same worlds, one world
+    per ranks count, their samples in turn (measure_world_on_rank): load that drifts over the
+    minutes of a run moves the fit and the cells together. Then the fit (fit_flat, host prices
+    measured after the worlds) and each cell's prediction. None (measured the usual way, the
+    prediction made per sample by derive) for calibration=FILE."""
+    import json
+    from dataclasses import asdict, replace
+
+    from moe_repro.runtime.launch import run_ranks
+    from moe_repro.suites.runner import summarized
+
+    fitted = [p for p in grid if str(p["calibration"]) == "fit"]
+    if not fitted:
+        return None
+    if len(fitted) != len(grid):
+        raise ValueError("calibration=fit and calibration=FILE cannot share one run: run them apart")
+    by_set: dict[str, list[int]] = {}
+    for i, p in enumerate(grid):
+        by_set.setdefault(json.dumps(p["fit_set"], sort_keys=True), []).append(i)
+    records: list[dict | None] = [None] * len(grid)
+    finished = 0
+    for key, members in by_set.items():
+        fs = json.loads(key)
+        fit_points = flat_fit_points(fs["backend"], fs["ranks"], fs["sizes"], fs["gpus_per_node"], fs["shape"])
+        fit_records: list[dict | None] = [None] * len(fit_points)
+        print(f"alltoall-validation: the fit set (flat over {fs['backend']}, ranks "
+              f"{'+'.join(map(str, fs['ranks']))}, sizes {'+'.join(map(str, fs['sizes']))} B per rank) "
+              f"measured in the grid's worlds, in turn with the cells", file=sys.stderr)
+        load_before = load_average()
+        worlds: dict[tuple, tuple[list[int], list[int]]] = {}  # world -> (fit indices, cell indices)
+        for j, f in enumerate(fit_points):
+            worlds.setdefault((f["ranks"], f["ranks_per_node"]), ([], []))[0].append(j)
+        for i in members:
+            worlds.setdefault((grid[i]["ranks"], grid[i]["ranks_per_node"]), ([], []))[1].append(i)
+        for (ranks, per_node), (fits, cells) in sorted(worlds.items()):
+            order = _in_turn([("fit", j) for j in fits], [("cell", i) for i in cells])
+            if progress:
+                progress(finished, len(grid), {"ranks": ranks, "backend": fs["backend"], "ranks_per_node": per_node})
+            got = run_ranks("moe_repro.suites.alltoall_validation:measure_world_on_rank",
+                            {"points": [fit_points[k] if what == "fit" else grid[k] for what, k in order],
+                             "repeats": [fs["repeats"] if what == "fit" else config.repeats for what, _ in order],
+                             "config": asdict(replace(config, number_from=NUMBER_FROM)),
+                             "fit": [what == "fit" for what, _ in order]},
+                            world_size=ranks, ranks_per_node=per_node, backend=fs["backend"],
+                            timeout_s=config.timeout_s)[0]
+            for (what, k), rec in zip(order, got):
+                if what == "fit":
+                    fit_records[k] = rec
+                else:
+                    records[k] = {**rec, "suite": SUITE.name}
+            finished += len(cells)
+        block = {**fit_flat(fit_points, fit_records, measure_host_costs(), fs["backend"], load_before,
+                            _fitted_on(fs)), "source": "fit"}
+        cores = int(block["host_cores"])
+        for i in members:
+            rec, point = records[i], grid[i]
+            host = host_s({**rec, "ranks": point["ranks"]}, block, cores)
+            predicted = predict(point, block, cores)
+            total = predicted["predicted_time_s"] + host
+            extra = {"predicted_time_s": [total] * len(rec["samples"]["time_s"]),
+                     "predicted_host_s": [host] * len(rec["samples"]["time_s"]),
+                     "error_pct": [100 * (total / t - 1) for t in rec["samples"]["time_s"]]}
+            rec["samples"].update(extra)
+            rec.update(summarized(extra), predicted_inter_node_bytes=predicted["predicted_inter_node_bytes"],
+                       predicted_intra_node_bytes=predicted["predicted_intra_node_bytes"],
+                       calibration_used=block)
+    for rec in records:
+        if done:
+            done(rec)
+    return records
 
 
 def _calibration_source(value: str) -> None:
@@ -434,6 +678,7 @@ SUITE = Suite(
     table_metrics=("time_s", "predicted_time_s", "error_pct"),
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
+    measure_grid=measure_grid,
     setup=alltoall.setup,
     run=alltoall.run,
     derive=derive,

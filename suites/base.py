@@ -204,6 +204,10 @@ class Suite:
     # Lines printed under the terminal table, from the run's records (e.g. the alltoall suite's
     # side-by-side ratios of points measured in the same run); None: nothing more.
     summary: Callable[[list[dict]], list[str]] | None = None
+    # A suite that must measure its grid its own way (the all-to-all validation interleaves its
+    # fit runs with the scored cells in the same worlds): (grid, config, progress, done) ->
+    # records, or None to be measured the usual way.
+    measure_grid: Callable[..., list[dict] | None] | None = None
     # Allowed values of enumerated params, checked when the grid is built, before any rank
     # starts (a bad one is a one-line error with close matches, exit 2).
     choices: dict[str, tuple] = field(default_factory=dict)

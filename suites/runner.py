@@ -31,6 +31,9 @@ class RunConfig:
     max_number: int = 10_000
     check: bool = True
     timeout_s: float = 300.0
+    # Single calls timed to choose ``number`` (their median): 1 by default; more where one call
+    # can hit a scheduler stall several times its own length (a shared machine's small worlds).
+    number_from: int = 1
 
 
 def _timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
@@ -45,13 +48,20 @@ def _timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
     return ctx.all_reduce_max(elapsed) if ctx is not None else elapsed
 
 
-def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
-    """Measure one grid point; returns one flat record.
+def summarized(samples: dict[str, list[float]]) -> dict[str, float]:
+    """Each metric's median, spread (iqr), min and max over its samples: a record's numbers."""
+    out = {}
+    for name, xs in samples.items():
+        s = summarize(xs)
+        out.update({name: s["median"], f"{name}_iqr": s["iqr"], f"{name}_min": s["min"],
+                    f"{name}_max": s["max"]})
+    return out
 
-    The device comes from the runtime's one rule (runtime/device.py): in a world the backend
-    and local rank decide, alone the point's ``device`` (auto by default). The suite's setup
-    sees it as ``params["device"]`` (e.g. ``cuda:1``); the record keeps the asked-for value and
-    adds ``device_used`` and the ``clock`` that timed it."""
+
+def prepare_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> tuple:
+    """Everything before a point's timed samples: device, setup, the correctness check, the
+    warm-up calls and ``number`` (calls per sample, so that a sample lasts min_sample_s).
+    Returns (state, record so far, timer, number, device)."""
     produced("measured")
     device = resolve_device(params.get("device", "auto"), ctx)
     bind(device)
@@ -65,8 +75,20 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
         record.update(wrong=wrong, correct=wrong == 0)
     for _ in range(config.warmup):
         _timed(suite, state, 1, ctx, timer)
-    single = _timed(suite, state, 1, ctx, timer)
+    single = sorted(_timed(suite, state, 1, ctx, timer) for _ in range(config.number_from))[
+        (config.number_from - 1) // 2]
     number = 1 if single <= 0 else int(min(config.max_number, max(1, math.ceil(config.min_sample_s / single))))
+    return state, record, timer, number, device
+
+
+def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
+    """Measure one grid point; returns one flat record.
+
+    The device comes from the runtime's one rule (runtime/device.py): in a world the backend
+    and local rank decide, alone the point's ``device`` (auto by default). The suite's setup
+    sees it as ``params["device"]`` (e.g. ``cuda:1``); the record keeps the asked-for value and
+    adds ``device_used`` and the ``clock`` that timed it."""
+    state, record, timer, number, device = prepare_point(suite, params, config, ctx)
     samples: dict[str, list[float]] = {"time_s": []}
     reset_peak_memory(device)
     for _ in range(config.repeats):
@@ -75,13 +97,7 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
         for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
             samples.setdefault(name, []).append(float(value))
     peak = peak_memory_bytes(device)  # CUDA: the allocator's high-water mark over the samples
-    for name, xs in samples.items():
-        s = summarize(xs)
-        record[name] = s["median"]
-        record[f"{name}_iqr"] = s["iqr"]
-        record[f"{name}_min"] = s["min"]
-        record[f"{name}_max"] = s["max"]
-    record.update(repeats=config.repeats, number=number, samples=samples,
+    record.update(summarized(samples), repeats=config.repeats, number=number, samples=samples,
                   device_used=str(device), clock=timer.clock)
     if peak is not None:
         record["cuda_max_allocated_bytes"] = int(ctx.all_reduce_max(float(peak)) if ctx is not None else peak)
@@ -174,6 +190,10 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
     if derive and suite.derived_params is not None:
         grid = [{**p, **suite.derived_params(p)} for p in grid]
     config = config if config is not None else RunConfig()
+    if suite.measure_grid is not None:
+        own = suite.measure_grid(grid, config, progress, done)
+        if own is not None:
+            return own
     records: list[dict] = []
     if suite.simulate is not None and any(p.get("simulated") for p in grid):
         for i, params in enumerate(p for p in grid if p.get("simulated")):

@@ -101,6 +101,12 @@ def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_
         == pytest.approx(8.2e-3, rel=1e-12)
     with pytest.raises(ValueError):
         ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
+    # a measured stretch replaces ranks / cores: 2 ranks on 2 cores that get 1.5 s of wall per CPU
+    # second (other load) take 1.5 times as long, 8 ranks at a measured 3 three times
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, stretch=1.5) == pytest.approx(1.5 * 3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2, stretch=3.0) == pytest.approx(3 * 3.2e-3, rel=1e-12)
+    with pytest.raises(ValueError):
+        ns.host_work_s(1, 1, 1e-6, 1e9, 2, 2, stretch=0.0)
 
 
 def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives():
@@ -302,6 +308,11 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # the host work is counted on the run and is part of the prediction
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
+        # measured in the run's world: wall per CPU second is never below 1 for one thread
+        assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3
+        # and the host prices, measured in the world by every rank at once
+        world_prices = r["calibration_used"]["host_prices_by_ranks"]["2"]
+        assert world_prices == r["host_prices"] and world_prices["pack_GBps"] > 0 and world_prices["host_op_us"] > 0
         assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
@@ -314,3 +325,69 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         if r["algo"] != "rbd":  # the prediction replays the run's own messages (RBD: pilots random)
             assert r["predicted_intra_node_bytes"] == r["intra_node_bytes"]
             assert r["predicted_inter_node_bytes"] == r["inter_node_bytes"]
+
+
+def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(monkeypatch):
+    """calibration=fit: one world per ranks count holds that count's fit runs and scored cells,
+    alternating, sampled round by round; the fit is made from those runs afterwards and every
+    cell is predicted from it. Worlds faked: each run's time comes from known L and beta (o 0,
+    no host work), so the fit must recover them and the cells' errors must vanish."""
+    from moe_repro.runtime import launch
+    from moe_repro.suites import alltoall_validation as v
+    from moe_repro.suites.runner import RunConfig, measure
+
+    L = {2: 300e-6, 4: 2e-3}
+    beta = 1.5e9
+    calls = []
+
+    def fake_run_ranks(target, kwargs, world_size, ranks_per_node, backend, timeout_s):
+        calls.append((world_size, kwargs))
+        records = []
+        for point, repeats in zip(kwargs["points"], kwargs["repeats"]):
+            msgs, topo, deps = v.routed_messages(point)
+            n_l, n_o, nbytes = ns.alltoall_time_terms(msgs, topo, deps, 2)
+            t = n_l * L[world_size] + nbytes / beta
+            zero = dict.fromkeys(("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work",
+                                  "host_python_ops"), 0.0)
+            records.append({**point, **zero, "time_s": t, "time_s_iqr": 0.0,
+                            "samples": {"time_s": [t] * repeats}})
+        return [records]
+
+    monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
+    monkeypatch.setattr(v, "measure_host_costs", lambda: {"host_op_us": 1.0, "pack_GBps": 1.0})
+    suite = all_suites()["alltoall-validation"]
+    grid = suite.grid({"ranks": [2, 4], "algo": ["flat"], "sizes": [1024, 65536], "fit_ranks": ["2+4"],
+                       "fit_sizes": ["2K+256K+4M"], "fit_repeats": [2]})
+    assert all("predicted_time_s" not in p for p in grid)  # no fit before the worlds run
+    records = measure(suite, grid, RunConfig(repeats=3))
+    assert [n for n, _ in calls] == [2, 4]
+    for n, kwargs in calls:
+        kinds = [(p["algo"], p["size"], f) for p, f in zip(kwargs["points"], kwargs["fit"])]
+        assert kinds == [("flat", 2048, True), ("flat", 1024, False), ("flat", 262144, True),
+                         ("flat", 65536, False), ("flat", 4194304, True)]
+        assert all(p["ranks"] == n for p in kwargs["points"])
+        assert kwargs["repeats"] == [2, 3, 2, 3, 2]
+        assert kwargs["config"]["number_from"] > 1  # calls per sample not set by one stalled call
+    assert [(r["ranks"], r["size"]) for r in records] == [(2, 1024), (2, 65536), (4, 1024), (4, 65536)]
+    for r in records:
+        calib = r["calibration_used"]
+        assert calib["GBps"] == pytest.approx(beta / 1e9, rel=1e-6)
+        assert calib["latency_us_by_ranks"]["2"] == pytest.approx(300.0, rel=1e-6)
+        assert calib["latency_us_by_ranks"]["4"] == pytest.approx(2000.0, rel=1e-6)
+        assert "same worlds" in calib["fitted_on"] and "same worlds" in r["how"]["predicted_time_s"]
+        assert r["error_pct"] == pytest.approx(0.0, abs=1e-6)
+        assert len(r["samples"]["error_pct"]) == 3
+
+
+def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
+    """A block with prices per ranks count (measured in each world) prices a run at its own
+    ranks count's, and at the block's own prices where it has none for that count."""
+    from moe_repro.suites import alltoall_validation as v
+
+    block = {"host_op_us": 1.0, "pack_GBps": 1.0, "host_cores": 2,
+             "host_prices_by_ranks": {"4": {"host_op_us": 10.0, "pack_GBps": 2.0}}}
+    run = {"host_ops": 100, "host_bytes": 2e6, "cpu_stretch": 1.5}
+    # 4 ranks: 100 ops at 10 us + 2 MB at 2 GB/s = 2 ms, stretched 1.5 times
+    assert v.host_s({**run, "ranks": 4}, block, 2) == pytest.approx(3e-3, rel=1e-12)
+    # 8 ranks: the block's own prices, 100 us + 2 ms
+    assert v.host_s({**run, "ranks": 8}, block, 2) == pytest.approx(1.5 * 2.1e-3, rel=1e-12)

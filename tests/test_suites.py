@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from moe_repro.suites import all_suites
@@ -83,3 +85,24 @@ def test_measure_takes_a_suite_by_name_and_derives_what_its_grid_derives(monkeyp
     assert "gpus" not in seen[0]  # as given
     measure("eplb-policy", [point], derive=True)
     assert seen[1]["gpus"] == 8 and seen[1]["row_bytes"] == point["hidden"] * point["itemsize"]
+
+
+def test_calls_per_sample_come_from_the_median_of_number_from_single_calls():
+    """One slow single call (a stall) must not set the calls per sample when several are timed:
+    with number_from 3 the median call (1 ms) sets it, with 1 the stalled one (50 ms) does."""
+    import time
+
+    from moe_repro.suites.base import Suite
+    from moe_repro.suites.runner import RunConfig, prepare_point
+
+    def run(state):
+        state["calls"] += 1
+        # warm-up call, then the timed single calls: the first one stalls
+        time.sleep(0.05 if state["calls"] == 2 else 0.001)
+
+    suite = Suite(name="stall", params={"x": [1]}, setup=lambda p, ctx: {"calls": 0}, run=run)
+    config = RunConfig(warmup=1, min_sample_s=0.02)
+    *_, number_one, _ = prepare_point(suite, {"x": 1}, config)
+    *_, number_three, _ = prepare_point(suite, {"x": 1}, replace(config, number_from=3))
+    assert number_one == 1
+    assert number_three >= 5  # 20 ms over calls of about 1 ms (a sleep overshoots on a busy machine)

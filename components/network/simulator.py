@@ -839,7 +839,7 @@ def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: fl
                 ranks: int, host_cores: int | None, fresh_bytes: float = 0.0,
                 fresh_bytes_per_s: float | None = None, python_ops: float = 0.0,
                 per_python_op_s: float = 0.0, sort_work: float = 0.0,
-                per_sort_unit_s: float = 0.0) -> float:
+                per_sort_unit_s: float = 0.0, stretch: float | None = None) -> float:
     """The CPU work around a local all-to-all's messages, which the flow model leaves out: ``ops``
     framework ops at ``per_op_s`` each, ``nbytes`` packed, reordered or reconstructed into reused
     buffers at ``pack_bytes_per_s``, ``fresh_bytes`` written into fresh tensors at
@@ -847,13 +847,17 @@ def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: fl
     over the sorts) at ``per_sort_unit_s`` and ``python_ops`` interpreter instructions between
     the ops at ``per_python_op_s`` each, all measured on one
     core by the calibration, on the busiest rank. With more ranks than cores the ranks share
-    them, so the work stretches by ranks / cores. Added to the simulated time (serial: these
-    dispatches pack, then send, then unpack)."""
+    them, so the work stretches by ranks / cores; ``stretch``, where given, is that factor
+    measured instead (wall seconds per CPU second of work all ranks run at once: other load on
+    the machine included). Added to the simulated time (serial: these dispatches pack, then
+    send, then unpack)."""
     fresh_rate = pack_bytes_per_s if fresh_bytes_per_s is None else fresh_bytes_per_s
     if min(ops, nbytes, fresh_bytes, per_op_s, python_ops, per_python_op_s, sort_work, per_sort_unit_s) < 0 \
             or pack_bytes_per_s <= 0 or fresh_rate <= 0:
         raise ValueError("host work needs non-negative counts and costs and positive rates")
-    share = max(1.0, ranks / host_cores) if host_cores else 1.0
+    if stretch is not None and not stretch > 0:
+        raise ValueError(f"host work stretch must be positive, got {stretch}")
+    share = stretch if stretch is not None else max(1.0, ranks / host_cores) if host_cores else 1.0
     return (ops * per_op_s + nbytes / pack_bytes_per_s + fresh_bytes / fresh_rate
             + python_ops * per_python_op_s + sort_work * per_sort_unit_s) * share
 
