@@ -28,6 +28,7 @@ How each is checked (HOW):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -147,8 +148,14 @@ def help_examples() -> list[str]:
     return list(dict.fromkeys(filled))
 
 
+@functools.cache
+def _examples() -> tuple[str, ...]:
+    # once per test session: each extraction starts a Python per subcommand for its --help
+    return tuple(dict.fromkeys(readme_examples() + help_examples()))
+
+
 def all_examples() -> list[str]:
-    return list(dict.fromkeys(readme_examples() + help_examples()))
+    return list(_examples())
 
 
 def test_every_example_has_a_way_to_be_checked():

@@ -44,18 +44,25 @@ PAGES = ["piper-table4", "piper-fig8", "xmoe-table3", "feplb-fig6", "mop-table1"
 SHOWN = ["piper-fig8", "piper-fig12", "xmoe-fig11", "feplb-table3", "mop-table2"]
 FIGURES = {"piper-fig8", "piper-fig12", "xmoe-fig11"}  # the paper's element is a figure
 WIDTHS = (1280, 375)
-# xmoe-fig11 measures real ranks: a small layer here (its defaults take minutes)
-SMALL_XMOE_FIG11 = ["--param", "ranks=2", "--param", "tokens=32", "--param", "d_model=16",
-                    "--param", "d_ffn=8", "--param", "experts=4", "--param", "top_k=2",
-                    "--param", "repeats=1"]
+# Run smaller than their defaults, which take minutes: the page's layout (what this test looks
+# at) is the same cells, rows and columns at any size. xmoe-fig11 measures real ranks: a small
+# layer; feplb-table3 replays 5 seeds' traces (synthetic and real-count) at 3 EP sizes: short
+# ones (256 tokens per rank, 2 layers; its defaults, 4096 and 18, took 76-300 s here).
+SMALL = {
+    "xmoe-fig11": ["--param", "ranks=2", "--param", "tokens=32", "--param", "d_model=16",
+                   "--param", "d_ffn=8", "--param", "experts=4", "--param", "top_k=2",
+                   "--param", "repeats=1"],
+    "feplb-table3": ["--param", "tokens=256", "--param", "layers=2"],
+}
 
 
 @pytest.fixture
 def site(tmp_path, results_dir):
     runner = CliRunner()
-    fast = [p for p in dict.fromkeys(PAGES + SHOWN) if p != "xmoe-fig11"]
+    fast = [p for p in dict.fromkeys(PAGES + SHOWN) if p not in SMALL]
     assert runner.invoke(cli, ["run", *fast, "--quiet"]).exit_code == 0
-    assert runner.invoke(cli, ["run", "xmoe-fig11", "--quiet", *SMALL_XMOE_FIG11]).exit_code == 0
+    for rid, params in SMALL.items():
+        assert runner.invoke(cli, ["run", rid, "--quiet", *params]).exit_code == 0
     assert runner.invoke(cli, ["bench", "gemm", "--n", "32", "--repeats", "2"]).exit_code == 0
     assert runner.invoke(cli, ["bench", "alltoall", "--quick", "--repeats", "2"]).exit_code == 0
     out = tmp_path / "site"

@@ -179,8 +179,10 @@ def distinct_from_pools(g: torch.Generator, pools: list[list[int]], pool_of_toke
 
 def gumbel_top_k(g: torch.Generator, log_weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """k distinct experts per row, without replacement in proportion to exp(log_weights) [T, E]."""
-    u = torch.rand(log_weights.shape, generator=g, dtype=torch.float64).clamp_min(1e-300)
-    return (log_weights - torch.log(-torch.log(u))).topk(top_k, dim=-1).indices
+    u = torch.rand(log_weights.shape, generator=g, dtype=torch.float64).clamp_min_(1e-300)
+    # in place, the same numbers without three [T, E] temporaries: a quarter less time, most of
+    # a real-count feplb reproduction's (tokens x EP rows per micro-batch)
+    return torch.sub(log_weights, u.log_().neg_().log_(), out=u).topk(top_k, dim=-1).indices
 
 
 # --- the eight standard workloads --------------------------------------------------------------
