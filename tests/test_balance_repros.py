@@ -135,3 +135,19 @@ def test_piper_fig9_and_alg2_tiny_run():
     # guarantee is tested in test_expert_migration.py.
     assert {r for r, _ in alg2} >= {"real run, layer 0", "synthetic, layer 0"}
     assert all(v is not None and v >= 0 for v in alg2.values())
+
+
+def test_a_cached_counts_only_workload_trace_still_gives_tokens_when_asked():
+    # the per-process cache once keyed real-count traces without keep_tokens, so a counts-only
+    # trace cached first came back without the tokens a later caller asked for
+    from moe_repro.reproductions import _feplb_traces as FT
+
+    params = {"workload": "olmoe-c4-L7", "seed": 7, "layers": 1, "micro_batches": 1, "tokens": 64}
+    FT._TRACES.clear()
+    counts_only = FT.trace_for(params, 2)
+    assert counts_only.top_experts is None
+    kept = FT.trace_for(params, 2, keep_tokens=True)
+    assert kept.top_experts is not None and len(kept.top_experts[0][0]) == 64 * 2
+    assert bool((kept.counts == counts_only.counts).all())
+    assert FT.trace_for(params, 2) is kept  # and the kept trace answers counts-only requests
+    FT._TRACES.clear()
