@@ -41,6 +41,7 @@ def _run_as_launched_rank(args: list[str], monkeypatch, tmp_path, rank: int, **e
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MOE_REPRO_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(runner, "measure", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr("moe_repro.cli.SILENT_RANK_GRACE_S", 0.0)  # nothing here stops the rank
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(SystemExit) as exited:
@@ -86,3 +87,26 @@ def test_torchrun_with_the_mpi_backend_exits_2_on_every_rank(tmp_path):
     assert r.returncode != 0
     assert r.stderr.count("--backend mpi needs a world started by mpiexec/mpirun") == 1, r.stderr[-3000:]
     assert "exitcode  : 2" in r.stderr and not (tmp_path / "store").exists()
+
+
+def test_a_silent_rank_waits_for_the_launcher_and_leaves_quietly_with_the_code(tmp_path):
+    """The race CI once lost: rank 1 exited first and torchrun killed rank 0 before it printed
+    why. A silent rank now stays until the launcher's SIGTERM, then exits 2 with nothing said."""
+    import os
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MOE_REPRO_WORKER", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")}
+    env.update(WORLD_SIZE="2", RANK="1", LOCAL_WORLD_SIZE="2", TORCHELASTIC_RUN_ID="t",
+               MOE_REPRO_RESULTS=str(tmp_path / "store"))
+    proc = subprocess.Popen([str(BIN / "repro"), "bench", "allreduce", "--backend", "mpi"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.5)  # start-up takes 0.25 s on an idle 2-core machine; the wait lasts 5 s
+    still_waiting = proc.poll() is None
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert still_waiting, "the silent rank exited before the launcher stopped it"
+    assert time.monotonic() - started < 3  # the launcher's signal ends the wait
+    assert proc.returncode == 2 and err == "" and out == ""

@@ -81,6 +81,33 @@ def _speaks() -> bool:
     return True
 
 
+# How long a silent rank waits before exiting on bad input. torchrun and mpiexec stop every rank
+# as soon as the first one exits; a silent rank that won the race used to get rank 0 killed before
+# it printed why (so the user saw exit code 2 and no reason).
+SILENT_RANK_GRACE_S = 5.0
+
+
+def _let_rank_zero_speak(code: int) -> None:
+    """Wait (at most SILENT_RANK_GRACE_S) for the launcher to stop this rank after rank 0 has
+    printed the reason and exited; the launcher's SIGTERM then ends this rank with the same code,
+    quietly."""
+    import signal
+    import threading
+    import time
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def leave(signum, frame):
+        raise SystemExit(code)
+
+    previous = {sig: signal.signal(sig, leave) for sig in signals.ENDING}
+    try:
+        time.sleep(SILENT_RANK_GRACE_S)
+    finally:
+        signals.restore(previous)
+
+
 def main(argv: list[str] | None = None) -> None:
     global INVOCATION
     INVOCATION = ["repro", *(sys.argv[1:] if argv is None else argv)]
@@ -99,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         # torchrun/mpiexec/srun every rank exits with the code, rank 0 alone says why.
         if _speaks():
             click.echo(f"repro: error: {e.format_message()}", err=True)
+        else:
+            _let_rank_zero_speak(e.exit_code)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("repro: interrupted (finished results were kept)", err=True)
