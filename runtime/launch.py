@@ -368,6 +368,54 @@ def _ended(pid: int) -> bool:
         return not _alive(pid)
 
 
+class _ExitOrder:
+    """The order in which the ranks' processes end, as the kernel reports each end (a pidfd
+    becomes readable when its process terminates; Linux 5.3+). Under mpiexec a dead rank's
+    peers are stopped within milliseconds, often inside one 20 ms poll of their pids, which then
+    cannot tell the first from the rest; waiting on the pidfds wakes the supervisor at the first
+    end. Ranks that end in the same wake-up form one batch (still ambiguous). Without pidfds
+    (another OS, an old kernel) it only sleeps, and the pid polls decide as before."""
+
+    def __init__(self):
+        self.fds: dict[int, int] = {}
+        self.batches: list[list[int]] = []
+
+    def add(self, rank: int, pid: int) -> None:
+        if rank in self.fds or any(rank in b for b in self.batches) or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            self.fds[rank] = os.pidfd_open(pid)
+        except OSError:  # already gone, or pidfds unsupported: the pid polls still see it
+            pass
+
+    def wait(self, timeout_s: float) -> None:
+        if not self.fds:
+            time.sleep(timeout_s)
+            return
+        import select
+
+        ready, _, _ = select.select(list(self.fds.values()), [], [], timeout_s)
+        batch = sorted(r for r, fd in self.fds.items() if fd in ready)
+        for r in batch:
+            os.close(self.fds.pop(r))
+        if batch:
+            self.batches.append(batch)
+
+    def first_of(self, ranks: list[int]) -> list[int]:
+        """Of ``ranks`` (gone before their result), those of the earliest batch that holds any;
+        ``ranks`` unchanged when no batch does."""
+        for batch in self.batches:
+            first = [r for r in batch if r in ranks]
+            if first:
+                return first
+        return ranks
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
                timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
@@ -376,6 +424,7 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
     watch = "mpiexec" in procs
     pids: dict[int, int] = {}
     vanished: list[int] = []
+    exits = _ExitOrder()
     beats = _Heartbeats(workdir, world_size)
     try:
         while True:
@@ -384,7 +433,9 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
             if silent:  # found from the heartbeats, without waiting for the timeout
                 _raise_for(workdir, world_size, codes, beats.describe(silent), silent=silent)
             if watch and not vanished:
-                vanished = _vanished_ranks(workdir, world_size, pids)
+                vanished = exits.first_of(_vanished_ranks(workdir, world_size, pids))
+                for r, pid in pids.items():
+                    exits.add(r, pid)
                 if vanished and codes.get("mpiexec") is None:
                     codes["mpiexec"] = -signal.SIGKILL  # a failure now: ended below, by _kill_group
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
@@ -397,8 +448,9 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 return
             if time.monotonic() > deadline:
                 _raise_for(workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)")
-            time.sleep(0.02)
+            exits.wait(0.02) if watch else time.sleep(0.02)
     finally:
+        exits.close()
         # Kill every group, finished or not: a group may hold children (mpiexec's proxies,
         # a rank's helpers) after its leader exited. A signal now waits until all are gone.
         with signals.deferred():

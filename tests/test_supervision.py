@@ -248,3 +248,37 @@ def test_a_signal_while_deferred_reaches_the_parent_afterwards(other_thread):
         signals.restore(previous)
         stop.set()
     assert reached and ended.value.code == 128 + signal.SIGHUP
+
+
+def test_exit_order_names_the_process_that_ended_first():
+    """Under mpiexec the peers of a dead rank are stopped within milliseconds; the supervisor
+    learns the first end from the kernel (pidfds), not from which pids a poll finds gone."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from moe_repro.runtime.launch import _ExitOrder
+
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfds on this OS")
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    order = _ExitOrder()
+    try:
+        for rank, p in enumerate(procs):
+            order.add(rank, p.pid)
+        procs[2].kill()
+        deadline = time.monotonic() + 10
+        while not order.batches and time.monotonic() < deadline:
+            order.wait(0.02)
+        for p in procs[:2]:
+            p.kill()  # "the peers stopped after it"
+        while len(order.batches) < 2 and time.monotonic() < deadline:
+            order.wait(0.02)
+        assert order.batches[0] == [2]
+        assert order.first_of([0, 1, 2]) == [2] and order.first_of([0, 1]) == [0, 1]
+    finally:
+        order.close()
+        for p in procs:
+            p.kill()
+            p.wait()
