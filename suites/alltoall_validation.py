@@ -572,10 +572,6 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
     measured after the worlds) and each cell's prediction. None (measured the usual way, the
     prediction made per sample by derive) for calibration=FILE."""
     import json
-    from dataclasses import asdict, replace
-
-    from moe_repro.runtime.launch import run_ranks
-    from moe_repro.suites.runner import summarized
 
     fitted = [p for p in grid if str(p["calibration"]) == "fit"]
     if not fitted:
@@ -586,6 +582,33 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
     for i, p in enumerate(grid):
         by_set.setdefault(json.dumps(p["fit_set"], sort_keys=True), []).append(i)
     records: list[dict | None] = [None] * len(grid)
+    try:
+        _measure_fit_sets(grid, config, progress, by_set, records)
+    except BaseException:
+        # Ctrl-C, SIGTERM, a world that failed: the cells measured so far are kept with their
+        # measured times; their prediction needs the whole fit set, so it is not made.
+        for rec in records:
+            if rec is not None and done:
+                done(rec if "calibration_used" in rec else
+                     {**rec, "prediction_missing": "the run ended before its fit set was measured in "
+                                                   "every world, so no prediction was made"})
+        raise
+    for rec in records:
+        if done:
+            done(rec)
+    return records
+
+
+def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list[int]],
+                      records: list[dict | None]) -> None:
+    """measure_grid's work: each fit set and its cells, world by world, into ``records``; the
+    predictions once a fit set's every world has run."""
+    import json
+    from dataclasses import asdict, replace
+
+    from moe_repro.runtime.launch import run_ranks
+    from moe_repro.suites.runner import summarized
+
     finished = 0
     for key, members in by_set.items():
         fs = json.loads(key)
@@ -632,10 +655,6 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
             rec.update(summarized(extra), predicted_inter_node_bytes=predicted["predicted_inter_node_bytes"],
                        predicted_intra_node_bytes=predicted["predicted_intra_node_bytes"],
                        calibration_used=block)
-    for rec in records:
-        if done:
-            done(rec)
-    return records
 
 
 def _calibration_source(value: str) -> None:

@@ -391,3 +391,36 @@ def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
     assert v.host_s({**run, "ranks": 4}, block, 2) == pytest.approx(3e-3, rel=1e-12)
     # 8 ranks: the block's own prices, 100 us + 2 ms
     assert v.host_s({**run, "ranks": 8}, block, 2) == pytest.approx(1.5 * 2.1e-3, rel=1e-12)
+
+
+def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction(monkeypatch, tmp_path):
+    """calibration=fit predicts only once the fit set has run in every world; a run stopped
+    in its second world keeps the first world's cells (measured times, the reason the
+    prediction is missing) in the store, marked interrupted."""
+    from moe_repro.cli import main
+    from moe_repro.runtime import launch
+    from moe_repro.suites import alltoall_validation as v
+
+    def fake_run_ranks(target, kwargs, world_size, ranks_per_node, backend, timeout_s):
+        if world_size == 4:
+            raise KeyboardInterrupt  # Ctrl-C while the second world runs
+        zero = dict.fromkeys(("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work",
+                              "host_python_ops"), 0.0)
+        return [[{**p, **zero, "time_s": 1e-3, "time_s_iqr": 0.0, "samples": {"time_s": [1e-3] * r}}
+                 for p, r in zip(kwargs["points"], kwargs["repeats"])]]
+
+    monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
+    monkeypatch.setattr(v, "measure_host_costs", lambda: pytest.fail("no fit may be made"))
+    store = tmp_path / "store"
+    with pytest.raises(SystemExit) as exited:
+        main(["--results", str(store), "bench", "alltoall-validation", "--ranks", "2,4", "--algo", "flat",
+              "--sizes", "1K,64K", "--fit-ranks", "2+4", "--fit-sizes", "2K+256K", "--fit-repeats", "2",
+              "--repeats", "3"])
+    assert exited.value.code == 130
+    (path,) = (store / "suites" / "alltoall-validation").glob("*.json")
+    stored = json.loads(path.read_text())
+    assert stored["interrupted"] is True
+    assert [(r["ranks"], r["size"]) for r in stored["records"]] == [(2, 1024), (2, 65536)]
+    for r in stored["records"]:
+        assert r["time_s"] == pytest.approx(1e-3) and "predicted_time_s" not in r
+        assert "no prediction was made" in r["prediction_missing"]
