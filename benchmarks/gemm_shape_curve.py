@@ -42,18 +42,43 @@ def smi_clock() -> str:
         return ""
 
 
-def time_gemm(torch, rows: int, k: int, n: int, inner: int, repeats: int) -> list[float]:
-    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.mm(a, b, out=c)
+def time_gemm(torch, rows: int, k: int, n: int, inner: int, repeats: int, batch: int = 0,
+              graph: bool = False) -> list[float]:
+    """Seconds per product of [rows x k] @ [k x n] (``batch`` > 0: a batched product of that
+    many, torch.bmm, as an attention core's QK^T and AV). ``graph``: the ``inner`` products are
+    captured once in a CUDA graph and replayed, so the GPU never waits for the host to launch
+    the next one (as in a training step, where the host runs ahead): eager launches from Python
+    cost microseconds each, more than a thin GEMM's kernel."""
+    lead = (batch,) if batch else ()
+    a = torch.randn(*lead, rows, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(*lead, k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(*lead, rows, n, device="cuda", dtype=torch.bfloat16)
+    mm = torch.bmm if batch else torch.mm
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture asks
+        for _ in range(3):
+            mm(a, b, out=c)
+    torch.cuda.current_stream().wait_stream(side)
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                mm(a, b, out=c)
+
+        def products():
+            g.replay()
+    else:
+        def products():
+            for _ in range(inner):
+                mm(a, b, out=c)
+    products()
+    torch.cuda.synchronize()
     samples = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(inner):
-            torch.mm(a, b, out=c)
+        products()
         stop.record()
         stop.synchronize()
         samples.append(start.elapsed_time(stop) / 1e3 / inner)
@@ -67,6 +92,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed samples per shape and pass")
     ap.add_argument("--passes", type=int, default=2, help="passes over the shuffled shapes")
     ap.add_argument("--heat-s", type=float, default=20.0, help="seconds of sustained 8192^3 work")
+    ap.add_argument("--graph", action="store_true",
+                    help="replay each shape's products from a CUDA graph (the kernels' time, no launch gaps)")
+    ap.add_argument("--shapes", help="JSON file with 'gemm' ([rows, k, n] lists) and 'bmm' ([batch, rows, "
+                                     "k, n]) to measure instead of the built-in curve")
     args = ap.parse_args()
     import torch
 
@@ -76,12 +105,18 @@ def main() -> int:
     import random
     import time
 
-    shapes = [(m, k, n) for k in KS for n in NS for m in ROWS] + [(c, c, c) for c in CUBES]
+    if args.shapes:
+        with open(args.shapes) as f:
+            given = json.load(f)
+        shapes = [(0, *map(int, g)) for g in given.get("gemm", [])] + [tuple(map(int, g)) for g in given.get("bmm", [])]
+    else:
+        shapes = [(0, m, k, n) for k in KS for n in NS for m in ROWS] + [(0, c, c, c) for c in CUBES]
     props = torch.cuda.get_device_properties(0)
     out = {"how": "measured", "device": props.name, "sm_count": props.multi_processor_count,
            "torch": torch.__version__, "cuda": torch.version.cuda,
+           "launch": "CUDA graph replay" if args.graph else "eager (one Python call per product)",
            "method": f"CUDA events around {args.inner} back-to-back torch.mm (bf16 in, bf16 out, "
-                     f"fp32 accumulate); burst on the cold GPU, sustained over {args.heat_s} s, then "
+                     f"fp32 accumulate), {'replayed from a CUDA graph' if args.graph else 'launched eagerly'}; burst on the cold GPU, sustained over {args.heat_s} s, then "
                      f"{args.passes} shuffled passes of {args.repeats} samples per shape on the hot GPU",
            "clock_cold": smi_clock()}
     big = 8192
@@ -102,14 +137,14 @@ def main() -> int:
     order = list(shapes)
     for p in range(args.passes):
         random.Random(p).shuffle(order)
-        for i, (m, k, n) in enumerate(order):
-            samples[(m, k, n)] += time_gemm(torch, m, k, n, args.inner, args.repeats)
+        for bt, m, k, n in order:
+            samples[(bt, m, k, n)] += time_gemm(torch, m, k, n, args.inner, args.repeats, bt, args.graph)
         print(f"pass {p + 1}/{args.passes} done; clock {smi_clock()}", flush=True)
     out["points"] = []
-    for (m, k, n), s in samples.items():
+    for (bt, m, k, n), s in samples.items():
         med = statistics.median(s)
-        out["points"].append({"rows": m, "k": k, "n": n, "median_s": med, "min_s": min(s), "max_s": max(s),
-                              "tflops": 2 * m * k * n / med / 1e12})
+        out["points"].append({**({"batch": bt} if bt else {}), "rows": m, "k": k, "n": n, "median_s": med,
+                              "min_s": min(s), "max_s": max(s), "tflops": 2 * max(bt, 1) * m * k * n / med / 1e12})
     x = torch.empty(2 ** 30, device="cuda", dtype=torch.float32)  # 4 GiB
     y = torch.empty_like(x)
     copy = []

@@ -27,6 +27,9 @@ def stored_validation(root: Path) -> dict | None:
         return None
 
 
+MEASURED_HERE = ("gemm-time",)  # predictors scored against this project's own measurements
+
+
 def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
     """Predicted vs measured (log-log), identity line and +-BAND band; PNG and SVG bytes."""
     import io
@@ -45,13 +48,14 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
         ax.fill_between(xs, [x * (1 - BAND) for x in xs], [x * (1 + BAND) for x in xs], color="0.88",
                         label=f"+-{BAND:.0%}")
         ax.plot(xs, xs, color="0.3", linewidth=1, label="predicted = measured")
+        ours = predictor in MEASURED_HERE
         ax.plot([p["measured"] for p in pts], [p["predicted"] for p in pts], "o", color="tab:blue",
-                label="published point")
+                markersize=3 if len(pts) > 40 else 6, label="measured here" if ours else "published point")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"measured ({unit}, as published)")
+    ax.set_xlabel(f"measured ({unit}, {'on one GPU here' if predictor in MEASURED_HERE else 'as published'})")
     ax.set_ylabel(f"predicted ({unit}, {'simulated' if predictor == 'alltoall-bandwidth' else 'analytic'})")
     ax.set_title(predictor)
     ax.legend(loc="upper left", fontsize=8)

@@ -14,6 +14,13 @@ paper-value form, with the configuration the source states. Three predictors are
 - ``alltoall-bandwidth``: the flow-level network simulator (components.network.simulator) on the
   named machine's profile, reporting the bandwidth on the link the source names as the
   bottleneck (NVLink bytes per GPU inside a node; RDMA bytes per GPU between nodes) per second.
+- ``gemm-time``: the time model's GEMM (components.resources.time_model.gemm_time: the profile's
+  sustained ceiling x tile and wave quantization, or HBM-bound) against bf16 GEMMs this project
+  measured on one H200 (reproductions/measured/, benchmarks/gemm_shape_curve.py --graph): a
+  curve of layer shapes from 16 to 16384 rows, and every GEMM of one layer of the step-time
+  points. Not a published number: the source names the run. The h200 profile's ceiling comes
+  from another run (the eager curve's sustained phase); the 8192^3 shape it was measured at is
+  not scored either.
 
 Every predicted number is analytic or simulated, never measured here; no parameter of any
 predictor was set from a scored point (the data file's ``parameters`` list says where each one
@@ -28,8 +35,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 GiB = 2 ** 30
-PREDICTORS = ("step-time", "memory", "alltoall-bandwidth")
-UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s"}
+PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time")
+UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-time": "s"}
+# This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform
+# Replayed from CUDA graphs: the kernels' own time, which is what gemm_time models (in a step the
+# host runs ahead of the GPU); the same shapes launched eagerly from Python are beside them, not
+# scored (a thin GEMM's eager time is mostly the launch's ~7 us).
+MEASURED_GEMMS = (("h200-gemm-curve-graph-2026-11-26.json", "curve", "h200"),
+                  ("h200-layer-gemms-graph-2026-11-26.json", "layer", "h200"))
+CEILING_SHAPE = (8192, 8192, 8192)  # where gpu.achievable_gemm_tflops was measured: not scored
 
 
 @dataclass
@@ -72,9 +86,35 @@ class Summary:
 
 
 def load_points() -> dict:
-    """The validation data file (package data)."""
+    """The validation data file (package data), with the gemm-time points of this project's own
+    GEMM measurements appended (gemm_points)."""
     text = resources.files("moe_repro.reproductions").joinpath("validation_points.json").read_text()
-    return json.loads(text)
+    doc = json.loads(text)
+    doc["points"] = doc["points"] + gemm_points()
+    return doc
+
+
+def gemm_points() -> list[dict]:
+    """One point per measured bf16 GEMM (not the batched attention products) of MEASURED_GEMMS,
+    in the data file's point form; the ceiling's own shape has role ``parameter``."""
+    out = []
+    for name, kind, platform in MEASURED_GEMMS:
+        run = json.loads(resources.files("moe_repro.reproductions").joinpath("measured", name).read_text())["hot"]
+        for m in run["points"]:
+            if "batch" in m:
+                continue
+            shape = (m["rows"], m["k"], m["n"])
+            out.append({
+                "id": f"{platform}-{kind}-{'x'.join(map(str, shape))}", "predictor": "gemm-time",
+                "role": "parameter" if shape == CEILING_SHAPE else "scored",
+                "published": {"paper": "measured by this project", "source": f"{run['device']} {kind} "
+                              f"(benchmarks/gemm_shape_curve.py, {name})", "row": "x".join(map(str, shape)),
+                              "column": "median seconds per product", "printed": repr(m["median_s"]),
+                              "unit": "s", "url": f"reproductions/measured/{name}",
+                              "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}"},
+                "platform": platform, "gemm": {"rows": m["rows"], "k": m["k"], "n": m["n"]},
+                "spread": (m["max_s"] - m["min_s"]) / m["median_s"]})
+    return out
 
 
 def published_value(point: dict) -> float:
@@ -192,6 +232,17 @@ def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
                                            f"simulated {res.time_s * 1e3:.3f} ms")
 
 
+def predict_gemm_time(point: dict) -> tuple[float, str]:
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources.time_model import gemm_efficiency, gemm_time
+
+    p, g = load_builtin(point["platform"]), point["gemm"]
+    t = gemm_time(p, g["rows"], g["k"], g["n"])
+    measured_tflops = 2 * g["rows"] * g["k"] * g["n"] / published_value(point) / 1e12
+    return t, (f"measured {measured_tflops:.0f} TFLOP/s (spread {point['spread']:.0%}); quantization "
+               f"efficiency {gemm_efficiency(p, g['rows'], g['n']):.2f} of {p.gemm_flops / 1e12:.0f}")
+
+
 def score_point(point: dict) -> Scored:
     pred = point["predictor"]
     if pred == "step-time":
@@ -206,6 +257,10 @@ def score_point(point: dict) -> Scored:
         measured = published_value(point)
         predicted, note = predict_alltoall_bandwidth(point)
         how = "simulated"
+    elif pred == "gemm-time":
+        measured = published_value(point)
+        predicted, note = predict_gemm_time(point)
+        how = "analytic"
     else:
         raise ValueError(f"{point['id']}: unknown predictor {pred!r}")
     return Scored(point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note)

@@ -65,7 +65,7 @@ def test_validate_command_prints_each_predictor_and_writes_json(tmp_path):
     for name in ("step-time", "memory", "alltoall-bandwidth", "MAPE", "narayanan21-t1-1.7b", "Calculon"):
         assert name in r.output
     doc = json.loads(out.read_text())
-    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth"}
+    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth", "gemm-time"}
     assert len(doc["points"]) == sum(s["points"] for s in doc["summaries"])
 
 
@@ -90,3 +90,30 @@ def test_validation_page_from_the_stored_result(tmp_path):
     assert (site / "validation-alltoall-bandwidth.png").stat().st_size > 0
     doc = json.loads((store.root / "validation" / "validation.json").read_text())
     assert page.count("<tr>") >= 1 + len(doc["points"])  # the summary row and one row per point
+
+
+def test_gemm_time_points_are_the_graph_replayed_measurements_less_the_ceilings_shape():
+    """gemm-time scores the H200 GEMMs replayed from CUDA graphs; the shape the h200 profile's
+    ceiling was measured at is a parameter, not a scored point; a prediction is the roofline of
+    the profile's numbers, checked here by hand for one compute-bound shape."""
+    import math
+
+    from moe_repro.components.network.platform import load_builtin
+
+    pts = V.gemm_points()
+    assert pts and all(p["predictor"] == "gemm-time" for p in pts)
+    assert all("graph" in p["published"]["source"] for p in pts)
+    ceiling = [p for p in pts if p["gemm"] == {"rows": 8192, "k": 8192, "n": 8192}]
+    assert ceiling and all(p["role"] == "parameter" for p in ceiling)
+    assert all(p["role"] == "scored" for p in pts if p not in ceiling)
+    assert len({p["id"] for p in pts}) == len(pts)
+    # 16384 x 4096 x 4096 on 132 SMs: 256x128 tiles make 64 x 32 = 2048 tiles = 15.5 waves -> 16
+    # (2048 / 2112 = 0.970); 128x64 tiles 8192 -> 63 waves (0.985); 64x64 tiles 16384 = 124.1
+    # waves -> 125 (16384 / 16500 = 0.993), the least waste, which the model takes
+    p = load_builtin("h200")
+    (pt,) = [x for x in pts if x["id"] == "h200-curve-16384x4096x4096"]
+    t, _ = V.predict_gemm_time(pt)
+    eff = 16384 / (125 * 132)
+    assert t == pytest.approx(2 * 16384 * 4096 * 4096 / (686e12 * eff), rel=1e-9)
+    assert 2 * (16384 * 4096 * 2 + 4096 * 4096) * 2 / 4259e9 < t  # compute-bound, as assumed
+    assert math.isclose(p.gemm_flops, 686e12)
