@@ -155,3 +155,25 @@ def test_plan_etp_and_block_recompute(tmp_path):
     bad = _repro("plan", "--model", "deepseek-v3", "--nodes", "64", "--platform", "dgx-h100",
                  "--recompute", "full:0")
     assert bad.returncode == 2 and "--recompute must be" in bad.stderr
+
+
+def test_plan_takes_the_megatron_2021_step_options(tmp_path):
+    """--no-overlap-dp and --unfused-grad-accumulation reach the planner: the same fixed layout
+    gets an exposed DP part and a gradient-accumulation part, so its step is slower; piper refuses
+    them in one line."""
+    base = ["plan", "--model", "gpt3-175b", "--platform", "dgx-a100", "--nodes", "64", "--tp", "8",
+            "--pp", "8", "--vpp", "1", "--zero", "0", "--micro-batches", "64", "--top", "1"]
+    parts = []
+    for extra in ([], ["--no-overlap-dp", "--unfused-grad-accumulation"]):
+        out = tmp_path / f"p{len(extra)}.json"
+        r = _repro(*base, *extra, "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        best = json.loads(out.read_text())["candidates"][0]
+        parts.append((best["parts"], best["step_s"]))
+    (fused, step_fused), (unfused, step_unfused) = parts
+    assert unfused.get("grad_accum", 0) > fused.get("grad_accum", 0) == 0
+    assert unfused.get("dp", 0) > fused.get("dp", 0)
+    assert step_unfused > step_fused
+    r = _repro("plan", "--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4",
+               "--unfused-grad-accumulation")
+    assert r.returncode == 2 and "applies to --method parallel" in r.stderr and "Traceback" not in r.stderr

@@ -209,14 +209,20 @@ def _presets() -> list[str]:
               help="Count dropout masks in the activations (default: the model's own setting, e.g. on for "
                    "gpt3-175b, off for the Llama 3 family).")
 @click.option("--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention.")
+@click.option("--no-overlap-dp", is_flag=True,
+              help="ZeRO 0/1: reduce the gradients once after the last backward instead of overlapping "
+                   "the reduction with it (Megatron-LM before --overlap-grad-reduce).")
+@click.option("--unfused-grad-accumulation", is_flag=True,
+              help="Add each micro-batch's gradients to the held ones in a separate HBM pass instead of "
+                   "inside the weight-gradient GEMM (Megatron-LM before --gradient-accumulation-fusion).")
 @click.option("--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing.")
 @click.option("--causal-flops", is_flag=True, help="piper: halve attention FLOPs for the causal mask.")
 @click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default=None, help="piper: schedule (1f1b).")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
-            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_checkpointing, causal_flops, schedule,
-            json_path) -> None:
+            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_overlap_dp, unfused_grad_accumulation,
+            no_checkpointing, causal_flops, schedule, json_path) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
     rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
     time, with the memory per GPU by term and the MFU. --method piper: Piper's PP x EP planner.
@@ -239,7 +245,9 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
                        + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}"))
     if method == "piper":
         for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--etp", etp), ("--recompute", recompute),
-                        ("--precision", precision), ("--dropout/--no-dropout", dropout)):
+                        ("--precision", precision), ("--dropout/--no-dropout", dropout),
+                        ("--no-overlap-dp", no_overlap_dp or None),
+                        ("--unfused-grad-accumulation", unfused_grad_accumulation or None)):
             if v is not None:
                 raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
         if zeros is not None and len(zeros) > 1:
@@ -263,7 +271,8 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
         pl = plan_parallel(model, platform, nodes, seq=seq, global_batch=global_batch,
                            precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
                            ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash,
-                           etp=etp, dropout=model.dropout if dropout is None else dropout)
+                           etp=etp, dropout=model.dropout if dropout is None else dropout,
+                           overlap_dp=not no_overlap_dp, fused_grad_accumulation=not unfused_grad_accumulation)
     except ValueError as e:
         raise BadInput(str(e)) from None
     if not pl.candidates:
