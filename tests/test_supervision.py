@@ -276,7 +276,9 @@ def test_exit_order_names_the_process_that_ended_first():
         while len(order.batches) < 2 and time.monotonic() < deadline:
             order.wait(0.02)
         assert order.batches[0] == [2]
-        assert order.first_of([0, 1, 2]) == [2] and order.first_of([0, 1]) == [0, 1]
+        assert order.first_of([0, 1, 2]) == [2]
+        # 0 and 1 ended after it, in one wake-up or two: the earliest of them is named
+        assert order.first_of([0, 1]) in ([0], [1], [0, 1]) and order.first_of([0, 1]) == order.batches[1]
     finally:
         order.close()
         for p in procs:
