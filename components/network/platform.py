@@ -52,6 +52,13 @@ GB = 1e9
 ON_NODE_CLASSES = ("intra_package", "intra_node")  # link classes inside a node (efficiency.nvlink)
 
 
+def link_bytes_per_s(GBps: float, on_node: bool, nvlink_efficiency: float) -> float:
+    """Bytes per second an application moves over a link the profile gives at ``GBps`` line
+    rate: an on-node link (NVLink, a package's fabric) at line rate x ``efficiency.nvlink``, any
+    other as given (module docstring). Every reader of an on-node rate goes through here."""
+    return GBps * GB * (nvlink_efficiency if on_node else 1.0)
+
+
 @dataclass(frozen=True)
 class Platform:
     name: str
@@ -241,7 +248,7 @@ def from_dict(d: dict) -> Platform:
         attention_flops=get("gpu.achievable_attention_tflops") * 1e12,
         nics_per_node=nics,
         nic_bytes_per_s=get("node.nic_GBps") * GB,
-        intra_node_a2a_bytes_per_s=get("node.intra_node_alltoall_GBps_per_gpu") * GB * nvlink,
+        intra_node_a2a_bytes_per_s=link_bytes_per_s(get("node.intra_node_alltoall_GBps_per_gpu"), True, nvlink),
         switch_group_nodes=_count(get("network.switch_group_nodes"), "network.switch_group_nodes"),
         rack_nodes=_count(get("network.rack_nodes"), "network.rack_nodes"),
         network_efficiency=float(eff),
@@ -335,7 +342,8 @@ def intra_node_of(p: Platform) -> dict:
     g = p.gpus_per_node
     if kind == "switch":
         return {"kind": "switch",
-                "bytes_per_s": _number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu") * GB * eff}
+                "bytes_per_s": link_bytes_per_s(_number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu"),
+                                                True, eff)}
     if kind == "graph":
         pairs = {}
         for i, entry in enumerate(spec.get("pairs") or []):
@@ -345,8 +353,9 @@ def intra_node_of(p: Platform) -> dict:
             a, b = entry[:2]
             if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < g for x in (a, b)) or a == b:
                 raise ValueError(f"platform profile: {where} names GPUs outside 0..{g - 1} or a self-link")
-            pairs[(a, b)] = pairs[(b, a)] = _number(entry[2], where) * GB * eff
-        other = _number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps") * GB * eff
+            pairs[(a, b)] = pairs[(b, a)] = link_bytes_per_s(_number(entry[2], where), True, eff)
+        other = link_bytes_per_s(_number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps"),
+                                 True, eff)
         return {"kind": "graph", "pairs": pairs, "other_bytes_per_s": other}
     raise ValueError(f"platform profile: node.intra_node.kind must be switch or graph, got {kind!r}")
 

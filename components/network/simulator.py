@@ -76,7 +76,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_repro.components.provenance import produced
-from moe_repro.components.network.platform import ON_NODE_CLASSES, Platform, fabric_of, intra_node_of
+from moe_repro.components.network.platform import (ON_NODE_CLASSES, Platform, fabric_of, intra_node_of,
+                                                   link_bytes_per_s)
 from moe_repro.components.network.topology import Topology
 
 GB = 1e9
@@ -143,7 +144,7 @@ class Machine:
         return cls(platform=p,
                    per_message_s=float(net.get("per_message_us", 0.0)) * 1e-6,
                    link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
-                   link_bytes_per_s={c: float(lk["GBps"]) * GB * (p.nvlink_efficiency if c in ON_NODE_CLASSES else 1.0)
+                   link_bytes_per_s={c: link_bytes_per_s(float(lk["GBps"]), c in ON_NODE_CLASSES, p.nvlink_efficiency)
                                      for c, lk in links.items() if "GBps" in lk},
                    package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
                    host_bytes_per_s=float(host) * GB if host else None,
