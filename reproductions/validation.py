@@ -32,12 +32,13 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 
 GiB = 2 ** 30
 PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time")
 UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-time": "s"}
-# This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform
+# This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform.
 # Replayed from CUDA graphs: the kernels' own time, which is what gemm_time models (in a step the
 # host runs ahead of the GPU); the same shapes launched eagerly from Python are beside them, not
 # scored (about half of a thin GEMM's eager time is its ~7 us launch).
@@ -232,11 +233,18 @@ def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
                                            f"simulated {res.time_s * 1e3:.3f} ms")
 
 
-def predict_gemm_time(point: dict) -> tuple[float, str]:
+@lru_cache(maxsize=None)
+def _builtin_platform(name: str):
+    """A shipped profile, parsed once per process (every gemm-time point reads the same one)."""
     from moe_repro.components.network.platform import load_builtin
+
+    return load_builtin(name)
+
+
+def predict_gemm_time(point: dict) -> tuple[float, str]:
     from moe_repro.components.resources.time_model import gemm_efficiency, gemm_time
 
-    p, g = load_builtin(point["platform"]), point["gemm"]
+    p, g = _builtin_platform(point["platform"]), point["gemm"]
     t = gemm_time(p, g["rows"], g["k"], g["n"])
     measured_tflops = 2 * g["rows"] * g["k"] * g["n"] / published_value(point) / 1e12
     return t, (f"measured {measured_tflops:.0f} TFLOP/s (spread {point['spread']:.0%}); quantization "
