@@ -5,8 +5,11 @@ source prints (paper or benchmark page, table, row, column, hardware), in the re
 paper-value form, with the configuration the source states. Three predictors are scored:
 
 - ``step-time``: the parallelism planner (components.resources.parallel_planner.plan_parallel)
-  with the published layout fixed (TP, PP, DP, global batch, recompute, attention kernel); what it
-  leaves open (micro-batch size, virtual stages) the planner picks, as `repro plan` would. The
+  with the published configuration fixed: TP, PP, DP, global batch, recompute and attention
+  kernel from the paper; micro-batch size, virtual stages, DDP implementation (overlapped or not)
+  and gradient precision from the launch scripts the authors published with it (each point's
+  ``configuration_source``). Where a source leaves one open, the planner picks it, as `repro
+  plan` would. The
   measured step time is derived from the printed throughput with the source's own FLOP count
   (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
 - ``memory``: the planner's per-GPU memory on the binding pipeline stage (weights, gradients,
@@ -18,7 +21,8 @@ paper-value form, with the configuration the source states. Three predictors are
   sustained ceiling x tile and wave quantization, or HBM-bound) against bf16 GEMMs this project
   measured on one H200 (reproductions/measured/, benchmarks/gemm_shape_curve.py --graph): a
   curve of layer shapes from 16 to 16384 rows, and every GEMM of one layer of the step-time
-  points. Not a published number: the source names the run. The h200 profile's ceiling comes
+  points (at the micro-batch sizes the planner picked before the points took their launch
+  scripts' sizes: the 1.7B-7.5B points now run 16 sequences, twice the rows measured). Not a published number: the source names the run. The h200 profile's ceiling comes
   from another run (the eager curve's sustained phase); the 8192^3 shape it was measured at is
   not scored either.
 
@@ -170,6 +174,11 @@ def _plan(point: dict):
         kw["micro_batches"] = lay["local_batch"] // lay["micro_batch"]
     else:
         kw["global_batch"] = lay["global_batch"]
+        if "micro_batch" in lay:  # the source's own launch scripts fix it (configuration_source)
+            dp = gpus // (lay["tp"] * lay["pp"] * (lay.get("cp") or 1))
+            kw["micro_batches"] = lay["global_batch"] // (dp * lay["micro_batch"])
+    if "vpp" in lay:
+        kw["vpp"] = lay["vpp"]
     return m, p, plan_parallel(m, p, gpus // p.gpus_per_node, seq=spec["seq"], precision=lay["precision"],
                                zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
                                cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],

@@ -125,3 +125,14 @@ def test_the_cli_offers_exactly_the_predictors_the_module_scores():
     from moe_repro.cli import validate_cmd
 
     assert validate_cmd._PREDICTORS == V.PREDICTORS
+
+
+def test_step_time_points_run_the_configuration_their_launch_scripts_state():
+    # Each step-time point's micro-batch size and virtual stages come from the authors' published
+    # scripts (configuration_source); the planner must time exactly that, not its own fastest pick.
+    for p in _points("step-time"):
+        lay = p["layout"]
+        assert "micro_batch" in lay and "vpp" in lay and lay["configuration_source"], p["id"]
+        best = V._plan(p)[2].best
+        assert (best.micro_batch, best.vpp) == (lay["micro_batch"], lay["vpp"]), p["id"]
+        assert best.tp == lay["tp"] and best.pp == lay["pp"]
