@@ -25,6 +25,12 @@ paper-value form, with the configuration the source states. Three predictors are
   scripts' sizes: the 1.7B-7.5B points now run 16 sequences, twice the rows measured). Not a published number: the source names the run. The h200 profile's ceiling comes
   from another run (the eager curve's sustained phase); the 8192^3 shape it was measured at is
   not scored either.
+- ``attention-core``: the time model's attention core with materialised scores (no
+  FlashAttention: components.resources.time_model.attention_core_time, flash=False, a roofline of
+  the attention rate and the scores' HBM traffic), the form every step-time point runs, against
+  the batched QK^T and AV products of the same measured run (the step-time points' attention
+  shapes: micro-batch x heads / TP batches of 2048 x d x 2048): one point per (batch, head
+  width), measured = the two products' median times added.
 
 Every predicted number is analytic or simulated, never measured here; no parameter of any
 predictor was set from a scored point (the data file's ``parameters`` list says where each one
@@ -40,8 +46,8 @@ from functools import lru_cache
 from importlib import resources
 
 GiB = 2 ** 30
-PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time")
-UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-time": "s"}
+PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time", "attention-core")
+UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-time": "s", "attention-core": "s"}
 # This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform.
 # Replayed from CUDA graphs: the kernels' own time, which is what gemm_time models (in a step the
 # host runs ahead of the GPU); the same shapes launched eagerly from Python are beside them, not
@@ -95,7 +101,7 @@ def load_points() -> dict:
     GEMM measurements appended (gemm_points)."""
     text = resources.files("moe_repro.reproductions").joinpath("validation_points.json").read_text()
     doc = json.loads(text)
-    doc["points"] = doc["points"] + gemm_points()
+    doc["points"] = doc["points"] + gemm_points() + attention_points()
     return doc
 
 
@@ -119,6 +125,30 @@ def gemm_points() -> list[dict]:
                               "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}"},
                 "platform": platform, "gemm": {"rows": m["rows"], "k": m["k"], "n": m["n"]},
                 "spread": (m["max_s"] - m["min_s"]) / m["median_s"]})
+    return out
+
+
+def attention_points() -> list[dict]:
+    """One point per (batch, head width) of the batched products in the layer run of
+    MEASURED_GEMMS: QK^T ([2048 x d] @ [d x 2048], k = d) and AV ([2048 x 2048] @ [2048 x d],
+    n = d) measured separately; the point is their sum, the attention core's forward."""
+    out = []
+    for name, kind, platform in MEASURED_GEMMS:
+        run = json.loads(resources.files("moe_repro.reproductions").joinpath("measured", name).read_text())["hot"]
+        prods = {(m["batch"], m["rows"], m["k"], m["n"]): m for m in run["points"] if "batch" in m}
+        for (b, r, k, n), qk in sorted(prods.items()):
+            av = prods.get((b, r, n, k))
+            if k >= n or av is None:  # each pair once, from its QK^T (d = k < keys = n)
+                continue
+            out.append({
+                "id": f"{platform}-attention-b{b}-s{r}-d{k}", "predictor": "attention-core", "role": "scored",
+                "published": {"paper": "measured by this project", "source": f"{run['device']} {kind} "
+                              f"(benchmarks/gemm_shape_curve.py, {name})", "row": f"batch {b}, {r} queries x {n} keys, d {k}",
+                              "column": "median seconds of QK^T + AV", "printed": repr(qk["median_s"] + av["median_s"]),
+                              "unit": "s", "url": f"reproductions/measured/{name}",
+                              "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}"},
+                "platform": platform, "attention": {"batch": b, "queries": r, "keys": n, "d": k},
+                "parts_s": {"qk": qk["median_s"], "av": av["median_s"]}})
     return out
 
 
@@ -260,6 +290,18 @@ def predict_gemm_time(point: dict) -> tuple[float, str]:
                f"efficiency {gemm_efficiency(p, g['rows'], g['n']):.2f} of {p.gemm_flops / 1e12:.0f}")
 
 
+def predict_attention_core(point: dict) -> tuple[float, str]:
+    from moe_repro.components.resources.time_model import attention_core_time
+
+    p, a = _builtin_platform(point["platform"]), point["attention"]
+    t = attention_core_time(p, a["queries"], a["keys"], a["batch"], a["d"], a["d"], flash=False)
+    flop_s = 2.0 * a["queries"] * a["keys"] * a["batch"] * 2 * a["d"] / p.attention_flops
+    parts = point["parts_s"]
+    return t, (f"measured QK^T {parts['qk'] * 1e6:.0f} us + AV {parts['av'] * 1e6:.0f} us; predicted "
+               f"{'HBM' if t > flop_s else 'FLOP'}-bound (FLOPs alone {flop_s * 1e6:.0f} us at "
+               f"{p.attention_flops / 1e12:.0f} TFLOP/s)")
+
+
 def score_point(point: dict) -> Scored:
     pred = point["predictor"]
     if pred == "step-time":
@@ -277,6 +319,10 @@ def score_point(point: dict) -> Scored:
     elif pred == "gemm-time":
         measured = published_value(point)
         predicted, note = predict_gemm_time(point)
+        how = "analytic"
+    elif pred == "attention-core":
+        measured = published_value(point)
+        predicted, note = predict_attention_core(point)
         how = "analytic"
     else:
         raise ValueError(f"{point['id']}: unknown predictor {pred!r}")

@@ -65,7 +65,8 @@ def test_validate_command_prints_each_predictor_and_writes_json(tmp_path):
     for name in ("step-time", "memory", "alltoall-bandwidth", "MAPE", "narayanan21-t1-1.7b", "Calculon"):
         assert name in r.output
     doc = json.loads(out.read_text())
-    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth", "gemm-time"}
+    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth", "gemm-time",
+                                                          "attention-core"}
     assert len(doc["points"]) == sum(s["points"] for s in doc["summaries"])
 
 
@@ -136,3 +137,31 @@ def test_step_time_points_run_the_configuration_their_launch_scripts_state():
         best = V._plan(p)[2].best
         assert (best.micro_batch, best.vpp) == (lay["micro_batch"], lay["vpp"]), p["id"]
         assert best.tp == lay["tp"] and best.pp == lay["pp"]
+
+
+def test_attention_core_points_pair_each_qk_with_its_av_and_time_materialised_scores():
+    """attention-core: one point per (batch, d) of the measured batched products, QK^T
+    [2048 x d] @ [d x 2048] plus AV [2048 x 2048] @ [2048 x d]; the prediction is the roofline of
+    the h200 profile's attention rate and the scores' HBM traffic (written once, read once, 2 B
+    each), worked by hand for the d = 96 pair (HBM-bound) and a d = 128 one (FLOP-bound)."""
+    import json
+    from importlib import resources
+
+    pts = V.attention_points()
+    run = json.loads(resources.files("moe_repro.reproductions").joinpath(
+        "measured", "h200-layer-gemms-graph-2026-11-26.json").read_text())["hot"]
+    products = [m for m in run["points"] if "batch" in m]
+    assert len(pts) * 2 == len(products) and len({p["id"] for p in pts}) == len(pts)
+    for p in pts:
+        a = p["attention"]
+        qk = next(m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["d"], a["keys"]))
+        av = next(m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["keys"], a["d"]))
+        assert V.published_value(p) == pytest.approx(qk["median_s"] + av["median_s"])
+    gpu = json.loads(resources.files("moe_repro.components.network").joinpath(
+        "platforms", "h200.json").read_text())["gpu"]
+    rate, hbm = gpu["achievable_attention_tflops"] * 1e12, gpu["achievable_hbm_GBps"] * 1e9
+    (p96,) = [p for p in pts if p["attention"]["batch"] == 128]
+    scores = 128 * 2048 * 2048
+    assert V.predict_attention_core(p96)[0] == pytest.approx(2 * 2 * scores / hbm, rel=1e-9)
+    (p128,) = [p for p in pts if p["attention"]["batch"] == 64]
+    assert V.predict_attention_core(p128)[0] == pytest.approx(2 * 64 * 2048 * 2048 * 256 / rate, rel=1e-9)

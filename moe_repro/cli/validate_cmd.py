@@ -11,7 +11,7 @@ import click
 from moe_repro.cli.errors import BadInput, OutputFile
 
 # as reproductions.validation.PREDICTORS (not imported: `repro --help` starts without it)
-_PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time")
+_PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time", "attention-core")
 
 
 def _pct(x) -> str:
@@ -27,7 +27,7 @@ def _num(x) -> str:
 def format_report(summaries, doc: dict) -> str:
     from moe_repro.reports.terminal import table
 
-    out = ["Predictions scored against published measurements of real clusters, and (gemm-time) against "
+    out = ["Predictions scored against published measurements of real clusters, and (gemm-time, attention-core) against "
            "this project's own GEMM measurements on one GPU (predicted numbers are analytic or simulated; "
            "measured numbers are the sources').",
            table(["predictor", "points", "predicted", "MAPE", "max |error|", "worst point"],
