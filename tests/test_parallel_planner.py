@@ -123,6 +123,16 @@ def test_unfused_gradient_accumulation_adds_a_pass_per_micro_batch_by_hand():
         GPT3, DGX, 128, fused_grad_accumulation=False, **kw).assumptions)
 
 
+def test_the_assumptions_say_the_optimizer_step_is_timed_and_never_that_it_is_not():
+    # The step's parts include an optimizer pass; an assumption line once said it was not modelled.
+    c = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",),
+                      micro_batches=64, sp=True)
+    assert c.candidates[0].parts["optimizer"] > 0
+    text = " ".join(c.assumptions)
+    assert "optimizer step: one HBM pass" in text
+    assert "optimizer-step time" not in text and "optimizer step not modelled" not in text
+
+
 def test_interleaving_holds_megatrons_penalty_on_stage_0():
     # Megatron-LM theoretical_memory_usage: with v virtual stages the first stage holds
     # L x (1 + (PP-1)/(PP v)) layers' activations: 96 x (1 + 7/16) = 138 layers for PP 8, v 2.

@@ -177,3 +177,26 @@ def test_plan_takes_the_megatron_2021_step_options(tmp_path):
     r = _repro("plan", "--method", "piper", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4",
                "--unfused-grad-accumulation")
     assert r.returncode == 2 and "applies to --method parallel" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_plan_says_how_far_its_step_time_held_against_published_runs(tmp_path):
+    """The planner's predicted step time is printed beside the step-time predictor's record in
+    `repro validate` (its range of errors and MAPE over the published runs, and whether this
+    platform is among those scored), and the JSON carries the same numbers."""
+    from moe_repro.reproductions.validation import validate
+
+    (summary,) = validate(("step-time",))
+    errors = [x.error for x in summary.scored]
+    out = tmp_path / "p.json"
+    r = _repro("plan", "--model", "mixtral-8x7b", "--platform", "dgx-a100", "--nodes", "4", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-2]  # just above the closing best: line
+    assert r.stdout.strip().splitlines()[-1].startswith("best: ")
+    assert last.startswith("how far to trust the step time: scored against 10 published runs")
+    assert f"MAPE {summary.mape:.1%}" in last and "this platform" in last
+    assert f"{min(errors):+.0%} to {max(errors):+.0%}" in last
+    track = json.loads(out.read_text())["step_time_validation"]
+    assert track["mape"] == pytest.approx(summary.mape) and track["points"] == len(errors)
+    r = _repro("plan", "--model", "mixtral-8x7b", "--platform", "dgx-h100", "--nodes", "4")
+    assert r.returncode == 0, r.stderr
+    assert "dgx-a100 only, not this platform" in r.stdout.strip().splitlines()[-2]

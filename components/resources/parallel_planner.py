@@ -1103,7 +1103,11 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         f"inside one node of {g} GPUs uses NVLink, others the NIC",
         "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); P2P scatter/gather "
         "(1/TP of each activation per rank, all-gathered on NVLink; Narayanan 2021 Sec. 4.1); interleaving "
-        "multiplies P2P sends by VPP; optimizer-step time and kernel launch gaps not modelled",
+        "multiplies P2P sends by VPP",
+        "optimizer step: one HBM pass reading and writing the stage's model state (weights, gradients, "
+        "master, moments); gradient accumulation fused into the weight-gradient GEMMs (no pass of its "
+        "own) unless asked otherwise; not modelled: kernel launch gaps, a kernel's fixed start and "
+        "tail (thin GEMMs are optimistic), the host's data loading and logging",
         "search: for each layout and ZeRO stage only the lightest recompute mode that fits is kept "
         "(none, selective, full:N with the smallest N found by bisection, full; heavier ones fit too "
         "and are slower); ranked by step time",

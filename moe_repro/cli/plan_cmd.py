@@ -102,7 +102,9 @@ def _layout(c) -> str:
                                 f"M {c.micro_batches}")
 
 
-def format_parallel(pl, name: str, top: int) -> str:
+def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
+    """The plan as text; ``trust`` (the step-time predictor's record) goes just above the
+    closing ``best:`` line, which stays last."""
     from moe_repro.reports.terminal import table
 
     shown = pl.candidates[:top]
@@ -142,6 +144,8 @@ def format_parallel(pl, name: str, top: int) -> str:
     out.append("assumptions:")
     out += [f"  - {a}" for a in pl.assumptions]
     best = pl.best
+    if trust:
+        out.append(trust)
     out.append(f"best: {_layout(best)}: step {best.step_s:.2f} s, MFU {best.mfu:.1%}" if best else
                "best: none fits; add nodes, allow ZeRO-3 or full recompute, or shorten --seq")
     return "\n".join(out)
@@ -283,9 +287,36 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
                    and r["reason"].startswith(f"{name.upper()} {value}")]
             if why:
                 raise BadInput(f"--{name} {value}: {'; '.join(why)}")
-    click.echo(format_parallel(pl, model.name, top))
+    track = step_time_track_record(platform.name) if pl.best else None
+    click.echo(format_parallel(pl, model.name, top, track["line"] if track else None))
     if json_path:
-        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict()}, make_parents=False)
+        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict(), "step_time_validation": track},
+                          make_parents=False)
+
+
+def step_time_track_record(platform_name: str) -> dict:
+    """How far the planner's step time has held against published runs: the step-time
+    predictor of `repro validate`, scored now (a quarter of a second), with where it was and
+    was not scored. Printed under every plan so a predicted step time never stands alone."""
+    from moe_repro.reproductions.validation import load_points, validate
+
+    doc = load_points()
+    (summary,) = validate(("step-time",), doc)
+    errors = [x.error for x in summary.scored if x.error is not None]
+    scored_on = sorted({p["platform"] for p in doc["points"]
+                        if p["predictor"] == "step-time" and p.get("role") == "scored"})
+    families = sorted({"MoE" if p["model"].get("kind") != "megatron-gpt" else "dense GPT" for p in doc["points"]
+                       if p["predictor"] == "step-time" and p.get("role") == "scored"})
+    where = ("this platform" if platform_name in scored_on else
+             f"{', '.join(scored_on)} only, not this platform")
+    line = (f"how far to trust the step time: scored against {len(errors)} published runs "
+            f"({', '.join(families)} models, {where}), the planner came out "
+            f"{min(errors):+.0%} to {max(errors):+.0%} (MAPE {summary.mape:.1%}; negative = predicted "
+            f"faster than measured); see repro validate") if errors else \
+        "how far to trust the step time: not scored against any published run (repro validate)"
+    return {"points": len(errors), "mape": summary.mape, "min_error": min(errors, default=None),
+            "max_error": max(errors, default=None), "platforms": scored_on, "model_families": families,
+            "line": line}
 
 
 def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
