@@ -346,3 +346,26 @@ def validate(predictors: tuple[str, ...] = PREDICTORS, doc: dict | None = None) 
         pts = [p for p in doc["points"] if p["predictor"] == name and p.get("role") == "scored"]
         out.append(summarise(name, [score_point(p) for p in pts]))
     return out
+
+
+def track_record(predictor: str, doc: dict | None = None) -> dict:
+    """How one predictor has held against its scored points, for the commands whose answers it
+    predicts (`repro plan` prints the step-time one, a simulated `repro bench alltoall` the
+    all-to-all one): points scored, MAPE, smallest and largest signed error, platforms and model
+    families scored, and for the all-to-all the bytes per peer of its points."""
+    doc = doc if doc is not None else load_points()
+    (summary,) = validate((predictor,), doc)
+    pts = [p for p in doc["points"] if p["predictor"] == predictor and p.get("role") == "scored"]
+    errors = [x.error for x in summary.scored if x.error is not None]
+    out = {"predictor": predictor, "points": len(errors), "mape": summary.mape,
+           "min_error": min(errors, default=None), "max_error": max(errors, default=None),
+           "platforms": sorted({p["platform"] for p in pts})}
+    if predictor == "step-time":
+        out["model_families"] = sorted({"dense GPT" if p["model"].get("kind") == "megatron-gpt" else "MoE"
+                                        for p in pts})
+    if predictor == "alltoall-bandwidth":
+        per_peer = [w["tokens_per_rank"] * w["top_k"] * w["hidden"] * w["bytes_per_value"] / w["ep"]
+                    for w in (p["workload"] for p in pts)]
+        out["bytes_per_peer"] = [min(per_peer), max(per_peer)]
+    return out
+

@@ -34,6 +34,30 @@ def test_sixteen_nodes_are_simulated_on_the_default_platform(tmp_path, results_d
         assert any("rail-optimised" in a for a in rec["assumptions"])
 
 
+def test_under_the_simulated_line_the_unmeasured_values_and_the_track_record(results_dir):
+    """Right under "simulated on": every value of the profile's ``approximate`` list that the
+    simulation reads, with its value from the profile file, then the simulator's record against
+    the published all-to-all points and this run's bytes per peer (1 MiB over 128 ranks)."""
+    from moe_repro.reproductions.validation import validate
+
+    profile = json.loads((Path(__file__).parents[1] / "components" / "network" / "platforms"
+                          / "dgx-h100.json").read_text())
+    r = repro("bench", "alltoall", "--nodes", "16", "--algo", "flat", "--sizes", "1M")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("  dgx-h100: values no measurement set")
+    assert "network.per_message_us" in profile["approximate"]
+    assert f"network.per_message_us = {profile['network']['per_message_us']:g}" in lines[1]
+    assert f"network.window = {profile['network']['window']:g}" in lines[1]
+    assert "gpu." not in lines[1]  # the GPU's rates do not enter a network simulation
+    (summary,) = validate(("alltoall-bandwidth",))
+    assert lines[2].startswith(f"  how far to trust it: the simulator's all-to-all bandwidth, scored against "
+                               f"{summary.predicted} published runs")
+    assert f"MAPE {summary.mape:.1%}" in lines[2]
+    assert f"this run sends {2 ** 20 / 128 / 1e3:.3g} KB per peer" in lines[2]
+    assert "weigh more than in any scored run" in lines[2]
+
+
 def test_a_platform_file_is_accepted_and_a_rail_taper_favours_halo(tmp_path, results_dir):
     out = tmp_path / "r.json"
     r = repro("bench", "alltoall", "--nodes", "16", "--platform", str(RAIL_4_TO_1), "--algo", "flat,halo",

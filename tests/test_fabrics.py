@@ -189,3 +189,19 @@ def test_aggregated_equals_per_message_on_every_fabric(fabric, algo, model):
     agg = ns.simulate_expected(fn, rows_to, topo, p, deps, model)
     full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps, model)
     assert agg.time_s == pytest.approx(full.time_s, rel=1e-9)
+
+
+def test_unmeasured_network_values_are_the_approximate_fields_a_network_simulation_reads():
+    import copy
+
+    from moe_repro.components.network.platform import from_dict, load_builtin, unmeasured_network_values
+
+    raw = copy.deepcopy(load_builtin("dgx-h100").raw)
+    raw["approximate"] = ["gpu.achievable_gemm_tflops", "network.per_message_us", "links[*].latency_us",
+                          "framework_overhead_GB", "efficiency.network"]
+    raw["network"]["per_message_us"] = 2.5
+    raw["efficiency"]["network"] = 0.75
+    assert unmeasured_network_values(from_dict(raw)) == [
+        "network.per_message_us = 2.5", "links[*].latency_us", "efficiency.network = 0.75"]
+    raw["approximate"] = ["gpu.sm_count"]
+    assert unmeasured_network_values(from_dict(raw)) == []

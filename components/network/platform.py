@@ -92,6 +92,29 @@ class Platform:
         raise KeyError(f"platform {self.name} has no link class {cls!r}")
 
 
+# Profile fields a network simulation reads (the GPU's rates and the framework's memory do not
+# enter it): the ones of these a profile lists under ``approximate`` are what a simulated
+# all-to-all rests on without a measurement.
+NETWORK_FIELDS = ("links", "network", "node", "efficiency.network", "efficiency.nvlink")
+
+
+def unmeasured_network_values(p: Platform) -> list[str]:
+    """``field = value`` for every field of ``p``'s ``approximate`` list that a network simulation
+    reads (NETWORK_FIELDS), in the profile's order; a field without one value (``links[*]...``)
+    is named alone."""
+    out = []
+    for field_path in p.raw.get("approximate", []):
+        if not any(field_path == f or field_path.startswith(f + ".") or field_path.startswith(f + "[")
+                   for f in NETWORK_FIELDS):
+            continue
+        node = p.raw
+        for key in field_path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        out.append(f"{field_path} = {node:g}" if isinstance(node, (int, float)) and not isinstance(node, bool)
+                   else field_path)
+    return out
+
+
 def builtin_names() -> list[str]:
     files = resources.files("moe_repro.components.network").joinpath("platforms")
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))

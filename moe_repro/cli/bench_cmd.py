@@ -150,6 +150,8 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
                                                for name, why in simulated.items())
                    + ": every number of those points is a prediction of the suite's simulator, not a measurement")
+        for line in simulation_caveats(suite.name, grid):
+            click.echo(line)
     for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks):
         click.echo(line)  # what --backend auto picked, and why
 
@@ -189,3 +191,41 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     wrong = [r for r in records if r.get("correct") is False]
     if wrong:
         raise RunFailure(f"{len(wrong)} record(s) failed the correctness check (#wrong > 0)")
+
+
+def simulation_caveats(suite_name: str, grid: list[dict]) -> list[str]:
+    """What a simulated answer rests on, said right under the "simulated" line: the values of
+    each simulated platform's profile that the simulation reads but no measurement set (the
+    profile's ``approximate``), and for the all-to-all how the simulator held against published
+    measurements (`repro validate`) and at what message sizes, beside this run's."""
+    from moe_repro.components.network.platform import load_platform, unmeasured_network_values
+
+    out = []
+    for name in dict.fromkeys(str(p["platform"]) for p in grid if p.get("simulated") and p.get("platform")):
+        try:
+            values = unmeasured_network_values(load_platform(name))
+        except (OSError, ValueError):  # the suite already refused a profile it cannot read
+            continue
+        if values:
+            out.append(f"  {name}: values no measurement set (the profile's approximate): {', '.join(values)}")
+    if suite_name == "alltoall" and any(p.get("simulated") for p in grid):
+        from moe_repro.reproductions.validation import track_record
+
+        t = track_record("alltoall-bandwidth")
+        lo, hi = t["bytes_per_peer"]
+        mine = sorted({int(p["size"]) // int(p["ranks"]) for p in grid if p.get("simulated")})
+        out.append(f"  how far to trust it: the simulator's all-to-all bandwidth, scored against {t['points']} "
+                   f"published runs ({', '.join(t['platforms'])}, {_bytes(lo)}-{_bytes(hi)} per peer), came out "
+                   f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; repro validate); "
+                   f"this run sends {', '.join(_bytes(b) for b in mine)} per peer"
+                   + (", where the per-message cost and latencies weigh more than in any scored run"
+                      if mine and mine[0] < lo else ""))
+    return out
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+

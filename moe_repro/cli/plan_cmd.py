@@ -295,46 +295,17 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
 
 
 def step_time_track_record(platform_name: str) -> dict:
-    """How far the planner's step time has held against published runs: the step-time
-    predictor of `repro validate`, scored now (a quarter of a second), with where it was and
-    was not scored. Printed under every plan so a predicted step time never stands alone."""
-    from moe_repro.reproductions.validation import load_points, validate
+    """How far the planner's step time has held against published runs (`repro validate`'s
+    step-time predictor, scored now: a quarter of a second), with where it was and was not
+    scored. Printed under every plan so a predicted step time never stands alone."""
+    from moe_repro.reproductions.validation import track_record
 
-    doc = load_points()
-    (summary,) = validate(("step-time",), doc)
-    errors = [x.error for x in summary.scored if x.error is not None]
-    scored_on = sorted({p["platform"] for p in doc["points"]
-                        if p["predictor"] == "step-time" and p.get("role") == "scored"})
-    families = sorted({"MoE" if p["model"].get("kind") != "megatron-gpt" else "dense GPT" for p in doc["points"]
-                       if p["predictor"] == "step-time" and p.get("role") == "scored"})
-    where = ("this platform" if platform_name in scored_on else
-             f"{', '.join(scored_on)} only, not this platform")
-    line = (f"how far to trust the step time: scored against {len(errors)} published runs "
-            f"({', '.join(families)} models, {where}), the planner came out "
-            f"{min(errors):+.0%} to {max(errors):+.0%} (MAPE {summary.mape:.1%}; negative = predicted "
-            f"faster than measured); see repro validate") if errors else \
+    t = track_record("step-time")
+    where = ("this platform" if platform_name in t["platforms"] else
+             f"{', '.join(t['platforms'])} only, not this platform")
+    t["line"] = (f"how far to trust the step time: scored against {t['points']} published runs "
+                 f"({', '.join(t['model_families'])} models, {where}), the planner came out "
+                 f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; negative = predicted "
+                 f"faster than measured); see repro validate") if t["points"] else \
         "how far to trust the step time: not scored against any published run (repro validate)"
-    return {"points": len(errors), "mape": summary.mape, "min_error": min(errors, default=None),
-            "max_error": max(errors, default=None), "platforms": scored_on, "model_families": families,
-            "line": line}
-
-
-def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
-           no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
-    """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU)."""
-    from moe_repro.records.atomic import atomic_write_json
-    from moe_repro.components.resources.planner import plan
-
-    if (pp is None) != (ep is None):
-        raise BadInput("--pp and --ep go together")
-    model = load_model(model_key)
-    platform = load_platform(platform_name)
-    try:
-        pl = plan(model, platform, nodes, seq=seq, global_batch=global_batch, micro_batches=micro_batches,
-                  zero_stage=zero_stage, flash=not no_flash, allow_checkpointing=not no_checkpointing,
-                  causal=causal_flops, schedule=schedule, layout=None if pp is None else (pp, ep))
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    click.echo(format_plan(pl))
-    if json_path:
-        atomic_write_json(json_path, pl.to_dict(), make_parents=False)
+    return t
