@@ -309,3 +309,24 @@ def step_time_track_record(platform_name: str) -> dict:
                  f"faster than measured); see repro validate") if t["points"] else \
         "how far to trust the step time: not scored against any published run (repro validate)"
     return t
+
+
+def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
+           no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
+    """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU)."""
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.components.resources.planner import plan
+
+    if (pp is None) != (ep is None):
+        raise BadInput("--pp and --ep go together")
+    model = load_model(model_key)
+    platform = load_platform(platform_name)
+    try:
+        pl = plan(model, platform, nodes, seq=seq, global_batch=global_batch, micro_batches=micro_batches,
+                  zero_stage=zero_stage, flash=not no_flash, allow_checkpointing=not no_checkpointing,
+                  causal=causal_flops, schedule=schedule, layout=None if pp is None else (pp, ep))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    click.echo(format_plan(pl))
+    if json_path:
+        atomic_write_json(json_path, pl.to_dict(), make_parents=False)
