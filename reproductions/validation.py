@@ -30,7 +30,9 @@ paper-value form, with the configuration the source states. Three predictors are
   the attention rate and the scores' HBM traffic), the form every step-time point runs, against
   the batched QK^T and AV products of the same measured run (the step-time points' attention
   shapes: micro-batch x heads / TP batches of 2048 x d x 2048): one point per (batch, head
-  width), measured = the two products' median times added.
+  width), measured = the two products' median times added. The h200 profile's attention rate
+  (500 TFLOP/s, meant for FlashAttention) is marked approximate: no measurement set it; the
+  measured GEMM ceiling (686) in its place makes every point faster still.
 
 Every predicted number is analytic or simulated, never measured here; no parameter of any
 predictor was set from a scored point (the data file's ``parameters`` list says where each one
@@ -297,9 +299,11 @@ def predict_attention_core(point: dict) -> tuple[float, str]:
     t = attention_core_time(p, a["queries"], a["keys"], a["batch"], a["d"], a["d"], flash=False)
     flop_s = 2.0 * a["queries"] * a["keys"] * a["batch"] * 2 * a["d"] / p.attention_flops
     parts = point["parts_s"]
+    unmeasured = "gpu.achievable_attention_tflops" in p.raw.get("approximate", [])
     return t, (f"measured QK^T {parts['qk'] * 1e6:.0f} us + AV {parts['av'] * 1e6:.0f} us; predicted "
                f"{'HBM' if t > flop_s else 'FLOP'}-bound (FLOPs alone {flop_s * 1e6:.0f} us at "
-               f"{p.attention_flops / 1e12:.0f} TFLOP/s)")
+               f"{p.attention_flops / 1e12:.0f} TFLOP/s, the profile's attention rate"
+               f"{', which no measurement set' if unmeasured else ''})")
 
 
 def score_point(point: dict) -> Scored:
