@@ -21,7 +21,7 @@ def test_plan_deepseek_v3_frontier_json(tmp_path):
                "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "pp" in r.stdout and "best:" in r.stdout
-    assert "Piper's performance model has not been scored" in r.stdout.strip().splitlines()[-2]
+    assert "Piper's performance model is not among repro validate's" in r.stdout.strip().splitlines()[-2]
     doc = json.loads(out.read_text())
     assert doc["gpus"] == 512 and doc["candidates"]
     for c in doc["candidates"]:

@@ -62,8 +62,9 @@ def format_plan(pl) -> str:
     out += [f"  - {a}" for a in pl.assumptions]
     best = pl.best
     if best:  # Piper's estimate is its own composition of the time model, never scored
-        out.append("how far to trust the estimate: Piper's performance model has not been scored against "
-                   "any published run (the default method's step time has: repro validate)")
+        out.append("how far to trust the estimate: Piper's performance model is not among repro validate's "
+                   "predictors; repro run piper-fig11 and piper-fig12 grade it against Piper's own Frontier "
+                   "measurements (the default method's step time is scored by repro validate)")
     out.append(f"best: pp={best.pp} ep={best.ep} (estimated MFU {best.estimate.mfu:.1%})" if best
                else "best: none fits; add nodes, enable ZeRO (--zero 1) or shorten --seq")
     return "\n".join(out)
