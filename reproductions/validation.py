@@ -2,16 +2,15 @@
 
 The points are data (validation_points.json, next to this module): each one is a number its
 source prints (paper or benchmark page, table, row, column, hardware), in the reproductions'
-paper-value form, with the configuration the source states. Three predictors are scored:
+paper-value form, with the configuration the source states. Five predictors are scored:
 
 - ``step-time``: the parallelism planner (components.resources.parallel_planner.plan_parallel)
   with the published configuration fixed: TP, PP, DP, global batch, recompute and attention
   kernel from the paper; micro-batch size, virtual stages, DDP implementation (overlapped or not)
   and gradient precision from the launch scripts the authors published with it (each point's
   ``configuration_source``). Where a source leaves one open, the planner picks it, as `repro
-  plan` would. The
-  measured step time is derived from the printed throughput with the source's own FLOP count
-  (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
+  plan` would. The measured step time is derived from the printed throughput with the source's
+  own FLOP count (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
 - ``memory``: the planner's per-GPU memory on the binding pipeline stage (weights, gradients,
   optimizer state, activations, buffers) for the published layout, in GiB.
 - ``alltoall-bandwidth``: the flow-level network simulator (components.network.simulator) on the
@@ -22,9 +21,10 @@ paper-value form, with the configuration the source states. Three predictors are
   measured on one H200 (reproductions/measured/, benchmarks/gemm_shape_curve.py --graph): a
   curve of layer shapes from 16 to 16384 rows, and every GEMM of one layer of the step-time
   points (at the micro-batch sizes the planner picked before the points took their launch
-  scripts' sizes: the 1.7B-7.5B points now run 16 sequences, twice the rows measured). Not a published number: the source names the run. The h200 profile's ceiling comes
-  from another run (the eager curve's sustained phase); the 8192^3 shape it was measured at is
-  not scored either.
+  scripts' sizes: the 1.7B-7.5B points now run 16 sequences, twice the rows measured). Not a
+  published number: the source names the run. The h200 profile's ceiling comes from another
+  run (the eager curve's sustained phase); the 8192^3 shape it was measured at is not scored
+  either.
 - ``attention-core``: the time model's attention core with materialised scores (no
   FlashAttention: components.resources.time_model.attention_core_time, flash=False, a roofline of
   the attention rate and the scores' HBM traffic), the form every step-time point runs, against

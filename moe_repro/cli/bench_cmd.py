@@ -228,4 +228,3 @@ def _bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
-
