@@ -110,3 +110,40 @@ def test_a_silent_rank_waits_for_the_launcher_and_leaves_quietly_with_the_code(t
     assert still_waiting, "the silent rank exited before the launcher stopped it"
     assert time.monotonic() - started < 3  # the launcher's signal ends the wait
     assert proc.returncode == 2 and err == "" and out == ""
+
+
+_LAUNCHED_RANK = """
+import atexit, os, sys
+import torch.distributed as dist
+from moe_repro.cli import _joined_launched_world, main
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+atexit.register(lambda: open({mark!r}, "w").write("ran"))
+print("joined", _joined_launched_world(), flush=True)
+main(["list"])
+"""
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_a_launched_rank_leaves_through_its_atexit_handlers_and_os_exit(tmp_path, launched):
+    """A rank of a launched world that joined it ends by flushing, running the atexit handlers (the
+    process group's teardown lives there) and os._exit, never through the interpreter's shutdown;
+    a process with a process group but no launcher exits as usual. Both exit 0 with their output
+    and their atexit handler run."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mark = tmp_path / "atexit-ran"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID",
+                        "MOE_REPRO_WORKER")}
+    if launched:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    r = subprocess.run([sys.executable, "-c", _LAUNCHED_RANK.format(port=port, mark=str(mark))],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == f"joined {launched}"
+    assert "alltoall" in r.stdout  # repro list's output was flushed before os._exit
+    assert mark.read_text() == "ran"

@@ -70,11 +70,14 @@ _register()
 INVOCATION: list[str] | None = None
 
 
+_LAUNCHER_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
 def _speaks() -> bool:
     """Not a non-zero rank of a launched world (read from the launcher's variables only)."""
     if os.environ.get("MOE_REPRO_WORKER"):
         return True
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    for name in _LAUNCHER_RANK_VARS:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value) == 0
@@ -108,7 +111,51 @@ def _let_rank_zero_speak(code: int) -> None:
         signals.restore(previous)
 
 
+def _joined_launched_world() -> bool:
+    """This process is a rank of a world an external launcher started (torchrun, mpiexec, srun;
+    not one of our own supervised workers) and has joined it (torch.distributed or MPI is up)."""
+    if os.environ.get("MOE_REPRO_WORKER") or not any(
+            os.environ.get(name, "").isdigit() for name in _LAUNCHER_RANK_VARS):
+        return False
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return True
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def _exit_launched_rank(code) -> None:
+    """End a launched rank without the interpreter's own shutdown: flush, run the atexit
+    handlers (the process group's teardown), finalize MPI, then os._exit. The interpreter's
+    shutdown could still run the communication library's C++ destructors with its threads alive
+    and abort a good run's rank (SIGABRT, "terminate called without an active exception": seen
+    once in two full test runs under load after the teardown moved to atexit), and the launcher
+    then reports the whole job failed."""
+    import atexit
+
+    code = 0 if code is None else code if isinstance(code, int) else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py finalizes at the C level, which os._exit skips
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except SystemExit as e:
+        if _joined_launched_world():
+            _exit_launched_rank(e.code)
+        raise
+
+
+def _main(argv: list[str] | None = None) -> None:
     global INVOCATION
     INVOCATION = ["repro", *(sys.argv[1:] if argv is None else argv)]
     # SIGTERM/SIGHUP end a command as Ctrl-C does: finished results kept, exit 128 + signal
