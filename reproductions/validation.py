@@ -306,30 +306,20 @@ def predict_attention_core(point: dict) -> tuple[float, str]:
                f"{', which no measurement set' if unmeasured else ''})")
 
 
+# predictor -> (its prediction of a point, how that number is produced)
+_PREDICT = {"step-time": (predict_step_time, "analytic"), "memory": (predict_memory, "analytic"),
+            "alltoall-bandwidth": (predict_alltoall_bandwidth, "simulated"),
+            "gemm-time": (predict_gemm_time, "analytic"), "attention-core": (predict_attention_core, "analytic")}
+
+
 def score_point(point: dict) -> Scored:
     pred = point["predictor"]
-    if pred == "step-time":
-        measured = measured_step_time(point)
-        predicted, note = predict_step_time(point)
-        how = "analytic"
-    elif pred == "memory":
-        measured = published_value(point)
-        predicted, note = predict_memory(point)
-        how = "analytic"
-    elif pred == "alltoall-bandwidth":
-        measured = published_value(point)
-        predicted, note = predict_alltoall_bandwidth(point)
-        how = "simulated"
-    elif pred == "gemm-time":
-        measured = published_value(point)
-        predicted, note = predict_gemm_time(point)
-        how = "analytic"
-    elif pred == "attention-core":
-        measured = published_value(point)
-        predicted, note = predict_attention_core(point)
-        how = "analytic"
-    else:
+    if pred not in _PREDICT:
         raise ValueError(f"{point['id']}: unknown predictor {pred!r}")
+    predict, how = _PREDICT[pred]
+    # step time is derived from the printed throughput; every other point is the printed number
+    measured = measured_step_time(point) if pred == "step-time" else published_value(point)
+    predicted, note = predict(point)
     return Scored(point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note)
 
 

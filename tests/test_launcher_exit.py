@@ -138,9 +138,10 @@ def test_a_launched_rank_leaves_through_its_atexit_handlers_and_os_exit(tmp_path
     mark = tmp_path / "atexit-ran"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID",
+                        "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS",
                         "MOE_REPRO_WORKER")}
     if launched:
-        env.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        env.update(RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # what a launcher sets; the group here is 1 rank
     r = subprocess.run([sys.executable, "-c", _LAUNCHED_RANK.format(port=port, mark=str(mark))],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]

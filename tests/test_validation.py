@@ -165,3 +165,7 @@ def test_attention_core_points_pair_each_qk_with_its_av_and_time_materialised_sc
     assert V.predict_attention_core(p96)[0] == pytest.approx(2 * 2 * scores / hbm, rel=1e-9)
     (p128,) = [p for p in pts if p["attention"]["batch"] == 64]
     assert V.predict_attention_core(p128)[0] == pytest.approx(2 * 64 * 2048 * 2048 * 256 / rate, rel=1e-9)
+
+
+def test_every_predictor_named_is_one_score_point_knows():
+    assert set(V._PREDICT) == set(V.PREDICTORS) == set(V.UNITS)

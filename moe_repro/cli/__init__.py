@@ -70,14 +70,11 @@ _register()
 INVOCATION: list[str] | None = None
 
 
-_LAUNCHER_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
 def _speaks() -> bool:
     """Not a non-zero rank of a launched world (read from the launcher's variables only)."""
     if os.environ.get("MOE_REPRO_WORKER"):
         return True
-    for name in _LAUNCHER_RANK_VARS:
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value) == 0
@@ -114,8 +111,9 @@ def _let_rank_zero_speak(code: int) -> None:
 def _joined_launched_world() -> bool:
     """This process is a rank of a world an external launcher started (torchrun, mpiexec, srun;
     not one of our own supervised workers) and has joined it (torch.distributed or MPI is up)."""
-    if os.environ.get("MOE_REPRO_WORKER") or not any(
-            os.environ.get(name, "").isdigit() for name in _LAUNCHER_RANK_VARS):
+    from moe_repro.runtime.launch import launched_rank
+
+    if launched_rank() is None:  # not launched, or one of our own supervised workers
         return False
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
