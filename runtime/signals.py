@@ -36,20 +36,41 @@ class Interrupted(SystemExit):
         return signal.Signals(self.signum).name
 
 
+_RECEIVED: list[int] = []  # the ending signals this process has received, in order
+
+
+def received() -> int | None:
+    """The first ending signal (SIGINT, SIGTERM, SIGHUP) received since :func:`install`, or
+    None. A library that catches every exception can turn the KeyboardInterrupt or Interrupted
+    raised in it into its own error (pydantic wraps it in a SchemaError while it builds a
+    model); the CLI asks here so that the run still ends as interrupted, 128 + signal."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
 def _raise_interrupted(signum, frame):
+    _RECEIVED.append(signum)
     raise Interrupted(signum)
 
 
+def _raise_keyboard_interrupt(signum, frame):
+    _RECEIVED.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
 def install() -> dict:
-    """Make SIGTERM and SIGHUP raise :class:`Interrupted`; returns the previous handlers (for
+    """Make SIGTERM and SIGHUP raise :class:`Interrupted` and SIGINT KeyboardInterrupt, each
+    noting the signal for :func:`received`; returns the previous handlers (for
     :func:`restore`). Only the main thread may set handlers; elsewhere nothing changes. A signal
     the process was told to ignore (nohup) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _RECEIVED.clear()
     previous = {}
     for sig in ENDING:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, _raise_interrupted)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     return previous
 
 

@@ -250,6 +250,40 @@ def test_a_signal_while_deferred_reaches_the_parent_afterwards(other_thread):
     assert reached and ended.value.code == 128 + signal.SIGHUP
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_a_library_wraps_in_its_own_error_still_ends_as_interrupted(sig, monkeypatch, capsys):
+    # CI saw SIGINT land while pydantic built a model's validator: pydantic caught the
+    # KeyboardInterrupt and raised a SchemaError, and the run ended "failed", exit 1
+    import moe_repro.cli as cli_module
+
+    def wrapping_library(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(1)
+        except BaseException as e:
+            raise RuntimeError(f"Error building validator: {type(e).__name__}") from None
+
+    monkeypatch.setattr(cli_module.cli, "main", wrapping_library)
+    with pytest.raises(SystemExit) as ended:
+        cli_module.main(["list"])
+    assert ended.value.code == 128 + sig
+    err = capsys.readouterr().err
+    assert f"interrupted by {signal.Signals(sig).name}" in err and "failed" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_a_failure_with_no_signal_is_still_a_failure(monkeypatch, capsys):
+    import moe_repro.cli as cli_module
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli_module.cli, "main", failing)
+    with pytest.raises(SystemExit) as ended:
+        cli_module.main(["list"])
+    assert ended.value.code == 1 and "repro: failed: RuntimeError: boom" in capsys.readouterr().err
+
+
 def test_exit_order_names_the_process_that_ended_first():
     """Under mpiexec the peers of a dead rank are stopped within milliseconds; the supervisor
     learns the first end from the kernel (pidfds), not from which pids a poll finds gone."""

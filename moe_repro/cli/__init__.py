@@ -144,6 +144,11 @@ def _exit_launched_rank(code) -> None:
     os._exit(code)
 
 
+def signal_name(signum: int) -> str:
+    import signal
+    return signal.Signals(signum).name
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
@@ -178,6 +183,11 @@ def _main(argv: list[str] | None = None) -> None:
         click.echo("repro: interrupted (finished results were kept)", err=True)
         sys.exit(130)
     except Exception as e:  # a failure while running: one line, traceback on request
+        interrupted_by = signals.received()
+        if interrupted_by is not None:  # a library turned the interrupt into its own error
+            name = signal_name(interrupted_by)
+            click.echo(f"repro: interrupted by {name} (finished results were kept)", err=True)
+            sys.exit(128 + interrupted_by)
         if os.environ.get("MOE_REPRO_DEBUG"):
             traceback.print_exc()
         click.echo(f"repro: failed: {type(e).__name__}: {e} (MOE_REPRO_DEBUG=1 for the traceback)",
