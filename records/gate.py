@@ -85,12 +85,9 @@ def _records(path: Path) -> list:
         # gate on opening it; is_file() looks with stat and opens nothing
         found = sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
         files = [p for p in found if p.is_file()]
-        for p in found:
-            if not p.is_file() and not p.is_dir() and str(p) not in _WARNED:
-                _WARNED.add(str(p))  # once, though both sides may be the same directory
-                sys.stderr.write(f"repro gate: warning: skipped {p}: not a regular file\n")
+        skipped = [p for p in found if not p.is_file() and not p.is_dir()]
     else:  # a file the user named: a pipe (<(...)) is read as it is
-        files = [path]
+        files, skipped = [path], []
     records = []
     for f in files:
         if f.is_file() and f.stat().st_size == 0:  # a run that died before writing
@@ -98,6 +95,11 @@ def _records(path: Path) -> list:
         records.extend(load_records(f))
     if not records:  # an empty side would turn every result into "missing", not a wrong path
         raise GateInputError(f"no results found in {path}")
+    # Said once the side has loaded: bad input ends in its one error line alone
+    for p in skipped:
+        if str(p) not in _WARNED:
+            _WARNED.add(str(p))  # once, though both sides may be the same directory
+            sys.stderr.write(f"repro gate: warning: skipped {p}: not a regular file\n")
     return records
 
 

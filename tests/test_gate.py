@@ -138,6 +138,22 @@ def test_an_unreadable_result_file_is_bad_input_naming_it(dirs, tmp_path):
     assert res.returncode == 2 and "gemm.json" in res.stderr and "records" in res.stderr
 
 
+def test_a_fifo_beside_results_is_skipped_with_a_warning_and_bad_input_is_one_line(dirs, tmp_path):
+    import os
+
+    p = suite_payload(1)
+    base, current = dirs("a", p), dirs("b", copy.deepcopy(p))
+    os.mkfifo(tmp_path / "b" / "pipe.json")  # opening it would wait for a writer
+    res = gate("--baseline", base, "--current", current)
+    assert res.returncode == 0 and "skipped" in res.stderr and "pipe.json" in res.stderr, res.stderr
+    # With an unreadable result beside the FIFO, the run is bad input: its one error line
+    # alone (a fuzz case pointing the gate at / found a FIFO first and printed three lines)
+    (tmp_path / "b" / "broken.json").write_text(json.dumps(dict(suite_payload(2), records="many")))
+    res = gate("--baseline", base, "--current", current)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "broken.json" in lines[0], res.stderr
+
+
 def _entries(payload):
     import tempfile
     from pathlib import Path
