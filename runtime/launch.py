@@ -258,16 +258,20 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         _supervise(procs, workdir, world_size, timeout_s)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
-        with signals.deferred():  # a second signal must not cut the cleanup short
-            # ranks first (a signal may have come while they were being started, before
-            # _supervise): a live rank writing its heartbeat would keep the directory
-            for p in procs.values():
-                _kill_group(p)
-            if workdir is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
-            if janitor is not None:
-                janitor.kill()
-                janitor.wait()
+        try:
+            with signals.deferred():  # a second signal must not cut the cleanup short
+                # ranks first (a signal may have come while they were being started, before
+                # _supervise): a live rank writing its heartbeat would keep the directory
+                for p in procs.values():
+                    _kill_group(p)
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                if janitor is not None:
+                    janitor.kill()
+                    janitor.wait()
+        finally:
+            # after the block, which puts back the handlers it found (ours) as it ends: inside
+            # it, the caller's handlers were restored and then overwritten again
             signals.restore(previous)
 
 

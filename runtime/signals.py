@@ -64,7 +64,8 @@ def install() -> dict:
     the process was told to ignore (nohup) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _RECEIVED.clear()
+    if signal.getsignal(signal.SIGTERM) is not _raise_interrupted:
+        _RECEIVED.clear()  # the outermost install (a nested one, e.g. run_ranks's, keeps them)
     previous = {}
     for sig in ENDING:
         if signal.getsignal(sig) is not signal.SIG_IGN:

@@ -250,6 +250,16 @@ def test_a_signal_while_deferred_reaches_the_parent_afterwards(other_thread):
     assert reached and ended.value.code == 128 + signal.SIGHUP
 
 
+def test_run_ranks_gives_the_callers_signal_handlers_back(targets_on_path):
+    # the cleanup's deferred block put its own (ours) back as it ended, after the restore:
+    # a library caller of run_ranks was left with SIGTERM raising Interrupted
+    from moe_repro.runtime.launch import run_ranks
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    run_ranks("_launch_targets:identity", {"tag": "x"}, world_size=2, timeout_s=120)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_a_library_wraps_in_its_own_error_still_ends_as_interrupted(sig, monkeypatch, capsys):
     # CI saw SIGINT land while pydantic built a model's validator: pydantic caught the
@@ -264,12 +274,13 @@ def test_an_interrupt_a_library_wraps_in_its_own_error_still_ends_as_interrupted
             raise RuntimeError(f"Error building validator: {type(e).__name__}") from None
 
     monkeypatch.setattr(cli_module.cli, "main", wrapping_library)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with pytest.raises(SystemExit) as ended:
         cli_module.main(["list"])
     assert ended.value.code == 128 + sig
     err = capsys.readouterr().err
     assert f"interrupted by {signal.Signals(sig).name}" in err and "failed" not in err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
 
 
 def test_a_failure_with_no_signal_is_still_a_failure(monkeypatch, capsys):
