@@ -47,6 +47,11 @@ CASES = {
                            "did you mean"),
     "plan unknown platform": (["plan", "--model", "deepseek-v3", "--platform", "fronteir", "--nodes", "4"],
                               "did you mean frontier?"),
+    # a name longer than the file system allows (the CLI fuzz test's): not a file, one line
+    "plan platform name too long for a file": (["plan", "--model", "deepseek-v3", "--platform", "x" * 300,
+                                                "--nodes", "4"], "unknown platform"),
+    "plan platform file name too long": (["plan", "--model", "deepseek-v3", "--platform", "x" * 300 + ".json",
+                                          "--nodes", "4"], "not found"),
     "list unknown paper": (["list", "--paper", "pipr"], "did you mean piper?"),
     "alltoall fault rank outside the world": (["bench", "alltoall", "--nodes", "1", "--fault", "kill:99"],
                                               "rank 99 is not in the world of 2 ranks"),

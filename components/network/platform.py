@@ -139,14 +139,22 @@ def load_platform(name_or_path: str) -> Platform:
     is wrong, for a missing file, bad JSON or a bad profile."""
     from pathlib import Path
 
+    def is_file(p: Path) -> bool:
+        try:
+            return p.is_file()
+        except OSError:  # e.g. a name longer than the file system allows: no such file
+            return False
+
     path = Path(name_or_path)
-    if not (name_or_path.endswith(".json") or path.is_file()):
+    if not (name_or_path.endswith(".json") or is_file(path)):
         return load_builtin(name_or_path)
-    if not path.is_file():
-        raise ValueError(f"platform file {name_or_path!r} not found")
+    if not is_file(path):
+        raise ValueError(f"platform file {name_or_path[:80]!r} not found")
     try:
         # JSON's NaN and Infinity are not numbers a profile may hold: refuse them while parsing
         doc = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except OSError as e:
+        raise ValueError(f"platform file {name_or_path}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     except (ValueError, UnicodeDecodeError) as e:
