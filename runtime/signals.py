@@ -33,7 +33,12 @@ class Interrupted(SystemExit):
 
     @property
     def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
+        return name_of(self.signum)
+
+
+def name_of(signum: int) -> str:
+    """SIGTERM for 15."""
+    return signal.Signals(signum).name
 
 
 _RECEIVED: list[int] = []  # the ending signals this process has received, in order

@@ -144,11 +144,6 @@ def _exit_launched_rank(code) -> None:
     os._exit(code)
 
 
-def signal_name(signum: int) -> str:
-    import signal
-    return signal.Signals(signum).name
-
-
 def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
@@ -185,8 +180,8 @@ def _main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a failure while running: one line, traceback on request
         interrupted_by = signals.received()
         if interrupted_by is not None:  # a library turned the interrupt into its own error
-            name = signal_name(interrupted_by)
-            click.echo(f"repro: interrupted by {name} (finished results were kept)", err=True)
+            click.echo(f"repro: interrupted by {signals.name_of(interrupted_by)} (finished results were kept)",
+                       err=True)
             sys.exit(128 + interrupted_by)
         if os.environ.get("MOE_REPRO_DEBUG"):
             traceback.print_exc()

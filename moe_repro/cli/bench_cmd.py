@@ -218,7 +218,7 @@ def simulation_caveats(suite_name: str, grid: list[dict]) -> list[str]:
                    f"published runs ({', '.join(t['platforms'])}, {_bytes(lo)}-{_bytes(hi)} per peer), came out "
                    f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; repro validate); "
                    f"this run sends {', '.join(_bytes(b) for b in mine)} per peer"
-                   + (", smaller than any scored run's" if mine and mine[0] < lo else ""))
+                   + (", smaller than any scored run's" if mine and mine[-1] < lo else ""))
     return out
 
 
