@@ -216,12 +216,16 @@ def _plan(point: dict):
                                cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],
                                dropout=bool(getattr(m, "dropout", False)),
                                overlap_dp=lay.get("overlap_dp", True),
-                               fused_grad_accumulation=lay.get("fused_grad_accumulation", True), **kw)
+                               fused_grad_accumulation=lay.get("fused_grad_accumulation", True),
+                               overlap_tp=lay.get("overlap_tp", True), **kw)
 
 
 def measured_step_time(point: dict) -> float:
-    """Narayanan et al. Eq. 3: F = 96 B s l h^2 (1 + s / 6h + V / 16 l h) FLOPs per iteration
-    (GEMMs only, with the recomputed forward); step time = F / (n X)."""
+    """A printed iteration time as it is (unit "seconds per iteration"); from a printed
+    throughput, Narayanan et al. Eq. 3: F = 96 B s l h^2 (1 + s / 6h + V / 16 l h) FLOPs per
+    iteration (GEMMs only, with the recomputed forward); step time = F / (n X)."""
+    if point["published"]["unit"] == "seconds per iteration":
+        return published_value(point)
     spec, lay = point["model"], point["layout"]
     B, s, l, h, V = lay["global_batch"], spec["seq"], spec["layers"], spec["hidden"], spec["vocab"]
     F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))

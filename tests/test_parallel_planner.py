@@ -91,10 +91,14 @@ def test_gpt3_tp8_pp8_dp16_zero1_memory_and_time_by_hand():
     ew = 2.5 * 12 * (10 * 12288 + 2 * 4 * 12288) / 8 * 2 * 4096 / 3350e9
     assert c.parts["compute"] == pytest.approx(64 * (mm + core + ew), rel=1e-12)
     # TP with SP (Korthikanti Sec. 4.2.2): 4 all-gathers + 4 reduce-scatters of s b h x 2 bytes per
-    # layer, each (t-1)/t of it sent: 8 x 7/8 x 4096 x 12288 x 2 = 704,643,072 B per layer, at
-    # 450 GB/s x 0.8 over NVLink (line rate x the app-level share NCCL's maintainers give), plus 8
-    # collectives x 2 us (the profile's NVLink latency) per layer.
-    tp = 12 * (8 * 7 / 8 * 4096 * 12288 * 2 / 360e9 + 8 * 2e-6)
+    # layer, each (t-1)/t of it sent: 7/8 x 4096 x 12288 x 2 = 88,080,384 B each, at 450 GB/s x 0.8
+    # over NVLink (line rate x the app-level share NCCL's maintainers give), plus 2 us (the
+    # profile's NVLink latency) per collective. The backward's two reduce-scatters (of the
+    # column-parallel layers' input gradients) run beside the weight-gradient GEMMs (Megatron's
+    # asynchronous TP communication): 12 x 2 x (88,080,384 / 360e9 + 2e-6) = 5.9 ms against 12
+    # layers' forward GEMMs, 12 x 3,623,878,656 x 512 / 700e12 = 31.8 ms: hidden. Six exposed.
+    assert 12 * 2 * (88_080_384 / 360e9 + 2e-6) < 12 * 3_623_878_656 * 512 / 700e12
+    tp = 12 * (6 * 88_080_384 / 360e9 + 6 * 2e-6)
     assert c.parts["tp"] == pytest.approx(64 * tp, rel=1e-12)
     # Bubble: (PP - 1) slots of the slowest stage (1F1B).
     slot = (c.parts["compute"] + c.parts["tp"] + c.parts["pp"]) / 64
@@ -121,6 +125,21 @@ def test_unfused_gradient_accumulation_adds_a_pass_per_micro_batch_by_hand():
     assert unfused.step_s - fused.step_s == pytest.approx(unfused.parts["grad_accum"], rel=1e-9)
     assert any("gradient accumulation (asked)" in a for a in plan_parallel(
         GPT3, DGX, 128, fused_grad_accumulation=False, **kw).assumptions)
+
+
+def test_without_async_tp_the_backwards_collectives_are_exposed_by_hand():
+    # The layout above with --no-overlap-tp (Megatron-LM before its asynchronous TP all-reduce):
+    # all eight collectives of each of the 12 layers are exposed, 64 micro-batches.
+    kw = dict(tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True)
+    pl = plan_parallel(GPT3, DGX, 128, overlap_tp=False, **kw)
+    c = pl.candidates[0]
+    assert c.parts["tp"] == pytest.approx(64 * 12 * (8 * 88_080_384 / 360e9 + 8 * 2e-6), rel=1e-12)
+    assert any("TP (asked)" in a for a in pl.assumptions)
+    # Without SP the backward's two all-reduces (2 (t-1)/t s b h 2 B each) are both hidden
+    overlapped = plan_parallel(GPT3, DGX, 128, **{**kw, "sp": False}).candidates[0]
+    exposed = plan_parallel(GPT3, DGX, 128, overlap_tp=False, **{**kw, "sp": False}).candidates[0]
+    per_layer_bwd = 2 * (2 * 88_080_384 / 360e9 + 2e-6)
+    assert exposed.parts["tp"] - overlapped.parts["tp"] == pytest.approx(64 * 12 * per_layer_bwd, rel=1e-9)
 
 
 def test_the_assumptions_say_the_optimizer_step_is_timed_and_never_that_it_is_not():

@@ -169,3 +169,35 @@ def test_attention_core_points_pair_each_qk_with_its_av_and_time_materialised_sc
 
 def test_every_predictor_named_is_one_score_point_knows():
     assert set(V._PREDICT) == set(V.PREDICTORS) == set(V.UNITS)
+
+
+def test_no_scored_step_time_point_shares_the_calibration_layers_shape():
+    # dgx-a100's layer kernel-time factor comes from Korthikanti Table 4's 22B layer; a point made
+    # of that layer (Table 5's 22B rows) would score the calibration, so it must not be scored,
+    # and the data file must say why.
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources import time_model as T
+
+    cal = T.calibration_layer(load_builtin("dgx-a100"))
+    for p in _points("step-time"):
+        if p["platform"] == "dgx-a100":
+            assert (p["model"]["hidden"], p["model"]["heads"]) != (cal["hidden"], cal["heads"]), p["id"]
+    assert any("22B" in u["what"] and "calibration" in u["why"] for u in V.load_points()["unscored"])
+    assert any("calibration.layer_forward" in par["name"] for par in V.load_points()["parameters"])
+
+
+def test_korthikanti_points_run_the_techniques_their_column_names():
+    # Table 5: 'Present Work' = sequence parallelism + selective recompute, 'Full Recompute' = full
+    # recompute without SP; the printed number is the iteration time itself.
+    pts = [p for p in _points("step-time") if p["id"].startswith("korthikanti22")]
+    assert len(pts) == 6
+    for p in pts:
+        lay = p["layout"]
+        present = "Present Work" in p["published"]["column"]
+        assert (lay["recompute"], lay["sp"]) == (("selective", True) if present else ("full", False))
+        assert V.measured_step_time(p) == V.published_value(p)
+        best = V._plan(p)[2].best
+        assert best.sp == lay["sp"] and best.recompute == lay["recompute"]
+    # the older Narayanan runs predate the asynchronous TP all-reduce; Korthikanti's overlap it
+    assert all(p["layout"]["overlap_tp"] is False for p in _points("step-time") if p["id"].startswith("narayanan21"))
+    assert all(p["layout"]["overlap_tp"] is True for p in pts)

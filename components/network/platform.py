@@ -30,6 +30,10 @@ A profile is a JSON document (components/network/platforms/<name>.json, copy one
   ``network.window`` (messages in flight per rank): the simulator's per-message cost.
 - ``efficiency.network``: the fraction of NIC line rate a flat all-to-all sustains (an assumption
   unless measured), ``framework_overhead_GB`` (M_fw), ``sources`` and ``approximate``.
+- ``calibration.layer_forward`` (optional): a published forward time of one dense GPT layer on
+  this machine (``measured_ms``, ``hidden``, ``heads``, ``ffn``, ``seq``, ``micro_batch``, ``tp``,
+  ``dropout``, ``flash_attention``, ``source``) that no scored point uses; the time model scales
+  layer kernel times by measured / modelled for it (time_model.layer_time_factor).
 - ``efficiency.nvlink`` (optional, default 1): the fraction of the on-node links' line rate an
   application moves. The profile's on-node figures (``intra_node_alltoall_GBps_per_gpu``,
   ``node.intra_node``, the ``intra_node`` / ``intra_package`` link classes) stay the data sheet's
@@ -228,6 +232,28 @@ def _check_affinity(affinity, gpus: int, nics: int) -> None:
             seen.add(gpu)
 
 
+# calibration.layer_forward: a measured forward of one dense GPT layer (time_model.calibration_terms)
+CALIBRATION_LAYER_NUMBERS = ("measured_ms", "hidden", "heads", "ffn", "seq", "micro_batch", "tp")
+
+
+def _check_calibration(cal) -> None:
+    if cal is None:
+        return
+    for key in CALIBRATION_LAYER_NUMBERS:
+        if key not in cal:
+            raise ValueError(f"platform profile: missing field 'calibration.layer_forward.{key}'")
+        v = _number(cal[key], f"calibration.layer_forward.{key}")
+        if key != "measured_ms":
+            _count(v, f"calibration.layer_forward.{key}")
+    if cal["hidden"] % cal["heads"]:
+        raise ValueError("platform profile: calibration.layer_forward.hidden must be a multiple of heads")
+    for key in ("dropout", "flash_attention"):
+        if not isinstance(cal.get(key), bool):
+            raise ValueError(f"platform profile: calibration.layer_forward.{key} must be true or false")
+    if not str(cal.get("source", "")).strip():
+        raise ValueError("platform profile: calibration.layer_forward.source must name the measurement")
+
+
 def from_dict(d: dict) -> Platform:
     """Validate a profile document; ValueError naming the missing or bad field."""
     if not isinstance(d, dict):
@@ -241,8 +267,10 @@ def from_dict(d: dict) -> Platform:
             node = node[part]
         return _number(node, path, positive)
 
-    for path in ("gpu", "node", "network", "efficiency", "node.intra_node", "network.fabric"):
+    for path in ("gpu", "node", "network", "efficiency", "node.intra_node", "network.fabric",
+                 "calibration", "calibration.layer_forward"):
         _object_at(d, path)
+    _check_calibration(d.get("calibration", {}).get("layer_forward"))
     if not isinstance(d.get("links", []), list):
         raise ValueError(f"platform profile: links must be a list, got {_kind(d['links'])}")
     eff = d.get("efficiency", {}).get("network", 1.0)

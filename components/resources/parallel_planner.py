@@ -68,7 +68,9 @@ Step time (slowest stage; communication dimensions do not contend for links):
   2 x forward (1.5 x for the non-GEMM kernels), + the recomputed forward; without
   FlashAttention the score GEMMs are a roofline of the attention rate (every score computed:
   no causal halving) and HBM (QK^T writes, AV reads a s scores per token); TP/SP, EP, ETP and
-  PP traffic are exposed (not overlapped); PP sends 1/TP of each activation and all-gathers it
+  PP traffic are exposed (not overlapped), except the backward's two TP collectives per layer,
+  which overlap its weight-gradient GEMMs (Megatron-LM's asynchronous TP all-reduce; exposed
+  only beyond the forward's GEMM time; ``overlap_tp=False``: exposed too); PP sends 1/TP of each activation and all-gathers it
   on NVLink (Megatron's scatter/gather, Narayanan et al. 2021 Sec. 4.1; with SP the shard is
   already 1/TP); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b /
   (TP CP)); ETP: Megatron-core
@@ -377,6 +379,7 @@ class PlanRequest:
     etp: int | None = None
     overlap_dp: bool = True
     fused_grad_accumulation: bool = True
+    overlap_tp: bool = True
 
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
@@ -402,7 +405,8 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
                   ep: int | None = None, cp: int | None = None, vpp: int | None = None,
                   micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
                   dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None,
-                  overlap_dp: bool = True, fused_grad_accumulation: bool = True) -> ParallelPlan:
+                  overlap_dp: bool = True, fused_grad_accumulation: bool = True,
+                  overlap_tp: bool = True) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
     searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
@@ -414,13 +418,15 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     allreduce_gradients() after forward_backward_func returns); ``fused_grad_accumulation=False``:
     every micro-batch's weight gradients are added to the held gradients in a separate
     HBM-bound pass (Megatron-LM's DDP hook ``main_grad.add_(grad)`` without
-    --gradient-accumulation-fusion; PyTorch's AccumulateGrad). ValueError for malformed input (non-positive numbers, unknown preset,
+    --gradient-accumulation-fusion; PyTorch's AccumulateGrad); ``overlap_tp=False``: the
+    backward's TP all-reduces are exposed too (Megatron-LM before its asynchronous tensor-parallel
+    all-reduce of 2021-09-02). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(PlanRequest(m, p, nodes, seq=seq, global_batch=global_batch, precision=precision, zero=zero,
                             recompute=recompute, tp=tp, pp=pp, ep=ep, cp=cp, vpp=vpp,
                             micro_batches=micro_batches, sp=sp, flash_attention=flash_attention,
                             dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp,
-                            fused_grad_accumulation=fused_grad_accumulation))
+                            fused_grad_accumulation=fused_grad_accumulation, overlap_tp=overlap_tp))
 
 
 def plan(req: PlanRequest) -> ParallelPlan:
@@ -448,6 +454,9 @@ def plan(req: PlanRequest) -> ParallelPlan:
     if not req.overlap_dp:
         assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
                            "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
+    if not req.overlap_tp:
+        assumptions.append("TP (asked): the backward's all-reduces are exposed, not overlapped with the "
+                           "weight-gradient GEMMs (Megatron-LM before --async-tensor-model-parallel-allreduce)")
     if not req.fused_grad_accumulation:
         assumptions.append("gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
                            "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
@@ -480,7 +489,8 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
     return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, V, d,
                 F.kv_width(m), peak, model_flops_step, p.hbm_bytes,
-                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp, req.fused_grad_accumulation)
+                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp, req.fused_grad_accumulation,
+                req.overlap_tp)
 
 
 @dataclass
@@ -712,6 +722,7 @@ class _Ctx:
     dropout: bool = False
     overlap_dp: bool = True
     fused_grad_accumulation: bool = True
+    overlap_tp: bool = True
 
 
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
@@ -834,7 +845,20 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
         if t > 1:
             tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
                     + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
-            tp_s = T.transfer_time(p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * (2 if sp else 1))
+            per_op = 2 if sp else 1  # SP: an all-gather and a reduce-scatter where TP all-reduces
+            if ctx.overlap_tp:
+                # the column-parallel layers' backward collectives (two per layer: all-reduces, or
+                # with SP reduce-scatters) run beside the weight-gradient GEMMs (Megatron-LM's
+                # asynchronous TP all-reduce; Korthikanti et al. Sec. 6.2), which take about the
+                # forward's GEMM time: only what exceeds them is exposed. SP's all-gathers of the
+                # row-parallel layers' gradients come before their GEMMs: exposed.
+                hidden_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") / (4 if sp else 2) * n_layers
+                tp_s = T.transfer_time(p, tp_b - hidden_b, off_node=False,
+                                       messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers)
+                tp_s += max(0.0, T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers)
+                            - layers_fwd.gemm)
+            else:
+                tp_s = T.transfer_time(p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op)
         ep_s = etp_s = 0.0
         moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
         tokens = mb * seq / (t * c)
@@ -1045,6 +1069,19 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
         chunk_layers=max(nd + nm for x in per_stage for nd, nm in x[0].chunks))
 
 
+def _calibration_note(p) -> str:
+    """What a profile's measured layer (time_model.layer_time_factor) does to every layer's
+    kernel times; empty without one."""
+    cal = T.calibration_layer(p)
+    if cal is None:
+        return ""
+    c = T.calibration_terms(p)
+    return (f"; then every layer's kernel times x {T.layer_time_factor(p):.3f}, measured / modelled for "
+            f"one measured layer on this platform ({cal['source']}: {c['measured_s'] * 1e3:g} ms forward, "
+            f"of which the model prices {c['modelled_tp_s'] * 1e3:.2f} ms of TP all-reduces and "
+            f"{c['modelled_kernels_s'] * 1e3:.2f} ms of kernels; profile calibration.layer_forward)")
+
+
 def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, long_seq, cp,
                  batch_given: bool, micro_batches) -> list[str]:
     g = p.gpus_per_node
@@ -1087,11 +1124,14 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         "forward; non-GEMM kernels "
         f"(norms, activations, bias-dropout-add{', softmax and dropout of the scores' if not flash else ''}) "
         f"at HBM {p.hbm_bytes_per_s / 1e9:g} GB/s; every stage "
-        "runs at the pace of the slowest (uneven splits put extra layers on the first stages)",
+        "runs at the pace of the slowest (uneven splits put extra layers on the first stages)"
+        + _calibration_note(p),
         f"communication: formulas' bytes; TP/SP, CP and EP inside a node at {p.intra_node_a2a_bytes_per_s / 1e9:g} "
         f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "
         f"{p.network_efficiency:g}; per-collective latency from the profile's links; TP/SP, EP and "
-        "PP traffic exposed (not overlapped); EP all-to-all: on- and off-node parts concurrent, "
+        "PP traffic exposed (not overlapped), except the column-parallel layers' backward TP "
+        "collectives (two per layer), which overlap the weight-gradient GEMMs (Megatron-LM's "
+        "asynchronous TP all-reduce; exposed only beyond them); EP all-to-all: on- and off-node parts concurrent, "
         "full recompute repeats the forward's two; ETP: all-gather + reduce-scatter of the "
         "ETP-gathered dispatched tokens forward and again backward, 4 (ETP-1) c k tokens h 2 B per MoE "
         "layer, on NVLink (Megatron-core token_dispatcher); CP ring overlapped with the attention core",

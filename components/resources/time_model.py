@@ -19,6 +19,12 @@ Kernels (one GPU):
   backward   2 x the forward for GEMMs and attention (data and weight gradients), 1.5 x for the
              HBM-bound kernels (each reads its input and the incoming gradient and writes one
              gradient); a recomputed forward is added once.
+  measured   a profile may carry one measured layer forward (``calibration.layer_forward``: a
+  layer      published time of one transformer layer on that machine, not a point any predictor is
+             scored on). Its layers' kernel times are then scaled by measured / modelled for that
+             layer (layer_time_factor), so the rates above keep their sources and the factor
+             carries what they miss on a real run: clocks under sustained load, the non-flash
+             attention core's short-k GEMMs, kernel gaps. A profile without one is not scaled.
 Communication:
   a transfer   bytes / the link's per-GPU rate + one latency per message (link rule: NVLink
                inside a node, NICs x B_NIC / g x network efficiency across nodes).
@@ -45,7 +51,7 @@ Where the two planners disagreed before this module, the more faithful form was 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import ON_NODE_CLASSES, Platform
@@ -238,12 +244,60 @@ def layer_forward(m: MoEModel, moe: bool, p: Platform, rows: float, keys: float,
     hbm_bytes = ew(flash) * rows
     scores_bytes = hbm_bytes - ew(True) * rows
     return Compute(gemms_time(p, layer_gemms(m, moe, rows, t, ep, etp)), core,
-                   hbm_time(p, hbm_bytes), hbm_time(p, scores_bytes))
+                   hbm_time(p, hbm_bytes), hbm_time(p, scores_bytes)) * layer_time_factor(p)
 
 
 def head_forward(m: MoEModel, p: Platform, rows: float, t: int = 1) -> Compute:
     """The output head, [rows x d] @ [d x V / t] (vocabulary-parallel); none without a vocabulary."""
-    return Compute(gemm=gemm_time(p, rows, m.d_model, m.vocab / t) if m.vocab else 0.0)
+    return Compute(gemm=gemm_time(p, rows, m.d_model, m.vocab / t) if m.vocab else 0.0) * layer_time_factor(p)
+
+
+def calibration_layer(p: Platform) -> dict | None:
+    """The profile's measured layer forward (``calibration.layer_forward``), or None."""
+    return (p.raw.get("calibration") or {}).get("layer_forward")
+
+
+def uncalibrated(p: Platform) -> Platform:
+    """``p`` without its measured layer: kernel times from the rates alone."""
+    return replace(p, raw={k: v for k, v in p.raw.items() if k != "calibration"})
+
+
+def calibration_terms(p: Platform) -> dict:
+    """The measured layer forward of ``p``'s profile against the model at the profile's rates:
+    ``modelled_kernels_s`` (GEMMs, attention core, non-GEMM kernels of one dense GPT layer as the
+    measurement ran it), ``modelled_tp_s`` (its two forward all-reduces over NVLink, Shoeybi et al.
+    2019 Sec. 3; not scaled) and ``measured_s``. The factor is (measured - TP) / kernels: the
+    measured time less the communication the model already prices, over the kernels."""
+    cal = calibration_layer(p)
+    if cal is None:
+        raise ValueError(f"platform {p.name} has no calibration.layer_forward")
+    bare = uncalibrated(p)
+    h, heads, s, b, t = cal["hidden"], cal["heads"], cal["seq"], cal["micro_batch"], cal["tp"]
+    m = MoEModel(key=f"calibration-layer-{h}", name=f"measured layer ({h} wide)", layers=1, moe_layers=0,
+                 d_model=h, d_ffn=cal["ffn"], d_ffn_dense=cal["ffn"], n_experts=1, top_k=1, n_mat=2,
+                 n_heads=heads, head_dim=h // heads, vocab=None, family="dense", dropout=cal["dropout"])
+    kernels = layer_forward(m, False, bare, b * s, s, t, False, 1, 1, cal["flash_attention"],
+                            cal["dropout"]).total
+    tp = 0.0
+    if t > 1:  # the forward's two of the layer's four all-reduces
+        tp = transfer_time(bare, F.tp_bytes_per_layer(s, b, h, t, False, "none") / 2, off_node=False, messages=2)
+    return {"measured_s": cal["measured_ms"] / 1e3, "modelled_kernels_s": kernels, "modelled_tp_s": tp}
+
+
+def layer_time_factor(p: Platform) -> float:
+    """Measured / modelled kernel time of the profile's measured layer (calibration_terms); 1.0
+    without one. Computed once per profile object."""
+    if calibration_layer(p) is None:
+        return 1.0
+    cached = p.__dict__.get("_layer_time_factor")
+    if cached is None:
+        c = calibration_terms(p)
+        cached = (c["measured_s"] - c["modelled_tp_s"]) / c["modelled_kernels_s"]
+        if cached <= 0:
+            raise ValueError(f"platform {p.name}: calibration.layer_forward measured_ms is below the "
+                             f"modelled communication of that layer ({c['modelled_tp_s'] * 1e3:.3g} ms)")
+        object.__setattr__(p, "_layer_time_factor", cached)  # a frozen dataclass: cache beside it
+    return cached
 
 
 def train_time(forward: Compute, recomputed: Compute = Compute()) -> float:

@@ -220,6 +220,9 @@ def _presets() -> list[str]:
 @click.option("--no-overlap-dp", is_flag=True,
               help="ZeRO 0/1: reduce the gradients once after the last backward instead of overlapping "
                    "the reduction with it (Megatron-LM before --overlap-grad-reduce).")
+@click.option("--no-overlap-tp", is_flag=True,
+              help="Expose the backward's TP all-reduces instead of overlapping them with the weight-gradient "
+                   "GEMMs (Megatron-LM before its asynchronous TP all-reduce, 2021-09).")
 @click.option("--unfused-grad-accumulation", is_flag=True,
               help="Add each micro-batch's gradients to the held ones in a separate HBM pass instead of "
                    "inside the weight-gradient GEMM (Megatron-LM before --gradient-accumulation-fusion).")
@@ -229,8 +232,8 @@ def _presets() -> list[str]:
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
 def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
-            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_overlap_dp, unfused_grad_accumulation,
-            no_checkpointing, causal_flops, schedule, json_path) -> None:
+            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_overlap_dp, no_overlap_tp,
+            unfused_grad_accumulation, no_checkpointing, causal_flops, schedule, json_path) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
     rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
     time, with the memory per GPU by term and the MFU. --method piper: Piper's PP x EP planner.
@@ -254,7 +257,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
     if method == "piper":
         for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--etp", etp), ("--recompute", recompute),
                         ("--precision", precision), ("--dropout/--no-dropout", dropout),
-                        ("--no-overlap-dp", no_overlap_dp or None),
+                        ("--no-overlap-dp", no_overlap_dp or None), ("--no-overlap-tp", no_overlap_tp or None),
                         ("--unfused-grad-accumulation", unfused_grad_accumulation or None)):
             if v is not None:
                 raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
@@ -280,7 +283,8 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
                            precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
                            ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash,
                            etp=etp, dropout=model.dropout if dropout is None else dropout,
-                           overlap_dp=not no_overlap_dp, fused_grad_accumulation=not unfused_grad_accumulation)
+                           overlap_dp=not no_overlap_dp, fused_grad_accumulation=not unfused_grad_accumulation,
+                           overlap_tp=not no_overlap_tp)
     except ValueError as e:
         raise BadInput(str(e)) from None
     if not pl.candidates:
