@@ -26,9 +26,12 @@ def test_materialised_scores_make_a_small_head_model_hbm_bound():
     # Narayanan et al.'s 1.7B GPT (24 heads of 96, s = 2048) on one A100: QK^T and AV per token
     # and layer, 2 s a (96 + 96) = 18.9 MFLOP unhalved, take 70 ns at 267.9 TFLOPS while their
     # 4 a s bytes of scores (196,608 B) take 109 ns at 1800 GB/s (the profile's measured HBM rate):
-    # the scores bind.
+    # the scores bind. The profile's rates alone (without its measured layer's kernel-time factor,
+    # which would scale every term here alike).
+    from moe_repro.components.resources.time_model import uncalibrated
+
     m = megatron_gpt(24, 2304, 24, 51200)
-    p = load_builtin("dgx-a100")
+    p = uncalibrated(load_builtin("dgx-a100"))
     kw = dict(seq=2048, tp=1, pp=1, global_batch=32, micro_batches=1, recompute=("none",), zero=(0,),
               precision="megatron", dropout=False)
     flash = plan_parallel(m, p, 4, flash_attention=True, **kw).candidates[0]
