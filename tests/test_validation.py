@@ -91,6 +91,11 @@ def test_validation_page_from_the_stored_result(tmp_path):
     assert (site / "validation-alltoall-bandwidth.png").stat().st_size > 0
     doc = json.loads((store.root / "validation" / "validation.json").read_text())
     assert page.count("<tr>") >= 1 + len(doc["points"])  # the summary row and one row per point
+    # what the data file leaves out on purpose is on the page with its reason, as in the CLI's output
+    assert doc["unscored"] and "Published measurements left unscored" in page
+    for u in doc["unscored"]:
+        assert u["what"].split(" (")[0] in page
+    assert "left unscored, and why" in r.output and doc["unscored"][-1]["what"] in r.output
 
 
 def test_gemm_time_points_are_the_graph_replayed_measurements_less_the_ceilings_shape():

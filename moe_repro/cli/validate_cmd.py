@@ -41,6 +41,8 @@ def format_report(summaries, doc: dict) -> str:
                            x.note] for x in s.scored]))
     out.append("\nparameters (none set from a scored point):")
     out += [f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})" for p in doc.get("parameters", [])]
+    out.append("published measurements left unscored, and why:")
+    out += [f"  - {u['what']}: {u['why']}" for u in doc.get("unscored", [])]
     out.append("published errors of other predictors, for comparison:")
     out += [f"  - {a['tool']}: {a['error']} ({a['source']})" for a in doc.get("anchors", [])]
     return "\n".join(out)
@@ -69,7 +71,8 @@ def command(store, predictors, json_path) -> None:
     click.echo(format_report(summaries, doc))
     payload = {"summaries": [s.to_dict() for s in summaries],
                "points": [x.to_dict() for s in summaries for x in s.scored],
-               "parameters": doc.get("parameters", []), "anchors": doc.get("anchors", [])}
+               "parameters": doc.get("parameters", []), "unscored": doc.get("unscored", []),
+               "anchors": doc.get("anchors", [])}
     if store is not None:  # the site's validation page reads the latest stored result
         from moe_repro.reports.validation_page import STORED
 
