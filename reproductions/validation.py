@@ -165,22 +165,8 @@ def _source(point: dict) -> str:
 
 # ----------------------------------------------------------------------------------- models
 
-def megatron_gpt(layers: int, hidden: int, heads: int, vocab: int, dropout: bool = True):
-    """A GPT model of Narayanan et al. Sec. 5.1: two-matrix GeLU MLP of 4h, vocabulary V tied to
-    the output head (their parameter count, Eq. 2, counts V h once), learned position
-    embeddings (not counted by the zoo), dropout as Megatron-LM's GPT defaults."""
-    from moe_repro.components.model.zoo import MoEModel
-
-    return MoEModel(key=f"megatron-gpt-{layers}x{hidden}", name=f"Megatron GPT ({layers} x {hidden})",
-                    layers=layers, moe_layers=0, d_model=hidden, d_ffn=4 * hidden, d_ffn_dense=4 * hidden,
-                    n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=hidden // heads, vocab=vocab,
-                    tie_embeddings=True, family="dense", dropout=dropout,
-                    source="Narayanan et al. SC'21 Table 1; dropout: Megatron-LM's --hidden-dropout and "
-                           "--attention-dropout default 0.1")
-
-
 def _model(spec: dict):
-    from moe_repro.components.model.zoo import get_model
+    from moe_repro.components.model.zoo import get_model, megatron_gpt
 
     if spec["kind"] == "megatron-gpt":
         return megatron_gpt(spec["layers"], spec["hidden"], spec["heads"], spec["vocab"])

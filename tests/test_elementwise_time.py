@@ -5,7 +5,7 @@ import pytest
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.parallel_planner import plan_parallel
-from moe_repro.reproductions.validation import megatron_gpt
+from moe_repro.components.model.zoo import megatron_gpt
 
 
 def test_elementwise_bytes_counted_kernel_by_kernel():

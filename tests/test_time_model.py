@@ -213,11 +213,9 @@ def test_achievable_hbm_rate_replaces_the_data_sheets_where_given():
 # --------------------------------------------------------------------------------------------
 
 def _gpt_layer(hidden=6144, heads=64):
-    from moe_repro.components.model.zoo import MoEModel
+    from moe_repro.components.model.zoo import megatron_gpt
 
-    return MoEModel(key="gpt-layer", name="gpt layer", layers=1, moe_layers=0, d_model=hidden, d_ffn=4 * hidden,
-                    d_ffn_dense=4 * hidden, n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=hidden // heads,
-                    vocab=None, family="dense", dropout=True)
+    return megatron_gpt(1, hidden, heads, None)
 
 
 def test_the_measured_layer_is_reproduced_by_the_scaled_kernels_plus_its_all_reduces():

@@ -345,6 +345,21 @@ MODELS: dict[str, MoEModel] = {
 TINY_MOE_SEQ = 64
 
 
+def megatron_gpt(layers: int, hidden: int, heads: int, vocab: int | None, dropout: bool = True,
+                 ffn: int | None = None) -> MoEModel:
+    """A GPT model of Narayanan et al. Sec. 5.1: two-matrix GeLU MLP of ``ffn`` (default 4h),
+    vocabulary V tied to the output head (their parameter count, Eq. 2, counts V h once; None: no
+    vocabulary, e.g. one measured layer), learned position embeddings (not counted by the zoo),
+    dropout as Megatron-LM's GPT defaults."""
+    f = 4 * hidden if ffn is None else ffn
+    return MoEModel(key=f"megatron-gpt-{layers}x{hidden}", name=f"Megatron GPT ({layers} x {hidden})",
+                    layers=layers, moe_layers=0, d_model=hidden, d_ffn=f, d_ffn_dense=f,
+                    n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=hidden // heads, vocab=vocab,
+                    tie_embeddings=True, family="dense", dropout=dropout,
+                    source="Narayanan et al. SC'21 Table 1; dropout: Megatron-LM's --hidden-dropout and "
+                           "--attention-dropout default 0.1")
+
+
 def get_model(key: str) -> MoEModel:
     """Look a model up by key; raises KeyError naming the known keys."""
     import difflib

@@ -70,8 +70,8 @@ Step time (slowest stage; communication dimensions do not contend for links):
   no causal halving) and HBM (QK^T writes, AV reads a s scores per token); TP/SP, EP, ETP and
   PP traffic are exposed (not overlapped), except the backward's two TP collectives per layer,
   which overlap its weight-gradient GEMMs (Megatron-LM's asynchronous TP all-reduce; exposed
-  only beyond the forward's GEMM time; ``overlap_tp=False``: exposed too); PP sends 1/TP of each activation and all-gathers it
-  on NVLink (Megatron's scatter/gather, Narayanan et al. 2021 Sec. 4.1; with SP the shard is
+  only beyond the forward's GEMM time; ``overlap_tp=False``: exposed too); PP sends 1/TP of
+  each activation and all-gathers it on NVLink (Megatron's scatter/gather, Narayanan et al. 2021 Sec. 4.1; with SP the shard is
   already 1/TP); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b /
   (TP CP)); ETP: Megatron-core
   MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the

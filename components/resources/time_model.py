@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from moe_repro.components.model.zoo import MoEModel
+from moe_repro.components.model.zoo import MoEModel, megatron_gpt
 from moe_repro.components.network.platform import ON_NODE_CLASSES, Platform
 from moe_repro.components.resources import formulas as F
 
@@ -273,9 +273,7 @@ def calibration_terms(p: Platform) -> dict:
         raise ValueError(f"platform {p.name} has no calibration.layer_forward")
     bare = uncalibrated(p)
     h, heads, s, b, t = cal["hidden"], cal["heads"], cal["seq"], cal["micro_batch"], cal["tp"]
-    m = MoEModel(key=f"calibration-layer-{h}", name=f"measured layer ({h} wide)", layers=1, moe_layers=0,
-                 d_model=h, d_ffn=cal["ffn"], d_ffn_dense=cal["ffn"], n_experts=1, top_k=1, n_mat=2,
-                 n_heads=heads, head_dim=h // heads, vocab=None, family="dense", dropout=cal["dropout"])
+    m = megatron_gpt(1, h, heads, None, cal["dropout"], cal["ffn"])
     kernels = layer_forward(m, False, bare, b * s, s, t, False, 1, 1, cal["flash_attention"],
                             cal["dropout"]).total
     tp = 0.0
