@@ -43,9 +43,16 @@ then, and each sync waits for the rank preempted last (a profile file's block, m
 written into fresh tensors are priced at the measured rate of a fresh write (page faults
 included). Every fit and every record keeps the
 machine's load average. What it still leaves out (so where errors come from): the copy regime
-changing with size (caches), a per-op cost that differs between op kinds, and the machine's
-other load while it runs (which the fitted latencies absorb only at the load of the fit). The
-default grid stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+changing with size (caches), a per-op cost that differs between op kinds, the machine's
+other load while it runs (which the fitted latencies absorb only at the load of the fit), and
+the cost of a phase that depends on what the ranks did just before it: on a 2-core virtual
+machine, 2 ranks, one tiny blocking all-to-all per phase cost 60-90 us back to back, 115-140 us
+after 20 us of busy CPU, 0.27-0.39 ms after 40 us of dispatch planning in one loop and 0.16 ms in
+another, and 0.8-1.0 ms after a 20 us sleep (an idle core is slow to wake). A fit on flat's
+two phases does not carry such costs over to RBD's six phases or HALO's asynchronous phase I:
+the likeliest reason their 2-rank cells come out fast (a reading, not shown by recomputing
+them). The default grid stops at 8 ranks on this 2-core machine;
+``--ranks 16`` runs.
 """
 
 from __future__ import annotations
