@@ -360,6 +360,11 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
             got = dispatcher.dispatch(xt, pft)
             comms.set_log(None)
             exact = torch.equal(got, _reference_dispatch(seed, placement, n, me, experts, top_k))
+            # The Dispatcher contract: without grad, the next dispatch writes into the same
+            # buffer (no fresh multi-MiB tensor per call), and is as exact.
+            start, before = got.data_ptr(), got.clone()
+            again = dispatcher.dispatch(xt, pft)
+            reuses, same = again.data_ptr() == start, torch.equal(again, before)
             y = dispatcher.combine(3 * got - 1, xt.shape[0])  # expert e computes 3x - 1
             combined = torch.zeros_like(xt)
             for t in range(xt.shape[0]):
@@ -371,7 +376,8 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
             case = {"algo": name, "seed": seed, "is_dispatcher": isinstance(dispatcher, Dispatcher),
                     "dispatch_exact": exact,
                     "combine_exact": torch.equal(y, combined),
-                    "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me)}
+                    "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me),
+                    "second_dispatch_reuses_buffer": reuses, "second_dispatch_exact": same}
             case.update(_autograd_vs_local(algo.dispatcher(comms, placement), seed, me, placement,
                                            experts, top_k))
             out.append(case)

@@ -221,6 +221,7 @@ def _check_registry_cases(per_rank):
             bad = [k for k, v in c.items() if v is False]
             assert not bad, c
         assert {c["algo"] for c in cases if "autograd_dw" in c} == set(algorithm_names())
+        assert all("second_dispatch_reuses_buffer" in c for c in cases)
 
 
 @pytest.mark.multiprocess

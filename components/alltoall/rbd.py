@@ -67,7 +67,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, Dispatcher, FlatLayout, register
+from moe_repro.components.alltoall.base import (AllToAll, AllToAllFacts, Dispatcher, FlatLayout, ReusedBuffers,
+                                                register)
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.lazy_import import lazy_module
@@ -223,6 +224,10 @@ class RBDDispatcher(Dispatcher):
         self.generator = generator
         self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
         self.state: RBDPlan | None = None
+        # The rows' way out and back live in reused buffers, as flat's and HALO's do (the
+        # Dispatcher contract: without grad the next dispatch overwrites them): a fresh
+        # multi-MiB tensor per call is page-faulted in on first touch.
+        self.buffers = ReusedBuffers()
 
     def comm(self):
         return self.comms.world
@@ -300,18 +305,23 @@ class RBDDispatcher(Dispatcher):
 
     def send_rows(self, x: torch.Tensor, st: RBDPlan) -> torch.Tensor:
         """S1 pilots across nodes, replicas rebuilt and exchanged inside the node (S2)."""
-        world, intra = self.comms.world, self.comms.intra
+        world, intra, buf = self.comms.world, self.comms.intra, self.buffers.get
         t = self._clock()
-        pilot_rows = x.index_select(0, st.s0.pilot_token)
+        pilot_rows = torch.index_select(x, 0, st.s0.pilot_token,
+                                        out=buf("pilot_send", st.s0.pilot_token.numel(), x))
         t = self._lap("pilot gather", t)
-        pilots = world.alltoallv(pilot_rows, st.s0.pilot_counts, st.pilot_recv, "pilot")
+        pilots = world.alltoallv(pilot_rows, st.s0.pilot_counts, st.pilot_recv, "pilot",
+                                 out=buf("pilot_recv", st.n_pilots_in, x))
         t = self._lap("pilot all-to-all (inter-node)", t)
-        replica_rows = pilots.index_select(0, st.replica_pilot)
+        replica_rows = torch.index_select(pilots, 0, st.replica_pilot,
+                                          out=buf("replica_send", st.replica_pilot.numel(), x))
         t = self._lap("replica reconstruction", t)
-        got_rows = intra.alltoallv(replica_rows, st.replica_send, st.replica_recv, "replica")
+        got_rows = intra.alltoallv(replica_rows, st.replica_send, st.replica_recv, "replica",
+                                   out=buf("replica_recv", sum(st.replica_recv), x))
         t = self._lap("replica all-to-all (intra-node)", t)
-        out = x.new_empty((st.total_out, x.shape[1]))
-        out.index_copy_(0, st.direct_out, pilots.index_select(0, st.direct_pilot))
+        out = buf("expert_input", st.total_out, x)
+        direct = torch.index_select(pilots, 0, st.direct_pilot, out=buf("direct", st.direct_pilot.numel(), x))
+        out.index_copy_(0, st.direct_out, direct)
         out.index_copy_(0, st.replica_out, got_rows)
         self._lap("expert input reconstruction", t)
         return out
@@ -321,8 +331,11 @@ class RBDDispatcher(Dispatcher):
         the (combine-weighted when ``weighted``) sum of its experts' outputs."""
         world, intra = self.comms.world, self.comms.intra
         # Reverse S2: replicas' outputs go back to their pilot's rank (same order as sent).
-        back = intra.alltoallv(y.index_select(0, st.replica_out), st.replica_recv, st.replica_send,
-                               "combine_replica")
+        buf = self.buffers.get
+        replica_out = torch.index_select(y, 0, st.replica_out,
+                                         out=buf("combine_replica_send", st.replica_out.numel(), y))
+        back = intra.alltoallv(replica_out, st.replica_recv, st.replica_send, "combine_replica",
+                               out=buf("combine_replica_recv", sum(st.replica_send), y))
         direct = y.index_select(0, st.direct_out)
         if weighted:  # weight scaling in stage 1
             direct = direct * st.direct_weight.to(y.dtype).unsqueeze(1)
@@ -332,7 +345,8 @@ class RBDDispatcher(Dispatcher):
         acc.index_add_(0, st.direct_pilot, direct)
         acc.index_add_(0, st.replica_pilot, back)
         # Reverse S1: one row per (token, node) back to the source, summed into the token.
-        returned = world.alltoallv(acc, st.pilot_recv, st.s0.pilot_counts, "combine_pilot")
+        returned = world.alltoallv(acc, st.pilot_recv, st.s0.pilot_counts, "combine_pilot",
+                                   out=buf("combine_pilot_recv", sum(st.s0.pilot_counts), y))
         out = y.new_zeros((num_tokens, y.shape[1]))
         return out.index_add_(0, st.s0.pilot_token, returned)
 
