@@ -90,7 +90,10 @@ CALLS = ("dispatch", "combine")  # what a dispatcher's path times
 # A peer's own dispatcher (components/moe/peer_dispatchers.py) on the same routing, rows and
 # ranks as ours: path "<peer>-dispatch" / "<peer>-combine" -> (peer, call)
 PEER_PATHS = {f"{name}-{call}": (name, call) for name in peer_dispatcher_names() for call in CALLS}
-PATHS = (*CALLS, "collective", *PEER_PATHS)
+# node: flat dispatch on each emulated node's own communicator, every node at once (the
+# intra-node exchange HALO and RBD run, in the same world: it tells a phase's per-message
+# cost from its synchronisation, which world-wide flat runs alone cannot)
+PATHS = (*CALLS, "collective", "node", *PEER_PATHS)
 LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
@@ -180,8 +183,8 @@ def derived_params(p: dict) -> dict:
     path = p.get("path", "dispatch")
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
-    if path == "collective" and p["algo"] != "flat":
-        raise ValueError(f"path collective times the bare flat all-to-all-v (every algorithm's "
+    if path in ("collective", "node") and p["algo"] != "flat":
+        raise ValueError(f"path {path} times the flat all-to-all-v (every algorithm's "
                          f"baseline); use it with --algo flat, not {p['algo']}")
     peer = _peer_of(path)
     if peer is not None:
@@ -219,9 +222,9 @@ def derived_params(p: dict) -> dict:
         real = {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
                 "backend": backend, "simulated": False, "impl": impl}
         return {**real, "backend_chosen": chosen_because} if chosen_because else real
-    if peer is not None:
-        raise ValueError(f"path {path} runs {peer.label} over real ranks only; this point would "
-                         f"be simulated ({why})")
+    if peer is not None or path == "node":
+        raise ValueError(f"path {path} runs {peer.label if peer else 'on each node'} over real ranks only; "
+                         f"this point would be simulated ({why})")
     profile = _simulated_platform(platform, None if auto_gpn else gpn)
     if auto_gpn:
         gpn = profile.gpus_per_node
@@ -448,13 +451,19 @@ def setup(params: dict, ctx) -> dict:
         topo = Topology(nodes=nodes, ranks_per_node=gpn)
         _COMMS[key] = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
     comms = _COMMS[key]
+    path = params.get("path", "dispatch")
+    # path node: every node's ranks are a world of their own (the same routing on every node)
+    me, world = (comms.topo.local_rank(ctx.rank), gpn) if path == "node" else (ctx.rank, ctx.world_size)
     state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"],
-             **rank_workload(params, ctx.rank, ctx.world_size, ctx.device),
+             **rank_workload(params, me, world, ctx.device), "reference_rank": (me, world),
              "fault": _parse_fault(params["fault"]), "calls": 0}
     pft = state["pft"]
-    path = params.get("path", "dispatch")
     peer = _peer_of(path)
-    if peer is not None:  # the peer's own dispatcher on the same EP group, routing and rows
+    if path == "node":
+        from moe_repro.components.alltoall.flat import FlatDispatcher
+
+        state["dispatcher"] = FlatDispatcher(comms.intra, state["placement"])
+    elif peer is not None:  # the peer's own dispatcher on the same EP group, routing and rows
         state["dispatcher"] = peer.build(comms.world, state["placement"], int(params["hidden"]),
                                          int(params["top_k"]))
     else:
@@ -640,7 +649,8 @@ def _reference(params: dict, placement: list[int], world: int, me: int):
 def check(state: dict) -> int:
     ctx, params = state["ctx"], state["params"]
     out = _dispatch(state)
-    expected, combined = _reference(params, state["placement"], ctx.world_size, ctx.rank)
+    me, world = state["reference_rank"]
+    expected, combined = _reference(params, state["placement"], world, me)
     wrong = _count_wrong(out, expected)  # before combine: the rows live in a reused buffer
     if "collective" in state:  # the bare collective has no combine
         return wrong
@@ -655,7 +665,8 @@ def _count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
-    n = int(params["ranks"])
+    # the ranks of one all-to-all (a node's, for path node)
+    n = int(params["gpus_per_node"]) if params.get("path") == "node" else int(params["ranks"])
     algbw = state["payload_bytes"] / time_s
     lb = state["link_bytes"]
     # The physical floor on this host: every routed row copied once at the memcpy bandwidth
@@ -822,7 +833,9 @@ SUITE = Suite(
                 "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
                         "combine (its reverse: rows back, weighted sum per token) or "
                         "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
-                        "buffers reused; the floor a dispatch can reach), or a peer's own dispatcher "
+                        "buffers reused; the floor a dispatch can reach), node (flat only: the "
+                        "dispatch on each emulated node's own communicator, every node at once), "
+                        "or a peer's own dispatcher "
                         "on the same routing and rows: " + ", ".join(PEER_PATHS) + " (flat, contiguous "
                         "placement, gloo or nccl; the peers extra)",
                 "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},

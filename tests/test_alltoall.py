@@ -298,6 +298,23 @@ def test_bench_alltoall_records_correct_algo_and_inter_node_bytes(tmp_path, resu
 
 
 @pytest.mark.multiprocess
+def test_bench_alltoall_path_node_runs_each_nodes_own_exchange_exactly(tmp_path, results_dir):
+    """path node: every emulated node's ranks run a flat dispatch among themselves, all nodes at
+    once (what the local calibration tells a phase's per-message cost by): the rows each rank
+    gets are the loop reference's for a world of its node, and no byte crosses nodes."""
+    out = tmp_path / "n.json"
+    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat",
+               "--backend", "gloo", "--path", "node", "--check", "--json", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["path"] == "node" and rec["ranks"] == 4 and rec["correct"] is True and rec["wrong"] == 0
+    assert rec["inter_node_bytes"] == 0 < rec["intra_node_bytes"]
+    for args in (("--algo", "rbd"), ("--algo", "flat", "--nodes", "64")):  # not flat; simulated
+        bad = _repro("bench", "alltoall", "--nodes", "2", "--path", "node", *args, *TINY)
+        assert bad.returncode == 2 and "path node" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.multiprocess
 def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
     from moe_repro.runtime.launch import mpiexec_path
 

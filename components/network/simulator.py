@@ -864,16 +864,21 @@ def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: fl
 
 
 def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[float],
-                       known_s: list[float] | None = None, groups: list | None = None) -> dict:
+                       known_s: list[float] | None = None, groups: list | None = None,
+                       per_message_by_group: bool = False) -> dict:
     """Non-negative least squares of t = n_L L + n_o o + B / beta + k on relative error (each run
     weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time), where k is
     a known part of each run's time (``known_s``, default 0: the host work of host_work_s,
     measured apart). With ``groups`` (one label per run, e.g. its ranks count) each group gets
     its own latency L_g: the cost of a phase's synchronisation, which on a shared machine grows
-    with the ranks that must all be scheduled (ranks past the cores wait for a time slice).
-    Returns latency_s (the runs' median L when grouped), latency_s_by_group, per_message_s,
-    bytes_per_s and residuals (t_fit / t_measured - 1 per run, k included). An L or o may come
-    out 0 (the runs cannot tell them apart, or they are negligible); beta never does."""
+    with the ranks that must all be scheduled (ranks past the cores wait for a time slice); with
+    ``per_message_by_group`` too, its own per-message cost o_g (a group's runs must then differ
+    in messages per phase, e.g. world-wide and node-wide exchanges, or L_g and o_g cannot be told
+    apart: o_g is then held at 0, L_g pricing the whole phase).
+    Returns latency_s (the runs' median L when grouped), latency_s_by_group, per_message_s (the
+    runs' median o when grouped per message), per_message_s_by_group, bytes_per_s and residuals
+    (t_fit / t_measured - 1 per run, k included). An L or o may come out 0 (the runs cannot tell
+    them apart, or they are negligible); beta never does."""
     from itertools import combinations
 
     if len(terms) != len(times_s) or len(terms) < 2:
@@ -888,17 +893,26 @@ def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[fl
     if len(labels) != len(t):
         raise ValueError("one group label per run")
     names = sorted(set(labels), key=str)
-    # columns: one n_L per group, then n_o, then B
-    A = np.zeros((len(t), len(names) + 2))
+    G, n_o_cols = len(names), len(names) if per_message_by_group else 1
+    # columns: one n_L per group, then one n_o per group (or one shared), then B
+    A = np.zeros((len(t), G + n_o_cols + 1))
     for i, g in enumerate(labels):
         A[i, names.index(g)] = A3[i, 0]
-    A[:, -2:] = A3[:, 1:]
+        A[i, G + (names.index(g) if per_message_by_group else 0)] = A3[i, 1]
+    A[:, -1] = A3[:, 2]
+    # A group whose runs all issue as many messages per phase (n_o / n_L the same: a world of one
+    # node) cannot tell o_g from L_g: its o_g is held at 0 and L_g prices the whole phase (any
+    # split predicts the same for such runs).
+    untold = [g for g in names if per_message_by_group and np.linalg.matrix_rank(
+        A3[[i for i, lab in enumerate(labels) if lab == g]][:, :2]) < 2]
+    for g in untold:
+        A[:, G + names.index(g)] = 0.0
     W = A / t[:, None]  # relative residual: (A x + k - t) / t
     target = 1.0 - k / t
     best = None
     # Every subset of the unknowns that keeps the bandwidth; the feasible (non-negative) solution
     # with the smallest residual is the NNLS optimum (a handful of unknowns: few subsets).
-    others = list(range(A.shape[1] - 1))
+    others = [j for j in range(A.shape[1] - 1) if A[:, j].any()]
     for size in range(len(others), -1, -1):
         for chosen in combinations(others, size):
             keep = [*chosen, A.shape[1] - 1]
@@ -914,7 +928,9 @@ def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[fl
         raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
     x = best[1]
     by_group = {g: float(x[i]) for i, g in enumerate(names)}
+    o_by_group = {g: float(x[G + (i if per_message_by_group else 0)]) for i, g in enumerate(names)}
     latency = float(np.median([by_group[g] for g in labels]))
-    return {"latency_s": latency, "latency_s_by_group": by_group, "per_message_s": float(x[-2]),
-            "bytes_per_s": 1.0 / float(x[-1]),
+    per_message = float(np.median([o_by_group[g] for g in labels]))
+    return {"latency_s": latency, "latency_s_by_group": by_group, "per_message_s": per_message,
+            "per_message_s_by_group": o_by_group, "bytes_per_s": 1.0 / float(x[-1]),
             "residuals": [float(r) for r in (A @ x + k) / t - 1.0]}

@@ -114,15 +114,19 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
     from moe_repro.suites.alltoall_validation import measure_and_fit_flat
 
     grid = ALLTOALL_GRID[quick]
-    runs = len(grid["ranks"]) * len(grid["sizes"])
     fits = {}
     for backend in ("gloo", "mpi"):
         why_not = mpi_unavailable() if backend == "mpi" else None
         if why_not:  # not counted in the steps
             fits[backend] = {"skipped": why_not}
             continue
+        # world-wide runs at every ranks count, node-wide ones where the world has two nodes or
+        # more (alltoall_validation.flat_fit_points: they tell the per-message cost from L)
+        node_wide = [n for n in grid["ranks"] if n > 2]
+        runs = (len(grid["ranks"]) + len(node_wide)) * len(grid["sizes"])
         _step(f"all-to-all over {backend}: {runs} runs "
-              f"(ranks {'/'.join(map(str, grid['ranks']))} x {len(grid['sizes'])} sizes)")
+              f"(ranks {'/'.join(map(str, grid['ranks']))} x {len(grid['sizes'])} sizes, and node-wide at "
+              f"{'/'.join(map(str, node_wide)) or 'none'})")
         measured = _STEPS.done if _STEPS is not None else 0
         try:
             fits[backend] = measure_and_fit_flat(backend, grid["ranks"], grid["sizes"], repeats=repeats,
