@@ -42,7 +42,8 @@ class _Steps:
     def finished(self, record: dict | None = None) -> None:
         self.done += 1
         if record is not None and self.done < self.total:  # an all-to-all point, measured
-            self.lines(self.done, self.total, f"measured all-to-all ranks {record.get('ranks')}, "
+            where = " node-wide" if record.get("path") == "node" else ""
+            self.lines(self.done, self.total, f"measured{where} all-to-all ranks {record.get('ranks')}, "
                                               f"{record.get('size')} B per rank")
         if self.done == self.total:
             self.lines(self.done, self.total)
@@ -107,7 +108,8 @@ ALLTOALL_GRID = {False: {"ranks": [2, 4, 8], "sizes": [2 ** 10, 2 ** 14, 2 ** 18
 
 def measure_alltoall(quick: bool, repeats: int) -> dict:
     """Fit the local all-to-all per backend (gloo, and MPI where it runs): flat dispatches of
-    suites/alltoall.py over real ranks, the simulator's serial model fitted to them
+    suites/alltoall.py over real ranks, world-wide and node-wide (path node, where a world has
+    two emulated nodes or more), the simulator's serial model fitted to them
     (suites/alltoall_validation.measure_and_fit_flat). A backend that fails is reported, not
     fitted."""
     from moe_repro.runtime.launch import RankFailure, mpi_unavailable
@@ -160,12 +162,13 @@ def judge_fit(backend: str, fit: dict, load: tuple[float, float, float] | None =
                      f"machine (more repeats without --quick), or take the other backend's links "
                      f"(--links-from) if its fit is within the bound")
     if fit["latency_us"] == 0 and fit["per_message_us"] > 0:
-        lines.append(f"note: L (latency) fitted to 0 over {backend}: the runs cannot tell a per-message "
-                     f"latency from the per-message cost, so o = {fit['per_message_us']:.3g} us carries "
-                     f"both; the profile predicts every message's start cost from o alone")
+        lines.append(f"note: L (latency) fitted to 0 over {backend}: a phase costs what its messages do, "
+                     f"o = {fit['per_message_us']:.3g} us each (world-wide and node-wide runs agree on it); "
+                     f"the profile predicts every message's start cost from o alone")
     elif fit["per_message_us"] == 0 and fit["latency_us"] > 0:
-        lines.append(f"note: o (per-message cost) fitted to 0 over {backend}: L = {fit['latency_us']:.3g} us "
-                     f"carries the start cost of a message; issuing many messages is predicted free")
+        lines.append(f"note: o (per-message cost) fitted to 0 over {backend}: node-wide phases cost what "
+                     f"world-wide ones do, so L = {fit['latency_us']:.3g} us carries the start cost of a "
+                     f"phase; issuing many messages is predicted free")
     elif fit["latency_us"] == 0 and fit["per_message_us"] == 0:
         lines.append(f"warning: the fit over {backend} found no start cost at all (L = o = 0): small "
                      f"messages are predicted to take no time, which no real machine does; rerun on an "
@@ -232,13 +235,15 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     and write a `local` platform profile for `repro plan --model M --nodes N --platform FILE`.
 
     With --alltoall (default) it also runs flat all-to-all dispatches over 2-8 real local ranks
-    (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over gloo and over MPI where it runs, and
+    (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over the world and, where it has two
+    emulated nodes (of 2 ranks) or more, over every node at once, over gloo and over MPI where it runs, and
     fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
-    (L: latency per message, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
+    (L: latency per phase, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error, after taking off each
     run's host work (its counted framework ops, packed bytes and Python instructions at a per-op
     cost, a packing rate and a per-instruction cost measured on one core in CPU time), with one L
-    per ranks count; the machine's load average before and after is kept with the fit. The profile keeps
+    and one o per ranks count (node-wide runs issue fewer messages per phase: they tell o from
+    L); the machine's load average before and after is kept with the fit. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
     links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
 
@@ -307,7 +312,10 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
             click.echo(f"  host work: {fit['host_op_us']:.3g} us per op, {fit.get('python_op_ns', 0):.3g} ns "
                        f"per Python instruction, packing {fit['pack_GBps']:.3g} GB/s; "
                        "L per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
-                                                         fit.get("latency_us_by_ranks", {}).items()))
+                                                         fit.get("latency_us_by_ranks", {}).items())
+                       + ("; o per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
+                                                               fit["per_message_us_by_ranks"].items())
+                          if fit.get("per_message_us_by_ranks") else ""))
         if fit.get("load_average"):
             load = fit["load_average"]
             click.echo(f"  load average (1/5/15 min): {load['before']} before the runs, {load['after']} after")
