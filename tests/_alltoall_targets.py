@@ -366,6 +366,7 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
             again = dispatcher.dispatch(xt, pft)
             reuses, same = again.data_ptr() == start, torch.equal(again, before)
             y = dispatcher.combine(3 * got - 1, xt.shape[0])  # expert e computes 3x - 1
+            kept = torch.equal(got, before)  # the way back leaves the dispatched rows alone
             combined = torch.zeros_like(xt)
             for t in range(xt.shape[0]):
                 for j in range(top_k):
@@ -377,7 +378,8 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
                     "dispatch_exact": exact,
                     "combine_exact": torch.equal(y, combined),
                     "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me),
-                    "second_dispatch_reuses_buffer": reuses, "second_dispatch_exact": same}
+                    "second_dispatch_reuses_buffer": reuses, "second_dispatch_exact": same,
+                    "combine_keeps_dispatched_rows": kept}
             case.update(_autograd_vs_local(algo.dispatcher(comms, placement), seed, me, placement,
                                            experts, top_k))
             out.append(case)

@@ -14,8 +14,9 @@ written to the output, so it overlaps both later phases.
 
 Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
 :class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
-before (or another dtype / row width). The returned tensor is the persistent O: the next call
-overwrites it (clone it to keep it). Phase II is packed with one index_select (line 11) into
+before (or another dtype / row width). The returned tensor is the persistent O (or the buffer a
+call names instead: the MoE combine's way back uses its own, so that it leaves the dispatched
+rows alone): the next call into it overwrites it (clone it to keep it). Phase II is packed with one index_select (line 11) into
 F2s; Phase III's transpose (line 18) and the output scatter (lines 20-23) are one index_select
 and one index_copy each.
 
@@ -266,7 +267,9 @@ class HaloAllToAll:
         return KnownCounts(N, me, [int(c) for c in send_counts], received)
 
     def __call__(self, x: torch.Tensor, send_counts: list[int],
-                 counts_matrix: list[list[int]] | None = None) -> torch.Tensor:
+                 counts_matrix: list[list[int]] | None = None, out_buffer: str = "O") -> torch.Tensor:
+        """The received rows, in the flat all-to-all-v's order, in the persistent buffer named
+        ``out_buffer`` (overwritten by the next call that names it)."""
         send_counts = [int(c) for c in send_counts]
         N = self.topo.world_size
         if len(send_counts) != N or sum(send_counts) != x.shape[0] or min(send_counts, default=0) < 0:
@@ -304,7 +307,7 @@ class HaloAllToAll:
         self.comms.intra.alltoallv(F3s, p.p3_send, p.p3_recv, "III", out=F3r)
 
         # Output (lines 20-23): Phase I rows are one contiguous block, Phase III rows scatter.
-        O = self._buf("O", p.total_recv, x)
+        O = self._buf(out_buffer, p.total_recv, x)
         O.index_copy_(0, p.out_remote_index, F3r)
         phase1.wait()
         O[p.out_local[0]:p.out_local[1]] = P1

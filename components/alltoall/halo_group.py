@@ -196,7 +196,9 @@ class HaloDispatcher(FlatDispatcher):
         return self.halo(rows, state.layout.send_counts, counts_matrix=state.known_counts)
 
     def reverse(self, rows, send_counts, recv_counts):
-        return self.halo(rows, send_counts)  # its own counts exchange learns the transposed counts
+        # its own counts exchange learns the transposed counts; its own output buffer, so that
+        # the way back leaves the dispatched rows alone (as flat's and RBD's do)
+        return self.halo(rows, send_counts, out_buffer="O_back")
 
 
 class HaloAlgorithm(AllToAll):
