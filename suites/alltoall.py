@@ -23,6 +23,12 @@ packed in send order with every count known and the receive buffer reused: what 
 alltoall times, the floor a flat dispatch can reach. ``--path dispatch,collective`` puts the
 two side by side in one run; their ratio is what the dispatch adds (packing, counts).
 
+``path`` node (flat only) runs the flat dispatch on each emulated node's own communicator, every
+node at once, each node's ranks a world of their own with the same routing: the intra-node
+exchange HALO's and RBD's node-wide phases run, in the same world as a world-wide one. Beside
+``path dispatch`` it tells a phase's per-message cost from its synchronisation (the local
+calibration of suites/alltoall_validation.py fits both).
+
 Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is
 what the ranks actually sent to ranks of other nodes during one call (all phases, metadata
 included, summed over ranks), counted by the communicators themselves.
@@ -831,10 +837,10 @@ SUITE = Suite(
                 "placement": "expert -> rank map: contiguous, strided or random",
                 "seed": "input and routing seed",
                 "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
-                        "combine (its reverse: rows back, weighted sum per token) or "
+                        "combine (its reverse: rows back, weighted sum per token), "
                         "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
                         "buffers reused; the floor a dispatch can reach), node (flat only: the "
-                        "dispatch on each emulated node's own communicator, every node at once), "
+                        "dispatch on each emulated node's own communicator, every node at once) "
                         "or a peer's own dispatcher "
                         "on the same routing and rows: " + ", ".join(PEER_PATHS) + " (flat, contiguous "
                         "placement, gloo or nccl; the peers extra)",
