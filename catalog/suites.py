@@ -39,10 +39,11 @@ _SUITES = (
                minutes=0.1),
     SuiteEntry("alltoall-validation", distributed=True,
                description=("The all-to-all simulator against real local runs: flat, HALO and RBD "
-                            "over 2-16 ranks and 1 KiB-16 MiB per rank, measured vs predicted on a "
-                            "profile fitted to other (flat) runs, error per cell."),
-               needs="local processes (real gloo ranks) on the CPU; 2+ cores",
-               minutes=0.8),
+                            "over 2-16 ranks and 1 KiB-16 MiB per rank, over gloo and MPI, measured vs "
+                            "predicted on a profile fitted to other (flat, world- and node-wide) runs, "
+                            "error per cell and median per backend and algorithm."),
+               needs="local processes (real gloo and MPI ranks) on the CPU; 2+ cores",
+               minutes=1.4),
     SuiteEntry("attention", distributed=False,
                description=("Causal SDPA attention throughput vs sequence length per zoo model "
                             "shape (Piper Fig. 3)."),
