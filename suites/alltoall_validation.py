@@ -702,7 +702,7 @@ def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list
                        calibration_used=block)
 
 
-GOAL_MEDIAN_ERROR_PCT = 15.0  # the local calibration's goal (issue: predictions scored against real runs)
+GOAL_MEDIAN_ERROR_PCT = 15.0  # the local calibration's goal: median |error| per backend and algorithm
 
 
 def error_summary(records: list[dict]) -> list[str]:
