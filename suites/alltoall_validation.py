@@ -366,6 +366,12 @@ HOST_COUNTS = ("host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", 
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
 
 
+def node_wide_ranks(ranks_list: list[int], gpus_per_node: int = 2) -> list[int]:
+    """The ranks counts of a fit set whose worlds have two emulated nodes or more: there the fit
+    set also runs node-wide (flat_fit_points)."""
+    return [n for n in ranks_list if n > min(gpus_per_node, n)]
+
+
 def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
                     shape: dict | None = None) -> list[dict]:
     """The alltoall points of a fit set: flat dispatches at ``ranks_list`` x ``sizes``, over the
@@ -375,10 +381,11 @@ def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_
     synchronisation L at each ranks count, which world-wide runs alone cannot (they issue the
     same messages per phase at a given ranks count). HALO and RBD run node-wide phases."""
     shape = {**FIT_SHAPE, **(shape or {})}
+    node_wide = node_wide_ranks(ranks_list, gpus_per_node)
     points = []
     for n in ranks_list:
         g = min(gpus_per_node, n)
-        for path in ("dispatch", "node") if n > g else ("dispatch",):
+        for path in ("dispatch", "node") if n in node_wide else ("dispatch",):
             points += [alltoall_point({**shape, "ranks": n, "gpus_per_node": g, "algo": "flat",
                                        "backend": backend, "sizes": s, "path": path}) for s in sizes]
     return points

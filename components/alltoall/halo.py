@@ -16,9 +16,9 @@ Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
 :class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
 before (or another dtype / row width). The returned tensor is the persistent O (or the buffer a
 call names instead: the MoE combine's way back uses its own, so that it leaves the dispatched
-rows alone): the next call into it overwrites it (clone it to keep it). Phase II is packed with one index_select (line 11) into
-F2s; Phase III's transpose (line 18) and the output scatter (lines 20-23) are one index_select
-and one index_copy each.
+rows alone): the next call into it overwrites it (clone it to keep it). Phase II is packed with
+one index_select (line 11) into F2s; Phase III's transpose (line 18) and the output scatter
+(lines 20-23) are one index_select and one index_copy each.
 
 Generalisation beyond Alg. 1's equal rows: Alg. 1 sends exactly one D-wide row to every rank;
 here rank s sends ``C[s][d] >= 0`` rows of width H to rank d (zero included). This works because

@@ -113,7 +113,7 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
     (suites/alltoall_validation.measure_and_fit_flat). A backend that fails is reported, not
     fitted."""
     from moe_repro.runtime.launch import RankFailure, mpi_unavailable
-    from moe_repro.suites.alltoall_validation import measure_and_fit_flat
+    from moe_repro.suites.alltoall_validation import measure_and_fit_flat, node_wide_ranks
 
     grid = ALLTOALL_GRID[quick]
     fits = {}
@@ -124,7 +124,7 @@ def measure_alltoall(quick: bool, repeats: int) -> dict:
             continue
         # world-wide runs at every ranks count, node-wide ones where the world has two nodes or
         # more (alltoall_validation.flat_fit_points: they tell the per-message cost from L)
-        node_wide = [n for n in grid["ranks"] if n > 2]
+        node_wide = node_wide_ranks(grid["ranks"])
         runs = (len(grid["ranks"]) + len(node_wide)) * len(grid["sizes"])
         _step(f"all-to-all over {backend}: {runs} runs "
               f"(ranks {'/'.join(map(str, grid['ranks']))} x {len(grid['sizes'])} sizes, and node-wide at "
