@@ -169,6 +169,96 @@ def test_python_work_counts_the_bytecode_instructions_a_call_executes():
     assert sys.gettrace() is tracer
 
 
+def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communicators_back(monkeypatch):
+    """host_cpu_seconds on a fake CPU clock: a call that spends 3 units on its own work, 5 in a
+    blocking all-to-all (issue 1 + wait 4), 2 in a p2p (issue + wait) and 7 in an allgather on
+    another communicator is charged 3, the median over its calls (one call spends 100 of its
+    own); no communicator keeps the watch afterwards, even when the call raises."""
+    from types import SimpleNamespace
+
+    from moe_repro.runtime import timing
+    from moe_repro.suites.alltoall import host_cpu_seconds
+
+    clock = [0.0]
+    monkeypatch.setattr(timing, "thread_cpu_seconds", lambda: clock[0])
+
+    def spend(units):
+        clock[0] += units
+
+    class Handle:
+        def __init__(self, units):
+            self.units = units
+
+        def wait(self):
+            spend(self.units)
+
+    class FakeComm:
+        def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
+            spend(1)
+            return x, Handle(4)
+
+        def p2p(self, sends, recvs, phase="p2p"):
+            spend(1)
+            return Handle(1)
+
+        def allgather_ints(self, values):
+            spend(7)
+            return [values]
+
+    world, intra = FakeComm(), FakeComm()
+    comms = SimpleNamespace(world=world, intra=intra, intra_overlap=intra, inter=world)
+    calls = iter([3, 3, 100, 3, 3])
+
+    def dispatch():
+        spend(next(calls))
+        _, handle = world.alltoallv_async("rows", [1], [1])
+        handle.wait()
+        world.p2p([], []).wait()
+        intra.allgather_ints([1, 2])
+
+    assert host_cpu_seconds(dispatch, comms, calls=5) == 3
+    assert all(vars(c) == {} for c in (world, intra))  # the watch is gone
+
+    def failing():
+        spend(2)
+        world.allgather_ints([0])
+        raise RuntimeError("a rank died")
+
+    with pytest.raises(RuntimeError, match="a rank died"):
+        host_cpu_seconds(failing, comms)
+    assert all(vars(c) == {} for c in (world, intra))
+
+
+def test_the_prediction_uses_the_profiled_host_cpu_and_keeps_the_priced_one_beside_it(tmp_path):
+    """derive with a profile file: predicted_host_s is the run's profiled CPU outside its
+    collectives stretched by ranks / cores (4 ranks on 2 cores: x2), not the counted work at the
+    block's prices, which is kept as predicted_host_priced_s; a block whose fit did not take the
+    host work off adds none."""
+    from moe_repro.suites import alltoall_validation as v
+
+    block = {"latency_us": 40.0, "per_message_us": 250.0, "GBps": 0.6, "host_cores": 2,
+             "host_op_us": 12.0, "pack_GBps": 3.0}
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps({"calibration": {"gloo": block}}))
+    (p,) = all_suites()["alltoall-validation"].grid({"ranks": [4], "algo": ["rbd"], "backend": ["gloo"],
+                                                     "sizes": [65536], "calibration": [str(path)]})
+    names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
+    state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0), "memcpy_s": 0.001,
+             "host_work": {"ops": 50, "bytes": 3_000_000, "fresh_bytes": 0, "python_ops": 0, "sort_work": 0,
+                           "cpu_ns": 1_700_000}}
+    got = v.derive(p, state, 0.01)
+    assert got["host_cpu_s"] == pytest.approx(1.7e-3, rel=1e-12)
+    assert got["predicted_host_s"] == pytest.approx(2 * 1.7e-3, rel=1e-12)
+    assert got["predicted_host_priced_s"] == pytest.approx(2 * (50 * 12e-6 + 3e6 / 3e9), rel=1e-12)
+    assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + 3.4e-3, rel=1e-12)
+    # a record without the profile (written before it) is priced, as it was
+    run = {"ranks": 4, "host_ops": 50, "host_bytes": 3e6}
+    assert v.host_s(run, block, 2) == pytest.approx(v.host_priced_s(run, block, 2), rel=1e-12)
+    # a fit that could not separate the host work carries it in its terms: nothing added
+    unseparated = {k: x for k, x in block.items() if k not in ("host_op_us", "pack_GBps")}
+    assert v.host_s({**run, "host_cpu_s": 1e-3}, unseparated, 2) == 0.0
+
+
 def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
     """The local prediction follows the dispatcher's call order: for every registered
     all-to-all it covers the same phases and keeps every dependency the algorithm states (a
@@ -306,9 +396,13 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert math.isfinite(r["error_pct"])
         # median of per-sample errors = the error of the median sample (3 repeats)
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9)
-        assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "error_pct"}
-        # the host work is counted on the run and is part of the prediction
+        assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "predicted_host_priced_s",
+                                 "error_pct"}
+        # the host work is profiled on the run and is part of the prediction, stretched by the
+        # world's cpu_stretch; the price model's estimate is kept beside it
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
+        assert r["predicted_host_s"] == pytest.approx(r["host_cpu_s"] * r["cpu_stretch"], rel=1e-9)
+        assert r["predicted_host_priced_s"] > 0
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         # measured in the run's world: wall per CPU second is never below 1 for one thread
         assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3

@@ -240,10 +240,9 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
     (L: latency per phase, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error, after taking off each
-    run's host work (its counted framework ops, packed bytes and Python instructions at a per-op
-    cost, a packing rate and a per-instruction cost measured on one core in CPU time), with one L
-    and one o per ranks count (node-wide runs issue fewer messages per phase: they tell o from
-    L); the machine's load average before and after is kept with the fit. The profile keeps
+    run's host work (the CPU time its dispatch spends outside its collectives, profiled on the
+    run, stretched by the cores' sharing), with one L and one o per ranks count (node-wide runs
+    issue fewer messages per phase: they tell o from L); the machine's load average before and after is kept with the fit. The profile keeps
     every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
     links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
 
