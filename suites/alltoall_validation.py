@@ -64,7 +64,9 @@ fit procedure and profiled host work, the 2-rank HALO and RBD cells were predict
 fast over gloo and 1-23% over MPI. Timing each collective inside the dispatch (2 ranks, gloo,
 1 KiB, 200 calls) shows where: a phase of flat's took 0.14-0.17 ms on average and exceeded
 0.4 ms in 3-4% of calls; RBD's six phases took 0.35-0.61 ms and exceeded 0.4 ms in 12-42%,
-HALO's two 0.36-0.80 ms and 15-27%, while their medians stayed near flat's (0.12-0.23 ms). A
+HALO's two 0.36-0.80 ms and 15-27%, while their medians stayed near flat's (0.12-0.23 ms).
+HALO's one-node phase I, issued async on a second gloo communicator while phase III syncs on
+the first, took 1.5-1.8 times flat's time at 16 MiB for the same bytes (2 ranks). A
 gloo phase's cost depends on what the ranks did before it (2 ranks, one tiny blocking
 all-to-all: 60-90 us back to back, 115-140 us after 20 us of busy CPU, 0.8-1.0 ms after a 20 us
 sleep one day and 0.14 ms another), which no fit on flat's runs carries over. The default grid
@@ -747,18 +749,25 @@ GOAL_MEDIAN_ERROR_PCT = 15.0  # the local calibration's goal: median |error| per
 def error_summary(records: list[dict]) -> list[str]:
     """One line per backend and algorithm: the median over its cells of |error_pct| (each cell
     already the median over its samples), the worst cell, and whether the median is within
-    GOAL_MEDIAN_ERROR_PCT. Cells without a prediction (an interrupted run) are left out."""
-    groups: dict[tuple[str, str], list[float]] = {}
+    GOAL_MEDIAN_ERROR_PCT; then how much of the prediction is the profiled host work (the
+    median over the cells of predicted_host_s / predicted_time_s): the rest is the simulator's.
+    Cells without a prediction (an interrupted run) are left out."""
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if isinstance(r.get("error_pct"), (int, float)):
-            groups.setdefault((str(r["backend"]), str(r["algo"])), []).append(abs(float(r["error_pct"])))
+            groups.setdefault((str(r["backend"]), str(r["algo"])), []).append(r)
     lines = []
-    for (backend, algo), errors in sorted(groups.items(), key=lambda item: item[0][0]):  # by backend
+    for (backend, algo), cells in sorted(groups.items(), key=lambda item: item[0][0]):  # by backend
+        errors = [abs(float(r["error_pct"])) for r in cells]
         median = statistics.median(errors)
         verdict = "within" if median <= GOAL_MEDIAN_ERROR_PCT else "above"
+        shares = [r["predicted_host_s"] / r["predicted_time_s"] for r in cells
+                  if isinstance(r.get("predicted_host_s"), (int, float)) and r.get("predicted_time_s")]
         lines.append(f"{backend} {algo}: median |error| {median:.1f}% over {len(errors)} cell"
                      f"{'' if len(errors) == 1 else 's'}, worst "
-                     f"{max(errors):.1f}% ({verdict} the {GOAL_MEDIAN_ERROR_PCT:g}% goal)")
+                     f"{max(errors):.1f}% ({verdict} the {GOAL_MEDIAN_ERROR_PCT:g}% goal)"
+                     + (f"; host work (profiled) {100 * statistics.median(shares):.0f}% of the predicted "
+                        f"time" if shares else ""))
     return lines
 
 

@@ -541,3 +541,8 @@ def test_summary_gives_each_backends_and_algorithms_median_error_against_the_goa
         "gloo rbd: median |error| 20.0% over 3 cells, worst 40.0% (above the 15% goal)",
         "gloo flat: median |error| 3.0% over 1 cell, worst 3.0% (within the 15% goal)",
         "mpi rbd: median |error| 9.5% over 2 cells, worst 14.0% (within the 15% goal)"]
+    # with the host work in the prediction: its share, the median over the cells (0.2, 0.5, 0.9)
+    shared = [{"backend": "mpi", "algo": "halo", "error_pct": 1.0, "predicted_time_s": 10.0,
+               "predicted_host_s": h} for h in (2.0, 5.0, 9.0)]
+    assert error_summary(shared) == ["mpi halo: median |error| 1.0% over 3 cells, worst 1.0% (within the "
+                                     "15% goal); host work (profiled) 50% of the predicted time"]
