@@ -30,7 +30,7 @@ import stat
 from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
                       model_validator)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: a suite record keeps its suite's summary lines (SuiteRecord.summary)
 # Deepest nesting a result may have: real records nest a handful of levels (a cell's
 # counterfactual, a figure's series); a file nested deeper is not a result, and would otherwise
 # exhaust the parser's recursion (RecursionError) or a reader's.
@@ -289,6 +289,9 @@ class SuiteRecord(_Record):
     table_metrics: list[str] = Field(default_factory=list)
     interrupted: bool = False
     error: str | None = None
+    # What the suite's own summary said of these records (Suite.summary, computed when they were
+    # stored), e.g. alltoall-validation's median error per backend and algorithm; shown on its page.
+    summary: list[str] = Field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -318,6 +321,8 @@ def migrate(data: Any) -> dict:
             raise ValueError("a version-1 result has neither 'cells' (a reproduction) nor "
                              "'records' (a suite)")
         data = {**data, "kind": kind, "schema_version": SCHEMA_VERSION}
+    if version == 2:  # 3 added SuiteRecord.summary, empty for a run stored before it
+        data = {**data, "schema_version": SCHEMA_VERSION}
     return data
 
 

@@ -495,7 +495,7 @@ def suite_view(run: SuiteRecord) -> dict:
             "rows": rows, "has_wrong": has_wrong, "wrong": wrong, "simulated": sim_note,
             "no_spread": [m for m in headline if m not in with_iqr], "hidden": hidden,
             "bytes_note": BYTES_NOTE if bytes_shown else None, "interrupted": run.interrupted, "error": run.error,
-            "matrices": matrix_views(run)}
+            "matrices": matrix_views(run), "summary": run.summary}
 
 
 # Suites whose records cross methods with inputs (suites/imbalance.py: balancer x workload over

@@ -280,4 +280,5 @@ def suite_record(suite: Suite, records: list[dict], interrupted: bool = False,
     return SuiteRecord(suite=suite.name, description=suite.description, params=list(suite.params),
                        metrics=[asdict(m) for m in suite.all_metrics], records=records,
                        table_keys=list(suite.table_keys), table_metrics=list(suite.table_metrics),
-                       interrupted=interrupted, error=error, environment=collect_environment())
+                       interrupted=interrupted, error=error, environment=collect_environment(),
+                       summary=list(suite.summary(records)) if suite.summary and records else [])

@@ -89,6 +89,45 @@ def test_suite_page_has_figure_compact_table_constants_once_and_device(tmp_path)
     assert (out / "alltoall.json").exists() and 'href="alltoall.csv"' in page
 
 
+def test_suite_page_shows_the_summary_stored_with_the_run_and_old_runs_load_without_one(tmp_path):
+    """The suite's own summary lines (Suite.summary, stored in the record when the run was
+    written) appear on its page as a list; a run stored before the record had them loads with
+    none, and its page has no summary list."""
+    import json
+
+    lines = ["mpi rbd: median |error| 9.1% over 12 cells, worst 19.9% (within the 15% goal)",
+             "gloo rbd: median |error| 22.2% over 12 cells, worst 50.4% (above the 15% goal)"]
+    run = a2a_run("2026-01-05T10:00:00+00:00").model_copy(update={"summary": lines})
+    store = ResultsStore(tmp_path / "store")
+    store.save(run)
+    page = site.write_suite_page(tmp_path / "site", "alltoall", store.runs("suite", "alltoall")).read_text()
+    listed = re.search(r'<ul class="summary">(.*?)</ul>', page, re.S)
+    assert listed and re.findall(r"<li>(.*?)</li>", listed.group(1)) == lines
+
+    old = json.loads(a2a_run("2026-01-06T10:00:00+00:00").model_dump_json())
+    del old["summary"]
+    old["schema_version"] = 2  # written before the record kept a summary
+    older = tmp_path / "old"
+    (older / "suites" / "alltoall").mkdir(parents=True)
+    (older / "suites" / "alltoall" / "20260106T100000Z-old.json").write_text(json.dumps(old))
+    (loaded,) = ResultsStore(older).runs("suite", "alltoall")
+    assert loaded.summary == [] and loaded.schema_version == 3
+    page = site.write_suite_page(tmp_path / "site-old", "alltoall", [loaded]).read_text()
+    assert 'class="summary"' not in page
+
+
+def test_bench_stores_the_suites_summary_with_its_records():
+    """suite_record keeps what the suite's summary says of the records it stores."""
+    from moe_repro.suites import all_suites
+    from moe_repro.suites.runner import suite_record
+
+    suite = all_suites()["alltoall-validation"]
+    records = [{"backend": "mpi", "algo": "flat", "error_pct": e} for e in (-4.0, 20.0, 6.0)]
+    assert suite_record(suite, records).summary == suite.summary(records) == [
+        "mpi flat: median |error| 6.0% over 3 cells, worst 20.0% (within the 15% goal)"]
+    assert suite_record(suite, []).summary == []
+
+
 def test_history_with_one_run_is_a_point_on_a_date_axis(tmp_path, drawn):
     runs = [a2a_run("2026-01-05T10:00:00+00:00")]
     fig = site.history_figure("alltoall", runs[0].metrics[0], runs)

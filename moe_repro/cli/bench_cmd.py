@@ -185,7 +185,7 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     with deferred():  # every point finished: a signal now waits until the record is stored
         record = suite_record(suite, records)
         click.echo(format_records(record))
-        for line in suite.summary(records) if suite.summary else ():
+        for line in record.summary:  # the suite's own summary (Suite.summary), stored with it
             click.echo(line)
         finish(record=record)
     wrong = [r for r in records if r.get("correct") is False]
