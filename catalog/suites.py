@@ -41,9 +41,10 @@ _SUITES = (
                description=("The all-to-all simulator against real local runs: flat, HALO and RBD "
                             "over 2-16 ranks and 1 KiB-16 MiB per rank, over gloo and MPI, measured vs "
                             "predicted on a profile fitted to other (flat, world- and node-wide) runs, "
-                            "error per cell and median per backend and algorithm."),
+                            "error per cell and median per backend and algorithm, and how much of each "
+                            "prediction is the dispatch's profiled host work."),
                needs="local processes (real gloo and MPI ranks) on the CPU; 2+ cores",
-               minutes=1.4),
+               minutes=1.5),
     SuiteEntry("attention", distributed=False,
                description=("Causal SDPA attention throughput vs sequence length per zoo model "
                             "shape (Piper Fig. 3)."),
