@@ -541,6 +541,11 @@ def test_summary_gives_each_backends_and_algorithms_median_error_against_the_goa
         "gloo rbd: median |error| 20.0% over 3 cells, worst 40.0% (above the 15% goal)",
         "gloo flat: median |error| 3.0% over 1 cell, worst 3.0% (within the 15% goal)",
         "mpi rbd: median |error| 9.5% over 2 cells, worst 14.0% (within the 15% goal)"]
+    # a median that one decimal would show as the goal itself shows two: above is above
+    assert error_summary([{"backend": "gloo", "algo": "flat", "error_pct": 15.04}])[0].startswith(
+        "gloo flat: median |error| 15.04% over 1 cell, worst 15.0% (above the 15% goal)")
+    assert "median |error| 15.0% over 1 cell" in error_summary([{"backend": "gloo", "algo": "flat",
+                                                                "error_pct": -15.0}])[0]
     # with the host work in the prediction: its share, the median over the cells (0.2, 0.5, 0.9)
     shared = [{"backend": "mpi", "algo": "halo", "error_pct": 1.0, "predicted_time_s": 10.0,
                "predicted_host_s": h} for h in (2.0, 5.0, 9.0)]
