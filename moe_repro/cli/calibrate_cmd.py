@@ -307,9 +307,10 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
                    f"o {fit['per_message_us']:.3g} us per message, beta {fit['GBps']:.3g} GB/s per rank; "
                    f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
                    + ("  <- links" if backend == chosen else ""))
-        if "host_op_us" in fit:  # the host work, measured apart and taken off before the fit
-            click.echo(f"  host work: {fit['host_op_us']:.3g} us per op, {fit.get('python_op_ns', 0):.3g} ns "
-                       f"per Python instruction, packing {fit['pack_GBps']:.3g} GB/s; "
+        if "host_op_us" in fit:  # the host work was taken off before the fit
+            click.echo(f"  host work: profiled on each run and taken off (the price model, for comparison: "
+                       f"{fit['host_op_us']:.3g} us per op, {fit.get('python_op_ns', 0):.3g} ns "
+                       f"per Python instruction, packing {fit['pack_GBps']:.3g} GB/s); "
                        "L per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
                                                          fit.get("latency_us_by_ranks", {}).items())
                        + ("; o per ranks count: " + ", ".join(f"{n}: {v:.3g} us" for n, v in
