@@ -75,8 +75,8 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import signal
+import statistics
 import time
 
 import numpy as np

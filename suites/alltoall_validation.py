@@ -391,7 +391,8 @@ def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
     return ctx.all_reduce_max(max(wall - synced, cpu) / max(cpu, 1e-9))
 
 
-HOST_COUNTS = ("host_cpu_s", "host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work", "cpu_stretch")
+HOST_COUNTS = ("host_cpu_s", "host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work",
+               "cpu_stretch")
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
 
 
@@ -764,8 +765,8 @@ def error_summary(records: list[dict]) -> list[str]:
         shares = [r["predicted_host_s"] / r["predicted_time_s"] for r in cells
                   if isinstance(r.get("predicted_host_s"), (int, float)) and r.get("predicted_time_s")]
         # one decimal, two where one would read as the goal itself (15.04% is above 15%)
-        shown = f"{median:.2f}" if f"{median:.1f}" == f"{GOAL_MEDIAN_ERROR_PCT:.1f}" and median != GOAL_MEDIAN_ERROR_PCT \
-            else f"{median:.1f}"
+        reads_as_goal = f"{median:.1f}" == f"{GOAL_MEDIAN_ERROR_PCT:.1f}" and median != GOAL_MEDIAN_ERROR_PCT
+        shown = f"{median:.2f}" if reads_as_goal else f"{median:.1f}"
         lines.append(f"{backend} {algo}: median |error| {shown}% over {len(errors)} cell"
                      f"{'' if len(errors) == 1 else 's'}, worst "
                      f"{max(errors):.1f}% ({verdict} the {GOAL_MEDIAN_ERROR_PCT:g}% goal)"
