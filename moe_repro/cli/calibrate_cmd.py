@@ -236,15 +236,16 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
 
     With --alltoall (default) it also runs flat all-to-all dispatches over 2-8 real local ranks
     (2 and 4 with --quick) and 1 KiB-16 MiB per rank, over the world and, where it has two
-    emulated nodes (of 2 ranks) or more, over every node at once, over gloo and over MPI where it runs, and
-    fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
+    emulated nodes (of 2 ranks) or more, over every node at once, over gloo and over MPI where it
+    runs, and fits the simulator's serial model to them per backend: t = n_L x L + n_o x o + B / beta
     (L: latency per phase, o: per-message cost, beta: bytes/s; n_L, n_o, B read off the
     simulator for each run's messages), least squares on relative error, after taking off each
     run's host work (the CPU time its dispatch spends outside its collectives, profiled on the
     run, stretched by the cores' sharing), with one L and one o per ranks count (node-wide runs
-    issue fewer messages per phase: they tell o from L); the machine's load average before and after is kept with the fit. The profile keeps
-    every fit under "calibration" (values, residuals, runs, date); the faster backend's sets
-    links[*].latency_us and GBps, the NICs and ports, and network.per_message_us.
+    issue fewer messages per phase: they tell o from L); the machine's load average before and
+    after is kept with the fit. The profile keeps every fit under "calibration" (values,
+    residuals, runs, date); the faster backend's sets links[*].latency_us and GBps, the NICs and
+    ports, and network.per_message_us.
 
     Each fit is judged: residuals above 25% rms print a warning with what to do (an idle
     machine, more repeats, the other backend's links), and a latency or per-message cost fitted
