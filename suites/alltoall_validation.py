@@ -65,9 +65,7 @@ fast over gloo and 1-23% over MPI. Timing each collective inside the dispatch (2
 1 KiB, 200 calls) shows where: a phase of flat's took 0.14-0.17 ms on average and exceeded
 0.4 ms in 3-4% of calls; RBD's six phases took 0.35-0.61 ms and exceeded 0.4 ms in 12-42%,
 HALO's two 0.36-0.80 ms and 15-27%, while their medians stayed near flat's (0.12-0.23 ms).
-HALO's one-node phase I, issued async on a second gloo communicator while phase III syncs on
-the first, took 1.5-1.8 times flat's time at 16 MiB for the same bytes (2 ranks). A
-gloo phase's cost depends on what the ranks did before it (2 ranks, one tiny blocking
+A gloo phase's cost depends on what the ranks did before it (2 ranks, one tiny blocking
 all-to-all: 60-90 us back to back, 115-140 us after 20 us of busy CPU, 0.8-1.0 ms after a 20 us
 sleep one day and 0.14 ms another), which no fit on flat's runs carries over. The default grid
 stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.

@@ -7,6 +7,9 @@ communication. All values are small integers and weights multiples of 1/8, so su
 in float64 whatever the order and results compare with torch.equal.
 """
 
+from collections import Counter
+from contextlib import contextmanager
+
 import torch
 
 from moe_repro.components.alltoall.flat import TorchComm, all_to_all_v, flat_all_to_all_v, flat_schedule
@@ -89,6 +92,32 @@ def equivalence(ctx, layouts, seeds, experts=6, top_k=3, with_autograd=False):
     return out
 
 
+@contextmanager
+def _collective_calls(comms):
+    """Counts the collectives issued on each communicator of ``comms`` inside the block (a
+    blocking all-to-all is its async call and a wait), by name: {"world": 1, "intra": 1}."""
+    calls = Counter()
+    names = ("world", "intra", "intra_overlap", "inter")
+    saved = [(c, m) for c in {id(getattr(comms, n)): getattr(comms, n) for n in names}.values()
+             for m in ("alltoallv_async", "p2p", "allgather_ints")]
+
+    def counted(comm, method):
+        real = getattr(comm, method)
+
+        def call(*args, **kwargs):
+            calls.update(n for n in names if getattr(comms, n) is comm)
+            return real(*args, **kwargs)
+        return call
+
+    for comm, method in saved:
+        setattr(comm, method, counted(comm, method))
+    try:
+        yield calls
+    finally:
+        for comm, method in saved:
+            delattr(comm, method)  # the class's method again
+
+
 def _equivalence(ctx, ranks_per_node, seeds, experts, top_k):
     topo = Topology.from_context(ctx, ranks_per_node)
     comms = build_communicators(topo, ctx.rank, ctx.backend, ctx.comm)
@@ -109,8 +138,11 @@ def _equivalence(ctx, ranks_per_node, seeds, experts, top_k):
         log = []
         comms.set_log(log)
         flat = flat_all_to_all_v(comms.world, x, C[me])
-        got_halo = halo(x, C[me]).clone()
+        with _collective_calls(comms) as calls:
+            got_halo = halo(x, C[me]).clone()
         comms.set_log(None)
+        if topo.nodes == 1:  # no remote node: the counts, then Phase I blocking, nothing else
+            case["halo_one_node_issues_counts_and_phase_I_only"] = calls == {"world": 1, "intra": 1}
         case["flat_exact"] = torch.equal(flat, expected)
         case["halo_exact"] = torch.equal(got_halo, expected)
         sent = sorted(log)

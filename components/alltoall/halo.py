@@ -11,6 +11,9 @@ Three phases on a world of ``nodes x R`` ranks (rank = node * R + local_rank):
 Dependencies (Eq. 13): Phase I || (Phase II -> Phase III). Phase I is issued asynchronously on
 its own intra-node communicator before Phase II starts and is waited on only when its rows are
 written to the output, so it overlaps both later phases.
+On one node there is no remote node: Phase I is the whole exchange, issued blocking straight
+into the output, and Phases II and III are not issued (an empty collective still synchronises
+the ranks: over gloo, 2 ranks, that cost a 1 KiB dispatch about as much as Phase I itself).
 
 Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
 :class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
@@ -281,6 +284,15 @@ class HaloAllToAll:
         p = self.plan(C, x.device)
         R = self.topo.ranks_per_node
         my_local = self.topo.local_rank(self.comms.world.rank)
+
+        if not p.remote_nodes:
+            # One node: no remote node, so Phase I is the whole exchange (Alg. 1's loops over
+            # N_ are empty). Phases II and III would be empty collectives, each a
+            # synchronisation of its own, and there is nothing for Phase I to overlap with: it
+            # runs blocking, straight into the output.
+            O = self._buf(out_buffer, p.total_recv, x)
+            self.comms.intra.alltoallv(x, p.p1_send, p.p1_recv, "I", out=O)
+            return O
 
         # Phase I: issued async on its own communicator; overlaps Phases II and III (Eq. 13).
         P1 = self._buf("P1", sum(p.p1_recv), x)
