@@ -44,7 +44,7 @@ _SUITES = (
                             "error per cell and median per backend and algorithm, and how much of each "
                             "prediction is the dispatch's profiled host work."),
                needs="local processes (real gloo and MPI ranks) on the CPU; 2+ cores",
-               minutes=1.5),
+               minutes=2.5),
     SuiteEntry("attention", distributed=False,
                description=("Causal SDPA attention throughput vs sequence length per zoo model "
                             "shape (Piper Fig. 3)."),

@@ -44,6 +44,21 @@ measured elsewhere, stretches by ranks / cores instead). The fit takes the same 
 off flat's runs before it fits L, o and beta. Every fit and every record keeps the machine's
 load average.
 
+HALO issues Phase I beside Phases II and III (Piper Eq. 13), and the simulator lets them run at
+once, as a GPU's copy engines and NICs do. Here every exchange is CPU work of the ranks' threads
+on cores the ranks already fill, so the overlap is measured in each world, once a round, on
+flat exchanges (phase_overlap: one-row all-to-alls on two communicators at once against the
+same one after the other; 0 where nothing is hidden) and the prediction is taken that far
+between the simulator's overlapped phases and the same phases one after another
+(simulator.blend_overlap; a profile file measures none and overlaps as the dependencies allow).
+Measured on the default grid: MPI 0.0-0.03 at 2 ranks, 0.3-0.4 at 4, 0.47-0.52 at 8, steady
+round to round; gloo 0.1-0.45, its rounds anywhere from 0 to 1. Flat's and RBD's dispatches
+run their phases one after another and are not touched.
+
+Samples last at least 0.1 s (the suite's min_sample_s, pyperf's min_time): a gloo dispatch of
+0.3-3 ms stalls now and then for a few ms, and 10 ms samples of a few calls each came out up to
+4 times apart.
+
 Beside it each record keeps ``predicted_host_priced_s``, the price model this suite used
 before: the aten ops, the bytes they write and the Python instructions counted on the same
 call (count_host_work, count_python_work) at a per-op cost, a packing rate and a
@@ -166,9 +181,16 @@ def predict(point: dict, fit: dict, cores: int) -> dict:
     per_message_us = (fit.get("per_message_us_by_ranks") or {}).get(ranks, fit["per_message_us"])
     doc = ns.local_alltoall_profile(latency_us * 1e-6, per_message_us * 1e-6,
                                     fit["GBps"] * 1e9, topo.ranks_per_node, cores)
-    res = ns.simulate_messages(msgs, topo, from_dict(doc), deps)
+    profile = from_dict(doc)
+    time_s = ns.simulate_messages(msgs, topo, profile, deps).time_s
+    # phases the dependencies let run at once overlap by the fraction measured in this ranks
+    # count's world (phase_overlap); a profile file has none: as the dependencies allow
+    overlap = (fit.get("overlap_by_ranks") or {}).get(ranks)
+    if overlap is not None and ns.chained(deps) != deps:
+        chained_s = ns.simulate_messages(msgs, topo, profile, ns.chained(deps)).time_s
+        time_s = ns.blend_overlap(time_s, chained_s, float(overlap))
     lb = bytes_by_link_class(msgs, topo)
-    return {"predicted_time_s": res.time_s, "predicted_inter_node_bytes": lb["inter_node"],
+    return {"predicted_time_s": time_s, "predicted_inter_node_bytes": lb["inter_node"],
             "predicted_intra_node_bytes": lb["intra_node"]}
 
 
@@ -389,6 +411,66 @@ def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
     return ctx.all_reduce_max(max(wall - synced, cpu) / max(cpu, 1e-9))
 
 
+OVERLAP_CALLS = 10  # back-to-back calls per timing of phase_overlap (each a few 0.1 ms here)
+OVERLAP_TURNS = 10  # timings of each of the four kinds, taken in turn
+
+
+def overlap_fraction(alone_a: float, alone_b: float, one_after_other: float, at_once: float) -> float:
+    """How much of the shorter of two exchanges is hidden when both run at once: (t(b; a) -
+    t(b || a)) / min(t(a), t(b)), clipped to [0, 1] (two at once slower than one after the
+    other hides nothing)."""
+    shorter = min(alone_a, alone_b)
+    if not shorter > 0:
+        raise ValueError(f"exchange times must be positive, got {alone_a}, {alone_b}")
+    return min(1.0, max(0.0, (one_after_other - at_once) / shorter))
+
+
+def phase_overlap(ctx, comms, hidden: int = 256, calls: int = OVERLAP_CALLS) -> float:
+    """How much two exchanges overlap on this host when a rank runs them at once, as HALO runs
+    Phase I beside Phases II and III (Piper Eq. 13): a one-row all-to-all on the node's second
+    communicator issued async, then one on the world blocking, then a wait; against the same
+    two one after the other and each alone (``calls`` back to back, slowest rank; flat
+    exchanges only, no scored cell). On GPUs the two run on separate engines; here every
+    exchange is CPU work of the ranks' threads on shared cores. overlap_fraction of the four
+    times."""
+    import torch
+
+    from moe_repro.runtime.timing import host_seconds
+
+    world, node = comms.world, comms.intra_overlap
+    xa, xb = torch.zeros(world.size, hidden), torch.zeros(node.size, hidden)
+    oa, ob = torch.empty_like(xa), torch.empty_like(xb)
+    ones_a, ones_b = [1] * world.size, [1] * node.size
+
+    def a():
+        world.alltoallv(xa, ones_a, ones_a, "overlap", out=oa)
+
+    def b():
+        node.alltoallv(xb, ones_b, ones_b, "overlap", out=ob)
+
+    def one_after_other():
+        b()
+        a()
+
+    def at_once():
+        _, handle = node.alltoallv_async(xb, ones_b, ones_b, "overlap", out=ob)
+        a()
+        handle.wait()
+
+    kinds = (a, b, one_after_other, at_once)
+    for fn in kinds:
+        fn()  # warm
+    totals = [0.0] * len(kinds)
+    for _ in range(OVERLAP_TURNS):  # the four in turn: load that drifts moves them together
+        for i, fn in enumerate(kinds):
+            ctx.barrier()
+            start = host_seconds()
+            for _ in range(calls):
+                fn()
+            totals[i] += ctx.all_reduce_max(host_seconds() - start)
+    return overlap_fraction(*totals)
+
+
 HOST_COUNTS = ("host_cpu_s", "host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work",
                "cpu_stretch")
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
@@ -451,6 +533,7 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
     load_after = load_average()
     # prices measured in each ranks count's world, where the runs have them (measure_grid)
     by_ranks = {str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r}
+    overlap = {str(p["ranks"]): r["phase_overlap"] for p, r in zip(points, records) if "phase_overlap" in r}
     prices = {**prices, **({"host_prices_by_ranks": by_ranks} if by_ranks else {})}
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
@@ -477,6 +560,7 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
              "per_message_us": fit["per_message_s"] * 1e6,
              "per_message_us_by_ranks": {str(n): v * 1e6 for n, v in fit["per_message_s_by_group"].items()},
              "GBps": fit["bytes_per_s"] / 1e9,
+             **({"overlap_by_ranks": overlap} if overlap else {}),
              **(prices if separated else
                 {"host_work": f"not separated: with it taken off first, {why}; fitted whole"}),
              "host_cores": cores,
@@ -553,6 +637,8 @@ def _how(point: dict, fitted_on: str) -> dict:
                       f"exchange included), each sample the slowest rank",
             "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
                                 f"run's own messages, on a local profile calibrated from {fitted_on}; "
+                                f"phases that may run at once overlapping by the fraction measured in the "
+                                f"run's world (phase_overlap; none measured: fully); "
                                 f"plus the run's host work (predicted_host_s)",
             "predicted_host_s": "measured: the CPU seconds the run's dispatch spends outside its "
                                 "collectives (profiled in setup on the busiest rank, median of 5 "
@@ -613,7 +699,7 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
                 for p, f in zip(points, fit)]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
-    stretch, priced = [], []
+    stretch, overlap, priced = [], [], []
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
@@ -621,13 +707,15 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
                 for name, value in {"time_s": t, **derive(p, state, t)}.items():
                     samples[i].setdefault(name, []).append(float(value))
         stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
+        overlap.append(phase_overlap(ctx, prepared[0][0]["comms"]))
         priced.append(world_price_sample(ctx))
     records = []
     for i, (state, record, timer, number, device) in enumerate(prepared):
         record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
                       device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
                       ranks_per_node=ctx.ranks_per_node, cpu_stretch=statistics.median(stretch),
-                      cpu_stretch_samples=stretch,
+                      cpu_stretch_samples=stretch, phase_overlap=statistics.median(overlap),
+                      phase_overlap_samples=overlap,
                       host_prices=price_work().prices({k: [x[k] for x in priced] for k in priced[0]},
                                                       statistics.median))
         records.append(record)
@@ -815,6 +903,10 @@ SUITE = Suite(
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
     measure_grid=measure_grid,
+    # pyperf's min_time: a dispatch of 0.3-3 ms over gloo stalls now and then for a few ms, and
+    # 10 ms samples (asv's default) of a few calls each came out up to 4 times apart (median
+    # IQR / median over the default grid: gloo 0.16, MPI 0.05; with 0.1 s: 0.07, 0.03).
+    min_sample_s=0.1,
     setup=alltoall.setup,
     run=alltoall.run,
     derive=derive,

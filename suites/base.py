@@ -208,6 +208,9 @@ class Suite:
     # fit runs with the scored cells in the same worlds): (grid, config, progress, done) ->
     # records, or None to be measured the usual way.
     measure_grid: Callable[..., list[dict] | None] | None = None
+    # The sample length where the user gives none (None: the runner's 0.01 s): a suite whose
+    # calls stall now and then on a shared machine needs longer samples for a steady median.
+    min_sample_s: float | None = None
     # Allowed values of enumerated params, checked when the grid is built, before any rank
     # starts (a bad one is a one-line error with close matches, exit 2).
     choices: dict[str, tuple] = field(default_factory=dict)

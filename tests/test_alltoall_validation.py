@@ -303,6 +303,30 @@ def test_bench_refuses_a_bad_point_in_one_line(results_dir):
     assert "Traceback" not in res.output and "multiple of gpus_per_node" in res.output
 
 
+def test_bench_samples_for_the_suites_own_length_unless_told(results_dir, monkeypatch):
+    """alltoall-validation sets 0.1 s samples; --min-sample-s given, even the runner's default
+    value, wins."""
+    from moe_repro.cli import cli
+    from moe_repro.suites import runner
+
+    used = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_measure(suite, grid, config, progress=None, done=None):
+        used.append(config.min_sample_s)
+        raise Stop
+
+    monkeypatch.setattr(runner, "measure", fake_measure)
+    point = ["bench", "alltoall-validation", "--ranks", "2", "--algo", "flat", "--backend", "gloo",
+             "--sizes", "1K"]
+    for extra in ([], ["--min-sample-s", "0.01"], ["--min-sample-s", "0.3"]):
+        res = CliRunner().invoke(cli, point + extra)
+        assert isinstance(res.exception, Stop), res.output
+    assert used == [0.1, 0.01, 0.3]
+
+
 def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     """A profile's calibration block (as repro calibrate writes it), read for the point's backend:
     the prediction of a 2-rank flat run is counts phase + data phase of the serial model, with
@@ -322,6 +346,44 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     with pytest.raises(ValueError, match="no calibration for backend mpi"):
         suite.grid({"ranks": [2], "algo": ["flat"], "sizes": [65536], "backend": ["mpi"],
                     "calibration": [str(path)]})
+
+
+def test_overlap_is_the_share_of_the_shorter_exchange_hidden_when_both_run_at_once():
+    from moe_repro.suites.alltoall_validation import overlap_fraction
+
+    # a 1 ms and a 3 ms exchange: 4 ms one after the other
+    assert overlap_fraction(3e-3, 1e-3, 4e-3, 3e-3) == pytest.approx(1.0)  # the shorter one hidden
+    assert overlap_fraction(3e-3, 1e-3, 4e-3, 3.75e-3) == pytest.approx(0.25)
+    assert overlap_fraction(3e-3, 1e-3, 4e-3, 4e-3) == 0.0  # nothing hidden
+    assert overlap_fraction(3e-3, 1e-3, 4e-3, 5e-3) == 0.0  # at once slower: none, not negative
+    assert overlap_fraction(3e-3, 1e-3, 4e-3, 2e-3) == 1.0  # faster than the longer alone: at most 1
+    with pytest.raises(ValueError):
+        overlap_fraction(0.0, 1e-3, 1e-3, 1e-3)
+
+
+def test_halo_phases_overlap_by_the_measured_fraction_and_chains_are_untouched():
+    """HALO's Phase I may run beside Phases II and III (Eq. 13): with overlap 1 it does, with
+    0 the four phases run one after another (simulator.chained, longer by Phase I's latency
+    at least), in between linearly; flat's phases are a chain, which no overlap changes."""
+    from moe_repro.components.network import simulator as ns
+    from moe_repro.suites import alltoall_validation as v
+
+    assert ns.chained({"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}) == \
+        {"counts": [], "I": ["counts"], "II": ["I"], "III": ["II"]}
+    assert ns.chained({"counts": [], "a2a": ["counts"]}) == {"counts": [], "a2a": ["counts"]}
+    suite = all_suites()["alltoall-validation"]
+    block = {"latency_us": 300.0, "per_message_us": 20.0, "GBps": 1.0, "host_cores": 2}
+    for algo in ("halo", "flat"):
+        (p,) = suite.grid({"ranks": [4], "algo": [algo], "backend": ["gloo"], "sizes": [65536]})
+        t = {x: v.predict(p, {**block, "overlap_by_ranks": {"4": x}}, 2)["predicted_time_s"]
+             for x in (0.0, 0.5, 1.0)}
+        assert t[0.5] == pytest.approx((t[0.0] + t[1.0]) / 2, rel=1e-12)
+        # no measured overlap (a profile file): the phases overlap as the dependencies allow
+        assert v.predict(p, block, 2)["predicted_time_s"] == pytest.approx(t[1.0], rel=1e-12)
+        if algo == "halo":
+            assert t[0.0] >= t[1.0] + 300e-6
+        else:
+            assert t[0.0] == t[1.0]
 
 
 def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_prices(tmp_path):
@@ -406,6 +468,9 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         # measured in the run's world: wall per CPU second is never below 1 for one thread
         assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3
+        # and how much two exchanges at once overlap there, which the fit keeps per ranks count
+        assert 0 <= r["phase_overlap"] <= 1 and len(r["phase_overlap_samples"]) == 3
+        assert r["calibration_used"]["overlap_by_ranks"] == {"2": r["phase_overlap"]}
         # and the host prices, measured in the world by every rank at once
         world_prices = r["calibration_used"]["host_prices_by_ranks"]["2"]
         assert world_prices == r["host_prices"] and world_prices["pack_GBps"] > 0 and world_prices["host_op_us"] > 0

@@ -815,6 +815,25 @@ def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> d
     return doc
 
 
+def chained(dependencies: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The same phases one after another, in the order they are listed (the order a dispatcher
+    issues them): what a rank's phases become where running two at once gains nothing (a host
+    whose cores the ranks already fill: alltoall-validation measures how much two collectives
+    at once overlap there). A chain stays the same chain."""
+    names = list(dependencies)
+    return {name: names[i - 1:i] for i, name in enumerate(names)}
+
+
+def blend_overlap(overlapped_s: float, chained_s: float, overlap: float) -> float:
+    """A schedule's time where its concurrent phases overlap by the fraction ``overlap`` (1: as
+    the dependencies allow, 0: one after another): overlap x overlapped + (1 - overlap) x
+    chained, linear between the two dependency models (an assumption: the fraction is measured
+    on two exchanges at once, not on the schedule's own phases)."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must lie in [0, 1], got {overlap}")
+    return overlap * overlapped_s + (1.0 - overlap) * chained_s
+
+
 def alltoall_time_terms(messages, topo: Topology, dependencies: dict[str, list[str]],
                         host_cores: int | None = None) -> tuple[float, float, float]:
     """(n_L, n_o, B) of a schedule on a local profile (see ALLTOALL_FIT_FORM): the simulated time

@@ -54,8 +54,9 @@ class _BenchCommand(click.Command):
               help="Timed samples per grid point (median and spread are over these).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
               help="Untimed calls before the samples.")
-@click.option("--min-sample-s", type=FiniteFloatRange(0), default=0.01, show_default=True,
-              help="Each sample repeats the call until it lasts this long (timer resolution).")
+@click.option("--min-sample-s", type=FiniteFloatRange(0), default=0.01,
+              help="Each sample repeats the call until it lasts this long (timer resolution). "
+                   "[default: 0.01, or the suite's own where --show-params names one]")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the suite's correctness check (#wrong) before timing.")
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=300.0, show_default=True,
@@ -137,8 +138,12 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
                        f"\n      {suite.param_help.get(key, '')}".rstrip())
         click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
                                           for m in suite.all_metrics))
+        if suite.min_sample_s:
+            click.echo(f"samples last at least {suite.min_sample_s:g} s unless --min-sample-s says otherwise")
         click.echo(f"the options given make {len(grid)} grid point{'s' if len(grid) != 1 else ''} (none run)")
         return
+    if suite.min_sample_s and ctx.get_parameter_source("min_sample_s") is click.core.ParameterSource.DEFAULT:
+        min_sample_s = suite.min_sample_s
     config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
                        check=check, timeout_s=timeout_s)
     records: list[dict] = []
