@@ -75,15 +75,24 @@ machine's other load while it runs (which the fitted latencies absorb only at th
 fit), and, over gloo, the cost of a phase inside a dispatch, which exceeds that of the same
 phase in flat's runs. Shown by recomputing the cells over MPI, whose collectives run on the
 calling thread where gloo hands each one to a worker thread: with the same model, the same
-fit procedure and profiled host work, the 2-rank HALO and RBD cells were predicted 23-54% too
-fast over gloo and 1-23% over MPI. Timing each collective inside the dispatch (2 ranks, gloo,
+fit procedure and profiled host work, the 2-rank HALO and RBD cells were predicted 1-43% and
+9-49% too fast over gloo, and between 16% too fast and 10% too slow over MPI (four runs of the
+default grid). Timing each collective inside the dispatch (2 ranks, gloo,
 1 KiB, 200 calls) shows where: a phase of flat's took 0.14-0.17 ms on average and exceeded
 0.4 ms in 3-4% of calls; RBD's six phases took 0.35-0.61 ms and exceeded 0.4 ms in 12-42%,
 HALO's two 0.36-0.80 ms and 15-27%, while their medians stayed near flat's (0.12-0.23 ms).
 A gloo phase's cost depends on what the ranks did before it (2 ranks, one tiny blocking
 all-to-all: 60-90 us back to back, 115-140 us after 20 us of busy CPU, 0.8-1.0 ms after a 20 us
-sleep one day and 0.14 ms another), which no fit on flat's runs carries over. The default grid
-stops at 8 ranks on this 2-core machine; ``--ranks 16`` runs.
+sleep one day and 0.14 ms another), which no fit on flat's runs carries over. A flat exchange
+of counts then data with g of busy CPU before each (2 ranks, 300 calls) took 50-245 us more per
+phase than back to back at g = 20 us, 57-150 us at 50 us, 150-200 us at 100 us and 85-290 us at
+200 us: a cost per phase after host work that does not grow with g, where cpu_stretch, in 1 ms
+pieces, adds 0.01-0.3 ms per ms of work. Each gloo process group hands its collective to its own
+threads, which share the core with the rank's host work. RBD's six phases after 0.1-0.15 ms of
+host work each then cost more than flat's two, whose host work between phases is 20-40 us; a
+one-node HALO dispatch has flat's two phases and still came out 0.1-0.25 ms slower than flat's
+with 0.03-0.04 ms more CPU, which this does not explain. The default grid stops at 8 ranks on
+this 2-core machine; ``--ranks 16`` runs.
 """
 
 from __future__ import annotations
