@@ -88,11 +88,12 @@ of counts then data with g of busy CPU before each (2 ranks, 300 calls) took 50-
 phase than back to back at g = 20 us, 57-150 us at 50 us, 150-200 us at 100 us and 85-290 us at
 200 us: a cost per phase after host work that does not grow with g, where cpu_stretch, in 1 ms
 pieces, adds 0.01-0.3 ms per ms of work. Each gloo process group hands its collective to its own
-threads, which share the core with the rank's host work. RBD's six phases after 0.1-0.15 ms of
-host work each then cost more than flat's two, whose host work between phases is 20-40 us; a
-one-node HALO dispatch has flat's two phases and still came out 0.1-0.25 ms slower than flat's
-with 0.03-0.04 ms more CPU, which this does not explain. The default grid stops at 8 ranks on
-this 2-core machine; ``--ranks 16`` runs.
+threads, which share the core with the rank's host work. A cost per phase is what the fitted L
+already is: this accounts for gloo's large L, not for what RBD's six phases, after 0.1-0.15 ms
+of host work each, miss beyond six of flat's (1.0-1.8 ms at 2 ranks, 1 KiB-1 MiB), nor for a
+one-node HALO dispatch, with flat's two phases, coming out 0.05-0.25 ms slower than flat's with
+0.03-0.04 ms more CPU. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16``
+runs.
 """
 
 from __future__ import annotations
