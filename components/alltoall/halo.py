@@ -13,7 +13,8 @@ its own intra-node communicator before Phase II starts and is waited on only whe
 written to the output, so it overlaps both later phases.
 On one node there is no remote node: Phase I is the whole exchange, issued blocking straight
 into the output, and Phases II and III are not issued (an empty collective still synchronises
-the ranks: over gloo, 2 ranks, that cost a 1 KiB dispatch about as much as Phase I itself).
+the ranks: over gloo, 2 ranks, 1 KiB, the dispatch took 0.36-0.63 ms with them, 0.27-0.39 ms
+without and flat's 0.26-0.33 ms).
 
 Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
 :class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
