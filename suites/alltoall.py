@@ -584,11 +584,6 @@ def count_host_work(fn) -> dict:
     return work
 
 
-# The communicator calls a dispatcher makes (components/network/comm.py): host_cpu_seconds
-# takes the CPU time spent inside them out of the host work.
-_COLLECTIVE_CALLS = ("alltoallv_async", "p2p", "allgather_ints")
-
-
 def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
     """Run ``fn`` ``calls`` times and return the median thread-CPU seconds of one call spent
     outside its collectives: the host work as profiled (planning, packing, reconstruction, the
@@ -597,6 +592,7 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
     same way: the computation profiled, the communication simulated. Thread CPU time leaves
     out the time other processes hold the core; the cores' sharing is the run's cpu_stretch.
     Every communicator of ``comms`` is watched, and left as it was."""
+    from moe_repro.components.network.comm import COLLECTIVE_CALLS
     from moe_repro.runtime.timing import thread_cpu_seconds
 
     inside = [0.0]
@@ -618,7 +614,7 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
     watching = list({id(c): c for c in (comms.world, comms.intra, comms.intra_overlap, comms.inter)
                      if c is not None}.values())
     for c in watching:
-        for name in _COLLECTIVE_CALLS:
+        for name in COLLECTIVE_CALLS:
             setattr(c, name, watched(getattr(c, name), name))  # an instance attribute, removed below
     samples = []
     try:
@@ -629,7 +625,7 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
             samples.append(max(thread_cpu_seconds() - t0 - inside[0], 0.0))
     finally:
         for c in watching:
-            for name in _COLLECTIVE_CALLS:
+            for name in COLLECTIVE_CALLS:
                 vars(c).pop(name, None)
     return statistics.median(samples)
 

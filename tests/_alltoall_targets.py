@@ -16,6 +16,7 @@ from moe_repro.components.alltoall.flat import TorchComm, all_to_all_v, flat_all
 from moe_repro.components.alltoall.halo import HaloAllToAll, halo_schedule
 from moe_repro.components.alltoall.rbd import RBDDispatcher, rbd_schedule
 from moe_repro.components.moe.pft import build_pft
+from moe_repro.components.network.comm import COLLECTIVE_CALLS
 from moe_repro.components.network.topology import Topology, build_communicators
 
 
@@ -99,7 +100,7 @@ def _collective_calls(comms):
     calls = Counter()
     names = ("world", "intra", "intra_overlap", "inter")
     saved = [(c, m) for c in {id(getattr(comms, n)): getattr(comms, n) for n in names}.values()
-             for m in ("alltoallv_async", "p2p", "allgather_ints")]
+             for m in COLLECTIVE_CALLS]
 
     def counted(comm, method):
         real = getattr(comm, method)

@@ -18,6 +18,11 @@ from moe_repro.components.lazy_import import lazy_module
 torch = lazy_module("torch", globals())  # imported on first use
 dist = lazy_module("torch.distributed", globals(), "dist")
 
+# Every call of a communicator that goes to the wire (a blocking all-to-all is its async call and
+# a wait): what a profiler of the host work takes out, or a test counts.
+COLLECTIVE_CALLS = ("alltoallv_async", "p2p", "allgather_ints")
+
+
 def row_bytes_of(x: torch.Tensor) -> int:
     """Bytes per row (dim 0) of ``x``."""
     n = 1
