@@ -616,3 +616,37 @@ def test_summary_gives_each_backends_and_algorithms_median_error_against_the_goa
                "predicted_host_s": h} for h in (2.0, 5.0, 9.0)]
     assert error_summary(shared) == ["mpi halo: median |error| 1.0% over 3 cells, worst 1.0% (within the "
                                      "15% goal); host work (profiled) 50% of the predicted time"]
+
+def test_median_error_interval_draws_a_worlds_rounds_together_and_worlds_apart():
+    """The bootstrap draws the same rounds for every cell of one world: two cells whose errors
+    swap from round to round (0 then 40, 40 then 0) have a median of 20 in every draw. In two
+    worlds the rounds are drawn apart, and the same cells spread on both sides of 20."""
+    from moe_repro.suites.alltoall_validation import median_error_interval
+
+    def cell(ranks, errors):
+        return {"backend": "gloo", "ranks": ranks, "gpus_per_node": 2, "error_pct": 20.0,
+                "samples": {"error_pct": errors}}
+
+    assert median_error_interval([cell(2, [0.0, 40.0]), cell(2, [40.0, 0.0])]) == (20.0, 20.0)
+    apart = [cell(2, [0.0, 40.0]), cell(4, [40.0, 0.0])]
+    low, high = median_error_interval(apart)
+    assert low < 20.0 < high
+    assert median_error_interval(apart) == (low, high)  # seeded: the same records, the same interval
+    assert median_error_interval([cell(2, [-7.0, -7.0, -7.0])]) == (7.0, 7.0)  # steady rounds: a point
+
+
+def test_goal_verdict_needs_the_whole_interval_on_one_side():
+    from moe_repro.suites.alltoall_validation import error_summary, goal_verdict
+
+    assert goal_verdict(3.0, 14.0) == "within the 15% goal"
+    assert goal_verdict(3.0, 15.0) == "within the 15% goal"
+    assert goal_verdict(16.0, 30.0) == "above the 15% goal"
+    assert goal_verdict(10.0, 20.0) == ("the 15% goal inside the interval: this run cannot tell; "
+                                        "more --repeats narrow it")
+    # a median of 12% whose rounds reach past the goal is not called within
+    noisy = [{"backend": "gloo", "algo": "rbd", "ranks": 2, "gpus_per_node": 2, "error_pct": 12.0,
+              "samples": {"error_pct": [12.0, 2.0, 30.0]}}]
+    (line,) = error_summary(noisy)
+    assert line.startswith("gloo rbd: median |error| 12.0% (90% interval 2.0-30.0%) over 1 cell")
+    assert line.endswith(
+        "(the 15% goal inside the interval: this run cannot tell; more --repeats narrow it)")
