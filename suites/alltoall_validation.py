@@ -36,16 +36,17 @@ goal lies inside the interval, that the run cannot tell (more repeats narrow it)
 The prediction adds to the simulated messages the CPU work around them (gathering rows, HALO's
 reorder, RBD's pilot selection and reconstruction), profiled as vTrain and ASTRA-sim profile
 computation and simulate communication: the CPU seconds a warm call of the run's own dispatch
-spends outside its collectives (suites/alltoall.host_cpu_seconds, in setup: thread CPU time,
-the time inside the communicators' calls taken out, median of 5 calls, busiest rank), stretched
-by the wall seconds per CPU second that the ranks' own work takes in the run's world
-(cpu_stretch: every rank runs the same pieces of Python work at once, each ended by a tiny
-collective as a dispatch's host work is by its next phase, once a round, slowest rank, median
-over the rounds): a rank shares the cores with the other ranks and with whatever else the
-machine runs then, and each sync waits for the rank preempted last (a profile file's block,
-measured elsewhere, stretches by ranks / cores instead). The fit takes the same profiled work
-off flat's runs before it fits L, o and beta. Every fit and every record keeps the machine's
-load average.
+spends outside its collectives (suites/alltoall.host_cpu_seconds: thread CPU time, the time
+inside the communicators' calls taken out; calibration=fit: one call right after each of the
+point's samples, the busiest rank's median over the rounds, profile_host_cpu; a profile file:
+5 calls in setup, their median, busiest rank), stretched by the wall seconds per CPU second
+that the ranks' own work takes in the run's world (cpu_stretch: every rank runs the same
+pieces of Python work at once, each ended by a tiny collective as a dispatch's host work is by
+its next phase, once a round, slowest rank, median over the rounds): a rank shares the cores
+with the other ranks and with whatever else the machine runs then, and each sync waits for the
+rank preempted last (a profile file's block, measured elsewhere, stretches by ranks / cores
+instead). The fit takes the same profiled work off flat's runs before it fits L, o and beta.
+Every fit and every record keeps the machine's load average.
 
 HALO issues Phase I beside Phases II and III (Piper Eq. 13), and the simulator lets them run at
 once, as a GPU's copy engines and NICs do. Here every exchange is CPU work of the ranks' threads
@@ -355,7 +356,8 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
 
 def host_s(record: dict, block: dict, cores: int) -> float:
     """The host-work part of one run's prediction: the CPU seconds its dispatch spends outside
-    its collectives (``host_cpu_s``, profiled in setup: suites/alltoall.host_cpu_seconds),
+    its collectives (``host_cpu_s``; calibration=fit: profiled after each sample,
+    profile_host_cpu; a profile file: in setup, suites/alltoall.host_cpu_seconds),
     stretched by the cores' sharing (the run's cpu_stretch, else ranks / cores); a record
     without the profile (an older one) has its counted work priced instead (host_priced_s). 0
     for a block whose fit did not take the host work off (an old profile, or a fit that could
@@ -655,9 +657,10 @@ def _how(point: dict, fitted_on: str) -> dict:
                                 f"run's world (phase_overlap; none measured: fully); "
                                 f"plus the run's host work (predicted_host_s)",
             "predicted_host_s": "measured: the CPU seconds the run's dispatch spends outside its "
-                                "collectives (profiled in setup on the busiest rank, median of 5 "
-                                "calls), stretched by the cpu_stretch measured in its world (fit) or "
-                                "by ranks / cores (a profile file)",
+                                "collectives on the busiest rank (fit: one call after each sample, "
+                                "median over the rounds; a profile file: median of 5 calls in setup), "
+                                "stretched by the cpu_stretch measured in its world (fit) or by "
+                                "ranks / cores (a profile file)",
             "predicted_host_priced_s": "simulated: simulator.host_work_s of the run's counted host work "
                                        "at the calibration's prices, stretched alike (for comparison)",
             "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
@@ -713,16 +716,23 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
                 for p, f in zip(points, fit)]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
+    profiled: list[list[float]] = [[] for _ in points]  # this rank's host CPU per round
     stretch, overlap, priced = [], [], []
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
                 t = _timed(alltoall.SUITE, state, number, ctx, timer)
+                cpu = profile_host_cpu(state)  # after the sample: warm from its calls, as they were
+                if cpu is not None:
+                    profiled[i].append(cpu)
                 for name, value in {"time_s": t, **derive(p, state, t)}.items():
                     samples[i].setdefault(name, []).append(float(value))
         stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
         overlap.append(phase_overlap(ctx, prepared[0][0]["comms"]))
         priced.append(world_price_sample(ctx))
+    for i, (state, *_) in enumerate(prepared):
+        if profiled[i]:  # the busiest rank's rounds replace the profile taken in setup
+            samples[i]["host_cpu_s"] = busiest_rank_rounds(state["comms"], profiled[i])
     records = []
     for i, (state, record, timer, number, device) in enumerate(prepared):
         record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
@@ -734,6 +744,32 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
                                                       statistics.median))
         records.append(record)
     return records if ctx.rank == 0 else []
+
+
+def profile_host_cpu(state: dict) -> float | None:
+    """This rank's host work of one more call of the point's dispatch (suites/alltoall
+    .host_cpu_seconds), profiled right after the point's sample of a round; None for a peer's
+    dispatch, whose collectives cannot be taken out. The rounds' profiles replace the one
+    taken in setup (busiest_rank_rounds), so that it is measured at the load of the samples it
+    is predicted against and is the median over the rounds, as every other quantity here is.
+    Profiled once in setup, 5 calls back to back, it could land on a passing stall: MPI, 8
+    ranks, RBD at 1 KiB and 64 KiB profiled at 2.5 and 2.8 ms in one run and 1.4 ms in the
+    next; recomputed with the next run's profile, those cells went from 82% and 78% too slow
+    to 8% too slow and 4% too fast. After the sample, not before: the first call after
+    another point's runs comes cold (MPI, 2 ranks, RBD at 1 KiB: 1.2 ms of CPU against 0.6
+    ms warm)."""
+    if "cpu_ns" not in (state.get("host_work") or {}):
+        return None
+    return alltoall.host_cpu_seconds(lambda: alltoall._dispatch(state), state["comms"], calls=1)
+
+
+def busiest_rank_rounds(comms, mine: list[float]) -> list[float]:
+    """Every rank's profiles of one point, gathered (``comms.world``, a collective: every rank
+    calls it with as many rounds), and the rounds of the rank whose median is the highest: the
+    busiest rank, as in setup (each rank's median first, then the highest: the highest of
+    single calls would favour whichever rank a stall hit)."""
+    per_rank = comms.world.allgather_ints([round(1e9 * x) for x in mine])
+    return [v * 1e-9 for v in max(per_rank, key=statistics.median)]
 
 
 # Calls per sample chosen from the median of this many single calls: one call that hit a

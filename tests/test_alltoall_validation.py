@@ -464,6 +464,10 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # world's cpu_stretch; the price model's estimate is kept beside it
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["predicted_host_s"] == pytest.approx(r["host_cpu_s"] * r["cpu_stretch"], rel=1e-9)
+        # profiled once a round, after each sample: the record's value is their median
+        profiled = r["samples"]["host_cpu_s"]
+        assert len(profiled) == 3 and min(profiled) > 0
+        assert r["host_cpu_s"] == pytest.approx(sorted(profiled)[1], rel=1e-9)
         assert r["predicted_host_priced_s"] > 0
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
         # measured in the run's world: wall per CPU second is never below 1 for one thread
@@ -617,6 +621,7 @@ def test_summary_gives_each_backends_and_algorithms_median_error_against_the_goa
     assert error_summary(shared) == ["mpi halo: median |error| 1.0% over 3 cells, worst 1.0% (within the "
                                      "15% goal); host work (profiled) 50% of the predicted time"]
 
+
 def test_median_error_interval_draws_a_worlds_rounds_together_and_worlds_apart():
     """The bootstrap draws the same rounds for every cell of one world: two cells whose errors
     swap from round to round (0 then 40, 40 then 0) have a median of 20 in every draw. In two
@@ -650,3 +655,32 @@ def test_goal_verdict_needs_the_whole_interval_on_one_side():
     assert line.startswith("gloo rbd: median |error| 12.0% (90% interval 2.0-30.0%) over 1 cell")
     assert line.endswith(
         "(the 15% goal inside the interval: this run cannot tell; more --repeats narrow it)")
+
+
+def test_the_host_work_is_profiled_on_one_more_call_and_the_busiest_ranks_rounds_kept(monkeypatch):
+    """After each sample the host work is profiled on one more call (none for a peer's dispatch);
+    at the end the rank whose median over the rounds is the highest gives the point's profile,
+    not the highest single call (a stall on one rank in one round)."""
+    from moe_repro.suites import alltoall
+    from moe_repro.suites.alltoall_validation import busiest_rank_rounds, profile_host_cpu
+
+    calls = []
+
+    def fake_profile(fn, comms, calls_per_profile=5, **kw):
+        calls.append((comms, kw.get("calls", calls_per_profile)))
+        return 0.002
+
+    monkeypatch.setattr(alltoall, "host_cpu_seconds", fake_profile)
+    assert profile_host_cpu({"comms": "the point's communicators", "host_work": {"cpu_ns": 1}}) == 0.002
+    assert calls == [("the point's communicators", 1)]
+    assert profile_host_cpu({"comms": None, "host_work": {"ops": 5}}) is None and len(calls) == 1
+
+    class World:
+        def allgather_ints(self, values):
+            assert values == [1000, 5000, 3000]  # this rank's rounds, in ns
+            return [[1000, 5000, 3000], [2000, 9000, 2000], [4000, 4000, 1000]]  # medians 3, 2, 4 us
+
+    class Comms:
+        world = World()
+
+    assert busiest_rank_rounds(Comms(), [1e-6, 5e-6, 3e-6]) == pytest.approx([4e-6, 4e-6, 1e-6])
