@@ -611,8 +611,7 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
         handle.wait = watched(handle.wait, "wait")
         return handle
 
-    watching = list({id(c): c for c in (comms.world, comms.intra, comms.intra_overlap, comms.inter)
-                     if c is not None}.values())
+    watching = list(comms.by_name().values())
     for c in watching:
         for name in COLLECTIVE_CALLS:
             setattr(c, name, watched(getattr(c, name), name))  # an instance attribute, removed below

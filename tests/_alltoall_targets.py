@@ -98,24 +98,22 @@ def _collective_calls(comms):
     """Counts the collectives issued on each communicator of ``comms`` inside the block (a
     blocking all-to-all is its async call and a wait), by name: {"world": 1, "intra": 1}."""
     calls = Counter()
-    names = ("world", "intra", "intra_overlap", "inter")
-    saved = [(c, m) for c in {id(getattr(comms, n)): getattr(comms, n) for n in names}.values()
-             for m in COLLECTIVE_CALLS]
+    saved = [(name, c, m) for name, c in comms.by_name().items() for m in COLLECTIVE_CALLS]
 
-    def counted(comm, method):
+    def counted(name, comm, method):
         real = getattr(comm, method)
 
         def call(*args, **kwargs):
-            calls.update(n for n in names if getattr(comms, n) is comm)
+            calls[name] += 1
             return real(*args, **kwargs)
         return call
 
-    for comm, method in saved:
-        setattr(comm, method, counted(comm, method))
+    for name, comm, method in saved:
+        setattr(comm, method, counted(name, comm, method))
     try:
         yield calls
     finally:
-        for comm, method in saved:
+        for _, comm, method in saved:
             delattr(comm, method)  # the class's method again
 
 

@@ -174,8 +174,7 @@ def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communi
     blocking all-to-all (issue 1 + wait 4), 2 in a p2p (issue + wait) and 7 in an allgather on
     another communicator is charged 3, the median over its calls (one call spends 100 of its
     own); no communicator keeps the watch afterwards, even when the call raises."""
-    from types import SimpleNamespace
-
+    from moe_repro.components.network.topology import Communicators, Topology
     from moe_repro.runtime import timing
     from moe_repro.suites.alltoall import host_cpu_seconds
 
@@ -206,7 +205,8 @@ def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communi
             return [values]
 
     world, intra = FakeComm(), FakeComm()
-    comms = SimpleNamespace(world=world, intra=intra, intra_overlap=intra, inter=world)
+    comms = Communicators(Topology(nodes=1, ranks_per_node=2), world=world, intra=intra,
+                          intra_overlap=intra, inter=world)
     calls = iter([3, 3, 100, 3, 3])
 
     def dispatch():

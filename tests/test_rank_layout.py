@@ -56,3 +56,19 @@ def test_real_run_bytes_equal_formula_under_uniform_routing(nodes, gpn, ep, para
             slack = 2 * (dp - 1) * 4 * nodes * gpn
             assert abs(real["allreduce"][cls] - model["allreduce"][cls]) <= slack, (order, cls)
         assert real["allreduce"]["intra_node" if order == "dp-first" else "inter_node"] > 0
+
+
+def test_communicators_by_name_gives_each_object_once_and_set_log_reaches_each():
+    """A double whose intra-node communicator is also its overlap one is walked once, under the
+    first name; a missing one is skipped; set_log reaches every communicator there is."""
+    from types import SimpleNamespace
+
+    from moe_repro.components.network.topology import Communicators, Topology
+
+    world, intra = SimpleNamespace(), SimpleNamespace()
+    comms = Communicators(Topology(nodes=1, ranks_per_node=2), world=world, intra=intra,
+                          intra_overlap=intra, inter=None)
+    assert comms.by_name() == {"world": world, "intra": intra}
+    log: list = []
+    comms.set_log(log)
+    assert world.log is log and intra.log is log

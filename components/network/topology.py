@@ -184,9 +184,19 @@ class Communicators:
     intra_overlap: object  # a second intra-node communicator: HALO phase I runs on it async
     inter: object  # GPUs sharing this rank's NIC index, across nodes
 
+    def by_name(self) -> dict[str, object]:
+        """Each communicator by its field name, each object once (a caller's double may give two
+        names one object): what a logger, a profiler or a test walks."""
+        seen: dict[int, str] = {}
+        for name in ("world", "intra", "intra_overlap", "inter"):
+            c = getattr(self, name)
+            if c is not None:
+                seen.setdefault(id(c), name)
+        return {name: getattr(self, name) for name in seen.values()}
+
     def set_log(self, log: list | None) -> None:
         """Record every message sent through these communicators into ``log`` (or stop)."""
-        for c in (self.world, self.intra, self.intra_overlap, self.inter):
+        for c in self.by_name().values():
             c.log = log
 
 
