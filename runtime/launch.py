@@ -443,8 +443,14 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 if vanished and codes.get("mpiexec") is None:
                     codes["mpiexec"] = -signal.SIGKILL  # a failure now: ended below, by _kill_group
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
-            if failed:
+            if failed and _every_result_written(workdir, world_size):
+                # every rank wrote its result before one ended badly: a fault of the teardown
+                # (a library's threads at exit), after the work; the results are whole
+                _warn_teardown_fault(workdir, codes)
+                return
+            if failed and not all(n.isdigit() and (workdir / f"rank-{n}.json").exists() for n in failed):
                 _raise_for(workdir, world_size, codes, "exited with code", vanished)
+            # else the ranks that ended badly had written their results first: the others go on
             if all(c == 0 for c in codes.values()):
                 missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
                 if missing:
@@ -460,6 +466,26 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
         with signals.deferred():
             for p in procs.values():
                 _kill_group(p)
+
+
+def _every_result_written(workdir: Path, world_size: int) -> bool:
+    return all((workdir / f"rank-{r}.json").exists() for r in range(world_size))
+
+
+def _warn_teardown_fault(workdir: Path, codes: dict[str, int | None]) -> None:
+    """Say on stderr which ranks (or mpiexec) ended badly after every rank had written its
+    result, and how: the run's results are kept, the fault is not hidden."""
+    how = []
+    for name, code in codes.items():
+        if code in (None, 0):
+            continue
+        exit_how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        log = workdir / (f"rank-{name}.err" if name.isdigit() else "mpiexec.err")
+        tail = _tail(log, 1)
+        how.append(f"{'rank ' + name if name.isdigit() else name}: {exit_how}" + (f"; {tail}" if tail else ""))
+    sys.stderr.write("repro: warning: after every rank had written its result, "
+                     + " | ".join(how) + " (in teardown: the results are whole and kept)\n")
+    sys.stderr.flush()
 
 
 # A rank is hung when its heartbeat has been silent longer than HANG_MULTIPLE times the slowest

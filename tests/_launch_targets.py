@@ -46,3 +46,44 @@ def hangs(ctx, victim):
     if ctx.rank == victim:
         time.sleep(3600)
     return ctx.rank
+
+
+def aborts_in_teardown(ctx, victim):
+    """The victim aborts (SIGABRT, as a C++ std::terminate does) after its result is returned,
+    while the process tears down. gloo: in destroy_process_group, at once, while its peers are
+    still at work (they take a second more). MPI: at exit, once every rank's result file is in
+    the work directory (mpiexec may end the other ranks when one aborts)."""
+    import sys
+    from pathlib import Path
+
+    if ctx.rank != victim:
+        time.sleep(1.0)
+        return ctx.rank
+    if ctx.backend == "mpi":
+        import atexit
+
+        workdir = Path(sys.argv[sys.argv.index("--workdir") + 1])
+
+        def abort_when_all_written():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(
+                    (workdir / f"rank-{r}.json").exists() for r in range(ctx.world_size)):
+                time.sleep(0.02)
+            os.abort()
+
+        atexit.register(abort_when_all_written)
+    else:
+        import torch.distributed as dist
+
+        def abort_instead(*args, **kwargs):
+            os.abort()
+
+        dist.destroy_process_group = abort_instead
+    return ctx.rank
+
+
+def aborts_before_its_result(ctx, victim):
+    if ctx.rank == victim:
+        os.abort()
+    time.sleep(60)  # the others wait, as on a peer in a collective
+    return ctx.rank

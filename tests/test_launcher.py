@@ -51,6 +51,27 @@ def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
     assert _none_left(tag)
 
 
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_rank_that_aborts_after_its_result_keeps_the_results_and_says_so(targets_on_path, tag, capfd,
+                                                                            backend):
+    """Every rank returned its result, then one aborted in teardown (a library's threads at
+    exit): the results come back whole, and stderr names the rank and the signal."""
+    out = run_ranks("_launch_targets:aborts_in_teardown", {"victim": 1}, world_size=3, backend=backend,
+                    timeout_s=60)
+    assert out == [0, 1, 2]
+    err = capfd.readouterr().err
+    assert "after every rank had written its result" in err
+    assert ("rank 1: killed by signal 6" if backend == "gloo" else "mpiexec: ") in err
+    assert _none_left(tag)
+
+
+def test_a_rank_killed_before_its_result_still_fails_the_run(targets_on_path, tag):
+    """The teardown leniency needs every result: a rank that dies with none still fails."""
+    with pytest.raises(RankFailure, match="killed by signal 6"):
+        run_ranks("_launch_targets:aborts_before_its_result", {"victim": 1}, world_size=3, timeout_s=60)
+    assert _none_left(tag)
+
+
 def test_raising_rank_is_named_with_its_error(targets_on_path, tag):
     with pytest.raises(RankFailure) as err:
         run_ranks("_launch_targets:raises", {"victim": 2}, world_size=3, timeout_s=60)
