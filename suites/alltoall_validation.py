@@ -74,7 +74,8 @@ ms priced, 0.75 ms profiled), above it for flat's few light ops and for packing 
 
 What it still leaves out (so where errors come from): the copy regime changing with size
 (caches; one stretch for all host work, where packing 16 MiB is bound by the memory bus the
-ranks share: 8-rank 16 MiB cells are predicted 14-27% too slow, 2-rank ones 16-19% too fast), the
+ranks share: 8-rank 16 MiB cells are predicted 14-27% too slow, 2-rank ones 16-19% too fast;
+on a second machine, flat over MPI, 30-34% too slow and 25-30% too fast), the
 machine's other load while it runs (which the fitted latencies absorb only at the load of the
 fit), and, over gloo, the cost of a phase inside a dispatch, which exceeds that of the same
 phase in flat's runs. Shown by recomputing the cells over MPI, whose collectives run on the

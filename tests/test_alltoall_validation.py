@@ -467,6 +467,8 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # profiled once a round, after each sample: the record's value is their median
         profiled = r["samples"]["host_cpu_s"]
         assert len(profiled) == 3 and min(profiled) > 0
+        # three calls measured apart, not one setup profile copied into every round
+        assert len(set(profiled)) > 1
         assert r["host_cpu_s"] == pytest.approx(sorted(profiled)[1], rel=1e-9)
         assert r["predicted_host_priced_s"] > 0
         assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
