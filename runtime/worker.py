@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         # finalization, where gloo's threads and the subgroups' process groups that Python
         # objects still hold are torn down in no set order and can abort the rank (SIGABRT,
         # "terminate called without an active exception": seen once in CI, after every point
-        # of the run had been stored; pytorch/pytorch#179291 describes the same abort). MPI
-        # ranks exit normally: mpi4py finalizes MPI at exit, which mpiexec expects.
+        # of the run had been stored; pytorch/pytorch#179291 describes the same abort), as
+        # moe_repro.cli._exit_launched_rank does for ranks a launcher started. MPI ranks exit
+        # normally: mpi4py finalizes MPI at exit, which mpiexec expects.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
