@@ -359,7 +359,7 @@ def _vanished_ranks(workdir: Path, world_size: int, pids: dict[int, int]) -> lis
                 pids[r] = int(json.loads((workdir / f"rank-{r}.beat").read_text())["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        if not (workdir / f"rank-{r}.json").exists() and _ended(pids[r]):
+        if not _result_written(workdir, r) and _ended(pids[r]):
             gone.append(r)
     return gone
 
@@ -443,16 +443,16 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 if vanished and codes.get("mpiexec") is None:
                     codes["mpiexec"] = -signal.SIGKILL  # a failure now: ended below, by _kill_group
             failed = {name: c for name, c in codes.items() if c not in (None, 0)}
-            if failed and _every_result_written(workdir, world_size):
+            missing = [r for r in range(world_size) if not _result_written(workdir, r)]
+            if failed and not missing:
                 # every rank wrote its result before one ended badly: a fault of the teardown
                 # (a library's threads at exit), after the work; the results are whole
                 _warn_teardown_fault(workdir, codes)
                 return
-            if failed and not all(n.isdigit() and (workdir / f"rank-{n}.json").exists() for n in failed):
+            if failed and not all(n.isdigit() and _result_written(workdir, int(n)) for n in failed):
                 _raise_for(workdir, world_size, codes, "exited with code", vanished)
             # else the ranks that ended badly had written their results first: the others go on
             if all(c == 0 for c in codes.values()):
-                missing = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
                 if missing:
                     _raise_for(workdir, world_size, codes, "exited without a result")
                 return
@@ -468,8 +468,12 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 _kill_group(p)
 
 
-def _every_result_written(workdir: Path, world_size: int) -> bool:
-    return all((workdir / f"rank-{r}.json").exists() for r in range(world_size))
+def _result_written(workdir: Path, rank: int) -> bool:
+    return (workdir / f"rank-{rank}.json").exists()
+
+
+def _exit_how(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def _warn_teardown_fault(workdir: Path, codes: dict[str, int | None]) -> None:
@@ -479,10 +483,9 @@ def _warn_teardown_fault(workdir: Path, codes: dict[str, int | None]) -> None:
     for name, code in codes.items():
         if code in (None, 0):
             continue
-        exit_how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         log = workdir / (f"rank-{name}.err" if name.isdigit() else "mpiexec.err")
         tail = _tail(log, 1)
-        how.append(f"{'rank ' + name if name.isdigit() else name}: {exit_how}" + (f"; {tail}" if tail else ""))
+        how.append(f"{'rank ' + name if name.isdigit() else name}: {_exit_how(code)}" + (f"; {tail}" if tail else ""))
     sys.stderr.write("repro: warning: after every rank had written its result, "
                      + " | ".join(how) + " (in teardown: the results are whole and kept)\n")
     sys.stderr.flush()
@@ -516,7 +519,7 @@ class _Heartbeats:
         if time.monotonic() - self.read_at < _BEAT_READ_S:
             return []
         self.read_at = time.monotonic()
-        unfinished = [r for r in range(self.world_size) if not (self.workdir / f"rank-{r}.json").exists()]
+        unfinished = [r for r in range(self.world_size) if not _result_written(self.workdir, r)]
         for r in unfinished:
             try:
                 beat = json.loads((self.workdir / f"rank-{r}.beat").read_text())
@@ -549,7 +552,7 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
     raised come next (often they only raised because a peer vanished); on a timeout, the ranks
     still running. With mpiexec only its own exit code is known, so per-rank files decide.
     """
-    unfinished = [r for r in range(world_size) if not (workdir / f"rank-{r}.json").exists()]
+    unfinished = [r for r in range(world_size) if not _result_written(workdir, r)]
     raised = [r for r in unfinished if (workdir / f"rank-{r}.failed").exists()]
     rank_codes = {int(n): c for n, c in codes.items() if n.isdigit()}
     died = [r for r, c in rank_codes.items() if c not in (None, 0) and r not in raised]
@@ -577,8 +580,7 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
 
     def detail(r: int) -> str:
         code = rank_codes.get(r)
-        how = f"killed by signal {-code}" if code is not None and code < 0 else (
-            f"exit code {code}" if code else "")
+        how = _exit_how(code) if code else ""
         if r in first_gone and not how:
             how = "its process ended first, without a Python error"
         tail = _tail(workdir / f"rank-{r}.failed", 1) or _tail(workdir / f"rank-{r}.err", 1)
