@@ -14,14 +14,15 @@ from moe_repro.components.network.topology import Topology
 from moe_repro.suites import all_suites
 
 # The serial model by hand: a rank issuing m messages in a phase starts after m*o + L, then moves
-# its bytes at beta; with more ranks than cores the machine moves cores*beta in all.
+# its bytes at beta, its copy to itself included (no message, no latency: network.self_copies);
+# with more ranks than cores the machine moves cores*beta in all.
 L_TRUE, O_TRUE, BETA_TRUE, CORES = 40e-6, 250e-6, 0.6e9, 2
 
 
 def flat_uniform_time_by_hand(ranks: int, bytes_per_peer: int) -> float:
     share = max(1.0, ranks / CORES)  # ranks beyond the cores share them
-    counts = (ranks - 1) * O_TRUE + L_TRUE + (ranks - 1) * 8 * share / BETA_TRUE  # one int64 per peer
-    data = (ranks - 1) * O_TRUE + L_TRUE + (ranks - 1) * bytes_per_peer * share / BETA_TRUE
+    counts = (ranks - 1) * O_TRUE + L_TRUE + ranks * 8 * share / BETA_TRUE  # one int64 per rank
+    data = (ranks - 1) * O_TRUE + L_TRUE + ranks * bytes_per_peer * share / BETA_TRUE
     return counts + data
 
 
@@ -330,7 +331,8 @@ def test_bench_samples_for_the_suites_own_length_unless_told(results_dir, monkey
 def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     """A profile's calibration block (as repro calibrate writes it), read for the point's backend:
     the prediction of a 2-rank flat run is counts phase + data phase of the serial model, with
-    the bytes the slower rank sends (from its routing), by hand."""
+    the bytes of the busiest rank's port (from the routing: every row it sends or receives, its
+    copies to itself included), by hand."""
     from moe_repro.suites.alltoall import rank_workload
 
     path = tmp_path / "local.json"
@@ -339,8 +341,12 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     suite = all_suites()["alltoall-validation"]
     (p,) = suite.grid({"ranks": [2], "algo": ["flat"], "backend": ["gloo"], "sizes": [65536],
                        "calibration": [str(path)]})
-    sent = [rank_workload(p, r, 2)["send_counts"][1 - r] * p["hidden"] * 4 for r in range(2)]
-    by_hand = (250e-6 + 40e-6 + 8 / 0.6e9) + (250e-6 + 40e-6 + max(sent) / 0.6e9)
+    counts = [rank_workload(p, r, 2)["send_counts"] for r in range(2)]
+    sent = [sum(counts[r]) for r in range(2)]
+    received = [counts[0][r] + counts[1][r] for r in range(2)]
+    assert sent != received  # uneven routing: the busiest port is a receiver's
+    busiest_port = max(sent + received) * p["hidden"] * 4
+    by_hand = (250e-6 + 40e-6 + 2 * 8 / 0.6e9) + (250e-6 + 40e-6 + busiest_port / 0.6e9)
     assert p["predicted_time_s"] == pytest.approx(by_hand, rel=1e-9)
     assert p["calibration_used"]["source"] == str(path)
     with pytest.raises(ValueError, match="no calibration for backend mpi"):

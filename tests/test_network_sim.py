@@ -147,6 +147,45 @@ def test_host_resource_shares_one_machine_between_emulated_nodes():
     assert agg == pytest.approx(full, rel=1e-9) == 12 * b / 1e9
 
 
+def test_self_copies_cost_their_bytes_only_where_the_profile_says_so():
+    # A rank's rows for itself: free on a GPU profile; on a local one (network.self_copies) they
+    # move through the rank's own port after the latency, and are issued as no message.
+    from moe_repro.components.network.topology import Topology
+
+    L, o, beta = 10e-6, 5e-6, 1e9
+    doc = ns.local_alltoall_profile(L, o, beta, gpus_per_node=2)
+    assert doc["network"]["self_copies"] is True
+    topo = Topology(nodes=1, ranks_per_node=2)
+    msgs = [("a2a", 0, 0, 3_000_000), ("a2a", 0, 1, 1_000_000)]
+    # rank 0's port sends 3 MB to itself and 1 MB to rank 1: one message issued, 4 MB moved
+    with_copies = ns.simulate_messages(msgs, topo, from_dict(doc), FLAT_DEPS)
+    assert with_copies.time_s == pytest.approx(o + L + 4e6 / beta, rel=1e-12)
+    assert with_copies.link_bytes["intra_node"] == 1_000_000  # a copy travels on no link
+    doc["network"]["self_copies"] = False
+    without = ns.simulate_messages(msgs, topo, from_dict(doc), FLAT_DEPS)
+    assert without.time_s == pytest.approx(o + L + 1e6 / beta, rel=1e-12)
+    doc["network"]["self_copies"] = "yes"
+    with pytest.raises(ValueError, match="self_copies must be true or false"):
+        from_dict(doc)
+
+
+@pytest.mark.parametrize("algo", ["flat", "halo"])
+def test_aggregated_equals_per_message_with_self_copies(algo):
+    # 4 emulated nodes of 2 ranks on a 2-core machine, every rank sending to itself too
+    p = from_dict(ns.local_alltoall_profile(20e-6, 3e-6, 0.5e9, gpus_per_node=2, host_cores=2))
+    topo = ns.topology_for(p, nodes=4, gpus_per_node=2)
+    rows_to = [3, 1] * 4  # node-symmetric, as the aggregation needs
+    fn, deps = simulated.expected_schedule(algo, topo, 4096)
+    agg = ns.simulate_expected(fn, rows_to, topo, p, deps)
+    full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps)
+    assert agg.time_s == pytest.approx(full.time_s, rel=1e-9)
+    assert agg.link_bytes == full.link_bytes
+    plain = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo,
+                                 from_dict({**p.raw, "network": {**p.raw["network"], "self_copies": False}}),
+                                 deps)
+    assert full.time_s > plain.time_s  # the copies cost something on this profile
+
+
 def test_fit_recovers_a_hockney_model():
     sizes = [1e3, 1e5, 1e7]
     alpha, beta = ns.fit_latency_bandwidth(sizes, [3e-5 + s / 2e8 for s in sizes])

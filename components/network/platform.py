@@ -321,6 +321,9 @@ def from_dict(d: dict) -> Platform:
     for key in ("per_message_us", "host_GBps"):
         if key in net:
             _number(net[key], f"network.{key}", positive=key == "host_GBps")
+    if not isinstance(net.get("self_copies", False), bool):
+        raise ValueError(f"platform profile: network.self_copies must be true or false, "
+                         f"got {net['self_copies']!r}")
     if "window" in net and net["window"] != 0:
         _count(net["window"], "network.window")
     if net.get("latency_model", "overlapped") not in ("overlapped", "serial"):
