@@ -72,10 +72,19 @@ indexing) and prices every op at one mix's cost: on the default grid it came to 
 the profiled work, below it for HALO's and RBD's planning over gloo (RBD, 2 ranks, 1 KiB: 0.45
 ms priced, 0.75 ms profiled), above it for flat's few light ops and for packing 16 MiB.
 
+A rank's rows for its own experts are copied inside the collective like a peer's, over MPI and
+gloo alike, so the local profile prices them (simulator network.self_copies; free on a GPU).
+Without them one fitted bandwidth had to serve runs whose own share differs (half the bytes at
+2 ranks and node-wide, an eighth world-wide at 8 ranks): over MPI the 4-8 MiB fit runs came out
+7-31% too fast node-wide and up to 54% too slow world-wide at 8 ranks (16 stored runs), and the
+16 MiB cells 11-34% too fast at 2 ranks and 20-57% too slow at 8 (on a second machine 25-30%
+and 30-34%). With them, six MPI runs of the default grid: 2-7% too fast and 2-16% too slow.
+
 What it still leaves out (so where errors come from): the copy regime changing with size
-(caches; one stretch for all host work, where packing 16 MiB is bound by the memory bus the
-ranks share: 8-rank 16 MiB cells are predicted 14-27% too slow, 2-rank ones 16-19% too fast;
-on a second machine, flat over MPI, 30-34% too slow and 25-30% too fast), the
+(caches: the bandwidth is fitted at 4-8 MiB, and a 2-rank 1 MiB dispatch over MPI, 2 MiB in
+all, is predicted 9-54% too slow in those six runs; one stretch for all host work), MPI's 64 KiB
+cells at 4 and 8 ranks coming out up to 21% too fast (flat at 4 ranks 14-19% in all six; the
+cause is not shown: they lie between the fit sizes 16 KiB and 256 KiB), the
 machine's other load while it runs (which the fitted latencies absorb only at the load of the
 fit), and, over gloo, the cost of a phase inside a dispatch, which exceeds that of the same
 phase in flat's runs. Shown by recomputing the cells over MPI, whose collectives run on the

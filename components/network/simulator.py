@@ -789,7 +789,8 @@ ALLTOALL_FIT_FORM = (
     "latency_us) and then moves them at beta (every link, port and NIC; the machine as a whole at "
     "host_cores x beta); a run's time t = n_L x L + n_o x o + B / beta, where n_L (latencies on the "
     "critical path), n_o (messages issued on it) and B (bytes, host sharing included) are read off "
-    "the simulator for the run's real messages")
+    "the simulator for the run's real messages (a rank's copies to itself included: "
+    "network.self_copies)")
 _UNBOUNDED_Bps = 1e18  # bandwidth so high that bytes take no time (reads off the latency terms)
 
 
@@ -831,8 +832,8 @@ def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> d
     if host_cores:
         net["host_GBps"] = host_cores * bw
     # A CPU rank's all-to-all copies its rows for itself as it copies a peer's (MPI and gloo
-    # alike): free on a GPU, not here. Without them a node-wide run (half its bytes its own)
-    # came out 20-30% faster than measured and a world-wide one 15-50% slower, at 4-8 MiB.
+    # alike): free on a GPU, not here. Without them the fit put a node-wide run (half its bytes
+    # its own) 7-31% too fast and a world-wide 8-rank one up to 54% too slow, at 4-8 MiB over MPI.
     net["self_copies"] = True
     for link in doc["links"]:
         link.update(GBps=bw, latency_us=fit["latency_s"] * 1e6)
