@@ -440,6 +440,7 @@ def test_calibrate_writes_every_fit_and_the_faster_backends_links():
     assert doc["node"]["nic_GBps"] == pytest.approx(0.7)
     assert doc["node"]["intra_node_alltoall_GBps_per_gpu"] == pytest.approx(0.7)
     assert doc["network"]["host_GBps"] == pytest.approx(1.4)
+    assert doc["network"]["self_copies"] is True  # as the fit priced them
     from_dict(doc)  # still a valid profile
     doc = local_profile(0.1, 0.01, 10.0, 2, 4.0, "test machine", {})
     assert write_alltoall_calibration(doc, fits, "gloo", None) == "gloo"
