@@ -76,9 +76,10 @@ A rank's rows for its own experts are copied inside the collective like a peer's
 gloo alike, so the local profile prices them (simulator network.self_copies; free on a GPU).
 Without them one fitted bandwidth had to serve runs whose own share differs (half the bytes at
 2 ranks and node-wide, an eighth world-wide at 8 ranks): over MPI the 4-8 MiB fit runs came out
-7-31% too fast node-wide and up to 54% too slow world-wide at 8 ranks (16 stored runs), and the
-16 MiB cells 11-34% too fast at 2 ranks and 20-57% too slow at 8 (on a second machine 25-30%
-and 30-34%). With them, six MPI runs of the default grid: 2-7% too fast and 2-16% too slow.
+7-31% too fast node-wide and up to 54% too slow world-wide at 8 ranks (16 stored runs), and
+flat's 16 MiB cells 11-34% too fast at 2 ranks and 20-57% too slow at 8 (on a second machine
+25-30% and 30-34%). With them, in six MPI runs of the default grid: 2-7% too fast and 2-16% too
+slow.
 
 What it still leaves out (so where errors come from): the copy regime changing with size
 (caches: the bandwidth is fitted at 4-8 MiB, and a 2-rank 1 MiB dispatch over MPI, 2 MiB in
