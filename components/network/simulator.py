@@ -638,16 +638,12 @@ def simulate_messages(messages, topo: Topology, platform: Platform,
         if nbytes <= 0 or (src == dst and not m.self_copies):
             continue
         pclass = m.profile_class(topo, src, dst)
-        if src == dst:  # a CPU rank's copy to itself: its own port and the host, and no message
-            flows.append(Flow(phase=phase, src=src, nbytes=float(nbytes), count=1.0, pclass=pclass,
-                              uses=_flow_uses(m, topo, topo.node_of(src), topo.node_of(src), src, src,
-                                              1.0, 1.0, False),
-                              release_delay=m.latency(pclass)))
-            continue
         f = Flow(phase=phase, src=src, nbytes=float(nbytes), count=1.0, pclass=pclass,
                  uses=_flow_uses(m, topo, topo.node_of(src), topo.node_of(dst), src, dst, 1.0, 1.0, False),
                  release_delay=m.latency(pclass))
         flows.append(f)
+        if src == dst:  # network.self_copies: a copy on the rank's own port and the host, no message
+            continue
         counts[(src, phase)] += 1
         if topo.is_inter_node(src, dst):
             nic_bytes[("tx", topo.node_of(src), topo.nic_of(src))] += nbytes
