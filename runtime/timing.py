@@ -15,6 +15,7 @@ point where the device work before it has finished.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 HOST_CLOCK = "host perf_counter"
 CUDA_EVENTS = "cuda events"
@@ -22,19 +23,21 @@ SYNCED_HOST_CLOCK = "host perf_counter after cuda synchronize"
 
 
 class HostTimer:
-    """CPU work: the host's monotonic high-resolution clock."""
+    """CPU work: the host's monotonic high-resolution clock. ``seconds`` is the clock read (any
+    callable returning seconds): tests pass a fake one to check timing logic exactly."""
 
     clock = HOST_CLOCK
 
-    def __init__(self):
+    def __init__(self, seconds: Callable[[], float] = time.perf_counter):
+        self._seconds = seconds
         self._t0: float | None = None
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._seconds()
 
     def stop(self) -> float:
         """Seconds since :meth:`start`."""
-        return time.perf_counter() - self._t0
+        return self._seconds() - self._t0
 
 
 class CudaEventTimer:

@@ -58,14 +58,15 @@ def summarized(samples: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-def prepare_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> tuple:
+def prepare_point(suite: Suite, params: dict, config: RunConfig, ctx=None, timer=None) -> tuple:
     """Everything before a point's timed samples: device, setup, the correctness check, the
     warm-up calls and ``number`` (calls per sample, so that a sample lasts min_sample_s).
+    ``timer`` is the device's (runtime/timing.timer_for) unless given (a test's fake clock).
     Returns (state, record so far, timer, number, device)."""
     produced("measured")
     device = resolve_device(params.get("device", "auto"), ctx)
     bind(device)
-    timer = timer_for(device)
+    timer = timer or timer_for(device)
     state = suite.setup({**params, "device": str(device)}, ctx)
     record: dict[str, Any] = {"suite": suite.name, **params}
     if config.check and suite.check is not None:

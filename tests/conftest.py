@@ -7,6 +7,26 @@ import pytest
 TESTS = Path(__file__).parent
 
 
+class FakeClock:
+    """A clock for timing logic under test: it reads the seconds it was moved by, so the logic
+    is checked exactly, at any machine load. Pass it where a clock is taken (e.g.
+    runtime/timing.HostTimer(fake_clock))."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock():
+    return FakeClock()
+
+
 @pytest.fixture
 def results_dir(tmp_path, monkeypatch):
     """A private results store for the test (the CLI reads MOE_REPRO_RESULTS)."""

@@ -186,6 +186,13 @@ def test_host_timer_measures_elapsed_host_time():
     assert x > 0 and t.stop() > 0
 
 
+def test_host_timer_reads_the_clock_it_is_given(fake_clock):
+    t = timing.HostTimer(fake_clock)
+    t.start()
+    fake_clock.advance(0.25)
+    assert t.stop() == 0.25 and t.clock == timing.HOST_CLOCK
+
+
 HOST_CLOCKS = {("time", "perf_counter"), ("time", "time"), ("time", "monotonic"),
                ("time", "perf_counter_ns"), ("time", "process_time")}
 # Host clocks around host-only work (no tensor is computed inside the timed region): the

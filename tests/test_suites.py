@@ -87,22 +87,25 @@ def test_measure_takes_a_suite_by_name_and_derives_what_its_grid_derives(monkeyp
     assert seen[1]["gpus"] == 8 and seen[1]["row_bytes"] == point["hidden"] * point["itemsize"]
 
 
-def test_calls_per_sample_come_from_the_median_of_number_from_single_calls():
+def test_calls_per_sample_come_from_the_median_of_number_from_single_calls(fake_clock):
     """One slow single call (a stall) must not set the calls per sample when several are timed:
-    with number_from 3 the median call (1 ms) sets it, with 1 the stalled one (50 ms) does."""
-    import time
-
+    with number_from 3 the median call sets it, with 1 the stalled one does. Each call moves a
+    fake clock (binary fractions of a second: the divisions are exact)."""
+    from moe_repro.runtime.timing import HostTimer
     from moe_repro.suites.base import Suite
     from moe_repro.suites.runner import RunConfig, prepare_point
+
+    call_s, stall_s = 2.0 ** -10, 2.0 ** -4  # about 1 ms, and a 62.5 ms stall
 
     def run(state):
         state["calls"] += 1
         # warm-up call, then the timed single calls: the first one stalls
-        time.sleep(0.05 if state["calls"] == 2 else 0.001)
+        fake_clock.advance(stall_s if state["calls"] == 2 else call_s)
 
     suite = Suite(name="stall", params={"x": [1]}, setup=lambda p, ctx: {"calls": 0}, run=run)
-    config = RunConfig(warmup=1, min_sample_s=0.02)
-    *_, number_one, _ = prepare_point(suite, {"x": 1}, config)
-    *_, number_three, _ = prepare_point(suite, {"x": 1}, replace(config, number_from=3))
-    assert number_one == 1
-    assert number_three >= 5  # 20 ms over calls of about 1 ms (a sleep overshoots on a busy machine)
+    config = RunConfig(warmup=1, min_sample_s=16 * call_s)
+    timer = HostTimer(fake_clock)
+    *_, number_one, _ = prepare_point(suite, {"x": 1}, config, timer=timer)
+    *_, number_three, _ = prepare_point(suite, {"x": 1}, replace(config, number_from=3), timer=timer)
+    assert number_one == 1  # the stall alone already lasts longer than a sample
+    assert number_three == 16  # min_sample_s over the median call
