@@ -1,114 +1,29 @@
 """The all-to-all simulator against real local runs: measured vs predicted time per cell.
 
-Every grid point is one real MoE dispatch all-to-all of suites/alltoall.py (the same setup, the
-measured call, the count exchange, #wrong; ``ranks`` real local ranks in emulated nodes of
-``gpus_per_node``), and beside its measured time the time the flow-level simulator
-(components/network/simulator.py) predicts for the very messages that run sends (its
-``routed_schedule`` for the ranks' real routing, count exchange included) on a local profile
-calibrated from *other* runs:
+Every grid point is one real MoE dispatch all-to-all of suites/alltoall.py (``ranks`` real local
+ranks in emulated nodes of ``gpus_per_node``), and beside its measured time the time the
+flow-level simulator (components/network/simulator.py; Piper Sec. V, X-MoE Sec. 4.2) predicts for
+the very messages that run sends, on a local profile calibrated from *other* runs:
 
-- ``calibration=fit`` (default): a fit set -- flat only, at the sizes ``fit_sizes`` (none of
-  the default grid's sizes) and the ranks counts ``fit_ranks``, same backend and emulated nodes,
-  each over the world and, where the world has two nodes or more, over every node's own
-  communicator at once (suites/alltoall.py path node) -- is measured in the same worlds as the
-  scored cells (one world per ranks count), the fit runs and the cells alternating and sampled
-  in turn, round by round (measure_grid): on a shared machine the load drifts over the minutes
-  of a run, and a fit measured before the grid priced every synchronisation at another load.
-  Then the simulator's serial latency model is fitted to the fit runs
-  (simulator.ALLTOALL_FIT_FORM: t = n_L L + n_o o + B / beta by non-negative least squares on
-  relative error, L and o per ranks count: a world-wide phase issues a message to every peer, a
-  node-wide one to the node's few, and the two tell o from L) and each cell predicted. HALO and
-  RBD are never fitted, and no validated size is: every cell is a prediction.
-- ``calibration=FILE``: the ``calibration`` block that ``repro calibrate`` wrote into a profile,
-  for the point's backend (that fit used flat runs at its own sizes, which may include
-  validated ones: say so when comparing).
+- ``calibration=fit`` (default): flat runs at ``fit_sizes`` x ``fit_ranks`` (world-wide and
+  node-wide), measured in the same worlds as the scored cells and in turn with them, round by
+  round; the simulator's serial latency model (simulator.ALLTOALL_FIT_FORM) is fitted to them.
+  HALO and RBD are never fitted, and no validated size is: every cell is a prediction.
+- ``calibration=FILE``: the ``calibration`` block ``repro calibrate`` wrote into a profile.
 
-Per cell: ``time_s`` (measured, median of the repeats, each the slowest rank),
-``predicted_time_s`` (simulated), ``error_pct`` = (predicted / measured - 1) x 100 (per sample,
-median), the bytes the prediction moved per link class beside those the run sent, and
-``calibration_used`` (the fit: values, form, residuals and its runs). ``how`` names which
-number is measured and which simulated. The default grid runs both backends, gloo and MPI; the
-summary gives each backend's and algorithm's median |error| over its cells, its 90% bootstrap
-interval over the rounds (median_error_interval: the cells' sampling noise; the fit's is not in
-it), and the verdict against the 15% goal on the whole interval: within, above, or, where the
-goal lies inside the interval, that the run cannot tell (more repeats narrow it).
+The prediction adds the CPU work around the messages (gathering rows, HALO's reorder, RBD's
+pilots), profiled on the run's own dispatch (host_cpu_seconds) and stretched by what the ranks'
+own work costs in the run's world (cpu_stretch); HALO's Phase I overlap is measured per world on
+flat exchanges (phase_overlap) and applied with simulator.blend_overlap. Each record also keeps
+``predicted_host_priced_s`` (the counted-ops price model, for comparison).
 
-The prediction adds to the simulated messages the CPU work around them (gathering rows, HALO's
-reorder, RBD's pilot selection and reconstruction), profiled as vTrain and ASTRA-sim profile
-computation and simulate communication: the CPU seconds a warm call of the run's own dispatch
-spends outside its collectives (suites/alltoall.host_cpu_seconds: thread CPU time, the time
-inside the communicators' calls taken out; calibration=fit: one call right after each of the
-point's samples, the busiest rank's median over the rounds, profile_host_cpu; a profile file:
-5 calls in setup, their median, busiest rank), stretched by the wall seconds per CPU second
-that the ranks' own work takes in the run's world (cpu_stretch: every rank runs the same
-pieces of Python work at once, each ended by a tiny collective as a dispatch's host work is by
-its next phase, once a round, slowest rank, median over the rounds): a rank shares the cores
-with the other ranks and with whatever else the machine runs then, and each sync waits for the
-rank preempted last (a profile file's block, measured elsewhere, stretches by ranks / cores
-instead). The fit takes the same profiled work off flat's runs before it fits L, o and beta.
-Every fit and every record keeps the machine's load average.
+Per cell: ``time_s`` (measured), ``predicted_time_s`` (simulated), ``error_pct``, bytes per link
+class, ``calibration_used`` and ``how``; the summary gives each backend's and algorithm's median
+|error|, its 90% bootstrap interval over the rounds and the verdict against the 15% goal.
 
-HALO issues Phase I beside Phases II and III (Piper Eq. 13), and the simulator lets them run at
-once, as a GPU's copy engines and NICs do. Here every exchange is CPU work of the ranks' threads
-on cores the ranks already fill, so the overlap is measured in each world, once a round, on
-flat exchanges (phase_overlap: one-row all-to-alls on two communicators at once against the
-same one after the other; 0 where nothing is hidden) and the prediction is taken that far
-between the simulator's overlapped phases and the same phases one after another
-(simulator.blend_overlap; a profile file measures none and overlaps as the dependencies allow).
-Measured on the default grid: MPI 0.0-0.03 at 2 ranks, 0.3-0.4 at 4, 0.47-0.52 at 8, steady
-round to round; gloo 0.1-0.45, its rounds anywhere from 0 to 1. Flat's and RBD's dispatches
-run their phases one after another and are not touched.
-
-Samples last at least 0.1 s (the suite's min_sample_s, pyperf's min_time): a gloo dispatch of
-0.3-3 ms stalls now and then for a few ms, and 10 ms samples of a few calls each came out up to
-4 times apart.
-
-Beside it each record keeps ``predicted_host_priced_s``, the price model this suite used
-before: the aten ops, the bytes they write and the Python instructions counted on the same
-call (count_host_work, count_python_work) at a per-op cost, a packing rate and a
-per-instruction cost measured apart (measure_host_costs; in each world once a round:
-world_price_sample). It misses what no count sees (.tolist(), tensors built from lists, Python
-indexing) and prices every op at one mix's cost: on the default grid it came to 0.3-3.5 times
-the profiled work, below it for HALO's and RBD's planning over gloo (RBD, 2 ranks, 1 KiB: 0.45
-ms priced, 0.75 ms profiled), above it for flat's few light ops and for packing 16 MiB.
-
-A rank's rows for its own experts are copied inside the collective like a peer's, over MPI and
-gloo alike, so the local profile prices them (simulator network.self_copies; free on a GPU).
-Without them one fitted bandwidth had to serve runs whose own share differs (half the bytes at
-2 ranks and node-wide, an eighth world-wide at 8 ranks): over MPI the 4-8 MiB fit runs came out
-7-31% too fast node-wide and up to 54% too slow world-wide at 8 ranks (16 stored runs), and
-flat's 16 MiB cells 11-34% too fast at 2 ranks and 20-57% too slow at 8 (on a second machine
-25-30% and 30-34%). With them, in six MPI runs of the default grid: 2-7% too fast and 2-16% too
-slow.
-
-What it still leaves out (so where errors come from): the copy regime changing with size
-(caches: the bandwidth is fitted at 4-8 MiB, and a 2-rank 1 MiB dispatch over MPI, 2 MiB in
-all, is predicted 9-54% too slow in those six runs; one stretch for all host work), MPI's 64 KiB
-cells at 4 and 8 ranks coming out up to 21% too fast (flat at 4 ranks 14-19% in all six; the
-cause is not shown: they lie between the fit sizes 16 KiB and 256 KiB), the
-machine's other load while it runs (which the fitted latencies absorb only at the load of the
-fit), and, over gloo, the cost of a phase inside a dispatch, which exceeds that of the same
-phase in flat's runs. Shown by recomputing the cells over MPI, whose collectives run on the
-calling thread where gloo hands each one to a worker thread: with the same model, the same
-fit procedure and profiled host work, the 2-rank HALO and RBD cells were predicted 1-43% and
-9-49% too fast over gloo, and between 16% too fast and 10% too slow over MPI (four runs of the
-default grid). Timing each collective inside the dispatch (2 ranks, gloo,
-1 KiB, 200 calls) shows where: a phase of flat's took 0.14-0.17 ms on average and exceeded
-0.4 ms in 3-4% of calls; RBD's six phases took 0.35-0.61 ms and exceeded 0.4 ms in 12-42%,
-HALO's two 0.36-0.80 ms and 15-27%, while their medians stayed near flat's (0.12-0.23 ms).
-A gloo phase's cost depends on what the ranks did before it (2 ranks, one tiny blocking
-all-to-all: 60-90 us back to back, 115-140 us after 20 us of busy CPU, 0.8-1.0 ms after a 20 us
-sleep one day and 0.14 ms another), which no fit on flat's runs carries over. A flat exchange
-of counts then data with g of busy CPU before each (2 ranks, 300 calls) took 50-245 us more per
-phase than back to back at g = 20 us, 57-150 us at 50 us, 150-200 us at 100 us and 85-290 us at
-200 us: a cost per phase after host work that does not grow with g, where cpu_stretch, in 1 ms
-pieces, adds 0.01-0.3 ms per ms of work. Each gloo process group hands its collective to its own
-threads, which share the core with the rank's host work. A cost per phase is what the fitted L
-already is: this accounts for gloo's large L, not for what RBD's six phases, after 0.1-0.15 ms
-of host work each, miss beyond six of flat's (1.0-1.8 ms at 2 ranks, 1 KiB-1 MiB), nor for a
-one-node HALO dispatch, with flat's two phases, coming out 0.05-0.25 ms slower than flat's with
-0.03-0.04 ms more CPU. The default grid stops at 8 ranks on this 2-core machine; ``--ranks 16``
-runs.
+Why: the simulator predicts clusters no one here can run, so its model is checked where real
+runs exist. The method, the model's assumptions and what it still leaves out: see
+docs/alltoall-validation.md.
 """
 
 from __future__ import annotations
@@ -385,9 +300,8 @@ def host_priced_s(record: dict, block: dict, cores: int) -> float:
     """The same host work estimated by the price model (simulator.host_work_s): the run's
     counted ops, bytes, sorts and Python instructions at a calibration block's prices, stretched
     the same way; kept beside the profiled value (predicted_host_priced_s). It misses what no
-    count sees and prices every op at one mix's cost: on the default grid on a 2-core machine it
-    came to 0.3-3.5 times the profiled CPU time (see the module docstring), so the prediction
-    uses the profile. 0 for a block without prices."""
+    count sees and prices every op at one mix's cost (docs/alltoall-validation.md), so the
+    prediction uses the profile. 0 for a block without prices."""
     from moe_repro.components.network import simulator as ns
 
     if "host_op_us" not in block or "host_ops" not in record:
@@ -416,9 +330,9 @@ def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
     ended by a tiny collective of the world (the next phase's sync), less as many tiny
     collectives back to back, the slowest rank's. A rank shares the cores with the other ranks
     and with whatever else the machine runs then, and a sync waits for the rank that was
-    preempted last (2 ranks on 2 cores measured about 2, where 30 ms of work with no sync
-    measured 1.0-1.7). 1 ms: between the 0.15 ms and 2.5 ms of host work per sync of RBD's
-    dispatch at 1 KiB and 16 MiB; 0.05 ms pieces were lost in the syncs' own spread."""
+    preempted last. 1 ms pieces: between the host work per sync of RBD's dispatch at the
+    smallest and the largest default size; much shorter pieces are lost in the syncs' own
+    spread (docs/alltoall-validation.md)."""
     from moe_repro.runtime.timing import host_seconds, thread_cpu_seconds
 
     def timed(work: bool) -> tuple[float, float]:
@@ -578,8 +492,8 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
         separated = True
     except ValueError as e:
         # The host work priced apart can exceed what the runs' times leave for the bytes (its
-        # prices are measured on one core at another moment): then fit the runs whole, as
-        # before the host work was modelled, and say so; predictions add no host work on top.
+        # prices are measured on one core at another moment): then fit the runs whole, with no
+        # host work taken off, and say so; predictions add no host work on top.
         fit = ns.fit_alltoall_terms(terms, times, None, groups=groups, per_message_by_group=True)
         separated, why = False, str(e)
     block = {"backend": backend, "latency_us": fit["latency_s"] * 1e6,
@@ -763,12 +677,8 @@ def profile_host_cpu(state: dict) -> float | None:
     dispatch, whose collectives cannot be taken out. The rounds' profiles replace the one
     taken in setup (busiest_rank_rounds), so that it is measured at the load of the samples it
     is predicted against and is the median over the rounds, as every other quantity here is.
-    Profiled once in setup, 5 calls back to back, it could land on a passing stall: MPI, 8
-    ranks, RBD at 1 KiB and 64 KiB profiled at 2.5 and 2.8 ms in one run and 1.4 ms in the
-    next; recomputed with the next run's profile, those cells went from 82% and 78% too slow
-    to 8% too slow and 4% too fast. After the sample, not before: the first call after
-    another point's runs comes cold (MPI, 2 ranks, RBD at 1 KiB: 1.2 ms of CPU against 0.6
-    ms warm)."""
+    A profile taken once in setup, a few calls back to back, can land on a passing stall. After
+    the sample, not before: the first call after another point's runs comes cold."""
     if "cpu_ns" not in (state.get("host_work") or {}):
         return None
     return alltoall.host_cpu_seconds(lambda: alltoall._dispatch(state), state["comms"], calls=1)
@@ -783,9 +693,9 @@ def busiest_rank_rounds(comms, mine: list[float]) -> list[float]:
     return [v * 1e-9 for v in max(per_rank, key=statistics.median)]
 
 
-# Calls per sample chosen from the median of this many single calls: one call that hit a
-# scheduler stall (3-5 ms at a load of 8 on 2 cores) made a 0.5 ms dispatch's samples 3 calls
-# long, each then either stall-free or several times too slow (fit and cells alike).
+# Calls per sample chosen from the median of this many single calls: one call that hits a
+# scheduler stall would make a short dispatch's samples only a few calls long, each then either
+# stall-free or several times too slow (fit and cells alike).
 NUMBER_FROM = 5
 
 
@@ -1021,9 +931,8 @@ SUITE = Suite(
     world_params=("ranks", "backend", "ranks_per_node"),
     derived_params=derived_params,
     measure_grid=measure_grid,
-    # pyperf's min_time: a dispatch of 0.3-3 ms over gloo stalls now and then for a few ms, and
-    # 10 ms samples (asv's default) of a few calls each came out up to 4 times apart (median
-    # IQR / median over the default grid: gloo 0.16, MPI 0.05; with 0.1 s: 0.07, 0.03).
+    # pyperf's min_time: a gloo dispatch of a few ms stalls now and then for a few ms, so
+    # samples of a few calls each (asv's default 10 ms) scatter widely.
     min_sample_s=0.1,
     setup=alltoall.setup,
     run=alltoall.run,
