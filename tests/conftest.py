@@ -6,6 +6,19 @@ import pytest
 
 TESTS = Path(__file__).parent
 
+# How many times slower than an idle 2-core machine a test run may be and still pass (a shared
+# CI runner, other jobs on the machine). Every hang guard and every timeout of a test's real
+# processes is an idle machine's need times this factor: ``patient(seconds)``. A timeout only
+# ends a hang, so a generous one costs nothing while the tests pass. Set
+# MOE_REPRO_TEST_SLOWDOWN higher on a slower machine (an emulator, a sanitizer build).
+SLOWDOWN = float(os.environ.get("MOE_REPRO_TEST_SLOWDOWN", "10"))
+
+
+def patient(seconds: float) -> float:
+    """``seconds`` (enough on an idle machine) scaled by SLOWDOWN: a hang guard's or a real
+    process's timeout that a slow, busy machine does not reach."""
+    return seconds * SLOWDOWN
+
 
 class FakeClock:
     """A clock for timing logic under test: it reads the seconds it was moved by, so the logic
