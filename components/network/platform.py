@@ -1,48 +1,18 @@
 """Platform profiles: the measured or published numbers the resource model is fed with.
 
-A profile is a JSON document (components/network/platforms/<name>.json, copy one and edit it). Fields:
+A profile is a JSON document (components/network/platforms/<name>.json, copy one and edit it)
+with sections ``gpu`` (peak and achievable GEMM / attention rates, HBM size and bandwidth,
+optional SM count: Piper Sec. IV-A, Eq. 11), ``node`` (GPUs, NICs and B_NIC of Piper Eq. 6,
+GPU-NIC affinity, the intra-node links), ``network`` (switch groups and racks of Eq. 10, the
+fabric beyond the NICs, the simulator's per-message cost), ``links`` (one entry per link class,
+fastest first), ``efficiency`` (network and NVLink fractions of line rate, framework overhead,
+sources) and an optional ``calibration.layer_forward`` (a published layer time the time model
+scales its kernel times by). Each field, its unit and who reads it: see docs/simulator.md.
 
-- ``gpu``: ``peak_tflops`` (dense bf16, the MFU denominator), ``hbm_GB`` (C_GPU of Piper Eq. 11),
-  ``hbm_GBps``, ``achievable_gemm_tflops`` and ``achievable_attention_tflops`` (what kernels reach,
-  Piper Sec. IV-A: measured by micro-benchmarks; ``repro calibrate`` measures them locally);
-  optional ``achievable_hbm_GBps`` (what a streaming kernel measures; where given, every HBM-bound
-  time reads it in place of the data sheet's ``hbm_GBps``); optional ``sm_count`` (streaming
-  multiprocessors, data sheet): with it a GEMM's rate depends on
-  its shape (tile and wave quantization, components.resources.time_model.gemm_efficiency) and
-  ``achievable_gemm_tflops`` is the ceiling at a shape without quantization loss.
-- ``node``: ``gpus`` (g), ``nics``, ``nic_GBps`` (B_NIC of Eq. 6, one direction), ``gpu_nic_affinity``
-  (which GPUs inject through which NIC), ``intra_node_alltoall_GBps_per_gpu``.
-- ``network``: ``switch_group_nodes`` (N_h of Eq. 10), ``rack_nodes``, ``topology``.
-- ``links``: one entry per link class (``class``, ``scope``, ``GBps``, ``latency_us``), from the
-  fastest to the slowest: what a network simulator needs per hop class.
-- ``node.intra_node`` (optional): the intra-node links. ``{"kind": "switch", "GBps_per_gpu": 450}``
-  for a non-blocking NVSwitch; ``{"kind": "graph", "pairs": [[0, 1, 200], ...], "other_pairs_GBps":
-  50}`` for direct links between GPU pairs (Infinity Fabric), GB/s per direction. Without it, one
-  port per GPU at ``intra_node_alltoall_GBps_per_gpu`` plus a link per pair ("port").
-- ``network.fabric`` (optional): the fabric beyond the NICs. ``{"kind": "fat_tree", "levels":
-  [{"name": "leaf", "nodes": 32, "taper": 1.0}, ...]}`` (a byte leaving a domain of ``nodes``
-  nodes crosses its uplinks, which carry ``taper`` x the domain's NIC line rate);
-  ``{"kind": "dragonfly", "switch_nodes": 4, "group_nodes": 128, "intra_group_taper": 1.0,
-  "global_taper": 0.5}``; ``{"kind": "rail", "rail_group_nodes": 32, "spine_taper": 1.0}`` (NIC k
-  of every node on rail switch k). Without it, a fat tree from ``switch_group_nodes`` and
-  ``rack_nodes`` with the ``taper`` of the ``switch_group`` / ``inter_rack`` link classes (1 if absent).
-- ``network.latency_model`` ("overlapped" or "serial"), ``network.per_message_us`` and
-  ``network.window`` (messages in flight per rank): the simulator's per-message cost.
-- ``efficiency.network``: the fraction of NIC line rate a flat all-to-all sustains (an assumption
-  unless measured), ``framework_overhead_GB`` (M_fw), ``sources`` and ``approximate``.
-- ``calibration.layer_forward`` (optional): a published forward time of one dense GPT layer on
-  this machine (``measured_ms``, ``hidden``, ``heads``, ``ffn``, ``seq``, ``micro_batch``, ``tp``,
-  ``dropout``, ``flash_attention``, ``source``) that no scored point uses; the time model scales
-  layer kernel times by measured / modelled for it (time_model.layer_time_factor).
-- ``efficiency.nvlink`` (optional, default 1): the fraction of the on-node links' line rate an
-  application moves. The profile's on-node figures (``intra_node_alltoall_GBps_per_gpu``,
-  ``node.intra_node``, the ``intra_node`` / ``intra_package`` link classes) stay the data sheet's
-  line rate; every reader (the time model, the simulator) gets them times this fraction. NVLink
-  carries packet headers with the data: NCCL's maintainers give app-level bandwidth as roughly 80%
-  of the peak (NVIDIA/nccl issue 1054; 370 of 450 GB/s on H100, nccl-tests issue 212).
-
-Loading the built-in profiles reads package data; :func:`load_platform` also reads a user's
-profile file by path (the only file I/O in components/).
+Why: the planners, the time model and the simulator read every machine through one document,
+so a number has one source that the profile names (``sources``, ``approximate``). Loading the
+built-in profiles reads package data; :func:`load_platform` also reads a user's profile file by
+path (the only file I/O in components/). See docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -6,69 +6,22 @@ collectives send, produced by the schedule methods of the registered all-to-all 
 built from a platform profile (components/network/platforms/*.json). Every number it returns is
 a prediction, not a measurement.
 
-Network model (one resource per link instance; capacities in bytes/s, one direction):
-  intra-node        by ``node.intra_node`` (platform.intra_node_of): "switch" (NVSwitch: a
-                    gpu_tx / gpu_rx port per GPU at full rate to any peer), "graph" (a link per
-                    GPU pair, e.g. Infinity Fabric: 200 GB/s between the two GCDs of an MI250X,
-                    50 GB/s across packages), or "port" when the profile says nothing (one port
-                    per GPU, ``node.intra_node_alltoall_GBps_per_gpu``, shared by all its
-                    intra-node bytes -- Piper Table IV caption's 50 GB/s average -- plus a pair
-                    link of the ``intra_package`` / ``intra_node`` class)
-  nic_tx / nic_rx   one NIC (``node.nic_GBps``); a GPU injects through its affinity NIC
-                    (``node.gpu_nic_affinity``, Piper Sec. V-A) and receives through the
-                    destination GPU's affinity NIC
-  fabric            by ``network.fabric`` (platform.fabric_of). Fat tree and Dragonfly: nested
-                    levels of domains (switch, group, ...); a byte between nodes of different
-                    domains of a level uses that domain's up and the other's down link, whose
-                    capacity is ``taper`` x the NIC line rate of the job's nodes in the domain.
-                    Rail-optimised: NIC k of every node of a rail group sits on rail switch k;
-                    same-rail traffic inside a group crosses that switch only, everything else
-                    goes through the spine (``spine_taper`` x the rail switch's downlinks).
-  host              only when the profile has ``network.host_GBps``: everything a single
-                    machine moves (the local profile, where "nodes" are emulated processes).
-Self-messages (a rank's rows for its own experts) are free copies on a GPU (HBM, no link),
-except where the profile sets ``network.self_copies``: a CPU rank's all-to-all copies them with
-the same memory copies as a peer's, on its own port and the host, issued as no message but
-starting with the phase's other bytes, after its latency (the local profile).
-Contention: concurrent flows get max-min fair rates (progressive filling). When a flow ends or
-starts, rates are recomputed (event-driven fluid model). The engine holds flows and their
-resources as arrays and fixes, per round, every resource that no lower share elsewhere holds
-back (the same rates as filling one level at a time); resources that never bind (a spine or a
-tree level with taper 1 over the NICs below it) are dropped first. RBD's 4,064 messages on 16
-dgx-h100 nodes take about 0.8 s of CPU instead of 8 s, with the same times to 1e-15
-(tests/test_flow_engine.py against the old engine, kept in tests/_flow_sim_reference.py).
-Per-message cost (``network.latency_model``; every result lists what it assumed):
-  overlapped (default, LogGP-style): a rank pays one ``per_message_us`` before its first byte
-  moves; issuing its other messages overlaps with transfers, as a cap on the rank's sending
-  rate (bytes / ((m - 1) x per_message_us)). At most ``network.window`` messages are in flight
-  per rank (default 32, MPICH's all-to-all throttle), as a second cap: window x mean message
-  size / mean latency (Little's law).
-  serial (LogP without overlap): a rank issuing m messages in a phase starts its flows
-  ``m * per_message_us`` after the phase starts -- pessimistic for large messages.
-  Either way each flow also waits the latency of its link class (``links[*].latency_us``).
-Phases: a phase starts when the phases it depends on have finished, by the algorithm's own
-``phase_dependencies`` (HALO, Eq. 13: Phase I || (Phase II -> Phase III)).
+The model: one resource per link instance (intra-node switch ports, GPU-pair links or ports;
+NICs by GPU affinity; fat-tree, Dragonfly or rail-optimised fabric levels; the host on a local
+profile); concurrent flows share them max-min fairly, recomputed whenever a flow starts or ends
+(event-driven fluid model); a per-message cost (``network.latency_model``: overlapped LogGP-style
+with a window of messages in flight, or serial) and each link class's latency; phases start when
+the phases they depend on finish (HALO, Eq. 13: Phase I || (Phase II -> Phase III)). Self
+messages are free on a GPU, priced as copies where the profile sets ``network.self_copies``.
+Node-symmetric schedules are aggregated over classes of interchangeable nodes, so 1024 nodes x 8
+GPUs simulate in seconds. :class:`Machine` ``.assumptions`` lists, with every result, what the
+model assumes and leaves out (placement, background traffic, adaptive routing, packet-level
+effects, kernel and packing costs, the count exchange).
 
-Aggregation (1024 nodes x 8 GPUs in seconds): when every source sends the same counts to each
-destination (expected routing: ``C[s][d] = rows_to[d]``), nodes with the same per-local-rank
-pattern of ``rows_to`` are interchangeable. Nodes are grouped into such classes; the schedule is
-built only for the ranks of one representative node per class (the schedule functions take
-``ranks=``), and each representative flow stands for ``m`` identical flows (one per destination
-node of its class and link class). Loads use coefficients: a flow loads its source's resources
-with ``m`` and one destination node's resources with ``m * |A| / |B|`` (A, B the node classes),
-and its share of a group/rack uplink per node. This is exact for node-symmetric schedules
-(tests/test_network_sim.py compares it with the per-message simulation) and averages group-level
-loads otherwise.
-
-Left out (Machine.assumptions lists them with every result): job placement (nodes are
-consecutive, domains filled in order), background traffic from other jobs, adaptive and
-non-minimal routing, per-arc limits and congestion trees of the Dragonfly, PXN rerouting on rail
-fabrics, packet-level effects, kernel-launch and packing costs, and the count/metadata
-exchange that precedes the data phases (it is not part of the shared schedules).
-
-Lower bound (Piper Eq. 6, generalised to one all-to-all and any placement): the busiest NIC's
-bytes (sent or received) / B_NIC. Eq. 6 as printed, 4bskd/(EP B_NIC), is dispatch + combine in
-fp16 with every GPU's traffic leaving the node; one direction of it is the same busiest-NIC load.
+Why: the all-to-all algorithms are compared on clusters no one here can run; the same schedules
+the real collectives send are replayed on the clusters' profiles. The lower bound beside each
+prediction is Piper Eq. 6 (the busiest NIC's bytes / B_NIC). The full network model, contention,
+per-message cost, aggregation and what is left out: see docs/simulator.md.
 """
 
 from __future__ import annotations
