@@ -5,95 +5,26 @@ model on ``nodes`` nodes of a platform profile, checks each against the memory o
 ranks the ones that fit by a predicted step time. Every number comes from
 ``components.resources.formulas`` (parameters, FLOPs, activation bytes, ZeRO model-state bytes,
 communication bytes) and the platform profile (HBM, achievable GEMM/attention rates, NVLink and
-NIC bandwidths); the rules that join them are stated below and repeated, with the numbers used,
-in ``ParallelPlan.assumptions``. Piper's PP x EP planner (``planner.py``, Eq. 7-11) is separate
-and unchanged.
+NIC bandwidths); the rules that join them are repeated, with the numbers used, in
+``ParallelPlan.assumptions``. Piper's PP x EP planner (``planner.py``, Eq. 7-11) is separate.
 
-Mesh (Megatron-core ``parallel_state``; "MoE parallel folding", Liu et al. 2025):
-  world = DP x TP x PP x CP for attention and dense layers, rank order tp-cp-dp-pp (TP innermost,
-  PP outermost). The MoE layers re-fold the same world as ETP x EP x EDP x PP, expert order
-  tp-ep-dp-pp (ETP innermost): megatron/core/parallel_state.py ``initialize_model_parallel``
-  builds the expert grid with expert_data_parallel_size = world // (ETP x EP x PP) and raises
-  unless world % (ETP x EP x PP) == 0, i.e. EP x ETP must divide DP x CP x TP; experts are
-  data-parallel over EDP = DP x CP x TP / (EP x ETP) ranks. ETP (``--expert-tensor-parallel-size``,
-  default TP in megatron/training/arguments.py) splits each expert's FFN width: it must divide the
-  expert width d_ffn and, here, the GPUs per node (the ETP group stays on NVLink). ETP tried: 1
-  and TP (Megatron's default), or the fixed ``etp``. MoE layers with TP > 1 run with sequence
-  parallelism (Megatron-core requires it).
-Constraints: TP <= GPUs per node and divides the attention heads, the KV heads (GQA) and every
-  tensor-split FFN width (dense, shared, residual); PP <= layers (uneven splits allowed for 1F1B,
-  the first L mod PP stages get one layer more; interleaving needs L divisible by PP x VPP and M
-  divisible by PP, as Megatron-core's transformer config and interleaved schedule check); EP
-  divides the experts; CP is offered when seq >= 16K (or asked for) and 2 x CP divides seq
-  (load-balanced causal CP); the global batch B divides into DP x micro-batch x M.
-Memory per GPU (bytes, every pipeline stage checked; the binding one reported):
-  model state = formulas.model_state_bytes for the dense weights this GPU holds over the DP x CP
-  group (Megatron's distributed optimizer and FSDP shard over DP x CP) plus the same for its
-  routed experts over the EDP group, at the chosen ZeRO stage and precision preset; weight
-  matrices are divided by TP, norms, MLA's down-projections and latent norms and the router are
-  replicated over TP (Megatron keeps them duplicated); the input embedding (vocab-parallel) on
-  stage 0, the output head on the last stage (a copy of a tied embedding when PP > 1).
-  activations = formulas.moe_activation_bytes_per_layer per layer (dense or MoE) x the stage's
-  layers x the micro-batches it holds: 1F1B stage r holds min(PP - r, M); interleaved stage r
-  holds min(M v, 2 (PP - r - 1) + (v - 1) PP + 1) model chunks of L / (PP v) layers (Megatron-core
-  ``num_warmup_microbatches`` + 1; for stage 0 this is Megatron's (1 + (PP-1)/(PP v)) penalty);
-  + fp32 logits of one micro-batch on the last stage (vocab-parallel: / TP); + one layer's full
-  activations under full recomputation (the layer being recomputed).
-  Recompute of some layers (Megatron-LM ``--recompute-granularity full --recompute-method block
-  --recompute-num-layers N``; megatron/core/transformer/transformer_config.py recompute_method:
-  "block will recompute the input activations for only a set number of transformer layers per
-  pipeline stage. The rest of the layers in the pipeline stage will not have any activations
-  recomputed"; megatron/core/recompute.py checkpoints layer_idx < recompute_num_layers of each
-  model chunk): each chunk keeps N layers' inputs (formulas' full-recompute 2sbh, / t with SP)
-  plus its other layers' full activations (Megatron allows one granularity, so the rest store
-  what "none" stores; with FlashAttention that equals selective), plus one layer's working set;
-  compute adds the N layers' forward, TP/EP/ETP traffic their forward's collectives. "block"
-  bisects for the smallest N that fits every stage (memory falls as N grows), reported as
-  recompute "full:N"; N = every layer is plain "full" (``--recompute-method uniform
-  --recompute-num-layers 1``; uniform with N > 1, which re-runs groups of N layers from one
-  checkpoint, is not searched).
-  Expert TP: expert weights, gradients and optimizer state / (EP x ETP), sharded over EDP under
-  ZeRO; expert activations per formulas.moe_activation_terms_per_layer at the attention TP, with
-  the dispatched input x ETP (the ETP group's tokens are all-gathered before the experts;
-  intermediates are ETP x the tokens at d_ffn / ETP, i.e. unchanged; outputs reduce-scattered).
-  buffers = the platform's framework overhead + (ZeRO-3) the prefetched all-gather of two layers'
-  weights.
-Step time (slowest stage; communication dimensions do not contend for links):
-  every second from components.resources.time_model, the time model Piper's planner shares:
-  compute per micro-batch = each GEMM of the stage's layers at its own shape (a roofline of the
-  achievable GEMM rate and HBM; TP splits the projections' and FFNs' widths, MLA's
-  down-projections and the router are replicated over TP, each local expert gets its share of
-  the EP group's routed tokens), the attention core at the achievable attention rate, the
-  non-GEMM kernels' HBM bytes (formulas.elementwise_bytes_per_token) / HBM bandwidth; backward
-  2 x forward (1.5 x for the non-GEMM kernels), + the recomputed forward; without
-  FlashAttention the score GEMMs are a roofline of the attention rate (every score computed:
-  no causal halving) and HBM (QK^T writes, AV reads a s scores per token); TP/SP, EP, ETP and
-  PP traffic are exposed (not overlapped), except the backward's two TP collectives per layer,
-  which overlap its weight-gradient GEMMs (Megatron-LM's asynchronous TP all-reduce; exposed
-  only beyond the forward's GEMM time; ``overlap_tp=False``: exposed too); PP sends 1/TP of
-  each activation and all-gathers it on NVLink (Megatron's scatter/gather, Narayanan et al. 2021 Sec. 4.1; with SP the shard is
-  already 1/TP); EP all-to-all bytes per formulas.ep_alltoall_bytes_per_layer (tokens s b /
-  (TP CP)); ETP: Megatron-core
-  MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) all-gathers the
-  dispatched tokens over the expert-TP group after the EP all-to-all
-  (gather_from_sequence_parallel_region) and reduce-scatters the expert output before the
-  return all-to-all (reduce_scatter_to_sequence_parallel_region); the backward does the reverse:
-  per MoE layer 2 x (allgather_bytes + reduce_scatter_bytes) of ETP x c k (s b / (TP CP)) h x 2 B,
-  i.e. 4 (ETP - 1) c k s b h x 2 / (TP CP) bytes sent per GPU, on NVLink (x 1.5 for a layer
-  under full recompute); EP peers inside a node: GPUs per node / ETP. CP's ring exchange
-  overlaps the attention core it feeds (exposed: what exceeds it); DP: ZeRO 0/1 reduce gradients
-  once per step, overlapped with the last micro-batch's backward, and (ZeRO 1/2) all-gather
-  updated weights overlapped with the next step's first forward; ZeRO-2 reduce-scatters gradients
-  every micro-batch and ZeRO-3 also all-gathers weights for every forward and backward (as
-  DeepSpeed and FSDP do under gradient accumulation), each overlapped with that micro-batch's
-  compute; the pipeline bubble is (PP - 1) / VPP slots of the slowest stage (Narayanan et al.
-  2021: (p-1)/m for 1F1B, / v interleaved); the optimizer step reads and writes the stage's
-  model state on the GPU once (weights, gradients, master weights and moments: an elementwise
-  pass bound by HBM; state offloaded to the host is not timed); unless gradient accumulation is
-  fused into the weight-gradient GEMMs (Megatron-LM --gradient-accumulation-fusion, the default
-  here), each micro-batch reads its new 16-bit gradients and reads and writes the held ones (the
-  pipeline's slot does not include this pass, so the bubble is slightly under-counted). MFU =
-  model FLOPs (no recompute) per step / (GPUs x peak x step time).
+The rules, in short:
+  mesh         Megatron-core's: DP x TP x PP x CP for dense layers, re-folded as ETP x EP x
+               EDP x PP for MoE layers ("MoE parallel folding", Liu et al. 2025);
+  constraints  TP within a node and dividing heads and split widths, PP <= layers, EP divides
+               the experts, CP for long sequences, the global batch divides into DP x mb x M;
+  memory       model state per ZeRO stage and precision, activations per stage and schedule
+               (1F1B / interleaved, Narayanan et al. 2021), full or block recompute, buffers;
+               every stage is checked and the binding one reported;
+  step time    components.resources.time_model (per-GEMM rooflines, attention, HBM-bound
+               kernels), TP/SP, EP, ETP and PP traffic exposed, DP and CP overlapped where the
+               frameworks overlap them, the (PP - 1) / VPP bubble; MFU = model FLOPs / (GPUs x
+               peak x step time).
+
+Why: a layout's feasibility and speed are decided by memory per GPU and exposed communication,
+which the frameworks' own rules fix; stating those rules once lets the plan be checked against
+published runs (reproductions/validation.py). Every rule, with its source in Megatron-core,
+DeepSpeed or FSDP: see docs/planner.md.
 """
 
 from __future__ import annotations

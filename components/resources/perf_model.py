@@ -1,37 +1,20 @@
 """Compute and communication model: FLOPs, all-to-all (Piper Eq. 6), P2P, bubble, MFU (Eq. 12).
 
-FLOPs convention (stated because public tools differ):
-  training FLOPs per token = 6 N_active + attention,
-  N_active = active parameters that take part in a matmul (the input embedding table is a lookup
-  and is excluded; the output head's V d is included whether or not it is tied to the input table,
-  since a tied head still runs the [tokens x d] @ [d x V] matmul; norm weights, MLA's latent norms
-  included, are not matmuls), the same count as components.resources.formulas;
-  attention = 3 x 2 x 2 x s x H (d_qk + d_v) / 2 per layer and token, i.e. forward QK^T and AV
-  (2 FLOPs per multiply-add) times 3 for forward + backward. With ``causal=False`` (default, the
-  PaLM / Megatron-LM convention: 6N + 12 L H d_h s) the causal mask is NOT halved; with
-  ``causal=True`` it is (what FlashAttention's causal kernels execute). Model FLOPs (the MFU
-  numerator) never count activation-checkpointing recompute.
+FLOPs: training FLOPs per token = 6 N_active + attention (N_active: parameters in a matmul,
+output head included, input embedding excluded, the same count as
+components.resources.formulas); the causal mask is not halved unless ``causal=True``; model
+FLOPs (the MFU numerator) never count recompute.
+Communication, bytes per GPU: the dispatch and combine all-to-alls (Piper Eq. 6's lower bound,
+as printed), pipeline P2P (Piper III-B2), and the gradient all-reduce of the weights replicated
+over the EP group.
+Time (an estimate, not a simulation): every second comes from components.resources.time_model;
+4 all-to-alls per MoE layer (6 with full activation checkpointing, X-MoE Sec. 4.3) and P2P, not
+overlapped; the step takes (M + PP - 1) slots of the slowest stage, plus the EP group's
+gradient all-reduce.
 
-Communication, bytes per GPU (bf16 activations, 2 bytes per element):
-  dispatch all-to-all: a GPU with T local tokens sends 2 T k d (EP-1)/EP bytes to the others of
-  its EP group (balanced routing), of which 2 T k d (EP-g)/EP leave the node when EP > g;
-  combine is the same volume back. Eq. 6 lower bound, as printed: T_a2a >= 4 b s k d / (EP B_NIC)
-  (b s = the EP group's tokens, so per-GPU volume 2 b s k d / EP each way, self-share ignored).
-  Pipeline P2P: 2 b s d bytes per GPU per micro-batch forward (activations) and the same backward
-  (gradients); Piper III-B2: 2 EP b s d between two stages.
-  Gradient all-reduce of the weights replicated over the EP group (ring): 2 (n-1)/n x 2 bytes x
-  params (Piper leaves this out; it is small for MoE models).
-
-Time model (an estimate, not a simulation): every second comes from
-components.resources.time_model, the one time model both planners share: per micro-batch and
-stage, compute (each GEMM of a layer a roofline at its own shape, the attention core at the
-achievable attention rate, the non-GEMM kernels at HBM bandwidth; backward 2 x forward for GEMMs
-and attention, 1.5 x for the HBM-bound kernels; full activation checkpointing re-runs the layers'
-forward, never the head), plus all-to-all (4 per MoE layer: dispatch+combine, forward+backward;
-6 with full activation checkpointing, whose recomputed forward re-runs dispatch and combine,
-X-MoE Sec. 4.3: "a total of 6 alltoalls per layer") and P2P, not overlapped.
-The step takes (M + PP - 1) slots of the slowest stage (1F1B and GPipe have the same bubble),
-plus the EP group's gradient all-reduce after the last backward.
+Why: Piper's PP x EP planner (planner.py) needs one step-time estimate per candidate layout,
+stated in the paper's own conventions (public tools count FLOPs differently, so the convention
+is stated). The conventions and formulas in full: see docs/planner.md.
 """
 
 from __future__ import annotations

@@ -2,50 +2,23 @@
 parallelism planner (parallel_planner). Everything that turns work into seconds is here; the
 planners count the work (FLOPs, bytes, layers per stage) and add the seconds up.
 
-Kernels (one GPU):
-  GEMM       [rows x k] @ [k x n], bf16 operands: a roofline, max(2 rows k n / GEMM rate,
-             2 (rows k + k n + rows n) bytes / HBM bandwidth) (Williams et al. 2009). Each GEMM of
-             a layer is timed at its own shape, so a thin expert GEMM (few tokens per expert) is
-             memory-bound while the attention projections of the same layer are not. On a profile
-             that gives its SM count, the GEMM rate is the profile's ceiling x the shape's tile and
-             wave quantization efficiency (gemm_efficiency), so it depends on rows and n too.
-  attention  FlashAttention's fused core: its FLOPs at the achievable attention rate (the scores
-             never reach HBM, Dao et al. 2022 Sec. 3). Materialised scores (no FlashAttention): the
-             two batched GEMMs compute every score (the causal mask is applied in the softmax, so
-             no halving) and write / read the a s scores of each token: a roofline of the attention
-             rate and HBM per pass.
-  HBM-bound  the non-GEMM kernels (norms, activations, bias-dropout-add, the softmax and dropout
-             of materialised scores; formulas.elementwise_bytes_per_token): bytes / HBM bandwidth.
-  backward   2 x the forward for GEMMs and attention (data and weight gradients), 1.5 x for the
-             HBM-bound kernels (each reads its input and the incoming gradient and writes one
-             gradient); a recomputed forward is added once.
-  measured   a profile may carry one measured layer forward (``calibration.layer_forward``: a
-  layer      published time of one transformer layer on that machine, not a point any predictor is
-             scored on). Its layers' kernel times are then scaled by measured / modelled for that
-             layer (layer_time_factor), so the rates above keep their sources and the factor
-             carries what they miss on a real run: clocks under sustained load, the non-flash
-             attention core's short-k GEMMs, kernel gaps. A profile without one is not scaled.
-Communication:
-  a transfer   bytes / the link's per-GPU rate + one latency per message (link rule: NVLink
-               inside a node, NICs x B_NIC / g x network efficiency across nodes).
-  all-to-all   on- and off-node parts proceed concurrently; the slower bounds it.
-  DP reduction ZeRO 0/1 once per step (hidden behind the last micro-batch's backward when
-               overlapped), ZeRO-2/3 every micro-batch; only the excess over the compute it hides
-               behind is exposed.
+Kernels (one GPU): each GEMM a roofline at its own shape (Williams et al. 2009), with tile and
+wave quantization where the profile gives its SM count (gemm_efficiency); the attention core at
+the achievable attention rate (FlashAttention, Dao et al. 2022 Sec. 3) or, with materialised
+scores, a roofline of that rate and the scores' HBM traffic; the non-GEMM kernels at HBM
+bandwidth; backward 2 x forward (1.5 x for HBM-bound kernels) plus any recomputed forward; an
+optional measured layer forward in the profile scales a layer's kernel times
+(layer_time_factor).
+Communication: bytes / the link's per-GPU rate + one latency per message; an all-to-all's on-
+and off-node parts run concurrently; DP reductions expose only what exceeds the compute they
+hide behind.
 Pipeline: M slots of the slowest stage plus a bubble of (PP - 1) / VPP slots (Narayanan et al.
-  2021 Sec. 2.2: 1F1B and GPipe idle (p - 1) slots, interleaving divides it by v), i.e. the
-  (M + PP - 1) slots of Piper III-D when VPP = 1.
+2021 Sec. 2.2), i.e. the (M + PP - 1) slots of Piper III-D when VPP = 1.
 
-Where the two planners disagreed before this module, the more faithful form was kept:
-  - per-GEMM rooflines, not total matmul FLOPs / GEMM rate: a GEMM with few rows (an expert
-    with few tokens, a decode-sized micro-batch) is bound by its weights' HBM traffic;
-  - the non-GEMM kernels are timed (a real step runs them; Piper's estimate left them out);
-  - MLA's down-projections and the router are replicated over TP (Megatron-core keeps them
-    duplicated), so each TP rank runs them whole rather than 1/TP of them;
-  - the output head is not recomputed under activation checkpointing (only the transformer
-    layers are re-run; Narayanan et al. 2021 Eq. 3 counts it 3x, the layers 4x);
-  - message latency: the on-node classes' latency inside a node, the largest of the profile's
-    link classes across nodes (a collective waits for its farthest message).
+Why one module: the two planners must not price the same work differently. Where a simpler form
+was possible the more faithful one is used (per-GEMM rooflines, timed non-GEMM kernels, MLA's
+down-projections and the router replicated over TP, no recompute of the output head, latency by
+link class). Each rule and its reasons: see docs/planner.md.
 """
 
 from __future__ import annotations
