@@ -8,49 +8,17 @@ Three phases on a world of ``nodes x R`` ranks (rank = node * R + local_rank):
   Phase III intra-node all-to-all that hands each local rank the remote rows meant for it
                                                                              (intra links)
 
-Dependencies (Eq. 13): Phase I || (Phase II -> Phase III). Phase I is issued asynchronously on
-its own intra-node communicator before Phase II starts and is waited on only when its rows are
-written to the output, so it overlaps both later phases.
-On one node there is no remote node: Phase I is the whole exchange, issued blocking straight
-into the output, and Phases II and III are not issued (an empty collective still synchronises
-the ranks: over gloo, 2 ranks, 1 KiB, the dispatch took 0.36-0.63 ms with them, 0.27-0.39 ms
-without and flat's 0.26-0.33 ms).
+Dependencies (Eq. 13): Phase I || (Phase II -> Phase III); Phase I is issued first on its own
+communicator and waited on last. On one node Phase I is the whole exchange. Buffers persist in
+:class:`HaloAllToAll` (Alg. 1 lines 2-5): the returned tensor is overwritten by the next call.
+Rank s sends ``C[s][d] >= 0`` rows to rank d (Alg. 1 sends exactly one); every node must have
+the same number of ranks. The counts a rank's plan needs are exchanged per call, 8 * (N +
+(nodes - 1) * (R - 1)) bytes per rank instead of an N x N all-gather (:class:`KnownCounts`).
 
-Persistent buffers (Alg. 1 lines 2-5): P1, F2s, F2r, F3s, F3r and O live in the
-:class:`HaloAllToAll` object and are reallocated only when a call needs more rows than any call
-before (or another dtype / row width). The returned tensor is the persistent O (or the buffer a
-call names instead: the MoE combine's way back uses its own, so that it leaves the dispatched
-rows alone): the next call into it overwrites it (clone it to keep it). Phase II is packed with
-one index_select (line 11) into F2s; Phase III's transpose (line 18) and the output scatter
-(lines 20-23) are one index_select and one index_copy each.
-
-Generalisation beyond Alg. 1's equal rows: Alg. 1 sends exactly one D-wide row to every rank;
-here rank s sends ``C[s][d] >= 0`` rows of width H to rank d (zero included). This works because
-the rows a rank sends to one node are still contiguous in its send buffer and every block keeps
-its (source, destination) identity, so only the sizes change; the counts a rank needs are learnt
-once per call by an all-to-all of counts (phase "counts", see below) unless the full matrix is
-given. What
-does NOT generalise: the algorithm needs the same number of ranks on every node (Phase II pairs
-rank (n, l) with (n', l) on every other node), so an uneven world is rejected by construction
-(Topology has one ranks_per_node); and with uneven blocks the permutes of lines 18 and 21 are no
-longer pure reshapes, hence the index_select / index_copy with precomputed indices.
-
-Bytes (per rank s on node a; C the counts matrix, b the row bytes):
-  Phase I   intra-node: sum_{d in node a, d != s} C[s][d] * b
-  Phase II  inter-node: sum_{d not in node a} C[s][d] * b        (same total as flat)
-  Phase III intra-node: sum over local peers l' != l of the remote rows rank s forwards
-So HALO puts the same bytes on inter-node links as flat but through R parallel NIC-affine
-peers (one message per remote node instead of R), and pays extra intra-node bytes (Phase III).
-
-Counts exchange: rank r's plan reads only its own row C[r], its column C[.][r] (what it
-receives, Phases I and III) and, from each Phase-II peer p (same local rank on another node),
-C[p][d] for the R ranks d of r's node (the layout of F2r). So instead of all-gathering the N x N
-matrix (8 N^2 bytes received per rank: 134 MB at 4096 ranks) rank s sends rank d one int64,
-C[s][d], or R int64s, C[s][d'] for every d' on d's node, when d is s's Phase-II peer:
-    counts bytes sent per rank = 8 * (N + (nodes - 1) * (R - 1))     (< 16 N; 61 KB at 512 x 8)
-:class:`KnownCounts` holds what arrived; reading any other entry raises KeyError.
-
-The registry entry ``halo`` (with its dispatcher on any EP group) is in halo_group.py.
+Why: HALO puts the same bytes on inter-node links as flat but through R parallel NIC-affine
+peers (one message per remote node instead of R), paying extra intra-node bytes in Phase III.
+The generalisation, the byte counts and the counts exchange: see docs/halo-rbd.md. The registry
+entry ``halo`` (with its dispatcher on any EP group) is in halo_group.py.
 """
 
 from __future__ import annotations

@@ -2,38 +2,23 @@
 
     halo_all_to_all_v(x, send_counts, recv_counts=None, group=None) -> Tensor
 
-Same contract as :func:`moe_repro.components.alltoall.flat.all_to_all_v` (rows of ``x`` split
-by ``send_counts`` in group-rank order; the received rows concatenated in group-rank order): a
-plain collective for callers that move rows other than an MoE dispatch. The MoE layer and the
-trainer hold :class:`HaloDispatcher` (``HaloAlgorithm.group_dispatcher``) instead. The exchange is HALO (Piper Sec. V, Alg. 1; the three phases of
-:class:`moe_repro.components.alltoall.halo.HaloAllToAll`); its backward is HALO again with the
-transposed counts matrix: what I received from rank s goes back to s, through the same phases.
+Same contract as :func:`moe_repro.components.alltoall.flat.all_to_all_v`: a plain collective for
+callers that move rows other than an MoE dispatch; the MoE layer and the trainer hold
+:class:`HaloDispatcher` (``HaloAlgorithm.group_dispatcher``) instead. The exchange is HALO (Piper
+Sec. V, Alg. 1; :class:`moe_repro.components.alltoall.halo.HaloAllToAll`); its backward is HALO
+again with the transposed counts matrix.
 
-Topology of the group: the launcher's (emulated) topology, ``Topology.from_environment()``
-(LOCAL_WORLD_SIZE and friends; one node when none is set), restricted to the group's ranks: the
-members of the group on one node form one HALO node. Alg. 1 pairs rank (n, l) with (n', l) in
-Phase II, so the group must have the same number of members on every node, and its ranks, in
-group order, must come node by node (true for DeviceMesh groups of node-major rank layouts);
-anything else is rejected with a ValueError.
-
-Communicators: the group itself is HALO's "world" (the counts all-gather and Phase II's batched
-isend/irecv with the same-local-rank member of every other node). Phases I and III, the
-intra-node all-to-alls, are batched isend/irecv between the group's members on my node: an
-all-to-all-v written as point-to-point messages, which is how NCCL implements all-to-all anyway.
-They do not get their own process groups as in topology.build_communicators, because
-``new_group`` is collective over the whole world while an EP group's members build their MoE
-layers without the other pipeline stages (stages can hold different numbers of layers), so
-creating groups here could deadlock. Phase I is still issued before Phase II and waited on last,
-so it overlaps Phases II and III (Eq. 13).
-
-The counts HALO's plan needs (HaloAllToAll.known_counts: my row, my column, my Phase-II peers'
-counts to my node) are exchanged once per call, forward and backward, also when ``recv_counts``
-is given (HALO needs more than my row and column; ``recv_counts`` is then only checked). Bytes per rank: as in the halo module docstring with the
-group as the world (inter-node bytes equal flat's; Phase III adds intra-node bytes).
+The group's topology is the launcher's (emulated) one restricted to the group's ranks; the group
+must have the same number of members on every node, node by node, or a ValueError is raised.
+Phases I and III are batched isend/irecv between the group's members on my node, not process
+groups of their own: ``new_group`` is collective over the whole world while an EP group's
+members build their MoE layers without the other pipeline stages, so creating groups here could
+deadlock. Phase I is still issued before Phase II and waited on last (Eq. 13). The counts HALO's
+plan needs are exchanged once per call, forward and backward.
 
 HALO's registry entry (``halo``, :class:`HaloAlgorithm`) lives here because this module
-completes it: the world collective and its schedule come from the halo module, the
-dispatcher on any EP group (``group_dispatcher``: what the layer and the trainer hold) from this one.
+completes it: the world collective and its schedule come from the halo module, the dispatcher on
+any EP group from this one. See docs/halo-rbd.md.
 """
 
 from __future__ import annotations

@@ -5,59 +5,23 @@ copy of the token per (token, expert) pair, so the same activation crosses the i
 several times. RBD sends one *pilot* per (token, destination node) across nodes and rebuilds the
 other copies (*local replicas*) on the destination node, where links are fast:
 
-  S0  pilot selection: for each (token, destination node) pick one of the token's pairs on that
-      node uniformly at random as the pilot (random, not "lowest expert id", so that pilots
-      spread over the node's ranks: X-MoE Sec. 4.2); the pilot goes to its own expert's rank.
-      Every pair gets a metadata row [pilot index, destination rank, slot, combine weight]
-      sent to the pilot's rank (the s1_mapping_indices, with the weights exchanged in advance).
-  S1  inter-node exchange of pilots only (one uneven all-to-all: the only stage that crosses
-      nodes; pilots whose destination node is the source node stay on intra-node links), then
-      local replica reconstruction: copy each pilot row once per other pair it stands for, into
-      a local exchange buffer ordered by destination rank.
-  S2  intra-node uneven all-to-all of the local replicas (with their [source, slot] metadata)
-      and expert-input reconstruction.
-  Combine reverses it: replicas go back intra-node to the pilot's rank; there each pair's
-  expert output is scaled by its combine weight (weight scaling in stage 1) and summed into its
-  pilot; pilots cross the nodes back; the source adds every node's pilot into its token row.
+  S0  pilot selection: one of the token's pairs on each destination node, uniformly at random
+      (so pilots spread over the node's ranks), plus a metadata row per pair;
+  S1  inter-node exchange of pilots only, then local replica reconstruction;
+  S2  intra-node all-to-all of the replicas and expert-input reconstruction.
+  Combine reverses it, scaling each pair's output by its combine weight and summing into its
+  pilot before the pilots cross the nodes back.
 
-The result of :meth:`RBDDispatcher.dispatch` is bit-for-bit the flat all-to-all's output for the
-same PFT: rows ordered by source rank, then by the source's send order (:func:`.flat.flat_send_layout`:
-PFT order, i.e. expert ascending then token ascending, grouped stably by destination rank). So
-the same expert computation runs on either, and :meth:`RBDDispatcher.combine` equals
-``scatter_combine(reverse flat all-to-all(y), pft)`` up to summation order.
+:meth:`RBDDispatcher.dispatch` returns bit-for-bit the flat all-to-all's output for the same PFT
+(same row order), so the same expert computation runs on either. Any placement map works,
+replicated experts included; the EP group need not be the world (:meth:`RBDDispatcher.for_group`,
+no process group created inside; the group's ranks must come node by node, the same number per
+node). All metadata is exchanged in the plan, before any row moves, so the rows' way out can run
+again on a gradient with the same pilots. Registered as ``rbd`` (:class:`RBDAlgorithm`),
+differentiable like every dispatcher; the simulator replays it from every rank's routing.
 
-Placement: a map ``expert_to_rank`` (one rank of the EP group per expert) of any shape: experts
-need not be contiguous per rank, not every rank needs an expert, and the balancers may move them.
-Replicated experts are separate slots of the map (the router picks the slot).
-
-EP group: the EP group need not be the world. Ranks, nodes and the placement map are all in the
-group's own terms: rank = group rank, node = the group's i-th node (:class:`Topology` restricted
-to the group by ``alltoall_halo_group.group_topology``). :meth:`RBDDispatcher.for_group` builds
-the dispatcher on a torch.distributed sub-group from the launcher's (emulated) node layout. As
-for group HALO, no process group is created inside (``new_group`` is collective over the world
-and stage-local EP groups would deadlock): S1 runs on the group, S2's intra-node exchanges are
-batched isend/irecv between the group's members on my node. The group's ranks must come node by
-node with the same number on every node (Topology's rank -> node arithmetic, node = rank //
-ranks_per_node); other groups are refused with a ValueError. On the whole world with
-``build_communicators`` nothing changes (group ranks = global ranks).
-
-Inter-node rows per source rank = the number of unique (token, destination node) pairs with a
-destination node other than its own; flat sends one row per (token, expert) pair there.
-Bytes: data phases ``pilot`` and ``replica`` carry rows of H elements; ``meta`` carries 32 bytes
-per pair (4 int64), ``replica_meta`` 16 bytes per replica (2 int64), ``counts`` 16 bytes to
-every rank (pilots and pairs for it), ``replica_counts`` 8 bytes to every rank of the node
-(replicas for it).
-
-Registered as ``rbd`` (:class:`RBDAlgorithm`). Like every dispatcher it is differentiable when
-grad is enabled (components/alltoall/base.py: the backward of dispatch is this combine without
-weights, that of combine this dispatch's way out), so the MoE layer and the trainer train with
-it. The simulator replays it from every rank's routing, not from a counts matrix: which rows
-cross nodes depends on which tokens share a destination node.
-
-Stage order: all metadata (counts, per-pair rows, the replicas' (source, slot)) is exchanged in
-the plan, before any row moves, so that the rows' way out (pilot gather, pilot all-to-all,
-replica reconstruction and all-to-all, expert input reconstruction) can run again on a gradient
-with the same pilots.
+Why: inter-node rows per source drop from one per (token, expert) pair to one per unique
+(token, remote node) pair. The stages, byte counts and group rules: see docs/halo-rbd.md.
 """
 
 from __future__ import annotations
