@@ -1,36 +1,23 @@
 """imbalance: every registered balancer on every routing workload, at EP 2-16.
 
 A grid point is (``mode``, ``balancer``, ``workload``, ``ep``, ``seed``). The workload
-(components/balance/workloads.py: the eight standard token-imbalance workloads, our synthetic
-generator, and real-count OLMoE workloads) gives the routing of ``steps`` steps, the same at
-every EP; step 0 is history only, the balancer plans steps 1..steps-1 (from the previous
-step's counts where it plans from history) under the contiguous home placement, and every
-metric is the mean over those steps (and over the layers of a multi-layer workload).
+(components/balance/workloads.py) gives the routing of ``steps`` steps, the same at every EP;
+step 0 is history only, the balancer plans steps 1..steps-1 under the contiguous home
+placement, and every metric is the mean over those steps (and layers).
 
-Modes:
-- ``stats``: routing statistics only, in one process. The measured call (``time_s``) is one
-  balancer decision; ``decide_us`` is that time in microseconds.
-- ``real``: the balancer's plan executed on ``ep`` real local gloo ranks at a small size
-  (``d_model`` 16, ``d_ffn`` 32, float64 with integer inputs and weights so sums are exact):
-  each rank holds its own tokens, all-gathers the per-expert counts, decides, dispatches every
-  token-expert row to the device the plan names (all-to-all-v), computes the experts there and
-  sends the rows back to be gated and summed. The measured call is one such step, decision
-  included; ``decide_us`` is the decision alone.
-- ``simulated``: the statistics at scale, no process started and no time measured (recorded
-  ``simulated: true``); EP beyond 8 spans nodes of 8 GPUs.
+Modes: ``stats`` (routing statistics in one process; the measured call is one balancer
+decision), ``real`` (the plan executed on ``ep`` real local gloo ranks at a small exact size:
+dispatch, experts, combine; the measured call is one step) and ``simulated`` (the statistics at
+scale, no process started, recorded ``simulated: true``; EP beyond 8 spans nodes of 8 GPUs).
 
-Metrics. Analytic (exact counts): ``max_over_mean`` (busiest device's rows over the mean),
-``token_straggler`` (FEPLB Sec. 3.1: max - mean rows), ``token_bytes`` (token-expert rows
-computed away from their source, GLM-5's d_model 6144 at 2 bytes), ``inter_node_bytes`` (the
-part crossing nodes of 8 GPUs), ``weight_bytes`` (experts computed away from their home, one
-GLM-5 expert each: FEPLB/FasterMoE/LLEP copy these per micro-batch; for EPLB and Piper it is
-the standing displacement from home, moved only when their plan changes). Simulated:
-``gemm_straggler_us`` (max - mean of each device's grouped-GEMM time from the roofline
-GemmTimeModel of a GLM-5 expert on an H100: a model, not a measurement). Measured:
-``time_s``, ``decide_us``. #wrong: the exact oracle of components/balance/row_plan.py (every
-token-expert row computed exactly once, on the devices the balancer's own work accounts for)
-and, in ``real`` mode, output elements that differ from the dense reference (every token's
-experts computed once, with its gates; exact arithmetic, so any difference is an error).
+Metrics: analytic ``max_over_mean``, ``token_straggler`` (FEPLB Sec. 3.1), ``token_bytes``,
+``inter_node_bytes`` and ``weight_bytes`` (GLM-5 expert sizes); simulated
+``gemm_straggler_us`` (a roofline model, not a measurement); measured ``time_s`` and
+``decide_us``. #wrong: the exact oracle of components/balance/row_plan.py and, in ``real``
+mode, output elements that differ from the dense reference (exact arithmetic).
+
+Why: one grid puts every balancer on the same routings, so their balance, traffic and cost
+compare. The modes and metrics in full: see docs/balance-workloads.md.
 """
 
 from __future__ import annotations

@@ -1,60 +1,25 @@
 """Replica plans in the style of DeepSeek's EPLB: replicate the heaviest experts, pack the
 replicas onto GPUs, with two fixes where that algorithm is known to be weak. Two policies, as in
-EPLB's ``rebalance_experts``: "global" (below) and "hierarchical" (next section).
+EPLB's ``rebalance_experts``: "global" and "hierarchical".
 
 A replica plan says how many copies each expert has and which GPU slots hold them; it is not an
 ExpertPlacement (one home rank per expert), which is what "placement" means elsewhere.
 
-1. Replication (as EPLB's ``replicate_experts``): with S = G * slots_per_gpu >= E slots, start
-   from one replica per expert and give each extra slot to the expert with the largest load per
-   replica (load_e / replicas_e), ties to the lower id. With ``max_replicas``, an expert at that
-   many replicas gets no more slots.
-2. Packing (EPLB's ``balanced_packing``: heaviest item first to the lightest bin with room),
-   but a replica never lands on a GPU that already holds a replica of the same expert (EPLB can
-   co-locate them, which wastes a slot: two replicas on one GPU balance nothing). Each replica
-   carries load_e / replicas_e. When every GPU with a free slot already holds the expert (it
-   happens with capped replicas or zero loads), another expert's replica moves from a full GPU
-   that lacks the expert to a free GPU that lacks that replica, and the expert takes the freed
-   slot: such a pair always exists (``_swap_to_free_a_bin``), so packing never fails.
-3. Against a previous plan, GPU labels are then matched to the previous GPUs to keep as many
-   (GPU, expert) replicas where they already are (greedy maximum overlap, largest first), and
-   the bytes moved are counted: a replica whose expert was not on that GPU before moves
-   ``expert_bytes`` (weights, plus optimizer state if training, Piper Sec. VI-A).
+Global: 1. replication (EPLB's ``replicate_experts``: each extra slot to the expert with the
+largest load per replica, ties to the lower id, ``max_replicas`` caps); 2. packing (EPLB's
+``balanced_packing``), but two replicas of one expert never share a GPU; 3. against a previous
+plan, GPU labels are matched to keep replicas in place, and the bytes moved are counted
+(weights, plus optimizer state if training, Piper Sec. VI-A).
+Hierarchical (EPLB's ``rebalance_experts_hierarchical``): expert groups are packed onto nodes,
+then replicated and packed within each node, so every replica sits on its group's node and a
+group-limited router (DeepSeek-V3 Sec. 2.1.2) reaches at most M nodes.
 
-Hierarchical policy (DeepSeek EPLB, eplb.py ``rebalance_experts_hierarchical``; EPLB uses it when
-the number of nodes divides the number of expert groups). Experts are in ``num_groups`` groups of
-consecutive ids (expert e in group e // (E / num_groups)), GPUs in nodes of ``gpus_per_node``
-consecutive GPUs:
-  a. pack the groups onto the nodes, the same number per node, by group load (EPLB's
-     ``balanced_packing`` on the groups' summed loads: heaviest group first, to the lightest node
-     with room);
-  b. replicate within each node: its experts (those of its groups) share its
-     gpus_per_node * slots_per_gpu slots (EPLB: num_physical_experts / num_nodes), step 1 above;
-  c. pack each node's replicas onto that node's GPUs, step 2 above.
-Every replica of an expert then sits on its group's node, so a token that a group-limited router
-sends to M groups (DeepSeek-V3 Sec. 2.1.2: at most M = 4 nodes) reaches at most M nodes, whichever
-replicas it uses; the cost is balance across nodes, which only the packing of whole groups evens.
-Where ours differs from EPLB's source, and why:
-  - in c., as in 2., two replicas of one expert never share a GPU (EPLB's packing can put them
-    together); so an expert has at most gpus_per_node replicas (``max_replicas`` caps it);
-  - ties are broken by the lower id everywhere (EPLB leaves the order of equal loads to
-    torch.sort), so a plan is a pure function of its inputs;
-  - shapes EPLB asserts (nodes not dividing groups, groups not dividing experts, too few slots
-    per node) are a ValueError naming the numbers; EPLB falls back to its global policy when
-    nodes do not divide groups, which here is the caller's choice (policy="global");
-  - against a previous plan (3.), whole nodes are relabelled first, then GPUs within a node, so
-    relabelling never splits a group across nodes.
+As a registered balancer ("EPLB") it plans with the global policy only, from the previous
+micro-batch's counts, with ``redundant_slots`` per device; ``dispatch_traffic`` counts the bytes
+one dispatch puts across nodes under a plan.
 
-As a registered balancer ("EPLB"): the plan is made from the previous micro-batch's counts with
-``redundant_slots`` extra slots per device (at most one replica of an expert per device), and
-each expert's actual rows are split evenly over its replicas, as step 2 assumes. It plans with
-the global policy only: a balancer step knows its EP ranks but not their nodes nor the model's
-expert groups, and knobs are numbers shared by name across balancers, so the hierarchical policy
-is not a knob; call ``plan_replicas(..., policy="hierarchical")``.
-
-Traffic (``dispatch_traffic``): the bytes one dispatch puts across nodes under a plan, for given
-tokens' source GPUs and chosen experts, and the balance it leaves (max GPU rows / mean); its
-docstring states the counting rule.
+Why: replication evens the load of hot experts that moving whole experts cannot. The steps, the
+policies and every place where ours differs from EPLB's source: see docs/balancers.md.
 """
 
 from __future__ import annotations
@@ -111,7 +76,7 @@ def balanced_packing(weights: list[float], packs: int) -> list[int]:
 def plan_replicas(loads, gpus: int, slots_per_gpu: int, previous: list[list[int]] | None = None,
                   expert_bytes: int = 0, max_replicas: int | None = None, *, policy: str = "global",
                   num_groups: int | None = None, gpus_per_node: int | None = None) -> ReplicaPlan:
-    """Replicate and pack ``loads`` onto ``gpus`` x ``slots_per_gpu`` slots (module docstring).
+    """Replicate and pack ``loads`` onto ``gpus`` x ``slots_per_gpu`` slots (docs/balancers.md).
     ``previous``: the experts_of_gpu of the plan in force, to keep replicas in place.
     ``max_replicas``: cap the replicas per expert (at most the GPUs its replicas may use: ``gpus``,
     or ``gpus_per_node`` for the hierarchical policy); without it, a plan needing more replicas
@@ -144,7 +109,7 @@ def plan_replicas(loads, gpus: int, slots_per_gpu: int, previous: list[list[int]
 
 def _plan_hierarchical(loads: list[float], gpus: int, slots_per_gpu: int, max_replicas: int | None,
                        num_groups: int | None, gpus_per_node: int | None) -> ReplicaPlan:
-    """Steps a.-c. of the module docstring (EPLB's ``rebalance_experts_hierarchical``)."""
+    """Steps a.-c. of the hierarchical policy (docs/balancers.md) (EPLB's ``rebalance_experts_hierarchical``)."""
     experts = len(loads)
     if num_groups is None or gpus_per_node is None:
         raise ValueError("the hierarchical policy needs num_groups and gpus_per_node")
@@ -196,7 +161,7 @@ def _plan_hierarchical(loads: list[float], gpus: int, slots_per_gpu: int, max_re
 
 def _pack_replicas(loads: list[float], replicas: list[int], gpus: int,
                    slots_per_gpu: int) -> tuple[list[list[int]], list[float]]:
-    """Step 2 of the module docstring: every replica, heaviest first (load_e / replicas_e, ties
+    """Step 2 of the global policy (docs/balancers.md): every replica, heaviest first (load_e / replicas_e, ties
     to the lower id), onto the lightest GPU with a free slot that lacks its expert."""
     per_replica = [loads[e] / replicas[e] for e in range(len(loads))]
     items = sorted(((per_replica[e], e) for e in range(len(loads)) for _ in range(replicas[e])),

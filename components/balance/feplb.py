@@ -1,40 +1,22 @@
 """FEPLB (FEPLB Sec. 2): static/dynamic experts, the greedy per-micro-batch balancer, buffer
 accounting, and Two-Phase Dispatch as an exact MoE layer over real ranks.
 
-Partition (Sec. 2, "Experts on each device are partitioned into static and dynamic categories,
-controlled by parameter dyn"): of the E/W experts a device hosts, ``dyn`` are dynamic (eligible
-to be copied to another device for one micro-batch) and the rest static (always local). Which
-ones are dynamic is chosen periodically from history ("Router Predictor", Fig. 3): the dyn
-hottest experts of each device, or the last dyn without history.
+Partition: of the E/W experts a device hosts, ``dyn`` are dynamic (eligible to be copied to
+another device for one micro-batch), chosen periodically from history ("Router Predictor",
+Fig. 3). Balancer: repeatedly copy the busiest dynamic expert (at least tau tokens) of the most
+loaded device to the least loaded one, while the copy makes things better; each expert moves at
+most once, a device receives at most ``max_num_dyn`` copies, ties break deterministically so
+every rank derives the same plan without coordination. ``next_if_unfit=True`` is an alternative
+reading kept as a diagnostic (feplb-table3). Buffer: max_num_dyn x W_expert per device.
 
-Balancer (Sec. 2): "repeatedly selects the busiest dynamic expert on the most overloaded device
-and copies that expert's weights (along with its tokens) to the most underloaded device. A
-minimum token threshold tau prevents copying experts with too few tokens. Each copy migrates an
-entire expert." The expert selected is the busiest one (with at least tau tokens, not yet
-moved); our reading of what the text leaves open, stated here so it can be checked:
-- an expert moves at most once per micro-batch, only from its home device;
-- the copy must make things better: its count c satisfies c < L_max - L_min (otherwise the
-  receiver would become the new maximum at least as high); when the busiest dynamic expert of
-  the most loaded device fails this, the balancer stops. That is the whole-expert granularity
-  limit FEPLB names (Sec. 3.2, Sec. 5: "whole-expert migration without token-level splitting,
-  which limits granularity"). ``next_if_unfit=True`` tries the next busiest instead (a smaller
-  expert the text does not select; an earlier reading of ours, kept as a diagnostic that
-  feplb-table3 prints);
-- a device receives at most ``max_num_dyn`` copies (the weight buffer, below);
-- ties: lowest device index, then lowest expert id. Deterministic, so every rank derives the
-  same plan from the same counts without coordination (Sec. 2).
+Two-Phase Dispatch (Sec. 2, Fig. 2): Phase 1 is the unchanged EP all-to-all; after one
+all-reduce of the per-expert counts every rank runs the balancer, and Phase 2 sends each moved
+expert's rows to its target while its weights are copied asynchronously. Outputs and gradients
+equal plain EP (tests/test_feplb.py).
 
-Buffer (Sec. 2): each device allocates max_num_dyn x W_expert for copied weights, reused across
-layers; GLM-5: 72 MiB per expert, max_num_dyn = 8 -> 576 MiB.
-
-Two-Phase Dispatch (Sec. 2, Fig. 2): Phase 1 is the unchanged EP all-to-all (every row to its
-expert's home). Each rank then knows the global per-expert counts (one all-reduce of E int64),
-runs the balancer, and Phase 2 sends the rows of each moved expert from its home to the target
-(an all-to-all-v on the EP group: intra-node, the copy engine's path in the paper) while the
-expert's weights are copied on a separate process group, asynchronously, as the static experts
-compute. The target computes the moved expert with the copied weights and returns the rows;
-Combine is unchanged. Every row meets the same expert with the same weights, so outputs and
-gradients equal plain EP (tests/test_feplb.py checks this over 2 and 4 gloo ranks).
+Why: per-micro-batch copies of whole experts even the straggler that a static placement leaves.
+Our reading of each rule the text leaves open, stated so it can be checked: see
+docs/balancers.md.
 """
 
 from __future__ import annotations
@@ -132,7 +114,7 @@ class BalancePlan:
 
 def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
                    max_num_dyn: int | None = None, next_if_unfit: bool = False) -> BalancePlan:
-    """FEPLB's per-micro-batch greedy balancer; see the module docstring for its exact rules
+    """FEPLB's per-micro-batch greedy balancer; see docs/balancers.md for its exact rules
     (``next_if_unfit``: when the busiest dynamic expert does not fit the gap, try the next
     busiest instead of stopping; not the paper's rule, a diagnostic)."""
     # Plain Python on small lists: this runs on the CPU once per micro-batch and layer, and

@@ -1,45 +1,22 @@
 """Routing traces as data, a seeded synthetic generator, and the straggler metrics of FEPLB.
 
-Trace format
-------------
-A :class:`RoutingTrace` holds per-expert token counts
+A :class:`RoutingTrace` holds per-expert token counts ``counts[layer, micro_batch, source,
+expert]`` (int64; ``source`` is the EP rank whose tokens were routed, which the balancers need:
+FasterMoE's shadow experts compute a token on its source rank, LLEP/FEPLB ship rows from it),
+optionally the per-token top-k choices (``top_experts``) for measures that need token identity,
+and ``source``, where the routing came from ("synthetic: ..." or "real: ...").
 
-    counts[layer, micro_batch, source, expert]   int64
+Generators: ``synthetic_trace`` (log-normal expert popularity with skew, a Gaussian random-walk
+drift over micro-batches, per-source noise, Gumbel top-k without replacement; a pure function of
+the seed) and ``group_limited_trace`` (DeepSeek-V3's node-limited routing, tech report Sec.
+2.1.2: the top-M groups by their top K_r / M affinities, then the top-k experts inside them;
+V3's balancing bias left out, so the skew stands for the imbalance that remains).
 
-where ``source`` is the EP rank whose tokens were routed (the balancers need to know where a
-token starts: FasterMoE's shadow experts compute a token on its source rank, LLEP/FEPLB ship
-rows from it). Each count is the number of (token, expert) pairs, so for one (layer, micro
-batch, source) the counts sum to tokens * top_k. Optionally ``top_experts[layer][mb]`` keeps
-the per-token top-k choices ([S, k] int64, sources concatenated in rank order, S/W each) for
-measures that need token identity (deduplicated dispatch volume, feplb-fig4). ``source``
-says where the routing came from ("synthetic: ..." or "real: ...").
+Metrics (FEPLB Sec. 3.1): token straggler = max_d T_d - mean(T) and GEMM straggler = max_d G_d -
+mean(G), averaged over layers and micro-batches.
 
-Synthetic generator
--------------------
-Per layer, expert popularity is a log-normal "skew" (log-popularity ~ N(0, skew^2)); it drifts
-as a Gaussian random walk (std ``drift`` per micro-batch, temporal drift); each micro-batch and
-source adds independent noise (std ``noise``); each token then draws its k distinct experts by
-Gumbel top-k over the log-popularity (sampling without replacement in proportion to the
-popularity). Everything is a pure function of the seed.
-
-Group-limited generator (``group_limited_trace``)
--------------------------------------------------
-DeepSeek-V3's node-limited routing (tech report Sec. 2.1.2; its released config: 256 routed
-experts in ``n_group`` = 8 groups, ``topk_group`` = 4, top-8): each token's affinity to expert e
-is s_e = sigmoid(a_e); a group's score is the sum of the token's top K_r / M affinities in it
-(8 / 4 = 2); the token keeps its top-M groups (4) and picks its top-k experts (8) inside them,
-so it reaches at most M groups (the nodes, when each node holds whole groups). Here a_e is the
-synthetic generator's log-popularity (skew, drift, per-source noise, as above) plus a Gumbel
-draw per token and expert, so that within the kept groups the choice is sampling without
-replacement in proportion to popularity, as above. Experts are grouped by consecutive ids
-(expert e in group e // (E / groups)). V3's bias term for auxiliary-loss-free balancing is left
-out: the skew stands for the imbalance that remains, which is what replication is for.
-
-Metrics (FEPLB Sec. 3.1, "Metrics")
------------------------------------
-- token straggler = max_d T_d - mean(T), T_d tokens (token-expert rows) computed on device d;
-- GEMM straggler  = max_d G_d - mean(G), G_d the grouped-GEMM time of device d.
-Both are averaged over the run (here: over layers and micro-batches).
+Why: the balancers are scored on routings whose every parameter is stated and seeded. The trace
+format, the generators' models and the metrics in full: see docs/balance-workloads.md.
 """
 
 from __future__ import annotations
@@ -131,7 +108,7 @@ def synthetic_trace(num_layers: int, num_micro_batches: int, num_experts: int, t
                     tokens_per_source: int, num_sources: int, *, skew: float = 1.0,
                     drift: float = 0.05, noise: float = 0.3, seed: int = 0,
                     keep_tokens: bool = False) -> RoutingTrace:
-    """Seeded synthetic routing; see the module docstring for the model."""
+    """Seeded synthetic routing; see docs/balance-workloads.md for the model."""
     if min(num_layers, num_micro_batches, num_experts, top_k, tokens_per_source, num_sources) <= 0:
         raise ValueError("all sizes must be positive")
     if top_k > num_experts:
@@ -161,7 +138,7 @@ def group_limited_trace(num_layers: int, num_micro_batches: int, num_experts: in
                         tokens_per_source: int, num_sources: int, *, num_groups: int = 8,
                         top_groups: int = 4, skew: float = 1.0, drift: float = 0.05,
                         noise: float = 0.3, seed: int = 0) -> RoutingTrace:
-    """Seeded group-limited routing (DeepSeek-V3 Sec. 2.1.2; module docstring). Tokens' choices
+    """Seeded group-limited routing (DeepSeek-V3 Sec. 2.1.2; docs/balance-workloads.md). Tokens' choices
     are always kept (``top_experts``): group-limited routing matters through token identity."""
     if min(num_layers, num_micro_batches, num_experts, top_k, tokens_per_source, num_sources,
            num_groups, top_groups) <= 0:

@@ -4,58 +4,24 @@ A :class:`Workload` maps ``(seed, step, layer)`` to a :class:`Routing`: the expe
 ([T, k] int64, k distinct experts per token) and gates ([T, k] float32, rows summing to 1) of
 the T tokens of one step, plus, where the workload says so, each token's source position in
 [0, 1). Nothing in a routing depends on the EP layout: the layout only decides which rank a
-token starts on (:meth:`Routing.source_ranks`: token t on rank floor(position * W), and the
-positions default to t / T, i.e. consecutive tokens per rank) and which rank holds an expert.
-So the same logical workload is replayed at EP 2 and EP 16, and by every balancer alike.
-Every draw comes from a generator seeded by sha256 of ``name|seed|step|layer``.
+token starts on (:meth:`Routing.source_ranks`) and which rank holds an expert, so the same
+logical workload is replayed at EP 2 and EP 16, and by every balancer alike. Every draw comes
+from a generator seeded by sha256 of ``name|seed|step|layer``.
 
-Families (``Workload.family``) and what in each is real and what is sampled:
+Families (``Workload.family``):
+  standard    W0-W7, the eight token-imbalance workloads of Megatron-core's open benchmark
+              (NVIDIA/Megatron-LM pull request #7488), written from its definitions; W4's uneven
+              sources are our realisation (the published generator leaves them even);
+  synthetic   this project's generator (routing_trace.synthetic_trace), sources fixed to 16
+              groups of consecutive tokens;
+  real-count  OLMoE-1B-7B and Mixtral-8x7B: the expert popularity (per-expert counts over one
+              text domain, data/olmoe_routing/SOURCE.md) and, for ``olmoe-layers``, the
+              cross-layer joint counts are REAL; the tokens of each step and the gates are
+              sampled.
 
-standard (the eight token-imbalance workloads W0-W7 of Megatron-core's open token-imbalance
-benchmark, NVIDIA/Megatron-LM pull request #7488, ``benchmarks/moe/token_imbalance/``, proposed
-under the MoE roadmap issue #6757; written here from its definitions, defaults E = 8 experts,
-top-2, 128 tokens; ``hot`` = max(k, E // 4) experts):
-  W0 balanced          token t takes experts (t k + j) mod E, j < k: every expert equal;
-  W1 hot-set           tokens with t mod 4 != 0 draw k distinct experts from experts 0..hot-1,
-                       the others from all E (expected busiest/mean 3.25 at the defaults);
-  W2 hot-rank          W1's draw; the hot block is contiguous from expert 0, so under the
-                       contiguous placement it sits on rank 0 (its definition differs from W1
-                       only in what it isolates: per-rank placement at W1's heat);
-  W3 spread            as W1 with the pool {0, 2, 4, ...} of max(k, E // 2) even experts
-                       (expected 1.75 at the defaults; the published table says 1.281 at k = 2
-                       and 1.047 at k = 4, which is not what this definition gives: 1.75 both);
-  W4 ragged-source     k distinct experts uniform over all E (balanced destinations); the
-                       published generator leaves the sources even (its ids are uniform; only
-                       one padding row on odd ranks in its model modes), so the uneven sources
-                       are OUR realisation: token positions with density 2 (1 - x) on [0, 1),
-                       rank 0 of W getting 2/W - 1/W^2 of the tokens;
-  W5 zero-expert-rank  k distinct experts uniform over experts E/2..E-1 (half never chosen:
-                       expected 2.0);
-  W6 rotating-hotspot  W1 with the hot block starting at ((step // 3) hot) mod E: it moves
-                       every 3 steps, so a plan from an older step is stale;
-  W7 burst             steps with step mod 4 == 3 send even tokens to the hot block (expected
-                       2.5), other steps are uniform (expected 1.0).
-  Gates, as published: uniform in [0.5, 1), normalised per token.
-
-synthetic: this project's generator (routing_trace.synthetic_trace: log-normal expert
-popularity with skew, a drifting random walk over steps, noise per source, Gumbel top-k), its
-sources fixed to 16 groups of consecutive tokens so that it no longer depends on the layout.
-Everything in it is chosen by us.
-
-real-count (``olmoe-<domain>-L<layer>``, ``mixtral-<domain>-L<layer>``, ``olmoe-switch``,
-``olmoe-layers``): the expert popularity is REAL: per-expert top-k assignment counts of
-OLMoE-1B-7B (64 experts, top-8) and Mixtral-8x7B (8 experts, top-2) over ~209k tokens of one
-text domain, at layers 0, 7, 15 (data/olmoe_routing/SOURCE.md; Apache-2.0, from the OLMoE
-authors' routing analysis). What is SAMPLED: the tokens of each step, each drawing its k
-distinct experts by Gumbel top-k over log(count) (sampling without replacement in proportion
-to the counts; at OLMoE's skew the busiest experts come out a little below their real share,
-since a token takes an expert at most once), and the gates (the standard rule above). The
-counts are totals per domain, so per-step fluctuation is multinomial sampling, not measured.
-``olmoe-switch``: domain c4 before ``switch_step`` (4) and github from then on, a distribution
-shift. ``olmoe-layers``: three layers (0, 7, 15) of one token stream; layer 0 as above, layer
-7 drawn per token from the REAL joint counts 0->7 given the token's layer-0 experts (score of
-expert b: log sum_j P(b | a_j), then Gumbel top-k), layer 15 likewise from 7->15, so the
-cross-layer correlation is real and the per-token draws are sampled.
+Why: balancers are compared on the same routing at every EP size, and each workload says which
+of its parts are real and which are sampled. Each workload's definition and what in it is
+real: see docs/balance-workloads.md.
 """
 
 from __future__ import annotations
@@ -228,7 +194,7 @@ def _standard_draw(name: str, num_experts: int, top_k: int, tokens: int):
 
 
 def standard_workload(name: str, num_experts: int = 8, top_k: int = 2, tokens: int = 128) -> Workload:
-    """One of the eight standard workloads (module docstring); defaults are the published ones."""
+    """One of the eight standard workloads (docs/balance-workloads.md); defaults are the published ones."""
     if name not in STANDARD:
         raise ValueError(f"unknown standard workload {name!r}; known: {', '.join(STANDARD)}")
     _check_sizes(num_experts, top_k, tokens)
@@ -304,7 +270,7 @@ def _log_weights(counts: torch.Tensor) -> torch.Tensor:
 def real_count_workload(name: str, num_experts: int | None = None, top_k: int | None = None,
                         tokens: int = 4096) -> Workload:
     """``olmoe-<domain>-L<layer>``, ``mixtral-<domain>-L<layer>``, ``olmoe-switch``,
-    ``olmoe-layers`` (module docstring says what is real and what is sampled)."""
+    ``olmoe-layers`` (docs/balance-workloads.md says what is real and what is sampled)."""
     model = name.split("-", 1)[0]
     if model not in REAL_MODELS:
         raise ValueError(f"unknown real-count workload {name!r}")

@@ -29,7 +29,7 @@ ON_NODE_CLASSES = ("intra_package", "intra_node")  # link classes inside a node 
 def link_bytes_per_s(GBps: float, on_node: bool, nvlink_efficiency: float) -> float:
     """Bytes per second an application moves over a link the profile gives at ``GBps`` line
     rate: an on-node link (NVLink, a package's fabric) at line rate x ``efficiency.nvlink``, any
-    other as given (module docstring). Every reader of an on-node rate goes through here."""
+    other as given (docs/simulator.md). Every reader of an on-node rate goes through here."""
     return GBps * GB * (nvlink_efficiency if on_node else 1.0)
 
 
@@ -314,7 +314,7 @@ def _taper(value, where: str) -> float:
 def fabric_of(p: Platform) -> dict:
     """The fabric beyond the NICs, normalised: ``{"kind": "fat_tree" | "dragonfly", "levels":
     [{"name", "nodes", "taper"}, ...]}`` (innermost level first) or ``{"kind": "rail",
-    "rail_group_nodes", "spine_taper"}``. See the module docstring for the profile forms."""
+    "rail_group_nodes", "spine_taper"}``. See docs/simulator.md for the profile forms."""
     f = p.raw.get("network", {}).get("fabric")
     if f is None:  # the legacy form: switch groups and racks, tapers on their link classes
         links = {lk["class"]: lk for lk in p.links}

@@ -46,7 +46,7 @@ def head_dims(m: MoEModel) -> tuple[int, int]:
 
 
 def attention_core_flops_per_token(m: MoEModel, seq: int, causal: bool = False) -> float:
-    """Training FLOPs of QK^T and AV per token, all layers (see the module docstring)."""
+    """Training FLOPs of QK^T and AV per token, all layers (see docs/planner.md)."""
     dqk, dv = head_dims(m)
     fwd = 2 * seq * m.heads * (dqk + dv) * m.layers
     return 3 * fwd * (0.5 if causal else 1.0)
@@ -63,14 +63,14 @@ def _mla_latent_norms(m: MoEModel) -> int:
 def matmul_active_params(m: MoEModel) -> int:
     """Active weights that take part in a matmul: all active weights less the embeddings as
     params counts them (V d, or 2 V d untied), plus the output head's V d (tied or not), less
-    the norm weights (module docstring)."""
+    the norm weights (docs/planner.md)."""
     pc = param_counts(m)
     head = m.vocab * m.d_model if m.vocab else 0
     return pc.active - pc.embeddings + head - pc.norms - _mla_latent_norms(m)
 
 
 def train_flops_per_token(m: MoEModel, seq: int, causal: bool = False) -> float:
-    """6 N_active + attention core (module docstring)."""
+    """6 N_active + attention core (docs/planner.md)."""
     return 6 * matmul_active_params(m) + attention_core_flops_per_token(m, seq, causal)
 
 
@@ -163,7 +163,7 @@ class Estimate:
 
 def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq: int, M: int,
              checkpointing: bool = False, causal: bool = False, flash: bool = True) -> Estimate:
-    """Step time and MFU of a PP x EP mesh (module docstring). ``micro_batch``: sequences per GPU.
+    """Step time and MFU of a PP x EP mesh (docs/planner.md). ``micro_batch``: sequences per GPU.
     Every second comes from components.resources.time_model."""
     _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M)
     if m.n_experts % EP:
