@@ -34,9 +34,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from moe_repro.runtime import signals
+from moe_repro.runtime import signals, workdirs
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -208,8 +208,10 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
               ranks_per_node: int | None = None, backend: str = "gloo",
-              timeout_s: float = 120.0, threads_per_rank: int | None = None) -> list[Any]:
-    """Run ``target(ctx, **kwargs)`` on ``world_size`` real ranks; return results by rank."""
+              timeout_s: float = 120.0, threads_per_rank: int | None = None,
+              clock: Callable[[], float] = time.monotonic) -> list[Any]:
+    """Run ``target(ctx, **kwargs)`` on ``world_size`` real ranks; return results by rank.
+    ``timeout_s`` is counted on ``clock`` (a test passes a fake one to choose the moment)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if world_size < 1:
@@ -229,9 +231,8 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
     try:
         previous = signals.install()
         with signals.deferred():  # the directory is never without its owner file (a signal waits)
-            workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-            (workdir / "owner.pid").write_text(str(os.getpid()))
-        janitor = _start_janitor(workdir)
+            workdir = workdirs.make_workdir(WORKDIR_PREFIX)
+        janitor = _start_janitor(workdir, backend == "mpi")  # before any rank: its segment snapshot
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
                    MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
@@ -255,7 +256,7 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
                 with open(workdir / f"rank-{r}.err", "wb") as err, signals.deferred():
                     procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
                                                      start_new_session=True, preexec_fn=_in_child)
-        _supervise(procs, workdir, world_size, timeout_s)
+        _supervise(procs, workdir, world_size, timeout_s, clock)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
         try:
@@ -267,34 +268,48 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
                 if workdir is not None:
                     shutil.rmtree(workdir, ignore_errors=True)
                 if janitor is not None:
-                    janitor.kill()
-                    janitor.wait()
+                    _end_janitor(janitor)
         finally:
             # after the block, which puts back the handlers it found (ours) as it ends: inside
             # it, the caller's handlers were restored and then overwritten again
             signals.restore(previous)
 
 
-WORKDIR_PREFIX = "moe-repro-ranks-"
-
-# The janitor outlives a SIGKILLed parent (no handler runs then): it polls its own parent pid,
-# which changes when the parent dies (re-parenting), and removes the work directory. Standard
-# library only, no site import: it starts in a few tens of milliseconds.
-_JANITOR = """
-import os, shutil, sys, time
-owner, workdir = int(sys.argv[1]), sys.argv[2]
-while os.getppid() == owner and os.path.isdir(workdir):
-    time.sleep(0.2)
-shutil.rmtree(workdir, ignore_errors=True)
-"""
+WORKDIR_PREFIX = workdirs.RANKS_PREFIX
+JANITOR_WAIT_S = 15.0  # the most a finished run waits for its janitor's segment sweep
 
 
-def _start_janitor(workdir: Path) -> subprocess.Popen:
-    """A watcher that removes ``workdir`` when this process dies on a path where no cleanup
-    code runs (SIGKILL, a crash in C). Its own session: a signal to our process group spares it."""
-    return subprocess.Popen([sys.executable, "-S", "-c", _JANITOR, str(os.getpid()), str(workdir)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+def _start_janitor(workdir: Path, mpi: bool) -> subprocess.Popen:
+    """The watcher (runtime/workdirs.py) that cleans up when this process dies on a path where
+    no cleanup code runs (SIGKILL, a crash in C): this process's registered work directories,
+    and under MPI the segments the world's killed ranks left, told from the snapshot taken
+    here before any rank starts. Its own session: a signal to our process group spares it.
+    Its stdin is a pipe from us: the kernel closes it when we die, which wakes it at once."""
+    janitor = subprocess.Popen([sys.executable, "-S", workdirs.__file__, str(os.getpid()), str(workdir),
+                                "mpi" if mpi else "-"],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        janitor.stdin.write(json.dumps(workdirs.shm_snapshot() if mpi else None).encode() + b"\n")
+        janitor.stdin.flush()
+    except OSError:
+        pass
+    return janitor
+
+
+def _end_janitor(janitor: subprocess.Popen) -> None:
+    """Tell the janitor we cleaned up our directories; it sweeps the world's MPI segments (once
+    the world's processes are gone) and exits; wait for it, so that a finished run left nothing."""
+    try:
+        janitor.stdin.write(workdirs.DONE)
+        janitor.stdin.close()
+    except OSError:
+        pass
+    try:
+        janitor.wait(timeout=JANITOR_WAIT_S)
+    except subprocess.TimeoutExpired:
+        janitor.kill()
+        janitor.wait()
 
 
 def die_with_parent() -> None:
@@ -316,19 +331,10 @@ def _in_child() -> None:
 
 
 def remove_stale_workdirs() -> list[Path]:
-    """Remove work directories left by a run whose owner died without cleaning up (SIGKILL):
-    each holds owner.pid; a directory whose owner is gone is stale. Returns what was removed."""
-    removed = []
-    for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
-        try:
-            pid = int((d / "owner.pid").read_text())
-        except (OSError, ValueError):
-            continue  # not ours, or being created right now
-        if pid == os.getpid() or _alive(pid):
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
-    return removed
+    """Remove work directories of every registered prefix (runtime/workdirs.py) left by a run
+    whose owner died without cleaning up: each holds owner.pid; one whose owner is gone is
+    stale. Returns what was removed."""
+    return workdirs.remove_stale_workdirs()
 
 
 def _alive(pid: int) -> bool:
@@ -421,8 +427,8 @@ class _ExitOrder:
 
 
 def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
-               timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+               timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    deadline = clock() + timeout_s
     # Under mpiexec only its exit code comes back, and a dead rank's peers abort soon after it;
     # so watch the ranks' own pids (from their heartbeats) and remember which vanished first.
     watch = "mpiexec" in procs
@@ -456,7 +462,7 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                 if missing:
                     _raise_for(workdir, world_size, codes, "exited without a result")
                 return
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 _raise_for(workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)")
             exits.wait(0.02) if watch else time.sleep(0.02)
     finally:

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import patient
 from moe_repro.runtime.launch import WORKDIR_PREFIX, remove_stale_workdirs
+
+pytestmark = pytest.mark.timing
 
 PARENT = """
 import sys
@@ -50,7 +53,7 @@ def start_job(tmp_path, targets_on_path):
     pid_dir.mkdir()
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_dir)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patient(12)
     # a pid file exists a moment before its pid is written in it: wait for four written ones
     while len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) < 4:
         assert parent.poll() is None, "the parent died before its ranks started"
@@ -75,15 +78,15 @@ def wait_until(condition, seconds: float) -> bool:
 def test_ranks_die_with_their_parent(sig, tmp_path, targets_on_path):
     parent, ranks = start_job(tmp_path, targets_on_path)
     parent.send_signal(sig)
-    parent.wait(timeout=30)
-    assert wait_until(lambda: not any(running(pid) for pid in ranks), 5.0), \
-        f"ranks still running 5 s after {sig.name} to their parent"
+    parent.wait(timeout=patient(3))
+    assert wait_until(lambda: not any(running(pid) for pid in ranks), patient(0.5)), \
+        f"ranks still running {patient(0.5):g} s after {sig.name} to their parent"
     if sig == signal.SIGTERM:
         # the parent cleaned up on its way out, and exited with the conventional code
         assert parent.returncode == 128 + signal.SIGTERM
     # on SIGKILL no handler runs: the janitor process removes the directory
-    assert wait_until(lambda: not workdirs_of(parent.pid), 5.0), \
-        f"work directory still there 5 s after {sig.name} to its owner"
+    assert wait_until(lambda: not workdirs_of(parent.pid), patient(0.5)), \
+        f"work directory still there {patient(0.5):g} s after {sig.name} to its owner"
 
 
 def test_a_dead_owners_directory_is_removed_on_the_next_start(tmp_path):
@@ -107,11 +110,14 @@ def test_a_live_owners_directory_is_kept(tmp_path):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path):
-    # Four ranks sleep; one is SIGSTOPped: its heartbeat stops, so the timeout names it only.
+def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path, fake_clock):
+    # Four ranks sleep; one is SIGSTOPped: its heartbeat goes stale, so the timeout names it only.
+    # The timeout is counted on a fake clock, moved past it once the stopped rank's heartbeat is
+    # stale: a slow start of the ranks cannot use the timeout up first.
+    import json
     import threading
 
-    from moe_repro.runtime.launch import RankFailure, run_ranks
+    from moe_repro.runtime.launch import STALE_HEARTBEAT_S, RankFailure, run_ranks
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -119,18 +125,31 @@ def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path):
 
     def job():
         try:
-            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 60},
-                      world_size=4, timeout_s=12)
+            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 600},
+                      world_size=4, timeout_s=12, clock=fake_clock)
         except RankFailure as e:
             caught.append(e)
 
     t = threading.Thread(target=job)
     t.start()
-    assert wait_until(lambda: len(list(pid_dir.glob("rank-*.pid"))) == 4, 60)
-    os.kill(int((pid_dir / "rank-1.pid").read_text()), signal.SIGSTOP)
-    t.join(timeout=60)
+    try:
+        assert wait_until(lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
+                          patient(12)), "ranks did not start"
+        os.kill(int((pid_dir / "rank-1.pid").read_text()), signal.SIGSTOP)
+        (workdir,) = workdirs_of(os.getpid())
+
+        def stale() -> bool:
+            try:
+                return time.time() - json.loads((workdir / "rank-1.beat").read_text())["t"] > STALE_HEARTBEAT_S
+            except (OSError, ValueError):
+                return False
+        assert wait_until(stale, patient(1) + STALE_HEARTBEAT_S)
+    finally:
+        fake_clock.advance(13)  # past the timeout: the world is ended now
+        t.join(timeout=patient(6))
     (err,) = caught
     assert err.ranks == [1], str(err)
+    assert "did not finish within 12 s" in str(err)
     assert "stopped making progress" in str(err) and "rank 1 silent" in str(err)
 
 
@@ -185,16 +204,17 @@ def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_time
 
     t = threading.Thread(target=job)
     t.start()
-    assert wait_until(lambda: len(list(pid_dir.glob("rank-*.pid"))) == 4, 120)
+    assert wait_until(lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
+                      patient(12))
     stopped = int((pid_dir / "rank-2.pid").read_text())
     os.kill(stopped, signal.SIGSTOP)
-    t.join(timeout=HANG_FLOOR_S * 8)
+    t.join(timeout=patient(HANG_FLOOR_S))  # the limit grows with the heartbeat gaps of a busy machine
     assert not t.is_alive(), "the stopped rank was not found from its heartbeat"
     (err,) = caught
     assert err.ranks == [2], str(err)
     assert "no heartbeat for longer than" in str(err) and "rank 2 silent for" in str(err)
     assert "within 300 s" not in str(err)
-    assert wait_until(lambda: not running(stopped), 10.0)
+    assert wait_until(lambda: not running(stopped), patient(1))
 
 
 def test_no_handler_of_the_parent_runs_in_a_child_forked_for_a_rank(tmp_path):
@@ -319,7 +339,7 @@ def test_exit_order_names_the_process_that_ended_first():
         for rank, p in enumerate(procs):
             order.add(rank, p.pid)
         procs[2].kill()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + patient(1)
         while not order.batches and time.monotonic() < deadline:
             order.wait(0.02)
         for p in procs[:2]:
