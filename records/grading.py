@@ -5,29 +5,19 @@ tolerance. The rules, stated once here and shown on the site:
 
 - ``exact`` (counts, formulas, unit arithmetic): ``match`` within the paper's printed precision
   (half a unit of its last printed digit), otherwise ``deviates``. There is no ``close``.
-- ``prediction`` (our analytic model or simulator predicting a number the paper measured on
-  hardware): ``match`` within the printed precision, ``close`` within PREDICTION_TOLERANCE of the
-  paper's value, otherwise ``deviates``. One tolerance for all papers, fixed before results were
-  looked at (PREDICTION_TOLERANCE_REASON).
-- ``sampled`` (Monte Carlo, or a simulation over generated traces): the number is computed at
-  MIN_SEEDS or more seeds and each seed is graded by the prediction rule. A grade every seed gives
-  stands; a grade that differs between seeds is ``seed-dependent``, never ``close``. The cell
-  shows the fraction of seeds that agree with the paper and the range over seeds.
-- ``other-hardware`` (measured here against a number measured on another machine): magnitudes are
-  ``not-comparable`` and shown side by side; only the paper's direction and ordering claims are
-  graded (as claims).
+- ``prediction`` (our model or simulator predicting a number the paper measured on hardware):
+  ``match`` within the printed precision, ``close`` within PREDICTION_TOLERANCE, otherwise
+  ``deviates``; one tolerance for all papers, fixed before results were looked at.
+- ``sampled`` (Monte Carlo, generated traces): MIN_SEEDS or more seeds, each graded by the
+  prediction rule; a grade that differs between seeds is ``seed-dependent``, never ``close``.
+- ``other-hardware`` (measured here against another machine's measurement): magnitudes are
+  ``not-comparable``; only the paper's direction and ordering claims are graded.
 
-Claims in words ("2x", "2-3.6x", "1-3 pp", "<1%", "comparable") are read by :func:`read_claim`,
-one reading for all papers, and the reading is shown with the cell.
-
-``explained`` is a computation, not an assertion: the cell is recomputed with the cause removed
-(the counterfactual), and that value must agree with the paper under the same class. Without such
-a recomputation, or when it still disagrees, the cell is ``deviates`` with the hypothesis in its
-note. A deviation that our own model, simulator or balancer causes is never explained: it stays
-``deviates`` and names the component at fault (``fault``).
-
-A cell derived from another cell (MFU from TFLOPS) is shown but counted once: it names its source
-in ``derived_from`` and :func:`agreement` skips it.
+Claims in words ("2x", "2-3.6x", "<1%", "comparable") are read by :func:`read_claim`, one
+reading for all papers. ``explained`` is a computation: the cell recomputed with the cause
+removed must agree under the same class; a deviation our own component causes is never
+explained and names the component (``fault``). A cell derived from another is counted once
+(``derived_from``). The policy in full: see docs/validation-and-grading.md.
 """
 
 from __future__ import annotations

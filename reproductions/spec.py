@@ -4,30 +4,23 @@ A reproduction module defines ``REPRODUCTION = Reproduction(id=..., ...)``; the 
 :mod:`moe_repro.catalog` says what it is (title, paper element, how, description). Its
 ``compute`` function returns a :class:`Result` whose cells it builds with :meth:`compare` (a
 number the paper prints) or :meth:`claim` (a statement the paper makes in words). The paper's
-value is looked up, never used to compute ``ours``, and the grade decided (records/record.py
-lists the grades):
+value is looked up, never used to compute ``ours``.
 
 The grade is the grading policy's (records/grading.py), never the reproduction's: a
 reproduction declares the class of each cell's number (``grade_class``: exact, prediction,
-sampled, other-hardware; the reproduction's default, overridable per cell) and the policy decides.
-A sampled cell passes its per-seed values (``seeds``); an ``explained`` cell passes the value
-recomputed with the cause removed (:meth:`Cell.explain`), and the policy grades that too; a claim
-in words passes the words (``reading``) and :func:`grading.read_claim` reads them. Grades are
-listed in records/record.py.
+sampled, other-hardware) and the policy decides; sampled cells pass their per-seed values,
+``explained`` cells the value recomputed with the cause removed (:meth:`Cell.explain`), claims
+their words. Grades are listed in records/record.py.
 
-Deviation: relative, (ours - paper) / |paper| (so a negative paper value keeps the sign of the
-difference), except for cells in percent, whose deviation is ours - paper in percentage points.
+Deviation: relative, (ours - paper) / |paper|, except for cells in percent (percentage points).
 
-How each cell's number was made (``how``: letters of catalog.HOW, e.g. "A", "R", "A+S") is not
-typed: the code that measures, simulates or samples says so when it runs
-(components/provenance.py). By default a cell is labelled with everything that had run in the
-innermost ``tracking()`` scope when the cell was built: :meth:`Reproduction.run` opens one around
-the whole computation, and a number is computed before its cell, so nothing that made it is
-missed (but an analytic cell built after a measurement would be over-labelled R). A
-reproduction that mixes ways therefore computes each part inside its own ``with tracking():``
-(cells built there get that part's kinds), or passes a scope's set as ``compare(...,
-made=...)``. The record's ``how`` is the union over its cells; tests check it against the
-catalog's.
+How each cell's number was made (``how``: letters of catalog.HOW) is not typed: the code that
+measures, simulates or samples says so when it runs (components/provenance.py), and a cell is
+labelled with what ran in the innermost ``tracking()`` scope; a reproduction that mixes ways
+computes each part inside its own ``with tracking():`` or passes ``compare(..., made=...)``.
+
+Why: a paper's values, ours and the grade are kept apart so no reproduction grades itself. The
+labelling rules in full: see docs/validation-and-grading.md.
 """
 
 from __future__ import annotations

@@ -4,39 +4,25 @@ The points are data (validation_points.json, next to this module): each one is a
 source prints (paper or benchmark page, table, row, column, hardware), in the reproductions'
 paper-value form, with the configuration the source states. Five predictors are scored:
 
-- ``step-time``: the parallelism planner (components.resources.parallel_planner.plan_parallel)
-  with the published configuration fixed: TP, PP, DP, global batch, recompute and attention
-  kernel from the paper; micro-batch size, virtual stages, DDP implementation (overlapped or not)
-  and gradient precision from the launch scripts the authors published with it (each point's
-  ``configuration_source``). Where a source leaves one open, the planner picks it, as `repro
-  plan` would. The measured step time is derived from the printed throughput with the source's
-  own FLOP count (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
-- ``memory``: the planner's per-GPU memory on the binding pipeline stage (weights, gradients,
-  optimizer state, activations, buffers) for the published layout, in GiB.
-- ``alltoall-bandwidth``: the flow-level network simulator (components.network.simulator) on the
-  named machine's profile, reporting the bandwidth on the link the source names as the
-  bottleneck (NVLink bytes per GPU inside a node; RDMA bytes per GPU between nodes) per second.
-- ``gemm-time``: the time model's GEMM (components.resources.time_model.gemm_time: the profile's
-  sustained ceiling x tile and wave quantization, or HBM-bound) against bf16 GEMMs this project
-  measured on one H200 (reproductions/measured/, benchmarks/gemm_shape_curve.py --graph): a
-  curve of layer shapes from 16 to 16384 rows, and every GEMM of one layer of the step-time
-  points (at the micro-batch sizes the planner picked before the points took their launch
-  scripts' sizes: the 1.7B-7.5B points now run 16 sequences, twice the rows measured). Not a
-  published number: the source names the run. The h200 profile's ceiling comes from another
-  run (the eager curve's sustained phase); the 8192^3 shape it was measured at is not scored
-  either.
-- ``attention-core``: the time model's attention core with materialised scores (no
-  FlashAttention: components.resources.time_model.attention_core_time, flash=False, a roofline of
-  the attention rate and the scores' HBM traffic), the form every step-time point runs, against
-  the batched QK^T and AV products of the same measured run (the step-time points' attention
-  shapes: micro-batch x heads / TP batches of 2048 x d x 2048): one point per (batch, head
-  width), measured = the two products' median times added. The h200 profile's attention rate
-  (500 TFLOP/s, meant for FlashAttention) is marked approximate: no measurement set it; the
-  measured GEMM ceiling (686) in its place makes every point faster still.
+- ``step-time``: the parallelism planner with the published configuration fixed (from the paper
+  and the launch scripts its authors published, each point's ``configuration_source``); the
+  measured step time is derived from the printed throughput with the source's own FLOP count
+  (Narayanan et al. Eq. 3), so that ours and theirs count the same work.
+- ``memory``: the planner's per-GPU memory on the binding pipeline stage, in GiB.
+- ``alltoall-bandwidth``: the flow-level network simulator on the named machine's profile, on
+  the link the source names as the bottleneck.
+- ``gemm-time``: the time model's GEMM against bf16 GEMMs this project measured on one H200
+  (reproductions/measured/): not a published number; the source names the run.
+- ``attention-core``: the time model's materialised-scores attention core against the batched
+  QK^T and AV products of the same measured run.
 
 Every predicted number is analytic or simulated, never measured here; no parameter of any
 predictor was set from a scored point (the data file's ``parameters`` list says where each one
 comes from). Percentage error = (predicted - measured) / measured.
+
+Why: a model is only trusted as far as it predicts numbers measured on real clusters. What each
+predictor's points are and where their configurations come from: see
+docs/validation-and-grading.md.
 """
 
 from __future__ import annotations

@@ -5,70 +5,28 @@ schedule and phases from the registry and asks its facts, not its name, how to s
 Every algorithm does the same job, so their times compare: each rank holds ``tokens`` rows of
 ``hidden`` float32 values and a random top-``top_k`` routing over ``experts`` experts (placed on
 ranks by ``placement``); the measured call turns (x, PFT) into each rank's expert inputs, in the
-flat all-to-all's layout, including the count/metadata exchange each algorithm needs:
-  flat  gather rows in send order, exchange counts, one all-to-all-v (torch all_to_all_single
-        on gloo/NCCL, Alltoallv on MPI)
-  halo  gather rows, the all-to-all of the counts HALO's plan needs, HALO's three phases
-  rbd   pilot selection, metadata, pilots across nodes, replicas inside nodes
+flat all-to-all's layout, including the count/metadata exchange each algorithm needs.
 
-``path`` megatron-dispatch / megatron-combine time Megatron-core's own token dispatcher
-(``MoEAlltoAllTokenDispatcher``: permute, an all-gather of the counts, all-to-all-v of the rows
-and of their probs; on the way back all-to-all-v and unpermute) on the same routing, rows and
-ranks, checked against the same reference (components/moe/peer_ep.MegatronDispatcher; any
-registered peer dispatcher gets its two paths). Its collectives are not our communicators', so
-its records carry no bytes per link class.
+``path``: ``dispatch`` (the default), ``megatron-dispatch`` / ``megatron-combine`` (Megatron-core's
+own token dispatcher on the same routing and ranks), ``collective`` (the bare flat all-to-all-v,
+nccl-tests' floor) and ``node`` (flat on each emulated node's own communicator at once, the
+intra-node exchange HALO's and RBD's node-wide phases run). Nodes are emulated:
+``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is what the ranks sent
+to other nodes in one call, counted by the communicators.
 
-``path`` collective times, instead of the dispatch, the bare flat all-to-all-v of rows already
-packed in send order with every count known and the receive buffer reused: what nccl-tests'
-alltoall times, the floor a flat dispatch can reach. ``--path dispatch,collective`` puts the
-two side by side in one run; their ratio is what the dispatch adds (packing, counts).
+Message size (``--sizes``, nccl-tests' alltoall meaning: the bytes each rank sends in total) is
+the logical dispatch payload, size = tokens * top_k * hidden * 4, the same for every algorithm;
+algbw = size / time_s and busbw = algbw * (n - 1) / n (nccl-tests doc/PERFORMANCE.md).
+``#wrong`` (--check) compares rows and combine with a single-process reference.
 
-``path`` node (flat only) runs the flat dispatch on each emulated node's own communicator, every
-node at once, each node's ranks a world of their own with the same routing: the intra-node
-exchange HALO's and RBD's node-wide phases run, in the same world as a world-wide one. Beside
-``path dispatch`` it tells a phase's per-message cost from its synchronisation (the local
-calibration of suites/alltoall_validation.py fits both).
+Worlds that are not real here (a ``--platform`` other than ``local``, or more than
+MAX_LOCAL_RANKS ranks) are simulated by the flow-level simulator (components/network/simulator.py)
+on the platform's profile, recorded ``simulated: true`` beside the Piper Eq. 6 bound
+``eq6_bound_s``. Under torchrun/mpirun/srun the launched world is used.
 
-Nodes are emulated: ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is
-what the ranks actually sent to ranks of other nodes during one call (all phases, metadata
-included, summed over ranks), counted by the communicators themselves.
-
-Message size (``--sizes``, nccl-tests' meaning for alltoall: the bytes each rank sends in total,
-its own share included):
-    size = tokens * top_k * hidden * 4        (every token's row goes to each of its top_k
-                                               experts; float32)
-Given ``sizes`` (e.g. ``--sizes 1K:64M``, a doubling range), each size sets the rows: hidden
-stays ``--hidden`` and tokens = size / (top_k * hidden * 4); a size below one token's payload
-(top_k * hidden * 4) keeps one token and narrows the row to hidden = size / (top_k * 4). A size
-those rules cannot meet exactly is rejected. ``--sizes`` takes precedence over ``--tokens``;
-without it (``sizes=0``) tokens and hidden give the size. Either way the record's ``tokens``,
-``hidden``, ``sizes`` and ``size`` are the effective values. The size is the *logical* dispatch
-payload, the same for all three algorithms so their times compare: flat sends exactly it
-(random routing: the split over destinations is uneven, not size/n per peer as in
-nccl-tests); HALO sends the same rows through two hops; RBD delivers the same rows to the
-experts but sends only one pilot per (token, remote node) across nodes plus 32-byte metadata
-per routed pair, so what it puts on the wire depends on the routing -- ``inter_node_bytes``
-and ``intra_node_bytes`` say what each algorithm actually sent.
-
-Bandwidth (nccl-tests alltoall conventions, doc/PERFORMANCE.md):
-    algbw = size / time_s
-    busbw = algbw * (n - 1) / n     (n ranks: the share a rank keeps for itself crosses no link)
-``#wrong`` (--check) compares the dispatched rows and the combine, element by element, with a
-single-process reference that rebuilds every rank's inputs from their seeds and routes them by
-a loop over tokens, with no communication.
-
-Worlds that are not real here -- ``--platform`` other than ``local``, or more than
-MAX_LOCAL_RANKS ranks -- are simulated by the flow-level topology simulator
-(components/network/simulator.py) on the platform's profile: it replays the schedule the real
-algorithm sends (its ``counts_schedule``), for the expected routing of the same parameters
-(every source sends ``tokens * top_k * e_d / experts`` rows to a rank holding e_d experts);
-an algorithm whose messages depend on the tokens themselves (``schedule_from_counts`` false:
-RBD's pilots) is replayed message by message from the real per-rank routing (its
-``routed_schedule``), up to MAX_PER_MESSAGE_RANKS ranks. Those records carry ``simulated:
-true``, no spread, the Piper Eq. 6 NIC-injection lower bound ``eq6_bound_s`` beside the
-prediction, and leave out the count exchange (counts known in advance, as in Piper Alg. 1).
-Under torchrun/mpirun/srun the launched world is used; then nodes * gpus_per_node must equal
-its size.
+Why: the algorithms are compared at the same logical payload on real ranks, and at cluster
+scale on the same schedules. The paths, the size rules and the simulated worlds in full: see
+docs/alltoall-suite.md.
 """
 
 from __future__ import annotations

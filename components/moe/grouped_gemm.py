@@ -5,33 +5,24 @@ Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py):
 rows ``offsets[g-1]:offsets[g]`` with ``offsets = cumsum(tokens_per_group)``. A grouped GEMM
 computes ``y[rows of g] = x[rows of g] @ w[g]`` for x [N, K] and w [G, K, M].
 
-Kernels (all differentiable, all exact up to fp summation order; ``triton`` is offered only
-where Triton can run, see components/moe/triton_support.py):
-- ``sequential``: one GEMM per group in a Python loop (X-MoE App. B.4 "sequential GeMM").
-- ``padded_bmm``: scatter groups into a zero-padded [G, max_rows, K] batch, one ``torch.bmm``,
-  gather back (what a capacity-padded pipeline computes; wastes G*max_rows - N rows).
-- ``grouped_mm``: ``torch._grouped_mm`` (one kernel, CPU and GPU). Its contract: int32 offsets
-  holding cumulative row ends; every row stride a multiple of 16 bytes (K and M padded with zero
-  columns when they are not); its backward rejects expanded/non-contiguous incoming gradients
-  and zero-row inputs, so we hand it a contiguous gradient and route N = 0 through
-  ``sequential``.
-- ``triton``: a Triton kernel over BLOCK_M-row tiles of each group, with its backward
-  (components/moe/triton_kernels.py); on a GPU, or on the CPU in interpreter mode.
-
-FLOPs of one grouped GEMM: 2 * N * K * M (N = total rows); bytes read at least
-(N*K + G*K*M) * itemsize, written N*M*itemsize. The padded kernel performs
-2 * G * max_rows * K * M FLOPs for the same useful work.
+Kernels (all differentiable, all exact up to fp summation order): ``sequential`` (one GEMM per
+group, X-MoE App. B.4 "sequential GeMM"), ``padded_bmm`` (a zero-padded batch and one bmm: what
+a capacity-padded pipeline computes), ``grouped_mm`` (``torch._grouped_mm``, one kernel) and
+``triton`` (components/moe/triton_kernels.py; offered only where Triton can run, see
+components/moe/triton_support.py). FLOPs of one grouped GEMM: 2 * N * K * M; the padded kernel
+performs 2 * G * max_rows * K * M for the same useful work.
 
 :func:`grouped_gemm` checks the shapes once and looks the kernel up by name; the expert MLPs
 (components/moe/expert_mlp.py), the expert-gemm suite and the benchmarks list the kernels from
 :func:`grouped_gemm_names`.
 
-Adding a kernel:
-1. write ``_my_kernel(x, w, counts) -> y`` in this module; it receives already checked operands
-   (``counts`` int64 on the CPU, summing to N, empty groups allowed) and must be differentiable;
-2. register it once below the others:
-   ``register_grouped_gemm(GroupedGemmKernel("my_kernel", "one-line description", _my_kernel))``.
+Adding a kernel: write ``_my_kernel(x, w, counts) -> y`` here (checked operands in, must be
+differentiable) and register it once below the others with ``register_grouped_gemm``;
 tests/test_balance_registry.py then checks it against a loop reference on uneven groups.
+
+Why: X-MoE's padding-free pipeline needs the expert GEMM without padding, and the kernels that
+compute it are compared on the same contract. Each kernel's contract and limits: see
+docs/moe-kernels.md.
 """
 
 from __future__ import annotations

@@ -4,32 +4,20 @@ components/moe/peers.py runs the peers' gating, permute and unpermute on one ran
 whole expert-parallel path runs over a real EP group (gloo on CPU), forward and backward, with
 the same router weight and the same expert weights as our :class:`MoELayer` on that group:
 
-  megatron   Megatron-core 0.16's ``MoEAlltoAllTokenDispatcher`` (the token dispatcher its
-             ``MoELayer`` holds for ``--moe-token-dispatcher-type alltoall``), given our EP group
-             through its ``ProcessGroupCollection`` (ep = tp_ep = our group; no expert tensor
-             parallelism). Routing: our layer's kept pairs and weights (its gate's top-k after
-             its capacity drop, if any), as Megatron's dense probs / routing_map pair; the dispatcher permutes, exchanges the counts
-             (all-gather), the rows and the probs (all-to-all-v), sorts by local expert; our
-             experts run on its rows and scale them by its probs (Megatron's experts apply the
-             probs inside the MLP, before the second projection: the same product, the second
-             projection being linear without bias); then its combine (sort back, all-to-all-v,
-             unpermute).
-  deepspeed  DeepSpeed 0.19's ``MOELayer`` (deepspeed.moe.sharded_moe: the layer its ``MoE``
-             wraps) with its ``_AllToAll`` on our EP group, registered with deepspeed.comm
-             (``init_distributed`` on the already initialised torch.distributed world). Gating:
-             its ``topkgating`` on the same router logits (drop policy "probs", capacity from
-             its own ``_capacity``, weights renormalised after the drop), sparse slot encode /
-             decode into its [E, C, H] buffer, our experts on that buffer (``forward_padded``).
-             Our layer matches it with ``capacity_factor``, ``drop_policy="probs"`` and
-             ``renormalize_after_drop=True`` (pft.DROP_POLICIES).
+  megatron   Megatron-core 0.16's ``MoEAlltoAllTokenDispatcher`` on our EP group, routed by our
+             layer's kept pairs and weights; our experts run on its rows and scale them by its
+             probs (the same product as Megatron's experts compute).
+  deepspeed  DeepSpeed 0.19's ``MOELayer`` with its ``_AllToAll`` on our EP group and its own
+             ``topkgating``; our layer matches it with ``capacity_factor``,
+             ``drop_policy="probs"`` and ``renormalize_after_drop=True``.
 
-CPU worlds: Megatron allocates the received rows of its all-to-all and all-gather on
-``torch.cuda.current_device()`` and moves split sizes through a CUDA side stream; on a CPU
-world :func:`megatron_on_cpu` points the first at the CPU (for the rank's process: its
-backward allocates there too) and the dispatcher's side-stream copy (a synchronisation method) becomes turning
-the split sizes into host lists: they already live on the CPU. Every collective and
-every permutation is Megatron's own code. DeepSpeed's path needs no change; its communication
-backend is only kept from compiling a C++ op this path never calls (:func:`_without_shared_memory_op`).
+CPU worlds: :func:`megatron_on_cpu` points Megatron's device allocations at the CPU and turns
+its side-stream split-size copy into host lists; DeepSpeed's path only skips compiling a C++ op
+it never calls (:func:`_without_shared_memory_op`). Every collective and every permutation is
+the peers' own code.
+
+Why: our layer is checked against the frameworks' own expert-parallel code, not a reading of
+it. How each peer is driven and matched: see docs/moe-kernels.md.
 """
 
 from __future__ import annotations

@@ -5,29 +5,22 @@ Piper Sec. III-D: "it interfaces PyTorch Distributed Pipeline Parallelism with e
 group members." Layout (Sec. III-A2a, Fig. 2): P = DP x PP x EP ranks on a DeviceMesh with dims
 ("dp", "pp", "ep"), EP innermost (Eq. 10: EP inside the fast domain). Each of the EP x DP
 pipelines runs the same schedule on its own shard of the global batch; inside a stage the EP
-ranks exchange tokens through the dispatcher components/moe/moe_layer.py holds: ``alltoall``
-names any registered algorithm (components/alltoall: flat, the default, Piper Sec. V's HALO or
-X-MoE Sec. 4.2's RBD on the EP group over the emulated nodes, ``ranks_per_node``, restricted to
-the group; each one's dispatcher is differentiable), the same code the alltoall and
-dispatch-stages suites time, and because every pipeline executes the same schedule, the EP group's
-collectives are issued in the same order on every member.
+ranks exchange tokens through the dispatcher of components/moe/moe_layer.py (``alltoall``: any
+registered algorithm, flat, HALO or RBD, on the EP group), and because every pipeline executes
+the same schedule, the EP group's collectives are issued in the same order on every member.
 
-Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over
-the DP x EP data shards and the M micro-batches of each micro-batch's mean token cross entropy
-(plus ``aux_loss_coef`` x the router balance loss of that micro-batch). The schedule backprops
-each micro-batch's loss and divides by M (``scale_grads=True``); replicated parameters
-(embedding, attention, norms, router, head) are then averaged over the EP group, expert weights
-(which already collected every shard's gradient through the all-to-all) are divided by EP, and
-everything is averaged over DP. The single-process reference (:func:`reference_run`) loops over
-the same shards and micro-batches with the whole model in one process and the same convention.
+Gradient convention (what ``--check-reference`` checks): the loss of a step is the mean over the
+DP x EP data shards and the M micro-batches of each micro-batch's mean token cross entropy (plus
+the weighted router balance loss); replicated parameters are averaged over the EP group, expert
+weights divided by EP, everything averaged over DP. :func:`reference_run` computes the same in
+one process.
 
-Measurements per step: loss, tokens/s, per-stage activation peak (bytes held for backward,
-counted with saved-tensor hooks: Piper Eq. 4's activation term) and static bytes, the bubble
-(1 - busiest rank's compute / schedule time: the idle time of the critical stage, so that stage
-imbalance, which the formula assumes away, is not counted as bubble; the per-stage idle fractions
-including imbalance are reported beside it), the time split (attention, experts, all-to-all,
-P2P estimated from a ping-pong, idle, other) and MFU (Piper Eq. 12: model FLOPs / (peak x
-ranks x step time)) against the GEMM peak measured on the device in the training dtype.
+Measurements per step: loss, tokens/s, per-stage activation peak (Piper Eq. 4's activation term)
+and static bytes, the bubble of the critical stage (stage imbalance reported beside it), the time
+split and MFU (Piper Eq. 12) against the GEMM peak measured on the device.
+
+Why: Piper's planner predicts memory and step time for PP x EP layouts; this executor runs them.
+The layout, the convention and the measurements in full: see docs/pp-ep-trainer.md.
 """
 
 from __future__ import annotations
