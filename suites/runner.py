@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
+import shutil
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -217,7 +217,9 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
                 done(rec)
         return records
 
+    from moe_repro.runtime import signals
     from moe_repro.runtime.launch import init_launched_world, launched_world_size, run_ranks
+    from moe_repro.runtime.workdirs import POINTS_PREFIX, make_workdir
 
     external = launched_world_size()
     if external:  # started by torchrun / srun / mpirun: this process is one rank of the world
@@ -249,14 +251,18 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
             if done:
                 done(rec)
 
-        # one launch per world (starting ranks costs seconds); its points come back one by one
-        with tempfile.TemporaryDirectory(prefix="moe-repro-points-") as out_dir:
-            reader = _PointReader(Path(out_dir), len(points), deliver)
+        # one launch per world (starting ranks costs seconds); its points come back one by one.
+        # The folder is a registered work directory (runtime/workdirs.py): it names its owner,
+        # so the launch's janitor removes it if this process is SIGKILLed.
+        with signals.deferred():  # never without its owner file
+            out_dir = make_workdir(POINTS_PREFIX)
+        try:
+            reader = _PointReader(out_dir, len(points), deliver)
             reader.start()
             try:
                 run_ranks("moe_repro.suites.runner:run_points_on_rank",
                           {"suite": suite.name, "points": points, "config": asdict(config),
-                           "out_dir": out_dir},
+                           "out_dir": str(out_dir)},
                           world_size=int(first["ranks"]),
                           ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
                           backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
@@ -264,6 +270,9 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
                 reader.finish()  # the points that finished, even when the world failed
                 if reader.count:
                     produced("measured")  # on the ranks just launched, not in this process
+        finally:
+            with signals.deferred():  # a second signal must not cut the removal short
+                shutil.rmtree(out_dir, ignore_errors=True)
         if reader.count != len(points):
             raise RuntimeError(f"{suite.name}: the world returned {reader.count} of "
                                f"{len(points)} points")

@@ -1,0 +1,245 @@
+"""Everything a run leaves on the machine while it runs, in one registry, and the janitor that
+removes it when the run cannot.
+
+- Work directories in the temp directory: one prefix per kind (:data:`PREFIXES`), each
+  directory holding ``owner.pid`` (the process that made it). A directory whose owner is gone
+  is stale (:func:`remove_stale_workdirs`, run before each launch).
+- MPICH's shared memory: ranks under mpiexec map ``/dev/shm/mpich_shm_<world>_<node>`` (and
+  ``mpich_vci_*``), unlinked by ``MPI_Finalize``; a rank killed first leaves it. The name
+  carries a hash of the launcher's job name, no pid, so a world's segments are found by
+  snapshot: the files of :data:`SHM_PATTERNS` owned by this user that were not there before the
+  launch (:func:`shm_snapshot`, :func:`remove_new_segments`). One is removed only once no
+  process of the world is alive and no live process holds it (open or mapped): another
+  user's segment (other owner) and another live run's (held by its ranks) are never touched.
+- The janitor (``python -S`` running this file, started by ``launch.run_ranks`` in its own
+  session) outlives a SIGKILLed ``repro``, where no cleanup code of ours runs: it learns of the
+  parent's end from its stdin (the pipe closes without the parent's ``done``), waits for the
+  world's processes (their command lines name the work directory) to end, then removes every
+  registered directory the parent owned and the world's MPI segments. On the normal path the
+  parent removes its own directories and the janitor only sweeps the segments.
+
+Standard library only and no package import: the janitor starts in tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import select
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RANKS_PREFIX = "moe-repro-ranks-"  # runtime/launch.py: one local world's files (results, heartbeats)
+POINTS_PREFIX = "moe-repro-points-"  # suites/runner.py: a world's finished records, handed back
+PREFIXES = (RANKS_PREFIX, POINTS_PREFIX)
+OWNER_FILE = "owner.pid"
+
+SHM_DIR = Path("/dev/shm")
+SHM_PATTERNS = ("mpich_shm_*", "mpich_vci_*")
+WORLD_END_WAIT_S = 10.0  # how long the janitor waits for the world's processes to end
+DONE = b"done\n"  # the parent's last line to the janitor: it cleaned up its own directories
+
+
+def make_workdir(prefix: str) -> Path:
+    """A new directory in the temp directory with a registered prefix, holding owner.pid. Call
+    it where a signal cannot come between the two steps (``signals.deferred``)."""
+    if prefix not in PREFIXES:
+        raise ValueError(f"unregistered work-directory prefix {prefix!r}: add it to PREFIXES")
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    (d / OWNER_FILE).write_text(str(os.getpid()))
+    return d
+
+
+def _owner(d: Path) -> int | None:
+    try:
+        return int((d / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # not ours, or being created right now
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _workdirs(tmp: Path | None = None):
+    tmp = Path(tmp or tempfile.gettempdir())
+    for prefix in PREFIXES:
+        yield from tmp.glob(prefix + "*")
+
+
+def remove_stale_workdirs(tmp: Path | None = None) -> list[Path]:
+    """Remove registered work directories whose owner died without cleaning up (SIGKILL, and
+    its janitor killed too). Returns what was removed."""
+    removed = []
+    for d in _workdirs(tmp):
+        pid = _owner(d)
+        if pid is None or pid == os.getpid() or alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def remove_workdirs_of(owner: int, tmp: Path | None = None) -> list[Path]:
+    """Remove every registered work directory ``owner`` made (the janitor, once it is dead)."""
+    removed = []
+    for d in _workdirs(tmp):
+        if _owner(d) == owner:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def shm_snapshot(shm_dir: Path = SHM_DIR) -> dict[str, int]:
+    """{name: inode} of the MPI segments this user owns now."""
+    found = {}
+    try:
+        entries = list(os.scandir(shm_dir))
+    except OSError:
+        return found
+    for e in entries:
+        if not any(fnmatch.fnmatchcase(e.name, p) for p in SHM_PATTERNS):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid():
+            found[e.name] = st.st_ino
+    return found
+
+
+def new_segments(before: dict[str, int], shm_dir: Path = SHM_DIR) -> list[Path]:
+    """This user's MPI segments that were not in ``before`` (a same name on another inode is a
+    new file)."""
+    now = shm_snapshot(shm_dir)
+    return [Path(shm_dir) / name for name, ino in sorted(now.items()) if before.get(name) != ino]
+
+
+def _pids():
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            yield int(entry.name)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def held(paths: list[Path]) -> set[str]:
+    """Which of ``paths`` a live process has open or mapped (from /proc: descriptors, then
+    maps). Processes whose /proc entries cannot be read belong to other users."""
+    wanted = {str(p) for p in paths}
+    found: set[str] = set()
+    if not wanted:
+        return found
+    for pid in _pids():
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(fd.path)
+                except OSError:
+                    continue
+                if target in wanted:
+                    found.add(target)
+            if wanted - found:
+                with open(f"/proc/{pid}/maps", errors="replace") as f:
+                    for line in f:
+                        if "/dev/" in line or str(SHM_DIR) in line:
+                            path = line.rstrip("\n").split(None, 5)[-1]
+                            if path in wanted:
+                                found.add(path)
+        except OSError:
+            continue
+        if found == wanted:
+            break
+    return found
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes (not zombies) whose command line contains ``text`` (a world's work
+    directory: its ranks and mpiexec name it), other than this one."""
+    needle = text.encode()
+    found = []
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle not in f.read():
+                    continue
+        except OSError:
+            continue
+        if _running(pid):
+            found.append(pid)
+    return found
+
+
+def remove_new_segments(before: dict[str, int], world: str | None = None, shm_dir: Path = SHM_DIR,
+                        wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep) -> list[Path]:
+    """Once no process naming ``world`` runs (up to ``wait_s``), unlink this user's MPI segments
+    that appeared since ``before`` and that no live process holds. Returns what was removed."""
+    if world is not None:
+        deadline = clock() + wait_s
+        while processes_naming(world) and clock() < deadline:
+            sleep(0.05)
+    candidates = new_segments(before, shm_dir)
+    busy = held(candidates)
+    removed = []
+    for path in candidates:
+        if str(path) in busy:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue  # unlinked meanwhile by its own world
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
+    """The janitor's body (see the module docstring). Its stdin carries one JSON line (the
+    segment snapshot taken before the launch, or null), then ``done`` from a parent that
+    cleaned up; end of input without it means the parent died."""
+    stream = stream if stream is not None else sys.stdin.buffer
+    fd = stream.fileno()
+    buf = b""
+    while os.getppid() == owner:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    first, _, rest = buf.partition(b"\n")
+    try:
+        before = json.loads(first) or {}
+    except ValueError:
+        before = {}
+    if not rest.endswith(DONE):  # the parent died: nothing of its own cleanup ran
+        deadline = time.monotonic() + WORLD_END_WAIT_S
+        while processes_naming(workdir) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a live rank would write into the directory being removed
+        shutil.rmtree(workdir, ignore_errors=True)
+        remove_workdirs_of(owner, Path(workdir).parent)
+    if mpi:
+        remove_new_segments(before, workdir)
+
+
+if __name__ == "__main__":
+    janitor(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "mpi")
