@@ -39,7 +39,7 @@ UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-
 # This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform.
 # Replayed from CUDA graphs: the kernels' own time, which is what gemm_time models (in a step the
 # host runs ahead of the GPU); the same shapes launched eagerly from Python are beside them, not
-# scored (about half of a thin GEMM's eager time is its ~7 us launch).
+# scored (a thin GEMM's eager time is largely its launch).
 MEASURED_GEMMS = (("h200-gemm-curve-graph-2026-11-26.json", "curve", "h200"),
                   ("h200-layer-gemms-graph-2026-11-26.json", "layer", "h200"))
 CEILING_SHAPE = (8192, 8192, 8192)  # where gpu.achievable_gemm_tflops was measured: not scored

@@ -8,9 +8,9 @@ and components.moe.padded_moe.PaddedMoELayer ([S, E, C] masks, einsums, even all
 Scale: X-MoE measures the Small model (H 2048, F 1408, E 64, k 6) at EP = 8 and the Large one
 at EP = 64 on 256 MI250X GCDs, with Triton kernels. ``repro run xmoe-fig11 --full`` measures the
 Small layer (capacity factor 1.25, Sec. 5.1) with 2048 tokens per rank, one sequence of its 2048
-(Table 3), on 2 ranks of this machine, with PyTorch ops: about a quarter of an hour on a 2-core
-machine. The default halves H and F and takes 512 tokens per rank (E, k and the capacity factor
-as Small) so that it finishes in a few minutes. The paper's micro-batch is not printed, and App.
+(Table 3), on 2 ranks of this machine, with PyTorch ops: a long run on a small CPU machine.
+The default halves H and F and takes 512 tokens per rank (E, k and the capacity factor as
+Small) so that it finishes in a few minutes. The paper's micro-batch is not printed, and App.
 B.5 puts the padded layer's dispatch and combine at O(c k b^2 s^2 h) against PFT's O(k b s h):
 so the gating, buffer dispatch and buffer combine stages are also measured at twice the tokens,
 and the growth of the ratio is graded as App. B.5's claim. The paper's baseline is

@@ -62,10 +62,9 @@ PATHS = (*CALLS, "collective", "node", *PEER_PATHS)
 LATENCY_MODELS = ("profile", "overlapped", "serial")
 MAX_LOCAL_RANKS = 16
 MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their routing decides)
-# --backend auto: MPI where it is installed, measured faster than gloo on every local size we
-# ran (4 ranks, flat: dispatch 2.0 vs 5.0 ms at 1 MiB, 17.9 vs 26.1 ms at 16 MiB; 2 ranks 0.38 vs
-# 1.60 ms and 11.1 vs 14.6 ms; `repro bench alltoall --path dispatch,collective --backend
-# gloo,mpi`); gloo otherwise, and under torchrun.
+# --backend auto: MPI where it is installed (faster than gloo locally: AUTO_BACKEND_WHY; the
+# comparison reruns with `repro bench alltoall --path dispatch,collective --backend gloo,mpi`);
+# gloo otherwise, and under torchrun.
 AUTO_BACKEND_WHY = "MPI ran the local all-to-all faster than gloo at every size measured (1-16 MiB, 2 and 4 ranks)"
 IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
         "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",

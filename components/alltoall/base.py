@@ -72,10 +72,9 @@ class AllToAllFacts:
 class ReusedBuffers:
     """Named buffers kept from one call to the next, grown when a call needs more rows.
 
-    Why: a fresh multi-MiB tensor is page-faulted in on first touch, which on a CPU costs about
-    as much as the exchange itself (16 MiB per rank over gloo, 4 ranks: the collective into a
-    fresh buffer 17.5 ms, into a reused one 12.1 ms). Collective libraries keep their buffers
-    for the same reason (HALO's persistent buffers, Piper Alg. 1 lines 2-4)."""
+    Why: a fresh multi-MiB tensor is page-faulted in on first touch, which on a CPU costs a
+    sizeable part of the exchange itself. Collective libraries keep their buffers for the same
+    reason (HALO's persistent buffers, Piper Alg. 1 lines 2-4)."""
 
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}

@@ -217,8 +217,8 @@ class _OurExpertsOnBuffer(nn.Module):
 
 def _without_shared_memory_op() -> None:
     """Keep deepspeed.comm from compiling its shared-memory C++ op. Its ``TorchBackend`` builds
-    that op on first use (torch's JIT extension build: about 4 minutes of compiling on a loaded
-    2-core machine, again for every new install or extension cache), and the op only serves
+    that op on first use (torch's JIT extension build: minutes of compiling on a small CPU
+    machine, again for every new install or extension cache), and the op only serves
     ``inference_all_reduce``; the MoE layer's all-to-all is torch.distributed's. The op is marked
     unavailable in DeepSpeed's own table of compatible ops, the one its ``build_shm_op``
     consults (deepspeed.ops keeps that dict so that edits to it persist)."""

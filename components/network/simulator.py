@@ -781,8 +781,8 @@ def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> d
     if host_cores:
         net["host_GBps"] = host_cores * bw
     # A CPU rank's all-to-all copies its rows for itself as it copies a peer's (MPI and gloo
-    # alike): free on a GPU, not here. Without them the fit put a node-wide run (half its bytes
-    # its own) 7-31% too fast and a world-wide 8-rank one up to 54% too slow, at 4-8 MiB over MPI.
+    # alike): free on a GPU, not here. Without them one fitted bandwidth cannot serve runs whose
+    # own share differs (node-wide runs keep half their bytes, world-wide ones 1/ranks).
     net["self_copies"] = True
     for link in doc["links"]:
         link.update(GBps=bw, latency_us=fit["latency_s"] * 1e6)
