@@ -341,9 +341,9 @@ REPRODUCTION = Reproduction(
     paper_values=PAPER_VALUES, paper_claims=PAPER_CLAIMS,
     compute=compute,
     grade_class="other-hardware",
-    # A few minutes on a 2-core machine: the Small layer at half its width, 512 tokens per rank.
+    # The Small layer at half its width, 512 tokens per rank: a short run on a CPU machine.
     defaults={"ranks": 2, "tokens": 512, "d_model": 1024, "d_ffn": 704, "experts": 64, "top_k": 6,
               "capacity_factor": 1.25, "gemm": "sequential", "repeats": 5, "timeout_s": 900.0},
-    # --full: X-MoE's Small layer (Table 3) at one 2k sequence per rank (about 15 min there).
+    # --full: X-MoE's Small layer (Table 3) at one 2k sequence per rank (a long run on a CPU).
     full={"tokens": 2048, "d_model": 2048, "d_ffn": 1408, "timeout_s": 1800.0},
 )
