@@ -100,10 +100,11 @@ class RankContext:
 
 
 # What one local rank costs, for the local-rank limit. Memory: a rank with torch and a gloo
-# group loaded holds 220 MiB resident (ru_maxrss after init_process_group, torch 2.x, CPU);
-# 256 MiB leaves its suite's buffers a little room (larger buffers are each suite's own memory
-# rule). Cores: beyond 8 ranks per core start-up alone (every rank imports torch) takes minutes
-# and timings mean nothing. Files: gloo opens sockets to every peer in every rank.
+# group initialised (ru_maxrss after init_process_group, torch 2.x, CPU) stays a little under
+# 256 MiB resident, which leaves its suite's buffers a little room (larger buffers are each
+# suite's own memory rule). Cores: beyond 8 ranks per core start-up alone (every rank imports
+# torch) takes minutes and timings mean nothing. Files: gloo opens sockets to every peer in
+# every rank.
 RANK_MEMORY_BYTES = 256 * 2 ** 20
 RANKS_PER_CORE = 8
 FILES_PER_PEER = 4
