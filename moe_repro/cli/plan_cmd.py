@@ -304,7 +304,7 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
 
 def step_time_track_record(platform_name: str) -> dict:
     """How far the planner's step time has held against published runs (`repro validate`'s
-    step-time predictor, scored now: a quarter of a second), with where it was and was not
+    step-time predictor, scored afresh: it is quick), with where it was and was not
     scored. Printed under every plan so a predicted step time never stands alone."""
     from moe_repro.reproductions.validation import track_record
 
