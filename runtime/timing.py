@@ -15,7 +15,7 @@ point where the device work before it has finished.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 HOST_CLOCK = "host perf_counter"
 CUDA_EVENTS = "cuda events"

@@ -15,3 +15,16 @@ def processes_with_env(tag: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def none_left_with_env(tag: str, within_s: float) -> bool:
+    """Whether every process tagged ``tag`` is gone within ``within_s`` (a hang guard: a busy
+    machine takes a moment to end killed processes)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while processes_with_env(tag):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

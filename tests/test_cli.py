@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from linkcheck import broken_links
 from moe_repro.cli import cli
 from moe_repro.records.record import CAUSES, VERDICTS
-from procs import processes_with_env
+from conftest import patient
+from procs import none_left_with_env, processes_with_env
 
 
 def invoke(*args):
@@ -138,32 +139,32 @@ def test_site_links_every_reproduction_page(results_dir, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
     tag = uuid.uuid4().hex
     env = dict(os.environ, MOE_REPRO_TEST_TAG=tag)
     proc = subprocess.Popen([sys.executable, "-c", "from moe_repro.cli import main; main()",
                              "bench", "allreduce", "--ranks", "3", "--backend", "gloo",
                              "--bytes", "4096", "--repeats", "100000", "--min-sample-s", "0.05",
-                             "--timeout", "90"], env=env, stdout=subprocess.PIPE,
+                             "--timeout", f"{patient(9):g}"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         workers = []
-        deadline = time.monotonic() + 300  # a hang guard: a loaded machine starts ranks slowly
+        deadline = time.monotonic() + patient(30)  # a hang guard: a loaded machine starts ranks slowly
         while len(workers) < 3 and time.monotonic() < deadline:  # wait for the three ranks
             workers = [p for p in processes_with_env(tag) if p != proc.pid and _is_worker(p)]
             time.sleep(0.2)
         assert len(workers) == 3
         time.sleep(3)  # let them get into the timed collectives
         os.kill(workers[1], signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)  # a hang guard only: --timeout 90 would end it first
+        _, err = proc.communicate(timeout=patient(30))  # a hang guard only: --timeout ends it first
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "rank(s)" in err and "Traceback" not in err
     assert "did not finish" not in err  # found from the death, not at the timeout
-    time.sleep(0.5)
-    assert processes_with_env(tag) == []
+    assert none_left_with_env(tag, patient(0.5))
 
 
 def _is_worker(pid):
