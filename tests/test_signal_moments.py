@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import patient
+
 pytestmark = pytest.mark.slow
 
 RANKS = {2: 7, 4: 7, 16: 6}  # moments per world size: 20 in all
@@ -97,9 +99,9 @@ def run_once(tmp_path: Path, ranks: int, at_s: float | None, sig: int | None) ->
         if proc.poll() is None:
             handled = handlers_installed(proc.pid)
             proc.send_signal(sig)
-    _, err = proc.communicate(timeout=900)
+    _, err = proc.communicate(timeout=patient(90))
     took = time.monotonic() - start
-    deadline = time.monotonic() + 15  # the janitor and killed groups need a moment
+    deadline = time.monotonic() + patient(1.5)  # the janitor and killed groups need a moment
     while (tagged_processes(tag) or any(tmp.iterdir())) and time.monotonic() < deadline:
         time.sleep(0.1)
     stored = [json.loads(p.read_text()) for p in results.rglob("*.json")] if results.exists() else []
