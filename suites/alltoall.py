@@ -7,10 +7,10 @@ Every algorithm does the same job, so their times compare: each rank holds ``tok
 ranks by ``placement``); the measured call turns (x, PFT) into each rank's expert inputs, in the
 flat all-to-all's layout, including the count/metadata exchange each algorithm needs.
 
-``path``: ``dispatch`` (the default), ``megatron-dispatch`` / ``megatron-combine`` (Megatron-core's
-own token dispatcher on the same routing and ranks), ``collective`` (the bare flat all-to-all-v,
-nccl-tests' floor) and ``node`` (flat on each emulated node's own communicator at once, the
-intra-node exchange HALO's and RBD's node-wide phases run). Nodes are emulated:
+``path``: ``dispatch`` (the default) or ``combine``, ``megatron-dispatch`` / ``megatron-combine``
+(Megatron-core's own token dispatcher on the same routing and ranks; every registered peer
+dispatcher gets its two paths), ``collective`` (the bare flat all-to-all-v, nccl-tests' floor)
+and ``node`` (flat on each emulated node's own communicator at once). Nodes are emulated:
 ``gpus_per_node`` consecutive ranks form one node; ``inter_node_bytes`` is what the ranks sent
 to other nodes in one call, counted by the communicators.
 
