@@ -6,9 +6,9 @@ Kernels (one GPU): each GEMM a roofline at its own shape (Williams et al. 2009),
 wave quantization where the profile gives its SM count (gemm_efficiency); the attention core at
 the achievable attention rate (FlashAttention, Dao et al. 2022 Sec. 3) or, with materialised
 scores, a roofline of that rate and the scores' HBM traffic; the non-GEMM kernels at HBM
-bandwidth; backward 2 x forward (1.5 x for HBM-bound kernels) plus any recomputed forward; an
-optional measured layer forward in the profile scales a layer's kernel times
-(layer_time_factor).
+bandwidth; backward 2 x forward (1.5 x for HBM-bound kernels) plus any recomputed forward; a
+published layer forward time in the profile (calibration.layer_forward) scales a layer's kernel
+times (layer_time_factor).
 Communication: bytes / the link's per-GPU rate + one latency per message; an all-to-all's on-
 and off-node parts run concurrently; DP reductions expose only what exceeds the compute they
 hide behind.
