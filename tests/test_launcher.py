@@ -8,7 +8,7 @@ from moe_repro.runtime.launch import RankFailure, run_ranks
 from conftest import patient
 from procs import processes_with_env
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timing]
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture
@@ -44,6 +44,7 @@ def test_real_collective_over_backends(targets_on_path, backend):
     assert out == [6, 6, 6]
 
 
+@pytest.mark.timing
 def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
     with pytest.raises(RankFailure) as err:
         run_ranks("_launch_targets:killed_mid_collective", {"victim": 1}, world_size=3, timeout_s=patient(12))
@@ -53,6 +54,7 @@ def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
     assert _none_left(tag)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_a_rank_that_aborts_after_its_result_keeps_the_results_and_says_so(targets_on_path, tag, capfd,
                                                                             backend):
@@ -82,6 +84,7 @@ def test_raising_rank_is_named_with_its_error(targets_on_path, tag):
     assert _none_left(tag)
 
 
+@pytest.mark.timing
 def test_hung_rank_times_out(targets_on_path, tag):
     with pytest.raises(RankFailure) as err:
         run_ranks("_launch_targets:hangs", {"victim": 0}, world_size=2, timeout_s=20)

@@ -87,6 +87,7 @@ def test_measure_takes_a_suite_by_name_and_derives_what_its_grid_derives(monkeyp
     assert seen[1]["gpus"] == 8 and seen[1]["row_bytes"] == point["hidden"] * point["itemsize"]
 
 
+@pytest.mark.timing
 def test_calls_per_sample_come_from_the_median_of_number_from_single_calls(fake_clock):
     """One slow single call (a stall) must not set the calls per sample when several are timed:
     with number_from 3 the median call sets it, with 1 the stalled one does. Each call moves a
