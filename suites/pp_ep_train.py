@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from moe_repro.suites.base import SEED, Metric, Param, Suite, one_of, whole
+from moe_repro.suites.base import SEED, Metric, Param, Suite, fits_in_memory, one_of, whole
 
 CONFIG_KEYS = ("model", "pp", "ep", "dp", "schedule", "micro_batches", "micro_batch_size", "steps",
                "lr", "seed")
@@ -52,6 +52,37 @@ def train_config(params: dict):
     cfg = TrainConfig(**{k: params[k] for k in CONFIG_KEYS})
     cfg.validate()
     return cfg
+
+
+def memory_bytes(p: dict) -> float:
+    """What one grid point holds at its largest, over all its local ranks (float32): every
+    rank's weights, gradients and Adam state (the trainer's static_bytes_per_rank, which
+    `repro train` checks too), the activations autograd keeps for the micro-batches in flight
+    at once (formulas.py's count per layer and micro-batch at 4 bytes a value; the logits, their
+    log-softmax and gradient on the last stage), and the global batch every rank draws."""
+    from moe_repro.components.model.zoo import get_model
+    from moe_repro.components.resources.formulas import moe_activation_bytes_per_layer
+
+    cfg = train_config(p)
+    mc, zoo = cfg.model_config(), get_model(cfg.model)
+    v, pp, m = cfg.stages_per_rank, cfg.pp, cfg.micro_batches
+    per_layer = moe_activation_bytes_per_layer(zoo, s=mc.seq_len, b=cfg.micro_batch_size,
+                                               moe=zoo.n_moe_layers > 0, bytes_per_value=4)
+    layers_per_chunk = -(-mc.n_layers // (pp * v))
+    activations = 0.0
+    for i in range(pp):  # micro-batch chunks a stage holds before its first backward
+        if cfg.schedule == "gpipe":
+            chunks = m
+        elif cfg.schedule == "interleaved":
+            chunks = min(m * v, 2 * (pp - i - 1) + (v - 1) * pp + 1)
+        else:
+            chunks = min(m, pp - i)
+        activations += chunks * layers_per_chunk * per_layer
+    last = m if cfg.schedule == "gpipe" else 1
+    activations += last * 3 * 4 * cfg.micro_batch_size * mc.seq_len * mc.vocab
+    batch = 2 * 8 * cfg.dp * cfg.ep * m * cfg.micro_batch_size * (mc.seq_len + 1)
+    return (cfg.static_bytes_per_rank() * cfg.world_size + cfg.dp * cfg.ep * activations
+            + cfg.world_size * batch)
 
 
 def derived_params(p: dict) -> dict:
@@ -129,6 +160,8 @@ SUITE = Suite(
             "ep": whole(1, 1024), "dp": whole(1, 1024), "schedule": one_of("1f1b", "gpipe", "interleaved"),
             "micro_batches": whole(1, 1024), "micro_batch_size": whole(1, 1024), "steps": whole(1, 10 ** 5),
             "lr": Param(float, 1e-12, 10.0), "seed": SEED, "backend": one_of("gloo", "nccl")},
+    rules=(fits_in_memory(memory_bytes, {"model": "gpt3-175b"},
+                          what="weights, gradients, Adam state, activations and batch"),),
     params={"model": ["tiny-moe"], "pp": [2], "ep": [1], "dp": [1], "schedule": ["1f1b"],
             "micro_batches": [4], "micro_batch_size": [2], "steps": [4], "lr": [1e-3],
             "seed": [0], "backend": ["gloo"]},

@@ -90,3 +90,53 @@ def test_the_console_script_installs_the_handlers_before_importing_the_cli():
                        timeout=patient(30))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+# --- memory: refused before any rank starts ------------------------------------------------------
+
+def repro(*args, timeout=120):
+    return subprocess.run([sys.executable, "-c", "from moe_repro.entry import main; main()", *args],
+                          capture_output=True, text=True, timeout=patient(timeout))
+
+
+def _refused_for_memory(r, results_dir) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "GiB for" in r.stderr and "GiB of memory available here" in r.stderr, r.stderr
+    assert not (results_dir.exists() and any(results_dir.rglob("*.json"))), "nothing stored"
+
+
+def test_pp_ep_train_of_a_model_no_machine_holds_is_refused_before_ranks_start(results_dir):
+    r = repro("bench", "pp-ep-train", "--model", "gpt3-175b")
+    _refused_for_memory(r, results_dir)
+    assert "weights, gradients, Adam state" in r.stderr
+
+
+def test_pp_ep_train_memory_grows_with_the_micro_batches_and_is_refused_beyond_memory(monkeypatch):
+    from moe_repro.runtime import launch
+    from moe_repro.suites.pp_ep_train import SUITE, memory_bytes
+
+    small = {k: v[0] for k, v in SUITE.params.items()}
+    big = {**small, "micro_batches": 1024, "micro_batch_size": 1024}
+    assert memory_bytes(big) > 100 * memory_bytes(small)
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: (memory_bytes(small) + memory_bytes(big)) / 2)
+    assert len(SUITE.grid({})) == 1
+    with pytest.raises(ValueError, match="GiB of memory available here"):
+        SUITE.grid({"micro_batches": [1024], "micro_batch_size": [1024]})
+
+
+def test_pp_ep_train_memory_estimate_is_near_what_a_real_run_holds(tmp_path, results_dir):
+    """The estimate against the trainer's own measurement of a small GPipe run (every
+    micro-batch in flight): within a factor of two of its peak bytes, summed over stages."""
+    from moe_repro.suites.pp_ep_train import SUITE, memory_bytes
+
+    out = tmp_path / "t.json"
+    r = repro("train", "--pp", "2", "--schedule", "gpipe", "--micro-batches", "4", "--micro-batch-size", "32",
+              "--steps", "1", "--json", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    measured = sum(s["peak_bytes"] for s in json.loads(out.read_text())["per_stage"])
+    point = {**{k: v[0] for k, v in SUITE.params.items()}, "pp": 2, "schedule": "gpipe",
+             "micro_batches": 4, "micro_batch_size": 32, "steps": 1}
+    assert measured / 2 < memory_bytes(point) < 2 * measured, (memory_bytes(point), measured)
