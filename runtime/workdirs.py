@@ -159,10 +159,9 @@ def held(paths: list[Path]) -> set[str]:
             if wanted - found:
                 with open(f"/proc/{pid}/maps", errors="replace") as f:
                     for line in f:
-                        if "/dev/" in line or str(SHM_DIR) in line:
-                            path = line.rstrip("\n").split(None, 5)[-1]
-                            if path in wanted:
-                                found.add(path)
+                        fields = line.rstrip("\n").split(None, 5)
+                        if len(fields) == 6 and fields[5] in wanted:
+                            found.add(fields[5])
         except OSError:
             continue
         if found == wanted:
