@@ -143,12 +143,15 @@ class Rule:
 
 
 def fits_in_memory(bytes_needed: Callable[[dict], float], example: dict[str, str],
-                   what: str = "its buffers") -> Rule:
+                   what: str = "its buffers", simulated_too: bool = False) -> Rule:
     """A point whose buffers (``bytes_needed``, summed over the local ranks) exceed the memory
-    this machine has available is refused before it allocates; simulated points need none."""
+    this machine has available is refused before it allocates; simulated points need none
+    unless ``simulated_too`` (a suite whose simulation computes at the point's size)."""
 
     def holds(p: dict) -> bool:
-        return bool(p.get("simulated")) or bytes_needed(p) <= available_memory_bytes()
+        if p.get("simulated") and not simulated_too:
+            return True
+        return bytes_needed(p) <= available_memory_bytes()
 
     def message_of(p: dict) -> str:
         return (f"this point needs about {bytes_needed(p) / 2 ** 30:.3g} GiB for {what}, more than "

@@ -14,12 +14,21 @@ from __future__ import annotations
 from moe_repro.components.balance.feplb import ExpertPartition, greedy_balance
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.balance.routing_trace import synthetic_trace
-from moe_repro.suites.base import Metric, Rule, Suite, divides, whole
+from moe_repro.suites.base import Metric, Rule, Suite, divides, fits_in_memory, whole
+
+MICRO_BATCHES, TOKENS_PER_SOURCE = 33, 512  # the synthetic trace every point draws
+
+
+def memory_bytes(p: dict) -> float:
+    """The trace's int64 counts [micro-batches, ep, experts] and, while one micro-batch is
+    drawn, its float64 Gumbel scores [ep, tokens per source, experts] and their temporaries."""
+    ep, experts = int(p["ep"]), int(p["experts"])
+    return 8 * ep * experts * (MICRO_BATCHES + 4 * TOKENS_PER_SOURCE)
 
 
 def setup(params: dict, ctx=None) -> dict:
     experts, ep, dyn = int(params["experts"]), int(params["ep"]), int(params["dyn"])
-    trace = synthetic_trace(1, 33, experts, 8, 512, ep, seed=experts + ep)
+    trace = synthetic_trace(1, MICRO_BATCHES, experts, 8, TOKENS_PER_SOURCE, ep, seed=experts + ep)
     placement = ExpertPlacement.contiguous(experts, ep)
     counts = [trace.expert_counts(0, mb).tolist() for mb in range(trace.num_micro_batches)]
     partitions = [ExpertPartition.choose(placement, dyn, counts[mb - 1]) for mb in range(1, len(counts))]
@@ -59,7 +68,9 @@ SUITE = Suite(
     rules=(divides("ep", "experts", {"ep": "3", "experts": "128"}),
            Rule(lambda p: int(p["dyn"]) <= int(p["experts"]) // int(p["ep"]),
                 "dyn={dyn} exceeds the experts per device (experts={experts} / ep={ep})",
-                {"dyn": "64", "ep": "4", "experts": "128"})),
+                {"dyn": "64", "ep": "4", "experts": "128"}),
+           fits_in_memory(memory_bytes, {"ep": "4096", "experts": str(2 ** 16)},
+                          what="its routing trace")),
     params={"experts": [128], "ep": [2, 4, 8], "dyn": [2, 4, 8], "tau": [0]},
     quick={"ep": [8], "dyn": [4]},
     setup=setup,

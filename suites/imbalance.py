@@ -33,7 +33,7 @@ from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, 
 from moe_repro.components.balance.routing_trace import GemmTimeModel, gemm_straggler, token_straggler
 from moe_repro.components.balance.workloads import STANDARD, get_workload, workload_names
 from moe_repro.components.moe.moe_layer import ExpertPlacement
-from moe_repro.suites.base import (SEED, Metric, Suite, divides, one_of, registered,
+from moe_repro.suites.base import (SEED, Metric, Suite, divides, fits_in_memory, one_of, registered,
                                    top_k_within_experts, whole)
 
 MODES = ("stats", "real", "simulated")
@@ -79,6 +79,22 @@ def _workload(p: dict):
     if name in STANDARD or name == "synthetic":
         return get_workload(name, int(p["experts"]), int(p["top_k"]), int(p["tokens"]))
     return get_workload(name, tokens=int(p["tokens"]))
+
+
+def memory_bytes(p: dict) -> float:
+    """What a point holds at its largest, in every mode (the simulated one plans in this
+    process too): for every layer and step, the routing (int64 expert ids, float32 gates, the
+    tokens' source ranks), the plan's counts and its [ep, experts, ep] int64 rows; the draw's
+    transient [tokens, experts] scores; in real mode, on every rank, the steps' inputs and
+    every expert's weights (float64)."""
+    w, ep, steps = _workload(p), int(p["ep"]), int(p["steps"])
+    tokens, top_k, experts = w.tokens, w.top_k, w.num_experts
+    per_step = tokens * (12 * top_k + 8) + 8 * ep * experts * (2 + ep)
+    need = w.num_layers * steps * per_step + 16 * tokens * experts
+    if p["mode"] == "real":
+        h, f = REAL_SIZE["d_model"], REAL_SIZE["d_ffn"]
+        need += ep * (2 * 8 * experts * h * f + w.num_layers * steps * tokens * (8 * h + 12 * top_k))
+    return need
 
 
 def plan_steps(p: dict) -> dict:
@@ -274,7 +290,9 @@ SUITE = Suite(
             "workload": registered("workload", workload_names), "ep": whole(1, 4096), "seed": SEED,
             "steps": whole(1, 10000), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
             "tokens": whole(1, 2 ** 24), "backend": one_of("gloo")},
-    rules=(top_k_within_experts(), divides("ep", "experts", {"ep": "3", "experts": "64"})),
+    rules=(top_k_within_experts(), divides("ep", "experts", {"ep": "3", "experts": "64"}),
+           fits_in_memory(memory_bytes, {"tokens": str(2 ** 24), "experts": str(2 ** 16)},
+                          what="its routings and plans", simulated_too=True)),
     params={"mode": ["stats", "real"], "balancer": list(balancer_names()),
             "workload": list(WORKLOADS), "ep": [2, 4, 8, 16], "seed": [0, 1, 2, 3, 4],
             "steps": [4], "experts": [64], "top_k": [8], "tokens": [4096], "backend": ["gloo"]},

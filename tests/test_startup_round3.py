@@ -140,3 +140,31 @@ def test_pp_ep_train_memory_estimate_is_near_what_a_real_run_holds(tmp_path, res
     point = {**{k: v[0] for k, v in SUITE.params.items()}, "pp": 2, "schedule": "gpipe",
              "micro_batches": 4, "micro_batch_size": 32, "steps": 1}
     assert measured / 2 < memory_bytes(point) < 2 * measured, (memory_bytes(point), measured)
+
+
+def test_every_suite_checks_the_memory_its_parameters_size(monkeypatch):
+    """With no memory available, every suite's quick grid is refused by its memory rule, unless
+    every point of it is simulated (those allocate nothing at the point's size)."""
+    from moe_repro.runtime import launch
+    from moe_repro.suites import all_suites
+
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: 1.0)
+    unchecked = []
+    for name, suite in sorted(all_suites().items()):
+        try:
+            grid = suite.grid({}, quick=True)
+        except ValueError as e:
+            assert "GiB of memory available here" in str(e), (name, str(e))
+            continue
+        if not all(p.get("simulated") for p in grid):
+            unchecked.append(name)
+    assert unchecked == []
+
+
+@pytest.mark.parametrize("suite, args", [
+    ("imbalance", ["--ep", "4096", "--experts", "4096"]),
+    ("imbalance", ["--mode", "simulated", "--steps", "10000", "--tokens", "16M"]),
+    ("feplb-balancer", ["--ep", "4096", "--experts", "65536"]),
+])
+def test_balancer_suites_sized_beyond_memory_are_refused_before_work(suite, args, results_dir):
+    _refused_for_memory(repro("bench", suite, *args), results_dir)
