@@ -108,7 +108,7 @@ class ResultsStore:
     def read(self, path: Path) -> ReproductionRecord | SuiteRecord | None:
         """The record in ``path``, or None after reporting it (once) as unreadable."""
         try:
-            record = load_record(path, regular_only=True)
+            record = load_record(path)  # records/inputs.py: regular files only, within a cap
             # a record filed under another name or kind than its folder's is not that result
             # (and its own name must never decide where anything is written)
             if (path.parent.name != _SAFE.sub("_", record.name)
