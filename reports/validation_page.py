@@ -20,9 +20,11 @@ BAND = 0.10  # the +-10% band drawn around the identity line
 
 def stored_validation(root: Path) -> dict | None:
     """The stored ``repro validate`` result under a results root, or None (never run, unreadable)."""
+    from moe_repro.records.inputs import RESULT_LIMIT, read_input
+
     path = Path(root) / STORED
-    try:
-        return json.loads(path.read_text())
+    try:  # a FIFO or device in its place is refused unread (records/inputs.py)
+        return json.loads(read_input(path, RESULT_LIMIT).decode("utf-8"))
     except (OSError, ValueError):
         return None
 

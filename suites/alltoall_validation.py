@@ -534,10 +534,13 @@ def calibration_from_profile(path: str, backend: str) -> dict:
     """The ``calibration`` block for ``backend`` of a profile written by ``repro calibrate``."""
     import json
 
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
+    from moe_repro.records.inputs import PLATFORM_LIMIT, InputError, read_input
+
+    try:  # within PLATFORM_LIMIT, a FIFO or device refused unread (records/inputs.py)
+        doc = json.loads(read_input(path, PLATFORM_LIMIT).decode("utf-8"))
+    except InputError as e:
+        raise ValueError(f"calibration file {path}: {e.reason}") from None
+    except ValueError as e:  # not JSON, not UTF-8
         raise ValueError(f"calibration file {path}: {e}") from None
     block = (doc.get("calibration") or {}).get(backend) if isinstance(doc, dict) else None
     if not isinstance(block, dict) or "GBps" not in block:

@@ -113,22 +113,26 @@ def load_platform(name_or_path: str) -> Platform:
     is wrong, for a missing file, bad JSON or a bad profile."""
     from pathlib import Path
 
-    def is_file(p: Path) -> bool:
+    from moe_repro.records.inputs import PLATFORM_LIMIT, InputError, read_input
+
+    def there(p: Path, test) -> bool:
         try:
-            return p.is_file()
+            return test(p)
         except OSError:  # e.g. a name longer than the file system allows: no such file
             return False
 
     path = Path(name_or_path)
-    if not (name_or_path.endswith(".json") or is_file(path)):
+    if not (name_or_path.endswith(".json") or there(path, Path.is_file)):
         return load_builtin(name_or_path)
-    if not is_file(path):
+    if not there(path, Path.exists):
         raise ValueError(f"platform file {name_or_path[:80]!r} not found")
     try:
+        # read within PLATFORM_LIMIT, a FIFO or device refused unread (records/inputs.py);
         # JSON's NaN and Infinity are not numbers a profile may hold: refuse them while parsing
-        doc = json.loads(path.read_text(), parse_constant=_refuse_constant)
-    except OSError as e:
-        raise ValueError(f"platform file {name_or_path}: cannot read it ({e.strerror})") from None
+        doc = json.loads(read_input(path, PLATFORM_LIMIT).decode("utf-8"),
+                         parse_constant=_refuse_constant)
+    except InputError as e:
+        raise ValueError(f"platform file {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     except (ValueError, UnicodeDecodeError) as e:
