@@ -10,32 +10,51 @@ Rules (asv's, adapted):
   p < alpha (default 0.05). Improvements are found the same way and reported, never failing.
 - a result present in the baseline and absent from the current set is `missing`.
 - a current value (or measured sample) that is NaN or infinite is a regression ("not finite"),
-  whatever the baseline holds: a broken measurement must never pass. A non-finite baseline value
-  with a finite current one is reported as an improvement (the baseline was broken).
+  whatever the baseline holds: a broken measurement must never pass. So is a negative current
+  value of a suite metric whose unit is a duration, a size or a rate (non_negative_unit: a time
+  of -1 s is a broken timer, not a speed-up). A baseline value broken either way, with a sound
+  current one, is reported as an improvement (the baseline was broken). Reproduction cells are
+  not held to a sign: their units also name differences ("FEPLB below FasterMoE", in ms).
 
 Bad input raises GateInputError (or UnreadableRecord, naming the file): a path that does not
-exist, a file that is not a valid record, a side with no records, a metric that is not a number,
-a current side holding only another kind of result than the baseline (suites vs reproductions).
+exist, a file that is not a regular file or is larger than records/inputs.py's RESULT_LIMIT, a
+file that is not a valid record, a side with no records, a metric that is not a JSON number (a
+string such as "1.2", or true/false; ``correct`` alone is true/false), a number beyond float's
+range, a current side holding only another kind of result than the baseline (suites vs
+reproductions).
 
-Inputs are result files (`repro run --json`, `repro bench --json`) or directories of them (a
-results store, or a folder such as `.ci/baseline`); in a directory the newest run per
-reproduction or suite counts.
+Inputs are result files (`repro run --json`, `repro bench --json`), ``-`` for standard input, or
+directories of them (a results store, or a folder such as `.ci/baseline`); in a directory the
+newest run per reproduction or suite counts. In a results store (a directory holding
+``reproductions/`` or ``suites/``) the results are the files under those two folders, where the
+store keeps them; anything else there (such as ``repro validate``'s ``validation/validation.json``,
+which scores predictors and holds no run) is skipped with a note naming it.
 """
 
 from __future__ import annotations
 
 import math
 import reprlib
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from moe_repro.records.record import ReproductionRecord, SuiteRecord, load_records
+from moe_repro.records.inputs import RESULT_LIMIT, STDIN, InputError, read_input
+from moe_repro.records.record import STORE_DIRS, ReproductionRecord, SuiteRecord, parse_records
 from moe_repro.records.stats import mann_whitney_u
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_MISSING, EXIT_INTERNAL = 0, 1, 2, 3, 4
 MIN_SAMPLES_FOR_TEST = 4
 EXACT_REL = 1e-12  # exact metrics: allow only the last bits of a float to differ
+
+# Units of quantities that cannot be negative: durations, sizes, and rates per second.
+_DURATIONS = {"s", "ms", "us", "µs", "ns", "min", "h"}
+_SIZES = {"B", "bytes", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"}
+
+
+def non_negative_unit(unit: str) -> bool:
+    """Whether a metric in ``unit`` is a duration, a size or a rate (".../s"): never negative."""
+    return unit in _DURATIONS or unit in _SIZES or unit.endswith("/s")
+
 
 _RESERVED = {"suite", "samples", "repeats", "number", "wrong", "correct", "world_size",
              "ranks_per_node", "error"}
@@ -56,6 +75,7 @@ class Entry:
     value: float | None
     samples: list[float] | None = None
     source: str = ""  # the record kind it came from: reproduction | suite
+    non_negative: bool = False  # a suite metric in a unit that cannot be negative
 
 
 @dataclass
@@ -74,40 +94,76 @@ class Finding:
 
 
 _WARNED: set[str] = set()
+_NOTES: list[str] = []
+
+
+def _result_files(path: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """The JSON files of a directory to read as results, the entries that are not regular files
+    (skipped with a warning: opening a FIFO would block), and the files of a results store
+    outside its result folders (skipped with a note: they hold no run)."""
+    found = sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+    # is_file() looks with stat and opens nothing
+    files = [p for p in found if p.is_file()]
+    not_regular = [p for p in found if not p.is_file() and not p.is_dir()]
+    store = [path / d for d in STORE_DIRS.values() if (path / d).is_dir()]
+    outside = [p for p in files if store and not any(d in p.parents for d in store)]
+    return [p for p in files if p not in outside], not_regular, outside
+
+
+def _read(where, stdin_ok: bool = False) -> list:
+    """The records of one file (``-``: standard input), refused with its name if unreadable."""
+    try:
+        raw = read_input(where, RESULT_LIMIT, stdin_ok=stdin_ok)
+    except InputError as e:
+        raise GateInputError(str(e)) from None
+    if not raw:  # a run that died before writing
+        raise GateInputError(f"{_shown(where)}: empty file, no results")
+    # lenient_grades: a cell graded match on a NaN is read, and its NaN judged a regression
+    return parse_records(raw, _shown(where), lenient_grades=True)
+
+
+def _shown(where) -> str:
+    return "<stdin>" if str(where) == STDIN else str(where)
 
 
 def _records(path: Path) -> list:
     """Every record in a result file, or in the JSON files under a directory. A file that is
     not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
     by skipping the file that held its regression."""
-    if path.is_dir():
-        # in a directory only regular files are results: a FIFO named *.json would block the
-        # gate on opening it; is_file() looks with stat and opens nothing
-        found = sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
-        files = [p for p in found if p.is_file()]
-        skipped = [p for p in found if not p.is_file() and not p.is_dir()]
-    else:  # a file the user named: a pipe (<(...)) is read as it is
-        files, skipped = [path], []
-    records = []
-    for f in files:
-        if f.is_file() and f.stat().st_size == 0:  # a run that died before writing
-            raise GateInputError(f"{f}: empty file, no results")
-        records.extend(load_records(f))
+    skipped, outside = [], []
+    if str(path) == STDIN:
+        records = _read(path, stdin_ok=True)
+    else:
+        if path.is_dir():
+            files, skipped, outside = _result_files(path)
+        else:  # a file the user named: read only if it is a regular file (records/inputs.py)
+            files = [path]
+        records = [record for f in files for record in _read(f)]
     if not records:  # an empty side would turn every result into "missing", not a wrong path
-        raise GateInputError(f"no results found in {path}")
-    # Said once the side has loaded: bad input ends in its one error line alone
-    for p in skipped:
+        raise GateInputError(f"no results found in {_shown(path)}")
+    for p, why in [*((p, "warning: skipped {}: not a regular file") for p in skipped),
+                   *((p, "note: skipped {}: not a result (a results store keeps its runs under "
+                         "reproductions/ and suites/)") for p in outside)]:
         if str(p) not in _WARNED:
             _WARNED.add(str(p))  # once, though both sides may be the same directory
-            sys.stderr.write(f"repro gate: warning: skipped {p}: not a regular file\n")
+            _NOTES.append(f"repro gate: {why.format(p)}")
     return records
 
 
+def take_notes() -> list[str]:
+    """What was skipped, one line each, said once both sides have loaded (bad input on either
+    side ends in its one error line alone)."""
+    lines = list(_NOTES)
+    _NOTES.clear()
+    return lines
+
+
 def load_entries(path: str | Path) -> dict[tuple, Entry]:
-    """All comparable metrics of a results file or directory, keyed by (result, key, metric)."""
+    """All comparable metrics of a results file or directory (``-``: standard input), keyed by
+    (result, key, metric)."""
     path = Path(path)
     try:
-        found = path.exists()
+        found = str(path) == STDIN or path.exists()
     except OSError as e:  # e.g. a name longer than the file system allows
         raise GateInputError(f"cannot read {str(path)[:80]}: {e.strerror}") from None
     if not found:
@@ -126,7 +182,7 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
         try:
             record_entries = ENTRIES[record.kind](record)
         except GateInputError as e:
-            raise GateInputError(f"{path}: {e}") from None
+            raise GateInputError(f"{_shown(path)}: {e}") from None
         for e in record_entries:
             e.source = record.kind
             entries[(e.result, e.key, e.metric)] = e
@@ -148,12 +204,24 @@ def _plural(kinds: set[str]) -> str:
 
 
 def _number(value, where: str) -> float | None:
-    """A metric value as a float (None stays None: a value that was not computed)."""
-    if value is None or isinstance(value, float):
+    """A metric value as a float (None stays None: a value that was not computed). Only a JSON
+    number is one: a string ("1.2") or a boolean is bad input, never converted."""
+    if value is None or type(value) is float:
         return value
-    if isinstance(value, (int, bool)):
-        return float(value)
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:  # parse_records refuses these already; a record built otherwise
+            raise GateInputError(f"{where} is {reprlib.repr(value)}, beyond the range of a "
+                                 "float") from None
     raise GateInputError(f"{where} is {reprlib.repr(value)}, not a number")
+
+
+def _flag(value, where: str) -> float | None:
+    """``correct`` as 1.0 or 0.0: the runner stores it as true/false (None: not checked)."""
+    if value is None or type(value) is bool:
+        return None if value is None else float(value)
+    raise GateInputError(f"{where} is {reprlib.repr(value)}, not true or false")
 
 
 def _numbers(values, where: str) -> list[float] | None:
@@ -206,10 +274,11 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
                     raise GateInputError(f"{p.suite} {key}: samples are {reprlib.repr(samples)}, "
                                          "not a mapping")
                 out.append(Entry(p.suite, key, name, kind, m.better, m.unit,
-                                 _number(r[name], where), _numbers(samples.get(name), where)))
+                                 _number(r[name], where), _numbers(samples.get(name), where),
+                                 non_negative=non_negative_unit(m.unit)))
         if "correct" in r:
             out.append(Entry(p.suite, key, "correct", "exact", "higher", "",
-                             _number(r["correct"], f"{p.suite} {key}: correct")))
+                             _flag(r["correct"], f"{p.suite} {key}: correct")))
     return out
 
 
@@ -253,8 +322,18 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
         what = "value" if c.value is not None and not math.isfinite(c.value) else "sample"
         f.status, f.why = "regression", f"current {what} is not finite ({broken[0]})"
         return f
+    if c.non_negative:  # a negative duration, size or rate is a broken measurement
+        negative = [v for v in [c.value, *(c.samples or [])] if v is not None and v < 0]
+        if negative:
+            what = "value" if c.value is not None and c.value < 0 else "sample"
+            f.status = "regression"
+            f.why = f"current {what} is negative ({negative[0]:g} {c.unit}): impossible for its unit"
+            return f
     if b.value is not None and c.value is not None and not math.isfinite(b.value):
         f.status, f.why = "improvement", f"baseline value was not finite ({b.value})"
+        return f
+    if b.non_negative and b.value is not None and c.value is not None and b.value < 0:
+        f.status, f.why = "improvement", f"baseline value was negative ({b.value:g} {b.unit})"
         return f
     if c.value is None and b.value is not None:  # a metric that is no longer computed is broken
         f.status, f.why = "regression", "current value is null (the baseline had one)"
@@ -281,6 +360,8 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
     no_test = ", too few repeats for a test"
     if b.samples and not all(math.isfinite(v) for v in b.samples):
         no_test = ", no test (a baseline sample is not finite)"
+    elif b.samples and b.non_negative and any(v < 0 for v in b.samples):
+        no_test = ", no test (a baseline sample is negative)"
     elif b.samples and c.samples and min(len(b.samples), len(c.samples)) >= MIN_SAMPLES_FOR_TEST:
         no_test = ""
         _, f.p_value = mann_whitney_u(b.samples, c.samples)

@@ -117,11 +117,14 @@ def test_every_command_that_reads_the_store_survives_a_planted_file(planted, tmp
 
     # the gate refuses a directory holding a file that is not a result (exit 2, naming it),
     # except a FIFO, which is passed over unread with a warning; it reads result files by
-    # their content, not by the folder they sit in, so a valid record filed elsewhere counts
+    # their content, not by the folder they sit in, so a valid record filed elsewhere counts;
+    # a NaN graded match is read for its number, and a non-finite current number is a regression
     res = repro("gate", "--baseline", root, "--current", root)
     assert "Traceback" not in res.stderr, res.stderr
     if case == "id of another reproduction":
         assert res.returncode == 0 and res.stderr == "", res.stderr
+    elif case == "NaN graded match":
+        assert res.returncode == 1 and "not finite" in res.stdout and res.stderr == "", res.stderr
     else:
         assert len(res.stderr.strip().splitlines()) == 1 and bad.name in res.stderr, res.stderr
         assert res.returncode == (0 if case == "FIFO named *.json" else 2), res.stderr

@@ -22,21 +22,36 @@ p < --alpha (exact p for small samples without ties, scipy.stats). A measured
 metric with no better direction (most measured reproduction cells) cannot be
 judged that way: it is listed by name as "not-gated".
 A current value or sample that is NaN or infinite is a regression ("not
-finite"), whatever the baseline holds; it never passes. So is a current value
-that is null where the baseline had a number.
+finite"), whatever the baseline holds; it never passes, even in a cell graded
+match. So is a current value that is null where the baseline had a number, and
+a negative current value or sample of a suite metric whose unit is a duration,
+a size or a rate (s, ms, us, B, GB, GB/s, ...): a broken measurement, not a
+speed-up. (Reproduction cells keep their sign: a cell's unit may name a
+difference.) A baseline value broken either way is reported as an improvement.
 Improvements and new results are reported, never failing.
+
+\b
+Inputs: a result file (repro run --json, repro bench --json), - for standard
+input (one side), or a directory of result files. In a results store (a
+directory holding reproductions/ or suites/), the newest run of each
+reproduction and suite counts, and other files there (repro validate's
+validation/validation.json) are not a result: skipped with a note.
 
 \b
 Exit codes (CI can tell "slower" from "broken"):
   0  pass: no regression, nothing missing
   1  regression: a measured metric significantly worse, an exact value
-     changed, or a current value not finite
-  2  bad input, nothing compared: a path that does not exist; a file that is
-     empty, not JSON, holds no results, or fails the result schema; a metric
-     that is not a number; a current side holding only another kind of
-     result than the baseline (suites vs reproductions); a bad --threshold,
-     --suite-threshold or --alpha; a --json path that cannot be written (its
-     directory must exist: it is not created)
+     changed, or a current value not finite or impossibly negative
+  2  bad input, nothing compared: a path that does not exist; a path that
+     is not a regular file (a FIFO, a device such as /dev/zero, a socket:
+     refused unread; only - reads a pipe); a file over 256 MiB; a file that
+     is empty, not JSON, holds no results, or fails the result schema; a
+     metric that is not a JSON number (a string such as "1.2", or true/false:
+     only `correct` is true/false); a number beyond the range of a float
+     (1e400); a current side holding only another kind of result than the
+     baseline (suites vs reproductions); a bad --threshold, --suite-threshold
+     or --alpha; a --json path that cannot be written (its directory must
+     exist: it is not created)
   3  missing: a baseline result is absent from the current results (and no
      regression)
   4  internal error: the gate itself failed (a bug; one line on stderr)
@@ -44,8 +59,8 @@ Exit codes (CI can tell "slower" from "broken"):
 
 
 @click.command("gate", help=_HELP)
-@click.option("--baseline", required=True, type=click.Path(), help="Result file or directory.")
-@click.option("--current", required=True, type=click.Path(), help="Result file or directory.")
+@click.option("--baseline", required=True, type=click.Path(), help="Result file, directory, or - (stdin).")
+@click.option("--current", required=True, type=click.Path(), help="Result file, directory, or - (stdin).")
 @click.option("--threshold", default="5%", show_default=True,
               help="Minimum change of a measured median that counts (e.g. 5% or 0.05).")
 @click.option("--suite-threshold", "suite_thresholds", multiple=True, metavar="NAME=PCT",
@@ -86,11 +101,15 @@ def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show
             if not sep or not name:
                 raise gate.GateInputError(f"--suite-threshold expects NAME=PCT, got {pair!r}")
             per_suite[name] = gate.parse_threshold(pct)
+        if baseline == current == "-":
+            raise gate.GateInputError("only one of --baseline and --current can be - (stdin)")
         base = _side("baseline", baseline, gate)
         cur = _side("current", current, gate)
         gate.check_comparable(base, cur)
     except (gate.GateInputError, UnreadableRecord) as e:
         raise BadInput(" ".join(str(e).split())) from None
+    for line in gate.take_notes():
+        click.echo(line, err=True)
     findings = gate.compare(base, cur, global_t, per_suite, alpha)
     shown = [f for f in findings if show_all or f.status != "unchanged"]
     rows = [[f.status, f.result, f.key, f.metric, _fmt(f.baseline), _fmt(f.current),
