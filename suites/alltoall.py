@@ -796,8 +796,10 @@ SUITE = Suite(
             "path": one_of(*PATHS)},
     rules=(top_k_within_experts(),
            # every rank's send and receive rows, the combine output and the input (float32)
-           fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
-                          * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
+           # and each rank's routing draw: a score per token and expert, and their argsort
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["tokens"]) * (
+                              4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"])),
+                          {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
             "backend": ["auto"], "latency_model": ["profile"],
             "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],

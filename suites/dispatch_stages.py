@@ -161,8 +161,11 @@ SUITE = Suite(
             "placement": one_of("contiguous", "strided", "random"), "seed": SEED,
             "dispatcher": one_of("ours", *peer_dispatcher_names())},
     rules=(top_k_within_experts(),
-           fits_in_memory(lambda p: 4 * 4 * int(p["ranks"]) * int(p["tokens"]) * int(p["top_k"])
-                          * int(p["hidden"]), {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
+           # rows sent and received per rank, and each rank's routing draw (the alltoall suite's:
+           # a score per token and expert, and their argsort)
+           fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["tokens"]) * (
+                              4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"])),
+                          {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
     params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
             "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
             "placement": ["contiguous"], "seed": [0], "dispatcher": ["ours"]},

@@ -141,9 +141,13 @@ SUITE = Suite(
     rules=(top_k_within_experts(),
            Rule(lambda p: int(p["top_groups"]) <= int(p["groups"]),
                 "top_groups={top_groups} exceeds groups={groups}", {"top_groups": "9", "groups": "8"}),
-           # the trace's expert choices: micro-batches x tokens on every GPU x top_k (int64)
-           fits_in_memory(lambda p: 8 * 2 * (int(p["micro_batches"]) + 1) * int(p["tokens"])
-                          * int(p["nodes"]) * int(p["gpus_per_node"]) * int(p["top_k"]),
+           # the trace's expert choices: micro-batches x tokens on every GPU x top_k (int64),
+           # its counts per GPU and expert (int64), and while one micro-batch is drawn its float64
+           # Gumbel scores per token and expert with their temporaries
+           fits_in_memory(lambda p: 8 * int(p["nodes"]) * int(p["gpus_per_node"])
+                          * ((int(p["micro_batches"]) + 1) * (2 * int(p["tokens"]) * int(p["top_k"])
+                                                               + int(p["experts"]))
+                             + 4 * int(p["tokens"]) * int(p["experts"])),
                           {"tokens": str(2 ** 20), "micro_batches": "1024"})),
     params={"policy": list(POLICIES), "trace": list(TRACES), "nodes": [4], "gpus_per_node": [8],
             "groups": [8], "top_groups": [4], "experts": [256], "top_k": [8],

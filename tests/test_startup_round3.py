@@ -165,6 +165,12 @@ def test_every_suite_checks_the_memory_its_parameters_size(monkeypatch):
     ("imbalance", ["--ep", "4096", "--experts", "4096"]),
     ("imbalance", ["--mode", "simulated", "--steps", "10000", "--tokens", "16M"]),
     ("feplb-balancer", ["--ep", "4096", "--experts", "65536"]),
+    ("eplb-policy", ["--nodes", "8", "--gpus-per-node", "64", "--experts", "65536", "--tokens", "4096",
+                     "--micro-batches", "64", "--policy", "global"]),
+    # the routing draw (a score per token and expert) outgrows the rows sent
+    ("alltoall", ["--nodes", "1", "--tokens", "1M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
+    ("dispatch-stages", ["--tokens", "1M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
+    ("alltoall-validation", ["--sizes", "64M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
 ])
-def test_balancer_suites_sized_beyond_memory_are_refused_before_work(suite, args, results_dir):
+def test_suites_sized_beyond_memory_are_refused_before_work(suite, args, results_dir):
     _refused_for_memory(repro("bench", suite, *args), results_dir)
