@@ -48,7 +48,12 @@ def read_input(path: str | os.PathLike, limit: int, stdin_ok: bool = False) -> b
     """The bytes of the regular file ``path``, at most ``limit`` of them; InputError otherwise.
     ``stdin_ok``: ``-`` reads standard input (to its end, within the same limit)."""
     if stdin_ok and str(path) == STDIN:
-        data = sys.stdin.buffer.read(limit + 1)
+        if sys.stdin is None:  # started with standard input closed
+            raise InputError("<stdin>", "standard input is closed")
+        try:
+            data = sys.stdin.buffer.read(limit + 1)
+        except (OSError, ValueError) as e:  # closed underneath us (EBADF, a closed file)
+            raise InputError("<stdin>", f"cannot read ({getattr(e, 'strerror', None) or e})") from None
         if len(data) > limit:
             raise InputError("<stdin>", f"more than {_size(limit)}: refused")
         return data

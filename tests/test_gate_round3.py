@@ -113,6 +113,17 @@ def test_standard_input_is_read_for_a_dash(write):
     one_line(gate("--baseline", "-", "--current", "-", stdin=json.dumps(suite())), 2, "-")
 
 
+def test_a_dash_with_standard_input_closed_is_bad_input(write):
+    def closed_stdin():
+        _cap_memory()
+        os.close(0)
+
+    res = subprocess.run([sys.executable, "-c", MAIN, "gate", "--baseline", str(write("b.json", suite())),
+                          "--current", "-"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, timeout=60, preexec_fn=closed_stdin)
+    one_line(res, 2, "<stdin>", "closed")
+
+
 def test_read_input_keeps_to_its_limit(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"x" * 10)
