@@ -8,12 +8,19 @@ What a path names decides how it is written:
   new one, never half of either;
 - a symlink: resolved, and its target written as above (the link stays a link);
 - a device, FIFO or other non-regular file: written through (opened for writing, never created,
-  replaced or removed), as a shell's ``>`` would: ``--json /dev/stdout`` prints, ``/dev/null``
-  discards, and the node survives;
-- a directory: refused (IsADirectoryError).
+  replaced or removed), as a shell's ``>`` would: ``/dev/null`` discards, and the node survives.
+  A FIFO is opened without blocking: with no reader the writer waits at most
+  READER_WAIT_S for one, and a reader that takes nothing for STALL_S ends the write, each with
+  an error that says so, never a silent hang;
+- an open descriptor (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``): the stream the shell
+  opened, written through and appended to, even where it is a regular file (``> out.txt``);
+- a socket or a directory: refused.
 
 :func:`output_file_problem` and :func:`output_dir_problem` say, in one line, why a path cannot
-be written, so that a command can refuse it before doing any work (moe_repro/cli/errors.py).
+be written, so that a command can refuse it before doing any work (moe_repro/cli/errors.py):
+a trailing '/', a symlink to nothing or a symlink loop where a directory is wanted, a socket, a
+FIFO that no process reads. A FIFO whose reader is there is held open from that check to the
+write, so that the reader waits for the data instead of seeing the check's close as the end.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ import errno
 import json
 import os
 import re
+import select
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +43,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, make_parents: bool 
     ``make_parents``: create missing directories (the store and the site build their own
     folders; a path the user typed is checked first and never has its directories created)."""
     path = Path(path)
-    target, mode = _resolve(path)
+    target, mode, through = _resolve(path)
     if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-    if mode is not None and not stat.S_ISREG(mode):
+    if mode is not None and stat.S_ISSOCK(mode):
+        raise OSError(errno.ENXIO, "is a socket, not a file", str(path))
+    if through:
         _write_through(target, data)
         return target
     if make_parents:
@@ -123,24 +135,118 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n").encode("utf-8")
 
 
-def _resolve(path: Path) -> tuple[Path, int | None]:
-    """The file a write to ``path`` lands in (a symlink's target) and its mode (None: absent)."""
-    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
+def _resolve(path: Path) -> tuple[Path, int | None, bool]:
+    """The file a write to ``path`` lands in, its mode (None: absent), and whether it is written
+    through (a node, or an open descriptor) rather than replaced. A symlink to a regular file or
+    to nothing is resolved, so that its target is replaced or created and the link stays; a
+    link to a node or a descriptor is opened as given (the target of /dev/stdout is
+    /proc/self/fd/1, and what that names is no file name: a pipe is "pipe:[N]")."""
     try:
-        return target, os.stat(target).st_mode
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return target, None
+        mode = None
+    if mode is not None and not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode)
+                                                          or _names_a_descriptor(path)):
+        return path, mode, True
+    if os.path.islink(path):
+        return Path(os.path.realpath(path)), mode, False
+    return path, mode, False
 
 
-def _write_through(target: Path, data: bytes) -> None:
+# a process's open descriptor, as /proc shows it: what /dev/stdout and /dev/fd/N lead to
+_DESCRIPTOR = re.compile(r"^/proc/(self|thread-self|[0-9]+)(/task/[0-9]+)?/fd/[0-9]+$")
+
+
+def _names_a_descriptor(path: Path) -> bool:
+    """``path`` is, or links to, an open descriptor (/dev/stdout, /dev/fd/1, /proc/self/fd/1)."""
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        head, tail = os.path.split(current)
+        current = os.path.join(os.path.realpath(head), tail)
+        if _DESCRIPTOR.match(current):
+            return True
+        if not os.path.islink(current):
+            return False
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+    return False
+
+
+# How long a write waits for a FIFO's reader to open it, and for a reader to take more data.
+READER_WAIT_S = 30.0
+STALL_S = 300.0
+
+# FIFOs opened by output_file_problem while their reader was there, by (device, inode): the
+# write uses that descriptor (closing it would have told the reader the data had ended)
+_held: dict[tuple[int, int], int] = {}
+
+
+def _hold(fd: int) -> None:
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    if key in _held:
+        os.close(fd)
+    else:
+        _held[key] = fd
+
+
+def _take_held(target: Path) -> int | None:
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    return _held.pop((st.st_dev, st.st_ino), None)
+
+
+_THROUGH_FLAGS = (os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+
+
+def _open_through(target: Path, wait_s: float, clock, sleep) -> int:
     # no O_CREAT: if the node vanished since it was looked at, nothing is created in its place;
-    # no O_TRUNC: it means nothing for a device or FIFO
-    fd = os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    # no O_TRUNC: it means nothing for a device or FIFO, and a regular file behind a descriptor
+    # already holds what the command printed; O_NONBLOCK: a FIFO with no reader fails (ENXIO)
+    # instead of waiting forever
+    deadline = clock() + wait_s
+    while True:
+        try:
+            return os.open(target, _THROUGH_FLAGS)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            if clock() >= deadline:
+                raise OSError(errno.ENXIO, f"no process reads it (waited {wait_s:g} s for a reader)",
+                              str(target)) from None
+        sleep(0.05)
+
+
+def _write_through(target: Path, data: bytes, wait_s: float | None = None,
+                   stall_s: float | None = None, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Write ``data`` into a node or descriptor, never blocking for good: no reader within
+    ``wait_s``, or a reader that takes nothing for ``stall_s``, raises an error saying so."""
+    wait_s = READER_WAIT_S if wait_s is None else wait_s
+    stall_s = STALL_S if stall_s is None else stall_s
+    fd = _take_held(target)
+    if fd is None:
+        fd = _open_through(target, wait_s, clock, sleep)
+    for stream in (sys.stdout, sys.stderr):  # what the command printed comes first
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
     try:
         view = memoryview(data)
+        deadline = clock() + stall_s
         while view:
-            written = os.write(fd, view)
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                remaining = deadline - clock()
+                if remaining <= 0:
+                    raise TimeoutError(errno.ETIMEDOUT, f"its reader took nothing for {stall_s:g} s",
+                                       str(target)) from None
+                select.select([], [fd], [], min(remaining, 1.0))
+                continue
             view = view[written:]
+            deadline = clock() + stall_s
     finally:
         os.close(fd)
 
@@ -173,20 +279,35 @@ def _jsonable(obj: Any) -> Any:
 def output_file_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be written as an output file, in a few words; None if it can.
     Checked by really creating (and removing) a file where the write would: permission bits
-    say nothing for root, read-only mounts or /proc."""
+    say nothing for root, read-only mounts or /proc. A FIFO is opened without blocking: no
+    reader is a problem; a reader that is there is held until the write (see above)."""
+    raw = os.fspath(path)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    if raw.endswith(("/", os.sep)) and raw.strip("/" + os.sep):  # Path() drops a trailing '/'
+        return "ends in '/', which names a directory, not a file"
     path = Path(path)
-    if str(path) == "" or path.name in ("", ".", ".."):
+    if raw == "" or path.name in ("", ".", ".."):
         return "not a file name"
     try:
-        target, mode = _resolve(path)
+        target, mode, through = _resolve(path)
     except OSError as e:  # a symlink loop, a component that is a file, a name too long
         if e.errno == errno.ENAMETOOLONG:
             return f"file name longer than {_name_max(path.parent)} bytes"
         return e.strerror or str(e)
     if mode is not None and stat.S_ISDIR(mode):
         return "is a directory"
-    if mode is not None and not stat.S_ISREG(mode):
-        # written through; opening a FIFO here would wait for its reader, so ask the kernel
+    if mode is not None and stat.S_ISSOCK(mode):
+        return "is a socket, not a file"
+    if mode is not None and stat.S_ISFIFO(mode):
+        try:
+            _hold(os.open(target, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return "a FIFO that no process reads (start its reader first)"
+            return e.strerror or str(e)
+        return None
+    if through:
         return None if os.access(target, os.W_OK) else "not writable"
     parent = target.parent
     if not parent.is_dir():
@@ -197,26 +318,50 @@ def output_file_problem(path: str | os.PathLike) -> str | None:
     return _probe(parent)
 
 
+def directory_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` can neither be a directory nor be made one, from what exists: an empty
+    name, a file, a symlink to nothing (making the directory would fail on the link), a
+    symlink loop, a component that is a file. None if it is a directory or can be created.
+    Nothing is created or opened: readers of the results store ask this too."""
+    return _nearest_directory(path)[1]
+
+
+def _nearest_directory(path: str | os.PathLike) -> tuple[Path | None, str | None]:
+    """``path`` or its nearest existing ancestor, which must be a directory; or why not."""
+    raw = os.fspath(path)
+    if raw in ("", b""):
+        return None, "not a directory name (empty)"
+    current = Path(raw)
+    while True:
+        try:
+            mode = os.stat(current).st_mode
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None, f"{str(current)!r}: a symbolic link loop"
+            if e.errno == errno.ENAMETOOLONG:
+                return None, "a directory name is too long"
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                return None, e.strerror or str(e)
+            if os.path.islink(current):
+                return None, (f"{str(current)!r} is a symbolic link to {os.readlink(current)!r}, "
+                              f"which does not exist")
+            if current.parent == current:
+                return None, "no part of it exists"
+            current = current.parent
+            continue
+        if not stat.S_ISDIR(mode):
+            if current == Path(raw):
+                return None, "exists and is not a directory"
+            return None, f"{str(current)!r} is not a directory"
+        return current, None
+
+
 def output_dir_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be used as an output directory; None if it can. A missing directory
     is created by the writer, so its nearest existing ancestor must be a writable directory."""
-    path = Path(path)
-    if str(path) == "":
-        return "not a directory name"
-    try:
-        if path.exists() and not path.is_dir():
-            return "exists and is not a directory"
-    except OSError as e:
-        return e.strerror or str(e)
-    existing = path
-    while not existing.exists():
-        if len(os.fsencode(existing.name)) > _name_max(existing.parent if existing.parent.exists() else Path(".")):
-            return "a directory name is too long"
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{str(existing)!r} is not a directory"
+    existing, problem = _nearest_directory(path)
+    if problem:
+        return problem
     return _probe(existing)
 
 

@@ -17,7 +17,8 @@ stderr) and skipped, so one bad file never hides the others. So is anything that
 regular file (a FIFO named *.json is never opened), and a record filed under another name or
 kind than its folder's.
 
-ROOT defaults to ``./results`` and can be set with ``--results DIR`` or ``MOE_REPRO_RESULTS``.
+ROOT defaults to ``./results`` and can be set with ``--results DIR`` or ``MOE_REPRO_RESULTS``
+(set but empty counts as unset).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("MOE_REPRO_RESULTS", "results"))
+    # an empty MOE_REPRO_RESULTS is unset, as the CLI's option reads it: never the current
+    # directory (Path("") is ".")
+    return Path(os.environ.get("MOE_REPRO_RESULTS") or "results")
 
 
 def warn_on_stderr(error: UnreadableRecord) -> None:

@@ -155,8 +155,16 @@ def test_output_file_problems_say_why(tmp_path, case, words):
 
 def test_writable_nodes_are_not_problems(tmp_path):
     fifo = tmp_path / "p"
-    os.mkfifo(fifo)  # not opened by the check: that would wait for a reader
-    assert output_file_problem(fifo) is None
+    os.mkfifo(fifo)  # opened without blocking by the check: no reader is a problem
+    assert "no process reads" in output_file_problem(fifo)
+    reader = FifoReader(fifo)
+    import time
+    for _ in range(600):  # the reader's open may come after the first look
+        if output_file_problem(fifo) is None:
+            break
+        time.sleep(0.05)
+    atomic_write_bytes(fifo, b"held")  # the check held the FIFO open: the reader saw no end yet
+    assert reader.join() == b"held"
     assert output_file_problem("/dev/null") is None
     assert output_file_problem(tmp_path / "new.json") is None
     assert list(tmp_path.iterdir()) == [fifo]  # the probe file is gone

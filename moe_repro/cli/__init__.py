@@ -18,6 +18,7 @@ import traceback
 import click
 
 from moe_repro import __version__
+from moe_repro.cli.errors import ResultsDir
 from moe_repro.runtime import signals
 
 _EPILOG = """\b
@@ -40,11 +41,52 @@ Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input
 _WITHOUT_STORE = {"list"}
 
 
-@click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"],
-                                                "max_content_width": 100})
+class _ReproGroup(click.Group):
+    """``repro``: an option of its own typed after the subcommand (``repro bench gemm --results
+    x``) is answered, before any work, with where it goes instead of "No such option"."""
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            _refuse_late_global_option(ctx, self, command, name, rest)
+        return name, command, rest
+
+
+def _refuse_late_global_option(ctx, group, command, name, rest) -> None:
+    own = {opt for p in getattr(command, "params", ()) for opt in (*p.opts, *p.secondary_opts)}
+    help_names = set(ctx.help_option_names)
+    words = []  # the subcommand's leading words: "bench gemm", "site build"
+    for word in rest:
+        if word.startswith("-"):
+            break
+        words.append(word)
+    where = " ".join([name, *words])
+    for i, word in enumerate(rest):
+        if word == "--":
+            return
+        flag, eq, value = word.partition("=")
+        if not flag.startswith("--") or flag in own or flag in help_names:
+            continue
+        for param in group.params:
+            if isinstance(param, click.Option) and flag in param.opts:
+                if param.is_eager:  # --version: answered on its own
+                    usage = f"repro {flag}"
+                elif param.is_flag:
+                    usage = f"repro {flag} {where} ..."
+                else:
+                    value = value if eq else rest[i + 1] if i + 1 < len(rest) else param.metavar or "VALUE"
+                    usage = f"repro {flag} {value} {where} ..."
+                raise click.UsageError(f"{flag} is an option of repro itself, not of {name}: it "
+                                       f"goes before the subcommand: {usage}", ctx)
+
+
+@click.group(cls=_ReproGroup, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"],
+                                                                 "max_content_width": 100})
 @click.version_option(__version__, prog_name="repro")
-@click.option("--results", "results_dir", type=click.Path(file_okay=False), default=None,
-              envvar="MOE_REPRO_RESULTS", help="Results store directory (default ./results).")
+@click.option("--results", "results_dir", type=ResultsDir(), default=None, metavar="DIR",
+              envvar="MOE_REPRO_RESULTS",
+              help="Results store directory (default ./results; MOE_REPRO_RESULTS set but empty "
+                   "counts as unset). Goes before the subcommand: repro --results DIR bench ...")
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""

@@ -47,3 +47,21 @@ class OutputDir(click.Path):
         if problem:
             self.fail(f"cannot write into {str(value)!r}: {problem}", param, ctx)
         return super().convert(value, param, ctx)
+
+
+class ResultsDir(click.Path):
+    """The results store directory (--results, MOE_REPRO_RESULTS): checked when the option is
+    read, before any work, for what no command can use, reading or storing: an empty name, a
+    file, a symlink to nothing, a symlink loop. Whether runs can be saved there is asked by the
+    commands that store (ResultsStore.write_problem), so a read-only store can still be read."""
+
+    def __init__(self):
+        super().__init__(file_okay=False)
+
+    def convert(self, value, param, ctx):
+        from moe_repro.records.atomic import directory_problem
+
+        problem = directory_problem(value)
+        if problem:
+            self.fail(f"cannot use {str(value)!r} as the results store: {problem}", param, ctx)
+        return super().convert(value, param, ctx)
