@@ -24,6 +24,8 @@ process's peak resident set rise (components/training/peak_memory.py), max over 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from moe_repro.runtime.device import resolve_device
@@ -57,14 +59,24 @@ STAGES = ONE_RANK_STAGES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+# Implementations that build GShard's [S, E, C] dispatch and combine masks (one-hot, einsums)
+MASKED = ("padded", "deepspeed-einsum")
+
+
 def _layer_bytes(p: dict) -> float:
     """What one grid point holds at its largest (float32, every local rank): the input and
     output, the S*k dispatch rows (twice: buffer and expert output), the padded buffer
-    [E, C, H] with C = capacity_factor * S * k / E, and the experts' weights."""
+    [E, C, H] with C = capacity_factor * S * k / E, the experts' weights, the router's
+    [S, E] logits and probabilities, and for the masked implementations their int64 one-hots
+    ([k S, E] twice, [S, k, C]) and the two [S, E, C] masks."""
     tokens, hidden, ffn = int(p["tokens"]), int(p["d_model"]), int(p["d_ffn"])
     experts, top_k = int(p["experts"]), int(p["top_k"])
     rows = tokens * top_k * (2 + 2 * float(p["capacity_factor"]))
-    return 4 * int(p.get("ranks", 1)) * (2 * tokens * hidden + rows * hidden + 2 * experts * hidden * ffn)
+    need = 2 * tokens * hidden + rows * hidden + 2 * experts * hidden * ffn + 3 * tokens * experts
+    if p.get("impl") in MASKED:
+        capacity = math.ceil(float(p["capacity_factor"]) * tokens * top_k / experts)
+        need += 2 * top_k * tokens * (3 * experts + capacity) + 2 * tokens * experts * capacity
+    return 4 * int(p.get("ranks", 1)) * need
 
 
 MEMORY_RULES = (fits_in_memory(_layer_bytes, {"tokens": str(2 ** 20), "d_model": str(2 ** 16)}),)

@@ -171,6 +171,23 @@ def test_every_suite_checks_the_memory_its_parameters_size(monkeypatch):
     ("alltoall", ["--nodes", "1", "--tokens", "1M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
     ("dispatch-stages", ["--tokens", "1M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
     ("alltoall-validation", ["--sizes", "64M", "--experts", "65536", "--top-k", "1", "--hidden", "1"]),
+    # the router's [S, E] scores; the capacity-padded layer's [S, E, C] masks (quadratic in S)
+    ("moe-layer", ["--impl", "pft", "--tokens", "1M", "--experts", "65536", "--top-k", "1", "--d-model", "1",
+                   "--d-ffn", "1"]),
+    ("moe-layer", ["--impl", "padded", "--tokens", "64K"]),
+    ("moe-dispatch", ["--impl", "padded", "--tokens", "64K"]),
 ])
 def test_suites_sized_beyond_memory_are_refused_before_work(suite, args, results_dir):
     _refused_for_memory(repro("bench", suite, *args), results_dir)
+
+
+def test_the_padded_layers_memory_grows_with_the_square_of_its_tokens():
+    """GShard's masks are [S, E, C] with C proportional to S: doubling the tokens of a padded
+    point about quadruples what it needs, while the padding-free layer's about doubles."""
+    from moe_repro.suites.moe_layer import SUITE
+    from moe_repro.suites._moe_stages import _layer_bytes
+
+    base = {k: v[0] for k, v in SUITE.params.items()}
+    grow = {impl: _layer_bytes({**base, "impl": impl, "tokens": 2 ** 16})
+            / _layer_bytes({**base, "impl": impl, "tokens": 2 ** 15}) for impl in ("padded", "pft")}
+    assert grow["padded"] > 3.5 and grow["pft"] < 2.5, grow
