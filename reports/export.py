@@ -41,10 +41,36 @@ def frame(record: ReproductionRecord | SuiteRecord) -> pd.DataFrame:
     return FRAMES[record.kind](record)
 
 
+# A spreadsheet reads a cell starting with one of these as a formula (=HYPERLINK(...), +cmd|..., @SUM):
+# CSV injection (OWASP)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def escape_formula(value):
+    """A text cell a spreadsheet would run as a formula, prefixed with a single quote (OWASP's
+    advice), so that it shows as the text it is; numbers, a negative one too, stay numbers."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every text cell and column name escaped by :func:`escape_formula`: stored
+    results come from files anyone can write, and their text reaches a spreadsheet through
+    the export."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col].dtype):
+            out[col] = out[col].map(escape_formula)
+    out.columns = [escape_formula(c) for c in out.columns]
+    return out
+
+
 def write(df: pd.DataFrame, fmt: str) -> str:
-    """Serialise to text in ``fmt`` (csv or jsonl); the caller writes it atomically."""
+    """Serialise to text in ``fmt`` (csv or jsonl); the caller writes it atomically. CSV text
+    cells that a spreadsheet would run as formulas are escaped (JSON Lines is data, not run)."""
     if fmt == "csv":
-        return df.to_csv(index=False)
+        return csv_safe(df).to_csv(index=False)
     if fmt == "jsonl":
         return df.to_json(orient="records", lines=True)
     raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
