@@ -106,9 +106,11 @@ SUITE = Suite(
             "seed": SEED},
     rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
            # every rank holds all experts' weights once while building, and its tokens' rows
+           # and the router's scores, probabilities and their gradient per token and expert
            fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["experts"]) * int(p["d_model"])
                                                            * int(p["d_ffn"]) + 8 * int(p["tokens"])
-                                                           * int(p["top_k"]) * int(p["d_model"])),
+                                                           * int(p["top_k"]) * int(p["d_model"])
+                                                           + 3 * int(p["tokens"]) * int(p["experts"])),
                           {"d_model": str(2 ** 16), "d_ffn": str(2 ** 16)})),
     choices={"layer": LAYERS},
     params={"layer": list(LAYERS), "ranks": [2], "backend": ["gloo"], "tokens": [512],

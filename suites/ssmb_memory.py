@@ -86,7 +86,9 @@ SUITE = Suite(
                                                            + 2 * int(p["experts"]) * int(p["hidden"])
                                                            * int(p["expert_ffn"]) + 8 * int(p["seq"])
                                                            * int(p["top_k"]) * max(int(p["hidden"]),
-                                                                                   int(p["expert_ffn"]))),
+                                                                                   int(p["expert_ffn"]))
+                                                           # the router's scores per token and expert
+                                                           + 3 * int(p["seq"]) * int(p["experts"])),
                           {"seq": str(2 ** 20), "hidden": str(2 ** 16)})),
     choices={"variant": VARIANTS, "backend": ("gloo",)},
     params={"variant": list(VARIANTS), "ranks": [1, 2, 4], "backend": ["gloo"], "seq": [1024],

@@ -176,6 +176,9 @@ def test_every_suite_checks_the_memory_its_parameters_size(monkeypatch):
                    "--d-ffn", "1"]),
     ("moe-layer", ["--impl", "padded", "--tokens", "64K"]),
     ("moe-dispatch", ["--impl", "padded", "--tokens", "64K"]),
+    ("llep-layer", ["--tokens", "1M", "--experts", "65536", "--top-k", "1", "--d-model", "1", "--d-ffn", "1"]),
+    ("ssmb-memory", ["--ranks", "1", "--seq", "1M", "--experts", "65536", "--top-k", "1", "--hidden", "1",
+                     "--expert-ffn", "1", "--dense-ffn", "4"]),
 ])
 def test_suites_sized_beyond_memory_are_refused_before_work(suite, args, results_dir):
     _refused_for_memory(repro("bench", suite, *args), results_dir)
