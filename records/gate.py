@@ -20,15 +20,13 @@ Bad input raises GateInputError (or UnreadableRecord, naming the file): a path t
 exist, a file that is not a regular file or is larger than records/inputs.py's RESULT_LIMIT, a
 file that is not a valid record, a side with no records, a metric that is not a JSON number (a
 string such as "1.2", or true/false; ``correct`` alone is true/false), a number beyond float's
-range, a current side holding only another kind of result than the baseline (suites vs
-reproductions).
+range, a current side of only another kind than the baseline's (suites vs reproductions).
 
 Inputs are result files (`repro run --json`, `repro bench --json`), ``-`` for standard input, or
 directories of them (a results store, or a folder such as `.ci/baseline`); in a directory the
-newest run per reproduction or suite counts. In a results store (a directory holding
-``reproductions/`` or ``suites/``) the results are the files under those two folders, where the
-store keeps them; anything else there (such as ``repro validate``'s ``validation/validation.json``,
-which scores predictors and holds no run) is skipped with a note naming it.
+newest run per reproduction or suite counts. In a results store (holding ``reproductions/`` or
+``suites/``) the results are the files under those two folders; anything else there (``repro
+validate``'s ``validation/validation.json``, which holds no run) is skipped with a note naming it.
 """
 
 from __future__ import annotations

@@ -124,8 +124,8 @@ def _speaks() -> bool:
 
 
 # How long a silent rank waits before exiting on bad input. torchrun and mpiexec stop every rank
-# as soon as the first one exits; a silent rank that won the race used to get rank 0 killed before
-# it printed why (so the user saw exit code 2 and no reason).
+# as soon as the first one exits; a silent rank that won the race would get rank 0 killed before
+# it printed why (so the user would see exit code 2 and no reason).
 SILENT_RANK_GRACE_S = 5.0
 
 
