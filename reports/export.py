@@ -68,9 +68,11 @@ def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
 
 def write(df: pd.DataFrame, fmt: str) -> str:
     """Serialise to text in ``fmt`` (csv or jsonl); the caller writes it atomically. CSV text
-    cells that a spreadsheet would run as formulas are escaped (JSON Lines is data, not run)."""
+    cells that a spreadsheet would run as formulas are escaped (JSON Lines is data, not run).
+    CSV rows end in CRLF (RFC 4180): the writer then quotes every cell holding a CR or LF, which
+    with "\n" alone it leaves bare for a CR, and a bare CR splits the row where it is read."""
     if fmt == "csv":
-        return csv_safe(df).to_csv(index=False)
+        return csv_safe(df).to_csv(index=False, lineterminator="\r\n")
     if fmt == "jsonl":
         return df.to_json(orient="records", lines=True)
     raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
