@@ -15,8 +15,21 @@ from moe_repro.catalog.papers import PAPERS, Paper
 from moe_repro.catalog.reproductions import HOW, HOW_MEANING, REPRODUCTIONS, ReproductionEntry
 from moe_repro.catalog.suites import SUITES, SuiteEntry
 
-__all__ = ["HOW", "HOW_MEANING", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry", "SuiteEntry",
-           "close_matches", "paper", "reproduction", "reproductions_of", "suite"]
+__all__ = ["HOW", "HOW_MEANING", "LONG_RUN_S", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry",
+           "SuiteEntry", "close_matches", "long_run_line", "paper", "reproduction", "reproductions_of", "suite"]
+
+# A run expected to last longer than this says so on stderr before it starts.
+LONG_RUN_S = 300.0
+
+
+def long_run_line(what: str, seconds: float | None, basis: str) -> str | None:
+    """``repro: <what>, expected to take about 1 h 5 min (<basis>)`` for a run whose estimate
+    exceeds LONG_RUN_S; None for a shorter one or one with no estimate."""
+    if seconds is None or seconds <= LONG_RUN_S:
+        return None
+    minutes = round(seconds / 60)
+    took = f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+    return f"repro: {what}, expected to take about {took} ({basis}); Ctrl-C keeps what finished"
 
 
 def close_matches(name, known, n: int = 3) -> list[str]:

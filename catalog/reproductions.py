@@ -53,6 +53,8 @@ class ReproductionEntry:
     # cached FEPLB traces (MOE_REPRO_CACHE) where the reproduction draws them.
     needs: str = ""
     minutes: float | None = None
+    # The same for `repro run ID --full`, where its full run is longer (None: not measured).
+    full_minutes: float | None = None
 
     @property
     def paper_element(self) -> str:
@@ -269,7 +271,7 @@ _REPRODUCTIONS = (
                      "Small model."),
         implemented=True, issue=6,
         needs="2 local processes (gloo ranks) on CPU; times the MoE layer stages",
-        minutes=0.8),
+        minutes=0.8, full_minutes=15.0),
     ReproductionEntry(
         id="xmoe-fig12", paper="xmoe", element="Fig. 12", how="R+S",
         title="Dispatch time with and without redundancy-bypassing dispatch (RBD)",

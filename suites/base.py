@@ -221,6 +221,9 @@ class Suite:
     # the rules across them; checked by ``grid`` in the parent, before any rank starts.
     schema: dict[str, Param] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
+    # Seconds one grid point takes on a 2-core CPU machine, for the estimate printed before a
+    # long run; None: the catalog's minutes at the defaults, spread over the default grid.
+    point_seconds: Callable[[dict], float] | None = None
 
     @property
     def description(self) -> str:
@@ -261,6 +264,22 @@ class Suite:
             check_local_ranks(points)
             self.check_launched_world(points, overrides or {})
         return points
+
+    def estimated_seconds(self, points: list[dict]) -> tuple[float, str] | None:
+        """(seconds these points should take, what the estimate rests on), or None where
+        neither the suite declares a cost per point nor the catalog holds a timing."""
+        if self.point_seconds is not None:
+            return (sum(self.point_seconds(p) for p in points),
+                    "the suite's cost per point on a 2-core CPU machine")
+        minutes = catalog.suite(self.name).minutes
+        if not minutes:
+            return None
+        try:
+            default = len(self.grid())
+        except ValueError:  # defaults a launched world refuses: no basis to scale from
+            return None
+        return (minutes * 60 * len(points) / max(default, 1),
+                "the catalog's time of its default grid on a 2-core CPU machine")
 
     def check_launched_world(self, points: list[dict], overrides: dict[str, list]) -> None:
         """Under torchrun/mpiexec/srun: the backends the user named and the world sizes of the

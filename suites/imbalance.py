@@ -97,6 +97,19 @@ def memory_bytes(p: dict) -> float:
     return need
 
 
+def point_seconds(p: dict) -> float:
+    """Seconds one point takes on a 2-core CPU machine (the estimate before a long run): the
+    plans and statistics grow with the routed rows (steps x tokens x top_k x layers, here
+    relative to the default grid's) and a little with ep; a real point adds every step run
+    once on ep ranks beside its dense reference."""
+    w, ep = _workload(p), int(p["ep"])
+    rows = int(p["steps"]) * w.tokens * w.top_k * w.num_layers / (4 * 4096 * 8)
+    seconds = (0.4 + 0.07 * ep) * rows
+    if p["mode"] == "real":
+        seconds += (0.1 + 0.12 * ep) * rows
+    return seconds
+
+
 def plan_steps(p: dict) -> dict:
     """Every measured step's BalanceStep, decision, row plan and oracle count."""
     w, ep = _workload(p), int(p["ep"])
@@ -304,6 +317,7 @@ SUITE = Suite(
     check=check,
     simulate=simulate,
     derived_params=derived_params,
+    point_seconds=point_seconds,
     world_params=("ranks", "backend"),
     table_keys=("mode", "balancer", "workload", "ep", "seed"),
     table_metrics=("max_over_mean", "token_straggler", "decide_us"),

@@ -194,3 +194,82 @@ def test_the_padded_layers_memory_grows_with_the_square_of_its_tokens():
     grow = {impl: _layer_bytes({**base, "impl": impl, "tokens": 2 ** 16})
             / _layer_bytes({**base, "impl": impl, "tokens": 2 ** 15}) for impl in ("padded", "pft")}
     assert grow["padded"] > 3.5 and grow["pft"] < 2.5, grow
+
+
+# --- an estimate before long work ----------------------------------------------------------------
+
+def _first_stderr_lines_then_ctrl_c(tmp_path, *args, lines: int = 1) -> tuple[list[str], int, str]:
+    """Start `repro ARGS`, read its first stderr ``lines``, then interrupt it (the long work is
+    never waited for): (those lines, exit code, the rest of stderr)."""
+    import threading
+
+    env = {**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")}
+    proc = subprocess.Popen([sys.executable, "-c", "from moe_repro.entry import main; main()", *args],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.extend(proc.stderr.readline() for _ in range(lines)),
+                              daemon=True)
+    reader.start()
+    reader.join(patient(60))
+    try:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        proc.wait(timeout=patient(60))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return first + [""] * (lines - len(first)), proc.returncode, rest
+
+
+def test_bench_imbalance_says_its_points_and_expected_time_first(tmp_path):
+    (line, progress), code, rest = _first_stderr_lines_then_ctrl_c(tmp_path, "bench", "imbalance", lines=2)
+    assert line.startswith("repro: 3120 grid points, expected to take about "), line
+    assert progress.startswith("[1/3120] imbalance"), progress  # the progress lines follow, as before
+    assert code == 130, (code, rest[-1000:])
+
+
+def test_run_full_says_its_expected_time_first(tmp_path):
+    (line,), code, rest = _first_stderr_lines_then_ctrl_c(tmp_path, "run", "xmoe-fig11", "--full")
+    assert line.startswith("repro: xmoe-fig11 --full, expected to take about "), line
+    assert code == 130, (code, rest[-1000:])
+
+
+def test_a_short_run_prints_no_estimate():
+    from moe_repro.cli.run_cmd import estimate_line, run_minutes
+    from moe_repro.suites import get_suite
+
+    assert estimate_line(["xmoe-fig11"], run_minutes(["xmoe-fig11"])) is None
+    imbalance = get_suite("imbalance")
+    from moe_repro import catalog
+
+    seconds, basis = imbalance.estimated_seconds(imbalance.grid({}, quick=True))
+    assert seconds < catalog.LONG_RUN_S and catalog.long_run_line("x", seconds, basis) is None
+
+
+def test_the_estimate_adds_up_the_points_and_formats_hours():
+    from moe_repro import catalog
+    from moe_repro.suites import get_suite
+
+    imbalance = get_suite("imbalance")
+    grid = imbalance.grid({})
+    seconds, _ = imbalance.estimated_seconds(grid)
+    assert seconds == pytest.approx(sum(imbalance.point_seconds(p) for p in grid))
+    assert imbalance.estimated_seconds(grid + grid)[0] == pytest.approx(2 * seconds)
+    assert catalog.long_run_line("n points", 3 * 3600 + 20 * 60, "b") == \
+        "repro: n points, expected to take about 3 h 20 min (b); Ctrl-C keeps what finished"
+    assert catalog.long_run_line("n points", 600, "b").startswith("repro: n points, expected to take about 10 min")
+    # a suite with no declared cost scales the catalog's timing of its default grid
+    gemm = get_suite("gemm")
+    default = gemm.grid({})
+    assert gemm.estimated_seconds(default)[0] == pytest.approx(60 * catalog.suite("gemm").minutes)
+    assert gemm.estimated_seconds(default * 3)[0] == pytest.approx(180 * catalog.suite("gemm").minutes)
+
+
+def test_every_reproduction_with_a_full_run_has_its_time_in_the_catalog():
+    from moe_repro import catalog
+    from moe_repro.reproductions import all_reproductions
+
+    missing = [rid for rid, r in all_reproductions().items() if r.full and not catalog.REPRODUCTIONS[rid].full_minutes]
+    assert missing == []

@@ -149,6 +149,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     records: list[dict] = []
 
     speaks = launched_rank() in (None, 0)  # under a launcher, one line per job: rank 0's
+    estimate = suite.estimated_seconds(grid)  # a long run says so before it starts
+    long_run = catalog.long_run_line(f"{len(grid)} grid point{'s' if len(grid) != 1 else ''}",
+                                     *(estimate or (None, "")))
+    if long_run and speaks:
+        click.echo(long_run, err=True)
     simulated = {str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")}
     if simulated and speaks:
         # first line of output: the numbers below are predictions, and why

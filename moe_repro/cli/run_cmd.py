@@ -129,6 +129,34 @@ def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
             + (f" (+{unknown} not timed)" if unknown else ""))
 
 
+def run_minutes(chosen: list[str], full: bool = False) -> dict:
+    """Each reproduction's minutes on a 2-core CPU machine, from the catalog: with --full, its
+    full run's where the catalog holds one (None: not timed)."""
+    from moe_repro import catalog
+
+    entries = {rid: catalog.REPRODUCTIONS[rid] for rid in chosen}
+    return {rid: (e.full_minutes if full and e.full_minutes else e.minutes) for rid, e in entries.items()}
+
+
+def estimate_line(chosen: list[str], minutes: dict, full: bool = False) -> str | None:
+    """The line printed before a run expected to take more than a few minutes: what runs and
+    its expected time from the catalog's timings (catalog.long_run_line); None otherwise."""
+    from moe_repro import catalog
+
+    what = (f"{chosen[0]}{' --full' if full else ''}" if len(chosen) == 1
+            else f"{len(chosen)} reproductions{' at --full' if full else ''}")
+    untimed = sum(1 for rid in chosen if not minutes.get(rid))
+    basis = "the catalog's times on a 2-core CPU machine" + (f"; {untimed} not timed" if untimed else "")
+    return catalog.long_run_line(what, 60 * sum(minutes.get(rid) or 0.0 for rid in chosen), basis)
+
+
+def _first_rank() -> bool:
+    """Not a non-zero rank of a world a launcher started (those print nothing of their own)."""
+    from moe_repro.runtime.launch import launched_rank
+
+    return launched_rank() in (None, 0)
+
+
 def parse_params(pairs: tuple[str, ...]) -> dict:
     out = {}
     for pair in pairs:
@@ -235,7 +263,10 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     overrides = parse_params(params)
     from moe_repro import catalog
 
-    minutes = {rid: catalog.REPRODUCTIONS[rid].minutes for rid in chosen}
+    minutes = run_minutes(chosen, full)
+    long_run = estimate_line(chosen, minutes, full)  # a long run says so before it starts
+    if long_run and not quiet and _first_rank():
+        click.echo(long_run, err=True)
     resume = (run_all or paper) and not force
     known = all_reproductions()
     batch_started = time.monotonic()
