@@ -30,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,6 +236,7 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         janitor = _start_janitor(workdir, backend == "mpi")  # before any rank: its segment snapshot
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
+                   **{workdirs.WORLD_ENV: str(workdir)},  # the janitor finds the world's processes by it
                    MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
         common = ["-m", "moe_repro.runtime.worker", "--target", target, "--workdir", str(workdir),
                   "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),

@@ -37,6 +37,7 @@ RANKS_PREFIX = "moe-repro-ranks-"  # runtime/launch.py: one local world's files 
 POINTS_PREFIX = "moe-repro-points-"  # suites/runner.py: a world's finished records, handed back
 PREFIXES = (RANKS_PREFIX, POINTS_PREFIX)
 OWNER_FILE = "owner.pid"
+WORLD_ENV = "MOE_REPRO_WORKDIR"  # set by the launcher in a world's environment: its work directory
 
 SHM_DIR = Path("/dev/shm")
 SHM_PATTERNS = ("mpich_shm_*", "mpich_vci_*")
@@ -140,11 +141,12 @@ def _running(pid: int) -> bool:
         return False
 
 
-def held(paths: list[Path]) -> set[str]:
-    """Which of ``paths`` a live process has open or mapped (from /proc: descriptors, then
-    maps). Processes whose /proc entries cannot be read belong to other users."""
+def holders(paths: list[Path]) -> dict[str, set[int]]:
+    """{path: pids} for those of ``paths`` that a live process has open or mapped (from /proc:
+    descriptors, then maps). Processes whose /proc entries cannot be read belong to other
+    users."""
     wanted = {str(p) for p in paths}
-    found: set[str] = set()
+    found: dict[str, set[int]] = {}
     if not wanted:
         return found
     for pid in _pids():
@@ -155,31 +157,43 @@ def held(paths: list[Path]) -> set[str]:
                 except OSError:
                     continue
                 if target in wanted:
-                    found.add(target)
-            if wanted - found:
-                with open(f"/proc/{pid}/maps", errors="replace") as f:
-                    for line in f:
-                        fields = line.rstrip("\n").split(None, 5)
-                        if len(fields) == 6 and fields[5] in wanted:
-                            found.add(fields[5])
+                    found.setdefault(target, set()).add(pid)
+            with open(f"/proc/{pid}/maps", errors="replace") as f:
+                for line in f:
+                    fields = line.rstrip("\n").split(None, 5)
+                    if len(fields) == 6 and fields[5] in wanted:
+                        found.setdefault(fields[5], set()).add(pid)
         except OSError:
             continue
-        if found == wanted:
-            break
     return found
 
 
+def _exiting(pid: int) -> bool:
+    """A process in its exit: its memory (and so its command line) is gone before its open
+    files are closed and it becomes a zombie."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return not f.read() and _running(pid)
+    except OSError:
+        return False
+
+
 def processes_naming(text: str) -> list[int]:
-    """Live processes (not zombies) whose command line contains ``text`` (a world's work
-    directory: its ranks and mpiexec name it), other than this one."""
+    """Live processes (not zombies) other than this one whose command line or environment
+    contains ``text``: a world's processes name its work directory (mpiexec and the ranks on
+    their command lines; every process of the world, mpiexec's proxies and a rank not yet
+    exec'd among them, in WORLD_ENV)."""
     needle = text.encode()
     found = []
     for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if needle not in f.read():
-                    continue
-        except OSError:
+        for what in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{what}", "rb") as f:
+                    if needle in f.read():
+                        break
+            except OSError:
+                continue
+        else:
             continue
         if _running(pid):
             found.append(pid)
@@ -190,24 +204,27 @@ def remove_new_segments(before: dict[str, int], world: str | None = None, shm_di
                         wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep) -> list[Path]:
     """Once no process naming ``world`` runs (up to ``wait_s``), unlink this user's MPI segments
     that appeared since ``before`` and that no live process holds. Returns what was removed."""
+    deadline = clock() + wait_s
     if world is not None:
-        deadline = clock() + wait_s
         while processes_naming(world) and clock() < deadline:
             sleep(0.05)
-    candidates = new_segments(before, shm_dir)
-    busy = held(candidates)
     removed = []
-    for path in candidates:
-        if str(path) in busy:
-            continue
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            continue  # unlinked meanwhile by its own world
-        except OSError:
-            continue
-        removed.append(path)
-    return removed
+    while True:
+        candidates = new_segments(before, shm_dir)
+        busy = holders(candidates)
+        for path in candidates:
+            if str(path) in busy:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue  # unlinked meanwhile by its own world, or not ours to remove
+            removed.append(path)
+        # a rank of the world may still be exiting (no command line, files not yet closed);
+        # a segment a live process holds is another run's: it is left alone, without waiting
+        if not any(_exiting(pid) for pids in busy.values() for pid in pids) or clock() >= deadline:
+            return removed
+        sleep(0.05)
 
 
 def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:

@@ -261,3 +261,17 @@ def test_a_killed_rank_of_a_local_mpi_world_leaves_no_segment(tmp_path):
     left = _wait_clean(tmp, tag, segments, patient(5))
     assert segments, "the ranks were never seen mapping their segment"
     assert not any(left.values()), f"left after the failed world: {left}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@needs_mpi
+def test_the_fault_harness_finds_nothing_left_after_signals_at_random_moments():
+    # A few cases of tests/fault_harness.py (python tests/fault_harness.py --runs 40 is the
+    # full measurement): SIGINT/SIGTERM/SIGHUP/SIGKILL into local MPI and gloo worlds.
+    harness = Path(__file__).parent / "fault_harness.py"
+    r = subprocess.run([sys.executable, str(harness), "--runs", "4", "--seed", "3",
+                        "--kinds", "allreduce-mpi,alltoall-gloo"],
+                       capture_output=True, text=True, timeout=patient(900))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "total: 4 runs, 0 leftovers" in r.stdout, r.stdout[-4000:]
