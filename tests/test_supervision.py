@@ -18,6 +18,7 @@ import pytest
 from conftest import patient
 from moe_repro.runtime.launch import WORKDIR_PREFIX, remove_stale_workdirs
 
+MAIN = "from moe_repro.cli import main; main()"
 PARENT = """
 import sys
 from moe_repro.runtime.launch import run_ranks
@@ -153,17 +154,52 @@ def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path, fak
     assert "stopped making progress" in str(err) and "rank 1 silent" in str(err)
 
 
+# Run first in the bench process: the launcher counts its timeout on a clock that jumps past any
+# timeout once the test writes the mark file (the test's fake clock, across processes).
+_CLOCK_PRELUDE = """
+import functools, os, time
+from moe_repro.runtime import launch
+def clock():
+    return time.monotonic() + (1e6 if os.path.exists({mark!r}) else 0.0)
+launch.run_ranks = functools.partial(launch.run_ranks, clock=clock)
+"""
+
+
 @pytest.mark.timing
-def test_a_hung_rank_is_named_alone_while_its_peers_wait(results_dir):
+def test_a_hung_rank_is_named_alone_while_its_peers_wait(results_dir, tmp_path):
     # --fault hang:2: rank 2 sleeps in its 3rd call while ranks 0, 1, 3 block in the all-to-all.
-    # The hang is found at --timeout, counted from the launch: it must outlast the four ranks'
-    # start on a busy machine, or no rank is in the all-to-all yet to tell the hung one apart.
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "bench", "alltoall",
-                        "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat", "--fault", "hang:2",
-                        "--timeout", f"{patient(4):g}", "--repeats", "5"], capture_output=True, text=True,
-                       timeout=patient(12))
-    assert r.returncode == 1
-    line = r.stderr.strip().splitlines()[-1]
+    # The timeout is made to pass once the heartbeats show exactly that: a slow start of the four
+    # ranks cannot use it up first, and the test does not wait it out.
+    import json
+
+    from moe_repro.runtime.launch import _WAITING_IN
+
+    mark = tmp_path / "time-is-up"
+    proc = subprocess.Popen([sys.executable, "-c", _CLOCK_PRELUDE.format(mark=str(mark)) + MAIN, "bench",
+                             "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat", "--fault",
+                             "hang:2", "--timeout", f"{patient(30):g}", "--repeats", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def where(rank: int) -> str:
+        for d in workdirs_of(proc.pid):
+            try:
+                return json.loads((d / f"rank-{rank}.beat").read_text())["where"]
+            except (OSError, ValueError, KeyError):
+                pass
+        return ""
+
+    def hung_while_the_others_wait() -> bool:
+        return ("alltoall.py" in where(2) and where(2).endswith(" in run")
+                and all(any(k in where(r) for k in _WAITING_IN) for r in (0, 1, 3)))
+
+    try:
+        assert wait_until(lambda: hung_while_the_others_wait() or proc.poll() is not None, patient(12))
+        mark.touch()
+        _, err = proc.communicate(timeout=patient(3))
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    line = err.strip().splitlines()[-1]
     assert "rank(s) 2 of 4 did not finish" in line and "while rank(s) 0, 1, 3 waited" in line
 
 
