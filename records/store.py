@@ -78,8 +78,14 @@ class ResultsStore:
             raise ValueError(f"not a result name: {name!r}")
         return self.root / STORE_DIRS[kind] / safe
 
-    def save(self, record: ReproductionRecord | SuiteRecord) -> Path:
-        """Store one run; the file name sorts by time, then by commit."""
+    def save(self, record: ReproductionRecord | SuiteRecord) -> Path | None:
+        """Store one run; the file name sorts by time, then by commit. In a world torchrun,
+        mpiexec or srun started, every rank runs the command and rank 0 alone stores: the
+        others store nothing (None), so a run is kept once."""
+        from moe_repro.runtime.launch import launched_rank
+
+        if launched_rank() not in (None, 0):
+            return None
         env = record.environment
         stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")
         # the file name is made of the record's content: only plain characters of it

@@ -263,6 +263,13 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     overrides = parse_params(params)
     from moe_repro import catalog
 
+    from moe_repro.runtime.launch import launched_rank
+
+    # under torchrun/mpiexec/srun every rank runs the command: rank 0 alone prints, stores and
+    # writes --json/--out (once), the others compute alongside it (a measured reproduction's
+    # world needs them)
+    speaks = launched_rank() in (None, 0)
+    echo = click.echo if speaks else (lambda *args, **kwargs: None)
     minutes = run_minutes(chosen, full)
     long_run = estimate_line(chosen, minutes, full)  # a long run says so before it starts
     if long_run and not quiet and _first_rank():
@@ -273,39 +280,42 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
     records = []
     for i, rid in enumerate(chosen):
         if len(chosen) > 1 and not quiet:
-            click.echo(batch_line(i, chosen, batch_started, minutes), err=True)
+            echo(batch_line(i, chosen, batch_started, minutes), err=True)
         given = {**(known[rid].full if full else {}), **overrides}
         if full and not known[rid].full and not quiet:
-            click.echo(f"{rid}: its defaults are already its full run", err=True)
+            echo(f"{rid}: its defaults are already its full run", err=True)
         # an unreadable stored file is named on stderr by the store and rerun here
         stored = store.latest("reproduction", rid) if resume else None
         if stored is not None and is_current(stored, given):
             records.append(stored)
             if not quiet:
-                click.echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
-            click.echo(f"{rid}: {grading.agreement_line(grading.agreement(stored.cells))} (stored)")
+                echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
+            echo(f"{rid}: {grading.agreement_line(grading.agreement(stored.cells))} (stored)")
             continue
         started = time.monotonic()
-        watch = Watch(label=rid, stream=None if quiet else sys.stderr, store=store,
+        watch = Watch(label=rid, stream=None if quiet or not speaks else sys.stderr,
+                      store=store if speaks else None,
                       command=cli.INVOCATION)
         with watching(watch):
             record = run_one(rid, given, full)
         took = clock(time.monotonic() - started)
-        path = store.save(record)
         records.append(record)
+        if not speaks:  # the same run on another rank of a launched world: rank 0 keeps it
+            continue
+        path = store.save(record)
         if not quiet:
-            click.echo("\n" + format_result(record))
-            click.echo(f"stored: {path}")
+            echo("\n" + format_result(record))
+            echo(f"stored: {path}")
             for points in watch.saved:
-                click.echo(f"measured points: {points}")
+                echo(f"measured points: {points}")
         if out_dir:
             page = write_reproduction_page(Path(out_dir), record, name=rid)  # the catalog id names the files
             if not quiet:
-                click.echo(f"report: {page}")
-        click.echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
+                echo(f"report: {page}")
+        echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
     for line in count_lines(records):
-        click.echo(line)
-    if json_path:
+        echo(line)
+    if json_path and speaks:
         payloads = [dump(r) for r in records]
         atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads,
                           make_parents=False)
