@@ -112,6 +112,20 @@ def auto_backend(ranks_per_node: int) -> tuple[str | None, str]:
     return None, "no GPU"
 
 
+def check_backend(backend: str, local_ranks: int = 1) -> None:
+    """``backend`` can run here: nccl needs a GPU for each of the ``local_ranks`` ranks on this
+    node (it moves CUDA tensors only). ValueError in one line otherwise, before any rank starts
+    (the CLI turns it into exit 2, as :func:`check_device` for --device cuda)."""
+    if backend != "nccl":
+        return
+    count = cuda_count()
+    if not count:
+        raise ValueError(f"backend nccl: {no_gpu_reason()}; use --backend gloo")
+    if local_ranks > count:
+        raise ValueError(f"backend nccl: {local_ranks} ranks per node but this machine has {count} "
+                         f"GPU(s) (one GPU per rank); use fewer ranks per node or --backend gloo")
+
+
 def check_world_device(device: str, backend: str) -> None:
     """A world's ranks run where :func:`rank_device` puts them: ``device`` (asked for on the
     command line) must agree with ``backend``; ValueError in one line otherwise."""

@@ -512,8 +512,9 @@ class _Heartbeats:
     """The ranks' heartbeats (worker.py writes one every HEARTBEAT_S) as the supervisor sees
     them: each rank's last beat and the slowest gap between two beats of any rank so far."""
 
-    def __init__(self, workdir: Path, world_size: int):
+    def __init__(self, workdir: Path, world_size: int, clock: Callable[[], float] = time.time):
         self.workdir, self.world_size = workdir, world_size
+        self.clock = clock  # the wall clock the beats are stamped with (a test passes its own)
         self.last: dict[int, float] = {}
         self.where: dict[int, str] = {}
         self.slowest_gap = 0.0
@@ -524,9 +525,9 @@ class _Heartbeats:
 
     def silent_ranks(self) -> list[int]:
         """Unfinished ranks silent past the limit while another unfinished rank still beats."""
-        if time.monotonic() - self.read_at < _BEAT_READ_S:
+        if self.clock() - self.read_at < _BEAT_READ_S:
             return []
-        self.read_at = time.monotonic()
+        self.read_at = self.clock()
         unfinished = [r for r in range(self.world_size) if not _result_written(self.workdir, r)]
         for r in unfinished:
             try:
@@ -538,13 +539,13 @@ class _Heartbeats:
                 self.slowest_gap = max(self.slowest_gap, t - self.last[r])
             self.last[r] = max(t, self.last.get(r, t))
             self.where[r] = str(beat.get("where", "?"))
-        now, limit = time.time(), self.limit_s()
+        now, limit = self.clock(), self.limit_s()
         silent = [r for r in unfinished if r in self.last and now - self.last[r] > limit]
         beating = [r for r in unfinished if r in self.last and r not in silent]
         return silent if beating else []
 
     def describe(self, silent: list[int]) -> str:
-        now = time.time()
+        now = self.clock()
         last = "; ".join(f"rank {r} silent for {now - self.last[r]:.0f} s, last at {self.where[r]}"
                          for r in silent)
         return (f"stopped making progress ({last}): no heartbeat for longer than {self.limit_s():.0f} s "
@@ -663,6 +664,11 @@ def launched_world_size() -> int | None:
     return size if size and size > 1 else None
 
 
+def launched_local_size() -> int | None:
+    """Ranks on this node of a world torchrun, srun or mpirun started (None when not launched)."""
+    return (_first_int(_LOCAL_SIZE_VARS) or launched_world_size()) if launched_world_size() else None
+
+
 def launched_rank() -> int | None:
     """This process's rank in a world torchrun, srun or mpirun started (None when not launched)."""
     return _first_int(_RANK_VARS) if launched_world_size() else None
@@ -737,3 +743,40 @@ def _leave_launched_world() -> None:
 
     if dist.is_initialized():  # no barrier: a rank that failed early must not hang its peers here
         dist.destroy_process_group()
+
+
+LAUNCHED_DIR_PREFIX = "moe-repro-world-"
+# The variables that tell one run of a launcher from the next under the same parent process
+# (torchrun restarts its workers under the same agent; a Slurm job runs several steps).
+_RUN_ID_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+
+
+def launched_world_dir() -> Path | None:
+    """The directory the ranks of a launched world on this node share (their heartbeats, and
+    the marks of ranks that finished or left), None when not launched. Named after the
+    launcher's process on this node (the parent of every local rank: torchrun's agent,
+    mpiexec's proxy, slurmstepd) and its run's id; ranks started through a wrapper of their own
+    each get a directory of their own, and then only their deadline watches them. Directories
+    whose launcher process is gone are removed here."""
+    import re
+    import tempfile
+
+    if not launched_world_size():
+        return None
+    run = "-".join(os.environ.get(v, "") for v in _RUN_ID_VARS).strip("-")
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.getuid()}-{os.getppid()}-{run}")[:120]
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{LAUNCHED_DIR_PREFIX}{os.getuid()}-*"):
+        try:
+            owner = int(old.name[len(LAUNCHED_DIR_PREFIX):].split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if owner != os.getppid() and not _alive(owner):
+            shutil.rmtree(old, ignore_errors=True)
+    directory = base / f"{LAUNCHED_DIR_PREFIX}{key}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return directory

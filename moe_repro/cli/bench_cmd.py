@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import click
 
 from moe_repro.cli.finite import FiniteFloatRange
@@ -103,9 +106,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
-    from moe_repro.runtime.device import check_device, check_world_device
-    from moe_repro.runtime.launch import RankFailure, launched_rank, launched_world_size
-    from moe_repro.runtime.signals import Interrupted, deferred
+    from moe_repro.runtime.device import check_backend, check_device, check_world_device
+    from moe_repro.runtime.launch import (RankFailure, launched_local_size, launched_rank,
+                                          launched_world_size)
+    from moe_repro.runtime.signals import Interrupted, deferred, name_of
+    from moe_repro.runtime.worker import watch_launched_world
     from moe_repro.reports.terminal import format_records
     from moe_repro import catalog
     from moe_repro.suites import get_suite
@@ -127,6 +132,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         grid = suite.grid(overrides, quick=quick)
         for point in grid:  # a world's ranks run where its backend puts them
             check_world_device(point.get("device", "auto"), str(point.get("backend", "")))
+            if not point.get("simulated"):  # and its backend must run here (nccl: a GPU per rank)
+                check_backend(str(point.get("backend", "")), launched_local_size()
+                              or int(point.get("ranks_per_node") or point.get("ranks") or 1))
     except ValueError as e:
         raise BadInput(str(e)) from None
     if show_params:
@@ -170,19 +178,45 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         shown = " ".join(f"{k}={v}" for k, v in point.items() if k in suite.params or k in suite.world_params)
         click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
 
-    def finish(interrupted: bool = False, error: str | None = None, record=None) -> None:
-        record = record or suite_record(suite, records, interrupted=interrupted, error=error)
-        if records or not (interrupted or error):
-            path = store.save(record)
-            click.echo(f"stored: {path}", err=True)
-        if json_path:
-            atomic_write_json(json_path, dump(record), make_parents=False)
+    finishing, finished = threading.Lock(), []
 
+    def finish(interrupted: bool = False, error: str | None = None, record=None):
+        """Store the run and write --json, once (the main thread or a launched rank's watch,
+        whichever comes first); rank 0 alone under a launcher. Returns the stored path."""
+        with finishing:
+            if finished:
+                return finished[0]
+            path = None
+            record = record or suite_record(suite, records, interrupted=interrupted, error=error)
+            if speaks and (records or not (interrupted or error)):
+                path = store.save(record)
+                click.echo(f"stored: {path}", err=True)
+            if json_path and speaks:
+                atomic_write_json(json_path, dump(record), make_parents=False)
+            finished.append(path)
+            return path
+
+    def kept(path) -> str | None:
+        return f"{path} ({len(records)} finished point(s))" if path else None
+
+    def on_abort(why: str, interrupted: bool) -> str | None:
+        """A launched rank's watch ends the rank (deadline, hung or departed peer): rank 0
+        stores the points that finished first, marked with why."""
+        if not speaks:
+            return None
+        path = finish(interrupted=interrupted, error=why)
+        return f"stored {kept(path)}" if path else "no point had finished: nothing stored"
+
+    # under torchrun/mpiexec/srun no supervisor of ours watches the ranks: each watches itself
+    watch = watch_launched_world(timeout_s, on_abort)
     try:
         measure(suite, grid, config, progress=progress, done=records.append)
-    except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
+    except (KeyboardInterrupt, Interrupted) as e:  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
         with deferred():  # a second signal waits until the finished records are stored
-            finish(interrupted=True)
+            path = finish(interrupted=True)
+            if watch is not None:  # tell the peers and leave now (finalizing would wait on them)
+                signum = getattr(e, "signum", signal.SIGINT)
+                watch.leave(f"interrupted by {name_of(signum)}", 128 + signum, kept(path))
         raise
     except RankFailure as e:
         finish(error=str(e))
@@ -190,7 +224,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     except ValueError as e:  # a grid point the suite rejects (e.g. bytes not a multiple of 4)
         finish(error=str(e))
         raise BadInput(str(e)) from None
-    if launched_world_size() and not records:
+    if watch is not None:
+        watch.finish()
+    if launched_world_size() and not (speaks and records):
         return  # under an external launcher only rank 0 reports and stores
     with deferred():  # every point finished: a signal now waits until the record is stored
         record = suite_record(suite, records)

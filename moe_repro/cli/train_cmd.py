@@ -155,8 +155,14 @@ def command(model, pp, ep, dp, schedule, micro_batches, micro_batch_size, steps,
 
         if launched != cfg.world_size:
             raise BadInput(f"the launcher started {launched} ranks; dp x pp x ep = {cfg.world_size}")
+        from moe_repro.runtime.worker import watch_launched_world
+
+        # no supervisor of ours watches a launched world's ranks: each ends itself past --timeout
+        # or when a peer on its node stops making progress
+        watch = watch_launched_world(timeout_s)
         ctx = init_launched_world(auto_backend(launched)[0] or "gloo")  # nccl when every rank has a GPU
         report = train_rank(ctx, **cfg.__dict__)
+        watch.finish()
         if ctx.rank != 0:
             return
     else:
