@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import patient
+
 ROOT = Path(__file__).resolve().parent.parent
 HELP_PLACEHOLDERS = {"SUITE": "alltoall", "FILE": "my.json", "MODEL": "tiny-moe", "M": "tiny-moe", "N": "1"}
 SHOW = ["--show-params"]
@@ -173,8 +175,9 @@ def scratch(tmp_path_factory):
     return d
 
 
-def _run(command: str, extra: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run one example in ``cwd`` (``extra`` appended to each `repro`/pytest part of it)."""
+def _run(command: str, extra: list[str], cwd: Path, timeout: float = patient(90)) -> subprocess.CompletedProcess:
+    """Run one example in ``cwd`` (``extra`` appended to each `repro`/pytest part of it); the
+    timeout is a hang guard, scaled for a busy machine."""
     env = {**os.environ, "MOE_REPRO_RESULTS": str(cwd / "results"), "COLUMNS": "100",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     parts = [shlex.join(shlex.split(p) + extra) for p in command.split(" && ")]
@@ -219,5 +222,5 @@ def test_long_examples_run_as_written(command, scratch):
             scratch = ROOT
     if command.startswith("repro plan") or command.startswith("repro gate"):
         pytest.skip("reads files an earlier example writes: covered by test_examples_run")
-    r = _run(command.strip(), [], scratch, timeout=3600)
+    r = _run(command.strip(), [], scratch, timeout=patient(360))
     assert r.returncode == 0, r.stderr[-2000:]
