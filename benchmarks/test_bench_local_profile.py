@@ -10,13 +10,15 @@ from moe_repro.components.network import simulator as ns
 
 
 @pytest.mark.multiprocess
-def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run():
+def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run(request):
     """Fit latency and bandwidth on two real flat runs (2 emulated nodes x 1 rank, about 0.25
     and 1 MB per rank on the wire), predict the run in between (about 0.5 MB, where the bytes
     term is most of the time) with the simulator: within 25% of the measurement.
 
     The sizes stay at 1 MB or less, and close together, because copies leave the linear regime
     as they stop fitting in cache, and where that starts depends on the machine."""
+    if request.config.getoption("benchmark_disable"):
+        pytest.skip("a measurement of this machine: nothing to check with benchmarks disabled")
     from moe_repro.suites import all_suites
     from moe_repro.suites.runner import RunConfig, measure
 
