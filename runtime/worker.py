@@ -7,6 +7,7 @@ import datetime
 import importlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -102,6 +103,8 @@ class LaunchedWatch:
         self.beats = _Heartbeats(directory, world_size, clock=wall) if directory else None
         self.stopped = threading.Event()
         self._ending = threading.Lock()
+        self.aborting = False
+        self.silent: list[int] = []  # the peers found silent by the last check
 
     def _path(self, rank: int, what: str) -> Path:
         return self.directory / f"rank-{rank}.{what}"
@@ -130,6 +133,7 @@ class LaunchedWatch:
             if left is not None:
                 return f"rank {r} left the world ({left})", "interrupted" in left
         silent = self.beats.silent_ranks()
+        self.silent = silent
         if silent:
             return "rank(s) " + ", ".join(map(str, silent)) + " " + self.beats.describe(silent), False
         return None
@@ -150,6 +154,7 @@ class LaunchedWatch:
         """Run ``on_abort``, say why in one line, and end this rank with exit 1."""
         if not self._ending.acquire(blocking=False):
             return  # the main thread is already leaving
+        self.aborting = True
         kept = None
         try:
             kept = self.on_abort(why, interrupted) if self.on_abort else None
@@ -161,7 +166,29 @@ class LaunchedWatch:
              + (f"; {kept}" if kept else "") + f"; ending this rank so that {self.launcher} ends the world")
         if self.rank == 0 and "left the world" in why:
             self._wait_for_leaving_peers()
+        self._kill_stopped_peers()
         os._exit(1)
+
+    def _kill_stopped_peers(self) -> None:
+        """End the silent peers that are stopped (SIGSTOP, a debugger): a stopped process takes
+        no SIGTERM, so the launcher would wait out its grace period (torchrun: 30 s) before its
+        SIGKILL. Only a process of the same launcher on this node (our parent's child) in the
+        stopped state, named by its own heartbeat."""
+        for r in self.silent:
+            try:
+                pid = int(json.loads(self._read(r, "beat") or "{}")["pid"])
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] in ("T", "t") and int(fields[1]) == os.getppid():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError, KeyError, IndexError):
+                pass
+
+    def hold_if_aborting(self) -> None:
+        """For the main thread, on an error: while the watch is ending this rank, that error is
+        an effect of the cause the watch reports (a peer's departure breaks the collective this
+        rank was in); wait for the watch's exit instead of reporting it as a second failure."""
+        while self.aborting:
+            time.sleep(0.1)
 
     def _wait_for_leaving_peers(self) -> None:
         """Let the peers that left early read rank-0.kept and print their line before this rank's

@@ -181,14 +181,22 @@ def test_nccl_with_fewer_gpus_than_ranks_per_node_is_refused(monkeypatch):
 
 # --- real launched worlds -------------------------------------------------------------------------
 
+def _world(launcher: str) -> list[str]:
+    if launcher == "mpiexec":
+        return [str(BIN / "mpiexec"), "-n", "2", sys.executable]
+    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@needs_mpiexec
-def test_a_stopped_rank_under_mpiexec_ends_the_world_and_rank_0_keeps_what_finished(tmp_path):
-    """kill -STOP of one rank: its peer sees the heartbeat stop, stores the finished point and
-    ends; mpiexec then ends the world (it used to wait forever)."""
-    code, err = _launch([str(BIN / "mpiexec"), "-n", "2", sys.executable,
-                         *_bench(tmp_path, "--backend", "mpi", "--bytes", "8,4194304", "--repeats", "300",
+@pytest.mark.parametrize("launcher,backend", [
+    pytest.param("mpiexec", "mpi", marks=needs_mpiexec), pytest.param("torchrun", "gloo", marks=needs_torchrun)])
+def test_a_stopped_rank_ends_the_world_and_rank_0_keeps_what_finished(launcher, backend, tmp_path):
+    """kill -STOP of one rank: its peer sees the heartbeat stop, stores the finished point, ends
+    the stopped rank (which takes no SIGTERM) and itself; the launcher then ends the world (it
+    used to wait forever)."""
+    code, err = _launch([*_world(launcher),
+                         *_bench(tmp_path, "--backend", backend, "--bytes", "8,4194304", "--repeats", "300",
                                  "--min-sample-s", "0.02", "--timeout", "200")],
                         tmp_path, signal.SIGSTOP)
     assert code != 0, err

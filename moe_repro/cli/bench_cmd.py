@@ -209,8 +209,17 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
 
     # under torchrun/mpiexec/srun no supervisor of ours watches the ranks: each watches itself
     watch = watch_launched_world(timeout_s, on_abort)
+
+    def run() -> None:
+        try:
+            measure(suite, grid, config, progress=progress, done=records.append)
+        except Exception:
+            if watch is not None:
+                watch.hold_if_aborting()  # the watch reports the cause and ends this rank
+            raise
+
     try:
-        measure(suite, grid, config, progress=progress, done=records.append)
+        run()
     except (KeyboardInterrupt, Interrupted) as e:  # Ctrl-C, SIGTERM, SIGHUP: keep what finished
         with deferred():  # a second signal waits until the finished records are stored
             path = finish(interrupted=True)
