@@ -251,3 +251,58 @@ def test_torchrun_stores_a_reproduction_once(tmp_path):
     assert len(_stored(tmp_path / "store")) == 1, r.stdout
     assert r.stdout.count("stored: ") == 1 and r.stdout.count("(ran ") == 1, r.stdout
     assert json.loads(out.read_text())["id"] == "piper-table4"
+
+
+# --- srun (no Slurm here: its variables, faked) ---------------------------------------------------
+
+def _as_srun_rank(monkeypatch, rank: int, step: str = "0") -> None:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                 "MOE_REPRO_WORKER", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "PMI_RANK",
+                 "PMIX_SIZE", "PMIX_RANK", "PMIX_NAMESPACE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
+    monkeypatch.setenv("SLURM_PROCID", str(rank))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_STEP_ID", step)
+
+
+def _record():
+    from moe_repro.records.environment import collect_environment
+    from moe_repro.records.record import SuiteRecord
+
+    return SuiteRecord(suite="allreduce", description="d", params=[], metrics=[], records=[],
+                       environment=collect_environment())
+
+
+def test_under_srun_only_rank_0_stores(monkeypatch, tmp_path):
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.runtime.launch import launched_local_size
+
+    _as_srun_rank(monkeypatch, 1)
+    store = ResultsStore(tmp_path / "store")
+    assert launched_local_size() == 2
+    assert store.save(_record()) is None and not _stored(tmp_path / "store")
+    _as_srun_rank(monkeypatch, 0)
+    path = store.save(_record())
+    assert _stored(tmp_path / "store") == [path]
+
+
+def test_each_srun_step_has_its_own_world_directory_and_dead_launchers_dirs_go(monkeypatch, tmp_path):
+    import tempfile
+
+    from moe_repro.runtime import launch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names a launcher that is gone
+    stale = tmp_path / f"{launch.LAUNCHED_DIR_PREFIX}{os.getuid()}-{dead.pid}-77-0"
+    stale.mkdir()
+    (stale / "rank-1.beat").write_text("{}")
+    _as_srun_rank(monkeypatch, 0, step="0")
+    first = launch.launched_world_dir()
+    _as_srun_rank(monkeypatch, 0, step="1")
+    second = launch.launched_world_dir()
+    assert first.is_dir() and second.is_dir() and first != second
+    assert first.parent == tmp_path and f"-{os.getppid()}-77-" in first.name
+    assert not stale.exists()

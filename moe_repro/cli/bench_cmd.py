@@ -63,7 +63,8 @@ class _BenchCommand(click.Command):
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the suite's correctness check (#wrong) before timing.")
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=300.0, show_default=True,
-              help="Multi-process suites: kill the world and fail if it runs longer (s).")
+              help="Multi-process suites: kill the world and fail if it runs longer (s); under "
+                   "torchrun/mpiexec/srun each rank ends itself (exit 1) and the launcher the world.")
 @click.option("--json", "json_path", type=OutputFile(), default=None,
               help="Write {suite, records, environment} to this file.")
 @click.option("--device", default=None, metavar="auto|cpu|cuda[:N][,...]",
@@ -96,7 +97,10 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     Every parameter is checked against the suite's declaration (--show-params prints each one's
     range) before any rank starts; a bad value is one line, exit 2. A rank whose heartbeat stops
     for longer than max(15 s, 10 x the slowest heartbeat gap so far) while the others beat is
-    reported as hung at once, without waiting for --timeout.
+    reported as hung at once, without waiting for --timeout. Under torchrun/mpiexec/srun each rank
+    watches itself the same way (its deadline, and the heartbeats of the ranks on its node): a
+    rank that ends the world says why in one line, rank 0 stores the points that finished first,
+    and a rank interrupted alone says what rank 0 kept.
     """
 
     if not show_params:  # where results go is checked first: a run must never end unable to keep them
