@@ -277,15 +277,20 @@ def _record():
 
 def test_under_srun_only_rank_0_stores(monkeypatch, tmp_path):
     from moe_repro.records.store import ResultsStore
-    from moe_repro.runtime.launch import launched_local_size
 
     _as_srun_rank(monkeypatch, 1)
     store = ResultsStore(tmp_path / "store")
-    assert launched_local_size() == 2
     assert store.save(_record()) is None and not _stored(tmp_path / "store")
     _as_srun_rank(monkeypatch, 0)
     path = store.save(_record())
     assert _stored(tmp_path / "store") == [path]
+
+
+def test_under_srun_the_ranks_per_node_come_from_slurm(monkeypatch):
+    from moe_repro.runtime.launch import launched_local_size
+
+    _as_srun_rank(monkeypatch, 1)
+    assert launched_local_size() == 2  # SLURM_NTASKS_PER_NODE "2(x2)": 2 on each of 2 nodes
 
 
 def test_each_srun_step_has_its_own_world_directory_and_dead_launchers_dirs_go(monkeypatch, tmp_path):
