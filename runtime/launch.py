@@ -714,6 +714,7 @@ def init_launched_world(backend: str) -> RankContext:
     127.0.0.1:29500 unless set, which covers single-node runs).
     """
     if backend == "mpi":
+        workdirs.watch_launched_rank()  # before MPI_Init: the segments a killed world leaves go
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD

@@ -43,6 +43,8 @@ SHM_DIR = Path("/dev/shm")
 SHM_PATTERNS = ("mpich_shm_*", "mpich_vci_*")
 WORLD_END_WAIT_S = 10.0  # how long the janitor waits for the world's processes to end
 DONE = b"done\n"  # the parent's last line to the janitor: it cleaned up its own directories
+NO_WORKDIR = "-"  # the janitor of a launched rank: no work directory, segments only
+LAUNCHED_WAIT_S = 30.0  # how long a launched rank's janitor waits for its peers to let go
 
 
 def make_workdir(prefix: str) -> Path:
@@ -127,6 +129,13 @@ def new_segments(before: dict[str, int], shm_dir: Path = SHM_DIR) -> list[Path]:
     return [Path(shm_dir) / name for name, ino in sorted(now.items()) if before.get(name) != ino]
 
 
+def _mine(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
 def _pids():
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) != os.getpid():
@@ -201,16 +210,20 @@ def processes_naming(text: str) -> list[int]:
 
 
 def remove_new_segments(before: dict[str, int], world: str | None = None, shm_dir: Path = SHM_DIR,
-                        wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep) -> list[Path]:
+                        wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep,
+                        learned: frozenset[str] = frozenset(), wait_held: bool = False) -> list[Path]:
     """Once no process naming ``world`` runs (up to ``wait_s``), unlink this user's MPI segments
-    that appeared since ``before`` and that no live process holds. Returns what was removed."""
+    that appeared since ``before`` or that a rank of the world was seen mapping (``learned``),
+    and that no live process holds. ``wait_held``: wait (up to ``wait_s``) while they are held,
+    for a launched world, whose other ranks nothing names. Returns what was removed."""
     deadline = clock() + wait_s
     if world is not None:
         while processes_naming(world) and clock() < deadline:
             sleep(0.05)
     removed = []
     while True:
-        candidates = new_segments(before, shm_dir)
+        seen = [Path(p) for p in learned if Path(p).parent == Path(shm_dir)]
+        candidates = sorted(set(new_segments(before, shm_dir)) | {p for p in seen if _mine(p)})
         busy = holders(candidates)
         for path in candidates:
             if str(path) in busy:
@@ -221,8 +234,9 @@ def remove_new_segments(before: dict[str, int], world: str | None = None, shm_di
                 continue  # unlinked meanwhile by its own world, or not ours to remove
             removed.append(path)
         # a rank of the world may still be exiting (no command line, files not yet closed);
-        # a segment a live process holds is another run's: it is left alone, without waiting
-        if not any(_exiting(pid) for pids in busy.values() for pid in pids) or clock() >= deadline:
+        # in a local world, a segment a live process holds is another run's: it is left alone
+        waiting = bool(busy) if wait_held else any(_exiting(pid) for pids in busy.values() for pid in pids)
+        if not waiting or clock() >= deadline:
             return removed
         sleep(0.05)
 
@@ -234,7 +248,10 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
     stream = stream if stream is not None else sys.stdin.buffer
     fd = stream.fileno()
     buf = b""
+    learned: set[str] = set()
     while os.getppid() == owner:
+        if mpi and workdir == NO_WORKDIR:  # a launched rank: what it maps is its world's
+            learned |= mapped_segments(owner)
         ready, _, _ = select.select([fd], [], [], 0.2)
         if not ready:
             continue
@@ -247,14 +264,60 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
         before = json.loads(first) or {}
     except ValueError:
         before = {}
-    if not rest.endswith(DONE):  # the parent died: nothing of its own cleanup ran
+    if not rest.endswith(DONE) and workdir != NO_WORKDIR:  # the parent died: its cleanup did not run
         deadline = time.monotonic() + WORLD_END_WAIT_S
         while processes_naming(workdir) and time.monotonic() < deadline:
             time.sleep(0.05)  # a live rank would write into the directory being removed
         shutil.rmtree(workdir, ignore_errors=True)
         remove_workdirs_of(owner, Path(workdir).parent)
     if mpi:
-        remove_new_segments(before, workdir)
+        if workdir == NO_WORKDIR:
+            remove_new_segments(before, None, wait_s=LAUNCHED_WAIT_S, learned=frozenset(learned),
+                                wait_held=True)
+        else:
+            remove_new_segments(before, workdir, learned=frozenset(learned))
+
+
+def mapped_segments(pid: int) -> set[str]:
+    """The MPI segments process ``pid`` maps now."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps", errors="replace") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(str(SHM_DIR) + "/") and any(
+                        fnmatch.fnmatchcase(os.path.basename(fields[5]), p) for p in SHM_PATTERNS):
+                    found.add(fields[5])
+    except OSError:
+        pass
+    return found
+
+
+_LAUNCHED_JANITOR: list = []  # keeps the pipe to this rank's janitor open while the rank lives
+
+
+def watch_launched_rank() -> None:
+    """In a rank of a world mpiexec/mpirun started, before MPI_Init: start a janitor that, when
+    this rank's process ends (whatever ends it), removes the node's MPI segments the world
+    leaves: those that appeared since its snapshot and those it saw this rank map, once no
+    process holds them (it waits up to LAUNCHED_WAIT_S for the world's other ranks to end; a
+    segment still held then is left). A launched rank has no parent of ours to
+    clean up after it: the launcher is mpiexec. Every rank starts one: the segment is created by
+    whichever local rank gets there first, and that rank's janitor saw it appear."""
+    import subprocess
+
+    if _LAUNCHED_JANITOR or "mpi4py.MPI" in sys.modules:
+        return  # already watched; MPI began before the snapshot
+    snapshot = shm_snapshot()
+    try:
+        janitor_proc = subprocess.Popen([sys.executable, "-S", __file__, str(os.getpid()), NO_WORKDIR, "mpi"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        janitor_proc.stdin.write(json.dumps(snapshot).encode() + b"\n")
+        janitor_proc.stdin.flush()
+    except OSError:
+        return
+    _LAUNCHED_JANITOR.append(janitor_proc)
 
 
 if __name__ == "__main__":

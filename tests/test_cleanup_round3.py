@@ -275,3 +275,50 @@ def test_the_fault_harness_finds_nothing_left_after_signals_at_random_moments():
                        capture_output=True, text=True, timeout=patient(900))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "total: 4 runs, 0 leftovers" in r.stdout, r.stdout[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@needs_mpi
+def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
+    # mpiexec -n 2 repro ...: nothing of ours runs above the ranks. Both ranks are SIGKILLed
+    # (the OOM killer, a scheduler's kill -9): no MPI_Finalize runs; a janitor that local rank 0
+    # started before MPI_Init removes the segment once the ranks are gone.
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec beside this Python")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, TMPDIR=str(tmp), MOE_REPRO_RESULTS=str(tmp_path / "results"),
+               MOE_REPRO_CLEANUP_TEST=tag)
+    proc = subprocess.Popen([str(mpiexec), "-n", "2", str(Path(sys.executable).parent / "repro"), "bench",
+                             "allreduce", "--backend", "mpi", "--bytes", "8", "--repeats", "1000000",
+                             "--timeout", "600"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + patient(60)
+        segments: set[str] = set()
+        while not segments:
+            assert proc.poll() is None, "mpiexec ended before its ranks started"
+            assert time.monotonic() < deadline, "the MPI ranks did not start"
+            segments = _segments_mapped_by(_tagged(tag))
+            time.sleep(0.05)
+        for pid in _tagged(tag):  # the ranks (and mpiexec), not its proxy or the janitor
+            try:
+                if b"bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait(timeout=patient(30))
+        deadline = time.monotonic() + patient(30)
+        while (_tagged(tag) or any(os.path.exists(s) for s in segments)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for pid in _tagged(tag):  # a rank that outlived mpiexec: not this test's subject
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    left = sorted(s for s in segments if os.path.exists(s))
+    assert not left, f"MPI segments left after SIGKILL of the launched ranks: {left}"
