@@ -14,9 +14,11 @@ removes it when the run cannot.
 - The janitor (``python -S`` running this file, started by ``launch.run_ranks`` in its own
   session) outlives a SIGKILLed ``repro``, where no cleanup code of ours runs: it learns of the
   parent's end from its stdin (the pipe closes without the parent's ``done``), waits for the
-  world's processes (their environment names the work directory: WORLD_ENV) to end, then removes every
-  registered directory the parent owned and the world's MPI segments. On the normal path the
-  parent removes its own directories and the janitor only sweeps the segments.
+  world's processes (their environment names the work directory: WORLD_ENV) to end, then
+  removes every registered directory the parent owned and the world's MPI segments. On the
+  normal path the parent removes its own directories and the janitor only sweeps the segments.
+- Ranks that mpiexec started (``mpiexec -n N repro ...``) have no process of ours above them:
+  each starts a janitor of its own before MPI_Init (:func:`watch_launched_rank`).
 
 Standard library only and no package import: the janitor starts in tens of milliseconds.
 """
