@@ -14,9 +14,10 @@ removes it when the run cannot.
 - The janitor (``python -S`` running this file, started by ``launch.run_ranks`` in its own
   session) outlives a SIGKILLed ``repro``, where no cleanup code of ours runs: it learns of the
   parent's end from its stdin (the pipe closes without the parent's ``done``), waits for the
-  world's processes (their environment names the work directory: WORLD_ENV) to end, then
-  removes every registered directory the parent owned and the world's MPI segments. On the
-  normal path the parent removes its own directories and the janitor only sweeps the segments.
+  world's processes (their environment names the work directory: WORLD_ENV) to end, ending
+  any straggler itself, then removes every registered directory the parent owned and the
+  world's MPI segments. On the normal path the parent removes its own directories and the
+  janitor only ends stragglers and sweeps the segments.
 - Ranks that mpiexec started (``mpiexec -n N repro ...``) have no process of ours above them:
   each starts a janitor of its own before MPI_Init (:func:`watch_launched_rank`).
 
@@ -30,6 +31,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -189,26 +191,54 @@ def _exiting(pid: int) -> bool:
         return False
 
 
-def processes_naming(text: str) -> list[int]:
-    """Live processes (not zombies) other than this one whose command line or environment
-    contains ``text``: a world's processes name its work directory (mpiexec and the ranks on
-    their command lines; every process of the world, mpiexec's proxies and a rank not yet
-    exec'd among them, in WORLD_ENV)."""
-    needle = text.encode()
+def processes_naming(workdir: str) -> list[int]:
+    """Live processes (not zombies) other than this one that belong to the world of
+    ``workdir``: an argument of their command line is it (mpiexec and the ranks), or their
+    environment holds ``WORLD_ENV=workdir`` (every process of the world, mpiexec's proxies and a
+    rank not yet exec'd among them)."""
+    arg, entry = workdir.encode(), f"{WORLD_ENV}={workdir}".encode()
     found = []
     for pid in _pids():
-        for what in ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{pid}/{what}", "rb") as f:
-                    if needle in f.read():
-                        break
-            except OSError:
-                continue
-        else:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                ours = arg in f.read().split(b"\0")
+            if not ours:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    ours = entry in f.read().split(b"\0")
+        except OSError:
             continue
-        if _running(pid):
+        if ours and _running(pid):
             found.append(pid)
     return found
+
+
+def end_world(workdir: str, wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep) -> list[int]:
+    """SIGKILL every process whose environment holds ``WORLD_ENV=workdir`` (the world's ranks,
+    mpiexec and its proxies) until none is left or ``wait_s`` passes; returns those signalled.
+    Run when the world is over (its parent died, or finished with it): a rank that started
+    while its parent was dying missed its parent-death signal and would wait for its peers."""
+    needle = f"{WORLD_ENV}={workdir}".encode()
+    signalled: list[int] = []
+    deadline = clock() + wait_s
+    while True:
+        left = []
+        for pid in _pids():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if needle in env and _running(pid):
+                left.append(pid)
+        if not left or clock() >= deadline:
+            return signalled
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                signalled.append(pid)
+            except OSError:
+                pass
+        sleep(0.05)
 
 
 def remove_new_segments(before: dict[str, int], world: str | None = None, shm_dir: Path = SHM_DIR,
@@ -266,6 +296,8 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
         before = json.loads(first) or {}
     except ValueError:
         before = {}
+    if workdir != NO_WORKDIR:
+        end_world(workdir)  # the world is over either way: no straggler may outlive it
     if not rest.endswith(DONE) and workdir != NO_WORKDIR:  # the parent died: its cleanup did not run
         deadline = time.monotonic() + WORLD_END_WAIT_S
         while processes_naming(workdir) and time.monotonic() < deadline:

@@ -140,6 +140,32 @@ def test_the_janitor_cleans_up_after_a_parent_that_died(tmp_path, monkeypatch):
     assert someone_elses.exists()
 
 
+def test_the_janitor_ends_a_rank_that_outlived_its_parent(tmp_path, monkeypatch):
+    # A rank forked while its parent was being SIGKILLed misses the parent-death signal and
+    # would wait for its peers: the janitor ends every process of the world (WORLD_ENV) once
+    # the parent is gone; a process of another world is left alone.
+    owner = os.getppid()
+    ranks = tmp_path / "moe-repro-ranks-a"
+    ranks.mkdir()
+    (ranks / "owner.pid").write_text(str(owner))
+    code = "import time; time.sleep(60)"
+    stray = subprocess.Popen([sys.executable, "-c", code],
+                             env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks)}))
+    other = subprocess.Popen([sys.executable, "-c", code],
+                             env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks) + "-other"}))
+    monkeypatch.setattr(os, "getppid", lambda: owner)
+    try:
+        with _janitor_input(tmp_path, b"null\n") as stream:
+            workdirs.janitor(owner, str(ranks), mpi=False, stream=stream)
+        assert stray.wait(timeout=patient(5)) == -signal.SIGKILL
+        assert other.poll() is None
+        assert not ranks.exists()
+    finally:
+        for p in (stray, other):
+            p.kill()
+            p.wait()
+
+
 def test_the_janitor_leaves_a_live_parents_folders_to_it(tmp_path, monkeypatch):
     owner = os.getppid()
     points = tmp_path / "moe-repro-points-b"
