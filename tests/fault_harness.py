@@ -10,7 +10,8 @@ finish, and counts leftovers of three kinds:
 
 - shm: MPICH segments (/dev/shm/mpich_shm_*, mpich_vci_*) that appeared during the run;
 - tmp: registered work folders (runtime/workdirs.PREFIXES) in the run's private TMPDIR;
-- procs: processes of the run still alive (each run tags its processes' environment).
+- procs: processes of the run still alive (each run tags its processes' environment); a run
+  still running --hang-after seconds after its signal is hung, and its processes count so.
 
 It prints one line per run and a summary line per kind, and exits 1 if anything was left.
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated cases, of: {', '.join(CASES)} (default: the local ones)")
     ap.add_argument("--shared-shm", action="store_true",
                     help="use the machine's /dev/shm (segments attributed by mapping)")
+    ap.add_argument("--hang-after", type=float, default=60.0,
+                    help="seconds after the signal a run may take to end; past it, it is hung (default 60)")
     ap.add_argument("--settle", type=float, default=30.0,
                     help="seconds to wait after a run ends for its clean-up (default 30)")
     a = ap.parse_args(argv)
@@ -238,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             run.watch(run.start + at)
             if run.proc.poll() is None:
                 run.proc.send_signal(sig)
-            run.watch(time.monotonic() + 600)
+            run.watch(time.monotonic() + a.hang_after)
             try:
                 rc = run.proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
-                rc = None  # hung: its processes count as left
+                rc = "hung"  # its processes count as left (ended below, after the count)
             left = run.settle(a.settle)
             t = totals[kind]
             t["runs"] += 1
