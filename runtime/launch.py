@@ -746,7 +746,7 @@ def _leave_launched_world() -> None:
         dist.destroy_process_group()
 
 
-LAUNCHED_DIR_PREFIX = "moe-repro-world-"
+LAUNCHED_DIR_PREFIX = workdirs.WORLD_PREFIX  # registered with the others (runtime/workdirs.py)
 # The variables that tell one run of a launcher from the next under the same parent process
 # (torchrun restarts its workers under the same agent; a Slurm job runs several steps).
 _RUN_ID_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_STEP_ID",

@@ -3,7 +3,8 @@ removes it when the run cannot.
 
 - Work directories in the temp directory: one prefix per kind (:data:`PREFIXES`), each
   directory holding ``owner.pid`` (the process that made it). A directory whose owner is gone
-  is stale (:func:`remove_stale_workdirs`, run before each launch).
+  is stale (:func:`remove_stale_workdirs`, run before each launch). A launched world's
+  directory is the exception: its name carries its launcher's pid instead.
 - MPICH's shared memory: ranks under mpiexec map ``/dev/shm/mpich_shm_<world>_<node>`` (and
   ``mpich_vci_*``), unlinked by ``MPI_Finalize``; a rank killed first leaves it. The name
   carries a hash of the launcher's job name, no pid, so a world's segments are found by
@@ -39,7 +40,10 @@ from pathlib import Path
 
 RANKS_PREFIX = "moe-repro-ranks-"  # runtime/launch.py: one local world's files (results, heartbeats)
 POINTS_PREFIX = "moe-repro-points-"  # suites/runner.py: a world's finished records, handed back
-PREFIXES = (RANKS_PREFIX, POINTS_PREFIX)
+# launch.launched_world_dir: the ranks of a launched world on one node; named after its
+# launcher's process (no owner.pid): that function removes those whose launcher is gone
+WORLD_PREFIX = "moe-repro-world-"
+PREFIXES = (RANKS_PREFIX, POINTS_PREFIX, WORLD_PREFIX)
 OWNER_FILE = "owner.pid"
 WORLD_ENV = "MOE_REPRO_WORKDIR"  # set by the launcher in a world's environment: its work directory
 

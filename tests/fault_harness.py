@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
-PREFIXES = ("moe-repro-ranks-", "moe-repro-points-")  # checked against runtime/workdirs below
+PREFIXES = ("moe-repro-ranks-", "moe-repro-points-", "moe-repro-world-")  # checked against runtime/workdirs below
 SHM_PATTERNS = ("mpich_shm_", "mpich_vci_")
 IN_NAMESPACE = "MOE_REPRO_FAULT_HARNESS_NS"
 SMALL = ["--repeats", "2", "--warmup", "0", "--min-sample-s", "0", "--timeout", "300"]

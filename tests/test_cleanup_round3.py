@@ -35,6 +35,9 @@ needs_mpi = pytest.mark.skipif(bool(mpi_unavailable()), reason=str(mpi_unavailab
 def test_the_registry_names_the_ranks_and_the_points_prefixes():
     assert "moe-repro-ranks-" in workdirs.PREFIXES
     assert "moe-repro-points-" in workdirs.PREFIXES
+    from moe_repro.runtime.launch import LAUNCHED_DIR_PREFIX
+
+    assert LAUNCHED_DIR_PREFIX in workdirs.PREFIXES  # a launched world's node directory
 
 
 def test_a_dead_owners_points_folder_is_removed_by_the_stale_sweep(tmp_path, monkeypatch):
