@@ -277,10 +277,32 @@ def remove_new_segments(before: dict[str, int], world: str | None = None, shm_di
         sleep(0.05)
 
 
-def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
+def remove_launched_dirs(launcher: int, tmp: Path | None = None, wait_s: float = LAUNCHED_WAIT_S,
+                         clock=time.monotonic, sleep=time.sleep) -> list[Path]:
+    """Remove the node directories (WORLD_PREFIX, named ``<uid>-<launcher pid>-<run>``) of the
+    launched world whose launcher process on this node is ``launcher``, once that process has
+    ended (up to ``wait_s``); the launcher's next world would otherwise be the one to sweep
+    them. Returns what was removed."""
+    pattern = f"{WORLD_PREFIX}{os.getuid()}-{launcher}-*"
+    deadline = clock() + wait_s
+    while True:
+        dirs = sorted(Path(tmp or tempfile.gettempdir()).glob(pattern))
+        if not dirs:
+            return []
+        if not _running(launcher):
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
+            return dirs
+        if clock() >= deadline:
+            return []
+        sleep(0.1)
+
+
+def janitor(owner: int, workdir: str, mpi: bool, stream=None, launcher: int | None = None) -> None:
     """The janitor's body (see the module docstring). Its stdin carries one JSON line (the
     segment snapshot taken before the launch, or null), then ``done`` from a parent that
-    cleaned up; end of input without it means the parent died."""
+    cleaned up; end of input without it means the parent died. ``launcher``: a launched
+    rank's parent (mpiexec's proxy), whose node directory goes once it has ended."""
     stream = stream if stream is not None else sys.stdin.buffer
     fd = stream.fileno()
     buf = b""
@@ -312,6 +334,8 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None) -> None:
         if workdir == NO_WORKDIR:
             remove_new_segments(before, None, wait_s=LAUNCHED_WAIT_S, learned=frozenset(learned),
                                 wait_held=True)
+            if launcher:
+                remove_launched_dirs(launcher)
         else:
             remove_new_segments(before, workdir, learned=frozenset(learned))
 
@@ -339,7 +363,8 @@ def watch_launched_rank() -> None:
     this rank's process ends (whatever ends it), removes the node's MPI segments the world
     leaves: those that appeared since its snapshot and those it saw this rank map, once no
     process holds them (it waits up to LAUNCHED_WAIT_S for the world's other ranks to end; a
-    segment still held then is left). A launched rank has no parent of ours to
+    segment still held then is left), and the world's node directory once the launcher's
+    process here (this rank's parent) has ended. A launched rank has no parent of ours to
     clean up after it: the launcher is mpiexec. Every rank starts one: the segment is created by
     whichever local rank gets there first, and that rank's janitor saw it appear."""
     import subprocess
@@ -348,7 +373,8 @@ def watch_launched_rank() -> None:
         return  # already watched; MPI began before the snapshot
     snapshot = shm_snapshot()
     try:
-        janitor_proc = subprocess.Popen([sys.executable, "-S", __file__, str(os.getpid()), NO_WORKDIR, "mpi"],
+        janitor_proc = subprocess.Popen([sys.executable, "-S", __file__, str(os.getpid()), NO_WORKDIR, "mpi",
+                                         str(os.getppid())],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
         janitor_proc.stdin.write(json.dumps(snapshot).encode() + b"\n")
@@ -359,4 +385,5 @@ def watch_launched_rank() -> None:
 
 
 if __name__ == "__main__":
-    janitor(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "mpi")
+    janitor(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "mpi",
+            launcher=int(sys.argv[4]) if len(sys.argv) > 4 else None)

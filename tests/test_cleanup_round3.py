@@ -169,6 +169,29 @@ def test_the_janitor_ends_a_rank_that_outlived_its_parent(tmp_path, monkeypatch)
             p.wait()
 
 
+def test_a_launched_worlds_node_folder_goes_when_its_launcher_has_ended(tmp_path, fake_clock):
+    # mpiexec's proxy is the launched ranks' parent and names their node folder; once it has
+    # ended (the world was killed), the rank's janitor removes the folder; a live launcher's
+    # folder is kept.
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    uid = os.getuid()
+    ours = tmp_path / f"moe-repro-world-{uid}-{launcher.pid}-run"
+    other = tmp_path / f"moe-repro-world-{uid}-{launcher.pid}0-run"  # another launcher's
+    for d in (ours, other):
+        d.mkdir()
+    try:
+        def sleep(s):
+            fake_clock.advance(s)
+        assert workdirs.remove_launched_dirs(launcher.pid, tmp_path, wait_s=1, clock=fake_clock,
+                                             sleep=sleep) == []
+        assert ours.exists(), "kept while its launcher runs"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert workdirs.remove_launched_dirs(launcher.pid, tmp_path) == [ours]
+    assert not ours.exists() and other.exists()
+
+
 def test_the_janitor_leaves_a_live_parents_folders_to_it(tmp_path, monkeypatch):
     owner = os.getppid()
     points = tmp_path / "moe-repro-points-b"
