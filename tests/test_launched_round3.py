@@ -311,3 +311,24 @@ def test_each_srun_step_has_its_own_world_directory_and_dead_launchers_dirs_go(m
     assert first.is_dir() and second.is_dir() and first != second
     assert first.parent == tmp_path and f"-{os.getppid()}-77-" in first.name
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("rank, written", [("0", True), ("1", False)])
+def test_a_command_that_joins_no_world_writes_its_json_once_from_rank_0(tmp_path, rank, written):
+    """Under a launcher every rank runs the command line; `repro gate --json` (like plan, validate,
+    export, site, calibrate, list) writes from rank 0 alone. The launcher's variables are set as
+    torchrun sets them."""
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"id": "piper-table4", "title": "t", "cells": [
+        {"row": "a", "column": "b", "paper": 1.0, "ours": 1.0, "unit": "GB", "verdict": "match",
+         "how": "A"}], "environment": {}}))
+    out = tmp_path / "gate.json"
+    env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": "2",
+           "TORCHELASTIC_RUN_ID": "test"}
+    env.pop("MOE_REPRO_WORKER", None)
+    proc = subprocess.run([sys.executable, _entry(tmp_path), "gate", "--baseline", str(result),
+                           "--current", str(result), "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists() is written
+    assert (proc.stdout.strip() != "") is written  # rank 1 prints nothing either

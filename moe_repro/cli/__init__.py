@@ -40,6 +40,12 @@ Exit codes: 0 ran (deviations are results), 1 failure while running, 2 bad input
 # schema (pydantic) is most of the start-up time of `repro list` otherwise.
 _WITHOUT_STORE = {"list"}
 
+# Commands that join no world of ranks. Under torchrun, mpiexec or srun every rank runs the
+# command line; rank 0 runs these once and the other ranks end at once, so that a --json, --out
+# or stored result is written once (not once per rank) and calibrate measures an otherwise idle
+# machine.
+RANK_ZERO_ONLY = {"calibrate", "export", "gate", "list", "plan", "site", "validate"}
+
 
 class _ReproGroup(click.Group):
     """``repro``: an option of its own typed after the subcommand (``repro bench gemm --results
@@ -90,6 +96,11 @@ def _refuse_late_global_option(ctx, group, command, name, rest) -> None:
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
+    if ctx.invoked_subcommand in RANK_ZERO_ONLY:
+        from moe_repro.runtime.launch import launched_rank
+
+        if launched_rank() not in (None, 0):
+            ctx.exit(0)
     if ctx.invoked_subcommand in _WITHOUT_STORE:
         return
     from moe_repro.records.store import ResultsStore
