@@ -367,12 +367,12 @@ def _vanished_ranks(workdir: Path, world_size: int, pids: dict[int, int]) -> lis
                 pids[r] = int(json.loads((workdir / f"rank-{r}.beat").read_text())["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        if not _result_written(workdir, r) and _ended(pids[r]):
+        if not _result_written(workdir, r) and process_ended(pids[r]):
             gone.append(r)
     return gone
 
 
-def _ended(pid: int) -> bool:
+def process_ended(pid: int) -> bool:
     """Gone, or a zombie its parent (mpiexec's proxy, not us) has not reaped yet."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
@@ -437,7 +437,7 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
     pids: dict[int, int] = {}
     vanished: list[int] = []
     exits = _ExitOrder()
-    beats = _Heartbeats(workdir, world_size)
+    beats = Heartbeats(workdir, world_size)
     try:
         while True:
             codes = {name: p.poll() for name, p in procs.items()}
@@ -508,7 +508,7 @@ HANG_MULTIPLE = 10.0
 _BEAT_READ_S = 0.5  # how often the supervisor reads the heartbeats
 
 
-class _Heartbeats:
+class Heartbeats:
     """The ranks' heartbeats (worker.py writes one every HEARTBEAT_S) as the supervisor sees
     them: each rank's last beat and the slowest gap between two beats of any rank so far."""
 

@@ -76,7 +76,7 @@ class LaunchedWatch:
     launcher tears the whole world down -- when
     - the run passes its deadline (``timeout_s``, the command's --timeout);
     - a peer on this node stopped making progress: its heartbeat silent past the supervisor's
-      limit (launch._Heartbeats, the same rule and message) while this rank beats;
+      limit (launch.Heartbeats, the same rule and message) while this rank beats;
     - a peer on this node left the world early (interrupted: :meth:`leave`).
     A rank blocked in a collective never returns to Python, so only a thread can do this.
     Before ending, ``on_abort(why, interrupted)`` runs (rank 0 stores the points that finished)
@@ -94,13 +94,13 @@ class LaunchedWatch:
 
     def __init__(self, rank: int, world_size: int, timeout_s: float, directory: Path | None,
                  on_abort=None, launcher: str = "the launcher", clock=time.monotonic, wall=time.time):
-        from moe_repro.runtime.launch import _Heartbeats
+        from moe_repro.runtime.launch import Heartbeats
 
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.directory, self.on_abort, self.launcher = directory, on_abort, launcher
         self.clock, self.wall = clock, wall
         self.deadline = clock() + timeout_s
-        self.beats = _Heartbeats(directory, world_size, clock=wall) if directory else None
+        self.beats = Heartbeats(directory, world_size, clock=wall) if directory else None
         self.stopped = threading.Event()
         self._ending = threading.Lock()
         self.aborting = False
@@ -201,9 +201,9 @@ class LaunchedWatch:
                     pids.append(int(json.loads(self._read(r, "beat") or "{}")["pid"]))
             except (ValueError, KeyError):
                 pass
-        from moe_repro.runtime.launch import _ended
+        from moe_repro.runtime.launch import process_ended
 
-        while self.clock() < until and not all(_ended(p) for p in pids):
+        while self.clock() < until and not all(process_ended(p) for p in pids):
             time.sleep(0.05)
 
     def finish(self) -> None:
