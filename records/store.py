@@ -58,8 +58,10 @@ def _run_order(path: Path) -> tuple:
 
 class ResultsStore:
     def __init__(self, root: str | os.PathLike | None = None,
-                 on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr):
+                 on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr,
+                 saves: bool = True):
         self.root = Path(root) if root is not None else default_root()
+        self.saves = saves  # False: reads only, save() stores nothing (a launched rank other than 0)
         self.on_unreadable = on_unreadable
         self._reported: set[str] = set()
 
@@ -79,12 +81,11 @@ class ResultsStore:
         return self.root / STORE_DIRS[kind] / safe
 
     def save(self, record: ReproductionRecord | SuiteRecord) -> Path | None:
-        """Store one run; the file name sorts by time, then by commit. In a world torchrun,
-        mpiexec or srun started, every rank runs the command and rank 0 alone stores: the
-        others store nothing (None), so a run is kept once."""
-        from moe_repro.runtime.launch import launched_rank
-
-        if launched_rank() not in (None, 0):
+        """Store one run; the file name sorts by time, then by commit. A store made with
+        ``saves=False`` stores nothing and returns None: in a world torchrun, mpiexec or srun
+        started every rank runs the command, and the CLI gives the ranks other than 0 such a
+        store, so a run is kept once."""
+        if not self.saves:
             return None
         env = record.environment
         stamp = env.timestamp.replace(":", "").replace("-", "").replace("+0000", "Z")

@@ -14,8 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 import torch
+from click.testing import CliRunner
 
 BIN = Path(sys.executable).parent
 HAS_GPU = torch.cuda.is_available()
@@ -276,14 +278,25 @@ def _record():
 
 
 def test_under_srun_only_rank_0_stores(monkeypatch, tmp_path):
-    from moe_repro.records.store import ResultsStore
+    """The store the CLI gives a launched rank other than 0 saves nothing; rank 0's saves."""
+    from moe_repro.cli import cli
 
-    _as_srun_rank(monkeypatch, 1)
-    store = ResultsStore(tmp_path / "store")
-    assert store.save(_record()) is None and not _stored(tmp_path / "store")
-    _as_srun_rank(monkeypatch, 0)
-    path = store.save(_record())
-    assert _stored(tmp_path / "store") == [path]
+    seen = {}
+
+    @cli.command("probe-store", hidden=True)
+    @click.pass_obj
+    def probe(store):
+        seen["path"] = store.save(_record())
+
+    try:
+        for rank, stored in ((1, False), (0, True)):
+            _as_srun_rank(monkeypatch, rank)
+            result = CliRunner().invoke(cli, ["--results", str(tmp_path / "store"), "probe-store"])
+            assert result.exit_code == 0, result.output
+            assert (seen["path"] is not None) is stored
+        assert _stored(tmp_path / "store") == [seen["path"]]
+    finally:
+        cli.commands.pop("probe-store", None)
 
 
 def test_under_srun_the_ranks_per_node_come_from_slurm(monkeypatch):

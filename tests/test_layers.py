@@ -31,7 +31,9 @@ ALLOWED = {
     "moe_repro.catalog": set(),
     "moe_repro.records": set(),
     "moe_repro.runtime": {"moe_repro.records"},
-    "moe_repro.components": {"moe_repro.runtime"},
+    # DESIGN.md: runtime and records are the infrastructure every layer may use (components
+    # read a platform profile through records' bounded reader).
+    "moe_repro.components": {"moe_repro.runtime", "moe_repro.records"},
     "moe_repro.suites": {"moe_repro.components", "moe_repro.runtime", "moe_repro.records",
                          "moe_repro.catalog"},
     # No runtime: a reproduction measures by running suites, never by launching ranks itself.

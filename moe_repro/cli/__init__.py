@@ -96,16 +96,16 @@ def _refuse_late_global_option(ctx, group, command, name, rest) -> None:
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
-    if ctx.invoked_subcommand in RANK_ZERO_ONLY:
-        from moe_repro.runtime.launch import launched_rank
+    from moe_repro.runtime.launch import launched_rank
 
-        if launched_rank() not in (None, 0):
-            ctx.exit(0)
+    rank_zero = launched_rank() in (None, 0)  # not launched, or rank 0 of a launched world
+    if ctx.invoked_subcommand in RANK_ZERO_ONLY and not rank_zero:
+        ctx.exit(0)
     if ctx.invoked_subcommand in _WITHOUT_STORE:
         return
     from moe_repro.records.store import ResultsStore
 
-    ctx.obj = ResultsStore(results_dir)
+    ctx.obj = ResultsStore(results_dir, saves=rank_zero)  # a run is stored once, by rank 0
 
 
 def _register() -> None:
