@@ -6,6 +6,23 @@ import pytest
 
 TESTS = Path(__file__).parent
 
+
+def signals_as_from_a_terminal() -> None:
+    """Give SIGINT and SIGHUP their terminal dispositions in this process, and so in every
+    process it starts. Tests send them to the runs they start, as a user's Ctrl-C or a closed
+    terminal would; a test run started in the background (``nohup``, ``&`` in a script, some CI
+    runners) inherits them ignored, and every child would ignore them too (by design: repro keeps
+    an inherited SIG_IGN, as nohup asks)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+signals_as_from_a_terminal()
+
 # How many times slower than an idle 2-core machine a test run may be and still pass (a shared
 # CI runner, other jobs on the machine). Every hang guard and every timeout of a test's real
 # processes is an idle machine's need times this factor: ``patient(seconds)``. A timeout only

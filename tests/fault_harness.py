@@ -188,6 +188,12 @@ def in_private_namespace(argv: list[str]) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # the runs get SIGINT and SIGHUP as from a terminal, even when this script was started in
+    # the background (which leaves them ignored, and its runs would inherit that)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=40, help="signalled runs in all (default 40)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
