@@ -339,16 +339,6 @@ def remove_stale_workdirs() -> list[Path]:
     return workdirs.remove_stale_workdirs()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _waiting_in_communication(workdir: Path, rank: int) -> bool:
     try:
         where = json.loads((workdir / f"rank-{rank}.beat").read_text()).get("where", "")
@@ -377,7 +367,7 @@ def process_ended(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):
-        return not _alive(pid)
+        return not workdirs.alive(pid)
 
 
 class _ExitOrder:
@@ -773,7 +763,7 @@ def launched_world_dir() -> Path | None:
             owner = int(old.name[len(LAUNCHED_DIR_PREFIX):].split("-")[1])
         except (IndexError, ValueError):
             continue
-        if owner != os.getppid() and not _alive(owner):
+        if owner != os.getppid() and not workdirs.alive(owner):
             shutil.rmtree(old, ignore_errors=True)
     directory = base / f"{LAUNCHED_DIR_PREFIX}{key}"
     try:

@@ -40,6 +40,8 @@ import time
 import uuid
 from pathlib import Path
 
+from procs import live_processes_with_env
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
@@ -69,19 +71,7 @@ LOCAL = ("allreduce-gloo", "allreduce-mpi", "alltoall-gloo", "alltoall-mpi")
 
 def tagged(tag: str) -> list[int]:
     """Live (not zombie) processes whose environment carries ``tag``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if tag.encode() not in (entry / "environ").read_bytes():
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-        except (OSError, IndexError):
-            continue
-        found.append(int(entry.name))
-    return found
+    return live_processes_with_env(tag)
 
 
 def segments() -> dict[str, int]:

@@ -17,6 +17,19 @@ def processes_with_env(tag: str) -> list[int]:
     return found
 
 
+def live_processes_with_env(tag: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``tag``."""
+    found = []
+    for pid in processes_with_env(tag):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+        except (OSError, IndexError):
+            continue
+        found.append(pid)
+    return found
+
+
 def none_left_with_env(tag: str, within_s: float) -> bool:
     """Whether every process tagged ``tag`` is gone within ``within_s`` (a hang guard: a busy
     machine takes a moment to end killed processes)."""

@@ -10,10 +10,7 @@ machine. The unit tests sweep a private folder standing in for /dev/shm.
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import patient
+from procs import live_processes_with_env
 from moe_repro.runtime import workdirs
 from moe_repro.runtime.launch import mpi_unavailable, remove_stale_workdirs
 
@@ -205,20 +203,6 @@ def test_the_janitor_leaves_a_live_parents_folders_to_it(tmp_path, monkeypatch):
 
 # --- real worlds -------------------------------------------------------------------------------
 
-def _tagged(tag: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if tag.encode() not in (entry / "environ").read_bytes():
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-        except (OSError, IndexError):
-            continue
-        found.append(int(entry.name))
-    return found
 
 
 def _segments_mapped_by(pids: list[int]) -> set[str]:
@@ -246,7 +230,7 @@ def _start(tmp_path, args: list[str]):
 
 
 def _left(tmp: Path, tag: str, segments: set[str]) -> dict:
-    return {"processes": _tagged(tag), "segments": sorted(s for s in segments if os.path.exists(s)),
+    return {"processes": live_processes_with_env(tag), "segments": sorted(s for s in segments if os.path.exists(s)),
             "folders": sorted(p.name for p in tmp.iterdir() if p.name.startswith(workdirs.PREFIXES))}
 
 
@@ -272,7 +256,7 @@ def test_sigkill_of_a_local_mpi_world_leaves_no_segment_and_no_points_folder(tmp
         while not segments:  # the ranks are past MPI_Init: their segment exists
             assert proc.poll() is None, proc.stderr.read()[-2000:]
             assert time.monotonic() < deadline, "the MPI ranks did not start"
-            segments = _segments_mapped_by(_tagged(tag))
+            segments = _segments_mapped_by(live_processes_with_env(tag))
             time.sleep(0.05)
         assert any(p.name.startswith(workdirs.POINTS_PREFIX) for p in tmp.iterdir())
         proc.send_signal(signal.SIGKILL)
@@ -301,7 +285,7 @@ def test_a_killed_rank_of_a_local_mpi_world_leaves_no_segment(tmp_path):
         deadline = time.monotonic() + patient(120)
         while proc.poll() is None:  # learn the world's segments while its ranks map them
             assert time.monotonic() < deadline, "the world did not end"
-            segments |= _segments_mapped_by(_tagged(tag))
+            segments |= _segments_mapped_by(live_processes_with_env(tag))
             time.sleep(0.02)
         err = proc.stderr.read()
     finally:
@@ -354,9 +338,9 @@ def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
         while not segments:
             assert proc.poll() is None, "mpiexec ended before its ranks started"
             assert time.monotonic() < deadline, "the MPI ranks did not start"
-            segments = _segments_mapped_by(_tagged(tag))
+            segments = _segments_mapped_by(live_processes_with_env(tag))
             time.sleep(0.05)
-        for pid in _tagged(tag):  # the ranks (and mpiexec), not its proxy or the janitor
+        for pid in live_processes_with_env(tag):  # the ranks (and mpiexec), not its proxy or the janitor
             try:
                 if b"bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
@@ -364,10 +348,10 @@ def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
                 pass
         proc.wait(timeout=patient(30))
         deadline = time.monotonic() + patient(30)
-        while (_tagged(tag) or any(os.path.exists(s) for s in segments)) and time.monotonic() < deadline:
+        while (live_processes_with_env(tag) or any(os.path.exists(s) for s in segments)) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
-        for pid in _tagged(tag):  # a rank that outlived mpiexec: not this test's subject
+        for pid in live_processes_with_env(tag):  # a rank that outlived mpiexec: not this test's subject
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
