@@ -16,6 +16,9 @@ import sys
 
 import pytest
 
+from test_gate_contract import assert_one_line_error as one_line
+from test_gate_contract import findings
+
 from moe_repro.records.inputs import PLATFORM_LIMIT, RESULT_LIMIT, InputError, read_input
 
 MAIN = "from moe_repro.cli import main; main()"
@@ -62,18 +65,6 @@ def write(tmp_path):
         path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
         return path
     return write
-
-
-def one_line(res, code, *words):
-    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for w in words:
-        assert w in res.stderr, (w, res.stderr)
-
-
-def findings(path):
-    return json.loads(path.read_text())["findings"]
 
 
 # ---- inputs that are not regular files, or too large ----------------------------------------
