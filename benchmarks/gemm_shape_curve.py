@@ -35,15 +35,19 @@ CUBES = (1024, 2048, 4096, 8192)
 
 def smi_clock() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw",
-                               "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=20).stdout.strip()
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
-def time_gemm(torch, rows: int, k: int, n: int, inner: int, repeats: int, batch: int = 0,
-              graph: bool = False) -> list[float]:
+def time_gemm(
+    torch, rows: int, k: int, n: int, inner: int, repeats: int, batch: int = 0, graph: bool = False
+) -> list[float]:
     """Seconds per product of [rows x k] @ [k x n] (``batch`` > 0: a batched product of that
     many, torch.bmm, as an attention core's QK^T and AV). ``graph``: the ``inner`` products are
     captured once in a CUDA graph and replayed, so the GPU never waits for the host to launch
@@ -69,9 +73,11 @@ def time_gemm(torch, rows: int, k: int, n: int, inner: int, repeats: int, batch:
         def products():
             g.replay()
     else:
+
         def products():
             for _ in range(inner):
                 mm(a, b, out=c)
+
     products()
     torch.cuda.synchronize()
     samples = []
@@ -92,10 +98,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed samples per shape and pass")
     ap.add_argument("--passes", type=int, default=2, help="passes over the shuffled shapes")
     ap.add_argument("--heat-s", type=float, default=20.0, help="seconds of sustained 8192^3 work")
-    ap.add_argument("--graph", action="store_true",
-                    help="replay each shape's products from a CUDA graph (the kernels' time, no launch gaps)")
-    ap.add_argument("--shapes", help="JSON file with 'gemm' ([rows, k, n] lists) and 'bmm' ([batch, rows, "
-                                     "k, n]) to measure instead of the built-in curve")
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="replay each shape's products from a CUDA graph (the kernels' time, no launch gaps)",
+    )
+    ap.add_argument(
+        "--shapes",
+        help="JSON file with 'gemm' ([rows, k, n] lists) and 'bmm' ([batch, rows, "
+        "k, n]) to measure instead of the built-in curve",
+    )
     args = ap.parse_args()
     import torch
 
@@ -108,45 +120,69 @@ def main() -> int:
     if args.shapes:
         with open(args.shapes) as f:
             given = json.load(f)
-        shapes = [(0, *map(int, g)) for g in given.get("gemm", [])] + [tuple(map(int, g)) for g in given.get("bmm", [])]
+        shapes = [(0, *map(int, g)) for g in given.get("gemm", [])] + [
+            tuple(map(int, g)) for g in given.get("bmm", [])
+        ]
     else:
-        shapes = [(0, m, k, n) for k in KS for n in NS for m in ROWS] + [(0, c, c, c) for c in CUBES]
+        shapes = [(0, m, k, n) for k in KS for n in NS for m in ROWS] + [
+            (0, c, c, c) for c in CUBES
+        ]
     shapes = list(dict.fromkeys(shapes))  # a cube can also be a curve point (4096^3): timed once
     props = torch.cuda.get_device_properties(0)
-    out = {"how": "measured", "device": props.name, "sm_count": props.multi_processor_count,
-           "torch": torch.__version__, "cuda": torch.version.cuda,
-           "launch": "CUDA graph replay" if args.graph else "eager (one Python call per product)",
-           "method": f"CUDA events around {args.inner} back-to-back torch.mm (bf16 in, bf16 out, "
-                     f"fp32 accumulate), {'replayed from a CUDA graph' if args.graph else 'launched eagerly'}; burst on the cold GPU, sustained over {args.heat_s} s, then "
-                     f"{args.passes} shuffled passes of {args.repeats} samples per shape on the hot GPU",
-           "clock_cold": smi_clock()}
+    out = {
+        "how": "measured",
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "launch": "CUDA graph replay" if args.graph else "eager (one Python call per product)",
+        "method": f"CUDA events around {args.inner} back-to-back torch.mm (bf16 in, bf16 out, "
+        f"fp32 accumulate), {'replayed from a CUDA graph' if args.graph else 'launched eagerly'}; burst on the cold GPU, sustained over {args.heat_s} s, then "
+        f"{args.passes} shuffled passes of {args.repeats} samples per shape on the hot GPU",
+        "clock_cold": smi_clock(),
+    }
     big = 8192
     burst = time_gemm(torch, big, big, big, 5, 3)
-    out["burst_tflops"] = 2 * big ** 3 / statistics.median(burst) / 1e12
+    out["burst_tflops"] = 2 * big**3 / statistics.median(burst) / 1e12
     print(f"burst 8192^3: {out['burst_tflops']:.1f} TFLOP/s", flush=True)
     heat, clocks, t0 = [], [], time.monotonic()
     while time.monotonic() - t0 < args.heat_s:
         heat += time_gemm(torch, big, big, big, args.inner, 1)
         if len(heat) % 10 == 0:
             clocks.append(smi_clock())
-    out["sustained_tflops"] = 2 * big ** 3 / statistics.median(heat[len(heat) // 2:]) / 1e12
-    out["sustained_samples_tflops"] = [2 * big ** 3 / s / 1e12 for s in heat]
+    out["sustained_tflops"] = 2 * big**3 / statistics.median(heat[len(heat) // 2 :]) / 1e12
+    out["sustained_samples_tflops"] = [2 * big**3 / s / 1e12 for s in heat]
     out["clock_sustained"] = clocks
-    print(f"sustained 8192^3 (second half of {args.heat_s} s): {out['sustained_tflops']:.1f} TFLOP/s; "
-          f"clocks {clocks[-1:]}", flush=True)
+    print(
+        f"sustained 8192^3 (second half of {args.heat_s} s): {out['sustained_tflops']:.1f} TFLOP/s; "
+        f"clocks {clocks[-1:]}",
+        flush=True,
+    )
     samples: dict = {s: [] for s in shapes}
     order = list(shapes)
     for p in range(args.passes):
         random.Random(p).shuffle(order)
         for bt, m, k, n in order:
-            samples[(bt, m, k, n)] += time_gemm(torch, m, k, n, args.inner, args.repeats, bt, args.graph)
+            samples[(bt, m, k, n)] += time_gemm(
+                torch, m, k, n, args.inner, args.repeats, bt, args.graph
+            )
         print(f"pass {p + 1}/{args.passes} done; clock {smi_clock()}", flush=True)
     out["points"] = []
     for (bt, m, k, n), s in samples.items():
         med = statistics.median(s)
-        out["points"].append({**({"batch": bt} if bt else {}), "rows": m, "k": k, "n": n, "median_s": med,
-                              "min_s": min(s), "max_s": max(s), "tflops": 2 * max(bt, 1) * m * k * n / med / 1e12})
-    x = torch.empty(2 ** 30, device="cuda", dtype=torch.float32)  # 4 GiB
+        out["points"].append(
+            {
+                **({"batch": bt} if bt else {}),
+                "rows": m,
+                "k": k,
+                "n": n,
+                "median_s": med,
+                "min_s": min(s),
+                "max_s": max(s),
+                "tflops": 2 * max(bt, 1) * m * k * n / med / 1e12,
+            }
+        )
+    x = torch.empty(2**30, device="cuda", dtype=torch.float32)  # 4 GiB
     y = torch.empty_like(x)
     copy = []
     for _ in range(6):

@@ -17,7 +17,7 @@ TOKENS_PER_EXPERT, LOCAL_EXPERTS, K, M = 256, 4, 512, 1024  # xmoe-small-like K,
 def operands():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(TOKENS_PER_EXPERT * LOCAL_EXPERTS, K, generator=g)
-    w = torch.randn(LOCAL_EXPERTS, K, M, generator=g) * K ** -0.5
+    w = torch.randn(LOCAL_EXPERTS, K, M, generator=g) * K**-0.5
     counts = torch.full((LOCAL_EXPERTS,), TOKENS_PER_EXPERT, dtype=torch.int64)
     return x, w, counts
 
@@ -33,7 +33,9 @@ def test_grouped_gemm(benchmark, operands, variant):
     benchmark.extra_info["flops"] = 2 * x.shape[0] * K * M
     with torch.no_grad():
         y = benchmark(grouped_gemm, x, w, counts, variant)
-    assert torch.allclose(y.double(), _reference(x, w, counts), atol=8 * torch.finfo(x.dtype).eps * K)
+    assert torch.allclose(
+        y.double(), _reference(x, w, counts), atol=8 * torch.finfo(x.dtype).eps * K
+    )
 
 
 def test_dense_equal_flops(benchmark, operands):
@@ -42,4 +44,6 @@ def test_dense_equal_flops(benchmark, operands):
     benchmark.extra_info["flops"] = 2 * x.shape[0] * K * M
     with torch.no_grad():
         y = benchmark(torch.mm, x, w0)
-    assert torch.allclose(y.double(), x.double() @ w0.double(), atol=8 * torch.finfo(x.dtype).eps * K)
+    assert torch.allclose(
+        y.double(), x.double() @ w0.double(), atol=8 * torch.finfo(x.dtype).eps * K
+    )

@@ -23,19 +23,30 @@ def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run(request):
     from moe_repro.suites.runner import RunConfig, measure
 
     suite = all_suites()["alltoall"]
-    grid = suite.grid({"nodes": [2], "gpus_per_node": [1], "algo": ["flat"], "tokens": [32, 64, 128],
-                       "hidden": [1024]})
+    grid = suite.grid(
+        {
+            "nodes": [2],
+            "gpus_per_node": [1],
+            "algo": ["flat"],
+            "tokens": [32, 64, 128],
+            "hidden": [1024],
+        }
+    )
     # Rounds interleave the sizes (load from other processes then hits all of them alike);
     # single calls per sample (min_sample_s=0): the minimum is one undisturbed call.
     rounds = 10
-    records = measure(suite, grid * rounds, RunConfig(warmup=2, repeats=7, min_sample_s=0.0,
-                                                        check=False, timeout_s=240))
+    records = measure(
+        suite,
+        grid * rounds,
+        RunConfig(warmup=2, repeats=7, min_sample_s=0.0, check=False, timeout_s=240),
+    )
     assert len(records) == 3 * rounds and all(r["simulated"] is False for r in records)
     wire = [r["inter_node_bytes"] / 2 for r in records[:3]]  # bytes one rank puts on the wire
     times = [min(r["time_s_min"] for r in records[i::3]) for i in range(3)]
     alpha, beta = ns.fit_latency_bandwidth([wire[0], wire[2]], [times[0], times[2]])
     local = ns.calibrated_profile(alpha, beta, gpus_per_node=1)
     topo = ns.topology_for(local, nodes=2)
-    predicted = ns.simulate_messages([("a2a", 0, 1, wire[1]), ("a2a", 1, 0, wire[1])], topo, local,
-                                     FLAT_DEPS).time_s
+    predicted = ns.simulate_messages(
+        [("a2a", 0, 1, wire[1]), ("a2a", 1, 0, wire[1])], topo, local, FLAT_DEPS
+    ).time_s
     assert predicted == pytest.approx(times[1], rel=0.25), (wire, times, alpha, beta)

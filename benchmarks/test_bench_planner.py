@@ -13,14 +13,18 @@ from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources.parallel_planner import plan_parallel
 
 
-@pytest.mark.parametrize("model, platform, nodes", [
-    ("deepseek-v3", "dgx-h100", 64),
-    ("gpt3-175b", "dgx-h100", 64),
-    ("deepseek-v3", "frontier", 10 ** 8),
-])
+@pytest.mark.parametrize(
+    "model, platform, nodes",
+    [
+        ("deepseek-v3", "dgx-h100", 64),
+        ("gpt3-175b", "dgx-h100", 64),
+        ("deepseek-v3", "frontier", 10**8),
+    ],
+)
 def test_plan_parallel(benchmark, model, platform, nodes):
     spec, profile = get_model(model), load_builtin(platform)
-    pl = benchmark.pedantic(plan_parallel, args=(spec, profile, nodes), rounds=5, iterations=1,
-                            warmup_rounds=1)
+    pl = benchmark.pedantic(
+        plan_parallel, args=(spec, profile, nodes), rounds=5, iterations=1, warmup_rounds=1
+    )
     # the output is a plan over the whole machine, not an early error
     assert pl.gpus == nodes * 8 and pl.candidates  # both platforms have 8 GPUs per node

@@ -16,14 +16,28 @@ COMMANDS = {
     "help": ["--help"],
     "list": ["list"],
     "list-json": ["list", "--json"],
-    "alltoall-1024x8-simulated": ["bench", "alltoall", "--nodes", "1024", "--gpus-per-node", "8",
-                                  "--platform", "frontier", "--algo", "flat,halo"],
+    "alltoall-1024x8-simulated": [
+        "bench",
+        "alltoall",
+        "--nodes",
+        "1024",
+        "--gpus-per-node",
+        "8",
+        "--platform",
+        "frontier",
+        "--algo",
+        "flat,halo",
+    ],
 }
 
 
 def run_repro(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

@@ -15,8 +15,23 @@ from moe_repro.catalog.papers import PAPERS, Paper
 from moe_repro.catalog.reproductions import HOW, HOW_MEANING, REPRODUCTIONS, ReproductionEntry
 from moe_repro.catalog.suites import SUITES, SuiteEntry
 
-__all__ = ["HOW", "HOW_MEANING", "LONG_RUN_S", "PAPERS", "REPRODUCTIONS", "SUITES", "Paper", "ReproductionEntry",
-           "SuiteEntry", "close_matches", "long_run_line", "paper", "reproduction", "reproductions_of", "suite"]
+__all__ = [
+    "HOW",
+    "HOW_MEANING",
+    "LONG_RUN_S",
+    "PAPERS",
+    "REPRODUCTIONS",
+    "SUITES",
+    "Paper",
+    "ReproductionEntry",
+    "SuiteEntry",
+    "close_matches",
+    "long_run_line",
+    "paper",
+    "reproduction",
+    "reproductions_of",
+    "suite",
+]
 
 # A run expected to last longer than this says so on stderr before it starts.
 LONG_RUN_S = 300.0

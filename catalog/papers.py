@@ -33,9 +33,11 @@ class Paper:
     @property
     def bibtex(self) -> str:
         """A BibTeX entry built from the fields above, so it cannot disagree with them."""
-        fields = [("author", " and ".join(self.authors)),
-                  # double braces keep the title's capitals (MoE, HPC) as written
-                  ("title", "{" + self.title + "}")]
+        fields = [
+            ("author", " and ".join(self.authors)),
+            # double braces keep the title's capitals (MoE, HPC) as written
+            ("title", "{" + self.title + "}"),
+        ]
         if self.year is not None:
             fields.append(("year", str(self.year)))
         fields.append(("note", self.venue))
@@ -46,31 +48,63 @@ class Paper:
 
 
 _PAPERS = (
-    Paper(key="piper", short="Piper",
-          title="Piper: Efficient Large-Scale MoE Training via Resource Modeling and Pipelined "
-                "Hybrid Parallelism",
-          authors=("Sajal Dash", "Feiyi Wang"),
-          # piper-review.md: "arXiv:2605.05049v1, 6 May 2026"
-          venue="preprint", year=2026, link="https://arxiv.org/abs/2605.05049"),
-    Paper(key="xmoe", short="X-MoE",
-          title="X-MoE: Enabling Scalable Training for Emerging Mixture-of-Experts Architectures "
-                "on HPC Platforms",
-          authors=("Yueming Yuan", "Ahan Gupta", "Jianping Li", "Sajal Dash", "Feiyi Wang",
-                   "Minjia Zhang"),
-          # the text says the article was accepted for publication but names neither venue nor date
-          venue="preprint", year=None, link=None),
-    Paper(key="feplb", short="FEPLB",
-          title="FEPLB: Exploiting Copy Engines for Nearly Free MoE Load Balancing in Distributed "
-                "Training",
-          authors=("Shuyao Qi", "Haoyuan Liu", "Shizhen Zhao"),
-          # feplb.md: "arXiv:2604.19654v1 [cs.DC] 21 Apr 2026"
-          venue="preprint", year=2026, link="https://arxiv.org/abs/2604.19654"),
-    Paper(key="mop", short="MoP",
-          title="Mixture-of-Parallelisms: Towards Memory-Efficient Training Stack for "
-                "Mixture-of-Experts Models",
-          authors=("Xuan-Phi Nguyen", "Shrey Pandit", "Yiran Zhao", "Semih Yavuz",
-                   "Silvio Savarese", "Shafiq Joty"),
-          venue="preprint", year=None, link=None),
+    Paper(
+        key="piper",
+        short="Piper",
+        title="Piper: Efficient Large-Scale MoE Training via Resource Modeling and Pipelined "
+        "Hybrid Parallelism",
+        authors=("Sajal Dash", "Feiyi Wang"),
+        # piper-review.md: "arXiv:2605.05049v1, 6 May 2026"
+        venue="preprint",
+        year=2026,
+        link="https://arxiv.org/abs/2605.05049",
+    ),
+    Paper(
+        key="xmoe",
+        short="X-MoE",
+        title="X-MoE: Enabling Scalable Training for Emerging Mixture-of-Experts Architectures "
+        "on HPC Platforms",
+        authors=(
+            "Yueming Yuan",
+            "Ahan Gupta",
+            "Jianping Li",
+            "Sajal Dash",
+            "Feiyi Wang",
+            "Minjia Zhang",
+        ),
+        # the text says the article was accepted for publication but names neither venue nor date
+        venue="preprint",
+        year=None,
+        link=None,
+    ),
+    Paper(
+        key="feplb",
+        short="FEPLB",
+        title="FEPLB: Exploiting Copy Engines for Nearly Free MoE Load Balancing in Distributed "
+        "Training",
+        authors=("Shuyao Qi", "Haoyuan Liu", "Shizhen Zhao"),
+        # feplb.md: "arXiv:2604.19654v1 [cs.DC] 21 Apr 2026"
+        venue="preprint",
+        year=2026,
+        link="https://arxiv.org/abs/2604.19654",
+    ),
+    Paper(
+        key="mop",
+        short="MoP",
+        title="Mixture-of-Parallelisms: Towards Memory-Efficient Training Stack for "
+        "Mixture-of-Experts Models",
+        authors=(
+            "Xuan-Phi Nguyen",
+            "Shrey Pandit",
+            "Yiran Zhao",
+            "Semih Yavuz",
+            "Silvio Savarese",
+            "Shafiq Joty",
+        ),
+        venue="preprint",
+        year=None,
+        link=None,
+    ),
 )
 
 PAPERS: MappingProxyType[str, Paper] = MappingProxyType({p.key: p for p in _PAPERS})

@@ -71,6 +71,7 @@ def _replayed(entry: tuple[Any, frozenset]) -> Any:
 def remembering(maxsize: int | None = None):
     """``functools.lru_cache`` that also remembers how each value was produced and says so again
     on every hit: a cached simulation still labels the cells that use it as simulated."""
+
     def wrap(fn: Callable) -> Callable:
         @functools.lru_cache(maxsize)
         def produce(*args, **kwargs):
@@ -82,6 +83,7 @@ def remembering(maxsize: int | None = None):
 
         cached.cache_clear = produce.cache_clear
         return cached
+
     return wrap
 
 

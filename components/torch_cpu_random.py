@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 _FLOAT32_BITS = 24  # float32 mantissa digits: torch.rand keeps this many low bits of a draw
-_RANDINT_32BIT_SPANS = 2 ** 28  # torch.randint draws 32 bits per value below this span, 64 from it
+_RANDINT_32BIT_SPANS = 2**28  # torch.randint draws 32 bits per value below this span, 64 from it
 
 
 class TorchCPUGenerator:
@@ -34,19 +34,21 @@ class TorchCPUGenerator:
 
     def _raw(self, n: int) -> np.ndarray:
         """The engine's next ``n`` 32-bit outputs."""
-        return self._engine.randint(0, 2 ** 32, size=int(n), dtype=np.uint32)
+        return self._engine.randint(0, 2**32, size=int(n), dtype=np.uint32)
 
     def rand(self, *shape: int) -> np.ndarray:
         """``torch.rand(*shape, generator=g)`` (float32) as a numpy array."""
         bits = self._raw(int(np.prod(shape, dtype=np.int64))) & np.uint32((1 << _FLOAT32_BITS) - 1)
-        return (bits.astype(np.float32) * np.float32(2.0 ** -_FLOAT32_BITS)).reshape(shape)
+        return (bits.astype(np.float32) * np.float32(2.0**-_FLOAT32_BITS)).reshape(shape)
 
     def randint(self, low: int, high: int, shape: tuple[int, ...]) -> np.ndarray:
         """``torch.randint(low, high, shape, generator=g)`` (int64) as a numpy array."""
         span = int(high) - int(low)
         if not 0 < span < _RANDINT_32BIT_SPANS:
             raise ValueError(f"randint needs 0 < high - low < 2**28, got [{low}, {high})")
-        return (self._raw(int(np.prod(shape, dtype=np.int64))) % np.uint32(span)).astype(np.int64).reshape(shape) + int(low)
+        return (self._raw(int(np.prod(shape, dtype=np.int64))) % np.uint32(span)).astype(
+            np.int64
+        ).reshape(shape) + int(low)
 
     def skip(self, n: int) -> None:
         """Advance past ``n`` draws of one 32-bit output each (rand or randint values)."""

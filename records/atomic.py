@@ -113,8 +113,7 @@ _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, er
 
 
 def _create_exclusive(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                 0o666)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(data)
@@ -145,8 +144,11 @@ def _resolve(path: Path) -> tuple[Path, int | None, bool]:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         mode = None
-    if mode is not None and not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode)
-                                                          or _names_a_descriptor(path)):
+    if (
+        mode is not None
+        and not stat.S_ISDIR(mode)
+        and (not stat.S_ISREG(mode) or _names_a_descriptor(path))
+    ):
         return path, mode, True
     if os.path.islink(path):
         return Path(os.path.realpath(path)), mode, False
@@ -197,7 +199,7 @@ def _take_held(target: Path) -> int | None:
     return _held.pop((st.st_dev, st.st_ino), None)
 
 
-_THROUGH_FLAGS = (os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+_THROUGH_FLAGS = os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
 def _open_through(target: Path, wait_s: float, clock, sleep) -> int:
@@ -213,13 +215,22 @@ def _open_through(target: Path, wait_s: float, clock, sleep) -> int:
             if e.errno != errno.ENXIO:
                 raise
             if clock() >= deadline:
-                raise OSError(errno.ENXIO, f"no process reads it (waited {wait_s:g} s for a reader)",
-                              str(target)) from None
+                raise OSError(
+                    errno.ENXIO,
+                    f"no process reads it (waited {wait_s:g} s for a reader)",
+                    str(target),
+                ) from None
         sleep(0.05)
 
 
-def _write_through(target: Path, data: bytes, wait_s: float | None = None,
-                   stall_s: float | None = None, clock=time.monotonic, sleep=time.sleep) -> None:
+def _write_through(
+    target: Path,
+    data: bytes,
+    wait_s: float | None = None,
+    stall_s: float | None = None,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> None:
     """Write ``data`` into a node or descriptor, never blocking for good: no reader within
     ``wait_s``, or a reader that takes nothing for ``stall_s``, raises an error saying so."""
     wait_s = READER_WAIT_S if wait_s is None else wait_s
@@ -241,8 +252,9 @@ def _write_through(target: Path, data: bytes, wait_s: float | None = None,
             except BlockingIOError:
                 remaining = deadline - clock()
                 if remaining <= 0:
-                    raise TimeoutError(errno.ETIMEDOUT, f"its reader took nothing for {stall_s:g} s",
-                                       str(target)) from None
+                    raise TimeoutError(
+                        errno.ETIMEDOUT, f"its reader took nothing for {stall_s:g} s", str(target)
+                    ) from None
                 select.select([], [fd], [], min(remaining, 1.0))
                 continue
             view = view[written:]
@@ -343,8 +355,10 @@ def _nearest_directory(path: str | os.PathLike) -> tuple[Path | None, str | None
             if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                 return None, e.strerror or str(e)
             if os.path.islink(current):
-                return None, (f"{str(current)!r} is a symbolic link to {os.readlink(current)!r}, "
-                              f"which does not exist")
+                return None, (
+                    f"{str(current)!r} is a symbolic link to {os.readlink(current)!r}, "
+                    f"which does not exist"
+                )
             if current.parent == current:
                 return None, "no part of it exists"
             current = current.parent

@@ -50,8 +50,11 @@ def device_description() -> dict:
         import torch
 
         if torch.cuda.is_available():
-            return {"device": torch.cuda.get_device_name(0), "device_type": "cuda",
-                    "device_count": torch.cuda.device_count()}
+            return {
+                "device": torch.cuda.get_device_name(0),
+                "device_type": "cuda",
+                "device_count": torch.cuda.device_count(),
+            }
     except Exception:  # torch missing or broken: still describe the CPU
         pass
     return {"device": _cpu_model(), "device_type": "cpu", "device_count": 1}

@@ -54,8 +54,17 @@ def non_negative_unit(unit: str) -> bool:
     return unit in _DURATIONS or unit in _SIZES or unit.endswith("/s")
 
 
-_RESERVED = {"suite", "samples", "repeats", "number", "wrong", "correct", "world_size",
-             "ranks_per_node", "error"}
+_RESERVED = {
+    "suite",
+    "samples",
+    "repeats",
+    "number",
+    "wrong",
+    "correct",
+    "world_size",
+    "ranks_per_node",
+    "error",
+}
 
 
 class GateInputError(ValueError):
@@ -139,9 +148,17 @@ def _records(path: Path) -> list:
         records = [record for f in files for record in _read(f)]
     if not records:  # an empty side would turn every result into "missing", not a wrong path
         raise GateInputError(f"no results found in {_shown(path)}")
-    for p, why in [*((p, "warning: skipped {}: not a regular file") for p in skipped),
-                   *((p, "note: skipped {}: not a result (a results store keeps its runs under "
-                         "reproductions/ and suites/)") for p in outside)]:
+    for p, why in [
+        *((p, "warning: skipped {}: not a regular file") for p in skipped),
+        *(
+            (
+                p,
+                "note: skipped {}: not a result (a results store keeps its runs under "
+                "reproductions/ and suites/)",
+            )
+            for p in outside
+        ),
+    ]:
         if str(p) not in _WARNED:
             _WARNED.add(str(p))  # once, though both sides may be the same directory
             _NOTES.append(f"repro gate: {why.format(p)}")
@@ -193,8 +210,10 @@ def check_comparable(baseline: dict[tuple, Entry], current: dict[tuple, Entry]) 
     base_kinds = {e.source for e in baseline.values()}
     cur_kinds = {e.source for e in current.values()}
     if base_kinds and cur_kinds and not base_kinds & cur_kinds:
-        raise GateInputError(f"the current results are {_plural(cur_kinds)} and the baseline "
-                             f"{_plural(base_kinds)}: nothing to compare")
+        raise GateInputError(
+            f"the current results are {_plural(cur_kinds)} and the baseline "
+            f"{_plural(base_kinds)}: nothing to compare"
+        )
 
 
 def _plural(kinds: set[str]) -> str:
@@ -210,8 +229,9 @@ def _number(value, where: str) -> float | None:
         try:
             return float(value)
         except OverflowError:  # parse_records refuses these already; a record built otherwise
-            raise GateInputError(f"{where} is {reprlib.repr(value)}, beyond the range of a "
-                                 "float") from None
+            raise GateInputError(
+                f"{where} is {reprlib.repr(value)}, beyond the range of a float"
+            ) from None
     raise GateInputError(f"{where} is {reprlib.repr(value)}, not a number")
 
 
@@ -249,9 +269,18 @@ def _reproduction_entries(p: ReproductionRecord) -> list[Entry]:
         # each cell by what produced it (schema 2 records it per cell): an analytic cell inside
         # a reproduction that also measures is still compared exactly
         kind = extra.get("kind") or (_how_kind(c.how) if c.how else default_kind)
-        out.append(Entry(p.id, key, "ours", kind,
-                         extra.get("better", "none"), c.unit, c.ours,
-                         _numbers(extra.get("samples"), f"{p.id} {key}: ours")))
+        out.append(
+            Entry(
+                p.id,
+                key,
+                "ours",
+                kind,
+                extra.get("better", "none"),
+                c.unit,
+                c.ours,
+                _numbers(extra.get("samples"), f"{p.id} {key}: ours"),
+            )
+        )
     return out
 
 
@@ -260,7 +289,9 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
     stats = {f"{m}{s}" for m in metrics for s in ("_iqr", "_min", "_max")}
     out = []
     for r in p.records:
-        params = p.params or [k for k in r if k not in metrics and k not in stats and k not in _RESERVED]
+        params = p.params or [
+            k for k in r if k not in metrics and k not in stats and k not in _RESERVED
+        ]
         key = " ".join(f"{k}={r[k]}" for k in params if k in r)
         for name, m in metrics.items():
             if name in r:
@@ -269,14 +300,34 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
                 where = f"{p.suite} {key}: {name}"
                 samples = r.get("samples") or {}
                 if not isinstance(samples, dict):
-                    raise GateInputError(f"{p.suite} {key}: samples are {reprlib.repr(samples)}, "
-                                         "not a mapping")
-                out.append(Entry(p.suite, key, name, kind, m.better, m.unit,
-                                 _number(r[name], where), _numbers(samples.get(name), where),
-                                 non_negative=non_negative_unit(m.unit)))
+                    raise GateInputError(
+                        f"{p.suite} {key}: samples are {reprlib.repr(samples)}, not a mapping"
+                    )
+                out.append(
+                    Entry(
+                        p.suite,
+                        key,
+                        name,
+                        kind,
+                        m.better,
+                        m.unit,
+                        _number(r[name], where),
+                        _numbers(samples.get(name), where),
+                        non_negative=non_negative_unit(m.unit),
+                    )
+                )
         if "correct" in r:
-            out.append(Entry(p.suite, key, "correct", "exact", "higher", "",
-                             _flag(r["correct"], f"{p.suite} {key}: correct")))
+            out.append(
+                Entry(
+                    p.suite,
+                    key,
+                    "correct",
+                    "exact",
+                    "higher",
+                    "",
+                    _flag(r["correct"], f"{p.suite} {key}: correct"),
+                )
+            )
     return out
 
 
@@ -291,24 +342,45 @@ def parse_threshold(text: str) -> float:
     except ValueError:
         value = math.nan
     if not 0 <= value < 10:  # also refuses nan and inf
-        raise GateInputError(f"threshold must be a percentage (5%) or a fraction (0.05) in "
-                             f"[0, 1000%), got {text!r}")
+        raise GateInputError(
+            f"threshold must be a percentage (5%) or a fraction (0.05) in [0, 1000%), got {text!r}"
+        )
     return value
 
 
-def compare(baseline: dict[tuple, Entry], current: dict[tuple, Entry], threshold: float = 0.05,
-            suite_thresholds: dict[str, float] | None = None, alpha: float = 0.05) -> list[Finding]:
+def compare(
+    baseline: dict[tuple, Entry],
+    current: dict[tuple, Entry],
+    threshold: float = 0.05,
+    suite_thresholds: dict[str, float] | None = None,
+    alpha: float = 0.05,
+) -> list[Finding]:
     findings = []
     for k, b in baseline.items():
         c = current.get(k)
         if c is None:
-            findings.append(Finding(b.result, b.key, b.metric, b.kind, "missing", b.value, None,
-                                    unit=b.unit, why="absent from the current results"))
+            findings.append(
+                Finding(
+                    b.result,
+                    b.key,
+                    b.metric,
+                    b.kind,
+                    "missing",
+                    b.value,
+                    None,
+                    unit=b.unit,
+                    why="absent from the current results",
+                )
+            )
             continue
-        findings.append(_compare_one(b, c, (suite_thresholds or {}).get(b.result, threshold), alpha))
+        findings.append(
+            _compare_one(b, c, (suite_thresholds or {}).get(b.result, threshold), alpha)
+        )
     for k, c in current.items():
         if k not in baseline:
-            findings.append(Finding(c.result, c.key, c.metric, c.kind, "new", None, c.value, unit=c.unit))
+            findings.append(
+                Finding(c.result, c.key, c.metric, c.kind, "new", None, c.value, unit=c.unit)
+            )
     return findings
 
 
@@ -325,7 +397,9 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
         if negative:
             what = "value" if c.value is not None and c.value < 0 else "sample"
             f.status = "regression"
-            f.why = f"current {what} is negative ({negative[0]:g} {c.unit}): impossible for its unit"
+            f.why = (
+                f"current {what} is negative ({negative[0]:g} {c.unit}): impossible for its unit"
+            )
             return f
     if b.value is not None and c.value is not None and not math.isfinite(b.value):
         f.status, f.why = "improvement", f"baseline value was not finite ({b.value})"
@@ -364,11 +438,15 @@ def _compare_one(b: Entry, c: Entry, threshold: float, alpha: float) -> Finding:
         no_test = ""
         _, f.p_value = mann_whitney_u(b.samples, c.samples)
         if f.p_value >= alpha:
-            f.status, f.why = "unchanged", f"{f.ratio - 1:+.1%} but not significant (p={f.p_value:.3f})"
+            f.status, f.why = (
+                "unchanged",
+                f"{f.ratio - 1:+.1%} but not significant (p={f.p_value:.3f})",
+            )
             return f
     f.status = "regression" if worse else "improvement"
     f.why = f"median {f.ratio - 1:+.1%} (threshold {threshold:.0%})" + (
-        f", Mann-Whitney p={f.p_value:.3g}" if f.p_value is not None else no_test)
+        f", Mann-Whitney p={f.p_value:.3g}" if f.p_value is not None else no_test
+    )
     return f
 
 

@@ -31,22 +31,23 @@ PREDICTION_TOLERANCE = 0.15
 PREDICTION_TOLERANCE_REASON = (
     "the largest error published performance predictors report against real clusters: vTrain "
     "14.7% up to 512 GPUs, ASTRA-sim 2.8-11.4% against NCCL, Calculon 3.65% mean and 8.87% max "
-    "on Selene; a prediction within it is as good as the field's tools, one outside it is not")
+    "on Selene; a prediction within it is as good as the field's tools, one outside it is not"
+)
 MIN_SEEDS = 5
 SEEDS = tuple(range(MIN_SEEDS))  # the seeds a sampled cell is computed at by default
 
 GRADE_CLASSES = {
     "exact": "counts, formulas and unit arithmetic: match within the paper's printed precision "
-             "(half a unit of its last digit), otherwise deviates",
+    "(half a unit of its last digit), otherwise deviates",
     "prediction": f"our model or simulator predicting a number the paper measured: match within "
-                  f"the printed precision, close within {PREDICTION_TOLERANCE:.0%} of the "
-                  f"paper's value, otherwise deviates",
+    f"the printed precision, close within {PREDICTION_TOLERANCE:.0%} of the "
+    f"paper's value, otherwise deviates",
     "sampled": f"sampled or simulated over generated traces: computed at {MIN_SEEDS}+ seeds, each "
-               f"graded by the prediction rule; a grade every seed gives stands, otherwise "
-               f"seed-dependent",
+    f"graded by the prediction rule; a grade every seed gives stands, otherwise "
+    f"seed-dependent",
     "other-hardware": "measured on this machine against another machine's measurement: "
-                      "magnitudes are not-comparable (shown side by side); only direction and "
-                      "ordering claims are graded",
+    "magnitudes are not-comparable (shown side by side); only direction and "
+    "ordering claims are graded",
 }
 CLASSES = tuple(GRADE_CLASSES)
 
@@ -114,6 +115,7 @@ def tolerance_words(grade_class: str) -> str:
 
 # --- claims in words --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Reading:
     """How a number in the paper's words is read: the interval ours must fall in."""
@@ -134,6 +136,7 @@ class Reading:
     def describe(self) -> str:
         def fmt(x: float) -> str:
             return f"{x:.6g}"
+
         if math.isinf(self.low):
             return f"'{self.text}' read as {'<' if self.high_open else '<='} {fmt(self.high)}"
         if math.isinf(self.high):
@@ -162,12 +165,23 @@ def read_claim(text: str) -> Reading:
         lo, hi = m.group(1), m.group(2)
         h = min(half_unit(lo), half_unit(hi))
         return Reading(text, _num(lo) - h, _num(hi) + h)
-    bounds = (("<=", "high", False), ("≤", "high", False), ("up to", "high", False),
-              ("at most", "high", False), ("<", "high", True), ("under", "high", True),
-              ("below", "high", True), ("less than", "high", True),
-              (">=", "low", False), ("≥", "low", False), ("at least", "low", False),
-              (">", "low", True), ("over", "low", True), ("above", "low", True),
-              ("more than", "low", True))
+    bounds = (
+        ("<=", "high", False),
+        ("≤", "high", False),
+        ("up to", "high", False),
+        ("at most", "high", False),
+        ("<", "high", True),
+        ("under", "high", True),
+        ("below", "high", True),
+        ("less than", "high", True),
+        (">=", "low", False),
+        ("≥", "low", False),
+        ("at least", "low", False),
+        (">", "low", True),
+        ("over", "low", True),
+        ("above", "low", True),
+        ("more than", "low", True),
+    )
     for word, side, strict in bounds:
         m = re.fullmatch(rf"{re.escape(word)}\s*~?\s*{_NUMBER}{_UNIT}", words)
         if m:
@@ -180,8 +194,10 @@ def read_claim(text: str) -> Reading:
     if m:
         value, h = _num(m.group(1)), half_unit(m.group(1))
         return Reading(text, value - h, value + h)
-    raise PolicyError(f"cannot read {text!r} as a number in words; the policy reads a number, a "
-                      f"range 'a-b', or a bound ('<a', 'up to a', 'over a')")
+    raise PolicyError(
+        f"cannot read {text!r} as a number in words; the policy reads a number, a "
+        f"range 'a-b', or a bound ('<a', 'up to a', 'over a')"
+    )
 
 
 def comparable(a: float, b: float) -> bool:
@@ -195,6 +211,7 @@ def _num(text: str) -> float:
 
 
 # --- counting ---------------------------------------------------------------------------------
+
 
 def _get(cell, key):
     return cell.get(key) if isinstance(cell, dict) else getattr(cell, key, None)

@@ -23,9 +23,13 @@ RESULT_LIMIT = 256 * MIB
 PLATFORM_LIMIT = 1 * MIB
 STDIN = "-"
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class InputError(ValueError):
@@ -53,7 +57,9 @@ def read_input(path: str | os.PathLike, limit: int, stdin_ok: bool = False) -> b
         try:
             data = sys.stdin.buffer.read(limit + 1)
         except (OSError, ValueError) as e:  # closed underneath us (EBADF, a closed file)
-            raise InputError("<stdin>", f"cannot read ({getattr(e, 'strerror', None) or e})") from None
+            raise InputError(
+                "<stdin>", f"cannot read ({getattr(e, 'strerror', None) or e})"
+            ) from None
         if len(data) > limit:
             raise InputError("<stdin>", f"more than {_size(limit)}: refused")
         return data
@@ -75,8 +81,11 @@ def read_input(path: str | os.PathLike, limit: int, stdin_ok: bool = False) -> b
         if not stat.S_ISREG(info.st_mode):
             raise InputError(path, f"{_kind(info.st_mode)}, not a regular file: refused unread")
         if info.st_size > limit:
-            raise InputError(path, f"{info.st_size} bytes, larger than the {_size(limit)} "
-                                   "an input may be: refused unread")
+            raise InputError(
+                path,
+                f"{info.st_size} bytes, larger than the {_size(limit)} "
+                "an input may be: refused unread",
+            )
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while total <= limit:  # a file that grows while read is still cut at the cap

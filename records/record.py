@@ -22,13 +22,20 @@ from __future__ import annotations
 import json
 import os
 import reprlib
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import math
 
-from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION = 3  # 3: a suite record keeps its suite's summary lines (SuiteRecord.summary)
 # Deepest nesting a result may have: real records nest a handful of levels (a cell's
@@ -43,25 +50,32 @@ SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 GRADE_MEANING = {
     "match": "within the paper's printed precision (half a unit of its last digit)",
     "close": "a prediction outside the printed precision, within the one prediction tolerance "
-             "(records/grading.py)",
+    "(records/grading.py)",
     "explained": "outside the policy's bound, and the cell recomputed with the cause removed "
-                 "agrees (the counterfactual is recorded with the cell)",
+    "agrees (the counterfactual is recorded with the cell)",
     "deviates": "outside the policy's bound; no recomputation removes the gap (the note says "
-                "what was tried, and which of our components is at fault where one is)",
+    "what was tried, and which of our components is at fault where one is)",
     "seed-dependent": "a sampled cell whose grade differs between seeds (the fraction of seeds "
-                      "that agree is shown)",
+    "that agree is shown)",
     "claim-holds": "a claim the paper states in words holds on our numbers",
     "claim-fails": "a claim the paper states in words fails on our numbers",
     "not-comparable": "the paper's number is a different quantity, or was measured on other "
-                      "hardware (shown side by side, not graded)",
+    "hardware (shown side by side, not graded)",
     "echo": "ours restates an input or follows from our own formulas: shown, never evidence",
     "no-paper-value": "the paper prints no number for this cell; ours only",
     "not-reproduced": "we have no number here (the note says why)",
 }
 VERDICTS = tuple(GRADE_MEANING)
 # Grades that compare ours with something the paper states: the evidence a reproduction rests on.
-EVIDENCE = ("match", "close", "explained", "deviates", "seed-dependent", "claim-holds",
-            "claim-fails")
+EVIDENCE = (
+    "match",
+    "close",
+    "explained",
+    "deviates",
+    "seed-dependent",
+    "claim-holds",
+    "claim-fails",
+)
 # Causes an ``explained`` cell may record: each is something outside our model, and the cell is
 # recomputed with it removed (records/grading.py). Our own model's or balancer's fault is not a
 # cause: such a cell deviates and names the component (``fault``).
@@ -70,9 +84,9 @@ CAUSE_MEANING = {
     "counting-convention": "the same quantity counted another way (which parameters, which bytes)",
     "paper-inconsistency": "the paper contradicts itself; the note cites both statements",
     "different-input": "our input is not the paper's (e.g. a synthetic routing trace); the cell "
-                       "recomputed on the paper's stated input agrees",
+    "recomputed on the paper's stated input agrees",
     "unstated-input": "the paper does not state an input the number depends on, and over that "
-                      "input's plausible range ours spans the paper's value (range in the note)",
+    "input's plausible range ours spans the paper's value (range in the note)",
 }
 CAUSES = tuple(CAUSE_MEANING)
 KINDS = ("reproduction", "suite")
@@ -160,8 +174,9 @@ class Cell(_Open):
         """The cell as stored (the record's JSON form)."""
         return self.model_dump(mode="python")
 
-    def explain(self, cause: str, note: str, counterfactual: float | list[float] | None,
-                removed: str) -> "Cell":
+    def explain(
+        self, cause: str, note: str, counterfactual: float | list[float] | None, removed: str
+    ) -> "Cell":
         """Try a cause for a deviation by computation: ``counterfactual`` is this cell recomputed
         with the cause removed (``removed`` says what was changed: "GiB instead of GB", "dropout
         on"), a list of per-seed values for a sampled cell. It is graded by the same policy; if
@@ -171,8 +186,10 @@ class Cell(_Open):
         from moe_repro.records import grading
 
         if cause not in CAUSES:
-            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r} (our own "
-                             f"model's fault is not a cause: use blame())")
+            raise ValueError(
+                f"cause must be one of {', '.join(CAUSES)}, got {cause!r} (our own "
+                f"model's fault is not a cause: use blame())"
+            )
         grade = None
         if counterfactual is not None and self.paper is not None and self.paper_printed:
             half = grading.half_unit(self.paper_printed)
@@ -181,8 +198,12 @@ class Cell(_Open):
                 grade, _ = grading.grade_seeds(self.paper, half, list(counterfactual))
             else:
                 grade = grading.grade_value(self.paper, half, counterfactual, cls)
-            self.counterfactual = {"cause": cause, "removed": removed, "ours": counterfactual,
-                                   "grade": grade}
+            self.counterfactual = {
+                "cause": cause,
+                "removed": removed,
+                "ours": counterfactual,
+                "grade": grade,
+            }
         if self.verdict == "deviates" and grade in ("match", "close"):
             self.verdict, self.cause = "explained", cause
             self.tolerance = None
@@ -257,6 +278,7 @@ class ReproductionRecord(_Record):
         for figure in figures:
             Figure.model_validate(figure)
         return figures
+
     extra: dict[str, Any] = Field(default_factory=dict)
     command: str = ""
 
@@ -311,30 +333,35 @@ def migrate(data: Any) -> dict:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"schema_version must be a positive integer, got {version!r}")
     if version > SCHEMA_VERSION:
-        raise ValueError(f"schema_version {version} is newer than this moe-repro reads "
-                         f"({SCHEMA_VERSION}): upgrade moe-repro")
+        raise ValueError(
+            f"schema_version {version} is newer than this moe-repro reads "
+            f"({SCHEMA_VERSION}): upgrade moe-repro"
+        )
     if version == 1:  # the one place that looks at which keys exist
         if "cells" in data:
             kind = "reproduction"
         elif "records" in data:
             kind = "suite"
         else:
-            raise ValueError("a version-1 result has neither 'cells' (a reproduction) nor "
-                             "'records' (a suite)")
+            raise ValueError(
+                "a version-1 result has neither 'cells' (a reproduction) nor 'records' (a suite)"
+            )
         data = {**data, "kind": kind, "schema_version": SCHEMA_VERSION}
     if version == 2:  # 3 added SuiteRecord.summary, empty for a run stored before it
         data = {**data, "schema_version": SCHEMA_VERSION}
     return data
 
 
-def validate(data: Any, where: str | os.PathLike | None = None,
-             lenient_grades: bool = False) -> ReproductionRecord | SuiteRecord:
+def validate(
+    data: Any, where: str | os.PathLike | None = None, lenient_grades: bool = False
+) -> ReproductionRecord | SuiteRecord:
     """One payload (any version, as read from JSON) -> a validated record; UnreadableRecord
     names ``where``. Strict: no value is converted to another type ("1.2" or true is not a
     number). ``lenient_grades``: see :func:`parse_records`."""
     try:
-        return _RECORD.validate_python(migrate(data), strict=True,
-                                       context={"lenient_grades": lenient_grades})
+        return _RECORD.validate_python(
+            migrate(data), strict=True, context={"lenient_grades": lenient_grades}
+        )
     except ValidationError as e:
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "record"
@@ -353,7 +380,9 @@ def depth_over(data: Any, limit: int = MAX_DEPTH) -> bool:
         if isinstance(node, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+            stack.extend(
+                (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
+            )
     return False
 
 
@@ -364,8 +393,10 @@ class _OutOfRange(ValueError):
 def _parse_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):  # only the literals NaN/Infinity are non-finite on purpose (dump)
-        raise _OutOfRange(f"the number {text[:24]}{'...' if len(text) > 24 else ''} is beyond "
-                          "the range of a float")
+        raise _OutOfRange(
+            f"the number {text[:24]}{'...' if len(text) > 24 else ''} is beyond "
+            "the range of a float"
+        )
     return value
 
 
@@ -374,12 +405,15 @@ def _parse_int(text: str) -> int:
         value = int(text)
         float(value)
     except (ValueError, OverflowError):  # over the digit limit of int(), or over float's range
-        raise _OutOfRange(f"the integer {text[:24]}... ({len(text)} digits) is beyond the range "
-                          "of a float") from None
+        raise _OutOfRange(
+            f"the integer {text[:24]}... ({len(text)} digits) is beyond the range of a float"
+        ) from None
     return value
 
 
-def parse_records(raw: bytes, where: str | os.PathLike, lenient_grades: bool = False) -> list[ReproductionRecord | SuiteRecord]:
+def parse_records(
+    raw: bytes, where: str | os.PathLike, lenient_grades: bool = False
+) -> list[ReproductionRecord | SuiteRecord]:
     """Every record in the bytes of a result file (one object, or a list of them as ``run
     --json`` writes for several ids); UnreadableRecord names ``where``. Types are strict (a
     number is a JSON number, never a string or a boolean) and numbers within float's range.
@@ -394,17 +428,23 @@ def parse_records(raw: bytes, where: str | os.PathLike, lenient_grades: bool = F
     except _OutOfRange as e:
         raise UnreadableRecord(where, str(e)) from None
     except RecursionError:  # json's parser recurses once per nesting level
-        raise UnreadableRecord(where, f"JSON nested deeper than {MAX_DEPTH} levels: not a result") from None
+        raise UnreadableRecord(
+            where, f"JSON nested deeper than {MAX_DEPTH} levels: not a result"
+        ) from None
     if depth_over(data):
         raise UnreadableRecord(where, f"JSON nested deeper than {MAX_DEPTH} levels: not a result")
     items = data if isinstance(data, list) else [data]
     if not items:
         raise UnreadableRecord(where, "an empty list: no results")
-    return [validate(item, where if len(items) == 1 else f"{where}[{i}]", lenient_grades)
-            for i, item in enumerate(items)]
+    return [
+        validate(item, where if len(items) == 1 else f"{where}[{i}]", lenient_grades)
+        for i, item in enumerate(items)
+    ]
 
 
-def load_records(path: str | os.PathLike, lenient_grades: bool = False) -> list[ReproductionRecord | SuiteRecord]:
+def load_records(
+    path: str | os.PathLike, lenient_grades: bool = False
+) -> list[ReproductionRecord | SuiteRecord]:
     """Every record in a result file (:func:`parse_records`). The file is read by
     records/inputs.py: a FIFO, device or directory is refused unread, as is a file over
     RESULT_LIMIT; each is an UnreadableRecord naming the path."""

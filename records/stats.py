@@ -18,8 +18,15 @@ def quantile(sorted_xs: list[float], q: float) -> float:
 def summarize(samples: list[float]) -> dict[str, float]:
     xs = sorted(samples)
     q1, q3 = quantile(xs, 0.25), quantile(xs, 0.75)
-    return {"median": statistics.median(xs), "q1": q1, "q3": q3, "iqr": q3 - q1,
-            "min": xs[0], "max": xs[-1], "n": len(xs)}
+    return {
+        "median": statistics.median(xs),
+        "q1": q1,
+        "q3": q3,
+        "iqr": q3 - q1,
+        "min": xs[0],
+        "max": xs[-1],
+        "n": len(xs),
+    }
 
 
 EXACT_MAX_N = 50  # exact U distribution up to this many samples a side (milliseconds in scipy)

@@ -30,8 +30,15 @@ from pathlib import Path
 from typing import Callable
 
 from moe_repro.records.atomic import atomic_create_json
-from moe_repro.records.record import (KINDS, STORE_DIRS, ReproductionRecord, SuiteRecord,
-                                      UnreadableRecord, dump, load_record)
+from moe_repro.records.record import (
+    KINDS,
+    STORE_DIRS,
+    ReproductionRecord,
+    SuiteRecord,
+    UnreadableRecord,
+    dump,
+    load_record,
+)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -46,7 +53,6 @@ def warn_on_stderr(error: UnreadableRecord) -> None:
     sys.stderr.write(f"repro: warning: skipped unreadable result {error}\n")
 
 
-
 def _run_order(path: Path) -> tuple:
     """Sort key of a stored run, oldest first: its time stamp and commit, then the number a
     second run in the same second got ("-1", "-2", ...; plain name sorting would put
@@ -56,12 +62,18 @@ def _run_order(path: Path) -> tuple:
         return ("-".join(parts[:-1]), int(parts[-1]))
     return (path.stem, 0)
 
+
 class ResultsStore:
-    def __init__(self, root: str | os.PathLike | None = None,
-                 on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr,
-                 saves: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        on_unreadable: Callable[[UnreadableRecord], None] = warn_on_stderr,
+        saves: bool = True,
+    ):
         self.root = Path(root) if root is not None else default_root()
-        self.saves = saves  # False: reads only, save() stores nothing (a launched rank other than 0)
+        self.saves = (
+            saves  # False: reads only, save() stores nothing (a launched rank other than 0)
+        )
         self.on_unreadable = on_unreadable
         self._reported: set[str] = set()
 
@@ -95,7 +107,10 @@ class ResultsStore:
         directory = self._dir(record.kind, record.name)
         # two runs in the same second, even from two processes at once: each gets its own file
         # (created exclusively: a name another writer took is never overwritten)
-        names = (f"{stamp or 'undated'}-{commit}{'' if n == 0 else f'-{n}'}.json" for n in range(1_000_000))
+        names = (
+            f"{stamp or 'undated'}-{commit}{'' if n == 0 else f'-{n}'}.json"
+            for n in range(1_000_000)
+        )
         return atomic_create_json(directory, names, dump(record))
 
     def history(self, kind: str, name: str) -> list[Path]:
@@ -121,10 +136,15 @@ class ResultsStore:
             record = load_record(path)  # records/inputs.py: regular files only, within a cap
             # a record filed under another name or kind than its folder's is not that result
             # (and its own name must never decide where anything is written)
-            if (path.parent.name != _SAFE.sub("_", record.name)
-                    or path.parent.parent.name != STORE_DIRS[record.kind]):
-                raise UnreadableRecord(path, f"holds {record.kind} {record.name!r}, not one of "
-                                             f"{path.parent.parent.name}/{path.parent.name}")
+            if (
+                path.parent.name != _SAFE.sub("_", record.name)
+                or path.parent.parent.name != STORE_DIRS[record.kind]
+            ):
+                raise UnreadableRecord(
+                    path,
+                    f"holds {record.kind} {record.name!r}, not one of "
+                    f"{path.parent.parent.name}/{path.parent.name}",
+                )
             return record
         except UnreadableRecord as e:
             if e.path not in self._reported:
@@ -148,5 +168,8 @@ class ResultsStore:
         base = self.root / STORE_DIRS[kind] if kind in KINDS else None
         if base is None:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return sorted(p.name for p in base.iterdir()
-                      if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []
+        return (
+            sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if base.is_dir()
+            else []
+        )

@@ -20,16 +20,29 @@ def _keep_integers(rows: list[dict]) -> pd.DataFrame:
 
 def reproduction_frame(record: ReproductionRecord) -> pd.DataFrame:
     env = record.environment
-    rows = [{"id": record.id, **cell.model_dump(), "git_commit": env.git_commit,
-             "timestamp": env.timestamp} for cell in record.cells]
+    rows = [
+        {
+            "id": record.id,
+            **cell.model_dump(),
+            "git_commit": env.git_commit,
+            "timestamp": env.timestamp,
+        }
+        for cell in record.cells
+    ]
     return _keep_integers(rows)
 
 
 def suite_frame(record: SuiteRecord) -> pd.DataFrame:
     env = record.environment
-    rows = [{**{k: v for k, v in r.items() if k != "samples"}, "git_commit": env.git_commit,
-             "timestamp": env.timestamp, "device": getattr(env, "device", None)}
-            for r in record.records]
+    rows = [
+        {
+            **{k: v for k, v in r.items() if k != "samples"},
+            "git_commit": env.git_commit,
+            "timestamp": env.timestamp,
+            "device": getattr(env, "device", None),
+        }
+        for r in record.records
+    ]
     return _keep_integers(rows)
 
 

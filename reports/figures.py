@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
-import math
 import re
 import warnings
 
@@ -76,8 +75,10 @@ class PlainFormatter(ticker.Formatter):
         super().set_locs(locs)
         steps = [abs(b - a) for a, b in zip(locs, locs[1:]) if b != a]
         step = min(steps) if steps else 1.0
-        self.decimals = next((d for d in range(10)
-                              if abs(step * 10**d - round(step * 10**d)) < 1e-6 * step * 10**d), 10)
+        self.decimals = next(
+            (d for d in range(10) if abs(step * 10**d - round(step * 10**d)) < 1e-6 * step * 10**d),
+            10,
+        )
         self.big = max((abs(v) for v in locs), default=0) >= 1e6
 
     def __call__(self, x, pos=None):
@@ -133,36 +134,71 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
         x = _dates(s["x"]) if dates else s["x"]
         colour, linestyle = style.get(id(s), ("0.4", "-"))
         if s.get("kind") == "paper":
-            (line,) = ax.plot(x, s["y"], linestyle="none", marker="o", mfc="none", color=colour,
-                              label=f"{s['label']} (paper)")
+            (line,) = ax.plot(
+                x,
+                s["y"],
+                linestyle="none",
+                marker="o",
+                mfc="none",
+                color=colour,
+                label=f"{s['label']} (paper)",
+            )
             drawn.append((s, [line]))
             continue
         if s.get("kind") == "paper-range":
             if len(set(map(str, x))) == 1:  # one x (a category): a band there has no width
                 mid, half = (s["hi"] + s["lo"]) / 2, (s["hi"] - s["lo"]) / 2
-                ax.errorbar(x[:1], [mid], yerr=[[half], [half]], fmt="none", ecolor="0.4",
-                            elinewidth=2, capsize=6, capthick=1.5, label=f"{s['label']} (paper)")
+                ax.errorbar(
+                    x[:1],
+                    [mid],
+                    yerr=[[half], [half]],
+                    fmt="none",
+                    ecolor="0.4",
+                    elinewidth=2,
+                    capsize=6,
+                    capthick=1.5,
+                    label=f"{s['label']} (paper)",
+                )
             else:
-                ax.fill_between(x, [s["lo"]] * len(x), [s["hi"]] * len(x), facecolor="none",
-                                edgecolor="0.4", hatch="//", linewidth=0.8, label=f"{s['label']} (paper)")
+                ax.fill_between(
+                    x,
+                    [s["lo"]] * len(x),
+                    [s["hi"]] * len(x),
+                    facecolor="none",
+                    edgecolor="0.4",
+                    hatch="//",
+                    linewidth=0.8,
+                    label=f"{s['label']} (paper)",
+                )
             continue
         # categories on x are unrelated unless a series says they are ordered (``line: True``):
         # points, never a line joining them
         categorical = any(isinstance(v, str) for v in s["x"]) and not dates
         joined = s.get("line", not categorical) is not False
         points_only = {} if joined else {"linestyle": "none", "marker": "o"}
-        (line,) = ax.plot(x, s["y"], **{"marker": fig.get("marker", "."), "color": colour,
-                                        "linestyle": linestyle, **points_only}, label=s["label"])
+        (line,) = ax.plot(
+            x,
+            s["y"],
+            **{
+                "marker": fig.get("marker", "."),
+                "color": colour,
+                "linestyle": linestyle,
+                **points_only,
+            },
+            label=s["label"],
+        )
         artists = [line]
         if s.get("lo") is not None and s.get("hi") is not None:
             if len(x) > 1 and joined:
-                artists.append(ax.fill_between(x, s["lo"], s["hi"], color=colour, alpha=0.15,
-                                               linewidth=0))
+                artists.append(
+                    ax.fill_between(x, s["lo"], s["hi"], color=colour, alpha=0.15, linewidth=0)
+                )
             else:
                 below = [y - lo for y, lo in zip(s["y"], s["lo"])]
                 above = [hi - y for y, hi in zip(s["y"], s["hi"])]
-                bars = ax.errorbar(x, s["y"], yerr=[below, above], fmt="none", ecolor=colour,
-                                   capsize=3)
+                bars = ax.errorbar(
+                    x, s["y"], yerr=[below, above], fmt="none", ecolor=colour, capsize=3
+                )
                 artists += list(bars.lines[2]) + list(bars.lines[1])
         drawn.append((s, artists))
     _dodge(f, ax, drawn)
@@ -181,17 +217,20 @@ def render_figure(fig: dict, provenance: dict[str, str] | None = None) -> dict[s
             (t,) = when
             ax.set_xlim(t - _dt.timedelta(days=1), t + _dt.timedelta(days=1))
     elif _numeric([v for s in fig["series"] if s.get("kind") != "limit" for v in s["x"]]):
-        plain_ticks(ax.xaxis, fig.get("xscale", "linear"), fig.get("xticks"),
-                    bool(fig.get("xticks_binary")))
-    if _numeric([v for s in fig["series"] if s.get("kind") not in ("limit", "paper-range")
-                  for v in s["y"]]):
+        plain_ticks(
+            ax.xaxis, fig.get("xscale", "linear"), fig.get("xticks"), bool(fig.get("xticks_binary"))
+        )
+    if _numeric(
+        [v for s in fig["series"] if s.get("kind") not in ("limit", "paper-range") for v in s["y"]]
+    ):
         plain_ticks(ax.yaxis, fig.get("yscale", "linear"))
     ax.set_xlabel(fig["xlabel"])
     ax.set_ylabel(fig["ylabel"])
     ax.set_title(fig["title"], fontsize=10)
     ax.grid(True, alpha=0.3)
-    if not dates and any(isinstance(v, str) for s in fig["series"] if s.get("kind") != "limit"
-                         for v in s["x"]):
+    if not dates and any(
+        isinstance(v, str) for s in fig["series"] if s.get("kind") != "limit" for v in s["x"]
+    ):
         _tilt_crowded_categories(f, ax)
     if fig.get("legend", True):
         _legend(f, ax, len(fig["series"]), fig.get("legend_title"))
@@ -220,19 +259,24 @@ def _styles(series: list[dict]) -> dict[int, tuple]:
         if label not in keys and s not in ours:
             # the paper's "Piper" beside ours "Piper, ours (estimate)": one thing, one colour
             # (or "FSDP-best, MoP Table 2" beside "FSDP-best (ours)": the same stem)
-            same = [k for k in keys if re.match(re.escape(label) + r"\b", k)
-                    or _stem(k) == _stem(label)]
+            same = [
+                k for k in keys if re.match(re.escape(label) + r"\b", k) or _stem(k) == _stem(label)
+            ]
             if same:
                 keys[label] = keys[same[0]]
         if label not in keys:
             if two and s in ours:
                 a, b = _factors(label)
-                keys[label] = (COLOURS[firsts.index(a) % len(COLOURS)],
-                               LINESTYLES[seconds.index(b) % len(LINESTYLES)])
+                keys[label] = (
+                    COLOURS[firsts.index(a) % len(COLOURS)],
+                    LINESTYLES[seconds.index(b) % len(LINESTYLES)],
+                )
             else:
                 n = len(keys)
-                keys[label] = (COLOURS[n % len(COLOURS)],
-                               LINESTYLES[(n // len(COLOURS)) % len(LINESTYLES)])
+                keys[label] = (
+                    COLOURS[n % len(COLOURS)],
+                    LINESTYLES[(n // len(COLOURS)) % len(LINESTYLES)],
+                )
         out[id(s)] = keys[label]
     return out
 
@@ -277,9 +321,13 @@ def _draw_bars(fig: dict):
     data = [s for s in series if s.get("kind", "ours") in ("ours", "paper")]
     cats = list(dict.fromkeys(_cat(x) for s in series if s.get("kind") != "limit" for x in s["x"]))
     style = _styles(series)
-    f, ax = plt.subplots(figsize=(max(6.4, 1.2 + 0.5 * len(cats) * (1 if stacked else
-                                                                     max(1, len(data)) ** 0.5)), 4.0),
-                         dpi=110)
+    f, ax = plt.subplots(
+        figsize=(
+            max(6.4, 1.2 + 0.5 * len(cats) * (1 if stacked else max(1, len(data)) ** 0.5)),
+            4.0,
+        ),
+        dpi=110,
+    )
     where = {c: i for i, c in enumerate(cats)}
     if stacked:  # one column per source (ours, the paper's), series stacked in it
         columns = list(dict.fromkeys(s.get("kind", "ours") for s in data))
@@ -293,8 +341,11 @@ def _draw_bars(fig: dict):
         paper = s.get("kind") == "paper"
         column = columns.index(s.get("kind", "ours") if stacked else id(s))
         shift = (column - (len(columns) - 1) / 2) * width
-        look = ({"facecolor": "white", "edgecolor": colour, "hatch": PAPER_HATCH, "linewidth": 1.2}
-                if paper else {"color": colour})
+        look = (
+            {"facecolor": "white", "edgecolor": colour, "hatch": PAPER_HATCH, "linewidth": 1.2}
+            if paper
+            else {"color": colour}
+        )
         label = f"{s['label']} (paper)" if paper else s["label"]
         oom = {_cat(x) for x in s.get("oom") or []}
         xs, heights, base, errs = [], [], [], []
@@ -317,22 +368,49 @@ def _draw_bars(fig: dict):
         if not xs and oom:  # a series that is OOM everywhere still gets its legend entry
             ax.bar([], [], width, label=label, **look)
         if xs:
-            ax.bar(xs, heights, width * (0.95 if not stacked else 0.9), bottom=base, label=label,
-                   **look)
+            ax.bar(
+                xs,
+                heights,
+                width * (0.95 if not stacked else 0.9),
+                bottom=base,
+                label=label,
+                **look,
+            )
             if all(e is not None for e in errs):
-                ax.errorbar(xs, [b + h for b, h in zip(base, heights)],
-                            yerr=[[e[0] for e in errs], [e[1] for e in errs]], fmt="none",
-                            ecolor="0.2", capsize=3, linewidth=1)
+                ax.errorbar(
+                    xs,
+                    [b + h for b, h in zip(base, heights)],
+                    yerr=[[e[0] for e in errs], [e[1] for e in errs]],
+                    fmt="none",
+                    ecolor="0.2",
+                    capsize=3,
+                    linewidth=1,
+                )
     for s in series:
         if s.get("kind") == "limit":
             ax.axhline(s["y"], color="0.35", linestyle="--", linewidth=1, label=s["label"])
         elif s.get("kind") == "paper-range":
             for x in dict.fromkeys(_cat(v) for v in s["x"]):
                 mid, half = (s["hi"] + s["lo"]) / 2, (s["hi"] - s["lo"]) / 2
-                ax.errorbar([where[x]], [mid], yerr=[[half], [half]], fmt="none", ecolor="0.4",
-                            elinewidth=2, capsize=8, capthick=1.5)
-            ax.errorbar([], [], yerr=[], fmt="none", ecolor="0.4", elinewidth=2,
-                        label=f"{s['label']} (paper)")
+                ax.errorbar(
+                    [where[x]],
+                    [mid],
+                    yerr=[[half], [half]],
+                    fmt="none",
+                    ecolor="0.4",
+                    elinewidth=2,
+                    capsize=8,
+                    capthick=1.5,
+                )
+            ax.errorbar(
+                [],
+                [],
+                yerr=[],
+                fmt="none",
+                ecolor="0.4",
+                elinewidth=2,
+                label=f"{s['label']} (paper)",
+            )
     if fig.get("yscale", "linear") != "linear":
         ax.set_yscale(fig["yscale"])
     ax.set_xticks(range(len(cats)), cats)
@@ -342,8 +420,17 @@ def _draw_bars(fig: dict):
         log = fig.get("yscale") == "log"
         y = low * (high / low) ** 0.03 if log else low + 0.03 * (high - low)
         for at, colour in oom_slots:
-            ax.text(at, y, "OOM", rotation=90, ha="center", va="bottom", fontsize=7,
-                    color=colour, fontweight="bold")
+            ax.text(
+                at,
+                y,
+                "OOM",
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color=colour,
+                fontweight="bold",
+            )
     plain_ticks(ax.yaxis, fig.get("yscale", "linear"))
     ax.set_xlabel(fig["xlabel"])
     ax.set_ylabel(fig["ylabel"])
@@ -388,8 +475,16 @@ def _legend(f, ax, entries: int, title: str | None = None) -> None:
     every line, point, bar, band and label, else beside the axes (upper left of the space to
     their right)."""
     if entries and entries <= LEGEND_INSIDE_MAX:
-        for loc in ("upper left", "upper right", "lower right", "lower left", "center right",
-                    "center left", "upper center", "lower center"):
+        for loc in (
+            "upper left",
+            "upper right",
+            "lower right",
+            "lower left",
+            "center right",
+            "center left",
+            "upper center",
+            "lower center",
+        ):
             legend = ax.legend(fontsize=8, title=title, title_fontsize=8, loc=loc)
             if not _covers_data(f, ax, legend):
                 return
@@ -406,9 +501,16 @@ def _legend_below(f, ax, entries: int, title: str | None) -> None:
     handles, labels = ax.get_legend_handles_labels()
     longest = max((len(str(t)) for t in labels), default=10)
     columns = max(1, min(3, entries, 80 // max(longest, 1)))
-    legend = ax.legend(fontsize=7 if entries > LEGEND_INSIDE_MAX else 8, loc="upper center",
-                       bbox_to_anchor=(0.5, 0.0), borderaxespad=0, ncol=columns, title=title,
-                       title_fontsize=7 if entries > LEGEND_INSIDE_MAX else 8, frameon=False)
+    legend = ax.legend(
+        fontsize=7 if entries > LEGEND_INSIDE_MAX else 8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        borderaxespad=0,
+        ncol=columns,
+        title=title,
+        title_fontsize=7 if entries > LEGEND_INSIDE_MAX else 8,
+        frameon=False,
+    )
     legend._moe_below = ax  # noqa: SLF001  (read by _save)
 
 
@@ -488,8 +590,15 @@ def _draw_dots(fig: dict):
         err = None
         if all(c.get("lo") is not None and c.get("hi") is not None for _, c in rows):
             err = [[c["value"] - c["lo"] for _, c in rows], [c["hi"] - c["value"] for _, c in rows]]
-        ax.errorbar(xs, [y for y, _ in rows], xerr=err, fmt="o", color=COLOURS[i % len(COLOURS)],
-                    capsize=3, label=str(group) if group is not None else None)
+        ax.errorbar(
+            xs,
+            [y for y, _ in rows],
+            xerr=err,
+            fmt="o",
+            color=COLOURS[i % len(COLOURS)],
+            capsize=3,
+            label=str(group) if group is not None else None,
+        )
     ax.set_yticks(ys, [c["label"] for c in cats])
     ax.set_ylim(-0.7, len(cats) - 0.3)
     scale = fig.get("xscale", "linear")
@@ -513,9 +622,14 @@ def _save(f, provenance: dict[str, str] | None = None) -> dict[str, bytes]:
         # PNG keeps any text key; SVG only its Dublin Core ones, so provenance goes to Description
         meta = {"Creator": "moe-repro"} if fmt == "svg" else {"Software": "moe-repro"}
         if provenance:
-            meta.update({"Title": provenance.get("title", ""),
-                         "Description": "; ".join(f"{k}: {v}" for k, v in provenance.items()
-                                                  if k != "title")})
+            meta.update(
+                {
+                    "Title": provenance.get("title", ""),
+                    "Description": "; ".join(
+                        f"{k}: {v}" for k, v in provenance.items() if k != "title"
+                    ),
+                }
+            )
         # SVG text stays text (searchable, selectable); the long legend is kept inside the image
         with plt.rc_context({"svg.fonttype": "none"}):
             f.savefig(buf, format=fmt, bbox_inches="tight", metadata=meta)

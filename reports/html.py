@@ -21,13 +21,19 @@ class _ScrollingTables(Template):
 
     def render(self, *args, **kwargs) -> str:
         page = super().render(*args, **kwargs)
-        return _TABLE_OPEN.sub('<div class="scroll"><table', page).replace("</table>", "</table></div>")
+        return _TABLE_OPEN.sub('<div class="scroll"><table', page).replace(
+            "</table>", "</table></div>"
+        )
 
 
 @lru_cache(maxsize=1)
 def environment() -> Environment:
-    env = Environment(loader=PackageLoader("moe_repro.reports", "templates"),
-                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("moe_repro.reports", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.template_class = _ScrollingTables
     env.filters["num"] = _num
     env.filters["pct"] = lambda x: "" if x is None else f"{x:+.2%}"
@@ -39,8 +45,14 @@ def environment() -> Environment:
     # on every page.
     from moe_repro import catalog
     from moe_repro.records.record import CAUSE_MEANING, GRADE_MEANING
-    env.globals.update(how_meaning=catalog.HOW_MEANING, how_words=catalog.HOW,
-                       grade_meaning=GRADE_MEANING, cause_meaning=CAUSE_MEANING, policy=policy())
+
+    env.globals.update(
+        how_meaning=catalog.HOW_MEANING,
+        how_words=catalog.HOW,
+        grade_meaning=GRADE_MEANING,
+        cause_meaning=CAUSE_MEANING,
+        policy=policy(),
+    )
     return env
 
 
@@ -52,25 +64,33 @@ def policy() -> dict:
     from moe_repro.records import grading
 
     claims = inspect.getdoc(grading.read_claim) or ""
-    return {"classes": dict(grading.GRADE_CLASSES),
-            "tolerance": f"{grading.PREDICTION_TOLERANCE:.0%}",
-            "tolerance_reason": grading.PREDICTION_TOLERANCE_REASON,
-            "claims": claims,
-            "min_seeds": grading.MIN_SEEDS,
-            "seeds": (f"A sampled cell is computed at {grading.MIN_SEEDS} or more seeds (by "
-                      f"default seeds {', '.join(map(str, grading.SEEDS))}) and each seed is "
-                      f"graded by the prediction rule. The grade every seed gives stands (seeds "
-                      f"that all agree, some by match and some by close, give close); a grade "
-                      f"that differs between seeds is seed-dependent, never close. The cell "
-                      f"shows the range over seeds and the fraction of seeds that agree."),
-            "explained": ("A deviation is explained only by a computation: the cell is recomputed "
-                          "with the cause removed, and that value agrees with the paper under the "
-                          "same class. Without such a recomputation, or when it still disagrees, "
-                          "the cell deviates. A deviation our own model, simulator, planner or "
-                          "balancer causes is never explained: the cell deviates and names the "
-                          "component at fault."),
-            "derived": ("A cell derived from another cell (MFU from TFLOPS) is shown but counted "
-                        "once, at its source.")}
+    return {
+        "classes": dict(grading.GRADE_CLASSES),
+        "tolerance": f"{grading.PREDICTION_TOLERANCE:.0%}",
+        "tolerance_reason": grading.PREDICTION_TOLERANCE_REASON,
+        "claims": claims,
+        "min_seeds": grading.MIN_SEEDS,
+        "seeds": (
+            f"A sampled cell is computed at {grading.MIN_SEEDS} or more seeds (by "
+            f"default seeds {', '.join(map(str, grading.SEEDS))}) and each seed is "
+            f"graded by the prediction rule. The grade every seed gives stands (seeds "
+            f"that all agree, some by match and some by close, give close); a grade "
+            f"that differs between seeds is seed-dependent, never close. The cell "
+            f"shows the range over seeds and the fraction of seeds that agree."
+        ),
+        "explained": (
+            "A deviation is explained only by a computation: the cell is recomputed "
+            "with the cause removed, and that value agrees with the paper under the "
+            "same class. Without such a recomputation, or when it still disagrees, "
+            "the cell deviates. A deviation our own model, simulator, planner or "
+            "balancer causes is never explained: the cell deviates and names the "
+            "component at fault."
+        ),
+        "derived": (
+            "A cell derived from another cell (MFU from TFLOPS) is shown but counted "
+            "once, at its source."
+        ),
+    }
 
 
 def agreement_line(cells_or_counts) -> str:
@@ -129,9 +149,14 @@ def css() -> Markup:
     return Markup(environment().loader.get_source(environment(), "style.css")[0])
 
 
-def render_reproduction(payload: dict, raw_json: str | None = None, figures: list[dict] | None = None,
-                        home: str | None = None, raw_csv: str | None = None,
-                        paper: dict | None = None) -> str:
+def render_reproduction(
+    payload: dict,
+    raw_json: str | None = None,
+    figures: list[dict] | None = None,
+    home: str | None = None,
+    raw_csv: str | None = None,
+    paper: dict | None = None,
+) -> str:
     """A reproduction's page, answer first: the paper's claims and our evidence as a short list,
     then the figures in the paper's form, then the graded cells; ungraded cells collapse behind a
     toggle and long investigations (``detail``) sit in a linked section at the bottom.
@@ -153,14 +178,29 @@ def render_reproduction(payload: dict, raw_json: str | None = None, figures: lis
     graded = [c for c in cells if c["verdict"] in grading.COMPARED]
     ungraded = [c for c in cells if c["verdict"] not in grading.COMPARED]
     counts = grading.agreement(cells)
-    return environment().get_template("reproduction.html").render(
-        p=payload, raw_json=raw_json, raw_csv=raw_csv, figures=figures or [], home=home, css=css(),
-        paper=paper, grades=grade_counts(c["verdict"] for c in cells), counts=counts,
-        agreement=grading.agreement_line(counts), answers=answers(cells), graded=graded,
-        ungraded=ungraded, ungraded_counts=grade_counts(c["verdict"] for c in ungraded),
-        details=details,
-        # a paper table is laid out as the paper's grid; a figure's points are in its figures
-        grid=paper_grid(payload) if "Table" in str(payload.get("element", "")) else None)
+    return (
+        environment()
+        .get_template("reproduction.html")
+        .render(
+            p=payload,
+            raw_json=raw_json,
+            raw_csv=raw_csv,
+            figures=figures or [],
+            home=home,
+            css=css(),
+            paper=paper,
+            grades=grade_counts(c["verdict"] for c in cells),
+            counts=counts,
+            agreement=grading.agreement_line(counts),
+            answers=answers(cells),
+            graded=graded,
+            ungraded=ungraded,
+            ungraded_counts=grade_counts(c["verdict"] for c in ungraded),
+            details=details,
+            # a paper table is laid out as the paper's grid; a figure's points are in its figures
+            grid=paper_grid(payload) if "Table" in str(payload.get("element", "")) else None,
+        )
+    )
 
 
 # A note is the one-line why (reproductions/spec.py keeps it to 60 words); a longer one, from a
@@ -179,22 +219,38 @@ def answers(cells: list[dict]) -> dict:
 
     from moe_repro.records.grading import COMPARED
 
-    stated = [c for c in cells if c.get("grade_class") == "claim" or
-              c["verdict"] in ("claim-holds", "claim-fails")]
+    stated = [
+        c
+        for c in cells
+        if c.get("grade_class") == "claim" or c["verdict"] in ("claim-holds", "claim-fails")
+    ]
     # a claim that follows from our own formulas (echo) or that ours cannot test is no evidence:
     # counted in one line, shown with the ungraded cells
     claims = [c for c in stated if c["verdict"] in COMPARED and not c.get("derived_from")]
     untested = [c for c in stated if c["verdict"] not in COMPARED]
     order = {"deviates": 0, "seed-dependent": 1, "explained": 2}
-    numbers = sorted((c for c in cells if c not in stated and c["verdict"] in order
-                      and not c.get("derived_from")), key=lambda c: order[c["verdict"]])
-    agreeing = [c for c in cells if c not in stated and c["verdict"] in ("match", "close")
-                and not c.get("derived_from")]
+    numbers = sorted(
+        (
+            c
+            for c in cells
+            if c not in stated and c["verdict"] in order and not c.get("derived_from")
+        ),
+        key=lambda c: order[c["verdict"]],
+    )
+    agreeing = [
+        c
+        for c in cells
+        if c not in stated and c["verdict"] in ("match", "close") and not c.get("derived_from")
+    ]
     items = [{"claim": True, **c} for c in claims] + [{"claim": False, **c} for c in numbers]
     by_grade = {g: sum(c["verdict"] == g for c in agreeing) for g in ("match", "close")}
-    return {"items": items[:ANSWERS_SHOWN], "more": max(0, len(items) - ANSWERS_SHOWN),
-            "agreeing": len(agreeing), "agreeing_by": {g: n for g, n in by_grade.items() if n},
-            "untested": grade_counts(c["verdict"] for c in untested)}
+    return {
+        "items": items[:ANSWERS_SHOWN],
+        "more": max(0, len(items) - ANSWERS_SHOWN),
+        "agreeing": len(agreeing),
+        "agreeing_by": {g: n for g, n in by_grade.items() if n},
+        "untested": grade_counts(c["verdict"] for c in untested),
+    }
 
 
 def _value(x, unit: str = "") -> str:
@@ -214,8 +270,10 @@ def cell_extras(c: dict) -> list[str]:
         out.append("claim in words" if cls == "claim" else f"class: {cls}")
     cf = c.get("counterfactual")
     if cf:
-        out.append(f"recomputed with {cf.get('removed') or cf.get('cause')}: "
-                   f"{_value(cf.get('ours'), unit)} ({cf.get('grade') or 'not graded'})")
+        out.append(
+            f"recomputed with {cf.get('removed') or cf.get('cause')}: "
+            f"{_value(cf.get('ours'), unit)} ({cf.get('grade') or 'not graded'})"
+        )
     seeds = c.get("seeds")
     if seeds:
         if seeds.get("holds") is not None:
@@ -225,8 +283,10 @@ def cell_extras(c: dict) -> list[str]:
             vals = seeds["values"]
             lo, hi = seeds.get("range") or (min(vals), max(vals))
             agree = seeds.get("agree")
-            out.append(f"{len(vals)} seeds: {_value(lo)} to {_value(hi, unit)}"
-                       + (f", {agree:.0%} of seeds agree" if agree is not None else ""))
+            out.append(
+                f"{len(vals)} seeds: {_value(lo)} to {_value(hi, unit)}"
+                + (f", {agree:.0%} of seeds agree" if agree is not None else "")
+            )
     if c.get("reading"):
         out.append(c["reading"])
     if c.get("fault"):
@@ -261,37 +321,71 @@ def paper_grid(payload: dict) -> dict | None:
     columns = list(dict.fromkeys(c["column"] for c in cells))
     if len(columns) < 2 or len(columns) > PAPER_GRID_MAX_COLUMNS or len(rows) < 2:
         return None
-    return {"columns": columns,
-            "rows": [{"label": r, "cells": [at.get((r, col)) for col in columns]} for r in rows]}
+    return {
+        "columns": columns,
+        "rows": [{"label": r, "cells": [at.get((r, col)) for col in columns]} for r in rows],
+    }
 
 
 def _laid_out_grid(layout: dict, at: dict) -> dict:
     """``paper_grid`` for a reproduction's own ``paper_layout`` (see there)."""
     groups = [{"label": g["label"], "span": len(g["columns"])} for g in layout["groups"]]
     columns = [sub.get("column") for g in layout["groups"] for sub in g["columns"]]
-    rows = [{"label": r["label"], "keys": [tuple(k) if k else None for k in r["keys"]]}
-            if isinstance(r, dict) else {"label": r, "keys": [(r, col) for col in columns]}
-            for r in layout["rows"]]
+    rows = [
+        {"label": r["label"], "keys": [tuple(k) if k else None for k in r["keys"]]}
+        if isinstance(r, dict)
+        else {"label": r, "keys": [(r, col) for col in columns]}
+        for r in layout["rows"]
+    ]
     placed = {key for r in rows for key in r["keys"] if key in at}
-    return {"corner": layout.get("corner", ""), "groups": groups,
-            "columns": [sub["label"] for g in layout["groups"] for sub in g["columns"]],
-            "rows": [{"label": r["label"], "cells": [at.get(key) if key else None for key in r["keys"]]}
-                     for r in rows],
-            "outside": len(at) - len(placed)}
+    return {
+        "corner": layout.get("corner", ""),
+        "groups": groups,
+        "columns": [sub["label"] for g in layout["groups"] for sub in g["columns"]],
+        "rows": [
+            {"label": r["label"], "cells": [at.get(key) if key else None for key in r["keys"]]}
+            for r in rows
+        ],
+        "outside": len(at) - len(placed),
+    }
 
 
 def render_index(papers: list[dict], suites: list[dict], built: dict | None = None) -> str:
-    return environment().get_template("index.html").render(papers=papers, suites=suites,
-                                                           built=built or {}, css=css())
+    return (
+        environment()
+        .get_template("index.html")
+        .render(papers=papers, suites=suites, built=built or {}, css=css())
+    )
 
 
-def render_suite(name: str, payload: dict | None, raw_json: str | None, history: list[dict],
-                 home: str, graphs: list[dict] | None = None, view: dict | None = None,
-                 sweeps: list[dict] | None = None, needs: dict | None = None) -> str:
+def render_suite(
+    name: str,
+    payload: dict | None,
+    raw_json: str | None,
+    history: list[dict],
+    home: str,
+    graphs: list[dict] | None = None,
+    view: dict | None = None,
+    sweeps: list[dict] | None = None,
+    needs: dict | None = None,
+) -> str:
     """A suite's page: ``view`` is the latest run laid out by reports/site.py (machine, constant
     and varying parameters, the compact table), ``sweeps`` its metric-vs-parameter figures,
     ``graphs`` the history figures, ``history`` the stored runs, ``needs`` what a run needs
     (for a suite never run)."""
-    return environment().get_template("suite.html").render(
-        name=name, p=payload, raw_json=raw_json, history=history, home=home, graphs=graphs or [],
-        view=view, sweeps=sweeps or [], needs=needs, css=css())
+    return (
+        environment()
+        .get_template("suite.html")
+        .render(
+            name=name,
+            p=payload,
+            raw_json=raw_json,
+            history=history,
+            home=home,
+            graphs=graphs or [],
+            view=view,
+            sweeps=sweeps or [],
+            needs=needs,
+            css=css(),
+        )
+    )

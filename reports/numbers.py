@@ -147,7 +147,7 @@ def tick(x: float, binary: bool = False, short_from: float = 1e3) -> str:
     if x == 0:
         return "0"
     ax = abs(x)
-    for scale, suffix in (_BINARY if binary else _DECIMAL):
+    for scale, suffix in _BINARY if binary else _DECIMAL:
         if ax >= scale and ax >= short_from:
             return _plain(x / scale, 3) + suffix
     return _sci(x, 3) if ax < 1e-4 else _plain(x, 4)
@@ -191,7 +191,9 @@ def column_unit(values, unit: str | None, ascii: bool = False) -> tuple[float, s
     return 1.0, unit
 
 
-def column(values, unit: str | None = None, digits: int = DIGITS, ascii: bool = False) -> tuple[str | None, list[str]]:
+def column(
+    values, unit: str | None = None, digits: int = DIGITS, ascii: bool = False
+) -> tuple[str | None, list[str]]:
     """A table column as a person reads it: (the unit its header names, the cells). Scaled to
     one unit for the whole column (:func:`column_unit`), so the header carries the unit and the
     cells only numbers; every cell with the same decimals (``digits`` significant digits of the
@@ -205,8 +207,16 @@ def column(values, unit: str | None = None, digits: int = DIGITS, ascii: bool = 
     decimals = 0
     if scaled and not whole:
         # ``digits`` significant digits for the largest value, at least two for the smallest
-        decimals = min(6, max(0, digits - 1 - math.floor(math.log10(max(scaled))),
-                              1 - math.floor(math.log10(min(scaled)))))
-    cells = [f"{v / factor:,.{decimals}f}" if is_number(v) and math.isfinite(v) else fmt(v)
-             for v in values]
+        decimals = min(
+            6,
+            max(
+                0,
+                digits - 1 - math.floor(math.log10(max(scaled))),
+                1 - math.floor(math.log10(min(scaled))),
+            ),
+        )
+    cells = [
+        f"{v / factor:,.{decimals}f}" if is_number(v) and math.isfinite(v) else fmt(v)
+        for v in values
+    ]
     return name, cells

@@ -84,20 +84,37 @@ def comparison(run: SuiteRecord) -> dict:
                     cells.append(None)
                     continue
                 ratio = r["time_s"] / ours["time_s"] if ours and ours.get("time_s") else None
-                cells.append({"ms": r["time_s"] * 1e3, "ms_text": _ms(r["time_s"] * 1e3),
-                              "iqr_text": _ms(r.get("time_s_iqr", 0.0) * 1e3),
-                              "range_text": f"{_ms(r.get('time_s_min', r['time_s']) * 1e3)}-"
-                                            f"{_ms(r.get('time_s_max', r['time_s']) * 1e3)}",
-                              "ratio": ratio})
+                cells.append(
+                    {
+                        "ms": r["time_s"] * 1e3,
+                        "ms_text": _ms(r["time_s"] * 1e3),
+                        "iqr_text": _ms(r.get("time_s_iqr", 0.0) * 1e3),
+                        "range_text": f"{_ms(r.get('time_s_min', r['time_s']) * 1e3)}-"
+                        f"{_ms(r.get('time_s_max', r['time_s']) * 1e3)}",
+                        "ratio": ratio,
+                    }
+                )
                 if r.get("wrong") is not None:
                     wrong.append(int(r["wrong"]))
                 package = r.get("peer") or package
-            rows.append({"impl": impl, "cells": cells, "package": package or "moe-repro",
-                         "wrong": sum(wrong) if wrong else None})
+            rows.append(
+                {
+                    "impl": impl,
+                    "cells": cells,
+                    "package": package or "moe-repro",
+                    "wrong": sum(wrong) if wrong else None,
+                }
+            )
         tables.append({"point": ", ".join(f"{k}={v}" for k, v in point), "rows": rows})
     versions = sorted({r["peer"] for r in records if r.get("peer")})
-    return {"suite": run.suite, "impls": impls, "stages": stages, "tables": tables,
-            "versions": versions, "environment": run.environment.model_dump()}
+    return {
+        "suite": run.suite,
+        "impls": impls,
+        "stages": stages,
+        "tables": tables,
+        "versions": versions,
+        "environment": run.environment.model_dump(),
+    }
 
 
 def figure(comp: dict, table_index: int = 0) -> dict:
@@ -107,17 +124,34 @@ def figure(comp: dict, table_index: int = 0) -> dict:
     series = []
     for row in table["rows"]:
         pairs = [(stage, cell["ms"]) for stage, cell in zip(comp["stages"], row["cells"]) if cell]
-        series.append({"label": row["impl"], "x": [p[0] for p in pairs], "y": [p[1] for p in pairs],
-                       "kind": "ours"})
-    return {"name": f"peers-{comp['suite']}", "title": f"{comp['suite']}: median time per stage",
-            "xlabel": "stage", "ylabel": "time (ms, median, log scale)", "series": series,
-            "xscale": "linear", "yscale": "log", "form": "bars"}
+        series.append(
+            {
+                "label": row["impl"],
+                "x": [p[0] for p in pairs],
+                "y": [p[1] for p in pairs],
+                "kind": "ours",
+            }
+        )
+    return {
+        "name": f"peers-{comp['suite']}",
+        "title": f"{comp['suite']}: median time per stage",
+        "xlabel": "stage",
+        "ylabel": "time (ms, median, log scale)",
+        "series": series,
+        "xscale": "linear",
+        "yscale": "log",
+        "form": "bars",
+    }
 
 
 def _multi_rank(record: dict) -> bool:
     """A forward + backward pass of the whole layer over more than one rank."""
-    return (record.get("stage") == "layer" and int(record.get("ranks", 1) or 1) > 1
-            and str(record.get("backward", 0)) == "1" and record.get("time_s") is not None)
+    return (
+        record.get("stage") == "layer"
+        and int(record.get("ranks", 1) or 1) > 1
+        and str(record.get("backward", 0)) == "1"
+        and record.get("time_s") is not None
+    )
 
 
 def multi_rank_run(store) -> SuiteRecord | None:
@@ -136,7 +170,9 @@ def multi_rank_comparison(run: SuiteRecord) -> dict:
     impls = list(dict.fromkeys(r["impl"] for r in records))
     others = [k for k in run.params if k not in ("impl", "stage", "ranks", "backward")]
     varied = [k for k in others if len({str(r.get(k)) for r in records}) > 1]
-    keys = sorted(dict.fromkeys((int(r["ranks"]), *(str(r.get(k)) for k in varied)) for r in records))
+    keys = sorted(
+        dict.fromkeys((int(r["ranks"]), *(str(r.get(k)) for k in varied)) for r in records)
+    )
     by = {((int(r["ranks"]), *(str(r.get(k)) for k in varied)), r["impl"]): r for r in records}
     rows = []
     for key in keys:
@@ -148,43 +184,83 @@ def multi_rank_comparison(run: SuiteRecord) -> dict:
                 cells.append(None)
                 continue
             t = r["time_s"]
-            cells.append({"ms_text": _ms(t * 1e3), "iqr_text": _ms(r.get("time_s_iqr", 0.0) * 1e3),
-                          "range_text": f"{_ms(r.get('time_s_min', t) * 1e3)}-{_ms(r.get('time_s_max', t) * 1e3)}",
-                          "ratio": t / ours["time_s"] if ours and ours.get("time_s") else None,
-                          "wrong": r.get("wrong")})
+            cells.append(
+                {
+                    "ms_text": _ms(t * 1e3),
+                    "iqr_text": _ms(r.get("time_s_iqr", 0.0) * 1e3),
+                    "range_text": f"{_ms(r.get('time_s_min', t) * 1e3)}-{_ms(r.get('time_s_max', t) * 1e3)}",
+                    "ratio": t / ours["time_s"] if ours and ours.get("time_s") else None,
+                    "wrong": r.get("wrong"),
+                }
+            )
         label = ", ".join(f"{k}={v}" for k, v in zip(varied, key[1:]))
         rows.append({"ranks": key[0], "label": label, "cells": cells})
-    packages = {impl: next((r["peer"] for r in records if r["impl"] == impl and r.get("peer")), "moe-repro")
-                for impl in impls}
-    return {"impls": impls, "packages": packages, "rows": rows,
-            "fixed": ", ".join(f"{k}={records[0].get(k)}" for k in others if k not in varied),
-            "environment": run.environment.model_dump()}
+    packages = {
+        impl: next((r["peer"] for r in records if r["impl"] == impl and r.get("peer")), "moe-repro")
+        for impl in impls
+    }
+    return {
+        "impls": impls,
+        "packages": packages,
+        "rows": rows,
+        "fixed": ", ".join(f"{k}={records[0].get(k)}" for k in others if k not in varied),
+        "environment": run.environment.model_dump(),
+    }
 
 
 def write_peers_page(store, out: Path) -> Path:
-    comps, figures = [], []
+    comps = []
     multi = None
     run = multi_rank_run(store)
     if run is not None:
         try:
             multi = multi_rank_comparison(run)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
-            sys.stderr.write(f"repro: warning: peers page: moe-layer multi-rank run of {run.timestamp} "
-                             f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n")
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            IndexError,
+            ZeroDivisionError,
+        ) as e:
+            sys.stderr.write(
+                f"repro: warning: peers page: moe-layer multi-rank run of {run.timestamp} "
+                f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n"
+            )
     for run in peer_runs(store):
         try:
             comp = comparison(run)
             fig = figure(comp)
             drawn = render_figure(fig)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            IndexError,
+            ZeroDivisionError,
+        ) as e:
             # a stored run that validates but cannot be laid out: named and left out
-            sys.stderr.write(f"repro: warning: peers page: {run.suite} run of {run.timestamp} "
-                             f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n")
+            sys.stderr.write(
+                f"repro: warning: peers page: {run.suite} run of {run.timestamp} "
+                f"left out ({type(e).__name__}: {' '.join(str(e).split())[:200]})\n"
+            )
             continue
         names = {fmt: f"{fig['name']}.{fmt}" for fmt in drawn}
         for fmt, data in drawn.items():
             atomic_write_bytes(inside(out, names[fmt]), data)
         comp["figure"] = {"title": fig["title"], **names}
         comps.append(comp)
-    return atomic_write_text(inside(out, "peers.html"), html.environment().get_template("peers.html").render(
-        comparisons=comps, multi=multi, tests=EQUIVALENCE_TESTS, ours=OURS, home="index.html", css=html.css()))
+    return atomic_write_text(
+        inside(out, "peers.html"),
+        html.environment()
+        .get_template("peers.html")
+        .render(
+            comparisons=comps,
+            multi=multi,
+            tests=EQUIVALENCE_TESTS,
+            ours=OURS,
+            home="index.html",
+            css=html.css(),
+        ),
+    )

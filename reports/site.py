@@ -14,7 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from moe_repro import catalog
-from moe_repro.records.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, inside
+from moe_repro.records.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    inside,
+)
 from moe_repro.records.environment import git_state
 from moe_repro.records import grading
 from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
@@ -40,8 +45,9 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"repro: warning: {message}\n")
 
 
-def write_reproduction_page(directory: Path, record: ReproductionRecord, home: str | None = None,
-                            name: str | None = None) -> Path:
+def write_reproduction_page(
+    directory: Path, record: ReproductionRecord, home: str | None = None, name: str | None = None
+) -> Path:
     """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``.
     ``name``: the catalog's id the files are named after (default: the record's id, which the
     schema restricts to a plain name)."""
@@ -56,8 +62,10 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
         except _BAD_DATA as e:
             # a stored figure is data someone else wrote: one that cannot be drawn is named and
             # left out; the page and its numbers still stand
-            _warn(f"{rid}: figure {str(fig.get('name'))[:60]!r} not drawn: {type(e).__name__}: "
-                  f"{' '.join(str(e).split())[:200]}")
+            _warn(
+                f"{rid}: figure {str(fig.get('name'))[:60]!r} not drawn: {type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}"
+            )
             continue
         for ext, data in drawn.items():
             atomic_write_bytes(inside(directory, names[ext]), data)
@@ -68,22 +76,32 @@ def write_reproduction_page(directory: Path, record: ReproductionRecord, home: s
         paper = _paper_facts(catalog.paper(record.paper))
     except (KeyError, ValueError):
         paper = None
-    return atomic_write_text(inside(directory, f"{rid}.html"), html.render_reproduction(
-        payload, raw_json=f"{rid}.json", figures=figures, home=home, raw_csv=f"{rid}.csv",
-        paper=paper))
+    return atomic_write_text(
+        inside(directory, f"{rid}.html"),
+        html.render_reproduction(
+            payload,
+            raw_json=f"{rid}.json",
+            figures=figures,
+            home=home,
+            raw_csv=f"{rid}.csv",
+            paper=paper,
+        ),
+    )
 
 
 def _provenance(record: ReproductionRecord, title: str) -> dict[str, str]:
     """What a figure file carries in its metadata: where its numbers came from."""
     env = record.environment
     extra = env.model_extra or {}
-    return {"title": f"{record.id}: {title}",
-            "commit": f"{env.git_commit or 'unknown'}{' (uncommitted changes)' if env.git_dirty else ''}",
-            "date": env.timestamp,
-            "machine": f"{extra.get('device') or extra.get('cpu_model')}, torch {extra.get('torch')}",
-            "how": record.how,
-            "parameters": " ".join(f"{k}={v}" for k, v in record.params.items()),
-            "command": env.command or record.command}
+    return {
+        "title": f"{record.id}: {title}",
+        "commit": f"{env.git_commit or 'unknown'}{' (uncommitted changes)' if env.git_dirty else ''}",
+        "date": env.timestamp,
+        "machine": f"{extra.get('device') or extra.get('cpu_model')}, torch {extra.get('torch')}",
+        "how": record.how,
+        "parameters": " ".join(f"{k}={v}" for k, v in record.params.items()),
+        "command": env.command or record.command,
+    }
 
 
 def build_site(store, out_dir: str | Path, progress=None) -> Path:
@@ -97,8 +115,13 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     report = progress or (lambda done, total, what: None)
     for entry in catalog.REPRODUCTIONS.values():
         report(next(step), total, f"reproduction {entry.id}")
-        rid, element, how, what, issue = (entry.id, entry.paper_element, entry.how, entry.what,
-                                          entry.issue)
+        rid, element, how, what, issue = (
+            entry.id,
+            entry.paper_element,
+            entry.how,
+            entry.what,
+            entry.issue,
+        )
         implemented = entry.implemented
         record = store.latest("reproduction", rid) if implemented else None
         href = f"repro/{rid}.html"
@@ -107,21 +130,49 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
                 write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
             except _BAD_DATA as e:
                 # a stored result that validates but cannot be laid out: named, shown as not run
-                _warn(f"{rid}: its stored result cannot be shown ({type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:200]}); shown as not yet run")
+                _warn(
+                    f"{rid}: its stored result cannot be shown ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:200]}); shown as not yet run"
+                )
                 record = None
-        row = {"id": rid, "element": element, "how": how, "href": href, "when": None, "summary": {},
-               "counts": None, "needs": run_needs(entry)}
+        row = {
+            "id": rid,
+            "element": element,
+            "how": how,
+            "href": href,
+            "when": None,
+            "summary": {},
+            "counts": None,
+            "needs": run_needs(entry),
+        }
         if record is None:
             row["state"] = "not yet run" if implemented else "planned"
-            atomic_write_text(inside(out / "repro", f"{rid}.html"), html.environment().get_template("pending.html").render(
-                id=rid, element=element, how=how, what=what, issue=issue, title=entry.title,
-                description=entry.description,
-                implemented=implemented, needs=row["needs"], home="../index.html", css=html.css()))
+            atomic_write_text(
+                inside(out / "repro", f"{rid}.html"),
+                html.environment()
+                .get_template("pending.html")
+                .render(
+                    id=rid,
+                    element=element,
+                    how=how,
+                    what=what,
+                    issue=issue,
+                    title=entry.title,
+                    description=entry.description,
+                    implemented=implemented,
+                    needs=row["needs"],
+                    home="../index.html",
+                    css=html.css(),
+                ),
+            )
         else:
             counts = record.agreement
-            row.update(counts=counts, agreement=grading.agreement_line(counts),
-                       summary=grade_counts(c.verdict for c in record.cells), when=record.timestamp)
+            row.update(
+                counts=counts,
+                agreement=grading.agreement_line(counts),
+                summary=grade_counts(c.verdict for c in record.cells),
+                when=record.timestamp,
+            )
         by_paper.setdefault(entry.paper, []).append(row)
 
     suites = []
@@ -130,34 +181,57 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
         runs = store.runs("suite", name)  # readable runs, oldest first
         href = f"suites/{name}.html"
         try:
-            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+            write_suite_page(
+                out / "suites", name, runs, home="../index.html", needs=run_needs(suite)
+            )
         except _BAD_DATA as e:
             # a stored run that validates but cannot be laid out (a record someone else wrote):
             # named, and the page says how to make a run instead
-            _warn(f"suite {name}: its stored runs cannot be shown ({type(e).__name__}: "
-                  f"{' '.join(str(e).split())[:200]}); its page lists no run")
+            _warn(
+                f"suite {name}: its stored runs cannot be shown ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}); its page lists no run"
+            )
             runs = []
-            write_suite_page(out / "suites", name, runs, home="../index.html", needs=run_needs(suite))
+            write_suite_page(
+                out / "suites", name, runs, home="../index.html", needs=run_needs(suite)
+            )
         latest = runs[-1] if runs else None
-        suites.append({"name": name, "description": suite.description, "href": href,
-                       "needs": run_needs(suite),
-                       "records": len(latest.records) if latest else 0,
-                       "when": latest.timestamp if latest else None})
+        suites.append(
+            {
+                "name": name,
+                "description": suite.description,
+                "href": href,
+                "needs": run_needs(suite),
+                "records": len(latest.records) if latest else 0,
+                "when": latest.timestamp if latest else None,
+            }
+        )
 
     report(next(step), total, "peers page")
     write_peers_page(store, out)
     report(next(step), total, "validation page")
     write_validation_page(store, out)
     report(next(step), total, "index")
-    papers = [{**_paper_facts(catalog.paper(k)), "reproductions": rows,
-               "grades": _sum_counts(r["summary"] for r in rows),
-               "agreement": grading.agreement_line(
-                   grading.add_agreement(*(r["counts"] for r in rows if r["counts"]))),
-               "run": sum(r["counts"] is not None for r in rows)}
-              for k, rows in by_paper.items() if rows]
-    built = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-             **git_state()}
-    index = atomic_write_text(inside(out, "index.html"), html.render_index(papers, suites, built=built))
+    papers = [
+        {
+            **_paper_facts(catalog.paper(k)),
+            "reproductions": rows,
+            "grades": _sum_counts(r["summary"] for r in rows),
+            "agreement": grading.agreement_line(
+                grading.add_agreement(*(r["counts"] for r in rows if r["counts"]))
+            ),
+            "run": sum(r["counts"] is not None for r in rows),
+        }
+        for k, rows in by_paper.items()
+        if rows
+    ]
+    built = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **git_state(),
+    }
+    index = atomic_write_text(
+        inside(out, "index.html"), html.render_index(papers, suites, built=built)
+    )
     report(total, total, "")
     return index
 
@@ -181,7 +255,6 @@ def _sum_counts(summaries) -> dict[str, int]:
     return {v: total[v] for v in VERDICTS if total.get(v)}
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Suite pages: what the latest run measured, against what it swept, and how it moved over runs.
 
@@ -190,8 +263,17 @@ MAX_SWEEP_LINES = 12  # lines on one metric-vs-parameter figure (the style cycle
 MAX_HISTORY_LINES = 8  # grid points followed over the stored runs
 MAX_TICKS_AT_DATA = 12  # a swept axis with at most this many values gets a tick at each
 LOG_SPAN = 100.0  # values spanning more than two decades go on a log axis
-ENVIRONMENT_SHOWN = ("device", "device_type", "device_count", "cpu_model", "cpu_count", "torch",
-                     "torch_threads", "python", "hostname")
+ENVIRONMENT_SHOWN = (
+    "device",
+    "device_type",
+    "device_count",
+    "cpu_model",
+    "cpu_count",
+    "torch",
+    "torch_threads",
+    "python",
+    "hostname",
+)
 
 
 def _key(value) -> str:
@@ -214,7 +296,9 @@ def headline_metrics(run: SuiteRecord) -> list:
     return declared[:1] + [m for m in declared[1:] if m.better == "higher"][:1]
 
 
-def split_params(run: SuiteRecord, records: list[dict] | None = None) -> tuple[list[str], list[str]]:
+def split_params(
+    run: SuiteRecord, records: list[dict] | None = None
+) -> tuple[list[str], list[str]]:
     """(grid parameters whose value differs between records, those with one value), in grid order;
     parameters no record holds are left out."""
     records = run.records if records is None else records
@@ -275,7 +359,9 @@ def _label(r: dict, params: list[str]) -> str:
     return LABEL_SEP.join(fmt(r.get(p)) for p in params)
 
 
-def sweep_figure(name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP_LINES) -> dict | None:
+def sweep_figure(
+    name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP_LINES
+) -> dict | None:
     """The latest run's ``metric`` against its swept parameter: one line per combination of the
     other varying parameters, the median with its spread as a band, log axes where the values span
     more than two decades. Where no numeric parameter varies, a dot per category instead."""
@@ -289,22 +375,43 @@ def sweep_figure(name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP
     ylabel = _axis_label(metric, unit)
     has_spread = any(s is not None and s[1] > s[0] for s in spreads)
     minmax = all(_finite(r.get(f"{metric.name}_min")) for r in records)
-    caption = ("Median of the repeats" + (("; shaded: min to max of the repeats" if minmax else
-                                           "; shaded: median \N{PLUS-MINUS SIGN} IQR/2")
-                                          if has_spread else "") + ".")
+    caption = (
+        "Median of the repeats"
+        + (
+            (
+                "; shaded: min to max of the repeats"
+                if minmax
+                else "; shaded: median \N{PLUS-MINUS SIGN} IQR/2"
+            )
+            if has_spread
+            else ""
+        )
+        + "."
+    )
     if x is None:
         cats = []
         for r, sp in zip(records, spreads):
-            cats.append({"label": _label(r, varying) or "all records", "value": r[metric.name] / factor,
-                         "lo": sp[0] / factor if sp else None, "hi": sp[1] / factor if sp else None,
-                         "group": fmt(r.get(varying[0])) if len(varying) > 1 else None})
+            cats.append(
+                {
+                    "label": _label(r, varying) or "all records",
+                    "value": r[metric.name] / factor,
+                    "lo": sp[0] / factor if sp else None,
+                    "hi": sp[1] / factor if sp else None,
+                    "group": fmt(r.get(varying[0])) if len(varying) > 1 else None,
+                }
+            )
         values = [c["value"] for c in cats]
-        return {"kind": "dots", "name": f"sweep-{metric.name}", "categories": cats,
-                "title": f"{name}: {metric.name} per " + (", ".join(varying) or "run"),
-                "xlabel": ylabel + " (median)", "ylabel": LABEL_SEP.join(varying),
-                "xscale": "log" if _spans_decades(values) else "linear",
-                "legend_title": varying[0] if len(varying) > 1 else None,
-                "caption": caption.replace("shaded", "bars")}
+        return {
+            "kind": "dots",
+            "name": f"sweep-{metric.name}",
+            "categories": cats,
+            "title": f"{name}: {metric.name} per " + (", ".join(varying) or "run"),
+            "xlabel": ylabel + " (median)",
+            "ylabel": LABEL_SEP.join(varying),
+            "xscale": "log" if _spans_decades(values) else "linear",
+            "legend_title": varying[0] if len(varying) > 1 else None,
+            "caption": caption.replace("shaded", "bars"),
+        }
     others = [p for p in varying if p != x and not _determined_by(records, x, p)]
     moving = [p for p in varying if p != x and p not in others]
     if moving:
@@ -315,12 +422,18 @@ def sweep_figure(name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP
     series = []
     for label, rows in list(groups.items())[:max_lines]:
         rows.sort(key=lambda row: row[0][x])
-        s = {"label": label, "x": [r[x] for r, _ in rows], "y": [r[metric.name] / factor for r, _ in rows]}
+        s = {
+            "label": label,
+            "x": [r[x] for r, _ in rows],
+            "y": [r[metric.name] / factor for r, _ in rows],
+        }
         if all(sp is not None for _, sp in rows):
             s.update(lo=[sp[0] / factor for _, sp in rows], hi=[sp[1] / factor for _, sp in rows])
         series.append(s)
     if len(groups) > max_lines:
-        caption += f" The first {max_lines} of {len(groups)} lines; all of them in the table and raw data."
+        caption += (
+            f" The first {max_lines} of {len(groups)} lines; all of them in the table and raw data."
+        )
     xs = sorted({r[x] for r in records})
     ys = [v for s in series for v in s["y"]]
     xscale = "log" if _spans_decades(xs) else "linear"
@@ -333,18 +446,31 @@ def sweep_figure(name: str, metric, run: SuiteRecord, max_lines: int = MAX_SWEEP
                     s[k] = [v if v > 0 else math.nan for v in s[k]]
     # ticks at the swept values (every other one, or every third, on a long log axis), so that a
     # size axis reads 1K, 4K, 16K with K = 1,024 rather than decades that are no grid point
-    ticks = xs if len(xs) <= MAX_TICKS_AT_DATA else (
-        xs[::math.ceil(len(xs) / MAX_TICKS_AT_DATA)] if xscale == "log" else None)
+    ticks = (
+        xs
+        if len(xs) <= MAX_TICKS_AT_DATA
+        else (xs[:: math.ceil(len(xs) / MAX_TICKS_AT_DATA)] if xscale == "log" else None)
+    )
     binary = ticks is not None and binary_ticks(ticks)
-    return {"name": f"sweep-{metric.name}", "title": f"{name}: {metric.name} vs {x}",
-            "xlabel": x + (" (K = 1,024)" if binary else ""), "ylabel": ylabel + " (median)",
-            "series": series, "xscale": xscale, "yscale": yscale,
-            "xticks": ticks, "xticks_binary": binary,
-            "legend_title": LABEL_SEP.join(others) or None, "legend": bool(others), "caption": caption}
+    return {
+        "name": f"sweep-{metric.name}",
+        "title": f"{name}: {metric.name} vs {x}",
+        "xlabel": x + (" (K = 1,024)" if binary else ""),
+        "ylabel": ylabel + " (median)",
+        "series": series,
+        "xscale": xscale,
+        "yscale": yscale,
+        "xticks": ticks,
+        "xticks_binary": binary,
+        "legend_title": LABEL_SEP.join(others) or None,
+        "legend": bool(others),
+        "caption": caption,
+    }
 
 
-def history_figure(name: str, metric, runs: list[SuiteRecord],
-                   max_lines: int = MAX_HISTORY_LINES) -> dict | None:
+def history_figure(
+    name: str, metric, runs: list[SuiteRecord], max_lines: int = MAX_HISTORY_LINES
+) -> dict | None:
     """``metric`` over the stored runs (asv-style), x = the runs' dates: one line per grid point of
     the latest run (a single point while there is one run). More grid points than ``max_lines``:
     those at the largest value of the swept parameter, then the first ``max_lines``."""
@@ -366,7 +492,9 @@ def history_figure(name: str, metric, runs: list[SuiteRecord],
         chosen = {k: r for k, r in chosen.items() if r[x] == top}
     chosen = dict(list(chosen.items())[:max_lines])
     varying, _ = split_params(latest, list(chosen.values()))
-    series = {k: {"label": _label(r, varying) or metric.name, "x": [], "y": []} for k, r in chosen.items()}
+    series = {
+        k: {"label": _label(r, varying) or metric.name, "x": [], "y": []} for k, r in chosen.items()
+    }
     contributing = 0
     for run in runs:
         try:
@@ -387,21 +515,31 @@ def history_figure(name: str, metric, runs: list[SuiteRecord],
     factor, unit = scale_for([v for s in lines for v in s["y"]], metric.unit)
     for s in lines:
         s["y"] = [v / factor for v in s["y"]]
-    shown = (f"{len(lines)} of {total} grid points" + (f" ({x} = {fmt(top)})" if total > max_lines
-                                                      and x is not None else "")
-             if len(lines) < total else f"all {total} grid point{'s' if total > 1 else ''}")
-    return {"name": f"history-{metric.name}", "xdates": True, "marker": "o",
-            "title": f"{name}: {metric.name} per stored run (median)",
-            "xlabel": "run date (UTC)", "ylabel": _axis_label(metric, unit) + " (median)",
-            "series": lines, "xscale": "linear",
-            "yscale": "log" if _spans_decades([v for s in lines for v in s["y"]]) else "linear",
-            "legend_title": LABEL_SEP.join(varying) or None, "legend": bool(varying),
-            "caption": f"Each line follows one grid point of the latest run ({shown}) through the "
-                       f"stored runs: {contributing} of {len(runs)} measured "
-                       f"{'it' if len(lines) == 1 else 'them'} (the others ran other grids)."
-                       if contributing < len(runs) else
-                       f"Each line follows one grid point of the latest run ({shown}) through all "
-                       f"{len(runs)} stored run{'s' if len(runs) > 1 else ''}."}
+    shown = (
+        f"{len(lines)} of {total} grid points"
+        + (f" ({x} = {fmt(top)})" if total > max_lines and x is not None else "")
+        if len(lines) < total
+        else f"all {total} grid point{'s' if total > 1 else ''}"
+    )
+    return {
+        "name": f"history-{metric.name}",
+        "xdates": True,
+        "marker": "o",
+        "title": f"{name}: {metric.name} per stored run (median)",
+        "xlabel": "run date (UTC)",
+        "ylabel": _axis_label(metric, unit) + " (median)",
+        "series": lines,
+        "xscale": "linear",
+        "yscale": "log" if _spans_decades([v for s in lines for v in s["y"]]) else "linear",
+        "legend_title": LABEL_SEP.join(varying) or None,
+        "legend": bool(varying),
+        "caption": f"Each line follows one grid point of the latest run ({shown}) through the "
+        f"stored runs: {contributing} of {len(runs)} measured "
+        f"{'it' if len(lines) == 1 else 'them'} (the others ran other grids)."
+        if contributing < len(runs)
+        else f"Each line follows one grid point of the latest run ({shown}) through all "
+        f"{len(runs)} stored run{'s' if len(runs) > 1 else ''}.",
+    }
 
 
 def _machine(env: dict) -> list[tuple[str, str]]:
@@ -411,15 +549,34 @@ def _machine(env: dict) -> list[tuple[str, str]]:
     if device:
         kind = env.get("device_type")
         count = env.get("device_count")
-        rows.append(("device", f"{device}" + (f" ({kind}" + (f", {count} visible" if count and count > 1
-                                                              else "") + ")" if kind else "")))
+        rows.append(
+            (
+                "device",
+                f"{device}"
+                + (
+                    f" ({kind}" + (f", {count} visible" if count and count > 1 else "") + ")"
+                    if kind
+                    else ""
+                ),
+            )
+        )
     if env.get("cpu_model"):
-        rows.append(("CPU", f"{env['cpu_model']}" + (f", {env['cpu_count']} cores" if env.get("cpu_count")
-                                                      else "")))
+        rows.append(
+            (
+                "CPU",
+                f"{env['cpu_model']}"
+                + (f", {env['cpu_count']} cores" if env.get("cpu_count") else ""),
+            )
+        )
     if env.get("torch"):
         threads = env.get("torch_threads")
-        rows.append(("torch", f"{env['torch']}" + (f" ({threads} thread{'s' if threads != 1 else ''})"
-                                                   if threads else "")))
+        rows.append(
+            (
+                "torch",
+                f"{env['torch']}"
+                + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""),
+            )
+        )
     for key in ("python", "hostname"):
         if env.get(key):
             rows.append((key, str(env[key])))
@@ -438,8 +595,11 @@ def suite_view(run: SuiteRecord) -> dict:
     for p in constant:
         text = f"{p}={fmt(records[0].get(p))}"
         if p == "device" and shown_device:
-            text += f" (ran on {shown_device}" + (f", {env['device_type']}" if env.get("device_type")
-                                                  else "") + ")"
+            text += (
+                f" (ran on {shown_device}"
+                + (f", {env['device_type']}" if env.get("device_type") else "")
+                + ")"
+            )
         constants.append(text)
     simulated = [bool(r.get("simulated")) for r in records]
     sim_note = None
@@ -456,8 +616,11 @@ def suite_view(run: SuiteRecord) -> dict:
     if sim_column:
         columns.append({"label": "simulated", "num": False})
     # an IQR column only where some record has a spread (a simulation or one repeat has none)
-    with_iqr = [m for m in headline if any(_finite(r.get(f"{m}_iqr")) and r[f"{m}_iqr"] != 0
-                                           for r in records)]
+    with_iqr = [
+        m
+        for m in headline
+        if any(_finite(r.get(f"{m}_iqr")) and r[f"{m}_iqr"] != 0 for r in records)
+    ]
     for m in headline:
         unit = units.get(m, "")
         head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
@@ -470,8 +633,9 @@ def suite_view(run: SuiteRecord) -> dict:
         columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
     has_wrong = any("wrong" in r for r in records)
     if has_wrong:
-        columns.append({"label": "#wrong", "num": True,
-                        "title": "elements the check found wrong (0: correct)"})
+        columns.append(
+            {"label": "#wrong", "num": True, "title": "elements the check found wrong (0: correct)"}
+        )
     rows = []
     for r in records:
         row = [fmt(r.get(p)) for p in varying]
@@ -488,14 +652,29 @@ def suite_view(run: SuiteRecord) -> dict:
     wrong = sum(r["wrong"] for r in records if _finite(r.get("wrong")))
     shown = set(varying) | set(constant) | set(headline) | set(extra) | {"suite", "wrong"}
     suffixed = {f"{m.name}_{s}" for m in run.metrics for s in ("iqr", "min", "max")}
-    hidden = [k for k in dict.fromkeys(k for r in records for k in r)
-              if k not in shown and k not in suffixed and k != "samples"]
+    hidden = [
+        k
+        for k in dict.fromkeys(k for r in records for k in r)
+        if k not in shown and k not in suffixed and k != "samples"
+    ]
     bytes_shown = any(units.get(m) == "B" for m in headline + extra)
-    return {"machine": _machine(env), "constants": constants, "varying": varying, "columns": columns,
-            "rows": rows, "has_wrong": has_wrong, "wrong": wrong, "simulated": sim_note,
-            "no_spread": [m for m in headline if m not in with_iqr], "hidden": hidden,
-            "bytes_note": BYTES_NOTE if bytes_shown else None, "interrupted": run.interrupted, "error": run.error,
-            "matrices": matrix_views(run), "summary": run.summary}
+    return {
+        "machine": _machine(env),
+        "constants": constants,
+        "varying": varying,
+        "columns": columns,
+        "rows": rows,
+        "has_wrong": has_wrong,
+        "wrong": wrong,
+        "simulated": sim_note,
+        "no_spread": [m for m in headline if m not in with_iqr],
+        "hidden": hidden,
+        "bytes_note": BYTES_NOTE if bytes_shown else None,
+        "interrupted": run.interrupted,
+        "error": run.error,
+        "matrices": matrix_views(run),
+        "summary": run.summary,
+    }
 
 
 # Suites whose records cross methods with inputs (suites/imbalance.py: balancer x workload over
@@ -533,19 +712,30 @@ def matrix_views(run: SuiteRecord) -> list[dict]:
                     if not values:
                         cells.append({"text": "-", "bad": False})
                         continue
-                    mid = values[len(values) // 2] if len(values) % 2 else \
-                        (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+                    mid = (
+                        values[len(values) // 2]
+                        if len(values) % 2
+                        else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+                    )
                     text = fmt(mid, units.get(metric))
                     if len(values) > 1:
                         text += f" ({fmt(values[0], units.get(metric))}-{fmt(values[-1], units.get(metric))})"
-                    cells.append({"text": text + (f" #wrong {wrong}" if wrong else ""), "bad": bool(wrong)})
+                    cells.append(
+                        {"text": text + (f" #wrong {wrong}" if wrong else ""), "bad": bool(wrong)}
+                    )
                 table.append({"name": row, "cells": cells})
             seeds = sorted({r.get(over) for r in group}, key=str)
             setting = ", ".join(f"{p}={fmt(v)}" for p, v in zip(others, key))
-            out.append({"title": f"{metric} [{units.get(metric, '')}]" + (f", {setting}" if setting else ""),
-                        "columns": col_names, "rows": table,
-                        "note": f"median over {len(seeds)} {over}(s) {', '.join(map(str, seeds))}"
-                                + (" (min-max in brackets)" if len(seeds) > 1 else "")})
+            out.append(
+                {
+                    "title": f"{metric} [{units.get(metric, '')}]"
+                    + (f", {setting}" if setting else ""),
+                    "columns": col_names,
+                    "rows": table,
+                    "note": f"median over {len(seeds)} {over}(s) {', '.join(map(str, seeds))}"
+                    + (" (min-max in brackets)" if len(seeds) > 1 else ""),
+                }
+            )
     return out
 
 
@@ -557,16 +747,23 @@ def _write_figure(directory: Path, stem: str, fig: dict) -> dict:
     return {"title": fig["title"], "caption": fig.get("caption", ""), **names}
 
 
-def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
-                     home: str | None = "../index.html", needs: dict | None = None) -> Path:
+def write_suite_page(
+    directory: Path,
+    name: str,
+    runs: list[SuiteRecord],
+    home: str | None = "../index.html",
+    needs: dict | None = None,
+) -> Path:
     """One suite's page in ``directory`` from its stored runs (oldest first): the latest run's
     metric-vs-parameter figures and compact table, its raw JSON and CSV, the history figures and
     the list of stored runs. With no run, a page that says how to make one."""
     directory = Path(directory)
     latest = runs[-1] if runs else None
     if latest is None:
-        return atomic_write_text(inside(directory, f"{name}.html"),
-                                 html.render_suite(name, None, None, [], home, needs=needs))
+        return atomic_write_text(
+            inside(directory, f"{name}.html"),
+            html.render_suite(name, None, None, [], home, needs=needs),
+        )
     payload = dump(latest)
     raw = f"{name}.json"
     atomic_write_json(inside(directory, raw), payload)
@@ -579,7 +776,18 @@ def write_suite_page(directory: Path, name: str, runs: list[SuiteRecord],
         fig = history_figure(name, metric, runs)
         if fig is not None:
             graphs.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
-    summary = [{"when": r.timestamp, "commit": (r.environment.git_commit or "-")[:10],
-                "records": len(r.records), "command": r.environment.command} for r in reversed(runs)]
-    return atomic_write_text(inside(directory, f"{name}.html"), html.render_suite(
-        name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps))
+    summary = [
+        {
+            "when": r.timestamp,
+            "commit": (r.environment.git_commit or "-")[:10],
+            "records": len(r.records),
+            "command": r.environment.command,
+        }
+        for r in reversed(runs)
+    ]
+    return atomic_write_text(
+        inside(directory, f"{name}.html"),
+        html.render_suite(
+            name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps
+        ),
+    )

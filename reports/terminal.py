@@ -15,7 +15,9 @@ def _num(x, unit: str | None = None) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
@@ -31,15 +33,27 @@ def format_result(record: ReproductionRecord) -> str:
         else:
             dev = f"{c.deviation:+.2%}"
         grade = f"{c.verdict} ({c.cause})" if c.cause else c.verdict
-        rows.append([c.row, c.column, _num(c.paper_printed or c.paper), _num(c.ours), c.unit,
-                     c.how or "", dev, grade])
+        rows.append(
+            [
+                c.row,
+                c.column,
+                _num(c.paper_printed or c.paper),
+                _num(c.ours),
+                c.unit,
+                c.how or "",
+                dev,
+                grade,
+            ]
+        )
     out = [head, table(["row", "column", "paper", "ours", "unit", "how", "dev", "grade"], rows)]
     notes = [(c.row, c.column, c.note) for c in record.cells if c.note]
     if notes:
         out.append("notes:")
         out += [f"  {r} / {col}: {n}" for r, col, n in notes]
-    out.append("grades: " + ", ".join(f"{v} {k}" for k, v in grade_counts(
-        c.verdict for c in record.cells).items()))
+    out.append(
+        "grades: "
+        + ", ".join(f"{v} {k}" for k, v in grade_counts(c.verdict for c in record.cells).items())
+    )
     out.append(f"{record.id}: {record.status}")  # 'x of y compared cells agree, ...' last
     return "\n".join(out)
 
@@ -56,7 +70,9 @@ def _impl_baseline(records: list[dict], keys: list[str], metric: str):
     if "impl" not in keys or len(impls) < 2:
         return None
     first = impls[0]
-    return first, {_point_without_impl(r, keys): r.get(metric) for r in records if r.get("impl") == first}
+    return first, {
+        _point_without_impl(r, keys): r.get(metric) for r in records if r.get("impl") == first
+    }
 
 
 def format_records(record: SuiteRecord) -> str:
@@ -69,7 +85,7 @@ def format_records(record: SuiteRecord) -> str:
     metric_names = [m.name for m in record.metrics if m.name in records[0]]
     if record.table_metrics:
         metric_names = [m for m in record.table_metrics if m in records[0]]
-    metric_names = metric_names[:len(record.table_metrics) or 3]
+    metric_names = metric_names[: len(record.table_metrics) or 3]
     headers = keys + [f"{m} (median)" for m in metric_names] + ["spread(iqr)"]
     has_check = "correct" in records[0]
     if has_check:
@@ -95,8 +111,12 @@ def format_records(record: SuiteRecord) -> str:
         row = [cells[n] for cells in columns]
         if baseline:
             base = baseline[1].get(_point_without_impl(r, keys))
-            row.insert(len(keys) + 1, f"{r[main] / base:.2f}" if base and r.get(main) is not None else "-")
-        spread = r[main + '_iqr'] / r[main] if r.get(main) and r.get(main + "_iqr") is not None else None
+            row.insert(
+                len(keys) + 1, f"{r[main] / base:.2f}" if base and r.get(main) is not None else "-"
+            )
+        spread = (
+            r[main + '_iqr'] / r[main] if r.get(main) and r.get(main + "_iqr") is not None else None
+        )
         flag = spread is not None and spread > SPREAD_FLAG
         flagged |= flag
         row.append("-" if spread is None else f"{spread:.1%}" + (" !" if flag else ""))
@@ -107,6 +127,8 @@ def format_records(record: SuiteRecord) -> str:
         rows.append(row)
     out = table(headers, rows)
     if flagged:
-        out += (f"\n! spread (IQR / median) above {SPREAD_FLAG:.0%}: the samples disagree (a busy machine, "
-                f"or too short a call); rerun with more --repeats or a larger --min-sample-s on an idle machine")
+        out += (
+            f"\n! spread (IQR / median) above {SPREAD_FLAG:.0%}: the samples disagree (a busy machine, "
+            f"or too short a call); rerun with more --repeats or a larger --min-sample-s on an idle machine"
+        )
     return out

@@ -29,7 +29,10 @@ def stored_validation(root: Path) -> dict | None:
         return None
 
 
-MEASURED_HERE = ("gemm-time", "attention-core")  # predictors scored against this project's own measurements
+MEASURED_HERE = (
+    "gemm-time",
+    "attention-core",
+)  # predictors scored against this project's own measurements
 
 
 def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
@@ -47,18 +50,33 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
         lo = min(min(p["measured"], p["predicted"]) for p in pts) / 1.3
         hi = max(max(p["measured"], p["predicted"]) for p in pts) * 1.3
         xs = [lo, hi]
-        ax.fill_between(xs, [x * (1 - BAND) for x in xs], [x * (1 + BAND) for x in xs], color="0.88",
-                        label=f"+-{BAND:.0%}")
+        ax.fill_between(
+            xs,
+            [x * (1 - BAND) for x in xs],
+            [x * (1 + BAND) for x in xs],
+            color="0.88",
+            label=f"+-{BAND:.0%}",
+        )
         ax.plot(xs, xs, color="0.3", linewidth=1, label="predicted = measured")
         ours = predictor in MEASURED_HERE
-        ax.plot([p["measured"] for p in pts], [p["predicted"] for p in pts], "o", color="tab:blue",
-                markersize=3 if len(pts) > 40 else 6, label="measured here" if ours else "published point")
+        ax.plot(
+            [p["measured"] for p in pts],
+            [p["predicted"] for p in pts],
+            "o",
+            color="tab:blue",
+            markersize=3 if len(pts) > 40 else 6,
+            label="measured here" if ours else "published point",
+        )
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"measured ({unit}, {'on one GPU here' if predictor in MEASURED_HERE else 'as published'})")
-    ax.set_ylabel(f"predicted ({unit}, {'simulated' if predictor == 'alltoall-bandwidth' else 'analytic'})")
+    ax.set_xlabel(
+        f"measured ({unit}, {'on one GPU here' if predictor in MEASURED_HERE else 'as published'})"
+    )
+    ax.set_ylabel(
+        f"predicted ({unit}, {'simulated' if predictor == 'alltoall-bandwidth' else 'analytic'})"
+    )
     ax.set_title(predictor)
     ax.legend(loc="upper left", fontsize=8)
     out = {}
@@ -82,5 +100,9 @@ def write_validation_page(store, out: Path) -> Path:
                 names[fmt] = f"validation-{s['predictor']}.{fmt}"
                 atomic_write_bytes(Path(out) / names[fmt], data)
             predictors.append({**s, "points": pts, "figure": names, "unit": unit})
-    return atomic_write_text(Path(out) / "validation.html", html.environment().get_template("validation.html").render(
-        doc=doc, predictors=predictors, band=BAND, home="index.html", css=html.css()))
+    return atomic_write_text(
+        Path(out) / "validation.html",
+        html.environment()
+        .get_template("validation.html")
+        .render(doc=doc, predictors=predictors, band=BAND, home="index.html", css=html.css()),
+    )

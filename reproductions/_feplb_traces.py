@@ -43,24 +43,37 @@ from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.load_balance_eval import MethodStats, evaluate_trace
 from moe_repro.components.provenance import cached_in
 from moe_repro.components.balance import routing_trace
-from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace,
-                                                        contiguous_ranks, device_loads,
-                                                        synthetic_trace)
+from moe_repro.components.balance.routing_trace import (
+    GemmTimeModel,
+    RoutingTrace,
+    contiguous_ranks,
+    device_loads,
+    synthetic_trace,
+)
 from moe_repro.components.balance.workloads import DOMAINS, LAYERS, get_workload
 from moe_repro.components.model.zoo import get_model
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.records import grading
 
-CONFIGS = (("4/2", 2), ("4/4", 4), ("2/8", 8))   # FEPLB Sec. 3.1: PP=4/EP=2, 4/4, 2/8
+CONFIGS = (("4/2", 2), ("4/4", 4), ("2/8", 8))  # FEPLB Sec. 3.1: PP=4/EP=2, 4/4, 2/8
 
-DEFAULTS = {"tokens": 4096, "layers": 18, "micro_batches": 4, "skew": 1.0, "drift": 0.05,
-            "noise": 0.3, "seed": 0, "dyn": 4, "tau": 0, "max_num_dyn": 8,
-            "workload": "synthetic"}
+DEFAULTS = {
+    "tokens": 4096,
+    "layers": 18,
+    "micro_batches": 4,
+    "skew": 1.0,
+    "drift": 0.05,
+    "noise": 0.3,
+    "seed": 0,
+    "dyn": 4,
+    "tau": 0,
+    "max_num_dyn": 8,
+    "workload": "synthetic",
+}
 # Real-count workloads (components/balance/workloads.py) the replay can take instead of the
 # synthetic trace: OLMoE-1B-7B's real per-expert counts (64 experts, top-8), per domain and layer.
 REAL_CANDIDATES = tuple(f"olmoe-{d}-L{layer}" for d in DOMAINS for layer in LAYERS)
-
 
 
 def check(params: dict) -> None:
@@ -74,11 +87,12 @@ def check(params: dict) -> None:
             raise ValueError(f"{key} must be >= 0")
     workload = str(params.get("workload", "synthetic"))
     if workload != "synthetic" and workload not in REAL_CANDIDATES:
-        raise ValueError(f"workload must be synthetic or one of {', '.join(REAL_CANDIDATES)}, "
-                         f"got {workload!r}")
+        raise ValueError(
+            f"workload must be synthetic or one of {', '.join(REAL_CANDIDATES)}, got {workload!r}"
+        )
 
 
-REAL_ROW = "real counts"   # suffix of the rows graded again on the nearest real-count workload
+REAL_ROW = "real counts"  # suffix of the rows graded again on the nearest real-count workload
 
 
 def real_row(row: str) -> str:
@@ -89,14 +103,18 @@ def straggler_table_layout(unit: str) -> dict:
     """FEPLB Tables 3 and 4 as printed: PP/EP rows; Before LB, then FasterMoE and FEPLB each with
     the reduction in parentheses (reports/html.py ``paper_grid``); then the same rows graded on
     the real-count workload."""
+
     def method(name: str) -> dict:
         columns = [{"label": unit, "column": name}]
         if name != "Before LB":
             columns.append({"label": "vs Before LB (%)", "column": f"{name} vs Before LB"})
         return {"label": name, "columns": columns}
 
-    return {"corner": "PP/EP", "rows": [row for row, _ in CONFIGS] + [real_row(row) for row, _ in CONFIGS],
-            "groups": [method(name) for name in ("Before LB", "FasterMoE", "FEPLB")]}
+    return {
+        "corner": "PP/EP",
+        "rows": [row for row, _ in CONFIGS] + [real_row(row) for row, _ in CONFIGS],
+        "groups": [method(name) for name in ("Before LB", "FasterMoE", "FEPLB")],
+    }
 
 
 def seeds(params: dict) -> list[int]:
@@ -122,18 +140,38 @@ def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
     if str(params.get("workload", "synthetic")) != "synthetic":
         return _workload_trace(params, ep, keep_tokens)
     m = get_model("glm5-moe")
-    key = (int(params["layers"]), int(params["micro_batches"]), m.n_experts, m.top_k,
-           int(params["tokens"]), ep, float(params["skew"]), float(params["drift"]),
-           float(params["noise"]), int(params["seed"]) * 1000 + ep)
-    if (*key, True) in _TRACES:                 # the same routing, tokens kept
+    key = (
+        int(params["layers"]),
+        int(params["micro_batches"]),
+        m.n_experts,
+        m.top_k,
+        int(params["tokens"]),
+        ep,
+        float(params["skew"]),
+        float(params["drift"]),
+        float(params["noise"]),
+        int(params["seed"]) * 1000 + ep,
+    )
+    if (*key, True) in _TRACES:  # the same routing, tokens kept
         return _TRACES[(*key, True)]
     if not keep_tokens and (*key, False) in _TRACES:
         return _TRACES[(*key, False)]
     layers, mbs, experts, top_k, tokens, ep_, skew, drift, noise, seed = key
     trace = _load(key, keep_tokens)
     if trace is None:
-        trace = synthetic_trace(layers, mbs, experts, top_k, tokens, ep_, skew=skew, drift=drift,
-                                noise=noise, seed=seed, keep_tokens=keep_tokens)
+        trace = synthetic_trace(
+            layers,
+            mbs,
+            experts,
+            top_k,
+            tokens,
+            ep_,
+            skew=skew,
+            drift=drift,
+            noise=noise,
+            seed=seed,
+            keep_tokens=keep_tokens,
+        )
         _save(key, trace)
     if keep_tokens:
         for old in [k for k in _TRACES if k[-1]]:
@@ -169,8 +207,12 @@ def _workload_trace(params: dict, ep: int, keep_tokens: bool = False) -> Routing
             r = w.routing(seed, layer * mbs + mb, ep)
             counts[layer, mb] = r.source_counts(w.num_experts, ep)
             top[layer].append(r.expert_ids)
-    trace = RoutingTrace(counts, w.top_k, f"real-count workload {name}: {w.description}",
-                         top if keep_tokens else None)
+    trace = RoutingTrace(
+        counts,
+        w.top_k,
+        f"real-count workload {name}: {w.description}",
+        top if keep_tokens else None,
+    )
     if len([k for k in _TRACES if k[0] == "workload"]) >= 32:
         _TRACES.pop(next(k for k in _TRACES if k[0] == "workload"))
     _TRACES[key] = trace
@@ -185,8 +227,11 @@ def nearest_real_workload(params: dict, target_max_mean: float) -> tuple[str, fl
     for name in REAL_CANDIDATES:
         trace = _workload_trace({**params, "workload": name, "layers": 2}, 2)
         ranks = contiguous_ranks(trace.num_experts, 2)
-        values = [imbalance(trace.expert_counts(layer, mb), ranks, 2).device_max_mean
-                  for layer in range(trace.num_layers) for mb in range(1, trace.num_micro_batches)]
+        values = [
+            imbalance(trace.expert_counts(layer, mb), ranks, 2).device_max_mean
+            for layer in range(trace.num_layers)
+            for mb in range(1, trace.num_micro_batches)
+        ]
         value = _mean(values)
         if best is None or abs(value - target_max_mean) < abs(best[1] - target_max_mean):
             best = (name, value)
@@ -211,12 +256,14 @@ def _load(key: tuple, keep_tokens: bool) -> RoutingTrace | None:
     try:
         kept = torch.load(path, weights_only=True)
         top = None
-        if keep_tokens:   # [layers, micro-batches, tokens, k] as uint8: back to [L][M] -> [S, k]
+        if keep_tokens:  # [layers, micro-batches, tokens, k] as uint8: back to [L][M] -> [S, k]
             stacked = torch.load(top_path, weights_only=True).to(torch.int64)
-            top = [[stacked[layer, mb] for mb in range(stacked.shape[1])]
-                   for layer in range(stacked.shape[0])]
+            top = [
+                [stacked[layer, mb] for mb in range(stacked.shape[1])]
+                for layer in range(stacked.shape[0])
+            ]
         return RoutingTrace(kept["counts"], int(kept["top_k"]), str(kept["source"]), top)
-    except Exception:        # unreadable or from another layout: draw it again
+    except Exception:  # unreadable or from another layout: draw it again
         return None
 
 
@@ -235,8 +282,8 @@ def _save(key: tuple, trace: RoutingTrace) -> None:
         for where, what in parts:
             partial = where.with_suffix(f".{os.getpid()}.part")
             torch.save(what, partial)
-            os.replace(partial, where)       # whole or not at all, with concurrent runs
-    except OSError:          # a read-only home: run without the disk cache
+            os.replace(partial, where)  # whole or not at all, with concurrent runs
+    except OSError:  # a read-only home: run without the disk cache
         return
 
 
@@ -250,16 +297,25 @@ def gemm_model() -> GemmTimeModel:
 def balancer_knobs(params: dict, dyn: int | None = None) -> dict:
     """The knobs of the registered balancers these reproductions use (FasterMoE gets the same
     weight-buffer budget, max_num_dyn, as FEPLB)."""
-    return {"dyn": dyn or int(params["dyn"]), "tau": int(params["tau"]),
-            "max_num_dyn": int(params["max_num_dyn"]), "max_shadows": int(params["max_num_dyn"])}
+    return {
+        "dyn": dyn or int(params["dyn"]),
+        "tau": int(params["tau"]),
+        "max_num_dyn": int(params["max_num_dyn"]),
+        "max_shadows": int(params["max_num_dyn"]),
+    }
 
 
 # --- the replay, per layer ------------------------------------------------------------------------
 
-def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
-                    methods=("Before LB", "FasterMoE", "FEPLB"),
-                    history: str = "previous",
-                    next_if_unfit: bool = False) -> list[dict[str, MethodStats]]:
+
+def evaluate_layers(
+    params: dict,
+    ep: int,
+    dyn: int | None = None,
+    methods=("Before LB", "FasterMoE", "FEPLB"),
+    history: str = "previous",
+    next_if_unfit: bool = False,
+) -> list[dict[str, MethodStats]]:
     """The replay of each layer on its own (GEMM times always modelled): [layer] -> method ->
     MethodStats over that layer's replayed micro-batches. ``history``: what the methods that
     plan from history see, "previous" (the previous micro-batch's counts, as in training),
@@ -271,19 +327,28 @@ def evaluate_layers(params: dict, ep: int, dyn: int | None = None,
     a diagnostic). Cached per method."""
     if history not in HISTORIES:
         raise ValueError(f"history must be one of {', '.join(HISTORIES)}, got {history!r}")
-    base = (tuple(sorted((k, params.get(k, DEFAULTS[k])) for k in DEFAULTS)), ep, dyn or int(params["dyn"]), history,
-            bool(next_if_unfit))
+    base = (
+        tuple(sorted((k, params.get(k, DEFAULTS[k])) for k in DEFAULTS)),
+        ep,
+        dyn or int(params["dyn"]),
+        history,
+        bool(next_if_unfit),
+    )
 
     def replay(name: str) -> list[MethodStats]:
         trace, model = trace_for(params, ep), gemm_model()
         knobs = {**balancer_knobs(params, dyn), "next_if_unfit": int(bool(next_if_unfit))}
-        return [evaluate_trace(_layer_trace(trace, layer, history), methods=(name,),
-                               gemm_model=model, **knobs)[name]
-                for layer in range(trace.num_layers)]
+        return [
+            evaluate_trace(
+                _layer_trace(trace, layer, history), methods=(name,), gemm_model=model, **knobs
+            )[name]
+            for layer in range(trace.num_layers)
+        ]
 
     # cached_in: a cached replay still says it was simulated (components/provenance.py)
-    per_method = {name: cached_in(_CACHE, (*base, name), lambda name=name: replay(name))
-                  for name in methods}
+    per_method = {
+        name: cached_in(_CACHE, (*base, name), lambda name=name: replay(name)) for name in methods
+    }
     layers = len(per_method[methods[0]])
     return [{name: per_method[name][layer] for name in methods} for layer in range(layers)]
 
@@ -296,7 +361,7 @@ def _layer_trace(trace: RoutingTrace, layer: int, history: str) -> RoutingTrace:
     micro-batch becomes a pseudo-layer of two micro-batches, [history, replayed], so the replay's
     "previous" counts are the ones chosen; the same micro-batches are replayed either way."""
     if history == "previous":
-        return RoutingTrace(trace.counts[layer:layer + 1], trace.top_k, trace.source)
+        return RoutingTrace(trace.counts[layer : layer + 1], trace.top_k, trace.source)
     replayed = trace.counts[layer, 1:]
     seen = replayed if history == "actual" else trace.counts[(layer + 1) % trace.num_layers, 1:]
     counts = torch.stack([seen, replayed], dim=1).contiguous()
@@ -307,8 +372,13 @@ def _layer_trace(trace: RoutingTrace, layer: int, history: str) -> RoutingTrace:
 _CACHE: dict = {}
 
 
-def evaluate(params: dict, ep: int, dyn: int | None = None, with_gemm: bool = False,
-             methods=("Before LB", "FasterMoE", "FEPLB")) -> dict[str, MethodStats]:
+def evaluate(
+    params: dict,
+    ep: int,
+    dyn: int | None = None,
+    with_gemm: bool = False,
+    methods=("Before LB", "FasterMoE", "FEPLB"),
+) -> dict[str, MethodStats]:
     """Means over every layer and replayed micro-batch (each layer replays as many). GEMM times
     are always modelled (``with_gemm`` is kept for callers; it changes nothing)."""
     layers = evaluate_layers(params, ep, dyn, methods)
@@ -319,17 +389,27 @@ def evaluate(params: dict, ep: int, dyn: int | None = None, with_gemm: bool = Fa
             token_straggler=_mean([s.token_straggler for s in rows]),
             gemm_straggler_s=_mean([s.gemm_straggler_s for s in rows]),
             samples=sum(s.samples for s in rows),
-            gemm_makespan_s=_mean([s.gemm_makespan_s for s in rows]))
+            gemm_makespan_s=_mean([s.gemm_makespan_s for s in rows]),
+        )
     return out
 
 
-def per_layer(params: dict, ep: int, method: str, metric: str = "token_straggler",
-              dyn: int | None = None, history: str = "previous",
-              next_if_unfit: bool = False) -> list[float]:
+def per_layer(
+    params: dict,
+    ep: int,
+    method: str,
+    metric: str = "token_straggler",
+    dyn: int | None = None,
+    history: str = "previous",
+    next_if_unfit: bool = False,
+) -> list[float]:
     """One metric of one method, per layer (the independent samples)."""
-    return [getattr(layer[method], metric)
-            for layer in evaluate_layers(params, ep, dyn, methods=(method,), history=history,
-                                         next_if_unfit=next_if_unfit)]
+    return [
+        getattr(layer[method], metric)
+        for layer in evaluate_layers(
+            params, ep, dyn, methods=(method,), history=history, next_if_unfit=next_if_unfit
+        )
+    ]
 
 
 def feplb_unmoved(params: dict, ep: int) -> tuple[int, int]:
@@ -339,13 +419,18 @@ def feplb_unmoved(params: dict, ep: int) -> tuple[int, int]:
     knobs = {**get_balancer("FEPLB").knobs, **balancer_knobs(params)}
     trace = trace_for(params, ep)
     placement = ExpertPlacement.contiguous(trace.num_experts, ep)
-    plans = [get_balancer("FEPLB").run(BalanceStep(placement, trace.counts[layer, mb],
-                                                   trace.counts[layer, mb - 1]), knobs).decision
-             for layer in range(trace.num_layers) for mb in range(1, trace.num_micro_batches)]
+    plans = [
+        get_balancer("FEPLB")
+        .run(BalanceStep(placement, trace.counts[layer, mb], trace.counts[layer, mb - 1]), knobs)
+        .decision
+        for layer in range(trace.num_layers)
+        for mb in range(1, trace.num_micro_batches)
+    ]
     return sum(not plan.moves for plan in plans), len(plans)
 
 
 # --- statistics -------------------------------------------------------------------------------
+
 
 def _mean(xs) -> float:
     xs = list(xs)
@@ -377,8 +462,9 @@ def span(values, unit: str = "") -> str:
 def sampled(repro, row: str, column: str, values: list[float], unit: str, note: str, **kw):
     """A sampled cell: ``values`` per seed (:func:`seeds`); the policy grades each seed by the
     prediction rule (records/grading.py)."""
-    return repro.compare(row, column, None, unit, note=note, grade_class="sampled",
-                         seeds=list(values), **kw)
+    return repro.compare(
+        row, column, None, unit, note=note, grade_class="sampled", seeds=list(values), **kw
+    )
 
 
 def seeds_note(params: dict, ep: int | None = None) -> str:
@@ -386,8 +472,9 @@ def seeds_note(params: dict, ep: int | None = None) -> str:
     assumptions)."""
     first = seeds(params)
     workload = str(params.get("workload", "synthetic"))
-    words = (f"synthetic trace" if workload == "synthetic" else f"real-count workload {workload}") \
-        + f", seeds {first[0]}-{first[-1]}"
+    words = (
+        "synthetic trace" if workload == "synthetic" else f"real-count workload {workload}"
+    ) + f", seeds {first[0]}-{first[-1]}"
     return words + (f", EP={ep}" if ep is not None else "")
 
 
@@ -400,10 +487,19 @@ def read_per_seed(words: str, values) -> list[bool]:
 def fastermoe_over_feplb_claim(repro, column: str, words: str, ratios: list[float], what: str):
     """The FasterMoE / FEPLB ratio at EP = 8 (row "2/8"), the paper's "2x" / "1.8x lower than
     FasterMoE", read by the policy's one rule and tested on each seed."""
-    return repro.claim("2/8", column, None, median(ratios), "x", reading=words,
-                       seeds_hold=read_per_seed(words, ratios),
-                       note=(f"FasterMoE / FEPLB {what} at EP = 8, per seed: "
-                             + ", ".join(f"{r:.2f}x" for r in ratios)))
+    return repro.claim(
+        "2/8",
+        column,
+        None,
+        median(ratios),
+        "x",
+        reading=words,
+        seeds_hold=read_per_seed(words, ratios),
+        note=(
+            f"FasterMoE / FEPLB {what} at EP = 8, per seed: "
+            + ", ".join(f"{r:.2f}x" for r in ratios)
+        ),
+    )
 
 
 def lead_grows_claim(repro, ratios: dict, what: str, paper_ratios: str):
@@ -413,11 +509,18 @@ def lead_grows_claim(repro, ratios: dict, what: str, paper_ratios: str):
     eps = sorted(ratios)
     holds = [strictly_increasing(r) for r in zip(*(ratios[ep] for ep in eps))]
     return repro.claim(
-        "2/8", "FEPLB's lead over FasterMoE grows with EP", None, median(ratios[eps[-1]]), "x",
+        "2/8",
+        "FEPLB's lead over FasterMoE grows with EP",
+        None,
+        median(ratios[eps[-1]]),
+        "x",
         seeds_hold=holds,
-        note=(f"FasterMoE / FEPLB {what} at EP = {', '.join(map(str, eps))}, median over seeds: "
-              + ", ".join(f"{median(ratios[ep]):.2f}x" for ep in eps)
-              + f" (paper: {paper_ratios}); holds on a seed if it grows at each step"))
+        note=(
+            f"FasterMoE / FEPLB {what} at EP = {', '.join(map(str, eps))}, median over seeds: "
+            + ", ".join(f"{median(ratios[ep]):.2f}x" for ep in eps)
+            + f" (paper: {paper_ratios}); holds on a seed if it grows at each step"
+        ),
+    )
 
 
 def mean_of(group) -> float:
@@ -443,29 +546,33 @@ EXPECTED_MAX_NORMAL = {2: 0.5642, 4: 1.0294, 8: 1.4236}
 
 def independent_growth(ep: int) -> float:
     """The straggler's growth from EP = 2 to ``ep`` for independent experts (see above)."""
-    return (ep ** 0.5 * EXPECTED_MAX_NORMAL[ep]) / (2 ** 0.5 * EXPECTED_MAX_NORMAL[2])
+    return (ep**0.5 * EXPECTED_MAX_NORMAL[ep]) / (2**0.5 * EXPECTED_MAX_NORMAL[2])
 
 
 @dataclass(frozen=True)
 class Imbalance:
     """One micro-batch's imbalance under plain EP (Before LB)."""
 
-    straggler: float          # max - mean rows per device
-    device_max_mean: float    # max / mean rows per device
-    expert_max_mean: float    # max / mean rows per expert
-    idle_share: float         # (max - mean) / max rows per device: the share the others wait
-    expert_max: float         # rows of the busiest expert
-    device_gap: float         # max - min rows per device
+    straggler: float  # max - mean rows per device
+    device_max_mean: float  # max / mean rows per device
+    expert_max_mean: float  # max / mean rows per expert
+    idle_share: float  # (max - mean) / max rows per device: the share the others wait
+    expert_max: float  # rows of the busiest expert
+    device_gap: float  # max - min rows per device
 
 
 def imbalance(expert_counts, rank_of_expert, world: int) -> Imbalance:
     c = torch.as_tensor(expert_counts, dtype=torch.int64)
     d = device_loads(c, rank_of_expert, world).double()
     mean_d, max_d = float(d.mean()), float(d.max())
-    return Imbalance(straggler=max_d - mean_d, device_max_mean=max_d / mean_d,
-                     expert_max_mean=float(c.max()) / float(c.double().mean()),
-                     idle_share=(max_d - mean_d) / max_d, expert_max=float(c.max()),
-                     device_gap=max_d - float(d.min()))
+    return Imbalance(
+        straggler=max_d - mean_d,
+        device_max_mean=max_d / mean_d,
+        expert_max_mean=float(c.max()) / float(c.double().mean()),
+        idle_share=(max_d - mean_d) / max_d,
+        expert_max=float(c.max()),
+        device_gap=max_d - float(d.min()),
+    )
 
 
 def prediction_error(previous_counts, counts) -> float:
@@ -512,15 +619,18 @@ def trace_stats(params: dict, ep: int) -> TraceStats:
             layers.append(_mean(s.straggler for s in row))
             layer_errors.append(_mean(err))
         _STATS[key] = TraceStats(
-            ep=ep, rows_per_device=float(trace.counts[0, 0].sum()) / ep,
+            ep=ep,
+            rows_per_device=float(trace.counts[0, 0].sum()) / ep,
             straggler=_mean(s.straggler for s in samples),
             device_max_mean=_mean(s.device_max_mean for s in samples),
             expert_max_mean=_mean(s.expert_max_mean for s in samples),
             idle_share=_mean(s.idle_share for s in samples),
             expert_max=_mean(s.expert_max for s in samples),
             device_gap=_mean(s.device_gap for s in samples),
-            prediction_error=_mean(errors), layer_stragglers=tuple(layers),
-            layer_prediction_errors=tuple(layer_errors))
+            prediction_error=_mean(errors),
+            layer_stragglers=tuple(layers),
+            layer_prediction_errors=tuple(layer_errors),
+        )
     return _STATS[key]
 
 
@@ -528,6 +638,7 @@ _STATS: dict = {}
 
 
 # --- claims in words ---------------------------------------------------------------------------
+
 
 def strictly_increasing(values) -> bool:
     xs = list(values)
@@ -546,24 +657,29 @@ def derived_printed(numerator: str, denominator: str, digits: int) -> str:
 
 # --- notes ------------------------------------------------------------------------------------
 
+
 def trace_assumption(params: dict) -> str:
     workload = str(params.get("workload", "synthetic"))
     if workload != "synthetic":
-        return (f"Trace: real-count workload {workload} (components/balance/workloads.py): "
-                f"OLMoE-1B-7B's real per-expert counts (64 experts, top-8) for that domain and "
-                f"layer; tokens ({params['tokens']} per EP rank and micro-batch) and gates sampled "
-                f"per step; {params['layers']} layers x {params['micro_batches']} micro-batches "
-                f"as independent draws of the same popularity; seeds {seeds(params)[0]}-"
-                f"{seeds(params)[-1]}. Not GLM-5's routing (128 experts): a real model's "
-                f"imbalance, totals per domain, not per step.")
-    return (f"Trace: synthetic, 128 experts, top-8, EP sources x {params['tokens']} tokens per "
-            f"micro-batch, {params['layers']} layers x {params['micro_batches']} micro-batches, "
-            f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; seeds "
-            f"{seeds(params)[0]}-{seeds(params)[-1]} (trace seed = seed x 1000 + EP), every "
-            f"sampled cell graded at each seed (records/grading.py). 18 layers as FEPLB Sec. 3.1's reduced "
-            f"GLM-5; the paper prints no micro-batch count or size (ours: inputs). GLM-5 "
-            f"routing is not public. The trace's imbalance differs from GLM-5's (feplb-table3's "
-            f"'trace:' cells): it grows much faster with EP.")
+        return (
+            f"Trace: real-count workload {workload} (components/balance/workloads.py): "
+            f"OLMoE-1B-7B's real per-expert counts (64 experts, top-8) for that domain and "
+            f"layer; tokens ({params['tokens']} per EP rank and micro-batch) and gates sampled "
+            f"per step; {params['layers']} layers x {params['micro_batches']} micro-batches "
+            f"as independent draws of the same popularity; seeds {seeds(params)[0]}-"
+            f"{seeds(params)[-1]}. Not GLM-5's routing (128 experts): a real model's "
+            f"imbalance, totals per domain, not per step."
+        )
+    return (
+        f"Trace: synthetic, 128 experts, top-8, EP sources x {params['tokens']} tokens per "
+        f"micro-batch, {params['layers']} layers x {params['micro_batches']} micro-batches, "
+        f"skew={params['skew']}, drift={params['drift']}, noise={params['noise']}; seeds "
+        f"{seeds(params)[0]}-{seeds(params)[-1]} (trace seed = seed x 1000 + EP), every "
+        f"sampled cell graded at each seed (records/grading.py). 18 layers as FEPLB Sec. 3.1's reduced "
+        f"GLM-5; the paper prints no micro-batch count or size (ours: inputs). GLM-5 "
+        f"routing is not public. The trace's imbalance differs from GLM-5's (feplb-table3's "
+        f"'trace:' cells): it grows much faster with EP."
+    )
 
 
 def printed_percentage_note(value: str, base: str, printed_pct: str) -> str | None:
@@ -572,8 +688,10 @@ def printed_percentage_note(value: str, base: str, printed_pct: str) -> str | No
     implied = 100.0 * (v - b) / b
     if round(implied) == float(printed_pct):
         return None
-    return (f"paper: {value} vs {base} is {implied:+.1f}%, printed {printed_pct}% "
-            f"(rounding differs from the table's own values)")
+    return (
+        f"paper: {value} vs {base} is {implied:+.1f}%, printed {printed_pct}% "
+        f"(rounding differs from the table's own values)"
+    )
 
 
 ASSUMPTIONS = [

@@ -20,14 +20,29 @@ MFU_PEAK_CANDIDATES = (191.5, 191.0)
 PIPER_MFU_PEAK_TFLOPS = 191.0
 
 
-def best_plan(model_key: str, platform: str, nodes: int, seq: int, alpha: int = 4,
-              zero_stage: int = 0, allow_checkpointing: bool = True) -> Plan:
-    return plan(get_model(model_key), load_builtin(platform), nodes, seq=seq, alpha=alpha,
-                zero_stage=zero_stage, allow_checkpointing=allow_checkpointing)
+def best_plan(
+    model_key: str,
+    platform: str,
+    nodes: int,
+    seq: int,
+    alpha: int = 4,
+    zero_stage: int = 0,
+    allow_checkpointing: bool = True,
+) -> Plan:
+    return plan(
+        get_model(model_key),
+        load_builtin(platform),
+        nodes,
+        seq=seq,
+        alpha=alpha,
+        zero_stage=zero_stage,
+        allow_checkpointing=allow_checkpointing,
+    )
 
 
-def min_feasible_plan(model_key: str, platform: str, seq: int, alpha: int = 4,
-                      max_nodes: int = 1024) -> Plan | None:
+def min_feasible_plan(
+    model_key: str, platform: str, seq: int, alpha: int = 4, max_nodes: int = 1024
+) -> Plan | None:
     """The plan at the smallest power-of-two node count with a memory-feasible candidate."""
     nodes = 1
     while nodes <= max_nodes:
@@ -38,8 +53,14 @@ def min_feasible_plan(model_key: str, platform: str, seq: int, alpha: int = 4,
     return None
 
 
-def smallest_fit(model_key: str, platform: str, seq: int, alpha: int = 4, checkpointing: bool = True,
-                 max_nodes: int = 128) -> Plan | None:
+def smallest_fit(
+    model_key: str,
+    platform: str,
+    seq: int,
+    alpha: int = 4,
+    checkpointing: bool = True,
+    max_nodes: int = 128,
+) -> Plan | None:
     """The plan at the smallest node count n = 1, 2, 3, ... (not only powers of two) with a
     memory-feasible layout; ``checkpointing=False`` admits only layouts that fit without activation
     checkpointing, True lets the planner checkpoint where a layout needs it. None if no n up to
@@ -51,7 +72,9 @@ def smallest_fit(model_key: str, platform: str, seq: int, alpha: int = 4, checkp
     return None
 
 
-def single_layer_estimate(model_key: str, platform: str, seq: int, micro_batch: int = 1) -> Estimate:
+def single_layer_estimate(
+    model_key: str, platform: str, seq: int, micro_batch: int = 1
+) -> Estimate:
     """One MoE layer under expert-data parallelism on one node (EP = g, PP = 1, no embeddings): the
     setting of Piper Fig. 11, the single-layer ceiling (as piper-fig11 computes it)."""
     p = load_builtin(platform)
@@ -66,12 +89,21 @@ def without_output_head(model_key: str, platform: str, pl: Plan) -> Estimate | N
     m = get_model(model_key)
     if c is None or not m.vocab:
         return None
-    return estimate(dataclasses.replace(m, vocab=None), load_builtin(platform), c.pp, c.ep, c.micro_batch,
-                    pl.seq, c.micro_batches, checkpointing=c.checkpointing)
+    return estimate(
+        dataclasses.replace(m, vocab=None),
+        load_builtin(platform),
+        c.pp,
+        c.ep,
+        c.micro_batch,
+        pl.seq,
+        c.micro_batches,
+        checkpointing=c.checkpointing,
+    )
 
 
-def mfu_peak(pairs: list[tuple[str, str]], candidates: tuple[float, ...] = MFU_PEAK_CANDIDATES
-             ) -> tuple[float | None, dict[float, int]]:
+def mfu_peak(
+    pairs: list[tuple[str, str]], candidates: tuple[float, ...] = MFU_PEAK_CANDIDATES
+) -> tuple[float | None, dict[float, int]]:
     """Which peak (TFLOPS) a paper divides by: ``pairs`` are (TFLOPS, MFU %) as printed. Returns the
     first candidate that reproduces every printed MFU within its printed precision (or None), and
     for each candidate how many of the pairs it reproduces."""
@@ -99,8 +131,9 @@ def words_interval(low: str, high: str) -> tuple[float, float]:
     return float(low) - half_unit_of_words(low), float(high) + half_unit_of_words(high)
 
 
-def estimate_span(model_key: str, platform: str, nodes: int, seqs=(2048, 4096), alphas=(1, 2, 4, 8)
-                  ) -> dict[tuple[int, int], float | None]:
+def estimate_span(
+    model_key: str, platform: str, nodes: int, seqs=(2048, 4096), alphas=(1, 2, 4, 8)
+) -> dict[tuple[int, int], float | None]:
     """TFLOPS per GPU of the planner's best layout for each (sequence, alpha) the paper leaves
     unstated: how far the estimate moves with inputs we had to choose."""
     out = {}
@@ -116,10 +149,12 @@ def describe(pl: Plan) -> str:
     if c is None:
         return f"{pl.nodes} nodes: no feasible layout"
     e = c.estimate
-    return (f"{pl.gpus} GPUs, PP={c.pp} x EP={c.ep}, M={c.micro_batches}, {c.micro_batch:g} seq/GPU/micro-batch, "
-            f"{'activation checkpointing, ' if c.checkpointing else ''}peak {c.peak_bytes / B:.1f} GB (stage "
-            f"{c.peak_stage}), bubble {e.bubble:.1%}, all-to-all {e.alltoall_s * 1e3:.0f} ms and compute "
-            f"{e.compute_s * 1e3:.0f} ms per micro-batch slot")
+    return (
+        f"{pl.gpus} GPUs, PP={c.pp} x EP={c.ep}, M={c.micro_batches}, {c.micro_batch:g} seq/GPU/micro-batch, "
+        f"{'activation checkpointing, ' if c.checkpointing else ''}peak {c.peak_bytes / B:.1f} GB (stage "
+        f"{c.peak_stage}), bubble {e.bubble:.1%}, all-to-all {e.alltoall_s * 1e3:.0f} ms and compute "
+        f"{e.compute_s * 1e3:.0f} ms per micro-batch slot"
+    )
 
 
 def planner_assumptions(pl: Plan) -> list[str]:

@@ -16,8 +16,6 @@ A multi-process suite hands each world's points back one by one as they finish
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -61,6 +59,7 @@ def watching(watch: Watch):
             now = time.monotonic()
             if now - watch.last_line >= TICK_S:
                 _show(watch, f"{watch.status or 'running'}, {clock(now - watch.started)} elapsed")
+
     ticker = threading.Thread(target=tick, name="progress-tick", daemon=True)
     if watch.stream is not None:
         ticker.start()
@@ -94,13 +93,19 @@ def step_progress(what: str) -> Callable[[int, int], None]:
             return
         elapsed = now - start
         left = elapsed / done * (total - done) if done else 0.0
-        _show(watch, f"{watch.status}, {clock(elapsed)} elapsed"
-                     + ("" if finished else f", about {clock(left)} left"), end=finished)
+        _show(
+            watch,
+            f"{watch.status}, {clock(elapsed)} elapsed"
+            + ("" if finished else f", about {clock(left)} left"),
+            end=finished,
+        )
+
     return report
 
 
-def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float = 600.0,
-             check: bool = True) -> list[dict]:
+def run_grid(
+    suite_name: str, points: list[dict], repeats: int, timeout_s: float = 600.0, check: bool = True
+) -> list[dict]:
     """Records of ``points`` (full parameter dicts) measured by suite ``suite_name`` (find one
     with :func:`pick`). Multi-process suites are launched one world per distinct world
     parameters. Params a suite derives from a point (e.g. ranks = nodes x gpus_per_node) are
@@ -111,7 +116,9 @@ def run_grid(suite_name: str, points: list[dict], repeats: int, timeout_s: float
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     suite = all_suites()[suite_name]
-    config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s)
+    config = RunConfig(
+        warmup=1, repeats=repeats, min_sample_s=0.01, check=check, timeout_s=timeout_s
+    )
     keeper = _Keeper(_WATCH, suite, len(points))
     try:  # the runner's one entry point; the keeper stores and reports each finished point
         records = measure(suite, points, config, done=keeper.add, derive=True)
@@ -143,9 +150,11 @@ class _Keeper:
         done, elapsed = len(self.records), time.monotonic() - self.start
         left = elapsed / done * (self.total - done)
         self.watch.status = f"{self.suite.name} {done}/{self.total} points"
-        self._show(f"{self.suite.name} {done}/{self.total} points, {clock(elapsed)} elapsed"
-                   + (f", about {clock(left)} left" if done < self.total else ""),
-                   end=done == self.total)
+        self._show(
+            f"{self.suite.name} {done}/{self.total} points, {clock(elapsed)} elapsed"
+            + (f", about {clock(left)} left" if done < self.total else ""),
+            end=done == self.total,
+        )
 
     def close(self, error: str | None = None) -> None:
         if self.watch is None:
@@ -154,9 +163,14 @@ class _Keeper:
         if error is not None:
             if self.records:
                 self._save(interrupted=True, error=error)
-            kept = f"; the {len(self.records)} finished are stored in {self.path}" if self.path else ""
-            self._show(f"{self.suite.name} stopped after {len(self.records)}/{self.total} points "
-                       f"({error}){kept}", end=True)
+            kept = (
+                f"; the {len(self.records)} finished are stored in {self.path}" if self.path else ""
+            )
+            self._show(
+                f"{self.suite.name} stopped after {len(self.records)}/{self.total} points "
+                f"({error}){kept}",
+                end=True,
+            )
         elif self.watch.inline:
             self._show("", end=True)
 
@@ -171,10 +185,18 @@ class _Keeper:
         if self.environment is None:  # once per grid: the file name keeps its start time
             self.environment = collect_environment(self.watch.command)
         s = self.suite
-        record = SuiteRecord(suite=s.name, description=s.description, params=list(s.params),
-                             metrics=[_asdict(m) for m in s.all_metrics], records=self.records,
-                             table_keys=list(s.table_keys), table_metrics=list(s.table_metrics),
-                             interrupted=interrupted, error=error, environment=self.environment)
+        record = SuiteRecord(
+            suite=s.name,
+            description=s.description,
+            params=list(s.params),
+            metrics=[_asdict(m) for m in s.all_metrics],
+            records=self.records,
+            table_keys=list(s.table_keys),
+            table_metrics=list(s.table_metrics),
+            interrupted=interrupted,
+            error=error,
+            environment=self.environment,
+        )
         if self.path is None:
             self.path = store.save(record)
             self.watch.saved.append(self.path)

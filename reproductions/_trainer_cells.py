@@ -7,17 +7,39 @@ from __future__ import annotations
 from moe_repro.reproductions.spec import Cell, PaperValue, grade_of
 
 
-def formula_cell(row: str, column: str, ours: float | None, unit: str, formula_value: float,
-                 printed: str, source: str, grade_class: str, note: str | None = None) -> Cell:
+def formula_cell(
+    row: str,
+    column: str,
+    ours: float | None,
+    unit: str,
+    formula_value: float,
+    printed: str,
+    source: str,
+    grade_class: str,
+    note: str | None = None,
+) -> Cell:
     """Compare ``ours`` with a formula of the paper evaluated for this run (``printed`` is how we
     write the evaluated value, ``source`` names the equation and the values put in), graded by
     the policy's ``grade_class`` (records/grading.py)."""
     pv = PaperValue(row, column, printed, unit, source)
     verdict = grade_of(pv, ours, grade_class)
-    deviation = (ours - formula_value) / formula_value if ours is not None and formula_value else None
-    return Cell(row=row, column=column, paper=formula_value, ours=ours, unit=unit, verdict=verdict,
-                note=note, paper_printed=printed, paper_unit=unit, paper_source=source,
-                deviation=deviation, grade_class=grade_class)
+    deviation = (
+        (ours - formula_value) / formula_value if ours is not None and formula_value else None
+    )
+    return Cell(
+        row=row,
+        column=column,
+        paper=formula_value,
+        ours=ours,
+        unit=unit,
+        verdict=verdict,
+        note=note,
+        paper_printed=printed,
+        paper_unit=unit,
+        paper_source=source,
+        deviation=deviation,
+        grade_class=grade_class,
+    )
 
 
 def run_trainers(configs: list[dict], timeout_s: float = 600.0) -> list[dict]:

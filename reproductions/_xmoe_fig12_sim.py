@@ -62,12 +62,20 @@ def simulate_seed(m, platform, topo, tokens: int, seed: int) -> dict:
     rbd = ns.simulate_messages(rbd_msgs, topo, platform, rbd_algo.phase_dependencies)
     # Without the count exchange every flat message is rows: its inter-node bytes / row bytes.
     flat_rows = bytes_by_link_class(flat_msgs, topo)["inter_node"] // row_bytes
-    pilot_rows = sum(b // row_bytes for ph, s, d, b in rbd_msgs if ph == "pilot" and topo.is_inter_node(s, d))
+    pilot_rows = sum(
+        b // row_bytes for ph, s, d, b in rbd_msgs if ph == "pilot" and topo.is_inter_node(s, d)
+    )
     # Inter-node all-to-all time: flat's one all-to-all vs RBD's pilot all-to-all (S1).
     rbd_inter = rbd.phase_end_s["pilot"]
-    return {"redundancy": 100 * (1 - pilot_rows / flat_rows), "saved": 100 * (1 - rbd_inter / flat.time_s),
-            "speedup": flat.time_s / rbd.time_s, "flat": flat, "rbd": rbd, "flat_rows": flat_rows,
-            "pilot_rows": pilot_rows}
+    return {
+        "redundancy": 100 * (1 - pilot_rows / flat_rows),
+        "saved": 100 * (1 - rbd_inter / flat.time_s),
+        "speedup": flat.time_s / rbd.time_s,
+        "flat": flat,
+        "rbd": rbd,
+        "flat_rows": flat_rows,
+        "pilot_rows": pilot_rows,
+    }
 
 
 def simulated_32gpu_cells(repro: Reproduction, **overrides):
@@ -90,32 +98,70 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
     flat, rbd = first["flat"], first["rbd"]
     where = f"{tokens} tokens per GCD, seeds {seeds[0]}-{seeds[-1]}"
     cells = [
-        repro.compare(ROW, "redundancy rate", None, "%", grade_class="sampled", seeds=per["redundancy"],
-                      note=f"uniform random top-{k} routing counted by RBD's pilot selection, {where}; "
-                           f"closed form {100 * expected_redundancy_uniform(E, k, nodes):.1f}%. "
-                           "The paper's routing is a trained router's"),
-        repro.compare(ROW, "inter-node all-to-all time saved by RBD", None, "%", grade_class="sampled",
-                      seeds=per["saved"],
-                      note=f"simulated on {platform.name}, {where}: flat's all-to-all vs RBD's pilot "
-                           "all-to-all"),
-        repro.compare(ROW, "dispatch speedup with RBD", None, "x", grade_class="sampled",
-                      seeds=per["speedup"],
-                      note=f"simulated, communication only ({where}): RBD's packing and replica "
-                           "reconstruction kernels are not modelled",
-                      not_comparable=("the paper's is the whole dispatch, with RBD's 'data "
-                                      "transformation costs' (Sec. 5.4.2); ours the all-to-all "
-                                      "phases alone")),
+        repro.compare(
+            ROW,
+            "redundancy rate",
+            None,
+            "%",
+            grade_class="sampled",
+            seeds=per["redundancy"],
+            note=f"uniform random top-{k} routing counted by RBD's pilot selection, {where}; "
+            f"closed form {100 * expected_redundancy_uniform(E, k, nodes):.1f}%. "
+            "The paper's routing is a trained router's",
+        ),
+        repro.compare(
+            ROW,
+            "inter-node all-to-all time saved by RBD",
+            None,
+            "%",
+            grade_class="sampled",
+            seeds=per["saved"],
+            note=f"simulated on {platform.name}, {where}: flat's all-to-all vs RBD's pilot "
+            "all-to-all",
+        ),
+        repro.compare(
+            ROW,
+            "dispatch speedup with RBD",
+            None,
+            "x",
+            grade_class="sampled",
+            seeds=per["speedup"],
+            note=f"simulated, communication only ({where}): RBD's packing and replica "
+            "reconstruction kernels are not modelled",
+            not_comparable=(
+                "the paper's is the whole dispatch, with RBD's 'data "
+                "transformation costs' (Sec. 5.4.2); ours the all-to-all "
+                "phases alone"
+            ),
+        ),
     ]
-    cells[1].detail = (f"Seed {seeds[0]}: flat {flat.time_s * 1e3:.4g} ms, RBD {rbd.time_s * 1e3:.4g} ms "
-                       f"(pilots end {rbd.phase_end_s['pilot'] * 1e3:.4g} ms); Eq. 6 NIC bound flat "
-                       f"{flat.eq6_bound_s * 1e3:.4g} ms, RBD {rbd.eq6_bound_s * 1e3:.4g} ms.")
+    cells[1].detail = (
+        f"Seed {seeds[0]}: flat {flat.time_s * 1e3:.4g} ms, RBD {rbd.time_s * 1e3:.4g} ms "
+        f"(pilots end {rbd.phase_end_s['pilot'] * 1e3:.4g} ms); Eq. 6 NIC bound flat "
+        f"{flat.eq6_bound_s * 1e3:.4g} ms, RBD {rbd.eq6_bound_s * 1e3:.4g} ms."
+    )
     phases = sorted(rbd.phase_end_s, key=rbd.phase_end_s.get)
-    fig = Figure(name="xmoe-fig12", title=f"Dispatch on 32 GCDs: flat vs RBD (simulated phase ends, seed {seeds[0]})",
-                 xlabel="phase", ylabel="end time (ms, simulated)", form="bars",
-                 series=[{"label": "w/o RBD (flat, simulated)", "x": ["a2a"], "y": [flat.time_s * 1e3],
-                          "kind": "ours"},
-                         {"label": "w/ RBD (simulated)", "x": phases,
-                          "y": [rbd.phase_end_s[p] * 1e3 for p in phases], "kind": "ours"}])
+    fig = Figure(
+        name="xmoe-fig12",
+        title=f"Dispatch on 32 GCDs: flat vs RBD (simulated phase ends, seed {seeds[0]})",
+        xlabel="phase",
+        ylabel="end time (ms, simulated)",
+        form="bars",
+        series=[
+            {
+                "label": "w/o RBD (flat, simulated)",
+                "x": ["a2a"],
+                "y": [flat.time_s * 1e3],
+                "kind": "ours",
+            },
+            {
+                "label": "w/ RBD (simulated)",
+                "x": phases,
+                "y": [rbd.phase_end_s[p] * 1e3 for p in phases],
+                "kind": "ours",
+            },
+        ],
+    )
     assumptions = [
         f"{m.name}: H = {m.d_model}, {E} experts, top-{k}, bf16 rows; {tokens} tokens per GCD (the "
         "paper does not state the batch of this run); experts placed contiguously, 8 per GCD.",
@@ -125,7 +171,13 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
         "advance; the count exchange is not simulated.",
         "Left out: job placement, background traffic, data transformation kernels.",
     ]
-    extra = {"flat": flat.to_dict(), "rbd": rbd.to_dict(), "flat_inter_rows": first["flat_rows"],
-             "pilot_inter_rows": first["pilot_rows"], "simulated": True, "seeds": seeds,
-             "per_seed": per}
+    extra = {
+        "flat": flat.to_dict(),
+        "rbd": rbd.to_dict(),
+        "flat_inter_rows": first["flat_rows"],
+        "pilot_inter_rows": first["pilot_rows"],
+        "simulated": True,
+        "seeds": seeds,
+        "per_seed": per,
+    }
     return cells, assumptions, fig, extra

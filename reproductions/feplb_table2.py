@@ -29,7 +29,7 @@ _PRINTED = {
     "4/4": ("7.3/13.2", "6.9/12.2", "15.3/24.0", "7.2/15.2", "6.8/12.1"),
     "2/8": ("6.9/12.5", "6.3/11.1", "22.8/30.0", "6.8/14.5", "6.0/10.6"),
 }
-MODELLED = ("Before LB", "FasterMoE", "FEPLB")   # the methods whose GEMM phase we model
+MODELLED = ("Before LB", "FasterMoE", "FEPLB")  # the methods whose GEMM phase we model
 SAVING = "FEPLB vs Before LB fwd"
 
 
@@ -41,33 +41,65 @@ def _fwd(row: str, method: str) -> str:
     return _PRINTED[row][METHODS.index(method)].split("/")[0]
 
 
-PAPER_VALUES = [PaperValue(row, f"{method} {phase}", printed.split("/")[i], "ms", _SRC)
-                for row, values in _PRINTED.items() for method, printed in zip(METHODS, values)
-                for i, phase in enumerate(("fwd", "bwd"))] + [
-    PaperValue("2/8", SAVING, "-13", "%", "FEPLB Sec. 3.2 ('forward time drops from 6.9 ms to "
-               "6.0 ms (-13%)')")] + [
-    # Table 2's forward differences: two printed values to 0.1 ms, so printed to 0.1 ms
-    PaperValue(row, saving_column(method),
-               f"{float(_fwd(row, 'Before LB')) - float(_fwd(row, method)):.1f}", "ms",
-               f"derived: {_SRC}, Before LB fwd - {method} fwd ({_fwd(row, 'Before LB')} - "
-               f"{_fwd(row, method)} ms)")
-    for row in _PRINTED for method in ("FasterMoE", "FEPLB")]
+PAPER_VALUES = (
+    [
+        PaperValue(row, f"{method} {phase}", printed.split("/")[i], "ms", _SRC)
+        for row, values in _PRINTED.items()
+        for method, printed in zip(METHODS, values)
+        for i, phase in enumerate(("fwd", "bwd"))
+    ]
+    + [
+        PaperValue(
+            "2/8",
+            SAVING,
+            "-13",
+            "%",
+            "FEPLB Sec. 3.2 ('forward time drops from 6.9 ms to 6.0 ms (-13%)')",
+        )
+    ]
+    + [
+        # Table 2's forward differences: two printed values to 0.1 ms, so printed to 0.1 ms
+        PaperValue(
+            row,
+            saving_column(method),
+            f"{float(_fwd(row, 'Before LB')) - float(_fwd(row, method)):.1f}",
+            "ms",
+            f"derived: {_SRC}, Before LB fwd - {method} fwd ({_fwd(row, 'Before LB')} - "
+            f"{_fwd(row, method)} ms)",
+        )
+        for row in _PRINTED
+        for method in ("FasterMoE", "FEPLB")
+    ]
+)
 # Table 2's own layout for the report's grid: PP/EP rows, one column per method with the
 # printed "forward / backward" pair split into two sub-columns. The savings, the GEMM makespans
 # and the claim are not in the printed table; they stay in the per-cell table.
 PAPER_LAYOUT = {
     "corner": "PP/EP",
     "rows": list(_PRINTED),
-    "groups": [{"label": method, "columns": [{"label": phase, "column": f"{method} {phase}"}
-                                              for phase in ("fwd", "bwd")]} for method in METHODS],
+    "groups": [
+        {
+            "label": method,
+            "columns": [
+                {"label": phase, "column": f"{method} {phase}"} for phase in ("fwd", "bwd")
+            ],
+        }
+        for method in METHODS
+    ],
 }
 PAPER_CLAIMS = [
-    PaperClaim("all", "FEPLB matches or beats every baseline", "FEPLB consistently matches or "
-               "outperforms all baselines", "FEPLB Sec. 3.2"),
+    PaperClaim(
+        "all",
+        "FEPLB matches or beats every baseline",
+        "FEPLB consistently matches or outperforms all baselines",
+        "FEPLB Sec. 3.2",
+    ),
 ]
 
-_LAYER = ("paper: whole-layer forward time, measured on H100 + DeepEP; ours: the modelled "
-          "grouped-GEMM makespan alone, a part of it")
+_LAYER = (
+    "paper: whole-layer forward time, measured on H100 + DeepEP; ours: the modelled "
+    "grouped-GEMM makespan alone, a part of it"
+)
 _WHY = {
     "bwd": "we model no backward pass (no layer-time model)",
     "Triton Dist.": "Triton Distributed's fused TP kernels are another system's GPU code; not run",
@@ -93,34 +125,67 @@ def compute(repro: Reproduction, params: dict) -> Result:
             for phase in ("fwd", "bwd"):
                 column = f"{method} {phase}"
                 if method in MODELLED and phase == "fwd":
-                    cells.append(ft.sampled(repro, row, column, makespan[method], "ms", note,
-                                            not_comparable=_LAYER))
+                    cells.append(
+                        ft.sampled(
+                            repro, row, column, makespan[method], "ms", note, not_comparable=_LAYER
+                        )
+                    )
                 else:
-                    cells.append(repro.compare(row, column, None, "ms",
-                                               note=_WHY.get(method, _WHY["bwd"])))
+                    cells.append(
+                        repro.compare(row, column, None, "ms", note=_WHY.get(method, _WHY["bwd"]))
+                    )
         for method in ("FasterMoE", "FEPLB"):
             saving = [b - x for b, x in zip(makespan["Before LB"], makespan[method])]
-            cell = ft.sampled(repro, row, saving_column(method), saving, "ms",
-                              f"{note}; ours: the GEMM makespan's saving, which is the layer's "
-                              f"if the method changes nothing else in it (FEPLB Sec. 3.3)")
+            cell = ft.sampled(
+                repro,
+                row,
+                saving_column(method),
+                saving,
+                "ms",
+                f"{note}; ours: the GEMM makespan's saving, which is the layer's "
+                f"if the method changes nothing else in it (FEPLB Sec. 3.3)",
+            )
             if cell.verdict == "deviates":
-                cell.blame(_COMPONENTS, "the saving follows the straggler reduction, which "
-                                        "feplb-table3 and feplb-table4 grade factor by factor")
+                cell.blame(
+                    _COMPONENTS,
+                    "the saving follows the straggler reduction, which "
+                    "feplb-table3 and feplb-table4 grade factor by factor",
+                )
             cells.append(cell)
         if row == "2/8":
-            cells.append(ft.sampled(
-                repro, row, SAVING,
-                [ft.change_pct(x["FEPLB"], x["Before LB"]) for x in per_seed], "%",
-                f"{note}; ours: the GEMM makespan's change",
-                not_comparable=("paper: relative to the whole layer's forward time; ours: to the "
-                                "GEMM makespan alone (the ms saving is compared instead)")))
-    cells.append(repro.claim(
-        "all", "FEPLB matches or beats every baseline", None, None, "ms",
-        note=("not tested: the claim is about whole-layer time, forward and backward, against "
-              "Triton Distributed and Tutel too; we model neither those systems nor a layer's "
-              "time")))
-    return Result(cells=cells, assumptions=[ft.trace_assumption(params), *ft.ASSUMPTIONS],
-                  extra={"paper_layout": PAPER_LAYOUT, "seeds": ft.seeds(params)})
+            cells.append(
+                ft.sampled(
+                    repro,
+                    row,
+                    SAVING,
+                    [ft.change_pct(x["FEPLB"], x["Before LB"]) for x in per_seed],
+                    "%",
+                    f"{note}; ours: the GEMM makespan's change",
+                    not_comparable=(
+                        "paper: relative to the whole layer's forward time; ours: to the "
+                        "GEMM makespan alone (the ms saving is compared instead)"
+                    ),
+                )
+            )
+    cells.append(
+        repro.claim(
+            "all",
+            "FEPLB matches or beats every baseline",
+            None,
+            None,
+            "ms",
+            note=(
+                "not tested: the claim is about whole-layer time, forward and backward, against "
+                "Triton Distributed and Tutel too; we model neither those systems nor a layer's "
+                "time"
+            ),
+        )
+    )
+    return Result(
+        cells=cells,
+        assumptions=[ft.trace_assumption(params), *ft.ASSUMPTIONS],
+        extra={"paper_layout": PAPER_LAYOUT, "seeds": ft.seeds(params)},
+    )
 
 
 REPRODUCTION = Reproduction(

@@ -35,31 +35,57 @@ _PRINTED = {
 METHODS = ("Before LB", "FasterMoE", "FEPLB")
 PER_ROW = "Before LB us per straggler row"
 RATIO = "FasterMoE / FEPLB"
-RATIO_WORDS = "1.8x"   # read by the policy's one rule (records/grading.read_claim): 1.75 to 1.85
-PAPER_VALUES = [v for row, (b, f, fp, e, ep) in _PRINTED.items() for v in (
-    PaperValue(row, "Before LB", b, "ms", _SRC),
-    PaperValue(row, "FasterMoE", f, "ms", _SRC),
-    PaperValue(row, "FasterMoE vs Before LB", fp, "%", _SRC),
-    PaperValue(row, "FEPLB", e, "ms", _SRC),
-    PaperValue(row, "FEPLB vs Before LB", ep, "%", _SRC),
-    PaperValue(row, PER_ROW, ft.derived_printed(str(1000 * float(b)), _TOKENS[row][0], 3), "us",
-               f"derived: {_SRC} / FEPLB Table 3, Before LB ({b} ms / {_TOKENS[row][0]} rows)"),
-)] + [v for row, (b, f, fp, e, ep) in _PRINTED.items() for v in (
-    # the same printed values, graded again on feplb-table3's real-count workload (ft.real_row)
-    PaperValue(ft.real_row(row), "Before LB", b, "ms", _SRC),
-    PaperValue(ft.real_row(row), "FasterMoE", f, "ms", _SRC),
-    PaperValue(ft.real_row(row), "FasterMoE vs Before LB", fp, "%", _SRC),
-    PaperValue(ft.real_row(row), "FEPLB", e, "ms", _SRC),
-    PaperValue(ft.real_row(row), "FEPLB vs Before LB", ep, "%", _SRC),
-)]
+RATIO_WORDS = "1.8x"  # read by the policy's one rule (records/grading.read_claim): 1.75 to 1.85
+PAPER_VALUES = [
+    v
+    for row, (b, f, fp, e, ep) in _PRINTED.items()
+    for v in (
+        PaperValue(row, "Before LB", b, "ms", _SRC),
+        PaperValue(row, "FasterMoE", f, "ms", _SRC),
+        PaperValue(row, "FasterMoE vs Before LB", fp, "%", _SRC),
+        PaperValue(row, "FEPLB", e, "ms", _SRC),
+        PaperValue(row, "FEPLB vs Before LB", ep, "%", _SRC),
+        PaperValue(
+            row,
+            PER_ROW,
+            ft.derived_printed(str(1000 * float(b)), _TOKENS[row][0], 3),
+            "us",
+            f"derived: {_SRC} / FEPLB Table 3, Before LB ({b} ms / {_TOKENS[row][0]} rows)",
+        ),
+    )
+] + [
+    v
+    for row, (b, f, fp, e, ep) in _PRINTED.items()
+    for v in (
+        # the same printed values, graded again on feplb-table3's real-count workload (ft.real_row)
+        PaperValue(ft.real_row(row), "Before LB", b, "ms", _SRC),
+        PaperValue(ft.real_row(row), "FasterMoE", f, "ms", _SRC),
+        PaperValue(ft.real_row(row), "FasterMoE vs Before LB", fp, "%", _SRC),
+        PaperValue(ft.real_row(row), "FEPLB", e, "ms", _SRC),
+        PaperValue(ft.real_row(row), "FEPLB vs Before LB", ep, "%", _SRC),
+    )
+]
 _S34 = "FEPLB Sec. 3.4"
 PAPER_CLAIMS = [
-    PaperClaim("2/8", RATIO, "At EP = 8, FEPLB achieves [...] 1.8x lower GEMM straggler (0.352 "
-               "vs. 0.625 ms) than FasterMoE", _S34),
-    PaperClaim("4/2", "FEPLB below FasterMoE", "At EP = 2, [...] FEPLB already edges ahead on "
-               "GEMM straggler (50% vs. 46%)", _S34),
-    PaperClaim("2/8", "FEPLB's lead over FasterMoE grows with EP", "50-68% GEMM straggler "
-               "reduction, increasingly outperforming FasterMoE as EP grows", "FEPLB Fig. 5 caption"),
+    PaperClaim(
+        "2/8",
+        RATIO,
+        "At EP = 8, FEPLB achieves [...] 1.8x lower GEMM straggler (0.352 "
+        "vs. 0.625 ms) than FasterMoE",
+        _S34,
+    ),
+    PaperClaim(
+        "4/2",
+        "FEPLB below FasterMoE",
+        "At EP = 2, [...] FEPLB already edges ahead on GEMM straggler (50% vs. 46%)",
+        _S34,
+    ),
+    PaperClaim(
+        "2/8",
+        "FEPLB's lead over FasterMoE grows with EP",
+        "50-68% GEMM straggler reduction, increasingly outperforming FasterMoE as EP grows",
+        "FEPLB Fig. 5 caption",
+    ),
 ]
 GEMM_MODEL = "GEMM roofline model (routing_trace.GemmTimeModel)"
 
@@ -74,10 +100,13 @@ def seed_numbers(params: dict, ep: int) -> dict:
     means over the trace's layers and replayed micro-batches."""
     ms = {m: 1e3 * ft.mean_of(ft.per_layer(params, ep, m, "gemm_straggler_s")) for m in METHODS}
     tokens = {m: ft.mean_of(ft.per_layer(params, ep, m)) for m in METHODS}
-    return {"ms": ms, "tokens": tokens,
-            "pct": {m: ft.change_pct(ms[m], ms["Before LB"]) for m in METHODS[1:]},
-            "token_pct": {m: ft.change_pct(tokens[m], tokens["Before LB"]) for m in METHODS[1:]},
-            "us_per_row": 1e3 * ms["Before LB"] / tokens["Before LB"]}
+    return {
+        "ms": ms,
+        "tokens": tokens,
+        "pct": {m: ft.change_pct(ms[m], ms["Before LB"]) for m in METHODS[1:]},
+        "token_pct": {m: ft.change_pct(tokens[m], tokens["Before LB"]) for m in METHODS[1:]},
+        "us_per_row": 1e3 * ms["Before LB"] / tokens["Before LB"],
+    }
 
 
 def _twin(row: str, column: str, values: list[float]) -> str:
@@ -99,51 +128,77 @@ def compute(repro: Reproduction, params: dict) -> Result:
         per_row = ft.sampled(repro, row, PER_ROW, [x["us_per_row"] for x in d], "us", note)
         if per_row.verdict == "deviates":
             paper = repro.paper_value(row, PER_ROW).value
-            per_row.blame(GEMM_MODEL, f"the paper's {paper:.3f} us per row is "
-                                      f"{_flop_per_row() / paper / 1e6:.0f} TFLOP/s on GLM-5's "
-                                      f"expert FFN; our roofline assumes "
-                                      f"{model.flops_per_s / 1e12:.0f} TFLOP/s achievable")
+            per_row.blame(
+                GEMM_MODEL,
+                f"the paper's {paper:.3f} us per row is "
+                f"{_flop_per_row() / paper / 1e6:.0f} TFLOP/s on GLM-5's "
+                f"expert FFN; our roofline assumes "
+                f"{model.flops_per_s / 1e12:.0f} TFLOP/s achievable",
+            )
         # the grades of the factors: feplb-table3's token cells on the same traces, this row's
         # GEMM rate
-        factors = {"Before LB": _twin(row, "Before LB", [x["tokens"]["Before LB"] for x in d]),
-                   "rate": per_row.verdict}
+        factors = {
+            "Before LB": _twin(row, "Before LB", [x["tokens"]["Before LB"] for x in d]),
+            "rate": per_row.verdict,
+        }
         for method in METHODS[1:]:
-            factors[method] = _twin(row, f"{method} vs Before LB",
-                                    [x["token_pct"][method] for x in d])
+            factors[method] = _twin(
+                row, f"{method} vs Before LB", [x["token_pct"][method] for x in d]
+            )
         for i, method in enumerate(METHODS):
             cell = ft.sampled(repro, row, method, [x["ms"][method] for x in d], "ms", note)
             red = None
             if i:
-                red = ft.sampled(repro, row, f"{method} vs Before LB",
-                                 [x["pct"][method] for x in d], "%", note)
-                check = ft.printed_percentage_note(_PRINTED[row][2 * i - 1], _PRINTED[row][0],
-                                                   _PRINTED[row][2 * i])
+                red = ft.sampled(
+                    repro, row, f"{method} vs Before LB", [x["pct"][method] for x in d], "%", note
+                )
+                check = ft.printed_percentage_note(
+                    _PRINTED[row][2 * i - 1], _PRINTED[row][0], _PRINTED[row][2 * i]
+                )
                 if check:
                     red.note += f"; {check}"
                 if red.verdict == "deviates":
-                    red.blame(t3.BALANCER[method],
-                              f"the GEMM reduction follows the token reduction, which feplb-table3 "
-                              f"grades {factors[method]} on the same traces")
+                    red.blame(
+                        t3.BALANCER[method],
+                        f"the GEMM reduction follows the token reduction, which feplb-table3 "
+                        f"grades {factors[method]} on the same traces",
+                    )
             if cell.verdict == "deviates":
                 _blame_absolute(cell, method, factors, red, d)
             cells.append(cell)
             if red is not None:
                 cells.append(red)
         cells.append(per_row)
-        inputs.append({"pp_ep": row, "ep": ep,
-                       **{m: ft.median([x["ms"][m] for x in d]) for m in METHODS},
-                       "us_per_straggler_row": per_row.ours})
+        inputs.append(
+            {
+                "pp_ep": row,
+                "ep": ep,
+                **{m: ft.median([x["ms"][m] for x in d]) for m in METHODS},
+                "us_per_straggler_row": per_row.ours,
+            }
+        )
     cells += _claim_cells(repro, data)
     real = t3.real_count_workload(params)
     cells += _real_count_cells(repro, {**params, "workload": real["workload"]}, data)
-    assumptions = [ft.trace_assumption(params), *ft.ASSUMPTIONS,
-                   ft.trace_assumption({**params, "workload": real["workload"]}), real["why"],
-                   f"GEMM time per expert group: max(2 rows H F n_mat / {model.flops_per_s:.3g} FLOP/s, "
-                   f"(n_mat H F + rows (2H + 2F)) x 2 B / {model.bytes_per_s:.3g} B/s), H={model.d_model}, "
-                   f"F={model.d_ffn}, forward only; a device's time is the sum over its groups."]
-    return Result(cells=cells, assumptions=assumptions,
-                  extra={"inputs": inputs, "seeds": ft.seeds(params), "real_counts": real,
-                         "paper_layout": ft.straggler_table_layout("ms")})
+    assumptions = [
+        ft.trace_assumption(params),
+        *ft.ASSUMPTIONS,
+        ft.trace_assumption({**params, "workload": real["workload"]}),
+        real["why"],
+        f"GEMM time per expert group: max(2 rows H F n_mat / {model.flops_per_s:.3g} FLOP/s, "
+        f"(n_mat H F + rows (2H + 2F)) x 2 B / {model.bytes_per_s:.3g} B/s), H={model.d_model}, "
+        f"F={model.d_ffn}, forward only; a device's time is the sum over its groups.",
+    ]
+    return Result(
+        cells=cells,
+        assumptions=assumptions,
+        extra={
+            "inputs": inputs,
+            "seeds": ft.seeds(params),
+            "real_counts": real,
+            "paper_layout": ft.straggler_table_layout("ms"),
+        },
+    )
 
 
 def _real_count_cells(repro, real_params: dict, synthetic: dict) -> list:
@@ -156,24 +211,31 @@ def _real_count_cells(repro, real_params: dict, synthetic: dict) -> list:
         note = f"{ft.seeds_note(real_params, ep)}; GEMM time modelled (roofline, H100)"
         base = ft.sampled(repro, label, "Before LB", [x["ms"]["Before LB"] for x in d], "ms", note)
         if base.verdict == "deviates":
-            base.blame(f"{t3.REAL_TRACE} and the {GEMM_MODEL}",
-                       "Before LB is the input's imbalance (OLMoE's real counts, not GLM-5's) "
-                       "times our modelled time per row")
+            base.blame(
+                f"{t3.REAL_TRACE} and the {GEMM_MODEL}",
+                "Before LB is the input's imbalance (OLMoE's real counts, not GLM-5's) "
+                "times our modelled time per row",
+            )
         cells.append(base)
         for method in METHODS[1:]:
             red_note = note
             if method == "FEPLB":
-                red_note += (f"; on the synthetic trace "
-                             f"{ft.median([x['pct']['FEPLB'] for x in synthetic[ep]]):+.1f}% "
-                             f"(median), the paper {_PRINTED[row][4]}%")
-            red = ft.sampled(repro, label, f"{method} vs Before LB",
-                             [x["pct"][method] for x in d], "%", red_note)
+                red_note += (
+                    f"; on the synthetic trace "
+                    f"{ft.median([x['pct']['FEPLB'] for x in synthetic[ep]]):+.1f}% "
+                    f"(median), the paper {_PRINTED[row][4]}%"
+                )
+            red = ft.sampled(
+                repro, label, f"{method} vs Before LB", [x["pct"][method] for x in d], "%", red_note
+            )
             if red.verdict == "deviates":
                 red.blame(t3.BALANCER[method], f"our {method} on the real-count workload")
             absolute = ft.sampled(repro, label, method, [x["ms"][method] for x in d], "ms", note)
             if absolute.verdict == "deviates":
-                absolute.blame(f"{t3.REAL_TRACE}, {t3.BALANCER[method]} and the {GEMM_MODEL}",
-                               f"Before LB {base.verdict}, reduction {red.verdict}")
+                absolute.blame(
+                    f"{t3.REAL_TRACE}, {t3.BALANCER[method]} and the {GEMM_MODEL}",
+                    f"Before LB {base.verdict}, reduction {red.verdict}",
+                )
             cells += [absolute, red]
     return cells
 
@@ -190,12 +252,19 @@ def _blame_absolute(cell, method: str, factors: dict, red, d: list) -> None:
         at_fault.append(t3.BALANCER[method])
     if factors["rate"] not in agree:
         at_fault.append(GEMM_MODEL)
-    shown = (f"token Before LB {factors['Before LB']} (feplb-table3, same traces), "
-             + (f"token reduction {factors[method]}, GEMM reduction {red.verdict}, "
-                if method != "Before LB" else "")
-             + f"time per row {factors['rate']}")
-    cell.blame(", ".join(at_fault) or "the product of the trace, balancer and GEMM model",
-               f"the factors: {shown}")
+    shown = (
+        f"token Before LB {factors['Before LB']} (feplb-table3, same traces), "
+        + (
+            f"token reduction {factors[method]}, GEMM reduction {red.verdict}, "
+            if method != "Before LB"
+            else ""
+        )
+        + f"time per row {factors['rate']}"
+    )
+    cell.blame(
+        ", ".join(at_fault) or "the product of the trace, balancer and GEMM model",
+        f"the factors: {shown}",
+    )
 
 
 def _claim_cells(repro, data) -> list:
@@ -204,12 +273,19 @@ def _claim_cells(repro, data) -> list:
     ahead = [x["ms"]["FEPLB"] < x["ms"]["FasterMoE"] for x in data[2]]
     return [
         ft.fastermoe_over_feplb_claim(repro, RATIO, RATIO_WORDS, ratios[8], "GEMM straggler"),
-        repro.claim("4/2", "FEPLB below FasterMoE", None,
-                    ft.median([x["ms"]["FEPLB"] - x["ms"]["FasterMoE"] for x in data[2]]), "ms",
-                    seeds_hold=ahead,
-                    note=("FEPLB minus FasterMoE GEMM straggler at EP = 2 per seed: "
-                          + ", ".join(f"{x['ms']['FEPLB'] - x['ms']['FasterMoE']:+.3f}"
-                                      for x in data[2]) + " ms (holds if negative)")),
+        repro.claim(
+            "4/2",
+            "FEPLB below FasterMoE",
+            None,
+            ft.median([x["ms"]["FEPLB"] - x["ms"]["FasterMoE"] for x in data[2]]),
+            "ms",
+            seeds_hold=ahead,
+            note=(
+                "FEPLB minus FasterMoE GEMM straggler at EP = 2 per seed: "
+                + ", ".join(f"{x['ms']['FEPLB'] - x['ms']['FasterMoE']:+.3f}" for x in data[2])
+                + " ms (holds if negative)"
+            ),
+        ),
         ft.lead_grows_claim(repro, ratios, "GEMM straggler", "1.08x, 1.54x, 1.78x"),
     ]
 

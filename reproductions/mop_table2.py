@@ -32,67 +32,139 @@ from moe_repro.components.model.params import layer_params
 from moe_repro.components.model.zoo import MoEModel, get_model
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import formulas as F
-from moe_repro.reproductions.mop_table1 import (ACT_BYTES, MOP_SETTINGS, PLATFORM, PRECISION, largest_dense_layer,
-                                                mop_plan_bytes, settings_lines)
+from moe_repro.reproductions.mop_table1 import (
+    ACT_BYTES,
+    MOP_SETTINGS,
+    PLATFORM,
+    PRECISION,
+    largest_dense_layer,
+    mop_plan_bytes,
+    settings_lines,
+)
 from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result
 
 _SRC = "MoP Table 2 (tokens/s/GPU as printed; 'OOM': out of device memory)"
 CTX = {"64K": 65536, "128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 # model key -> label, nodes, Table 3 (fsdp, ep, cp, tp, offload), {context: (MoP, FSDP-best) as printed}
 _TABLE = {
-    "mop-120b": ("120B", 2, (1, 16, 16, 1, False),
-                 {"128K": ("1043", "223"), "256K": ("681", "OOM"), "512K": ("424", "OOM"), "1M": ("393", "OOM")}),
-    "mop-600b": ("600B", 8, (16, 8, 2, 2, True),
-                 {"64K": ("236", "39"), "128K": ("220", "OOM"), "256K": ("225", "OOM"), "512K": ("213", "OOM"),
-                  "1M": ("213", "OOM")}),
-    "mop-1t": ("1T", 12, (3, 96, 4, 8, True),
-               {"128K": ("166", "25"), "256K": ("140", "17"), "512K": ("108", "OOM"), "1M": ("100", "OOM")}),
+    "mop-120b": (
+        "120B",
+        2,
+        (1, 16, 16, 1, False),
+        {
+            "128K": ("1043", "223"),
+            "256K": ("681", "OOM"),
+            "512K": ("424", "OOM"),
+            "1M": ("393", "OOM"),
+        },
+    ),
+    "mop-600b": (
+        "600B",
+        8,
+        (16, 8, 2, 2, True),
+        {
+            "64K": ("236", "39"),
+            "128K": ("220", "OOM"),
+            "256K": ("225", "OOM"),
+            "512K": ("213", "OOM"),
+            "1M": ("213", "OOM"),
+        },
+    ),
+    "mop-1t": (
+        "1T",
+        12,
+        (3, 96, 4, 8, True),
+        {
+            "128K": ("166", "25"),
+            "256K": ("140", "17"),
+            "512K": ("108", "OOM"),
+            "1M": ("100", "OOM"),
+        },
+    ),
 }
 SYSTEMS = ("MoP", "FSDP-best")
 # Each cell of Table 2 is a statement in words: a printed throughput says the configuration ran
 # (fit in device memory), "OOM" that it did not. Quoted as printed; graded on our per-rank bytes.
-PAPER_CLAIMS = [PaperClaim(f"{label} @ {ctx}", col, v, _SRC)
-                for label, _, _, rows in _TABLE.values() for ctx, pair in rows.items()
-                for col, v in zip(SYSTEMS, pair)]
+PAPER_CLAIMS = [
+    PaperClaim(f"{label} @ {ctx}", col, v, _SRC)
+    for label, _, _, rows in _TABLE.values()
+    for ctx, pair in rows.items()
+    for col, v in zip(SYSTEMS, pair)
+]
 FSDP_ZERO_STAGE = 3  # MoP Sec. 2.3: "ZeRO-3 / FSDP-FULL_SHARD"
 LOGIT_BYTES = 2 + 4  # bf16 logits and the fp32 copy the loss reads (not stated)
 
 # What MoP states about its FSDP-best baseline (used value, what the paper says, where).
 FSDP_SETTINGS: list[dict[str, str]] = [
-    {"setting": "framework", "used": "FSDP2 (TorchTitan) with TP, CP, EP and optimizer CPU offload, "
-                                     "Table 3's degrees per model",
-     "paper": "'a strong, fully featured FSDP2 baseline as implemented in TorchTitan ... Megatron-style "
-              "tensor (TP), context (CP), and expert (EP) parallelism [13, 5], as well as CPU offloading "
-              "of the optimizer state [12]'; Table 3: FSDP/EP/CP/TP/offload per model",
-     "source": "Sec. 4 (Baselines), Table 3"},
-    {"setting": "ZeRO stage", "used": "3 (FSDP FULL_SHARD): dense weights / TP sharded over FSDP x CP, "
-                                      "experts / EP sharded over W / EP",
-     "paper": "'ZeRO-3 / FSDP-FULL_SHARD additionally shards the parameters ... 16Θ/W bytes per rank'; "
-              "how TorchTitan folds CP and EP into the shard group is not stated",
-     "source": "Sec. 2.3 Eq. 2"},
-    {"setting": "precision", "used": "16 B/param (bf16 weights and grads, fp32 master + AdamW m, v; "
-                                     "formulas preset 'mop' with the offload flag of Table 3)",
-     "paper": "not stated for the baseline; Eq. 1's 16Θ is stated for mixed-precision AdamW training",
-     "source": "Sec. 2.1 Eq. 1"},
-    {"setting": "optimizer offload", "used": "Table 3: 120B no; 600B and 1T yes (12 B/param on the host, "
-                                             "weights and grads 4 B/param stay on the GPU)",
-     "paper": "'CPU offloading of the optimizer state'", "source": "Sec. 4, Table 3"},
-    {"setting": "TP / SP", "used": "Table 3's TP with sequence parallelism (activations / TP)",
-     "paper": "Megatron-style TP with [5] (sequence parallelism, Sec. 2.2) named beside it; SP not "
-              "stated per configuration", "source": "Sec. 4, Sec. 2.2, Table 3"},
-    {"setting": "CP", "used": "Table 3's CP: N = S / CP tokens per rank", "paper": "Table 3 degrees",
-     "source": "Table 3"},
-    {"setting": "recompute", "used": "full activation checkpointing (each layer's input kept, one layer "
-                                     "recomputed); the notes give the total without checkpointing",
-     "paper": "not stated", "source": "Sec. 4, Table 3"},
-    {"setting": "attention kernel", "used": "FlashAttention (no S x S scores)", "paper": "not stated",
-     "source": "Sec. 4"},
-    {"setting": "FSDP prefetch and logits", "used": "two layers' gathered bf16 weights; bf16 + fp32 "
-                                                    "logits of N V / TP (loss parallel)",
-     "paper": "not stated", "source": "Sec. 4"},
-    {"setting": "batch and sequence lengths", "used": "one sequence per CP x TP group per step; Table 2's "
-                                                      "contexts (64K-1M)",
-     "paper": "contexts stated; the baseline's batch is not", "source": "Table 2"},
+    {
+        "setting": "framework",
+        "used": "FSDP2 (TorchTitan) with TP, CP, EP and optimizer CPU offload, "
+        "Table 3's degrees per model",
+        "paper": "'a strong, fully featured FSDP2 baseline as implemented in TorchTitan ... Megatron-style "
+        "tensor (TP), context (CP), and expert (EP) parallelism [13, 5], as well as CPU offloading "
+        "of the optimizer state [12]'; Table 3: FSDP/EP/CP/TP/offload per model",
+        "source": "Sec. 4 (Baselines), Table 3",
+    },
+    {
+        "setting": "ZeRO stage",
+        "used": "3 (FSDP FULL_SHARD): dense weights / TP sharded over FSDP x CP, "
+        "experts / EP sharded over W / EP",
+        "paper": "'ZeRO-3 / FSDP-FULL_SHARD additionally shards the parameters ... 16Θ/W bytes per rank'; "
+        "how TorchTitan folds CP and EP into the shard group is not stated",
+        "source": "Sec. 2.3 Eq. 2",
+    },
+    {
+        "setting": "precision",
+        "used": "16 B/param (bf16 weights and grads, fp32 master + AdamW m, v; "
+        "formulas preset 'mop' with the offload flag of Table 3)",
+        "paper": "not stated for the baseline; Eq. 1's 16Θ is stated for mixed-precision AdamW training",
+        "source": "Sec. 2.1 Eq. 1",
+    },
+    {
+        "setting": "optimizer offload",
+        "used": "Table 3: 120B no; 600B and 1T yes (12 B/param on the host, "
+        "weights and grads 4 B/param stay on the GPU)",
+        "paper": "'CPU offloading of the optimizer state'",
+        "source": "Sec. 4, Table 3",
+    },
+    {
+        "setting": "TP / SP",
+        "used": "Table 3's TP with sequence parallelism (activations / TP)",
+        "paper": "Megatron-style TP with [5] (sequence parallelism, Sec. 2.2) named beside it; SP not "
+        "stated per configuration",
+        "source": "Sec. 4, Sec. 2.2, Table 3",
+    },
+    {
+        "setting": "CP",
+        "used": "Table 3's CP: N = S / CP tokens per rank",
+        "paper": "Table 3 degrees",
+        "source": "Table 3",
+    },
+    {
+        "setting": "recompute",
+        "used": "full activation checkpointing (each layer's input kept, one layer "
+        "recomputed); the notes give the total without checkpointing",
+        "paper": "not stated",
+        "source": "Sec. 4, Table 3",
+    },
+    {
+        "setting": "attention kernel",
+        "used": "FlashAttention (no S x S scores)",
+        "paper": "not stated",
+        "source": "Sec. 4",
+    },
+    {
+        "setting": "FSDP prefetch and logits",
+        "used": "two layers' gathered bf16 weights; bf16 + fp32 logits of N V / TP (loss parallel)",
+        "paper": "not stated",
+        "source": "Sec. 4",
+    },
+    {
+        "setting": "batch and sequence lengths",
+        "used": "one sequence per CP x TP group per step; Table 2's contexts (64K-1M)",
+        "paper": "contexts stated; the baseline's batch is not",
+        "source": "Table 2",
+    },
 ]
 
 
@@ -101,19 +173,35 @@ def _activations(m: MoEModel, seq: int, tp: int, cp: int, recompute: str) -> dic
     every layer's activations kept (``"none"``; FlashAttention keeps no scores, which formulas
     counts as recompute="selective")."""
     sp = tp > 1
-    act = lambda moe, mode: F.moe_activation_bytes_per_layer(m, seq, 1, moe=moe, t=tp, sp=sp, cp=cp,
-                                                             recompute=mode, bytes_per_value=ACT_BYTES)
+    act = lambda moe, mode: F.moe_activation_bytes_per_layer(
+        m, seq, 1, moe=moe, t=tp, sp=sp, cp=cp, recompute=mode, bytes_per_value=ACT_BYTES
+    )
     kinds = [(True, m.n_moe_layers), (False, m.n_dense_layers)]
     if recompute == "full":
-        return {"checkpointed activations": sum(n * act(moe, "full") for moe, n in kinds if n),
-                "layer working set": max(act(moe, "selective") for moe, n in kinds if n)}
+        return {
+            "checkpointed activations": sum(n * act(moe, "full") for moe, n in kinds if n),
+            "layer working set": max(act(moe, "selective") for moe, n in kinds if n),
+        }
     if recompute == "none":
-        return {"activations (no checkpointing)": sum(n * act(moe, "selective") for moe, n in kinds if n)}
+        return {
+            "activations (no checkpointing)": sum(
+                n * act(moe, "selective") for moe, n in kinds if n
+            )
+        }
     raise ValueError(f"recompute must be 'full' or 'none', got {recompute!r}")
 
 
-def fsdp_best_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool, seq: int,
-                    overhead_bytes: float = 0.0, recompute: str = "full") -> dict[str, float]:
+def fsdp_best_bytes(
+    m: MoEModel,
+    fsdp: int,
+    ep: int,
+    cp: int,
+    tp: int,
+    offload: bool,
+    seq: int,
+    overhead_bytes: float = 0.0,
+    recompute: str = "full",
+) -> dict[str, float]:
     """Per-rank device bytes of one FSDP-best configuration (module docstring)."""
     W = fsdp * cp * tp
     if W % ep:
@@ -121,8 +209,9 @@ def fsdp_best_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: 
     par = F.parameters(m)
     experts = par["routed_experts"]
     dense = par["total"] - experts
-    state = lambda n, over: F.model_state_bytes(n, over, FSDP_ZERO_STAGE, PRECISION,
-                                                offload_optimizer=offload)["total"]
+    state = lambda n, over: F.model_state_bytes(
+        n, over, FSDP_ZERO_STAGE, PRECISION, offload_optimizer=offload
+    )["total"]
     _, layer_experts = layer_params(m, moe=True)
     weights = F.precision(PRECISION).weights
     return {
@@ -146,7 +235,7 @@ WHAT_IF = {
     # Neither reading MoP or TorchTitan gives: MoP's optimizer state is master + m + v (Sec. 2.1,
     # 3.5: 12 B), and TorchTitan's CPU offload moves shards and grads to the host as well.
     "fp32 shards and grads on GPU": "weights + grads 8 B/param on the GPU (offloaded models; not "
-                                    "MoP's 12 B 'optimizer state', Sec. 2.1, nor TorchTitan's offload)",
+    "MoP's 12 B 'optimizer state', Sec. 2.1, nor TorchTitan's offload)",
     # TorchTitan's loss casts the logits to fp32 and keeps fp32 log-probabilities; its backward
     # builds fp32 gradients: an upper reading of the loss working set, 16 B per logit (ours 6).
     "16 B per logit": "fp32 cross-entropy working set, 16 B per logit instead of 6",
@@ -161,8 +250,9 @@ WHAT_IF = {
 }
 
 
-def what_if_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool,
-                  seq: int) -> dict[str, float]:
+def what_if_bytes(
+    m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool, seq: int
+) -> dict[str, float]:
     """Bytes each WHAT_IF candidate adds to one rank of ``fsdp_best_bytes`` (no overhead term)."""
     base = fsdp_best_bytes(m, fsdp, ep, cp, tp, offload, seq)
     none = fsdp_best_bytes(m, fsdp, ep, cp, tp, offload, seq, recompute="none")
@@ -170,7 +260,9 @@ def what_if_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bo
     layer = largest_dense_layer(m) / tp + layer_experts / ep
     ctx = base["checkpointed activations"] + base["layer working set"] + base["logits"]
     return {
-        "fp32 shards and grads on GPU": base["dense state"] + base["expert state"] if offload else 0.0,
+        "fp32 shards and grads on GPU": base["dense state"] + base["expert state"]
+        if offload
+        else 0.0,
         "16 B per logit": base["logits"] * (16 / LOGIT_BYTES - 1),
         "FSDP2 gradient buffers": (2 + 4) * layer,
         "micro-batch 2": ctx,
@@ -178,7 +270,9 @@ def what_if_bytes(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bo
     }
 
 
-def context_factor_bounds(fits: dict[str, tuple[bool, float, float]], hbm: float) -> tuple[float, float]:
+def context_factor_bounds(
+    fits: dict[str, tuple[bool, float, float]], hbm: float
+) -> tuple[float, float]:
     """(lo, hi) of a common factor r on the context-dependent bytes that reproduces one model's
     fit/OOM pattern: fits iff persistent + r ctx <= hbm. ``fits``: context -> (paper fits,
     persistent bytes, context-dependent bytes). r must exceed lo and not exceed hi."""
@@ -207,7 +301,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
         m = get_model(key)
         W = nodes * p.gpus_per_node
         if fsdp * cp * tp != W:
-            raise ValueError(f"{label}: Table 3's FSDP x CP x TP = {fsdp * cp * tp} is not {W} GPUs")
+            raise ValueError(
+                f"{label}: Table 3's FSDP x CP x TP = {fsdp * cp * tp} is not {W} GPUs"
+            )
         pattern: dict[str, tuple[bool, float, float]] = {}
         for ctx in rows:
             S = CTX[ctx]
@@ -215,37 +311,62 @@ def compute(repro: Reproduction, params: dict) -> Result:
             mop_total = sum(mop.values())
             fs = fsdp_best_bytes(m, fsdp, ep, cp, tp, off, S, p.overhead_bytes)
             fs_total = sum(fs.values())
-            no_ckpt = sum(fsdp_best_bytes(m, fsdp, ep, cp, tp, off, S, p.overhead_bytes, "none").values())
+            no_ckpt = sum(
+                fsdp_best_bytes(m, fsdp, ep, cp, tp, off, S, p.overhead_bytes, "none").values()
+            )
             row = f"{label} @ {ctx}"
             paper_fits = rows[ctx][1] != "OOM"
             context_bytes = fs["checkpointed activations"] + fs["layer working set"] + fs["logits"]
             pattern[ctx] = (paper_fits, fs_total - context_bytes, context_bytes)
             fsdp_fits[row] = (paper_fits, fs_total <= hbm)
-            what_if[row] = {k: (hbm - fs_total - v) / 1e9
-                            for k, v in what_if_bytes(m, fsdp, ep, cp, tp, off, S).items()}
-            extra[row] = {"mop_bytes": mop, "fsdp_bytes": fs, "fsdp_bytes_no_checkpointing": no_ckpt,
-                          "fsdp_what_if_GB_under_hbm": what_if[row]}
+            what_if[row] = {
+                k: (hbm - fs_total - v) / 1e9
+                for k, v in what_if_bytes(m, fsdp, ep, cp, tp, off, S).items()
+            }
+            extra[row] = {
+                "mop_bytes": mop,
+                "fsdp_bytes": fs,
+                "fsdp_bytes_no_checkpointing": no_ckpt,
+                "fsdp_what_if_GB_under_hbm": what_if[row],
+            }
             hbm_gb = f"{hbm / 1e9:g} GB"
             # "OOM" read as more than the HBM per rank; a printed throughput as at most the HBM.
             reading = lambda printed: f"over {hbm_gb}" if printed == "OOM" else f"at most {hbm_gb}"
-            cells.append(repro.claim(row, "MoP", None, mop_total / 1e9, "GB per rank",
-                                     reading=reading(rows[ctx][0]),
-                                     note=f"ours: {_words(mop_total, hbm)} (public formulas, mop-table1's "
-                                          f"plan: D = W = {W}, P = {P})"))
+            cells.append(
+                repro.claim(
+                    row,
+                    "MoP",
+                    None,
+                    mop_total / 1e9,
+                    "GB per rank",
+                    reading=reading(rows[ctx][0]),
+                    note=f"ours: {_words(mop_total, hbm)} (public formulas, mop-table1's "
+                    f"plan: D = W = {W}, P = {P})",
+                )
+            )
             top = max(fs, key=fs.get)
             sp = " (SP)" if tp > 1 else ""
             cell = repro.claim(
-                row, "FSDP-best", None, fs_total / 1e9, "GB per rank", reading=reading(rows[ctx][1]),
+                row,
+                "FSDP-best",
+                None,
+                fs_total / 1e9,
+                "GB per rank",
+                reading=reading(rows[ctx][1]),
                 note=f"ours: {_words(fs_total, hbm)}; largest term {top} {fs[top] / 1e9:.1f} GB; "
-                     f"FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
-                     f"{'optimizer offloaded' if off else 'no offload'}")
+                f"FSDP {fsdp} x CP {cp} x TP {tp}{sp}, EP {ep}, "
+                f"{'optimizer offloaded' if off else 'no offload'}",
+            )
             cell.detail = f"Without activation checkpointing: {no_ckpt / 1e9:.0f} GB per rank."
             if paper_fits != (fs_total <= hbm):
                 cell.note += "; cause not found (detail)"
-                cell.detail += (" Cause not found: each tested candidate leaves it fitting, breaks a "
-                                "matching cell or departs from the stated setup (assumptions). GB "
-                                "under HBM with each: "
-                                + ", ".join(f"{k} {v:.1f}" for k, v in what_if[row].items()) + ".")
+                cell.detail += (
+                    " Cause not found: each tested candidate leaves it fitting, breaks a "
+                    "matching cell or departs from the stated setup (assumptions). GB "
+                    "under HBM with each: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in what_if[row].items())
+                    + "."
+                )
             cells.append(cell)
             mem[row] = (mop_total / 1e9, fs_total / 1e9, rows[ctx][1] == "OOM")
         bounds[label] = context_factor_bounds(pattern, hbm)
@@ -260,15 +381,22 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "gives our margin to HBM and the total without checkpointing.",
         "Candidates tested for the FSDP-best deviations, one at a time (per-row margins in "
         "extra['<row>']['fsdp_what_if_GB_under_hbm']): "
-        + "; ".join(f"{k} ({WHAT_IF[k]}) flips {_cells(what_if, fsdp_fits, k, False)}, "
-                    f"breaks {_cells(what_if, fsdp_fits, k, True)}" for k in WHAT_IF) + ".",
+        + "; ".join(
+            f"{k} ({WHAT_IF[k]}) flips {_cells(what_if, fsdp_fits, k, False)}, "
+            f"breaks {_cells(what_if, fsdp_fits, k, True)}"
+            for k in WHAT_IF
+        )
+        + ".",
         "A common factor r on our context-dependent bytes (activations + logits) that reproduces each "
         "model's fit/OOM border must lie in "
         + ", ".join(f"{label} ({lo:.2f}, {hi:.2f}]" for label, (lo, hi) in bounds.items())
-        + (": no value lies in all of them, which rules out one uniform under-count (micro-batch, "
-           "activation precision, checkpointing policy) as the cause for every model, under our "
-           "model-state reading." if common[0] >= common[1] else
-           f": all of them hold r in ({common[0]:.2f}, {common[1]:.2f}]."),
+        + (
+            ": no value lies in all of them, which rules out one uniform under-count (micro-batch, "
+            "activation precision, checkpointing policy) as the cause for every model, under our "
+            "model-state reading."
+            if common[0] >= common[1]
+            else f": all of them hold r in ({common[0]:.2f}, {common[1]:.2f}]."
+        ),
         "Not causes by direction: HBM (the data sheet's 141 GB, if GiB, leaves more room, not less); "
         "TorchTitan's CPU offload (FSDP2 CPUOffloadPolicy also moves the sharded parameters and "
         "gradients to the host: less device memory than our reading of 'offloading of the optimizer "
@@ -279,35 +407,73 @@ def compute(repro: Reproduction, params: dict) -> Result:
     ]
     rows_ = list(mem)
     figure = Figure(
-        name="mop-table2", title=f"Per-rank memory, MoP vs FSDP-best (ours); OOM where Table 2 prints OOM",
-        xlabel="model @ context", ylabel="GB per rank (ours, public formulas)", form="bars",
-        series=[{"label": "MoP (ours)", "x": rows_, "y": [mem[r][0] for r in rows_], "kind": "ours"},
-                {"label": "FSDP-best (ours)", "x": rows_, "y": [mem[r][1] for r in rows_], "kind": "ours"},
-                {"label": "FSDP-best, MoP Table 2", "x": rows_, "y": [None] * len(rows_), "kind": "paper",
-                 "oom": [r for r in rows_ if mem[r][2]]},
-                {"label": f"H200 HBM {hbm / 1e9:g} GB (limit)", "x": [], "y": hbm / 1e9, "kind": "limit"}])
-    return Result(cells=cells, assumptions=assumptions, figures=[figure],
-                  extra={**extra, "paper_settings": {"mop": MOP_SETTINGS, "fsdp-best": FSDP_SETTINGS}})
+        name="mop-table2",
+        title="Per-rank memory, MoP vs FSDP-best (ours); OOM where Table 2 prints OOM",
+        xlabel="model @ context",
+        ylabel="GB per rank (ours, public formulas)",
+        form="bars",
+        series=[
+            {"label": "MoP (ours)", "x": rows_, "y": [mem[r][0] for r in rows_], "kind": "ours"},
+            {
+                "label": "FSDP-best (ours)",
+                "x": rows_,
+                "y": [mem[r][1] for r in rows_],
+                "kind": "ours",
+            },
+            {
+                "label": "FSDP-best, MoP Table 2",
+                "x": rows_,
+                "y": [None] * len(rows_),
+                "kind": "paper",
+                "oom": [r for r in rows_ if mem[r][2]],
+            },
+            {
+                "label": f"H200 HBM {hbm / 1e9:g} GB (limit)",
+                "x": [],
+                "y": hbm / 1e9,
+                "kind": "limit",
+            },
+        ],
+    )
+    return Result(
+        cells=cells,
+        assumptions=assumptions,
+        figures=[figure],
+        extra={**extra, "paper_settings": {"mop": MOP_SETTINGS, "fsdp-best": FSDP_SETTINGS}},
+    )
 
 
-def _cells(what_if: dict[str, dict[str, float]], fits: dict[str, tuple[bool, bool]], key: str,
-           matching: bool) -> str:
+def _cells(
+    what_if: dict[str, dict[str, float]],
+    fits: dict[str, tuple[bool, bool]],
+    key: str,
+    matching: bool,
+) -> str:
     """Rows whose FSDP-best verdict the candidate ``key`` changes: cells that match now and would
     deviate (``matching``), or cells that deviate now and would match."""
-    rows = [row for row, (paper, ours) in fits.items()
-            if (paper == ours) == matching and (what_if[row][key] >= 0) != ours]
+    rows = [
+        row
+        for row, (paper, ours) in fits.items()
+        if (paper == ours) == matching and (what_if[row][key] >= 0) != ours
+    ]
     return "[" + ", ".join(rows) + "]" if rows else "none"
 
 
 def _words(total: float, hbm: float) -> str:
     """'fits: 37.2 GB, 103.8 under HBM' or 'OOM: 163.2 GB, 22.2 over HBM'."""
     gap = (hbm - total) / 1e9
-    return (f"fits, {total / 1e9:.1f} GB ({gap:.1f} under HBM)" if gap >= 0 else
-            f"OOM, {total / 1e9:.1f} GB ({-gap:.1f} over HBM)")
+    return (
+        f"fits, {total / 1e9:.1f} GB ({gap:.1f} under HBM)"
+        if gap >= 0
+        else f"OOM, {total / 1e9:.1f} GB ({-gap:.1f} over HBM)"
+    )
 
 
 REPRODUCTION = Reproduction(
     id="mop-table2",
-    paper_values=[], paper_claims=PAPER_CLAIMS, compute=compute, defaults={"P": 8},
+    paper_values=[],
+    paper_claims=PAPER_CLAIMS,
+    compute=compute,
+    defaults={"P": 8},
     grade_class="exact",  # formula bytes against the HBM: each cell is a claim read by the policy
 )

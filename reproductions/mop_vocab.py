@@ -18,10 +18,17 @@ from __future__ import annotations
 
 from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result
 
-MIB = 2.0 ** 20
+MIB = 2.0**20
 FALLS = "ordering: peak falls as P grows"
-PAPER_CLAIMS = [PaperClaim("sharded", FALLS, "Per-rank peak activation memory for the projection "
-                           "is thereby held at O(NV/P) rather than O(NV)", "MoP Sec. 3.4")]
+PAPER_CLAIMS = [
+    PaperClaim(
+        "sharded",
+        FALLS,
+        "Per-rank peak activation memory for the projection "
+        "is thereby held at O(NV/P) rather than O(NV)",
+        "MoP Sec. 3.4",
+    )
+]
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -35,48 +42,96 @@ def compute(repro: Reproduction, params: dict) -> Result:
         raise ValueError("tokens, hidden, vocab must be positive and each group size in [1, vocab]")
     if not peak_supported():
         raise ValueError("mop-vocab measures peak RSS through /proc/self/clear_refs (Linux only)")
-    base = {"backend": "gloo", "tokens": tokens, "hidden": hidden, "vocab": vocab,
-            "seed": int(params["seed"])}
+    base = {
+        "backend": "gloo",
+        "tokens": tokens,
+        "hidden": hidden,
+        "vocab": vocab,
+        "seed": int(params["seed"]),
+    }
     points = [dict(base, impl="sharded", ranks=p) for p in groups]
     points.append(dict(base, impl="dense", ranks=groups[0]))
     records = run_grid("vocab-loss", points, repeats=1, timeout_s=float(params["timeout_s"]))
     dense_peak = pick(records, impl="dense")["peak_bytes"]
     model_dense = peak_activation_model_bytes(tokens, hidden, vocab, 1)["dense_bytes"]
     cells, xs, ys, model_ys = [], [], [], []
-    claim = ("MoP Sec. 3.4 claims per-rank peak O(NV/P) and an 8-16x reduction at its sub-group "
-             "sizes; it prints no per-P numbers")
+    claim = (
+        "MoP Sec. 3.4 claims per-rank peak O(NV/P) and an 8-16x reduction at its sub-group "
+        "sizes; it prints no per-P numbers"
+    )
     for p in groups:
         measured = pick(records, impl="sharded", ranks=p)
         peak = measured["peak_bytes"]
         model = peak_activation_model_bytes(tokens, hidden, vocab, p)["sharded_bytes"]
         row = f"P={p}"
         cells.append(repro.compare(row, "sharded peak (measured)", peak / MIB, "MiB", note=claim))
-        cells.append(repro.compare(row, "dense peak (measured, P-independent)", dense_peak / MIB, "MiB"))
+        cells.append(
+            repro.compare(row, "dense peak (measured, P-independent)", dense_peak / MIB, "MiB")
+        )
         cells.append(repro.compare(row, "dense / sharded", dense_peak / peak, "x"))
-        cells.append(repro.compare(row, "sharded peak (model)", model / MIB, "MiB",
-                                   note="N V/P + 4 H V/P elements, see peak_activation_model_bytes"))
-        cells.append(repro.compare(row, "max |loss - dense loss|", measured["max_abs_loss_diff"], "nats"))
-        cells.append(repro.compare(row, "max |grad - dense grad|",
-                                   max(measured["max_abs_grad_x_diff"], measured["max_abs_grad_w_diff"]),
-                                   "abs"))
+        cells.append(
+            repro.compare(
+                row,
+                "sharded peak (model)",
+                model / MIB,
+                "MiB",
+                note="N V/P + 4 H V/P elements, see peak_activation_model_bytes",
+            )
+        )
+        cells.append(
+            repro.compare(row, "max |loss - dense loss|", measured["max_abs_loss_diff"], "nats")
+        )
+        cells.append(
+            repro.compare(
+                row,
+                "max |grad - dense grad|",
+                max(measured["max_abs_grad_x_diff"], measured["max_abs_grad_w_diff"]),
+                "abs",
+            )
+        )
         xs.append(p)
         ys.append(peak / MIB)
         model_ys.append(model / MIB)
     falls = all(b < a for a, b in zip(ys, ys[1:])) if len(ys) > 1 else None
-    cells.append(repro.claim("sharded", FALLS, falls, ys[0] / ys[-1] if len(ys) > 1 else None, "x",
-                             note=("measured sharded peak per rank: " + ", ".join(
-                                 f"P={p} {y:.4g} MiB" for p, y in zip(xs, ys)))
-                             if len(ys) > 1 else "one group size: no ordering to test"))
+    cells.append(
+        repro.claim(
+            "sharded",
+            FALLS,
+            falls,
+            ys[0] / ys[-1] if len(ys) > 1 else None,
+            "x",
+            note=(
+                "measured sharded peak per rank: "
+                + ", ".join(f"P={p} {y:.4g} MiB" for p, y in zip(xs, ys))
+            )
+            if len(ys) > 1
+            else "one group size: no ordering to test",
+        )
+    )
     figure = Figure(
-        name="mop-vocab-peak", title="Peak memory of the vocabulary loss per rank vs group size P",
-        xlabel="group size P (ranks sharing W_voc)", ylabel="peak resident memory (MiB)",
-        series=[{"label": "sharded, measured (peak RSS)", "x": xs, "y": ys, "kind": "ours"},
-                {"label": "dense, measured (peak RSS)", "x": xs, "y": [dense_peak / MIB] * len(xs),
-                 "kind": "ours"},
-                {"label": "sharded, model", "x": xs, "y": model_ys, "kind": "ours"},
-                {"label": "ideal 1/P from the first point", "x": xs,
-                 "y": [ys[0] * groups[0] / p for p in xs], "kind": "ours"}],
-        xscale="log", yscale="log")
+        name="mop-vocab-peak",
+        title="Peak memory of the vocabulary loss per rank vs group size P",
+        xlabel="group size P (ranks sharing W_voc)",
+        ylabel="peak resident memory (MiB)",
+        series=[
+            {"label": "sharded, measured (peak RSS)", "x": xs, "y": ys, "kind": "ours"},
+            {
+                "label": "dense, measured (peak RSS)",
+                "x": xs,
+                "y": [dense_peak / MIB] * len(xs),
+                "kind": "ours",
+            },
+            {"label": "sharded, model", "x": xs, "y": model_ys, "kind": "ours"},
+            {
+                "label": "ideal 1/P from the first point",
+                "x": xs,
+                "y": [ys[0] * groups[0] / p for p in xs],
+                "kind": "ours",
+            },
+        ],
+        xscale="log",
+        yscale="log",
+    )
     assumptions = [
         f"N = {tokens} tokens per rank (each rank its own batch), H = {hidden}, V = {vocab}, fp32, "
         "one forward + backward of the summed per-token loss.",
@@ -93,9 +148,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="mop-vocab",
-    paper_values=[], paper_claims=PAPER_CLAIMS,
+    paper_values=[],
+    paper_claims=PAPER_CLAIMS,
     compute=compute,
     grade_class="other-hardware",
-    defaults={"tokens": 2048, "hidden": 256, "vocab": 32768, "group_sizes": "1,2,4", "seed": 0,
-              "timeout_s": 300.0},
+    defaults={
+        "tokens": 2048,
+        "hidden": 256,
+        "vocab": 32768,
+        "group_sizes": "1,2,4",
+        "seed": 0,
+        "timeout_s": 300.0,
+    },
 )

@@ -25,13 +25,16 @@ from moe_repro.reproductions.spec import Reproduction, Result
 GPUS = 4
 
 
-def replay(counts: torch.Tensor, d_model: int, d_ffn: int, threshold: float, check_every: int) -> dict:
+def replay(
+    counts: torch.Tensor, d_model: int, d_ffn: int, threshold: float, check_every: int
+) -> dict:
     """counts [steps, E] of one layer -> static vs migrating imbalance, swaps, cost."""
     num_experts = counts.shape[1]
     per = num_experts // GPUS
     static = [list(range(g * per, (g + 1) * per)) for g in range(GPUS)]
-    sched = MigrationScheduler([list(g) for g in static], d_model, d_ffn, threshold=threshold,
-                               check_every=check_every)
+    sched = MigrationScheduler(
+        [list(g) for g in static], d_model, d_ffn, threshold=threshold, check_every=check_every
+    )
     before, after = [], []
     for c in counts:
         c = c.double()
@@ -43,9 +46,14 @@ def replay(counts: torch.Tensor, d_model: int, d_ffn: int, threshold: float, che
         sched.observe(c)
     swaps = sum(len(e.swaps) for e in sched.events)
     send = max((max(e.send_bytes_per_gpu) for e in sched.events), default=0)
-    return {"before": sum(before) / len(before), "after": sum(after) / len(after), "swaps": swaps,
-            "migrations": len(sched.events), "max_send_bytes": send,
-            "migration_s_per_step": sched.total_migration_s() / len(counts)}
+    return {
+        "before": sum(before) / len(before),
+        "after": sum(after) / len(after),
+        "swaps": swaps,
+        "migrations": len(sched.events),
+        "max_send_bytes": send,
+        "migration_s_per_step": sched.total_migration_s() / len(counts),
+    }
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -53,11 +61,27 @@ def compute(repro: Reproduction, params: dict) -> Result:
     if threshold < 0 or every <= 0:
         raise ValueError("threshold must be >= 0 and check_every > 0")
     trace, _ = real_trace(int(params["steps"]), int(params["batch"]), int(params["seed"]))
-    synth = synthetic_trace(2, int(params["steps"]), 16, 2, 256, 4, skew=1.0, drift=0.05,
-                            noise=0.3, seed=int(params["seed"]))
+    synth = synthetic_trace(
+        2,
+        int(params["steps"]),
+        16,
+        2,
+        256,
+        4,
+        skew=1.0,
+        drift=0.05,
+        noise=0.3,
+        seed=int(params["seed"]),
+    )
     cfg = fig9_config()
-    rows = [(f"real run, layer {i}", trace.counts[i].sum(1), trace.source) for i in range(trace.num_layers)]
-    rows += [(f"synthetic, layer {i}", synth.counts[i].sum(1), synth.source) for i in range(synth.num_layers)]
+    rows = [
+        (f"real run, layer {i}", trace.counts[i].sum(1), trace.source)
+        for i in range(trace.num_layers)
+    ]
+    rows += [
+        (f"synthetic, layer {i}", synth.counts[i].sum(1), synth.source)
+        for i in range(synth.num_layers)
+    ]
     cells = []
     for row, counts, source in rows:
         r = replay(counts, cfg.d_model, cfg.d_ffn, threshold, every)
@@ -66,16 +90,28 @@ def compute(repro: Reproduction, params: dict) -> Result:
             repro.compare(row, "GPU gap/mean, with migration", r["after"], "x", note=source),
             repro.compare(row, "migrations", float(r["migrations"]), "events", note=source),
             repro.compare(row, "swaps", float(r["swaps"]), "swaps", note=source),
-            repro.compare(row, "max send per GPU per migration", r["max_send_bytes"] / 1e6, "MB",
-                          note=f"48 x d_model {cfg.d_model} x d_ffn {cfg.d_ffn} bytes per expert"),
-            repro.compare(row, "migration time per step (amortised)", r["migration_s_per_step"] * 1e6,
-                          "us", note="at 50 GB/s, Piper Table IV's bandwidth"),
+            repro.compare(
+                row,
+                "max send per GPU per migration",
+                r["max_send_bytes"] / 1e6,
+                "MB",
+                note=f"48 x d_model {cfg.d_model} x d_ffn {cfg.d_ffn} bytes per expert",
+            ),
+            repro.compare(
+                row,
+                "migration time per step (amortised)",
+                r["migration_s_per_step"] * 1e6,
+                "us",
+                note="at 50 GB/s, Piper Table IV's bandwidth",
+            ),
         ]
-    assumptions = [f"{GPUS} GPUs (EP group), contiguous initial placement; threshold {threshold} on "
-                   f"(max - min)/mean of the window's GPU loads, checked every {every} steps.",
-                   "Alg. 2 as printed (T = 100); each swap moves two experts with their optimizer "
-                   "state (components/expert_migration.swap_expert_slots keeps the layer's "
-                   "function unchanged, tests/test_expert_migration.py)."]
+    assumptions = [
+        f"{GPUS} GPUs (EP group), contiguous initial placement; threshold {threshold} on "
+        f"(max - min)/mean of the window's GPU loads, checked every {every} steps.",
+        "Alg. 2 as printed (T = 100); each swap moves two experts with their optimizer "
+        "state (components/expert_migration.swap_expert_slots keeps the layer's "
+        "function unchanged, tests/test_expert_migration.py).",
+    ]
     return Result(cells=cells, assumptions=assumptions)
 
 

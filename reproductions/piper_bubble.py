@@ -31,12 +31,23 @@ def compute(repro: Reproduction, params: dict) -> Result:
     if pp < 2 or not ms:
         raise ValueError("piper-bubble needs pp >= 2 and at least one micro_batches value")
     cells, reports = [], {}
-    runs = run_trainers([dict(model=params["model"], pp=pp, ep=ep, micro_batches=m,
-                              micro_batch_size=int(params["micro_batch_size"]),
-                              steps=int(params["convergence_steps" if m == ms[-1] else "steps"]),
-                              schedule=params["schedule"], lr=float(params["lr"]),
-                              seed=int(params["seed"])) for m in ms],
-                        timeout_s=float(params["timeout_s"]))
+    runs = run_trainers(
+        [
+            dict(
+                model=params["model"],
+                pp=pp,
+                ep=ep,
+                micro_batches=m,
+                micro_batch_size=int(params["micro_batch_size"]),
+                steps=int(params["convergence_steps" if m == ms[-1] else "steps"]),
+                schedule=params["schedule"],
+                lr=float(params["lr"]),
+                seed=int(params["seed"]),
+            )
+            for m in ms
+        ],
+        timeout_s=float(params["timeout_s"]),
+    )
     # The bubble is a ratio of times: other processes on the machine distort it, so the load
     # the runs shared the cores with is recorded beside it.
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -45,47 +56,105 @@ def compute(repro: Reproduction, params: dict) -> Result:
         reports[m] = r
         theory = (pp - 1) / (m + pp - 1)
         row = f"PP={pp}, M={m}"
-        per_stage = ", ".join(f"stage {s['pp_rank']} {s['idle_fraction']:.3f}"
-                              for s in r["per_stage"])
+        per_stage = ", ".join(
+            f"stage {s['pp_rank']} {s['idle_fraction']:.3f}" for s in r["per_stage"]
+        )
         cell = formula_cell(
-            row, "bubble fraction", r["bubble_measured"], "fraction", theory, f"{theory:.4f}",
-            f"Piper III-D / GPipe: (PP-1)/(M+PP-1) at PP={pp}, M={m}", "prediction",
+            row,
+            "bubble fraction",
+            r["bubble_measured"],
+            "fraction",
+            theory,
+            f"{theory:.4f}",
+            f"Piper III-D / GPipe: (PP-1)/(M+PP-1) at PP={pp}, M={m}",
+            "prediction",
             note="1 - busiest rank's compute / schedule step: the critical stage's idle time"
-                 + (f"; measured at load average {r['load']:.1f} on {os.cpu_count()} cores (other "
-                    "processes shared them)" if r.get("load") else ""))
-        cell.detail = (f"Idle fraction per stage, stage imbalance included: {per_stage} (mean "
-                       f"{r['idle_fraction_mean']:.3f}). The stages are unequal (the embedding on "
-                       "the first, the LM head and loss on the last); the formula assumes equal "
-                       "stages.")
+            + (
+                f"; measured at load average {r['load']:.1f} on {os.cpu_count()} cores (other "
+                "processes shared them)"
+                if r.get("load")
+                else ""
+            ),
+        )
+        cell.detail = (
+            f"Idle fraction per stage, stage imbalance included: {per_stage} (mean "
+            f"{r['idle_fraction_mean']:.3f}). The stages are unequal (the embedding on "
+            "the first, the LM head and loss on the last); the formula assumes equal "
+            "stages."
+        )
         cells.append(cell)
-        cells.append(repro.compare(row, "idle fraction, mean over stages", r["idle_fraction_mean"],
-                                   "fraction"))
+        cells.append(
+            repro.compare(
+                row, "idle fraction, mean over stages", r["idle_fraction_mean"], "fraction"
+            )
+        )
         split = r["time_split_s"]
-        cells.append(repro.compare(row, "step time (median)", r["step_s"] * 1e3, "ms",
-                                   note="time split (ms, mean over ranks): " + ", ".join(
-                                       f"{k} {v * 1e3:.1f}" for k, v in split.items())))
+        cells.append(
+            repro.compare(
+                row,
+                "step time (median)",
+                r["step_s"] * 1e3,
+                "ms",
+                note="time split (ms, mean over ranks): "
+                + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in split.items()),
+            )
+        )
         cells.append(repro.compare(row, "tokens/s", r["tokens_per_s"], "tokens/s"))
     conv = reports[ms[-1]]
     losses = conv["losses"]
     row = f"convergence (PP={pp}, M={ms[-1]}, {len(losses)} steps)"
     cells.append(repro.compare(row, "loss, first step", losses[0], "nats/token"))
     cells.append(repro.compare(row, "loss, last step", losses[-1], "nats/token"))
-    cells.append(repro.compare(row, "loss fell by", losses[0] - losses[-1], "nats/token",
-                               note="same data stream and seed as every other run; no paper value"))
+    cells.append(
+        repro.compare(
+            row,
+            "loss fell by",
+            losses[0] - losses[-1],
+            "nats/token",
+            note="same data stream and seed as every other run; no paper value",
+        )
+    )
     figures = [
-        Figure(name="piper-bubble", title=f"Pipeline bubble vs micro-batches, PP={pp}, EP={ep}, "
-                                          f"{params['schedule']}",
-               xlabel="micro-batches M", ylabel="bubble fraction",
-               series=[{"label": "measured bubble (critical stage)", "x": ms,
-                        "y": [reports[m]["bubble_measured"] for m in ms], "kind": "ours"},
-                       {"label": "idle fraction incl. imbalance (mean over stages)", "x": ms,
-                        "y": [reports[m]["idle_fraction_mean"] for m in ms], "kind": "ours"},
-                       {"label": "(PP-1)/(M+PP-1)", "x": ms,
-                        "y": [(pp - 1) / (m + pp - 1) for m in ms], "kind": "paper"}]),
-        Figure(name="piper-convergence", title="Training loss on Python stdlib source (bytes)",
-               xlabel="step", ylabel="cross entropy (nats/token)",
-               series=[{"label": f"PP={pp} x EP={ep}, M={ms[-1]}", "x": list(range(len(losses))),
-                        "y": losses, "kind": "ours"}]),
+        Figure(
+            name="piper-bubble",
+            title=f"Pipeline bubble vs micro-batches, PP={pp}, EP={ep}, {params['schedule']}",
+            xlabel="micro-batches M",
+            ylabel="bubble fraction",
+            series=[
+                {
+                    "label": "measured bubble (critical stage)",
+                    "x": ms,
+                    "y": [reports[m]["bubble_measured"] for m in ms],
+                    "kind": "ours",
+                },
+                {
+                    "label": "idle fraction incl. imbalance (mean over stages)",
+                    "x": ms,
+                    "y": [reports[m]["idle_fraction_mean"] for m in ms],
+                    "kind": "ours",
+                },
+                {
+                    "label": "(PP-1)/(M+PP-1)",
+                    "x": ms,
+                    "y": [(pp - 1) / (m + pp - 1) for m in ms],
+                    "kind": "paper",
+                },
+            ],
+        ),
+        Figure(
+            name="piper-convergence",
+            title="Training loss on Python stdlib source (bytes)",
+            xlabel="step",
+            ylabel="cross entropy (nats/token)",
+            series=[
+                {
+                    "label": f"PP={pp} x EP={ep}, M={ms[-1]}",
+                    "x": list(range(len(losses))),
+                    "y": losses,
+                    "kind": "ours",
+                }
+            ],
+        ),
     ]
     mc = conv["model_config"]
     assumptions = [
@@ -101,9 +170,14 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "above it; with 4 sequences per micro-batch we measured 0.17-0.25 at PP=2, M=8 on this "
         "loaded 2-core machine (--param micro_batch_size=4 reruns that).",
     ]
-    extra = {"reports": {str(m): {k: reports[m][k] for k in
-                                  ("per_stage", "time_split_s", "losses", "config", "mfu")}
-                         for m in ms}}
+    extra = {
+        "reports": {
+            str(m): {
+                k: reports[m][k] for k in ("per_stage", "time_split_s", "losses", "config", "mfu")
+            }
+            for m in ms
+        }
+    }
     return Result(cells=cells, assumptions=assumptions, figures=figures, extra=extra)
 
 
@@ -111,7 +185,17 @@ REPRODUCTION = Reproduction(
     id="piper-bubble",
     paper_values=[],
     compute=compute,
-    defaults={"model": "tiny-moe", "pp": 2, "ep": 1, "micro_batches": "2,4,8",
-              "micro_batch_size": 16, "steps": 4, "convergence_steps": 20, "schedule": "1f1b",
-              "lr": 3e-3, "seed": 0, "timeout_s": 600},
+    defaults={
+        "model": "tiny-moe",
+        "pp": 2,
+        "ep": 1,
+        "micro_batches": "2,4,8",
+        "micro_batch_size": 16,
+        "steps": 4,
+        "convergence_steps": 20,
+        "schedule": "1f1b",
+        "lr": 3e-3,
+        "seed": 0,
+        "timeout_s": 600,
+    },
 )

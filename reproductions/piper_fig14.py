@@ -15,8 +15,13 @@ from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import family
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources.memory_model import stage_layers
-from moe_repro.reproductions._resource import (PIPER_MFU_PEAK_TFLOPS, best_plan, describe, estimate_span,
-                                               planner_assumptions)
+from moe_repro.reproductions._resource import (
+    PIPER_MFU_PEAK_TFLOPS,
+    best_plan,
+    describe,
+    estimate_span,
+    planner_assumptions,
+)
 from moe_repro.reproductions.piper_table1 import try_convention
 from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 
@@ -42,15 +47,26 @@ PAPER_VALUES = [
 ]
 TREND, FITS, MFU20 = "TFLOPS / GPU with scale", "862B on 512 and 1.7T on 1024 GPUs", "1.7T model"
 PAPER_CLAIMS = [
-    PaperClaim(TREND, "declines as E and GPUs grow",
-               "We start with 16 experts on 8 nodes and then scale E proportionally ... 512 GPUs at 39.38 "
-               "TFLOPs, and ... 1024 GPUs at 33 TFLOPs. This is a form of weak scaling", "Piper Sec. VII-D, Fig. 14"),
-    PaperClaim(FITS, "memory-feasible layout",
-               "we can train a 862 Billion parameter model using 512 GPUs ..., and a 1.7 Trillion parameter "
-               "model using 1024 GPUs", "Piper Sec. VII-D"),
-    PaperClaim(MFU20, "MFU on 1024 GPUs",
-               "demonstrate training of trillion-parameter MoE models at 20% MFU on the Frontier supercomputer",
-               "Piper Sec. I, contribution 5"),
+    PaperClaim(
+        TREND,
+        "declines as E and GPUs grow",
+        "We start with 16 experts on 8 nodes and then scale E proportionally ... 512 GPUs at 39.38 "
+        "TFLOPs, and ... 1024 GPUs at 33 TFLOPs. This is a form of weak scaling",
+        "Piper Sec. VII-D, Fig. 14",
+    ),
+    PaperClaim(
+        FITS,
+        "memory-feasible layout",
+        "we can train a 862 Billion parameter model using 512 GPUs ..., and a 1.7 Trillion parameter "
+        "model using 1024 GPUs",
+        "Piper Sec. VII-D",
+    ),
+    PaperClaim(
+        MFU20,
+        "MFU on 1024 GPUs",
+        "demonstrate training of trillion-parameter MoE models at 20% MFU on the Frontier supercomputer",
+        "Piper Sec. I, contribution 5",
+    ),
 ]
 
 
@@ -68,13 +84,17 @@ def _span_note(span: dict, paper: float | None) -> str:
     if paper is None:
         where = ""
     elif _spans_paper(span, paper):
-        where = (f"; the paper's {paper:g} is inside that span: the inputs we had to choose move ours by more "
-                 "than this deviation, so it does not locate a fault of the model")
+        where = (
+            f"; the paper's {paper:g} is inside that span: the inputs we had to choose move ours by more "
+            "than this deviation, so it does not locate a fault of the model"
+        )
     else:
         where = f"; the paper's {paper:g} is outside that span"
-    return (f". Over the inputs Fig. 14 leaves unstated (sequence {' or '.join(map(str, SPAN_SEQS))}, "
-            f"M = alpha x PP with alpha in {{{', '.join(map(str, SPAN_ALPHAS))}}}) ours spans "
-            f"{lo:.1f}-{hi:.1f} TFLOPS{where}")
+    return (
+        f". Over the inputs Fig. 14 leaves unstated (sequence {' or '.join(map(str, SPAN_SEQS))}, "
+        f"M = alpha x PP with alpha in {{{', '.join(map(str, SPAN_ALPHAS))}}}) ours spans "
+        f"{lo:.1f}-{hi:.1f} TFLOPS{where}"
+    )
 
 
 def scaling_factors(e, layers: int) -> dict:
@@ -91,13 +111,15 @@ def scaling_factors(e, layers: int) -> dict:
         "fill": e.M / (e.M + e.PP - 1),
         "rate": per_stage / slot,
         "allreduce": fill_steps / e.step_s,
-        "compute_ms": 1e3 * e.compute_s / per_stage, "alltoall_ms": 1e3 * e.alltoall_s / per_stage,
+        "compute_ms": 1e3 * e.compute_s / per_stage,
+        "alltoall_ms": 1e3 * e.alltoall_s / per_stage,
         "p2p_ms": 1e3 * e.p2p_s / per_stage,
     }
 
 
-def _efficiency_note(small, mid, big, layers: int, platform: str, paper_eff: float, ours: dict,
-                     paper: dict) -> str:
+def _efficiency_note(
+    small, mid, big, layers: int, platform: str, paper_eff: float, ours: dict, paper: dict
+) -> str:
     """Where ours loses throughput from 64 to 1024 GPUs, factor by factor, and what the paper's
     efficiency would need of the communication if every other factor is as we model it. ``ours``
     and ``paper``: TFLOPS per GPU by E (the paper's at E = 16, 128, 256); ``mid``: ours at E = 128."""
@@ -106,17 +128,29 @@ def _efficiency_note(small, mid, big, layers: int, platform: str, paper_eff: flo
     gap = {st: abs(ours[st[1]] / ours[st[0]] - paper[st[1]] / paper[st[0]]) for st in steps}
     where = ""
     g = load_builtin(platform).gpus_per_node
-    if len(gap) == 2 and gap[(128, 256)] > 2 * gap[(16, 128)] and mid is not None and mid.PP == big.PP:
+    if (
+        len(gap) == 2
+        and gap[(128, 256)] > 2 * gap[(16, 128)]
+        and mid is not None
+        and mid.PP == big.PP
+    ):
         off = lambda ep: f"{max(0, ep - g)}/{ep}"  # share of each all-to-all that leaves the node
-        where = (f", the gap is in the last step: from 512 to 1024 GPUs ours changes only the EP group's width "
-                 f"({mid.EP // g} -> {big.EP // g} nodes, the off-node share of each all-to-all {off(mid.EP)} -> "
-                 f"{off(big.EP)}; PP stays {big.PP})")
-    by_step = "; ".join(f"{lo * 4} -> {hi * 4} GPUs: paper x{paper[hi] / paper[lo]:.3f}, "
-                        f"ours x{ours[hi] / ours[lo]:.3f}" for lo, hi in steps)
+        where = (
+            f", the gap is in the last step: from 512 to 1024 GPUs ours changes only the EP group's width "
+            f"({mid.EP // g} -> {big.EP // g} nodes, the off-node share of each all-to-all {off(mid.EP)} -> "
+            f"{off(big.EP)}; PP stays {big.PP})"
+        )
+    by_step = "; ".join(
+        f"{lo * 4} -> {hi * 4} GPUs: paper x{paper[hi] / paper[lo]:.3f}, "
+        f"ours x{ours[hi] / ours[lo]:.3f}"
+        for lo, hi in steps
+    )
     ratio = {k: b[k] / a[k] for k in ("flops", "fill", "rate", "allreduce")}
-    comm_a, comm_b = a["alltoall_ms"] + a["p2p_ms"], b["alltoall_ms"] + b["p2p_ms"]
+    comm_b = b["alltoall_ms"] + b["p2p_ms"]
     # The per-layer slot that would give the paper's efficiency with the other three factors as ours.
-    need_slot = 1e3 / (paper_eff / 100 * a["rate"] / (ratio["flops"] * ratio["fill"] * ratio["allreduce"]))
+    need_slot = 1e3 / (
+        paper_eff / 100 * a["rate"] / (ratio["flops"] * ratio["fill"] * ratio["allreduce"])
+    )
     need_comm = need_slot - b["compute_ms"]
     p = load_builtin(platform)
     return (
@@ -137,7 +171,8 @@ def _efficiency_note(small, mid, big, layers: int, platform: str, paper_eff: flo
         f"i.e. the inter-node all-to-all at about {100 * p.network_efficiency * comm_b / need_comm:.0f}% of "
         f"the NIC line rate instead of the profile's assumed {100 * p.network_efficiency:.0f}% (not measured "
         f"here; the paper prints no inter-node all-to-all rate, and routing imbalance, which also grows with "
-        f"EP, is not modelled): not established as a cause")
+        f"EP, is not modelled): not established as a cause"
+    )
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -160,9 +195,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
             step = 2 * pv.half_unit
             truncated[key] = math.floor(c.ours / step + 1e-9) * step
     e16 = sizes[("E=16", PARAMS)].ours
-    try_convention(repro, sizes, truncated, "counting-convention", "truncated to the printed digits, not "
-                   "rounded", f"the label truncated to its printed digits ({e16:.2f} rounds to "
-                   f"{round(e16)}); every label of this figure agrees truncated")
+    try_convention(
+        repro,
+        sizes,
+        truncated,
+        "counting-convention",
+        "truncated to the printed digits, not rounded",
+        f"the label truncated to its printed digits ({e16:.2f} rounds to "
+        f"{round(e16)}); every label of this figure agrees truncated",
+    )
     for m in members:
         row = _row(m.n_experts)
         cells.append(sizes[(row, PARAMS)])
@@ -177,71 +218,137 @@ def compute(repro: Reproduction, params: dict) -> Result:
         spans[m.n_experts] = span
         pv = repro.paper_value(row, TFLOPS)
         got = [v for v in span.values() if v is not None]
-        note = (f"{pl.gpus} GPUs, PP={c.pp} x EP={c.ep}, M={c.micro_batches} (estimate)" if c else
-                describe(pl))
+        note = (
+            f"{pl.gpus} GPUs, PP={c.pp} x EP={c.ep}, M={c.micro_batches} (estimate)"
+            if c
+            else describe(pl)
+        )
         if got:
             note += f"; ours spans {min(got):.1f}-{max(got):.1f} TFLOPS over the unstated sequence and M"
         cell = repro.compare(row, TFLOPS, ours, "TFLOPS", note=note)
-        cell.detail = describe(pl) + " (estimate)" + _span_note(span, None if pv is None else pv.value)
+        cell.detail = (
+            describe(pl) + " (estimate)" + _span_note(span, None if pv is None else pv.value)
+        )
         if cell.verdict == "deviates" and _spans_paper(span, None if pv is None else pv.value):
             # A hypothesis only: no sequence or M is the paper's, so none can be the recomputation.
-            cell.note += (f", the paper's {pv.printed} inside (a hypothesis: Fig. 14 states neither, so there "
-                          "is nothing to recompute with)")
+            cell.note += (
+                f", the paper's {pv.printed} inside (a hypothesis: Fig. 14 states neither, so there "
+                "is nothing to recompute with)"
+            )
         cells.append(cell)
         tflops[m.n_experts] = ours
         estimates[m.n_experts] = (m, None if c is None else c.estimate)
         xs.append(pl.gpus)
         ys.append(ours)
-        inputs.append({"model": m.key, "nodes": nodes, "params": total,
-                       "plan": None if c is None else c.to_dict(),
-                       "tflops_span": {f"seq={s},alpha={a}": v for (s, a), v in span.items()}})
+        inputs.append(
+            {
+                "model": m.key,
+                "nodes": nodes,
+                "params": total,
+                "plan": None if c is None else c.to_dict(),
+                "tflops_span": {f"seq={s},alpha={a}": v for (s, a), v in span.items()},
+            }
+        )
     if tflops.get(16) and tflops.get(256):
         eff = 100 * tflops[256] / tflops[16]
         printed_ratio = 100 * 33.04 / 45.15
-        effs = [100 * spans[256][k] / spans[16][k] for k in spans[16] if spans[16][k] and spans[256].get(k)]
+        effs = [
+            100 * spans[256][k] / spans[16][k]
+            for k in spans[16]
+            if spans[16][k] and spans[256].get(k)
+        ]
         eff_cell = repro.compare(
-            "E=16 -> E=256", EFF, eff, "%",
+            "E=16 -> E=256",
+            EFF,
+            eff,
+            "%",
             note=f"ours = TFLOPS(1024 GPUs) / TFLOPS(64 GPUs); {min(effs):.0f}-{max(effs):.0f}% over the unstated "
-                 f"inputs; the paper's own 33.04 / 45.15 = {printed_ratio:.1f}%")
+            f"inputs; the paper's own 33.04 / 45.15 = {printed_ratio:.1f}%",
+        )
         eff_cell.detail = (
             f"The paper's own 33.04 / 45.15 = {printed_ratio:.1f}%, consistent with its 73%. Unlike the TFLOPS "
             f"themselves, ours hardly moves with the unstated inputs ({min(effs):.0f}-{max(effs):.0f}% over the span "
             "of the TFLOPS cells): the model loses less throughput from 64 to 1024 GPUs than the paper measured. "
-            + _efficiency_note(estimates[16][1], estimates[128][1], estimates[256][1], estimates[16][0].layers,
-                               platform, float(repro.paper_value("E=16 -> E=256", EFF).value), tflops,
-                               {e: float(repro.paper_value(_row(e), TFLOPS).value) for e in (16, 128, 256)}))
+            + _efficiency_note(
+                estimates[16][1],
+                estimates[128][1],
+                estimates[256][1],
+                estimates[16][0].layers,
+                platform,
+                float(repro.paper_value("E=16 -> E=256", EFF).value),
+                tflops,
+                {e: float(repro.paper_value(_row(e), TFLOPS).value) for e in (16, 128, 256)},
+            )
+        )
         cells.append(eff_cell)
 
     # Claims, on our estimates.
     es = sorted(tflops)
     if all(tflops[e] is not None for e in es) and len(es) > 1:
         steps = [tflops[b] / tflops[a] for a, b in zip(es, es[1:])]
-        cells.append(repro.claim(
-            TREND, "declines as E and GPUs grow", all(s < 1 for s in steps), max(steps), "x",
-            note="ours per step of the family (E, GPUs) = " + ", ".join(
-                f"({b}, {b * 4}): x{s:.3f}" for b, s in zip(es[1:], steps))
-            + "; holds if TFLOPS per GPU falls at every step (ours: the largest step ratio)"))
+        cells.append(
+            repro.claim(
+                TREND,
+                "declines as E and GPUs grow",
+                all(s < 1 for s in steps),
+                max(steps),
+                "x",
+                note="ours per step of the family (E, GPUs) = "
+                + ", ".join(f"({b}, {b * 4}): x{s:.3f}" for b, s in zip(es[1:], steps))
+                + "; holds if TFLOPS per GPU falls at every step (ours: the largest step ratio)",
+            )
+        )
     else:
-        cells.append(repro.claim(TREND, "declines as E and GPUs grow", None, None, "x",
-                                 note="a member of the family has no estimate"))
+        cells.append(
+            repro.claim(
+                TREND,
+                "declines as E and GPUs grow",
+                None,
+                None,
+                "x",
+                note="a member of the family has no estimate",
+            )
+        )
     big = {e: feasible.get(e) for e in (128, 256)}
-    cells.append(repro.claim(
-        FITS, "memory-feasible layout", all(big.values()) if None not in big.values() else None,
-        float(sum(bool(v) for v in big.values())), "models",
-        note="a layout within 64 GB HBM (Eq. 7-11, checkpointing allowed) at E=128 on 512 GPUs and E=256 on "
-             "1024 GPUs: " + ", ".join(f"E={e} {'yes' if ok else 'no'}" for e, ok in big.items())))
+    cells.append(
+        repro.claim(
+            FITS,
+            "memory-feasible layout",
+            all(big.values()) if None not in big.values() else None,
+            float(sum(bool(v) for v in big.values())),
+            "models",
+            note="a layout within 64 GB HBM (Eq. 7-11, checkpointing allowed) at E=128 on 512 GPUs and E=256 on "
+            "1024 GPUs: " + ", ".join(f"E={e} {'yes' if ok else 'no'}" for e, ok in big.items()),
+        )
+    )
     mfu = None if tflops.get(256) is None else 100 * tflops[256] / PIPER_MFU_PEAK_TFLOPS
-    cells.append(repro.claim(
-        MFU20, "MFU on 1024 GPUs", None, mfu, "%", reading="20%",  # read by records/grading.py
-        note=(f"ours at E=256 (1.72T) on 1024 GPUs: TFLOPS / {PIPER_MFU_PEAK_TFLOPS:g} (the peak Piper's Fig. 12 "
-              f"MFUs divide by, see piper-fig12). The paper's own 33.04 TFLOPS is "
-              f"{100 * 33.04 / PIPER_MFU_PEAK_TFLOPS:.1f}%")))
+    cells.append(
+        repro.claim(
+            MFU20,
+            "MFU on 1024 GPUs",
+            None,
+            mfu,
+            "%",
+            reading="20%",  # read by records/grading.py
+            note=(
+                f"ours at E=256 (1.72T) on 1024 GPUs: TFLOPS / {PIPER_MFU_PEAK_TFLOPS:g} (the peak Piper's Fig. 12 "
+                f"MFUs divide by, see piper-fig12). The paper's own 33.04 TFLOPS is "
+                f"{100 * 33.04 / PIPER_MFU_PEAK_TFLOPS:.1f}%"
+            ),
+        )
+    )
 
-    fig = Figure(name="piper-fig14", title="M10B family: TFLOPS per GPU vs GPUs (weak scaling with E)",
-                 xlabel="GPUs (MI250X GCDs); E = GPUs / 4 experts", ylabel="throughput (TFLOPS per GPU)",
-                 xscale="log",
-                 series=[{"label": "ours (estimate)", "x": xs, "y": ys, "kind": "ours"},
-                         {"label": "Piper", "x": [64, 512, 1024], "y": [45.15, 39.38, 33.04], "kind": "paper"}])
+    fig = Figure(
+        name="piper-fig14",
+        title="M10B family: TFLOPS per GPU vs GPUs (weak scaling with E)",
+        xlabel="GPUs (MI250X GCDs); E = GPUs / 4 experts",
+        ylabel="throughput (TFLOPS per GPU)",
+        xscale="log",
+        series=[
+            {"label": "ours (estimate)", "x": xs, "y": ys, "kind": "ours"},
+            {"label": "Piper", "x": [64, 512, 1024], "y": [45.15, 39.38, 33.04], "kind": "paper"},
+        ],
+    )
     assumptions = [
         "M10B: d_model 5120, d_ffn 20480 (two-matrix FFN), L 32, top-2, 4 d^2 attention, no embeddings; "
         "E = 16, 32, 64, 128, 256 on E/2 nodes (Piper VII-D).",
@@ -259,7 +366,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="piper-fig14",
-    paper_values=PAPER_VALUES, paper_claims=PAPER_CLAIMS, compute=compute,
+    paper_values=PAPER_VALUES,
+    paper_claims=PAPER_CLAIMS,
+    compute=compute,
     defaults={"seq": 4096, "alpha": 4, "platform": "frontier"},
     # our planner predicting throughput Piper measured on Frontier (the sizes are counts: exact)
     grade_class="prediction",

@@ -18,11 +18,22 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.model.attention import shape_from_model
     from moe_repro.components.model.zoo import get_model
-    from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
+    from moe_repro.reproductions._suite_runs import (
+        csv_param,
+        device_words,
+        run_grid,
+        without_samples,
+    )
 
     models, seqs = csv_param(params["models"]), csv_param(params["seq_lens"], int)
-    base = {"batch": int(params["batch"]), "heads": int(params["heads"]), "backward": False,
-            "dtype": str(params["dtype"]), "device": "auto", "threads": int(params["threads"])}
+    base = {
+        "batch": int(params["batch"]),
+        "heads": int(params["heads"]),
+        "backward": False,
+        "dtype": str(params["dtype"]),
+        "device": "auto",
+        "threads": int(params["threads"]),
+    }
     points = [dict(base, model=m, seq_len=s) for m in models for s in seqs]
     records = run_grid("attention", points, int(params["repeats"]))
     device = device_words()
@@ -34,21 +45,45 @@ def compute(repro: Reproduction, params: dict) -> Result:
         label = f"{m} (d={full.head_dim}, H={full.heads}/{full.kv_heads} kv)"
         for s in seqs:
             r = tf[(m, s)]
-            cells.append(repro.compare(label, f"s={s}", r["tflops"], "TFLOP/s",
-                                       note=f"{int(r['heads_used'])} of {full.heads} query heads, IQR "
-                                            f"{r['tflops_iqr']:.3g}, #wrong {r.get('wrong', 'n/a')}; "
-                                            f"measured on {device}"))
-        cells.append(repro.compare(label, "paper scale (B=4, all heads, fp16 flash, MI250X)", None,
-                                   "TFLOP/s",
-                                   note=f"not reproduced: {full.heads} heads x B=4 on this CPU would take "
-                                        f"{full.heads * 4 // max(1, int(run['heads_used']) * base['batch'])}x "
-                                        "the measured time per point"
-                                        + (", and fp16 flash kernels need a GPU" if device.startswith("cpu")
-                                           else "")))
-        series.append({"label": f"{m} d={full.head_dim}", "x": seqs,
-                       "y": [tf[(m, s)]["tflops"] for s in seqs], "kind": "ours"})
-    figure = Figure(name="piper-fig3", title=f"Causal attention throughput vs sequence length ({device})",
-                    xlabel="sequence length", ylabel="TFLOP/s (median)", series=series, xscale="log")
+            cells.append(
+                repro.compare(
+                    label,
+                    f"s={s}",
+                    r["tflops"],
+                    "TFLOP/s",
+                    note=f"{int(r['heads_used'])} of {full.heads} query heads, IQR "
+                    f"{r['tflops_iqr']:.3g}, #wrong {r.get('wrong', 'n/a')}; "
+                    f"measured on {device}",
+                )
+            )
+        cells.append(
+            repro.compare(
+                label,
+                "paper scale (B=4, all heads, fp16 flash, MI250X)",
+                None,
+                "TFLOP/s",
+                note=f"not reproduced: {full.heads} heads x B=4 on this CPU would take "
+                f"{full.heads * 4 // max(1, int(run['heads_used']) * base['batch'])}x "
+                "the measured time per point"
+                + (", and fp16 flash kernels need a GPU" if device.startswith("cpu") else ""),
+            )
+        )
+        series.append(
+            {
+                "label": f"{m} d={full.head_dim}",
+                "x": seqs,
+                "y": [tf[(m, s)]["tflops"] for s in seqs],
+                "kind": "ours",
+            }
+        )
+    figure = Figure(
+        name="piper-fig3",
+        title=f"Causal attention throughput vs sequence length ({device})",
+        xlabel="sequence length",
+        ylabel="TFLOP/s (median)",
+        series=series,
+        xscale="log",
+    )
     assumptions = [
         f"Device: {device}; {base['threads']} CPU thread(s) where on CPU; dtype {base['dtype']}; "
         f"batch {base['batch']}; {base['heads']} query heads per model (0 = all), keeping head_dim "
@@ -59,15 +94,25 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "Piper Fig. 3 prints no numbers; compare the trend with sequence length and head size, "
         "not absolute TFLOP/s (the paper's are MI250X fp16).",
     ]
-    return Result(cells=cells, assumptions=assumptions, figures=[figure],
-                  extra={"device": device, "records": without_samples(records)})
+    return Result(
+        cells=cells,
+        assumptions=assumptions,
+        figures=[figure],
+        extra={"device": device, "records": without_samples(records)},
+    )
 
 
 REPRODUCTION = Reproduction(
     id="piper-fig3",
     paper_values=[],
     compute=compute,
-    defaults={"models": "mixtral-8x7b,qwen3-30b-a3b,xmoe-small,deepseek-v3",
-              "seq_lens": "256,512,1024,2048", "batch": 1, "heads": 8, "dtype": "float32",
-              "threads": 1, "repeats": 3},
+    defaults={
+        "models": "mixtral-8x7b,qwen3-30b-a3b,xmoe-small,deepseek-v3",
+        "seq_lens": "256,512,1024,2048",
+        "batch": 1,
+        "heads": 8,
+        "dtype": "float32",
+        "threads": 1,
+        "repeats": 3,
+    },
 )

@@ -24,8 +24,9 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 @remembering(maxsize=2)
 def real_trace(steps: int, batch: int, seed: int):
     """The recorded run, cached per process (piper-alg2 replays the same trace)."""
-    return train_and_record(fig9_config(), steps, batch, sources=4, seed=seed,
-                            progress=step_progress("training"))
+    return train_and_record(
+        fig9_config(), steps, batch, sources=4, seed=seed, progress=step_progress("training")
+    )
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -33,7 +34,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     if steps < 3:
         raise ValueError("steps must be >= 3")
     trace, losses = real_trace(steps, batch, seed)
-    per_expert = trace.counts.sum(2).double()              # [L, steps, E]
+    per_expert = trace.counts.sum(2).double()  # [L, steps, E]
     ratio = per_expert.max(-1).values / per_expert.mean(-1)
     # Fig. 9's x axis is training progress in tokens ("balanced after almost one billion token
     # consumption", Sec. VI): tokens consumed by the end of each step, counted from the routing
@@ -46,28 +47,62 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for layer in range(trace.num_layers):
         row = f"layer {layer}"
         for label, s in picks.items():
-            cells.append(repro.compare(row, f"max/mean expert load, {label}", float(ratio[layer, s]),
-                                       "x", note=note))
+            cells.append(
+                repro.compare(
+                    row, f"max/mean expert load, {label}", float(ratio[layer, s]), "x", note=note
+                )
+            )
         for label, s in picks.items():
             loads = device_loads(per_expert[layer, s].long(), ranks, 4)
-            cells.append(repro.compare(row, f"GPU max-min gap / mean, {label} (EP=4)",
-                                       max_min_gap(loads) / float(loads.double().mean()), "x", note=note))
-        series.append({"label": f"layer {layer} (ours, real run)", "x": tokens,
-                       "y": [float(v) for v in ratio[layer]], "kind": "ours"})
+            cells.append(
+                repro.compare(
+                    row,
+                    f"GPU max-min gap / mean, {label} (EP=4)",
+                    max_min_gap(loads) / float(loads.double().mean()),
+                    "x",
+                    note=note,
+                )
+            )
+        series.append(
+            {
+                "label": f"layer {layer} (ours, real run)",
+                "x": tokens,
+                "y": [float(v) for v in ratio[layer]],
+                "kind": "ours",
+            }
+        )
     cells.append(repro.compare("training", "loss first step", losses[0], "nats/byte", note=note))
     cells.append(repro.compare("training", "loss last step", losses[-1], "nats/byte", note=note))
     # Fig. 9 itself: the expert load distribution over training, per layer (caption and Sec. VI),
     # drawn as each expert's share of the layer's routed tokens; then the imbalance in one number.
     share = 100.0 * per_expert / per_expert.sum(-1, keepdim=True)
-    figures = [Figure(name=f"piper-fig9-layer{layer}",
-                      title=f"Expert load distribution over training, layer {layer} (real CPU run, no aux loss)",
-                      xlabel="tokens consumed (training)", ylabel="expert load (% of routed tokens)",
-                      series=[{"label": f"expert {e}", "x": tokens, "y": [float(v) for v in share[layer, :, e]],
-                               "kind": "ours"} for e in range(trace.num_experts)])
-               for layer in range(trace.num_layers)]
-    figures.append(Figure(name="piper-fig9", title="Expert load imbalance over training (real CPU run, no aux loss)",
-                          xlabel="tokens consumed (training)", ylabel="busiest expert / mean expert load",
-                          series=series))
+    figures = [
+        Figure(
+            name=f"piper-fig9-layer{layer}",
+            title=f"Expert load distribution over training, layer {layer} (real CPU run, no aux loss)",
+            xlabel="tokens consumed (training)",
+            ylabel="expert load (% of routed tokens)",
+            series=[
+                {
+                    "label": f"expert {e}",
+                    "x": tokens,
+                    "y": [float(v) for v in share[layer, :, e]],
+                    "kind": "ours",
+                }
+                for e in range(trace.num_experts)
+            ],
+        )
+        for layer in range(trace.num_layers)
+    ]
+    figures.append(
+        Figure(
+            name="piper-fig9",
+            title="Expert load imbalance over training (real CPU run, no aux loss)",
+            xlabel="tokens consumed (training)",
+            ylabel="busiest expert / mean expert load",
+            series=series,
+        )
+    )
     assumptions = [
         f"Trace: {trace.source}.",
         "Piper's run: 350M base model, 16 experts, expert frequency 0.5, ~1B tokens; ours is a "
@@ -75,8 +110,12 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "max/mean = E when one expert takes everything; 1 when perfectly balanced. top-2 routing: "
         "the floor for a collapsed router is E/2 = 8 with two experts sharing all tokens.",
     ]
-    return Result(cells=cells, assumptions=assumptions, figures=figures,
-                  extra={"counts": per_expert.long().tolist(), "losses": losses})
+    return Result(
+        cells=cells,
+        assumptions=assumptions,
+        figures=figures,
+        extra={"counts": per_expert.long().tolist(), "losses": losses},
+    )
 
 
 REPRODUCTION = Reproduction(

@@ -14,8 +14,14 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.records import grading
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
-TOTAL, ACTIVE, EXPERTS, LAYERS, HIDDEN, FFN = ("Total Params", "Active Params", "Total Experts",
-                                               "Layers", "Hidden Size", "FFN Dim (per expert)")
+TOTAL, ACTIVE, EXPERTS, LAYERS, HIDDEN, FFN = (
+    "Total Params",
+    "Active Params",
+    "Total Experts",
+    "Layers",
+    "Hidden Size",
+    "FFN Dim (per expert)",
+)
 _SRC = "Piper Table I"
 
 # zoo key -> row label, total, active, total experts, layers, hidden, FFN (as printed; None = "—").
@@ -38,8 +44,14 @@ def _paper_values() -> list[PaperValue]:
     out = []
     for key, (row, total, active, experts, layers, hidden, ffn) in _PRINTED.items():
         unit_total = "T" if key == "kimi-k2" else "B"
-        for col, printed, unit in ((TOTAL, total, unit_total), (ACTIVE, active, "B"), (EXPERTS, experts, ""),
-                                   (LAYERS, layers, ""), (HIDDEN, hidden, ""), (FFN, ffn, "")):
+        for col, printed, unit in (
+            (TOTAL, total, unit_total),
+            (ACTIVE, active, "B"),
+            (EXPERTS, experts, ""),
+            (LAYERS, layers, ""),
+            (HIDDEN, hidden, ""),
+            (FFN, ffn, ""),
+        ):
             if printed is not None:
                 out.append(PaperValue(row, col, printed, unit, _SRC))
     return out
@@ -53,8 +65,9 @@ def _agrees(pv: PaperValue, value: float) -> bool:
     return grading.grade_value(pv.value, pv.half_unit, value, "exact") == "match"
 
 
-def try_convention(repro: Reproduction, cells: dict, recount: dict, cause: str, removed: str,
-                   note: str) -> list[str]:
+def try_convention(
+    repro: Reproduction, cells: dict, recount: dict, cause: str, removed: str, note: str
+) -> list[str]:
     """Try a counting convention of the table as a cause, the same way on every row it applies to.
 
     ``cells``: (row, column) -> the cell as we count it; ``recount``: (row, column) -> the same
@@ -64,10 +77,12 @@ def try_convention(repro: Reproduction, cells: dict, recount: dict, cause: str, 
     cells keep ``deviates``, with the hypothesis and the rows against it in the note). Otherwise
     each deviating cell is recomputed through :meth:`Cell.explain` and the policy grades it.
     Returns the rows that contradict it."""
-    against = [f"{row} {recount[(row, col)]:.4g} vs {repro.paper_value(row, col).printed}"
-               for (row, col) in recount
-               if _agrees(repro.paper_value(row, col), cells[(row, col)].ours)
-               and not _agrees(repro.paper_value(row, col), recount[(row, col)])]
+    against = [
+        f"{row} {recount[(row, col)]:.4g} vs {repro.paper_value(row, col).printed}"
+        for (row, col) in recount
+        if _agrees(repro.paper_value(row, col), cells[(row, col)].ours)
+        and not _agrees(repro.paper_value(row, col), recount[(row, col)])
+    ]
     for key, value in recount.items():
         cell = cells[key]
         if cell.verdict != "deviates":
@@ -75,8 +90,11 @@ def try_convention(repro: Reproduction, cells: dict, recount: dict, cause: str, 
         if against:
             # said only where the recount alone would agree: the hypothesis this rules out
             if _agrees(repro.paper_value(*key), value):
-                cell.note = _join(cell.note, f"{note}: {value:.4g}{cell.unit}, but the same count "
-                                             f"gives {'; '.join(against)}: not the table's count")
+                cell.note = _join(
+                    cell.note,
+                    f"{note}: {value:.4g}{cell.unit}, but the same count "
+                    f"gives {'; '.join(against)}: not the table's count",
+                )
         else:
             cell.explain(cause, note, counterfactual=value, removed=removed)
     return against
@@ -93,7 +111,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for key, (row, *_rest) in _PRINTED.items():
         m, pc = models[key], counts[key]
         scale = 1e12 if key == "kimi-k2" else 1e9
-        by[(row, TOTAL)] = repro.compare(row, TOTAL, pc.total / scale, "T" if key == "kimi-k2" else "B")
+        by[(row, TOTAL)] = repro.compare(
+            row, TOTAL, pc.total / scale, "T" if key == "kimi-k2" else "B"
+        )
         by[(row, ACTIVE)] = repro.compare(row, ACTIVE, pc.active / 1e9, "B")
         by[(row, EXPERTS)] = repro.compare(row, EXPERTS, m.n_experts + m.n_shared, "")
         by[(row, LAYERS)] = repro.compare(row, LAYERS, m.layers, "")
@@ -106,51 +126,88 @@ def compute(repro: Reproduction, params: dict) -> Result:
     # Active parameters without the input embedding table (a lookup, not a matmul): it would fit
     # DeepSeek-V3/V3.2 and Kimi K2, so it is tried on every row of the column, as the table's rule.
     found["input embedding"] = try_convention(
-        repro, by, {(rows[k], ACTIVE): (counts[k].active - models[k].vocab * models[k].d_model) / 1e9
-                    for k in _PRINTED if models[k].vocab},
-        "counting-convention", "the input embedding table left out",
-        "without the input embedding table")
+        repro,
+        by,
+        {
+            (rows[k], ACTIVE): (counts[k].active - models[k].vocab * models[k].d_model) / 1e9
+            for k in _PRINTED
+            if models[k].vocab
+        },
+        "counting-convention",
+        "the input embedding table left out",
+        "without the input embedding table",
+    )
     # DeepSeek-V3.2 is V3 plus the DSA indexer; the table repeats V3's numbers for it.
     v32 = models["deepseek-v3.2"]
     no_indexer = dataclasses.replace(v32, extra_params_per_layer=0)
     pc = param_counts(no_indexer)
     found["indexer"] = try_convention(
-        repro, by, {(rows["deepseek-v3.2"], TOTAL): pc.total / 1e9,
-                    (rows["deepseek-v3.2"], ACTIVE): pc.active / 1e9},
-        "counting-convention", f"the DSA indexer ({v32.layers * v32.extra_params_per_layer / 1e9:.2f}B) "
-        "left out", "the table repeats DeepSeek-V3's row: recounted without V3.2's DSA indexer")
+        repro,
+        by,
+        {
+            (rows["deepseek-v3.2"], TOTAL): pc.total / 1e9,
+            (rows["deepseek-v3.2"], ACTIVE): pc.active / 1e9,
+        },
+        "counting-convention",
+        f"the DSA indexer ({v32.layers * v32.extra_params_per_layer / 1e9:.2f}B) left out",
+        "the table repeats DeepSeek-V3's row: recounted without V3.2's DSA indexer",
+    )
     # Total experts: Kimi K2 has 384 routed + 1 shared; counting routed experts only, every row.
     found["routed only"] = try_convention(
-        repro, by, {(rows[k], EXPERTS): float(models[k].n_experts) for k in _PRINTED
-                    if models[k].n_shared and repro.paper_value(rows[k], EXPERTS)},
-        "counting-convention", "the shared expert left out", "counting routed experts only")
+        repro,
+        by,
+        {
+            (rows[k], EXPERTS): float(models[k].n_experts)
+            for k in _PRINTED
+            if models[k].n_shared and repro.paper_value(rows[k], EXPERTS)
+        },
+        "counting-convention",
+        "the shared expert left out",
+        "counting routed experts only",
+    )
 
     # Deviations no recount of ours removes: what is known, as hypotheses (not recomputed).
-    arctic, scout, qwen = models["arctic"], models["llama4-scout"], models["qwen3-235b-a22b"]
+    arctic, qwen = models["arctic"], models["qwen3-235b-a22b"]
     dense = (counts["arctic"].active - counts["arctic"].routed_active) / 1e9
     one_expert = 3 * arctic.d_model * arctic.d_ffn * arctic.layers
     notes = {
-        ("Arctic", ACTIVE): f"Snowflake states 17B as a '10B dense' part plus 2 x 3.66B experts; the "
-                            f"public config's dense part (attention, residual MLP, embeddings) counts "
-                            f"{dense:.1f}B. A hypothesis: the 10B is not a count we can recompute",
+        (
+            "Arctic",
+            ACTIVE,
+        ): f"Snowflake states 17B as a '10B dense' part plus 2 x 3.66B experts; the "
+        f"public config's dense part (attention, residual MLP, embeddings) counts "
+        f"{dense:.1f}B. A hypothesis: the 10B is not a count we can recompute",
         ("Arctic", TOTAL): f"same gap as the active count: the dense part counts {dense:.1f}B, not "
-                           "Snowflake's '10B'",
-        ("Arctic", FFN): f"not an FFN width: 3 x 7168 x 4864 x 35 layers = {one_expert / 1e9:.4f}B is one "
-                         "expert's parameters over all layers, Snowflake's '3.66B' expert (the "
-                         "public config's width is 4,864)",
-        ("Llama 4 Scout", TOTAL): "text model only; a hypothesis, not recomputed: the published 109B "
-                                  "includes the vision encoder (not modelled). Maverick, also multimodal, "
-                                  "is already above its printed 400 without an encoder",
-        ("Llama 4 Maverick", TOTAL): "the table prints the published '400B'; ours is above it by more "
-                                     "than its printed precision (0.5B)",
-        ("Qwen3-30B-A3B", TOTAL): "the table prints the '30B' of the model's name; ours is above it by "
-                                  "more than its printed precision (0.5B)",
+        "Snowflake's '10B'",
+        (
+            "Arctic",
+            FFN,
+        ): f"not an FFN width: 3 x 7168 x 4864 x 35 layers = {one_expert / 1e9:.4f}B is one "
+        "expert's parameters over all layers, Snowflake's '3.66B' expert (the "
+        "public config's width is 4,864)",
+        (
+            "Llama 4 Scout",
+            TOTAL,
+        ): "text model only; a hypothesis, not recomputed: the published 109B "
+        "includes the vision encoder (not modelled). Maverick, also multimodal, "
+        "is already above its printed 400 without an encoder",
+        (
+            "Llama 4 Maverick",
+            TOTAL,
+        ): "the table prints the published '400B'; ours is above it by more "
+        "than its printed precision (0.5B)",
+        (
+            "Qwen3-30B-A3B",
+            TOTAL,
+        ): "the table prints the '30B' of the model's name; ours is above it by "
+        "more than its printed precision (0.5B)",
     }
     wrong = param_counts(dataclasses.replace(qwen, d_model=7168, d_ffn=2048)).total / 1e9
     for col in (HIDDEN, FFN):
         notes[("Qwen3-235B-A22B", col)] = (
             f"the table prints DeepSeek-V3's 7,168 / 2,048; the public config has 4,096 / 1,536. "
-            f"With the printed values the model would have {wrong:.0f}B parameters, not the row's 235B")
+            f"With the printed values the model would have {wrong:.0f}B parameters, not the row's 235B"
+        )
     for key, note in notes.items():
         if by[key].verdict == "deviates":
             by[key].note = _join(by[key].note, note)
@@ -172,13 +229,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "Every cell is graded at the table's printed precision, '~' included (records/grading.py, exact).",
         "A counting convention is tried as a cause on every row it applies to; one that breaks a row "
         "that agrees without it is not the table's and explains nothing: "
-        + "; ".join(f"{name}: contradicted by {', '.join(rows_)}" if rows_ else f"{name}: not contradicted"
-                    for name, rows_ in found.items()) + ".",
+        + "; ".join(
+            f"{name}: contradicted by {', '.join(rows_)}" if rows_ else f"{name}: not contradicted"
+            for name, rows_ in found.items()
+        )
+        + ".",
     ]
     return Result(cells=cells, assumptions=assumptions, extra={"inputs": inputs})
 
 
 REPRODUCTION = Reproduction(
     id="piper-table1",
-    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",
+    paper_values=PAPER_VALUES,
+    compute=compute,
+    grade_class="exact",
 )

@@ -7,8 +7,11 @@ value only follows from the formula in GiB (2^30 bytes), say so per cell: Table 
 
 from __future__ import annotations
 
-from moe_repro.components.balance.migration_cost import (PIPER_N_MAT, migration_latency_s,
-                                                 worst_case_send_bytes_per_gpu)
+from moe_repro.components.balance.migration_cost import (
+    PIPER_N_MAT,
+    migration_latency_s,
+    worst_case_send_bytes_per_gpu,
+)
 from moe_repro.components.model.zoo import get_model
 from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
@@ -27,12 +30,16 @@ _PRINTED = {
     "deepseek-v3": ("DeepSeek-V3", "21.00", "420.0"),
 }
 
-PAPER_VALUES = [v for row, size, lat in _PRINTED.values() for v in (
-    PaperValue(row, SIZE, size, "GB", _SRC),
-    PaperValue(row, LATENCY, lat, "ms", _SRC),
-)]
+PAPER_VALUES = [
+    v
+    for row, size, lat in _PRINTED.values()
+    for v in (
+        PaperValue(row, SIZE, size, "GB", _SRC),
+        PaperValue(row, LATENCY, lat, "ms", _SRC),
+    )
+]
 
-GB, GIB = 1e9, 2.0 ** 30
+GB, GIB = 1e9, 2.0**30
 
 
 def _try_other_unit(cell, nbytes: float, scale: float, what: str) -> None:
@@ -44,10 +51,13 @@ def _try_other_unit(cell, nbytes: float, scale: float, what: str) -> None:
     if cell.verdict != "deviates":
         return
     in_gib = nbytes * scale / GIB
-    cell.explain("unit-convention",
-                 f"in GiB the formula's {what} is {in_gib:.3f}, in GB {cell.ours:.3f}; the header says "
-                 "GB, which Switch-Base follows: the table mixes units",
-                 counterfactual=in_gib, removed="GiB (2^30 bytes) instead of GB")
+    cell.explain(
+        "unit-convention",
+        f"in GiB the formula's {what} is {in_gib:.3f}, in GB {cell.ours:.3f}; the header says "
+        "GB, which Switch-Base follows: the table mixes units",
+        counterfactual=in_gib,
+        removed="GiB (2^30 bytes) instead of GB",
+    )
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -60,15 +70,26 @@ def compute(repro: Reproduction, params: dict) -> Result:
         m = get_model(key)
         nbytes = worst_case_send_bytes_per_gpu(m.n_experts, m.d_model, m.d_ffn, gpus)
         latency_s = migration_latency_s(nbytes, bandwidth)
-        inputs.append({"model": row, "E": m.n_experts, "d_model": m.d_model, "d_ffn": m.d_ffn,
-                       "n_mat_formula": PIPER_N_MAT, "n_mat_model": m.n_mat, "send_bytes": nbytes})
+        inputs.append(
+            {
+                "model": row,
+                "E": m.n_experts,
+                "d_model": m.d_model,
+                "d_ffn": m.d_ffn,
+                "n_mat_formula": PIPER_N_MAT,
+                "n_mat_model": m.n_mat,
+                "send_bytes": nbytes,
+            }
+        )
 
         size_cell = repro.compare(row, SIZE, nbytes / GB, "GB")
         _try_other_unit(size_cell, nbytes, 1.0, "size")
         if m.n_mat != PIPER_N_MAT:
             real = nbytes * m.n_mat / PIPER_N_MAT / GB
-            extra = (f"{m.name}'s expert FFN has {m.n_mat} matrices, the formula charges "
-                     f"{PIPER_N_MAT}: with its real FFN the send size is {real:.2f} GB")
+            extra = (
+                f"{m.name}'s expert FFN has {m.n_mat} matrices, the formula charges "
+                f"{PIPER_N_MAT}: with its real FFN the send size is {real:.2f} GB"
+            )
             size_cell.note = f"{size_cell.note}; {extra}" if size_cell.note else extra
         cells.append(size_cell)
 
@@ -79,8 +100,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
             printed = repro.paper_value(row, LATENCY)
             from_printed = repro.paper_value(row, SIZE).value / bw_gbps * 1e3
             if abs(from_printed - printed.value) <= printed.half_unit:
-                lat_cell.note += (f"; the printed {printed.printed} is the printed size / {bw_gbps:g} GB/s "
-                                  f"({from_printed:.1f} ms): the table divides its rounded size")
+                lat_cell.note += (
+                    f"; the printed {printed.printed} is the printed size / {bw_gbps:g} GB/s "
+                    f"({from_printed:.1f} ms): the table divides its rounded size"
+                )
         cells.append(lat_cell)
 
     assumptions = [

@@ -37,7 +37,6 @@ from moe_repro.records.record import VERDICTS  # one list of grades: the record 
 from moe_repro.records.record import Cell  # one cell type, from compare() to the stored record
 
 
-
 @dataclass(frozen=True)
 class PaperValue:
     """One published number, as printed."""
@@ -175,11 +174,21 @@ class Reproduction:
                 return claim
         return None
 
-    def compare(self, row: str, column: str, ours: float | None, unit: str,
-                note: str | None = None, *, grade_class: str | None = None,
-                seeds: list[float] | None = None, echo: bool = False,
-                not_comparable: str | None = None, derived_from: str | None = None,
-                made: set | None = None) -> Cell:
+    def compare(
+        self,
+        row: str,
+        column: str,
+        ours: float | None,
+        unit: str,
+        note: str | None = None,
+        *,
+        grade_class: str | None = None,
+        seeds: list[float] | None = None,
+        echo: bool = False,
+        not_comparable: str | None = None,
+        derived_from: str | None = None,
+        made: set | None = None,
+    ) -> Cell:
         """Build the cell for (row, column): look up the paper's value and let the policy grade
         ours (records/grading.py).
         ``grade_class``: this number's class (default: the reproduction's).
@@ -199,12 +208,18 @@ class Reproduction:
         seed_info = None
         if cls == "sampled" or seeds is not None:
             if cls != "sampled" or not seeds:
-                raise ValueError(f"{self.id} ({row!r}, {column!r}): a sampled cell passes seeds "
-                                 f"and grade_class='sampled'")
+                raise ValueError(
+                    f"{self.id} ({row!r}, {column!r}): a sampled cell passes seeds "
+                    f"and grade_class='sampled'"
+                )
             values = [float(v) for v in seeds]
             if ours is None:
-                ours = sorted(values)[len(values) // 2] if len(values) % 2 else \
-                    0.5 * (sorted(values)[len(values) // 2 - 1] + sorted(values)[len(values) // 2])
+                ours = (
+                    sorted(values)[len(values) // 2]
+                    if len(values) % 2
+                    else 0.5
+                    * (sorted(values)[len(values) // 2 - 1] + sorted(values)[len(values) // 2])
+                )
             seed_info = {"values": values, "range": [min(values), max(values)]}
             if pv is None or any(math.isnan(v) for v in values):
                 verdict = grade_of(pv, ours, "prediction")
@@ -224,20 +239,41 @@ class Reproduction:
                     seed_info.pop("agree", None)
             elif echo:
                 verdict = "echo"
-        return Cell(row=row, column=column, paper=None if pv is None else pv.value, ours=ours,
-                    unit=unit, verdict=verdict, note=note,
-                    paper_printed=None if pv is None else pv.printed,
-                    paper_unit=None if pv is None else pv.unit,
-                    paper_source=None if pv is None else pv.source, deviation=deviation,
-                    deviation_unit=deviation_unit,
-                    tolerance=grading.tolerance_words(cls) if verdict == "close" else None,
-                    how=None if made is None or verdict == "not-reproduced" else letters(made),
-                    grade_class=cls, seeds=seed_info, derived_from=derived_from)
+        return Cell(
+            row=row,
+            column=column,
+            paper=None if pv is None else pv.value,
+            ours=ours,
+            unit=unit,
+            verdict=verdict,
+            note=note,
+            paper_printed=None if pv is None else pv.printed,
+            paper_unit=None if pv is None else pv.unit,
+            paper_source=None if pv is None else pv.source,
+            deviation=deviation,
+            deviation_unit=deviation_unit,
+            tolerance=grading.tolerance_words(cls) if verdict == "close" else None,
+            how=None if made is None or verdict == "not-reproduced" else letters(made),
+            grade_class=cls,
+            seeds=seed_info,
+            derived_from=derived_from,
+        )
 
-    def claim(self, row: str, column: str, holds: bool | None, ours: float | None, unit: str,
-              note: str, made: set | None = None, *, reading: str | None = None,
-              seeds_hold: list[bool] | None = None, echo: bool = False,
-              derived_from: str | None = None) -> Cell:
+    def claim(
+        self,
+        row: str,
+        column: str,
+        holds: bool | None,
+        ours: float | None,
+        unit: str,
+        note: str,
+        made: set | None = None,
+        *,
+        reading: str | None = None,
+        seeds_hold: list[bool] | None = None,
+        echo: bool = False,
+        derived_from: str | None = None,
+    ) -> Cell:
         """Grade a claim the paper states in words (``paper_claims``) on our numbers.
         ``holds``: True/False for a direction or ordering claim tested in code, None when ours
         cannot test it (not-reproduced). ``reading``: a number in the paper's words ("2x",
@@ -252,8 +288,10 @@ class Reproduction:
         seed_info = None
         if reading is not None:
             if holds is not None:
-                raise ValueError(f"{self.id} ({row!r}, {column!r}): a claim read by the policy "
-                                 f"does not also pass holds=")
+                raise ValueError(
+                    f"{self.id} ({row!r}, {column!r}): a claim read by the policy "
+                    f"does not also pass holds="
+                )
             read = grading.read_claim(reading)
             holds = None if ours is None or math.isnan(ours) else read.holds(ours)
         if seeds_hold is not None:
@@ -261,22 +299,37 @@ class Reproduction:
             verdict, agree = grading.consensus(grades)
             seed_info = {"holds": list(seeds_hold), "agree": agree}
         else:
-            verdict = "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+            verdict = (
+                "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
+            )
         if echo and verdict != "not-reproduced":
             verdict = "echo"
         made = current() if made is None else made
-        return Cell(row=row, column=column, paper=None, ours=ours, unit=unit, verdict=verdict,
-                    note=note, paper_printed=pc.statement, paper_source=pc.source,
-                    how=None if made is None or verdict == "not-reproduced" else letters(made),
-                    grade_class="claim", seeds=seed_info,
-                    reading=None if read is None else read.describe(), derived_from=derived_from)
+        return Cell(
+            row=row,
+            column=column,
+            paper=None,
+            ours=ours,
+            unit=unit,
+            verdict=verdict,
+            note=note,
+            paper_printed=pc.statement,
+            paper_source=pc.source,
+            how=None if made is None or verdict == "not-reproduced" else letters(made),
+            grade_class="claim",
+            seeds=seed_info,
+            reading=None if read is None else read.describe(),
+            derived_from=derived_from,
+        )
 
     def run(self, params: dict | None = None) -> Result:
         merged = {**self.defaults, **(params or {})}
         unknown = set(params or {}) - set(self.defaults)
         if unknown:
-            raise ValueError(f"{self.id}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(self.defaults)) or 'none'}")
+            raise ValueError(
+                f"{self.id}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(self.defaults)) or 'none'}"
+            )
         with tracking() as ran:
             result = self.compute(self, merged)
         # compare() and claim() label their cells as they build them; a Cell built directly
@@ -306,8 +359,13 @@ def agreement_of(cells: list[Cell | dict]) -> str:
     return grading.agreement_line(grading.agreement(cells))
 
 
-def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str],
-              invocation: list[str] | None = None):
+def record_of(
+    repro: Reproduction,
+    result: Result,
+    params: dict,
+    argv: list[str],
+    invocation: list[str] | None = None,
+):
     """The stored record of one run of ``repro`` (records/record.py, kind ``reproduction``).
     ``argv``: the command that reruns this one result (``command``); ``invocation``: the command
     line that actually ran, when known (``environment.command``; else ``argv``)."""
@@ -316,10 +374,21 @@ def record_of(repro: Reproduction, result: Result, params: dict, argv: list[str]
 
     how = how_of(result.cells)
     return ReproductionRecord(
-        id=repro.id, title=repro.title, paper=repro.paper, element=repro.element, how=how,
-        how_words=" + ".join(HOW[letter] for letter in how.split("+")), simulated="S" in how,
-        description=repro.description, params={**repro.defaults, **params},
-        tolerance="records/grading.py (one policy)", cells=list(result.cells),
-        summary=summarize(result.cells), assumptions=result.assumptions,
-        figures=[f.__dict__ for f in result.figures], extra=result.extra,
-        command=" ".join(argv), environment=collect_environment(invocation or argv))
+        id=repro.id,
+        title=repro.title,
+        paper=repro.paper,
+        element=repro.element,
+        how=how,
+        how_words=" + ".join(HOW[letter] for letter in how.split("+")),
+        simulated="S" in how,
+        description=repro.description,
+        params={**repro.defaults, **params},
+        tolerance="records/grading.py (one policy)",
+        cells=list(result.cells),
+        summary=summarize(result.cells),
+        assumptions=result.assumptions,
+        figures=[f.__dict__ for f in result.figures],
+        extra=result.extra,
+        command=" ".join(argv),
+        environment=collect_environment(invocation or argv),
+    )

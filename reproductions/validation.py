@@ -33,15 +33,23 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-GiB = 2 ** 30
+GiB = 2**30
 PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time", "attention-core")
-UNITS = {"step-time": "s", "memory": "GiB", "alltoall-bandwidth": "GB/s", "gemm-time": "s", "attention-core": "s"}
+UNITS = {
+    "step-time": "s",
+    "memory": "GiB",
+    "alltoall-bandwidth": "GB/s",
+    "gemm-time": "s",
+    "attention-core": "s",
+}
 # This project's own GEMM measurements (reproductions/measured/): file, what it holds, platform.
 # Replayed from CUDA graphs: the kernels' own time, which is what gemm_time models (in a step the
 # host runs ahead of the GPU); the same shapes launched eagerly from Python are beside them, not
 # scored (a thin GEMM's eager time is largely its launch).
-MEASURED_GEMMS = (("h200-gemm-curve-graph-2026-11-26.json", "curve", "h200"),
-                  ("h200-layer-gemms-graph-2026-11-26.json", "layer", "h200"))
+MEASURED_GEMMS = (
+    ("h200-gemm-curve-graph-2026-11-26.json", "curve", "h200"),
+    ("h200-layer-gemms-graph-2026-11-26.json", "layer", "h200"),
+)
 CEILING_SHAPE = (8192, 8192, 8192)  # where gpu.achievable_gemm_tflops was measured: not scored
 
 
@@ -64,9 +72,17 @@ class Scored:
         return (self.predicted - self.measured) / self.measured
 
     def to_dict(self) -> dict:
-        return {"id": self.point_id, "predictor": self.predictor, "measured": self.measured,
-                "predicted": self.predicted, "unit": self.unit, "error": self.error,
-                "source": self.source, "how": self.how, "note": self.note}
+        return {
+            "id": self.point_id,
+            "predictor": self.predictor,
+            "measured": self.measured,
+            "predicted": self.predicted,
+            "unit": self.unit,
+            "error": self.error,
+            "source": self.source,
+            "how": self.how,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -80,8 +96,14 @@ class Summary:
     scored: list[Scored] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"predictor": self.predictor, "points": self.points, "predicted": self.predicted,
-                "mape": self.mape, "max_abs_error": self.max_abs_error, "worst": self.worst}
+        return {
+            "predictor": self.predictor,
+            "points": self.points,
+            "predicted": self.predicted,
+            "mape": self.mape,
+            "max_abs_error": self.max_abs_error,
+            "worst": self.worst,
+        }
 
 
 def load_points() -> dict:
@@ -98,21 +120,34 @@ def gemm_points() -> list[dict]:
     in the data file's point form; the ceiling's own shape has role ``parameter``."""
     out = []
     for name, kind, platform in MEASURED_GEMMS:
-        run = json.loads(resources.files("moe_repro.reproductions").joinpath("measured", name).read_text())["hot"]
+        run = json.loads(
+            resources.files("moe_repro.reproductions").joinpath("measured", name).read_text()
+        )["hot"]
         for m in run["points"]:
             if "batch" in m:
                 continue
             shape = (m["rows"], m["k"], m["n"])
-            out.append({
-                "id": f"{platform}-{kind}-{'x'.join(map(str, shape))}", "predictor": "gemm-time",
-                "role": "parameter" if shape == CEILING_SHAPE else "scored",
-                "published": {"paper": "measured by this project", "source": f"{run['device']} {kind} "
-                              f"(benchmarks/gemm_shape_curve.py, {name})", "row": "x".join(map(str, shape)),
-                              "column": "median seconds per product", "printed": repr(m["median_s"]),
-                              "unit": "s", "url": f"reproductions/measured/{name}",
-                              "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}"},
-                "platform": platform, "gemm": {"rows": m["rows"], "k": m["k"], "n": m["n"]},
-                "spread": (m["max_s"] - m["min_s"]) / m["median_s"]})
+            out.append(
+                {
+                    "id": f"{platform}-{kind}-{'x'.join(map(str, shape))}",
+                    "predictor": "gemm-time",
+                    "role": "parameter" if shape == CEILING_SHAPE else "scored",
+                    "published": {
+                        "paper": "measured by this project",
+                        "source": f"{run['device']} {kind} "
+                        f"(benchmarks/gemm_shape_curve.py, {name})",
+                        "row": "x".join(map(str, shape)),
+                        "column": "median seconds per product",
+                        "printed": repr(m["median_s"]),
+                        "unit": "s",
+                        "url": f"reproductions/measured/{name}",
+                        "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}",
+                    },
+                    "platform": platform,
+                    "gemm": {"rows": m["rows"], "k": m["k"], "n": m["n"]},
+                    "spread": (m["max_s"] - m["min_s"]) / m["median_s"],
+                }
+            )
     return out
 
 
@@ -122,21 +157,35 @@ def attention_points() -> list[dict]:
     n = d) measured separately; the point is their sum, the attention core's forward."""
     out = []
     for name, kind, platform in MEASURED_GEMMS:
-        run = json.loads(resources.files("moe_repro.reproductions").joinpath("measured", name).read_text())["hot"]
+        run = json.loads(
+            resources.files("moe_repro.reproductions").joinpath("measured", name).read_text()
+        )["hot"]
         prods = {(m["batch"], m["rows"], m["k"], m["n"]): m for m in run["points"] if "batch" in m}
         for (b, r, k, n), qk in sorted(prods.items()):
             av = prods.get((b, r, n, k))
             if k >= n or av is None:  # each pair once, from its QK^T (d = k < keys = n)
                 continue
-            out.append({
-                "id": f"{platform}-attention-b{b}-s{r}-d{k}", "predictor": "attention-core", "role": "scored",
-                "published": {"paper": "measured by this project", "source": f"{run['device']} {kind} "
-                              f"(benchmarks/gemm_shape_curve.py, {name})", "row": f"batch {b}, {r} queries x {n} keys, d {k}",
-                              "column": "median seconds of QK^T + AV", "printed": repr(qk["median_s"] + av["median_s"]),
-                              "unit": "s", "url": f"reproductions/measured/{name}",
-                              "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}"},
-                "platform": platform, "attention": {"batch": b, "queries": r, "keys": n, "d": k},
-                "parts_s": {"qk": qk["median_s"], "av": av["median_s"]}})
+            out.append(
+                {
+                    "id": f"{platform}-attention-b{b}-s{r}-d{k}",
+                    "predictor": "attention-core",
+                    "role": "scored",
+                    "published": {
+                        "paper": "measured by this project",
+                        "source": f"{run['device']} {kind} "
+                        f"(benchmarks/gemm_shape_curve.py, {name})",
+                        "row": f"batch {b}, {r} queries x {n} keys, d {k}",
+                        "column": "median seconds of QK^T + AV",
+                        "printed": repr(qk["median_s"] + av["median_s"]),
+                        "unit": "s",
+                        "url": f"reproductions/measured/{name}",
+                        "hardware": f"one {run['device']}, torch {run['torch']}, CUDA {run['cuda']}",
+                    },
+                    "platform": platform,
+                    "attention": {"batch": b, "queries": r, "keys": n, "d": k},
+                    "parts_s": {"qk": qk["median_s"], "av": av["median_s"]},
+                }
+            )
     return out
 
 
@@ -151,6 +200,7 @@ def _source(point: dict) -> str:
 
 # ----------------------------------------------------------------------------------- models
 
+
 def _model(spec: dict):
     from moe_repro.components.model.zoo import get_model, megatron_gpt
 
@@ -160,6 +210,7 @@ def _model(spec: dict):
 
 
 # ----------------------------------------------------------------------------------- predictors
+
 
 def _plan(point: dict):
     """The planner's candidates for the published layout (everything the source fixes, fixed)."""
@@ -173,7 +224,9 @@ def _plan(point: dict):
     if gpus % p.gpus_per_node:
         raise ValueError(f"{point['id']}: {gpus} GPUs is not whole nodes of {p.name}")
     kw = {}
-    if "local_batch" in lay:  # torchtitan: a local batch per data-parallel rank, micro-batches of mb
+    if (
+        "local_batch" in lay
+    ):  # torchtitan: a local batch per data-parallel rank, micro-batches of mb
         kw["global_batch"] = lay["local_batch"] * lay["dp"]
         kw["micro_batches"] = lay["local_batch"] // lay["micro_batch"]
     else:
@@ -183,13 +236,29 @@ def _plan(point: dict):
             kw["micro_batches"] = lay["global_batch"] // (dp * lay["micro_batch"])
     if "vpp" in lay:
         kw["vpp"] = lay["vpp"]
-    return m, p, plan_parallel(m, p, gpus // p.gpus_per_node, seq=spec["seq"], precision=lay["precision"],
-                               zero=(lay["zero"],), recompute=(lay["recompute"],), tp=lay["tp"], pp=lay["pp"],
-                               cp=lay.get("cp"), sp=lay.get("sp"), flash_attention=lay["flash_attention"],
-                               dropout=bool(getattr(m, "dropout", False)),
-                               overlap_dp=lay.get("overlap_dp", True),
-                               fused_grad_accumulation=lay.get("fused_grad_accumulation", True),
-                               overlap_tp=lay.get("overlap_tp", True), **kw)
+    return (
+        m,
+        p,
+        plan_parallel(
+            m,
+            p,
+            gpus // p.gpus_per_node,
+            seq=spec["seq"],
+            precision=lay["precision"],
+            zero=(lay["zero"],),
+            recompute=(lay["recompute"],),
+            tp=lay["tp"],
+            pp=lay["pp"],
+            cp=lay.get("cp"),
+            sp=lay.get("sp"),
+            flash_attention=lay["flash_attention"],
+            dropout=bool(getattr(m, "dropout", False)),
+            overlap_dp=lay.get("overlap_dp", True),
+            fused_grad_accumulation=lay.get("fused_grad_accumulation", True),
+            overlap_tp=lay.get("overlap_tp", True),
+            **kw,
+        ),
+    )
 
 
 def measured_step_time(point: dict) -> float:
@@ -208,11 +277,17 @@ def predict_step_time(point: dict) -> tuple[float | None, str]:
     _, _, pl = _plan(point)
     best = pl.best
     if best is None:
-        why = pl.candidates[0].why_not if pl.candidates else "; ".join(r["reason"] for r in pl.rejected[:1])
+        why = (
+            pl.candidates[0].why_not
+            if pl.candidates
+            else "; ".join(r["reason"] for r in pl.rejected[:1])
+        )
         return None, f"no feasible layout: {why}"
     parts = ", ".join(f"{k} {v:.2f}" for k, v in best.parts.items() if v > 0)
-    return best.step_s, (f"VPP {best.vpp}, micro-batch {best.micro_batch}, M {best.micro_batches}, "
-                         f"MFU {best.mfu:.1%}; seconds: {parts}")
+    return best.step_s, (
+        f"VPP {best.vpp}, micro-batch {best.micro_batch}, M {best.micro_batches}, "
+        f"MFU {best.mfu:.1%}; seconds: {parts}"
+    )
 
 
 def predict_memory(point: dict) -> tuple[float | None, str]:
@@ -221,8 +296,13 @@ def predict_memory(point: dict) -> tuple[float | None, str]:
     if c is None:
         return None, "rejected: " + "; ".join(r["reason"] for r in pl.rejected[:2])
     mem = c.memory
-    terms = ", ".join(f"{k} {mem[k] / GiB:.1f}" for k in ("weights", "grads", "optimizer", "activations", "buffers"))
-    missing = list(point["layout"].get("not_modelled") or []) + list(point.get("named_differences") or [])
+    terms = ", ".join(
+        f"{k} {mem[k] / GiB:.1f}"
+        for k in ("weights", "grads", "optimizer", "activations", "buffers")
+    )
+    missing = list(point["layout"].get("not_modelled") or []) + list(
+        point.get("named_differences") or []
+    )
     note = terms + (f"; not modelled: {', '.join(missing)}" if missing else "")
     return mem["total"] / GiB, note
 
@@ -246,8 +326,10 @@ def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
         link_bytes = per_peer * (local - 1)
     else:
         link_bytes = per_peer * (ep - local)
-    return link_bytes / res.time_s / 1e9, (f"{nodes} node(s) x {local} GPUs, {per_peer / 1e6:.2f} MB per peer, "
-                                           f"simulated {res.time_s * 1e3:.3f} ms")
+    return link_bytes / res.time_s / 1e9, (
+        f"{nodes} node(s) x {local} GPUs, {per_peer / 1e6:.2f} MB per peer, "
+        f"simulated {res.time_s * 1e3:.3f} ms"
+    )
 
 
 @lru_cache(maxsize=None)
@@ -264,8 +346,10 @@ def predict_gemm_time(point: dict) -> tuple[float, str]:
     p, g = _builtin_platform(point["platform"]), point["gemm"]
     t = gemm_time(p, g["rows"], g["k"], g["n"])
     measured_tflops = 2 * g["rows"] * g["k"] * g["n"] / published_value(point) / 1e12
-    return t, (f"measured {measured_tflops:.0f} TFLOP/s (spread {point['spread']:.0%}); quantization "
-               f"efficiency {gemm_efficiency(p, g['rows'], g['n']):.2f} of {p.gemm_flops / 1e12:.0f}")
+    return t, (
+        f"measured {measured_tflops:.0f} TFLOP/s (spread {point['spread']:.0%}); quantization "
+        f"efficiency {gemm_efficiency(p, g['rows'], g['n']):.2f} of {p.gemm_flops / 1e12:.0f}"
+    )
 
 
 def predict_attention_core(point: dict) -> tuple[float, str]:
@@ -276,16 +360,22 @@ def predict_attention_core(point: dict) -> tuple[float, str]:
     flop_s = 2.0 * a["queries"] * a["keys"] * a["batch"] * 2 * a["d"] / p.attention_flops
     parts = point["parts_s"]
     unmeasured = "gpu.achievable_attention_tflops" in p.raw.get("approximate", [])
-    return t, (f"measured QK^T {parts['qk'] * 1e6:.0f} us + AV {parts['av'] * 1e6:.0f} us; predicted "
-               f"{'HBM' if t > flop_s else 'FLOP'}-bound (FLOPs alone {flop_s * 1e6:.0f} us at "
-               f"{p.attention_flops / 1e12:.0f} TFLOP/s, the profile's attention rate"
-               f"{', which no measurement set' if unmeasured else ''})")
+    return t, (
+        f"measured QK^T {parts['qk'] * 1e6:.0f} us + AV {parts['av'] * 1e6:.0f} us; predicted "
+        f"{'HBM' if t > flop_s else 'FLOP'}-bound (FLOPs alone {flop_s * 1e6:.0f} us at "
+        f"{p.attention_flops / 1e12:.0f} TFLOP/s, the profile's attention rate"
+        f"{', which no measurement set' if unmeasured else ''})"
+    )
 
 
 # predictor -> (its prediction of a point, how that number is produced)
-_PREDICT = {"step-time": (predict_step_time, "analytic"), "memory": (predict_memory, "analytic"),
-            "alltoall-bandwidth": (predict_alltoall_bandwidth, "simulated"),
-            "gemm-time": (predict_gemm_time, "analytic"), "attention-core": (predict_attention_core, "analytic")}
+_PREDICT = {
+    "step-time": (predict_step_time, "analytic"),
+    "memory": (predict_memory, "analytic"),
+    "alltoall-bandwidth": (predict_alltoall_bandwidth, "simulated"),
+    "gemm-time": (predict_gemm_time, "analytic"),
+    "attention-core": (predict_attention_core, "analytic"),
+}
 
 
 def score_point(point: dict) -> Scored:
@@ -304,8 +394,15 @@ def summarise(predictor: str, scored: list[Scored]) -> Summary:
     if not errs:
         return Summary(predictor, len(scored), 0, None, None, "", scored)
     worst = max(errs)
-    return Summary(predictor, len(scored), len(errs), statistics.fmean(e for e, _ in errs), worst[0], worst[1],
-                   scored)
+    return Summary(
+        predictor,
+        len(scored),
+        len(errs),
+        statistics.fmean(e for e, _ in errs),
+        worst[0],
+        worst[1],
+        scored,
+    )
 
 
 def validate(predictors: tuple[str, ...] = PREDICTORS, doc: dict | None = None) -> list[Summary]:
@@ -327,15 +424,22 @@ def track_record(predictor: str, doc: dict | None = None) -> dict:
     (summary,) = validate((predictor,), doc)
     pts = [p for p in doc["points"] if p["predictor"] == predictor and p.get("role") == "scored"]
     errors = [x.error for x in summary.scored if x.error is not None]
-    out = {"predictor": predictor, "points": len(errors), "mape": summary.mape,
-           "min_error": min(errors, default=None), "max_error": max(errors, default=None),
-           "platforms": sorted({p["platform"] for p in pts})}
+    out = {
+        "predictor": predictor,
+        "points": len(errors),
+        "mape": summary.mape,
+        "min_error": min(errors, default=None),
+        "max_error": max(errors, default=None),
+        "platforms": sorted({p["platform"] for p in pts}),
+    }
     if predictor == "step-time":
-        out["model_families"] = sorted({"dense GPT" if p["model"].get("kind") == "megatron-gpt" else "MoE"
-                                        for p in pts})
+        out["model_families"] = sorted(
+            {"dense GPT" if p["model"].get("kind") == "megatron-gpt" else "MoE" for p in pts}
+        )
     if predictor == "alltoall-bandwidth":
-        per_peer = [w["tokens_per_rank"] * w["top_k"] * w["hidden"] * w["bytes_per_value"] / w["ep"]
-                    for w in (p["workload"] for p in pts)]
+        per_peer = [
+            w["tokens_per_rank"] * w["top_k"] * w["hidden"] * w["bytes_per_value"] / w["ep"]
+            for w in (p["workload"] for p in pts)
+        ]
         out["bytes_per_peer"] = [min(per_peer), max(per_peer)]
     return out
-

@@ -24,13 +24,22 @@ from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Resul
 GB = 1e9
 _SRC = "X-MoE App. C.1"
 EXAMPLE = ("App. C.1 example: 8 experts, EP = 8, 64 GPUs (Mixtral 8x7B)", "DP-first vs EP-first")
-LARGE = ("relatively large MoEs (X-MoE Large, DeepSeek-V3; 256 GPUs, EP = 64)", "DP-first vs EP-first")
+LARGE = (
+    "relatively large MoEs (X-MoE Large, DeepSeek-V3; 256 GPUs, EP = 64)",
+    "DP-first vs EP-first",
+)
 PAPER_CLAIMS = [
-    PaperClaim(*EXAMPLE, "By reordering the placement, favoring DP-First, we shift DP communication from "
-                         "slow inter-node links to fast intra-node connects. This change leads to "
-                         "significant performance gains on HPC platforms with hierarchical bandwidth "
-                         "asymmetry.", _SRC),
-    PaperClaim(*LARGE, "For relatively large MoEs, replica-aware DP actually becomes more appealing", _SRC),
+    PaperClaim(
+        *EXAMPLE,
+        "By reordering the placement, favoring DP-First, we shift DP communication from "
+        "slow inter-node links to fast intra-node connects. This change leads to "
+        "significant performance gains on HPC platforms with hierarchical bandwidth "
+        "asymmetry.",
+        _SRC,
+    ),
+    PaperClaim(
+        *LARGE, "For relatively large MoEs, replica-aware DP actually becomes more appealing", _SRC
+    ),
 ]
 # Which of our models test each claim: the example's shape (8 experts, EP = 8 on 8 x 8 GPUs) is
 # Mixtral 8x7B's; "relatively large" is read as X-MoE's own Large and DeepSeek-V3 (hundreds of
@@ -45,7 +54,9 @@ def _placement_claims(repro: Reproduction, ratios: dict[str, tuple[str, float]],
     for (row, col), keys in CLAIM_MODELS.items():
         got = [ratios[k] for k in keys if k in ratios]
         if len(got) < len(keys):
-            cells.append(repro.claim(row, col, None, None, "x", note="model not evaluated", made=made))
+            cells.append(
+                repro.claim(row, col, None, None, "x", note="model not evaluated", made=made)
+            )
             continue
         if (row, col) == EXAMPLE:
             holds = all(r > 1 and not comparable(r, 1.0) for _, r in got)
@@ -54,28 +65,58 @@ def _placement_claims(repro: Reproduction, ratios: dict[str, tuple[str, float]],
             holds = all(r > 1 for _, r in got)
             rule = "holds if DP-first is faster for each"
         words = ", ".join(f"{name} {r:.2f}x" for name, r in got)
-        cells.append(repro.claim(row, col, holds, min(r for _, r in got), "x",
-                                 note=f"modelled EP-first / DP-first time: {words}; {rule}", made=made))
+        cells.append(
+            repro.claim(
+                row,
+                col,
+                holds,
+                min(r for _, r in got),
+                "x",
+                note=f"modelled EP-first / DP-first time: {words}; {rule}",
+                made=made,
+            )
+        )
     return cells
 
 
-def run_small(orders: list[str], nodes: int, gpus_per_node: int, ep: int, tokens: int, top_k: int,
-              hidden: int, expert_params: int, seed: int, uniform: bool = False,
-              timeout_s: float = 120.0) -> dict:
+def run_small(
+    orders: list[str],
+    nodes: int,
+    gpus_per_node: int,
+    ep: int,
+    tokens: int,
+    top_k: int,
+    hidden: int,
+    expert_params: int,
+    seed: int,
+    uniform: bool = False,
+    timeout_s: float = 120.0,
+) -> dict:
     """Measured bytes per link class of real small runs (suite rank-layout-traffic, all ranks'
     messages), per order: {order: {"alltoall": {class: B}, "allreduce": {class: B}, "correct"}}."""
     from moe_repro.reproductions._suite_runs import pick, run_grid
 
-    base = {"nodes": nodes, "gpus_per_node": gpus_per_node, "ep": ep, "tokens": tokens,
-            "top_k": top_k, "hidden": hidden, "expert_params": expert_params, "seed": seed,
-            "uniform": uniform}
-    records = run_grid("rank-layout-traffic", [dict(base, order=o) for o in orders], repeats=1,
-                       timeout_s=timeout_s)
+    base = {
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "ep": ep,
+        "tokens": tokens,
+        "top_k": top_k,
+        "hidden": hidden,
+        "expert_params": expert_params,
+        "seed": seed,
+        "uniform": uniform,
+    }
+    records = run_grid(
+        "rank-layout-traffic", [dict(base, order=o) for o in orders], repeats=1, timeout_s=timeout_s
+    )
     result = {}
     for order in orders:
         r = pick(records, order=order)
-        result[order] = {kind: {cls: r[f"{kind}_{cls}_bytes"] for cls in ("intra_node", "inter_node")}
-                         for kind in ("alltoall", "allreduce")}
+        result[order] = {
+            kind: {cls: r[f"{kind}_{cls}_bytes"] for cls in ("intra_node", "inter_node")}
+            for kind in ("alltoall", "allreduce")
+        }
         result[order]["correct"] = r["correct"]
     return result
 
@@ -93,25 +134,47 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for order in ORDERS:
         real = real_runs[order]
         with tracking() as formula:
-            model = traffic_model(nodes, gpn, ep, order, tokens, k, hidden, eparams, act_bytes=4,
-                                  grad_bytes=4)
+            model = traffic_model(
+                nodes, gpn, ep, order, tokens, k, hidden, eparams, act_bytes=4, grad_bytes=4
+            )
         for kind in ("alltoall", "allreduce"):
             for cls in ("intra_node", "inter_node"):
                 row = f"small real {nodes}x{gpn}, EP={ep}, {order}"
-                cells.append(repro.compare(row, f"{kind} {cls} (measured)", real[kind][cls] / 1e3, "kB",
-                                           note=None if real["correct"] else "a collective returned a wrong result"))
-                cells.append(repro.compare(row, f"{kind} {cls} (formula)", model[kind][cls] / 1e3, "kB",
-                                           made=formula, note="uniform routing expectation" if kind == "alltoall" else None))
-    assumptions.append(f"Small real runs: {nodes} emulated nodes x {gpn} gloo ranks, EP = {gpn}, "
-                       f"{tokens} tokens x top-{k} x H = {hidden} fp32 per rank, random uniform "
-                       f"routing, 4 all-to-all exchanges; ring all-reduce of {eparams} fp32 expert "
-                       "gradient elements per rank. Bytes summed over all ranks.")
+                cells.append(
+                    repro.compare(
+                        row,
+                        f"{kind} {cls} (measured)",
+                        real[kind][cls] / 1e3,
+                        "kB",
+                        note=None if real["correct"] else "a collective returned a wrong result",
+                    )
+                )
+                cells.append(
+                    repro.compare(
+                        row,
+                        f"{kind} {cls} (formula)",
+                        model[kind][cls] / 1e3,
+                        "kB",
+                        made=formula,
+                        note="uniform routing expectation" if kind == "alltoall" else None,
+                    )
+                )
+    assumptions.append(
+        f"Small real runs: {nodes} emulated nodes x {gpn} gloo ranks, EP = {gpn}, "
+        f"{tokens} tokens x top-{k} x H = {hidden} fp32 per rank, random uniform "
+        f"routing, 4 all-to-all exchanges; ring all-reduce of {eparams} fp32 expert "
+        "gradient elements per rank. Bytes summed over all ranks."
+    )
 
     # --- full scale, formula -------------------------------------------------------------
     intra_bw, inter_bw = float(params["intra_GBps"]) * GB, float(params["inter_GBps"]) * GB
     seq = int(params["seq"])
-    scales = [("mixtral-8x7b", 8, 8, 8), ("xmoe-small", 8, 8, 8), ("xmoe-large", 32, 8, 64),
-              ("deepseek-v3", 32, 8, 64)]
+    scales = [
+        ("mixtral-8x7b", 8, 8, 8),
+        ("xmoe-small", 8, 8, 8),
+        ("xmoe-large", 32, 8, 64),
+        ("deepseek-v3", 32, 8, 64),
+    ]
     xs, ep_first_t, dp_first_t, labels = [], [], [], []
     ratios: dict[str, tuple[str, float]] = {}  # model key -> (name, EP-first / DP-first time)
     for key, n_nodes, per_node, ep_deg in scales:
@@ -122,21 +185,53 @@ def compute(repro: Reproduction, params: dict) -> Result:
         times = {}
         for order in ORDERS:
             with tracking() as formula:
-                t = traffic_model(n_nodes, per_node, ep_deg, order, seq, m.top_k, m.d_model,
-                                  params_per_rank, act_bytes=2, grad_bytes=2)
+                t = traffic_model(
+                    n_nodes,
+                    per_node,
+                    ep_deg,
+                    order,
+                    seq,
+                    m.top_k,
+                    m.d_model,
+                    params_per_rank,
+                    act_bytes=2,
+                    grad_bytes=2,
+                )
                 world = n_nodes * per_node
                 times[order] = comm_time_s(t, intra_bw, inter_bw, world)
             row = f"{m.name}, {world} GPUs ({n_nodes}x{per_node}), EP={ep_deg}, {order}"
             for kind in ("alltoall", "allreduce"):
-                cells.append(repro.compare(row, f"{kind} inter-node per GPU", t[kind]["inter_node"] / world / GB, "GB",
-                                           made=formula))
-            cells.append(repro.compare(row, "comm time per GPU (model)", times[order] * 1e3, "ms", made=formula,
-                                       note=f"{params['intra_GBps']} GB/s intra, {params['inter_GBps']} GB/s inter-node"))
+                cells.append(
+                    repro.compare(
+                        row,
+                        f"{kind} inter-node per GPU",
+                        t[kind]["inter_node"] / world / GB,
+                        "GB",
+                        made=formula,
+                    )
+                )
+            cells.append(
+                repro.compare(
+                    row,
+                    "comm time per GPU (model)",
+                    times[order] * 1e3,
+                    "ms",
+                    made=formula,
+                    note=f"{params['intra_GBps']} GB/s intra, {params['inter_GBps']} GB/s inter-node",
+                )
+            )
         winner = min(times, key=times.get)
         ratio = times["ep-first"] / times["dp-first"]
-        cells.append(repro.compare(f"{m.name}, EP={ep_deg}", "EP-first / DP-first time", ratio, "x",
-                                   made=formula,
-                                   note=f"{winner} is faster by {max(times.values()) / min(times.values()):.2f}x"))
+        cells.append(
+            repro.compare(
+                f"{m.name}, EP={ep_deg}",
+                "EP-first / DP-first time",
+                ratio,
+                "x",
+                made=formula,
+                note=f"{winner} is faster by {max(times.values()) / min(times.values()):.2f}x",
+            )
+        )
         ratios[key] = (m.name, ratio)
         labels.append(m.name)
         xs.append(len(xs))
@@ -151,10 +246,18 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "no latency term. The EP/DP split per model is ours (App. C.1 uses 8 experts, EP = 8 on 64 GPUs).",
     ]
     cells += _placement_claims(repro, ratios, made=formula)  # the modelled times' provenance
-    fig = Figure(name="xmoe-appc1-time", title="Modelled MoE-layer communication time per GPU",
-                 xlabel="model", ylabel="ms per layer and step", yscale="log", form="bars",
-                 series=[{"label": "EP-first", "x": labels, "y": ep_first_t, "kind": "ours"},
-                         {"label": "DP-first", "x": labels, "y": dp_first_t, "kind": "ours"}])
+    fig = Figure(
+        name="xmoe-appc1-time",
+        title="Modelled MoE-layer communication time per GPU",
+        xlabel="model",
+        ylabel="ms per layer and step",
+        yscale="log",
+        form="bars",
+        series=[
+            {"label": "EP-first", "x": labels, "y": ep_first_t, "kind": "ours"},
+            {"label": "DP-first", "x": labels, "y": dp_first_t, "kind": "ours"},
+        ],
+    )
     return Result(cells=cells, assumptions=assumptions, figures=[fig])
 
 
@@ -164,6 +267,12 @@ REPRODUCTION = Reproduction(
     compute=compute,
     paper_claims=PAPER_CLAIMS,
     grade_class="exact",  # byte counts and formula times; the paper's claims are graded as claims
-    defaults={"small_nodes": 2, "small_gpus_per_node": 2, "seed": 0, "seq": 4096,
-              "intra_GBps": 200.0, "inter_GBps": 25.0},
+    defaults={
+        "small_nodes": 2,
+        "small_gpus_per_node": 2,
+        "seed": 0,
+        "seq": 4096,
+        "intra_GBps": 200.0,
+        "inter_GBps": 25.0,
+    },
 )

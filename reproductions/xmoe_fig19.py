@@ -30,7 +30,11 @@ _SRC = "X-MoE App. D, text on Fig. 19"
 # GPUs"): region (ii) starts at 32, so (i) is read as 8 to 32.
 REGIONS = {
     "region (i): 8 to 32 GPUs": ("(i) latency increases from 8 to GPUs", 8, 32),
-    "region (ii): 32 to 256 GPUs": ("(ii) latency remains relatively stable from 32 to 256 GPUs", 32, 256),
+    "region (ii): 32 to 256 GPUs": (
+        "(ii) latency remains relatively stable from 32 to 256 GPUs",
+        32,
+        256,
+    ),
     "region (iii): beyond 256 GPUs": ("(3) it rises sharply beyond 256 GPUs", 256, None),
 }
 CLAIM_COL = "all-to-all time (simulated)"
@@ -62,15 +66,25 @@ def region_claims(repro: Reproduction, times: dict[int, float]) -> list:
     for row, (_, lo, hi) in REGIONS.items():
         ns_ = sorted(n for n in times if n >= lo and (hi is None or n <= hi))
         if lo not in times or len(ns_) < 2:
-            cells.append(repro.claim(row, CLAIM_COL, None, None, "x",
-                                     note=f"needs the {lo}-GPU point and one beyond it"))
+            cells.append(
+                repro.claim(
+                    row,
+                    CLAIM_COL,
+                    None,
+                    None,
+                    "x",
+                    note=f"needs the {lo}-GPU point and one beyond it",
+                )
+            )
             continue
         if row.startswith("region (ii)"):
             low, high = min(times[n] for n in ns_), max(times[n] for n in ns_)
             holds = comparable(low, high)
             ours = high / low
-            what = (f"max / min over {ns_[0]}-{ns_[-1]} GPUs {ours:.3f}x; holds if within {tol} "
-                    "(comparable)")
+            what = (
+                f"max / min over {ns_[0]}-{ns_[-1]} GPUs {ours:.3f}x; holds if within {tol} "
+                "(comparable)"
+            )
         elif hi is not None:
             ours = times[hi] / times[lo]
             holds = ours > 1 and not comparable(times[lo], times[hi])
@@ -80,18 +94,25 @@ def region_claims(repro: Reproduction, times: dict[int, float]) -> list:
             rises = {n: times[n] / times[lo] for n in past}
             holds = all(r > 1 and not comparable(times[lo], times[n]) for n, r in rises.items())
             ours = rises[past[0]]
-            what = ("; ".join(f"time({n}) / time({lo}) = {r:.3f}x" for n, r in rises.items())
-                    + f"; holds if every point past {lo} rises beyond {tol}")
+            what = (
+                "; ".join(f"time({n}) / time({lo}) = {r:.3f}x" for n, r in rises.items())
+                + f"; holds if every point past {lo} rises beyond {tol}"
+            )
         cell = repro.claim(row, CLAIM_COL, holds, ours, "x", note=f"simulated: {what}")
         if cell.verdict == "claim-fails" and row.startswith("region (iii)"):
-            cell.blame("network simulator (components/network/simulator.py)",
-                       "it has no other jobs' traffic, X-MoE's explanation of region (iii)")
+            cell.blame(
+                "network simulator (components/network/simulator.py)",
+                "it has no other jobs' traffic, X-MoE's explanation of region (iii)",
+            )
             cell.detail = REGION_III_DETAIL
         elif cell.verdict == "claim-fails" and row.startswith("region (ii)"):
             steps = [f"{b}/{a}: {times[b] / times[a]:.3f}x" for a, b in zip(ns_, ns_[1:])]
-            cell.detail = ("Read as a region: every point within the tolerance of every other, so "
-                           "the region's max / min. Per doubling the simulated time rises by "
-                           + ", ".join(steps) + "; the rise accumulates over the region.")
+            cell.detail = (
+                "Read as a region: every point within the tolerance of every other, so "
+                "the region's max / min. Per doubling the simulated time rises by "
+                + ", ".join(steps)
+                + "; the rise accumulates over the region."
+            )
         cells.append(cell)
     return cells
 
@@ -102,7 +123,8 @@ REGION_III_DETAIL = (
     "jobs and no global-link taper, so past 256 GCDs it adds only per-message costs: 512 GCDs "
     "takes about what 256 takes. The rise it shows at 1024 comes from the experts: 256 experts on "
     "1024 GCDs put experts on 2 of every 8 GCDs per node (2 of 4 NICs), so fewer NICs receive all "
-    "the rows; the Eq. 6 NIC bound rises the same way. That is not the paper's mechanism.")
+    "the rows; the Eq. 6 NIC bound rises the same way. That is not the paper's mechanism."
+)
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -114,19 +136,47 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for n in counts:
         r = simulate_point(m, platform, n, tokens)
         times[n], bounds[n] = r.time_s * 1e3, r.eq6_bound_s * 1e3
-        points.append({"gpus": n, "time_ms": times[n], "eq6_bound_ms": bounds[n],
-                       "inter_node_bytes": r.link_bytes["inter_node"], "simulated": True})
-        cells.append(repro.compare(f"{n} GPUs", COL, times[n], "ms",
-                                   note=f"simulated; Eq. 6 NIC bound {bounds[n]:.4g} ms"))
+        points.append(
+            {
+                "gpus": n,
+                "time_ms": times[n],
+                "eq6_bound_ms": bounds[n],
+                "inter_node_bytes": r.link_bytes["inter_node"],
+                "simulated": True,
+            }
+        )
+        cells.append(
+            repro.compare(
+                f"{n} GPUs",
+                COL,
+                times[n],
+                "ms",
+                note=f"simulated; Eq. 6 NIC bound {bounds[n]:.4g} ms",
+            )
+        )
 
     cells += region_claims(repro, times)
-    fig = Figure(name="xmoe-fig19", title=f"All-to-all time vs GPUs, {m.name} dispatch on "
-                                         f"{platform.name} (simulated)",
-                 xlabel="GPUs (GCDs)", ylabel="all-to-all time (ms, simulated)", xscale="log",
-                 series=[{"label": "flat all-to-all (simulated)", "x": counts, "y": [times[n] for n in counts],
-                          "kind": "ours"},
-                         {"label": "Eq. 6 NIC bound", "x": counts, "y": [bounds[n] for n in counts],
-                          "kind": "ours"}])
+    fig = Figure(
+        name="xmoe-fig19",
+        title=f"All-to-all time vs GPUs, {m.name} dispatch on {platform.name} (simulated)",
+        xlabel="GPUs (GCDs)",
+        ylabel="all-to-all time (ms, simulated)",
+        xscale="log",
+        series=[
+            {
+                "label": "flat all-to-all (simulated)",
+                "x": counts,
+                "y": [times[n] for n in counts],
+                "kind": "ours",
+            },
+            {
+                "label": "Eq. 6 NIC bound",
+                "x": counts,
+                "y": [bounds[n] for n in counts],
+                "kind": "ours",
+            },
+        ],
+    )
     assumptions = [
         f"{m.name}: H = {m.d_model} (bf16 rows), {m.n_experts} experts placed contiguously over the "
         f"GPUs, top-{m.top_k}, {tokens} tokens per GPU (X-MoE does not state the batch of this "
@@ -142,8 +192,14 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-fig19",
-    paper_values=[], compute=compute, paper_claims=PAPER_CLAIMS,
+    paper_values=[],
+    compute=compute,
+    paper_claims=PAPER_CLAIMS,
     grade_class="prediction",  # simulated times (the paper prints none: its claims are graded)
-    defaults={"model": "xmoe-large", "platform": "frontier", "tokens": 4096,
-              "gpus": "8,16,32,64,128,256,512,1024"},
+    defaults={
+        "model": "xmoe-large",
+        "platform": "frontier",
+        "tokens": 4096,
+        "gpus": "8,16,32,64,128,256,512,1024",
+    },
 )

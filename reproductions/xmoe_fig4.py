@@ -28,6 +28,7 @@ def _median(values: list[float]) -> float:
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
+
 UNIFORM_A = "uniform (analytic)"
 UNIFORM_S = "uniform (RBD pilots)"
 SKEWED_S = "skewed (RBD pilots)"
@@ -44,7 +45,10 @@ PAPER_VALUES = [
 def compute(repro: Reproduction, params: dict) -> Result:
     import torch
 
-    from moe_repro.components.alltoall.rbd import expected_redundancy_uniform, sampled_redundancy_rate
+    from moe_repro.components.alltoall.rbd import (
+        expected_redundancy_uniform,
+        sampled_redundancy_rate,
+    )
     from moe_repro.components.moe.pft import build_pft
     from moe_repro.components.balance.routing_trace import synthetic_trace
     from moe_repro.components.network.topology import Topology
@@ -54,7 +58,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
     S, skew, seed = int(params["tokens"]), float(params["skew"]), int(params["seed"])
     eps = csv_param(params["ep_sizes"], int)
     if any(ep % gpn or ep // gpn < 2 or E % ep for ep in eps):
-        raise ValueError(f"every EP size must span >= 2 whole nodes of {gpn} GPUs and divide {E} experts")
+        raise ValueError(
+            f"every EP size must span >= 2 whole nodes of {gpn} GPUs and divide {E} experts"
+        )
     # Routing is sampled: the sampled cells are computed at seeds seed .. seed + 4 and graded
     # per seed (records/grading.py, class sampled).
     seeds = list(range(seed, seed + MIN_SEEDS))
@@ -62,8 +68,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for s_ in seeds:
         g = torch.Generator().manual_seed(s_)
         uniform_top = torch.argsort(torch.rand(S, E, generator=g), dim=1)[:, :k]
-        skewed_top = synthetic_trace(1, 1, E, k, S, 1, skew=skew, seed=s_,
-                                     keep_tokens=True).top_experts[0][0]
+        skewed_top = synthetic_trace(
+            1, 1, E, k, S, 1, skew=skew, seed=s_, keep_tokens=True
+        ).top_experts[0][0]
         routings.append({UNIFORM_S: uniform_top, SKEWED_S: skewed_top})
     ones = torch.ones(S, k)
 
@@ -78,35 +85,94 @@ def compute(repro: Reproduction, params: dict) -> Result:
         with tracking() as sampling:
             for s_, routing in zip(seeds, routings):
                 for label, top in routing.items():
-                    sampled[label].append(100 * sampled_redundancy_rate(
-                        build_pft(top, ones, E), placement, topo, 0, torch.Generator().manual_seed(s_)))
+                    sampled[label].append(
+                        100
+                        * sampled_redundancy_rate(
+                            build_pft(top, ones, E),
+                            placement,
+                            topo,
+                            0,
+                            torch.Generator().manual_seed(s_),
+                        )
+                    )
         row = f"EP={ep}"
         series[UNIFORM_A].append(analytic)
         for label in (UNIFORM_S, SKEWED_S):
             series[label].append(_median(sampled[label]))
         where = f"seeds {seeds[0]}-{seeds[-1]}"
         cells.append(repro.compare(row, UNIFORM_A, analytic, "%", made=closed_form))
-        cells.append(repro.compare(row, UNIFORM_S, None, "%", made=sampling, grade_class="sampled",
-                                   seeds=sampled[UNIFORM_S],
-                                   note=f"{S} tokens of one source rank, {where}"))
-        cells.append(repro.compare(row, SKEWED_S, None, "%", made=sampling, grade_class="sampled",
-                                   seeds=sampled[SKEWED_S],
-                                   note=f"log-normal popularity, skew {skew}; contiguous placement; {where}"))
+        cells.append(
+            repro.compare(
+                row,
+                UNIFORM_S,
+                None,
+                "%",
+                made=sampling,
+                grade_class="sampled",
+                seeds=sampled[UNIFORM_S],
+                note=f"{S} tokens of one source rank, {where}",
+            )
+        )
+        cells.append(
+            repro.compare(
+                row,
+                SKEWED_S,
+                None,
+                "%",
+                made=sampling,
+                grade_class="sampled",
+                seeds=sampled[SKEWED_S],
+                note=f"log-normal popularity, skew {skew}; contiguous placement; {where}",
+            )
+        )
         if ep == 32:
-            cells.append(repro.compare(row, LARGE_COL, analytic, "%", made=closed_form,
-                                       note="ours: uniform routing (analytic); paper: measured on "
-                                            "the Large model's routing at EP = 32"))
+            cells.append(
+                repro.compare(
+                    row,
+                    LARGE_COL,
+                    analytic,
+                    "%",
+                    made=closed_form,
+                    note="ours: uniform routing (analytic); paper: measured on "
+                    "the Large model's routing at EP = 32",
+                )
+            )
     best = max(series[UNIFORM_A])
-    cells.append(repro.compare(MAX_ROW, MAX_COL, best, "%", made=closed_form,
-                               note=f"ours: uniform routing, at EP={eps[series[UNIFORM_A].index(best)]} "
-                                    "(2 nodes); paper: DeepSpeed-MoE's dispatch, routing not stated"))
-    figure = Figure(name="xmoe-fig4", title=f"Inter-node redundancy of dispatched tokens ({E} experts, top-{k})",
-                    xlabel="EP size (GPUs, 8 per node)", ylabel="redundancy rate (%)", xscale="log",
-                    series=[{"label": label if label == UNIFORM_A else f"{label}, median of {len(seeds)} seeds",
-                             "x": eps, "y": ys, "kind": "ours"}
-                            for label, ys in series.items()]
-                    + [{"label": "X-MoE (text: max 75.1%, EP=32: 54.8%)", "x": [16, 32],
-                        "y": [75.1, 54.8], "kind": "paper"}])
+    cells.append(
+        repro.compare(
+            MAX_ROW,
+            MAX_COL,
+            best,
+            "%",
+            made=closed_form,
+            note=f"ours: uniform routing, at EP={eps[series[UNIFORM_A].index(best)]} "
+            "(2 nodes); paper: DeepSpeed-MoE's dispatch, routing not stated",
+        )
+    )
+    figure = Figure(
+        name="xmoe-fig4",
+        title=f"Inter-node redundancy of dispatched tokens ({E} experts, top-{k})",
+        xlabel="EP size (GPUs, 8 per node)",
+        ylabel="redundancy rate (%)",
+        xscale="log",
+        series=[
+            {
+                "label": label if label == UNIFORM_A else f"{label}, median of {len(seeds)} seeds",
+                "x": eps,
+                "y": ys,
+                "kind": "ours",
+            }
+            for label, ys in series.items()
+        ]
+        + [
+            {
+                "label": "X-MoE (text: max 75.1%, EP=32: 54.8%)",
+                "x": [16, 32],
+                "y": [75.1, 54.8],
+                "kind": "paper",
+            }
+        ],
+    )
     assumptions = [
         f"{E} experts, top-{k}, {gpn} GPUs per node (Frontier), experts placed contiguously, "
         "E / EP per rank.",
@@ -125,6 +191,13 @@ REPRODUCTION = Reproduction(
     compute=compute,
     # The closed form predicts a measured rate; the RBD-pilot counts declare class sampled.
     grade_class="prediction",
-    defaults={"experts": 256, "top_k": 8, "gpus_per_node": 8, "ep_sizes": "16,32,64,128,256",
-              "tokens": 4096, "skew": 1.0, "seed": 0},
+    defaults={
+        "experts": 256,
+        "top_k": 8,
+        "gpus_per_node": 8,
+        "ep_sizes": "16,32,64,128,256",
+        "tokens": 4096,
+        "skew": 1.0,
+        "seed": 0,
+    },
 )

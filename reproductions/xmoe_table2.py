@@ -16,9 +16,12 @@ from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 COLS = ("A_dispatch", "A_combine", "A_interm0", "A_interm1")
 _SRC = "X-MoE Table 2 (symbolic entry evaluated at m = 8)"
 # As printed: M_conv: bsh, bsh, bsh', bsh'; M_spec: mbsh, mbsh, bsh', bsh'. At m = 8:
-PAPER_VALUES = [PaperValue("M_conv", c, "1", u, _SRC) for c, u in zip(COLS, ("bsh", "bsh", "bsh'", "bsh'"))] + \
-               [PaperValue("M_spec", c, p, u, _SRC) for c, p, u in zip(COLS, ("8", "8", "1", "1"),
-                                                                      ("bsh", "bsh", "bsh'", "bsh'"))]
+PAPER_VALUES = [
+    PaperValue("M_conv", c, "1", u, _SRC) for c, u in zip(COLS, ("bsh", "bsh", "bsh'", "bsh'"))
+] + [
+    PaperValue("M_spec", c, p, u, _SRC)
+    for c, p, u in zip(COLS, ("8", "8", "1", "1"), ("bsh", "bsh", "bsh'", "bsh'"))
+]
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -34,8 +37,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
             unit = b * s * (h if col in ("A_dispatch", "A_combine") else h_ffn)
             # Our activation model is X-MoE's own per-tensor formula, so evaluating it restates
             # the table: an echo (a check of our code against the paper's algebra), not evidence.
-            cells.append(repro.compare(row, col, el[col] / unit, "bsh" if unit == b * s * h else "bsh'",
-                                       echo=True, note="X-MoE's formula evaluated; restates the table"))
+            cells.append(
+                repro.compare(
+                    row,
+                    col,
+                    el[col] / unit,
+                    "bsh" if unit == b * s * h else "bsh'",
+                    echo=True,
+                    note="X-MoE's formula evaluated; restates the table",
+                )
+            )
     conv = sum(xmoe_activation_elements(b, s, h, h_ffn, 1).values())
     spec = sum(xmoe_activation_elements(b, s, h, h_ffn // m, m).values())
     assumptions = [
@@ -44,12 +55,15 @@ def compute(repro: Reproduction, params: dict) -> Result:
         f"Total of the four tensors: M_spec / M_conv = {spec / conv:.2f} at these shapes "
         f"(dispatch+combine dominate once m h > h').",
     ]
-    return Result(cells=cells, assumptions=assumptions,
-                  extra={"elements_conv": conv, "elements_spec": spec})
+    return Result(
+        cells=cells, assumptions=assumptions, extra={"elements_conv": conv, "elements_spec": spec}
+    )
 
 
 REPRODUCTION = Reproduction(
     id="xmoe-table2",
-    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",  # formula evaluations
+    paper_values=PAPER_VALUES,
+    compute=compute,
+    grade_class="exact",  # formula evaluations
     defaults={"m": 8, "b": 4, "s": 2048, "h": 4096, "h_ffn": 16384},
 )

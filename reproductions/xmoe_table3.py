@@ -20,24 +20,39 @@ from moe_repro.reproductions.spec import PaperValue, Reproduction, Result
 
 TOTAL, ACTIVE = "Param.", "Activated Param."
 _SRC = "X-MoE Table 3"
-_PRINTED = {"xmoe-small": ("Small", "10.1", "1.3"), "xmoe-medium": ("Medium", "55.2", "5.2"),
-            "xmoe-large": ("Large", "201.4", "11.5"), "xmoe-super": ("Super", "545.4", "28.7")}
-PAPER_VALUES = [v for row, t, a in _PRINTED.values()
-                for v in (PaperValue(row, TOTAL, t, "B", _SRC), PaperValue(row, ACTIVE, a, "B", _SRC))]
+_PRINTED = {
+    "xmoe-small": ("Small", "10.1", "1.3"),
+    "xmoe-medium": ("Medium", "55.2", "5.2"),
+    "xmoe-large": ("Large", "201.4", "11.5"),
+    "xmoe-super": ("Super", "545.4", "28.7"),
+}
+PAPER_VALUES = [
+    v
+    for row, t, a in _PRINTED.values()
+    for v in (PaperValue(row, TOTAL, t, "B", _SRC), PaperValue(row, ACTIVE, a, "B", _SRC))
+]
 
 
 def _conventions(m):
     """(label, model) for n_mat in {2, 3}, MoE in all or all-but-first layer, 0-2 shared experts,
     with or without 4 H^2 attention."""
-    for n_mat, first_dense, shared, attn in itertools.product((2, 3), (False, True), (0, 1, 2), (True, False)):
+    for n_mat, first_dense, shared, attn in itertools.product(
+        (2, 3), (False, True), (0, 1, 2), (True, False)
+    ):
         variant = dataclasses.replace(
-            m, n_mat=n_mat, n_shared=shared, moe_layers=m.layers - 1 if first_dense else None,
-            d_ffn_dense=m.d_ffn * m.top_k if first_dense else None)
+            m,
+            n_mat=n_mat,
+            n_shared=shared,
+            moe_layers=m.layers - 1 if first_dense else None,
+            d_ffn_dense=m.d_ffn * m.top_k if first_dense else None,
+        )
         pc = param_counts(variant)
         total = pc.total if attn else pc.total - pc.attention
         active = pc.active if attn else pc.active - pc.attention
-        label = (f"n_mat={n_mat}, {'first layer dense (FFN k H_FFN), ' if first_dense else ''}{shared} shared, "
-                 f"{'with' if attn else 'without'} attention")
+        label = (
+            f"n_mat={n_mat}, {'first layer dense (FFN k H_FFN), ' if first_dense else ''}{shared} shared, "
+            f"{'with' if attn else 'without'} attention"
+        )
         yield label, total / 1e9, active / 1e9
 
 
@@ -50,13 +65,16 @@ def compute(repro: Reproduction, params: dict) -> Result:
             cell = repro.compare(row, col, ours, "B")
             if cell.verdict == "deviates":
                 pv = repro.paper_value(row, col)
-                binary = ours * 1e9 / 2 ** 30
+                binary = ours * 1e9 / 2**30
                 # The cause tried: Table 3 divides by 2^30 and prints "B". The counterfactual is
                 # our count in units of 2^30 parameters; the policy grades it (exact class).
-                cell.explain("unit-convention",
-                             f"in units of 2^30 parameters ours is {binary:.2f} "
-                             f"({(binary - pv.value) / pv.value:+.2%} from the printed {pv.printed})",
-                             counterfactual=binary, removed="our count divided by 2^30 instead of 10^9")
+                cell.explain(
+                    "unit-convention",
+                    f"in units of 2^30 parameters ours is {binary:.2f} "
+                    f"({(binary - pv.value) / pv.value:+.2%} from the printed {pv.printed})",
+                    counterfactual=binary,
+                    removed="our count divided by 2^30 instead of 10^9",
+                )
                 if cell.verdict == "deviates":
                     idx = 1 if col == TOTAL else 2
                     best = min(_conventions(m), key=lambda c: abs(c[idx] - pv.value))
@@ -67,10 +85,20 @@ def compute(repro: Reproduction, params: dict) -> Result:
                         f"other readings (n_mat 2/3, first layer dense or not, 0-2 shared experts, "
                         f"with/without attention), the closest in decimal units is {best[0]}: "
                         f"{best[idx]:.2f}B ({(best[idx] - pv.value) / pv.value:+.1%}). A search "
-                        "over readings is not a cause: nothing in the paper selects that reading.")
+                        "over readings is not a cause: nothing in the paper selects that reading."
+                    )
             cells.append(cell)
-        inputs.append({"model": m.key, "H": m.d_model, "H_FFN": m.d_ffn, "E": m.n_experts, "k": m.top_k,
-                       "L": m.layers, **pc.to_dict()})
+        inputs.append(
+            {
+                "model": m.key,
+                "H": m.d_model,
+                "H_FFN": m.d_ffn,
+                "E": m.n_experts,
+                "k": m.top_k,
+                "L": m.layers,
+                **pc.to_dict(),
+            }
+        )
     assumptions = [
         "Expert = 2 H H_FFN (X-MoE Table 1's two-matrix FFN); attention 4 H^2; every layer MoE; "
         "no shared experts; no embeddings (vocabulary not given); norms and router counted.",
@@ -84,5 +112,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
 
 REPRODUCTION = Reproduction(
     id="xmoe-table3",
-    paper_values=PAPER_VALUES, compute=compute, grade_class="exact",  # parameter counts
+    paper_values=PAPER_VALUES,
+    compute=compute,
+    grade_class="exact",  # parameter counts
 )

@@ -70,9 +70,11 @@ def resolve_device(requested: str = "auto", ctx=None):
     if ctx is not None:
         device = rank_device(ctx.backend, ctx.local_rank)
         if requested.partition(":")[0] not in ("auto", device.type):
-            raise ValueError(f"device {requested} in a {ctx.backend} world: its ranks run on "
-                             f"{device.type} (nccl: cuda:LOCAL_RANK; gloo, mpi: cpu); "
-                             f"pick the backend for the device (--backend nccl for cuda)")
+            raise ValueError(
+                f"device {requested} in a {ctx.backend} world: its ranks run on "
+                f"{device.type} (nccl: cuda:LOCAL_RANK; gloo, mpi: cpu); "
+                f"pick the backend for the device (--backend nccl for cuda)"
+            )
         return device
     check_device(requested)
     if requested == "auto":
@@ -122,8 +124,10 @@ def check_backend(backend: str, local_ranks: int = 1) -> None:
     if not count:
         raise ValueError(f"backend nccl: {no_gpu_reason()}; use --backend gloo")
     if local_ranks > count:
-        raise ValueError(f"backend nccl: {local_ranks} ranks per node but this machine has {count} "
-                         f"GPU(s) (one GPU per rank); use fewer ranks per node or --backend gloo")
+        raise ValueError(
+            f"backend nccl: {local_ranks} ranks per node but this machine has {count} "
+            f"GPU(s) (one GPU per rank); use fewer ranks per node or --backend gloo"
+        )
 
 
 def check_world_device(device: str, backend: str) -> None:
@@ -134,6 +138,8 @@ def check_world_device(device: str, backend: str) -> None:
         return
     runs_on = "cuda" if backend == "nccl" else "cpu"
     if kind != runs_on:
-        raise ValueError(f"device {device} with backend {backend}: a {backend} world's ranks run on "
-                         f"{runs_on} (nccl: cuda:LOCAL_RANK; gloo, mpi: cpu); "
-                         f"use --backend {'nccl' if kind == 'cuda' else 'gloo'} or --device {runs_on}")
+        raise ValueError(
+            f"device {device} with backend {backend}: a {backend} world's ranks run on "
+            f"{runs_on} (nccl: cuda:LOCAL_RANK; gloo, mpi: cpu); "
+            f"use --backend {'nccl' if kind == 'cuda' else 'gloo'} or --device {runs_on}"
+        )

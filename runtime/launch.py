@@ -105,7 +105,7 @@ class RankContext:
 # suite's own memory rule). Cores: beyond 8 ranks per core start-up alone (every rank imports
 # torch) takes minutes and timings mean nothing. Files: gloo opens sockets to every peer in
 # every rank.
-RANK_MEMORY_BYTES = 256 * 2 ** 20
+RANK_MEMORY_BYTES = 256 * 2**20
 RANKS_PER_CORE = 8
 FILES_PER_PEER = 4
 FILES_RESERVED = 128
@@ -131,16 +131,20 @@ def local_rank_limit() -> tuple[int, str]:
     memory at 256 MiB per rank, and the open-file limit at 4 files per peer."""
     import resource
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     memory = available_memory_bytes()
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limits = {f"{RANKS_PER_CORE} per core on {cores} cores": cores * RANKS_PER_CORE}
     if math.isfinite(memory):
-        limits[f"{memory / 2 ** 30:.1f} GiB available at {RANK_MEMORY_BYTES >> 20} MiB per rank"] = \
+        limits[f"{memory / 2**30:.1f} GiB available at {RANK_MEMORY_BYTES >> 20} MiB per rank"] = (
             int(memory // RANK_MEMORY_BYTES)
+        )
     if files != resource.RLIM_INFINITY:
-        limits[f"open-file limit {files} at {FILES_PER_PEER} per peer"] = \
-            max(1, (files - FILES_RESERVED) // FILES_PER_PEER)
+        limits[f"open-file limit {files} at {FILES_PER_PEER} per peer"] = max(
+            1, (files - FILES_RESERVED) // FILES_PER_PEER
+        )
     why = min(limits, key=limits.get)
     return max(1, limits[why]), why
 
@@ -161,7 +165,9 @@ def mpiexec_path() -> str:
         return str(beside)
     found = shutil.which("mpiexec")
     if not found:
-        raise RankFailure("no mpiexec found: install the 'mpich' wheel or set MOE_REPRO_MPIEXEC", [])
+        raise RankFailure(
+            "no mpiexec found: install the 'mpich' wheel or set MOE_REPRO_MPIEXEC", []
+        )
     return found
 
 
@@ -207,10 +213,16 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
-              ranks_per_node: int | None = None, backend: str = "gloo",
-              timeout_s: float = 120.0, threads_per_rank: int | None = None,
-              clock: Callable[[], float] = time.monotonic) -> list[Any]:
+def run_ranks(
+    target: str,
+    kwargs: dict | None = None,
+    world_size: int = 2,
+    ranks_per_node: int | None = None,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    threads_per_rank: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Any]:
     """Run ``target(ctx, **kwargs)`` on ``world_size`` real ranks; return results by rank.
     ``timeout_s`` is counted on ``clock`` (a test passes a fake one to choose the moment)."""
     if backend not in BACKENDS:
@@ -222,7 +234,9 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
         raise ValueError(f"ranks_per_node={ranks_per_node} must divide world_size={world_size}")
     limit, why = local_rank_limit()
     if world_size > limit:  # refused before any rank starts (suites check this earlier still)
-        raise ValueError(f"{world_size} local ranks requested; this machine runs at most {limit} ({why})")
+        raise ValueError(
+            f"{world_size} local ranks requested; this machine runs at most {limit} ({why})"
+        )
     if threads_per_rank is None:  # oversubscribing cores makes every rank slower than one
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
 
@@ -235,29 +249,61 @@ def run_ranks(target: str, kwargs: dict | None = None, world_size: int = 2,
             workdir = workdirs.make_workdir(WORKDIR_PREFIX)
         janitor = _start_janitor(workdir, backend == "mpi")  # before any rank: its segment snapshot
         (workdir / "kwargs.json").write_text(json.dumps(kwargs or {}))
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), MOE_REPRO_WORKER="1",
-                   **{workdirs.WORLD_ENV: str(workdir)},  # the janitor finds the world's processes by it
-                   MOE_REPRO_THREADS=str(threads_per_rank), PYTHONUNBUFFERED="1")
-        common = ["-m", "moe_repro.runtime.worker", "--target", target, "--workdir", str(workdir),
-                  "--world-size", str(world_size), "--ranks-per-node", str(ranks_per_node),
-                  "--backend", backend]
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(threads_per_rank),
+            MOE_REPRO_WORKER="1",
+            **{workdirs.WORLD_ENV: str(workdir)},  # the janitor finds the world's processes by it
+            MOE_REPRO_THREADS=str(threads_per_rank),
+            PYTHONUNBUFFERED="1",
+        )
+        common = [
+            "-m",
+            "moe_repro.runtime.worker",
+            "--target",
+            target,
+            "--workdir",
+            str(workdir),
+            "--world-size",
+            str(world_size),
+            "--ranks-per-node",
+            str(ranks_per_node),
+            "--backend",
+            backend,
+        ]
         if backend == "mpi":
             mpiexec = mpiexec_path()
             # MPICH's mpiexec (hydra, the mpich wheel's) SIGKILLs every rank when one dies, which
             # hides which one died; without that cleanup the dead rank is the only one gone, and
             # _supervise ends the others itself.
-            keep = ["-disable-auto-cleanup"] if Path(mpiexec).parent == Path(sys.executable).parent else []
+            keep = (
+                ["-disable-auto-cleanup"]
+                if Path(mpiexec).parent == Path(sys.executable).parent
+                else []
+            )
             cmd = [mpiexec, *keep, "-n", str(world_size), sys.executable, *common]
             with open(workdir / "mpiexec.err", "wb") as err, signals.deferred():
-                procs["mpiexec"] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                    start_new_session=True, preexec_fn=_in_child)
+                procs["mpiexec"] = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=err,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_in_child,
+                )
         else:
             port = free_port()
             for r in range(world_size):
                 cmd = [sys.executable, *common, "--rank", str(r), "--master-port", str(port)]
                 with open(workdir / f"rank-{r}.err", "wb") as err, signals.deferred():
-                    procs[str(r)] = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                                     start_new_session=True, preexec_fn=_in_child)
+                    procs[str(r)] = subprocess.Popen(
+                        cmd,
+                        env=env,
+                        stdout=err,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=_in_child,
+                    )
         _supervise(procs, workdir, world_size, timeout_s, clock)
         return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(world_size)]
     finally:
@@ -287,10 +333,20 @@ def _start_janitor(workdir: Path, mpi: bool) -> subprocess.Popen:
     and under MPI the segments the world's killed ranks left, told from the snapshot taken
     here before any rank starts. Its own session: a signal to our process group spares it.
     Its stdin is a pipe from us: the kernel closes it when we die, which wakes it at once."""
-    janitor = subprocess.Popen([sys.executable, "-S", workdirs.__file__, str(os.getpid()), str(workdir),
-                                "mpi" if mpi else "-"],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    janitor = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            workdirs.__file__,
+            str(os.getpid()),
+            str(workdir),
+            "mpi" if mpi else "-",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         janitor.stdin.write(json.dumps(workdirs.shm_snapshot() if mpi else None).encode() + b"\n")
         janitor.stdin.flush()
@@ -383,7 +439,11 @@ class _ExitOrder:
         self.batches: list[list[int]] = []
 
     def add(self, rank: int, pid: int) -> None:
-        if rank in self.fds or any(rank in b for b in self.batches) or not hasattr(os, "pidfd_open"):
+        if (
+            rank in self.fds
+            or any(rank in b for b in self.batches)
+            or not hasattr(os, "pidfd_open")
+        ):
             return
         try:
             self.fds[rank] = os.pidfd_open(pid)
@@ -418,8 +478,13 @@ class _ExitOrder:
         self.fds.clear()
 
 
-def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: int,
-               timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+def _supervise(
+    procs: dict[str, subprocess.Popen],
+    workdir: Path,
+    world_size: int,
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     deadline = clock() + timeout_s
     # Under mpiexec only its exit code comes back, and a dead rank's peers abort soon after it;
     # so watch the ranks' own pids (from their heartbeats) and remember which vanished first.
@@ -455,7 +520,9 @@ def _supervise(procs: dict[str, subprocess.Popen], workdir: Path, world_size: in
                     _raise_for(workdir, world_size, codes, "exited without a result")
                 return
             if clock() > deadline:
-                _raise_for(workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)")
+                _raise_for(
+                    workdir, world_size, codes, f"did not finish within {timeout_s:g} s (hung?)"
+                )
             exits.wait(0.02) if watch else time.sleep(0.02)
     finally:
         exits.close()
@@ -483,9 +550,15 @@ def _warn_teardown_fault(workdir: Path, codes: dict[str, int | None]) -> None:
             continue
         log = workdir / (f"rank-{name}.err" if name.isdigit() else "mpiexec.err")
         tail = _tail(log, 1)
-        how.append(f"{'rank ' + name if name.isdigit() else name}: {_exit_how(code)}" + (f"; {tail}" if tail else ""))
-    sys.stderr.write("repro: warning: after every rank had written its result, "
-                     + " | ".join(how) + " (in teardown: the results are whole and kept)\n")
+        how.append(
+            f"{'rank ' + name if name.isdigit() else name}: {_exit_how(code)}"
+            + (f"; {tail}" if tail else "")
+        )
+    sys.stderr.write(
+        "repro: warning: after every rank had written its result, "
+        + " | ".join(how)
+        + " (in teardown: the results are whole and kept)\n"
+    )
     sys.stderr.flush()
 
 
@@ -536,15 +609,25 @@ class Heartbeats:
 
     def describe(self, silent: list[int]) -> str:
         now = self.clock()
-        last = "; ".join(f"rank {r} silent for {now - self.last[r]:.0f} s, last at {self.where[r]}"
-                         for r in silent)
-        return (f"stopped making progress ({last}): no heartbeat for longer than {self.limit_s():.0f} s "
-                f"(the larger of {HANG_FLOOR_S:g} s and {HANG_MULTIPLE:g} x the slowest heartbeat gap "
-                f"so far, {self.slowest_gap:.1f} s); the others waited on it")
+        last = "; ".join(
+            f"rank {r} silent for {now - self.last[r]:.0f} s, last at {self.where[r]}"
+            for r in silent
+        )
+        return (
+            f"stopped making progress ({last}): no heartbeat for longer than {self.limit_s():.0f} s "
+            f"(the larger of {HANG_FLOOR_S:g} s and {HANG_MULTIPLE:g} x the slowest heartbeat gap "
+            f"so far, {self.slowest_gap:.1f} s); the others waited on it"
+        )
 
 
-def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], what: str,
-               vanished: list[int] | None = None, silent: list[int] | None = None) -> None:
+def _raise_for(
+    workdir: Path,
+    world_size: int,
+    codes: dict[str, int | None],
+    what: str,
+    vanished: list[int] | None = None,
+    silent: list[int] | None = None,
+) -> None:
     """Name the ranks that caused the failure, most likely cause first.
 
     A rank killed by a signal or crashed without a Python traceback is the cause; ranks that
@@ -587,13 +670,17 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
 
     details = [d for d in map(detail, culprits[:4]) if d]
     if not details and (workdir / "mpiexec.err").exists():
-        details.append(f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}")
+        details.append(
+            f"mpiexec (exit code {codes.get('mpiexec')}): {_tail(workdir / 'mpiexec.err', 1)}"
+        )
     names = ", ".join(map(str, culprits)) or "none"
     if what == "exited with code" and first_gone:
         what = "ended first, killed or crashed (its peers were then stopped)"
     elif what == "exited with code":
         what = "was killed by a signal" if signalled and culprits[0] in signalled else "failed"
-    msg = f"rank(s) {names} of {world_size} {what}" + (f" -- {' | '.join(details)}" if details else "")
+    msg = f"rank(s) {names} of {world_size} {what}" + (
+        f" -- {' | '.join(details)}" if details else ""
+    )
     after = [d for d in map(detail, followers[:4]) if d]
     if after:
         msg += f"; then, after it: {' | '.join(after)}"
@@ -601,8 +688,13 @@ def _raise_for(workdir: Path, world_size: int, codes: dict[str, int | None], wha
 
 
 # Where a rank's main thread waits when it is blocked on its peers, not stuck on its own.
-_WAITING_IN = ("torch/distributed", "mpi4py", "components/alltoall/", "components/network/comm.py",
-               "runtime/launch.py")
+_WAITING_IN = (
+    "torch/distributed",
+    "mpi4py",
+    "components/alltoall/",
+    "components/network/comm.py",
+    "runtime/launch.py",
+)
 STALE_HEARTBEAT_S = 3.0
 
 
@@ -618,15 +710,22 @@ def _hung_ranks(workdir: Path, running: list[int], what: str) -> tuple[list[int]
             beats[r] = None
     stale = [r for r in running if beats[r] is None or now - beats[r]["t"] > STALE_HEARTBEAT_S]
     if stale and len(stale) < len(running):
-        last = "; ".join(f"rank {r} silent for {now - beats[r]['t']:.0f} s, last at {beats[r]['where']}"
-                         if beats[r] else f"rank {r} never reported" for r in stale)
+        last = "; ".join(
+            f"rank {r} silent for {now - beats[r]['t']:.0f} s, last at {beats[r]['where']}"
+            if beats[r]
+            else f"rank {r} never reported"
+            for r in stale
+        )
         return stale, f"{what}: stopped making progress ({last}); the others waited on it"
     fresh = [r for r in running if r not in stale]
     waiting = [r for r in fresh if any(k in beats[r]["where"] for k in _WAITING_IN)]
     busy = [r for r in fresh if r not in waiting]
     if busy and waiting:
         where = "; ".join(f"rank {r} at {beats[r]['where']}" for r in busy)
-        return busy, f"{what}: {where}, while rank(s) {', '.join(map(str, waiting))} waited in communication"
+        return (
+            busy,
+            f"{what}: {where}, while rank(s) {', '.join(map(str, waiting))} waited in communication",
+        )
     return running, what
 
 
@@ -634,8 +733,12 @@ def _hung_ranks(workdir: Path, running: list[int], what: str) -> tuple[list[int]
 
 _SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                    "SLURM_NTASKS_PER_NODE")
+_LOCAL_SIZE_VARS = (
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+)
 
 
 def _first_int(names: tuple[str, ...]) -> int | None:
@@ -656,7 +759,9 @@ def launched_world_size() -> int | None:
 
 def launched_local_size() -> int | None:
     """Ranks on this node of a world torchrun, srun or mpirun started (None when not launched)."""
-    return (_first_int(_LOCAL_SIZE_VARS) or launched_world_size()) if launched_world_size() else None
+    return (
+        (_first_int(_LOCAL_SIZE_VARS) or launched_world_size()) if launched_world_size() else None
+    )
 
 
 def launched_rank() -> int | None:
@@ -685,15 +790,19 @@ def check_launched_world(backends: set[str], ranks: set[int]) -> None:
         return
     how = launched_by()
     if "mpi" in backends and not launched_by_mpi():
-        raise ValueError(f"--backend mpi needs a world started by mpiexec/mpirun; this one was "
-                         f"started by {how} ({size} ranks), where each MPI rank would be a 1-rank "
-                         f"singleton. Run: mpiexec -n {size} repro ... --backend mpi, or keep "
-                         f"{how} with --backend gloo")
+        raise ValueError(
+            f"--backend mpi needs a world started by mpiexec/mpirun; this one was "
+            f"started by {how} ({size} ranks), where each MPI rank would be a 1-rank "
+            f"singleton. Run: mpiexec -n {size} repro ... --backend mpi, or keep "
+            f"{how} with --backend gloo"
+        )
     wrong = sorted(r for r in ranks if r != size)
     if wrong:
-        raise ValueError(f"{how} started {size} ranks, but the grid asks for "
-                         f"{', '.join(map(str, wrong))}; launch that many, or leave the world size "
-                         f"to the launcher")
+        raise ValueError(
+            f"{how} started {size} ranks, but the grid asks for "
+            f"{', '.join(map(str, wrong))}; launch that many, or leave the world size "
+            f"to the launcher"
+        )
 
 
 def init_launched_world(backend: str) -> RankContext:
@@ -739,8 +848,14 @@ def _leave_launched_world() -> None:
 LAUNCHED_DIR_PREFIX = workdirs.WORLD_PREFIX  # registered with the others (runtime/workdirs.py)
 # The variables that tell one run of a launcher from the next under the same parent process
 # (torchrun restarts its workers under the same agent; a Slurm job runs several steps).
-_RUN_ID_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+_RUN_ID_VARS = (
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+)
 
 
 def launched_world_dir() -> Path | None:
@@ -760,7 +875,7 @@ def launched_world_dir() -> Path | None:
     base = Path(tempfile.gettempdir())
     for old in base.glob(f"{LAUNCHED_DIR_PREFIX}{os.getuid()}-*"):
         try:
-            owner = int(old.name[len(LAUNCHED_DIR_PREFIX):].split("-")[1])
+            owner = int(old.name[len(LAUNCHED_DIR_PREFIX) :].split("-")[1])
         except (IndexError, ValueError):
             continue
         if owner != os.getppid() and not workdirs.alive(owner):

@@ -38,7 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-RANKS_PREFIX = "moe-repro-ranks-"  # runtime/launch.py: one local world's files (results, heartbeats)
+RANKS_PREFIX = (
+    "moe-repro-ranks-"  # runtime/launch.py: one local world's files (results, heartbeats)
+)
 POINTS_PREFIX = "moe-repro-points-"  # suites/runner.py: a world's finished records, handed back
 # launch.launched_world_dir: the ranks of a launched world on one node; named after its
 # launcher's process (no owner.pid): that function removes those whose launcher is gone
@@ -216,7 +218,9 @@ def processes_naming(workdir: str) -> list[int]:
     return found
 
 
-def end_world(workdir: str, wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep) -> list[int]:
+def end_world(
+    workdir: str, wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep
+) -> list[int]:
     """SIGKILL every process whose environment holds ``WORLD_ENV=workdir`` (the world's ranks,
     mpiexec and its proxies) until none is left or ``wait_s`` passes; returns those signalled.
     Run when the world is over (its parent died, or finished with it): a rank that started
@@ -245,9 +249,16 @@ def end_world(workdir: str, wait_s: float = WORLD_END_WAIT_S, clock=time.monoton
         sleep(0.05)
 
 
-def remove_new_segments(before: dict[str, int], world: str | None = None, shm_dir: Path = SHM_DIR,
-                        wait_s: float = WORLD_END_WAIT_S, clock=time.monotonic, sleep=time.sleep,
-                        learned: frozenset[str] = frozenset(), wait_held: bool = False) -> list[Path]:
+def remove_new_segments(
+    before: dict[str, int],
+    world: str | None = None,
+    shm_dir: Path = SHM_DIR,
+    wait_s: float = WORLD_END_WAIT_S,
+    clock=time.monotonic,
+    sleep=time.sleep,
+    learned: frozenset[str] = frozenset(),
+    wait_held: bool = False,
+) -> list[Path]:
     """Once no process naming ``world`` runs (up to ``wait_s``), unlink this user's MPI segments
     that appeared since ``before`` or that a rank of the world was seen mapping (``learned``),
     and that no live process holds. ``wait_held``: wait (up to ``wait_s``) while they are held,
@@ -271,14 +282,23 @@ def remove_new_segments(before: dict[str, int], world: str | None = None, shm_di
             removed.append(path)
         # a rank of the world may still be exiting (no command line, files not yet closed);
         # in a local world, a segment a live process holds is another run's: it is left alone
-        waiting = bool(busy) if wait_held else any(_exiting(pid) for pids in busy.values() for pid in pids)
+        waiting = (
+            bool(busy)
+            if wait_held
+            else any(_exiting(pid) for pids in busy.values() for pid in pids)
+        )
         if not waiting or clock() >= deadline:
             return removed
         sleep(0.05)
 
 
-def remove_launched_dirs(launcher: int, tmp: Path | None = None, wait_s: float = LAUNCHED_WAIT_S,
-                         clock=time.monotonic, sleep=time.sleep) -> list[Path]:
+def remove_launched_dirs(
+    launcher: int,
+    tmp: Path | None = None,
+    wait_s: float = LAUNCHED_WAIT_S,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> list[Path]:
     """Remove the node directories (WORLD_PREFIX, named ``<uid>-<launcher pid>-<run>``) of the
     launched world whose launcher process on this node is ``launcher``, once that process has
     ended (up to ``wait_s``); the launcher's next world would otherwise be the one to sweep
@@ -324,7 +344,9 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None, launcher: int | No
         before = {}
     if workdir != NO_WORKDIR:
         end_world(workdir)  # the world is over either way: no straggler may outlive it
-    if not rest.endswith(DONE) and workdir != NO_WORKDIR:  # the parent died: its cleanup did not run
+    if (
+        not rest.endswith(DONE) and workdir != NO_WORKDIR
+    ):  # the parent died: its cleanup did not run
         deadline = time.monotonic() + WORLD_END_WAIT_S
         while processes_naming(workdir) and time.monotonic() < deadline:
             time.sleep(0.05)  # a live rank would write into the directory being removed
@@ -332,8 +354,9 @@ def janitor(owner: int, workdir: str, mpi: bool, stream=None, launcher: int | No
         remove_workdirs_of(owner, Path(workdir).parent)
     if mpi:
         if workdir == NO_WORKDIR:
-            remove_new_segments(before, None, wait_s=LAUNCHED_WAIT_S, learned=frozenset(learned),
-                                wait_held=True)
+            remove_new_segments(
+                before, None, wait_s=LAUNCHED_WAIT_S, learned=frozenset(learned), wait_held=True
+            )
             if launcher:
                 remove_launched_dirs(launcher)
         else:
@@ -347,8 +370,13 @@ def mapped_segments(pid: int) -> set[str]:
         with open(f"/proc/{pid}/maps", errors="replace") as f:
             for line in f:
                 fields = line.rstrip("\n").split(None, 5)
-                if len(fields) == 6 and fields[5].startswith(str(SHM_DIR) + "/") and any(
-                        fnmatch.fnmatchcase(os.path.basename(fields[5]), p) for p in SHM_PATTERNS):
+                if (
+                    len(fields) == 6
+                    and fields[5].startswith(str(SHM_DIR) + "/")
+                    and any(
+                        fnmatch.fnmatchcase(os.path.basename(fields[5]), p) for p in SHM_PATTERNS
+                    )
+                ):
                     found.add(fields[5])
     except OSError:
         pass
@@ -373,10 +401,21 @@ def watch_launched_rank() -> None:
         return  # already watched; MPI began before the snapshot
     snapshot = shm_snapshot()
     try:
-        janitor_proc = subprocess.Popen([sys.executable, "-S", __file__, str(os.getpid()), NO_WORKDIR, "mpi",
-                                         str(os.getppid())],
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        janitor_proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-S",
+                __file__,
+                str(os.getpid()),
+                NO_WORKDIR,
+                "mpi",
+                str(os.getppid()),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         janitor_proc.stdin.write(json.dumps(snapshot).encode() + b"\n")
         janitor_proc.stdin.flush()
     except OSError:
@@ -385,5 +424,9 @@ def watch_launched_rank() -> None:
 
 
 if __name__ == "__main__":
-    janitor(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "mpi",
-            launcher=int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    janitor(
+        int(sys.argv[1]),
+        sys.argv[2],
+        sys.argv[3] == "mpi",
+        launcher=int(sys.argv[4]) if len(sys.argv) > 4 else None,
+    )

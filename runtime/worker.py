@@ -54,13 +54,20 @@ def _start_heartbeat(workdir: Path, rank: int, stop: threading.Event | None = No
 
     def where() -> str:
         frame = sys._current_frames().get(main_thread.ident)
-        return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "?"
+        return (
+            f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if frame
+            else "?"
+        )
 
     def beat() -> None:
         while not stop.is_set():
             try:
-                atomic_write_json(path, {"t": time.time(), "where": where(), "pid": os.getpid()},
-                                  make_parents=False)
+                atomic_write_json(
+                    path,
+                    {"t": time.time(), "where": where(), "pid": os.getpid()},
+                    make_parents=False,
+                )
             except OSError:
                 return  # the work directory is gone: the run is over
             stop.wait(HEARTBEAT_S)
@@ -92,8 +99,17 @@ class LaunchedWatch:
     KEPT_WAIT_S = 10.0  # how long a leaving rank waits for rank 0 to say what it stored
     PEER_EXIT_WAIT_S = 5.0  # how long rank 0 lets a leaving peer print its own line first
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float, directory: Path | None,
-                 on_abort=None, launcher: str = "the launcher", clock=time.monotonic, wall=time.time):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        directory: Path | None,
+        on_abort=None,
+        launcher: str = "the launcher",
+        clock=time.monotonic,
+        wall=time.time,
+    ):
         from moe_repro.runtime.launch import Heartbeats
 
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
@@ -135,7 +151,9 @@ class LaunchedWatch:
         silent = self.beats.silent_ranks()
         self.silent = silent
         if silent:
-            return "rank(s) " + ", ".join(map(str, silent)) + " " + self.beats.describe(silent), False
+            return "rank(s) " + ", ".join(map(str, silent)) + " " + self.beats.describe(
+                silent
+            ), False
         return None
 
     def start(self) -> "LaunchedWatch":
@@ -162,8 +180,11 @@ class LaunchedWatch:
             kept = f"storing the finished points failed: {type(e).__name__}: {e}"
         if self.rank == 0:
             self._mark("kept", kept or "nothing stored")
-        _say(f"repro: rank {self.rank} of {self.world_size}: {why}"
-             + (f"; {kept}" if kept else "") + f"; ending this rank so that {self.launcher} ends the world")
+        _say(
+            f"repro: rank {self.rank} of {self.world_size}: {why}"
+            + (f"; {kept}" if kept else "")
+            + f"; ending this rank so that {self.launcher} ends the world"
+        )
         if self.rank == 0 and "left the world" in why:
             self._wait_for_leaving_peers()
         self._kill_stopped_peers()
@@ -235,16 +256,23 @@ class LaunchedWatch:
         self._mark("left", why)
         if self.rank == 0:
             self._mark("kept", kept or "no point had finished: nothing stored")
-            what = f"finished results were kept: {kept}" if kept else "no point had finished: nothing stored"
+            what = (
+                f"finished results were kept: {kept}"
+                if kept
+                else "no point had finished: nothing stored"
+            )
         else:
             until = self.clock() + self.KEPT_WAIT_S
             said = self._read(0, "kept")
             while said is None and self.directory is not None and self.clock() < until:
                 time.sleep(0.05)
                 said = self._read(0, "kept")
-            what = (f"rank 0 keeps the finished results: {said}" if said else
-                    "this rank keeps no results (rank 0 stores them) and rank 0 did not confirm "
-                    f"within {self.KEPT_WAIT_S:g} s that it stored any")
+            what = (
+                f"rank 0 keeps the finished results: {said}"
+                if said
+                else "this rank keeps no results (rank 0 stores them) and rank 0 did not confirm "
+                f"within {self.KEPT_WAIT_S:g} s that it stored any"
+            )
         _say(f"repro: rank {self.rank} of {self.world_size}: {why} ({what})")
         os._exit(code)
 
@@ -265,13 +293,24 @@ def _say(line: str) -> None:
 def watch_launched_world(timeout_s: float, on_abort=None) -> LaunchedWatch | None:
     """Start this rank's :class:`LaunchedWatch` when torchrun, mpiexec or srun started this
     process (None otherwise: a local world has run_ranks's supervisor)."""
-    from moe_repro.runtime.launch import launched_by, launched_rank, launched_world_dir, launched_world_size
+    from moe_repro.runtime.launch import (
+        launched_by,
+        launched_rank,
+        launched_world_dir,
+        launched_world_size,
+    )
 
     size = launched_world_size()
     if not size:
         return None
-    return LaunchedWatch(launched_rank() or 0, size, timeout_s, launched_world_dir(), on_abort,
-                         launcher=launched_by()).start()
+    return LaunchedWatch(
+        launched_rank() or 0,
+        size,
+        timeout_s,
+        launched_world_dir(),
+        on_abort,
+        launcher=launched_by(),
+    ).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rank = a.rank
     _start_heartbeat(a.workdir, rank)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world_size),
-                      LOCAL_RANK=str(rank % a.ranks_per_node),
-                      LOCAL_WORLD_SIZE=str(a.ranks_per_node),
-                      GROUP_RANK=str(rank // a.ranks_per_node))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(a.world_size),
+        LOCAL_RANK=str(rank % a.ranks_per_node),
+        LOCAL_WORLD_SIZE=str(a.ranks_per_node),
+        GROUP_RANK=str(rank // a.ranks_per_node),
+    )
     try:
         import torch
 
@@ -311,11 +353,20 @@ def main(argv: list[str] | None = None) -> int:
             from moe_repro.runtime.device import bind, rank_device
 
             bind(rank_device(a.backend, rank % a.ranks_per_node))  # nccl: this rank's GPU first
-            dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{a.master_port}",
-                                    rank=rank, world_size=a.world_size,
-                                    timeout=datetime.timedelta(seconds=300))
-        ctx = RankContext(rank=rank, world_size=a.world_size, ranks_per_node=a.ranks_per_node,
-                          backend=a.backend, comm=comm)
+            dist.init_process_group(
+                a.backend,
+                init_method=f"tcp://127.0.0.1:{a.master_port}",
+                rank=rank,
+                world_size=a.world_size,
+                timeout=datetime.timedelta(seconds=300),
+            )
+        ctx = RankContext(
+            rank=rank,
+            world_size=a.world_size,
+            ranks_per_node=a.ranks_per_node,
+            backend=a.backend,
+            comm=comm,
+        )
         kwargs = json.loads((a.workdir / "kwargs.json").read_text())
         result = _load(a.target)(ctx, **kwargs)
         atomic_write_json(a.workdir / f"rank-{rank}.json", result)

@@ -43,16 +43,22 @@ def peer_params(p: dict) -> dict:
     support the point (components/moe/impls.py declares what each supports)."""
     impl = get_impl(p["impl"])
     ranks, backward = int(p.get("ranks", 1)), bool(int(p.get("backward", 0)))
-    why = impl.supports(ranks=ranks, backward=backward, dtype=p.get("dtype", "float32"),
-                        stage=p.get("stage"))
-    if why is None and impl.form == "peer" and impl.whole_layer_only(ranks=ranks, backward=backward) \
-            and ranks < 2:
+    why = impl.supports(
+        ranks=ranks, backward=backward, dtype=p.get("dtype", "float32"), stage=p.get("stage")
+    )
+    if (
+        why is None
+        and impl.form == "peer"
+        and impl.whole_layer_only(ranks=ranks, backward=backward)
+        and ranks < 2
+    ):
         why = f"impl {impl.name}: the peers' expert-parallel layers need ranks >= 2"
     if why:
         raise ValueError(why)
     if impl.distribution is None:
         return {"peer": ""}
     return {"peer": f"{impl.distribution}=={require_peer(impl.name)}"}
+
 
 IMPLS = impl_names()  # the registry, components/moe/impls.py
 STAGES = ONE_RANK_STAGES
@@ -79,7 +85,7 @@ def _layer_bytes(p: dict) -> float:
     return 4 * int(p.get("ranks", 1)) * need
 
 
-MEMORY_RULES = (fits_in_memory(_layer_bytes, {"tokens": str(2 ** 20), "d_model": str(2 ** 16)}),)
+MEMORY_RULES = (fits_in_memory(_layer_bytes, {"tokens": str(2**20), "d_model": str(2**16)}),)
 
 
 def set_threads(params: dict, ctx) -> None:
@@ -111,10 +117,20 @@ def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELaye
     device, dtype = device_for(params["device"], ctx), DTYPES[params["dtype"]]
     torch.manual_seed(1234)  # same weights on every rank: the gate is replicated
     cls = PaddedMoELayer if impl.form == "padded" else MoELayer  # peers borrow MoELayer's weights
-    config = MoEConfig(hidden, int(params["d_ffn"]), experts, top_k, gemm=params.get("gemm", "sequential"),
-                       capacity_factor=float(params["capacity_factor"]), dtype=dtype)
-    layer = cls.from_config(config.replace(**(layer_options or {})), device=device,
-                            expert_parallel=ctx is not None and ctx.world_size > 1)
+    config = MoEConfig(
+        hidden,
+        int(params["d_ffn"]),
+        experts,
+        top_k,
+        gemm=params.get("gemm", "sequential"),
+        capacity_factor=float(params["capacity_factor"]),
+        dtype=dtype,
+    )
+    layer = cls.from_config(
+        config.replace(**(layer_options or {})),
+        device=device,
+        expert_parallel=ctx is not None and ctx.world_size > 1,
+    )
     g = torch.Generator().manual_seed(99 + (ctx.rank if ctx is not None else 0))
     x = torch.randn(tokens, hidden, generator=g).to(device=device, dtype=dtype)
     return layer, x
@@ -143,8 +159,11 @@ def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
             expert_in, plan = calls["dispatch_a2a"]()
             calls["expert"] = lambda: layer.expert_compute(expert_in, plan)
             expert_out = calls["expert"]()
-            calls["combine_a2a"] = ((lambda: expert_out) if layer.dispatcher is None
-                                    else (lambda: layer.combine(expert_out, plan, pft)))
+            calls["combine_a2a"] = (
+                (lambda: expert_out)
+                if layer.dispatcher is None
+                else (lambda: layer.combine(expert_out, plan, pft))
+            )
             calls["combine_a2a"]()
             calls["buffer_combine"] = lambda: layer.buffer_combine(dispatch_in, pft)
             rows = pft.num_rows
@@ -171,9 +190,11 @@ def stage_calls(layer: MoELayer, x: torch.Tensor, impl: str) -> dict:
             rows = buffer.shape[0] * (buffer.shape[1] if buffer.dim() == 3 else 1)
             return {"calls": calls, "buffer_rows": rows, "peer": peer}
         else:
+
             def gating():
                 gate = layer.route(x)
                 return gate, layer.make_masks(gate)
+
             calls["gating"] = gating
             _, (mask, combine) = gating()
             calls["buffer_dispatch"] = lambda: layer.buffer_dispatch_padded(x, mask)
@@ -200,8 +221,12 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
             call()
             peak = peak_memory_bytes(device) - before
         else:
-            from moe_repro.components.training.peak_memory import (measure_peak_rss, peak_supported,
-                                                          return_freed_memory_to_os)
+            from moe_repro.components.training.peak_memory import (
+                measure_peak_rss,
+                peak_supported,
+                return_freed_memory_to_os,
+            )
+
             if not peak_supported():
                 return float("nan")
             return_freed_memory_to_os()
@@ -214,8 +239,9 @@ def measure_peak_bytes(call, device: torch.device, ctx) -> float:
 def layer_pass_mode(params: dict) -> bool:
     """Whole-layer passes through each implementation's own expert-parallel path (forward, or
     forward + backward with ``backward``): as the registry says (MoEImpl.whole_layer_only)."""
-    return get_impl(params["impl"]).whole_layer_only(ranks=int(params.get("ranks", 1)),
-                                                     backward=bool(int(params.get("backward", 0))))
+    return get_impl(params["impl"]).whole_layer_only(
+        ranks=int(params.get("ranks", 1)), backward=bool(int(params.get("backward", 0)))
+    )
 
 
 def _reference_out(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
@@ -266,9 +292,17 @@ def setup_layer_pass(params: dict, ctx) -> dict:
         (out * grad_out).sum().backward()
         return out.detach(), xi.grad
 
-    return {"call": call, "layer": layer, "x": x, "impl": impl, "backward": backward,
-            "peak_bytes": float("nan"), "buffer_rows": float("nan"), "pass": True,
-            "grad_out": grad_out}
+    return {
+        "call": call,
+        "layer": layer,
+        "x": x,
+        "impl": impl,
+        "backward": backward,
+        "peak_bytes": float("nan"),
+        "buffer_rows": float("nan"),
+        "pass": True,
+        "grad_out": grad_out,
+    }
 
 
 def check_layer_pass(state: dict) -> int:
@@ -286,7 +320,12 @@ def check_layer_pass(state: dict) -> int:
     tol = 1e-2 if x.dtype == torch.bfloat16 else 1e-5
 
     def wrong(a, b):
-        return int(((a.float() - b.float()).abs() > tol * max(1.0, b.abs().max().item() if b.numel() else 0)).sum())
+        return int(
+            (
+                (a.float() - b.float()).abs()
+                > tol * max(1.0, b.abs().max().item() if b.numel() else 0)
+            ).sum()
+        )
 
     count = wrong(out, want.detach())
     if dx is not None:
@@ -309,10 +348,19 @@ def setup_stage(params: dict, ctx) -> dict:
     elif stage in calls:
         call = calls[stage]
     else:
-        raise ValueError(f"stage must be one of {', '.join((*STAGES, 'layer', 'total'))}, got {stage!r}")
+        raise ValueError(
+            f"stage must be one of {', '.join((*STAGES, 'layer', 'total'))}, got {stage!r}"
+        )
     peak = measure_peak_bytes(call, x.device, ctx)
-    return {"call": call, "peak_bytes": peak, "buffer_rows": prepared["buffer_rows"],
-            "layer": layer, "x": x, "impl": params["impl"], "peer": prepared.get("peer")}
+    return {
+        "call": call,
+        "peak_bytes": peak,
+        "buffer_rows": prepared["buffer_rows"],
+        "layer": layer,
+        "x": x,
+        "impl": params["impl"],
+        "peer": prepared.get("peer"),
+    }
 
 
 def run_stage(state: dict) -> None:

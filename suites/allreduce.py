@@ -12,8 +12,9 @@ import numpy as np
 
 from moe_repro.components.lazy_import import lazy_module
 
-torch = lazy_module("torch", globals())  # imported by the ranks; the parent only validates the grid
 from moe_repro.suites.base import Metric, Suite, fits_in_memory, one_of, whole
+
+torch = lazy_module("torch", globals())  # imported by the ranks; the parent only validates the grid
 
 
 def setup(params: dict, ctx) -> dict:
@@ -61,17 +62,26 @@ def check(state: dict) -> int:
 def derive(params: dict, state: dict, time_s: float) -> dict:
     nbytes, w = int(params["bytes"]), int(params["ranks"])
     algbw = nbytes / time_s
-    return {"latency_us": time_s * 1e6, "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": algbw * 2 * (w - 1) / w / 1e9}
+    return {
+        "latency_us": time_s * 1e6,
+        "algbw_GBps": algbw / 1e9,
+        "busbw_GBps": algbw * 2 * (w - 1) / w / 1e9,
+    }
 
 
 SUITE = Suite(
     name="allreduce",
     # A rank holds the buffer and, for the check, three more of its size (numpy).
-    schema={"ranks": whole(1, 65536), "backend": one_of("gloo", "mpi"),
-            "bytes": whole(4, 2 ** 40, multiple_of=4)},
-    rules=(fits_in_memory(lambda p: 4 * int(p["bytes"]) * int(p["ranks"]),
-                          {"bytes": str(2 ** 38), "ranks": "2"}),),
+    schema={
+        "ranks": whole(1, 65536),
+        "backend": one_of("gloo", "mpi"),
+        "bytes": whole(4, 2**40, multiple_of=4),
+    },
+    rules=(
+        fits_in_memory(
+            lambda p: 4 * int(p["bytes"]) * int(p["ranks"]), {"bytes": str(2**38), "ranks": "2"}
+        ),
+    ),
     params={"ranks": [2, 4], "backend": ["gloo", "mpi"], "bytes": [8, 4096, 262144, 4194304]},
     quick={"bytes": [8, 65536]},
     world_params=("ranks", "backend"),
@@ -79,11 +89,15 @@ SUITE = Suite(
     run=run,
     derive=derive,
     check=check,
-    metrics=[Metric("latency_us", "us", "lower"),
-             Metric("algbw_GBps", "GB/s", "higher", description="bytes / time_s"),
-             Metric("busbw_GBps", "GB/s", "higher", description="algbw * 2(n-1)/n")],
-    param_help={"ranks": "world size (real processes on this machine)",
-                "backend": "gloo (torch.distributed), nccl (GPUs: cuda:LOCAL_RANK) or mpi (mpi4py "
-                           "under mpiexec)",
-                "bytes": "buffer size in bytes (multiple of 4)"},
+    metrics=[
+        Metric("latency_us", "us", "lower"),
+        Metric("algbw_GBps", "GB/s", "higher", description="bytes / time_s"),
+        Metric("busbw_GBps", "GB/s", "higher", description="algbw * 2(n-1)/n"),
+    ],
+    param_help={
+        "ranks": "world size (real processes on this machine)",
+        "backend": "gloo (torch.distributed), nccl (GPUs: cuda:LOCAL_RANK) or mpi (mpi4py "
+        "under mpiexec)",
+        "bytes": "buffer size in bytes (multiple of 4)",
+    },
 )

@@ -45,8 +45,17 @@ from moe_repro.components.alltoall.base import RoutedPairs
 from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.moe.peer_dispatchers import get_peer_dispatcher, peer_dispatcher_names
-from moe_repro.suites.base import (SEED, Metric, Param, Suite, fits_in_memory, one_of, registered,
-                                   top_k_within_experts, whole)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Param,
+    Suite,
+    fits_in_memory,
+    one_of,
+    registered,
+    top_k_within_experts,
+    whole,
+)
 
 torch = lazy_module("torch", globals())  # a simulated grid point needs no tensor
 
@@ -65,10 +74,14 @@ MAX_PER_MESSAGE_RANKS = 256  # algorithms simulated message by message (their ro
 # --backend auto: MPI where it is installed (faster than gloo locally: AUTO_BACKEND_WHY; the
 # comparison reruns with `repro bench alltoall --path dispatch,collective --backend gloo,mpi`);
 # gloo otherwise, and under torchrun.
-AUTO_BACKEND_WHY = "MPI ran the local all-to-all faster than gloo at every size measured (1-16 MiB, 2 and 4 ranks)"
-IMPL = {"gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
-        "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
-        "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv"}
+AUTO_BACKEND_WHY = (
+    "MPI ran the local all-to-all faster than gloo at every size measured (1-16 MiB, 2 and 4 ranks)"
+)
+IMPL = {
+    "gloo": "torch.distributed gloo all_to_all_single + isend/irecv",
+    "nccl": "torch.distributed nccl all_to_all_single + isend/irecv",
+    "mpi": "mpi4py Alltoallv/Ialltoallv + Isend/Irecv",
+}
 
 _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
 
@@ -88,11 +101,15 @@ def launched_defaults() -> dict[str, list]:
     if not launched_world_size():
         return {}
     topo = Topology.from_environment()
-    return {"nodes": [topo.nodes], "gpus_per_node": [str(topo.ranks_per_node)]}  # a str param ("auto")
+    return {
+        "nodes": [topo.nodes],
+        "gpus_per_node": [str(topo.ranks_per_node)],
+    }  # a str param ("auto")
 
 
-def choose_backend(requested: str, ranks_per_node: int = LOCAL_GPUS_PER_NODE,
-                   device: str = "auto") -> tuple[str, str | None]:
+def choose_backend(
+    requested: str, ranks_per_node: int = LOCAL_GPUS_PER_NODE, device: str = "auto"
+) -> tuple[str, str | None]:
     """(backend, why) for ``--backend``; auto picks nccl when every rank sees a GPU (and the
     device asked for is not the CPU), else MPI when it can run here (or when an MPI launcher
     started the world), else gloo; why is None when the user named one."""
@@ -141,27 +158,35 @@ def derived_params(p: dict) -> dict:
     if p["algo"] not in algorithm_names():
         raise ValueError(f"algo must be one of {', '.join(algorithm_names())}, got {p['algo']!r}")
     if p["placement"] not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}")
+        raise ValueError(
+            f"placement must be one of {', '.join(PLACEMENTS)}, got {p['placement']!r}"
+        )
     if p["backend"] != "auto" and p["backend"] not in IMPL:
         raise ValueError(f"backend must be auto or one of {', '.join(IMPL)}, got {p['backend']!r}")
     path = p.get("path", "dispatch")
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     if path in ("collective", "node") and p["algo"] != "flat":
-        raise ValueError(f"path {path} times the flat all-to-all-v (every algorithm's "
-                         f"baseline); use it with --algo flat, not {p['algo']}")
+        raise ValueError(
+            f"path {path} times the flat all-to-all-v (every algorithm's "
+            f"baseline); use it with --algo flat, not {p['algo']}"
+        )
     peer = _peer_of(path)
     if peer is not None:
         check_peer_point(peer, f"path {path}", p)
     if p.get("latency_model", "profile") not in LATENCY_MODELS:
-        raise ValueError(f"latency_model must be one of {', '.join(LATENCY_MODELS)}, got {p['latency_model']!r}")
+        raise ValueError(
+            f"latency_model must be one of {', '.join(LATENCY_MODELS)}, got {p['latency_model']!r}"
+        )
     _parse_fault(p["fault"])
     for key in ("tokens", "hidden", "experts", "top_k"):
         if int(p[key]) < (0 if key == "tokens" else 1):
             raise ValueError(f"{key} must be positive, got {p[key]}")
     if int(p["top_k"]) > int(p["experts"]):
         raise ValueError(f"top_k={p['top_k']} exceeds experts={p['experts']}")
-    rows = rows_for_size(int(p.get("sizes", 0)), int(p["tokens"]), int(p["hidden"]), int(p["top_k"]))
+    rows = rows_for_size(
+        int(p.get("sizes", 0)), int(p["tokens"]), int(p["hidden"]), int(p["top_k"])
+    )
     auto_gpn = str(p["gpus_per_node"]) == "auto"
     gpn = LOCAL_GPUS_PER_NODE if auto_gpn else _positive(p, "gpus_per_node")
     platform = str(p.get("platform", "local"))
@@ -171,24 +196,39 @@ def derived_params(p: dict) -> dict:
         why = f"--platform {platform}"
     elif nodes * gpn > local_ranks_here() and not launched:
         platform = DEFAULT_PLATFORM
-        why = (f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
-               f"machine runs ({local_ranks_here()}), and no launcher started a world; {DEFAULT_PLATFORM} "
-               f"is the default platform (see repro bench --help)")
+        why = (
+            f"{nodes} nodes need {nodes * gpn} local ranks at {gpn} per node, more than this "
+            f"machine runs ({local_ranks_here()}), and no launcher started a world; {DEFAULT_PLATFORM} "
+            f"is the default platform (see repro bench --help)"
+        )
     kind, fault_rank = _parse_fault(p["fault"])
     if kind != "none" and not 0 <= fault_rank < nodes * gpn:
-        raise ValueError(f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks")
+        raise ValueError(
+            f"fault {p['fault']}: rank {fault_rank} is not in the world of {nodes * gpn} ranks"
+        )
     if why is None:
         backend, chosen_because = choose_backend(p["backend"], gpn, str(p.get("device", "auto")))
         if peer is not None and peer.torch_groups_only and backend == "mpi":
-            raise ValueError(f"path {path} runs {peer.label} on torch.distributed groups: use "
-                             f"--backend gloo (or nccl), not mpi")
+            raise ValueError(
+                f"path {path} runs {peer.label} on torch.distributed groups: use "
+                f"--backend gloo (or nccl), not mpi"
+            )
         impl = f"{peer.label if peer else p['algo']} over {IMPL[backend]}"
-        real = {**rows, "gpus_per_node": gpn, "ranks": nodes * gpn, "ranks_per_node": gpn,
-                "backend": backend, "simulated": False, "impl": impl}
+        real = {
+            **rows,
+            "gpus_per_node": gpn,
+            "ranks": nodes * gpn,
+            "ranks_per_node": gpn,
+            "backend": backend,
+            "simulated": False,
+            "impl": impl,
+        }
         return {**real, "backend_chosen": chosen_because} if chosen_because else real
     if peer is not None or path == "node":
-        raise ValueError(f"path {path} runs {peer.label if peer else 'on each node'} over real ranks only; "
-                         f"this point would be simulated ({why})")
+        raise ValueError(
+            f"path {path} runs {peer.label if peer else 'on each node'} over real ranks only; "
+            f"this point would be simulated ({why})"
+        )
     profile = _simulated_platform(platform, None if auto_gpn else gpn)
     if auto_gpn:
         gpn = profile.gpus_per_node
@@ -197,11 +237,21 @@ def derived_params(p: dict) -> dict:
     # local 2 per node the reason above counts with.
     why = f"{nodes} nodes x {gpn} GPUs = {ranks} ranks; {why}"
     if not get_algorithm(p["algo"]).facts.schedule_from_counts and ranks > MAX_PER_MESSAGE_RANKS:
-        raise ValueError(f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
-                         f"ranks; got {ranks}")
-    return {**rows, "gpus_per_node": gpn, "platform": platform, "ranks": ranks, "ranks_per_node": gpn,
-            "simulated": True, "simulated_because": why, "backend": "none (simulated)",
-            "impl": f"{p['algo']} simulated on {profile.name} (components/network/simulator.py)"}
+        raise ValueError(
+            f"{p['algo']} is simulated per message, up to {MAX_PER_MESSAGE_RANKS} "
+            f"ranks; got {ranks}"
+        )
+    return {
+        **rows,
+        "gpus_per_node": gpn,
+        "platform": platform,
+        "ranks": ranks,
+        "ranks_per_node": gpn,
+        "simulated": True,
+        "simulated_because": why,
+        "backend": "none (simulated)",
+        "impl": f"{p['algo']} simulated on {profile.name} (components/network/simulator.py)",
+    }
 
 
 def _peer_of(path: str):
@@ -219,11 +269,15 @@ def check_peer_point(peer, what: str, p: dict) -> None:
     the choice that asked for it (e.g. "path megatron-dispatch")."""
     peer.require()  # PeerUnavailable (a ValueError): the package and the install hint
     if p["algo"] != peer.alltoall:
-        raise ValueError(f"{what} runs {peer.label}, a {peer.alltoall} all-to-all: use it with "
-                         f"--algo {peer.alltoall}, not {p['algo']}")
+        raise ValueError(
+            f"{what} runs {peer.label}, a {peer.alltoall} all-to-all: use it with "
+            f"--algo {peer.alltoall}, not {p['algo']}"
+        )
     if peer.contiguous_experts_only and p["placement"] != "contiguous":
-        raise ValueError(f"{what}: {peer.label} needs each rank's experts consecutive "
-                         f"(--placement contiguous), got {p['placement']}")
+        raise ValueError(
+            f"{what}: {peer.label} needs each rank's experts consecutive "
+            f"(--placement contiguous), got {p['placement']}"
+        )
 
 
 def rows_for_size(size: int, tokens: int, hidden: int, top_k: int) -> dict:
@@ -238,8 +292,10 @@ def rows_for_size(size: int, tokens: int, hidden: int, top_k: int) -> dict:
         else:
             tokens, step = size // per_token, per_token
         if hidden < 1 or tokens * top_k * hidden * 4 != size:
-            raise ValueError(f"size {size} B is not tokens x top_k x hidden x 4 B (top_k {top_k}, "
-                             f"hidden {int(per_token / top_k / 4)}): pick a multiple of {step} B")
+            raise ValueError(
+                f"size {size} B is not tokens x top_k x hidden x 4 B (top_k {top_k}, "
+                f"hidden {int(per_token / top_k / 4)}): pick a multiple of {step} B"
+            )
     size = tokens * top_k * hidden * 4
     return {"tokens": tokens, "hidden": hidden, "sizes": size, "size": size}
 
@@ -254,8 +310,10 @@ def _simulated_platform(name: str, gpus_per_node: int | None):
 
     platform = load_platform(name)  # ValueError naming the known profiles or the file's problem
     if gpus_per_node is not None and gpus_per_node > platform.gpus_per_node:
-        raise ValueError(f"{platform.name} has {platform.gpus_per_node} GPUs per node, got "
-                         f"gpus_per_node {gpus_per_node}")
+        raise ValueError(
+            f"{platform.name} has {platform.gpus_per_node} GPUs per node, got "
+            f"gpus_per_node {gpus_per_node}"
+        )
     return platform
 
 
@@ -288,19 +346,36 @@ def simulate(params: dict) -> dict:
         routes = [_rank_routing(params, r) for r in range(N)]
         gens = [TorchCPUGenerator(_rank_generator_seed(r)) for r in range(N)]
         msgs = algo.routed_schedule(routes, placement, topo, row_bytes, gens, with_counts=False)
-        res = ns.simulate_messages(msgs, topo, platform, algo.phase_dependencies, model,
-                                   progress=_flow_progress(f"simulating {params['algo']}"))
+        res = ns.simulate_messages(
+            msgs,
+            topo,
+            platform,
+            algo.phase_dependencies,
+            model,
+            progress=_flow_progress(f"simulating {params['algo']}"),
+        )
         payload = sum(route.num_rows for route in routes) * row_bytes / N
     t = res.time_s
     algbw = payload / t if t > 0 else 0.0
-    print(f"simulated {params['algo']} on {platform.name} {params['nodes']}x{params['gpus_per_node']}: "
-          f"{t * 1e3:.4g} ms, Piper Eq. 6 NIC bound {res.eq6_bound_s * 1e3:.4g} ms "
-          f"({res.flows} flow records)", file=sys.stderr)
-    return {"time_s": t, "latency_s": t, "inter_node_bytes": res.link_bytes["inter_node"],
-            "intra_node_bytes": res.link_bytes["intra_node"], "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": bus_bandwidth(algbw, N) / 1e9, "bytes": payload,
-            "eq6_bound_s": res.eq6_bound_s, "phase_end_s": res.phase_end_s,
-            "latency_model_used": res.latency_model, "assumptions": list(res.assumptions)}
+    print(
+        f"simulated {params['algo']} on {platform.name} {params['nodes']}x{params['gpus_per_node']}: "
+        f"{t * 1e3:.4g} ms, Piper Eq. 6 NIC bound {res.eq6_bound_s * 1e3:.4g} ms "
+        f"({res.flows} flow records)",
+        file=sys.stderr,
+    )
+    return {
+        "time_s": t,
+        "latency_s": t,
+        "inter_node_bytes": res.link_bytes["inter_node"],
+        "intra_node_bytes": res.link_bytes["intra_node"],
+        "algbw_GBps": algbw / 1e9,
+        "busbw_GBps": bus_bandwidth(algbw, N) / 1e9,
+        "bytes": payload,
+        "eq6_bound_s": res.eq6_bound_s,
+        "phase_end_s": res.phase_end_s,
+        "latency_model_used": res.latency_model,
+        "assumptions": list(res.assumptions),
+    }
 
 
 PROGRESS_EVERY_S = 2.0  # a long simulation prints a line at most this often (stderr)
@@ -320,8 +395,13 @@ def _flow_progress(what: str):
             return
         last = now
         elapsed = now - started
-        print(f"{what}: {finished}/{total} flows finished, {elapsed:.0f} s elapsed, about "
-              f"{elapsed / finished * (total - finished):.0f} s left", file=sys.stderr, flush=True)
+        print(
+            f"{what}: {finished}/{total} flows finished, {elapsed:.0f} s elapsed, about "
+            f"{elapsed / finished * (total - finished):.0f} s left",
+            file=sys.stderr,
+            flush=True,
+        )
+
     return report
 
 
@@ -376,7 +456,7 @@ def _rank_routing(params: dict, rank: int) -> RoutedPairs:
     g.skip(S * H)  # x's draws
     scores = g.rand(S, E)
     by_score = np.argsort(scores, axis=1, kind="stable")
-    kth = np.take_along_axis(scores, by_score[:, k - 1:k + 1], axis=1)  # k-th and (k+1)-th lowest
+    kth = np.take_along_axis(scores, by_score[:, k - 1 : k + 1], axis=1)  # k-th and (k+1)-th lowest
     if k < E and (kth[:, 0] == kth[:, 1]).any():
         from moe_repro.components.moe.pft import build_pft
 
@@ -399,17 +479,28 @@ def rank_workload(params: dict, rank: int, world: int, device=None) -> dict:
     x, top, weights = (t.to(device) for t in _rank_inputs(params, rank))
     pft = build_pft(top, weights, int(params["experts"]))
     order, send_counts = flat_send_layout(pft, placement, world)
-    return {"x": x, "pft": pft, "placement": placement, "token_order": pft.token_ids[order],
-            "send_counts": send_counts}
+    return {
+        "x": x,
+        "pft": pft,
+        "placement": placement,
+        "token_order": pft.token_ids[order],
+        "send_counts": send_counts,
+    }
 
 
 def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
+    from moe_repro.components.network.topology import (
+        Topology,
+        build_communicators,
+        bytes_by_link_class,
+    )
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
     if nodes * gpn != ctx.world_size:
-        raise ValueError(f"this world has {ctx.world_size} ranks but --nodes {nodes} "
-                         f"--gpus-per-node {gpn} asks for {nodes * gpn}")
+        raise ValueError(
+            f"this world has {ctx.world_size} ranks but --nodes {nodes} "
+            f"--gpus-per-node {gpn} asks for {nodes * gpn}"
+        )
     key = (ctx.backend, nodes, gpn)
     if key not in _COMMS:
         topo = Topology(nodes=nodes, ranks_per_node=gpn)
@@ -417,10 +508,19 @@ def setup(params: dict, ctx) -> dict:
     comms = _COMMS[key]
     path = params.get("path", "dispatch")
     # path node: every node's ranks are a world of their own (the same routing on every node)
-    me, world = (comms.topo.local_rank(ctx.rank), gpn) if path == "node" else (ctx.rank, ctx.world_size)
-    state = {"ctx": ctx, "params": params, "comms": comms, "algo": params["algo"],
-             **rank_workload(params, me, world, ctx.device), "reference_rank": (me, world),
-             "fault": _parse_fault(params["fault"]), "calls": 0}
+    me, world = (
+        (comms.topo.local_rank(ctx.rank), gpn) if path == "node" else (ctx.rank, ctx.world_size)
+    )
+    state = {
+        "ctx": ctx,
+        "params": params,
+        "comms": comms,
+        "algo": params["algo"],
+        **rank_workload(params, me, world, ctx.device),
+        "reference_rank": (me, world),
+        "fault": _parse_fault(params["fault"]),
+        "calls": 0,
+    }
     pft = state["pft"]
     peer = _peer_of(path)
     if path == "node":
@@ -428,18 +528,25 @@ def setup(params: dict, ctx) -> dict:
 
         state["dispatcher"] = FlatDispatcher(comms.intra, state["placement"])
     elif peer is not None:  # the peer's own dispatcher on the same EP group, routing and rows
-        state["dispatcher"] = peer.build(comms.world, state["placement"], int(params["hidden"]),
-                                         int(params["top_k"]))
+        state["dispatcher"] = peer.build(
+            comms.world, state["placement"], int(params["hidden"]), int(params["top_k"])
+        )
     else:
-        state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(comms, state["placement"],
-                                                                       _rank_generator(ctx.rank))
+        state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
+            comms, state["placement"], _rank_generator(ctx.rank)
+        )
     if _call_of(path) == "collective":
         from moe_repro.components.alltoall.flat import flat_send_layout
 
         order, send_counts = flat_send_layout(pft, state["placement"], ctx.world_size)
         rows = state["x"].index_select(0, pft.token_ids[order])  # packed once, outside the timing
         recv_counts = comms.world.exchange_counts(send_counts)
-        state["collective"] = (rows, send_counts, recv_counts, rows.new_empty((sum(recv_counts), rows.shape[1])))
+        state["collective"] = (
+            rows,
+            send_counts,
+            recv_counts,
+            rows.new_empty((sum(recv_counts), rows.shape[1])),
+        )
 
     if _call_of(path) == "combine":  # expert outputs of one dispatch, combined again and again
         state["combine_y"] = 2 * _dispatch(state).clone() + 1
@@ -524,7 +631,12 @@ def count_host_work(fn) -> dict:
             work["ops"] += 1
             if not func.is_view:
                 name = func.overloadpacket.__name__
-                if name in _SORT_OPS and args and isinstance(args[0], torch.Tensor) and args[0].numel() > 1:
+                if (
+                    name in _SORT_OPS
+                    and args
+                    and isinstance(args[0], torch.Tensor)
+                    and args[0].numel() > 1
+                ):
                     n = args[0].numel()
                     work["sort_work"] += round(n * math.log2(n))
                 if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
@@ -562,6 +674,7 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
             if name == "alltoallv_async":  # (out, handle): its wait is collective time too
                 return result[0], watched_handle(result[1])
             return watched_handle(result) if name == "p2p" else result
+
         return call
 
     def watched_handle(handle):
@@ -571,7 +684,9 @@ def host_cpu_seconds(fn, comms, calls: int = 5) -> float:
     watching = list(comms.by_name().values())
     for c in watching:
         for name in COLLECTIVE_CALLS:
-            setattr(c, name, watched(getattr(c, name), name))  # an instance attribute, removed below
+            setattr(
+                c, name, watched(getattr(c, name), name)
+            )  # an instance attribute, removed below
     samples = []
     try:
         for _ in range(calls):
@@ -660,7 +775,7 @@ def _reference(params: dict, placement: list[int], world: int, me: int):
 
 
 def check(state: dict) -> int:
-    ctx, params = state["ctx"], state["params"]
+    params = state["params"]
     out = _dispatch(state)
     me, world = state["reference_rank"]
     expected, combined = _reference(params, state["placement"], world, me)
@@ -685,49 +800,100 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     # The physical floor on this host: every routed row copied once at the memcpy bandwidth
     # measured in this run (same ranks copying at once), whatever the algorithm.
     bound = state["memcpy_s"]
-    limit = {"memcpy_GBps": state["payload_bytes"] / bound / 1e9 if bound else float("nan"),
-             "bound_s": bound, "time_over_bound": time_s / bound if bound else float("nan")}
-    links = {} if lb is None else {"inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
-    return {**limit, "latency_s": time_s, **links, "algbw_GBps": algbw / 1e9,
-            "busbw_GBps": bus_bandwidth(algbw, n) / 1e9, "bytes": state["payload_bytes"],
-            "host_ops": state["host_work"]["ops"], "host_bytes": state["host_work"]["bytes"],
-            "host_fresh_bytes": state["host_work"]["fresh_bytes"],
-            "host_sort_work": state["host_work"]["sort_work"],
-            "host_python_ops": state["host_work"]["python_ops"],
-            **({"host_cpu_s": state["host_work"]["cpu_ns"] * 1e-9} if "cpu_ns" in state["host_work"] else {})}
+    limit = {
+        "memcpy_GBps": state["payload_bytes"] / bound / 1e9 if bound else float("nan"),
+        "bound_s": bound,
+        "time_over_bound": time_s / bound if bound else float("nan"),
+    }
+    links = (
+        {}
+        if lb is None
+        else {"inter_node_bytes": lb["inter_node"], "intra_node_bytes": lb["intra_node"]}
+    )
+    return {
+        **limit,
+        "latency_s": time_s,
+        **links,
+        "algbw_GBps": algbw / 1e9,
+        "busbw_GBps": bus_bandwidth(algbw, n) / 1e9,
+        "bytes": state["payload_bytes"],
+        "host_ops": state["host_work"]["ops"],
+        "host_bytes": state["host_work"]["bytes"],
+        "host_fresh_bytes": state["host_work"]["fresh_bytes"],
+        "host_sort_work": state["host_work"]["sort_work"],
+        "host_python_ops": state["host_work"]["python_ops"],
+        **(
+            {"host_cpu_s": state["host_work"]["cpu_ns"] * 1e-9}
+            if "cpu_ns" in state["host_work"]
+            else {}
+        ),
+    }
 
 
 # What one dispatch over real ranks yields (also the alltoall-validation suite's measured side).
 DISPATCH_METRICS = [
-    Metric("inter_node_bytes", "B", "lower",
-           description="bytes sent to other nodes in one call, all ranks, metadata included"),
+    Metric(
+        "inter_node_bytes",
+        "B",
+        "lower",
+        description="bytes sent to other nodes in one call, all ranks, metadata included",
+    ),
     Metric("busbw_GBps", "GB/s", "higher", description="algbw * (n-1)/n (nccl-tests alltoall)"),
     Metric("algbw_GBps", "GB/s", "higher", description="size / time_s"),
     Metric("latency_s", "s", "lower", description="wall time of one dispatch (= time_s)"),
-    Metric("intra_node_bytes", "B", "none",
-           description="bytes sent to other ranks of the same node in one call, all ranks"),
+    Metric(
+        "intra_node_bytes",
+        "B",
+        "none",
+        description="bytes sent to other ranks of the same node in one call, all ranks",
+    ),
     Metric("bytes", "B", "none", description="mean per-rank dispatch payload as routed (= size)"),
-    Metric("host_ops", "ops", "none",
-           description="aten ops one dispatch runs on the busiest rank, collectives left out (counted)"),
-    Metric("host_bytes", "B", "none",
-           description="bytes those ops write into existing buffers on the busiest rank (counted)"),
-    Metric("host_fresh_bytes", "B", "none",
-           description="bytes those ops write into fresh tensors on the busiest rank (counted)"),
-    Metric("host_sort_work", "n log2 n", "none",
-           description="n log2 n summed over the sorts one dispatch runs on the busiest rank (counted)"),
-    Metric("host_python_ops", "instructions", "none",
-           description="Python bytecode instructions one dispatch executes on the busiest rank (counted)"),
-    Metric("host_cpu_s", "s", "none",
-           description="CPU seconds one dispatch spends outside its collectives on the busiest rank "
-                       "(profiled: host_cpu_seconds)"),
+    Metric(
+        "host_ops",
+        "ops",
+        "none",
+        description="aten ops one dispatch runs on the busiest rank, collectives left out (counted)",
+    ),
+    Metric(
+        "host_bytes",
+        "B",
+        "none",
+        description="bytes those ops write into existing buffers on the busiest rank (counted)",
+    ),
+    Metric(
+        "host_fresh_bytes",
+        "B",
+        "none",
+        description="bytes those ops write into fresh tensors on the busiest rank (counted)",
+    ),
+    Metric(
+        "host_sort_work",
+        "n log2 n",
+        "none",
+        description="n log2 n summed over the sorts one dispatch runs on the busiest rank (counted)",
+    ),
+    Metric(
+        "host_python_ops",
+        "instructions",
+        "none",
+        description="Python bytecode instructions one dispatch executes on the busiest rank (counted)",
+    ),
+    Metric(
+        "host_cpu_s",
+        "s",
+        "none",
+        description="CPU seconds one dispatch spends outside its collectives on the busiest rank "
+        "(profiled: host_cpu_seconds)",
+    ),
 ]
+
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
@@ -750,17 +916,26 @@ def side_by_side(records: list[dict]) -> list[str]:
         for call in CALLS:
             ours = by_path.get(call)
             beside = [(peer, by_path.get(f"{peer}-{call}")) for peer in peer_dispatcher_names()]
-            beside = [(name, r) for name, r in [*beside, ("collective", by_path.get("collective"))] if r]
+            beside = [
+                (name, r) for name, r in [*beside, ("collective", by_path.get("collective"))] if r
+            ]
             if ours is None or not beside or not bound:
                 continue
-            cells = [f"{name} {_ms(r['time_s'])} ({r['time_s'] / bound:.3g}x bound)"
-                     for name, r in [("ours", ours), *beside]]
+            cells = [
+                f"{name} {_ms(r['time_s'])} ({r['time_s'] / bound:.3g}x bound)"
+                for name, r in [("ours", ours), *beside]
+            ]
             cells += [f"ours/{name} {ours['time_s'] / r['time_s']:.2f}" for name, r in beside]
-            lines.append(f"  {_size(ours['size'])} {call} (bound {_ms(bound)}): " + " | ".join(cells))
+            lines.append(
+                f"  {_size(ours['size'])} {call} (bound {_ms(bound)}): " + " | ".join(cells)
+            )
     if not lines:
         return []
-    return ["side by side, measured in this run (median times; bound: the routed bytes per rank "
-            "at this run's fastest memcpy bandwidth for the point):", *lines]
+    return [
+        "side by side, measured in this run (median times; bound: the routed bytes per rank "
+        "at this run's fastest memcpy bandwidth for the point):",
+        *lines,
+    ]
 
 
 # The largest world the simulator is asked for: 4096 nodes (32768 GPUs at 8 per node, the
@@ -783,27 +958,57 @@ def _platform_name(value: str) -> None:
 
         load_platform(value)
 
+
 SUITE = Suite(
     name="alltoall",
-    schema={"nodes": whole(1, MAX_NODES, why_max="the simulator's largest fabric"),
-            "gpus_per_node": Param(str, check=_gpus_per_node, bad=("0", "-2", "x", "1e400")),
-            "algo": registered("algo", algorithm_names), "platform": Param(str, check=_platform_name,
-                                                                  bad=("nosuch", "/nonexistent/p.json")),
-            "backend": one_of("auto", *IMPL), "latency_model": one_of(*LATENCY_MODELS),
-            "sizes": whole(0, 2 ** 34), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
-            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "placement": one_of(*PLACEMENTS),
-            "seed": SEED, "fault": Param(str, check=_parse_fault, bad=("kill", "kill:x", "boom:1")),
-            "path": one_of(*PATHS)},
-    rules=(top_k_within_experts(),
-           # every rank's send and receive rows, the combine output and the input (float32)
-           # and each rank's routing draw: a score per token and expert, and their argsort
-           fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["tokens"]) * (
-                              4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"])),
-                          {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
-    params={"nodes": [1, 2], "gpus_per_node": ["auto"], "algo": algorithm_names(), "platform": ["local"],
-            "backend": ["auto"], "latency_model": ["profile"],
-            "sizes": [0], "tokens": [256], "hidden": [256], "experts": [16], "top_k": [4],
-            "placement": ["contiguous"], "seed": [0], "fault": ["none"], "path": ["dispatch"]},
+    schema={
+        "nodes": whole(1, MAX_NODES, why_max="the simulator's largest fabric"),
+        "gpus_per_node": Param(str, check=_gpus_per_node, bad=("0", "-2", "x", "1e400")),
+        "algo": registered("algo", algorithm_names),
+        "platform": Param(str, check=_platform_name, bad=("nosuch", "/nonexistent/p.json")),
+        "backend": one_of("auto", *IMPL),
+        "latency_model": one_of(*LATENCY_MODELS),
+        "sizes": whole(0, 2**34),
+        "tokens": whole(0),
+        "hidden": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "placement": one_of(*PLACEMENTS),
+        "seed": SEED,
+        "fault": Param(str, check=_parse_fault, bad=("kill", "kill:x", "boom:1")),
+        "path": one_of(*PATHS),
+    },
+    rules=(
+        top_k_within_experts(),
+        # every rank's send and receive rows, the combine output and the input (float32)
+        # and each rank's routing draw: a score per token and expert, and their argsort
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["ranks"])
+                * int(p["tokens"])
+                * (4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"]))
+            ),
+            {"tokens": str(2**20), "hidden": str(2**16)},
+        ),
+    ),
+    params={
+        "nodes": [1, 2],
+        "gpus_per_node": ["auto"],
+        "algo": algorithm_names(),
+        "platform": ["local"],
+        "backend": ["auto"],
+        "latency_model": ["profile"],
+        "sizes": [0],
+        "tokens": [256],
+        "hidden": [256],
+        "experts": [16],
+        "top_k": [4],
+        "placement": ["contiguous"],
+        "seed": [0],
+        "fault": ["none"],
+        "path": ["dispatch"],
+    },
     quick={"nodes": [2], "tokens": [16], "hidden": [64]},  # 16 KiB per rank
     table_keys=("nodes", "gpus_per_node", "algo", "path", "backend", "platform", "size"),
     table_metrics=("time_s", "algbw_GBps", "busbw_GBps", "inter_node_bytes"),
@@ -816,46 +1021,68 @@ SUITE = Suite(
     derive=derive,
     check=check,
     simulate=simulate,
-    metrics=[*DISPATCH_METRICS,
-             Metric("memcpy_GBps", "GB/s", "none",
-                    description="real runs: one rank's routed rows copied buffer to buffer, all ranks "
-                                "at once, measured in the same run (slowest rank)"),
-             Metric("bound_s", "s", "none",
-                    description="real runs: routed bytes per rank / memcpy bandwidth: the least a "
-                                "dispatch or combine on this host can take"),
-             Metric("time_over_bound", "x", "lower",
-                    description="real runs: time_s / bound_s (1 = at the memory-copy limit)"),
-             Metric("eq6_bound_s", "s", "none", kind="simulated",
-                    description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
-                                "(busiest NIC's bytes / B_NIC)")],
-    param_help={"nodes": "nodes (emulated by groups of local ranks when real here); under a launcher "
-                         "the launched world's",
-                "gpus_per_node": "ranks per node; auto: 2 for real local ranks, the platform's GPUs "
-                                 "per node when simulated, the launcher's ranks per node under one",
-                "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
-                "platform": "local (real ranks here; a world of more than 16 ranks is simulated on "
-                            "dgx-h100) or a profile to simulate: frontier, dgx-h100, h200, or a "
-                            "profile file path (.json)",
-                "latency_model": "simulated only: profile (the profile's), overlapped or serial "
-                                 "(see components/network/simulator.py)",
-                "backend": "auto (MPI where mpi4py and mpiexec are installed: faster than gloo "
-                           "at every local size measured; else gloo; the choice is printed "
-                           "first), gloo, nccl (GPUs) or mpi",
-                "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "
-                         "0: from tokens and hidden; given, it sets tokens (and hidden below one "
-                         "token's payload)",
-                "tokens": "tokens per rank (ignored when sizes > 0)",
-                "hidden": "hidden size (float32 elements per row)",
-                "experts": "experts in total", "top_k": "experts per token",
-                "placement": "expert -> rank map: contiguous, strided or random",
-                "seed": "input and routing seed",
-                "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
-                        "combine (its reverse: rows back, weighted sum per token), "
-                        "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
-                        "buffers reused; the floor a dispatch can reach), node (flat only: the "
-                        "dispatch on each emulated node's own communicator, every node at once) "
-                        "or a peer's own dispatcher "
-                        "on the same routing and rows: " + ", ".join(PEER_PATHS) + " (flat, contiguous "
-                        "placement, gloo or nccl; the peers extra)",
-                "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)"},
+    metrics=[
+        *DISPATCH_METRICS,
+        Metric(
+            "memcpy_GBps",
+            "GB/s",
+            "none",
+            description="real runs: one rank's routed rows copied buffer to buffer, all ranks "
+            "at once, measured in the same run (slowest rank)",
+        ),
+        Metric(
+            "bound_s",
+            "s",
+            "none",
+            description="real runs: routed bytes per rank / memcpy bandwidth: the least a "
+            "dispatch or combine on this host can take",
+        ),
+        Metric(
+            "time_over_bound",
+            "x",
+            "lower",
+            description="real runs: time_s / bound_s (1 = at the memory-copy limit)",
+        ),
+        Metric(
+            "eq6_bound_s",
+            "s",
+            "none",
+            kind="simulated",
+            description="simulated records only: Piper Eq. 6 NIC-injection lower bound "
+            "(busiest NIC's bytes / B_NIC)",
+        ),
+    ],
+    param_help={
+        "nodes": "nodes (emulated by groups of local ranks when real here); under a launcher "
+        "the launched world's",
+        "gpus_per_node": "ranks per node; auto: 2 for real local ranks, the platform's GPUs "
+        "per node when simulated, the launcher's ranks per node under one",
+        "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
+        "platform": "local (real ranks here; a world of more than 16 ranks is simulated on "
+        "dgx-h100) or a profile to simulate: frontier, dgx-h100, h200, or a "
+        "profile file path (.json)",
+        "latency_model": "simulated only: profile (the profile's), overlapped or serial "
+        "(see components/network/simulator.py)",
+        "backend": "auto (MPI where mpi4py and mpiexec are installed: faster than gloo "
+        "at every local size measured; else gloo; the choice is printed "
+        "first), gloo, nccl (GPUs) or mpi",
+        "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:64M; "
+        "0: from tokens and hidden; given, it sets tokens (and hidden below one "
+        "token's payload)",
+        "tokens": "tokens per rank (ignored when sizes > 0)",
+        "hidden": "hidden size (float32 elements per row)",
+        "experts": "experts in total",
+        "top_k": "experts per token",
+        "placement": "expert -> rank map: contiguous, strided or random",
+        "seed": "input and routing seed",
+        "path": "dispatch (the MoE dispatch: pack rows, exchange counts, all-to-all-v), "
+        "combine (its reverse: rows back, weighted sum per token), "
+        "collective (flat only: the bare all-to-all-v of packed rows, counts known, "
+        "buffers reused; the floor a dispatch can reach), node (flat only: the "
+        "dispatch on each emulated node's own communicator, every node at once) "
+        "or a peer's own dispatcher "
+        "on the same routing and rows: " + ", ".join(PEER_PATHS) + " (flat, contiguous "
+        "placement, gloo or nccl; the peers extra)",
+        "fault": "none, or kill:R / hang:R to stop rank R during its 3rd call (tests)",
+    },
 )

@@ -35,8 +35,19 @@ import sys
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.suites import alltoall
-from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, fits_in_memory, one_of,
-                                   parse_size, registered, top_k_within_experts, whole)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Param,
+    Rule,
+    Suite,
+    fits_in_memory,
+    one_of,
+    parse_size,
+    registered,
+    top_k_within_experts,
+    whole,
+)
 
 FIT_SEPARATOR = "+"  # inside one grid value ("2K+16K"): a comma would split it into grid values
 
@@ -50,7 +61,9 @@ def load_average() -> list[float] | None:
 
 def host_cores() -> int:
     """Cores this process may run on: the machine's limit on concurrent ranks."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 def alltoall_point(p: dict) -> dict:
@@ -58,8 +71,10 @@ def alltoall_point(p: dict) -> dict:
     (ValueError for a point that suite refuses, or that does not run here for real)."""
     ranks, gpn = int(p["ranks"]), int(p["gpus_per_node"])
     if ranks < 2 or gpn < 1 or ranks % gpn:
-        raise ValueError(f"ranks must be >= 2 and a multiple of gpus_per_node; got ranks {ranks}, "
-                         f"gpus_per_node {gpn}")
+        raise ValueError(
+            f"ranks must be >= 2 and a multiple of gpus_per_node; got ranks {ranks}, "
+            f"gpus_per_node {gpn}"
+        )
     if int(p["sizes"]) <= 0:
         raise ValueError(f"sizes must be positive (bytes each rank sends), got {p['sizes']}")
     if p["backend"] == "mpi":
@@ -69,14 +84,28 @@ def alltoall_point(p: dict) -> dict:
         if why_not:
             raise ValueError(f"backend mpi does not run here ({why_not}): pass --backend gloo")
     # The alltoall suite's defaults first: a parameter it gains later gets its default here.
-    point = {**{k: v[0] for k, v in alltoall.SUITE.params.items()},
-             "nodes": ranks // gpn, "gpus_per_node": gpn, "algo": p["algo"], "platform": "local",
-             "backend": p["backend"], "sizes": int(p["sizes"]), "tokens": 1, "hidden": int(p["hidden"]),
-             "experts": int(p["experts"]), "top_k": int(p["top_k"]), "placement": p["placement"],
-             "seed": int(p["seed"]), "fault": "none", "path": p.get("path", "dispatch")}
+    point = {
+        **{k: v[0] for k, v in alltoall.SUITE.params.items()},
+        "nodes": ranks // gpn,
+        "gpus_per_node": gpn,
+        "algo": p["algo"],
+        "platform": "local",
+        "backend": p["backend"],
+        "sizes": int(p["sizes"]),
+        "tokens": 1,
+        "hidden": int(p["hidden"]),
+        "experts": int(p["experts"]),
+        "top_k": int(p["top_k"]),
+        "placement": p["placement"],
+        "seed": int(p["seed"]),
+        "fault": "none",
+        "path": p.get("path", "dispatch"),
+    }
     point.update(alltoall.derived_params(point))
     if point.get("simulated"):
-        raise ValueError(f"{ranks} ranks do not run here for real (at most {alltoall.MAX_LOCAL_RANKS})")
+        raise ValueError(
+            f"{ranks} ranks do not run here for real (at most {alltoall.MAX_LOCAL_RANKS})"
+        )
     return point
 
 
@@ -93,16 +122,31 @@ def routed_messages(point: dict):
     if point.get("path") == "node":  # every node's own flat dispatch, the same on every node
         g = topo.ranks_per_node
         work = [alltoall.rank_workload(point, r, g) for r in range(g)]
-        one = algo.routed_schedule([w["pft"] for w in work], work[0]["placement"], Topology(1, g),
-                                   int(point["hidden"]) * 4, None, with_counts=True)
-        msgs = [(phase, n * g + src, n * g + dst, nbytes) for n in range(topo.nodes)
-                for phase, src, dst, nbytes in one]
+        one = algo.routed_schedule(
+            [w["pft"] for w in work],
+            work[0]["placement"],
+            Topology(1, g),
+            int(point["hidden"]) * 4,
+            None,
+            with_counts=True,
+        )
+        msgs = [
+            (phase, n * g + src, n * g + dst, nbytes)
+            for n in range(topo.nodes)
+            for phase, src, dst, nbytes in one
+        ]
         return msgs, topo, algo.dispatcher_dependencies
     work = [alltoall.rank_workload(point, r, N) for r in range(N)]
     # RBD's pilot choice is random; without the ranks' generators its bytes may differ a little
     # from the run's (the record keeps both byte counts).
-    msgs = algo.routed_schedule([w["pft"] for w in work], work[0]["placement"], topo,
-                                int(point["hidden"]) * 4, None, with_counts=True)
+    msgs = algo.routed_schedule(
+        [w["pft"] for w in work],
+        work[0]["placement"],
+        topo,
+        int(point["hidden"]) * 4,
+        None,
+        with_counts=True,
+    )
     # the order the measured dispatcher's blocking calls impose (RBD: one call after another)
     return msgs, topo, algo.dispatcher_dependencies
 
@@ -120,8 +164,9 @@ def predict(point: dict, fit: dict, cores: int) -> dict:
     ranks = str(int(point["ranks"]))
     latency_us = (fit.get("latency_us_by_ranks") or {}).get(ranks, fit["latency_us"])
     per_message_us = (fit.get("per_message_us_by_ranks") or {}).get(ranks, fit["per_message_us"])
-    doc = ns.local_alltoall_profile(latency_us * 1e-6, per_message_us * 1e-6,
-                                    fit["GBps"] * 1e9, topo.ranks_per_node, cores)
+    doc = ns.local_alltoall_profile(
+        latency_us * 1e-6, per_message_us * 1e-6, fit["GBps"] * 1e9, topo.ranks_per_node, cores
+    )
     profile = from_dict(doc)
     time_s = ns.simulate_messages(msgs, topo, profile, deps).time_s
     # phases the dependencies let run at once overlap by the fraction measured in this ranks
@@ -131,8 +176,11 @@ def predict(point: dict, fit: dict, cores: int) -> dict:
         chained_s = ns.simulate_messages(msgs, topo, profile, ns.chained(deps)).time_s
         time_s = ns.blend_overlap(time_s, chained_s, float(overlap))
     lb = bytes_by_link_class(msgs, topo)
-    return {"predicted_time_s": time_s, "predicted_inter_node_bytes": lb["inter_node"],
-            "predicted_intra_node_bytes": lb["intra_node"]}
+    return {
+        "predicted_time_s": time_s,
+        "predicted_inter_node_bytes": lb["inter_node"],
+        "predicted_intra_node_bytes": lb["intra_node"],
+    }
 
 
 def split_list(text: str, what: str, convert) -> list:
@@ -140,8 +188,10 @@ def split_list(text: str, what: str, convert) -> list:
     try:
         values = [convert(t) for t in items]
     except ValueError:
-        raise ValueError(f"{what}: cannot read {text!r} (values joined by '{FIT_SEPARATOR}', e.g. "
-                         f"2K{FIT_SEPARATOR}16K)") from None
+        raise ValueError(
+            f"{what}: cannot read {text!r} (values joined by '{FIT_SEPARATOR}', e.g. "
+            f"2K{FIT_SEPARATOR}16K)"
+        ) from None
     if not values:
         raise ValueError(f"{what} is empty")
     return values
@@ -149,8 +199,18 @@ def split_list(text: str, what: str, convert) -> list:
 
 # The routing the per-op price is measured on: the all-to-alls' own planning code on inputs no
 # scored point uses (its seed is none of the grid's), one process, no communication.
-PRICE_ROUTING = {"hidden": 64, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 90001,
-                 "ranks": 4, "gpus_per_node": 2, "algo": "rbd", "backend": "gloo", "sizes": 64 * 4 * 64 * 4}
+PRICE_ROUTING = {
+    "hidden": 64,
+    "experts": 16,
+    "top_k": 4,
+    "placement": "contiguous",
+    "seed": 90001,
+    "ranks": 4,
+    "gpus_per_node": 2,
+    "algo": "rbd",
+    "backend": "gloo",
+    "sizes": 64 * 4 * 64 * 4,
+}
 
 
 def _python_bookkeeping(n: int = 64) -> int:
@@ -175,7 +235,7 @@ class _PriceWork:
         from moe_repro.components.network.topology import Topology
 
         self.py_instructions = alltoall.count_python_work(_python_bookkeeping)
-        keys = torch.randint(0, 2 ** 40, (2 ** 16,), generator=torch.Generator().manual_seed(0))
+        keys = torch.randint(0, 2**40, (2**16,), generator=torch.Generator().manual_seed(0))
         self.sort = lambda: torch.argsort(keys, stable=True)
         self.sort_work = alltoall.count_host_work(self.sort)["sort_work"]
         point = alltoall_point(PRICE_ROUTING)
@@ -206,10 +266,16 @@ class _PriceWork:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # one rank = one thread, as in the runs
         try:
-            return {name: _cpu_samples(fn, loop, repeats)
-                    for name, fn, loop in (("python", _python_bookkeeping, 200), ("sort", self.sort, 3),
-                                           ("plan", self.plan, 50), ("pack", self.pack, 1),
-                                           ("fresh", self.fresh, 1))}
+            return {
+                name: _cpu_samples(fn, loop, repeats)
+                for name, fn, loop in (
+                    ("python", _python_bookkeeping, 200),
+                    ("sort", self.sort, 3),
+                    ("plan", self.plan, 50),
+                    ("pack", self.pack, 1),
+                    ("fresh", self.fresh, 1),
+                )
+            }
         finally:
             torch.set_num_threads(threads)
 
@@ -218,12 +284,23 @@ class _PriceWork:
         t = {name: pick(xs) for name, xs in samples.items()}
         py_op_s = t["python"] / self.py_instructions
         sort_unit_s = t["sort"] / self.sort_work
-        op_s = max(t["plan"] - self.plan_instructions * py_op_s - self.plan_work["sort_work"] * sort_unit_s,
-                   1e-9) / self.plan_work["ops"]
+        op_s = (
+            max(
+                t["plan"]
+                - self.plan_instructions * py_op_s
+                - self.plan_work["sort_work"] * sort_unit_s,
+                1e-9,
+            )
+            / self.plan_work["ops"]
+        )
         nbytes = self.x.numel() * 4
-        return {"host_op_us": op_s * 1e6, "python_op_ns": py_op_s * 1e9, "sort_unit_ns": sort_unit_s * 1e9,
-                "pack_GBps": nbytes / max(t["pack"] - op_s, 1e-9) / 1e9,
-                "fresh_GBps": nbytes / max(t["fresh"] - op_s, 1e-9) / 1e9}
+        return {
+            "host_op_us": op_s * 1e6,
+            "python_op_ns": py_op_s * 1e9,
+            "sort_unit_ns": sort_unit_s * 1e9,
+            "pack_GBps": nbytes / max(t["pack"] - op_s, 1e-9) / 1e9,
+            "fresh_GBps": nbytes / max(t["fresh"] - op_s, 1e-9) / 1e9,
+        }
 
 
 def _cpu_samples(fn, loop: int, repeats: int) -> list[float]:
@@ -244,13 +321,13 @@ def _cpu_samples(fn, loop: int, repeats: int) -> list[float]:
 _PRICE_WORK: dict[int, _PriceWork] = {}
 
 
-def price_work(pack_bytes: int = 4 * 2 ** 20) -> _PriceWork:
+def price_work(pack_bytes: int = 4 * 2**20) -> _PriceWork:
     if pack_bytes not in _PRICE_WORK:
         _PRICE_WORK[pack_bytes] = _PriceWork(pack_bytes)
     return _PRICE_WORK[pack_bytes]
 
 
-def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
+def measure_host_costs(pack_bytes: int = 4 * 2**20, repeats: int = 7) -> dict:
     """The prices of the host-work term (simulator.host_work_s), measured on one core in this
     process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples: the one
     least disturbed by other processes; the spread max / min kept beside each):
@@ -268,16 +345,25 @@ def measure_host_costs(pack_bytes: int = 4 * 2 ** 20, repeats: int = 7) -> dict:
     work = price_work(pack_bytes)
     samples = work.sample(repeats)
     spread = {name: max(xs) / max(min(xs), 1e-12) for name, xs in samples.items()}
-    return {**work.prices(samples, min),
-            **{f"{price}_spread": spread[raw] for price, raw in
-               (("host_op", "plan"), ("python_op", "python"), ("sort", "sort"), ("pack", "pack"),
-                ("fresh", "fresh"))},
-            "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
-                             f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
-                             f"(per n log2 n), the flat send layout and RBD's "
-                             f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
-                             f"op, {work.plan_work['ops']} ops), index_select of {work.rows} rows of 1 KiB in random "
-                             f"order into a reused buffer and into a fresh one (packing)"}
+    return {
+        **work.prices(samples, min),
+        **{
+            f"{price}_spread": spread[raw]
+            for price, raw in (
+                ("host_op", "plan"),
+                ("python_op", "python"),
+                ("sort", "sort"),
+                ("pack", "pack"),
+                ("fresh", "fresh"),
+            )
+        },
+        "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
+        f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
+        f"(per n log2 n), the flat send layout and RBD's "
+        f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
+        f"op, {work.plan_work['ops']} ops), index_select of {work.rows} rows of 1 KiB in random "
+        f"order into a reused buffer and into a fresh one (packing)",
+    }
 
 
 def host_s(record: dict, block: dict, cores: int) -> float:
@@ -307,13 +393,25 @@ def host_priced_s(record: dict, block: dict, cores: int) -> float:
     if "host_op_us" not in block or "host_ops" not in record:
         return 0.0
     # the prices measured in the run's world where the block has them
-    block = {**block, **(block.get("host_prices_by_ranks") or {}).get(str(int(record["ranks"])), {})}
-    return ns.host_work_s(record["host_ops"], record["host_bytes"], block["host_op_us"] * 1e-6,
-                          block["pack_GBps"] * 1e9, int(record["ranks"]), cores,
-                          record.get("host_fresh_bytes", 0.0), block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
-                          record.get("host_python_ops", 0.0), block.get("python_op_ns", 0.0) * 1e-9,
-                          record.get("host_sort_work", 0.0), block.get("sort_unit_ns", 0.0) * 1e-9,
-                          record.get("cpu_stretch"))
+    block = {
+        **block,
+        **(block.get("host_prices_by_ranks") or {}).get(str(int(record["ranks"])), {}),
+    }
+    return ns.host_work_s(
+        record["host_ops"],
+        record["host_bytes"],
+        block["host_op_us"] * 1e-6,
+        block["pack_GBps"] * 1e9,
+        int(record["ranks"]),
+        cores,
+        record.get("host_fresh_bytes", 0.0),
+        block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
+        record.get("host_python_ops", 0.0),
+        block.get("python_op_ns", 0.0) * 1e-9,
+        record.get("host_sort_work", 0.0),
+        block.get("sort_unit_ns", 0.0) * 1e-9,
+        record.get("cpu_stretch"),
+    )
 
 
 def world_price_sample(ctx) -> dict[str, float]:
@@ -356,7 +454,9 @@ OVERLAP_CALLS = 10  # back-to-back calls per timing of phase_overlap (each well 
 OVERLAP_TURNS = 10  # timings of each of the four kinds, taken in turn
 
 
-def overlap_fraction(alone_a: float, alone_b: float, one_after_other: float, at_once: float) -> float:
+def overlap_fraction(
+    alone_a: float, alone_b: float, one_after_other: float, at_once: float
+) -> float:
     """How much of the shorter of two exchanges is hidden when both run at once: (t(b; a) -
     t(b || a)) / min(t(a), t(b)), clipped to [0, 1] (two at once slower than one after the
     other hides nothing)."""
@@ -412,8 +512,15 @@ def phase_overlap(ctx, comms, hidden: int = 256, calls: int = OVERLAP_CALLS) -> 
     return overlap_fraction(*totals)
 
 
-HOST_COUNTS = ("host_cpu_s", "host_ops", "host_bytes", "host_fresh_bytes", "host_python_ops", "host_sort_work",
-               "cpu_stretch")
+HOST_COUNTS = (
+    "host_cpu_s",
+    "host_ops",
+    "host_bytes",
+    "host_fresh_bytes",
+    "host_python_ops",
+    "host_sort_work",
+    "cpu_stretch",
+)
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
 
 
@@ -423,8 +530,13 @@ def node_wide_ranks(ranks_list: list[int], gpus_per_node: int = 2) -> list[int]:
     return [n for n in ranks_list if n > min(gpus_per_node, n)]
 
 
-def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
-                    shape: dict | None = None) -> list[dict]:
+def flat_fit_points(
+    backend: str,
+    ranks_list: list[int],
+    sizes: list[int],
+    gpus_per_node: int = 2,
+    shape: dict | None = None,
+) -> list[dict]:
     """The alltoall points of a fit set: flat dispatches at ``ranks_list`` x ``sizes``, over the
     world and, where the world has more than one emulated node, over every node's own
     communicator at once (path node). A world-wide phase issues a message to every peer, a
@@ -437,14 +549,33 @@ def flat_fit_points(backend: str, ranks_list: list[int], sizes: list[int], gpus_
     for n in ranks_list:
         g = min(gpus_per_node, n)
         for path in ("dispatch", "node") if n in node_wide else ("dispatch",):
-            points += [alltoall_point({**shape, "ranks": n, "gpus_per_node": g, "algo": "flat",
-                                       "backend": backend, "sizes": s, "path": path}) for s in sizes]
+            points += [
+                alltoall_point(
+                    {
+                        **shape,
+                        "ranks": n,
+                        "gpus_per_node": g,
+                        "algo": "flat",
+                        "backend": backend,
+                        "sizes": s,
+                        "path": path,
+                    }
+                )
+                for s in sizes
+            ]
     return points
 
 
-def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], gpus_per_node: int = 2,
-                         repeats: int = 5, shape: dict | None = None, timeout_s: float = 600.0,
-                         done=None) -> dict:
+def measure_and_fit_flat(
+    backend: str,
+    ranks_list: list[int],
+    sizes: list[int],
+    gpus_per_node: int = 2,
+    repeats: int = 5,
+    shape: dict | None = None,
+    timeout_s: float = 600.0,
+    done=None,
+) -> dict:
     """Measure flat dispatches over real local ranks (suites/alltoall.py: ``ranks_list`` x
     ``sizes``, emulated nodes of ``gpus_per_node``, ``repeats`` samples, median) and fit the
     simulator's serial model to them (fit_flat). ``done``, when given, is called with each
@@ -452,17 +583,31 @@ def measure_and_fit_flat(backend: str, ranks_list: list[int], sizes: list[int], 
     from moe_repro.suites.runner import RunConfig, measure
 
     points = flat_fit_points(backend, ranks_list, sizes, gpus_per_node, shape)
-    config = RunConfig(warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s)
+    config = RunConfig(
+        warmup=1, repeats=repeats, min_sample_s=0.01, check=False, timeout_s=timeout_s
+    )
     load_before = load_average()
     records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
     prices = measure_host_costs()
-    return fit_flat(points, records, prices, backend, load_before,
-                    f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
-                    f"nodes of {gpus_per_node} ranks, median of {repeats} repeats")
+    return fit_flat(
+        points,
+        records,
+        prices,
+        backend,
+        load_before,
+        f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
+        f"nodes of {gpus_per_node} ranks, median of {repeats} repeats",
+    )
 
 
-def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str,
-             load_before: list | None, fitted_on: str) -> dict:
+def fit_flat(
+    points: list[dict],
+    records: list[dict],
+    prices: dict,
+    backend: str,
+    load_before: list | None,
+    fitted_on: str,
+) -> dict:
     """Fit the simulator's serial model (simulator.fit_alltoall_terms) to measured flat
     dispatches (``records`` of ``points``), their host work priced at ``prices``
     (measure_host_costs) and taken off first. Returns the calibration block a profile stores
@@ -473,8 +618,12 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
     cores = host_cores()
     load_after = load_average()
     # prices measured in each ranks count's world, where the runs have them (measure_grid)
-    by_ranks = {str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r}
-    overlap = {str(p["ranks"]): r["phase_overlap"] for p, r in zip(points, records) if "phase_overlap" in r}
+    by_ranks = {
+        str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r
+    }
+    overlap = {
+        str(p["ranks"]): r["phase_overlap"] for p, r in zip(points, records) if "phase_overlap" in r
+    }
     prices = {**prices, **({"host_prices_by_ranks": by_ranks} if by_ranks else {})}
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
@@ -496,37 +645,64 @@ def fit_flat(points: list[dict], records: list[dict], prices: dict, backend: str
         # host work taken off, and say so; predictions add no host work on top.
         fit = ns.fit_alltoall_terms(terms, times, None, groups=groups, per_message_by_group=True)
         separated, why = False, str(e)
-    block = {"backend": backend, "latency_us": fit["latency_s"] * 1e6,
-             "latency_us_by_ranks": {str(n): v * 1e6 for n, v in fit["latency_s_by_group"].items()},
-             "per_message_us": fit["per_message_s"] * 1e6,
-             "per_message_us_by_ranks": {str(n): v * 1e6 for n, v in fit["per_message_s_by_group"].items()},
-             "GBps": fit["bytes_per_s"] / 1e9,
-             **({"overlap_by_ranks": overlap} if overlap else {}),
-             **(prices if separated else
-                {"host_work": f"not separated: with it taken off first, {why}; fitted whole"}),
-             "host_cores": cores,
-             "load_average": {"before": load_before, "after": load_after,
-                              "what": "1, 5 and 15 minute load averages of the machine (os.getloadavg) "
-                                      "before the fit runs and after the host prices"},
-             "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
-                     "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
-                     "sort_work x sort_unit_ns + python_ops x python_op_ns) x the cpu_stretch measured in the run's "
-                     "world (else max(1, ranks / host_cores)), "
-                     "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
-                     "(suites/alltoall.count_host_work, count_python_work)",
-             "fitted_on": fitted_on}
+    block = {
+        "backend": backend,
+        "latency_us": fit["latency_s"] * 1e6,
+        "latency_us_by_ranks": {str(n): v * 1e6 for n, v in fit["latency_s_by_group"].items()},
+        "per_message_us": fit["per_message_s"] * 1e6,
+        "per_message_us_by_ranks": {
+            str(n): v * 1e6 for n, v in fit["per_message_s_by_group"].items()
+        },
+        "GBps": fit["bytes_per_s"] / 1e9,
+        **({"overlap_by_ranks": overlap} if overlap else {}),
+        **(
+            prices
+            if separated
+            else {"host_work": f"not separated: with it taken off first, {why}; fitted whole"}
+        ),
+        "host_cores": cores,
+        "load_average": {
+            "before": load_before,
+            "after": load_after,
+            "what": "1, 5 and 15 minute load averages of the machine (os.getloadavg) "
+            "before the fit runs and after the host prices",
+        },
+        "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
+        "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
+        "sort_work x sort_unit_ns + python_ops x python_op_ns) x the cpu_stretch measured in the run's "
+        "world (else max(1, ranks / host_cores)), "
+        "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
+        "(suites/alltoall.count_host_work, count_python_work)",
+        "fitted_on": fitted_on,
+    }
     runs, residuals = [], []
-    for point, rec, term, host in zip(points, records, terms, known if separated else [0.0] * len(known)):
+    for point, rec, term, host in zip(
+        points, records, terms, known if separated else [0.0] * len(known)
+    ):
         simulated = predict(point, block, cores)["predicted_time_s"] + host
         residuals.append(simulated / rec["time_s"] - 1)
-        runs.append({"ranks": point["ranks"], "gpus_per_node": point["gpus_per_node"], "path": point["path"],
-                     "size": point["size"],
-                     "time_s": rec["time_s"], "time_s_iqr": rec["time_s_iqr"], "simulated_s": simulated,
-                     "host_s": host, **{k: rec.get(k) for k in HOST_COUNTS},
-                     "residual_pct": 100 * residuals[-1], "n_latency": term[0], "n_messages": term[1],
-                     "bytes_term": term[2]})
-    block.update(runs=runs, rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
-                 max_abs_residual_pct=100 * max(abs(r) for r in residuals))
+        runs.append(
+            {
+                "ranks": point["ranks"],
+                "gpus_per_node": point["gpus_per_node"],
+                "path": point["path"],
+                "size": point["size"],
+                "time_s": rec["time_s"],
+                "time_s_iqr": rec["time_s_iqr"],
+                "simulated_s": simulated,
+                "host_s": host,
+                **{k: rec.get(k) for k in HOST_COUNTS},
+                "residual_pct": 100 * residuals[-1],
+                "n_latency": term[0],
+                "n_messages": term[1],
+                "bytes_term": term[2],
+            }
+        )
+    block.update(
+        runs=runs,
+        rms_residual_pct=100 * (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
+        max_abs_residual_pct=100 * max(abs(r) for r in residuals),
+    )
     return block
 
 
@@ -544,8 +720,10 @@ def calibration_from_profile(path: str, backend: str) -> dict:
         raise ValueError(f"calibration file {path}: {e}") from None
     block = (doc.get("calibration") or {}).get(backend) if isinstance(doc, dict) else None
     if not isinstance(block, dict) or "GBps" not in block:
-        raise ValueError(f"calibration file {path} has no calibration for backend {backend} "
-                         f"(write one with `repro calibrate`)")
+        raise ValueError(
+            f"calibration file {path} has no calibration for backend {backend} "
+            f"(write one with `repro calibrate`)"
+        )
     return {**block, "source": path}
 
 
@@ -555,43 +733,56 @@ def fit_set(p: dict) -> dict:
     from moe_repro.runtime.launch import launched_world_size
 
     if launched_world_size():
-        raise ValueError("calibration=fit starts its own worlds, which it cannot under torchrun/mpirun/"
-                         "srun: write a profile with `repro calibrate` and pass calibration=FILE")
+        raise ValueError(
+            "calibration=fit starts its own worlds, which it cannot under torchrun/mpirun/"
+            "srun: write a profile with `repro calibrate` and pass calibration=FILE"
+        )
     gpus_per_node = int(p["gpus_per_node"])
     ranks = tuple(split_list(p["fit_ranks"], "fit_ranks", int))
     sizes = tuple(split_list(p["fit_sizes"], "fit_sizes", parse_size))
     if min(ranks) < 2 or any(n % min(gpus_per_node, n) for n in ranks):
-        raise ValueError(f"fit_ranks must be >= 2 and multiples of gpus_per_node, got {p['fit_ranks']}")
+        raise ValueError(
+            f"fit_ranks must be >= 2 and multiples of gpus_per_node, got {p['fit_ranks']}"
+        )
     repeats = int(p["fit_repeats"])
     if repeats < 1:
         raise ValueError(f"fit_repeats must be >= 1, got {repeats}")
-    return {"backend": str(p["backend"]), "gpus_per_node": gpus_per_node, "ranks": list(ranks),
-            "sizes": list(sizes), "repeats": repeats,
-            "shape": {k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")}}
+    return {
+        "backend": str(p["backend"]),
+        "gpus_per_node": gpus_per_node,
+        "ranks": list(ranks),
+        "sizes": list(sizes),
+        "repeats": repeats,
+        "shape": {k: p[k] for k in ("hidden", "experts", "top_k", "placement", "seed")},
+    }
 
 
 def _fitted_on(fs: dict) -> str:
-    return (f"flat over {fs['backend']}, ranks {list(fs['ranks'])}, sizes {list(fs['sizes'])} B per rank, "
-            f"emulated nodes of {fs['gpus_per_node']} ranks, median of {fs['repeats']} repeats, measured "
-            f"in the same worlds as the scored cells, their samples taken in turn (round by round)")
+    return (
+        f"flat over {fs['backend']}, ranks {list(fs['ranks'])}, sizes {list(fs['sizes'])} B per rank, "
+        f"emulated nodes of {fs['gpus_per_node']} ranks, median of {fs['repeats']} repeats, measured "
+        f"in the same worlds as the scored cells, their samples taken in turn (round by round)"
+    )
 
 
 def _how(point: dict, fitted_on: str) -> dict:
-    return {"time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
-                      f"exchange included), each sample the slowest rank",
-            "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
-                                f"run's own messages, on a local profile calibrated from {fitted_on}; "
-                                f"phases that may run at once overlapping by the fraction measured in the "
-                                f"run's world (phase_overlap; none measured: fully); "
-                                f"plus the run's host work (predicted_host_s)",
-            "predicted_host_s": "measured: the CPU seconds the run's dispatch spends outside its "
-                                "collectives on the busiest rank (fit: one call after each sample, "
-                                "median over the rounds; a profile file: median of 5 calls in setup), "
-                                "stretched by the cpu_stretch measured in its world (fit) or by "
-                                "ranks / cores (a profile file)",
-            "predicted_host_priced_s": "simulated: simulator.host_work_s of the run's counted host work "
-                                       "at the calibration's prices, stretched alike (for comparison)",
-            "error_pct": "(predicted / measured - 1) x 100, per sample, median"}
+    return {
+        "time_s": f"measured: median of the repeats of one real dispatch ({point['impl']}, count "
+        f"exchange included), each sample the slowest rank",
+        "predicted_time_s": f"simulated: components/network/simulator.py, serial latency model, the "
+        f"run's own messages, on a local profile calibrated from {fitted_on}; "
+        f"phases that may run at once overlapping by the fraction measured in the "
+        f"run's world (phase_overlap; none measured: fully); "
+        f"plus the run's host work (predicted_host_s)",
+        "predicted_host_s": "measured: the CPU seconds the run's dispatch spends outside its "
+        "collectives on the busiest rank (fit: one call after each sample, "
+        "median over the rounds; a profile file: median of 5 calls in setup), "
+        "stretched by the cpu_stretch measured in its world (fit) or by "
+        "ranks / cores (a profile file)",
+        "predicted_host_priced_s": "simulated: simulator.host_work_s of the run's counted host work "
+        "at the calibration's prices, stretched alike (for comparison)",
+        "error_pct": "(predicted / measured - 1) x 100, per sample, median",
+    }
 
 
 def derived_params(p: dict) -> dict:
@@ -606,8 +797,12 @@ def derived_params(p: dict) -> dict:
     cores = int(calibration.get("host_cores") or host_cores())
     # Every alltoall param joins the point (its setup and run read them); simulated: false there
     # says the run is real, predicted_* are the simulated values beside it.
-    return {**point, **predict(point, calibration, cores), "calibration_used": calibration,
-            "how": _how(point, calibration.get("fitted_on", calibration["source"]))}
+    return {
+        **point,
+        **predict(point, calibration, cores),
+        "calibration_used": calibration,
+        "how": _how(point, calibration.get("fitted_on", calibration["source"])),
+    }
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
@@ -624,13 +819,18 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
     run = {**measured, "ranks": params["ranks"]}
     host = host_s(run, calibration, cores)
     predicted = float(params["predicted_time_s"]) + host
-    return {**measured, "predicted_time_s": predicted, "predicted_host_s": host,
-            "predicted_host_priced_s": host_priced_s(run, calibration, cores),
-            "error_pct": 100 * (predicted / time_s - 1)}
+    return {
+        **measured,
+        "predicted_time_s": predicted,
+        "predicted_host_s": host,
+        "predicted_host_priced_s": host_priced_s(run, calibration, cores),
+        "error_pct": 100 * (predicted / time_s - 1),
+    }
 
 
-def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: dict,
-                          fit: list[bool]) -> list[dict]:
+def measure_world_on_rank(
+    ctx, points: list[dict], repeats: list[int], config: dict, fit: list[bool]
+) -> list[dict]:
     """Launcher target: one world's points (fit runs and scored cells alike), each set up,
     checked and warmed up, then sampled in turn, round by round (every point's i-th sample
     before any point's (i+1)-th), so that all of them see the same load on a shared machine.
@@ -641,8 +841,10 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
     from moe_repro.suites.runner import RunConfig, _timed, prepare_point, summarized
 
     cfg = RunConfig(**config)
-    prepared = [prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
-                for p, f in zip(points, fit)]
+    prepared = [
+        prepare_point(alltoall.SUITE, p, dataclasses.replace(cfg, check=cfg.check and not f), ctx)
+        for p, f in zip(points, fit)
+    ]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
     profiled: list[list[float]] = [[] for _ in points]  # this rank's host CPU per round
     stretch, overlap, priced = [], [], []
@@ -663,13 +865,23 @@ def measure_world_on_rank(ctx, points: list[dict], repeats: list[int], config: d
             samples[i]["host_cpu_s"] = busiest_rank_rounds(state["comms"], profiled[i])
     records = []
     for i, (state, record, timer, number, device) in enumerate(prepared):
-        record.update(summarized(samples[i]), repeats=repeats[i], number=number, samples=samples[i],
-                      device_used=str(device), clock=timer.clock, world_size=ctx.world_size,
-                      ranks_per_node=ctx.ranks_per_node, cpu_stretch=statistics.median(stretch),
-                      cpu_stretch_samples=stretch, phase_overlap=statistics.median(overlap),
-                      phase_overlap_samples=overlap,
-                      host_prices=price_work().prices({k: [x[k] for x in priced] for k in priced[0]},
-                                                      statistics.median))
+        record.update(
+            summarized(samples[i]),
+            repeats=repeats[i],
+            number=number,
+            samples=samples[i],
+            device_used=str(device),
+            clock=timer.clock,
+            world_size=ctx.world_size,
+            ranks_per_node=ctx.ranks_per_node,
+            cpu_stretch=statistics.median(stretch),
+            cpu_stretch_samples=stretch,
+            phase_overlap=statistics.median(overlap),
+            phase_overlap_samples=overlap,
+            host_prices=price_work().prices(
+                {k: [x[k] for x in priced] for k in priced[0]}, statistics.median
+            ),
+        )
         records.append(record)
     return records if ctx.rank == 0 else []
 
@@ -706,7 +918,7 @@ def _in_turn(a: list, b: list) -> list:
     """a[0], b[0], a[1], b[1], ... then the rest of the longer."""
     out = []
     for i in range(max(len(a), len(b))):
-        out += a[i:i + 1] + b[i:i + 1]
+        out += a[i : i + 1] + b[i : i + 1]
     return out
 
 
@@ -722,7 +934,9 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
     if not fitted:
         return None
     if len(fitted) != len(grid):
-        raise ValueError("calibration=fit and calibration=FILE cannot share one run: run them apart")
+        raise ValueError(
+            "calibration=fit and calibration=FILE cannot share one run: run them apart"
+        )
     by_set: dict[str, list[int]] = {}
     for i, p in enumerate(grid):
         by_set.setdefault(json.dumps(p["fit_set"], sort_keys=True), []).append(i)
@@ -734,9 +948,15 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
         # measured times; their prediction needs the whole fit set, so it is not made.
         for rec in records:
             if rec is not None and done:
-                done(rec if "calibration_used" in rec else
-                     {**rec, "prediction_missing": "the run ended before its fit set was measured in "
-                                                   "every world, so no prediction was made"})
+                done(
+                    rec
+                    if "calibration_used" in rec
+                    else {
+                        **rec,
+                        "prediction_missing": "the run ended before its fit set was measured in "
+                        "every world, so no prediction was made",
+                    }
+                )
         raise
     for rec in records:
         if done:
@@ -744,8 +964,9 @@ def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dic
     return records
 
 
-def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list[int]],
-                      records: list[dict | None]) -> None:
+def _measure_fit_sets(
+    grid: list[dict], config, progress, by_set: dict[str, list[int]], records: list[dict | None]
+) -> None:
     """measure_grid's work: each fit set and its cells, world by world, into ``records``; the
     predictions once a fit set's every world has run."""
     import json
@@ -757,13 +978,20 @@ def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list
     finished = 0
     for key, members in by_set.items():
         fs = json.loads(key)
-        fit_points = flat_fit_points(fs["backend"], fs["ranks"], fs["sizes"], fs["gpus_per_node"], fs["shape"])
+        fit_points = flat_fit_points(
+            fs["backend"], fs["ranks"], fs["sizes"], fs["gpus_per_node"], fs["shape"]
+        )
         fit_records: list[dict | None] = [None] * len(fit_points)
-        print(f"alltoall-validation: the fit set (flat over {fs['backend']}, ranks "
-              f"{'+'.join(map(str, fs['ranks']))}, sizes {'+'.join(map(str, fs['sizes']))} B per rank) "
-              f"measured in the grid's worlds, in turn with the cells", file=sys.stderr)
+        print(
+            f"alltoall-validation: the fit set (flat over {fs['backend']}, ranks "
+            f"{'+'.join(map(str, fs['ranks']))}, sizes {'+'.join(map(str, fs['sizes']))} B per rank) "
+            f"measured in the grid's worlds, in turn with the cells",
+            file=sys.stderr,
+        )
         load_before = load_average()
-        worlds: dict[tuple, tuple[list[int], list[int]]] = {}  # world -> (fit indices, cell indices)
+        worlds: dict[
+            tuple, tuple[list[int], list[int]]
+        ] = {}  # world -> (fit indices, cell indices)
         for j, f in enumerate(fit_points):
             worlds.setdefault((f["ranks"], f["ranks_per_node"]), ([], []))[0].append(j)
         for i in members:
@@ -771,22 +999,43 @@ def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list
         for (ranks, per_node), (fits, cells) in sorted(worlds.items()):
             order = _in_turn([("fit", j) for j in fits], [("cell", i) for i in cells])
             if progress:
-                progress(finished, len(grid), {"ranks": ranks, "backend": fs["backend"], "ranks_per_node": per_node})
-            got = run_ranks("moe_repro.suites.alltoall_validation:measure_world_on_rank",
-                            {"points": [fit_points[k] if what == "fit" else grid[k] for what, k in order],
-                             "repeats": [fs["repeats"] if what == "fit" else config.repeats for what, _ in order],
-                             "config": asdict(replace(config, number_from=NUMBER_FROM)),
-                             "fit": [what == "fit" for what, _ in order]},
-                            world_size=ranks, ranks_per_node=per_node, backend=fs["backend"],
-                            timeout_s=config.timeout_s)[0]
+                progress(
+                    finished,
+                    len(grid),
+                    {"ranks": ranks, "backend": fs["backend"], "ranks_per_node": per_node},
+                )
+            got = run_ranks(
+                "moe_repro.suites.alltoall_validation:measure_world_on_rank",
+                {
+                    "points": [fit_points[k] if what == "fit" else grid[k] for what, k in order],
+                    "repeats": [
+                        fs["repeats"] if what == "fit" else config.repeats for what, _ in order
+                    ],
+                    "config": asdict(replace(config, number_from=NUMBER_FROM)),
+                    "fit": [what == "fit" for what, _ in order],
+                },
+                world_size=ranks,
+                ranks_per_node=per_node,
+                backend=fs["backend"],
+                timeout_s=config.timeout_s,
+            )[0]
             for (what, k), rec in zip(order, got):
                 if what == "fit":
                     fit_records[k] = rec
                 else:
                     records[k] = {**rec, "suite": SUITE.name}
             finished += len(cells)
-        block = {**fit_flat(fit_points, fit_records, measure_host_costs(), fs["backend"], load_before,
-                            _fitted_on(fs)), "source": "fit"}
+        block = {
+            **fit_flat(
+                fit_points,
+                fit_records,
+                measure_host_costs(),
+                fs["backend"],
+                load_before,
+                _fitted_on(fs),
+            ),
+            "source": "fit",
+        }
         cores = int(block["host_cores"])
         for i in members:
             rec, point = records[i], grid[i]
@@ -794,19 +1043,26 @@ def _measure_fit_sets(grid: list[dict], config, progress, by_set: dict[str, list
             priced = host_priced_s({**rec, "ranks": point["ranks"]}, block, cores)
             predicted = predict(point, block, cores)
             total = predicted["predicted_time_s"] + host
-            extra = {"predicted_time_s": [total] * len(rec["samples"]["time_s"]),
-                     "predicted_host_s": [host] * len(rec["samples"]["time_s"]),
-                     "predicted_host_priced_s": [priced] * len(rec["samples"]["time_s"]),
-                     "error_pct": [100 * (total / t - 1) for t in rec["samples"]["time_s"]]}
+            extra = {
+                "predicted_time_s": [total] * len(rec["samples"]["time_s"]),
+                "predicted_host_s": [host] * len(rec["samples"]["time_s"]),
+                "predicted_host_priced_s": [priced] * len(rec["samples"]["time_s"]),
+                "error_pct": [100 * (total / t - 1) for t in rec["samples"]["time_s"]],
+            }
             rec["samples"].update(extra)
-            rec.update(summarized(extra), predicted_inter_node_bytes=predicted["predicted_inter_node_bytes"],
-                       predicted_intra_node_bytes=predicted["predicted_intra_node_bytes"],
-                       calibration_used=block)
+            rec.update(
+                summarized(extra),
+                predicted_inter_node_bytes=predicted["predicted_inter_node_bytes"],
+                predicted_intra_node_bytes=predicted["predicted_intra_node_bytes"],
+                calibration_used=block,
+            )
 
 
-GOAL_MEDIAN_ERROR_PCT = 15.0  # the local calibration's goal: median |error| per backend and algorithm
-INTERVAL = 0.90               # the summary's interval of that median: 5th to 95th percentile
-BOOTSTRAP_DRAWS = 2000        # resamples of the rounds behind it
+GOAL_MEDIAN_ERROR_PCT = (
+    15.0  # the local calibration's goal: median |error| per backend and algorithm
+)
+INTERVAL = 0.90  # the summary's interval of that median: 5th to 95th percentile
+BOOTSTRAP_DRAWS = 2000  # resamples of the rounds behind it
 
 
 def _cell_errors(record: dict) -> list[float]:
@@ -815,8 +1071,9 @@ def _cell_errors(record: dict) -> list[float]:
     return [float(e) for e in samples] if samples else [float(record["error_pct"])]
 
 
-def median_error_interval(cells: list[dict], draws: int = BOOTSTRAP_DRAWS,
-                          seed: int = 0) -> tuple[float, float]:
+def median_error_interval(
+    cells: list[dict], draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> tuple[float, float]:
     """The INTERVAL percentile bootstrap (Efron & Tibshirani, An Introduction to the Bootstrap,
     1993, ch. 13) of the median over ``cells`` of |error_pct|, each cell's error the median over
     its samples as in the summary: the rounds of one world are drawn with replacement, the same
@@ -859,7 +1116,9 @@ def goal_verdict(low: float, high: float, goal: float = GOAL_MEDIAN_ERROR_PCT) -
 
 def _pct(value: float) -> str:
     # one decimal, two where one would read as the goal itself (15.04% is above 15%)
-    reads_as_goal = f"{value:.1f}" == f"{GOAL_MEDIAN_ERROR_PCT:.1f}" and value != GOAL_MEDIAN_ERROR_PCT
+    reads_as_goal = (
+        f"{value:.1f}" == f"{GOAL_MEDIAN_ERROR_PCT:.1f}" and value != GOAL_MEDIAN_ERROR_PCT
+    )
     return f"{value:.2f}" if reads_as_goal else f"{value:.1f}"
 
 
@@ -881,21 +1140,34 @@ def error_summary(records: list[dict]) -> list[str]:
         median = statistics.median(errors)
         low, high = median_error_interval(cells)
         low, high = min(low, median), max(high, median)  # a coarse bootstrap can miss the point
-        interval = "" if low == high else f" ({100 * INTERVAL:.0f}% interval {_pct(low)}-{_pct(high)}%)"
-        shares = [r["predicted_host_s"] / r["predicted_time_s"] for r in cells
-                  if isinstance(r.get("predicted_host_s"), (int, float)) and r.get("predicted_time_s")]
-        lines.append(f"{backend} {algo}: median |error| {_pct(median)}%{interval} over {len(errors)} cell"
-                     f"{'' if len(errors) == 1 else 's'}, worst "
-                     f"{max(errors):.1f}% ({goal_verdict(low, high)})"
-                     + (f"; host work (profiled) {100 * statistics.median(shares):.0f}% of the predicted "
-                        f"time" if shares else ""))
+        interval = (
+            "" if low == high else f" ({100 * INTERVAL:.0f}% interval {_pct(low)}-{_pct(high)}%)"
+        )
+        shares = [
+            r["predicted_host_s"] / r["predicted_time_s"]
+            for r in cells
+            if isinstance(r.get("predicted_host_s"), (int, float)) and r.get("predicted_time_s")
+        ]
+        lines.append(
+            f"{backend} {algo}: median |error| {_pct(median)}%{interval} over {len(errors)} cell"
+            f"{'' if len(errors) == 1 else 's'}, worst "
+            f"{max(errors):.1f}% ({goal_verdict(low, high)})"
+            + (
+                f"; host work (profiled) {100 * statistics.median(shares):.0f}% of the predicted "
+                f"time"
+                if shares
+                else ""
+            )
+        )
     return lines
 
 
 def _calibration_source(value: str) -> None:
     if value != "fit" and not os.path.isfile(value):
-        raise ValueError(f"calibration must be fit or a profile file written by repro calibrate; "
-                         f"{value!r} is not a file")
+        raise ValueError(
+            f"calibration must be fit or a profile file written by repro calibrate; "
+            f"{value!r} is not a file"
+        )
 
 
 def _fit_ranks(value: str) -> None:
@@ -908,31 +1180,69 @@ def _fit_sizes(value: str) -> None:
     if min(split_list(value, "fit_sizes", parse_size)) < 1:
         raise ValueError(f"fit_sizes must be positive, got {value}")
 
+
 SUITE = Suite(
     name="alltoall-validation",
-    schema={"ranks": whole(2, alltoall.MAX_LOCAL_RANKS, why_max="real local ranks"),
-            "gpus_per_node": whole(1, alltoall.MAX_LOCAL_RANKS), "algo": registered("algo", algorithm_names),
-            "backend": one_of("gloo", "mpi"), "sizes": whole(1, 2 ** 34), "hidden": whole(1, 2 ** 16),
-            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "placement": one_of(*alltoall.PLACEMENTS), "seed": SEED,
-            "calibration": Param(str, check=_calibration_source, bad=("/nonexistent/c.json",)),
-            "fit_ranks": Param(str, check=_fit_ranks, bad=("1", "x", "+", "3+5")),
-            "fit_sizes": Param(str, check=_fit_sizes, bad=("0", "x", "+", "nanK")),
-            "fit_repeats": whole(1, 1000)},
-    rules=(top_k_within_experts(), Rule(lambda p: int(p["ranks"]) % int(p["gpus_per_node"]) == 0,
-                "ranks={ranks} must be a multiple of gpus_per_node={gpus_per_node}",
-                {"ranks": "4", "gpus_per_node": "3"}),
-           # every rank's payload, and every rank's routing draw, built in this process too (a
-           # score per token and expert, and their argsort)
-           fits_in_memory(lambda p: int(p["ranks"]) * (4 * int(p["sizes"]) + 16 * int(p["experts"])
-                                                       * (int(p["sizes"]) // (4 * int(p["top_k"])
-                                                                              * int(p["hidden"])))),
-                          {"sizes": str(2 ** 34)})),
-    params={"ranks": [2, 4, 8], "gpus_per_node": [2], "algo": algorithm_names(), "backend": ["gloo", "mpi"],
-            "sizes": [1024, 65536, 1048576, 16777216], "hidden": [256], "experts": [16], "top_k": [4],
-            "placement": ["contiguous"], "seed": [0], "calibration": ["fit"],
-            "fit_ranks": ["2+4+8"], "fit_sizes": ["2K+16K+256K+4M+8M"], "fit_repeats": [5]},
-    quick={"ranks": [2, 4], "sizes": [1024, 1048576], "fit_ranks": ["2+4"], "fit_sizes": ["2K+256K+4M"]},
+    schema={
+        "ranks": whole(2, alltoall.MAX_LOCAL_RANKS, why_max="real local ranks"),
+        "gpus_per_node": whole(1, alltoall.MAX_LOCAL_RANKS),
+        "algo": registered("algo", algorithm_names),
+        "backend": one_of("gloo", "mpi"),
+        "sizes": whole(1, 2**34),
+        "hidden": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "placement": one_of(*alltoall.PLACEMENTS),
+        "seed": SEED,
+        "calibration": Param(str, check=_calibration_source, bad=("/nonexistent/c.json",)),
+        "fit_ranks": Param(str, check=_fit_ranks, bad=("1", "x", "+", "3+5")),
+        "fit_sizes": Param(str, check=_fit_sizes, bad=("0", "x", "+", "nanK")),
+        "fit_repeats": whole(1, 1000),
+    },
+    rules=(
+        top_k_within_experts(),
+        Rule(
+            lambda p: int(p["ranks"]) % int(p["gpus_per_node"]) == 0,
+            "ranks={ranks} must be a multiple of gpus_per_node={gpus_per_node}",
+            {"ranks": "4", "gpus_per_node": "3"},
+        ),
+        # every rank's payload, and every rank's routing draw, built in this process too (a
+        # score per token and expert, and their argsort)
+        fits_in_memory(
+            lambda p: (
+                int(p["ranks"])
+                * (
+                    4 * int(p["sizes"])
+                    + 16
+                    * int(p["experts"])
+                    * (int(p["sizes"]) // (4 * int(p["top_k"]) * int(p["hidden"])))
+                )
+            ),
+            {"sizes": str(2**34)},
+        ),
+    ),
+    params={
+        "ranks": [2, 4, 8],
+        "gpus_per_node": [2],
+        "algo": algorithm_names(),
+        "backend": ["gloo", "mpi"],
+        "sizes": [1024, 65536, 1048576, 16777216],
+        "hidden": [256],
+        "experts": [16],
+        "top_k": [4],
+        "placement": ["contiguous"],
+        "seed": [0],
+        "calibration": ["fit"],
+        "fit_ranks": ["2+4+8"],
+        "fit_sizes": ["2K+16K+256K+4M+8M"],
+        "fit_repeats": [5],
+    },
+    quick={
+        "ranks": [2, 4],
+        "sizes": [1024, 1048576],
+        "fit_ranks": ["2+4"],
+        "fit_sizes": ["2K+256K+4M"],
+    },
     table_keys=("ranks", "algo", "backend", "size"),
     table_metrics=("time_s", "predicted_time_s", "error_pct"),
     summary=error_summary,
@@ -946,34 +1256,63 @@ SUITE = Suite(
     run=alltoall.run,
     derive=derive,
     check=alltoall.check,
-    metrics=[Metric("predicted_time_s", "s", "none", kind="simulated",
-                    description="the simulator's time for this run's messages on the calibrated local "
-                                "profile, plus its host work (predicted_host_s)"),
-             Metric("predicted_host_s", "s", "none", kind="measured",
-                    description="the host-work part of the prediction: the CPU seconds the run's "
-                                "dispatch spends outside its collectives (host_cpu_s, profiled in "
-                                "setup) times the cores' sharing (cpu_stretch)"),
-             Metric("predicted_host_priced_s", "s", "none", kind="simulated",
-                    description="the same host work by the price model, for comparison: the run's "
-                                "counted ops, bytes and instructions at the calibration's measured "
-                                "costs, stretched alike (not in predicted_time_s)"),
-             Metric("error_pct", "%", "none",
-                    description="(predicted / measured - 1) x 100: positive = the simulator is slower"),
-             Metric("load_average", "", "none",
-                    description="the machine's 1-minute load average after each sample (os.getloadavg): "
-                                "how much other work shared the cores"),
-             *alltoall.DISPATCH_METRICS],
-    param_help={"ranks": f"real local ranks (2-{alltoall.MAX_LOCAL_RANKS}; default 2,4,8 on a small machine)",
-                "gpus_per_node": "ranks per emulated node (HALO and RBD need nodes)",
-                "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
-                "backend": "gloo or mpi (mpi4py under mpiexec)",
-                "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:16M",
-                "hidden": "hidden size (float32 elements per row; narrowed below one token's payload)",
-                "experts": "experts in total", "top_k": "experts per token",
-                "placement": "expert -> rank map: contiguous, strided or random", "seed": "routing seed",
-                "calibration": "fit (fit the profile on flat runs at fit_ranks x fit_sizes first) or a "
-                               "profile FILE written by `repro calibrate`",
-                "fit_ranks": "ranks counts of the fit set, joined by '+'",
-                "fit_sizes": "sizes of the fit set, joined by '+' (keep them apart from sizes)",
-                "fit_repeats": "timed samples per fit run"},
+    metrics=[
+        Metric(
+            "predicted_time_s",
+            "s",
+            "none",
+            kind="simulated",
+            description="the simulator's time for this run's messages on the calibrated local "
+            "profile, plus its host work (predicted_host_s)",
+        ),
+        Metric(
+            "predicted_host_s",
+            "s",
+            "none",
+            kind="measured",
+            description="the host-work part of the prediction: the CPU seconds the run's "
+            "dispatch spends outside its collectives (host_cpu_s, profiled in "
+            "setup) times the cores' sharing (cpu_stretch)",
+        ),
+        Metric(
+            "predicted_host_priced_s",
+            "s",
+            "none",
+            kind="simulated",
+            description="the same host work by the price model, for comparison: the run's "
+            "counted ops, bytes and instructions at the calibration's measured "
+            "costs, stretched alike (not in predicted_time_s)",
+        ),
+        Metric(
+            "error_pct",
+            "%",
+            "none",
+            description="(predicted / measured - 1) x 100: positive = the simulator is slower",
+        ),
+        Metric(
+            "load_average",
+            "",
+            "none",
+            description="the machine's 1-minute load average after each sample (os.getloadavg): "
+            "how much other work shared the cores",
+        ),
+        *alltoall.DISPATCH_METRICS,
+    ],
+    param_help={
+        "ranks": f"real local ranks (2-{alltoall.MAX_LOCAL_RANKS}; default 2,4,8 on a small machine)",
+        "gpus_per_node": "ranks per emulated node (HALO and RBD need nodes)",
+        "algo": "a registered all-to-all: " + ", ".join(algorithm_names()),
+        "backend": "gloo or mpi (mpi4py under mpiexec)",
+        "sizes": "bytes each rank sends (tokens x top_k x hidden x 4), e.g. 1K:16M",
+        "hidden": "hidden size (float32 elements per row; narrowed below one token's payload)",
+        "experts": "experts in total",
+        "top_k": "experts per token",
+        "placement": "expert -> rank map: contiguous, strided or random",
+        "seed": "routing seed",
+        "calibration": "fit (fit the profile on flat runs at fit_ranks x fit_sizes first) or a "
+        "profile FILE written by `repro calibrate`",
+        "fit_ranks": "ranks counts of the fit set, joined by '+'",
+        "fit_sizes": "sizes of the fit set, joined by '+' (keep them apart from sizes)",
+        "fit_repeats": "timed samples per fit run",
+    },
 )

@@ -80,7 +80,9 @@ class Param:
                 why = f" ({self.why_max})" if self.why_max else ""
                 raise ValueError(f"{key} must be <= {_number(self.max)}{why}, got {_number(value)}")
             if self.multiple_of and int(value) % self.multiple_of:
-                raise ValueError(f"{key} must be a multiple of {self.multiple_of}, got {_number(value)}")
+                raise ValueError(
+                    f"{key} must be a multiple of {self.multiple_of}, got {_number(value)}"
+                )
             return
         if isinstance(value, int) and not isinstance(value, bool) and self.check is not None:
             value = str(value)  # an open-ended value ("auto" or a count) given as a number by code
@@ -99,9 +101,12 @@ class Param:
             what = "whole number" if self.kind is int else "finite number"
             low = "-inf" if self.min is None else _number(self.min)
             high = "inf" if self.max is None else _number(self.max)
-            return f"{what} in [{low}, {high}]" + (f", a multiple of {self.multiple_of}"
-                                                  if self.multiple_of else "")
-        return f"one of {', '.join(map(str, self.choices))}" if self.choices else "checked when given"
+            return f"{what} in [{low}, {high}]" + (
+                f", a multiple of {self.multiple_of}" if self.multiple_of else ""
+            )
+        return (
+            f"one of {', '.join(map(str, self.choices))}" if self.choices else "checked when given"
+        )
 
     def bad_values(self) -> list[str]:
         """Command-line values this declaration refuses (the fuzz test tries each)."""
@@ -112,7 +117,9 @@ class Param:
             if self.kind is int:
                 out += ["2.5", "abc", "1e3"]
             if self.min is not None:
-                out.append(_number(self.min - (1 if self.kind is int else max(abs(self.min), 1) * 0.5)))
+                out.append(
+                    _number(self.min - (1 if self.kind is int else max(abs(self.min), 1) * 0.5))
+                )
             if self.max is not None:
                 out += [_number(self.max + 1 if self.kind is int else self.max * 2 + 1), "9" * 30]
             if self.multiple_of:
@@ -142,8 +149,12 @@ class Rule:
     example: dict[str, str]
 
 
-def fits_in_memory(bytes_needed: Callable[[dict], float], example: dict[str, str],
-                   what: str = "its buffers", simulated_too: bool = False) -> Rule:
+def fits_in_memory(
+    bytes_needed: Callable[[dict], float],
+    example: dict[str, str],
+    what: str = "its buffers",
+    simulated_too: bool = False,
+) -> Rule:
     """A point whose buffers (``bytes_needed``, summed over the local ranks) exceed the memory
     this machine has available is refused before it allocates; simulated points need none
     unless ``simulated_too`` (a suite whose simulation computes at the point's size)."""
@@ -154,8 +165,10 @@ def fits_in_memory(bytes_needed: Callable[[dict], float], example: dict[str, str
         return bytes_needed(p) <= available_memory_bytes()
 
     def message_of(p: dict) -> str:
-        return (f"this point needs about {bytes_needed(p) / 2 ** 30:.3g} GiB for {what}, more than "
-                f"the {available_memory_bytes() / 2 ** 30:.3g} GiB of memory available here")
+        return (
+            f"this point needs about {bytes_needed(p) / 2**30:.3g} GiB for {what}, more than "
+            f"the {available_memory_bytes() / 2**30:.3g} GiB of memory available here"
+        )
 
     return Rule(holds, _Message(message_of), example)
 
@@ -269,16 +282,20 @@ class Suite:
         """(seconds these points should take, what the estimate rests on), or None where
         neither the suite declares a cost per point nor the catalog holds a timing."""
         if self.point_seconds is not None:
-            return (sum(self.point_seconds(p) for p in points),
-                    "the suite's cost per point on a 2-core CPU machine")
+            return (
+                sum(self.point_seconds(p) for p in points),
+                "the suite's cost per point on a 2-core CPU machine",
+            )
         minutes = catalog.suite(self.name).minutes
         if not minutes:
             return None
         # the default grid's size, counted without building it: deriving its points could load
         # what these points do not need (torch, for a simulated world)
         default = math.prod(len(values) for values in self.params.values())
-        return (minutes * 60 * len(points) / max(default, 1),
-                "the catalog's time of its default grid on a 2-core CPU machine")
+        return (
+            minutes * 60 * len(points) / max(default, 1),
+            "the catalog's time of its default grid on a 2-core CPU machine",
+        )
 
     def check_launched_world(self, points: list[dict], overrides: dict[str, list]) -> None:
         """Under torchrun/mpiexec/srun: the backends the user named and the world sizes of the
@@ -334,8 +351,12 @@ class Suite:
                 out[key] = values
             except ValueError:
                 if kind is float and _non_finite(raw):
-                    raise ValueError(f"parameter {key} must be a finite number, got {raw!r}") from None
-                raise ValueError(f"parameter {key}: cannot read {raw!r} as {kind.__name__}") from None
+                    raise ValueError(
+                        f"parameter {key} must be a finite number, got {raw!r}"
+                    ) from None
+                raise ValueError(
+                    f"parameter {key}: cannot read {raw!r} as {kind.__name__}"
+                ) from None
         return out
 
 
@@ -352,8 +373,10 @@ def check_local_ranks(points: list[dict]) -> None:
         return
     limit, why = local_rank_limit()
     if max(real) > limit:
-        raise ValueError(f"{max(real)} local ranks requested; this machine runs at most {limit} "
-                         f"({why}); start a larger world with torchrun, mpiexec or srun")
+        raise ValueError(
+            f"{max(real)} local ranks requested; this machine runs at most {limit} "
+            f"({why}); start a larger world with torchrun, mpiexec or srun"
+        )
 
 
 def _not_one_of(key: str, value, allowed) -> str:
@@ -369,7 +392,7 @@ def check_device(device: str) -> None:
     check(device)
 
 
-_SUFFIX = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+_SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def parse_size(text: str) -> int:
@@ -421,7 +444,7 @@ def _convert(kind: type, text: str) -> Any:
 
 
 # Declarations shared by the suites' schemas.
-def whole(min: int = 1, max: int = 2 ** 20, **kw) -> Param:
+def whole(min: int = 1, max: int = 2**20, **kw) -> Param:
     """An integer parameter in [min, max]."""
     return Param(int, min, max, **kw)
 
@@ -443,15 +466,21 @@ def registered(what: str, names: Callable[[], Any]) -> Param:
 
 
 def top_k_within_experts(top_k: str = "top_k", experts: str = "experts") -> Rule:
-    return Rule(lambda p: int(p[top_k]) <= int(p[experts]),
-                f"{top_k}={{{top_k}}} exceeds {experts}={{{experts}}}", {top_k: "9", experts: "8"})
+    return Rule(
+        lambda p: int(p[top_k]) <= int(p[experts]),
+        f"{top_k}={{{top_k}}} exceeds {experts}={{{experts}}}",
+        {top_k: "9", experts: "8"},
+    )
 
 
 def divides(divisor: str, dividend: str, example: dict[str, str]) -> Rule:
-    return Rule(lambda p: int(p[dividend]) % int(p[divisor]) == 0,
-                f"{divisor}={{{divisor}}} must divide {dividend}={{{dividend}}}", example)
+    return Rule(
+        lambda p: int(p[dividend]) % int(p[divisor]) == 0,
+        f"{divisor}={{{divisor}}} must divide {dividend}={{{dividend}}}",
+        example,
+    )
 
 
-SEED = Param(int, 0, 2 ** 32 - 1)
+SEED = Param(int, 0, 2**32 - 1)
 THREADS = Param(int, 0, 4096)
 DEVICE = Param(str, check=check_device, bad=("tpu", "cuda:x", "cpu:0"))

@@ -22,16 +22,25 @@ same inputs (the rows are small integers: exact).
 from __future__ import annotations
 
 import re
-import time
 
 import torch
 
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.components.moe.peer_dispatchers import (PEER_DISPATCHERS, get_peer_dispatcher,
-                                                       peer_dispatcher_names)
-from moe_repro.suites.base import (SEED, Metric, Suite, fits_in_memory, one_of, registered,
-                                   top_k_within_experts, whole)
-
+from moe_repro.components.moe.peer_dispatchers import (
+    PEER_DISPATCHERS,
+    get_peer_dispatcher,
+    peer_dispatcher_names,
+)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Suite,
+    fits_in_memory,
+    one_of,
+    registered,
+    top_k_within_experts,
+    whole,
+)
 
 
 def timed_algorithms() -> list[str]:
@@ -53,10 +62,14 @@ def point_stages(params: dict) -> tuple[str, ...]:
     peer = _peer(params)
     return peer.stages if peer else stages_of(params["algo"])
 
+
 def _stage_owners() -> list[tuple[str, tuple[str, ...]]]:
     """(algorithm or peer dispatcher, its stages) for every dispatcher that times its stages."""
-    return [*((a, stages_of(a)) for a in timed_algorithms()),
-            *((p.name, p.stages) for p in PEER_DISPATCHERS.values())]
+    return [
+        *((a, stages_of(a)) for a in timed_algorithms()),
+        *((p.name, p.stages) for p in PEER_DISPATCHERS.values()),
+    ]
+
 
 _COMMS: dict[tuple, object] = {}  # communicators per (backend, nodes, ranks_per_node), per world
 
@@ -72,39 +85,55 @@ def derived_params(p: dict) -> dict:
     if nodes < 1 or gpn < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpn}")
     if p["algo"] not in timed_algorithms():
-        raise ValueError(f"algo must be one of {', '.join(timed_algorithms())} (the all-to-alls "
-                         f"that time their stages), got {p['algo']!r}")
+        raise ValueError(
+            f"algo must be one of {', '.join(timed_algorithms())} (the all-to-alls "
+            f"that time their stages), got {p['algo']!r}"
+        )
     peer = _peer(p)
     if peer is not None:
         from moe_repro.suites.alltoall import check_peer_point
 
         check_peer_point(peer, f"dispatcher {peer.name}", p)
         if peer.torch_groups_only and p["backend"] == "mpi":
-            raise ValueError(f"dispatcher {peer.name} runs on torch.distributed groups: use "
-                             f"--backend gloo, not mpi")
+            raise ValueError(
+                f"dispatcher {peer.name} runs on torch.distributed groups: use "
+                f"--backend gloo, not mpi"
+            )
     return {"ranks": nodes * gpn, "ranks_per_node": gpn}
 
 
 def setup(params: dict, ctx) -> dict:
-    from moe_repro.components.network.topology import Topology, build_communicators, bytes_by_link_class
+    from moe_repro.components.network.topology import (
+        Topology,
+        build_communicators,
+        bytes_by_link_class,
+    )
     from moe_repro.suites.alltoall import rank_workload
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])
     key = (ctx.backend, nodes, gpn)
     if key not in _COMMS:  # every grid point of a world shares its communicators
-        _COMMS[key] = build_communicators(Topology(nodes=nodes, ranks_per_node=gpn), ctx.rank,
-                                          ctx.backend, ctx.comm)
+        _COMMS[key] = build_communicators(
+            Topology(nodes=nodes, ranks_per_node=gpn), ctx.rank, ctx.backend, ctx.comm
+        )
     comms = _COMMS[key]
-    state = {"ctx": ctx, "algo": params["algo"], "comms": comms, "laps": {},
-             **rank_workload(params, ctx.rank, ctx.world_size, ctx.device)}
+    state = {
+        "ctx": ctx,
+        "algo": params["algo"],
+        "comms": comms,
+        "laps": {},
+        **rank_workload(params, ctx.rank, ctx.world_size, ctx.device),
+    }
     peer = _peer(params)
     state["stages"] = point_stages(params)
     if peer is not None:  # the peer's own dispatcher on the same EP group and inputs
-        state["dispatcher"] = peer.build(comms.world, state["placement"], int(params["hidden"]),
-                                         int(params["top_k"]))
+        state["dispatcher"] = peer.build(
+            comms.world, state["placement"], int(params["hidden"]), int(params["top_k"])
+        )
     else:  # the same pilot generator as the alltoall suite's ranks (algorithms that draw at random)
         state["dispatcher"] = get_algorithm(params["algo"]).dispatcher(
-            comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank))
+            comms, state["placement"], torch.Generator().manual_seed(104729 + ctx.rank)
+        )
 
     log: list = []
     comms.set_log(log)
@@ -155,20 +184,46 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="dispatch-stages",
-    schema={"algo": registered("algo", timed_algorithms), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
-            "backend": one_of("gloo", "mpi"), "tokens": whole(0), "hidden": whole(1, 2 ** 16),
-            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "placement": one_of("contiguous", "strided", "random"), "seed": SEED,
-            "dispatcher": one_of("ours", *peer_dispatcher_names())},
-    rules=(top_k_within_experts(),
-           # rows sent and received per rank, and each rank's routing draw (the alltoall suite's:
-           # a score per token and expert, and their argsort)
-           fits_in_memory(lambda p: 4 * int(p["ranks"]) * int(p["tokens"]) * (
-                              4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"])),
-                          {"tokens": str(2 ** 20), "hidden": str(2 ** 16)})),
-    params={"algo": timed_algorithms(), "nodes": [2], "gpus_per_node": [2], "backend": ["gloo"],
-            "tokens": [512], "hidden": [1024], "experts": [256], "top_k": [8],
-            "placement": ["contiguous"], "seed": [0], "dispatcher": ["ours"]},
+    schema={
+        "algo": registered("algo", timed_algorithms),
+        "nodes": whole(1, 64),
+        "gpus_per_node": whole(1, 64),
+        "backend": one_of("gloo", "mpi"),
+        "tokens": whole(0),
+        "hidden": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "placement": one_of("contiguous", "strided", "random"),
+        "seed": SEED,
+        "dispatcher": one_of("ours", *peer_dispatcher_names()),
+    },
+    rules=(
+        top_k_within_experts(),
+        # rows sent and received per rank, and each rank's routing draw (the alltoall suite's:
+        # a score per token and expert, and their argsort)
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["ranks"])
+                * int(p["tokens"])
+                * (4 * int(p["top_k"]) * int(p["hidden"]) + 4 * int(p["experts"]))
+            ),
+            {"tokens": str(2**20), "hidden": str(2**16)},
+        ),
+    ),
+    params={
+        "algo": timed_algorithms(),
+        "nodes": [2],
+        "gpus_per_node": [2],
+        "backend": ["gloo"],
+        "tokens": [512],
+        "hidden": [1024],
+        "experts": [256],
+        "top_k": [8],
+        "placement": ["contiguous"],
+        "seed": [0],
+        "dispatcher": ["ours"],
+    },
     quick={"tokens": [32], "hidden": [64]},
     derived_params=derived_params,
     setup=setup,
@@ -178,23 +233,45 @@ SUITE = Suite(
     world_params=("ranks", "backend", "ranks_per_node"),
     table_keys=("algo", "dispatcher", "nodes", "gpus_per_node", "tokens", "hidden"),
     table_metrics=("time_s", "inter_node_bytes"),
-    metrics=[Metric("inter_node_bytes", "B", "lower",
-                    description="bytes sent to other nodes in one call, all ranks, metadata included"),
-             Metric("intra_node_bytes", "B", "none",
-                    description="bytes sent to other ranks of the same node in one call, all ranks"),
-             # one metric per stage name (flat and HALO share theirs: their dispatchers differ
-             # only in the exchange)
-             *(Metric(stage_metric(s), "s", "lower",
-                      description=f"{', '.join(n for n, st in _stage_owners() if s in st)}: "
-                                  f"{s}, slowest rank")
-               for s in dict.fromkeys(s for _, stages in _stage_owners() for s in stages))],
-    param_help={"algo": "an all-to-all that times its stages: " + ", ".join(timed_algorithms()),
-                "nodes": "emulated nodes",
-                "gpus_per_node": "ranks per emulated node", "backend": "gloo or mpi",
-                "tokens": "tokens per rank", "hidden": "float32 values per row",
-                "experts": "experts in total", "top_k": "experts per token",
-                "placement": "expert -> rank map: contiguous, strided or random",
-                "seed": "input and routing seed",
-                "dispatcher": "ours (the algorithm's) or a peer's own, on the same inputs: "
-                              + ", ".join(peer_dispatcher_names()) + " (with --algo flat; the peers extra)"},
+    metrics=[
+        Metric(
+            "inter_node_bytes",
+            "B",
+            "lower",
+            description="bytes sent to other nodes in one call, all ranks, metadata included",
+        ),
+        Metric(
+            "intra_node_bytes",
+            "B",
+            "none",
+            description="bytes sent to other ranks of the same node in one call, all ranks",
+        ),
+        # one metric per stage name (flat and HALO share theirs: their dispatchers differ
+        # only in the exchange)
+        *(
+            Metric(
+                stage_metric(s),
+                "s",
+                "lower",
+                description=f"{', '.join(n for n, st in _stage_owners() if s in st)}: "
+                f"{s}, slowest rank",
+            )
+            for s in dict.fromkeys(s for _, stages in _stage_owners() for s in stages)
+        ),
+    ],
+    param_help={
+        "algo": "an all-to-all that times its stages: " + ", ".join(timed_algorithms()),
+        "nodes": "emulated nodes",
+        "gpus_per_node": "ranks per emulated node",
+        "backend": "gloo or mpi",
+        "tokens": "tokens per rank",
+        "hidden": "float32 values per row",
+        "experts": "experts in total",
+        "top_k": "experts per token",
+        "placement": "expert -> rank map: contiguous, strided or random",
+        "seed": "input and routing seed",
+        "dispatcher": "ours (the algorithm's) or a peer's own, on the same inputs: "
+        + ", ".join(peer_dispatcher_names())
+        + " (with --algo flat; the peers extra)",
+    },
 )

@@ -31,15 +31,25 @@ def setup(params: dict, ctx=None) -> dict:
     trace = synthetic_trace(1, MICRO_BATCHES, experts, 8, TOKENS_PER_SOURCE, ep, seed=experts + ep)
     placement = ExpertPlacement.contiguous(experts, ep)
     counts = [trace.expert_counts(0, mb).tolist() for mb in range(trace.num_micro_batches)]
-    partitions = [ExpertPartition.choose(placement, dyn, counts[mb - 1]) for mb in range(1, len(counts))]
-    return {"counts": counts[1:], "partitions": partitions, "i": 0, "tau": int(params["tau"]),
-            "max_num_dyn": 8, "placement": placement}
+    partitions = [
+        ExpertPartition.choose(placement, dyn, counts[mb - 1]) for mb in range(1, len(counts))
+    ]
+    return {
+        "counts": counts[1:],
+        "partitions": partitions,
+        "i": 0,
+        "tau": int(params["tau"]),
+        "max_num_dyn": 8,
+        "placement": placement,
+    }
 
 
 def run(state: dict):
     i = state["i"] % len(state["counts"])
     state["i"] += 1
-    return greedy_balance(state["counts"][i], state["partitions"][i], state["tau"], state["max_num_dyn"])
+    return greedy_balance(
+        state["counts"][i], state["partitions"][i], state["tau"], state["max_num_dyn"]
+    )
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
@@ -55,7 +65,9 @@ def check(state: dict) -> int:
         for m in plan.moves:
             wrong += m.expert not in part.dynamic_of_rank[m.src]
             ranks[m.expert] = m.dst
-        recount = [sum(c for c, r in zip(counts, ranks) if r == d) for d in range(len(plan.loads_after))]
+        recount = [
+            sum(c for c, r in zip(counts, ranks) if r == d) for d in range(len(plan.loads_after))
+        ]
         wrong += recount != plan.loads_after
         wrong += max(plan.loads_after) > max(plan.loads_before)
     return wrong
@@ -63,14 +75,23 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="feplb-balancer",
-    schema={"experts": whole(1, 2 ** 16), "ep": whole(1, 4096), "dyn": whole(1, 2 ** 16),
-            "tau": whole(0, 2 ** 30)},
-    rules=(divides("ep", "experts", {"ep": "3", "experts": "128"}),
-           Rule(lambda p: int(p["dyn"]) <= int(p["experts"]) // int(p["ep"]),
-                "dyn={dyn} exceeds the experts per device (experts={experts} / ep={ep})",
-                {"dyn": "64", "ep": "4", "experts": "128"}),
-           fits_in_memory(memory_bytes, {"ep": "4096", "experts": str(2 ** 16)},
-                          what="its routing trace")),
+    schema={
+        "experts": whole(1, 2**16),
+        "ep": whole(1, 4096),
+        "dyn": whole(1, 2**16),
+        "tau": whole(0, 2**30),
+    },
+    rules=(
+        divides("ep", "experts", {"ep": "3", "experts": "128"}),
+        Rule(
+            lambda p: int(p["dyn"]) <= int(p["experts"]) // int(p["ep"]),
+            "dyn={dyn} exceeds the experts per device (experts={experts} / ep={ep})",
+            {"dyn": "64", "ep": "4", "experts": "128"},
+        ),
+        fits_in_memory(
+            memory_bytes, {"ep": "4096", "experts": str(2**16)}, what="its routing trace"
+        ),
+    ),
     params={"experts": [128], "ep": [2, 4, 8], "dyn": [2, 4, 8], "tau": [0]},
     quick={"ep": [8], "dyn": [4]},
     setup=setup,
@@ -78,6 +99,10 @@ SUITE = Suite(
     derive=derive,
     check=check,
     metrics=[Metric("decide_us", "us", "lower", description="time_s * 1e6, one micro-batch")],
-    param_help={"experts": "routed experts", "ep": "EP degree (devices balanced over)",
-                "dyn": "dynamic experts per device", "tau": "minimum tokens to copy an expert"},
+    param_help={
+        "experts": "routed experts",
+        "ep": "EP degree (devices balanced over)",
+        "dyn": "dynamic experts per device",
+        "tau": "minimum tokens to copy an expert",
+    },
 )

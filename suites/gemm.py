@@ -44,9 +44,9 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="gemm",
-    schema={"n": whole(1, 2 ** 17), "dtype": one_of(*_DTYPES), "device": DEVICE},
+    schema={"n": whole(1, 2**17), "dtype": one_of(*_DTYPES), "device": DEVICE},
     # A, B, C and the check's float64 A, B and product
-    rules=(fits_in_memory(lambda p: 3 * (4 + 8) * int(p["n"]) ** 2, {"n": str(2 ** 17)}),),
+    rules=(fits_in_memory(lambda p: 3 * (4 + 8) * int(p["n"]) ** 2, {"n": str(2**17)}),),
     choices={"dtype": tuple(_DTYPES)},
     params={"n": [256, 512, 1024, 2048], "dtype": ["float32"], "device": ["auto"]},
     quick={"n": [128, 256]},
@@ -55,6 +55,9 @@ SUITE = Suite(
     derive=derive,
     check=check,
     metrics=[Metric("tflops", "TFLOP/s", "higher", description="2 n^3 / time_s")],
-    param_help={"n": "matrix size (A, B, C are n x n)", "dtype": "float32, bfloat16 or float16",
-                "device": "auto (cuda if present), cpu or cuda"},
+    param_help={
+        "n": "matrix size (A, B, C are n x n)",
+        "dtype": "float32, bfloat16 or float16",
+        "device": "auto (cuda if present), cpu or cuda",
+    },
 )

@@ -26,8 +26,17 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.runtime.device import resolve_device
 from moe_repro.runtime.timing import timer_for
 from moe_repro.suites._moe_stages import set_threads
-from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, fits_in_memory, one_of,
-                                   registered, whole)
+from moe_repro.suites.base import (
+    DEVICE,
+    THREADS,
+    Metric,
+    Param,
+    Suite,
+    fits_in_memory,
+    one_of,
+    registered,
+    whole,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -63,10 +72,18 @@ def setup(params: dict, ctx=None) -> dict:
     device, dtype = resolve_device(params["device"], ctx), _DTYPES[params["dtype"]]
     g = torch.Generator().manual_seed(tokens * 7 + experts)
     x = torch.randn(tokens * experts, k, generator=g).to(device=device, dtype=dtype)
-    w = (torch.randn(experts, k, m, generator=g) * k ** -0.5).to(device=device, dtype=dtype)
+    w = (torch.randn(experts, k, m, generator=g) * k**-0.5).to(device=device, dtype=dtype)
     counts = torch.full((experts,), tokens, dtype=torch.int64)
-    return {"x": x, "w": w, "w_dense": w[0].contiguous(), "counts": counts, "variant": variant,
-            "flops": 2 * tokens * experts * k * m, "k": k, "m": m}
+    return {
+        "x": x,
+        "w": w,
+        "w_dense": w[0].contiguous(),
+        "counts": counts,
+        "variant": variant,
+        "flops": 2 * tokens * experts * k * m,
+        "k": k,
+        "m": m,
+    }
 
 
 def run(state: dict):
@@ -92,14 +109,22 @@ def _dense_time_s(state: dict, min_s: float = 0.01) -> float:
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
     # For variant=dense the ratio is dense against itself: the pairing's own noise floor.
-    return {"tflops": state["flops"] / time_s / 1e12, "ratio_to_dense": _dense_time_s(state) / time_s,
-            "K": state["k"], "M": state["m"]}
+    return {
+        "tflops": state["flops"] / time_s / 1e12,
+        "ratio_to_dense": _dense_time_s(state) / time_s,
+        "K": state["k"],
+        "M": state["m"],
+    }
 
 
 def check(state: dict) -> int:
     y = run(state).double()
     x, counts = state["x"].double(), state["counts"].tolist()
-    weights = [state["w_dense"].double()] * len(counts) if state["variant"] == "dense" else state["w"].double()
+    weights = (
+        [state["w_dense"].double()] * len(counts)
+        if state["variant"] == "dense"
+        else state["w"].double()
+    )
     ref = torch.cat([chunk @ weights[e] for e, chunk in enumerate(torch.split(x, counts))])
     tol = 8 * torch.finfo(state["x"].dtype).eps * state["k"]
     return int(((y - ref).abs() > tol).sum())
@@ -113,35 +138,68 @@ def _known_model(key: str) -> None:
     except KeyError as e:
         raise ValueError(str(e).strip("'\"")) from None
 
+
 SUITE = Suite(
     name="expert-gemm",
-    schema={"variant": registered("variant", variants), "tokens_per_expert": whole(1),
-            "model": Param(str, check=_known_model, bad=("nosuch",)), "shape_div": whole(1, 2 ** 16),
-            "local_experts": whole(1, 2 ** 12), "dtype": one_of(*_DTYPES), "device": DEVICE,
-            "threads": THREADS},
+    schema={
+        "variant": registered("variant", variants),
+        "tokens_per_expert": whole(1),
+        "model": Param(str, check=_known_model, bad=("nosuch",)),
+        "shape_div": whole(1, 2**16),
+        "local_experts": whole(1, 2**12),
+        "dtype": one_of(*_DTYPES),
+        "device": DEVICE,
+        "threads": THREADS,
+    },
     # inputs, outputs and weights at the largest zoo width (float32; 32768 bounds d_model, d_ffn)
-    rules=(fits_in_memory(lambda p: 4 * int(p["local_experts"]) * (2 * int(p["tokens_per_expert"])
-                                                                   + 32768) * 32768 / int(p["shape_div"]) ** 2,
-                          {"tokens_per_expert": str(2 ** 20), "local_experts": "4096"}),),
+    rules=(
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["local_experts"])
+                * (2 * int(p["tokens_per_expert"]) + 32768)
+                * 32768
+                / int(p["shape_div"]) ** 2
+            ),
+            {"tokens_per_expert": str(2**20), "local_experts": "4096"},
+        ),
+    ),
     choices={"dtype": tuple(_DTYPES)},
-    params={"variant": list(variants()), "tokens_per_expert": [16, 64, 256, 1024],
-            "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"], "shape_div": [4],
-            "local_experts": [4], "dtype": ["float32"], "device": ["auto"], "threads": [1]},
+    params={
+        "variant": list(variants()),
+        "tokens_per_expert": [16, 64, 256, 1024],
+        "model": ["mixtral-8x7b", "xmoe-small", "deepseek-v3"],
+        "shape_div": [4],
+        "local_experts": [4],
+        "dtype": ["float32"],
+        "device": ["auto"],
+        "threads": [1],
+    },
     quick={"tokens_per_expert": [16, 128], "model": ["xmoe-small"], "shape_div": [8]},
     setup=setup,
     run=run,
     derive=derive,
     check=check,
-    metrics=[Metric("tflops", "TFLOP/s", "higher", description="2 T E_l K M / time_s"),
-             Metric("ratio_to_dense", "", "higher",
-                    description="time(dense) / time(variant), dense timed right after each sample"),
-             Metric("K", "", "none", kind="analytic", description="d_model / shape_div"),
-             Metric("M", "", "none", kind="analytic", description="d_ffn / shape_div")],
-    param_help={"variant": f"{', '.join(grouped_gemm_names())} (grouped GEMM kernels), or dense "
-                           "(equal-FLOPs ceiling)",
-                "tokens_per_expert": "T, rows per expert", "model": "zoo key giving d_model, d_ffn",
-                "shape_div": "divide d_model and d_ffn by this to fit the device",
-                "local_experts": "E_l, experts on this device", "dtype": "float32 or bfloat16",
-                "device": "auto (cuda if present), cpu or cuda",
-                "threads": "CPU intra-op threads (0: torch's default)"},
+    metrics=[
+        Metric("tflops", "TFLOP/s", "higher", description="2 T E_l K M / time_s"),
+        Metric(
+            "ratio_to_dense",
+            "",
+            "higher",
+            description="time(dense) / time(variant), dense timed right after each sample",
+        ),
+        Metric("K", "", "none", kind="analytic", description="d_model / shape_div"),
+        Metric("M", "", "none", kind="analytic", description="d_ffn / shape_div"),
+    ],
+    param_help={
+        "variant": f"{', '.join(grouped_gemm_names())} (grouped GEMM kernels), or dense "
+        "(equal-FLOPs ceiling)",
+        "tokens_per_expert": "T, rows per expert",
+        "model": "zoo key giving d_model, d_ffn",
+        "shape_div": "divide d_model and d_ffn by this to fit the device",
+        "local_experts": "E_l, experts on this device",
+        "dtype": "float32 or bfloat16",
+        "device": "auto (cuda if present), cpu or cuda",
+        "threads": "CPU intra-op threads (0: torch's default)",
+    },
 )

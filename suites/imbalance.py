@@ -30,17 +30,37 @@ from moe_repro.runtime.timing import host_seconds
 from moe_repro.components.balance import balancer_names, get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, weight_copies
-from moe_repro.components.balance.routing_trace import GemmTimeModel, gemm_straggler, token_straggler
+from moe_repro.components.balance.routing_trace import (
+    GemmTimeModel,
+    gemm_straggler,
+    token_straggler,
+)
 from moe_repro.components.balance.workloads import STANDARD, get_workload, workload_names
 from moe_repro.components.moe.moe_layer import ExpertPlacement
-from moe_repro.suites.base import (SEED, Metric, Suite, divides, fits_in_memory, one_of, registered,
-                                   top_k_within_experts, whole)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Suite,
+    divides,
+    fits_in_memory,
+    one_of,
+    registered,
+    top_k_within_experts,
+    whole,
+)
 
 MODES = ("stats", "real", "simulated")
 GPUS_PER_NODE = 8
 # the real-count workload whose Before-LB device imbalance at EP=2 is nearest FEPLB Table 3's
 # (reproductions/feplb_table3.py picks it; listed here so the grid holds it)
-WORKLOADS = (*STANDARD, "synthetic", "olmoe-c4-L7", "olmoe-arxiv-L0", "olmoe-switch", "olmoe-layers")
+WORKLOADS = (
+    *STANDARD,
+    "synthetic",
+    "olmoe-c4-L7",
+    "olmoe-arxiv-L0",
+    "olmoe-switch",
+    "olmoe-layers",
+)
 REAL_SIZE = {"d_model": 16, "d_ffn": 32}
 
 
@@ -65,12 +85,17 @@ def derived_params(p: dict) -> dict:
     experts = _workload(p).num_experts
     if experts % ep:
         raise ValueError(f"{p['workload']}: {experts} experts do not divide over EP={ep}")
-    out = {"ranks": ep if p["mode"] == "real" else 1, "simulated": p["mode"] == "simulated",
-           "nodes": -(-ep // GPUS_PER_NODE)}
+    out = {
+        "ranks": ep if p["mode"] == "real" else 1,
+        "simulated": p["mode"] == "simulated",
+        "nodes": -(-ep // GPUS_PER_NODE),
+    }
     if out["simulated"]:
-        out.update(platform=f"{out['nodes']} node(s) of {GPUS_PER_NODE} GPUs",
-                   simulated_because="the balancers' plans replayed on the workload's counts, "
-                                     "GEMM time from the roofline model")
+        out.update(
+            platform=f"{out['nodes']} node(s) of {GPUS_PER_NODE} GPUs",
+            simulated_because="the balancers' plans replayed on the workload's counts, "
+            "GEMM time from the roofline model",
+        )
     return out
 
 
@@ -93,7 +118,9 @@ def memory_bytes(p: dict) -> float:
     need = w.num_layers * steps * per_step + 16 * tokens * experts
     if p["mode"] == "real":
         h, f = REAL_SIZE["d_model"], REAL_SIZE["d_ffn"]
-        need += ep * (2 * 8 * experts * h * f + w.num_layers * steps * tokens * (8 * h + 12 * top_k))
+        need += ep * (
+            2 * 8 * experts * h * f + w.num_layers * steps * tokens * (8 * h + 12 * top_k)
+        )
     return need
 
 
@@ -119,12 +146,22 @@ def plan_steps(p: dict) -> dict:
     for layer in range(w.num_layers):
         routings = [w.routing(int(p["seed"]), s, ep, layer) for s in range(int(p["steps"]))]
         for s in range(1, len(routings)):
-            step = BalanceStep(placement, routings[s].source_counts(w.num_experts, ep),
-                               routings[s - 1].source_counts(w.num_experts, ep))
+            step = BalanceStep(
+                placement,
+                routings[s].source_counts(w.num_experts, ep),
+                routings[s - 1].source_counts(w.num_experts, ep),
+            )
             work = balancer.run(step)
             rows = rows_to_devices(balancer.name, step, work)
-            steps.append({"step": step, "work": work, "rows": rows, "routing": routings[s],
-                          "wrong": count_wrong(step, work, rows)})
+            steps.append(
+                {
+                    "step": step,
+                    "work": work,
+                    "rows": rows,
+                    "routing": routings[s],
+                    "wrong": count_wrong(step, work, rows),
+                }
+            )
     return {"workload": w, "placement": placement, "balancer": balancer, "steps": steps}
 
 
@@ -134,15 +171,23 @@ def routing_stats(p: dict, plan: dict) -> dict:
     ep = int(p["ep"])
     node = torch.arange(ep) // GPUS_PER_NODE
     home = plan["placement"].rank_of_expert().tolist()
-    sums = {"max_over_mean": 0.0, "token_straggler": 0.0, "gemm_straggler_us": 0.0,
-            "token_bytes": 0.0, "inter_node_bytes": 0.0, "weight_bytes": 0.0}
+    sums = {
+        "max_over_mean": 0.0,
+        "token_straggler": 0.0,
+        "gemm_straggler_us": 0.0,
+        "token_bytes": 0.0,
+        "inter_node_bytes": 0.0,
+        "weight_bytes": 0.0,
+    }
     for s in plan["steps"]:
         loads, rows = s["work"].loads, s["rows"]
         mean = sum(loads) / len(loads)
         sums["max_over_mean"] += max(loads) / mean if mean else 1.0
         sums["token_straggler"] += token_straggler(loads)
-        sums["gemm_straggler_us"] += gemm_straggler(model.device_times_s(s["work"].gemm_groups)) * 1e6
-        per_pair = rows.sum(1)                                       # [W_src, W_dst]
+        sums["gemm_straggler_us"] += (
+            gemm_straggler(model.device_times_s(s["work"].gemm_groups)) * 1e6
+        )
+        per_pair = rows.sum(1)  # [W_src, W_dst]
         away = per_pair.sum() - per_pair.diagonal().sum()
         sums["token_bytes"] += float(away) * row_bytes
         crossing = per_pair[node.unsqueeze(1) != node.unsqueeze(0)].sum()
@@ -153,6 +198,7 @@ def routing_stats(p: dict, plan: dict) -> dict:
 
 
 # --- real mode: the plan executed over real ranks --------------------------------------------------
+
 
 def _expert_weights(p: dict, experts: int):
     """Integer weights of every expert, the same on every rank (drawn from the seed alone)."""
@@ -187,14 +233,14 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
     flat_e = ids.reshape(-1)
     pairs = flat_e.numel()
     pair_index = torch.arange(pairs)
-    order = torch.argsort(flat_e * pairs + pair_index)               # by expert, then pair
+    order = torch.argsort(flat_e * pairs + pair_index)  # by expert, then pair
     dest = torch.empty(pairs, dtype=torch.int64)
     start = 0
-    mine = rows[me]                                                  # [E, W]
+    mine = rows[me]  # [E, W]
     for e in range(experts):
         for d in range(world):
             n = int(mine[e, d])
-            dest[order[start:start + n]] = d
+            dest[order[start : start + n]] = d
             start += n
     # the send buffer: by device, expert-major inside, so a receiver knows each row's expert
     send_order = torch.argsort((dest * experts + flat_e) * pairs + pair_index)
@@ -203,8 +249,9 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
     recv_counts = rows[:, :, me].sum(1).tolist()
     received = all_to_all_v(x[tokens[send_order]], send_counts, recv_counts)
     # rows from source r arrive expert-major: their experts are known from the plan
-    recv_experts = torch.cat([torch.arange(experts).repeat_interleave(rows[r, :, me])
-                              for r in range(world)])
+    recv_experts = torch.cat(
+        [torch.arange(experts).repeat_interleave(rows[r, :, me]) for r in range(world)]
+    )
     out = torch.empty_like(received)
     for e in torch.unique(recv_experts).tolist():
         sel = (recv_experts == e).nonzero().flatten()
@@ -214,8 +261,8 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
     result[send_order] = back
     pair_out = result.reshape(ids.shape[0], ids.shape[1], -1)
     y = torch.zeros(ids.shape[0], x.shape[1], dtype=x.dtype)
-    for j in range(ids.shape[1]):                                    # gate, then sum in slot order
-        y += gates[:, j:j + 1].double() * pair_out[:, j]
+    for j in range(ids.shape[1]):  # gate, then sum in slot order
+        y += gates[:, j : j + 1].double() * pair_out[:, j]
     return y
 
 
@@ -227,15 +274,22 @@ def _reference(state: dict, s: dict) -> torch.Tensor:
         pair_out[t, j] = _ffn(x[t], state["w1"][e], state["w2"][e])
     y = torch.zeros(ids.shape[0], x.shape[1], dtype=x.dtype)
     for j in range(ids.shape[1]):
-        y += gates[:, j:j + 1].double() * pair_out[:, j]
+        y += gates[:, j : j + 1].double() * pair_out[:, j]
     return y
 
 
 def _setup_real(p: dict, plan: dict, ctx) -> dict:
     torch.set_num_threads(1)
     w = plan["workload"]
-    state = {"rank": ctx.rank, "ep": int(p["ep"]), "experts": w.num_experts,
-             "placement": plan["placement"], "balancer": plan["balancer"], "decide_s": [], "i": 0}
+    state = {
+        "rank": ctx.rank,
+        "ep": int(p["ep"]),
+        "experts": w.num_experts,
+        "placement": plan["placement"],
+        "balancer": plan["balancer"],
+        "decide_s": [],
+        "i": 0,
+    }
     state["w1"], state["w2"] = _expert_weights(p, w.num_experts)
     g = torch.Generator().manual_seed(2000 + int(p["seed"]))
     local_steps = []
@@ -243,11 +297,17 @@ def _setup_real(p: dict, plan: dict, ctx) -> dict:
         r = s["routing"]
         mask = r.source_ranks(state["ep"]) == ctx.rank
         x_all = torch.randint(-3, 4, (r.tokens, REAL_SIZE["d_model"]), generator=g).double()
-        local_steps.append({"ids": r.expert_ids[mask], "gates": r.gates[mask], "x": x_all[mask],
-                            "previous": s["step"].previous_source_counts})
+        local_steps.append(
+            {
+                "ids": r.expert_ids[mask],
+                "gates": r.gates[mask],
+                "x": x_all[mask],
+                "previous": s["step"].previous_source_counts,
+            }
+        )
     state["local_steps"] = local_steps
     wrong = 0
-    for s in local_steps:   # one pass of every step against the dense reference
+    for s in local_steps:  # one pass of every step against the dense reference
         wrong += int((_real_step(state, s) != _reference(state, s)).sum())
     state["output_wrong"] = wrong
     state["decide_s"].clear()
@@ -258,8 +318,14 @@ def setup(params: dict, ctx=None) -> dict:
     if params["mode"] not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {params['mode']!r}")
     plan = plan_steps(params)
-    state = {"mode": params["mode"], "plan": plan, "stats": routing_stats(params, plan),
-             "plan_wrong": sum(s["wrong"] for s in plan["steps"]), "i": 0, "decide_s": []}
+    state = {
+        "mode": params["mode"],
+        "plan": plan,
+        "stats": routing_stats(params, plan),
+        "plan_wrong": sum(s["wrong"] for s in plan["steps"]),
+        "i": 0,
+        "decide_s": [],
+    }
     if params["mode"] == "real":
         state["real"] = _setup_real(params, plan, ctx)
     return state
@@ -299,16 +365,40 @@ def simulate(params: dict) -> dict:
 
 SUITE = Suite(
     name="imbalance",
-    schema={"mode": one_of(*MODES), "balancer": registered("balancer", balancer_names),
-            "workload": registered("workload", workload_names), "ep": whole(1, 4096), "seed": SEED,
-            "steps": whole(1, 10000), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "tokens": whole(1, 2 ** 24), "backend": one_of("gloo")},
-    rules=(top_k_within_experts(), divides("ep", "experts", {"ep": "3", "experts": "64"}),
-           fits_in_memory(memory_bytes, {"tokens": str(2 ** 24), "experts": str(2 ** 16)},
-                          what="its routings and plans", simulated_too=True)),
-    params={"mode": ["stats", "real"], "balancer": list(balancer_names()),
-            "workload": list(WORKLOADS), "ep": [2, 4, 8, 16], "seed": [0, 1, 2, 3, 4],
-            "steps": [4], "experts": [64], "top_k": [8], "tokens": [4096], "backend": ["gloo"]},
+    schema={
+        "mode": one_of(*MODES),
+        "balancer": registered("balancer", balancer_names),
+        "workload": registered("workload", workload_names),
+        "ep": whole(1, 4096),
+        "seed": SEED,
+        "steps": whole(1, 10000),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "tokens": whole(1, 2**24),
+        "backend": one_of("gloo"),
+    },
+    rules=(
+        top_k_within_experts(),
+        divides("ep", "experts", {"ep": "3", "experts": "64"}),
+        fits_in_memory(
+            memory_bytes,
+            {"tokens": str(2**24), "experts": str(2**16)},
+            what="its routings and plans",
+            simulated_too=True,
+        ),
+    ),
+    params={
+        "mode": ["stats", "real"],
+        "balancer": list(balancer_names()),
+        "workload": list(WORKLOADS),
+        "ep": [2, 4, 8, 16],
+        "seed": [0, 1, 2, 3, 4],
+        "steps": [4],
+        "experts": [64],
+        "top_k": [8],
+        "tokens": [4096],
+        "backend": ["gloo"],
+    },
     quick={"mode": ["stats"], "ep": [2, 8], "seed": [0], "steps": [3], "tokens": [1024]},
     choices={"mode": MODES, "workload": workload_names()},
     setup=setup,
@@ -322,25 +412,66 @@ SUITE = Suite(
     table_keys=("mode", "balancer", "workload", "ep", "seed"),
     table_metrics=("max_over_mean", "token_straggler", "decide_us"),
     metrics=[
-        Metric("decide_us", "us", "lower", description="one balancer decision (FEPLB Sec. 2 budgets ~50 us)"),
-        Metric("max_over_mean", "x", "lower", kind="analytic",
-               description="busiest device's token-expert rows over the mean, mean over steps"),
-        Metric("token_straggler", "rows", "lower", kind="analytic",
-               description="FEPLB Sec. 3.1: max - mean rows per device, mean over steps"),
-        Metric("gemm_straggler_us", "us", "lower", kind="simulated",
-               description="max - mean grouped-GEMM time per device, roofline model of a GLM-5 "
-                           "expert on an H100"),
-        Metric("token_bytes", "B", "lower", kind="analytic",
-               description="rows computed away from their source x 6144 x 2 B, per step"),
-        Metric("inter_node_bytes", "B", "lower", kind="analytic",
-               description="the part of token_bytes crossing nodes of 8 GPUs"),
-        Metric("weight_bytes", "B", "lower", kind="analytic",
-               description="experts computed away from their home x one GLM-5 expert's weights"),
+        Metric(
+            "decide_us",
+            "us",
+            "lower",
+            description="one balancer decision (FEPLB Sec. 2 budgets ~50 us)",
+        ),
+        Metric(
+            "max_over_mean",
+            "x",
+            "lower",
+            kind="analytic",
+            description="busiest device's token-expert rows over the mean, mean over steps",
+        ),
+        Metric(
+            "token_straggler",
+            "rows",
+            "lower",
+            kind="analytic",
+            description="FEPLB Sec. 3.1: max - mean rows per device, mean over steps",
+        ),
+        Metric(
+            "gemm_straggler_us",
+            "us",
+            "lower",
+            kind="simulated",
+            description="max - mean grouped-GEMM time per device, roofline model of a GLM-5 "
+            "expert on an H100",
+        ),
+        Metric(
+            "token_bytes",
+            "B",
+            "lower",
+            kind="analytic",
+            description="rows computed away from their source x 6144 x 2 B, per step",
+        ),
+        Metric(
+            "inter_node_bytes",
+            "B",
+            "lower",
+            kind="analytic",
+            description="the part of token_bytes crossing nodes of 8 GPUs",
+        ),
+        Metric(
+            "weight_bytes",
+            "B",
+            "lower",
+            kind="analytic",
+            description="experts computed away from their home x one GLM-5 expert's weights",
+        ),
     ],
-    param_help={"mode": "stats (one process), real (gloo ranks), simulated (no run)",
-                "balancer": "a registered balancer", "workload": "a routing workload",
-                "ep": "EP degree", "seed": "workload seed", "steps": "steps (step 0 is history)",
-                "experts": "E (standard and synthetic workloads; real-count ones fix their own)",
-                "top_k": "k (as experts)", "tokens": "tokens per step, all ranks together",
-                "backend": "gloo"},
+    param_help={
+        "mode": "stats (one process), real (gloo ranks), simulated (no run)",
+        "balancer": "a registered balancer",
+        "workload": "a routing workload",
+        "ep": "EP degree",
+        "seed": "workload seed",
+        "steps": "steps (step 0 is history)",
+        "experts": "E (standard and synthetic workloads; real-count ones fix their own)",
+        "top_k": "k (as experts)",
+        "tokens": "tokens per step, all ranks together",
+        "backend": "gloo",
+    },
 )

@@ -21,8 +21,17 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import (SEED, Metric, Param, Suite, divides, fits_in_memory, one_of,
-                                   top_k_within_experts, whole)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Param,
+    Suite,
+    divides,
+    fits_in_memory,
+    one_of,
+    top_k_within_experts,
+    whole,
+)
 
 LAYERS = ("plain", "llep")
 RTOL, ATOL = 1e-4, 1e-5
@@ -36,12 +45,18 @@ def _build_layers(params: dict) -> dict:
     d_model, d_ffn = int(params["d_model"]), int(params["d_ffn"])
     experts, top_k, seed = int(params["experts"]), int(params["top_k"]), int(params["seed"])
     g = torch.Generator().manual_seed(seed)
-    gate = torch.randn(d_model, experts, generator=g) * d_model ** -0.5
-    gate[0] = torch.linspace(0.0, float(params["skew"]), experts)  # feature 0 is constant: a fixed skew
-    layers = {"plain": MoELayer(d_model, d_ffn, experts, top_k, expert_parallel=True),
-              "llep": LeastLoadedMoELayer(d_model, d_ffn, experts, top_k, expert_parallel=True)}
-    full = {n: torch.randn(experts, *p.shape[1:], generator=g) * p.shape[1] ** -0.5
-            for n, p in layers["llep"].experts.named_parameters()}
+    gate = torch.randn(d_model, experts, generator=g) * d_model**-0.5
+    gate[0] = torch.linspace(
+        0.0, float(params["skew"]), experts
+    )  # feature 0 is constant: a fixed skew
+    layers = {
+        "plain": MoELayer(d_model, d_ffn, experts, top_k, expert_parallel=True),
+        "llep": LeastLoadedMoELayer(d_model, d_ffn, experts, top_k, expert_parallel=True),
+    }
+    full = {
+        n: torch.randn(experts, *p.shape[1:], generator=g) * p.shape[1] ** -0.5
+        for n, p in layers["llep"].experts.named_parameters()
+    }
     for layer in layers.values():
         with torch.no_grad():
             layer.gate.weight.copy_(gate)
@@ -76,12 +91,20 @@ def setup(params: dict, ctx) -> dict:
     y_llep, dx_llep = _forward_backward(layers["llep"], x, grad_out)
     plan = layers["llep"].last_plan  # derived from all-gathered counts: the same on every rank
     diff = max(float((y_llep - y_plain).abs().max()), float((dx_llep - dx_plain).abs().max()))
-    wrong = sum(int((~torch.isclose(got, want, rtol=RTOL, atol=ATOL)).sum())
-                for got, want in ((y_llep, y_plain), (dx_llep, dx_plain)))
+    wrong = sum(
+        int((~torch.isclose(got, want, rtol=RTOL, atol=ATOL)).sum())
+        for got, want in ((y_llep, y_plain), (dx_llep, dx_plain))
+    )
     rows = plan.loads_before if params["layer"] == "plain" else plan.loads_after
-    return {"layer": layers[params["layer"]], "x": x, "grad_out": grad_out, "rows": list(rows),
-            "mean_rows": sum(plan.loads_before) / len(plan.loads_before),
-            "max_abs_diff": ctx.all_reduce_max(diff), "wrong": wrong}
+    return {
+        "layer": layers[params["layer"]],
+        "x": x,
+        "grad_out": grad_out,
+        "rows": list(rows),
+        "mean_rows": sum(plan.loads_before) / len(plan.loads_before),
+        "max_abs_diff": ctx.all_reduce_max(diff),
+        "wrong": wrong,
+    }
 
 
 def run(state: dict) -> None:
@@ -90,8 +113,11 @@ def run(state: dict) -> None:
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
     busiest = max(state["rows"])
-    return {"rows_busiest": busiest, "straggler_rows": busiest - state["mean_rows"],
-            "max_abs_diff": state["max_abs_diff"]}
+    return {
+        "rows_busiest": busiest,
+        "straggler_rows": busiest - state["mean_rows"],
+        "max_abs_diff": state["max_abs_diff"],
+    }
 
 
 def check(state: dict) -> int:
@@ -100,22 +126,49 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="llep-layer",
-    schema={"layer": one_of(*LAYERS), "ranks": whole(2, 65536), "backend": one_of("gloo"),
-            "tokens": whole(1), "d_model": whole(1, 2 ** 16), "d_ffn": whole(1, 2 ** 16),
-            "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10), "skew": Param(float, -1e6, 1e6),
-            "seed": SEED},
-    rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
-           # every rank holds all experts' weights once while building, and its tokens' rows
-           # and the router's scores, probabilities and their gradient per token and expert
-           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["experts"]) * int(p["d_model"])
-                                                           * int(p["d_ffn"]) + 8 * int(p["tokens"])
-                                                           * int(p["top_k"]) * int(p["d_model"])
-                                                           + 3 * int(p["tokens"]) * int(p["experts"])),
-                          {"d_model": str(2 ** 16), "d_ffn": str(2 ** 16)})),
+    schema={
+        "layer": one_of(*LAYERS),
+        "ranks": whole(2, 65536),
+        "backend": one_of("gloo"),
+        "tokens": whole(1),
+        "d_model": whole(1, 2**16),
+        "d_ffn": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "skew": Param(float, -1e6, 1e6),
+        "seed": SEED,
+    },
+    rules=(
+        top_k_within_experts(),
+        divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
+        # every rank holds all experts' weights once while building, and its tokens' rows
+        # and the router's scores, probabilities and their gradient per token and expert
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["ranks"])
+                * (
+                    2 * int(p["experts"]) * int(p["d_model"]) * int(p["d_ffn"])
+                    + 8 * int(p["tokens"]) * int(p["top_k"]) * int(p["d_model"])
+                    + 3 * int(p["tokens"]) * int(p["experts"])
+                )
+            ),
+            {"d_model": str(2**16), "d_ffn": str(2**16)},
+        ),
+    ),
     choices={"layer": LAYERS},
-    params={"layer": list(LAYERS), "ranks": [2], "backend": ["gloo"], "tokens": [512],
-            "d_model": [64], "d_ffn": [256], "experts": [8], "top_k": [2], "skew": [4.0],
-            "seed": [0]},
+    params={
+        "layer": list(LAYERS),
+        "ranks": [2],
+        "backend": ["gloo"],
+        "tokens": [512],
+        "d_model": [64],
+        "d_ffn": [256],
+        "experts": [8],
+        "top_k": [2],
+        "skew": [4.0],
+        "seed": [0],
+    },
     quick={"tokens": [64], "d_model": [16], "d_ffn": [32]},
     setup=setup,
     run=run,
@@ -123,16 +176,36 @@ SUITE = Suite(
     check=check,
     world_params=("ranks", "backend"),
     table_metrics=("time_s", "rows_busiest", "straggler_rows"),
-    metrics=[Metric("rows_busiest", "rows", "lower",
-                    description="(token, expert) rows computed on the busiest rank"),
-             Metric("straggler_rows", "rows", "lower",
-                    description="busiest rank's rows minus the mean over ranks"),
-             Metric("max_abs_diff", "abs", "lower",
-                    description="largest |LLEP - plain EP| over outputs and input gradients, all ranks")],
-    param_help={"layer": "plain (standard EP) or llep (least-loaded EP)",
-                "ranks": "EP ranks (real processes; >= 2, dividing experts)",
-                "backend": "gloo", "tokens": "tokens per rank", "d_model": "H",
-                "d_ffn": "expert width", "experts": "E", "top_k": "k",
-                "skew": "gate weight of the constant feature on the last expert (0 on the first)",
-                "seed": "weight and input seed"},
+    metrics=[
+        Metric(
+            "rows_busiest",
+            "rows",
+            "lower",
+            description="(token, expert) rows computed on the busiest rank",
+        ),
+        Metric(
+            "straggler_rows",
+            "rows",
+            "lower",
+            description="busiest rank's rows minus the mean over ranks",
+        ),
+        Metric(
+            "max_abs_diff",
+            "abs",
+            "lower",
+            description="largest |LLEP - plain EP| over outputs and input gradients, all ranks",
+        ),
+    ],
+    param_help={
+        "layer": "plain (standard EP) or llep (least-loaded EP)",
+        "ranks": "EP ranks (real processes; >= 2, dividing experts)",
+        "backend": "gloo",
+        "tokens": "tokens per rank",
+        "d_model": "H",
+        "d_ffn": "expert width",
+        "experts": "E",
+        "top_k": "k",
+        "skew": "gate weight of the constant feature on the last expert (0 on the first)",
+        "seed": "weight and input seed",
+    },
 )

@@ -14,7 +14,7 @@ import torch
 from moe_repro.suites._moe_stages import device_for, set_threads
 from moe_repro.suites.base import DEVICE, THREADS, Metric, Suite, fits_in_memory, whole
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def setup(params: dict, ctx=None) -> dict:
@@ -45,15 +45,20 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="memcopy",
-    schema={"mbytes": whole(1, 2 ** 30), "device": DEVICE, "threads": THREADS},
-    rules=(fits_in_memory(lambda p: 2 * int(p["mbytes"]) * MIB, {"mbytes": str(2 ** 30)}),),
+    schema={"mbytes": whole(1, 2**30), "device": DEVICE, "threads": THREADS},
+    rules=(fits_in_memory(lambda p: 2 * int(p["mbytes"]) * MIB, {"mbytes": str(2**30)}),),
     params={"mbytes": [64, 256], "device": ["cpu"], "threads": [1]},
     quick={"mbytes": [16]},
     setup=setup,
     run=run,
     derive=derive,
     check=check,
-    metrics=[Metric("GBps", "GB/s", "higher", description="2 x bytes copied / time_s (read + write)")],
-    param_help={"mbytes": "buffer size in MiB (float32)", "device": "cpu, cuda or auto",
-                "threads": "CPU intra-op threads (0: torch's default)"},
+    metrics=[
+        Metric("GBps", "GB/s", "higher", description="2 x bytes copied / time_s (read + write)")
+    ],
+    param_help={
+        "mbytes": "buffer size in MiB (float32)",
+        "device": "cpu, cuda or auto",
+        "threads": "CPU intra-op threads (0: torch's default)",
+    },
 )

@@ -25,13 +25,34 @@ import torch
 
 from moe_repro.components.moe.gating import top_k_gating
 from moe_repro.components.moe.impls import get_impl
-from moe_repro.suites._moe_stages import IMPLS, MEMORY_RULES, derive_stage, peer_params, run_stage, setup_stage
-from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, one_of,
-                                   top_k_within_experts, whole)
+from moe_repro.suites._moe_stages import (
+    IMPLS,
+    MEMORY_RULES,
+    derive_stage,
+    peer_params,
+    run_stage,
+    setup_stage,
+)
+from moe_repro.suites.base import (
+    DEVICE,
+    THREADS,
+    Metric,
+    Param,
+    Suite,
+    one_of,
+    top_k_within_experts,
+    whole,
+)
 
 
-def _kept_weight_per_token(policy: str, experts: list[list[int]], weights: list[list[float]],
-                           num_experts: int, capacity: int | None, renormalize: bool = False) -> list[float]:
+def _kept_weight_per_token(
+    policy: str,
+    experts: list[list[int]],
+    weights: list[list[float]],
+    num_experts: int,
+    capacity: int | None,
+    renormalize: bool = False,
+) -> list[float]:
     """Sum of each token's kept weights, by a plain pass over the routing. ``policy`` "probs":
     per expert the ``capacity`` largest weights (pft, Megatron, DeepSpeed topkgating); "slot":
     GShard position < C, first choices before second (padded). ``renormalize``: kept weights
@@ -77,12 +98,20 @@ def check(state: dict) -> int:
         else:
             mask, combine = layer.make_masks(layer.route(x))
             out = layer.buffer_combine_padded(layer.buffer_dispatch_padded(x, mask), combine)
-        gate = (top_k_gating(x.float() @ layer.gate.weight.float(), layer.top_k)
-                if impl.routes_on_fp32_logits else layer.route(x))
+        gate = (
+            top_k_gating(x.float() @ layer.gate.weight.float(), layer.top_k)
+            if impl.routes_on_fp32_logits
+            else layer.route(x)
+        )
     capacity = impl.capacity(tokens, layer.num_experts, layer.top_k, layer.capacity_factor)
-    kept = _kept_weight_per_token(impl.drop_policy or "probs", gate.top_experts.tolist(),
-                                  gate.combine_weights.tolist(), layer.num_experts, capacity,
-                                  impl.renormalize_after_drop)
+    kept = _kept_weight_per_token(
+        impl.drop_policy or "probs",
+        gate.top_experts.tolist(),
+        gate.combine_weights.tolist(),
+        layer.num_experts,
+        capacity,
+        impl.renormalize_after_drop,
+    )
     expected = x.float() * torch.tensor(kept, dtype=torch.float32, device=x.device).unsqueeze(1)
     tol = 1e-4 if x.dtype == torch.float32 else 2e-2
     return int(((out.float() - expected).abs() > tol * (1 + expected.abs())).sum())
@@ -96,15 +125,33 @@ def setup(params: dict, ctx=None) -> dict:
 
 SUITE = Suite(
     name="moe-dispatch",
-    schema={"impl": one_of(*IMPLS), "stage": one_of("gating", "buffer_dispatch", "buffer_combine", "total"),
-            "tokens": whole(0), "d_model": whole(1, 2 ** 16), "experts": whole(1, 2 ** 16),
-            "top_k": whole(1, 2 ** 10), "capacity_factor": Param(float, 0.01, 1000.0),
-            "d_ffn": whole(1, 2 ** 16), "dtype": one_of("float32", "bfloat16"), "device": DEVICE,
-            "threads": THREADS},
+    schema={
+        "impl": one_of(*IMPLS),
+        "stage": one_of("gating", "buffer_dispatch", "buffer_combine", "total"),
+        "tokens": whole(0),
+        "d_model": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "capacity_factor": Param(float, 0.01, 1000.0),
+        "d_ffn": whole(1, 2**16),
+        "dtype": one_of("float32", "bfloat16"),
+        "device": DEVICE,
+        "threads": THREADS,
+    },
     rules=(top_k_within_experts(), *MEMORY_RULES),
-    params={"impl": ["pft", "padded"], "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
-            "tokens": [4096], "d_model": [2048], "experts": [64], "top_k": [6],
-            "capacity_factor": [1.25], "d_ffn": [64], "dtype": ["float32"], "device": ["auto"], "threads": [1]},
+    params={
+        "impl": ["pft", "padded"],
+        "stage": ["gating", "buffer_dispatch", "buffer_combine", "total"],
+        "tokens": [4096],
+        "d_model": [2048],
+        "experts": [64],
+        "top_k": [6],
+        "capacity_factor": [1.25],
+        "d_ffn": [64],
+        "dtype": ["float32"],
+        "device": ["auto"],
+        "threads": [1],
+    },
     quick={"stage": ["total"], "tokens": [512], "d_model": [256], "experts": [16], "top_k": [4]},
     setup=setup,
     run=run_stage,
@@ -112,18 +159,35 @@ SUITE = Suite(
     check=check,
     choices={"impl": IMPLS},
     derived_params=peer_params,
-    metrics=[Metric("peak_bytes", "B", "lower",
-                    description="peak memory of one call above the memory held before it"),
-             Metric("buffer_rows", "rows", "lower", kind="analytic",
-                    description="rows of the dispatch buffer: S*k retained (pft) or E*C (padded)")],
-    param_help={"impl": "pft (X-MoE padding-free), padded (GShard capacity-padded); with "
-                        "pip install -e \".[peers]\": megatron, megatron-nodrop (Megatron-core "
-                        "permute/unpermute), deepspeed (its sparse MOELayer path), deepspeed-einsum",
-                "stage": "gating, buffer_dispatch, buffer_combine, or total (all three)",
-                "tokens": "S, tokens in the layer's input", "d_model": "H", "experts": "E",
-                "top_k": "k", "capacity_factor": "C = ceil(capacity_factor * S * k / E)",
-                "d_ffn": "expert width (experts are not run in this suite)",
-                "dtype": "float32 or bfloat16", "device": "auto (cuda if present), cpu or cuda",
-                "threads": "CPU intra-op threads (0: torch's default); 1 keeps timings steady "
-                           "on a shared machine"},
+    metrics=[
+        Metric(
+            "peak_bytes",
+            "B",
+            "lower",
+            description="peak memory of one call above the memory held before it",
+        ),
+        Metric(
+            "buffer_rows",
+            "rows",
+            "lower",
+            kind="analytic",
+            description="rows of the dispatch buffer: S*k retained (pft) or E*C (padded)",
+        ),
+    ],
+    param_help={
+        "impl": "pft (X-MoE padding-free), padded (GShard capacity-padded); with "
+        "pip install -e \".[peers]\": megatron, megatron-nodrop (Megatron-core "
+        "permute/unpermute), deepspeed (its sparse MOELayer path), deepspeed-einsum",
+        "stage": "gating, buffer_dispatch, buffer_combine, or total (all three)",
+        "tokens": "S, tokens in the layer's input",
+        "d_model": "H",
+        "experts": "E",
+        "top_k": "k",
+        "capacity_factor": "C = ceil(capacity_factor * S * k / E)",
+        "d_ffn": "expert width (experts are not run in this suite)",
+        "dtype": "float32 or bfloat16",
+        "device": "auto (cuda if present), cpu or cuda",
+        "threads": "CPU intra-op threads (0: torch's default); 1 keeps timings steady "
+        "on a shared machine",
+    },
 )

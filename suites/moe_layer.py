@@ -20,18 +20,40 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 from __future__ import annotations
 
 from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
-from moe_repro.suites._moe_stages import (IMPLS, MEMORY_RULES, STAGES, check_layer_pass, derive_stage, peer_params,
-                                          run_stage, setup_stage)
-from moe_repro.suites.base import (DEVICE, THREADS, Metric, Param, Suite, divides, one_of,
-                                   registered, top_k_within_experts, whole)
+from moe_repro.suites._moe_stages import (
+    IMPLS,
+    MEMORY_RULES,
+    STAGES,
+    check_layer_pass,
+    derive_stage,
+    peer_params,
+    run_stage,
+    setup_stage,
+)
+from moe_repro.suites.base import (
+    DEVICE,
+    THREADS,
+    Metric,
+    Param,
+    Suite,
+    divides,
+    one_of,
+    registered,
+    top_k_within_experts,
+    whole,
+)
 
 
 def check_params(p: dict) -> dict:
     """Refuse a grid point before any rank starts (one line, exit 2 from the CLI)."""
     import math
 
-    for key, allowed in (("impl", IMPLS), ("stage", (*STAGES, "layer")),
-                         ("dtype", ("float32", "bfloat16")), ("device", ("auto", "cpu", "cuda"))):
+    for key, allowed in (
+        ("impl", IMPLS),
+        ("stage", (*STAGES, "layer")),
+        ("dtype", ("float32", "bfloat16")),
+        ("device", ("auto", "cpu", "cuda")),
+    ):
         if p[key] not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {p[key]!r}")
     get_grouped_gemm(p["gemm"])  # ValueError naming the registered kernels
@@ -48,7 +70,9 @@ def check_params(p: dict) -> dict:
         raise ValueError(f"experts={p['experts']} must be divisible by ranks={p['ranks']}")
     cf = float(p["capacity_factor"])
     if not (math.isfinite(cf) and cf > 0):
-        raise ValueError(f"capacity_factor must be a positive finite number, got {p['capacity_factor']}")
+        raise ValueError(
+            f"capacity_factor must be a positive finite number, got {p['capacity_factor']}"
+        )
     return peer_params(p)  # a peer's package and version, or a one-line refusal
 
 
@@ -72,42 +96,93 @@ class MoELayerSuite(Suite):
 
 SUITE = MoELayerSuite(
     name="moe-layer",
-    schema={"impl": one_of(*IMPLS), "stage": one_of(*STAGES, "layer"), "ranks": whole(1, 65536),
-            "backend": one_of("gloo"), "tokens": whole(0), "d_model": whole(1, 2 ** 16),
-            "d_ffn": whole(1, 2 ** 16), "experts": whole(1, 2 ** 16), "top_k": whole(1, 2 ** 10),
-            "capacity_factor": Param(float, 0.01, 1000.0), "gemm": registered("gemm", grouped_gemm_names),
-            "dtype": one_of("float32", "bfloat16"), "device": DEVICE, "threads": THREADS,
-            "backward": whole(0, 1)},
-    rules=(top_k_within_experts(), divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
-           *MEMORY_RULES),
-    params={"impl": ["pft", "padded"], "stage": [*STAGES, "layer"], "ranks": [2],
-            "backend": ["gloo"], "tokens": [1024], "d_model": [1024], "d_ffn": [704],
-            "experts": [64], "top_k": [6], "capacity_factor": [1.25], "gemm": ["sequential"],
-            "dtype": ["float32"], "device": ["auto"], "threads": [0], "backward": [0]},
-    quick={"tokens": [128], "d_model": [128], "d_ffn": [96], "experts": [8], "top_k": [2],
-           "stage": ["dispatch_a2a", "expert", "layer"]},
+    schema={
+        "impl": one_of(*IMPLS),
+        "stage": one_of(*STAGES, "layer"),
+        "ranks": whole(1, 65536),
+        "backend": one_of("gloo"),
+        "tokens": whole(0),
+        "d_model": whole(1, 2**16),
+        "d_ffn": whole(1, 2**16),
+        "experts": whole(1, 2**16),
+        "top_k": whole(1, 2**10),
+        "capacity_factor": Param(float, 0.01, 1000.0),
+        "gemm": registered("gemm", grouped_gemm_names),
+        "dtype": one_of("float32", "bfloat16"),
+        "device": DEVICE,
+        "threads": THREADS,
+        "backward": whole(0, 1),
+    },
+    rules=(
+        top_k_within_experts(),
+        divides("ranks", "experts", {"ranks": "3", "experts": "8"}),
+        *MEMORY_RULES,
+    ),
+    params={
+        "impl": ["pft", "padded"],
+        "stage": [*STAGES, "layer"],
+        "ranks": [2],
+        "backend": ["gloo"],
+        "tokens": [1024],
+        "d_model": [1024],
+        "d_ffn": [704],
+        "experts": [64],
+        "top_k": [6],
+        "capacity_factor": [1.25],
+        "gemm": ["sequential"],
+        "dtype": ["float32"],
+        "device": ["auto"],
+        "threads": [0],
+        "backward": [0],
+    },
+    quick={
+        "tokens": [128],
+        "d_model": [128],
+        "d_ffn": [96],
+        "experts": [8],
+        "top_k": [2],
+        "stage": ["dispatch_a2a", "expert", "layer"],
+    },
     derived_params=check_params,
     setup=setup,
     run=run_stage,
     derive=derive_stage,
     check=check_layer_pass,
     world_params=("ranks", "backend"),
-    metrics=[Metric("peak_bytes", "B", "lower",
-                    description="peak memory of one call above the memory held before it, max over ranks"),
-             Metric("buffer_rows", "rows", "lower", kind="analytic",
-                    description="rows of this rank's dispatch buffer: retained pairs (pft) or E*C (padded)")],
-    param_help={"impl": "pft or padded; with pip install -e \".[peers]\" also megatron, "
-                        "megatron-nodrop, deepspeed, deepspeed-einsum at ranks=1 (their own "
-                        "gating, dispatch and combine around our experts)",
-                "stage": f"{', '.join(STAGES)} or layer",
-                "ranks": "EP ranks (real processes)", "backend": "gloo (CPU) or nccl (GPUs)",
-                "tokens": "tokens per rank", "d_model": "H", "d_ffn": "expert width F",
-                "experts": "E (divisible by ranks)", "top_k": "k",
-                "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
-                "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
-                "dtype": "float32 or bfloat16", "device": "auto, cpu or cuda",
-                "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)",
-                "backward": "1: time forward + backward of the whole layer (stage=layer), each "
-                            "implementation's own expert-parallel path, checked against a "
-                            "one-rank reference"},
+    metrics=[
+        Metric(
+            "peak_bytes",
+            "B",
+            "lower",
+            description="peak memory of one call above the memory held before it, max over ranks",
+        ),
+        Metric(
+            "buffer_rows",
+            "rows",
+            "lower",
+            kind="analytic",
+            description="rows of this rank's dispatch buffer: retained pairs (pft) or E*C (padded)",
+        ),
+    ],
+    param_help={
+        "impl": "pft or padded; with pip install -e \".[peers]\" also megatron, "
+        "megatron-nodrop, deepspeed, deepspeed-einsum at ranks=1 (their own "
+        "gating, dispatch and combine around our experts)",
+        "stage": f"{', '.join(STAGES)} or layer",
+        "ranks": "EP ranks (real processes)",
+        "backend": "gloo (CPU) or nccl (GPUs)",
+        "tokens": "tokens per rank",
+        "d_model": "H",
+        "d_ffn": "expert width F",
+        "experts": "E (divisible by ranks)",
+        "top_k": "k",
+        "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
+        "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
+        "dtype": "float32 or bfloat16",
+        "device": "auto, cpu or cuda",
+        "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)",
+        "backward": "1: time forward + backward of the whole layer (stage=layer), each "
+        "implementation's own expert-parallel path, checked against a "
+        "one-rank reference",
+    },
 )

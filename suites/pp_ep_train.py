@@ -34,15 +34,44 @@ from dataclasses import asdict
 
 from moe_repro.suites.base import SEED, Metric, Param, Suite, fits_in_memory, one_of, whole
 
-CONFIG_KEYS = ("model", "pp", "ep", "dp", "schedule", "micro_batches", "micro_batch_size", "steps",
-               "lr", "seed")
+CONFIG_KEYS = (
+    "model",
+    "pp",
+    "ep",
+    "dp",
+    "schedule",
+    "micro_batches",
+    "micro_batch_size",
+    "steps",
+    "lr",
+    "seed",
+)
 SPLIT = ("attention", "experts", "alltoall", "p2p", "idle", "other", "grad_sync")
-STAGE_FIELDS = ("activation_peak_bytes", "static_bytes", "activation_per_microbatch_bytes",
-                "peak_over_mean_microbatch", "in_flight_at_peak", "idle_fraction", "peak_bytes",
-                "cuda_max_allocated_bytes")
-INT_FIELDS = ("activation_peak_bytes", "static_bytes", "in_flight_at_peak", "peak_bytes",
-              "cuda_max_allocated_bytes")  # counts: integers in the trainer's report
-SUMMARY = ("step_s", "tokens_per_s", "bubble_measured", "idle_fraction_mean", "bubble_theory", "mfu")
+STAGE_FIELDS = (
+    "activation_peak_bytes",
+    "static_bytes",
+    "activation_per_microbatch_bytes",
+    "peak_over_mean_microbatch",
+    "in_flight_at_peak",
+    "idle_fraction",
+    "peak_bytes",
+    "cuda_max_allocated_bytes",
+)
+INT_FIELDS = (
+    "activation_peak_bytes",
+    "static_bytes",
+    "in_flight_at_peak",
+    "peak_bytes",
+    "cuda_max_allocated_bytes",
+)  # counts: integers in the trainer's report
+SUMMARY = (
+    "step_s",
+    "tokens_per_s",
+    "bubble_measured",
+    "idle_fraction_mean",
+    "bubble_theory",
+    "mfu",
+)
 
 
 def train_config(params: dict):
@@ -66,8 +95,9 @@ def memory_bytes(p: dict) -> float:
     cfg = train_config(p)
     mc, zoo = cfg.model_config(), get_model(cfg.model)
     v, pp, m = cfg.stages_per_rank, cfg.pp, cfg.micro_batches
-    per_layer = moe_activation_bytes_per_layer(zoo, s=mc.seq_len, b=cfg.micro_batch_size,
-                                               moe=zoo.n_moe_layers > 0, bytes_per_value=4)
+    per_layer = moe_activation_bytes_per_layer(
+        zoo, s=mc.seq_len, b=cfg.micro_batch_size, moe=zoo.n_moe_layers > 0, bytes_per_value=4
+    )
     layers_per_chunk = -(-mc.n_layers // (pp * v))
     activations = 0.0
     for i in range(pp):  # micro-batch chunks a stage holds before its first backward
@@ -81,8 +111,11 @@ def memory_bytes(p: dict) -> float:
     last = m if cfg.schedule == "gpipe" else 1
     activations += last * 3 * 4 * cfg.micro_batch_size * mc.seq_len * mc.vocab
     batch = 2 * 8 * cfg.dp * cfg.ep * m * cfg.micro_batch_size * (mc.seq_len + 1)
-    return (cfg.static_bytes_per_rank() * cfg.world_size + cfg.dp * cfg.ep * activations
-            + cfg.world_size * batch)
+    return (
+        cfg.static_bytes_per_rank() * cfg.world_size
+        + cfg.dp * cfg.ep * activations
+        + cfg.world_size * batch
+    )
 
 
 def derived_params(p: dict) -> dict:
@@ -113,8 +146,12 @@ def setup(params: dict, ctx) -> dict:
     device = ctx.device  # the runtime's rule: cuda:LOCAL_RANK under nccl, else cpu
     torch.manual_seed(cfg.seed)
     runner = StepRunner(build_rank(cfg, device))  # a fresh copy for the timed steps
-    return {"report": flatten_report(shared[0]), "losses": shared[0]["losses"], "runner": runner,
-            "next_step": cfg.steps}
+    return {
+        "report": flatten_report(shared[0]),
+        "losses": shared[0]["losses"],
+        "runner": runner,
+        "next_step": cfg.steps,
+    }
 
 
 def run(state: dict) -> None:
@@ -140,10 +177,14 @@ def report_of(record: dict) -> dict:
             value = record.get(f"stage{p}_{f}")
             stage[f] = int(value) if f in INT_FIELDS and value is not None else value
         per_stage.append(stage)
-    return {**{k: record[k] for k in SUMMARY}, "per_stage": per_stage,
-            "time_split_s": {k: record[f"split_{k}_s"] for k in SPLIT},
-            "losses": [record[f"loss_step{j}"] for j in range(cfg.steps)],
-            "config": asdict(cfg), "model_config": asdict(cfg.model_config())}
+    return {
+        **{k: record[k] for k in SUMMARY},
+        "per_stage": per_stage,
+        "time_split_s": {k: record[f"split_{k}_s"] for k in SPLIT},
+        "losses": [record[f"loss_step{j}"] for j in range(cfg.steps)],
+        "config": asdict(cfg),
+        "model_config": asdict(cfg.model_config()),
+    }
 
 
 def _known_model(key: str) -> None:
@@ -154,17 +195,42 @@ def _known_model(key: str) -> None:
     except KeyError as e:
         raise ValueError(str(e).strip("'\"")) from None
 
+
 SUITE = Suite(
     name="pp-ep-train",
-    schema={"model": Param(str, check=_known_model, bad=("nosuch",)), "pp": whole(1, 64),
-            "ep": whole(1, 1024), "dp": whole(1, 1024), "schedule": one_of("1f1b", "gpipe", "interleaved"),
-            "micro_batches": whole(1, 1024), "micro_batch_size": whole(1, 1024), "steps": whole(1, 10 ** 5),
-            "lr": Param(float, 1e-12, 10.0), "seed": SEED, "backend": one_of("gloo", "nccl")},
-    rules=(fits_in_memory(memory_bytes, {"model": "gpt3-175b"},
-                          what="weights, gradients, Adam state, activations and batch"),),
-    params={"model": ["tiny-moe"], "pp": [2], "ep": [1], "dp": [1], "schedule": ["1f1b"],
-            "micro_batches": [4], "micro_batch_size": [2], "steps": [4], "lr": [1e-3],
-            "seed": [0], "backend": ["gloo"]},
+    schema={
+        "model": Param(str, check=_known_model, bad=("nosuch",)),
+        "pp": whole(1, 64),
+        "ep": whole(1, 1024),
+        "dp": whole(1, 1024),
+        "schedule": one_of("1f1b", "gpipe", "interleaved"),
+        "micro_batches": whole(1, 1024),
+        "micro_batch_size": whole(1, 1024),
+        "steps": whole(1, 10**5),
+        "lr": Param(float, 1e-12, 10.0),
+        "seed": SEED,
+        "backend": one_of("gloo", "nccl"),
+    },
+    rules=(
+        fits_in_memory(
+            memory_bytes,
+            {"model": "gpt3-175b"},
+            what="weights, gradients, Adam state, activations and batch",
+        ),
+    ),
+    params={
+        "model": ["tiny-moe"],
+        "pp": [2],
+        "ep": [1],
+        "dp": [1],
+        "schedule": ["1f1b"],
+        "micro_batches": [4],
+        "micro_batch_size": [2],
+        "steps": [4],
+        "lr": [1e-3],
+        "seed": [0],
+        "backend": ["gloo"],
+    },
     quick={"steps": [2]},
     derived_params=derived_params,
     setup=setup,
@@ -174,24 +240,53 @@ SUITE = Suite(
     world_params=("ranks", "backend"),
     table_keys=("model", "pp", "ep", "dp", "schedule", "micro_batches"),
     table_metrics=("time_s", "bubble_measured", "tokens_per_s"),
-    metrics=[Metric("step_s", "s", "lower", description="median training step of the run, slowest rank"),
-             Metric("tokens_per_s", "tokens/s", "higher", description="tokens per step / step_s"),
-             Metric("bubble_measured", "fraction", "lower",
-                    description="1 - busiest rank's compute / schedule step, median over steps"),
-             Metric("idle_fraction_mean", "fraction", "lower",
-                    description="1 - busy / step per rank, mean over stages"),
-             Metric("bubble_theory", "fraction", "none", kind="analytic",
-                    description="(PP-1)/(vM+PP-1) for equal stages"),
-             Metric("mfu", "fraction", "higher", description="model FLOPs utilisation (Piper Eq. 12)"),
-             Metric("stage0_activation_peak_bytes", "B", "lower",
-                    description="first stage's peak bytes held for backward (stage<i>_* for the others)"),
-             Metric("loss_step0", "nats/token", "none", description="loss of the first step "
-                    "(loss_step<j> for the others)")],
-    param_help={"model": "zoo key (byte-level vocabulary)", "pp": "pipeline stages (ranks)",
-                "ep": "expert-parallel degree", "dp": "data-parallel degree",
-                "schedule": "1f1b, gpipe or interleaved",
-                "micro_batches": "M, micro-batches per step",
-                "micro_batch_size": "sequences per micro-batch", "steps": "steps of the run",
-                "lr": "AdamW learning rate", "seed": "weights and data seed",
-                "backend": "gloo (CPU) or nccl (GPUs)"},
+    metrics=[
+        Metric("step_s", "s", "lower", description="median training step of the run, slowest rank"),
+        Metric("tokens_per_s", "tokens/s", "higher", description="tokens per step / step_s"),
+        Metric(
+            "bubble_measured",
+            "fraction",
+            "lower",
+            description="1 - busiest rank's compute / schedule step, median over steps",
+        ),
+        Metric(
+            "idle_fraction_mean",
+            "fraction",
+            "lower",
+            description="1 - busy / step per rank, mean over stages",
+        ),
+        Metric(
+            "bubble_theory",
+            "fraction",
+            "none",
+            kind="analytic",
+            description="(PP-1)/(vM+PP-1) for equal stages",
+        ),
+        Metric("mfu", "fraction", "higher", description="model FLOPs utilisation (Piper Eq. 12)"),
+        Metric(
+            "stage0_activation_peak_bytes",
+            "B",
+            "lower",
+            description="first stage's peak bytes held for backward (stage<i>_* for the others)",
+        ),
+        Metric(
+            "loss_step0",
+            "nats/token",
+            "none",
+            description="loss of the first step (loss_step<j> for the others)",
+        ),
+    ],
+    param_help={
+        "model": "zoo key (byte-level vocabulary)",
+        "pp": "pipeline stages (ranks)",
+        "ep": "expert-parallel degree",
+        "dp": "data-parallel degree",
+        "schedule": "1f1b, gpipe or interleaved",
+        "micro_batches": "M, micro-batches per step",
+        "micro_batch_size": "sequences per micro-batch",
+        "steps": "steps of the run",
+        "lr": "AdamW learning rate",
+        "seed": "weights and data seed",
+        "backend": "gloo (CPU) or nccl (GPUs)",
+    },
 )

@@ -21,8 +21,16 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.suites.base import (SEED, Metric, Param, Rule, Suite, divides, fits_in_memory,
-                                   one_of, whole)
+from moe_repro.suites.base import (
+    SEED,
+    Metric,
+    Param,
+    Rule,
+    Suite,
+    fits_in_memory,
+    one_of,
+    whole,
+)
 
 KINDS = {"alltoall": "a2a", "allreduce": "grad-allreduce"}  # metric prefix -> logged phase prefix
 CLASSES = ("intra_node", "inter_node")
@@ -41,7 +49,11 @@ def setup(params: dict, ctx) -> dict:
     import torch.distributed as dist
 
     from moe_repro.components.alltoall.flat import TorchComm
-    from moe_repro.components.network.rank_layout import group_of, measured_bytes, rank_layout_groups
+    from moe_repro.components.network.rank_layout import (
+        group_of,
+        measured_bytes,
+        rank_layout_groups,
+    )
     from moe_repro.components.network.topology import Topology
 
     ep, tokens, top_k = int(params["ep"]), int(params["tokens"]), int(params["top_k"])
@@ -61,11 +73,14 @@ def setup(params: dict, ctx) -> dict:
     else:
         dest = torch.randint(0, ep, (assignments,), generator=g)
         send_counts = torch.bincount(dest, minlength=ep).tolist()
-    state = {"ep_comm": TorchComm(handles[tuple(my_ep)], my_ep),
-             "dp_comm": TorchComm(handles[tuple(my_dp)], my_dp),
-             "dp_group": handles[tuple(my_dp)], "send_counts": send_counts,
-             "rows": torch.randn(assignments, hidden, generator=g),
-             "grad": torch.randint(-1000, 1000, (expert_params,), generator=g).float()}
+    state = {
+        "ep_comm": TorchComm(handles[tuple(my_ep)], my_ep),
+        "dp_comm": TorchComm(handles[tuple(my_dp)], my_dp),
+        "dp_group": handles[tuple(my_dp)],
+        "send_counts": send_counts,
+        "rows": torch.randn(assignments, hidden, generator=g),
+        "grad": torch.randint(-1000, 1000, (expert_params,), generator=g).float(),
+    }
     state["recv_counts"] = state["ep_comm"].exchange_counts(send_counts)  # metadata: not logged
 
     # One logged call: bytes per link class, summed over the world.
@@ -113,18 +128,48 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="rank-layout-traffic",
-    schema={"order": one_of("ep-first", "dp-first"), "nodes": whole(1, 64), "gpus_per_node": whole(1, 64),
-            "ep": whole(1, 4096), "tokens": whole(1), "top_k": whole(1, 2 ** 10), "hidden": whole(1, 2 ** 16),
-            "expert_params": whole(1, 2 ** 34), "seed": SEED, "uniform": Param(bool)},
-    rules=(Rule(lambda p: not p["uniform"] or int(p["tokens"]) * int(p["top_k"]) % int(p["ep"]) == 0,
-                "uniform routing needs tokens * top_k ({tokens} * {top_k}) divisible by ep={ep}",
-                {"uniform": "true", "tokens": "3", "top_k": "1", "ep": "2", "nodes": "1"}),
-           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["tokens"]) * int(p["top_k"])
-                                                           * int(p["hidden"]) + 2 * int(p["expert_params"])),
-                          {"expert_params": str(2 ** 34)})),
-    params={"order": ["ep-first", "dp-first"], "nodes": [2], "gpus_per_node": [2], "ep": [2],
-            "tokens": [64], "top_k": [2], "hidden": [32], "expert_params": [4096], "seed": [0],
-            "uniform": [False]},
+    schema={
+        "order": one_of("ep-first", "dp-first"),
+        "nodes": whole(1, 64),
+        "gpus_per_node": whole(1, 64),
+        "ep": whole(1, 4096),
+        "tokens": whole(1),
+        "top_k": whole(1, 2**10),
+        "hidden": whole(1, 2**16),
+        "expert_params": whole(1, 2**34),
+        "seed": SEED,
+        "uniform": Param(bool),
+    },
+    rules=(
+        Rule(
+            lambda p: not p["uniform"] or int(p["tokens"]) * int(p["top_k"]) % int(p["ep"]) == 0,
+            "uniform routing needs tokens * top_k ({tokens} * {top_k}) divisible by ep={ep}",
+            {"uniform": "true", "tokens": "3", "top_k": "1", "ep": "2", "nodes": "1"},
+        ),
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["ranks"])
+                * (
+                    2 * int(p["tokens"]) * int(p["top_k"]) * int(p["hidden"])
+                    + 2 * int(p["expert_params"])
+                )
+            ),
+            {"expert_params": str(2**34)},
+        ),
+    ),
+    params={
+        "order": ["ep-first", "dp-first"],
+        "nodes": [2],
+        "gpus_per_node": [2],
+        "ep": [2],
+        "tokens": [64],
+        "top_k": [2],
+        "hidden": [32],
+        "expert_params": [4096],
+        "seed": [0],
+        "uniform": [False],
+    },
     quick={"tokens": [16], "expert_params": [1024]},
     derived_params=derived_params,
     setup=setup,
@@ -134,14 +179,26 @@ SUITE = Suite(
     world_params=("ranks", "ranks_per_node"),
     table_keys=("order", "nodes", "gpus_per_node", "ep"),
     table_metrics=("time_s", "alltoall_inter_node_bytes", "allreduce_inter_node_bytes"),
-    metrics=[Metric(f"{kind}_{cls}_bytes", "B", "none",
-                    description=f"bytes the {kind} step sent on {cls.replace('_', '-')} links, all ranks")
-             for kind in KINDS for cls in CLASSES],
-    param_help={"order": "ep-first (EP groups inside nodes) or dp-first (DP groups inside nodes)",
-                "nodes": "emulated nodes", "gpus_per_node": "ranks per emulated node",
-                "ep": "EP degree (divides the ranks)", "tokens": "tokens per rank",
-                "top_k": "experts per token", "hidden": "float32 values per row",
-                "expert_params": "expert gradient elements per rank (float32)",
-                "seed": "routing and data seed",
-                "uniform": "even routing (tokens * top_k divisible by ep) instead of random"},
+    metrics=[
+        Metric(
+            f"{kind}_{cls}_bytes",
+            "B",
+            "none",
+            description=f"bytes the {kind} step sent on {cls.replace('_', '-')} links, all ranks",
+        )
+        for kind in KINDS
+        for cls in CLASSES
+    ],
+    param_help={
+        "order": "ep-first (EP groups inside nodes) or dp-first (DP groups inside nodes)",
+        "nodes": "emulated nodes",
+        "gpus_per_node": "ranks per emulated node",
+        "ep": "EP degree (divides the ranks)",
+        "tokens": "tokens per rank",
+        "top_k": "experts per token",
+        "hidden": "float32 values per row",
+        "expert_params": "expert gradient elements per rank (float32)",
+        "seed": "routing and data seed",
+        "uniform": "even routing (tokens * top_k divisible by ep) instead of random",
+    },
 )

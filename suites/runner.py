@@ -53,8 +53,14 @@ def summarized(samples: dict[str, list[float]]) -> dict[str, float]:
     out = {}
     for name, xs in samples.items():
         s = summarize(xs)
-        out.update({name: s["median"], f"{name}_iqr": s["iqr"], f"{name}_min": s["min"],
-                    f"{name}_max": s["max"]})
+        out.update(
+            {
+                name: s["median"],
+                f"{name}_iqr": s["iqr"],
+                f"{name}_min": s["min"],
+                f"{name}_max": s["max"],
+            }
+        )
     return out
 
 
@@ -77,8 +83,13 @@ def prepare_point(suite: Suite, params: dict, config: RunConfig, ctx=None, timer
     for _ in range(config.warmup):
         _timed(suite, state, 1, ctx, timer)
     single = sorted(_timed(suite, state, 1, ctx, timer) for _ in range(config.number_from))[
-        (config.number_from - 1) // 2]
-    number = 1 if single <= 0 else int(min(config.max_number, max(1, math.ceil(config.min_sample_s / single))))
+        (config.number_from - 1) // 2
+    ]
+    number = (
+        1
+        if single <= 0
+        else int(min(config.max_number, max(1, math.ceil(config.min_sample_s / single))))
+    )
     return state, record, timer, number, device
 
 
@@ -98,10 +109,18 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
         for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
             samples.setdefault(name, []).append(float(value))
     peak = peak_memory_bytes(device)  # CUDA: the allocator's high-water mark over the samples
-    record.update(summarized(samples), repeats=config.repeats, number=number, samples=samples,
-                  device_used=str(device), clock=timer.clock)
+    record.update(
+        summarized(samples),
+        repeats=config.repeats,
+        number=number,
+        samples=samples,
+        device_used=str(device),
+        clock=timer.clock,
+    )
     if peak is not None:
-        record["cuda_max_allocated_bytes"] = int(ctx.all_reduce_max(float(peak)) if ctx is not None else peak)
+        record["cuda_max_allocated_bytes"] = int(
+            ctx.all_reduce_max(float(peak)) if ctx is not None else peak
+        )
     if ctx is not None:
         record.update(world_size=ctx.world_size, ranks_per_node=ctx.ranks_per_node)
     return record
@@ -114,7 +133,9 @@ def simulated_record(suite: Suite, params: dict) -> dict:
     record: dict[str, Any] = {"suite": suite.name, **params}
     for name, value in metrics.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            record.update({name: value, f"{name}_iqr": 0.0, f"{name}_min": value, f"{name}_max": value})
+            record.update(
+                {name: value, f"{name}_iqr": 0.0, f"{name}_min": value, f"{name}_max": value}
+            )
         else:
             record[name] = value
     record.update(repeats=1, number=1, samples={}, simulated=True)
@@ -171,9 +192,14 @@ def world_key(suite: Suite, params: dict) -> tuple:
     return tuple(params[k] for k in suite.world_params)
 
 
-def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = None,
-            progress: Callable[[int, int, dict], None] | None = None,
-            done: Callable[[dict], None] | None = None, derive: bool = False) -> list[dict]:
+def measure(
+    suite: Suite | str,
+    grid: list[dict],
+    config: RunConfig | None = None,
+    progress: Callable[[int, int, dict], None] | None = None,
+    done: Callable[[dict], None] | None = None,
+    derive: bool = False,
+) -> list[dict]:
     """The one way to run a suite (``repro bench``, the reproductions, ``repro calibrate`` and the
     all-to-all validation all come here): every grid point measured by :func:`run_point` (warm-up,
     calibrated repeats, median and spread), simulated by the suite's simulator where the point
@@ -260,12 +286,19 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
             reader = _PointReader(out_dir, len(points), deliver)
             reader.start()
             try:
-                run_ranks("moe_repro.suites.runner:run_points_on_rank",
-                          {"suite": suite.name, "points": points, "config": asdict(config),
-                           "out_dir": str(out_dir)},
-                          world_size=int(first["ranks"]),
-                          ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
-                          backend=str(first.get("backend", "gloo")), timeout_s=config.timeout_s)
+                run_ranks(
+                    "moe_repro.suites.runner:run_points_on_rank",
+                    {
+                        "suite": suite.name,
+                        "points": points,
+                        "config": asdict(config),
+                        "out_dir": str(out_dir),
+                    },
+                    world_size=int(first["ranks"]),
+                    ranks_per_node=int(first.get("ranks_per_node") or first["ranks"]),
+                    backend=str(first.get("backend", "gloo")),
+                    timeout_s=config.timeout_s,
+                )
             finally:
                 reader.finish()  # the points that finished, even when the world failed
                 if reader.count:
@@ -274,21 +307,31 @@ def measure(suite: Suite | str, grid: list[dict], config: RunConfig | None = Non
             with signals.deferred():  # a second signal must not cut the removal short
                 shutil.rmtree(out_dir, ignore_errors=True)
         if reader.count != len(points):
-            raise RuntimeError(f"{suite.name}: the world returned {reader.count} of "
-                               f"{len(points)} points")
+            raise RuntimeError(
+                f"{suite.name}: the world returned {reader.count} of {len(points)} points"
+            )
         i += len(points)
     return records
 
 
-def suite_record(suite: Suite, records: list[dict], interrupted: bool = False,
-                 error: str | None = None):
+def suite_record(
+    suite: Suite, records: list[dict], interrupted: bool = False, error: str | None = None
+):
     """The stored record of one suite run (records/record.py, kind ``suite``): the suite's
     declaration (parameters, metrics, what a table shows) beside its flat records."""
     from moe_repro.records.environment import collect_environment
     from moe_repro.records.record import SuiteRecord
 
-    return SuiteRecord(suite=suite.name, description=suite.description, params=list(suite.params),
-                       metrics=[asdict(m) for m in suite.all_metrics], records=records,
-                       table_keys=list(suite.table_keys), table_metrics=list(suite.table_metrics),
-                       interrupted=interrupted, error=error, environment=collect_environment(),
-                       summary=list(suite.summary(records)) if suite.summary and records else [])
+    return SuiteRecord(
+        suite=suite.name,
+        description=suite.description,
+        params=list(suite.params),
+        metrics=[asdict(m) for m in suite.all_metrics],
+        records=records,
+        table_keys=list(suite.table_keys),
+        table_metrics=list(suite.table_metrics),
+        interrupted=interrupted,
+        error=error,
+        environment=collect_environment(),
+        summary=list(suite.summary(records)) if suite.summary and records else [],
+    )

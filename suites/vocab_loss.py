@@ -41,8 +41,14 @@ def _inputs(params: dict, ctx) -> dict:
     x = torch.randn(tokens, hidden, generator=g_rank)
     targets = torch.randint(0, vocab, (tokens,), generator=g_rank)
     lo, hi = shard_bounds(vocab, ctx.world_size)[ctx.rank]
-    return {"x": x, "targets": targets, "w_full": w_full, "w_local": w_full[:, lo:hi].clone(),
-            "bounds": (lo, hi), "vocab": vocab}
+    return {
+        "x": x,
+        "targets": targets,
+        "w_full": w_full,
+        "w_local": w_full[:, lo:hi].clone(),
+        "bounds": (lo, hi),
+        "vocab": vocab,
+    }
 
 
 def _sharded(state: dict):
@@ -72,8 +78,11 @@ def _count_off(got: torch.Tensor, want: torch.Tensor) -> int:
 def setup(params: dict, ctx) -> dict:
     import torch.distributed as dist
 
-    from moe_repro.components.training.peak_memory import (measure_peak_rss, peak_supported,
-                                                           return_freed_memory_to_os)
+    from moe_repro.components.training.peak_memory import (
+        measure_peak_rss,
+        peak_supported,
+        return_freed_memory_to_os,
+    )
 
     if params["impl"] not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {params['impl']!r}")
@@ -100,12 +109,16 @@ def setup(params: dict, ctx) -> dict:
         dist.all_reduce(gw_d)
         lo, hi = state["bounds"]
         gw_d = gw_d[:, lo:hi]
-        diffs = {"max_abs_loss_diff": (loss - loss_d).abs().max(),
-                 "max_abs_grad_x_diff": (grad_x - gx_d).abs().max(),
-                 "max_abs_grad_w_diff": (grad_w - gw_d).abs().max(),
-                 "max_abs_loss": loss_d.abs().max()}
+        diffs = {
+            "max_abs_loss_diff": (loss - loss_d).abs().max(),
+            "max_abs_grad_x_diff": (grad_x - gx_d).abs().max(),
+            "max_abs_grad_w_diff": (grad_w - gw_d).abs().max(),
+            "max_abs_loss": loss_d.abs().max(),
+        }
         state["diffs"] = {k: ctx.all_reduce_max(float(v)) for k, v in diffs.items()}
-        state["wrong"] = _count_off(loss, loss_d) + _count_off(grad_x, gx_d) + _count_off(grad_w, gw_d)
+        state["wrong"] = (
+            _count_off(loss, loss_d) + _count_off(grad_x, gx_d) + _count_off(grad_w, gw_d)
+        )
     else:
         n = min(CHECKED_TOKENS, tokens)
         logits = state["x"][:n].double() @ state["w_full"].double()
@@ -121,8 +134,11 @@ def run(state: dict) -> None:
 
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
-    return {"peak_bytes": state["peak_bytes"], "baseline_rss_bytes": state["baseline_rss_bytes"],
-            **state["diffs"]}
+    return {
+        "peak_bytes": state["peak_bytes"],
+        "baseline_rss_bytes": state["baseline_rss_bytes"],
+        **state["diffs"],
+    }
 
 
 def check(state: dict) -> int:
@@ -131,17 +147,41 @@ def check(state: dict) -> int:
 
 SUITE = Suite(
     name="vocab-loss",
-    schema={"impl": one_of(*IMPLS), "ranks": whole(1, 65536), "backend": one_of("gloo"),
-            "tokens": whole(1), "hidden": whole(1, 2 ** 16), "vocab": whole(1, 2 ** 24), "seed": SEED},
-    rules=(Rule(lambda p: int(p["ranks"]) <= int(p["vocab"]), "ranks={ranks} exceeds vocab={vocab} "
-                "(every rank holds a slice of the vocabulary)", {"ranks": "4", "vocab": "2"}),
-           # the full projection, logits and their gradient on every rank (float32)
-           fits_in_memory(lambda p: 4 * int(p["ranks"]) * (2 * int(p["hidden"]) * int(p["vocab"])
-                                                           + 3 * int(p["tokens"]) * int(p["vocab"])),
-                          {"tokens": str(2 ** 20), "vocab": str(2 ** 24)})),
+    schema={
+        "impl": one_of(*IMPLS),
+        "ranks": whole(1, 65536),
+        "backend": one_of("gloo"),
+        "tokens": whole(1),
+        "hidden": whole(1, 2**16),
+        "vocab": whole(1, 2**24),
+        "seed": SEED,
+    },
+    rules=(
+        Rule(
+            lambda p: int(p["ranks"]) <= int(p["vocab"]),
+            "ranks={ranks} exceeds vocab={vocab} (every rank holds a slice of the vocabulary)",
+            {"ranks": "4", "vocab": "2"},
+        ),
+        # the full projection, logits and their gradient on every rank (float32)
+        fits_in_memory(
+            lambda p: (
+                4
+                * int(p["ranks"])
+                * (2 * int(p["hidden"]) * int(p["vocab"]) + 3 * int(p["tokens"]) * int(p["vocab"]))
+            ),
+            {"tokens": str(2**20), "vocab": str(2**24)},
+        ),
+    ),
     choices={"impl": IMPLS, "backend": ("gloo",)},
-    params={"impl": list(IMPLS), "ranks": [1, 2, 4], "backend": ["gloo"], "tokens": [2048],
-            "hidden": [256], "vocab": [32768], "seed": [0]},
+    params={
+        "impl": list(IMPLS),
+        "ranks": [1, 2, 4],
+        "backend": ["gloo"],
+        "tokens": [2048],
+        "hidden": [256],
+        "vocab": [32768],
+        "seed": [0],
+    },
     quick={"ranks": [1, 2], "tokens": [256], "hidden": [32], "vocab": [4096]},
     setup=setup,
     run=run,
@@ -149,21 +189,48 @@ SUITE = Suite(
     check=check,
     world_params=("ranks", "backend"),
     table_metrics=("time_s", "peak_bytes", "max_abs_loss_diff"),
-    metrics=[Metric("peak_bytes", "B", "lower",
-                    description="peak resident-memory rise of one forward+backward, max over ranks"),
-             Metric("baseline_rss_bytes", "B", "none",
-                    description="resident memory at the start of the measured region, max over ranks"),
-             Metric("max_abs_loss_diff", "nats", "lower",
-                    description="sharded only: largest |loss - dense loss|, all ranks"),
-             Metric("max_abs_grad_x_diff", "abs", "lower",
-                    description="sharded only: largest input-gradient difference from dense"),
-             Metric("max_abs_grad_w_diff", "abs", "lower",
-                    description="sharded only: largest weight-gradient difference from dense "
-                                "(summed over the group)"),
-             Metric("max_abs_loss", "nats", "none", description="sharded only: largest dense loss")],
-    param_help={"impl": "sharded (W_voc split by columns over the ranks) or dense (one rank's "
-                        "full projection + torch cross-entropy)",
-                "ranks": "group size P (real processes)", "backend": "gloo",
-                "tokens": "N, tokens per rank (each rank its own batch)", "hidden": "H",
-                "vocab": "V", "seed": "weight and batch seed"},
+    metrics=[
+        Metric(
+            "peak_bytes",
+            "B",
+            "lower",
+            description="peak resident-memory rise of one forward+backward, max over ranks",
+        ),
+        Metric(
+            "baseline_rss_bytes",
+            "B",
+            "none",
+            description="resident memory at the start of the measured region, max over ranks",
+        ),
+        Metric(
+            "max_abs_loss_diff",
+            "nats",
+            "lower",
+            description="sharded only: largest |loss - dense loss|, all ranks",
+        ),
+        Metric(
+            "max_abs_grad_x_diff",
+            "abs",
+            "lower",
+            description="sharded only: largest input-gradient difference from dense",
+        ),
+        Metric(
+            "max_abs_grad_w_diff",
+            "abs",
+            "lower",
+            description="sharded only: largest weight-gradient difference from dense "
+            "(summed over the group)",
+        ),
+        Metric("max_abs_loss", "nats", "none", description="sharded only: largest dense loss"),
+    ],
+    param_help={
+        "impl": "sharded (W_voc split by columns over the ranks) or dense (one rank's "
+        "full projection + torch cross-entropy)",
+        "ranks": "group size P (real processes)",
+        "backend": "gloo",
+        "tokens": "N, tokens per rank (each rank its own batch)",
+        "hidden": "H",
+        "vocab": "V",
+        "seed": "weight and batch seed",
+    },
 )

@@ -12,7 +12,12 @@ from contextlib import contextmanager
 
 import torch
 
-from moe_repro.components.alltoall.flat import TorchComm, all_to_all_v, flat_all_to_all_v, flat_schedule
+from moe_repro.components.alltoall.flat import (
+    TorchComm,
+    all_to_all_v,
+    flat_all_to_all_v,
+    flat_schedule,
+)
 from moe_repro.components.alltoall.halo import HaloAllToAll, halo_schedule
 from moe_repro.components.alltoall.rbd import RBDDispatcher, rbd_schedule
 from moe_repro.components.moe.pft import build_pft
@@ -87,7 +92,9 @@ def equivalence(ctx, layouts, seeds, experts=6, top_k=3, with_autograd=False):
     """For each emulated node layout (ranks per node) of this world: HALO == flat == loop
     reference; RBD dispatch == reference; RBD combine == loop reference; measured messages ==
     the schedules; RBD inter-node rows == unique (token, remote node) pairs."""
-    out = [case for per_node in layouts for case in _equivalence(ctx, per_node, seeds, experts, top_k)]
+    out = [
+        case for per_node in layouts for case in _equivalence(ctx, per_node, seeds, experts, top_k)
+    ]
     if with_autograd:
         out.append({"seed": "autograd", "all_to_all_v_backward": autograd(ctx)})
     return out
@@ -106,6 +113,7 @@ def _collective_calls(comms):
         def call(*args, **kwargs):
             calls[name] += 1
             return real(*args, **kwargs)
+
         return call
 
     for name, comm, method in saved:
@@ -132,7 +140,7 @@ def _equivalence(ctx, ranks_per_node, seeds, experts, top_k):
         for s in range(n):
             xs = _rows(seed, s, sum(C[s]), 5)
             start = sum(C[s][:me])
-            expected += list(xs[start:start + C[s][me]])
+            expected += list(xs[start : start + C[s][me]])
         expected = torch.stack(expected) if expected else torch.zeros(0, 5, dtype=torch.float64)
         log = []
         comms.set_log(log)
@@ -174,17 +182,31 @@ def _equivalence(ctx, ranks_per_node, seeds, experts, top_k):
 
         row_bytes = 6 * 8
         node_of = [p // R for p in placement]
-        remote_pairs = sum(1 for t in range(xt.shape[0]) for e in top[t].tolist()
-                           if node_of[e] != me // R)
-        unique_remote = len({(t, node_of[e]) for t in range(xt.shape[0]) for e in top[t].tolist()
-                             if node_of[e] != me // R})
-        inter = lambda msgs, phase: sum(m[3] for m in msgs if m[0] == phase  # noqa: E731
-                                        and topo.is_inter_node(m[1], m[2]))
+        remote_pairs = sum(
+            1 for t in range(xt.shape[0]) for e in top[t].tolist() if node_of[e] != me // R
+        )
+        unique_remote = len(
+            {
+                (t, node_of[e])
+                for t in range(xt.shape[0])
+                for e in top[t].tolist()
+                if node_of[e] != me // R
+            }
+        )
+        inter = lambda msgs, phase: sum(
+            m[3]
+            for m in msgs
+            if m[0] == phase  # noqa: E731
+            and topo.is_inter_node(m[1], m[2])
+        )
         case["flat_inter_rows"] = inter(flat_log, "a2a") // row_bytes
         case["rbd_inter_rows"] = inter(rbd_log, "pilot") // row_bytes
         case["remote_pairs"], case["unique_remote"] = remote_pairs, unique_remote
-        case["rbd_other_phases_intra"] = all(not topo.is_inter_node(m[1], m[2])
-                                             for m in rbd_log if m[0] in ("replica", "replica_meta"))
+        case["rbd_other_phases_intra"] = all(
+            not topo.is_inter_node(m[1], m[2])
+            for m in rbd_log
+            if m[0] in ("replica", "replica_meta")
+        )
         pfts = [build_pft(*_routing(seed, r, experts, top_k)[1:], experts) for r in range(n)]
         gens = [torch.Generator().manual_seed(seed * 31 + r) for r in range(n)]
         sched = rbd_schedule(pfts, placement, topo, row_bytes, gens)
@@ -199,11 +221,27 @@ def autograd(ctx):
     C = _counts_matrix(5, n)
     x = _rows(5, me, sum(C[me]), 3).requires_grad_(True)
     y = all_to_all_v(x, C[me])
-    scale = torch.cat([torch.full((C[s][me], 3), float(me * 10 + s + 1), dtype=torch.float64)
-                       for s in range(n)]) if sum(C[s][me] for s in range(n)) else torch.zeros(0, 3)
+    scale = (
+        torch.cat(
+            [
+                torch.full((C[s][me], 3), float(me * 10 + s + 1), dtype=torch.float64)
+                for s in range(n)
+            ]
+        )
+        if sum(C[s][me] for s in range(n))
+        else torch.zeros(0, 3)
+    )
     (y * scale).sum().backward()
-    grad_expected = torch.cat([torch.full((C[me][d], 3), float(d * 10 + me + 1), dtype=torch.float64)
-                               for d in range(n)]) if sum(C[me]) else torch.zeros(0, 3)
+    grad_expected = (
+        torch.cat(
+            [
+                torch.full((C[me][d], 3), float(d * 10 + me + 1), dtype=torch.float64)
+                for d in range(n)
+            ]
+        )
+        if sum(C[me])
+        else torch.zeros(0, 3)
+    )
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
     return bool(torch.equal(grad, grad_expected.to(grad.dtype)))
 
@@ -214,7 +252,7 @@ def _received_rows(seed, C, me, width, salt=0):
     for s in range(len(C)):
         xs = _rows(seed + salt, s, sum(C[s]), width)
         start = sum(C[s][:me])
-        rows += list(xs[start:start + C[s][me]])
+        rows += list(xs[start : start + C[s][me]])
     return torch.stack(rows) if rows else torch.zeros(0, width, dtype=torch.float64)
 
 
@@ -229,8 +267,10 @@ def group_halo_vs_flat(ctx, seeds):
     n, width = ctx.world_size, 5
     groups = [("world", None, list(range(n)))]
     if n == 4:
-        for name, parts in (("same-node pairs", [[0, 1], [2, 3]]),
-                            ("cross-node pairs", [[0, 2], [1, 3]])):
+        for name, parts in (
+            ("same-node pairs", [[0, 1], [2, 3]]),
+            ("cross-node pairs", [[0, 2], [1, 3]]),
+        ):
             made = [dist.new_group(p) for p in parts]  # collective: every rank makes every group
             groups += [(name, g, p) for p, g in zip(parts, made) if ctx.rank in p]
     out = []
@@ -253,15 +293,28 @@ def group_halo_vs_flat(ctx, seeds):
             for d in range(m):
                 g_d = _received_rows(seed, C, d, width, salt=500)
                 start = sum(C[s][d] for s in range(me))
-                expected_grad += list(g_d[start:start + C[me][d]])
-            expected_grad = (torch.stack(expected_grad) if expected_grad
-                             else torch.zeros(0, width, dtype=torch.float64))
-            out.append({"group": name, "layout": f"{topo.nodes}x{topo.ranks_per_node}", "seed": seed,
-                        "rows_sent": sum(C[me]), "rows_received": int(halo.shape[0]),
-                        "forward": bool(torch.equal(halo, flat)
-                                        and torch.equal(halo, _received_rows(seed, C, me, width))),
-                        "backward": bool(torch.equal(x.grad, flat_grad)
-                                         and torch.equal(x.grad, expected_grad))})
+                expected_grad += list(g_d[start : start + C[me][d]])
+            expected_grad = (
+                torch.stack(expected_grad)
+                if expected_grad
+                else torch.zeros(0, width, dtype=torch.float64)
+            )
+            out.append(
+                {
+                    "group": name,
+                    "layout": f"{topo.nodes}x{topo.ranks_per_node}",
+                    "seed": seed,
+                    "rows_sent": sum(C[me]),
+                    "rows_received": int(halo.shape[0]),
+                    "forward": bool(
+                        torch.equal(halo, flat)
+                        and torch.equal(halo, _received_rows(seed, C, me, width))
+                    ),
+                    "backward": bool(
+                        torch.equal(x.grad, flat_grad) and torch.equal(x.grad, expected_grad)
+                    ),
+                }
+            )
     return out
 
 
@@ -310,29 +363,49 @@ def group_rbd_vs_flat(ctx, seeds, experts=6, top_k=3):
             # the group topology RBD derived).
             row_bytes = 6 * 8
             node_of_expert = [world_topo.node_of(ranks[p]) for p in placement]
-            remote = [(t, node_of_expert[e]) for t in range(xt.shape[0]) for e in top[t].tolist()
-                      if node_of_expert[e] != my_node]
-            inter = lambda msgs, phase: sum(x[3] for x in msgs if x[0] == phase  # noqa: E731
-                                            and world_topo.is_inter_node(x[1], x[2]))
+            remote = [
+                (t, node_of_expert[e])
+                for t in range(xt.shape[0])
+                for e in top[t].tolist()
+                if node_of_expert[e] != my_node
+            ]
+            inter = lambda msgs, phase: sum(
+                x[3]
+                for x in msgs
+                if x[0] == phase  # noqa: E731
+                and world_topo.is_inter_node(x[1], x[2])
+            )
             pfts = [build_pft(*_routing(gseed, r, experts, top_k)[1:], experts) for r in range(m)]
             gens = [torch.Generator().manual_seed(gseed * 31 + r) for r in range(m)]
-            sched = [(ph, ranks[s], ranks[d], b)  # group ranks -> global ranks
-                     for ph, s, d, b in rbd_schedule(pfts, placement, rbd.topo, row_bytes, gens)]
+            sched = [
+                (ph, ranks[s], ranks[d], b)  # group ranks -> global ranks
+                for ph, s, d, b in rbd_schedule(pfts, placement, rbd.topo, row_bytes, gens)
+            ]
             off_rank = lambda msgs: sorted(x for x in msgs if x[1] != x[2])  # noqa: E731
-            out.append({
-                "seed": seed, "group": name, "layout": f"{rbd.topo.nodes}x{rbd.topo.ranks_per_node}",
-                "empty_sends": counts.count(0), "tokens": xt.shape[0],
-                "flat_moe_exact": torch.equal(flat, ref),
-                "rbd_exact": torch.equal(got, ref) and torch.equal(got, flat),
-                "rbd_combine_exact": torch.equal(y, combined),
-                "flat_inter_rows": inter(flat_log, "a2a") // row_bytes,
-                "rbd_inter_rows": inter(rbd_log, "pilot") // row_bytes,
-                "remote_pairs": len(remote), "unique_remote": len(set(remote)),
-                "rbd_other_phases_intra": all(not world_topo.is_inter_node(x[1], x[2])
-                                              for x in rbd_log if x[0] in ("replica", "replica_meta")),
-                # self-messages are local copies: the group's intra-node p2p does not log them
-                "rbd_log_is_schedule": off_rank(rbd_log) == off_rank(x for x in sched
-                                                                     if x[1] == ctx.rank)})
+            out.append(
+                {
+                    "seed": seed,
+                    "group": name,
+                    "layout": f"{rbd.topo.nodes}x{rbd.topo.ranks_per_node}",
+                    "empty_sends": counts.count(0),
+                    "tokens": xt.shape[0],
+                    "flat_moe_exact": torch.equal(flat, ref),
+                    "rbd_exact": torch.equal(got, ref) and torch.equal(got, flat),
+                    "rbd_combine_exact": torch.equal(y, combined),
+                    "flat_inter_rows": inter(flat_log, "a2a") // row_bytes,
+                    "rbd_inter_rows": inter(rbd_log, "pilot") // row_bytes,
+                    "remote_pairs": len(remote),
+                    "unique_remote": len(set(remote)),
+                    "rbd_other_phases_intra": all(
+                        not world_topo.is_inter_node(x[1], x[2])
+                        for x in rbd_log
+                        if x[0] in ("replica", "replica_meta")
+                    ),
+                    # self-messages are local copies: the group's intra-node p2p does not log them
+                    "rbd_log_is_schedule": off_rank(rbd_log)
+                    == off_rank(x for x in sched if x[1] == ctx.rank),
+                }
+            )
     if ctx.rank in (0, 1, 2):  # 2 members on node 0, 1 on node 1: RBD must refuse it
         try:
             RBDDispatcher.for_group(list(range(3)), group=uneven)
@@ -363,9 +436,11 @@ def _autograd_vs_local(dispatcher, seed, me, placement, experts, top_k):
     out = dispatcher.combine((me + 2) * rows - 1, xt.shape[0], weights=weights)
     (out * g_out).sum().backward()
     same = lambda a, b: a is not None and b is not None and torch.allclose(a, b, atol=1e-9, rtol=0)  # noqa: E731
-    return {"autograd_forward": same(out.detach(), out_ref.detach()),
-            "autograd_dx": same(x.grad, x_ref.grad) if xt.shape[0] else True,
-            "autograd_dw": same(wd.grad, w_ref.grad) if xt.shape[0] else True}
+    return {
+        "autograd_forward": same(out.detach(), out_ref.detach()),
+        "autograd_dx": same(x.grad, x_ref.grad) if xt.shape[0] else True,
+        "autograd_dw": same(wd.grad, w_ref.grad) if xt.shape[0] else True,
+    }
 
 
 def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
@@ -385,7 +460,9 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
             placement = _placement(seed, experts, n)
             xt, top, w = _routing(seed, me, experts, top_k)
             pft = build_pft(top, w, experts)
-            dispatcher = algo.dispatcher(comms, placement, torch.Generator().manual_seed(seed * 31 + me))
+            dispatcher = algo.dispatcher(
+                comms, placement, torch.Generator().manual_seed(seed * 31 + me)
+            )
             log = []
             comms.set_log(log)
             got = dispatcher.dispatch(xt, pft)
@@ -405,13 +482,21 @@ def registry_vs_reference(ctx, seeds, experts=6, top_k=3):
             pfts = [build_pft(*_routing(seed, r, experts, top_k)[1:], experts) for r in range(n)]
             gens = [torch.Generator().manual_seed(seed * 31 + r) for r in range(n)]
             sched = algo.routed_schedule(pfts, placement, topo, row_bytes, gens)
-            case = {"algo": name, "seed": seed, "is_dispatcher": isinstance(dispatcher, Dispatcher),
-                    "dispatch_exact": exact,
-                    "combine_exact": torch.equal(y, combined),
-                    "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me),
-                    "second_dispatch_reuses_buffer": reuses, "second_dispatch_exact": same,
-                    "combine_keeps_dispatched_rows": kept}
-            case.update(_autograd_vs_local(algo.dispatcher(comms, placement), seed, me, placement,
-                                           experts, top_k))
+            case = {
+                "algo": name,
+                "seed": seed,
+                "is_dispatcher": isinstance(dispatcher, Dispatcher),
+                "dispatch_exact": exact,
+                "combine_exact": torch.equal(y, combined),
+                "log_is_schedule": sorted(log) == sorted(m for m in sched if m[1] == me),
+                "second_dispatch_reuses_buffer": reuses,
+                "second_dispatch_exact": same,
+                "combine_keeps_dispatched_rows": kept,
+            }
+            case.update(
+                _autograd_vs_local(
+                    algo.dispatcher(comms, placement), seed, me, placement, experts, top_k
+                )
+            )
             out.append(case)
     return out

@@ -16,8 +16,14 @@ def _run(layer, x, grad_out):
     x = x.clone().requires_grad_(True)
     out = layer(x)
     (out * grad_out).sum().backward()
-    return out.detach(), x.grad, {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                                  for n, p in layer.named_parameters()}
+    return (
+        out.detach(),
+        x.grad,
+        {
+            n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in layer.named_parameters()
+        },
+    )
 
 
 def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
@@ -34,11 +40,27 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
         x, grad_out = make_tokens(case["seed"] * 100 + ctx.rank, case["tokens"][ctx.rank], h)
         common = dict(expert_parallel=True, gemm=case.get("gemm", "sequential"))
         if case["impl"] == "feplb":
-            layer = FEPLBMoELayer(h, f, e, k, dyn=case["dyn"], tau=case.get("tau", 0),
-                                  max_num_dyn=case.get("max_num_dyn"), copy_group=copy_group, **common)
+            layer = FEPLBMoELayer(
+                h,
+                f,
+                e,
+                k,
+                dyn=case["dyn"],
+                tau=case.get("tau", 0),
+                max_num_dyn=case.get("max_num_dyn"),
+                copy_group=copy_group,
+                **common,
+            )
         else:
-            layer = LeastLoadedMoELayer(h, f, e, k, alpha=case.get("alpha", 1.0),
-                                        min_chunk=case.get("min_chunk", 1), **common)
+            layer = LeastLoadedMoELayer(
+                h,
+                f,
+                e,
+                k,
+                alpha=case.get("alpha", 1.0),
+                min_chunk=case.get("min_chunk", 1),
+                **common,
+            )
         plain = MoELayer(h, f, e, k, **common)
         load_local(layer, w)
         load_local(plain, w)
@@ -52,7 +74,11 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
         errs = {"out": max_err(out, ref_out), "dx": max_err(dx, ref_dx)}
         vs_plain = {"out": max_err(out, p_out), "dx": max_err(dx, p_dx)}
         for name, g in grads.items():
-            ref = ref_grads[name][layer.local_experts] if name.startswith("experts.") else ref_grads[name]
+            ref = (
+                ref_grads[name][layer.local_experts]
+                if name.startswith("experts.")
+                else ref_grads[name]
+            )
             errs[name] = max_err(g, ref)
             vs_plain[name] = max_err(g, p_grads[name])
         overlap = None
@@ -62,12 +88,21 @@ def balanced_vs_reference(ctx, cases: list[dict]) -> list[dict]:
             overlap = vars(copy.overlap()) if copy is not None and copy.overlap() else None
         else:
             moves = [(s.expert, s.rank, s.rows) for s in layer.last_plan.foreign_segments()]
-        results.append({"rank": ctx.rank, "errs": errs, "vs_plain": vs_plain, "moves": moves,
-                        "overlap": overlap})
+        results.append(
+            {
+                "rank": ctx.rank,
+                "errs": errs,
+                "vs_plain": vs_plain,
+                "moves": moves,
+                "overlap": overlap,
+            }
+        )
     return results
 
 
-def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: list[list[int]]) -> dict:
+def migration_unchanged(
+    ctx, seed: int, tokens: list[int], experts: int, swaps: list[list[int]]
+) -> dict:
     """EP layer + Adam state; migrate experts across ranks (Alg. 2 swaps); compare the layer's
     output, input gradient, and per-logical-expert weights, gradients and Adam state."""
     from moe_repro.components.balance.expert_migration import migrate_ep_layer
@@ -88,8 +123,12 @@ def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: 
             p = getattr(lay.experts, name)
             st = opt.state[p]
             for i, e in enumerate(lay.local_experts):
-                out[(name, e)] = (p.detach()[i].clone(), p.grad[i].clone(),
-                                  st["exp_avg"][i].clone(), st["exp_avg_sq"][i].clone())
+                out[(name, e)] = (
+                    p.detach()[i].clone(),
+                    p.grad[i].clone(),
+                    st["exp_avg"][i].clone(),
+                    st["exp_avg_sq"][i].clone(),
+                )
         return out
 
     layer.zero_grad()
@@ -105,8 +144,14 @@ def migration_unchanged(ctx, seed: int, tokens: list[int], experts: int, swaps: 
     # every logical expert's state, gathered from whichever rank now holds it
     mine = {f"{n}:{e}": [t.tolist() for t in v] for (n, e), v in after.items()}
     was = {f"{n}:{e}": [t.tolist() for t in v] for (n, e), v in before.items()}
-    return {"out": max_err(out1, out0), "dx": max_err(dx1, dx0), "after": mine, "before": was,
-            "sent": sent, "local": layer.local_experts}
+    return {
+        "out": max_err(out1, out0),
+        "dx": max_err(dx1, dx0),
+        "after": mine,
+        "before": was,
+        "sent": sent,
+        "local": layer.local_experts,
+    }
 
 
 def assert_exact_vs_plain(results, tol=1e-5):

@@ -49,8 +49,13 @@ def max_min_rates(flows: list, capacity: dict) -> list[float]:
     return rate.tolist()
 
 
-def run_flows(flows: list, capacity: dict, dependencies: dict[str, list[str]],
-              rank_messages: dict, per_message_s: float = 0.0) -> dict:
+def run_flows(
+    flows: list,
+    capacity: dict,
+    dependencies: dict[str, list[str]],
+    rank_messages: dict,
+    per_message_s: float = 0.0,
+) -> dict:
     """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
     the phase (per-message overhead). Returns phase start/end times and the total time."""
     phases = list(dict.fromkeys([*dependencies, *(f.phase for f in flows)]))
@@ -75,7 +80,9 @@ def run_flows(flows: list, capacity: dict, dependencies: dict[str, list[str]],
                 t0 = max([end[d] for d in deps], default=0.0)
                 start[ph] = t0
                 for f in by_phase[ph]:
-                    f.release = t0 + per_message_s * rank_messages.get((f.src, ph), 0) + f.release_delay
+                    f.release = (
+                        t0 + per_message_s * rank_messages.get((f.src, ph), 0) + f.release_delay
+                    )
                     waiting.append(f)
                 if not by_phase[ph]:
                     end[ph] = t0
@@ -107,7 +114,9 @@ def run_flows(flows: list, capacity: dict, dependencies: dict[str, list[str]],
             raise RuntimeError(f"phases {sorted(pending)} can never start (dependency cycle?)")
         rates = max_min_rates(active, capacity)
         horizon = waiting[0].release - now if waiting else math.inf
-        dt = min([remaining[id(f)] / r if r > 0 else math.inf for f, r in zip(active, rates)] + [horizon])
+        dt = min(
+            [remaining[id(f)] / r if r > 0 else math.inf for f, r in zip(active, rates)] + [horizon]
+        )
         if not math.isfinite(dt):
             raise RuntimeError("a flow has no bandwidth (zero-capacity resource)")
         now += dt
@@ -123,4 +132,3 @@ def run_flows(flows: list, capacity: dict, dependencies: dict[str, list[str]],
         if close_phases():
             release_ready()
     return {"time_s": max(end.values(), default=0.0), "phase_start_s": start, "phase_end_s": end}
-

@@ -6,9 +6,15 @@ import time
 
 
 def identity(ctx, tag):
-    return {"rank": ctx.rank, "world": ctx.world_size, "node": ctx.node, "local": ctx.local_rank,
-            "tag": tag, "env_local_rank": int(os.environ["LOCAL_RANK"]),
-            "env_group_rank": int(os.environ["GROUP_RANK"])}
+    return {
+        "rank": ctx.rank,
+        "world": ctx.world_size,
+        "node": ctx.node,
+        "local": ctx.local_rank,
+        "tag": tag,
+        "env_local_rank": int(os.environ["LOCAL_RANK"]),
+        "env_group_rank": int(os.environ["GROUP_RANK"]),
+    }
 
 
 def allreduce_sum(ctx):
@@ -67,7 +73,8 @@ def aborts_in_teardown(ctx, victim):
         def abort_when_all_written():
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not all(
-                    (workdir / f"rank-{r}.json").exists() for r in range(ctx.world_size)):
+                (workdir / f"rank-{r}.json").exists() for r in range(ctx.world_size)
+            ):
                 time.sleep(0.02)
             os.abort()
 

@@ -27,7 +27,10 @@ def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None, subgroups
     sub-groups of the W ranks), each sharding its own copy of W_voc."""
     import torch.distributed as dist
 
-    from moe_repro.components.model.vocab_parallel_loss import shard_bounds, vocab_parallel_cross_entropy
+    from moe_repro.components.model.vocab_parallel_loss import (
+        shard_bounds,
+        vocab_parallel_cross_entropy,
+    )
 
     group, p, group_rank = None, ctx.world_size, ctx.rank
     if subgroups > 1:
@@ -38,10 +41,17 @@ def _vocab_loss_one(ctx, seed, tokens, hidden, vocab, block_cols=None, subgroups
     lo, hi = shard_bounds(vocab, p)[group_rank]
     w_local = w_full[:, lo:hi].clone().requires_grad_(True)
     x.requires_grad_(True)
-    loss = vocab_parallel_cross_entropy(x, w_local, targets, vocab, group=group, block_cols=block_cols)
+    loss = vocab_parallel_cross_entropy(
+        x, w_local, targets, vocab, group=group, block_cols=block_cols
+    )
     loss.backward(grad_out)
-    return {"loss": loss.tolist(), "grad_x": x.grad.tolist(), "grad_w": w_local.grad.tolist(),
-            "lo": lo, "hi": hi}
+    return {
+        "loss": loss.tolist(),
+        "grad_x": x.grad.tolist(),
+        "grad_w": w_local.grad.tolist(),
+        "lo": lo,
+        "hi": hi,
+    }
 
 
 def attention_inputs(seed, seq, heads, kv_heads, dim):
@@ -69,9 +79,10 @@ def ulysses(ctx, cases):
             groups = [dist.new_group(list(range(g * d, (g + 1) * d))) for g in range(subgroups)]
             g_index, g_rank = ctx.rank // d, ctx.rank % d
             group = groups[g_index]
-        lengths = case["lengths"][g_index * d:(g_index + 1) * d]
-        q, k, v, grad_out = attention_inputs(case["seed"] + g_index, sum(lengths), case["heads"],
-                                             case["kv_heads"], case["dim"])
+        lengths = case["lengths"][g_index * d : (g_index + 1) * d]
+        q, k, v, grad_out = attention_inputs(
+            case["seed"] + g_index, sum(lengths), case["heads"], case["kv_heads"], case["dim"]
+        )
         lo = sum(lengths[:g_rank])
         hi = lo + lengths[g_rank]
         ql, kl, vl = (t[lo:hi].clone().requires_grad_(True) for t in (q, k, v))
@@ -81,8 +92,16 @@ def ulysses(ctx, cases):
             results.append({"error": str(e)})
             continue
         out.backward(grad_out[lo:hi])
-        results.append({"out": out.tolist(), "dq": ql.grad.tolist(), "dk": kl.grad.tolist(),
-                        "dv": vl.grad.tolist(), "lo": lo, "hi": hi})
+        results.append(
+            {
+                "out": out.tolist(),
+                "dq": ql.grad.tolist(),
+                "dk": kl.grad.tolist(),
+                "dv": vl.grad.tolist(),
+                "lo": lo,
+                "hi": hi,
+            }
+        )
     return results
 
 
@@ -91,8 +110,8 @@ def ssmb_model(seed, hidden, dense_ffn, experts, expert_ffn, top_k, activation):
     from moe_repro.components.moe.moe_layer import MoELayer
 
     torch.manual_seed(seed)
-    w1 = torch.randn(hidden, dense_ffn) * hidden ** -0.5
-    w2 = torch.randn(dense_ffn, hidden) * dense_ffn ** -0.5
+    w1 = torch.randn(hidden, dense_ffn) * hidden**-0.5
+    w2 = torch.randn(dense_ffn, hidden) * dense_ffn**-0.5
     b2 = torch.randn(hidden) * 0.1
     moe = MoELayer(hidden, expert_ffn, experts, top_k, activation=activation)
     return w1, w2, b2, moe
@@ -108,9 +127,15 @@ def ssmb(ctx, cases):
 
     results = []
     for case in cases:
-        w1, w2, b2, moe_full = ssmb_model(case["seed"], case["hidden"], case["dense_ffn"],
-                                          case["experts"], case["expert_ffn"], case["top_k"],
-                                          case["activation"])
+        w1, w2, b2, moe_full = ssmb_model(
+            case["seed"],
+            case["hidden"],
+            case["dense_ffn"],
+            case["experts"],
+            case["expert_ffn"],
+            case["top_k"],
+            case["activation"],
+        )
         x, grad_out = ssmb_inputs(case["seed"], case["seq"], case["hidden"])
         per_mode = {}
         for sharded in (True, False):
@@ -120,11 +145,15 @@ def ssmb(ctx, cases):
             out.backward(grad_out)
             layer.sync_grads()
             per_mode["ssmb" if sharded else "tp_ep"] = {
-                "out": out.tolist(), "dx": xi.grad.tolist(),
-                "dw1": layer.dense.w1.grad.tolist(), "dw2": layer.dense.w2.grad.tolist(),
-                "db2": layer.dense.b2.grad.tolist(), "dgate": layer.moe.gate.weight.grad.tolist(),
+                "out": out.tolist(),
+                "dx": xi.grad.tolist(),
+                "dw1": layer.dense.w1.grad.tolist(),
+                "dw2": layer.dense.w2.grad.tolist(),
+                "db2": layer.dense.b2.grad.tolist(),
+                "dgate": layer.moe.gate.weight.grad.tolist(),
                 "dw_in": layer.moe.experts.w_in.grad.tolist(),
                 "dw_out": layer.moe.experts.w_out.grad.tolist(),
-                "local_experts": layer.moe.local_experts}
+                "local_experts": layer.moe.local_experts,
+            }
         results.append(per_mode)
     return results

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 
-def make_weights(seed: int, d_model: int, d_ffn: int, num_experts: int, dead_experts=(),
-                 num_shared: int = 0) -> dict[str, torch.Tensor]:
+def make_weights(
+    seed: int, d_model: int, d_ffn: int, num_experts: int, dead_experts=(), num_shared: int = 0
+) -> dict[str, torch.Tensor]:
     """Full (global) layer weights, identical on every rank for the same seed.
 
     Feature 0 of the inputs is a large constant (see make_tokens); a strongly negative gate
@@ -24,15 +25,17 @@ def make_weights(seed: int, d_model: int, d_ffn: int, num_experts: int, dead_exp
     gate[0] = torch.linspace(0.0, 1.0, num_experts)
     for e in dead_experts:
         gate[0, e] = -4.0
-    w = {"gate.weight": gate,
-         "experts.w_in": torch.randn(num_experts, d_model, d_ffn, generator=g) * d_model ** -0.5,
-         "experts.w_gate": torch.randn(num_experts, d_model, d_ffn, generator=g) * d_model ** -0.5,
-         "experts.w_out": torch.randn(num_experts, d_ffn, d_model, generator=g) * d_ffn ** -0.5}
+    w = {
+        "gate.weight": gate,
+        "experts.w_in": torch.randn(num_experts, d_model, d_ffn, generator=g) * d_model**-0.5,
+        "experts.w_gate": torch.randn(num_experts, d_model, d_ffn, generator=g) * d_model**-0.5,
+        "experts.w_out": torch.randn(num_experts, d_ffn, d_model, generator=g) * d_ffn**-0.5,
+    }
     if num_shared:
         width = num_shared * d_ffn
-        w["shared.w_in"] = torch.randn(1, d_model, width, generator=g) * d_model ** -0.5
-        w["shared.w_gate"] = torch.randn(1, d_model, width, generator=g) * d_model ** -0.5
-        w["shared.w_out"] = torch.randn(1, width, d_model, generator=g) * width ** -0.5
+        w["shared.w_in"] = torch.randn(1, d_model, width, generator=g) * d_model**-0.5
+        w["shared.w_gate"] = torch.randn(1, d_model, width, generator=g) * d_model**-0.5
+        w["shared.w_out"] = torch.randn(1, width, d_model, generator=g) * width**-0.5
     return w
 
 
@@ -44,8 +47,13 @@ def make_tokens(seed: int, num_tokens: int, d_model: int) -> tuple[torch.Tensor,
     return x, torch.randn(num_tokens, d_model, generator=g)
 
 
-def reference_forward(x: torch.Tensor, w: dict[str, torch.Tensor], top_k: int,
-                      score: str = "softmax", normalize: bool = False) -> torch.Tensor:
+def reference_forward(
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    top_k: int,
+    score: str = "softmax",
+    normalize: bool = False,
+) -> torch.Tensor:
     """out[s] = sum over the k best experts e of weight(s, e) * SwiGLU_e(x[s]) (+ shared)."""
     rows = []
     num_experts = w["gate.weight"].shape[1]
@@ -107,12 +115,21 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
         h, f, e, k = case["d_model"], case["d_ffn"], case["experts"], case["top_k"]
         w = make_weights(case["seed"], h, f, e, case.get("dead", ()), case.get("shared", 0))
         x, grad_out = make_tokens(case["seed"] * 100 + ctx.rank, case["tokens"][ctx.rank], h)
-        placement = (ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
-                     if case.get("rank_of_expert") else None)
-        kwargs = dict(num_shared=case.get("shared", 0), gemm=case.get("gemm", "sequential"),
-                      expert_parallel=True, placement=placement)
+        placement = (
+            ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
+            if case.get("rank_of_expert")
+            else None
+        )
+        kwargs = dict(
+            num_shared=case.get("shared", 0),
+            gemm=case.get("gemm", "sequential"),
+            expert_parallel=True,
+            placement=placement,
+        )
         if case.get("impl") == "padded":
-            layer = PaddedMoELayer(h, f, e, k, capacity_factor=float(e), **kwargs)  # C >= S: no drops
+            layer = PaddedMoELayer(
+                h, f, e, k, capacity_factor=float(e), **kwargs
+            )  # C >= S: no drops
         else:
             layer = MoELayer(h, f, e, k, **kwargs)
         load_local(layer, w)
@@ -126,10 +143,20 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
                 dist.all_reduce(ref_grads[name])
         errs = {"out": max_err(out.detach(), ref_out), "dx": max_err(x.grad, ref_dx)}
         for name, p in layer.named_parameters():
-            ref = ref_grads[name][layer.local_experts] if name.startswith("experts.") else ref_grads[name]
+            ref = (
+                ref_grads[name][layer.local_experts]
+                if name.startswith("experts.")
+                else ref_grads[name]
+            )
             errs[name] = max_err(p.grad if p.grad is not None else torch.zeros_like(p), ref)
-        results.append({"rank": ctx.rank, "rows": int(x.shape[0]), "errs": errs,
-                        "local_experts": layer.local_experts})
+        results.append(
+            {
+                "rank": ctx.rank,
+                "rows": int(x.shape[0]),
+                "errs": errs,
+                "local_experts": layer.local_experts,
+            }
+        )
     return results
 
 
@@ -146,22 +173,42 @@ def halo_layer_vs_flat_layer(ctx, cases: list[dict]) -> list[dict]:
         h, f, e, k = case["d_model"], case["d_ffn"], case["experts"], case["top_k"]
         w = make_weights(case["seed"], h, f, e, case.get("dead", ()), case.get("shared", 0))
         x, grad_out = make_tokens(case["seed"] * 100 + ctx.rank, case["tokens"][ctx.rank], h)
-        placement = (ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
-                     if case.get("rank_of_expert") else None)
+        placement = (
+            ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
+            if case.get("rank_of_expert")
+            else None
+        )
         runs = {}
         for kind in ("flat", "halo"):
-            layer = MoELayer(h, f, e, k, num_shared=case.get("shared", 0), expert_parallel=True,
-                             placement=placement, all_to_all=kind)
+            layer = MoELayer(
+                h,
+                f,
+                e,
+                k,
+                num_shared=case.get("shared", 0),
+                expert_parallel=True,
+                placement=placement,
+                all_to_all=kind,
+            )
             load_local(layer, w)
             xi = x.clone().requires_grad_(True)
             out = layer(xi)
             (out * grad_out).sum().backward()
-            runs[kind] = (out.detach(), xi.grad,
-                          {n: (p.grad if p.grad is not None else torch.zeros_like(p))
-                           for n, p in layer.named_parameters()}, layer)
+            runs[kind] = (
+                out.detach(),
+                xi.grad,
+                {
+                    n: (p.grad if p.grad is not None else torch.zeros_like(p))
+                    for n, p in layer.named_parameters()
+                },
+                layer,
+            )
         (out_f, dx_f, g_f, _), (out_h, dx_h, g_h, halo_layer) = runs["flat"], runs["halo"]
-        identical = {"out": torch.equal(out_f, out_h), "dx": torch.equal(dx_f, dx_h),
-                     **{n: torch.equal(g_f[n], g_h[n]) for n in g_f}}
+        identical = {
+            "out": torch.equal(out_f, out_h),
+            "dx": torch.equal(dx_f, dx_h),
+            **{n: torch.equal(g_f[n], g_h[n]) for n in g_f},
+        }
         ref_out, ref_dx, ref_grads = reference_grads(x, grad_out, w, k)
         for name in ref_grads:
             if name.startswith("experts."):
@@ -169,7 +216,10 @@ def halo_layer_vs_flat_layer(ctx, cases: list[dict]) -> list[dict]:
         errs = {"out": max_err(out_h, ref_out), "dx": max_err(dx_h, ref_dx)}
         for name, g in g_h.items():
             ref = ref_grads[name]
-            errs[name] = max_err(g, ref[halo_layer.local_experts] if name.startswith("experts.") else ref)
-        results.append({"rank": ctx.rank, "rows": int(x.shape[0]), "identical": identical,
-                        "errs": errs})
+            errs[name] = max_err(
+                g, ref[halo_layer.local_experts] if name.startswith("experts.") else ref
+            )
+        results.append(
+            {"rank": ctx.rank, "rows": int(x.shape[0]), "identical": identical, "errs": errs}
+        )
     return results

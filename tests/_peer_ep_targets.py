@@ -11,19 +11,28 @@ from moe_repro.components.moe.peer_ep import peer_forward
 
 
 def _grads(layer, x):
-    return {"dx": x.grad.clone(), "gate": layer.gate.weight.grad.clone(),
-            **{n: p.grad.clone() for n, p in layer.experts.named_parameters()}}
+    return {
+        "dx": x.grad.clone(),
+        "gate": layer.gate.weight.grad.clone(),
+        **{n: p.grad.clone() for n, p in layer.experts.named_parameters()},
+    }
 
 
-def peers_beside_ours(ctx, impls, tokens=48, d_model=16, d_ffn=12, experts=8, top_k=2,
-                      capacity_factor=1.25, seed=5):
+def peers_beside_ours(
+    ctx, impls, tokens=48, d_model=16, d_ffn=12, experts=8, top_k=2, capacity_factor=1.25, seed=5
+):
     """For each peer: our layer and the peer's layer around the same weights, the same tokens
     and the same upstream gradient; max |difference| of outputs and of every gradient."""
     out = {}
     for impl in impls:
         # the peers' semantics: Megatron dropless on our routing; DeepSpeed's capacity dropping
-        opts = ({} if impl == "megatron" else
-                dict(capacity_factor=capacity_factor, drop_policy="probs", renormalize_after_drop=True))
+        opts = (
+            {}
+            if impl == "megatron"
+            else dict(
+                capacity_factor=capacity_factor, drop_policy="probs", renormalize_after_drop=True
+            )
+        )
         torch.manual_seed(seed)  # the same weights on every rank (router replicated)
         ours = MoELayer(d_model, d_ffn, experts, top_k, expert_parallel=True, **opts)
         torch.manual_seed(seed)
@@ -48,6 +57,7 @@ def peers_beside_ours(ctx, impls, tokens=48, d_model=16, d_ffn=12, experts=8, to
         out[impl] = {"diffs": diffs, "scale": scale, "dropped_pairs": tokens * top_k - kept}
         if impl == "deepspeed":  # its communication backend, set up by peer_forward
             from deepspeed.comm import comm as ds_comm
+
             out[impl]["shared_memory_op_built"] = ds_comm.cdb.shm_comm_op is not None
     return out
 

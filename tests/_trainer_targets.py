@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from moe_repro.components.training.pp_ep_trainer import (StepRunner, TrainConfig, build_rank, named_grads,
-                                                 train_rank)
+from moe_repro.components.training.pp_ep_trainer import (
+    StepRunner,
+    TrainConfig,
+    build_rank,
+    named_grads,
+    train_rank,
+)
 
 
 def train_several(ctx, configs: list[dict]) -> list[dict]:
@@ -34,11 +39,16 @@ def schedule_gradients_differ(ctx, config: dict, schedules: list[str], steps: in
             assert a.keys() == b.keys()
             for name in a:
                 worst = max(worst, (a[name][1] - b[name][1]).abs().max().item())
-    return {"max_abs_diff": ctx.all_reduce_max(worst), "losses": losses,
-            "n_params": len(grads[first][0])}
+    return {
+        "max_abs_diff": ctx.all_reduce_max(worst),
+        "losses": losses,
+        "n_params": len(grads[first][0]),
+    }
 
 
 def train_then_compare_schedules(ctx, configs: list[dict], compare: dict) -> dict:
     """Both of the above in one world (one launch: rank start-up dominates small runs)."""
-    return {"reports": train_several(ctx, configs),
-            "schedules": schedule_gradients_differ(ctx, **compare)}
+    return {
+        "reports": train_several(ctx, configs),
+        "schedules": schedule_gradients_differ(ctx, **compare),
+    }

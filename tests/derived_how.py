@@ -10,4 +10,8 @@ from moe_repro.reproductions.spec import how_of
 def assert_how_is_the_catalogs(rid: str, result) -> None:
     assert set(how_of(result.cells).split("+")) == REPRODUCTIONS[rid].how_letters, rid
     for cell in result.cells:
-        assert (cell.how is None) == (cell.verdict == "not-reproduced"), (rid, cell.row, cell.column)
+        assert (cell.how is None) == (cell.verdict == "not-reproduced"), (
+            rid,
+            cell.row,
+            cell.column,
+        )

@@ -45,26 +45,78 @@ from procs import live_processes_with_env
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
-PREFIXES = ("moe-repro-ranks-", "moe-repro-points-", "moe-repro-world-")  # checked against runtime/workdirs below
+PREFIXES = (
+    "moe-repro-ranks-",
+    "moe-repro-points-",
+    "moe-repro-world-",
+)  # checked against runtime/workdirs below
 SHM_PATTERNS = ("mpich_shm_", "mpich_vci_")
 IN_NAMESPACE = "MOE_REPRO_FAULT_HARNESS_NS"
 SMALL = ["--repeats", "2", "--warmup", "0", "--min-sample-s", "0", "--timeout", "300"]
 REPRO = [sys.executable, "-c", "from moe_repro.cli import main; main()"]
 
 CASES = {
-    "allreduce-gloo": REPRO + ["bench", "allreduce", "--ranks", "2", "--backend", "gloo",
-                               "--bytes", "8,4096", *SMALL],
-    "allreduce-mpi": REPRO + ["bench", "allreduce", "--ranks", "2", "--backend", "mpi",
-                              "--bytes", "8,4096", *SMALL],
-    "alltoall-gloo": REPRO + ["bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo",
-                              "flat", "--backend", "gloo", "--quick", *SMALL],
-    "alltoall-mpi": REPRO + ["bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo",
-                             "flat", "--backend", "mpi", "--quick", *SMALL],
-    "mpiexec-allreduce": [str(BIN / "mpiexec"), "-n", "2", str(BIN / "repro"), "bench", "allreduce",
-                          "--backend", "mpi", "--bytes", "8,4096", *SMALL],
-    "torchrun-allreduce": [str(BIN / "torchrun"), "--nproc-per-node", "2", "--no-python",
-                           str(BIN / "repro"), "bench", "allreduce", "--backend", "gloo",
-                           "--bytes", "8,4096", *SMALL],
+    "allreduce-gloo": REPRO
+    + ["bench", "allreduce", "--ranks", "2", "--backend", "gloo", "--bytes", "8,4096", *SMALL],
+    "allreduce-mpi": REPRO
+    + ["bench", "allreduce", "--ranks", "2", "--backend", "mpi", "--bytes", "8,4096", *SMALL],
+    "alltoall-gloo": REPRO
+    + [
+        "bench",
+        "alltoall",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--algo",
+        "flat",
+        "--backend",
+        "gloo",
+        "--quick",
+        *SMALL,
+    ],
+    "alltoall-mpi": REPRO
+    + [
+        "bench",
+        "alltoall",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--algo",
+        "flat",
+        "--backend",
+        "mpi",
+        "--quick",
+        *SMALL,
+    ],
+    "mpiexec-allreduce": [
+        str(BIN / "mpiexec"),
+        "-n",
+        "2",
+        str(BIN / "repro"),
+        "bench",
+        "allreduce",
+        "--backend",
+        "mpi",
+        "--bytes",
+        "8,4096",
+        *SMALL,
+    ],
+    "torchrun-allreduce": [
+        str(BIN / "torchrun"),
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        str(BIN / "repro"),
+        "bench",
+        "allreduce",
+        "--backend",
+        "gloo",
+        "--bytes",
+        "8,4096",
+        *SMALL,
+    ],
 }
 LOCAL = ("allreduce-gloo", "allreduce-mpi", "alltoall-gloo", "alltoall-mpi")
 
@@ -115,11 +167,22 @@ class Run:
         self.tag = uuid.uuid4().hex
         self.before = segments()
         self.seen: set[str] = set()  # segments a process of this run mapped
-        env = dict(os.environ, TMPDIR=str(self.tmp), MOE_REPRO_RESULTS=str(self.dir / "results"),
-                   MOE_REPRO_FAULT_RUN=self.tag, PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            TMPDIR=str(self.tmp),
+            MOE_REPRO_RESULTS=str(self.dir / "results"),
+            MOE_REPRO_FAULT_RUN=self.tag,
+            PYTHONUNBUFFERED="1",
+        )
         self.start = time.monotonic()
-        self.proc = subprocess.Popen(CASES[kind], env=env, cwd=self.dir, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "stderr", "wb"), start_new_session=True)
+        self.proc = subprocess.Popen(
+            CASES[kind],
+            env=env,
+            cwd=self.dir,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "stderr", "wb"),
+            start_new_session=True,
+        )
 
     def watch(self, until: float) -> None:
         """Learn the run's segments until ``until`` (monotonic) or its end."""
@@ -134,8 +197,11 @@ class Run:
         return sorted(new if self.private_shm else [p for p in new if p in self.seen])
 
     def leftovers(self) -> dict[str, list]:
-        return {"shm": self.new_segments(), "procs": tagged(self.tag),
-                "tmp": sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(PREFIXES))}
+        return {
+            "shm": self.new_segments(),
+            "procs": tagged(self.tag),
+            "tmp": sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(PREFIXES)),
+        }
 
     def settle(self, seconds: float) -> dict[str, list]:
         """Wait until nothing is left or ``seconds`` pass; what is left then."""
@@ -166,14 +232,30 @@ def in_private_namespace(argv: list[str]) -> int | None:
     is not possible here (then the shared /dev/shm is used, with attribution by mapping)."""
     if os.environ.get(IN_NAMESPACE) or os.geteuid() != 0 or not shutil.which("unshare"):
         return None
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "true"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     if probe.returncode:
         return None
     script = 'mount -t tmpfs -o size=1g,mode=1777 moe-repro-fault-harness /dev/shm && exec "$@"'
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                           sys.executable, __file__, *argv],
-                          env=dict(os.environ, **{IN_NAMESPACE: "1"})).returncode
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            __file__,
+            *argv,
+        ],
+        env=dict(os.environ, **{IN_NAMESPACE: "1"}),
+    ).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,14 +269,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=40, help="signalled runs in all (default 40)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
-    ap.add_argument("--kinds", default=",".join(LOCAL),
-                    help=f"comma-separated cases, of: {', '.join(CASES)} (default: the local ones)")
-    ap.add_argument("--shared-shm", action="store_true",
-                    help="use the machine's /dev/shm (segments attributed by mapping)")
-    ap.add_argument("--hang-after", type=float, default=60.0,
-                    help="seconds after the signal a run may take to end; past it, it is hung (default 60)")
-    ap.add_argument("--settle", type=float, default=30.0,
-                    help="seconds to wait after a run ends for its clean-up (default 30)")
+    ap.add_argument(
+        "--kinds",
+        default=",".join(LOCAL),
+        help=f"comma-separated cases, of: {', '.join(CASES)} (default: the local ones)",
+    )
+    ap.add_argument(
+        "--shared-shm",
+        action="store_true",
+        help="use the machine's /dev/shm (segments attributed by mapping)",
+    )
+    ap.add_argument(
+        "--hang-after",
+        type=float,
+        default=60.0,
+        help="seconds after the signal a run may take to end; past it, it is hung (default 60)",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=30.0,
+        help="seconds to wait after a run ends for its clean-up (default 30)",
+    )
     a = ap.parse_args(argv)
     kinds = [k for k in a.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in CASES]
@@ -209,13 +305,19 @@ def main(argv: list[str] | None = None) -> int:
     from moe_repro.runtime.workdirs import PREFIXES as registered
 
     assert set(PREFIXES) <= set(registered), "the harness's prefixes are the registry's"
-    seed = a.seed if a.seed is not None else time.time_ns() % 2 ** 32
+    seed = a.seed if a.seed is not None else time.time_ns() % 2**32
     rng = random.Random(seed)
     base = Path(tempfile.mkdtemp(prefix="moe-repro-fault-harness-"))
-    print(f"fault harness: seed {seed}, {a.runs} runs over {', '.join(kinds)}; /dev/shm "
-          f"{'private (own mount namespace)' if private_shm else 'shared: segments counted by mapping'}; "
-          f"TMPDIR per run under {base}", flush=True)
-    totals = {k: {"runs": 0, "finished first": 0, "shm": 0, "tmp": 0, "procs": 0, "signals": {}} for k in kinds}
+    print(
+        f"fault harness: seed {seed}, {a.runs} runs over {', '.join(kinds)}; /dev/shm "
+        f"{'private (own mount namespace)' if private_shm else 'shared: segments counted by mapping'}; "
+        f"TMPDIR per run under {base}",
+        flush=True,
+    )
+    totals = {
+        k: {"runs": 0, "finished first": 0, "shm": 0, "tmp": 0, "procs": 0, "signals": {}}
+        for k in kinds
+    }
     try:
         full = {}
         for kind in kinds:  # the length of an uninterrupted run: the moments are drawn over it
@@ -224,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
             rc = run.proc.wait()
             full[kind] = time.monotonic() - run.start
             left = run.settle(a.settle)
-            print(f"  {kind}: uninterrupted run {full[kind]:.1f} s, exit {rc}"
-                  + (f", LEFT {left}" if any(left.values()) else ""), flush=True)
+            print(
+                f"  {kind}: uninterrupted run {full[kind]:.1f} s, exit {rc}"
+                + (f", LEFT {left}" if any(left.values()) else ""),
+                flush=True,
+            )
             if rc != 0:
                 print((run.dir / "stderr").read_text(errors="replace")[-2000:], file=sys.stderr)
                 return 1
@@ -249,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             t["signals"][sig.name] = t["signals"].get(sig.name, 0) + 1
             for what in ("shm", "tmp", "procs"):
                 t[what] += len(left[what])
-            print(f"  run {i + 1:3d} {kind:18s} {sig.name:7s} at {at:5.2f} s of {full[kind]:4.1f} s: "
-                  f"exit {rc}; left: shm {len(left['shm'])}, tmp {len(left['tmp'])}, "
-                  f"procs {len(left['procs'])}" + (f" {left}" if any(left.values()) else ""), flush=True)
+            print(
+                f"  run {i + 1:3d} {kind:18s} {sig.name:7s} at {at:5.2f} s of {full[kind]:4.1f} s: "
+                f"exit {rc}; left: shm {len(left['shm'])}, tmp {len(left['tmp'])}, "
+                f"procs {len(left['procs'])}" + (f" {left}" if any(left.values()) else ""),
+                flush=True,
+            )
             if run.proc.poll() is None:
                 os.killpg(run.proc.pid, signal.SIGKILL)
                 run.proc.wait()
@@ -265,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         sigs = ", ".join(f"{n} {c}" for n, c in sorted(t["signals"].items()))
         left = t["shm"] + t["tmp"] + t["procs"]
         bad += left
-        print(f"{kind}: {t['runs']} runs ({sigs}; {t['finished first']} finished before the signal); leftovers: shm {t['shm']}, tmp {t['tmp']}, "
-              f"procs {t['procs']}{'' if left else ' -- clean'}")
+        print(
+            f"{kind}: {t['runs']} runs ({sigs}; {t['finished first']} finished before the signal); leftovers: shm {t['shm']}, tmp {t['tmp']}, "
+            f"procs {t['procs']}{'' if left else ' -- clean'}"
+        )
     print(f"total: {sum(t['runs'] for t in totals.values())} runs, {bad} leftovers")
     return 1 if bad else 0
 

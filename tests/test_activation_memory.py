@@ -16,8 +16,12 @@ def test_chunked_combine_matches_loop_with_gradients(seed, monkeypatch):
     g = torch.Generator().manual_seed(seed)
     s, e, k, h = 13, 5, 2, 4
     experts = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(s)])
-    experts[:, 0] = torch.where(torch.rand(s, generator=g) < 0.6, 1, experts[:, 0])  # skew to expert 1
-    experts[:, 1] = torch.where(experts[:, 1] == experts[:, 0], (experts[:, 0] + 1) % e, experts[:, 1])
+    experts[:, 0] = torch.where(
+        torch.rand(s, generator=g) < 0.6, 1, experts[:, 0]
+    )  # skew to expert 1
+    experts[:, 1] = torch.where(
+        experts[:, 1] == experts[:, 0], (experts[:, 0] + 1) % e, experts[:, 1]
+    )
     weights = torch.rand(s, k, generator=g, requires_grad=True)
     pft = build_pft(experts, weights, e, capacity=3)
     y = torch.randn(pft.num_rows, h, generator=g, requires_grad=True)
@@ -66,9 +70,10 @@ def test_pft_saves_table2_activations_and_padded_saves_more(seed):
 
 @pytest.mark.skipif(not peak_supported(), reason="needs Linux /proc/self/clear_refs")
 def test_pft_forward_peak_is_theory_plus_output_and_a_bounded_transient():
-    got = measure_config(tokens=512, d_model=256, d_ffn=128, num_experts=16, top_k=4,
-                         impls=("pft",))["pft"]
+    got = measure_config(
+        tokens=512, d_model=256, d_ffn=128, num_experts=16, top_k=4, impls=("pft",)
+    )["pft"]
     # Lower bound: everything saved was made resident by this forward. Upper bound: plus the
     # output [S, H], the combine's ~1 MiB chunk, metadata and page rounding (< 1.5 MiB here).
     assert got.peak_bytes >= 0.97 * got.saved_bytes_beyond_input
-    assert got.peak_bytes <= got.saved_bytes_beyond_input + got.output_bytes + 1.5 * 2 ** 20
+    assert got.peak_bytes <= got.saved_bytes_beyond_input + got.output_bytes + 1.5 * 2**20

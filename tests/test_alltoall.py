@@ -29,8 +29,13 @@ from procs import none_left_with_env
 
 
 def test_topology_levels_and_nic_affinity_from_profile():
-    profile = {"name": "frontier-like", "gpus_per_node": 8, "nics_per_node": 4,
-               "nodes_per_switch_group": 4, "switch_groups_per_rack": 2}
+    profile = {
+        "name": "frontier-like",
+        "gpus_per_node": 8,
+        "nics_per_node": 4,
+        "nodes_per_switch_group": 4,
+        "switch_groups_per_rack": 2,
+    }
     topo = Topology.from_profile(profile, nodes=16)
     assert topo.world_size == 128
     assert [topo.nic_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
@@ -40,8 +45,10 @@ def test_topology_levels_and_nic_affinity_from_profile():
     assert topo.link_class(0, 8 * 8) == "inter_rack"  # node 8: group 2, rack 1
     # GPUs sharing NIC 1 on every node form one inter-node communicator (Piper Sec. V-A).
     assert topo.nic_ranks(1)[:4] == [2, 3, 10, 11]
-    explicit = Topology.from_profile({"node": {"gpus_per_node": 4, "nics_per_node": 2,
-                                               "gpu_nic_affinity": [1, 0, 1, 0]}}, nodes=2)
+    explicit = Topology.from_profile(
+        {"node": {"gpus_per_node": 4, "nics_per_node": 2, "gpu_nic_affinity": [1, 0, 1, 0]}},
+        nodes=2,
+    )
     assert explicit.nic_ranks(0) == [1, 3, 5, 7]
     with pytest.raises(ValueError, match="gpus_per_node"):
         Topology.from_profile({"nics_per_node": 4}, nodes=2)
@@ -94,13 +101,22 @@ def test_halo_plan_needs_only_the_counts_the_exchange_sends(nodes, per_node):
         C[seed % n, :] = 0  # a rank that sends nothing
         C = C.tolist()
         for r in range(n):
-            received = {s: {d: C[s][d] for d in counts_sent(topo, s, r)} for s in range(n) if s != r}
-            full, partial = halo_plan(C, topo, r), halo_plan(KnownCounts(n, r, C[r], received), topo, r)
+            received = {
+                s: {d: C[s][d] for d in counts_sent(topo, s, r)} for s in range(n) if s != r
+            }
+            full, partial = (
+                halo_plan(C, topo, r),
+                halo_plan(KnownCounts(n, r, C[r], received), topo, r),
+            )
             for name, value in vars(full).items():
                 other = getattr(partial, name)
-                assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+                assert (
+                    torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+                )
     msgs = halo_schedule(C, topo, 8, with_counts=True)
-    for s in range(n):  # one int64 per rank, R for each Phase-II peer (remote node, same local rank)
+    for s in range(
+        n
+    ):  # one int64 per rank, R for each Phase-II peer (remote node, same local rank)
         sent = sum(b for ph, src, _, b in msgs if ph == "counts" and src == s)
         assert sent == 8 * (n + (nodes - 1) * (per_node - 1))
 
@@ -135,12 +151,15 @@ def test_rbd_schedule_sends_fewer_inter_node_rows_than_flat():
     topo = Topology(nodes=2, ranks_per_node=2)
     placement = [0, 1, 2, 3]
     # rank 0's token 0 picks experts 2 and 3, both on node 1: one pilot instead of two rows
-    pfts = [build_pft(torch.tensor([[2, 3]]), torch.ones(1, 2), 4)] + \
-           [build_pft(torch.zeros(0, 2, dtype=torch.long), torch.ones(0, 2), 4)] * 3
-    rbd = bytes_by_link_class([m for m in rbd_schedule(pfts, placement, topo, 100)
-                               if m[0] == "pilot"], topo)
-    flat = bytes_by_link_class(flat_schedule([[0, 0, 1, 1], [0] * 4, [0] * 4, [0] * 4], 100,
-                                             with_counts=False), topo)
+    pfts = [build_pft(torch.tensor([[2, 3]]), torch.ones(1, 2), 4)] + [
+        build_pft(torch.zeros(0, 2, dtype=torch.long), torch.ones(0, 2), 4)
+    ] * 3
+    rbd = bytes_by_link_class(
+        [m for m in rbd_schedule(pfts, placement, topo, 100) if m[0] == "pilot"], topo
+    )
+    flat = bytes_by_link_class(
+        flat_schedule([[0, 0, 1, 1], [0] * 4, [0] * 4, [0] * 4], 100, with_counts=False), topo
+    )
     assert (rbd["inter_node"], flat["inter_node"]) == (100, 200)
 
 
@@ -173,9 +192,12 @@ def _check_cases(cases):
 @pytest.mark.multiprocess
 def test_halo_and_rbd_equal_flat_on_gloo_1x4_2x2_4x1(targets_on_path):
     """One 4-rank world emulates the three node layouts in turn (and checks autograd)."""
-    per_rank = run_ranks("_alltoall_targets:equivalence",
-                         {"layouts": [4, 2, 1], "seeds": [1, 2, 3], "with_autograd": True},
-                         world_size=4, timeout_s=150)
+    per_rank = run_ranks(
+        "_alltoall_targets:equivalence",
+        {"layouts": [4, 2, 1], "seeds": [1, 2, 3], "with_autograd": True},
+        world_size=4,
+        timeout_s=150,
+    )
     for cases in per_rank:
         _check_cases([c for c in cases if c["seed"] != "autograd"])
         assert cases[-1] == {"seed": "autograd", "all_to_all_v_backward": True}
@@ -186,8 +208,13 @@ def test_halo_and_rbd_equal_flat_on_gloo_1x4_2x2_4x1(targets_on_path):
 
 @pytest.mark.multiprocess
 def test_halo_and_rbd_equal_flat_on_mpi_1x2_2x1(targets_on_path):
-    per_rank = run_ranks("_alltoall_targets:equivalence", {"layouts": [2, 1], "seeds": [4, 5, 6]},
-                         world_size=2, backend="mpi", timeout_s=120)
+    per_rank = run_ranks(
+        "_alltoall_targets:equivalence",
+        {"layouts": [2, 1], "seeds": [4, 5, 6]},
+        world_size=2,
+        backend="mpi",
+        timeout_s=120,
+    )
     for cases in per_rank:
         _check_cases(cases)
 
@@ -219,8 +246,13 @@ def test_rbd_on_ep_subgroups_equals_flat_2x2(targets_on_path):
     """RBD over EP sub-groups of one 4-rank world on 2 emulated nodes x 2 (group-local ranks,
     nodes and placement): dispatch == flat over the group == loop reference, combine == loop
     reference, inter-node pilot rows == unique (token, remote node) pairs in the group."""
-    per_rank = run_ranks("_alltoall_targets:group_rbd_vs_flat", {"seeds": [1, 2, 3]},
-                         world_size=4, ranks_per_node=2, timeout_s=120)
+    per_rank = run_ranks(
+        "_alltoall_targets:group_rbd_vs_flat",
+        {"seeds": [1, 2, 3]},
+        world_size=4,
+        ranks_per_node=2,
+        timeout_s=120,
+    )
     groups = {}
     for rank, cases in enumerate(per_rank):
         refused = [c for c in cases if c["seed"] == "refused"]
@@ -231,8 +263,13 @@ def test_rbd_on_ep_subgroups_equals_flat_2x2(targets_on_path):
         _check_cases(cases)
         for c in cases:
             groups.setdefault(c["group"], set()).add(c["layout"])
-    assert groups == {"world": {"2x2"}, "[0, 1, 2, 3]": {"2x2"}, "[0, 2]": {"2x1"},
-                      "[1, 3]": {"2x1"}, "[0, 1]": {"1x2"}}
+    assert groups == {
+        "world": {"2x2"},
+        "[0, 1, 2, 3]": {"2x2"},
+        "[0, 2]": {"2x1"},
+        "[1, 3]": {"2x1"},
+        "[0, 1]": {"1x2"},
+    }
     cases = [c for cases in per_rank for c in cases if c["seed"] != "refused"]
     # the random inputs exercise empty sends, token-less ranks and redundancy
     assert any(c["empty_sends"] for c in cases) and any(c["tokens"] == 0 for c in cases)
@@ -253,35 +290,77 @@ def _check_group_halo(per_rank, layouts):
 def test_differentiable_halo_equals_flat_on_world_and_ep_subgroups_2x2(targets_on_path):
     """4 ranks on 2 emulated nodes: the world (2x2), same-node pairs (1x2), cross-node pairs
     (2x1); forward and backward bit-identical to flat and to the loop reference."""
-    per_rank = run_ranks("_alltoall_targets:group_halo_vs_flat", {"seeds": [1, 2, 3, 4]},
-                         world_size=4, ranks_per_node=2, timeout_s=120)
+    per_rank = run_ranks(
+        "_alltoall_targets:group_halo_vs_flat",
+        {"seeds": [1, 2, 3, 4]},
+        world_size=4,
+        ranks_per_node=2,
+        timeout_s=120,
+    )
     _check_group_halo(per_rank, {"2x2", "1x2", "2x1"})
 
 
 @pytest.mark.multiprocess
 def test_differentiable_halo_equals_flat_on_2_ranks_2x1(targets_on_path):
-    per_rank = run_ranks("_alltoall_targets:group_halo_vs_flat", {"seeds": [1, 2, 3, 4]},
-                         world_size=2, ranks_per_node=1, timeout_s=120)
+    per_rank = run_ranks(
+        "_alltoall_targets:group_halo_vs_flat",
+        {"seeds": [1, 2, 3, 4]},
+        world_size=2,
+        ranks_per_node=1,
+        timeout_s=120,
+    )
     _check_group_halo(per_rank, {"2x1"})
 
 
 # --- the benchmark -----------------------------------------------------------------------------
 
-TINY = ["--tokens", "24", "--hidden", "64", "--experts", "8", "--top-k", "3",
-        "--repeats", "2", "--warmup", "0", "--min-sample-s", "0"]
+TINY = [
+    "--tokens",
+    "24",
+    "--hidden",
+    "64",
+    "--experts",
+    "8",
+    "--top-k",
+    "3",
+    "--repeats",
+    "2",
+    "--warmup",
+    "0",
+    "--min-sample-s",
+    "0",
+]
 
 
 def _repro(*args, env=None, timeout=200):
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                          capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.mark.multiprocess
 def test_bench_alltoall_records_correct_algo_and_inter_node_bytes(tmp_path, results_dir):
     out = tmp_path / "a.json"
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo",
-               "flat,halo,rbd", "--backend", "gloo", "--check", "--json", str(out), *TINY)
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--algo",
+        "flat,halo,rbd",
+        "--backend",
+        "gloo",
+        "--check",
+        "--json",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     records = json.loads(out.read_text())["records"]
     assert [rec["algo"] for rec in records] == ["flat", "halo", "rbd"]
@@ -304,11 +383,29 @@ def test_bench_alltoall_path_node_runs_each_nodes_own_exchange_exactly(tmp_path,
     once (what the local calibration tells a phase's per-message cost by): the rows each rank
     gets are the loop reference's for a world of its node, and no byte crosses nodes."""
     out = tmp_path / "n.json"
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat",
-               "--backend", "gloo", "--path", "node", "--check", "--json", str(out), *TINY)
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--algo",
+        "flat",
+        "--backend",
+        "gloo",
+        "--path",
+        "node",
+        "--check",
+        "--json",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     (rec,) = json.loads(out.read_text())["records"]
-    assert rec["path"] == "node" and rec["ranks"] == 4 and rec["correct"] is True and rec["wrong"] == 0
+    assert (
+        rec["path"] == "node" and rec["ranks"] == 4 and rec["correct"] is True and rec["wrong"] == 0
+    )
     assert rec["inter_node_bytes"] == 0 < rec["intra_node_bytes"]
     for args in (("--algo", "rbd"), ("--algo", "flat", "--nodes", "64")):  # not flat; simulated
         bad = _repro("bench", "alltoall", "--nodes", "2", "--path", "node", *args, *TINY)
@@ -320,11 +417,32 @@ def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
     from moe_repro.runtime.launch import mpiexec_path
 
     out = tmp_path / "m.json"
-    r = subprocess.run([mpiexec_path(), "-n", "4", sys.executable, "-c",
-                        "from moe_repro.cli import main; main()", "bench",
-                        "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat,halo,rbd",
-                        "--backend", "mpi", "--json", str(out), *TINY],
-                       capture_output=True, text=True, timeout=200)
+    r = subprocess.run(
+        [
+            mpiexec_path(),
+            "-n",
+            "4",
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "bench",
+            "alltoall",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--algo",
+            "flat,halo,rbd",
+            "--backend",
+            "mpi",
+            "--json",
+            str(out),
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     records = json.loads(out.read_text())["records"]
     assert [rec["algo"] for rec in records] == ["flat", "halo", "rbd"]
@@ -336,9 +454,28 @@ def test_bench_alltoall_under_mpirun(tmp_path, results_dir):
 def test_bench_alltoall_fails_fast_when_a_rank_dies(tmp_path, results_dir):
     tag = f"MOE_A2A_TEST_{uuid.uuid4().hex}"
     env = dict(os.environ, **{tag: "1"})
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "1", "--algo", "halo",
-               "--fault", "kill:1", "--timeout", f"{patient(9):g}", "--repeats", "50", "--tokens", "16",
-               "--hidden", "8", env=env, timeout=patient(30))
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--algo",
+        "halo",
+        "--fault",
+        "kill:1",
+        "--timeout",
+        f"{patient(9):g}",
+        "--repeats",
+        "50",
+        "--tokens",
+        "16",
+        "--hidden",
+        "8",
+        env=env,
+        timeout=patient(30),
+    )
     assert r.returncode == 1
     # found from the death, not at --timeout (which would say "did not finish")
     assert "rank(s) 1" in r.stderr and "killed" in r.stderr and "did not finish" not in r.stderr
@@ -348,7 +485,17 @@ def test_bench_alltoall_fails_fast_when_a_rank_dies(tmp_path, results_dir):
 
 def test_bench_alltoall_simulates_worlds_that_do_not_fit(results_dir):
     # Issue 15: a world too big for this machine is simulated (and said so first), not refused.
-    r = _repro("bench", "alltoall", "--nodes", "16", "--gpus-per-node", "8", "--algo", "flat", timeout=patient(12))
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--algo",
+        "flat",
+        timeout=patient(12),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("simulated on dgx-h100") and "Traceback" not in r.stderr
 
@@ -370,7 +517,8 @@ def test_uniform_redundancy_closed_form_equals_enumeration(experts, top_k, nodes
         remote_pairs += sum(1 for e in subset if e // per_node != 0)
         unique_remote += len(hit)
     assert expected_redundancy_uniform(experts, top_k, nodes) == pytest.approx(
-        1 - unique_remote / remote_pairs, abs=1e-12)
+        1 - unique_remote / remote_pairs, abs=1e-12
+    )
 
 
 def test_xmoe_fig4_runs_and_follows_the_cell_contract():
@@ -411,7 +559,9 @@ def test_xmoe_fig12_simulated_speedup_is_not_the_papers_quantity():
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions._xmoe_fig12_sim import ROW, simulated_32gpu_cells
 
-    cells, _, _, extra = simulated_32gpu_cells(all_reproductions()["xmoe-fig12"], tokens=64, nodes=2)
+    cells, _, _, extra = simulated_32gpu_cells(
+        all_reproductions()["xmoe-fig12"], tokens=64, nodes=2
+    )
     by = {c.column: c for c in cells}
     # the paper's 1.55x includes RBD's data transformation kernels; ours is the all-to-alls alone
     assert by["dispatch speedup with RBD"].verdict == "not-comparable"
@@ -431,14 +581,19 @@ def test_xmoe_fig12_simulated_grades_hold_at_another_base_seed():
     from moe_repro.reproductions._xmoe_fig12_sim import simulated_32gpu_cells
 
     repro = all_reproductions()["xmoe-fig12"]
-    runs = [{c.column: c for c in simulated_32gpu_cells(repro, tokens=64, nodes=2, seed=base)[0]}
-            for base in (0, 1)]
+    runs = [
+        {c.column: c for c in simulated_32gpu_cells(repro, tokens=64, nodes=2, seed=base)[0]}
+        for base in (0, 1)
+    ]
     assert runs[0].keys() == runs[1].keys()
     for col in runs[0]:
         a, b = runs[0][col].verdict, runs[1][col].verdict
         assert a == b or "seed-dependent" in (a, b), col
     # seeds 1-4 are shared: the per-seed values agree where the seeds do
-    assert runs[0]["redundancy rate"].seeds["values"][1:] == runs[1]["redundancy rate"].seeds["values"][:4]
+    assert (
+        runs[0]["redundancy rate"].seeds["values"][1:]
+        == runs[1]["redundancy rate"].seeds["values"][:4]
+    )
 
 
 # --- message sizes (nccl-tests conventions) ------------------------------------------------------
@@ -448,18 +603,22 @@ def test_sizes_range_sets_tokens_and_hidden_of_every_point():
     from moe_repro.suites.alltoall import SUITE
 
     grid = SUITE.grid(SUITE.parse_overrides(["sizes=1K:64M", "algo=flat", "nodes=2"]))
-    assert [p["sizes"] for p in grid] == [2 ** i for i in range(10, 27)]
+    assert [p["sizes"] for p in grid] == [2**i for i in range(10, 27)]
     for p in grid:
         # each rank sends every token's row to each of its top_k experts, float32
         assert p["size"] == p["sizes"] == p["tokens"] * p["top_k"] * p["hidden"] * 4
     by_size = {p["size"]: (p["tokens"], p["hidden"]) for p in grid}
     assert by_size[1024] == (1, 64)  # below one token's payload (4 x 256 x 4 B): a narrower row
     assert by_size[4096] == (1, 256)
-    assert by_size[64 * 2 ** 20] == (16384, 256)
+    assert by_size[64 * 2**20] == (16384, 256)
     # sizes wins over tokens; without sizes, tokens and hidden give the size
-    (p,) = SUITE.grid(SUITE.parse_overrides(["sizes=8K", "tokens=24"]) | {"algo": ["flat"], "nodes": [1]})
+    (p,) = SUITE.grid(
+        SUITE.parse_overrides(["sizes=8K", "tokens=24"]) | {"algo": ["flat"], "nodes": [1]}
+    )
     assert (p["tokens"], p["size"]) == (2, 8192)
-    (p,) = SUITE.grid({"tokens": [24], "hidden": [64], "top_k": [3], "algo": ["flat"], "nodes": [1]})
+    (p,) = SUITE.grid(
+        {"tokens": [24], "hidden": [64], "top_k": [3], "algo": ["flat"], "nodes": [1]}
+    )
     assert p["size"] == 24 * 3 * 64 * 4
     for bad in ("sizes=6K", "sizes=1000"):  # not tokens x 4 x 256 x 4, nor one narrower token
         with pytest.raises(ValueError, match="pick a multiple"):
@@ -478,9 +637,28 @@ def test_busbw_is_nccl_tests_alltoall_formula():
 @pytest.mark.multiprocess
 def test_bench_alltoall_sizes_on_two_real_ranks(tmp_path, results_dir):
     out = tmp_path / "s.json"
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "1", "--algo", "flat,halo,rbd",
-               "--sizes", "1K:4K", "--check", "--json", str(out), "--repeats", "2", "--warmup", "0",
-               "--min-sample-s", "0", timeout=120)
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--algo",
+        "flat,halo,rbd",
+        "--sizes",
+        "1K:4K",
+        "--check",
+        "--json",
+        str(out),
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--min-sample-s",
+        "0",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     first, table = r.stdout.splitlines()[:2]
     assert first.startswith("backend ") and "(auto: " in first  # what --backend auto picked
@@ -489,7 +667,8 @@ def test_bench_alltoall_sizes_on_two_real_ranks(tmp_path, results_dir):
         assert column in header
     records = json.loads(out.read_text())["records"]
     assert [(rec["algo"], rec["size"]) for rec in records] == [
-        (a, s) for a in ("flat", "halo", "rbd") for s in (1024, 2048, 4096)]
+        (a, s) for a in ("flat", "halo", "rbd") for s in (1024, 2048, 4096)
+    ]
     for rec in records:
         assert rec["correct"] is True and rec["wrong"] == 0
         samples = rec["samples"]
@@ -507,25 +686,34 @@ def test_piper_fig5_local_part_sweeps_sizes_and_reports_busbw():
     from moe_repro.reproductions import all_reproductions
 
     repro = all_reproductions()["piper-fig5"]
-    result = repro.run(dict(real_sizes="16K,4M", fit_sizes="16K,4M", repeats=3, bytes_per_gpu="65536"))
+    result = repro.run(
+        dict(real_sizes="16K,4M", fit_sizes="16K,4M", repeats=3, bytes_per_gpu="65536")
+    )
     assert_how_is_the_catalogs("piper-fig5", result)
     records = result.extra["real_records"]
     assert [(r["nodes"], r["gpus_per_node"], r["size"]) for r in records] == [
-        (n, g, s) for n, g in ((1, 2), (2, 1), (2, 2)) for s in (16384, 4194304)]
+        (n, g, s) for n, g in ((1, 2), (2, 1), (2, 2)) for s in (16384, 4194304)
+    ]
     for r in records:  # odd repeats: the median busbw is the median time's
         n = r["nodes"] * r["gpus_per_node"]
         assert r["busbw_GBps"] == pytest.approx(r["size"] / r["time_s"] * (n - 1) / n / 1e9)
     (bw,) = [f for f in result.figures if f.name == "piper-fig5-local-busbw"]
     assert len(bw.series) == 3 and all(s["x"] == [16384, 4194304] for s in bw.series)
     assert {c.row for c in result.cells if c.column.startswith("busbw @ 4 MiB")} == {
-        "local 1x2", "local 2x1", "local 2x2"}
+        "local 1x2",
+        "local 2x1",
+        "local 2x2",
+    }
 
 
 def test_simulated_bench_takes_sizes():
     from moe_repro.suites.alltoall import SUITE
 
-    grid = SUITE.grid(SUITE.parse_overrides(["sizes=64K:128K", "platform=frontier", "nodes=4",
-                                             "gpus_per_node=8", "algo=flat,halo"]))
+    grid = SUITE.grid(
+        SUITE.parse_overrides(
+            ["sizes=64K:128K", "platform=frontier", "nodes=4", "gpus_per_node=8", "algo=flat,halo"]
+        )
+    )
     for p in grid:
         assert p["simulated"] is True and p["ranks"] == 32
         m = SUITE.simulate(p)
@@ -538,13 +726,29 @@ def test_bench_alltoall_times_dispatch_and_combine_against_the_memcpy_floor(tmp_
     """Every registered algorithm's dispatch and combine (the code the layer trains with),
     checked, with the memory-copy floor measured in the same run."""
     out = tmp_path / "c.json"
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo",
-               "flat,halo,rbd", "--path", "dispatch,combine", "--backend", "gloo", "--check",
-               "--json", str(out), *TINY)
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--algo",
+        "flat,halo,rbd",
+        "--path",
+        "dispatch,combine",
+        "--backend",
+        "gloo",
+        "--check",
+        "--json",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     records = json.loads(out.read_text())["records"]
     assert sorted((rec["algo"], rec["path"]) for rec in records) == sorted(
-        (a, p) for a in ("flat", "halo", "rbd") for p in ("dispatch", "combine"))
+        (a, p) for a in ("flat", "halo", "rbd") for p in ("dispatch", "combine")
+    )
     for rec in records:
         assert rec["wrong"] == 0
         assert rec["memcpy_GBps"] > 0 and rec["bound_s"] > 0

@@ -7,13 +7,18 @@ from dataclasses import fields, replace
 import pytest
 import torch
 
-from moe_repro.components.alltoall import (ALGORITHMS, AllToAll, AllToAllFacts, algorithm_names,
-                                           get_algorithm, register)
+from moe_repro.components.alltoall import (
+    ALGORITHMS,
+    AllToAll,
+    AllToAllFacts,
+    algorithm_names,
+    get_algorithm,
+    register,
+)
 from moe_repro.components.alltoall.flat import FlatAlgorithm
 from moe_repro.components.alltoall.halo_group import HaloAlgorithm
 from moe_repro.components.alltoall.rbd import RBDAlgorithm
 from moe_repro.components.moe.pft import build_pft
-from moe_repro.components.network import simulator as ns
 from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.topology import Topology
 from moe_repro.runtime.launch import run_ranks
@@ -71,8 +76,11 @@ def _pfts():
 #   RBD   pilots across nodes: one per (token, node 1) = 2 rows, plus 32 B of metadata for each
 #         of the 3 pairs on node 1; inside nodes: token 1's pilot to rank 1 (1 row + 32 B) and
 #         token 0's replica on node 1 (1 row + 16 B of replica metadata).
-HAND_LINK_BYTES = {"flat": (3 * ROW, 1 * ROW), "halo": (3 * ROW, 2 * ROW),
-                   "rbd": (2 * ROW + 3 * 32, (ROW + 32) + (ROW + 16))}
+HAND_LINK_BYTES = {
+    "flat": (3 * ROW, 1 * ROW),
+    "halo": (3 * ROW, 2 * ROW),
+    "rbd": (2 * ROW + 3 * 32, (ROW + 32) + (ROW + 16)),
+}
 
 
 @pytest.mark.parametrize("name", ["flat", "halo", "rbd"])
@@ -87,8 +95,9 @@ def test_counts_schedule_is_the_routed_schedule_of_the_same_counts(name):
     algo = get_algorithm(name)
     C = [[0, 1, 2, 1], [0] * 4, [0] * 4, [0] * 4]  # rank 0's rows per destination above
     for with_counts in (True, False):
-        assert sorted(algo.counts_schedule(C, TOPO, ROW, with_counts)) == \
-            sorted(algo.routed_schedule(_pfts(), PLACEMENT, TOPO, ROW, with_counts=with_counts))
+        assert sorted(algo.counts_schedule(C, TOPO, ROW, with_counts)) == sorted(
+            algo.routed_schedule(_pfts(), PLACEMENT, TOPO, ROW, with_counts=with_counts)
+        )
 
 
 def test_schedule_phases_are_declared():
@@ -121,7 +130,9 @@ def test_register_refuses_duplicates_and_broken_promises(monkeypatch):
     class Promises(RBDAlgorithm):  # says it schedules from counts but does not implement it
         facts = replace(RBDAlgorithm.facts, name="promises", schedule_from_counts=True)
 
-    with pytest.raises(ValueError, match="schedule_from_counts is set but Promises does not implement"):
+    with pytest.raises(
+        ValueError, match="schedule_from_counts is set but Promises does not implement"
+    ):
         register(Promises())
     assert "promises" not in ALGORITHMS
 
@@ -160,7 +171,9 @@ def _choices():
         "layer": accepted(lambda a: MoELayer(8, 4, 4, 2, all_to_all=a)),
         "trainer": accepted(lambda a: TrainConfig(model="tiny-moe", alltoall=a).validate()),
         "cli": set(option.type.choices),
-        "suite": accepted(lambda a: SUITE.grid({"algo": [a], "platform": ["dgx-h100"], "nodes": [2]})),
+        "suite": accepted(
+            lambda a: SUITE.grid({"algo": [a], "platform": ["dgx-h100"], "nodes": [2]})
+        ),
         "simulator": accepted(lambda a: simulated.expected_schedule(a, TOPO, ROW)),
     }
 
@@ -168,15 +181,25 @@ def _choices():
 def test_every_callers_choices_come_from_the_registry(monkeypatch):
     before = _choices()
     every = {"flat", "halo", "rbd"}
-    assert before == {"layer": every, "trainer": every, "cli": every, "suite": every,
-                      "simulator": {"flat", "halo"}}
+    assert before == {
+        "layer": every,
+        "trainer": every,
+        "cli": every,
+        "suite": every,
+        "simulator": {"flat", "halo"},
+    }
     with monkeypatch.context() as m:
         for fake in (FakeFlat(), FakeHalo(), FakeRouted()):
             m.setitem(ALGORITHMS, fake.facts.name, fake)
         during = _choices()
     all_six = {"flat", "halo", "rbd", "fake-flat", "fake-halo", "fake-routed"}
-    assert during == {"layer": all_six, "trainer": all_six, "cli": all_six, "suite": all_six,
-                      "simulator": {"flat", "halo", "fake-flat", "fake-halo"}}
+    assert during == {
+        "layer": all_six,
+        "trainer": all_six,
+        "cli": all_six,
+        "suite": all_six,
+        "simulator": {"flat", "halo", "fake-flat", "fake-halo"},
+    }
     assert _choices() == before  # gone again
 
 
@@ -192,8 +215,15 @@ def test_callers_ask_the_facts_not_the_name(monkeypatch):
         TrainConfig(model="tiny-moe", ep=4, dp=3, alltoall="fake-halo", ranks_per_node=3).validate()
     TrainConfig(model="tiny-moe", ep=4, dp=3, alltoall="fake-flat", ranks_per_node=3).validate()
     # the suite simulates a copy of flat exactly as flat, and a copy of RBD message by message
-    grid = {"platform": ["dgx-h100"], "nodes": [2], "gpus_per_node": [4], "tokens": [32],
-            "hidden": [64], "experts": [8], "top_k": [2]}
+    grid = {
+        "platform": ["dgx-h100"],
+        "nodes": [2],
+        "gpus_per_node": [4],
+        "tokens": [32],
+        "hidden": [64],
+        "experts": [8],
+        "top_k": [2],
+    }
     for real, fake in (("flat", "fake-flat"), ("halo", "fake-halo"), ("rbd", "fake-routed")):
         (p_real,) = SUITE.grid({**grid, "algo": [real]})
         (p_fake,) = SUITE.grid({**grid, "algo": [fake]})
@@ -208,7 +238,9 @@ def test_facts_fields_are_what_callers_filter_on():
     names = {f.name for f in fields(AllToAllFacts)}
     assert {"equal_ranks_per_node", "schedule_from_counts"} <= names
     for name in algorithm_names():
-        assert algorithm_names(**{f: getattr(get_algorithm(name).facts, f) for f in names}) == [name]
+        assert algorithm_names(**{f: getattr(get_algorithm(name).facts, f) for f in names}) == [
+            name
+        ]
 
 
 # --- real ranks -----------------------------------------------------------------------------
@@ -228,7 +260,11 @@ def _check_registry_cases(per_rank):
 def test_every_registered_algorithm_equals_the_reference_on_2x2(targets_on_path):
     """Each algorithm chosen by name on 4 ranks over 2 emulated nodes: dispatch and combine
     == the loop reference, its messages == its schedule, its autograd form == one process's."""
-    per_rank = run_ranks("_alltoall_targets:registry_vs_reference", {"seeds": [1, 2, 3]},
-                         world_size=4, ranks_per_node=2, timeout_s=150)
+    per_rank = run_ranks(
+        "_alltoall_targets:registry_vs_reference",
+        {"seeds": [1, 2, 3]},
+        world_size=4,
+        ranks_per_node=2,
+        timeout_s=150,
+    )
     _check_registry_cases(per_rank)
-

@@ -27,7 +27,9 @@ def flat_uniform_time_by_hand(ranks: int, bytes_per_peer: int) -> float:
 
 
 def flat_uniform(ranks: int, bytes_per_peer: int):
-    return flat_schedule([[bytes_per_peer] * ranks] * ranks, 1), Topology(nodes=ranks // 2, ranks_per_node=2)
+    return flat_schedule([[bytes_per_peer] * ranks] * ranks, 1), Topology(
+        nodes=ranks // 2, ranks_per_node=2
+    )
 
 
 def test_fit_recovers_latency_message_cost_and_bandwidth_from_synthetic_times():
@@ -46,10 +48,14 @@ def test_fit_recovers_latency_message_cost_and_bandwidth_from_synthetic_times():
     from moe_repro.components.network.platform import from_dict
 
     msgs, topo = flat_uniform(6, 3000)
-    profile = from_dict(ns.local_alltoall_profile(fit["latency_s"], fit["per_message_s"], fit["bytes_per_s"],
-                                                  2, CORES))
+    profile = from_dict(
+        ns.local_alltoall_profile(
+            fit["latency_s"], fit["per_message_s"], fit["bytes_per_s"], 2, CORES
+        )
+    )
     assert ns.simulate_messages(msgs, topo, profile, FLAT_DEPS).time_s == pytest.approx(
-        flat_uniform_time_by_hand(6, 3000), rel=1e-6)
+        flat_uniform_time_by_hand(6, 3000), rel=1e-6
+    )
 
 
 def test_fit_keeps_costs_non_negative_and_refuses_what_it_cannot_fit():
@@ -95,17 +101,26 @@ def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_
     assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2) == pytest.approx(4 * 3.2e-3, rel=1e-12)
     assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, None) == pytest.approx(3.2e-3, rel=1e-12)
     # 1 MB into fresh tensors at 0.5 GB/s adds 2 ms
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9) == pytest.approx(5.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9) == pytest.approx(
+        5.2e-3, rel=1e-12
+    )
     # Python instructions between the ops: 50000 at 20 ns = 1 ms more; sorts: 1e6 n log2 n at 2 ns = 2 ms more
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9) == pytest.approx(6.2e-3, rel=1e-12)
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9, 1e6, 2e-9) \
-        == pytest.approx(8.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9) == pytest.approx(
+        6.2e-3, rel=1e-12
+    )
+    assert ns.host_work_s(
+        120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9, 1e6, 2e-9
+    ) == pytest.approx(8.2e-3, rel=1e-12)
     with pytest.raises(ValueError):
         ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
     # a measured stretch replaces ranks / cores: 2 ranks on 2 cores that get 1.5 s of wall per CPU
     # second (other load) take 1.5 times as long, 8 ranks at a measured 3 three times
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, stretch=1.5) == pytest.approx(1.5 * 3.2e-3, rel=1e-12)
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2, stretch=3.0) == pytest.approx(3 * 3.2e-3, rel=1e-12)
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, stretch=1.5) == pytest.approx(
+        1.5 * 3.2e-3, rel=1e-12
+    )
+    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2, stretch=3.0) == pytest.approx(
+        3 * 3.2e-3, rel=1e-12
+    )
     with pytest.raises(ValueError):
         ns.host_work_s(1, 1, 1e-6, 1e9, 2, 2, stretch=0.0)
 
@@ -116,20 +131,23 @@ def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives(
     from moe_repro.suites.alltoall import count_host_work
 
     g = torch.Generator().manual_seed(3)
-    rows, width = int(torch.randint(5, 50, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+    rows, width = (
+        int(torch.randint(5, 50, (1,), generator=g)),
+        int(torch.randint(2, 9, (1,), generator=g)),
+    )
     x = torch.randn(rows, width, generator=g)
     idx = torch.randperm(rows, generator=g)[: rows // 2]
     out = torch.zeros(rows, width)
 
     def work():
-        picked = x.index_select(0, idx)        # writes len(idx) rows
-        out.index_copy_(0, idx, picked)        # in place: writes its source's rows
-        x[1:3].view(-1)                        # two views: ops, no bytes
+        picked = x.index_select(0, idx)  # writes len(idx) rows
+        out.index_copy_(0, idx, picked)  # in place: writes its source's rows
+        x[1:3].view(-1)  # two views: ops, no bytes
 
     got = count_host_work(work)
     assert got["ops"] == 4
     assert got["fresh_bytes"] == idx.numel() * width * 4  # index_select's fresh output
-    assert got["bytes"] == idx.numel() * width * 4        # index_copy_ into an existing tensor
+    assert got["bytes"] == idx.numel() * width * 4  # index_copy_ into an existing tensor
     buf = torch.empty(idx.numel(), width)
     got = count_host_work(lambda: torch.index_select(x, 0, idx, out=buf))  # out=: a reused buffer
     assert got == {"ops": 1, "bytes": idx.numel() * width * 4, "fresh_bytes": 0, "sort_work": 0}
@@ -170,7 +188,9 @@ def test_python_work_counts_the_bytecode_instructions_a_call_executes():
     assert sys.gettrace() is tracer
 
 
-def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communicators_back(monkeypatch):
+def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communicators_back(
+    monkeypatch,
+):
     """host_cpu_seconds on a fake CPU clock: a call that spends 3 units on its own work, 5 in a
     blocking all-to-all (issue 1 + wait 4), 2 in a p2p (issue + wait) and 7 in an allgather on
     another communicator is charged 3, the median over its calls (one call spends 100 of its
@@ -206,8 +226,13 @@ def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communi
             return [values]
 
     world, intra = FakeComm(), FakeComm()
-    comms = Communicators(Topology(nodes=1, ranks_per_node=2), world=world, intra=intra,
-                          intra_overlap=intra, inter=world)
+    comms = Communicators(
+        Topology(nodes=1, ranks_per_node=2),
+        world=world,
+        intra=intra,
+        intra_overlap=intra,
+        inter=world,
+    )
     calls = iter([3, 3, 100, 3, 3])
 
     def dispatch():
@@ -237,16 +262,39 @@ def test_the_prediction_uses_the_profiled_host_cpu_and_keeps_the_priced_one_besi
     host work off adds none."""
     from moe_repro.suites import alltoall_validation as v
 
-    block = {"latency_us": 40.0, "per_message_us": 250.0, "GBps": 0.6, "host_cores": 2,
-             "host_op_us": 12.0, "pack_GBps": 3.0}
+    block = {
+        "latency_us": 40.0,
+        "per_message_us": 250.0,
+        "GBps": 0.6,
+        "host_cores": 2,
+        "host_op_us": 12.0,
+        "pack_GBps": 3.0,
+    }
     path = tmp_path / "local.json"
     path.write_text(json.dumps({"calibration": {"gloo": block}}))
-    (p,) = all_suites()["alltoall-validation"].grid({"ranks": [4], "algo": ["rbd"], "backend": ["gloo"],
-                                                     "sizes": [65536], "calibration": [str(path)]})
+    (p,) = all_suites()["alltoall-validation"].grid(
+        {
+            "ranks": [4],
+            "algo": ["rbd"],
+            "backend": ["gloo"],
+            "sizes": [65536],
+            "calibration": [str(path)],
+        }
+    )
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
-    state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0), "memcpy_s": 0.001,
-             "host_work": {"ops": 50, "bytes": 3_000_000, "fresh_bytes": 0, "python_ops": 0, "sort_work": 0,
-                           "cpu_ns": 1_700_000}}
+    state = {
+        "payload_bytes": 65536.0,
+        "link_bytes": dict.fromkeys(names, 0),
+        "memcpy_s": 0.001,
+        "host_work": {
+            "ops": 50,
+            "bytes": 3_000_000,
+            "fresh_bytes": 0,
+            "python_ops": 0,
+            "sort_work": 0,
+            "cpu_ns": 1_700_000,
+        },
+    }
     got = v.derive(p, state, 0.01)
     assert got["host_cpu_s"] == pytest.approx(1.7e-3, rel=1e-12)
     assert got["predicted_host_s"] == pytest.approx(2 * 1.7e-3, rel=1e-12)
@@ -288,10 +336,17 @@ def test_dispatcher_dependencies_order_every_phase_the_algorithm_orders():
 
 # --- the suite without ranks: grid validation and a calibration read from a profile file -----
 
+
 def test_bad_points_are_refused_before_anything_runs():
     suite = all_suites()["alltoall-validation"]
-    for bad in ({"ranks": [3]}, {"ranks": [32]}, {"sizes": [1000]}, {"algo": ["nope"]},
-                {"fit_sizes": ["2K+lots"]}, {"calibration": ["/nonexistent/profile.json"]}):
+    for bad in (
+        {"ranks": [3]},
+        {"ranks": [32]},
+        {"sizes": [1000]},
+        {"algo": ["nope"]},
+        {"fit_sizes": ["2K+lots"]},
+        {"calibration": ["/nonexistent/profile.json"]},
+    ):
         with pytest.raises(ValueError):
             suite.grid({"sizes": [1024], **bad})
 
@@ -320,8 +375,18 @@ def test_bench_samples_for_the_suites_own_length_unless_told(results_dir, monkey
         raise Stop
 
     monkeypatch.setattr(runner, "measure", fake_measure)
-    point = ["bench", "alltoall-validation", "--ranks", "2", "--algo", "flat", "--backend", "gloo",
-             "--sizes", "1K"]
+    point = [
+        "bench",
+        "alltoall-validation",
+        "--ranks",
+        "2",
+        "--algo",
+        "flat",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "1K",
+    ]
     for extra in ([], ["--min-sample-s", "0.01"], ["--min-sample-s", "0.3"]):
         res = CliRunner().invoke(cli, point + extra)
         assert isinstance(res.exception, Stop), res.output
@@ -336,11 +401,30 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     from moe_repro.suites.alltoall import rank_workload
 
     path = tmp_path / "local.json"
-    path.write_text(json.dumps({"calibration": {"gloo": {"latency_us": 40.0, "per_message_us": 250.0,
-                                                         "GBps": 0.6, "host_cores": 2}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "calibration": {
+                    "gloo": {
+                        "latency_us": 40.0,
+                        "per_message_us": 250.0,
+                        "GBps": 0.6,
+                        "host_cores": 2,
+                    }
+                }
+            }
+        )
+    )
     suite = all_suites()["alltoall-validation"]
-    (p,) = suite.grid({"ranks": [2], "algo": ["flat"], "backend": ["gloo"], "sizes": [65536],
-                       "calibration": [str(path)]})
+    (p,) = suite.grid(
+        {
+            "ranks": [2],
+            "algo": ["flat"],
+            "backend": ["gloo"],
+            "sizes": [65536],
+            "calibration": [str(path)],
+        }
+    )
     counts = [rank_workload(p, r, 2)["send_counts"] for r in range(2)]
     sent = [sum(counts[r]) for r in range(2)]
     received = [counts[0][r] + counts[1][r] for r in range(2)]
@@ -350,8 +434,15 @@ def test_a_calibration_file_gives_the_hand_computed_prediction(tmp_path):
     assert p["predicted_time_s"] == pytest.approx(by_hand, rel=1e-9)
     assert p["calibration_used"]["source"] == str(path)
     with pytest.raises(ValueError, match="no calibration for backend mpi"):
-        suite.grid({"ranks": [2], "algo": ["flat"], "sizes": [65536], "backend": ["mpi"],
-                    "calibration": [str(path)]})
+        suite.grid(
+            {
+                "ranks": [2],
+                "algo": ["flat"],
+                "sizes": [65536],
+                "backend": ["mpi"],
+                "calibration": [str(path)],
+            }
+        )
 
 
 def test_overlap_is_the_share_of_the_shorter_exchange_hidden_when_both_run_at_once():
@@ -362,7 +453,9 @@ def test_overlap_is_the_share_of_the_shorter_exchange_hidden_when_both_run_at_on
     assert overlap_fraction(3e-3, 1e-3, 4e-3, 3.75e-3) == pytest.approx(0.25)
     assert overlap_fraction(3e-3, 1e-3, 4e-3, 4e-3) == 0.0  # nothing hidden
     assert overlap_fraction(3e-3, 1e-3, 4e-3, 5e-3) == 0.0  # at once slower: none, not negative
-    assert overlap_fraction(3e-3, 1e-3, 4e-3, 2e-3) == 1.0  # faster than the longer alone: at most 1
+    assert (
+        overlap_fraction(3e-3, 1e-3, 4e-3, 2e-3) == 1.0
+    )  # faster than the longer alone: at most 1
     with pytest.raises(ValueError):
         overlap_fraction(0.0, 1e-3, 1e-3, 1e-3)
 
@@ -374,15 +467,21 @@ def test_halo_phases_overlap_by_the_measured_fraction_and_chains_are_untouched()
     from moe_repro.components.network import simulator as ns
     from moe_repro.suites import alltoall_validation as v
 
-    assert ns.chained({"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}) == \
-        {"counts": [], "I": ["counts"], "II": ["I"], "III": ["II"]}
+    assert ns.chained({"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}) == {
+        "counts": [],
+        "I": ["counts"],
+        "II": ["I"],
+        "III": ["II"],
+    }
     assert ns.chained({"counts": [], "a2a": ["counts"]}) == {"counts": [], "a2a": ["counts"]}
     suite = all_suites()["alltoall-validation"]
     block = {"latency_us": 300.0, "per_message_us": 20.0, "GBps": 1.0, "host_cores": 2}
     for algo in ("halo", "flat"):
         (p,) = suite.grid({"ranks": [4], "algo": [algo], "backend": ["gloo"], "sizes": [65536]})
-        t = {x: v.predict(p, {**block, "overlap_by_ranks": {"4": x}}, 2)["predicted_time_s"]
-             for x in (0.0, 0.5, 1.0)}
+        t = {
+            x: v.predict(p, {**block, "overlap_by_ranks": {"4": x}}, 2)["predicted_time_s"]
+            for x in (0.0, 0.5, 1.0)
+        }
         assert t[0.5] == pytest.approx((t[0.0] + t[1.0]) / 2, rel=1e-12)
         # no measured overlap (a profile file): the phases overlap as the dependencies allow
         assert v.predict(p, block, 2)["predicted_time_s"] == pytest.approx(t[1.0], rel=1e-12)
@@ -398,18 +497,49 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
     from moe_repro.suites import alltoall_validation as v
 
     path = tmp_path / "local.json"
-    path.write_text(json.dumps({"calibration": {"gloo": {
-        "latency_us": 40.0, "latency_us_by_ranks": {"4": 90.0}, "per_message_us": 250.0, "GBps": 0.6,
-        "host_cores": 2, "host_op_us": 12.0, "pack_GBps": 3.0, "fresh_GBps": 1.0, "python_op_ns": 20.0,
-        "sort_unit_ns": 3.0}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "calibration": {
+                    "gloo": {
+                        "latency_us": 40.0,
+                        "latency_us_by_ranks": {"4": 90.0},
+                        "per_message_us": 250.0,
+                        "GBps": 0.6,
+                        "host_cores": 2,
+                        "host_op_us": 12.0,
+                        "pack_GBps": 3.0,
+                        "fresh_GBps": 1.0,
+                        "python_op_ns": 20.0,
+                        "sort_unit_ns": 3.0,
+                    }
+                }
+            }
+        )
+    )
     suite = all_suites()["alltoall-validation"]
-    (p,) = suite.grid({"ranks": [4], "algo": ["halo"], "backend": ["gloo"], "sizes": [65536],
-                       "calibration": [str(path)]})
+    (p,) = suite.grid(
+        {
+            "ranks": [4],
+            "algo": ["halo"],
+            "backend": ["gloo"],
+            "sizes": [65536],
+            "calibration": [str(path)],
+        }
+    )
     names = ("intra_node", "intra_group", "inter_group", "inter_rack", "inter_node")
-    state = {"payload_bytes": 65536.0, "link_bytes": dict.fromkeys(names, 0),
-             "host_work": {"ops": 37, "bytes": 3_000_000, "fresh_bytes": 500_000, "python_ops": 4000,
-                           "sort_work": 100_000},
-             "memcpy_s": 0.001}  # the run's memcpy bound (suites/alltoall.py setup)
+    state = {
+        "payload_bytes": 65536.0,
+        "link_bytes": dict.fromkeys(names, 0),
+        "host_work": {
+            "ops": 37,
+            "bytes": 3_000_000,
+            "fresh_bytes": 500_000,
+            "python_ops": 4000,
+            "sort_work": 100_000,
+        },
+        "memcpy_s": 0.001,
+    }  # the run's memcpy bound (suites/alltoall.py setup)
     got = v.derive(p, state, 0.01)
     host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9 + 4000 * 20e-9 + 100_000 * 3e-9) * 4 / 2
     assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)
@@ -422,21 +552,43 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
 
 # --- repro calibrate's profile fields (no runs: fits written here) ------------------------------
 
+
 def test_calibrate_writes_every_fit_and_the_faster_backends_links():
     from moe_repro.cli.calibrate_cmd import write_alltoall_calibration
     from moe_repro.components.network.platform import from_dict, local_profile
 
     doc = local_profile(0.1, 0.01, 10.0, 2, 4.0, "test machine", {})
-    runs = [{"ranks": 2, "size": 1024, "time_s": 1e-3}, {"ranks": 4, "size": 1 << 20, "time_s": 1e-2}]
-    fits = {"gloo": {"latency_us": 10.0, "per_message_us": 500.0, "GBps": 0.5, "host_cores": 2, "runs": runs},
-            "mpi": {"latency_us": 2.0, "per_message_us": 50.0, "GBps": 0.7, "host_cores": 2,
-                    "runs": [dict(r, time_s=r["time_s"] / 2) for r in runs]}}
+    runs = [
+        {"ranks": 2, "size": 1024, "time_s": 1e-3},
+        {"ranks": 4, "size": 1 << 20, "time_s": 1e-2},
+    ]
+    fits = {
+        "gloo": {
+            "latency_us": 10.0,
+            "per_message_us": 500.0,
+            "GBps": 0.5,
+            "host_cores": 2,
+            "runs": runs,
+        },
+        "mpi": {
+            "latency_us": 2.0,
+            "per_message_us": 50.0,
+            "GBps": 0.7,
+            "host_cores": 2,
+            "runs": [dict(r, time_s=r["time_s"] / 2) for r in runs],
+        },
+    }
     chosen = write_alltoall_calibration(doc, fits, "faster", "2026-01-01T00:00:00+00:00")
     assert chosen == "mpi"  # half the time at every run
     assert doc["calibration"]["links_from"] == "mpi" and doc["calibration"]["gloo"]["GBps"] == 0.5
-    assert all(link["GBps"] == pytest.approx(0.7) and link["latency_us"] == pytest.approx(2.0)
-               for link in doc["links"])
-    assert doc["network"]["per_message_us"] == pytest.approx(50.0) and doc["network"]["latency_model"] == "serial"
+    assert all(
+        link["GBps"] == pytest.approx(0.7) and link["latency_us"] == pytest.approx(2.0)
+        for link in doc["links"]
+    )
+    assert (
+        doc["network"]["per_message_us"] == pytest.approx(50.0)
+        and doc["network"]["latency_model"] == "serial"
+    )
     assert doc["node"]["nic_GBps"] == pytest.approx(0.7)
     assert doc["node"]["intra_node_alltoall_GBps_per_gpu"] == pytest.approx(0.7)
     assert doc["network"]["host_GBps"] == pytest.approx(1.4)
@@ -449,24 +601,43 @@ def test_calibrate_writes_every_fit_and_the_faster_backends_links():
 
 # --- the suite on real ranks ------------------------------------------------------------------
 
+
 @pytest.mark.multiprocess
 def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
     from moe_repro.suites.runner import RunConfig, measure
 
     suite = all_suites()["alltoall-validation"]
-    grid = suite.grid({"ranks": [2], "backend": ["gloo"], "sizes": [1024, 65536], "fit_ranks": ["2"],
-                       "fit_sizes": ["2K+256K"], "fit_repeats": [3]})
-    records = measure(suite, grid, RunConfig(warmup=1, repeats=3, min_sample_s=0.005, timeout_s=240))
-    assert [(r["algo"], r["size"]) for r in records] == [(a, s) for a in ("flat", "halo", "rbd")
-                                                        for s in (1024, 65536)]
+    grid = suite.grid(
+        {
+            "ranks": [2],
+            "backend": ["gloo"],
+            "sizes": [1024, 65536],
+            "fit_ranks": ["2"],
+            "fit_sizes": ["2K+256K"],
+            "fit_repeats": [3],
+        }
+    )
+    records = measure(
+        suite, grid, RunConfig(warmup=1, repeats=3, min_sample_s=0.005, timeout_s=240)
+    )
+    assert [(r["algo"], r["size"]) for r in records] == [
+        (a, s) for a in ("flat", "halo", "rbd") for s in (1024, 65536)
+    ]
     for r in records:
         assert r["correct"] is True
         assert r["time_s"] > 0 and r["predicted_time_s"] > 0
         assert math.isfinite(r["error_pct"])
         # median of per-sample errors = the error of the median sample (3 repeats)
-        assert r["error_pct"] == pytest.approx(100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9)
-        assert set(r["how"]) == {"time_s", "predicted_time_s", "predicted_host_s", "predicted_host_priced_s",
-                                 "error_pct"}
+        assert r["error_pct"] == pytest.approx(
+            100 * (r["predicted_time_s"] / r["time_s"] - 1), rel=1e-9
+        )
+        assert set(r["how"]) == {
+            "time_s",
+            "predicted_time_s",
+            "predicted_host_s",
+            "predicted_host_priced_s",
+            "error_pct",
+        }
         # the host work is profiled on the run and is part of the prediction, stretched by the
         # world's cpu_stretch; the price model's estimate is kept beside it
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
@@ -478,7 +649,9 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert len(set(profiled)) > 1
         assert r["host_cpu_s"] == pytest.approx(sorted(profiled)[1], rel=1e-9)
         assert r["predicted_host_priced_s"] > 0
-        assert r["host_python_ops"] > 0 and r["load_average"] >= 0  # instructions counted, load kept
+        assert (
+            r["host_python_ops"] > 0 and r["load_average"] >= 0
+        )  # instructions counted, load kept
         # measured in the run's world: wall per CPU second is never below 1 for one thread
         assert r["cpu_stretch"] >= 0.99 and len(r["cpu_stretch_samples"]) == 3
         # and how much two exchanges at once overlap there, which the fit keeps per ranks count
@@ -486,11 +659,21 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         assert r["calibration_used"]["overlap_by_ranks"] == {"2": r["phase_overlap"]}
         # and the host prices, measured in the world by every rank at once
         world_prices = r["calibration_used"]["host_prices_by_ranks"]["2"]
-        assert world_prices == r["host_prices"] and world_prices["pack_GBps"] > 0 and world_prices["host_op_us"] > 0
-        assert r["how"]["time_s"].startswith("measured") and r["how"]["predicted_time_s"].startswith("simulated")
+        assert (
+            world_prices == r["host_prices"]
+            and world_prices["pack_GBps"] > 0
+            and world_prices["host_op_us"] > 0
+        )
+        assert r["how"]["time_s"].startswith("measured") and r["how"][
+            "predicted_time_s"
+        ].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
-        assert calib["host_op_us"] > 0 and calib["pack_GBps"] > 0 and set(calib["latency_us_by_ranks"]) == {"2"}
+        assert (
+            calib["host_op_us"] > 0
+            and calib["pack_GBps"] > 0
+            and set(calib["latency_us_by_ranks"]) == {"2"}
+        )
         assert calib["python_op_ns"] > 0 and calib["sort_unit_ns"] > 0
         assert len(calib["load_average"]["before"]) == len(calib["load_average"]["after"]) == 3
         # the fit set is flat at sizes the grid does not hold
@@ -523,32 +706,58 @@ def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(
             msgs, topo, deps = v.routed_messages(point)
             n_l, n_o, nbytes = ns.alltoall_time_terms(msgs, topo, deps, 2)
             t = n_l * L[world_size] + n_o * o[world_size] + nbytes / beta
-            zero = dict.fromkeys(("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work",
-                                  "host_python_ops"), 0.0)
-            records.append({**point, **zero, "time_s": t, "time_s_iqr": 0.0,
-                            "samples": {"time_s": [t] * repeats}})
+            zero = dict.fromkeys(
+                ("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work", "host_python_ops"),
+                0.0,
+            )
+            records.append(
+                {
+                    **point,
+                    **zero,
+                    "time_s": t,
+                    "time_s_iqr": 0.0,
+                    "samples": {"time_s": [t] * repeats},
+                }
+            )
         return [records]
 
     monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
     monkeypatch.setattr(v, "measure_host_costs", lambda: {"host_op_us": 1.0, "pack_GBps": 1.0})
     suite = all_suites()["alltoall-validation"]
-    grid = suite.grid({"ranks": [2, 4], "algo": ["flat"], "backend": ["gloo"], "sizes": [1024, 65536],
-                       "fit_ranks": ["2+4"], "fit_sizes": ["2K+256K+4M"], "fit_repeats": [2]})
+    grid = suite.grid(
+        {
+            "ranks": [2, 4],
+            "algo": ["flat"],
+            "backend": ["gloo"],
+            "sizes": [1024, 65536],
+            "fit_ranks": ["2+4"],
+            "fit_sizes": ["2K+256K+4M"],
+            "fit_repeats": [2],
+        }
+    )
     assert all("predicted_time_s" not in p for p in grid)  # no fit before the worlds run
     records = measure(suite, grid, RunConfig(repeats=3))
     assert [n for n, _ in calls] == [2, 4]
     sizes = [2048, 262144, 4194304]
     for n, kwargs in calls:
-        kinds = [(p["algo"], p["path"], p["size"], f) for p, f in zip(kwargs["points"], kwargs["fit"])]
+        kinds = [
+            (p["algo"], p["path"], p["size"], f) for p, f in zip(kwargs["points"], kwargs["fit"])
+        ]
         # the fit runs over the world, then (two nodes) over each node, in turn with the cells
-        fits = [("flat", "dispatch", s, True) for s in sizes] + \
-            ([("flat", "node", s, True) for s in sizes] if n == 4 else [])
+        fits = [("flat", "dispatch", s, True) for s in sizes] + (
+            [("flat", "node", s, True) for s in sizes] if n == 4 else []
+        )
         cells = [("flat", "dispatch", 1024, False), ("flat", "dispatch", 65536, False)]
         assert kinds == [fits[0], cells[0], fits[1], cells[1], *fits[2:]]
         assert all(p["ranks"] == n for p in kwargs["points"])
         assert kwargs["repeats"] == [2, 3, 2, 3] + [2] * (len(fits) - 2)
         assert kwargs["config"]["number_from"] > 1  # calls per sample not set by one stalled call
-    assert [(r["ranks"], r["size"]) for r in records] == [(2, 1024), (2, 65536), (4, 1024), (4, 65536)]
+    assert [(r["ranks"], r["size"]) for r in records] == [
+        (2, 1024),
+        (2, 65536),
+        (4, 1024),
+        (4, 65536),
+    ]
     for r in records:
         calib = r["calibration_used"]
         assert calib["GBps"] == pytest.approx(beta / 1e9, rel=1e-6)
@@ -567,8 +776,12 @@ def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
     ranks count's, and at the block's own prices where it has none for that count."""
     from moe_repro.suites import alltoall_validation as v
 
-    block = {"host_op_us": 1.0, "pack_GBps": 1.0, "host_cores": 2,
-             "host_prices_by_ranks": {"4": {"host_op_us": 10.0, "pack_GBps": 2.0}}}
+    block = {
+        "host_op_us": 1.0,
+        "pack_GBps": 1.0,
+        "host_cores": 2,
+        "host_prices_by_ranks": {"4": {"host_op_us": 10.0, "pack_GBps": 2.0}},
+    }
     run = {"host_ops": 100, "host_bytes": 2e6, "cpu_stretch": 1.5}
     # 4 ranks: 100 ops at 10 us + 2 MB at 2 GB/s = 2 ms, stretched 1.5 times
     assert v.host_s({**run, "ranks": 4}, block, 2) == pytest.approx(3e-3, rel=1e-12)
@@ -576,7 +789,9 @@ def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
     assert v.host_s({**run, "ranks": 8}, block, 2) == pytest.approx(1.5 * 2.1e-3, rel=1e-12)
 
 
-def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction(monkeypatch, tmp_path):
+def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction(
+    monkeypatch, tmp_path
+):
     """calibration=fit predicts only once the fit set has run in every world; a run stopped
     in its second world keeps the first world's cells (measured times, the reason the
     prediction is missing) in the store, marked interrupted."""
@@ -587,18 +802,44 @@ def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction
     def fake_run_ranks(target, kwargs, world_size, ranks_per_node, backend, timeout_s):
         if world_size == 4:
             raise KeyboardInterrupt  # Ctrl-C while the second world runs
-        zero = dict.fromkeys(("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work",
-                              "host_python_ops"), 0.0)
-        return [[{**p, **zero, "time_s": 1e-3, "time_s_iqr": 0.0, "samples": {"time_s": [1e-3] * r}}
-                 for p, r in zip(kwargs["points"], kwargs["repeats"])]]
+        zero = dict.fromkeys(
+            ("host_ops", "host_bytes", "host_fresh_bytes", "host_sort_work", "host_python_ops"), 0.0
+        )
+        return [
+            [
+                {**p, **zero, "time_s": 1e-3, "time_s_iqr": 0.0, "samples": {"time_s": [1e-3] * r}}
+                for p, r in zip(kwargs["points"], kwargs["repeats"])
+            ]
+        ]
 
     monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
     monkeypatch.setattr(v, "measure_host_costs", lambda: pytest.fail("no fit may be made"))
     store = tmp_path / "store"
     with pytest.raises(SystemExit) as exited:
-        main(["--results", str(store), "bench", "alltoall-validation", "--ranks", "2,4", "--algo", "flat",
-              "--backend", "gloo", "--sizes", "1K,64K", "--fit-ranks", "2+4", "--fit-sizes", "2K+256K", "--fit-repeats", "2",
-              "--repeats", "3"])
+        main(
+            [
+                "--results",
+                str(store),
+                "bench",
+                "alltoall-validation",
+                "--ranks",
+                "2,4",
+                "--algo",
+                "flat",
+                "--backend",
+                "gloo",
+                "--sizes",
+                "1K,64K",
+                "--fit-ranks",
+                "2+4",
+                "--fit-sizes",
+                "2K+256K",
+                "--fit-repeats",
+                "2",
+                "--repeats",
+                "3",
+            ]
+        )
     assert exited.value.code == 130
     (path,) = (store / "suites" / "alltoall-validation").glob("*.json")
     stored = json.loads(path.read_text())
@@ -612,23 +853,42 @@ def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction
 def test_summary_gives_each_backends_and_algorithms_median_error_against_the_goal():
     from moe_repro.suites.alltoall_validation import error_summary
 
-    cells = [("gloo", "rbd", e) for e in (-40.0, 10.0, 20.0)] + [("mpi", "rbd", e) for e in (-5.0, 14.0)] + \
-        [("gloo", "flat", 3.0), ("gloo", "flat", None)]  # None: an interrupted cell, no prediction
-    records = [{"backend": b, "algo": a, **({} if e is None else {"error_pct": e})} for b, a, e in cells]
+    cells = (
+        [("gloo", "rbd", e) for e in (-40.0, 10.0, 20.0)]
+        + [("mpi", "rbd", e) for e in (-5.0, 14.0)]
+        + [("gloo", "flat", 3.0), ("gloo", "flat", None)]
+    )  # None: an interrupted cell, no prediction
+    records = [
+        {"backend": b, "algo": a, **({} if e is None else {"error_pct": e})} for b, a, e in cells
+    ]
     assert error_summary(records) == [
         "gloo rbd: median |error| 20.0% over 3 cells, worst 40.0% (above the 15% goal)",
         "gloo flat: median |error| 3.0% over 1 cell, worst 3.0% (within the 15% goal)",
-        "mpi rbd: median |error| 9.5% over 2 cells, worst 14.0% (within the 15% goal)"]
+        "mpi rbd: median |error| 9.5% over 2 cells, worst 14.0% (within the 15% goal)",
+    ]
     # a median that one decimal would show as the goal itself shows two: above is above
     assert error_summary([{"backend": "gloo", "algo": "flat", "error_pct": 15.04}])[0].startswith(
-        "gloo flat: median |error| 15.04% over 1 cell, worst 15.0% (above the 15% goal)")
-    assert "median |error| 15.0% over 1 cell" in error_summary([{"backend": "gloo", "algo": "flat",
-                                                                "error_pct": -15.0}])[0]
+        "gloo flat: median |error| 15.04% over 1 cell, worst 15.0% (above the 15% goal)"
+    )
+    assert (
+        "median |error| 15.0% over 1 cell"
+        in error_summary([{"backend": "gloo", "algo": "flat", "error_pct": -15.0}])[0]
+    )
     # with the host work in the prediction: its share, the median over the cells (0.2, 0.5, 0.9)
-    shared = [{"backend": "mpi", "algo": "halo", "error_pct": 1.0, "predicted_time_s": 10.0,
-               "predicted_host_s": h} for h in (2.0, 5.0, 9.0)]
-    assert error_summary(shared) == ["mpi halo: median |error| 1.0% over 3 cells, worst 1.0% (within the "
-                                     "15% goal); host work (profiled) 50% of the predicted time"]
+    shared = [
+        {
+            "backend": "mpi",
+            "algo": "halo",
+            "error_pct": 1.0,
+            "predicted_time_s": 10.0,
+            "predicted_host_s": h,
+        }
+        for h in (2.0, 5.0, 9.0)
+    ]
+    assert error_summary(shared) == [
+        "mpi halo: median |error| 1.0% over 3 cells, worst 1.0% (within the "
+        "15% goal); host work (profiled) 50% of the predicted time"
+    ]
 
 
 def test_median_error_interval_draws_a_worlds_rounds_together_and_worlds_apart():
@@ -638,15 +898,26 @@ def test_median_error_interval_draws_a_worlds_rounds_together_and_worlds_apart()
     from moe_repro.suites.alltoall_validation import median_error_interval
 
     def cell(ranks, errors):
-        return {"backend": "gloo", "ranks": ranks, "gpus_per_node": 2, "error_pct": 20.0,
-                "samples": {"error_pct": errors}}
+        return {
+            "backend": "gloo",
+            "ranks": ranks,
+            "gpus_per_node": 2,
+            "error_pct": 20.0,
+            "samples": {"error_pct": errors},
+        }
 
     assert median_error_interval([cell(2, [0.0, 40.0]), cell(2, [40.0, 0.0])]) == (20.0, 20.0)
     apart = [cell(2, [0.0, 40.0]), cell(4, [40.0, 0.0])]
     low, high = median_error_interval(apart)
     assert low < 20.0 < high
-    assert median_error_interval(apart) == (low, high)  # seeded: the same records, the same interval
-    assert median_error_interval([cell(2, [-7.0, -7.0, -7.0])]) == (7.0, 7.0)  # steady rounds: a point
+    assert median_error_interval(apart) == (
+        low,
+        high,
+    )  # seeded: the same records, the same interval
+    assert median_error_interval([cell(2, [-7.0, -7.0, -7.0])]) == (
+        7.0,
+        7.0,
+    )  # steady rounds: a point
 
 
 def test_goal_verdict_needs_the_whole_interval_on_one_side():
@@ -655,15 +926,25 @@ def test_goal_verdict_needs_the_whole_interval_on_one_side():
     assert goal_verdict(3.0, 14.0) == "within the 15% goal"
     assert goal_verdict(3.0, 15.0) == "within the 15% goal"
     assert goal_verdict(16.0, 30.0) == "above the 15% goal"
-    assert goal_verdict(10.0, 20.0) == ("the 15% goal inside the interval: this run cannot tell; "
-                                        "more --repeats narrow it")
+    assert goal_verdict(10.0, 20.0) == (
+        "the 15% goal inside the interval: this run cannot tell; more --repeats narrow it"
+    )
     # a median of 12% whose rounds reach past the goal is not called within
-    noisy = [{"backend": "gloo", "algo": "rbd", "ranks": 2, "gpus_per_node": 2, "error_pct": 12.0,
-              "samples": {"error_pct": [12.0, 2.0, 30.0]}}]
+    noisy = [
+        {
+            "backend": "gloo",
+            "algo": "rbd",
+            "ranks": 2,
+            "gpus_per_node": 2,
+            "error_pct": 12.0,
+            "samples": {"error_pct": [12.0, 2.0, 30.0]},
+        }
+    ]
     (line,) = error_summary(noisy)
     assert line.startswith("gloo rbd: median |error| 12.0% (90% interval 2.0-30.0%) over 1 cell")
     assert line.endswith(
-        "(the 15% goal inside the interval: this run cannot tell; more --repeats narrow it)")
+        "(the 15% goal inside the interval: this run cannot tell; more --repeats narrow it)"
+    )
 
 
 def test_the_host_work_is_profiled_on_one_more_call_and_the_busiest_ranks_rounds_kept(monkeypatch):
@@ -680,14 +961,21 @@ def test_the_host_work_is_profiled_on_one_more_call_and_the_busiest_ranks_rounds
         return 0.002
 
     monkeypatch.setattr(alltoall, "host_cpu_seconds", fake_profile)
-    assert profile_host_cpu({"comms": "the point's communicators", "host_work": {"cpu_ns": 1}}) == 0.002
+    assert (
+        profile_host_cpu({"comms": "the point's communicators", "host_work": {"cpu_ns": 1}})
+        == 0.002
+    )
     assert calls == [("the point's communicators", 1)]
     assert profile_host_cpu({"comms": None, "host_work": {"ops": 5}}) is None and len(calls) == 1
 
     class World:
         def allgather_ints(self, values):
             assert values == [1000, 5000, 3000]  # this rank's rounds, in ns
-            return [[1000, 5000, 3000], [2000, 9000, 2000], [4000, 4000, 1000]]  # medians 3, 2, 4 us
+            return [
+                [1000, 5000, 3000],
+                [2000, 9000, 2000],
+                [4000, 4000, 1000],
+            ]  # medians 3, 2, 4 us
 
     class Comms:
         world = World()

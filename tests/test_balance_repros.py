@@ -9,7 +9,11 @@ import torch
 from click.testing import CliRunner
 
 from moe_repro.cli import cli
-from moe_repro.components.balance.fastermoe_shadow import choose_shadows, dispatch_rows, shadow_loads
+from moe_repro.components.balance.fastermoe_shadow import (
+    choose_shadows,
+    dispatch_rows,
+    shadow_loads,
+)
 from moe_repro.components.balance.load_balance_eval import evaluate_trace
 from moe_repro.components.balance.routing_trace import synthetic_trace
 from moe_repro.reproductions import all_reproductions
@@ -36,19 +40,20 @@ def test_dispatch_rows_matches_brute_force():
     ranks = [0, 0, 1, 1, 2, 2, 3, 3]
     for pipe in (1, 2):
         for shadows in ((), (5,)):
-            assert dispatch_rows(top, source, ranks, 4, pipe, shadows) == \
-                _brute_dispatch(top, source, ranks, pipe, set(shadows), 2)
+            assert dispatch_rows(top, source, ranks, 4, pipe, shadows) == _brute_dispatch(
+                top, source, ranks, pipe, set(shadows), 2
+            )
     # splitting into stages can only add rows
     assert dispatch_rows(top, source, ranks, 4, 2) >= dispatch_rows(top, source, ranks, 4, 1)
 
 
 def test_shadows_split_rows_by_source():
-    src = torch.tensor([[10, 0, 1, 1], [30, 0, 1, 1]])     # 2 sources, expert 0 hot, on rank 0
+    src = torch.tensor([[10, 0, 1, 1], [30, 0, 1, 1]])  # 2 sources, expert 0 hot, on rank 0
     loads = shadow_loads(src.sum(0), [0, 0, 1, 1], 2, [0], src)
-    assert loads.tolist() == [10.0, 34.0]                  # rank 1 computes its own 30 rows of 0
+    assert loads.tolist() == [10.0, 34.0]  # rank 1 computes its own 30 rows of 0
     # 40/4 -> shadow 0: 10/34 -> shadow 2: 11/33 -> shadow 3: 12/32; expert 1 has no tokens
     assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 4, src) == [0, 2, 3]
-    assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 1, src) == [0]           # max_shadows
+    assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 1, src) == [0]  # max_shadows
     # a hot expert whose tokens all start on its home rank gains nothing from a shadow
     src = torch.tensor([[30, 0, 0, 0], [0, 0, 10, 10]])
     assert choose_shadows(src.sum(0), [0, 0, 1, 1], 2, 4, src) == []
@@ -58,7 +63,7 @@ def test_balancers_reduce_the_token_straggler_on_skewed_routing():
     trace = synthetic_trace(1, 4, 32, 4, 256, 4, skew=1.5, seed=1)
     stats = evaluate_trace(trace, dyn=4)
     assert stats["FEPLB"].token_straggler < stats["Before LB"].token_straggler
-    assert stats["LLEP"].token_straggler <= stats["FEPLB"].token_straggler   # token-level splits
+    assert stats["LLEP"].token_straggler <= stats["FEPLB"].token_straggler  # token-level splits
 
 
 def test_feplb_table3_rows_and_columns(tmp_path, results_dir):
@@ -72,8 +77,14 @@ def test_feplb_table3_rows_and_columns(tmp_path, results_dir):
     assert {"Before LB", "FasterMoE", "FEPLB"} <= cols
     cell = next(c for c in data["cells"] if c["row"] == "2/8" and c["column"] == "FEPLB")
     assert cell["paper"] == 2021 and cell["ours"] is not None and "synthetic" in cell["note"]
-    real = next(c for c in data["cells"] if c["row"] == "2/8 real counts" and c["column"] == "FEPLB")
-    assert real["paper"] == 2021 and real["ours"] is not None and "real-count workload olmoe-" in real["note"]
+    real = next(
+        c for c in data["cells"] if c["row"] == "2/8 real counts" and c["column"] == "FEPLB"
+    )
+    assert (
+        real["paper"] == 2021
+        and real["ours"] is not None
+        and "real-count workload olmoe-" in real["note"]
+    )
 
 
 def test_the_real_count_workload_is_the_one_nearest_feplb_s_baseline():
@@ -91,7 +102,7 @@ def test_the_real_count_workload_is_the_one_nearest_feplb_s_baseline():
     def max_mean(name):
         w = get_workload(name, tokens=1024)
         values = []
-        for step in (1, 2, 4, 5):             # layers 0 and 1, micro-batches 1 and 2
+        for step in (1, 2, 4, 5):  # layers 0 and 1, micro-batches 1 and 2
             loads = w.routing(0, step).expert_counts(64).reshape(2, 32).sum(1).double()
             values.append(float(loads.max() / loads.mean()))
         return sum(values) / len(values)
@@ -114,9 +125,11 @@ def test_other_feplb_reproductions_run_small():
     assert_how_is_the_catalogs("feplb-fig4", f4_result)
     f4 = {(c.row, c.column): c for c in f4_result.cells}
     assert f4[("Dispatch", "FEPLB (EP time)")].ours == 0.0
-    for kind in ("time", "volume"):   # the stages can only add rows, and time
-        assert f4[("Dispatch", f"FasterMoE pipe=2 (EP {kind})")].ours >= \
-            f4[("Dispatch", f"FasterMoE pipe=1 (EP {kind})")].ours
+    for kind in ("time", "volume"):  # the stages can only add rows, and time
+        assert (
+            f4[("Dispatch", f"FasterMoE pipe=2 (EP {kind})")].ours
+            >= f4[("Dispatch", f"FasterMoE pipe=1 (EP {kind})")].ours
+        )
     t2 = repros["feplb-table2"].run(params)
     assert_how_is_the_catalogs("feplb-table2", t2)
     assert any(c.verdict == "not-reproduced" for c in t2.cells)

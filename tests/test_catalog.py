@@ -54,12 +54,16 @@ def test_how_letters():
     assert catalog.reproduction("piper-table4").paper_element == "Piper Table IV"
 
 
-@pytest.mark.parametrize("lookup,name,needle", [
-    (catalog.paper, "pipr", "did you mean piper?"),
-    (catalog.reproduction, "piper-tabel4", "did you mean piper-table4"),
-    (catalog.suite, "gemmm", "did you mean gemm"),
-    (catalog.suite, "zzzzzz", "known: allreduce, alltoall"),
-    (catalog.reproductions_of, "feplp", "unknown paper 'feplp'; did you mean feplb?")])
+@pytest.mark.parametrize(
+    "lookup,name,needle",
+    [
+        (catalog.paper, "pipr", "did you mean piper?"),
+        (catalog.reproduction, "piper-tabel4", "did you mean piper-table4"),
+        (catalog.suite, "gemmm", "did you mean gemm"),
+        (catalog.suite, "zzzzzz", "known: allreduce, alltoall"),
+        (catalog.reproductions_of, "feplp", "unknown paper 'feplp'; did you mean feplb?"),
+    ],
+)
 def test_unknown_names_are_value_errors_with_close_matches(lookup, name, needle):
     with pytest.raises(ValueError, match="unknown") as info:
         lookup(name)
@@ -76,7 +80,8 @@ def test_bibtex_is_built_from_the_fields():
         "  year = {2026},\n"
         "  note = {preprint},\n"
         "  url = {https://arxiv.org/abs/2604.19654},\n"
-        "}")
+        "}"
+    )
     # MoP's text states no date and no arXiv number: neither is invented
     mop = catalog.paper("mop").bibtex
     assert mop.startswith("@misc{nguyenmop,\n") and "year" not in mop and "url" not in mop
@@ -86,7 +91,12 @@ def test_specs_and_suites_read_their_metadata_from_the_catalog():
     spec = all_reproductions()["piper-table4"]
     entry = catalog.reproduction("piper-table4")
     assert (spec.title, spec.paper, spec.element, spec.how, spec.description) == (
-        entry.title, "piper", "Table IV", "A", entry.description)
+        entry.title,
+        "piper",
+        "Table IV",
+        "A",
+        entry.description,
+    )
     assert all_suites()["gemm"].description == catalog.suite("gemm").description
     orphan = Reproduction(id="no-such-id", paper_values=[], compute=lambda r, p: None)
     with pytest.raises(ValueError, match="unknown reproduction 'no-such-id'"):
@@ -94,12 +104,22 @@ def test_specs_and_suites_read_their_metadata_from_the_catalog():
 
 
 def test_catalog_imports_only_the_standard_library():
-    code = ("import sys, json; before = set(sys.modules); import moe_repro.catalog; "
-            "print(json.dumps(sorted(set(sys.modules) - before)))")
-    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                       text=True, check=True).stdout)
-    outside = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
-               and m != "moe_repro" and not m.startswith("moe_repro.catalog")]
+    code = (
+        "import sys, json; before = set(sys.modules); import moe_repro.catalog; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    loaded = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    outside = [
+        m
+        for m in loaded
+        if m.split(".")[0] not in sys.stdlib_module_names
+        and m != "moe_repro"
+        and not m.startswith("moe_repro.catalog")
+    ]
     assert outside == []
 
 

@@ -30,6 +30,7 @@ needs_mpi = pytest.mark.skipif(bool(mpi_unavailable()), reason=str(mpi_unavailab
 
 # --- the registry ----------------------------------------------------------------------------
 
+
 def test_the_registry_names_the_ranks_and_the_points_prefixes():
     assert "moe-repro-ranks-" in workdirs.PREFIXES
     assert "moe-repro-points-" in workdirs.PREFIXES
@@ -60,6 +61,7 @@ def test_make_workdir_refuses_an_unregistered_prefix():
 
 
 # --- the segment sweep, on a folder standing in for /dev/shm ---------------------------------
+
 
 def test_only_new_unheld_segments_of_this_user_are_removed(tmp_path):
     shm = tmp_path / "shm"
@@ -101,15 +103,19 @@ def test_the_sweep_waits_for_the_worlds_processes(tmp_path, fake_clock):
     seg = shm / "mpich_shm_dddd_0"
     seg.write_bytes(b"x")
     with open(seg, "rb") as held:
-        rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", world], stdin=held)
+        rank = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)", world], stdin=held
+        )
     slept = []
 
     def sleep(s):
         slept.append(s)
         fake_clock.advance(s)
+
     try:
-        removed = workdirs.remove_new_segments({}, world, shm_dir=shm, wait_s=1.0,
-                                               clock=fake_clock, sleep=sleep)
+        removed = workdirs.remove_new_segments(
+            {}, world, shm_dir=shm, wait_s=1.0, clock=fake_clock, sleep=sleep
+        )
     finally:
         rank.kill()
         rank.wait()
@@ -150,10 +156,13 @@ def test_the_janitor_ends_a_rank_that_outlived_its_parent(tmp_path, monkeypatch)
     ranks.mkdir()
     (ranks / "owner.pid").write_text(str(owner))
     code = "import time; time.sleep(60)"
-    stray = subprocess.Popen([sys.executable, "-c", code],
-                             env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks)}))
-    other = subprocess.Popen([sys.executable, "-c", code],
-                             env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks) + "-other"}))
+    stray = subprocess.Popen(
+        [sys.executable, "-c", code], env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks)})
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, **{workdirs.WORLD_ENV: str(ranks) + "-other"}),
+    )
     monkeypatch.setattr(os, "getppid", lambda: owner)
     try:
         with _janitor_input(tmp_path, b"null\n") as stream:
@@ -178,10 +187,16 @@ def test_a_launched_worlds_node_folder_goes_when_its_launcher_has_ended(tmp_path
     for d in (ours, other):
         d.mkdir()
     try:
+
         def sleep(s):
             fake_clock.advance(s)
-        assert workdirs.remove_launched_dirs(launcher.pid, tmp_path, wait_s=1, clock=fake_clock,
-                                             sleep=sleep) == []
+
+        assert (
+            workdirs.remove_launched_dirs(
+                launcher.pid, tmp_path, wait_s=1, clock=fake_clock, sleep=sleep
+            )
+            == []
+        )
         assert ours.exists(), "kept while its launcher runs"
     finally:
         launcher.kill()
@@ -204,7 +219,6 @@ def test_the_janitor_leaves_a_live_parents_folders_to_it(tmp_path, monkeypatch):
 # --- real worlds -------------------------------------------------------------------------------
 
 
-
 def _segments_mapped_by(pids: list[int]) -> set[str]:
     names = set()
     for pid in pids:
@@ -222,16 +236,28 @@ def _start(tmp_path, args: list[str]):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     tag = f"MOE_REPRO_CLEANUP_TEST={uuid.uuid4().hex}"
-    env = dict(os.environ, TMPDIR=str(tmp), MOE_REPRO_RESULTS=str(tmp_path / "results"),
-               MOE_REPRO_CLEANUP_TEST=tag.split("=")[1])
-    proc = subprocess.Popen([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp),
+        MOE_REPRO_RESULTS=str(tmp_path / "results"),
+        MOE_REPRO_CLEANUP_TEST=tag.split("=")[1],
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, tmp, tag
 
 
 def _left(tmp: Path, tag: str, segments: set[str]) -> dict:
-    return {"processes": live_processes_with_env(tag), "segments": sorted(s for s in segments if os.path.exists(s)),
-            "folders": sorted(p.name for p in tmp.iterdir() if p.name.startswith(workdirs.PREFIXES))}
+    return {
+        "processes": live_processes_with_env(tag),
+        "segments": sorted(s for s in segments if os.path.exists(s)),
+        "folders": sorted(p.name for p in tmp.iterdir() if p.name.startswith(workdirs.PREFIXES)),
+    }
 
 
 def _wait_clean(tmp: Path, tag: str, segments: set[str], seconds: float) -> dict:
@@ -248,8 +274,23 @@ def _wait_clean(tmp: Path, tag: str, segments: set[str], seconds: float) -> dict
 @pytest.mark.slow
 @needs_mpi
 def test_sigkill_of_a_local_mpi_world_leaves_no_segment_and_no_points_folder(tmp_path):
-    proc, tmp, tag = _start(tmp_path, ["bench", "allreduce", "--ranks", "2", "--backend", "mpi",
-                                       "--bytes", "8", "--repeats", "1000000", "--timeout", "600"])
+    proc, tmp, tag = _start(
+        tmp_path,
+        [
+            "bench",
+            "allreduce",
+            "--ranks",
+            "2",
+            "--backend",
+            "mpi",
+            "--bytes",
+            "8",
+            "--repeats",
+            "1000000",
+            "--timeout",
+            "600",
+        ],
+    )
     try:
         deadline = time.monotonic() + patient(60)
         segments: set[str] = set()
@@ -277,9 +318,26 @@ def test_sigkill_of_a_local_mpi_world_leaves_no_segment_and_no_points_folder(tmp
 def test_a_killed_rank_of_a_local_mpi_world_leaves_no_segment(tmp_path):
     # alltoall --fault kill:1: rank 1 SIGKILLs itself in its 3rd call; repro reports the failure
     # (exit 1) and ends the world; MPICH's segment, never finalized, must go with it.
-    proc, tmp, tag = _start(tmp_path, ["bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2",
-                                       "--algo", "flat", "--backend", "mpi", "--fault", "kill:1",
-                                       "--quick", "--timeout", "600"])
+    proc, tmp, tag = _start(
+        tmp_path,
+        [
+            "bench",
+            "alltoall",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--algo",
+            "flat",
+            "--backend",
+            "mpi",
+            "--fault",
+            "kill:1",
+            "--quick",
+            "--timeout",
+            "600",
+        ],
+    )
     segments: set[str] = set()
     try:
         deadline = time.monotonic() + patient(120)
@@ -306,9 +364,21 @@ def test_the_fault_harness_finds_nothing_left_after_signals_at_random_moments():
     # A few cases of tests/fault_harness.py (python tests/fault_harness.py --runs 40 is the
     # full measurement): SIGINT/SIGTERM/SIGHUP/SIGKILL into local MPI and gloo worlds.
     harness = Path(__file__).parent / "fault_harness.py"
-    r = subprocess.run([sys.executable, str(harness), "--runs", "4", "--seed", "3",
-                        "--kinds", "allreduce-mpi,alltoall-gloo"],
-                       capture_output=True, text=True, timeout=patient(900))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(harness),
+            "--runs",
+            "4",
+            "--seed",
+            "3",
+            "--kinds",
+            "allreduce-mpi,alltoall-gloo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=patient(900),
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "total: 4 runs, 0 leftovers" in r.stdout, r.stdout[-4000:]
 
@@ -326,12 +396,34 @@ def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     tag = uuid.uuid4().hex
-    env = dict(os.environ, TMPDIR=str(tmp), MOE_REPRO_RESULTS=str(tmp_path / "results"),
-               MOE_REPRO_CLEANUP_TEST=tag)
-    proc = subprocess.Popen([str(mpiexec), "-n", "2", str(Path(sys.executable).parent / "repro"), "bench",
-                             "allreduce", "--backend", "mpi", "--bytes", "8", "--repeats", "1000000",
-                             "--timeout", "600"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp),
+        MOE_REPRO_RESULTS=str(tmp_path / "results"),
+        MOE_REPRO_CLEANUP_TEST=tag,
+    )
+    proc = subprocess.Popen(
+        [
+            str(mpiexec),
+            "-n",
+            "2",
+            str(Path(sys.executable).parent / "repro"),
+            "bench",
+            "allreduce",
+            "--backend",
+            "mpi",
+            "--bytes",
+            "8",
+            "--repeats",
+            "1000000",
+            "--timeout",
+            "600",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + patient(60)
         segments: set[str] = set()
@@ -340,7 +432,9 @@ def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
             assert time.monotonic() < deadline, "the MPI ranks did not start"
             segments = _segments_mapped_by(live_processes_with_env(tag))
             time.sleep(0.05)
-        for pid in live_processes_with_env(tag):  # the ranks (and mpiexec), not its proxy or the janitor
+        for pid in live_processes_with_env(
+            tag
+        ):  # the ranks (and mpiexec), not its proxy or the janitor
             try:
                 if b"bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
@@ -348,10 +442,14 @@ def test_sigkill_of_launched_mpi_ranks_leaves_no_segment(tmp_path):
                 pass
         proc.wait(timeout=patient(30))
         deadline = time.monotonic() + patient(30)
-        while (live_processes_with_env(tag) or any(os.path.exists(s) for s in segments)) and time.monotonic() < deadline:
+        while (
+            live_processes_with_env(tag) or any(os.path.exists(s) for s in segments)
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
-        for pid in live_processes_with_env(tag):  # a rank that outlived mpiexec: not this test's subject
+        for pid in live_processes_with_env(
+            tag
+        ):  # a rank that outlived mpiexec: not this test's subject
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()

@@ -22,8 +22,13 @@ def invoke(*args):
 
 def repro(*args, env=None, timeout=120):
     """The real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_list_shows_implemented_and_planned(results_dir):
@@ -38,8 +43,12 @@ def test_list_shows_implemented_and_planned(results_dir):
 
 def test_list_of_one_paper_and_a_misspelled_paper():
     data = json.loads(invoke("list", "--json", "--paper", "mop").output)
-    assert [r["id"] for r in data["reproductions"]] == ["mop-table1", "mop-table2", "mop-vocab",
-                                                        "mop-llep"]
+    assert [r["id"] for r in data["reproductions"]] == [
+        "mop-table1",
+        "mop-table2",
+        "mop-vocab",
+        "mop-llep",
+    ]
     suites = {s["name"]: s for s in data["suites"]}
     assert suites["gemm"]["distributed"] is False and suites["allreduce"]["distributed"] is True
     done = repro("list", "--paper", "pipr")
@@ -52,20 +61,28 @@ HEAVY = ("torch", "numpy", "pandas", "matplotlib")
 LAYERS_NOT_NEEDED = ("moe_repro.reproductions", "moe_repro.suites", "moe_repro.components")
 
 
-@pytest.mark.parametrize("args,code", [(["--help"], 0), (["list"], 0), (["list", "--json"], 0),
-                                       (["run", "nosuch"], 2)])
+@pytest.mark.parametrize(
+    "args,code", [(["--help"], 0), (["list"], 0), (["list", "--json"], 0), (["run", "nosuch"], 2)]
+)
 def test_help_and_list_start_without_heavy_imports(args, code, tmp_path):
     """Run the command in a fresh interpreter and read which modules it imported (a typo in
     `repro run` is answered from the catalog, before the reports' matplotlib or torch load)."""
-    program = ("import json, sys\n"
-               "from moe_repro.cli import main\n"
-               "try:\n"
-               "    main(sys.argv[1:])\n"
-               "except SystemExit as e:\n"
-               f"    assert e.code in (None, {code}), e.code\n"
-               "print(json.dumps(sorted(sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    program = (
+        "import json, sys\n"
+        "from moe_repro.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as e:\n"
+        f"    assert e.code in (None, {code}), e.code\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     if code:
         assert "unknown reproduction 'nosuch'" in done.stderr
@@ -90,20 +107,34 @@ def test_run_writes_the_contract(results_dir, tmp_path):
         if cell["verdict"] == "explained":
             assert cell["cause"] in CAUSES
     env = data["environment"]
-    for key in ("python", "torch", "cpu_model", "cpu_count", "hostname", "git_commit", "git_dirty",
-                "timestamp", "command"):
+    for key in (
+        "python",
+        "torch",
+        "cpu_model",
+        "cpu_count",
+        "hostname",
+        "git_commit",
+        "git_dirty",
+        "timestamp",
+        "command",
+    ):
         assert key in env
     assert (tmp_path / "rep" / "piper-table4.html").exists()
     assert len(list((results_dir / "reproductions" / "piper-table4").glob("*.json"))) == 1
 
 
-@pytest.mark.parametrize("args,needle", [(["run", "nope"], "unknown reproduction 'nope'"),
-                                         (["run", "piper-tabel4"], "did you mean piper-table4"),
-                                         (["run", "piper-table4", "--param", "gpus=0"], "positive"),
-                                         (["bench", "gemmm"], "did you mean gemm"),
-                                         (["bench", "gemm", "--param", "n=abc"], "cannot read"),
-                                         (["bench", "gemm", "--size", "3"], "no parameter 'size'"),
-                                         (["run", "--bogus"], "No such option")])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "nope"], "unknown reproduction 'nope'"),
+        (["run", "piper-tabel4"], "did you mean piper-table4"),
+        (["run", "piper-table4", "--param", "gpus=0"], "positive"),
+        (["bench", "gemmm"], "did you mean gemm"),
+        (["bench", "gemm", "--param", "n=abc"], "cannot read"),
+        (["bench", "gemm", "--size", "3"], "no parameter 'size'"),
+        (["run", "--bogus"], "No such option"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(results_dir, args, needle):
     res = repro(*args)
     assert res.returncode == 2, res.stderr
@@ -143,14 +174,36 @@ def test_site_links_every_reproduction_page(results_dir, tmp_path):
 def test_killed_rank_makes_bench_exit_nonzero_within_timeout(results_dir):
     tag = uuid.uuid4().hex
     env = dict(os.environ, MOE_REPRO_TEST_TAG=tag)
-    proc = subprocess.Popen([sys.executable, "-c", "from moe_repro.cli import main; main()",
-                             "bench", "allreduce", "--ranks", "3", "--backend", "gloo",
-                             "--bytes", "4096", "--repeats", "100000", "--min-sample-s", "0.05",
-                             "--timeout", f"{patient(9):g}"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "bench",
+            "allreduce",
+            "--ranks",
+            "3",
+            "--backend",
+            "gloo",
+            "--bytes",
+            "4096",
+            "--repeats",
+            "100000",
+            "--min-sample-s",
+            "0.05",
+            "--timeout",
+            f"{patient(9):g}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         workers = []
-        deadline = time.monotonic() + patient(30)  # a hang guard: a loaded machine starts ranks slowly
+        deadline = time.monotonic() + patient(
+            30
+        )  # a hang guard: a loaded machine starts ranks slowly
         while len(workers) < 3 and time.monotonic() < deadline:  # wait for the three ranks
             workers = [p for p in processes_with_env(tag) if p != proc.pid and _is_worker(p)]
             time.sleep(0.2)
@@ -177,7 +230,9 @@ def _is_worker(pid):
 def test_paper_rerun_resumes_unless_forced(results_dir, monkeypatch):
     from moe_repro.records import environment
 
-    monkeypatch.setattr(environment, "git_state", lambda: {"git_commit": "c0ffee", "git_dirty": False})
+    monkeypatch.setattr(
+        environment, "git_state", lambda: {"git_commit": "c0ffee", "git_dirty": False}
+    )
     first = invoke("run", "--paper", "piper", "--how", "A")
     assert first.exit_code == 0
     n_runs = len(list((results_dir / "reproductions" / "piper-table4").glob("*.json")))
@@ -197,11 +252,23 @@ def test_export_csv_and_jsonl(results_dir, tmp_path):
     import pandas as pd
 
     invoke("run", "piper-table4", "--quiet")
-    assert invoke("export", "--kind", "reproductions", "--out", str(tmp_path / "r.csv")).exit_code == 0
+    assert (
+        invoke("export", "--kind", "reproductions", "--out", str(tmp_path / "r.csv")).exit_code == 0
+    )
     df = pd.read_csv(tmp_path / "r.csv")
     assert len(df) == 14 and set(df["verdict"]) == {"match", "explained", "deviates"}
-    assert invoke("export", "--kind", "reproductions", "--format", "jsonl",
-                  "--out", str(tmp_path / "r.jsonl")).exit_code == 0
+    assert (
+        invoke(
+            "export",
+            "--kind",
+            "reproductions",
+            "--format",
+            "jsonl",
+            "--out",
+            str(tmp_path / "r.jsonl"),
+        ).exit_code
+        == 0
+    )
     assert len(pd.read_json(tmp_path / "r.jsonl", lines=True)) == 14
     res = repro("export", "nothing", "--out", str(tmp_path / "x.csv"))
     assert res.returncode == 2

@@ -12,17 +12,36 @@ import contextlib
 import io
 import os
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moe_repro.cli import main
 
-JUNK = st.sampled_from(["", "-1", "0", "nan", "inf", "1e309", "2.5", "🙂", "x" * 300, "--", "../..",
-                        "/nonexistent/x.json", "None", "[]", "{}", "999999999999999999999"])
-INTS = st.one_of(st.integers(-5, 10 ** 12).map(str), JUNK)
+JUNK = st.sampled_from(
+    [
+        "",
+        "-1",
+        "0",
+        "nan",
+        "inf",
+        "1e309",
+        "2.5",
+        "🙂",
+        "x" * 300,
+        "--",
+        "../..",
+        "/nonexistent/x.json",
+        "None",
+        "[]",
+        "{}",
+        "999999999999999999999",
+    ]
+)
+INTS = st.one_of(st.integers(-5, 10**12).map(str), JUNK)
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), JUNK)
-MODELS = st.one_of(st.sampled_from(["deepseek-v3", "mixtral-8x7b", "tiny-moe", "deepseek-v4"]), JUNK)
+MODELS = st.one_of(
+    st.sampled_from(["deepseek-v3", "mixtral-8x7b", "tiny-moe", "deepseek-v4"]), JUNK
+)
 PLATFORMS = st.one_of(st.sampled_from(["frontier", "dgx-h100", "h200", "local", "fronteir"]), JUNK)
 
 
@@ -47,46 +66,108 @@ def check(args: list[str], tmp: str, allowed: set[int]) -> None:
         assert len(lines) == 1 and lines[0].startswith("repro: "), (args, err)
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                             HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @SETTINGS
-@given(model=MODELS, platform=PLATFORMS, nodes=INTS, seq=INTS, batch=INTS, micro=INTS,
-       zero=st.one_of(st.sampled_from(["0", "1", "2", "3"]), JUNK))
+@given(
+    model=MODELS,
+    platform=PLATFORMS,
+    nodes=INTS,
+    seq=INTS,
+    batch=INTS,
+    micro=INTS,
+    zero=st.one_of(st.sampled_from(["0", "1", "2", "3"]), JUNK),
+)
 def test_plan(tmp_path, model, platform, nodes, seq, batch, micro, zero):
-    check(["plan", "--model", model, "--platform", platform, "--nodes", nodes, "--seq", seq,
-           "--global-batch", batch, "--micro-batches", micro, "--zero", zero], str(tmp_path), {0, 2})
+    check(
+        [
+            "plan",
+            "--model",
+            model,
+            "--platform",
+            platform,
+            "--nodes",
+            nodes,
+            "--seq",
+            seq,
+            "--global-batch",
+            batch,
+            "--micro-batches",
+            micro,
+            "--zero",
+            zero,
+        ],
+        str(tmp_path),
+        {0, 2},
+    )
 
 
 @SETTINGS
-@given(paper=st.one_of(st.sampled_from(["piper", "xmoe", "feplb", "mop", "pipr"]), JUNK),
-       as_json=st.booleans())
+@given(
+    paper=st.one_of(st.sampled_from(["piper", "xmoe", "feplb", "mop", "pipr"]), JUNK),
+    as_json=st.booleans(),
+)
 def test_list(tmp_path, paper, as_json):
     check(["list", "--paper", paper] + (["--json"] if as_json else []), str(tmp_path), {0, 2})
 
 
 @SETTINGS
-@given(baseline=st.one_of(JUNK, st.just(".ci/baseline.json")), current=JUNK,
-       threshold=st.one_of(st.sampled_from(["5%", "0.05", "-1%", "200%"]), JUNK),
-       alpha=FLOATS)
+@given(
+    baseline=st.one_of(JUNK, st.just(".ci/baseline.json")),
+    current=JUNK,
+    threshold=st.one_of(st.sampled_from(["5%", "0.05", "-1%", "200%"]), JUNK),
+    alpha=FLOATS,
+)
 def test_gate(tmp_path, baseline, current, threshold, alpha):
-    check(["gate", "--baseline", baseline, "--current", current, "--threshold", threshold,
-           "--alpha", alpha], str(tmp_path), {2})
+    check(
+        [
+            "gate",
+            "--baseline",
+            baseline,
+            "--current",
+            current,
+            "--threshold",
+            threshold,
+            "--alpha",
+            alpha,
+        ],
+        str(tmp_path),
+        {2},
+    )
 
 
 @SETTINGS
-@given(rid=st.one_of(st.sampled_from(["piper-table4", "piper-tabel4", "xmoe-table2", "mop-table1"]), JUNK),
-       how=st.one_of(st.sampled_from(["A", "S", "A,S", "Q"]), JUNK))
+@given(
+    rid=st.one_of(
+        st.sampled_from(["piper-table4", "piper-tabel4", "xmoe-table2", "mop-table1"]), JUNK
+    ),
+    how=st.one_of(st.sampled_from(["A", "S", "A,S", "Q"]), JUNK),
+)
 def test_run(tmp_path, rid, how):
     check(["run", rid, "--quiet"], str(tmp_path), {0, 2})
-    check(["run", "--paper", rid, "--how", how, "--quiet"] if rid in ("piper", "mop") else
-          ["run", "--how", how, rid, "--quiet"], str(tmp_path), {0, 2})
+    check(
+        ["run", "--paper", rid, "--how", how, "--quiet"]
+        if rid in ("piper", "mop")
+        else ["run", "--how", how, rid, "--quiet"],
+        str(tmp_path),
+        {0, 2},
+    )
 
 
 @SETTINGS
-@given(names=st.lists(JUNK, max_size=2), kind=st.one_of(st.sampled_from(["suites", "reproductions"]), JUNK),
-       fmt=st.one_of(st.sampled_from(["csv", "jsonl"]), JUNK))
+@given(
+    names=st.lists(JUNK, max_size=2),
+    kind=st.one_of(st.sampled_from(["suites", "reproductions"]), JUNK),
+    fmt=st.one_of(st.sampled_from(["csv", "jsonl"]), JUNK),
+)
 def test_export(tmp_path, names, kind, fmt):
-    check(["export", *names, "--kind", kind, "--format", fmt, "--out", str(tmp_path / "x.csv")],
-          str(tmp_path), {0, 2})
+    check(
+        ["export", *names, "--kind", kind, "--format", fmt, "--out", str(tmp_path / "x.csv")],
+        str(tmp_path),
+        {0, 2},
+    )

@@ -24,8 +24,11 @@ def world(backend: str, local_rank: int):
 
 # --- the rule ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend,local_rank,expected", [
-    ("nccl", 0, "cuda:0"), ("nccl", 3, "cuda:3"), ("gloo", 3, "cpu"), ("mpi", 1, "cpu")])
+
+@pytest.mark.parametrize(
+    "backend,local_rank,expected",
+    [("nccl", 0, "cuda:0"), ("nccl", 3, "cuda:3"), ("gloo", 3, "cpu"), ("mpi", 1, "cpu")],
+)
 def test_a_ranks_device_follows_its_backend_and_local_rank(backend, local_rank, expected):
     assert str(dev.rank_device(backend, local_rank)) == expected
     assert str(dev.resolve_device("auto", world(backend, local_rank))) == expected
@@ -84,8 +87,10 @@ def test_alltoall_auto_backend_is_nccl_on_a_gpu_node_unless_the_cpu_is_asked_for
 
 # --- grep: device selection only in the rule --------------------------------------------------------
 
-SELECTION = re.compile(r'torch\.device\(\s*"cuda"|torch\.cuda\.is_available\(\)\s*(else|and|or)?|'
-                       r'"cuda"\s+if\s|if\s+ctx\.backend\s*==\s*"nccl"')
+SELECTION = re.compile(
+    r'torch\.device\(\s*"cuda"|torch\.cuda\.is_available\(\)\s*(else|and|or)?|'
+    r'"cuda"\s+if\s|if\s+ctx\.backend\s*==\s*"nccl"'
+)
 # The rule itself, and the environment record, which reports which GPU the machine has (records
 # sit below the runtime and may not import it).
 NOT_SELECTION = {"records/environment.py", "runtime/device.py"}
@@ -105,6 +110,7 @@ def test_device_selection_lives_only_in_the_runtime_rule():
 
 
 # --- --device on every suite -----------------------------------------------------------------------
+
 
 def _suite_names():
     from moe_repro import catalog
@@ -137,6 +143,7 @@ def test_every_suite_refuses_cuda_without_a_gpu_in_one_line(name, tmp_path, caps
 
 # --- honest timing -------------------------------------------------------------------------------
 
+
 class FakeCudaTimer:
     """Stands in for CudaEventTimer: device work 'finishes' only when stop() synchronizes, and it
     reports the device's time (not the host's)."""
@@ -162,8 +169,12 @@ def test_the_runner_times_through_the_devices_timer(monkeypatch):
     fake = FakeCudaTimer()
     monkeypatch.setattr(runner, "timer_for", lambda device: fake)
     calls = []
-    suite = Suite(name="gemm", params={"n": [1]}, setup=lambda p, ctx: {"device": p["device"]},
-                  run=lambda s: calls.append(1))
+    suite = Suite(
+        name="gemm",
+        params={"n": [1]},
+        setup=lambda p, ctx: {"device": p["device"]},
+        run=lambda s: calls.append(1),
+    )
     rec = runner.run_point(suite, {"n": 1}, runner.RunConfig(warmup=1, repeats=3, min_sample_s=0.0))
     # every sample's time is the timer's window over its calls: nothing else timed them
     assert rec["clock"] == "fake cuda events"
@@ -193,8 +204,13 @@ def test_host_timer_reads_the_clock_it_is_given(fake_clock):
     assert t.stop() == 0.25 and t.clock == timing.HOST_CLOCK
 
 
-HOST_CLOCKS = {("time", "perf_counter"), ("time", "time"), ("time", "monotonic"),
-               ("time", "perf_counter_ns"), ("time", "process_time")}
+HOST_CLOCKS = {
+    ("time", "perf_counter"),
+    ("time", "time"),
+    ("time", "monotonic"),
+    ("time", "perf_counter_ns"),
+    ("time", "process_time"),
+}
 # Host clocks around host-only work (no tensor is computed inside the timed region): the
 # balancer's planning (a CPU algorithm on the global counts, FEPLB Sec. 2) and the parallel
 # planner's search.
@@ -205,9 +221,12 @@ def _host_clock_calls(path: Path) -> list[int]:
     tree = ast.parse(path.read_text())
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and isinstance(node.func.value, ast.Name) \
-                and (node.func.value.id, node.func.attr) in HOST_CLOCKS:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and (node.func.value.id, node.func.attr) in HOST_CLOCKS
+        ):
             lines.append(node.lineno)
     return lines
 
@@ -237,4 +256,6 @@ def test_a_device_list_is_checked_item_by_item(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as e:
         main(["--results", str(tmp_path), "bench", "gemm", "--device", "cpu,cuda", "--quick"])
-    assert e.value.code == 2 and "device cuda: this machine has no CUDA GPU" in capsys.readouterr().err
+    assert (
+        e.value.code == 2 and "device cuda: this machine has no CUDA GPU" in capsys.readouterr().err
+    )

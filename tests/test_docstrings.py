@@ -11,6 +11,7 @@ figures or a change's history were written into prose. It reads docstrings with 
 (module, class and function docstrings) and comments with ``tokenize``; strings the code
 prints are not prose and are not read.
 """
+
 import ast
 import io
 import pathlib
@@ -20,8 +21,16 @@ import tokenize
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("components", "suites", "reproductions", "reports", "records", "runtime", "moe_repro",
-            "catalog")
+PACKAGES = (
+    "components",
+    "suites",
+    "reproductions",
+    "reports",
+    "records",
+    "runtime",
+    "moe_repro",
+    "catalog",
+)
 MAX_MODULE_DOCSTRING_LINES = 30
 
 # (pattern, what it catches). Case-insensitive; matched against one docstring or one comment
@@ -35,19 +44,25 @@ RUN_HISTORY = [
     (r"\bwas [^.;:]{1,60}, now\b", "'was X, now Y'"),
     (r"\bbefore this (module|change|commit|fix|patch)\b", "the state before a change"),
     (r"\bthis (suite|module|model|planner) used before\b", "a model a change replaced"),
-    (r"(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )(?<!\bwas )(?<!\bwere )(?<!\bnever )"
-     r"(?<!\bnot )\b(?-i:used to)\b",
-     "'used to' in lower case (a sentence opening 'Used to ...' says what a function is for)"),
+    (
+        r"(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )(?<!\bwas )(?<!\bwere )(?<!\bnever )"
+        r"(?<!\bnot )\b(?-i:used to)\b",
+        "'used to' in lower case (a sentence opening 'Used to ...' says what a function is for)",
+    ),
     (r"\ban? earlier \w+ of ours\b", "an earlier version of the code"),
     (r"\bthe old (engine|model|planner|code|version)\b", "an earlier version of the code"),
     (r"\bbefore/after\b", "a before/after comparison"),
     (r"\btook (about )?\d[\d.\-]* ?(ns|us|ms|s)\b", "a time a run took"),
     (r"\d ?ms with(out)? them\b", "a time a run took, with and without a change"),
-    (r"\bmeasured (about )?\d[\d.\-]* ?(ns|us|ms|s|x)?\b(?! (rows|ranks|sizes|points|layers))",
-     "a figure a run measured"),
+    (
+        r"\bmeasured (about )?\d[\d.\-]* ?(ns|us|ms|s|x)?\b(?! (rows|ranks|sizes|points|layers))",
+        "a figure a run measured",
+    ),
     (r"\d ?s of CPU instead of\b", "a speed-up a change gave"),
-    (r"\bcame (out|to) (at |up to |about )?\d[\d.\-]*(%| ?(ns|us|ms|s|x|times)\b)",
-     "a figure a run came out at"),
+    (
+        r"\bcame (out|to) (at |up to |about )?\d[\d.\-]*(%| ?(ns|us|ms|s|x|times)\b)",
+        "a figure a run came out at",
+    ),
 ]
 _COMPILED = [(re.compile(p, re.IGNORECASE), why) for p, why in RUN_HISTORY]
 
@@ -62,8 +77,12 @@ def _docstrings(tree):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 yield body[0].lineno, body[0].value.value
 
 
@@ -96,8 +115,11 @@ def run_history(path):
 def long_module_docstring(path):
     tree = ast.parse(path.read_text())
     first = tree.body[0] if tree.body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-            and isinstance(first.value.value, str):
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
         lines = first.end_lineno - first.lineno + 1
         if lines > MAX_MODULE_DOCSTRING_LINES:
             return f"{path.relative_to(ROOT)}: module docstring of {lines} lines"
@@ -106,36 +128,47 @@ def long_module_docstring(path):
 
 def test_module_docstrings_fit_a_screen():
     long = [msg for path in _files() if (msg := long_module_docstring(path))]
-    assert not long, ("module docstrings over %d lines (move the design text to docs/):\n"
-                      % MAX_MODULE_DOCSTRING_LINES + "\n".join(long))
+    assert not long, (
+        "module docstrings over %d lines (move the design text to docs/):\n"
+        % MAX_MODULE_DOCSTRING_LINES
+        + "\n".join(long)
+    )
 
 
 def test_no_run_history_in_docstrings_or_comments():
     found = [msg for path in _files() for msg in run_history(path)]
-    assert not found, ("run figures or history in prose (move them to records or "
-                       "docs/measurement-log.md):\n" + "\n".join(found))
+    assert not found, (
+        "run figures or history in prose (move them to records or "
+        "docs/measurement-log.md):\n" + "\n".join(found)
+    )
 
 
-@pytest.mark.parametrize("sentence", [
-    "a 16 MiB fit came out 7-31% too fast (16 stored runs)",
-    "20-57% too slow at 8 (on a second machine 25-30%)",
-    "the price model this suite used before",
-    "the dispatch took 0.36-0.63 ms with them, 0.27-0.39 ms without",
-    "take about 0.8 s of CPU instead of 8 s against the old engine",
-    "where the two planners disagreed before this module",
-    "about a quarter of an hour on this loaded 2-core machine",
-    "an earlier reading of ours, kept as a diagnostic",
-    "the bandwidth was 3 GB/s, now 5 GB/s",
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "a 16 MiB fit came out 7-31% too fast (16 stored runs)",
+        "20-57% too slow at 8 (on a second machine 25-30%)",
+        "the price model this suite used before",
+        "the dispatch took 0.36-0.63 ms with them, 0.27-0.39 ms without",
+        "take about 0.8 s of CPU instead of 8 s against the old engine",
+        "where the two planners disagreed before this module",
+        "about a quarter of an hour on this loaded 2-core machine",
+        "an earlier reading of ours, kept as a diagnostic",
+        "the bandwidth was 3 GB/s, now 5 GB/s",
+    ],
+)
 def test_patterns_catch_the_quoted_sentences(sentence):
     assert any(p.search(sentence) for p, _ in _COMPILED), sentence
 
 
-@pytest.mark.parametrize("sentence", [
-    "the paper's value is looked up, never used to compute ours",
-    "real ranks on this machine, grouped into emulated nodes",
-    "one row per stored run, oldest first",
-    "Piper Table IV: 50 GB/s average",
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "the paper's value is looked up, never used to compute ours",
+        "real ranks on this machine, grouped into emulated nodes",
+        "one row per stored run, oldest first",
+        "Piper Table IV: 50 GB/s average",
+    ],
+)
 def test_patterns_leave_plain_prose_alone(sentence):
     assert not any(p.search(sentence) for p, _ in _COMPILED), sentence

@@ -17,16 +17,25 @@ HAS_GPU = torch.cuda.is_available()
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_doctor_runs_the_cpu_half_and_lists_what_it_skipped(results_dir):
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "doctor"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     lines = r.stdout.splitlines()
     assert lines[0].startswith("repro doctor: python ") and f"torch {torch.__version__}" in lines[0]
-    status = {line.split(":")[0].split(None, 1)[1]: line.split()[0] for line in lines[1:]
-              if line.startswith("  ")}
-    for cpu_check in ("gloo (CPU) all-reduce and all-to-all, 2 ranks",
-                      "one trainer step (EP=2 over gloo) vs the single-process reference",
-                      "FEPLB expert copy path over gloo, 2 ranks"):
+    status = {
+        line.split(":")[0].split(None, 1)[1]: line.split()[0]
+        for line in lines[1:]
+        if line.startswith("  ")
+    }
+    for cpu_check in (
+        "gloo (CPU) all-reduce and all-to-all, 2 ranks",
+        "one trainer step (EP=2 over gloo) vs the single-process reference",
+        "FEPLB expert copy path over gloo, 2 ranks",
+    ):
         assert status[cpu_check] == "passed", r.stdout
     assert "#wrong 0" in r.stdout
     if not HAS_GPU:
@@ -43,8 +52,14 @@ def test_doctor_runs_the_cpu_half_and_lists_what_it_skipped(results_dir):
 def test_a_failed_check_exits_1_in_one_line(monkeypatch, capsys):
     from moe_repro.cli import main
 
-    monkeypatch.setattr(doctor_cmd, "run_checks", lambda: ({"torch": "x"}, [
-        Check("gloo all-to-all", "failed", "#wrong 12"), Check("NCCL", "skipped", "no GPU")]))
+    monkeypatch.setattr(
+        doctor_cmd,
+        "run_checks",
+        lambda: (
+            {"torch": "x"},
+            [Check("gloo all-to-all", "failed", "#wrong 12"), Check("NCCL", "skipped", "no GPU")],
+        ),
+    )
     with pytest.raises(SystemExit) as e:
         main(["doctor"])
     out = capsys.readouterr()

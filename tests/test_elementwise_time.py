@@ -16,10 +16,14 @@ def test_elementwise_bytes_counted_kernel_by_kernel():
     h, a, s = 12288, 96, 2048
     values = 4 * h + 6 * h + 2 * 4 * h / 8 + 2 * a * s / 8 + 2 * a * s / 8
     masks = 2 * h + a * s / 8
-    got = F.elementwise_bytes_per_token(h, a, s, 4 * h, n_mat=2, t=8, sp=False, flash=False, dropout=True)
+    got = F.elementwise_bytes_per_token(
+        h, a, s, 4 * h, n_mat=2, t=8, sp=False, flash=False, dropout=True
+    )
     assert got == 2 * values + masks
     # FlashAttention keeps the scores out of HBM; no dropout, no masks
-    assert F.elementwise_bytes_per_token(h, a, s, 4 * h, 2, 8, False, True, False) == 2 * (10 * h + h)
+    assert F.elementwise_bytes_per_token(h, a, s, 4 * h, 2, 8, False, True, False) == 2 * (
+        10 * h + h
+    )
 
 
 def test_materialised_scores_make_a_small_head_model_hbm_bound():
@@ -32,15 +36,26 @@ def test_materialised_scores_make_a_small_head_model_hbm_bound():
 
     m = megatron_gpt(24, 2304, 24, 51200)
     p = uncalibrated(load_builtin("dgx-a100"))
-    kw = dict(seq=2048, tp=1, pp=1, global_batch=32, micro_batches=1, recompute=("none",), zero=(0,),
-              precision="megatron", dropout=False)
+    kw = dict(
+        seq=2048,
+        tp=1,
+        pp=1,
+        global_batch=32,
+        micro_batches=1,
+        recompute=("none",),
+        zero=(0,),
+        precision="megatron",
+        dropout=False,
+    )
     flash = plan_parallel(m, p, 4, flash_attention=True, **kw).candidates[0]
     plain = plan_parallel(m, p, 4, flash_attention=False, **kw).candidates[0]
     tokens = 2048 * flash.micro_batch
     scores = 3 * 24 * 4 * 24 * 2048 / 1800e9 * tokens  # forward + backward (2x), 24 layers
     softmax = 2.5 * 24 * 2 * 24 * 2048 * 2 / 1800e9 * tokens  # softmax read + write, 2.5 passes
     flash_core = 3 * 24 * (2 * 2048 * 24 * 192 / 2) / 267.9e12 * tokens
-    assert plain.parts["compute"] - flash.parts["compute"] == pytest.approx(scores + softmax - flash_core, rel=1e-9)
+    assert plain.parts["compute"] - flash.parts["compute"] == pytest.approx(
+        scores + softmax - flash_core, rel=1e-9
+    )
 
 
 def test_gradient_all_reduce_exposed_when_not_overlapped():
@@ -50,12 +65,23 @@ def test_gradient_all_reduce_exposed_when_not_overlapped():
     # (final norm); ring: 2 (n - 1) / n of the bytes at the per-GPU NIC rate, 25 GB/s.
     m = megatron_gpt(24, 2304, 24, 51200)
     p = load_builtin("dgx-a100")
-    kw = dict(seq=2048, tp=1, pp=1, global_batch=512, micro_batches=16, recompute=("full",), zero=(0,),
-              precision="megatron", flash_attention=False)
+    kw = dict(
+        seq=2048,
+        tp=1,
+        pp=1,
+        global_batch=512,
+        micro_batches=16,
+        recompute=("full",),
+        zero=(0,),
+        precision="megatron",
+        flash_attention=False,
+    )
     hidden = plan_parallel(m, p, 4, overlap_dp=True, **kw).candidates[0]
     exposed = plan_parallel(m, p, 4, overlap_dp=False, **kw).candidates[0]
-    n_params = 24 * (12 * 2304 ** 2 + 2 * 2304) + 51200 * 2304 + 2304
+    n_params = 24 * (12 * 2304**2 + 2 * 2304) + 51200 * 2304 + 2304
     ring = 2 * 31 / 32 * 4 * n_params / 25e9
     assert exposed.parts["dp"] == pytest.approx(ring, rel=1e-9)
     assert hidden.parts["dp"] < exposed.parts["dp"]
-    assert exposed.step_s - exposed.parts["dp"] == pytest.approx(hidden.step_s - hidden.parts["dp"], rel=1e-12)
+    assert exposed.step_s - exposed.parts["dp"] == pytest.approx(
+        hidden.step_s - hidden.parts["dp"], rel=1e-12
+    )

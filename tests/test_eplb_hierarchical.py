@@ -2,16 +2,18 @@
 group's node), the inter-node bytes of a plan's dispatch, and the group-limited routing trace
 (DeepSeek-V3 Sec. 2.1.2)."""
 
-import random
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_repro.components.balance.eplb_replication import (ReplicaPlan, balanced_packing,
-                                                            dispatch_traffic, max_over_mean,
-                                                            plan_replicas)
+from moe_repro.components.balance.eplb_replication import (
+    ReplicaPlan,
+    balanced_packing,
+    dispatch_traffic,
+    max_over_mean,
+    plan_replicas,
+)
 from moe_repro.components.balance.routing_trace import group_limited_trace
 from moe_repro.suites import all_suites
 from moe_repro.suites.runner import RunConfig, run_point
@@ -19,10 +21,13 @@ from moe_repro.suites.runner import RunConfig, run_point
 
 # --- the hierarchical plan ----------------------------------------------------------------------
 
+
 def test_hierarchical_plan_by_hand():
     # 8 experts in 4 groups of 2; 2 nodes x 2 GPUs x 3 slots; at most 2 replicas (one per GPU).
     loads = [10, 0, 1, 1, 40, 2, 3, 3]
-    p = plan_replicas(loads, 4, 3, max_replicas=2, policy="hierarchical", num_groups=4, gpus_per_node=2)
+    p = plan_replicas(
+        loads, 4, 3, max_replicas=2, policy="hierarchical", num_groups=4, gpus_per_node=2
+    )
     # a. group loads 10, 2, 42, 6, two per node, heaviest first to the lightest node with room:
     #    g2 -> node 0, g0 -> node 1, g3 -> node 1 (10 < 42), g1 -> node 0 (node 1 is full)
     assert p.node_of_group == [1, 0, 0, 1]
@@ -47,7 +52,8 @@ def test_balanced_packing_by_hand():
 def test_global_policy_is_unchanged_by_the_option():
     loads = [10, 0, 1, 1, 40, 2, 3, 3]
     assert plan_replicas(loads, 4, 3, max_replicas=4) == plan_replicas(
-        loads, 4, 3, max_replicas=4, policy="global", num_groups=4, gpus_per_node=2)
+        loads, 4, 3, max_replicas=4, policy="global", num_groups=4, gpus_per_node=2
+    )
 
 
 def test_packing_swaps_when_every_free_gpu_holds_the_expert():
@@ -71,7 +77,7 @@ def hierarchical_cases(draw):
     experts_per_node = experts // nodes
     # enough slots per node for its experts, at most one replica of an expert per GPU
     slots = draw(st.integers(-(-experts_per_node // gpus_per_node), experts_per_node))
-    load = st.one_of(st.just(0), st.integers(0, 10), st.integers(0, 10_000))   # empties, uneven
+    load = st.one_of(st.just(0), st.integers(0, 10), st.integers(0, 10_000))  # empties, uneven
     loads = draw(st.lists(load, min_size=experts, max_size=experts))
     capped = draw(st.booleans())
     return loads, nodes, gpus_per_node, num_groups, slots, capped
@@ -82,19 +88,23 @@ def hierarchical_cases(draw):
 def test_hierarchical_invariants(case, rnd):
     loads, nodes, gpus_per_node, num_groups, slots, capped = case
     gpus, group_size = nodes * gpus_per_node, len(loads) // num_groups
-    kwargs = dict(policy="hierarchical", num_groups=num_groups, gpus_per_node=gpus_per_node,
-                  max_replicas=gpus_per_node if capped else None)
+    kwargs = dict(
+        policy="hierarchical",
+        num_groups=num_groups,
+        gpus_per_node=gpus_per_node,
+        max_replicas=gpus_per_node if capped else None,
+    )
     try:
         p = plan_replicas(loads, gpus, slots, **kwargs)
-    except ValueError as err:   # uncapped, an expert would need more replicas than its node has GPUs
+    except ValueError as err:  # uncapped, an expert would need more replicas than its node has GPUs
         assert not capped and "replicas" in str(err)
         return
     # every group on one node, the same number per node
     assert sorted(p.node_of_group) == sorted(list(range(nodes)) * (num_groups // nodes))
-    assert all(len(b) == slots for b in p.experts_of_gpu)                 # every slot used
-    assert all(len(set(b)) == len(b) for b in p.experts_of_gpu)          # no co-located replicas
+    assert all(len(b) == slots for b in p.experts_of_gpu)  # every slot used
+    assert all(len(set(b)) == len(b) for b in p.experts_of_gpu)  # no co-located replicas
     for g, held in enumerate(p.experts_of_gpu):
-        for e in held:                                                   # on its group's node
+        for e in held:  # on its group's node
             assert p.node_of_group[e // group_size] == g // gpus_per_node
     for e, r in enumerate(p.replicas):
         assert sum(b.count(e) for b in p.experts_of_gpu) == r >= 1
@@ -105,26 +115,65 @@ def test_hierarchical_invariants(case, rnd):
     rnd.shuffle(node_order)
     previous = []
     for node in node_order:
-        block = p.experts_of_gpu[node * gpus_per_node:(node + 1) * gpus_per_node]
+        block = p.experts_of_gpu[node * gpus_per_node : (node + 1) * gpus_per_node]
         rnd.shuffle(block)
         previous += block
     again = plan_replicas(loads, gpus, slots, previous=previous, expert_bytes=5, **kwargs)
     assert again.moved_replicas == 0 and again.moved_bytes == 0
     assert sorted(map(sorted, again.experts_of_gpu)) == sorted(map(sorted, p.experts_of_gpu))
-    for g, held in enumerate(again.experts_of_gpu):      # relabelling kept groups on one node
+    for g, held in enumerate(again.experts_of_gpu):  # relabelling kept groups on one node
         assert all(again.node_of_group[e // group_size] == g // gpus_per_node for e in held)
 
 
-@pytest.mark.parametrize("kwargs,gpus,slots,experts,message", [
-    (dict(num_groups=4, gpus_per_node=2), 6, 2, 12, "3 nodes do not divide the 4 expert groups"),
-    (dict(num_groups=4, gpus_per_node=2), 4, 3, 10, "4 expert groups do not divide the 10 experts"),
-    (dict(num_groups=2, gpus_per_node=1), 2, 3, 8, "3 slots per node cannot hold the 4 experts"),
-    (dict(num_groups=2, gpus_per_node=3), 4, 2, 8, "gpus_per_node=3 does not divide the 4 GPUs"),
-    (dict(num_groups=2), 4, 2, 8, "needs num_groups and gpus_per_node"),
-    (dict(num_groups=2, gpus_per_node=2, max_replicas=3), 4, 3, 8, "max_replicas must be in 1..2"),
-    # one GPU per node and a spare slot: a second replica would share its GPU
-    (dict(num_groups=2, gpus_per_node=1), 2, 5, 8, "5 slots per node need more than 1 replicas"),
-])
+@pytest.mark.parametrize(
+    "kwargs,gpus,slots,experts,message",
+    [
+        (
+            dict(num_groups=4, gpus_per_node=2),
+            6,
+            2,
+            12,
+            "3 nodes do not divide the 4 expert groups",
+        ),
+        (
+            dict(num_groups=4, gpus_per_node=2),
+            4,
+            3,
+            10,
+            "4 expert groups do not divide the 10 experts",
+        ),
+        (
+            dict(num_groups=2, gpus_per_node=1),
+            2,
+            3,
+            8,
+            "3 slots per node cannot hold the 4 experts",
+        ),
+        (
+            dict(num_groups=2, gpus_per_node=3),
+            4,
+            2,
+            8,
+            "gpus_per_node=3 does not divide the 4 GPUs",
+        ),
+        (dict(num_groups=2), 4, 2, 8, "needs num_groups and gpus_per_node"),
+        (
+            dict(num_groups=2, gpus_per_node=2, max_replicas=3),
+            4,
+            3,
+            8,
+            "max_replicas must be in 1..2",
+        ),
+        # one GPU per node and a spare slot: a second replica would share its GPU
+        (
+            dict(num_groups=2, gpus_per_node=1),
+            2,
+            5,
+            8,
+            "5 slots per node need more than 1 replicas",
+        ),
+    ],
+)
 def test_hierarchical_refuses_shapes_that_do_not_divide(kwargs, gpus, slots, experts, message):
     with pytest.raises(ValueError, match=message):
         plan_replicas([1] * experts, gpus, slots, policy="hierarchical", **kwargs)
@@ -136,6 +185,7 @@ def test_unknown_policy():
 
 
 # --- inter-node traffic -------------------------------------------------------------------------
+
 
 def test_dispatch_traffic_by_hand():
     # 2 nodes x 2 GPUs. Expert 0 on GPUs 0 and 2, expert 4 on GPUs 2 and 3, the others once.
@@ -158,7 +208,10 @@ def test_dispatch_traffic_by_hand():
     assert t.max_over_mean_load == pytest.approx(5 / 3.5)
     assert t.remote_nodes_per_token == pytest.approx(5 / 7)
     # one node: nothing crosses, whatever the routing
-    assert dispatch_traffic(plan, tokens, sources, gpus_per_node=4, row_bytes=100).inter_node_bytes == 0
+    assert (
+        dispatch_traffic(plan, tokens, sources, gpus_per_node=4, row_bytes=100).inter_node_bytes
+        == 0
+    )
 
 
 def test_dispatch_traffic_refuses_bad_input():
@@ -181,8 +234,15 @@ def test_group_limited_tokens_cross_to_at_most_their_groups_nodes():
     # group on one node, so it is sent to at most 2 other nodes, and exactly to the nodes of its
     # groups other than its own (counted per token here, from the plan's node_of_group).
     trace = group_limited_trace(1, 2, 32, 4, 16, 8, num_groups=8, top_groups=2, seed=1)
-    plan = plan_replicas(trace.expert_counts(0, 0).tolist(), 8, 5, max_replicas=2,
-                         policy="hierarchical", num_groups=8, gpus_per_node=2)
+    plan = plan_replicas(
+        trace.expert_counts(0, 0).tolist(),
+        8,
+        5,
+        max_replicas=2,
+        policy="hierarchical",
+        num_groups=8,
+        gpus_per_node=2,
+    )
     top = trace.top_experts[0][1].tolist()
     sources = [t // 16 for t in range(len(top))]
     expected = 0
@@ -195,6 +255,7 @@ def test_group_limited_tokens_cross_to_at_most_their_groups_nodes():
 
 # --- the group-limited trace --------------------------------------------------------------------
 
+
 def test_group_limited_trace():
     trace = group_limited_trace(2, 3, 64, 8, 32, 4, num_groups=8, top_groups=4, skew=1.0, seed=3)
     assert trace.counts.shape == (2, 3, 4, 64) and trace.top_k == 8
@@ -202,12 +263,14 @@ def test_group_limited_trace():
         for mb in range(3):
             top = trace.top_experts[layer][mb]
             assert top.shape == (128, 8)
-            assert all(len(set(row)) == 8 for row in top.tolist())                # distinct experts
-            assert all(len({e // 8 for e in row}) <= 4 for row in top.tolist())   # <= 4 groups
+            assert all(len(set(row)) == 8 for row in top.tolist())  # distinct experts
+            assert all(len({e // 8 for e in row}) <= 4 for row in top.tolist())  # <= 4 groups
             assert int(trace.counts[layer, mb].sum()) == 128 * 8
             # each source's counts come from its own 32 tokens
-            assert trace.counts[layer, mb, 1].tolist() == torch.bincount(
-                top[32:64].reshape(-1), minlength=64).tolist()
+            assert (
+                trace.counts[layer, mb, 1].tolist()
+                == torch.bincount(top[32:64].reshape(-1), minlength=64).tolist()
+            )
     again = group_limited_trace(2, 3, 64, 8, 32, 4, num_groups=8, top_groups=4, skew=1.0, seed=3)
     assert torch.equal(again.counts, trace.counts)
     assert not torch.equal(group_limited_trace(2, 3, 64, 8, 32, 4, seed=4).counts, trace.counts)
@@ -222,12 +285,24 @@ def test_group_limited_trace():
 
 # --- the suite ----------------------------------------------------------------------------------
 
+
 def test_eplb_policy_suite_runs_and_hierarchical_saves_inter_node_bytes():
     suite = all_suites()["eplb-policy"]
-    grid = suite.grid({"policy": ["global", "hierarchical"], "trace": ["group-limited"],
-                       "nodes": [8], "gpus_per_node": [2], "experts": [64], "tokens": [64],
-                       "micro_batches": [1], "hidden": [16]})
-    records = [run_point(suite, point, RunConfig(warmup=0, repeats=1, min_sample_s=0.0)) for point in grid]
+    grid = suite.grid(
+        {
+            "policy": ["global", "hierarchical"],
+            "trace": ["group-limited"],
+            "nodes": [8],
+            "gpus_per_node": [2],
+            "experts": [64],
+            "tokens": [64],
+            "micro_batches": [1],
+            "hidden": [16],
+        }
+    )
+    records = [
+        run_point(suite, point, RunConfig(warmup=0, repeats=1, min_sample_s=0.0)) for point in grid
+    ]
     for r in records:
         assert r["correct"] and r["wrong"] == 0 and r["slots_per_gpu"] == 5 and r["row_bytes"] == 32
     by_policy = {r["policy"]: r for r in records}

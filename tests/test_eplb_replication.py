@@ -10,9 +10,9 @@ from moe_repro.components.balance.eplb_replication import plan_replicas, replica
 
 def test_replicate_by_hand():
     # extra slots go to the largest load per replica: 90 -> 45 -> 30 (ties: lower id)
-    assert replicate([90, 30, 10], 5) == [3, 1, 1]      # 90 -> 45 -> 30 (tie with e1: lower id)
-    assert replicate([90, 30, 10], 6) == [4, 1, 1]      # 30 (e0) ties 30 (e1): lower id
-    assert replicate([90, 30, 10], 7) == [4, 2, 1]      # 22.5 < 30
+    assert replicate([90, 30, 10], 5) == [3, 1, 1]  # 90 -> 45 -> 30 (tie with e1: lower id)
+    assert replicate([90, 30, 10], 6) == [4, 1, 1]  # 30 (e0) ties 30 (e1): lower id
+    assert replicate([90, 30, 10], 7) == [4, 2, 1]  # 22.5 < 30
 
 
 def test_replica_cap_by_hand():
@@ -48,11 +48,11 @@ def test_invariants(case, rnd):
     loads, gpus, slots = case
     try:
         p = plan_replicas(loads, gpus, slots)
-    except ValueError as err:       # only when an expert would need more replicas than GPUs
+    except ValueError as err:  # only when an expert would need more replicas than GPUs
         assert "replicas" in str(err) and max(replicate(loads, gpus * slots)) > gpus
         return
     assert all(len(b) == slots for b in p.experts_of_gpu)
-    assert all(len(set(b)) == len(b) for b in p.experts_of_gpu)          # no co-located replicas
+    assert all(len(set(b)) == len(b) for b in p.experts_of_gpu)  # no co-located replicas
     for e, r in enumerate(p.replicas):
         assert sum(b.count(e) for b in p.experts_of_gpu) == r >= 1
     assert sum(p.gpu_loads) == pytest.approx(sum(loads))

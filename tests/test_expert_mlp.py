@@ -17,8 +17,9 @@ def _per_expert(x, w, counts):
 
 
 @pytest.mark.parametrize("variant", grouped_gemm_names())
-@pytest.mark.parametrize("counts,k,m", [([5, 0, 7, 1], 8, 12), ([0, 0, 3], 7, 5), ([0, 0], 4, 4),
-                                        ([9], 6, 3)])
+@pytest.mark.parametrize(
+    "counts,k,m", [([5, 0, 7, 1], 8, 12), ([0, 0, 3], 7, 5), ([0, 0], 4, 4), ([9], 6, 3)]
+)
 def test_variant_equals_per_expert_matmul(variant, counts, k, m):
     g = torch.Generator().manual_seed(sum(counts) + k)
     x = torch.randn(sum(counts), k, generator=g, requires_grad=True)
@@ -69,7 +70,7 @@ def test_expert_mlp_matches_per_token_ffn(activation):
     padded = torch.zeros(4, 5, 8)
     start = 0
     for e, c in enumerate(counts):
-        padded[e, :c] = x[start:start + c]
+        padded[e, :c] = x[start : start + c]
         start += c
     out = mlp.forward_padded(padded)
     assert torch.allclose(out[2, :5], ref[3:8], atol=1e-5)

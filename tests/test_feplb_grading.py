@@ -10,8 +10,7 @@ from moe_repro.components.balance.fastermoe_shadow import dispatch_rows
 from moe_repro.records import grading
 from moe_repro.reproductions import _feplb_traces as ft
 from moe_repro.reproductions import feplb_fig4, feplb_table2, feplb_table3, feplb_table4
-from moe_repro.reproductions.spec import (NOTE_WORDS, PaperClaim, PaperValue, Reproduction,
-                                          Result)
+from moe_repro.reproductions.spec import NOTE_WORDS, PaperClaim, PaperValue, Reproduction, Result
 from derived_how import assert_how_is_the_catalogs
 
 SMALL = {"tokens": 128, "micro_batches": 3, "layers": 3}
@@ -19,20 +18,21 @@ SMALL = {"tokens": 128, "micro_batches": 3, "layers": 3}
 
 # --- trace statistics -----------------------------------------------------------------------------
 
+
 def test_imbalance_by_hand():
     # experts 0, 1 on rank 0 and 2, 3 on rank 1: device loads 10 + 0 = 10 and 2 + 4 = 6, mean 8
     s = ft.imbalance([10, 0, 2, 4], [0, 0, 1, 1], 2)
-    assert s.straggler == 2.0                   # 10 - 8
-    assert s.device_max_mean == 1.25            # 10 / 8
-    assert s.expert_max_mean == 2.5             # 10 / mean(10, 0, 2, 4) = 10 / 4
-    assert s.idle_share == 0.2                  # (10 - 8) / 10
+    assert s.straggler == 2.0  # 10 - 8
+    assert s.device_max_mean == 1.25  # 10 / 8
+    assert s.expert_max_mean == 2.5  # 10 / mean(10, 0, 2, 4) = 10 / 4
+    assert s.idle_share == 0.2  # (10 - 8) / 10
 
 
 def test_prediction_error_and_change_by_hand():
-    assert ft.prediction_error([4, 4], [6, 2]) == 0.5      # (|6-4| + |2-4|) / (6 + 2)
+    assert ft.prediction_error([4, 4], [6, 2]) == 0.5  # (|6-4| + |2-4|) / (6 + 2)
     assert ft.prediction_error([3, 5], [3, 5]) == 0.0
     assert ft.change_pct(60, 80) == -25.0
-    assert ft.derived_printed("6,666", "2,278", 2) == "2.93"   # FEPLB Table 3, Before LB
+    assert ft.derived_printed("6,666", "2,278", 2) == "2.93"  # FEPLB Table 3, Before LB
     assert ft.derived_printed("316.0", "2,278", 3) == "0.139"  # Table 4 / Table 3: us per row
 
 
@@ -43,15 +43,23 @@ def test_trace_stats_agree_with_the_replay():
         stats = ft.trace_stats(params, ep)
         replay = ft.evaluate(params, ep, methods=("Before LB",))["Before LB"]
         assert stats.straggler == pytest.approx(replay.token_straggler)
-        assert stats.rows_per_device == 128 * 8                 # tokens x top-8
+        assert stats.rows_per_device == 128 * 8  # tokens x top-8
         assert len(stats.layer_stragglers) == 3
         assert stats.device_max_mean == pytest.approx(
-            ft._mean(ft.imbalance(ft.trace_for(params, ep).expert_counts(l, m),
-                                  torch.arange(128) // (128 // ep), ep).device_max_mean
-                     for l in range(3) for m in (1, 2)))
+            ft._mean(
+                ft.imbalance(
+                    ft.trace_for(params, ep).expert_counts(l, m),
+                    torch.arange(128) // (128 // ep),
+                    ep,
+                ).device_max_mean
+                for l in range(3)
+                for m in (1, 2)
+            )
+        )
 
 
 # --- intervals and claims ----------------------------------------------------------------------
+
 
 def test_independent_growth_matches_a_simulation():
     # EP sources of a fixed token count each: an expert's count scales with EP (its deviation
@@ -70,16 +78,19 @@ def test_independent_growth_matches_a_simulation():
 
 def test_seeds_are_the_policys_offset_by_the_seed_parameter():
     assert ft.seeds({"seed": 0}) == [0, 1, 2, 3, 4]
-    assert ft.seeds({"seed": 5}) == [5, 6, 7, 8, 9]          # disjoint from the default's
+    assert ft.seeds({"seed": 5}) == [5, 6, 7, 8, 9]  # disjoint from the default's
     assert len(ft.seeds({"seed": 0})) >= grading.MIN_SEEDS
     got = ft.over_seeds({"seed": 3, "x": 1}, lambda p: (p["seed"], p["x"]))
     assert got == [(3, 1), (4, 1), (5, 1), (6, 1), (7, 1)]
 
 
 def _repro(printed="100"):
-    return Reproduction(id="feplb-table3", paper_values=[PaperValue("r", "c", printed, "x", "t")],
-                        paper_claims=[PaperClaim("2/8", "k", "2x lower", "t")],
-                        compute=lambda r, p: Result(cells=[]))
+    return Reproduction(
+        id="feplb-table3",
+        paper_values=[PaperValue("r", "c", printed, "x", "t")],
+        paper_claims=[PaperClaim("2/8", "k", "2x lower", "t")],
+        compute=lambda r, p: Result(cells=[]),
+    )
 
 
 def test_sampled_cell_grades_each_seed():
@@ -87,12 +98,12 @@ def test_sampled_cell_grades_each_seed():
     # paper 100 (half unit 0.5): 100.2 matches; 90 is 10% off, inside 15% + 0.5: close
     assert ft.sampled(repro, "r", "c", [100.2] * 5, "x", "n").verdict == "match"
     assert ft.sampled(repro, "r", "c", [90.0] * 5, "x", "n").verdict == "close"
-    assert ft.sampled(repro, "r", "c", [70.0] * 5, "x", "n").verdict == "deviates"   # 30% off
+    assert ft.sampled(repro, "r", "c", [70.0] * 5, "x", "n").verdict == "deviates"  # 30% off
     mixed = ft.sampled(repro, "r", "c", [90.0, 90.0, 90.0, 90.0, 70.0], "x", "n")
     assert mixed.verdict == "seed-dependent" and mixed.seeds["agree"] == 0.8
-    assert mixed.ours == 90.0 and mixed.seeds["range"] == [70.0, 90.0]     # median, range
+    assert mixed.ours == 90.0 and mixed.seeds["range"] == [70.0, 90.0]  # median, range
     with pytest.raises(Exception):
-        ft.sampled(repro, "r", "c", [90.0] * 4, "x", "n")                    # under 5 seeds
+        ft.sampled(repro, "r", "c", [90.0] * 4, "x", "n")  # under 5 seeds
 
 
 def test_ratio_claim_reads_2x_by_the_one_rule():
@@ -101,17 +112,27 @@ def test_ratio_claim_reads_2x_by_the_one_rule():
     holds = ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.4, 1.6, 2.0, 2.2, 1.9], "s")
     assert holds.verdict == "claim-holds" and "1.5 to 2.5" in holds.reading
     assert ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6] * 5, "s").verdict == "claim-fails"
-    assert ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6, 2.0, 2.0, 2.0, 2.0],
-                                         "s").verdict == "seed-dependent"
+    assert (
+        ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6, 2.0, 2.0, 2.0, 2.0], "s").verdict
+        == "seed-dependent"
+    )
     # "1.8x" reads 1.75 to 1.85
-    assert ft.read_per_seed("1.8x", [1.74, 1.76, 1.85, 1.86, 1.8]) == [False, True, True, False,
-                                                                        True]
+    assert ft.read_per_seed("1.8x", [1.74, 1.76, 1.85, 1.86, 1.8]) == [
+        False,
+        True,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_lead_grows_claim_is_tested_on_each_seed():
-    repro = Reproduction(id="feplb-table3", paper_values=[], compute=lambda r, p: Result([]),
-                         paper_claims=[PaperClaim("2/8", "FEPLB's lead over FasterMoE grows "
-                                                         "with EP", "grows", "t")])
+    repro = Reproduction(
+        id="feplb-table3",
+        paper_values=[],
+        compute=lambda r, p: Result([]),
+        paper_claims=[PaperClaim("2/8", "FEPLB's lead over FasterMoE grows with EP", "grows", "t")],
+    )
     grows = {2: [1.0] * 5, 4: [2.0] * 5, 8: [3.0] * 5}
     assert ft.lead_grows_claim(repro, grows, "s", "p").verdict == "claim-holds"
     # seed 4 falls from EP = 4 to 8: that seed fails, the others hold
@@ -122,6 +143,7 @@ def test_lead_grows_claim_is_tested_on_each_seed():
 
 # --- fig4: per-pair volume and time -------------------------------------------------------------
 
+
 def test_pair_rows_by_hand():
     # 2 ranks, experts 0, 1 on rank 0 and 2, 3 on rank 1. Token 0 (source 0) picks 2 and 3,
     # token 1 (source 1) picks 0 and 2 (2 is local to it).
@@ -129,11 +151,13 @@ def test_pair_rows_by_hand():
     source = torch.tensor([0, 1])
     ranks = [0, 0, 1, 1]
     one = feplb_fig4.pair_rows(top, source, ranks, 2)
-    assert one.tolist() == [[[0, 1], [1, 0]]]           # token 0 once to rank 1, token 1 to rank 0
+    assert one.tolist() == [[[0, 1], [1, 0]]]  # token 0 once to rank 1, token 1 to rank 0
     two = feplb_fig4.pair_rows(top, source, ranks, 2, pipe=2)
     # experts 2 and 3 are in different stages (local index 0 and 1 of 2): token 0 crosses twice
     assert two.tolist() == [[[0, 1], [1, 0]], [[0, 1], [0, 0]]]
-    assert feplb_fig4.pair_rows(top, source, ranks, 2, shadows=(2, 3)).tolist() == [[[0, 0], [1, 0]]]
+    assert feplb_fig4.pair_rows(top, source, ranks, 2, shadows=(2, 3)).tolist() == [
+        [[0, 0], [1, 0]]
+    ]
     # busiest port per stage: stage 0 sends/receives 1 everywhere, stage 1 rank 0 sends 1
     assert feplb_fig4.busiest_port_rows(one) == 1 and feplb_fig4.busiest_port_rows(two) == 2
 
@@ -159,8 +183,10 @@ def test_pair_rows_is_the_components_rule():
     ranks = [e // 8 for e in range(32)]
     for pipe in (1, 2):
         for shadows in ((), (3, 17, 30)):
-            assert torch.equal(feplb_fig4.pair_rows(top, source, ranks, 4, pipe, shadows),
-                               dispatch_rows_per_pair(top, source, ranks, 4, pipe, shadows))
+            assert torch.equal(
+                feplb_fig4.pair_rows(top, source, ranks, 4, pipe, shadows),
+                dispatch_rows_per_pair(top, source, ranks, 4, pipe, shadows),
+            )
 
 
 def test_messages_of_chains_the_stages():
@@ -172,8 +198,12 @@ def test_messages_of_chains_the_stages():
 
 # --- grading invariants on small runs ----------------------------------------------------------
 
-MODULES = {"feplb-table2": feplb_table2, "feplb-table3": feplb_table3,
-           "feplb-table4": feplb_table4, "feplb-fig4": feplb_fig4}
+MODULES = {
+    "feplb-table2": feplb_table2,
+    "feplb-table3": feplb_table3,
+    "feplb-table4": feplb_table4,
+    "feplb-fig4": feplb_fig4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -196,17 +226,24 @@ def test_straggler_tables_are_laid_out_as_printed(small_runs, rid, unit):
     # row 2/8 as FEPLB prints it: Table 3 "6,666 4,036 (-39%) 2,021 (-70%)",
     # Table 4 "1.110 0.625 (-44%) 0.352 (-68%)"
     printed = [c["paper_printed"] for c in grid["rows"][2]["cells"]]
-    assert printed == {"feplb-table3": ["6,666", "4,036", "-39", "2,021", "-70"],
-                       "feplb-table4": ["1.110", "0.625", "-44", "0.352", "-68"]}[rid]
+    assert (
+        printed
+        == {
+            "feplb-table3": ["6,666", "4,036", "-39", "2,021", "-70"],
+            "feplb-table4": ["1.110", "0.625", "-44", "0.352", "-68"],
+        }[rid]
+    )
     assert all(c is not None for row in grid["rows"] for c in row["cells"])
 
 
 def test_table2_compares_what_the_paper_prints(small_runs):
     cells = {(c.row, c.column): c for c in small_runs["feplb-table2"].cells}
     # every value FEPLB Table 2 prints is a cell, quoted as printed (forward / backward, ms)
-    table2 = {"4/2": "8.2/14.9 7.9/14.0 13.1/22.8 8.0/17.1 7.9/14.4",
-              "4/4": "7.3/13.2 6.9/12.2 15.3/24.0 7.2/15.2 6.8/12.1",
-              "2/8": "6.9/12.5 6.3/11.1 22.8/30.0 6.8/14.5 6.0/10.6"}
+    table2 = {
+        "4/2": "8.2/14.9 7.9/14.0 13.1/22.8 8.0/17.1 7.9/14.4",
+        "4/4": "7.3/13.2 6.9/12.2 15.3/24.0 7.2/15.2 6.8/12.1",
+        "2/8": "6.9/12.5 6.3/11.1 22.8/30.0 6.8/14.5 6.0/10.6",
+    }
     methods = ("Before LB", "FasterMoE", "Triton Dist.", "Tutel", "FEPLB")
     for row, line in table2.items():
         for method, pair in zip(methods, line.split()):
@@ -256,9 +293,10 @@ def test_table4_names_the_factors_of_a_deviation(small_runs):
     feplb = cells[("4/2", "FEPLB")]
     if feplb.verdict == "deviates":
         assert "token reduction" in feplb.note and "time per row" in feplb.note
-    printed = {pv.row: pv.printed for pv in feplb_table4.PAPER_VALUES
-               if pv.column == feplb_table4.PER_ROW}
-    assert printed == {"4/2": "0.139", "4/4": "0.140", "2/8": "0.167"}   # 316 / 2,278 etc.
+    printed = {
+        pv.row: pv.printed for pv in feplb_table4.PAPER_VALUES if pv.column == feplb_table4.PER_ROW
+    }
+    assert printed == {"4/2": "0.139", "4/4": "0.140", "2/8": "0.167"}  # 316 / 2,278 etc.
     ratio = cells[("2/8", feplb_table4.RATIO)]
     assert ratio.grade_class == "claim" and "1.75 to 1.85" in ratio.reading
 
@@ -271,7 +309,9 @@ def test_table3_shows_the_trace_beside_the_paper(small_runs):
     for row in ("4/2", "4/4", "2/8"):
         assert cells[(row, "trace: rows per device (mean)")].ours == 128 * 8
     rows = {"4/2", "4/4", "2/8"}
-    assert {c.row for c in small_runs["feplb-table3"].cells} == rows | {ft.real_row(r) for r in rows}
+    assert {c.row for c in small_runs["feplb-table3"].cells} == rows | {
+        ft.real_row(r) for r in rows
+    }
     # the real-count rows carry FEPLB's reduction on the synthetic trace beside theirs
     assert "on the synthetic trace" in cells[(ft.real_row("2/8"), "FEPLB vs Before LB")].note
 
@@ -294,7 +334,10 @@ def test_fig4_compares_time_not_volume(small_runs):
         assert cells[(phase, "FasterMoE pipe=2 (EP volume)")].paper is None
         assert cells[(phase, "FEPLB (EP time)")].ours == 0.0
         assert cells[(phase, "FEPLB (EP volume)")].ours == 0.0
-        assert cells[(phase, "FasterMoE pipe=1 (EP time)")].verdict in ("claim-holds", "claim-fails")
+        assert cells[(phase, "FasterMoE pipe=1 (EP time)")].verdict in (
+            "claim-holds",
+            "claim-fails",
+        )
 
 
 def test_exact_history_replays_the_same_micro_batches():
@@ -303,12 +346,13 @@ def test_exact_history_replays_the_same_micro_batches():
     params = {**ft.DEFAULTS, **SMALL}
     trace = ft.trace_for(params, 2)
     exact = ft._layer_trace(trace, 1, "actual")
-    assert exact.counts.shape[:2] == (2, 2)                       # 3 micro-batches -> 2 replayed
+    assert exact.counts.shape[:2] == (2, 2)  # 3 micro-batches -> 2 replayed
     assert torch.equal(exact.counts[0, 0], trace.counts[1, 1])
     assert torch.equal(exact.counts[0, 1], trace.counts[1, 1])
     assert torch.equal(exact.counts[1, 1], trace.counts[1, 2])
-    assert ft.per_layer(params, 2, "Before LB", history="actual") == \
-        pytest.approx(ft.per_layer(params, 2, "Before LB"))
+    assert ft.per_layer(params, 2, "Before LB", history="actual") == pytest.approx(
+        ft.per_layer(params, 2, "Before LB")
+    )
     with pytest.raises(ValueError):
         ft.evaluate_layers(params, 2, history="next")
 
@@ -325,8 +369,9 @@ def test_unrelated_history_shows_the_next_layers_counts_and_replays_the_same_mic
     assert torch.equal(stale.counts[0, 1], trace.counts[last, 1])
     assert torch.equal(stale.counts[1, 0], trace.counts[0, 2])
     assert torch.equal(stale.counts[1, 1], trace.counts[last, 2])
-    assert ft.per_layer(params, 2, "Before LB", history="unrelated") == \
-        pytest.approx(ft.per_layer(params, 2, "Before LB"))
+    assert ft.per_layer(params, 2, "Before LB", history="unrelated") == pytest.approx(
+        ft.per_layer(params, 2, "Before LB")
+    )
     # the history reaches the planner: FEPLB's dynamic experts, and so its result, change
     informed = ft.mean_of(ft.per_layer(params, 2, "FEPLB"))
     assert ft.mean_of(ft.per_layer(params, 2, "FEPLB", history="unrelated")) != informed
@@ -348,7 +393,7 @@ def test_trace_counts_kept_on_disk_are_the_drawn_ones(tmp_path, monkeypatch):
     drawn = ft.trace_for(params, 2)
     assert len(list((tmp_path / "feplb-traces").iterdir())) == 1
     monkeypatch.setattr(ft, "_TRACES", {})
-    loaded = ft.trace_for(params, 2)                      # read back from disk
+    loaded = ft.trace_for(params, 2)  # read back from disk
     direct = synthetic_trace(3, 3, 128, 8, 128, 2, seed=7 * 1000 + 2)
     assert torch.equal(loaded.counts, direct.counts) and torch.equal(drawn.counts, direct.counts)
     # every token's choices are kept too where the trace kept them, and read back as drawn
@@ -357,8 +402,11 @@ def test_trace_counts_kept_on_disk_are_the_drawn_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(ft, "_TRACES", {})
     tokens = ft.trace_for({**params, "seed": 8}, 2, keep_tokens=True)
     direct = synthetic_trace(3, 3, 128, 8, 128, 2, seed=8 * 1000 + 2, keep_tokens=True)
-    assert all(torch.equal(a, b) for la, lb in zip(tokens.top_experts, direct.top_experts)
-               for a, b in zip(la, lb))
-    assert len(list((tmp_path / "feplb-traces").iterdir())) == 3     # 2 counts, 1 choices
+    assert all(
+        torch.equal(a, b)
+        for la, lb in zip(tokens.top_experts, direct.top_experts)
+        for a, b in zip(la, lb)
+    )
+    assert len(list((tmp_path / "feplb-traces").iterdir())) == 3  # 2 counts, 1 choices
     monkeypatch.setenv("MOE_REPRO_CACHE", "off")
     assert ft._disk_path(("any",)) is None

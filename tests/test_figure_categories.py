@@ -16,10 +16,14 @@ def _keep(monkeypatch) -> list:
 
     def keep(f):
         ax = f.axes[0]
-        drawn.append({"spans": [c for c in ax.collections if isinstance(c, LineCollection)],
-                      "bands": [c for c in ax.collections if isinstance(c, PolyCollection)],
-                      "rotations": [t.get_rotation() for t in ax.get_xticklabels() if t.get_text()],
-                      "ylim": ax.get_ylim()})
+        drawn.append(
+            {
+                "spans": [c for c in ax.collections if isinstance(c, LineCollection)],
+                "bands": [c for c in ax.collections if isinstance(c, PolyCollection)],
+                "rotations": [t.get_rotation() for t in ax.get_xticklabels() if t.get_text()],
+                "ylim": ax.get_ylim(),
+            }
+        )
         real_close(f)
 
     monkeypatch.setattr(figures.plt, "close", keep)
@@ -28,9 +32,21 @@ def _keep(monkeypatch) -> list:
 
 def test_a_range_over_one_category_is_a_vertical_span(monkeypatch):
     drawn = _keep(monkeypatch)
-    fig = {"title": "t", "xlabel": "method", "ylabel": "%",
-           "series": [{"label": "ours", "x": ["A", "B", "C"], "y": [0.5, 40.0, 0.0], "kind": "ours", "line": False},
-                      {"label": "C: < 1%", "x": ["C"], "lo": 0.0, "hi": 1.0, "kind": "paper-range"}]}
+    fig = {
+        "title": "t",
+        "xlabel": "method",
+        "ylabel": "%",
+        "series": [
+            {
+                "label": "ours",
+                "x": ["A", "B", "C"],
+                "y": [0.5, 40.0, 0.0],
+                "kind": "ours",
+                "line": False,
+            },
+            {"label": "C: < 1%", "x": ["C"], "lo": 0.0, "hi": 1.0, "kind": "paper-range"},
+        ],
+    }
     svg = figures.render_figure(fig)["svg"].decode()
     (d,) = drawn
     assert not d["bands"]
@@ -43,10 +59,22 @@ def test_a_range_over_one_category_is_a_vertical_span(monkeypatch):
 
 def test_a_range_over_several_x_stays_a_band(monkeypatch):
     drawn = _keep(monkeypatch)
-    fig = {"title": "t", "xlabel": "nodes", "ylabel": "x",
-           "series": [{"label": "ours", "x": [8, 16, 64], "y": [1.0, 2.0, 3.0], "kind": "ours"},
-                      {"label": "1.1x - 9x", "x": [16, 64], "y": [1.1, 9.0], "lo": 1.1, "hi": 9.0,
-                       "kind": "paper-range"}]}
+    fig = {
+        "title": "t",
+        "xlabel": "nodes",
+        "ylabel": "x",
+        "series": [
+            {"label": "ours", "x": [8, 16, 64], "y": [1.0, 2.0, 3.0], "kind": "ours"},
+            {
+                "label": "1.1x - 9x",
+                "x": [16, 64],
+                "y": [1.1, 9.0],
+                "lo": 1.1,
+                "hi": 9.0,
+                "kind": "paper-range",
+            },
+        ],
+    }
     figures.render_figure(fig)
     (d,) = drawn
     assert len(d["bands"]) == 1 and not d["spans"]
@@ -56,8 +84,14 @@ def test_long_category_names_are_tilted_and_short_ones_stay_level(monkeypatch):
     drawn = _keep(monkeypatch)
     long_names = [f"a rather long stage name number {i}" for i in range(6)]
     for names in (["A", "B", "C"], long_names):
-        figures.render_figure({"title": "t", "xlabel": "stage", "ylabel": "ms",
-                               "series": [{"label": "s", "x": names, "y": [1.0] * len(names)}]})
+        figures.render_figure(
+            {
+                "title": "t",
+                "xlabel": "stage",
+                "ylabel": "ms",
+                "series": [{"label": "s", "x": names, "y": [1.0] * len(names)}],
+            }
+        )
     short, crowded = drawn
     assert set(short["rotations"]) == {0.0}
     assert set(crowded["rotations"]) == {30.0}
@@ -65,6 +99,12 @@ def test_long_category_names_are_tilted_and_short_ones_stay_level(monkeypatch):
 
 def test_numeric_axes_are_never_tilted(monkeypatch):
     drawn = _keep(monkeypatch)
-    figures.render_figure({"title": "t", "xlabel": "bytes", "ylabel": "s",
-                           "series": [{"label": "s", "x": list(range(1, 60)), "y": [1.0] * 59}]})
+    figures.render_figure(
+        {
+            "title": "t",
+            "xlabel": "bytes",
+            "ylabel": "s",
+            "series": [{"label": "s", "x": list(range(1, 60)), "y": [1.0] * 59}],
+        }
+    )
     assert set(drawn[0]["rotations"]) == {0.0}

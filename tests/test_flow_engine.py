@@ -75,8 +75,10 @@ def test_max_min_rates_match_the_reference(seed):
     capacity = {r: rng.choice([1.0, 2.5, 10.0, rng.uniform(0.1, 100)]) for r in resources}
     flows = []
     for i in range(rng.randint(1, 40)):
-        uses = {r: rng.choice([1.0, 2.0, 0.5, rng.uniform(0.1, 4)])
-                for r in rng.sample(resources, rng.randint(1, len(resources)))}
+        uses = {
+            r: rng.choice([1.0, 2.0, 0.5, rng.uniform(0.1, 4)])
+            for r in rng.sample(resources, rng.randint(1, len(resources)))
+        }
         flows.append(ns.Flow("p", i, 1.0, 1.0, "x", uses))
     got = ns.max_min_rates(flows, capacity)
     want = reference.max_min_rates(flows, capacity)
@@ -86,9 +88,11 @@ def test_max_min_rates_match_the_reference(seed):
     load = {r: sum(f.uses.get(r, 0.0) * x for f, x in zip(flows, got)) for r in resources}
     assert all(load[r] <= capacity[r] * (1 + 1e-9) for r in resources)
     for f, x in zip(flows, got):
-        assert any(load[r] >= capacity[r] * (1 - 1e-9)
-                   and all(x >= y * (1 - 1e-9) for g, y in zip(flows, got) if r in g.uses)
-                   for r in f.uses)
+        assert any(
+            load[r] >= capacity[r] * (1 - 1e-9)
+            and all(x >= y * (1 - 1e-9) for g, y in zip(flows, got) if r in g.uses)
+            for r in f.uses
+        )
 
 
 def rbd_point(nodes: int) -> dict:

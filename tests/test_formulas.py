@@ -22,17 +22,47 @@ GB = 1e9
 
 # Mixtral 8x7B (Jiang et al. 2024; config.json): 32 layers, d 4096, expert FFN 14336 (SwiGLU),
 # 8 experts top-2, 32 heads of 128, 8 KV heads, vocabulary 32000, untied embeddings.
-MIXTRAL = MoEModel(key="mixtral-like", name="m", layers=32, d_model=4096, d_ffn=14336, n_experts=8,
-                   top_k=2, n_mat=3, n_heads=32, n_kv_heads=8, head_dim=128, vocab=32000)
+MIXTRAL = MoEModel(
+    key="mixtral-like",
+    name="m",
+    layers=32,
+    d_model=4096,
+    d_ffn=14336,
+    n_experts=8,
+    top_k=2,
+    n_mat=3,
+    n_heads=32,
+    n_kv_heads=8,
+    head_dim=128,
+    vocab=32000,
+)
 
 # DeepSeek-V3 (DeepSeek-AI 2024, Sec. 4.2 and config.json): 61 layers, first 3 dense (FFN 18432),
 # d 7168, 256 routed experts top-8 + 1 shared, expert width 2048, MLA q_lora 1536, kv_lora 512,
 # nope 128, rope 64, v 128, 128 heads, vocabulary 129280, untied.
-DSV3 = MoEModel(key="dsv3-like", name="d", layers=61, moe_layers=58, d_model=7168, d_ffn=2048,
-                n_experts=256, n_shared=1, top_k=8, n_mat=3, n_heads=128, vocab=129280,
-                d_ffn_dense=18432, attn_params="mla",
-                mla=MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128))
+DSV3 = MoEModel(
+    key="dsv3-like",
+    name="d",
+    layers=61,
+    moe_layers=58,
+    d_model=7168,
+    d_ffn=2048,
+    n_experts=256,
+    n_shared=1,
+    top_k=8,
+    n_mat=3,
+    n_heads=128,
+    vocab=129280,
+    d_ffn_dense=18432,
+    attn_params="mla",
+    mla=MLA(
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    ),
+)
 
 # GPT-3 175B (Brown et al. 2020 Table 2.1): 96 layers, d 12288, 96 heads of 128, FFN 4d, context 2048.
 GPT3 = dict(s=2048, b=1, h=12288, a=96, L=96, V=50257)
@@ -68,6 +98,7 @@ def _dsv3_by_hand():
 # 1. Parameters
 # ------------------------------------------------------------------------------------------
 
+
 def test_mixtral_parameters_by_hand():
     total, active = _mixtral_by_hand()
     assert total == 46_702_792_704  # the public checkpoint's safetensors total
@@ -89,17 +120,29 @@ def test_deepseek_v3_parameters_by_hand():
     assert round((active - 129280 * 7168) / 1e9, 2) == 36.63
     assert p["attention"] == 61 * (mla - 1536 - 512)  # latent norms are reported under norms
     assert p["router"] == 58 * 7168 * 256
-    parts = ("embedding", "lm_head", "attention", "norms", "router", "routed_experts",
-             "shared_experts", "dense_ffn", "extra")
+    parts = (
+        "embedding",
+        "lm_head",
+        "attention",
+        "norms",
+        "router",
+        "routed_experts",
+        "shared_experts",
+        "dense_ffn",
+        "extra",
+    )
     assert sum(p[k] for k in parts) == p["total"]
 
 
-@pytest.mark.parametrize("key,L,d,f,H,kv,V,expected", [
-    # Llama 3 Herd of Models Table 3; released checkpoints: 8,030,261,248 / 70,553,706,496 / 405,853,388,800
-    ("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8_030_261_248),
-    ("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 70_553_706_496),
-    ("llama3-405b", 126, 16384, 53248, 128, 8, 128256, 405_853_388_800),
-])
+@pytest.mark.parametrize(
+    "key,L,d,f,H,kv,V,expected",
+    [
+        # Llama 3 Herd of Models Table 3; released checkpoints: 8,030,261,248 / 70,553,706,496 / 405,853,388,800
+        ("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8_030_261_248),
+        ("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 70_553_706_496),
+        ("llama3-405b", 126, 16384, 53248, 128, 8, 128256, 405_853_388_800),
+    ],
+)
 def test_llama3_zoo_counts_by_hand(key, L, d, f, H, kv, V, expected):
     by_hand = L * (d * H * 128 + 2 * d * kv * 128 + H * 128 * d + 3 * d * f + 2 * d) + 2 * V * d + d
     assert by_hand == expected
@@ -116,18 +159,25 @@ def test_gpt3_zoo_count_by_hand():
     p = F.parameters(get_model("gpt3-175b"))
     assert p["total"] == by_hand == 174_566_105_088
     assert round(by_hand / 1e9) == 175  # Brown et al. Table 2.1: 175.0B (biases, positions omitted)
-    assert p["lm_head"] == 0 and p["matmul_active"] == by_hand - L * 2 * h - h  # tied head still multiplies
+    assert (
+        p["lm_head"] == 0 and p["matmul_active"] == by_hand - L * 2 * h - h
+    )  # tied head still multiplies
 
 
 # ------------------------------------------------------------------------------------------
 # 2. FLOPs
 # ------------------------------------------------------------------------------------------
 
+
 def test_gpt3_training_flops_equal_narayanan_eq3():
     B, s, l, h, V = 1536, GPT3["s"], GPT3["L"], GPT3["h"], GPT3["V"]
-    eq3 = 96 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan SC'21 Eq. 3
+    eq3 = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan SC'21 Eq. 3
     assert F.narayanan_eq3_flops(B, s, l, h, V) == pytest.approx(eq3, rel=1e-15)
-    ours = F.train_flops_per_token(get_model("gpt3-175b"), s, attention="full", recompute="full") * B * s
+    ours = (
+        F.train_flops_per_token(get_model("gpt3-175b"), s, attention="full", recompute="full")
+        * B
+        * s
+    )
     assert ours == pytest.approx(eq3, rel=1e-12)
     assert ours == pytest.approx(4.5108e18, rel=1e-4)  # ~4.51 EFLOP per iteration of 1536 x 2048
 
@@ -152,7 +202,9 @@ def test_mixtral_flops_per_token_by_hand():
     assert F.forward_flops_per_token(MIXTRAL, s, attention="none") == 2 * matmul
     assert F.train_flops_per_token(MIXTRAL, s) == 3 * (2 * matmul + core)
     assert F.train_flops_per_token(MIXTRAL, s, attention="none") == 6 * matmul  # the 6N rule
-    assert F.train_flops_per_token(MIXTRAL, s, recompute="selective") == 3 * (2 * matmul + core) + core
+    assert (
+        F.train_flops_per_token(MIXTRAL, s, recompute="selective") == 3 * (2 * matmul + core) + core
+    )
     head = 2 * 32000 * 4096
     assert F.train_flops_per_token(MIXTRAL, s, recompute="full") == 4 * (2 * matmul + core) - head
 
@@ -175,6 +227,7 @@ def test_deepseek_v3_flops_per_token_by_hand():
 # ------------------------------------------------------------------------------------------
 # 3. Activation memory (Korthikanti et al. 2022)
 # ------------------------------------------------------------------------------------------
+
 
 def test_gpt3_layer_activations_korthikanti_table2():
     s, b, h, a, t = GPT3["s"], GPT3["b"], GPT3["h"], GPT3["a"], 8
@@ -203,7 +256,10 @@ def test_activations_equal_megatron_theoretical_memory():
     # with SP + selective: s b h (18 + 4 f / h) / t; without SP: s b h (10 + 24 / t).
     s, b, h, a, t, f = 4096, 2, 4096, 32, 4, 16384
     sp_sel = s * b * h * (18 + 4 * f / h) / t
-    assert F.activation_bytes_per_layer(s, b, h, a, t=t, sp=True, recompute="selective", ffn=f) == sp_sel
+    assert (
+        F.activation_bytes_per_layer(s, b, h, a, t=t, sp=True, recompute="selective", ffn=f)
+        == sp_sel
+    )
     no_sp = s * b * h * (10 + 24 / t)
     assert F.activation_bytes_per_layer(s, b, h, a, t=t, recompute="selective") == no_sp
 
@@ -216,7 +272,10 @@ def test_activation_extensions_by_hand():
     # at 2 B/value, i.e. 8 values of sbh; MLP intermediates 3 f; core: the softmax output only.
     f, v = 2816, 4
     expected = 8 * sbh * v + 3 * s * b * f * v + a * s * s * b * v
-    assert F.activation_bytes_per_layer(s, b, h, a, ffn=f, n_mat=3, dropout=False, bytes_per_value=v) == expected
+    assert (
+        F.activation_bytes_per_layer(s, b, h, a, ffn=f, n_mat=3, dropout=False, bytes_per_value=v)
+        == expected
+    )
     # Context parallelism cp = 4: s/4 queries per rank: linear terms / 4, scores a (s/4) s b.
     cp = 4
     expected_cp = 34 * sbh / cp + 5 * a * (s / cp) * s * b
@@ -227,22 +286,29 @@ def test_moe_layer_activations_by_hand():
     # Mixtral-like MoE layer, s = 4096, b = 1, no parallelism, no dropout, bf16 (2 B):
     s, b, d, f, k, E = 4096, 1, 4096, 14336, 2, 8
     n = s * b
-    attention = (2 * n * d  # two layer-norm inputs
-                 + n * d  # QKV input
-                 + n * (4096 + 1024 + 1024)  # Q, K, V (8 KV heads of 128)
-                 + n * 4096  # output-projection input
-                 + 32 * n * s)  # softmax output per head (no dropout)
-    mlp = (n * d  # MLP input (router, shared experts)
-           + n * E  # router probabilities
-           + k * n * d  # dispatched copies (X-MoE A_dispatch)
-           + k * n * 3 * f  # expert intermediates: gate, up, product
-           + k * n * d)  # expert outputs for the combine (A_combine)
+    attention = (
+        2 * n * d  # two layer-norm inputs
+        + n * d  # QKV input
+        + n * (4096 + 1024 + 1024)  # Q, K, V (8 KV heads of 128)
+        + n * 4096  # output-projection input
+        + 32 * n * s
+    )  # softmax output per head (no dropout)
+    mlp = (
+        n * d  # MLP input (router, shared experts)
+        + n * E  # router probabilities
+        + k * n * d  # dispatched copies (X-MoE A_dispatch)
+        + k * n * 3 * f  # expert intermediates: gate, up, product
+        + k * n * d
+    )  # expert outputs for the combine (A_combine)
     expected = 2 * (attention + mlp)
     assert F.moe_activation_bytes_per_layer(MIXTRAL, s, b) == expected
     # Selective recomputation drops the scores; TP 4 with SP divides everything by 4.
     sel = expected - 2 * 32 * n * s
     assert F.moe_activation_bytes_per_layer(MIXTRAL, s, b, recompute="selective") == sel
-    assert F.moe_activation_bytes_per_layer(MIXTRAL, s, b, t=4, sp=True, recompute="selective") == sel / 4
+    assert (
+        F.moe_activation_bytes_per_layer(MIXTRAL, s, b, t=4, sp=True, recompute="selective")
+        == sel / 4
+    )
     assert F.moe_activation_bytes_per_layer(MIXTRAL, s, b, recompute="full") == 2 * n * d
     with pytest.raises(ValueError, match="sequence parallelism"):
         F.moe_activation_bytes_per_layer(MIXTRAL, s, b, t=4)
@@ -262,7 +328,9 @@ def test_dense_layer_of_moe_model_reduces_to_korthikanti():
     # GPT-3 read as a zoo model, dense layer with dropout: exactly Table 2's 34 sbh + 5 a s^2 b.
     s, b, h, a = GPT3["s"], 1, GPT3["h"], GPT3["a"]
     g = get_model("gpt3-175b")
-    assert F.moe_activation_bytes_per_layer(g, s, b, moe=False, dropout=True) == s * b * h * (34 + 5 * a * s / h)
+    assert F.moe_activation_bytes_per_layer(g, s, b, moe=False, dropout=True) == s * b * h * (
+        34 + 5 * a * s / h
+    )
     with pytest.raises(ValueError, match="no MoE layer"):
         F.moe_activation_bytes_per_layer(g, s, b)
 
@@ -271,10 +339,15 @@ def test_dense_layer_of_moe_model_reduces_to_korthikanti():
 # 4. Model state (ZeRO)
 # ------------------------------------------------------------------------------------------
 
+
 def test_zero_figure1_7_5b_on_64_gpus():
     psi, nd, K = 7.5e9, 64, 12  # ZeRO Fig. 1: Psi = 7.5B, N_d = 64, K = 12
-    expected = {0: (2 + 2 + K) * psi, 1: 2 * psi + 2 * psi + K * psi / nd,
-                2: 2 * psi + (2 + K) * psi / nd, 3: (2 + 2 + K) * psi / nd}
+    expected = {
+        0: (2 + 2 + K) * psi,
+        1: 2 * psi + 2 * psi + K * psi / nd,
+        2: 2 * psi + (2 + K) * psi / nd,
+        3: (2 + 2 + K) * psi / nd,
+    }
     printed = {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}  # GB, as Fig. 1 prints them
     for stage in range(4):
         got = F.model_state_bytes(psi, nd, stage, "bf16-adam")["total"]
@@ -296,8 +369,12 @@ def test_precision_presets_by_hand():
     x = F.model_state_bytes(psi, dp, 1, "xmoe")
     assert x["weights"] + x["grads"] == 4 * psi and F.PRECISION_PRESETS["xmoe"].zero_stage == 1
     assert F.model_state_bytes(psi, 1, 0, "piper")["total"] == 16 * psi  # Piper III-A1
-    assert F.model_state_bytes(psi, 1, 0, "adam-8bit")["total"] == (2 + 2 + 4 + 2) * psi  # Dettmers 2022
-    assert F.model_state_bytes(psi, 1, 0, "deepseek-v3-fp8")["total"] == (1 + 4 + 4 + 4) * psi  # V3 Sec. 3.3
+    assert (
+        F.model_state_bytes(psi, 1, 0, "adam-8bit")["total"] == (2 + 2 + 4 + 2) * psi
+    )  # Dettmers 2022
+    assert (
+        F.model_state_bytes(psi, 1, 0, "deepseek-v3-fp8")["total"] == (1 + 4 + 4 + 4) * psi
+    )  # V3 Sec. 3.3
     assert all(p.source for p in F.PRECISION_PRESETS.values())
     with pytest.raises(ValueError, match="unknown precision"):
         F.model_state_bytes(psi, dp, 0, "fp4")
@@ -308,6 +385,7 @@ def test_precision_presets_by_hand():
 # ------------------------------------------------------------------------------------------
 # 5. Communication
 # ------------------------------------------------------------------------------------------
+
 
 def test_zero_communication_volume_sec7():
     psi, n = 1e9, 16
@@ -353,7 +431,9 @@ def test_comm_bytes_per_step_adds_up_by_hand():
     assert got["tp"] == pytest.approx(tp_bytes)
     assert got["pp"] == pytest.approx(pp_bytes)
     assert got["ep"] == pytest.approx(ep_bytes)
-    assert got["cp"] == 0 and got["total"] == pytest.approx(dp_bytes + tp_bytes + pp_bytes + ep_bytes)
+    assert got["cp"] == 0 and got["total"] == pytest.approx(
+        dp_bytes + tp_bytes + pp_bytes + ep_bytes
+    )
     with pytest.raises(ValueError, match="does not divide"):
         F.comm_bytes_per_step(MIXTRAL, s, mb, M, dp=3, ep=3)
 
@@ -361,6 +441,7 @@ def test_comm_bytes_per_step_adds_up_by_hand():
 # ------------------------------------------------------------------------------------------
 # Contract
 # ------------------------------------------------------------------------------------------
+
 
 def test_bad_modes_raise():
     with pytest.raises(ValueError, match="recompute"):
@@ -372,8 +453,10 @@ def test_bad_modes_raise():
 
 
 def test_module_is_standard_library_only():
-    code = ("import sys; import moe_repro.components.resources.formulas; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys; import moe_repro.components.resources.formulas; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     src = open(F.__file__).read()
     assert "import torch" not in src

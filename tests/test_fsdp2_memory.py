@@ -14,7 +14,7 @@ from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources.parallel_planner import plan_parallel
 
-MiB = 2 ** 20
+MiB = 2**20
 WORLD = 8
 
 
@@ -31,9 +31,15 @@ class _Layer(nn.Module):
 
     def forward(self, x):
         b, s, d = x.shape
-        q, k, v = (z.view(b, s, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.ln1(x)).split(d, -1))
-        y = Fn.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+        q, k, v = (
+            z.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+            for z in self.qkv(self.ln1(x)).split(d, -1)
+        )
+        y = (
+            Fn.scaled_dot_product_attention(q, k, v, is_causal=True)
+            .transpose(1, 2)
+            .reshape(b, s, d)
+        )
         x = x + self.proj(y)
         return x + self.fc2(Fn.gelu(self.fc1(self.ln2(x))))
 
@@ -54,9 +60,15 @@ class _MoELayer(_Layer):
 
     def forward(self, x):
         b, s, d = x.shape
-        q, k, v = (z.view(b, s, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.ln1(x)).split(d, -1))
-        y = Fn.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+        q, k, v = (
+            z.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+            for z in self.qkv(self.ln1(x)).split(d, -1)
+        )
+        y = (
+            Fn.scaled_dot_product_attention(q, k, v, is_causal=True)
+            .transpose(1, 2)
+            .reshape(b, s, d)
+        )
         x = x + self.proj(y)
         h = self.ln2(x).reshape(b * s, d)
         gate, idx = self.router(h).softmax(-1).topk(self.k, dim=-1)
@@ -80,8 +92,9 @@ def fake_world():
         dist.destroy_process_group()
 
 
-def _tracked(mesh, layers: int, d: int, heads: int, f: int, b: int, s: int, experts: int = 0,
-             top_k: int = 0) -> dict:
+def _tracked(
+    mesh, layers: int, d: int, heads: int, f: int, b: int, s: int, experts: int = 0, top_k: int = 0
+) -> dict:
     """FSDP2 memory by category (bytes): after the forward and after one optimizer step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -92,8 +105,12 @@ def _tracked(mesh, layers: int, d: int, heads: int, f: int, b: int, s: int, expe
         return {str(k).split(".")[-1]: v for k, v in by_kind.items()}
 
     with FakeTensorMode():
-        model = nn.Sequential(*[_MoELayer(d, heads, f, experts, top_k) if experts else _Layer(d, heads, f)
-                                for _ in range(layers)])
+        model = nn.Sequential(
+            *[
+                _MoELayer(d, heads, f, experts, top_k) if experts else _Layer(d, heads, f)
+                for _ in range(layers)
+            ]
+        )
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -112,25 +129,72 @@ def _tracked(mesh, layers: int, d: int, heads: int, f: int, b: int, s: int, expe
     return {"fwd": fwd, "step": step, "output": out.numel() * out.element_size()}
 
 
-def _planned(layers: int, d: int, heads: int, f: int, b: int, s: int, experts: int = 0, top_k: int = 0):
+def _planned(
+    layers: int, d: int, heads: int, f: int, b: int, s: int, experts: int = 0, top_k: int = 0
+):
     if experts:
-        m = MoEModel(key="fsdp-moe", name="FSDP2 test MoE", layers=layers, d_model=d, d_ffn=f,
-                     n_experts=experts, top_k=top_k, n_mat=2, n_heads=heads, head_dim=d // heads, vocab=None)
+        m = MoEModel(
+            key="fsdp-moe",
+            name="FSDP2 test MoE",
+            layers=layers,
+            d_model=d,
+            d_ffn=f,
+            n_experts=experts,
+            top_k=top_k,
+            n_mat=2,
+            n_heads=heads,
+            head_dim=d // heads,
+            vocab=None,
+        )
     else:
-        m = MoEModel(key="fsdp-dense", name="FSDP2 test GPT", layers=layers, moe_layers=0, d_model=d, d_ffn=f,
-                     d_ffn_dense=f, n_experts=1, top_k=1, n_mat=2, n_heads=heads, head_dim=d // heads,
-                     vocab=None)
+        m = MoEModel(
+            key="fsdp-dense",
+            name="FSDP2 test GPT",
+            layers=layers,
+            moe_layers=0,
+            d_model=d,
+            d_ffn=f,
+            d_ffn_dense=f,
+            n_experts=1,
+            top_k=1,
+            n_mat=2,
+            n_heads=heads,
+            head_dim=d // heads,
+            vocab=None,
+        )
     p = load_builtin("dgx-a100")  # 8 GPUs per node, no framework overhead in the profile
-    pl = plan_parallel(m, p, 1, seq=s, tp=1, pp=1, cp=1, ep=1, zero=(3,), global_batch=b * WORLD, micro_batches=1,
-                       recompute=("none",), flash_attention=True, precision="bf16-adam", dropout=False)
+    pl = plan_parallel(
+        m,
+        p,
+        1,
+        seq=s,
+        tp=1,
+        pp=1,
+        cp=1,
+        ep=1,
+        zero=(3,),
+        global_batch=b * WORLD,
+        micro_batches=1,
+        recompute=("none",),
+        flash_attention=True,
+        precision="bf16-adam",
+        dropout=False,
+    )
     return pl.candidates[0].memory
 
 
-@pytest.mark.parametrize("layers,d,heads,f,b,s,experts,top_k", [
-    (4, 512, 8, 2048, 2, 256, 0, 0), (2, 768, 12, 3072, 1, 512, 0, 0),  # dense GPT
-    (2, 512, 8, 1024, 2, 256, 8, 2), (2, 256, 4, 512, 2, 512, 16, 4),  # MoE, experts sharded by FSDP
-])
-def test_planner_memory_terms_match_fsdp2_tracker(fake_world, layers, d, heads, f, b, s, experts, top_k):
+@pytest.mark.parametrize(
+    "layers,d,heads,f,b,s,experts,top_k",
+    [
+        (4, 512, 8, 2048, 2, 256, 0, 0),
+        (2, 768, 12, 3072, 1, 512, 0, 0),  # dense GPT
+        (2, 512, 8, 1024, 2, 256, 8, 2),
+        (2, 256, 4, 512, 2, 512, 16, 4),  # MoE, experts sharded by FSDP
+    ],
+)
+def test_planner_memory_terms_match_fsdp2_tracker(
+    fake_world, layers, d, heads, f, b, s, experts, top_k
+):
     got = _tracked(fake_world, layers, d, heads, f, b, s, experts, top_k)
     ours = _planned(layers, d, heads, f, b, s, experts, top_k)
     if experts:  # attention 4 d^2, norms 2 d, router d E, E experts of 2 d f
@@ -142,7 +206,9 @@ def test_planner_memory_terms_match_fsdp2_tracker(fake_world, layers, d, heads, 
     # Model state, in total: 16 B per parameter / 8 ranks on both sides.
     theirs_state = step["SHARDED_PARAM"] + step["SHARDED_GRAD"] + step["OPT"]
     assert theirs_state == pytest.approx(16 * n_params / WORLD, rel=1e-3)
-    assert ours["weights"] + ours["grads"] + ours["optimizer"] == pytest.approx(theirs_state, rel=1e-3)
+    assert ours["weights"] + ours["grads"] + ours["optimizer"] == pytest.approx(
+        theirs_state, rel=1e-3
+    )
     # Per term the split differs, by design of FSDP2's mixed precision (named, not a 5% miss):
     # the sharded parameter IS the fp32 master (4 B; ours: a bf16 weight 2 B + a fp32 master 4 B
     # counted with the optimizer), and the sharded gradient is fp32 (4 B; ours 2 B bf16).

@@ -11,8 +11,12 @@ from moe_repro.records.stats import mann_whitney_u
 
 
 def gate(*args):
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "gate", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", "gate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def suite_payload(seed, scale=1.0, n_samples=7):
@@ -22,15 +26,30 @@ def suite_payload(seed, scale=1.0, n_samples=7):
     for n in (256, 512):
         base = 1e-3 * (n / 256) ** 3
         times = [base * scale * (1 + rng.uniform(-0.02, 0.02)) for _ in range(n_samples)]
-        tflops = [2 * n ** 3 / t / 1e12 for t in times]
+        tflops = [2 * n**3 / t / 1e12 for t in times]
         med = sorted(times)[len(times) // 2]
-        records.append({"suite": "gemm", "n": n, "dtype": "float32", "time_s": med,
-                        "tflops": 2 * n ** 3 / med / 1e12, "correct": True, "wrong": 0,
-                        "samples": {"time_s": times, "tflops": tflops}})
-    return {"suite": "gemm", "params": ["n", "dtype"],
-            "metrics": [{"name": "time_s", "unit": "s", "better": "lower", "kind": "measured"},
-                        {"name": "tflops", "unit": "TFLOP/s", "better": "higher", "kind": "measured"}],
-            "records": records, "environment": {"timestamp": "2026-11-21T00:00:00+00:00"}}
+        records.append(
+            {
+                "suite": "gemm",
+                "n": n,
+                "dtype": "float32",
+                "time_s": med,
+                "tflops": 2 * n**3 / med / 1e12,
+                "correct": True,
+                "wrong": 0,
+                "samples": {"time_s": times, "tflops": tflops},
+            }
+        )
+    return {
+        "suite": "gemm",
+        "params": ["n", "dtype"],
+        "metrics": [
+            {"name": "time_s", "unit": "s", "better": "lower", "kind": "measured"},
+            {"name": "tflops", "unit": "TFLOP/s", "better": "higher", "kind": "measured"},
+        ],
+        "records": records,
+        "environment": {"timestamp": "2026-11-21T00:00:00+00:00"},
+    }
 
 
 @pytest.fixture
@@ -40,6 +59,7 @@ def dirs(tmp_path):
         d.mkdir(exist_ok=True)
         (d / "gemm.json").write_text(json.dumps(payload))
         return str(d)
+
     return write
 
 
@@ -58,23 +78,43 @@ def test_identical_results_pass(dirs):
 
 def test_twenty_percent_slowdown_is_a_regression(dirs, tmp_path):
     out = tmp_path / "g.json"
-    res = gate("--baseline", dirs("a", suite_payload(1)), "--current", dirs("b", suite_payload(2, scale=1.2)),
-               "--json", str(out))
+    res = gate(
+        "--baseline",
+        dirs("a", suite_payload(1)),
+        "--current",
+        dirs("b", suite_payload(2, scale=1.2)),
+        "--json",
+        str(out),
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     findings = json.loads(out.read_text())["findings"]
     regressed = {(f["key"], f["metric"]) for f in findings if f["status"] == "regression"}
-    assert regressed == {("n=256 dtype=float32", "time_s"), ("n=512 dtype=float32", "time_s"),
-                         ("n=256 dtype=float32", "tflops"), ("n=512 dtype=float32", "tflops")}
+    assert regressed == {
+        ("n=256 dtype=float32", "time_s"),
+        ("n=512 dtype=float32", "time_s"),
+        ("n=256 dtype=float32", "tflops"),
+        ("n=512 dtype=float32", "tflops"),
+    }
     assert all(f["p_value"] < 0.05 for f in findings if f["status"] == "regression")
 
 
 def test_speedup_is_reported_as_improvement_and_passes(dirs):
-    res = gate("--baseline", dirs("a", suite_payload(1)), "--current", dirs("b", suite_payload(2, scale=0.8)))
+    res = gate(
+        "--baseline",
+        dirs("a", suite_payload(1)),
+        "--current",
+        dirs("b", suite_payload(2, scale=0.8)),
+    )
     assert res.returncode == 0 and "improvement" in res.stdout
 
 
 def test_noise_below_threshold_passes_with_fresh_jitter(dirs):
-    res = gate("--baseline", dirs("a", suite_payload(1)), "--current", dirs("b", suite_payload(3, scale=1.01)))
+    res = gate(
+        "--baseline",
+        dirs("a", suite_payload(1)),
+        "--current",
+        dirs("b", suite_payload(3, scale=1.01)),
+    )
     assert res.returncode == 0, res.stdout
 
 
@@ -100,8 +140,14 @@ def test_missing_result_has_its_own_code(dirs):
 
 
 def test_analytic_change_of_any_size_fails(tmp_path):
-    cell = {"row": "Mixtral 8x7B", "column": "Latency", "paper": 52.6, "ours": 56.371, "unit": "ms",
-            "verdict": "deviates"}
+    cell = {
+        "row": "Mixtral 8x7B",
+        "column": "Latency",
+        "paper": 52.6,
+        "ours": 56.371,
+        "unit": "ms",
+        "verdict": "deviates",
+    }
     b = {"id": "piper-table4", "how": "A", "cells": [cell], "environment": {}}
     c = copy.deepcopy(b)
     c["cells"][0]["ours"] = 56.371 * (1 + 1e-6)

@@ -2,7 +2,6 @@
 4 internal error; non-finite current values never pass; the Mann-Whitney p-value is exact for
 small samples. Every case runs the real `repro gate` command in its own process."""
 
-import copy
 import json
 import math
 import subprocess
@@ -27,16 +26,33 @@ def suite(times_256=(1.00, 1.01, 0.99, 1.02, 0.98), times_512=(8.0, 8.1, 7.9, 8.
     """A stored bench result: two grid points, time_s measured with its samples."""
     records = []
     for n, times in ((256, times_256), (512, times_512)):
-        records.append({"suite": "gemm", "n": n, "time_s": sorted(times)[len(times) // 2],
-                        "correct": True, "samples": {"time_s": list(times)}})
-    return {"suite": "gemm", "params": ["n"],
-            "metrics": [{"name": "time_s", "unit": "s", "better": "lower", "kind": "measured"}],
-            "records": records, "environment": {"timestamp": "2026-11-21T00:00:00+00:00"}}
+        records.append(
+            {
+                "suite": "gemm",
+                "n": n,
+                "time_s": sorted(times)[len(times) // 2],
+                "correct": True,
+                "samples": {"time_s": list(times)},
+            }
+        )
+    return {
+        "suite": "gemm",
+        "params": ["n"],
+        "metrics": [{"name": "time_s", "unit": "s", "better": "lower", "kind": "measured"}],
+        "records": records,
+        "environment": {"timestamp": "2026-11-21T00:00:00+00:00"},
+    }
 
 
 def reproduction(ours=56.371):
-    cell = {"row": "Mixtral 8x7B", "column": "Latency", "paper": 52.6, "ours": ours, "unit": "ms",
-            "verdict": "deviates"}
+    cell = {
+        "row": "Mixtral 8x7B",
+        "column": "Latency",
+        "paper": 52.6,
+        "ours": ours,
+        "unit": "ms",
+        "verdict": "deviates",
+    }
     return {"id": "piper-table4", "how": "A", "cells": [cell], "environment": {}}
 
 
@@ -46,6 +62,7 @@ def write(tmp_path):
         path = tmp_path / name
         path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
         return path
+
     return write
 
 
@@ -63,10 +80,18 @@ def findings(path):
 
 # ---- the documented contract ---------------------------------------------------------------
 
+
 def test_help_documents_every_exit_code_and_non_finite_values():
     res = subprocess.run([*GATE, "--help"], capture_output=True, text=True, timeout=60)
     text = " ".join(res.stdout.split())
-    for line in ("0 pass", "1 regression", "2 bad input", "3 missing", "4 internal error", "not finite"):
+    for line in (
+        "0 pass",
+        "1 regression",
+        "2 bad input",
+        "3 missing",
+        "4 internal error",
+        "not finite",
+    ):
         assert line in text, line
 
 
@@ -77,7 +102,12 @@ def test_exit_0_when_nothing_changed(write):
 
 
 def test_exit_1_on_a_regression(write):
-    res = gate("--baseline", write("b.json", reproduction()), "--current", write("c.json", reproduction(57.0)))
+    res = gate(
+        "--baseline",
+        write("b.json", reproduction()),
+        "--current",
+        write("c.json", reproduction(57.0)),
+    )
     assert res.returncode == 1 and "regression" in res.stdout, res.stdout + res.stderr
 
 
@@ -91,15 +121,18 @@ def test_exit_3_when_a_baseline_result_is_missing(write):
 def test_exit_4_on_an_internal_error_one_line_no_traceback(write):
     # A fault injected inside the comparison stands for any bug in the gate: it must be told
     # apart from both a regression (1) and bad input (2).
-    prelude = ("import moe_repro.records.gate as g\n"
-               "def broken(*a, **k):\n    raise KeyError('injected fault')\n"
-               "g._compare_one = broken")
+    prelude = (
+        "import moe_repro.records.gate as g\n"
+        "def broken(*a, **k):\n    raise KeyError('injected fault')\n"
+        "g._compare_one = broken"
+    )
     b = write("b.json", suite())
     res = gate("--baseline", b, "--current", b, prelude=prelude)
     assert_one_line_error(res, 4, "internal error", "injected fault")
 
 
 # ---- exit 2: bad input, one case per test --------------------------------------------------
+
 
 def test_missing_file_is_bad_input(write, tmp_path):
     res = gate("--baseline", write("b.json", suite()), "--current", tmp_path / "nope.json")
@@ -109,7 +142,11 @@ def test_missing_file_is_bad_input(write, tmp_path):
 @pytest.mark.parametrize("side", ["baseline", "current"])
 def test_malformed_json_is_bad_input_on_either_side(write, side):
     good, bad = write("good.json", suite()), write("bad.json", '{"suite": "gemm", "records": [')
-    args = ("--baseline", bad, "--current", good) if side == "baseline" else ("--baseline", good, "--current", bad)
+    args = (
+        ("--baseline", bad, "--current", good)
+        if side == "baseline"
+        else ("--baseline", good, "--current", bad)
+    )
     assert_one_line_error(gate(*args), 2, side, "bad.json", "not JSON")
 
 
@@ -131,8 +168,12 @@ def test_wrong_kind_of_records_is_bad_input_not_all_missing(write):
 
 
 def test_an_unknown_record_kind_is_bad_input(write):
-    res = gate("--baseline", write("b.json", suite()),
-               "--current", write("c.json", {**suite(), "kind": "banana", "schema_version": 2}))
+    res = gate(
+        "--baseline",
+        write("b.json", suite()),
+        "--current",
+        write("c.json", {**suite(), "kind": "banana", "schema_version": 2}),
+    )
     assert_one_line_error(res, 2, "c.json", "banana")
 
 
@@ -176,13 +217,17 @@ def test_json_output_in_a_directory_that_refuses_writes_is_bad_input(write, tmp_
 @pytest.mark.parametrize("threshold", ["lots", "-5%", "nan", "inf", "1000%", ""])
 def test_bad_threshold_is_bad_input(write, threshold):
     b = write("b.json", suite())
-    assert_one_line_error(gate("--baseline", b, "--current", b, "--threshold", threshold), 2, "threshold")
+    assert_one_line_error(
+        gate("--baseline", b, "--current", b, "--threshold", threshold), 2, "threshold"
+    )
 
 
 @pytest.mark.parametrize("pair", ["gemm", "=5%", "gemm=fast"])
 def test_bad_suite_threshold_is_bad_input(write, pair):
     b = write("b.json", suite())
-    assert_one_line_error(gate("--baseline", b, "--current", b, "--suite-threshold", pair), 2, "threshold")
+    assert_one_line_error(
+        gate("--baseline", b, "--current", b, "--suite-threshold", pair), 2, "threshold"
+    )
 
 
 @pytest.mark.parametrize("alpha", ["nan", "0", "1.5", "often"])
@@ -193,11 +238,18 @@ def test_bad_alpha_is_bad_input(write, alpha):
 
 # ---- non-finite current values never pass --------------------------------------------------
 
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_non_finite_analytic_value_is_a_regression(write, tmp_path, value):
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", reproduction()), "--current", write("c.json", reproduction(value)),
-               "--json", out)
+    res = gate(
+        "--baseline",
+        write("b.json", reproduction()),
+        "--current",
+        write("c.json", reproduction(value)),
+        "--json",
+        out,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     (f,) = findings(out)
     assert f["status"] == "regression" and "not finite" in f["why"]
@@ -207,7 +259,9 @@ def test_non_finite_measured_median_is_a_regression(write, tmp_path):
     c = suite()
     c["records"][1]["time_s"] = math.nan
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", suite()), "--current", write("c.json", c), "--json", out)
+    res = gate(
+        "--baseline", write("b.json", suite()), "--current", write("c.json", c), "--json", out
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     bad = [f for f in findings(out) if f["status"] == "regression"]
     assert [(f["key"], f["metric"]) for f in bad] == [("n=512", "time_s")]
@@ -218,7 +272,9 @@ def test_a_non_finite_measured_sample_is_a_regression_even_with_a_good_median(wr
     c = suite()
     c["records"][0]["samples"]["time_s"][3] = math.inf  # the median (1.00) is untouched
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", suite()), "--current", write("c.json", c), "--json", out)
+    res = gate(
+        "--baseline", write("b.json", suite()), "--current", write("c.json", c), "--json", out
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     bad = [f for f in findings(out) if f["status"] == "regression"]
     assert [f["key"] for f in bad] == ["n=256"] and "sample is not finite" in bad[0]["why"]
@@ -226,13 +282,20 @@ def test_a_non_finite_measured_sample_is_a_regression_even_with_a_good_median(wr
 
 def test_a_non_finite_baseline_fixed_in_current_does_not_fail(write, tmp_path):
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", reproduction(math.nan)), "--current", write("c.json", reproduction()),
-               "--json", out)
+    res = gate(
+        "--baseline",
+        write("b.json", reproduction(math.nan)),
+        "--current",
+        write("c.json", reproduction()),
+        "--json",
+        out,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert findings(out)[0]["status"] == "improvement"
 
 
 # ---- Mann-Whitney: exact for small samples (scipy) -----------------------------------------
+
 
 def normal_approximation_p(u, n1, n2):
     """The old gate's p-value: normal approximation to U with continuity correction, no ties."""
@@ -275,7 +338,7 @@ def test_ties_use_the_tie_corrected_normal_approximation():
     n1, n2 = 5, 5
     u = 0 + 0 + 0.5 + 0.5 + (1 + 2 * 0.5)  # per x: the y below it, half for each equal y
     n = n1 + n2
-    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - sum(t ** 3 - t for t in ties) / (n * (n - 1))))
+    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - sum(t**3 - t for t in ties) / (n * (n - 1))))
     expected = math.erfc((abs(u - n1 * n2 / 2) - 0.5) / sigma / math.sqrt(2))
     got_u, p = mann_whitney_u(x, y)
     assert got_u == u and p == pytest.approx(expected, rel=1e-9)
@@ -288,12 +351,34 @@ def test_mann_whitney_refuses_an_empty_sample():
 
 # ---- nothing exact missed: per-cell kind, null metrics, measured cells listed --------------
 
+
 def mixed(analytic=100.0, measured=5.0, latency=2.0):
     """A reproduction with analytic and measured cells, as spec.py records them (how per cell)."""
     cells = [
-        {"row": "model", "column": "params (B)", "paper": 100.0, "ours": analytic, "verdict": "match", "how": "A"},
-        {"row": "run", "column": "throughput", "paper": 5.0, "ours": measured, "verdict": "not-comparable", "how": "R"},
-        {"row": "run", "column": "latency", "paper": 2.0, "ours": latency, "verdict": "not-comparable", "how": "R"},
+        {
+            "row": "model",
+            "column": "params (B)",
+            "paper": 100.0,
+            "ours": analytic,
+            "verdict": "match",
+            "how": "A",
+        },
+        {
+            "row": "run",
+            "column": "throughput",
+            "paper": 5.0,
+            "ours": measured,
+            "verdict": "not-comparable",
+            "how": "R",
+        },
+        {
+            "row": "run",
+            "column": "latency",
+            "paper": 2.0,
+            "ours": latency,
+            "verdict": "not-comparable",
+            "how": "R",
+        },
     ]
     cells[0]["verdict"] = "match" if analytic == 100.0 else "deviates"
     return {"id": "piper-fig9", "how": "A+R", "cells": cells, "environment": {}}
@@ -301,8 +386,14 @@ def mixed(analytic=100.0, measured=5.0, latency=2.0):
 
 def test_an_exact_cell_changed_x1_5_inside_a_mixed_reproduction_fails(write, tmp_path):
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", mixed()), "--current", write("c.json", mixed(analytic=150.0)),
-               "--json", out)
+    res = gate(
+        "--baseline",
+        write("b.json", mixed()),
+        "--current",
+        write("c.json", mixed(analytic=150.0)),
+        "--json",
+        out,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     by_key = {f["key"]: f for f in findings(out)}
     assert by_key["model | params (B)"]["status"] == "regression"
@@ -311,13 +402,22 @@ def test_an_exact_cell_changed_x1_5_inside_a_mixed_reproduction_fails(write, tmp
 
 def test_a_measured_cell_moving_is_listed_by_name_as_not_gated(write, tmp_path):
     out = tmp_path / "g.json"
-    res = gate("--baseline", write("b.json", mixed()), "--current", write("c.json", mixed(measured=9.0)),
-               "--json", out)
+    res = gate(
+        "--baseline",
+        write("b.json", mixed()),
+        "--current",
+        write("c.json", mixed(measured=9.0)),
+        "--json",
+        out,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "not-gated" in res.stdout and "run | throughput" in res.stdout
     statuses = {f["key"]: f["status"] for f in findings(out)}
-    assert statuses == {"model | params (B)": "unchanged", "run | throughput": "not-gated",
-                        "run | latency": "not-gated"}
+    assert statuses == {
+        "model | params (B)": "unchanged",
+        "run | throughput": "not-gated",
+        "run | latency": "not-gated",
+    }
 
 
 @pytest.mark.parametrize("which", ["measured cell", "analytic cell"])
@@ -334,7 +434,9 @@ def test_a_measured_suite_metric_that_becomes_null_or_nan_fails(write):
         c = suite()
         c["records"][0]["time_s"] = None if broken is None else math.nan
         c["records"][0]["samples"] = {}
-        res = gate("--baseline", write("b.json", suite()), "--current", write("c.json", json.dumps(c)))
+        res = gate(
+            "--baseline", write("b.json", suite()), "--current", write("c.json", json.dumps(c))
+        )
         assert res.returncode == 1, (broken, res.stdout, res.stderr)
 
 

@@ -22,14 +22,18 @@ def _reference(logits_row, k, score, normalize):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("score,normalize", [("softmax", False), ("softmax", True), ("sigmoid", None)])
+@pytest.mark.parametrize(
+    "score,normalize", [("softmax", False), ("softmax", True), ("sigmoid", None)]
+)
 def test_top_k_matches_reference(seed, score, normalize):
     logits = torch.randn(13, 9, generator=torch.Generator().manual_seed(seed))
     out = top_k_gating(logits, 3, score, normalize)
     assert out.top_experts.shape == (13, 3) and out.combine_weights.shape == (13, 3)
     assert out.scores.shape == (13, 9)  # [S, E], never [S, E, C]
     for s in range(13):
-        experts, weights = _reference(logits[s], 3, score, score == "sigmoid" if normalize is None else normalize)
+        experts, weights = _reference(
+            logits[s], 3, score, score == "sigmoid" if normalize is None else normalize
+        )
         assert out.top_experts[s].tolist() == experts
         assert out.combine_weights[s].tolist() == pytest.approx(weights, rel=1e-5)
 

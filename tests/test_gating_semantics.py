@@ -29,10 +29,16 @@ def decimal_ceiling(tokens: int, experts: int, top_k: int, factor: str) -> int:
 
 def test_capacity_is_exact_over_a_grid_that_holds_the_float_off_by_one_cases():
     cases = off_by_one = 0
-    for tokens, experts, top_k, factor in itertools.product(range(1, 2000, 7), (4, 8, 16, 64, 128, 256),
-                                                            (1, 2, 4, 6, 8), FACTORS):
+    for tokens, experts, top_k, factor in itertools.product(
+        range(1, 2000, 7), (4, 8, 16, 64, 128, 256), (1, 2, 4, 6, 8), FACTORS
+    ):
         exact = max(1, decimal_ceiling(tokens, experts, top_k, factor))
-        assert expert_capacity(tokens, experts, top_k, float(factor)) == exact, (tokens, experts, top_k, factor)
+        assert expert_capacity(tokens, experts, top_k, float(factor)) == exact, (
+            tokens,
+            experts,
+            top_k,
+            factor,
+        )
         off_by_one += float_expert_capacity(tokens, experts, top_k, float(factor)) != exact
         cases += 1
     assert cases == 286 * 6 * 5 * 10
@@ -48,11 +54,12 @@ def test_the_reported_off_by_one_case():
 
 # --- drop policies, against loops over tokens -----------------------------------------------
 
+
 def skewed_routing(tokens: int, experts: int, top_k: int, empty: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(tokens, experts, generator=g) + torch.linspace(2, 0, experts)
     if empty:
-        logits[:, experts - empty:] = -60.0
+        logits[:, experts - empty :] = -60.0
     weights, chosen = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
     return chosen, weights
 
@@ -61,11 +68,11 @@ def kept_pairs_by_loop(chosen, weights, experts: int, capacity: int, policy: str
     """{(token, expert)} kept, by walking the pairs in the policy's priority order."""
     tokens, top_k = chosen.shape
     pairs = [(t, j) for t in range(tokens) for j in range(top_k)]
-    if policy == "probs":      # largest weight first, ties to the earlier pair
+    if policy == "probs":  # largest weight first, ties to the earlier pair
         pairs.sort(key=lambda tj: (-float(weights[tj]), tj[0] * top_k + tj[1]))
-    elif policy == "slot":     # all first choices, then all second choices, ...
+    elif policy == "slot":  # all first choices, then all second choices, ...
         pairs.sort(key=lambda tj: (tj[1], tj[0]))
-    elif policy == "random":   # DeepSpeed RTS: a uniform priority per (token, expert)
+    elif policy == "random":  # DeepSpeed RTS: a uniform priority per (token, expert)
         pairs.sort(key=lambda tj: -float(rand[tj[0], int(chosen[tj])]))
     filled = [0] * experts
     kept = set()
@@ -80,14 +87,21 @@ def kept_pairs_by_loop(chosen, weights, experts: int, capacity: int, policy: str
 @pytest.mark.parametrize("policy", ["probs", "position", "slot", "random"])
 def test_drop_policies_match_a_loop_over_tokens(policy):
     for (tokens, experts, top_k, empty), capacity, seed in itertools.product(
-            [(1, 4, 1, 0), (37, 8, 2, 2), (200, 16, 4, 3), (96, 6, 6, 0)], (0, 1, 5, 40), (0, 1)):
+        [(1, 4, 1, 0), (37, 8, 2, 2), (200, 16, 4, 3), (96, 6, 6, 0)], (0, 1, 5, 40), (0, 1)
+    ):
         chosen, weights = skewed_routing(tokens, experts, top_k, empty, seed)
         g = torch.Generator().manual_seed(seed)
         rand = torch.rand((tokens, experts), generator=torch.Generator().manual_seed(seed))
         pft = build_pft(chosen, weights, experts, capacity, drop_policy=policy, generator=g)
         got = set(zip(pft.token_ids.tolist(), pft.expert_ids.tolist()))
-        assert got == kept_pairs_by_loop(chosen, weights, experts, capacity, policy, rand), \
-            (policy, tokens, experts, top_k, capacity, seed)
+        assert got == kept_pairs_by_loop(chosen, weights, experts, capacity, policy, rand), (
+            policy,
+            tokens,
+            experts,
+            top_k,
+            capacity,
+            seed,
+        )
         assert pft.tokens_per_expert.sum() == len(got)
 
 
@@ -103,8 +117,11 @@ def test_renormalise_after_drop_makes_each_surviving_token_sum_to_one():
     # each kept weight is its gate weight over the token's kept sum, computed here by loop
     for i in range(0, pft.num_rows, 17):
         t, e = int(pft.token_ids[i]), int(pft.expert_ids[i])
-        kept = [float(weights[t, j].detach()) for j in range(4)
-                if ((pft.token_ids == t) & (pft.expert_ids == int(chosen[t, j]))).any()]
+        kept = [
+            float(weights[t, j].detach())
+            for j in range(4)
+            if ((pft.token_ids == t) & (pft.expert_ids == int(chosen[t, j]))).any()
+        ]
         own = float(weights[t, (chosen[t] == e).nonzero()[0, 0]].detach())
         assert float(pft.combine_weights[i].detach()) == pytest.approx(own / sum(kept), rel=1e-6)
     pft.combine_weights.sum().backward()  # differentiable back to the gate
@@ -113,11 +130,14 @@ def test_renormalise_after_drop_makes_each_surviving_token_sum_to_one():
 
 def test_unknown_drop_policy_is_a_clear_error():
     chosen, weights = skewed_routing(8, 4, 2, 0, seed=0)
-    with pytest.raises(ValueError, match="drop_policy must be one of probs, position, slot, random"):
+    with pytest.raises(
+        ValueError, match="drop_policy must be one of probs, position, slot, random"
+    ):
         build_pft(chosen, weights, 4, 2, drop_policy="first")
 
 
 # --- combine accumulation -------------------------------------------------------------------
+
 
 def combine_error(accumulate: str, seed: int) -> tuple[float, float]:
     """(relative RMS error, max error over its bound) of a bf16 top-8 combine vs fp64. The bound
@@ -137,7 +157,7 @@ def combine_error(accumulate: str, seed: int) -> tuple[float, float]:
         ref[pft.token_ids[i]] += term
         magnitude[pft.token_ids[i]] += term.abs()
     rel_rms = float(((out - ref).pow(2).mean() / ref.pow(2).mean()).sqrt())
-    bound = ref.abs() * 2.0 ** -8 + 8 * 2.0 ** -24 * magnitude + 1e-30
+    bound = ref.abs() * 2.0**-8 + 8 * 2.0**-24 * magnitude + 1e-30
     worst = float(((out - ref).abs() / bound).max())
     return rel_rms, worst
 
@@ -160,8 +180,8 @@ def test_fp32_accumulation_gradients_match_fp64():
     grad_out = torch.randn(64, 32, generator=g).to(torch.bfloat16)
     scatter_combine(y, pft).backward(grad_out)
     # by hand: dy[i] = grad_out[t_i] * w_i, rounded once to bf16
-    expected = (grad_out.double()[pft.token_ids] * pft.combine_weights.detach().double()[:, None])
-    err = (y.grad.double() - expected).abs() / (expected.abs() * 2.0 ** -8 + 1e-30)
+    expected = grad_out.double()[pft.token_ids] * pft.combine_weights.detach().double()[:, None]
+    err = (y.grad.double() - expected).abs() / (expected.abs() * 2.0**-8 + 1e-30)
     assert float(err.max()) <= 1.0 + 1e-3
 
 
@@ -169,5 +189,7 @@ def test_gather_then_fp32_combine_of_fp32_inputs_is_unchanged():
     chosen, weights = skewed_routing(40, 8, 2, 0, seed=9)
     pft = build_pft(chosen, weights, 8)
     x = torch.randn(40, 16)
-    assert torch.equal(scatter_combine(gather_tokens(x, pft), pft, "float32"),
-                       scatter_combine(gather_tokens(x, pft), pft, "input"))
+    assert torch.equal(
+        scatter_combine(gather_tokens(x, pft), pft, "float32"),
+        scatter_combine(gather_tokens(x, pft), pft, "input"),
+    )

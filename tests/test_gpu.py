@@ -13,8 +13,10 @@ import torch
 
 from moe_repro.runtime.device import cuda_count
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 two_gpus = pytest.mark.skipif(cuda_count() < 2, reason="needs 2 GPUs")
 
 
@@ -44,10 +46,26 @@ def test_auto_device_is_the_gpu_and_bench_takes_cuda(tmp_path):
     from moe_repro.runtime.device import resolve_device
 
     assert resolve_device("auto").type == "cuda"
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()",
-                        "--results", str(tmp_path), "bench", "gemm", "--device", "cuda",
-                        "--param", "n=256", "--repeats", "2"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "--results",
+            str(tmp_path),
+            "bench",
+            "gemm",
+            "--device",
+            "cuda",
+            "--param",
+            "n=256",
+            "--repeats",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -86,7 +104,11 @@ def test_expert_copy_runs_on_its_cuda_stream():
 
 
 def test_repro_doctor_passes():
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "doctor"],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     print(r.stdout)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-2000:])

@@ -7,17 +7,22 @@ import pytest
 from moe_repro.records import grading
 
 
-@pytest.mark.parametrize("printed,half", [("2", 0.5), ("1.55", 0.005), ("2,057.6", 0.05), ("~40", 0.5)])
+@pytest.mark.parametrize(
+    "printed,half", [("2", 0.5), ("1.55", 0.005), ("2,057.6", 0.05), ("~40", 0.5)]
+)
 def test_half_unit_of_the_printed_digit(printed, half):
     assert grading.half_unit(printed) == pytest.approx(half)
 
 
-@pytest.mark.parametrize("text,lo,hi,inside,outside", [
-    ("2x", 1.5, 2.5, [1.5, 2.23, 2.5], [1.49, 2.51]),
-    ("2-3.6x", 1.95, 3.65, [1.95, 3.0], [1.84, 3.7]),      # one precision for the whole range
-    ("1-3 pp", 0.5, 3.5, [0.5, 3.5], [0.4, 3.6]),
-    ("1.55x", 1.545, 1.555, [1.55], [1.56]),
-])
+@pytest.mark.parametrize(
+    "text,lo,hi,inside,outside",
+    [
+        ("2x", 1.5, 2.5, [1.5, 2.23, 2.5], [1.49, 2.51]),
+        ("2-3.6x", 1.95, 3.65, [1.95, 3.0], [1.84, 3.7]),  # one precision for the whole range
+        ("1-3 pp", 0.5, 3.5, [0.5, 3.5], [0.4, 3.6]),
+        ("1.55x", 1.545, 1.555, [1.55], [1.56]),
+    ],
+)
 def test_numbers_in_words_read_at_their_printed_precision(text, lo, hi, inside, outside):
     r = grading.read_claim(text)
     assert (r.low, r.high) == pytest.approx((lo, hi))
@@ -53,10 +58,23 @@ def test_consensus_over_seeds():
 
 
 def test_agreement_counts_and_line():
-    cells = [{"verdict": v} for v in ("match", "close", "claim-holds", "deviates", "claim-fails",
-                                      "explained", "seed-dependent", "echo", "no-paper-value")]
+    cells = [
+        {"verdict": v}
+        for v in (
+            "match",
+            "close",
+            "claim-holds",
+            "deviates",
+            "claim-fails",
+            "explained",
+            "seed-dependent",
+            "echo",
+            "no-paper-value",
+        )
+    ]
     cells.append({"verdict": "deviates", "derived_from": "x / y"})
     counts = grading.agreement(cells)
     assert counts == {"compared": 7, "agree": 3, "explained": 1, "deviate": 2, "seed_dependent": 1}
-    assert grading.agreement_line(counts) == ("3 of 7 compared cells agree, 1 explained, "
-                                              "2 deviate, 1 seed-dependent")
+    assert grading.agreement_line(counts) == (
+        "3 of 7 compared cells agree, 1 explained, 2 deviate, 1 seed-dependent"
+    )

@@ -8,13 +8,20 @@ from moe_repro.components.training.host_optimizer import HostPipelinedAdamW
 
 def _model(seed):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.GELU(), torch.nn.Linear(37, 29),
-                               torch.nn.GELU(), torch.nn.Linear(29, 5))
+    return torch.nn.Sequential(
+        torch.nn.Linear(13, 37),
+        torch.nn.GELU(),
+        torch.nn.Linear(37, 29),
+        torch.nn.GELU(),
+        torch.nn.Linear(29, 5),
+    )
 
 
 def _batches(seed, steps):
     g = torch.Generator().manual_seed(seed + 100)
-    return [(torch.randn(11, 13, generator=g), torch.randn(11, 5, generator=g)) for _ in range(steps)]
+    return [
+        (torch.randn(11, 13, generator=g), torch.randn(11, 5, generator=g)) for _ in range(steps)
+    ]
 
 
 def _train(model, opt, batches, frozen_at=None):
@@ -31,12 +38,15 @@ def _train(model, opt, batches, frozen_at=None):
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("seed,chunk,workers,overlap,wd", [
-    (0, 7, 1, False, 0.01),     # chunks of 7: no parameter size is a multiple of it
-    (1, 64, 2, True, 0.1),      # two worker threads, updates started during backward
-    (2, 1 << 16, 2, True, 0.0),  # one chunk per parameter, no weight decay
-    (3, 100, 2, False, 0.05),
-])
+@pytest.mark.parametrize(
+    "seed,chunk,workers,overlap,wd",
+    [
+        (0, 7, 1, False, 0.01),  # chunks of 7: no parameter size is a multiple of it
+        (1, 64, 2, True, 0.1),  # two worker threads, updates started during backward
+        (2, 1 << 16, 2, True, 0.0),  # one chunk per parameter, no weight decay
+        (3, 100, 2, False, 0.05),
+    ],
+)
 def test_bitwise_equal_to_torch_adamw(seed, chunk, workers, overlap, wd):
     steps, kw = 6, dict(lr=3e-3, betas=(0.8, 0.95), eps=1e-7, weight_decay=wd)
     ref_model, our_model = _model(seed), _model(seed)

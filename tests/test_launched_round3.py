@@ -21,15 +21,21 @@ from click.testing import CliRunner
 
 BIN = Path(sys.executable).parent
 HAS_GPU = torch.cuda.is_available()
-needs_mpiexec = pytest.mark.skipif(not (BIN / "mpiexec").exists(), reason="no mpiexec beside this Python")
-needs_torchrun = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not beside this Python")
+needs_mpiexec = pytest.mark.skipif(
+    not (BIN / "mpiexec").exists(), reason="no mpiexec beside this Python"
+)
+needs_torchrun = pytest.mark.skipif(
+    not (BIN / "torchrun").exists(), reason="torchrun not beside this Python"
+)
 LIMIT_S = 60.0  # a world that has not ended by then hangs (the tests' own bound, not a timing)
 
 
 def _entry(tmp_path: Path) -> str:
     """A script that runs ``repro`` (the console script's entry point) with the arguments."""
     script = tmp_path / "repro_entry.py"
-    script.write_text("import sys\nfrom moe_repro.entry import main\nsys.argv[0] = 'repro'\nmain()\n")
+    script.write_text(
+        "import sys\nfrom moe_repro.entry import main\nsys.argv[0] = 'repro'\nmain()\n"
+    )
     return str(script)
 
 
@@ -39,7 +45,9 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     parents = {}
     for entry in Path("/proc").iterdir():
         try:
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parents[int(entry.name)] = int(
+                (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            )
         except (OSError, ValueError, IndexError):
             continue
     for pid in parents:
@@ -49,8 +57,14 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
         if up != launcher:
             continue
         try:
-            env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes()
-                       .decode(errors="replace").split("\0") if "=" in v)
+            env = dict(
+                v.split("=", 1)
+                for v in Path(f"/proc/{pid}/environ")
+                .read_bytes()
+                .decode(errors="replace")
+                .split("\0")
+                if "=" in v
+            )
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
@@ -59,19 +73,24 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
-def _launch(cmd: list[str], tmp_path: Path, signum: int | None = None, when: str = "[2/2]") -> tuple[int, str]:
+def _launch(
+    cmd: list[str], tmp_path: Path, signum: int | None = None, when: str = "[2/2]"
+) -> tuple[int, str]:
     """Run a launched world; once ``when`` appears on its stderr send ``signum`` to rank 1.
     Returns (exit code, stderr); fails if the world has not ended LIMIT_S after it started."""
     err_path = tmp_path / "world.err"
     with open(err_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                cwd=tmp_path)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, cwd=tmp_path
+        )
     started, signalled, stopped = time.monotonic(), signum is None, None
     try:
         while proc.poll() is None:
             if time.monotonic() - started > LIMIT_S:
-                pytest.fail(f"the world still ran {LIMIT_S:g} s after it started "
-                            f"(signal {signum} sent: {signalled}): {err_path.read_text()[-2000:]}")
+                pytest.fail(
+                    f"the world still ran {LIMIT_S:g} s after it started "
+                    f"(signal {signum} sent: {signalled}): {err_path.read_text()[-2000:]}"
+                )
             if not signalled and when in err_path.read_text(errors="replace"):
                 pid = _rank_pid(proc.pid, 1)
                 if pid is not None:
@@ -98,11 +117,20 @@ def _stored(store: Path) -> list[Path]:
 
 
 def _bench(tmp_path: Path, *args: str) -> list[str]:
-    return [_entry(tmp_path), "--results", str(tmp_path / "store"), "bench", "allreduce", "--ranks", "2",
-            *args]
+    return [
+        _entry(tmp_path),
+        "--results",
+        str(tmp_path / "store"),
+        "bench",
+        "allreduce",
+        "--ranks",
+        "2",
+        *args,
+    ]
 
 
 # --- the watch, with injected clocks ---------------------------------------------------------------
+
 
 def test_the_watch_ends_a_rank_past_its_timeout():
     from moe_repro.runtime.worker import LaunchedWatch
@@ -117,7 +145,9 @@ def test_the_watch_ends_a_rank_past_its_timeout():
 
 
 def _beat(directory: Path, rank: int, t: float) -> None:
-    (directory / f"rank-{rank}.beat").write_text(json.dumps({"t": t, "where": "x.py:1 in f", "pid": 1}))
+    (directory / f"rank-{rank}.beat").write_text(
+        json.dumps({"t": t, "where": "x.py:1 in f", "pid": 1})
+    )
 
 
 def test_the_watch_names_a_peer_whose_heartbeat_stopped(tmp_path):
@@ -157,6 +187,7 @@ def test_the_watch_sees_a_peer_that_left(tmp_path):
 
 # --- a backend that cannot run here ---------------------------------------------------------------
 
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 @pytest.mark.parametrize("suite", ["alltoall", "pp-ep-train"])
 def test_nccl_without_a_gpu_is_refused_before_any_rank_starts(suite, tmp_path, monkeypatch, capsys):
@@ -168,7 +199,9 @@ def test_nccl_without_a_gpu_is_refused_before_any_rank_starts(suite, tmp_path, m
         main(["--results", str(tmp_path / "store"), "bench", suite, "--backend", "nccl", "--quick"])
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
-    assert err.count("\n") == 1 and err.startswith("repro: error: backend nccl: this machine has no CUDA GPU"), err
+    assert err.count("\n") == 1 and err.startswith(
+        "repro: error: backend nccl: this machine has no CUDA GPU"
+    ), err
 
 
 def test_nccl_with_fewer_gpus_than_ranks_per_node_is_refused(monkeypatch):
@@ -183,6 +216,7 @@ def test_nccl_with_fewer_gpus_than_ranks_per_node_is_refused(monkeypatch):
 
 # --- real launched worlds -------------------------------------------------------------------------
 
+
 def _world(launcher: str) -> list[str]:
     if launcher == "mpiexec":
         return [str(BIN / "mpiexec"), "-n", "2", sys.executable]
@@ -191,16 +225,37 @@ def _world(launcher: str) -> list[str]:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher,backend", [
-    pytest.param("mpiexec", "mpi", marks=needs_mpiexec), pytest.param("torchrun", "gloo", marks=needs_torchrun)])
+@pytest.mark.parametrize(
+    "launcher,backend",
+    [
+        pytest.param("mpiexec", "mpi", marks=needs_mpiexec),
+        pytest.param("torchrun", "gloo", marks=needs_torchrun),
+    ],
+)
 def test_a_stopped_rank_ends_the_world_and_rank_0_keeps_what_finished(launcher, backend, tmp_path):
     """kill -STOP of one rank: its peer sees the heartbeat stop, stores the finished point, ends
     the stopped rank (which takes no SIGTERM) and itself; the launcher then ends the world (it
     used to wait forever)."""
-    code, err = _launch([*_world(launcher),
-                         *_bench(tmp_path, "--backend", backend, "--bytes", "8,4194304", "--repeats", "300",
-                                 "--min-sample-s", "0.02", "--timeout", "200")],
-                        tmp_path, signal.SIGSTOP)
+    code, err = _launch(
+        [
+            *_world(launcher),
+            *_bench(
+                tmp_path,
+                "--backend",
+                backend,
+                "--bytes",
+                "8,4194304",
+                "--repeats",
+                "300",
+                "--min-sample-s",
+                "0.02",
+                "--timeout",
+                "200",
+            ),
+        ],
+        tmp_path,
+        signal.SIGSTOP,
+    )
     assert code != 0, err
     lines = [line for line in err.splitlines() if line.startswith("repro: rank 0 of 2:")]
     assert len(lines) == 1 and "rank(s) 1 stopped making progress" in lines[0], err
@@ -215,17 +270,42 @@ def test_a_stopped_rank_ends_the_world_and_rank_0_keeps_what_finished(launcher, 
 @pytest.mark.slow
 @needs_mpiexec
 def test_sigterm_to_one_rank_under_mpiexec_ends_the_world_with_the_finished_points_stored(tmp_path):
-    code, err = _launch([str(BIN / "mpiexec"), "-n", "2", sys.executable,
-                         *_bench(tmp_path, "--backend", "mpi", "--bytes", "8,4194304", "--repeats", "300",
-                                 "--min-sample-s", "0.02", "--timeout", "200")],
-                        tmp_path, signal.SIGTERM)
+    code, err = _launch(
+        [
+            str(BIN / "mpiexec"),
+            "-n",
+            "2",
+            sys.executable,
+            *_bench(
+                tmp_path,
+                "--backend",
+                "mpi",
+                "--bytes",
+                "8,4194304",
+                "--repeats",
+                "300",
+                "--min-sample-s",
+                "0.02",
+                "--timeout",
+                "200",
+            ),
+        ],
+        tmp_path,
+        signal.SIGTERM,
+    )
     assert code != 0, err
     stored = _stored(tmp_path / "store")
     assert len(stored) == 1, err
     record = json.loads(stored[0].read_text())
     assert record["interrupted"] is True and [r["bytes"] for r in record["records"]] == [8]
-    said = [line for line in err.splitlines() if line.startswith("repro: rank 1 of 2: interrupted by SIGTERM")]
-    assert len(said) == 1 and f"rank 0 keeps the finished results: stored {stored[0]}" in said[0], err
+    said = [
+        line
+        for line in err.splitlines()
+        if line.startswith("repro: rank 1 of 2: interrupted by SIGTERM")
+    ]
+    assert len(said) == 1 and f"rank 0 keeps the finished results: stored {stored[0]}" in said[0], (
+        err
+    )
 
 
 @pytest.mark.multiprocess
@@ -233,9 +313,28 @@ def test_sigterm_to_one_rank_under_mpiexec_ends_the_world_with_the_finished_poin
 @needs_torchrun
 def test_a_torchrun_world_ends_at_its_timeout(tmp_path):
     """Every rank ends itself once the run passes --timeout (a million samples take far longer)."""
-    code, err = _launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                         *_bench(tmp_path, "--backend", "gloo", "--bytes", "8", "--repeats", "1000000",
-                                 "--min-sample-s", "0.2", "--timeout", "8")], tmp_path)
+    code, err = _launch(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *_bench(
+                tmp_path,
+                "--backend",
+                "gloo",
+                "--bytes",
+                "8",
+                "--repeats",
+                "1000000",
+                "--min-sample-s",
+                "0.2",
+                "--timeout",
+                "8",
+            ),
+        ],
+        tmp_path,
+    )
     assert code != 0, err
     assert "rank 0 of 2: the run did not finish within 8 s (--timeout)" in err, err
     assert "no point had finished: nothing stored" in err and not _stored(tmp_path / "store")
@@ -246,9 +345,25 @@ def test_a_torchrun_world_ends_at_its_timeout(tmp_path):
 @needs_torchrun
 def test_torchrun_stores_a_reproduction_once(tmp_path):
     out = tmp_path / "out.json"
-    r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", _entry(tmp_path),
-                        "--results", str(tmp_path / "store"), "run", "piper-table4", "--json", str(out)],
-                       capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            _entry(tmp_path),
+            "--results",
+            str(tmp_path / "store"),
+            "run",
+            "piper-table4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(_stored(tmp_path / "store")) == 1, r.stdout
     assert r.stdout.count("stored: ") == 1 and r.stdout.count("(ran ") == 1, r.stdout
@@ -257,10 +372,25 @@ def test_torchrun_stores_a_reproduction_once(tmp_path):
 
 # --- srun (no Slurm here: its variables, faked) ---------------------------------------------------
 
+
 def _as_srun_rank(monkeypatch, rank: int, step: str = "0") -> None:
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                 "MOE_REPRO_WORKER", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "PMI_RANK",
-                 "PMIX_SIZE", "PMIX_RANK", "PMIX_NAMESPACE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    for name in (
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "MOE_REPRO_WORKER",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_SIZE",
+        "PMI_RANK",
+        "PMIX_SIZE",
+        "PMIX_RANK",
+        "PMIX_NAMESPACE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
@@ -273,8 +403,14 @@ def _record():
     from moe_repro.records.environment import collect_environment
     from moe_repro.records.record import SuiteRecord
 
-    return SuiteRecord(suite="allreduce", description="d", params=[], metrics=[], records=[],
-                       environment=collect_environment())
+    return SuiteRecord(
+        suite="allreduce",
+        description="d",
+        params=[],
+        metrics=[],
+        records=[],
+        environment=collect_environment(),
+    )
 
 
 def test_under_srun_only_rank_0_stores(monkeypatch, tmp_path):
@@ -306,7 +442,9 @@ def test_under_srun_the_ranks_per_node_come_from_slurm(monkeypatch):
     assert launched_local_size() == 2  # SLURM_NTASKS_PER_NODE "2(x2)": 2 on each of 2 nodes
 
 
-def test_each_srun_step_has_its_own_world_directory_and_dead_launchers_dirs_go(monkeypatch, tmp_path):
+def test_each_srun_step_has_its_own_world_directory_and_dead_launchers_dirs_go(
+    monkeypatch, tmp_path
+):
     import tempfile
 
     from moe_repro.runtime import launch
@@ -332,16 +470,54 @@ def test_a_command_that_joins_no_world_writes_its_json_once_from_rank_0(tmp_path
     export, site, calibrate, list) writes from rank 0 alone. The launcher's variables are set as
     torchrun sets them."""
     result = tmp_path / "r.json"
-    result.write_text(json.dumps({"id": "piper-table4", "title": "t", "cells": [
-        {"row": "a", "column": "b", "paper": 1.0, "ours": 1.0, "unit": "GB", "verdict": "match",
-         "how": "A"}], "environment": {}}))
+    result.write_text(
+        json.dumps(
+            {
+                "id": "piper-table4",
+                "title": "t",
+                "cells": [
+                    {
+                        "row": "a",
+                        "column": "b",
+                        "paper": 1.0,
+                        "ours": 1.0,
+                        "unit": "GB",
+                        "verdict": "match",
+                        "how": "A",
+                    }
+                ],
+                "environment": {},
+            }
+        )
+    )
     out = tmp_path / "gate.json"
-    env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": "2",
-           "TORCHELASTIC_RUN_ID": "test"}
+    env = {
+        **os.environ,
+        "RANK": rank,
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": rank,
+        "LOCAL_WORLD_SIZE": "2",
+        "TORCHELASTIC_RUN_ID": "test",
+    }
     env.pop("MOE_REPRO_WORKER", None)
-    proc = subprocess.run([sys.executable, _entry(tmp_path), "gate", "--baseline", str(result),
-                           "--current", str(result), "--json", str(out)],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            _entry(tmp_path),
+            "gate",
+            "--baseline",
+            str(result),
+            "--current",
+            str(result),
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.exists() is written
     assert (proc.stdout.strip() != "") is written  # rank 1 prints nothing either

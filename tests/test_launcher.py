@@ -30,8 +30,13 @@ def _none_left(tag):
 
 @pytest.mark.parametrize("world,per_node", [(4, 2), (4, 1), (2, 2)])
 def test_ranks_know_their_emulated_node(targets_on_path, world, per_node):
-    out = run_ranks("_launch_targets:identity", {"tag": "x"}, world_size=world,
-                    ranks_per_node=per_node, timeout_s=patient(12))
+    out = run_ranks(
+        "_launch_targets:identity",
+        {"tag": "x"},
+        world_size=world,
+        ranks_per_node=per_node,
+        timeout_s=patient(12),
+    )
     assert [o["rank"] for o in out] == list(range(world))
     assert [o["node"] for o in out] == [r // per_node for r in range(world)]
     assert [o["env_local_rank"] for o in out] == [r % per_node for r in range(world)]
@@ -40,14 +45,21 @@ def test_ranks_know_their_emulated_node(targets_on_path, world, per_node):
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_real_collective_over_backends(targets_on_path, backend):
-    out = run_ranks("_launch_targets:allreduce_sum", {}, world_size=3, backend=backend, timeout_s=patient(12))
+    out = run_ranks(
+        "_launch_targets:allreduce_sum", {}, world_size=3, backend=backend, timeout_s=patient(12)
+    )
     assert out == [6, 6, 6]
 
 
 @pytest.mark.timing
 def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
     with pytest.raises(RankFailure) as err:
-        run_ranks("_launch_targets:killed_mid_collective", {"victim": 1}, world_size=3, timeout_s=patient(12))
+        run_ranks(
+            "_launch_targets:killed_mid_collective",
+            {"victim": 1},
+            world_size=3,
+            timeout_s=patient(12),
+        )
     assert "did not finish" not in str(err.value)  # found from the death, not at the timeout
     assert err.value.ranks[0] == 1  # the killed rank is named first, not the peers it broke
     assert "killed by signal 9" in str(err.value)
@@ -56,12 +68,18 @@ def test_killed_rank_fails_fast_and_leaves_nothing(targets_on_path, tag):
 
 @pytest.mark.timing
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_a_rank_that_aborts_after_its_result_keeps_the_results_and_says_so(targets_on_path, tag, capfd,
-                                                                            backend):
+def test_a_rank_that_aborts_after_its_result_keeps_the_results_and_says_so(
+    targets_on_path, tag, capfd, backend
+):
     """Every rank returned its result, then one aborted in teardown (a library's threads at
     exit): the results come back whole, and stderr names the rank and the signal."""
-    out = run_ranks("_launch_targets:aborts_in_teardown", {"victim": 1}, world_size=3, backend=backend,
-                    timeout_s=patient(12))
+    out = run_ranks(
+        "_launch_targets:aborts_in_teardown",
+        {"victim": 1},
+        world_size=3,
+        backend=backend,
+        timeout_s=patient(12),
+    )
     assert out == [0, 1, 2]
     err = capfd.readouterr().err
     assert "after every rank had written its result" in err
@@ -72,7 +90,12 @@ def test_a_rank_that_aborts_after_its_result_keeps_the_results_and_says_so(targe
 def test_a_rank_killed_before_its_result_still_fails_the_run(targets_on_path, tag):
     """The teardown leniency needs every result: a rank that dies with none still fails."""
     with pytest.raises(RankFailure, match="killed by signal 6"):
-        run_ranks("_launch_targets:aborts_before_its_result", {"victim": 1}, world_size=3, timeout_s=patient(12))
+        run_ranks(
+            "_launch_targets:aborts_before_its_result",
+            {"victim": 1},
+            world_size=3,
+            timeout_s=patient(12),
+        )
     assert _none_left(tag)
 
 
@@ -101,14 +124,19 @@ def test_hung_rank_times_out(targets_on_path, tag, fake_clock):
             try:
                 if int((d / "owner.pid").read_text()) == os.getpid():
                     rank_1 = json.loads((d / "rank-1.beat").read_text())["pid"]
-                    return ((d / "rank-1.json").exists() and (d / "rank-0.beat").exists()
-                            and not Path(f"/proc/{rank_1}").exists())  # ended, and reaped
+                    return (
+                        (d / "rank-1.json").exists()
+                        and (d / "rank-0.beat").exists()
+                        and not Path(f"/proc/{rank_1}").exists()
+                    )  # ended, and reaped
             except (OSError, ValueError, KeyError):
                 pass
         return False
 
     def time_out_once_started():
-        deadline = time.monotonic() + patient(12)  # a hang guard: the clock moves at the latest then
+        deadline = time.monotonic() + patient(
+            12
+        )  # a hang guard: the clock moves at the latest then
         while not started() and time.monotonic() < deadline:
             time.sleep(0.05)
         fake_clock.advance(21)
@@ -116,7 +144,9 @@ def test_hung_rank_times_out(targets_on_path, tag, fake_clock):
     mover = threading.Thread(target=time_out_once_started, daemon=True)
     mover.start()
     with pytest.raises(RankFailure) as err:
-        run_ranks("_launch_targets:hangs", {"victim": 0}, world_size=2, timeout_s=20, clock=fake_clock)
+        run_ranks(
+            "_launch_targets:hangs", {"victim": 0}, world_size=2, timeout_s=20, clock=fake_clock
+        )
     mover.join()
     assert err.value.ranks == [0]
     assert "did not finish within 20 s" in str(err.value)

@@ -34,24 +34,48 @@ ALLOWED = {
     # DESIGN.md: runtime and records are the infrastructure every layer may use (components
     # read a platform profile through records' bounded reader).
     "moe_repro.components": {"moe_repro.runtime", "moe_repro.records"},
-    "moe_repro.suites": {"moe_repro.components", "moe_repro.runtime", "moe_repro.records",
-                         "moe_repro.catalog"},
+    "moe_repro.suites": {
+        "moe_repro.components",
+        "moe_repro.runtime",
+        "moe_repro.records",
+        "moe_repro.catalog",
+    },
     # No runtime: a reproduction measures by running suites, never by launching ranks itself.
-    "moe_repro.reproductions": {"moe_repro.suites", "moe_repro.components", "moe_repro.records",
-                                "moe_repro.catalog"},
+    "moe_repro.reproductions": {
+        "moe_repro.suites",
+        "moe_repro.components",
+        "moe_repro.records",
+        "moe_repro.catalog",
+    },
     # Reports render records; they never import live registries of suites or specs.
     "moe_repro.reports": {"moe_repro.records", "moe_repro.catalog"},
-    "moe_repro.cli": {"moe_repro.reproductions", "moe_repro.suites", "moe_repro.components",
-                      "moe_repro.reports", "moe_repro.records", "moe_repro.runtime",
-                      "moe_repro.catalog"},
+    "moe_repro.cli": {
+        "moe_repro.reproductions",
+        "moe_repro.suites",
+        "moe_repro.components",
+        "moe_repro.reports",
+        "moe_repro.records",
+        "moe_repro.runtime",
+        "moe_repro.catalog",
+    },
 }
 
 # The units of components/ (its sub-packages and top-level modules), lowest first: a unit may
 # import only units before it. The communicators sit in network (topology builds them), the
 # algorithms above it and the simulator glue with them (alltoall/simulated.py), the layer
 # above the algorithms, and the activation-memory meter with the training code it uses.
-COMPONENT_ORDER = ["lazy_import", "provenance", "torch_cpu_random", "network", "alltoall", "moe", "model",
-                   "resources", "training", "balance"]
+COMPONENT_ORDER = [
+    "lazy_import",
+    "provenance",
+    "torch_cpu_random",
+    "network",
+    "alltoall",
+    "moe",
+    "model",
+    "resources",
+    "training",
+    "balance",
+]
 
 
 def pyproject_packages(text: str | None = None) -> tuple[list[str], dict[str, str]]:
@@ -62,10 +86,15 @@ def pyproject_packages(text: str | None = None) -> tuple[list[str], dict[str, st
     folders = {}
     for package in setup["packages"]:
         # the longest package-dir entry that is this package or a parent of it
-        owner = max((p for p in package_dir if package == p or package.startswith(p + ".")),
-                    key=len, default=None)
-        rest = package[len(owner) + 1:].split(".") if owner and package != owner else []
-        folders[package] = "/".join([package_dir[owner] if owner else package.replace(".", "/"), *rest])
+        owner = max(
+            (p for p in package_dir if package == p or package.startswith(p + ".")),
+            key=len,
+            default=None,
+        )
+        rest = package[len(owner) + 1 :].split(".") if owner and package != owner else []
+        folders[package] = "/".join(
+            [package_dir[owner] if owner else package.replace(".", "/"), *rest]
+        )
     return list(setup["packages"]), folders
 
 
@@ -94,7 +123,7 @@ def component_unit(module: str) -> str | None:
     """The unit of components/ a module belongs to: ``moe_repro.components.moe.pft`` -> "moe"
     (None: outside components/, or the components package itself)."""
     prefix = "moe_repro.components."
-    return module[len(prefix):].split(".")[0] if module.startswith(prefix) else None
+    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
 
 
 def module_name(path: Path, package: str, folder: Path) -> str:
@@ -136,7 +165,11 @@ def imports_of(path: Path, module: str) -> list[str]:
             # (kept where it is one: import_graph drops names that are not modules)
             found += [f"{target}.{alias.name}" for alias in node.names if alias.name != "*"]
         elif isinstance(node, ast.Call) and _called_name(node.func) in IMPORTING_CALLS:
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            if (
+                node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 found.append(node.args[0].value)
     return found
 
@@ -155,15 +188,24 @@ def import_graph(folders: dict[str, str] | None = None) -> dict[str, set[str]]:
     # (a dunder name from the root package, e.g. __version__, is not a module either); a
     # package's __init__ importing its own submodules by ``from pkg import sub`` is no self-edge
     for module, targets in graph.items():
-        graph[module] = {t for t in targets if t != module and not t.startswith("moe_repro.__")
-                         and (t in graph or t == "moe_repro" or t.rsplit(".", 1)[0] not in graph)}
+        graph[module] = {
+            t
+            for t in targets
+            if t != module
+            and not t.startswith("moe_repro.__")
+            and (t in graph or t == "moe_repro" or t.rsplit(".", 1)[0] not in graph)
+        }
     return graph
 
 
 def unknown_targets(graph: dict[str, set[str]]) -> list[str]:
     """Imports of a project module that belongs to no layer (a package missing from the map)."""
-    return [f"{m} -> {t}" for m, ts in sorted(graph.items()) for t in sorted(ts)
-            if t != "moe_repro" and package_of(t) is None]
+    return [
+        f"{m} -> {t}"
+        for m, ts in sorted(graph.items())
+        for t in sorted(ts)
+        if t != "moe_repro" and package_of(t) is None
+    ]
 
 
 def component_order_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -235,8 +277,10 @@ def upward_edges(graph: dict[str, set[str]]) -> list[str]:
             if source is None or into is None or into == source:
                 continue
             if into not in ALLOWED[source]:
-                bad.append(f"{module} -> {target} ({source} may import only "
-                           f"{', '.join(sorted(ALLOWED[source])) or 'nothing of the project'})")
+                bad.append(
+                    f"{module} -> {target} ({source} may import only "
+                    f"{', '.join(sorted(ALLOWED[source])) or 'nothing of the project'})"
+                )
     return bad
 
 
@@ -247,15 +291,18 @@ def test_imports_point_down():
     assert not bad, "upward imports:\n  " + "\n  ".join(bad)
 
 
-@pytest.mark.parametrize("module, target", [
-    ("moe_repro.components.moe.moe_layer", "moe_repro.suites.runner"),       # component -> suite
-    ("moe_repro.components.training.pp_ep_trainer", "moe_repro.cli.errors"),  # component -> CLI
-    ("moe_repro.reports.site", "moe_repro.reproductions"),                  # report -> live registry
-    ("moe_repro.reports.site", "moe_repro.suites.base"),
-    ("moe_repro.records.gate", "moe_repro.suites.stats"),                   # infrastructure -> layer
-    ("moe_repro.runtime.launch", "moe_repro.components.network.topology"),
-    ("moe_repro.reproductions.mop_llep", "moe_repro.runtime.launch"),       # a spec launching ranks
-])
+@pytest.mark.parametrize(
+    "module, target",
+    [
+        ("moe_repro.components.moe.moe_layer", "moe_repro.suites.runner"),  # component -> suite
+        ("moe_repro.components.training.pp_ep_trainer", "moe_repro.cli.errors"),  # component -> CLI
+        ("moe_repro.reports.site", "moe_repro.reproductions"),  # report -> live registry
+        ("moe_repro.reports.site", "moe_repro.suites.base"),
+        ("moe_repro.records.gate", "moe_repro.suites.stats"),  # infrastructure -> layer
+        ("moe_repro.runtime.launch", "moe_repro.components.network.topology"),
+        ("moe_repro.reproductions.mop_llep", "moe_repro.runtime.launch"),  # a spec launching ranks
+    ],
+)
 def test_the_rule_fails_on_an_upward_edge(module, target):
     # A synthetic graph with one forbidden edge added: the check must name it.
     graph = {"moe_repro.components.moe.pft": {"moe_repro.runtime.launch"}, module: {target}}
@@ -264,11 +311,15 @@ def test_the_rule_fails_on_an_upward_edge(module, target):
 
 
 def test_allowed_downward_edges_pass():
-    graph = {"moe_repro.suites.alltoall": {"moe_repro.components.alltoall.flat",
-                                           "moe_repro.runtime.launch"},
-             "moe_repro.cli.run_cmd": {"moe_repro.reproductions.spec", "moe_repro.reports.site"},
-             "moe_repro.reports.site": {"moe_repro.records.record", "moe_repro.catalog"},
-             "moe_repro.components.moe.pft": {"torch"}}
+    graph = {
+        "moe_repro.suites.alltoall": {
+            "moe_repro.components.alltoall.flat",
+            "moe_repro.runtime.launch",
+        },
+        "moe_repro.cli.run_cmd": {"moe_repro.reproductions.spec", "moe_repro.reports.site"},
+        "moe_repro.reports.site": {"moe_repro.records.record", "moe_repro.catalog"},
+        "moe_repro.components.moe.pft": {"torch"},
+    }
     assert upward_edges(graph) == []
 
 
@@ -291,8 +342,11 @@ def test_every_installed_package_has_a_place_in_the_map():
     graph = import_graph()
     assert not unknown_targets(graph), unknown_targets(graph)
     # every unit of components/ (sub-package or module) is placed in the order
-    units = {p.stem if p.is_file() else p.name for p in (REPO / FOLDERS["moe_repro.components"]).iterdir()
-             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    units = {
+        p.stem if p.is_file() else p.name
+        for p in (REPO / FOLDERS["moe_repro.components"]).iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
     assert units == set(COMPONENT_ORDER)
 
 
@@ -305,8 +359,11 @@ def test_components_keep_their_order_and_nothing_imports_in_a_circle():
 
 
 def test_a_package_missing_from_its_map_fails():
-    text = (REPO / "pyproject.toml").read_text().replace(
-        'packages = ["moe_repro",', 'packages = ["moe_repro", "moe_repro.plugins",', 1)
+    text = (
+        (REPO / "pyproject.toml")
+        .read_text()
+        .replace('packages = ["moe_repro",', 'packages = ["moe_repro", "moe_repro.plugins",', 1)
+    )
     packages, folders = pyproject_packages(text)
     assert "moe_repro.plugins" in packages and folders["moe_repro.plugins"] == "moe_repro/plugins"
     assert unmapped_packages(packages) == ["moe_repro.plugins"]
@@ -314,44 +371,59 @@ def test_a_package_missing_from_its_map_fails():
     graph = {"moe_repro.suites.x": {"moe_repro.plugins.extra"}}
     assert unknown_targets(graph) == ["moe_repro.suites.x -> moe_repro.plugins.extra"]
     # a new unit of components/ with no place in the order
-    bad = component_order_violations({"moe_repro.components.fresh.thing": {"moe_repro.components.moe.pft"}})
+    bad = component_order_violations(
+        {"moe_repro.components.fresh.thing": {"moe_repro.components.moe.pft"}}
+    )
     assert len(bad) == 1 and "'fresh' is missing from COMPONENT_ORDER" in bad[0]
 
 
 def test_a_planted_importlib_upward_import_fails(tmp_path):
     f = tmp_path / "sneaky.py"
-    f.write_text("import importlib\n\n\ndef later():\n"
-                 "    return importlib.import_module('moe_repro.suites.runner')\n"
-                 "\n\ndef also():\n    return __import__('moe_repro.cli.errors')\n")
+    f.write_text(
+        "import importlib\n\n\ndef later():\n"
+        "    return importlib.import_module('moe_repro.suites.runner')\n"
+        "\n\ndef also():\n    return __import__('moe_repro.cli.errors')\n"
+    )
     module = "moe_repro.components.moe.sneaky"
     found = imports_of(f, module)
     assert "moe_repro.suites.runner" in found and "moe_repro.cli.errors" in found
     bad = upward_edges({module: {t for t in found if t.startswith("moe_repro")}})
-    assert [b.split(" (")[0] for b in bad] == [f"{module} -> moe_repro.cli.errors",
-                                               f"{module} -> moe_repro.suites.runner"]
+    assert [b.split(" (")[0] for b in bad] == [
+        f"{module} -> moe_repro.cli.errors",
+        f"{module} -> moe_repro.suites.runner",
+    ]
     # the project's own lazy importer counts too
-    f.write_text("from moe_repro.components.lazy_import import lazy_module\n"
-                 "runner = lazy_module('moe_repro.suites.runner', globals())\n")
+    f.write_text(
+        "from moe_repro.components.lazy_import import lazy_module\n"
+        "runner = lazy_module('moe_repro.suites.runner', globals())\n"
+    )
     assert "moe_repro.suites.runner" in imports_of(f, module)
 
 
 def test_a_planted_cycle_inside_components_fails():
     # network below alltoall: the topology importing the flat all-to-all breaks the order, and
     # with the way back it is a cycle
-    up = {"moe_repro.components.network.topology": {"moe_repro.components.alltoall.flat"},
-          "moe_repro.components.alltoall.flat": {"moe_repro.components.network.topology"}}
+    up = {
+        "moe_repro.components.network.topology": {"moe_repro.components.alltoall.flat"},
+        "moe_repro.components.alltoall.flat": {"moe_repro.components.network.topology"},
+    }
     bad = component_order_violations(up)
-    assert bad == ["moe_repro.components.network.topology -> moe_repro.components.alltoall.flat "
-                   "(network sits below alltoall in components/)"]
+    assert bad == [
+        "moe_repro.components.network.topology -> moe_repro.components.alltoall.flat "
+        "(network sits below alltoall in components/)"
+    ]
     assert import_cycles(up) == [sorted(up)]
     # a cycle inside one unit breaks no order but is still found
-    inner = {"moe_repro.components.moe.a": {"moe_repro.components.moe.b"},
-             "moe_repro.components.moe.b": {"moe_repro.components.moe.c"},
-             "moe_repro.components.moe.c": {"moe_repro.components.moe.a"}}
+    inner = {
+        "moe_repro.components.moe.a": {"moe_repro.components.moe.b"},
+        "moe_repro.components.moe.b": {"moe_repro.components.moe.c"},
+        "moe_repro.components.moe.c": {"moe_repro.components.moe.a"},
+    }
     assert component_order_violations(inner) == []
     assert import_cycles(inner) == [sorted(inner)]
     # and the real graph with one planted edge
     graph = import_graph()
-    graph["moe_repro.components.network.topology"] = graph["moe_repro.components.network.topology"] | {
-        "moe_repro.components.moe.moe_layer"}
+    graph["moe_repro.components.network.topology"] = graph[
+        "moe_repro.components.network.topology"
+    ] | {"moe_repro.components.moe.moe_layer"}
     assert import_cycles(graph) and component_order_violations(graph)

@@ -30,9 +30,11 @@ def test_first_use_imports_and_rebinds_the_name():
 
 
 def test_the_alltoall_registry_loads_without_torch():
-    code = ("import sys; from moe_repro.components.alltoall import algorithm_names; "
-            "import moe_repro.suites.alltoall; "
-            "print(algorithm_names(), 'torch' in sys.modules)")
+    code = (
+        "import sys; from moe_repro.components.alltoall import algorithm_names; "
+        "import moe_repro.suites.alltoall; "
+        "print(algorithm_names(), 'torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['flat', 'halo', 'rbd'] False"
@@ -40,8 +42,10 @@ def test_the_alltoall_registry_loads_without_torch():
 
 def test_an_unknown_reproduction_id_is_refused_before_torch_is_imported():
     # `repro run` checks ids against the catalog: a typo costs no torch import (issue 31)
-    code = ("import sys\nfrom moe_repro.cli import main\nsys.argv = ['repro', 'run', 'piper-tabel4']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom moe_repro.cli import main\nsys.argv = ['repro', 'run', 'piper-tabel4']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "2 False", r.stdout + r.stderr
     assert "did you mean piper-table4" in r.stderr

@@ -58,8 +58,18 @@ def test_bad_inputs_raise_value_error():
         mm.stage_memory(get_model("tiny-moe"), PP=5, EP=2, i=0, micro_batch=1, seq=8, M=2)
 
 
-PIPER_LIKE = MoEModel(key="p", name="p", layers=8, d_model=16, d_ffn=24, n_experts=8, top_k=2,
-                      n_mat=3, n_heads=2, attn_params="4d2")
+PIPER_LIKE = MoEModel(
+    key="p",
+    name="p",
+    layers=8,
+    d_model=16,
+    d_ffn=24,
+    n_experts=8,
+    top_k=2,
+    n_mat=3,
+    n_heads=2,
+    attn_params="4d2",
+)
 NO_EXTRAS = mm.MemoryOptions(flash_attention=False, embeddings=False, shared_and_dense=False)
 
 
@@ -70,8 +80,12 @@ def test_1f1b_skew_stage0_holds_pp_micro_batches_last_holds_one(PP, M):
     per_micro = stages[-1].activation_bytes  # the last stage holds exactly one micro-batch
     for i, s in enumerate(stages):
         assert s.activation_bytes == pytest.approx((PP - i) * per_micro)
-    gpipe = mm.all_stages(PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M, schedule="gpipe", opts=NO_EXTRAS)
-    assert all(s.in_flight == M and s.activation_bytes == pytest.approx(M * per_micro) for s in gpipe)
+    gpipe = mm.all_stages(
+        PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M, schedule="gpipe", opts=NO_EXTRAS
+    )
+    assert all(
+        s.in_flight == M and s.activation_bytes == pytest.approx(M * per_micro) for s in gpipe
+    )
 
 
 @pytest.mark.parametrize("PP", [1, 2, 4])
@@ -81,13 +95,17 @@ def test_stage_model_reduces_to_eq4(PP):
     M, b = 4, 8
     m = PIPER_LIKE
     for i in range(PP):
-        ours = mm.stage_memory(m, PP=PP, EP=1, i=i, micro_batch=b / M, seq=5, M=M, opts=NO_EXTRAS).total
+        ours = mm.stage_memory(
+            m, PP=PP, EP=1, i=i, micro_batch=b / M, seq=5, M=M, opts=NO_EXTRAS
+        ).total
         eq4 = mm.piper_eq4(d=16, d_ffn=24, E=8, L=8, H=2, k=2, b=b, s=5, EP=1, PP=PP, M=M, i=i)
         left_out = m.layers / PP * (2 * 16 + 16 * 8) * 16  # norms 2d + router d E, 16 B each
         assert ours == pytest.approx(eq4 + left_out)
 
 
-@pytest.mark.parametrize("key,PP,EP", [("deepseek-v3", 8, 16), ("mixtral-8x7b", 4, 8), ("tiny-moe", 4, 2)])
+@pytest.mark.parametrize(
+    "key,PP,EP", [("deepseek-v3", 8, 16), ("mixtral-8x7b", 4, 8), ("tiny-moe", 4, 2)]
+)
 def test_stages_partition_all_parameters(key, PP, EP):
     m = get_model(key)
     stages = mm.all_stages(m, PP=PP, EP=EP, micro_batch=1, seq=16, M=PP)

@@ -1,8 +1,12 @@
 import pytest
 
-from moe_repro.components.balance.migration_cost import (expert_state_bytes, migration_latency_s,
-                                                 moves_send_bytes_per_gpu, worst_case_migration,
-                                                 worst_case_send_bytes_per_gpu)
+from moe_repro.components.balance.migration_cost import (
+    expert_state_bytes,
+    migration_latency_s,
+    moves_send_bytes_per_gpu,
+    worst_case_migration,
+    worst_case_send_bytes_per_gpu,
+)
 
 
 def test_one_expert_is_48_d_f_bytes():
@@ -35,9 +39,14 @@ def test_incremental_moves_charge_the_sender():
     assert sent == [48, 48, 48, 0]
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_experts=0, d_model=1, d_ffn=1, gpus=1),
-                                    dict(n_experts=1, d_model=1, d_ffn=1, gpus=0),
-                                    dict(n_experts=1, d_model=-1, d_ffn=1, gpus=1)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(n_experts=0, d_model=1, d_ffn=1, gpus=1),
+        dict(n_experts=1, d_model=1, d_ffn=1, gpus=0),
+        dict(n_experts=1, d_model=-1, d_ffn=1, gpus=1),
+    ],
+)
 def test_rejects_nonpositive_sizes(kwargs):
     with pytest.raises(ValueError):
         worst_case_send_bytes_per_gpu(**kwargs)

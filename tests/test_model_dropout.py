@@ -9,7 +9,7 @@ from moe_repro.components.model.zoo import MODELS, get_model
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources.parallel_planner import plan_parallel
 
-GiB = 2 ** 30
+GiB = 2**30
 
 
 def test_dropout_is_on_for_gpt3_and_off_for_llama3():
@@ -19,8 +19,21 @@ def test_dropout_is_on_for_gpt3_and_off_for_llama3():
 
 def _activations(dropout: bool, pp: int = 8, seq: int = 2048) -> tuple[float, object]:
     m, p = get_model("gpt3-175b"), load_builtin("dgx-h100")
-    pl = plan_parallel(m, p, 8, seq=seq, tp=8, pp=pp, vpp=1, micro_batches=16, global_batch=16,
-                       recompute=("selective",), flash_attention=False, zero=(1,), dropout=dropout)
+    pl = plan_parallel(
+        m,
+        p,
+        8,
+        seq=seq,
+        tp=8,
+        pp=pp,
+        vpp=1,
+        micro_batches=16,
+        global_batch=16,
+        recompute=("selective",),
+        flash_attention=False,
+        zero=(1,),
+        dropout=dropout,
+    )
     c = pl.best or pl.candidates[0]
     return c.memory["activations"], c
 
@@ -37,9 +50,34 @@ def test_dropout_adds_korthikanti_two_masks_per_layer():
 
 
 def test_repro_plan_uses_the_models_dropout_unless_told():
-    args = ["plan", "--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "8", "--tp", "8", "--pp", "8",
-            "--vpp", "1", "--seq", "2048", "--global-batch", "16", "--micro-batches", "16",
-            "--recompute", "selective", "--no-flash", "--zero", "1", "--top", "1"]
+    args = [
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--platform",
+        "dgx-h100",
+        "--nodes",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--vpp",
+        "1",
+        "--seq",
+        "2048",
+        "--global-batch",
+        "16",
+        "--micro-batches",
+        "16",
+        "--recompute",
+        "selective",
+        "--no-flash",
+        "--zero",
+        "1",
+        "--top",
+        "1",
+    ]
 
     def activ(extra):
         r = CliRunner().invoke(cli, args + extra)
@@ -52,6 +90,19 @@ def test_repro_plan_uses_the_models_dropout_unless_told():
 
 
 def test_dropout_flag_is_refused_by_the_piper_method():
-    r = CliRunner().invoke(cli, ["plan", "--model", "gpt3-175b", "--platform", "dgx-h100", "--nodes", "8",
-                                 "--method", "piper", "--dropout"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--model",
+            "gpt3-175b",
+            "--platform",
+            "dgx-h100",
+            "--nodes",
+            "8",
+            "--method",
+            "piper",
+            "--dropout",
+        ],
+    )
     assert r.exit_code == 2 and "--dropout" in r.output

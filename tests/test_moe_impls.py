@@ -11,9 +11,20 @@ from moe_repro.components.moe.pft import DROP_POLICIES
 
 
 def test_ours_and_every_peer_form_are_registered():
-    assert impl_names() == ("pft", "padded", "megatron", "megatron-nodrop", "deepspeed",
-                            "deepspeed-einsum")
-    assert impl_names(form="peer") == ("megatron", "megatron-nodrop", "deepspeed", "deepspeed-einsum")
+    assert impl_names() == (
+        "pft",
+        "padded",
+        "megatron",
+        "megatron-nodrop",
+        "deepspeed",
+        "deepspeed-einsum",
+    )
+    assert impl_names(form="peer") == (
+        "megatron",
+        "megatron-nodrop",
+        "deepspeed",
+        "deepspeed-einsum",
+    )
     for impl in MOE_IMPLS.values():
         assert impl.drop_policy is None or impl.drop_policy in DROP_POLICIES
         assert set(impl.layer_options) <= set(MoEConfig.__dataclass_fields__)
@@ -21,16 +32,19 @@ def test_ours_and_every_peer_form_are_registered():
         get_impl("tutel")
 
 
-@pytest.mark.parametrize("name, point, refused", [
-    ("deepspeed-einsum", dict(ranks=2, stage="layer"), "one rank only"),
-    ("padded", dict(backward=True, stage="layer"), "no backward"),
-    ("megatron", dict(ranks=4, stage="expert"), "whole layer"),
-    ("pft", dict(backward=True, stage="expert"), "whole layer"),
-    ("pft", dict(ranks=4, stage="expert"), None),
-    ("megatron", dict(stage="dispatch_a2a"), "has stages"),
-    ("deepspeed", dict(ranks=4, backward=True, stage="layer"), None),
-    ("pft", dict(dtype="float16"), "runs in float32, bfloat16"),
-])
+@pytest.mark.parametrize(
+    "name, point, refused",
+    [
+        ("deepspeed-einsum", dict(ranks=2, stage="layer"), "one rank only"),
+        ("padded", dict(backward=True, stage="layer"), "no backward"),
+        ("megatron", dict(ranks=4, stage="expert"), "whole layer"),
+        ("pft", dict(backward=True, stage="expert"), "whole layer"),
+        ("pft", dict(ranks=4, stage="expert"), None),
+        ("megatron", dict(stage="dispatch_a2a"), "has stages"),
+        ("deepspeed", dict(ranks=4, backward=True, stage="layer"), None),
+        ("pft", dict(dtype="float16"), "runs in float32, bfloat16"),
+    ],
+)
 def test_supports_answers_from_the_declarations(name, point, refused):
     why = get_impl(name).supports(**point)
     assert (why is None) if refused is None else (refused in why)

@@ -71,8 +71,12 @@ def test_capacity_drops_lowest_weights_per_expert():
     pft = layer.make_pft(gate)
     cap = expert_capacity(s, e, k, 0.5)
     for expert in range(e):
-        pairs = [(float(gate.combine_weights[t, j].detach()), t) for t in range(s) for j in range(k)
-                 if int(gate.top_experts[t, j]) == expert]
+        pairs = [
+            (float(gate.combine_weights[t, j].detach()), t)
+            for t in range(s)
+            for j in range(k)
+            if int(gate.top_experts[t, j]) == expert
+        ]
         kept = sorted(pairs, key=lambda p: -p[0])[:cap]
         got = pft.token_ids[pft.expert_ids == expert].tolist()
         assert sorted(got) == sorted(t for _, t in kept)
@@ -102,15 +106,22 @@ _BASE = dict(d_model=12, d_ffn=10, top_k=2)
 def test_ep_two_ranks(targets_on_path):
     cases = [
         dict(_BASE, seed=1, experts=4, tokens=[17, 9], dead=(1,)),
-        dict(_BASE, seed=2, experts=4, tokens=[0, 13], dead=(2, 3), shared=1),   # zero-token rank 0,
+        dict(_BASE, seed=2, experts=4, tokens=[0, 13], dead=(2, 3), shared=1),  # zero-token rank 0,
         # and rank 1 receives nothing (its experts 2, 3 are dead)
-        dict(_BASE, seed=3, experts=6, tokens=[11, 14], rank_of_expert=[1, 0, 1, 1, 0, 0],
-             gemm="grouped_mm"),
+        dict(
+            _BASE,
+            seed=3,
+            experts=6,
+            tokens=[11, 14],
+            rank_of_expert=[1, 0, 1, 1, 0, 0],
+            gemm="grouped_mm",
+        ),
         dict(_BASE, seed=4, experts=4, tokens=[15, 6], dead=(0,), impl="padded"),
         dict(_BASE, seed=5, experts=4, tokens=[0, 10], impl="padded"),
     ]
-    results = run_ranks("_moe_targets:layer_vs_reference", {"cases": cases}, world_size=2,
-                        timeout_s=120)
+    results = run_ranks(
+        "_moe_targets:layer_vs_reference", {"cases": cases}, world_size=2, timeout_s=120
+    )
     _check_ranks(results)
     assert results[1][1]["local_experts"] == [2, 3]
 
@@ -119,12 +130,21 @@ def test_ep_two_ranks(targets_on_path):
 def test_ep_four_ranks(targets_on_path):
     cases = [
         dict(_BASE, seed=6, experts=8, tokens=[9, 0, 14, 5], dead=(2, 3, 6)),
-        dict(_BASE, seed=7, experts=8, tokens=[7, 12, 0, 0], rank_of_expert=[3, 0, 2, 1, 1, 3, 0, 2],
-             dead=(5,), gemm="padded_bmm", shared=1),
+        dict(
+            _BASE,
+            seed=7,
+            experts=8,
+            tokens=[7, 12, 0, 0],
+            rank_of_expert=[3, 0, 2, 1, 1, 3, 0, 2],
+            dead=(5,),
+            gemm="padded_bmm",
+            shared=1,
+        ),
         dict(_BASE, seed=8, experts=8, tokens=[6, 0, 9, 4], dead=(0, 1), impl="padded"),
     ]
-    results = run_ranks("_moe_targets:layer_vs_reference", {"cases": cases}, world_size=4,
-                        timeout_s=150)
+    results = run_ranks(
+        "_moe_targets:layer_vs_reference", {"cases": cases}, world_size=4, timeout_s=150
+    )
     _check_ranks(results)
 
 
@@ -134,11 +154,23 @@ def test_halo_all_to_all_gives_the_flat_layer_bit_for_bit_on_four_ranks(targets_
     carry rows) equals the flat layer exactly (outputs and every gradient) and the reference."""
     cases = [
         dict(_BASE, seed=11, experts=8, tokens=[9, 0, 14, 5], dead=(2, 3, 6)),  # zero-token rank
-        dict(_BASE, seed=12, experts=8, tokens=[7, 12, 3, 0], rank_of_expert=[3, 0, 2, 1, 1, 3, 0, 0],
-             dead=(2,), shared=1),  # rank 2 owns only a dead expert: receives nothing
+        dict(
+            _BASE,
+            seed=12,
+            experts=8,
+            tokens=[7, 12, 3, 0],
+            rank_of_expert=[3, 0, 2, 1, 1, 3, 0, 0],
+            dead=(2,),
+            shared=1,
+        ),  # rank 2 owns only a dead expert: receives nothing
     ]
-    results = run_ranks("_moe_targets:halo_layer_vs_flat_layer", {"cases": cases}, world_size=4,
-                        ranks_per_node=2, timeout_s=150)
+    results = run_ranks(
+        "_moe_targets:halo_layer_vs_flat_layer",
+        {"cases": cases},
+        world_size=4,
+        ranks_per_node=2,
+        timeout_s=150,
+    )
     for rank_results in results:
         for r in rank_results:
             assert all(r["identical"].values()), r

@@ -5,16 +5,29 @@ import os
 import pytest
 import torch
 
-from moe_repro.components.model.attention import (attention_flops, causal_attention, reference_attention,
-                                            shape_from_model)
+from moe_repro.components.model.attention import (
+    attention_flops,
+    causal_attention,
+    reference_attention,
+    shape_from_model,
+)
 from moe_repro.components.model.zoo import get_model
 from moe_repro.suites import all_suites
 from moe_repro.suites.runner import RunConfig, run_point
 from derived_how import assert_how_is_the_catalogs
 
 FAST = RunConfig(warmup=0, repeats=2, min_sample_s=0.0)
-TINY_LAYER = {"tokens": 64, "d_model": 32, "experts": 8, "top_k": 2, "capacity_factor": 1.25,
-              "d_ffn": 16, "dtype": "float32", "device": "cpu", "threads": 1}
+TINY_LAYER = {
+    "tokens": 64,
+    "d_model": 32,
+    "experts": 8,
+    "top_k": 2,
+    "capacity_factor": 1.25,
+    "d_ffn": 16,
+    "dtype": "float32",
+    "device": "cpu",
+    "threads": 1,
+}
 
 
 @pytest.mark.parametrize("impl", ["pft", "padded"])
@@ -25,7 +38,7 @@ def test_moe_dispatch_records_impl_time_and_peak_memory(impl):
     assert rec["peak_bytes"] >= 0
     if impl == "pft":  # the retained pairs: at most S*k = 128 (capacity may drop a few)
         assert 100 <= rec["buffer_rows"] <= 128
-    else:              # E * C with C = ceil(1.25 * 64 * 2 / 8) = 20
+    else:  # E * C with C = ceil(1.25 * 64 * 2 / 8) = 20
         assert rec["buffer_rows"] == 8 * 20
 
 
@@ -41,9 +54,20 @@ def test_moe_dispatch_check_catches_a_wrong_combine(monkeypatch):
 def test_expert_gemm_suite_checks_every_variant():
     suite = all_suites()["expert-gemm"]
     for variant in ("sequential", "padded_bmm", "grouped_mm", "dense"):
-        rec = run_point(suite, {"variant": variant, "tokens_per_expert": 8, "model": "tiny-moe",
-                                "shape_div": 1, "local_experts": 3, "dtype": "float32",
-                                "device": "cpu", "threads": 1}, FAST)
+        rec = run_point(
+            suite,
+            {
+                "variant": variant,
+                "tokens_per_expert": 8,
+                "model": "tiny-moe",
+                "shape_div": 1,
+                "local_experts": 3,
+                "dtype": "float32",
+                "device": "cpu",
+                "threads": 1,
+            },
+            FAST,
+        )
         assert rec["correct"] and rec["tflops"] > 0, rec
         # the paired ratio to the equal-FLOPs dense GEMM is recorded at every grid point
         assert rec["ratio_to_dense"] > 0 and "ratio_to_dense_iqr" in rec, rec
@@ -51,15 +75,38 @@ def test_expert_gemm_suite_checks_every_variant():
 
 def test_attention_suite_and_component():
     suite = all_suites()["attention"]
-    rec = run_point(suite, {"model": "mixtral-8x7b", "seq_len": 32, "batch": 1, "heads": 4,
-                            "backward": True, "dtype": "float32", "device": "cpu", "threads": 1}, FAST)
-    assert rec["correct"] and rec["heads_used"] == 4 and rec["kv_heads"] == 1 and rec["head_dim"] == 128
+    rec = run_point(
+        suite,
+        {
+            "model": "mixtral-8x7b",
+            "seq_len": 32,
+            "batch": 1,
+            "heads": 4,
+            "backward": True,
+            "dtype": "float32",
+            "device": "cpu",
+            "threads": 1,
+        },
+        FAST,
+    )
+    assert (
+        rec["correct"]
+        and rec["heads_used"] == 4
+        and rec["kv_heads"] == 1
+        and rec["head_dim"] == 128
+    )
     shape = shape_from_model(get_model("mixtral-8x7b"))
     assert (shape.heads, shape.kv_heads, shape.head_dim) == (32, 8, 128)
     assert attention_flops(2, 16, shape, causal=False) == 4 * 2 * 32 * 16 * 16 * 128
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 4, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g)
-    assert torch.allclose(causal_attention(q, k, v).double(), reference_attention(q, k, v), atol=1e-5)
+    q, k, v = (
+        torch.randn(1, 4, 9, 8, generator=g),
+        torch.randn(1, 2, 9, 8, generator=g),
+        torch.randn(1, 2, 9, 8, generator=g),
+    )
+    assert torch.allclose(
+        causal_attention(q, k, v).double(), reference_attention(q, k, v), atol=1e-5
+    )
     # causal: the first query sees only the first key, so its output is v[0] of its kv head
     assert torch.allclose(causal_attention(q, k, v)[0, 1, 0], v[0, 0, 0], atol=1e-6)
 
@@ -68,13 +115,15 @@ def test_reproductions_name_their_device():
     from moe_repro.reproductions.piper_fig3 import REPRODUCTION as piper_fig3
     from moe_repro.reproductions.piper_fig4 import REPRODUCTION as piper_fig4
 
-    fig4 = piper_fig4.run({"models": "tiny-moe", "tokens_per_expert": "4",
-                          "shape_div": 1, "repeats": 1})
+    fig4 = piper_fig4.run(
+        {"models": "tiny-moe", "tokens_per_expert": "4", "shape_div": 1, "repeats": 1}
+    )
     assert all(c.verdict == "no-paper-value" for c in fig4.cells)
     assert_how_is_the_catalogs("piper-fig4", fig4)
-    assert "cpu" in fig4.extra["device"] and any("measured on cpu" in (c.note or "") for c in fig4.cells)
-    fig3 = piper_fig3.run({"models": "tiny-moe", "seq_lens": "16", "heads": 2,
-                          "repeats": 1})
+    assert "cpu" in fig4.extra["device"] and any(
+        "measured on cpu" in (c.note or "") for c in fig4.cells
+    )
+    fig3 = piper_fig3.run({"models": "tiny-moe", "seq_lens": "16", "heads": 2, "repeats": 1})
     assert {c.verdict for c in fig3.cells} == {"no-paper-value", "not-reproduced"}
     assert_how_is_the_catalogs("piper-fig3", fig3)
 
@@ -83,8 +132,17 @@ def test_reproductions_name_their_device():
 def test_xmoe_fig11_runs_over_two_ranks():
     from moe_repro.reproductions.xmoe_fig11 import REPRODUCTION
 
-    res = REPRODUCTION.run({"tokens": 32, "d_model": 16, "d_ffn": 8, "experts": 4,
-                                                 "top_k": 2, "repeats": 1, "timeout_s": 120.0})
+    res = REPRODUCTION.run(
+        {
+            "tokens": 32,
+            "d_model": 16,
+            "d_ffn": 8,
+            "experts": 4,
+            "top_k": 2,
+            "repeats": 1,
+            "timeout_s": 120.0,
+        }
+    )
     assert_how_is_the_catalogs("xmoe-fig11", res)
     by = {(c.row, c.column): c for c in res.cells}
     # measured here against MI250X: the paper's magnitudes are shown beside ours, not graded
@@ -111,15 +169,20 @@ def test_xmoe_fig11_runs_over_two_ranks():
     for row in ("gating", "buffer dispatch", "buffer combine"):
         cell = by[(row, ONE_RANK)]
         if peer_version():
-            assert cell.ours > 0 and cell.paper is not None and "deepspeed==" in by[
-                (row, "DeepSpeed's code time (one rank)")].note
+            assert (
+                cell.ours > 0
+                and cell.paper is not None
+                and "deepspeed==" in by[(row, "DeepSpeed's code time (one rank)")].note
+            )
             # the same claim on the real baseline: shown, counted once
             assert by[(row, DS_DIRECTION)].derived_from == f"{row} / {DIRECTION}"
         else:
             assert cell.verdict == "not-reproduced" and "peers" in cell.note
     solo = [r for r in res.extra["records"] if r["ranks"] == 1]
-    share = max(1, (os.cpu_count() or 1) // 2)        # a rank's share of the cores in the 2-rank world
-    assert all(r["threads"] == share for r in solo) and (len(solo) == 9 if peer_version() else not solo)
+    share = max(1, (os.cpu_count() or 1) // 2)  # a rank's share of the cores in the 2-rank world
+    assert all(r["threads"] == share for r in solo) and (
+        len(solo) == 9 if peer_version() else not solo
+    )
 
 
 def test_xmoe_fig11_direction_claims_hold_at_every_repeat_or_are_seed_dependent():
@@ -127,33 +190,59 @@ def test_xmoe_fig11_direction_claims_hold_at_every_repeat_or_are_seed_dependent(
 
     fast, slow = [2.0, 2.1, 1.9, 2.2, 2.0], [10.0, 9.0, 11.0, 10.5, 9.5]
     faster = _direction_claim(REPRODUCTION, "gating", DIRECTION, fast, slow, "padded")
-    assert faster.verdict == "claim-holds" and faster.ours == 5.0 and "5 of 5 repeats" in faster.note
-    assert _direction_claim(REPRODUCTION, "gating", DIRECTION, slow, fast,
-                            "padded").verdict == "claim-fails"
+    assert (
+        faster.verdict == "claim-holds" and faster.ours == 5.0 and "5 of 5 repeats" in faster.note
+    )
+    assert (
+        _direction_claim(REPRODUCTION, "gating", DIRECTION, slow, fast, "padded").verdict
+        == "claim-fails"
+    )
     # the paper says X-MoE's expert computation is slightly slower: pft slower holds
-    assert _direction_claim(REPRODUCTION, "expert", DIRECTION, slow, fast, "padded",
-                            slower=True).verdict == "claim-holds"
+    assert (
+        _direction_claim(
+            REPRODUCTION, "expert", DIRECTION, slow, fast, "padded", slower=True
+        ).verdict
+        == "claim-holds"
+    )
     # repeats that overlap (paired fastest with fastest): the direction is inside the noise
-    mixed = _direction_claim(REPRODUCTION, "layer", DIRECTION, [9.0, 9.5, 10.0, 10.5, 11.0],
-                             [9.2, 9.4, 10.2, 10.4, 11.2], "padded")
+    mixed = _direction_claim(
+        REPRODUCTION,
+        "layer",
+        DIRECTION,
+        [9.0, 9.5, 10.0, 10.5, 11.0],
+        [9.2, 9.4, 10.2, 10.4, 11.2],
+        "padded",
+    )
     assert mixed.verdict == "seed-dependent" and "3 of 5 repeats" in mixed.note
     # fewer repeats than the policy's minimum: the medians decide
-    assert _direction_claim(REPRODUCTION, "layer", DIRECTION, [1.0, 1.2], [2.0, 0.9],
-                            "padded").verdict == "claim-holds"
+    assert (
+        _direction_claim(REPRODUCTION, "layer", DIRECTION, [1.0, 1.2], [2.0, 0.9], "padded").verdict
+        == "claim-holds"
+    )
 
 
 def test_xmoe_fig11_growth_claim_needs_the_ratio_nearer_double_than_flat():
     from moe_repro.reproductions.xmoe_fig11 import GROWTH, REPRODUCTION, _growth_claim
 
     pft = [1.0] * 5
-    doubles = _growth_claim(REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft), ([38.0] * 5, [2.0] * 5))
+    doubles = _growth_claim(
+        REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft), ([38.0] * 5, [2.0] * 5)
+    )
     assert doubles.verdict == "claim-holds" and doubles.ours == pytest.approx(1.9)
-    assert _growth_claim(REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft),
-                         ([26.0] * 5, [2.0] * 5)).verdict == "claim-fails"
+    assert (
+        _growth_claim(
+            REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft), ([26.0] * 5, [2.0] * 5)
+        ).verdict
+        == "claim-fails"
+    )
     flat = _growth_claim(REPRODUCTION, "buffer combine", ([10.0] * 5, pft), ([20.0] * 5, [2.0] * 5))
     assert flat.verdict == "claim-fails" and flat.column == GROWTH and flat.ours == 1.0
-    noisy = _growth_claim(REPRODUCTION, "buffer combine", ([10.0] * 5, pft),
-                          ([12.0, 15.0, 30.0, 32.0, 34.0], [1.0] * 5))
+    noisy = _growth_claim(
+        REPRODUCTION,
+        "buffer combine",
+        ([10.0] * 5, pft),
+        ([12.0, 15.0, 30.0, 32.0, 34.0], [1.0] * 5),
+    )
     assert noisy.verdict == "seed-dependent"
 
 
@@ -162,8 +251,13 @@ def test_xmoe_fig11_default_is_cut_down_and_full_is_the_small_layer():
 
     full = {**REPRODUCTION.defaults, **REPRODUCTION.full}
     # X-MoE Table 3's Small model, one 2k sequence per rank
-    assert (full["d_model"], full["d_ffn"], full["experts"], full["top_k"], full["tokens"]) == \
-        (2048, 1408, 64, 6, 2048)
+    assert (full["d_model"], full["d_ffn"], full["experts"], full["top_k"], full["tokens"]) == (
+        2048,
+        1408,
+        64,
+        6,
+        2048,
+    )
     assert REPRODUCTION.defaults["tokens"] < full["tokens"]
     assert REPRODUCTION.grade_class == "other-hardware"
 
@@ -178,9 +272,9 @@ def test_an_explicit_thread_count_applies_on_a_rank_too():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        set_threads({"threads": 1}, ctx=object())          # on a rank
+        set_threads({"threads": 1}, ctx=object())  # on a rank
         assert torch.get_num_threads() == 1
-        set_threads({"threads": 0}, ctx=object())          # 0 leaves it alone
+        set_threads({"threads": 0}, ctx=object())  # 0 leaves it alone
         assert torch.get_num_threads() == 1
         with pytest.raises(ValueError):
             set_threads({"threads": -1}, ctx=None)

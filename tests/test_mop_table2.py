@@ -17,7 +17,9 @@ def test_what_if_bytes_1t_at_512k_by_hand():
     got = T.what_if_bytes(m, 3, 96, 4, 8, True, S)
     assert got.keys() == T.WHAT_IF.keys()
     # 8 B/param instead of 2 + 2: the device state doubles.
-    assert got["fp32 shards and grads on GPU"] == pytest.approx(base["dense state"] + base["expert state"])
+    assert got["fp32 shards and grads on GPU"] == pytest.approx(
+        base["dense state"] + base["expert state"]
+    )
     # Logits N V / TP at 16 B instead of 6: 10 more bytes per logit.
     assert got["16 B per logit"] == pytest.approx(10 * (S / 4) * 163840 / 8, rel=1e-12)
     # One layer (dense / TP + 384 / 96 experts) at bf16 grads 2 B + fp32 copy 4 B.
@@ -26,7 +28,8 @@ def test_what_if_bytes_1t_at_512k_by_hand():
     ctx = base["checkpointed activations"] + base["layer working set"] + base["logits"]
     assert got["micro-batch 2"] == pytest.approx(ctx, rel=1e-12)
     assert got["checkpointing every 2nd layer"] == pytest.approx(
-        (sum(none.values()) - sum(base.values())) / 2, rel=1e-12)
+        (sum(none.values()) - sum(base.values())) / 2, rel=1e-12
+    )
 
 
 def test_what_if_fp32_shards_is_zero_without_offload():
@@ -58,8 +61,11 @@ def test_deviating_cells_say_what_was_ruled_out():
 def test_cells_and_figure_say_fits_or_oom_in_words():
     res = all_reproductions()["mop-table2"].run()
     # Table 2's OOM cells, typed from the paper (MoP Table 2), not from the module
-    oom = {("120B", c) for c in ("256K", "512K", "1M")} | {("600B", c) for c in ("128K", "256K", "512K", "1M")} \
+    oom = (
+        {("120B", c) for c in ("256K", "512K", "1M")}
+        | {("600B", c) for c in ("128K", "256K", "512K", "1M")}
         | {("1T", c) for c in ("512K", "1M")}
+    )
     rows = {tuple(c.row.split(" @ ")) for c in res.cells if c.paper_printed == "OOM"}
     assert rows == oom
     for c in res.cells:

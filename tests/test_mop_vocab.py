@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported, return_freed_memory_to_os
+from moe_repro.components.training.peak_memory import (
+    measure_peak_rss,
+    peak_supported,
+    return_freed_memory_to_os,
+)
 from derived_how import assert_how_is_the_catalogs
 
 needs_proc = pytest.mark.skipif(not peak_supported(), reason="needs Linux /proc/self/clear_refs")
@@ -15,7 +19,7 @@ def test_peak_rss_sees_a_freed_temporary():
 
     return_freed_memory_to_os()
     gc.collect()  # garbage of earlier tests freed inside the region would lower RSS under the baseline
-    mib = 2 ** 20
+    mib = 2**20
     with measure_peak_rss() as m:
         big = torch.ones(48 * mib // 4)  # 48 MiB, freed before the region ends
         small = torch.ones(8 * mib // 4)
@@ -30,7 +34,8 @@ def test_mop_vocab_peak_falls_with_group_size_and_loss_is_exact():
     from moe_repro.reproductions.mop_vocab import FALLS, REPRODUCTION
 
     result = REPRODUCTION.run(
-        {"tokens": 512, "hidden": 32, "vocab": 8192, "group_sizes": "1,2", "timeout_s": 120.0})
+        {"tokens": 512, "hidden": 32, "vocab": 8192, "group_sizes": "1,2", "timeout_s": 120.0}
+    )
     assert_how_is_the_catalogs("mop-vocab", result)
     cells = {(c.row, c.column): c.ours for c in result.cells}
     p1, p2 = cells[("P=1", "sharded peak (measured)")], cells[("P=2", "sharded peak (measured)")]

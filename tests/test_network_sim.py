@@ -20,18 +20,33 @@ GB = 1e9
 
 def profile(gpus=1, nics=1, nic=10.0, intra=100.0, pair=1000.0, latency_us=0.0, per_message_us=0.0):
     """A minimal machine: every number chosen so the expected times are easy to write down."""
-    return from_dict({
-        "name": "hand",
-        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": 1, "achievable_gemm_tflops": 1,
-                "achievable_attention_tflops": 1},
-        "node": {"gpus": gpus, "nics": nics, "nic_GBps": nic,
-                 "gpu_nic_affinity": [[g for g in range(gpus) if g * nics // gpus == i] for i in range(nics)],
-                 "intra_node_alltoall_GBps_per_gpu": intra},
-        "network": {"switch_group_nodes": 2, "rack_nodes": 4, "per_message_us": per_message_us},
-        "links": [{"class": "intra_node", "GBps": pair, "latency_us": latency_us},
-                  {"class": "nic_injection", "GBps": nic, "latency_us": latency_us},
-                  {"class": "switch_group", "GBps": nic, "latency_us": latency_us}],
-    })
+    return from_dict(
+        {
+            "name": "hand",
+            "gpu": {
+                "peak_tflops": 1,
+                "hbm_GB": 1,
+                "hbm_GBps": 1,
+                "achievable_gemm_tflops": 1,
+                "achievable_attention_tflops": 1,
+            },
+            "node": {
+                "gpus": gpus,
+                "nics": nics,
+                "nic_GBps": nic,
+                "gpu_nic_affinity": [
+                    [g for g in range(gpus) if g * nics // gpus == i] for i in range(nics)
+                ],
+                "intra_node_alltoall_GBps_per_gpu": intra,
+            },
+            "network": {"switch_group_nodes": 2, "rack_nodes": 4, "per_message_us": per_message_us},
+            "links": [
+                {"class": "intra_node", "GBps": pair, "latency_us": latency_us},
+                {"class": "nic_injection", "GBps": nic, "latency_us": latency_us},
+                {"class": "switch_group", "GBps": nic, "latency_us": latency_us},
+            ],
+        }
+    )
 
 
 def test_one_flow_on_one_link():
@@ -54,13 +69,19 @@ def test_two_flows_share_one_link():
     # max-min: 5 GB/s each until the small one ends at 2*small/B, then the large one gets all
     # of it: the link moves small + large bytes at B in total
     assert r.time_s == pytest.approx((small + large) / (10 * GB), rel=1e-12)
-    flows = [ns.Flow("a2a", 0, small, 1, "x", {"link": 1.0}), ns.Flow("a2a", 1, large, 1, "x", {"link": 1.0})]
+    flows = [
+        ns.Flow("a2a", 0, small, 1, "x", {"link": 1.0}),
+        ns.Flow("a2a", 1, large, 1, "x", {"link": 1.0}),
+    ]
     assert ns.max_min_rates(flows, {"link": 10 * GB}) == pytest.approx([5 * GB, 5 * GB])
 
 
 def test_max_min_gives_leftover_to_the_unconstrained_flow():
     # f0 uses links a (cap 10) and b (cap 4); f1 uses a only: f0 is held to 4 by b, f1 gets 6
-    flows = [ns.Flow("p", 0, 1, 1, "x", {"a": 1.0, "b": 1.0}), ns.Flow("p", 1, 1, 1, "x", {"a": 1.0})]
+    flows = [
+        ns.Flow("p", 0, 1, 1, "x", {"a": 1.0, "b": 1.0}),
+        ns.Flow("p", 1, 1, 1, "x", {"a": 1.0}),
+    ]
     assert ns.max_min_rates(flows, {"a": 10.0, "b": 4.0}) == pytest.approx([4.0, 6.0])
 
 
@@ -115,7 +136,9 @@ def test_aggregated_equals_per_message_on_symmetric_worlds(seed, algo):
     row_bytes = 4096
     fn, deps = simulated.expected_schedule(algo, topo, row_bytes)
     agg = ns.simulate_expected(fn, rows_to, topo, p, deps)
-    full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps)
+    full = ns.simulate_messages(
+        fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps
+    )
     assert agg.time_s == pytest.approx(full.time_s, rel=1e-9)
     assert agg.eq6_bound_s == pytest.approx(full.eq6_bound_s, rel=1e-9)
     assert agg.link_bytes == full.link_bytes
@@ -177,12 +200,17 @@ def test_aggregated_equals_per_message_with_self_copies(algo):
     rows_to = [3, 1] * 4  # node-symmetric, as the aggregation needs
     fn, deps = simulated.expected_schedule(algo, topo, 4096)
     agg = ns.simulate_expected(fn, rows_to, topo, p, deps)
-    full = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps)
+    full = ns.simulate_messages(
+        fn([rows_to] * topo.world_size, range(topo.world_size)), topo, p, deps
+    )
     assert agg.time_s == pytest.approx(full.time_s, rel=1e-9)
     assert agg.link_bytes == full.link_bytes
-    plain = ns.simulate_messages(fn([rows_to] * topo.world_size, range(topo.world_size)), topo,
-                                 from_dict({**p.raw, "network": {**p.raw["network"], "self_copies": False}}),
-                                 deps)
+    plain = ns.simulate_messages(
+        fn([rows_to] * topo.world_size, range(topo.world_size)),
+        topo,
+        from_dict({**p.raw, "network": {**p.raw["network"], "self_copies": False}}),
+        deps,
+    )
     assert full.time_s > plain.time_s  # the copies cost something on this profile
 
 
@@ -201,11 +229,14 @@ def test_a_profile_fitted_on_two_runs_predicts_the_run_between_them():
     machine comes is a measurement: benchmarks/test_bench_local_profile.py."""
     latency, rate = 40e-6, 2e9
     wire = [250_000, 500_000, 1_000_000]
-    alpha, beta = ns.fit_latency_bandwidth([wire[0], wire[2]], [latency + w / rate for w in (wire[0], wire[2])])
+    alpha, beta = ns.fit_latency_bandwidth(
+        [wire[0], wire[2]], [latency + w / rate for w in (wire[0], wire[2])]
+    )
     local = ns.calibrated_profile(alpha, beta, gpus_per_node=1)
     topo = ns.topology_for(local, nodes=2)
-    predicted = ns.simulate_messages([("a2a", 0, 1, wire[1]), ("a2a", 1, 0, wire[1])], topo, local,
-                                     FLAT_DEPS).time_s
+    predicted = ns.simulate_messages(
+        [("a2a", 0, 1, wire[1]), ("a2a", 1, 0, wire[1])], topo, local, FLAT_DEPS
+    ).time_s
     assert predicted == pytest.approx(latency + wire[1] / rate, rel=1e-9)
 
 
@@ -213,17 +244,38 @@ def _repro(*args):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=200)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
 
 
 def test_bench_alltoall_simulates_a_platform_and_marks_records(tmp_path, results_dir):
     import json
 
     out = tmp_path / "s.json"
-    r = _repro("bench", "alltoall", "--nodes", "4", "--gpus-per-node", "8", "--platform", "frontier",
-               "--algo", "flat,halo,rbd", "--tokens", "64", "--hidden", "64", "--experts", "64",
-               "--json", str(out))
+    r = _repro(
+        "bench",
+        "alltoall",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--platform",
+        "frontier",
+        "--algo",
+        "flat,halo,rbd",
+        "--tokens",
+        "64",
+        "--hidden",
+        "64",
+        "--experts",
+        "64",
+        "--json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     records = json.loads(out.read_text())["records"]
     assert [x["algo"] for x in records] == ["flat", "halo", "rbd"]
@@ -239,7 +291,9 @@ def test_bench_alltoall_simulates_a_platform_and_marks_records(tmp_path, results
 def test_bench_alltoall_simulation_rejects_bad_platforms(results_dir):
     r = _repro("bench", "alltoall", "--nodes", "2", "--platform", "nowhere")
     assert r.returncode == 2 and "unknown platform" in r.stderr and "Traceback" not in r.stderr
-    r = _repro("bench", "alltoall", "--nodes", "2", "--gpus-per-node", "16", "--platform", "frontier")
+    r = _repro(
+        "bench", "alltoall", "--nodes", "2", "--gpus-per-node", "16", "--platform", "frontier"
+    )
     assert r.returncode == 2 and "8 GPUs per node" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -255,18 +309,24 @@ def test_piper_fig8_reports_simulated_speedups_beside_the_paper_range():
     # its printed 0.1), else deviates
     assert lowest.paper == 1.1 and lowest.grade_class == "prediction"
     miss = abs(lowest.ours - 1.1)
-    assert lowest.verdict == ("match" if miss <= 0.05 else "close" if miss <= 0.05 + 0.165 else "deviates")
+    assert lowest.verdict == (
+        "match" if miss <= 0.05 else "close" if miss <= 0.05 + 0.165 else "deviates"
+    )
     assert all("simulated" in (c.note or "") for c in result.cells)
     # the paper's three statements come first, the simulated points after them
     assert [c.row for c in result.cells[:3]] == ["HALO speedup over flat, >= 16 nodes"] * 2 + [
-        "HALO speedup over flat, < 16 nodes"]
+        "HALO speedup over flat, < 16 nodes"
+    ]
     # 'comparable' is the policy's rule: the claim holds only if every point below 16 nodes is within
     # 15% either way; 8 nodes at 256 B/peer is HALO ahead by more (per-message cost: 8 x 7 remote
     # GCD messages per GCD for flat against 7 node messages for HALO)
     below = [c.ours for c in result.cells if c.row in ("2 nodes", "8 nodes")]
     assert by[("8 nodes", "speedup @ 256 B/peer")].ours > 1 / 0.85
-    assert by[("HALO speedup over flat, < 16 nodes", "comparable")].verdict == (
-        "claim-holds" if all(0.85 <= r <= 1 / 0.85 for r in below) else "claim-fails") == "claim-fails"
+    assert (
+        by[("HALO speedup over flat, < 16 nodes", "comparable")].verdict
+        == ("claim-holds" if all(0.85 <= r <= 1 / 0.85 for r in below) else "claim-fails")
+        == "claim-fails"
+    )
     # nothing is sampled: a second run gives the same numbers
     again = repro.run({"nodes": "2,8,16,64", "bytes_per_peer": "256,65536"})
     assert [c.ours for c in again.cells] == [c.ours for c in result.cells]

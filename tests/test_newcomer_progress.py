@@ -17,8 +17,12 @@ from moe_repro.cli.progress import StepLines
 
 
 def repro(*args, timeout=600):
-    return subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_show_params_lists_every_default(results_dir):
@@ -49,13 +53,28 @@ def test_batch_line_scales_the_catalog_minutes_by_the_pace_so_far(monkeypatch):
 def test_several_ids_print_progress_lines_when_stderr_is_a_file(results_dir, tmp_path):
     err = tmp_path / "err.txt"
     with err.open("w") as stream:
-        r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "run",
-                            "piper-table1", "piper-table4"], stdout=subprocess.DEVNULL, stderr=stream,
-                           timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from moe_repro.cli import main; main()",
+                "run",
+                "piper-table1",
+                "piper-table4",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stream,
+            timeout=600,
+        )
     assert r.returncode == 0
     lines = err.read_text().splitlines()
-    assert re.fullmatch(r"\[1/2\] piper-table1, \d+:\d\d elapsed, about \d+:\d\d left", lines[0]), lines
-    assert any(re.fullmatch(r"\[2/2\] piper-table4, \d+:\d\d elapsed, about \d+:\d\d left", x) for x in lines)
+    assert re.fullmatch(r"\[1/2\] piper-table1, \d+:\d\d elapsed, about \d+:\d\d left", lines[0]), (
+        lines
+    )
+    assert any(
+        re.fullmatch(r"\[2/2\] piper-table4, \d+:\d\d elapsed, about \d+:\d\d left", x)
+        for x in lines
+    )
 
 
 def test_a_rank_timeout_names_the_parameter_that_allows_longer(monkeypatch):
@@ -99,8 +118,11 @@ def test_site_build_prints_progress(results_dir, tmp_path):
 def test_export_keeps_integers_and_says_which_runs_it_kept(results_dir, tmp_path):
     import csv
 
-    for args in (["alltoall", "--nodes", "16", "--algo", "flat"], ["alltoall", "--nodes", "16", "--algo", "halo"],
-                 ["gemm", "--n", "64", "--repeats", "1", "--warmup", "0"]):
+    for args in (
+        ["alltoall", "--nodes", "16", "--algo", "flat"],
+        ["alltoall", "--nodes", "16", "--algo", "halo"],
+        ["gemm", "--n", "64", "--repeats", "1", "--warmup", "0"],
+    ):
         assert repro("bench", *args).returncode == 0
     out = tmp_path / "r.csv"
     r = repro("export", "--out", str(out))
@@ -111,22 +133,59 @@ def test_export_keeps_integers_and_says_which_runs_it_kept(results_dir, tmp_path
     assert {row["n"] for row in rows} == {"64", ""}
     # the latest alltoall run (halo) stands for the suite, and the command says so
     assert {row["algo"] for row in rows} == {"halo", ""}
-    assert "alltoall: the latest run" in r.stderr and "1 earlier run left out (--all-runs exports them)" in r.stderr
+    assert (
+        "alltoall: the latest run" in r.stderr
+        and "1 earlier run left out (--all-runs exports them)" in r.stderr
+    )
     r = repro("export", "--all-runs", "--out", str(out))
     assert {row["algo"] for row in csv.DictReader(out.open())} == {"flat", "halo", ""}
 
 
-@pytest.mark.parametrize("fit, expect", [
-    # the fit: 67% rms, worst 90%, L 0 -> a warning with what to do, and L explained
-    ({"rms_residual_pct": 67.0, "max_abs_residual_pct": 90.0, "latency_us": 0.0, "per_message_us": 211.0},
-     ["warning: the all-to-all fit over gloo misses its own runs by 67% rms (worst 90%), above the 25% bound",
-      "note: L (latency) fitted to 0 over gloo"]),
-    ({"rms_residual_pct": 12.0, "max_abs_residual_pct": 20.0, "latency_us": 30.0, "per_message_us": 5.0}, []),
-    ({"rms_residual_pct": 10.0, "max_abs_residual_pct": 15.0, "latency_us": 0.0, "per_message_us": 0.0},
-     ["warning: the fit over gloo found no start cost at all (L = o = 0)"]),
-    ({"rms_residual_pct": 10.0, "max_abs_residual_pct": 15.0, "latency_us": 40.0, "per_message_us": 0.0},
-     ["note: o (per-message cost) fitted to 0 over gloo"]),
-])
+@pytest.mark.parametrize(
+    "fit, expect",
+    [
+        # the fit: 67% rms, worst 90%, L 0 -> a warning with what to do, and L explained
+        (
+            {
+                "rms_residual_pct": 67.0,
+                "max_abs_residual_pct": 90.0,
+                "latency_us": 0.0,
+                "per_message_us": 211.0,
+            },
+            [
+                "warning: the all-to-all fit over gloo misses its own runs by 67% rms (worst 90%), above the 25% bound",
+                "note: L (latency) fitted to 0 over gloo",
+            ],
+        ),
+        (
+            {
+                "rms_residual_pct": 12.0,
+                "max_abs_residual_pct": 20.0,
+                "latency_us": 30.0,
+                "per_message_us": 5.0,
+            },
+            [],
+        ),
+        (
+            {
+                "rms_residual_pct": 10.0,
+                "max_abs_residual_pct": 15.0,
+                "latency_us": 0.0,
+                "per_message_us": 0.0,
+            },
+            ["warning: the fit over gloo found no start cost at all (L = o = 0)"],
+        ),
+        (
+            {
+                "rms_residual_pct": 10.0,
+                "max_abs_residual_pct": 15.0,
+                "latency_us": 40.0,
+                "per_message_us": 0.0,
+            },
+            ["note: o (per-message cost) fitted to 0 over gloo"],
+        ),
+    ],
+)
 def test_calibrate_judges_its_fit(fit, expect):
     from moe_repro.cli.calibrate_cmd import FIT_RMS_BOUND_PCT, judge_fit
 
@@ -135,6 +194,9 @@ def test_calibrate_judges_its_fit(fit, expect):
     for line, start in zip(lines, expect):
         assert line.startswith(start)
     if fit["rms_residual_pct"] > FIT_RMS_BOUND_PCT:
-        assert "rerun `repro calibrate` on an idle machine" in lines[0] and "load average" not in lines[0]
+        assert (
+            "rerun `repro calibrate` on an idle machine" in lines[0]
+            and "load average" not in lines[0]
+        )
         busy = judge_fit("gloo", fit, load=(9.0, 8.0, 7.0))[0]
         assert "load average was 9.0" in busy

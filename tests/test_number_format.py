@@ -75,20 +75,35 @@ def test_no_scientific_notation_between_1e_4_and_1e6():
         assert "e" not in fmt(x), (x, fmt(x))
 
 
-@pytest.mark.parametrize("value, binary, expected", [
-    (10, False, "10"), (100, False, "100"), (1000, False, "1K"), (1e4, False, "10K"),
-    (1e6, False, "1M"), (2.5e9, False, "2.5G"), (0.1, False, "0.1"), (0.001, False, "0.001"),
-    (1e-5, False, "1e-05"), (16384, True, "16K"), (1048576, True, "1M"), (0, False, "0"),
-])
+@pytest.mark.parametrize(
+    "value, binary, expected",
+    [
+        (10, False, "10"),
+        (100, False, "100"),
+        (1000, False, "1K"),
+        (1e4, False, "10K"),
+        (1e6, False, "1M"),
+        (2.5e9, False, "2.5G"),
+        (0.1, False, "0.1"),
+        (0.001, False, "0.001"),
+        (1e-5, False, "1e-05"),
+        (16384, True, "16K"),
+        (1048576, True, "1M"),
+        (0, False, "0"),
+    ],
+)
 def test_axis_tick_labels(value, binary, expected):
     assert tick(value, binary) == expected
 
 
 def test_terminal_table_spells_seconds_and_bytes():
-    run = SuiteRecord(suite="s", params=["impl"], environment=collect_environment(["repro"]),
-                      metrics=[{"name": "time_s", "unit": "s"}, {"name": "peak_bytes", "unit": "B"}],
-                      records=[{"impl": "pft", "time_s": 0.00314, "time_s_iqr": 0.0001,
-                                "peak_bytes": 3072000.0}])
+    run = SuiteRecord(
+        suite="s",
+        params=["impl"],
+        environment=collect_environment(["repro"]),
+        metrics=[{"name": "time_s", "unit": "s"}, {"name": "peak_bytes", "unit": "B"}],
+        records=[{"impl": "pft", "time_s": 0.00314, "time_s_iqr": 0.0001, "peak_bytes": 3072000.0}],
+    )
     out = terminal.format_records(run)
     header, _, row = out.splitlines()
     # the unit is in the header, the cells are numbers in it
@@ -113,10 +128,16 @@ def test_terminal_columns_share_one_unit_and_fixed_decimals():
 
 
 def test_terminal_flags_spreads_above_half_the_median():
-    run = SuiteRecord(suite="s", params=["impl"], environment=collect_environment(["repro"]),
-                      metrics=[{"name": "time_s", "unit": "s"}],
-                      records=[{"impl": "a", "time_s": 0.002, "time_s_iqr": 0.0002},
-                               {"impl": "b", "time_s": 0.002, "time_s_iqr": 0.0097}])
+    run = SuiteRecord(
+        suite="s",
+        params=["impl"],
+        environment=collect_environment(["repro"]),
+        metrics=[{"name": "time_s", "unit": "s"}],
+        records=[
+            {"impl": "a", "time_s": 0.002, "time_s_iqr": 0.0002},
+            {"impl": "b", "time_s": 0.002, "time_s_iqr": 0.0097},
+        ],
+    )
     lines = terminal.format_records(run).splitlines()
     assert lines[2].endswith("10.0%") and lines[3].endswith("485.0% !")
     assert lines[4].startswith("! spread (IQR / median) above 50%")

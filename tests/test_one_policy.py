@@ -35,18 +35,30 @@ def _tolerance_sites(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Tolerance":
             found.append(f"{path.name}:{node.lineno} name {node.id}")
-        elif isinstance(node, ast.Assign) and any(
-                "tol" in ast.unparse(t).lower() for t in node.targets) and any(
-                isinstance(c, ast.Constant) and isinstance(c.value, (int, float))
-                and not isinstance(c.value, bool) for c in ast.walk(node.value)):
+        elif (
+            isinstance(node, ast.Assign)
+            and any("tol" in ast.unparse(t).lower() for t in node.targets)
+            and any(
+                isinstance(c, ast.Constant)
+                and isinstance(c.value, (int, float))
+                and not isinstance(c.value, bool)
+                for c in ast.walk(node.value)
+            )
+        ):
             found.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:60]}")
         elif isinstance(node, ast.keyword) and node.arg and "tol" in node.arg.lower():
             found.append(f"{path.name}:{node.value.lineno} keyword {node.arg}=")
-        elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
-              and getattr(node.left.func, "id", None) == "abs"):
-            fractions = [c.value for side in node.comparators for c in ast.walk(side)
-                         if isinstance(c, ast.Constant) and isinstance(c.value, float)
-                         and 1e-6 < c.value < 1]
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Call)
+            and getattr(node.left.func, "id", None) == "abs"
+        ):
+            fractions = [
+                c.value
+                for side in node.comparators
+                for c in ast.walk(side)
+                if isinstance(c, ast.Constant) and isinstance(c.value, float) and 1e-6 < c.value < 1
+            ]
             if fractions:
                 found.append(f"{path.name}:{node.lineno} abs(...) against {fractions}")
     return found
@@ -54,23 +66,28 @@ def _tolerance_sites(path: Path) -> list[str]:
 
 def test_no_tolerance_outside_the_policy_module():
     # spec.py applies the policy: its ``tolerance`` is the words grading.tolerance_words gives
-    sites = [s for p in sorted((REPO / "reproductions").glob("*.py")) if p.name != "spec.py"
-             for s in _tolerance_sites(p)]
+    sites = [
+        s
+        for p in sorted((REPO / "reproductions").glob("*.py"))
+        if p.name != "spec.py"
+        for s in _tolerance_sites(p)
+    ]
     assert not sites, "tolerances outside records/grading.py:\n" + "\n".join(sites)
 
 
 def test_the_check_finds_a_planted_tolerance(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("def f(ours, paper):\n    return abs(ours - paper) <= 0.05 * paper\n"
-                       "REL_TOL = 0.1\ng(x, tolerance=2)\nTolerance(rel=0.05)\n"
-                       "words = f'{PREDICTION_TOLERANCE:.0%}'\n")
+    planted.write_text(
+        "def f(ours, paper):\n    return abs(ours - paper) <= 0.05 * paper\n"
+        "REL_TOL = 0.1\ng(x, tolerance=2)\nTolerance(rel=0.05)\n"
+        "words = f'{PREDICTION_TOLERANCE:.0%}'\n"
+    )
     assert len(_tolerance_sites(planted)) == 4
 
 
 def _computed_ids() -> list[str]:
     """Reproductions a test can run: analytic, simulated or sampled (no real measurement)."""
-    return [rid for rid in all_reproductions()
-            if not (entry_of(rid).how_letters & {"R"})]
+    return [rid for rid in all_reproductions() if not (entry_of(rid).how_letters & {"R"})]
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +134,12 @@ def test_every_cell_obeys_the_policy(results):
 
 
 def _sampled_ids(results) -> list[str]:
-    return [rid for rid, r in results.items()
-            if "seed" in all_reproductions()[rid].defaults
-            and any(c.grade_class == "sampled" for c in r.cells)]
+    return [
+        rid
+        for rid, r in results.items()
+        if "seed" in all_reproductions()[rid].defaults
+        and any(c.grade_class == "sampled" for c in r.cells)
+    ]
 
 
 def test_grades_do_not_move_with_the_seed(results):

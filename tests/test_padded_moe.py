@@ -19,7 +19,7 @@ def test_positions_follow_gshard_priority(seed):
     gate = _gate(seed, 15, 4, 2)
     pos = capacity_positions(gate.top_experts, 4)
     seen = [0] * 4
-    for j in range(2):          # all first choices, then all second choices
+    for j in range(2):  # all first choices, then all second choices
         for t in range(15):
             e = int(gate.top_experts[t, j])
             assert int(pos[t, j]) == seen[e]
@@ -38,11 +38,11 @@ def test_masks(capacity):
             if p < capacity:
                 assert dispatch[t, e, p] == 1 and combine[t, e, p] == gate.combine_weights[t, j]
     assert int(dispatch.sum()) == int((pos < capacity).sum())  # nothing else is set
-    assert bool((dispatch.sum(0) <= 1).all())                  # one token per slot
+    assert bool((dispatch.sum(0) <= 1).all())  # one token per slot
 
 
 def test_capacity_formula():
-    assert expert_capacity(4096, 64, 6, 1.25) == 480       # ceil(1.25 * 4096 * 6 / 64)
-    assert expert_capacity(0, 8, 2, 1.25) == 1            # never zero slots
+    assert expert_capacity(4096, 64, 6, 1.25) == 480  # ceil(1.25 * 4096 * 6 / 64)
+    assert expert_capacity(0, 8, 2, 1.25) == 1  # never zero slots
     with pytest.raises(ValueError):
         expert_capacity(8, 8, 2, 0.0)

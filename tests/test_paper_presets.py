@@ -17,7 +17,7 @@ from moe_repro.reproductions import all_reproductions
 from moe_repro.reproductions import mop_table1, mop_table2, xmoe_fig3, xmoe_table4
 from derived_how import assert_how_is_the_catalogs
 
-GB, GiB = 1e9, 2 ** 30
+GB, GiB = 1e9, 2**30
 OVERHEAD = 4e9  # the h200 platform profile's framework overhead
 
 # gpt-oss-120b stand-in (zoo mop-120b), by hand: L = 36, H = 2880, 64 query heads and 8 KV heads of
@@ -58,7 +58,8 @@ def test_mop_table1_120b_per_rank_bytes_by_hand():
         "dense weights": (2 + 2) * THETA_DNS / W,  # Eq. 1 on device, Theta_dns / W (Table 1)
         "expert weights": (2 + 2) * THETA_EXP / W,
         "vocabulary weights": (2 + 2) * THETA_VOC / P,
-        "attention activations": L * 2 * n * H + _attention_working_set(n),  # 2 sbh per checkpointed layer
+        "attention activations": L * 2 * n * H
+        + _attention_working_set(n),  # 2 sbh per checkpointed layer
         "MoE activations (bound)": _moe_working_set(n),
         "vocabulary logits": 4 * n * V / P,
         "dense all-gather (one layer)": 2 * LAYER_DENSE,
@@ -70,7 +71,8 @@ def test_mop_table1_120b_per_rank_bytes_by_hand():
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-12, abs=1e-6), k
     assert mop_table1.mop_host_bytes(get_model("mop-120b"), W, P) == pytest.approx(
-        12 * (THETA_DNS / W + THETA_EXP / W + THETA_VOC / P), rel=1e-12)
+        12 * (THETA_DNS / W + THETA_EXP / W + THETA_VOC / P), rel=1e-12
+    )
 
     cells = {(c.row, c.column): c for c in all_reproductions()["mop-table1"].run().cells}
     row = "120B (16 GPUs)"
@@ -79,7 +81,9 @@ def test_mop_table1_120b_per_rank_bytes_by_hand():
     assert cells[(row, "total")].ours == pytest.approx(sum(want.values()) / GB, rel=1e-12)
     # MoP's own closed-form expressions sit beside ours and agree where Table 1 gives one.
     for k in ("dense weights", "expert weights", "vocabulary weights"):
-        assert cells[(f"{row}, Table 1 expression", k)].ours == pytest.approx(want[k] / GB, rel=1e-12)
+        assert cells[(f"{row}, Table 1 expression", k)].ours == pytest.approx(
+            want[k] / GB, rel=1e-12
+        )
 
 
 def test_mop_table2_fsdp_best_120b_at_128k_by_hand():
@@ -89,7 +93,9 @@ def test_mop_table2_fsdp_best_120b_at_128k_by_hand():
     want = {
         "dense state": 16 * (THETA - THETA_EXP) / 16,  # 16 B over FSDP x CP = 16 ranks
         "expert state": 16 * (THETA_EXP / 16) / 1,  # experts / EP 16, sharded over W / EP = 1
-        "all-gather buffers": 2 * 2 * (LAYER_DENSE + LAYER_EXPERTS / 16),  # two layers prefetched, bf16
+        "all-gather buffers": 2
+        * 2
+        * (LAYER_DENSE + LAYER_EXPERTS / 16),  # two layers prefetched, bf16
         "checkpointed activations": L * 2 * n * H,
         "layer working set": _attention_working_set(n) + _moe_working_set(n),
         "logits": (2 + 4) * n * V,
@@ -137,14 +143,18 @@ def test_xmoe_fig3_per_gpu_bytes_by_hand():
     h, hp, b, s = 4096, 16384, 1, 2048
     want = {
         # M_conv: one expert of 2 h h' per GPU, 16 replicas; M_spec: one of 2 h h'/8, 2 replicas.
-        "M_conv": {"expert weights+grads": 8 * hp * h,  # App. C.2: 8 H_FFN H per expert
-                   "optimizer states (ZeRO-1)": 12 * (2 * h * hp) / 16,
-                   "A_dispatch+A_combine": 2 * (2 * 1 * b * s * h),  # Table 2, 2-byte values
-                   "A_interm0+A_interm1": 2 * (2 * 1 * b * s * hp)},
-        "M_spec": {"expert weights+grads": 8 * (hp // 8) * h,
-                   "optimizer states (ZeRO-1)": 12 * (2 * h * hp // 8) / 2,
-                   "A_dispatch+A_combine": 2 * (2 * 8 * b * s * h),
-                   "A_interm0+A_interm1": 2 * (2 * 8 * b * s * hp // 8)},
+        "M_conv": {
+            "expert weights+grads": 8 * hp * h,  # App. C.2: 8 H_FFN H per expert
+            "optimizer states (ZeRO-1)": 12 * (2 * h * hp) / 16,
+            "A_dispatch+A_combine": 2 * (2 * 1 * b * s * h),  # Table 2, 2-byte values
+            "A_interm0+A_interm1": 2 * (2 * 1 * b * s * hp),
+        },
+        "M_spec": {
+            "expert weights+grads": 8 * (hp // 8) * h,
+            "optimizer states (ZeRO-1)": 12 * (2 * h * hp // 8) / 2,
+            "A_dispatch+A_combine": 2 * (2 * 8 * b * s * h),
+            "A_interm0+A_interm1": 2 * (2 * 8 * b * s * hp // 8),
+        },
     }
     for row, cols in want.items():
         assert xmoe_fig3.per_gpu_bytes(row, b, s) == pytest.approx(cols, rel=1e-12)
@@ -164,12 +174,20 @@ def test_xmoe_table4_theoretical_by_hand():
     assert nbytes == 1_207_959_552 and nbytes / GiB == 1.125
     terms = xmoe_table4.formulas_bytes(get_model("xmoe-large"), 1)
     assert sum(terms[k] for k in xmoe_table4.MOE_TERMS) == nbytes
-    result = all_reproductions()["xmoe-table4"].run({"shape_div": 64, "experts_div": 16, "seq_div": 256})
+    result = all_reproductions()["xmoe-table4"].run(
+        {"shape_div": 64, "experts_div": 16, "seq_div": 256}
+    )
     assert_how_is_the_catalogs("xmoe-table4", result)
     from moe_repro.reports.html import paper_grid  # the page shows Table 4's one row as printed
+
     grid = paper_grid({"cells": [c.to_dict() for c in result.cells], "extra": result.extra})
     assert grid["columns"] == ["DS-MoE", "Tutel", "X-MoE", "Theoretical"]
-    assert [c["paper_printed"] for c in grid["rows"][0]["cells"]] == ["2.81", "1.95", "1.21", "1.125"]
+    assert [c["paper_printed"] for c in grid["rows"][0]["cells"]] == [
+        "2.81",
+        "1.95",
+        "1.21",
+        "1.125",
+    ]
     cells = {(c.row, c.column): c for c in result.cells}
     ours = cells[("Memory (GB)", "Theoretical")]
     assert ours.ours == pytest.approx(nbytes / GB, rel=1e-12)
@@ -180,12 +198,20 @@ def test_xmoe_table4_theoretical_by_hand():
     assert expr.verdict == "echo" and expr.ours == pytest.approx(nbytes / GB, rel=1e-12)
 
 
-@pytest.mark.parametrize("module,papers", [(mop_table1, ("mop",)), (mop_table2, ("mop", "fsdp-best")),
-                                           (xmoe_fig3, ("xmoe", "xmoe-fig3")),
-                                           (xmoe_table4, ("xmoe", "xmoe-table4"))])
+@pytest.mark.parametrize(
+    "module,papers",
+    [
+        (mop_table1, ("mop",)),
+        (mop_table2, ("mop", "fsdp-best")),
+        (xmoe_fig3, ("xmoe", "xmoe-fig3")),
+        (xmoe_table4, ("xmoe", "xmoe-table4")),
+    ],
+)
 def test_each_reproduction_says_which_settings_its_paper_used(module, papers):
-    params = {"xmoe-fig3": {"shape_div": 64, "measured_seq": 16},
-              "xmoe-table4": {"shape_div": 64, "experts_div": 16, "seq_div": 256}}
+    params = {
+        "xmoe-fig3": {"shape_div": 64, "measured_seq": 16},
+        "xmoe-table4": {"shape_div": 64, "experts_div": 16, "seq_div": 256},
+    }
     rid = module.REPRODUCTION.id
     result = module.REPRODUCTION.run(params.get(rid))
     settings = result.extra["paper_settings"]
@@ -195,7 +221,11 @@ def test_each_reproduction_says_which_settings_its_paper_used(module, papers):
         assert word in named, f"{rid}: no {word!r} setting"
     for group in settings.values():
         for s in group:
-            assert s["used"] and s["paper"] and any(w in s["source"] for w in ("Sec.", "Table", "App.", "Fig."))
+            assert (
+                s["used"]
+                and s["paper"]
+                and any(w in s["source"] for w in ("Sec.", "Table", "App.", "Fig."))
+            )
     lines = [a for a in result.assumptions if " setting, " in a]
     assert len(lines) == sum(len(g) for g in settings.values())
     assert any("not stated" in a for a in lines)

@@ -35,8 +35,10 @@ def test_gpt3_on_64_nodes_finds_layouts_that_respect_the_mesh(gpt3_64):
         assert c.step_s == pytest.approx(sum(c.parts.values()))
         assert 0 < c.mfu < 1
     steps = [c.step_s for c in pl.feasible]
-    assert steps == sorted(steps) or all(abs(a - b) < 1e-3 * a for a, b in zip(steps, sorted(steps)))
-    assert all(not c.feasible and c.why_not for c in pl.candidates[len(pl.feasible):])
+    assert steps == sorted(steps) or all(
+        abs(a - b) < 1e-3 * a for a, b in zip(steps, sorted(steps))
+    )
+    assert all(not c.feasible and c.why_not for c in pl.candidates[len(pl.feasible) :])
     json.dumps(pl.to_dict())  # JSON-ready
 
 
@@ -46,13 +48,25 @@ def test_gpt3_tp8_pp8_dp16_zero1_memory_and_time_by_hand():
     # TP 8 x PP 8 x DP 16; ZeRO-1, bf16-adam (ZeRO Sec. 3.1: 2 + 2 + 12 B per parameter);
     # sequence parallelism, no recompute, FlashAttention, no dropout; 1024 sequences of 4096
     # tokens, M = 64 micro-batches of 1 sequence per DP rank.
-    pl = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",),
-                       micro_batches=64, sp=True)
+    pl = plan_parallel(
+        GPT3,
+        DGX,
+        128,
+        tp=8,
+        pp=8,
+        vpp=1,
+        cp=1,
+        ep=1,
+        zero=(1,),
+        recompute=("none",),
+        micro_batches=64,
+        sp=True,
+    )
     assert pl.global_batch == 1024 and len(pl.candidates) == 1
     c = pl.candidates[0]
     assert (c.dp, c.tp, c.pp, c.micro_batch, c.micro_batches) == (16, 8, 8, 1, 64) and c.feasible
 
-    d, V, s = 12288, 50257, 4096
+    d, s = 12288, 4096
     # Stage 0 holds 96 / 8 = 12 layers. Per layer: attention 4 d^2 + FFN 2 x d x 4d = 12 d^2 =
     # 1,811,939,328 matrix weights, split over TP 8; 2 d = 24,576 norm weights, replicated over TP.
     # Plus the input embedding V d = 617,558,016, vocab-parallel over TP 8.
@@ -117,20 +131,26 @@ def test_unfused_gradient_accumulation_adds_a_pass_per_micro_batch_by_hand():
     # The layout above with Megatron-LM's unfused accumulation (main_grad.add_(grad)): each of the
     # 64 micro-batches reads stage 0's new 16-bit gradients (2 p0 B) and reads and writes the held
     # 2-byte gradients (2 x 2 p0 B) at 3.35 TB/s; nothing else moves.
-    kw = dict(tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True)
+    kw = dict(
+        tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True
+    )
     fused = plan_parallel(GPT3, DGX, 128, **kw).candidates[0]
     unfused = plan_parallel(GPT3, DGX, 128, fused_grad_accumulation=False, **kw).candidates[0]
     p0 = 2_795_398_656
     assert unfused.parts["grad_accum"] == pytest.approx(64 * 6 * p0 / 3350e9, rel=1e-12)
     assert unfused.step_s - fused.step_s == pytest.approx(unfused.parts["grad_accum"], rel=1e-9)
-    assert any("gradient accumulation (asked)" in a for a in plan_parallel(
-        GPT3, DGX, 128, fused_grad_accumulation=False, **kw).assumptions)
+    assert any(
+        "gradient accumulation (asked)" in a
+        for a in plan_parallel(GPT3, DGX, 128, fused_grad_accumulation=False, **kw).assumptions
+    )
 
 
 def test_without_async_tp_the_backwards_collectives_are_exposed_by_hand():
     # The layout above with --no-overlap-tp (Megatron-LM before its asynchronous TP all-reduce):
     # all eight collectives of each of the 12 layers are exposed, 64 micro-batches.
-    kw = dict(tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True)
+    kw = dict(
+        tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",), micro_batches=64, sp=True
+    )
     pl = plan_parallel(GPT3, DGX, 128, overlap_tp=False, **kw)
     c = pl.candidates[0]
     assert c.parts["tp"] == pytest.approx(64 * 12 * (8 * 88_080_384 / 360e9 + 8 * 2e-6), rel=1e-12)
@@ -139,13 +159,27 @@ def test_without_async_tp_the_backwards_collectives_are_exposed_by_hand():
     overlapped = plan_parallel(GPT3, DGX, 128, **{**kw, "sp": False}).candidates[0]
     exposed = plan_parallel(GPT3, DGX, 128, overlap_tp=False, **{**kw, "sp": False}).candidates[0]
     per_layer_bwd = 2 * (2 * 88_080_384 / 360e9 + 2e-6)
-    assert exposed.parts["tp"] - overlapped.parts["tp"] == pytest.approx(64 * 12 * per_layer_bwd, rel=1e-9)
+    assert exposed.parts["tp"] - overlapped.parts["tp"] == pytest.approx(
+        64 * 12 * per_layer_bwd, rel=1e-9
+    )
 
 
 def test_the_assumptions_say_the_optimizer_step_is_timed_and_never_that_it_is_not():
     # The step's parts include an optimizer pass; an assumption line once said it was not modelled.
-    c = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",),
-                      micro_batches=64, sp=True)
+    c = plan_parallel(
+        GPT3,
+        DGX,
+        128,
+        tp=8,
+        pp=8,
+        vpp=1,
+        cp=1,
+        ep=1,
+        zero=(1,),
+        recompute=("none",),
+        micro_batches=64,
+        sp=True,
+    )
     assert c.candidates[0].parts["optimizer"] > 0
     text = " ".join(c.assumptions)
     assert "optimizer step: one HBM pass" in text
@@ -155,8 +189,20 @@ def test_the_assumptions_say_the_optimizer_step_is_timed_and_never_that_it_is_no
 def test_interleaving_holds_megatrons_penalty_on_stage_0():
     # Megatron-LM theoretical_memory_usage: with v virtual stages the first stage holds
     # L x (1 + (PP-1)/(PP v)) layers' activations: 96 x (1 + 7/16) = 138 layers for PP 8, v 2.
-    pl = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=2, cp=1, ep=1, zero=(1,), recompute=("none",),
-                       micro_batches=64, sp=True)
+    pl = plan_parallel(
+        GPT3,
+        DGX,
+        128,
+        tp=8,
+        pp=8,
+        vpp=2,
+        cp=1,
+        ep=1,
+        zero=(1,),
+        recompute=("none",),
+        micro_batches=64,
+        sp=True,
+    )
     (c,) = pl.candidates
     assert c.vpp == 2 and c.memory_stage == 0
     assert c.memory["activations"] == 138 * 201_326_592
@@ -164,8 +210,20 @@ def test_interleaving_holds_megatrons_penalty_on_stage_0():
     # micro-batch crosses v stage boundaries per GPU: twice the P2P bytes of plain 1F1B
     slot = (c.parts["compute"] + c.parts["tp"] + c.parts["pp"]) / 64
     assert c.parts["bubble"] == pytest.approx(7 / 2 * slot, rel=1e-12)
-    plain = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), recompute=("none",),
-                          micro_batches=64, sp=True).candidates[0]
+    plain = plan_parallel(
+        GPT3,
+        DGX,
+        128,
+        tp=8,
+        pp=8,
+        vpp=1,
+        cp=1,
+        ep=1,
+        zero=(1,),
+        recompute=("none",),
+        micro_batches=64,
+        sp=True,
+    ).candidates[0]
     assert c.comm_bytes["pp"] == 2 * plain.comm_bytes["pp"]
     # SP sends 1/t of the 2 s b h bytes per boundary (Korthikanti Sec. 4.2.2): 2 x 4096 x 12288 x
     # 2 B / 8 = 25,165,824 B per micro-batch, 64 micro-batches
@@ -173,8 +231,20 @@ def test_interleaving_holds_megatrons_penalty_on_stage_0():
 
 
 def test_zero3_shards_weights_below_zero1():
-    pl = plan_parallel(GPT3, DGX, 128, tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1, 3), recompute=("none",),
-                       micro_batches=64, sp=True)
+    pl = plan_parallel(
+        GPT3,
+        DGX,
+        128,
+        tp=8,
+        pp=8,
+        vpp=1,
+        cp=1,
+        ep=1,
+        zero=(1, 3),
+        recompute=("none",),
+        micro_batches=64,
+        sp=True,
+    )
     by_stage = {c.zero: c for c in pl.candidates}
     assert set(by_stage) == {1, 3}
     assert by_stage[3].memory["weights"] == pytest.approx(by_stage[1].memory["weights"] / 16)
@@ -186,13 +256,17 @@ def test_zero3_shards_weights_below_zero1():
 def test_selective_recompute_lowers_activations():
     # Materialised attention scores (no FlashAttention), so selective recompute (Korthikanti
     # Sec. 5) drops the 2 a s^2 b / t score bytes that "none" keeps.
-    common = dict(tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), micro_batches=64, sp=True, flash_attention=False)
+    common = dict(
+        tp=8, pp=8, vpp=1, cp=1, ep=1, zero=(1,), micro_batches=64, sp=True, flash_attention=False
+    )
     none = plan_parallel(GPT3, DGX, 128, recompute=("none",), **common).candidates[0]
     sel = plan_parallel(GPT3, DGX, 128, recompute=("selective",), **common).candidates[0]
     full = plan_parallel(GPT3, DGX, 128, recompute=("full",), **common).candidates[0]
     # softmax output (no dropout): 96 heads x 4096 x 4096 scores x 2 B / TP 8 = 402,653,184 B per
     # layer and micro-batch; stage 0 holds 12 layers x 8 micro-batches of them
-    assert none.memory["activations"] - sel.memory["activations"] == 12 * 8 * 96 * 4096 * 4096 * 2 // 8
+    assert (
+        none.memory["activations"] - sel.memory["activations"] == 12 * 8 * 96 * 4096 * 4096 * 2 // 8
+    )
     assert full.memory["activations"] < sel.memory["activations"] < none.memory["activations"]
     assert none.parts["compute"] < sel.parts["compute"] < full.parts["compute"]
 
@@ -206,12 +280,24 @@ def test_a_model_too_big_for_the_machine_names_memory():
     # each closest miss is the layout it names: evaluating that layout alone gives the same bytes
     assert {c.zero for c in pl.candidates} == {0, 1, 2, 3}
     for c in pl.candidates:
-        again = plan_parallel(get_model("llama3-405b"), DGX, 1, tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep, cp=c.cp,
-                              sp=c.sp, zero=(c.zero,), recompute=(c.recompute,),
-                              micro_batches=c.micro_batches).candidates
+        again = plan_parallel(
+            get_model("llama3-405b"),
+            DGX,
+            1,
+            tp=c.tp,
+            pp=c.pp,
+            vpp=c.vpp,
+            ep=c.ep,
+            cp=c.cp,
+            sp=c.sp,
+            zero=(c.zero,),
+            recompute=(c.recompute,),
+            micro_batches=c.micro_batches,
+        ).candidates
         assert len(again) == 1 and again[0].memory == c.memory and again[0].why_not == c.why_not
-        assert c.memory["total"] == pytest.approx(sum(c.memory[k] for k in ("weights", "grads", "optimizer",
-                                                                            "activations", "buffers")))
+        assert c.memory["total"] == pytest.approx(
+            sum(c.memory[k] for k in ("weights", "grads", "optimizer", "activations", "buffers"))
+        )
 
 
 def test_deepseek_v3_counts_and_flops():
@@ -225,7 +311,11 @@ def test_deepseek_v3_counts_and_flops():
     assert 2.2e11 < pl.flops_per_token["training"] < 2.6e11
     assert pl.feasible
     for c in pl.candidates:
-        assert c.dp * c.tp * c.pp * c.cp == 512 and 256 % c.ep == 0 and (c.dp * c.cp * c.tp) % c.ep == 0
+        assert (
+            c.dp * c.tp * c.pp * c.cp == 512
+            and 256 % c.ep == 0
+            and (c.dp * c.cp * c.tp) % c.ep == 0
+        )
         assert c.sp or c.tp == 1  # MoE with TP needs SP (Megatron-core)
 
 
@@ -236,8 +326,19 @@ def test_deepseek_v3_expert_state_sharded_over_the_expert_dp_group_by_hand():
     # MLA 187,107,328 + shared expert 3 x 7168 x 2048 = 44,040,192 + router 7168 x 256 = 1,835,008
     # + norms 2 x 7168 = 14,336 -> 232,996,864 dense; routed 256 x 44,040,192, split over EP 16.
     m = get_model("deepseek-v3")
-    pl = plan_parallel(m, DGX, 64, tp=1, pp=16, vpp=1, cp=1, ep=16, zero=(1,), recompute=("full",),
-                       micro_batches=32)
+    pl = plan_parallel(
+        m,
+        DGX,
+        64,
+        tp=1,
+        pp=16,
+        vpp=1,
+        cp=1,
+        ep=16,
+        zero=(1,),
+        recompute=("full",),
+        micro_batches=32,
+    )
     (c,) = pl.candidates
     dense = 4 * (187_107_328 + 44_040_192 + 1_835_008 + 14_336)  # 931,987,456
     experts = 4 * 256 * 44_040_192 // 16  # 2,818,572,288
@@ -247,8 +348,19 @@ def test_deepseek_v3_expert_state_sharded_over_the_expert_dp_group_by_hand():
     assert c.memory["optimizer"] == 12 * dense / 32 + 12 * experts / 2 == 17_260_929_024
     # so the expert optimizer bytes per GPU do not depend on EP (experts / EP over 32 / EP ranks)
     for ep in (8, 32):
-        other = plan_parallel(m, DGX, 64, tp=1, pp=16, vpp=1, cp=1, ep=ep, zero=(1,), recompute=("full",),
-                              micro_batches=32).candidates[0]
+        other = plan_parallel(
+            m,
+            DGX,
+            64,
+            tp=1,
+            pp=16,
+            vpp=1,
+            cp=1,
+            ep=ep,
+            zero=(1,),
+            recompute=("full",),
+            micro_batches=32,
+        ).candidates[0]
         assert other.memory["optimizer"] == c.memory["optimizer"]
         assert other.memory["weights"] == 2 * (dense + 4 * 256 * 44_040_192 // ep)
 
@@ -266,12 +378,21 @@ def test_per_layer_flops_and_weights_add_up_to_formulas():
         V = m.vocab or 0
         w = F.attention_widths(m)
         core = 2 * 4096 * w["heads"] * (w["d_qk"] + w["d_v"]) * 0.5
-        per_layer = {kind: sum(g.flops for g in T.layer_gemms(m, kind, 1.0)) + core for kind in (False, True)}
-        fwd = m.n_dense_layers * per_layer[False] + m.n_moe_layers * per_layer[True] + 2 * V * m.d_model
+        per_layer = {
+            kind: sum(g.flops for g in T.layer_gemms(m, kind, 1.0)) + core for kind in (False, True)
+        }
+        fwd = (
+            m.n_dense_layers * per_layer[False]
+            + m.n_moe_layers * per_layer[True]
+            + 2 * V * m.d_model
+        )
         assert fwd == pytest.approx(F.forward_flops_per_token(m, 4096, "causal"), rel=1e-12), key
-        weights = (m.n_dense_layers * (dense.w_tp + dense.w_rep)
-                   + m.n_moe_layers * (moe.w_tp + moe.w_rep + moe.w_exp)
-                   + V * m.d_model * (1 if m.tie_embeddings else 2) + m.d_model)  # + final norm
+        weights = (
+            m.n_dense_layers * (dense.w_tp + dense.w_rep)
+            + m.n_moe_layers * (moe.w_tp + moe.w_rep + moe.w_exp)
+            + V * m.d_model * (1 if m.tie_embeddings else 2)
+            + m.d_model
+        )  # + final norm
         assert weights == F.parameters(m)["total"], key
 
 
@@ -307,17 +428,20 @@ def test_rejections_are_grouped_with_counts(gpt3_64):
 
 def test_huge_clusters_are_answered():
     # how long it takes is measured in benchmarks/test_bench_planner.py, not asserted here
-    pl = plan_parallel(get_model("deepseek-v3"), load_builtin("frontier"), 10 ** 8)
-    assert pl.gpus == 8 * 10 ** 8 and pl.candidates
+    pl = plan_parallel(get_model("deepseek-v3"), load_builtin("frontier"), 10**8)
+    assert pl.gpus == 8 * 10**8 and pl.candidates
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(nodes=0), "nodes must be positive"),
-    (dict(nodes=1, seq=-1), "seq must be positive"),
-    (dict(nodes=1, precision="fp9"), "unknown precision preset"),
-    (dict(nodes=1, zero=(4,)), "ZeRO stage must be"),
-    (dict(nodes=1, recompute=("some",)), "recompute must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(nodes=0), "nodes must be positive"),
+        (dict(nodes=1, seq=-1), "seq must be positive"),
+        (dict(nodes=1, precision="fp9"), "unknown precision preset"),
+        (dict(nodes=1, zero=(4,)), "ZeRO stage must be"),
+        (dict(nodes=1, recompute=("some",)), "recompute must be one of"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         plan_parallel(GPT3, DGX, **kwargs)
@@ -402,8 +526,12 @@ def test_an_invalid_expert_tp_is_rejected_with_a_one_line_reason():
     assert r.startswith("EP x ETP does not divide DP x CP x TP") and "world % (ETP x EP x PP)" in r
     assert "EP 32 x ETP 2, DP x CP x TP = 32 x 1 x 1" in r and "\n" not in r
     assert "ETP 3 does not divide the 8 GPUs per node" in [
-        r["reason"] for r in plan_parallel(m, DGX, 64, etp=3).rejected]
-    assert any("ETP 2 on a dense model" in r["reason"] for r in plan_parallel(GPT3, DGX, 64, etp=2).rejected)
+        r["reason"] for r in plan_parallel(m, DGX, 64, etp=3).rejected
+    ]
+    assert any(
+        "ETP 2 on a dense model" in r["reason"]
+        for r in plan_parallel(GPT3, DGX, 64, etp=2).rejected
+    )
     # by default ETP is searched over 1 and TP, and every candidate respects the folding rule
     for c in plan_parallel(m, DGX, 64).candidates:
         assert c.etp in (1, c.tp) and (c.dp * c.cp * c.tp) % (c.ep * c.etp) == 0
@@ -431,7 +559,20 @@ def test_pipeline_sends_use_megatrons_scatter_gather_without_sp():
     # activation (2 B) forward and its gradient backward: 2 x 2048 x 12288 x 2 / 8 = 12,582,912 B
     # per micro-batch, 16 micro-batches; the same bytes with SP (the shard is already 1/8)
     for sp in (False, True):
-        c = plan_parallel(GPT3, load_builtin("dgx-a100"), 8, seq=2048, global_batch=16, micro_batches=16,
-                          tp=8, pp=8, vpp=1, cp=1, sp=sp, zero=(1,), recompute=("full",)).candidates[0]
+        c = plan_parallel(
+            GPT3,
+            load_builtin("dgx-a100"),
+            8,
+            seq=2048,
+            global_batch=16,
+            micro_batches=16,
+            tp=8,
+            pp=8,
+            vpp=1,
+            cp=1,
+            sp=sp,
+            zero=(1,),
+            recompute=("full",),
+        ).candidates[0]
         assert (c.tp, c.pp, c.sp, c.micro_batch) == (8, 8, sp, 1)
         assert c.comm_bytes["pp"] == 16 * 12_582_912

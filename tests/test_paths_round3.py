@@ -23,8 +23,14 @@ GEMM = ["bench", "gemm", "--n", "16"]
 def in_dir(tmp_path, *args, env=None, timeout=120):
     """``repro ARGS`` run in ``tmp_path`` (relative paths land there); a hang fails the test."""
     try:
-        return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], capture_output=True,
-                              text=True, timeout=timeout, env=env, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-c", MAIN, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=tmp_path,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"repro {' '.join(map(str, args))} did not finish in {timeout} s")
 
@@ -35,13 +41,16 @@ def stored_files(root):
 
 # ---- the results store ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["symlink to a missing directory", "symlink loop"])
 def test_a_results_store_that_cannot_be_a_directory_is_refused_before_measuring(tmp_path, case):
     if case == "symlink loop":
         (tmp_path / "rlink").symlink_to("rlink")
     else:
         (tmp_path / "rlink").symlink_to("nowhere-dir")
-    res = in_dir(tmp_path, "--results", "rlink", "bench", "gemm", "--n", "64,128", "--json", "j.json")
+    res = in_dir(
+        tmp_path, "--results", "rlink", "bench", "gemm", "--n", "64,128", "--json", "j.json"
+    )
     one_line_exit_2(res, "rlink")
     assert res.stdout == "", "nothing is measured"
     assert not (tmp_path / "j.json").exists() and not (tmp_path / "nowhere-dir").exists()
@@ -69,10 +78,16 @@ def test_an_empty_results_variable_is_unset_not_the_current_directory(tmp_path):
 
 # ---- output files and directories ------------------------------------------------------------
 
+
 def test_a_trailing_slash_on_an_output_file_is_refused(tmp_path):
     (tmp_path / "some").mkdir()
-    res = in_dir(tmp_path, *GEMM, "--json", "some/newdir/", env={
-        **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+    res = in_dir(
+        tmp_path,
+        *GEMM,
+        "--json",
+        "some/newdir/",
+        env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+    )
     one_line_exit_2(res, "--json", "'/'")
     assert res.stdout == "" and list((tmp_path / "some").iterdir()) == []
 
@@ -86,8 +101,13 @@ def test_a_socket_as_output_file_is_refused_before_measuring(tmp_path):
     finally:
         os.chdir(cwd)
     try:
-        res = in_dir(tmp_path, *GEMM, "--json", "sock", env={
-            **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+        res = in_dir(
+            tmp_path,
+            *GEMM,
+            "--json",
+            "sock",
+            env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+        )
     finally:
         server.close()
     one_line_exit_2(res, "--json", "socket")
@@ -96,8 +116,14 @@ def test_a_socket_as_output_file_is_refused_before_measuring(tmp_path):
 
 def test_a_dangling_symlink_as_output_directory_is_refused_before_running(tmp_path):
     (tmp_path / "dangling").symlink_to("nowhere")
-    res = in_dir(tmp_path, "run", "piper-table4", "--out", "dangling", env={
-        **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+    res = in_dir(
+        tmp_path,
+        "run",
+        "piper-table4",
+        "--out",
+        "dangling",
+        env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+    )
     one_line_exit_2(res, "--out", "symbolic link", "does not exist")
     assert res.stdout == "" and stored_files(tmp_path / "results") == []
     assert not (tmp_path / "nowhere").exists()
@@ -105,16 +131,27 @@ def test_a_dangling_symlink_as_output_directory_is_refused_before_running(tmp_pa
 
 def test_a_fifo_with_no_reader_is_refused_before_measuring(tmp_path):
     os.mkfifo(tmp_path / "ff")
-    res = in_dir(tmp_path, *GEMM, "--json", "ff", env={
-        **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")}, timeout=60)
+    res = in_dir(
+        tmp_path,
+        *GEMM,
+        "--json",
+        "ff",
+        env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+        timeout=60,
+    )
     one_line_exit_2(res, "--json", "no process reads")
     assert res.stdout == "" and stored_files(tmp_path / "results") == []
 
 
 def test_dev_stdout_into_a_pipe_is_written_after_the_table(tmp_path):
     # the pipe's /proc name ("pipe:[N]") is no file name: the descriptor itself is written
-    res = in_dir(tmp_path, *GEMM, "--json", "/dev/stdout", env={
-        **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+    res = in_dir(
+        tmp_path,
+        *GEMM,
+        "--json",
+        "/dev/stdout",
+        env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+    )
     assert res.returncode == 0, res.stderr
     table, brace, rest = res.stdout.partition("\n{")
     assert "float32" in table  # what the command printed comes first
@@ -122,6 +159,7 @@ def test_dev_stdout_into_a_pipe_is_written_after_the_table(tmp_path):
 
 
 # ---- writing through a node never blocks for good (an injected clock: no real waiting) -------
+
 
 class FakeClock:
     """Each reading is ``step`` seconds after the last: every wait runs out at its first look."""
@@ -167,37 +205,60 @@ def test_a_fifo_whose_reader_is_there_is_written(tmp_path):
     fifo = tmp_path / "ff"
     os.mkfifo(fifo)
     reader = FifoReader(fifo)
-    res = in_dir(tmp_path, *GEMM, "--json", "ff", env={
-        **os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+    res = in_dir(
+        tmp_path,
+        *GEMM,
+        "--json",
+        "ff",
+        env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")},
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(reader.join())["suite"] == "gemm"
 
 
 # ---- a global option after the subcommand ---------------------------------------------------
 
-@pytest.mark.parametrize("args, usage", [
-    (["bench", "gemm", "--n", "16", "--results", "x"], "repro --results x bench gemm ..."),
-    (["run", "piper-table4", "--results=x"], "repro --results x run piper-table4 ..."),
-    (["export", "--results"], "repro --results DIR export ..."),
-])
+
+@pytest.mark.parametrize(
+    "args, usage",
+    [
+        (["bench", "gemm", "--n", "16", "--results", "x"], "repro --results x bench gemm ..."),
+        (["run", "piper-table4", "--results=x"], "repro --results x run piper-table4 ..."),
+        (["export", "--results"], "repro --results DIR export ..."),
+    ],
+)
 def test_a_global_option_after_the_subcommand_says_where_it_goes(tmp_path, args, usage):
-    res = in_dir(tmp_path, *args, env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")})
+    res = in_dir(
+        tmp_path, *args, env={**os.environ, "MOE_REPRO_RESULTS": str(tmp_path / "results")}
+    )
     one_line_exit_2(res, "--results is an option of repro itself", usage)
     assert res.stdout == "" and not (tmp_path / "x").exists()
 
 
 # ---- CSV export -------------------------------------------------------------------------------
 
+
 def test_csv_export_escapes_formulas_and_keeps_negative_numbers(tmp_path, results_dir):
     from moe_repro.records.environment import collect_environment
     from moe_repro.records.record import SuiteRecord
     from moe_repro.records.store import ResultsStore
 
-    cells = {"link": '=HYPERLINK("http://x","y")', "plus": "+cmd|'/c calc'!A0", "minus": "-2+3",
-             "at": "@SUM(A1)", "tab": "\t=1", "cr": "\r=1", "plain": "fine", "neg": -1.5,
-             "neg_int": -3}
-    ResultsStore(results_dir).save(SuiteRecord(suite="s", params=["link"], records=[cells],
-                                               environment=collect_environment(["repro"])))
+    cells = {
+        "link": '=HYPERLINK("http://x","y")',
+        "plus": "+cmd|'/c calc'!A0",
+        "minus": "-2+3",
+        "at": "@SUM(A1)",
+        "tab": "\t=1",
+        "cr": "\r=1",
+        "plain": "fine",
+        "neg": -1.5,
+        "neg_int": -3,
+    }
+    ResultsStore(results_dir).save(
+        SuiteRecord(
+            suite="s", params=["link"], records=[cells], environment=collect_environment(["repro"])
+        )
+    )
     out = tmp_path / "out.csv"
     res = in_dir(tmp_path, "export", "--format", "csv", "--out", out)
     assert res.returncode == 0, res.stderr

@@ -73,7 +73,12 @@ def dense(pft, tokens: int, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CASES = [  # (tokens, experts, top_k, empty experts)
-    (1, 4, 1, 0), (5, 4, 2, 0), (64, 8, 2, 2), (64, 8, 4, 0), (257, 16, 4, 3), (300, 16, 1, 5),
+    (1, 4, 1, 0),
+    (5, 4, 2, 0),
+    (64, 8, 2, 2),
+    (64, 8, 4, 0),
+    (257, 16, 4, 3),
+    (300, 16, 1, 5),
     (128, 32, 8, 4),
 ]
 
@@ -90,20 +95,32 @@ def test_megatron_permute_unpermute_bitwise(mu, drop_factor):
         # Megatron: router probs and map, optional dropping, permute, expert, unpermute.
         logits_m, x_m = logits.clone().requires_grad_(), x.clone().requires_grad_()
         probs, routing_map = mu.topk_routing_with_score_function(
-            logits_m, top_k, use_pre_softmax=True, score_function="softmax")
+            logits_m, top_k, use_pre_softmax=True, score_function="softmax"
+        )
         if drop_factor is not None:
             probs, routing_map = mu.apply_router_token_dropping(
-                probs, routing_map, router_topk=top_k, capacity_factor=drop_factor, drop_policy="probs")
+                probs,
+                routing_map,
+                router_topk=top_k,
+                capacity_factor=drop_factor,
+                drop_policy="probs",
+            )
         permuted, _, sorted_indices = mu.permute(x_m, routing_map)
-        out_m = mu.unpermute(torch.tanh(permuted) * 3, sorted_indices, x_m.shape, probs=probs,
-                             routing_map=routing_map)
+        out_m = mu.unpermute(
+            torch.tanh(permuted) * 3,
+            sorted_indices,
+            x_m.shape,
+            probs=probs,
+            routing_map=routing_map,
+        )
         out_m.backward(grad_out)
 
         # Ours: gate, PFT (capacity as Megatron computes it), gather, expert, scatter.
         logits_o, x_o = logits.clone().requires_grad_(), x.clone().requires_grad_()
         gate = top_k_gating(logits_o, top_k)
-        capacity = (None if drop_factor is None
-                    else mu.get_capacity(tokens * top_k, experts, drop_factor))
+        capacity = (
+            None if drop_factor is None else mu.get_capacity(tokens * top_k, experts, drop_factor)
+        )
         if capacity is not None and capacity > tokens:
             capacity = None  # Megatron drops nothing then (apply_router_token_dropping)
         pft = build_pft(gate.top_experts, gate.combine_weights, experts, capacity)
@@ -134,8 +151,13 @@ def test_deepspeed_top1gating_random_token_selection(sm, capacity_factor):
 
         gate = top_k_gating(logits, 1)
         torch.manual_seed(seed)  # the same draw DeepSpeed made: torch.rand(S, E)
-        pft = build_pft(gate.top_experts, gate.combine_weights, experts,
-                        capacity=combine_weights.shape[2], drop_policy="random")
+        pft = build_pft(
+            gate.top_experts,
+            gate.combine_weights,
+            experts,
+            capacity=combine_weights.shape[2],
+            drop_policy="random",
+        )
         mask, weights = dense(pft, tokens, experts)
         assert torch.equal(mask, ds_mask), (tokens, experts, empty, seed)
         assert torch.equal(weights, ds_weights), (tokens, experts, empty, seed)
@@ -151,8 +173,13 @@ def test_deepspeed_top1gating_without_rts_keeps_c_of_each_expert(sm):
             _, combine_weights, _, _ = sm.top1gating(logits.clone(), factor, 1, use_rts=False)
             ds_mask, _ = _deepspeed_kept(combine_weights)
             gate = top_k_gating(logits, 1)
-            pft = build_pft(gate.top_experts, gate.combine_weights, experts,
-                            capacity=combine_weights.shape[2], drop_policy="position")
+            pft = build_pft(
+                gate.top_experts,
+                gate.combine_weights,
+                experts,
+                capacity=combine_weights.shape[2],
+                drop_policy="position",
+            )
             mask, _ = dense(pft, tokens, experts)
             assert torch.equal(mask.sum(0), ds_mask.sum(0))
             routed = torch.zeros_like(mask)
@@ -168,12 +195,19 @@ def test_deepspeed_top2gating_is_slot_order_with_renormalisation(sm, capacity_fa
         if experts - empty < 2:
             continue
         logits = skewed_logits(tokens, experts, empty, seed)
-        _, combine_weights, _, _ = sm.top2gating(logits.clone(), capacity_factor, 1,
-                                                 top2_2nd_expert_sampling=False)
+        _, combine_weights, _, _ = sm.top2gating(
+            logits.clone(), capacity_factor, 1, top2_2nd_expert_sampling=False
+        )
         ds_mask, ds_weights = _deepspeed_kept(combine_weights)
         gate = top_k_gating(logits, 2)
-        pft = build_pft(gate.top_experts, gate.combine_weights, experts,
-                        capacity=combine_weights.shape[2], drop_policy="slot", renormalize=True)
+        pft = build_pft(
+            gate.top_experts,
+            gate.combine_weights,
+            experts,
+            capacity=combine_weights.shape[2],
+            drop_policy="slot",
+            renormalize=True,
+        )
         mask, weights = dense(pft, tokens, experts)
         assert torch.equal(mask, ds_mask), (tokens, experts, empty, seed)
         torch.testing.assert_close(weights, ds_weights, rtol=1e-6, atol=1e-7)
@@ -184,12 +218,19 @@ def test_deepspeed_top2gating_is_slot_order_with_renormalisation(sm, capacity_fa
 def test_deepspeed_topkgating_per_drop_policy(sm, drop_policy, capacity_factor):
     for (tokens, experts, top_k, empty), seed in itertools.product(CASES, (0, 1)):
         logits = skewed_logits(tokens, experts, empty, seed)
-        _, combine_weights, _, _ = sm.topkgating(logits.clone(), top_k, capacity_factor, 1,
-                                                 drop_policy=drop_policy)
+        _, combine_weights, _, _ = sm.topkgating(
+            logits.clone(), top_k, capacity_factor, 1, drop_policy=drop_policy
+        )
         ds_mask, ds_weights = _deepspeed_kept(combine_weights)
         gate = top_k_gating(logits, top_k)
-        pft = build_pft(gate.top_experts, gate.combine_weights, experts,
-                        capacity=combine_weights.shape[2], drop_policy=drop_policy, renormalize=True)
+        pft = build_pft(
+            gate.top_experts,
+            gate.combine_weights,
+            experts,
+            capacity=combine_weights.shape[2],
+            drop_policy=drop_policy,
+            renormalize=True,
+        )
         mask, weights = dense(pft, tokens, experts)
         assert torch.equal(mask, ds_mask), (tokens, experts, top_k, empty, seed)
         torch.testing.assert_close(weights, ds_weights, rtol=1e-6, atol=1e-7)
@@ -197,8 +238,17 @@ def test_deepspeed_topkgating_per_drop_policy(sm, drop_policy, capacity_factor):
 
 # --- the suites' peer implementations ---------------------------------------------------------
 
-SMALL = {"stage": "total", "tokens": 96, "d_model": 32, "experts": 8, "top_k": 2,
-         "capacity_factor": 0.75, "d_ffn": 16, "device": "cpu", "threads": 1}
+SMALL = {
+    "stage": "total",
+    "tokens": 96,
+    "d_model": 32,
+    "experts": 8,
+    "top_k": 2,
+    "capacity_factor": 0.75,
+    "d_ffn": 16,
+    "device": "cpu",
+    "threads": 1,
+}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -212,15 +262,30 @@ def test_moe_dispatch_suite_runs_each_peer_correctly(mu, sm, impl, dtype):
     assert SUITE.check(state) == 0  # against the suite's loop over tokens, per peer semantics
 
 
-@pytest.mark.parametrize("impl,ours", [("megatron", {}), ("megatron-nodrop", {"capacity_factor": None}),
-                                       ("deepspeed", {"renormalize_after_drop": True})])
+@pytest.mark.parametrize(
+    "impl,ours",
+    [
+        ("megatron", {}),
+        ("megatron-nodrop", {"capacity_factor": None}),
+        ("deepspeed", {"renormalize_after_drop": True}),
+    ],
+)
 def test_moe_layer_peer_forward_equals_ours_with_the_peer_semantics(mu, sm, impl, ours):
     """A whole layer (ranks=1): the peer's gating/dispatch/combine around our expert weights
     gives our layer's output once our layer is set to the peer's semantics."""
     from moe_repro.suites._moe_stages import build, stage_calls
 
-    params = {"impl": impl, "tokens": 64, "d_model": 16, "d_ffn": 24, "experts": 8, "top_k": 2,
-              "capacity_factor": 0.75, "dtype": "float32", "device": "cpu"}
+    params = {
+        "impl": impl,
+        "tokens": 64,
+        "d_model": 16,
+        "d_ffn": 24,
+        "experts": 8,
+        "top_k": 2,
+        "capacity_factor": 0.75,
+        "dtype": "float32",
+        "device": "cpu",
+    }
     layer, x = build(params, None)
     with torch.no_grad():
         peer_out = stage_calls(layer, x, impl)["calls"]["layer"]()
@@ -231,10 +296,29 @@ def test_moe_layer_peer_forward_equals_ours_with_the_peer_semantics(mu, sm, impl
 
 # --- Megatron's token dispatcher in the alltoall suite, beside ours -----------------------------
 
-SIDE_BY_SIDE = ["bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat",
-                "--path", "dispatch,combine,collective,megatron-dispatch,megatron-combine",
-                "--sizes", "16K", "--backend", "gloo", "--check", "--repeats", "2", "--warmup", "0",
-                "--min-sample-s", "0"]
+SIDE_BY_SIDE = [
+    "bench",
+    "alltoall",
+    "--nodes",
+    "1",
+    "--gpus-per-node",
+    "2",
+    "--algo",
+    "flat",
+    "--path",
+    "dispatch,combine,collective,megatron-dispatch,megatron-combine",
+    "--sizes",
+    "16K",
+    "--backend",
+    "gloo",
+    "--check",
+    "--repeats",
+    "2",
+    "--warmup",
+    "0",
+    "--min-sample-s",
+    "0",
+]
 
 
 @pytest.mark.multiprocess
@@ -246,12 +330,30 @@ def test_megatron_dispatcher_runs_beside_ours_in_the_alltoall_suite_checked(mu, 
     import sys
 
     out = tmp_path / "a.json"
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()",
-                        "--results", str(tmp_path / "results"), *SIDE_BY_SIDE, "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "--results",
+            str(tmp_path / "results"),
+            *SIDE_BY_SIDE,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     records = {rec["path"]: rec for rec in json.loads(out.read_text())["records"]}
-    assert set(records) == {"dispatch", "combine", "collective", "megatron-dispatch", "megatron-combine"}
+    assert set(records) == {
+        "dispatch",
+        "combine",
+        "collective",
+        "megatron-dispatch",
+        "megatron-combine",
+    }
     for rec in records.values():
         assert rec["correct"] is True and rec["wrong"] == 0
     for path in ("megatron-dispatch", "megatron-combine"):
@@ -275,18 +377,53 @@ def test_dispatch_stages_times_megatrons_stages_beside_ours(mu, tmp_path):
     import sys
 
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()",
-                        "--results", str(tmp_path / "results"), "bench", "dispatch-stages", "--algo", "flat",
-                        "--dispatcher", "ours,megatron", "--nodes", "1", "--gpus-per-node", "2",
-                        "--tokens", "32", "--hidden", "16", "--experts", "4", "--top-k", "2", "--check",
-                        "--repeats", "2", "--warmup", "0", "--min-sample-s", "0", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "--results",
+            str(tmp_path / "results"),
+            "bench",
+            "dispatch-stages",
+            "--algo",
+            "flat",
+            "--dispatcher",
+            "ours,megatron",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--tokens",
+            "32",
+            "--hidden",
+            "16",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--check",
+            "--repeats",
+            "2",
+            "--warmup",
+            "0",
+            "--min-sample-s",
+            "0",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     ours, megatron = json.loads(out.read_text())["records"]
     assert (ours["dispatcher"], megatron["dispatcher"]) == ("ours", "megatron")
     assert ours["wrong"] == 0 and megatron["wrong"] == 0
     assert {"counts_exchange_s", "buffer_gather_s", "all_to_all_s"} <= set(ours)
-    assert {"permute_and_counts_s", "all_to_all_s"} <= set(megatron) and "counts_exchange_s" not in megatron
+    assert {"permute_and_counts_s", "all_to_all_s"} <= set(
+        megatron
+    ) and "counts_exchange_s" not in megatron
     assert megatron["permute_and_counts_s"] > 0 and megatron["all_to_all_s"] > 0  # both timed
 
 
@@ -295,12 +432,25 @@ def test_the_suites_check_sees_a_fault_in_megatrons_dispatch(mu, targets_on_path
     from moe_repro.runtime.launch import run_ranks
     from moe_repro.suites.alltoall import SUITE
 
-    (point,) = SUITE.grid(SUITE.parse_overrides(["nodes=1", "gpus_per_node=2", "algo=flat",
-                                                 "path=megatron-dispatch", "sizes=16K", "backend=gloo"]))
+    (point,) = SUITE.grid(
+        SUITE.parse_overrides(
+            [
+                "nodes=1",
+                "gpus_per_node=2",
+                "algo=flat",
+                "path=megatron-dispatch",
+                "sizes=16K",
+                "backend=gloo",
+            ]
+        )
+    )
     for planted in (False, True):
-        per_rank = run_ranks("_peer_ep_targets:megatron_dispatch_checked",
-                             {"point": point, "reverse_received_rows": planted}, world_size=2,
-                             timeout_s=300)
+        per_rank = run_ranks(
+            "_peer_ep_targets:megatron_dispatch_checked",
+            {"point": point, "reverse_received_rows": planted},
+            world_size=2,
+            timeout_s=300,
+        )
         assert all(r["rows"] > 1 for r in per_rank)
         wrong = [r["wrong"] for r in per_rank]
         assert (max(wrong) > 0) if planted else wrong == [0, 0], (planted, wrong)
@@ -308,11 +458,30 @@ def test_the_suites_check_sees_a_fault_in_megatrons_dispatch(mu, targets_on_path
 
 # --- without the extra: refused with a hint (runs everywhere) ----------------------------------
 
-@pytest.mark.parametrize("command", [
-    ["bench", "moe-dispatch", "--impl", "pft,megatron", "--quick"],
-    ["bench", "alltoall", "--nodes", "1", "--gpus-per-node", "2", "--algo", "flat", "--path",
-     "dispatch,megatron-dispatch", "--backend", "gloo"]])
-def test_a_peer_that_is_not_installed_is_refused_in_one_line(monkeypatch, tmp_path, capsys, command):
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "moe-dispatch", "--impl", "pft,megatron", "--quick"],
+        [
+            "bench",
+            "alltoall",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--algo",
+            "flat",
+            "--path",
+            "dispatch,megatron-dispatch",
+            "--backend",
+            "gloo",
+        ],
+    ],
+)
+def test_a_peer_that_is_not_installed_is_refused_in_one_line(
+    monkeypatch, tmp_path, capsys, command
+):
     from moe_repro.cli import main
 
     monkeypatch.setattr(peers, "installed_version", lambda distribution: None)
@@ -328,11 +497,17 @@ def test_a_peer_that_is_not_installed_is_refused_in_one_line(monkeypatch, tmp_pa
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_peers_own_expert_parallel_layers_equal_ours_forward_and_backward(ranks, mu, sm, targets_on_path):
+def test_peers_own_expert_parallel_layers_equal_ours_forward_and_backward(
+    ranks, mu, sm, targets_on_path
+):
     from moe_repro.runtime.launch import run_ranks
 
-    per_rank = run_ranks("_peer_ep_targets:peers_beside_ours", {"impls": ["megatron", "deepspeed"]},
-                         world_size=ranks, timeout_s=300)
+    per_rank = run_ranks(
+        "_peer_ep_targets:peers_beside_ours",
+        {"impls": ["megatron", "deepspeed"]},
+        world_size=ranks,
+        timeout_s=300,
+    )
     assert len(per_rank) == ranks
     for result in per_rank:
         assert set(result) == {"megatron", "deepspeed"}

@@ -43,7 +43,10 @@ def _simulated_idle_fraction(PP: int, M: int, schedule: str) -> float:
     """Unit-time forward (1) and backward (2) per stage; returns idle / (PP x makespan)."""
     f_end, b_end = {}, {}
     if schedule == "gpipe":
-        order = {i: [("f", j) for j in range(M)] + [("b", j) for j in reversed(range(M))] for i in range(PP)}
+        order = {
+            i: [("f", j) for j in range(M)] + [("b", j) for j in reversed(range(M))]
+            for i in range(PP)
+        }
     else:  # 1F1B: PP-i warm-up forwards, then alternate, then drain backwards
         order = {}
         for i in range(PP):
@@ -51,9 +54,11 @@ def _simulated_idle_fraction(PP: int, M: int, schedule: str) -> float:
             ops = [("f", j) for j in range(warm)]
             nf, nb = warm, 0
             while nb < M:
-                ops.append(("b", nb)); nb += 1
+                ops.append(("b", nb))
+                nb += 1
                 if nf < M:
-                    ops.append(("f", nf)); nf += 1
+                    ops.append(("f", nf))
+                    nf += 1
             order[i] = ops
     free = [0.0] * PP
     pending = {i: list(order[i]) for i in range(PP)}
@@ -89,8 +94,18 @@ def test_bubble_matches_schedule_simulation(PP, M, schedule):
 
 
 def test_flops_convention_hand_case():
-    m = MoEModel(key="t", name="t", layers=1, d_model=4, d_ffn=3, n_experts=2, top_k=1, n_mat=2,
-                 n_heads=1, attn_params="4d2")
+    m = MoEModel(
+        key="t",
+        name="t",
+        layers=1,
+        d_model=4,
+        d_ffn=3,
+        n_experts=2,
+        top_k=1,
+        n_mat=2,
+        n_heads=1,
+        attn_params="4d2",
+    )
     # core: 3 x 2 x s x H x (d_qk + d_v) = 3*2*8*1*8 = 384 per token; causal halves it.
     assert pm.attention_core_flops_per_token(m, 8) == 384
     assert pm.attention_core_flops_per_token(m, 8, causal=True) == 192
@@ -102,8 +117,20 @@ def test_flops_convention_hand_case():
 def test_output_head_is_a_matmul_tied_or_not(tied):
     # Same model with a 10-word vocabulary: the input table (10 x 4) is a lookup, the head's
     # [tokens x 4] @ [4 x 10] matmul runs either way: 6 x (64 + 24 + 8 + 40) + 384 per token.
-    m = MoEModel(key="t", name="t", layers=1, d_model=4, d_ffn=3, n_experts=2, top_k=1, n_mat=2,
-                 n_heads=1, attn_params="4d2", vocab=10, tie_embeddings=tied)
+    m = MoEModel(
+        key="t",
+        name="t",
+        layers=1,
+        d_model=4,
+        d_ffn=3,
+        n_experts=2,
+        top_k=1,
+        n_mat=2,
+        n_heads=1,
+        attn_params="4d2",
+        vocab=10,
+        tie_embeddings=tied,
+    )
     assert pm.matmul_active_params(m) == 64 + 24 + 8 + 40
     assert pm.train_flops_per_token(m, 8) == 6 * 136 + 384
 
@@ -111,9 +138,11 @@ def test_output_head_is_a_matmul_tied_or_not(tied):
 def test_matmul_count_agrees_with_formulas_for_every_zoo_model():
     from moe_repro.components.model.zoo import MODELS
     from moe_repro.components.resources import formulas as F
+
     for m in MODELS.values():
         assert 6 * pm.matmul_active_params(m) == pytest.approx(
-            F.train_flops_per_token(m, 4096, attention="none"), rel=1e-12), m.key
+            F.train_flops_per_token(m, 4096, attention="none"), rel=1e-12
+        ), m.key
 
 
 def test_eq12_product_is_flops_over_peak_time():
@@ -128,12 +157,15 @@ def test_estimate_is_consistent():
     e = pm.estimate(m, p, PP=8, EP=4, micro_batch=1, seq=4096, M=32)
     assert e.gpus == 32 and e.tokens_per_step == 4096 * 4 * 32
     assert e.model_flops == pytest.approx(pm.train_flops_per_token(m, 4096) * e.tokens_per_step)
-    assert e.step_s == pytest.approx((32 + 7) * (e.compute_s + e.alltoall_s + e.p2p_s) + e.allreduce_s)
+    assert e.step_s == pytest.approx(
+        (32 + 7) * (e.compute_s + e.alltoall_s + e.p2p_s) + e.allreduce_s
+    )
     assert e.tflops_per_gpu == pytest.approx(e.mfu * 191.5)
     assert 0 < e.mfu < 1
     ckpt = pm.estimate(m, p, PP=8, EP=4, micro_batch=1, seq=4096, M=32, checkpointing=True)
     # full checkpointing re-runs the forward of the stage's 4 layers (never the output head)
     from moe_repro.components.resources import time_model as T
+
     layer = T.layer_forward(m, True, p, 4096, 4096, ep=4)
     assert ckpt.compute_s == pytest.approx(e.compute_s + 4 * layer.total) and ckpt.mfu < e.mfu
     # Recompute re-runs the forward's dispatch and combine: 6 all-to-alls per MoE layer, not 4

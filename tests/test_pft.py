@@ -9,8 +9,13 @@ from moe_repro.components.moe.pft import build_pft, gather_tokens, scatter_combi
 def _routing(seed, s, e, k, dead=()):
     g = torch.Generator().manual_seed(seed)
     live = [x for x in range(e) if x not in dead]
-    experts = torch.stack([torch.tensor(live)[torch.randperm(len(live), generator=g)[:k]]
-                           for _ in range(s)]) if s else torch.zeros(0, k, dtype=torch.int64)
+    experts = (
+        torch.stack(
+            [torch.tensor(live)[torch.randperm(len(live), generator=g)[:k]] for _ in range(s)]
+        )
+        if s
+        else torch.zeros(0, k, dtype=torch.int64)
+    )
     weights = torch.rand(s, k, generator=g)
     return experts, weights
 
@@ -19,12 +24,15 @@ def _routing(seed, s, e, k, dead=()):
 def test_pairs_sorted_by_expert_then_token(seed):
     experts, weights = _routing(seed, 19, 7, 3, dead=(2, 5))
     pft = build_pft(experts, weights, 7)
-    expected = sorted((int(experts[t, j]), t, float(weights[t, j]))
-                      for t in range(19) for j in range(3))
+    expected = sorted(
+        (int(experts[t, j]), t, float(weights[t, j])) for t in range(19) for j in range(3)
+    )
     got = list(zip(pft.expert_ids.tolist(), pft.token_ids.tolist()))
     assert got == [x[:2] for x in expected]
     assert pft.combine_weights.tolist() == pytest.approx([x[2] for x in expected])
-    assert pft.tokens_per_expert.tolist() == [sum(1 for x in expected if x[0] == ex) for ex in range(7)]
+    assert pft.tokens_per_expert.tolist() == [
+        sum(1 for x in expected if x[0] == ex) for ex in range(7)
+    ]
     assert pft.tokens_per_expert[2] == pft.tokens_per_expert[5] == 0
 
 
@@ -33,8 +41,15 @@ def test_capacity_keeps_highest_weights(seed, capacity):
     experts, weights = _routing(seed, 30, 5, 2)
     pft = build_pft(experts, weights, 5, capacity=capacity)
     for ex in range(5):
-        pairs = sorted(((float(weights[t, j]), t) for t in range(30) for j in range(2)
-                        if int(experts[t, j]) == ex), key=lambda p: -p[0])[:capacity]
+        pairs = sorted(
+            (
+                (float(weights[t, j]), t)
+                for t in range(30)
+                for j in range(2)
+                if int(experts[t, j]) == ex
+            ),
+            key=lambda p: -p[0],
+        )[:capacity]
         rows = pft.expert_ids == ex
         assert pft.token_ids[rows].tolist() == sorted(t for _, t in pairs)  # token order kept
         assert int(pft.tokens_per_expert[ex]) == len(pairs)

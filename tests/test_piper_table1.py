@@ -21,7 +21,9 @@ def test_every_cell_is_graded_at_the_printed_precision(cells):
     for c in cells.values():
         assert c.grade_class == "exact"
         if c.verdict == "match":
-            half = 0.5 * 10 ** -len(c.paper_printed.split(".")[1]) if "." in c.paper_printed else 0.5
+            half = (
+                0.5 * 10 ** -len(c.paper_printed.split(".")[1]) if "." in c.paper_printed else 0.5
+            )
             assert abs(c.ours - c.paper) <= half, (c.row, c.column)
         assert len((c.note or "").split()) <= NOTE_WORDS, (c.row, c.column)
 
@@ -59,4 +61,5 @@ def test_explained_cells_carry_an_agreeing_recount(cells):
     # DeepSeek-V3.2 = V3 + the DSA indexer: its total recounted without it is V3's 671.03B
     v32 = cells[("DeepSeek-V3.2", TOTAL)]
     assert v32.verdict == "explained" and v32.counterfactual["ours"] == pytest.approx(
-        cells[("DeepSeek-V3", TOTAL)].ours)
+        cells[("DeepSeek-V3", TOTAL)].ours
+    )

@@ -11,8 +11,15 @@ def cells():
 
 def test_every_model_has_size_and_latency_with_units(cells):
     rows = {r for r, _ in cells}
-    assert rows == {"Switch-Base", "Mixtral 8x7B", "Mixtral 8x22B", "Grok-1", "GLaM (1.2T)",
-                    "DeepSeek-V2", "DeepSeek-V3"}
+    assert rows == {
+        "Switch-Base",
+        "Mixtral 8x7B",
+        "Mixtral 8x22B",
+        "Grok-1",
+        "GLaM (1.2T)",
+        "DeepSeek-V2",
+        "DeepSeek-V3",
+    }
     for (row, col), c in cells.items():
         assert c.unit == ("GB" if col == "Send Size / GPU" else "ms")
         assert c.paper_source == "Piper Table IV"

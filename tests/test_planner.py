@@ -32,14 +32,31 @@ def test_deepseek_v3_on_frontier_64_nodes():
 
 
 def _toy_platform(hbm_gb: float) -> dict:
-    return {"name": "toy", "gpu": {"peak_tflops": 100, "hbm_GB": hbm_gb, "hbm_GBps": 1000,
-                                   "achievable_gemm_tflops": 50, "achievable_attention_tflops": 40},
-            "node": {"gpus": 4, "nics": 1, "nic_GBps": 10, "intra_node_alltoall_GBps_per_gpu": 100},
-            "network": {"switch_group_nodes": 1, "rack_nodes": 1}}
+    return {
+        "name": "toy",
+        "gpu": {
+            "peak_tflops": 100,
+            "hbm_GB": hbm_gb,
+            "hbm_GBps": 1000,
+            "achievable_gemm_tflops": 50,
+            "achievable_attention_tflops": 40,
+        },
+        "node": {"gpus": 4, "nics": 1, "nic_GBps": 10, "intra_node_alltoall_GBps_per_gpu": 100},
+        "network": {"switch_group_nodes": 1, "rack_nodes": 1},
+    }
 
 
-TOY = MoEModel(key="toy", name="toy", layers=6, d_model=256, d_ffn=512, n_experts=6, top_k=2,
-               n_heads=4, attn_params="4d2")
+TOY = MoEModel(
+    key="toy",
+    name="toy",
+    layers=6,
+    d_model=256,
+    d_ffn=512,
+    n_experts=6,
+    top_k=2,
+    n_heads=4,
+    attn_params="4d2",
+)
 
 
 def test_constraints_on_a_small_case():
@@ -66,7 +83,9 @@ def test_checkpointing_fallback_is_marked():
     p = load_builtin("frontier")
     pl = plan(get_model("deepseek-v3"), p, nodes=64)
     no_ckpt = plan(get_model("deepseek-v3"), p, nodes=64, allow_checkpointing=False)
-    for a, b in zip(sorted(pl.candidates, key=lambda c: c.ep), sorted(no_ckpt.candidates, key=lambda c: c.ep)):
+    for a, b in zip(
+        sorted(pl.candidates, key=lambda c: c.ep), sorted(no_ckpt.candidates, key=lambda c: c.ep)
+    ):
         if a.checkpointing:
             assert not b.feasible  # it was only chosen because the plain plan did not fit
 
@@ -77,7 +96,9 @@ def test_global_batch_must_split_evenly():
     assert not c.feasible and "multiple of M x EP" in c.why_not
 
 
-@pytest.mark.parametrize("bad", [dict(nodes=0), dict(nodes=1, seq=-1), dict(nodes=1, global_batch=0)])
+@pytest.mark.parametrize(
+    "bad", [dict(nodes=0), dict(nodes=1, seq=-1), dict(nodes=1, global_batch=0)]
+)
 def test_bad_sizes_raise(bad):
     with pytest.raises(ValueError, match="positive"):
         plan(TOY, from_dict(_toy_platform(80)), **bad)
@@ -94,19 +115,36 @@ def test_platform_validation():
         p = load_builtin(name)
         assert p.gpus_per_node == 8 and p.links and p.raw["sources"]
     f = load_builtin("frontier")
-    assert (f.peak_flops, f.hbm_bytes, f.nics_per_node, f.nic_bytes_per_s, f.switch_group_nodes) == \
-        (191.5e12, 64e9, 4, 25e9, 4)
+    assert (
+        f.peak_flops,
+        f.hbm_bytes,
+        f.nics_per_node,
+        f.nic_bytes_per_s,
+        f.switch_group_nodes,
+    ) == (191.5e12, 64e9, 4, 25e9, 4)
 
 
 def test_local_profile_from_measurements_is_valid_and_rejects_bad_values():
     from moe_repro.components.network.platform import local_profile
 
-    doc = local_profile(0.05, 0.01, 4.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
+    doc = local_profile(
+        0.05, 0.01, 4.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={}
+    )
     p = from_dict(doc)
     assert p.gpus_per_node == 2 and p.peak_flops == 0.05e12 and p.intra_node_a2a_bytes_per_s == 2e9
     pl = plan(get_model("tiny-moe"), p, nodes=1, seq=64)
     assert pl.best is not None and {(c.pp, c.ep) for c in pl.candidates} == {(1, 2), (2, 1)}
     with pytest.raises(ValueError, match="copy"):
-        local_profile(0.05, 0.01, 0.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={})
-    assert from_dict(json.loads(resources.files("moe_repro.components.network").joinpath(
-        "platforms", "local.json").read_text())).name == "local"
+        local_profile(
+            0.05, 0.01, 0.0, ranks=2, memory_GB_per_rank=8.0, description="t", measured={}
+        )
+    assert (
+        from_dict(
+            json.loads(
+                resources.files("moe_repro.components.network")
+                .joinpath("platforms", "local.json")
+                .read_text()
+            )
+        ).name
+        == "local"
+    )

@@ -16,6 +16,7 @@ from derived_how import assert_how_is_the_catalogs
 
 # --- the mechanism ------------------------------------------------------------------------------
 
+
 def test_nested_scopes_all_see_what_ran_and_nothing_leaks_out():
     produced("measured")  # outside every scope: noted nowhere, no error
     with tracking() as outer:
@@ -73,16 +74,17 @@ def test_a_cached_value_still_says_how_it_was_made():
 
 
 def _toy(compute):
-    return Reproduction(id="piper-table4", paper_values=[
-        PaperValue("r", "c", "1.0", "x", "test")], compute=compute)
+    return Reproduction(
+        id="piper-table4", paper_values=[PaperValue("r", "c", "1.0", "x", "test")], compute=compute
+    )
 
 
 def test_cells_are_labelled_by_what_ran_before_them_or_in_their_part():
     def compute(repro, params):
-        cells = [repro.compare("r", "c", 1.0, "x")]          # nothing has run yet: analytic
+        cells = [repro.compare("r", "c", 1.0, "x")]  # nothing has run yet: analytic
         produced("measured")
         cells.append(repro.compare("r", "measured", 2.0, "x"))
-        with tracking():                                      # a part of its own
+        with tracking():  # a part of its own
             produced("simulated")
             cells.append(repro.compare("r", "simulated", 3.0, "x"))
         with tracking() as formula:
@@ -109,6 +111,7 @@ def test_a_record_without_simulated_cells_says_so():
 
 # --- the real producers announce themselves -----------------------------------------------------
 
+
 def test_the_flow_simulator_says_simulated():
     from moe_repro.components.network import simulator as ns
     from moe_repro.components.alltoall import simulated
@@ -123,7 +126,10 @@ def test_the_flow_simulator_says_simulated():
 def test_a_balancer_replay_says_simulated_and_a_sampled_estimate_monte_carlo():
     import torch
 
-    from moe_repro.components.alltoall.rbd import expected_redundancy_uniform, sampled_redundancy_rate
+    from moe_repro.components.alltoall.rbd import (
+        expected_redundancy_uniform,
+        sampled_redundancy_rate,
+    )
     from moe_repro.components.balance.load_balance_eval import evaluate_trace
     from moe_repro.components.balance.routing_trace import synthetic_trace
     from moe_repro.components.moe.pft import build_pft
@@ -134,11 +140,14 @@ def test_a_balancer_replay_says_simulated_and_a_sampled_estimate_monte_carlo():
         evaluate_trace(trace, methods=("Before LB", "FEPLB"))
     assert replay == {"simulated"}
 
-    top = torch.argsort(torch.rand(64, 16, generator=torch.Generator().manual_seed(0)), dim=1)[:, :2]
+    top = torch.argsort(torch.rand(64, 16, generator=torch.Generator().manual_seed(0)), dim=1)[
+        :, :2
+    ]
     topo = Topology(nodes=2, ranks_per_node=2)
     with tracking() as sampled:
-        rate = sampled_redundancy_rate(build_pft(top, torch.ones(64, 2), 16),
-                                       [e * 4 // 16 for e in range(16)], topo, 0)
+        rate = sampled_redundancy_rate(
+            build_pft(top, torch.ones(64, 2), 16), [e * 4 // 16 for e in range(16)], topo, 0
+        )
     with tracking() as closed_form:
         expected = expected_redundancy_uniform(16, 2, 2)
     assert sampled == {"monte-carlo"} and closed_form == set()
@@ -151,8 +160,11 @@ def test_a_suite_point_and_a_memory_probe_say_measured():
     from moe_repro.suites.runner import RunConfig, run_point
 
     with tracking() as timed:
-        run_point(all_suites()["gemm"], {"n": 16, "dtype": "float32", "device": "cpu"},
-                  RunConfig(warmup=0, repeats=1, min_sample_s=0.0))
+        run_point(
+            all_suites()["gemm"],
+            {"n": 16, "dtype": "float32", "device": "cpu"},
+            RunConfig(warmup=0, repeats=1, min_sample_s=0.0),
+        )
     assert timed == {"measured"}
     with tracking() as probed:
         measure_config(16, 16, 16, 4, 2, impls=("pft",))
@@ -164,13 +176,20 @@ def test_a_suite_point_and_a_memory_probe_say_measured():
 # Reproductions another test already runs at a small size, checking its label there with
 # derived_how.assert_how_is_the_catalogs (running them twice would cost CI minutes).
 CHECKED_ELSEWHERE = {
-    "piper-fig3": "test_moe_suites.py", "piper-fig4": "test_moe_suites.py",
-    "xmoe-fig11": "test_moe_suites.py", "piper-fig5": "test_alltoall.py",
-    "xmoe-fig12": "test_alltoall.py", "piper-fig9": "test_balance_repros.py",
-    "piper-alg2": "test_balance_repros.py", "feplb-table2": "test_balance_repros.py",
-    "feplb-table4": "test_balance_repros.py", "feplb-fig4": "test_balance_repros.py",
-    "feplb-fig6": "test_balance_repros.py", "feplb-table3": "test_feplb_grading.py",
-    "mop-vocab": "test_mop_vocab.py", "xmoe-fig3": "test_paper_presets.py",
+    "piper-fig3": "test_moe_suites.py",
+    "piper-fig4": "test_moe_suites.py",
+    "xmoe-fig11": "test_moe_suites.py",
+    "piper-fig5": "test_alltoall.py",
+    "xmoe-fig12": "test_alltoall.py",
+    "piper-fig9": "test_balance_repros.py",
+    "piper-alg2": "test_balance_repros.py",
+    "feplb-table2": "test_balance_repros.py",
+    "feplb-table4": "test_balance_repros.py",
+    "feplb-fig4": "test_balance_repros.py",
+    "feplb-fig6": "test_balance_repros.py",
+    "feplb-table3": "test_feplb_grading.py",
+    "mop-vocab": "test_mop_vocab.py",
+    "xmoe-fig3": "test_paper_presets.py",
     "xmoe-table4": "test_paper_presets.py",
 }
 
@@ -180,8 +199,15 @@ SMALL = {
     "piper-eq4": {"micro_batches": 4, "steps": 1, "schedules": "1f1b"},
     "piper-bubble": {"micro_batches": "2,4", "steps": 2, "convergence_steps": 2},
     "xmoe-fig4": {"tokens": 256},
-    "xmoe-fig13": {"tp_degrees": "1,2", "seq": 64, "hidden": 16, "dense_ffn": 32, "experts": 4,
-                   "expert_ffn": 8, "top_k": 2},
+    "xmoe-fig13": {
+        "tp_degrees": "1,2",
+        "seq": 64,
+        "hidden": 16,
+        "dense_ffn": 32,
+        "experts": 4,
+        "expert_ffn": 8,
+        "top_k": 2,
+    },
     "mop-llep": {"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2, "repeats": 1},
 }
 

@@ -33,10 +33,13 @@ def test_formula_extremes():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("nodes,gpn,ep,params", [
-    (2, 2, 2, 1001),   # gradient size not divisible by the DP degree
-    (2, 4, 4, 37),     # 8 ranks: EP-first keeps the all-to-all in a node, DP-first the all-reduce
-])
+@pytest.mark.parametrize(
+    "nodes,gpn,ep,params",
+    [
+        (2, 2, 2, 1001),  # gradient size not divisible by the DP degree
+        (2, 4, 4, 37),  # 8 ranks: EP-first keeps the all-to-all in a node, DP-first the all-reduce
+    ],
+)
 def test_real_run_bytes_equal_formula_under_uniform_routing(nodes, gpn, ep, params):
     from moe_repro.reproductions.xmoe_appc1 import run_small
 
@@ -46,11 +49,15 @@ def test_real_run_bytes_equal_formula_under_uniform_routing(nodes, gpn, ep, para
     for order in orders:
         real = runs[order]
         assert real["correct"], order
-        model = traffic_model(nodes, gpn, ep, order, tokens, top_k, hidden, params, act_bytes=4,
-                              grad_bytes=4)
+        model = traffic_model(
+            nodes, gpn, ep, order, tokens, top_k, hidden, params, act_bytes=4, grad_bytes=4
+        )
         dp = nodes * gpn // ep
         for cls in ("intra_node", "inter_node"):
-            assert real["alltoall"][cls] == pytest.approx(model["alltoall"][cls], abs=1e-9), (order, cls)
+            assert real["alltoall"][cls] == pytest.approx(model["alltoall"][cls], abs=1e-9), (
+                order,
+                cls,
+            )
             # ring: each rank sends 2 (n-1) chunks of ~params/n elements; tensor_split chunk
             # sizes differ by at most one element, so allow that per message
             slack = 2 * (dp - 1) * 4 * nodes * gpn
@@ -66,8 +73,13 @@ def test_communicators_by_name_gives_each_object_once_and_set_log_reaches_each()
     from moe_repro.components.network.topology import Communicators, Topology
 
     world, intra = SimpleNamespace(), SimpleNamespace()
-    comms = Communicators(Topology(nodes=1, ranks_per_node=2), world=world, intra=intra,
-                          intra_overlap=intra, inter=None)
+    comms = Communicators(
+        Topology(nodes=1, ranks_per_node=2),
+        world=world,
+        intra=intra,
+        intra_overlap=intra,
+        inter=None,
+    )
     assert comms.by_name() == {"world": world, "intra": intra}
     log: list = []
     comms.set_log(log)

@@ -42,7 +42,13 @@ import pytest
 from conftest import patient
 
 ROOT = Path(__file__).resolve().parent.parent
-HELP_PLACEHOLDERS = {"SUITE": "alltoall", "FILE": "my.json", "MODEL": "tiny-moe", "M": "tiny-moe", "N": "1"}
+HELP_PLACEHOLDERS = {
+    "SUITE": "alltoall",
+    "FILE": "my.json",
+    "MODEL": "tiny-moe",
+    "M": "tiny-moe",
+    "N": "1",
+}
 SHOW = ["--show-params"]
 
 # command as written -> (how, arguments appended for the cheap check)
@@ -50,11 +56,15 @@ HOW: dict[str, tuple[str, list[str]]] = {
     # README: install lines (CI runs them)
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 --index-url "
     "https://download.pytorch.org/whl/cpu && pip install -e . && "
-    "repro run piper-table4 && repro run --all --how A,M,S --quiet && repro site build --out site/_build":
-        ("install", []),
+    "repro run piper-table4 && repro run --all --how A,M,S --quiet && repro site build --out site/_build": (
+        "install",
+        [],
+    ),
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 --index-url "
-    "https://download.pytorch.org/whl/cpu && pip install -e \".[test,peers]\" && python -m pytest -q":
-        ("install", []),
+    "https://download.pytorch.org/whl/cpu && pip install -e \".[test,peers]\" && python -m pytest -q": (
+        "install",
+        [],
+    ),
     # README: what you can do
     "repro list": ("run", []),
     "repro run piper-table4 --json t.json": ("run", []),
@@ -64,10 +74,16 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro bench gemm --n 512,1024": ("cheap", SHOW),
     "repro bench allreduce --ranks 2,4": ("cheap", SHOW),
     "mpiexec -n 4 repro bench allreduce --backend mpi": ("launcher", []),
-    "repro bench alltoall --nodes 2 --gpus-per-node 2 --algo flat,halo,rbd --check": ("cheap", SHOW),
+    "repro bench alltoall --nodes 2 --gpus-per-node 2 --algo flat,halo,rbd --check": (
+        "cheap",
+        SHOW,
+    ),
     "repro bench alltoall --nodes 1 --gpus-per-node 4 --algo flat --path dispatch,collective --sizes 1M:16M "
     "--backend gloo,mpi": ("cheap", SHOW),
-    "repro bench alltoall --nodes 512 --gpus-per-node 8 --platform frontier --algo flat,halo": ("run", []),
+    "repro bench alltoall --nodes 512 --gpus-per-node 8 --platform frontier --algo flat,halo": (
+        "run",
+        [],
+    ),
     "repro bench alltoall --nodes 16": ("run", []),
     "repro bench alltoall --nodes 16 --platform my-fabric.json --latency-model serial": ("run", []),
     "repro plan --model gpt3-175b --platform dgx-h100 --nodes 64": ("run", []),
@@ -76,17 +92,28 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro validate --predictor step-time": ("run", []),
     "repro calibrate --out my.json": ("cheap", ["--quick", "--no-alltoall"]),
     "repro plan --model tiny-moe --nodes 1 --platform my.json": ("run", []),
-    "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference": ("cheap", ["--steps", "1"]),
+    "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference": (
+        "cheap",
+        ["--steps", "1"],
+    ),
     "repro site build --out site/_build": ("run", []),
-    "repro run piper-table4 --json t2.json && repro gate --baseline t.json --current t2.json": ("run", []),
+    "repro run piper-table4 --json t2.json && repro gate --baseline t.json --current t2.json": (
+        "run",
+        [],
+    ),
     "repro export --kind suites --format csv --out results.csv": ("run", []),
     "repro bench moe-dispatch --impl pft,megatron,deepspeed": ("cheap", SHOW),
-    "repro bench moe-dispatch --impl pft,megatron-nodrop,deepspeed-einsum --tokens 1024 --d-model 512":
-        ("cheap", SHOW),
+    "repro bench moe-dispatch --impl pft,megatron-nodrop,deepspeed-einsum --tokens 1024 --d-model 512": (
+        "cheap",
+        SHOW,
+    ),
     "repro bench alltoall --nodes 1 --gpus-per-node 4 --algo flat --backend gloo --sizes 4M --check "
     "--path dispatch,combine,collective,megatron-dispatch,megatron-combine": ("cheap", SHOW),
     "repro run --all --how A,M,S --quiet --json .ci/baseline.json": ("cheap", SHOW),
-    "python -m pytest benchmarks/ --benchmark-columns=median,iqr,rounds": ("cheap", ["--benchmark-disable"]),
+    "python -m pytest benchmarks/ --benchmark-columns=median,iqr,rounds": (
+        "cheap",
+        ["--benchmark-disable"],
+    ),
     # README: running on a GPU node (repro doctor runs its CPU half on a machine without a GPU)
     "repro doctor": ("run", []),
     "python -m pytest -q -m gpu": ("gpu", []),
@@ -98,8 +125,10 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro bench allreduce --quick": ("cheap", SHOW),
     "repro bench alltoall --show-params": ("run", []),
     "repro plan --model gpt3-175b --nodes 64 --platform dgx-h100 --json p.json": ("run", []),
-    "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json":
-        ("cheap", ["--steps", "1"]),
+    "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json": (
+        "cheap",
+        ["--steps", "1"],
+    ),
 }
 
 PREFIXES = ("repro ", "mpiexec ", "python -m pytest", "python3 -m venv")
@@ -121,8 +150,13 @@ def readme_examples() -> list[str]:
 
 
 def _help(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", *args, "--help"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    r = subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", *args, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -136,10 +170,12 @@ def help_examples() -> list[str]:
         lines = text.splitlines()
         for i, line in enumerate(lines):
             stripped = line.strip()
-            if stripped.startswith("repro ") and (i and "Example" in "".join(lines[max(0, i - 8):i])):
+            if stripped.startswith("repro ") and (
+                i and "Example" in "".join(lines[max(0, i - 8) : i])
+            ):
                 out.append(re.split(r"\s{2,}", stripped)[0])  # the command, before its description
             elif stripped.startswith("Example: repro "):
-                out.append(stripped[len("Example: "):])
+                out.append(stripped[len("Example: ") :])
         joined = " ".join(text.split())
         out += [span for span in re.findall(r"`(repro [^`]+)`", joined)]
     filled = []
@@ -175,14 +211,27 @@ def scratch(tmp_path_factory):
     return d
 
 
-def _run(command: str, extra: list[str], cwd: Path, timeout: float = patient(90)) -> subprocess.CompletedProcess:
+def _run(
+    command: str, extra: list[str], cwd: Path, timeout: float = patient(90)
+) -> subprocess.CompletedProcess:
     """Run one example in ``cwd`` (``extra`` appended to each `repro`/pytest part of it); the
     timeout is a hang guard, scaled for a busy machine."""
-    env = {**os.environ, "MOE_REPRO_RESULTS": str(cwd / "results"), "COLUMNS": "100",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "MOE_REPRO_RESULTS": str(cwd / "results"),
+        "COLUMNS": "100",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     parts = [shlex.join(shlex.split(p) + extra) for p in command.split(" && ")]
-    return subprocess.run(" && ".join(parts), shell=True, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        " && ".join(parts),
+        shell=True,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_examples_run(scratch):
@@ -194,11 +243,20 @@ def test_examples_run(scratch):
             continue
         r = _run(command.strip(), extra if how == "cheap" else [], scratch)
         if r.returncode != 0:
-            failures.append(f"{command} {' '.join(extra)}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
+            failures.append(
+                f"{command} {' '.join(extra)}: exit {r.returncode}: {r.stderr.strip()[-400:]}"
+            )
     assert not failures, "\n".join(failures)
     # what the examples promise to write, they wrote, inside the scratch directory
-    for name in ("t.json", "t2.json", "results.csv", "my.json", "site/_build/index.html",
-                 "reports-out", "piper-report"):
+    for name in (
+        "t.json",
+        "t2.json",
+        "results.csv",
+        "my.json",
+        "site/_build/index.html",
+        "reports-out",
+        "piper-report",
+    ):
         assert (scratch / name).exists(), name
 
 

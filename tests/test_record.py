@@ -15,8 +15,16 @@ import pytest
 from click.testing import CliRunner
 
 from moe_repro.cli import cli
-from moe_repro.records.record import (SCHEMA_VERSION, ReproductionRecord, SuiteRecord,
-                                      UnreadableRecord, dump, load_record, load_records, validate)
+from moe_repro.records.record import (
+    SCHEMA_VERSION,
+    ReproductionRecord,
+    SuiteRecord,
+    UnreadableRecord,
+    dump,
+    load_record,
+    load_records,
+    validate,
+)
 from moe_repro.records.store import ResultsStore
 
 DATA = Path(__file__).parent / "data"
@@ -55,19 +63,26 @@ def test_nan_stays_nan_and_none_stays_none(tmp_path):
     assert cells[0].ours != cells[0].ours and cells[1].ours is None  # NaN is not equal to itself
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("{not json", "not JSON"),
-    ("[]", "empty list"),
-    ('"a string"', "JSON object"),
-    ('{"kind": "table", "schema_version": 2, "environment": {}}', "kind"),
-    ('{"kind": "reproduction", "schema_version": 99, "id": "x", "cells": [], "environment": {}}',
-     "newer"),
-    ('{"id": "x", "cells": [{"row": "a", "column": "b", "verdict": "fine"}], "environment": {}}',
-     "cells.0.verdict"),
-    ('{"suite": "gemm", "records": "many", "environment": {}}', "records"),
-    ('{"id": "x", "cells": [], "environment": {}, "stray": 1}', "stray"),
-    ('{"environment": {}}', "neither 'cells'"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{not json", "not JSON"),
+        ("[]", "empty list"),
+        ('"a string"', "JSON object"),
+        ('{"kind": "table", "schema_version": 2, "environment": {}}', "kind"),
+        (
+            '{"kind": "reproduction", "schema_version": 99, "id": "x", "cells": [], "environment": {}}',
+            "newer",
+        ),
+        (
+            '{"id": "x", "cells": [{"row": "a", "column": "b", "verdict": "fine"}], "environment": {}}',
+            "cells.0.verdict",
+        ),
+        ('{"suite": "gemm", "records": "many", "environment": {}}', "records"),
+        ('{"id": "x", "cells": [], "environment": {}, "stray": 1}', "stray"),
+        ('{"environment": {}}', "neither 'cells'"),
+    ],
+)
 def test_a_bad_file_raises_one_error_that_names_it(tmp_path, text, reason):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -88,7 +103,6 @@ def _store_with_a_corrupt_file(root: Path) -> tuple[ResultsStore, Path]:
     return ResultsStore(root, on_unreadable=lambda e: warnings.append(str(e))), bad
 
 
-
 def test_the_store_reports_a_bad_file_once_and_returns_the_good_ones(tmp_path):
     warnings.clear()
     store, bad = _store_with_a_corrupt_file(tmp_path)
@@ -97,11 +111,14 @@ def test_the_store_reports_a_bad_file_once_and_returns_the_good_ones(tmp_path):
     assert len(warnings) == 1 and str(bad) in warnings[0]
 
 
-@pytest.mark.parametrize("args", [
-    ["site", "build", "--out", "{out}/site"],
-    ["export", "--kind", "suites", "--history", "--out", "{out}/x.csv"],
-    ["run", "--all", "--how", "A", "--quiet"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["site", "build", "--out", "{out}/site"],
+        ["export", "--kind", "suites", "--history", "--out", "{out}/x.csv"],
+        ["run", "--all", "--how", "A", "--quiet"],
+    ],
+)
 def test_site_export_and_run_all_skip_a_corrupt_file_naming_it(tmp_path, args):
     root = tmp_path / "store"
     _, bad = _store_with_a_corrupt_file(root)

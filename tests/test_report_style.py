@@ -19,8 +19,10 @@ def test_the_stylesheet_is_inlined_verbatim():
 def test_link_check_allows_paper_links_but_not_network_loads(tmp_path):
     from linkcheck import broken_links
 
-    (tmp_path / "a.html").write_text('<a href="https://arxiv.org/abs/1">paper</a>'
-                                     '<img src="https://example.com/x.png"><a href="missing.html">m</a>')
+    (tmp_path / "a.html").write_text(
+        '<a href="https://arxiv.org/abs/1">paper</a>'
+        '<img src="https://example.com/x.png"><a href="missing.html">m</a>'
+    )
     found = broken_links(tmp_path)
     assert len(found) == 2
     assert any("loads https://example.com/x.png" in f for f in found)

@@ -7,8 +7,21 @@ import pytest
 from moe_repro.reproductions import all_reproductions
 from moe_repro.reproductions.spec import VERDICTS
 
-FAST = ["piper-table1", "xmoe-table3", "xmoe-table2", "xmoe-table4", "xmoe-fig3", "xmoe-fig17",
-        "mop-table1", "mop-table2", "piper-fig10", "piper-fig11", "piper-fig12", "piper-fig13", "piper-fig14"]
+FAST = [
+    "piper-table1",
+    "xmoe-table3",
+    "xmoe-table2",
+    "xmoe-table4",
+    "xmoe-fig3",
+    "xmoe-fig17",
+    "mop-table1",
+    "mop-table2",
+    "piper-fig10",
+    "piper-fig11",
+    "piper-fig12",
+    "piper-fig13",
+    "piper-fig14",
+]
 
 
 @pytest.mark.parametrize("rid", FAST)

@@ -3,15 +3,28 @@
 import pytest
 import torch
 
-from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace, contiguous_ranks,
-                                                counts_from_top_experts, device_loads,
-                                                gemm_straggler, max_min_gap, synthetic_trace,
-                                                token_straggler)
+from moe_repro.components.balance.routing_trace import (
+    GemmTimeModel,
+    RoutingTrace,
+    contiguous_ranks,
+    counts_from_top_experts,
+    device_loads,
+    gemm_straggler,
+    max_min_gap,
+    synthetic_trace,
+    token_straggler,
+)
 
 
 def _trace(**kw):
-    args = dict(num_layers=2, num_micro_batches=5, num_experts=16, top_k=2, tokens_per_source=64,
-                num_sources=4)
+    args = dict(
+        num_layers=2,
+        num_micro_batches=5,
+        num_experts=16,
+        top_k=2,
+        tokens_per_source=64,
+        num_sources=4,
+    )
     args.update(kw)
     return synthetic_trace(**args)
 
@@ -32,7 +45,7 @@ def test_counts_sum_to_tokens_times_k_and_seeded():
 def test_skew_drift_noise_do_what_they_say():
     flat = _trace(skew=0.0, drift=0.0, noise=0.0, tokens_per_source=2000, num_micro_batches=2)
     skewed = _trace(skew=2.0, drift=0.0, noise=0.0, tokens_per_source=2000, num_micro_batches=2)
-    cv = lambda c: float(c.double().std() / c.double().mean())   # noqa: E731
+    cv = lambda c: float(c.double().std() / c.double().mean())  # noqa: E731
     assert cv(skewed.expert_counts(0, 0)) > 3 * cv(flat.expert_counts(0, 0))
     still = _trace(skew=1.0, drift=0.0, noise=0.0, num_micro_batches=30, tokens_per_source=500)
     moving = _trace(skew=1.0, drift=0.5, noise=0.0, num_micro_batches=30, tokens_per_source=500)
@@ -40,6 +53,7 @@ def test_skew_drift_noise_do_what_they_say():
     def change(t):  # how far the expert popularity moved from first to last micro-batch
         a, b = t.expert_counts(0, 0).double(), t.expert_counts(0, 29).double()
         return float((a / a.sum() - b / b.sum()).abs().sum())
+
     assert change(moving) > 2 * change(still)
 
 

@@ -23,7 +23,9 @@ def test_each_finished_point_is_reported_and_stored(tmp_path):
     lines = stream.getvalue().splitlines()
     # not a terminal: plain lines, one as the grid starts and one per finished point
     assert lines[0].startswith("demo: memcopy 0/2 points")
-    assert re.fullmatch(r"demo: memcopy 1/2 points, \d+:\d\d elapsed, about \d+:\d\d left", lines[1])
+    assert re.fullmatch(
+        r"demo: memcopy 1/2 points, \d+:\d\d elapsed, about \d+:\d\d left", lines[1]
+    )
     assert re.fullmatch(r"demo: memcopy 2/2 points, \d+:\d\d elapsed", lines[2])
     stored = store.runs("suite", "memcopy")
     assert len(stored) == 1  # one file per grid, rewritten as points finish
@@ -54,17 +56,34 @@ def test_a_world_hands_back_its_points_one_by_one_and_keeps_them_when_a_rank_fai
     """A multi-process world runs all its points in one launch; each is still reported and
     stored as rank 0 finishes it, and a failure on the ranks leaves the finished ones stored."""
     store, stream = ResultsStore(tmp_path / "results"), io.StringIO()
-    base = {"ranks": 2, "backend": "gloo", "tokens": 32, "d_model": 16, "d_ffn": 32, "experts": 8,
-            "top_k": 2, "skew": 4.0, "seed": 0}
+    base = {
+        "ranks": 2,
+        "backend": "gloo",
+        "tokens": 32,
+        "d_model": 16,
+        "d_ffn": 32,
+        "experts": 8,
+        "top_k": 2,
+        "skew": 4.0,
+        "seed": 0,
+    }
     with watching(Watch("demo", stream=stream, store=store)):
-        records = run_grid("llep-layer", [dict(base, layer="plain"), dict(base, layer="llep")],
-                           repeats=1, timeout_s=120)
+        records = run_grid(
+            "llep-layer",
+            [dict(base, layer="plain"), dict(base, layer="llep")],
+            repeats=1,
+            timeout_s=120,
+        )
         assert [r["layer"] for r in records] == ["plain", "llep"]
         assert "llep-layer 1/2 points" in stream.getvalue()
         # the setup of the second point raises on every rank, after the first finished
         with pytest.raises(Exception):
-            run_grid("llep-layer", [dict(base, layer="plain"), dict(base, layer="no-such-layer")],
-                     repeats=1, timeout_s=120)
+            run_grid(
+                "llep-layer",
+                [dict(base, layer="plain"), dict(base, layer="no-such-layer")],
+                repeats=1,
+                timeout_s=120,
+            )
     runs = store.runs("suite", "llep-layer")
     assert [len(r.records) for r in runs] == [2, 1]
     assert not runs[0].interrupted and runs[1].interrupted
@@ -77,6 +96,7 @@ def test_clock():
 
 # --- repro run: --full, the count lines, --quiet -------------------------------------------
 
+
 def _fake(monkeypatch):
     """One reproduction with a known outcome (two cells: one agrees, one deviates), standing in
     for the registry, so the command's lines can be checked exactly."""
@@ -87,13 +107,24 @@ def _fake(monkeypatch):
 
     def compute(repro, params):
         seen.append(dict(params))
-        return Result(cells=[repro.compare("a", "x", 1.0, "x"), repro.compare("b", "x", 3.0, "x"),
-                             repro.compare("c", "x", 5.0, "x")])
+        return Result(
+            cells=[
+                repro.compare("a", "x", 1.0, "x"),
+                repro.compare("b", "x", 3.0, "x"),
+                repro.compare("c", "x", 5.0, "x"),
+            ]
+        )
 
-    fake = Reproduction(id="piper-table4", compute=compute, defaults={"size": 1},
-                        full={"size": 8},
-                        paper_values=[PaperValue("a", "x", "1.0", "x", "test"),
-                                      PaperValue("b", "x", "2.0", "x", "test")])
+    fake = Reproduction(
+        id="piper-table4",
+        compute=compute,
+        defaults={"size": 1},
+        full={"size": 8},
+        paper_values=[
+            PaperValue("a", "x", "1.0", "x", "test"),
+            PaperValue("b", "x", "2.0", "x", "test"),
+        ],
+    )
     monkeypatch.setattr(reproductions, "all_reproductions", lambda: {"piper-table4": fake})
     return seen
 
@@ -108,8 +139,9 @@ def test_quiet_prints_one_count_line_per_reproduction(results_dir, monkeypatch):
     _fake(monkeypatch)
     out = _run("piper-table4", "--quiet").output.splitlines()
     assert len(out) == 1
-    assert re.fullmatch(r"piper-table4: 1 of 2 compared cells agree, 1 deviate \(ran \d+:\d\d\)",
-                        out[0])
+    assert re.fullmatch(
+        r"piper-table4: 1 of 2 compared cells agree, 1 deviate \(ran \d+:\d\d\)", out[0]
+    )
 
 
 def test_the_last_line_counts_compared_cells(results_dir, monkeypatch):
@@ -124,10 +156,15 @@ def test_full_runs_the_paper_sized_parameters_and_says_so(results_dir, monkeypat
     _run("piper-table4", "--quiet", "--full")
     _run("piper-table4", "--quiet", "--full", "--param", "size=4")
     assert [p["size"] for p in seen] == [1, 8, 4]  # --param applies after --full
-    commands = {json.loads(p.read_text())["command"]
-                for p in results_dir.glob("reproductions/piper-table4/*.json")}
-    assert commands == {"repro run piper-table4", "repro run piper-table4 --full",
-                        "repro run piper-table4 --full --param size=4"}
+    commands = {
+        json.loads(p.read_text())["command"]
+        for p in results_dir.glob("reproductions/piper-table4/*.json")
+    }
+    assert commands == {
+        "repro run piper-table4",
+        "repro run piper-table4 --full",
+        "repro run piper-table4 --full --param size=4",
+    }
 
 
 def test_count_lines_per_paper_and_for_all():
@@ -136,9 +173,11 @@ def test_count_lines_per_paper_and_for_all():
     from moe_repro.cli.run_cmd import count_lines
 
     cell = lambda v: {"verdict": v, "derived_from": None}  # noqa: E731
-    records = [SimpleNamespace(paper="piper", cells=[cell("match"), cell("deviates")]),
-               SimpleNamespace(paper="piper", cells=[cell("claim-holds")]),
-               SimpleNamespace(paper="mop", cells=[cell("no-paper-value")])]
+    records = [
+        SimpleNamespace(paper="piper", cells=[cell("match"), cell("deviates")]),
+        SimpleNamespace(paper="piper", cells=[cell("claim-holds")]),
+        SimpleNamespace(paper="mop", cells=[cell("no-paper-value")]),
+    ]
     assert count_lines(records) == [
         "piper (2 reproductions): 2 of 3 compared cells agree, 1 deviate",
         "mop (1 reproduction): nothing compared",
@@ -162,16 +201,18 @@ def test_run_help_teaches_full_progress_and_the_count_line():
 def test_mop_llep_grades_the_recapped_direction_not_the_gpu_size():
     from moe_repro.reproductions.mop_llep import FASTER, REPRODUCTION
 
-    result = REPRODUCTION.run({"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2,
-                               "repeats": 1})
+    result = REPRODUCTION.run(
+        {"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2, "repeats": 1}
+    )
     by = {(c.row, c.column): c for c in result.cells}
     speedup, claim = by[("LLEP", "speedup vs plain EP")], by[("LLEP", FASTER)]
     assert speedup.verdict == "no-paper-value"
     assert claim.verdict == ("claim-holds" if speedup.ours > 1 else "claim-fails")
     assert claim.ours == speedup.ours
     # with the policy's minimum of repeats the direction is read at every repeat
-    result = REPRODUCTION.run({"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2,
-                               "repeats": 5})
+    result = REPRODUCTION.run(
+        {"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2, "repeats": 5}
+    )
     claim = next(c for c in result.cells if c.column == FASTER)
     assert claim.verdict in ("claim-holds", "claim-fails", "seed-dependent")
     assert len(claim.seeds["holds"]) == 5 and "of 5 repeats" in claim.note
@@ -230,11 +271,17 @@ def test_a_training_run_counts_its_steps(monkeypatch):
     monkeypatch.setattr(_suite_runs, "STEP_LINE_S", 0.0)  # a line per step off a terminal
     stream = io.StringIO()
     with watching(Watch("demo", stream=stream)):
-        train_and_record(fig9_config(n_layers=1), steps=3, batch=4, sources=2,
-                         progress=_suite_runs.step_progress("training"))
+        train_and_record(
+            fig9_config(n_layers=1),
+            steps=3,
+            batch=4,
+            sources=2,
+            progress=_suite_runs.step_progress("training"),
+        )
     lines = stream.getvalue().splitlines()
-    assert [re.match(r"demo: training (\d)/3 steps, \d+:\d\d elapsed", line).group(1)
-            for line in lines] == ["1", "2", "3"]
+    assert [
+        re.match(r"demo: training (\d)/3 steps, \d+:\d\d elapsed", line).group(1) for line in lines
+    ] == ["1", "2", "3"]
     assert "left" in lines[0] and "left" not in lines[-1]
 
 
@@ -262,14 +309,19 @@ def test_a_world_that_times_out_keeps_every_point_it_finished(tmp_path, monkeypa
 
     suite = get_suite("alltoall")
     # one world (same ranks and backend), three points; the third stops rank 1 mid-collective
-    grid = suite.grid(suite.parse_overrides(["nodes=2", "gpus_per_node=1", "algo=flat,halo",
-                                             "tokens=16", "hidden=8"]))
+    grid = suite.grid(
+        suite.parse_overrides(
+            ["nodes=2", "gpus_per_node=1", "algo=flat,halo", "tokens=16", "hidden=8"]
+        )
+    )
     hang = dict(grid[0], fault="hang:1")
     monkeypatch.setattr(launch, "run_ranks", functools.partial(launch.run_ranks, clock=fake_clock))
     store, stream = ResultsStore(tmp_path / "results"), io.StringIO()
 
     def time_out_after_two_points():
-        deadline = time.monotonic() + patient(30)  # a hang guard: the clock moves at the latest then
+        deadline = time.monotonic() + patient(
+            30
+        )  # a hang guard: the clock moves at the latest then
         while "alltoall 2/3 points" not in stream.getvalue() and time.monotonic() < deadline:
             time.sleep(0.05)
         fake_clock.advance(61)

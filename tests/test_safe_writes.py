@@ -15,15 +15,24 @@ import threading
 
 import pytest
 
-from moe_repro.records.atomic import (atomic_write_bytes, atomic_write_json, output_dir_problem,
-                                      output_file_problem)
+from moe_repro.records.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    output_dir_problem,
+    output_file_problem,
+)
 
 MAIN = "from moe_repro.cli import main; main()"
 
 
 def repro(*args, timeout=120, env=None):
-    return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", MAIN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def one_line_exit_2(res, *words):
@@ -54,6 +63,7 @@ class FifoReader:
 
 # ---- the writer, one kind of path each -------------------------------------------------------
 
+
 def test_a_new_path_is_written_and_no_temporary_file_is_left(tmp_path):
     out = tmp_path / "new.json"
     atomic_write_json(out, {"a": 1})
@@ -67,7 +77,9 @@ def test_an_existing_regular_file_is_replaced_by_a_new_inode(tmp_path):
     before = out.stat().st_ino
     atomic_write_bytes(out, b"new")
     assert out.read_bytes() == b"new"
-    assert out.stat().st_ino != before  # renamed over, not rewritten in place (a reader sees whole files)
+    assert (
+        out.stat().st_ino != before
+    )  # renamed over, not rewritten in place (a reader sees whole files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
 
 
@@ -133,21 +145,30 @@ def test_a_name_near_the_length_limit_is_written(tmp_path):
 
 # ---- what is refused before any work, and why ------------------------------------------------
 
-@pytest.mark.parametrize("case, words", [
-    ("directory", "is a directory"),
-    ("missing parent", "does not exist"),
-    ("parent is a file", "Not a directory"),
-    ("300-char name", "longer than"),
-    ("proc", "cannot create a file"),
-    ("symlink loop", "symbolic links"),
-])
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("directory", "is a directory"),
+        ("missing parent", "does not exist"),
+        ("parent is a file", "Not a directory"),
+        ("300-char name", "longer than"),
+        ("proc", "cannot create a file"),
+        ("symlink loop", "symbolic links"),
+    ],
+)
 def test_output_file_problems_say_why(tmp_path, case, words):
     (tmp_path / "d").mkdir()
     (tmp_path / "f").write_text("")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    path = {"directory": tmp_path / "d", "missing parent": tmp_path / "no" / "x.json",
-            "parent is a file": tmp_path / "f" / "x.json", "300-char name": tmp_path / ("x" * 300),
-            "proc": "/proc/x.json", "symlink loop": tmp_path / "loop"}[case]
+    path = {
+        "directory": tmp_path / "d",
+        "missing parent": tmp_path / "no" / "x.json",
+        "parent is a file": tmp_path / "f" / "x.json",
+        "300-char name": tmp_path / ("x" * 300),
+        "proc": "/proc/x.json",
+        "symlink loop": tmp_path / "loop",
+    }[case]
     problem = output_file_problem(path)
     assert problem and words in problem, problem
     assert not (tmp_path / "no").exists()
@@ -159,6 +180,7 @@ def test_writable_nodes_are_not_problems(tmp_path):
     assert "no process reads" in output_file_problem(fifo)
     reader = FifoReader(fifo)
     import time
+
     for _ in range(600):  # the reader's open may come after the first look
         if output_file_problem(fifo) is None:
             break
@@ -181,34 +203,64 @@ def test_output_dir_problems(tmp_path):
 
 # ---- commands: refused before any work, nodes survive ----------------------------------------
 
+
 def reproduction_file(tmp_path):
     path = tmp_path / "r.json"
-    path.write_text(json.dumps({"id": "piper-table4", "how": "A", "environment": {}, "cells": [
-        {"row": "r", "column": "c", "paper": 1.0, "ours": 1.0, "verdict": "match"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "id": "piper-table4",
+                "how": "A",
+                "environment": {},
+                "cells": [
+                    {"row": "r", "column": "c", "paper": 1.0, "ours": 1.0, "verdict": "match"}
+                ],
+            }
+        )
+    )
     return path
 
 
 def test_calibrate_into_a_missing_directory_fails_before_measuring(tmp_path):
-    res = repro("calibrate", "--quick", "--no-alltoall", "--out", tmp_path / "nonexistent" / "x.json")
+    res = repro(
+        "calibrate", "--quick", "--no-alltoall", "--out", tmp_path / "nonexistent" / "x.json"
+    )
     one_line_exit_2(res, "--out", "does not exist")
     assert res.stdout == "" and not (tmp_path / "nonexistent").exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["calibrate", "--out", "/proc/x.json"], "cannot create a file"),
-    (["run", "piper-table4", "--out", "/proc/sys/x"], "cannot create a file"),
-    (["site", "build", "--out", "/proc/sys/x"], "cannot create a file"),
-    (["plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--json", "DIR"],
-     "is a directory"),
-    (["bench", "gemm", "--json", "LONG"], "longer than"),
-    (["run", "piper-table4", "--json", "LONG"], "longer than"),
-    (["export", "--out", "DIR"], "is a directory"),
-    (["--results", "/proc/results", "run", "piper-table4"], "cannot store results"),
-    (["--results", "/proc/results", "bench", "gemm"], "cannot store results"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["calibrate", "--out", "/proc/x.json"], "cannot create a file"),
+        (["run", "piper-table4", "--out", "/proc/sys/x"], "cannot create a file"),
+        (["site", "build", "--out", "/proc/sys/x"], "cannot create a file"),
+        (
+            [
+                "plan",
+                "--model",
+                "deepseek-v3",
+                "--platform",
+                "frontier",
+                "--nodes",
+                "4",
+                "--json",
+                "DIR",
+            ],
+            "is a directory",
+        ),
+        (["bench", "gemm", "--json", "LONG"], "longer than"),
+        (["run", "piper-table4", "--json", "LONG"], "longer than"),
+        (["export", "--out", "DIR"], "is a directory"),
+        (["--results", "/proc/results", "run", "piper-table4"], "cannot store results"),
+        (["--results", "/proc/results", "bench", "gemm"], "cannot store results"),
+    ],
+)
 def test_commands_refuse_an_unwritable_output_before_any_work(tmp_path, args, words):
-    args = [str(tmp_path) if a == "DIR" else str(tmp_path / ("y" * 300)) if a == "LONG" else a
-            for a in args]
+    args = [
+        str(tmp_path) if a == "DIR" else str(tmp_path / ("y" * 300)) if a == "LONG" else a
+        for a in args
+    ]
     res = repro(*args)
     one_line_exit_2(res, words)
     assert res.stdout == ""
@@ -263,7 +315,17 @@ def test_export_into_a_device_and_a_symlinked_file(tmp_path, results_dir):
 
 WRITERS = {
     "run --json": ["run", "piper-table4", "--quiet", "--json", "OUT"],
-    "plan --json": ["plan", "--model", "deepseek-v3", "--platform", "frontier", "--nodes", "4", "--json", "OUT"],
+    "plan --json": [
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--platform",
+        "frontier",
+        "--nodes",
+        "4",
+        "--json",
+        "OUT",
+    ],
     "bench --json": ["bench", "memcopy", "--mbytes", "1", "--repeats", "1", "--json", "OUT"],
     "calibrate --out": ["calibrate", "--quick", "--no-alltoall", "--ranks", "1", "--out", "OUT"],
 }

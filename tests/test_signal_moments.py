@@ -36,9 +36,27 @@ SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 def command(ranks: int) -> list[str]:
     # two points per world: a signal between them leaves one finished record to keep
-    return [sys.executable, "-c", "from moe_repro.cli import main; main()", "bench", "allreduce",
-            "--ranks", str(ranks), "--backend", "gloo", "--bytes", "8,4096", "--repeats", "1",
-            "--warmup", "0", "--min-sample-s", "0", "--timeout", "600"]
+    return [
+        sys.executable,
+        "-c",
+        "from moe_repro.cli import main; main()",
+        "bench",
+        "allreduce",
+        "--ranks",
+        str(ranks),
+        "--backend",
+        "gloo",
+        "--bytes",
+        "8,4096",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--min-sample-s",
+        "0",
+        "--timeout",
+        "600",
+    ]
 
 
 def tagged_processes(tag: str) -> list[int]:
@@ -85,11 +103,16 @@ def run_once(tmp_path: Path, ranks: int, at_s: float | None, sig: int | None) ->
     tmp, results = run_dir / "tmp", run_dir / "results"
     tmp.mkdir(parents=True)
     tag = f"MOE_REPRO_SIGNAL_TEST={uuid.uuid4().hex}"
-    env = dict(os.environ, TMPDIR=str(tmp), MOE_REPRO_RESULTS=str(results),
-               MOE_REPRO_SIGNAL_TEST=tag.split("=")[1])
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp),
+        MOE_REPRO_RESULTS=str(results),
+        MOE_REPRO_SIGNAL_TEST=tag.split("=")[1],
+    )
     start = time.monotonic()
-    proc = subprocess.Popen(command(ranks), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        command(ranks), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     seen, handled = 0, True
     if at_s is not None:
         while time.monotonic() - start < at_s and proc.poll() is None:
@@ -104,9 +127,19 @@ def run_once(tmp_path: Path, ranks: int, at_s: float | None, sig: int | None) ->
     deadline = time.monotonic() + patient(1.5)  # the janitor and killed groups need a moment
     while (tagged_processes(tag) or any(tmp.iterdir())) and time.monotonic() < deadline:
         time.sleep(0.1)
-    stored = [json.loads(p.read_text()) for p in results.rglob("*.json")] if results.exists() else []
-    return {"rc": proc.returncode, "err": err, "took": took, "seen": seen, "handled": handled,
-            "left": tagged_processes(tag), "dirs": sorted(p.name for p in tmp.iterdir()), "stored": stored}
+    stored = (
+        [json.loads(p.read_text()) for p in results.rglob("*.json")] if results.exists() else []
+    )
+    return {
+        "rc": proc.returncode,
+        "err": err,
+        "took": took,
+        "seen": seen,
+        "handled": handled,
+        "left": tagged_processes(tag),
+        "dirs": sorted(p.name for p in tmp.iterdir()),
+        "stored": stored,
+    }
 
 
 def test_a_signal_at_any_moment_keeps_what_finished_and_leaves_nothing(tmp_path):
@@ -119,7 +152,9 @@ def test_a_signal_at_any_moment_keeps_what_finished_and_leaves_nothing(tmp_path)
         for _ in range(moments):
             sig, at = rng.choice(SIGNALS), rng.uniform(0, full["took"])
             out = run_once(tmp_path, ranks, at, sig)
-            where = f"{ranks} ranks, {signal.Signals(sig).name} at {at:.2f} s of {full['took']:.1f} s"
+            where = (
+                f"{ranks} ranks, {signal.Signals(sig).name} at {at:.2f} s of {full['took']:.1f} s"
+            )
             assert not out["left"], f"{where}: processes left: {out['left']}"
             assert not out["dirs"], f"{where}: left in TMPDIR: {out['dirs']}"
             complete = [s for s in out["stored"] if not s["interrupted"] and len(s["records"]) == 2]
@@ -137,7 +172,9 @@ def test_a_signal_at_any_moment_keeps_what_finished_and_leaves_nothing(tmp_path)
                 assert "Traceback" not in out["err"], f"{where}: {out['err'][-2000:]}"
                 assert out["rc"] == 128 + sig, f"{where}: exit {out['rc']}: {out['err'][-2000:]}"
                 stored = [r for s in out["stored"] for r in s["records"]]
-                assert len(stored) >= out["seen"], f"{where}: {out['seen']} finished, {len(stored)} stored"
+                assert len(stored) >= out["seen"], (
+                    f"{where}: {out['seen']} finished, {len(stored)} stored"
+                )
                 assert all(s["interrupted"] or len(s["records"]) == 2 for s in out["stored"]), where
                 kind = f"interrupted ({len(stored)} of 2 points kept)"
             outcomes.append((ranks, signal.Signals(sig).name, round(at, 2), out["rc"], kind))

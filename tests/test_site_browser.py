@@ -20,8 +20,15 @@ from moe_repro.cli import cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Flags for a closed network, as root, without a GPU (see the machine notes).
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _require_browser():
@@ -49,9 +56,22 @@ WIDTHS = (1280, 375)
 # layer; feplb-table3 replays 5 seeds' traces (synthetic and real-count) at 3 EP sizes: short
 # ones (256 tokens per rank, 2 layers; its defaults, 4096 and 18, took 76-300 s here).
 SMALL = {
-    "xmoe-fig11": ["--param", "ranks=2", "--param", "tokens=32", "--param", "d_model=16",
-                   "--param", "d_ffn=8", "--param", "experts=4", "--param", "top_k=2",
-                   "--param", "repeats=1"],
+    "xmoe-fig11": [
+        "--param",
+        "ranks=2",
+        "--param",
+        "tokens=32",
+        "--param",
+        "d_model=16",
+        "--param",
+        "d_ffn=8",
+        "--param",
+        "experts=4",
+        "--param",
+        "top_k=2",
+        "--param",
+        "repeats=1",
+    ],
     "feplb-table3": ["--param", "tokens=256", "--param", "layers=2"],
 }
 
@@ -110,7 +130,10 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
         # every paper's page and a suite page: styled, figures loaded, a screenshot kept (CI
         # keeps MOE_REPRO_ARTIFACTS as build artefacts)
         shots = [shot]
-        targets = [("index", site / "index.html"), ("suite-alltoall", site / "suites" / "alltoall.html")]
+        targets = [
+            ("index", site / "index.html"),
+            ("suite-alltoall", site / "suites" / "alltoall.html"),
+        ]
         targets += [(rid, site / "repro" / f"{rid}.html") for rid in PAGES[1:]]
         for name, path in targets:
             page.goto(path.as_uri())
@@ -141,7 +164,9 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
             path = site / "index.html" if name == "index" else site / "repro" / f"{name}.html"
             page.goto(path.as_uri())
             where = f"{name} at {width} px"
-            assert "sans-serif" in page.evaluate("getComputedStyle(document.body).fontFamily"), where
+            assert "sans-serif" in page.evaluate("getComputedStyle(document.body).fontFamily"), (
+                where
+            )
             widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
             assert all(w > 0 for w in widths), (where, widths)
             # nothing runs off the side: wide tables scroll inside their own box
@@ -162,8 +187,9 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
                 folded = page.locator("details.ungraded")
                 if folded.count():
                     assert not folded.first.evaluate("d => d.open"), where
-                    assert folded.first.locator("tr.no-paper-value, tr.echo, tr.not-comparable, "
-                                                "tr.not-reproduced").first.is_hidden(), where
+                    assert folded.first.locator(
+                        "tr.no-paper-value, tr.echo, tr.not-comparable, tr.not-reproduced"
+                    ).first.is_hidden(), where
             shots.append(artifacts / f"site-{name}-{width}.png")
             page.screenshot(path=str(shots[-1]), full_page=True)
             if name == "piper-fig8" and width == 375:

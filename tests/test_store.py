@@ -32,8 +32,12 @@ def test_interrupted_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch)
 
 
 def _record(n: int, ts: str) -> ReproductionRecord:
-    return ReproductionRecord(id="piper-table4", title=f"run {n}", cells=[],
-                              environment={"timestamp": ts, "git_commit": "abc"})
+    return ReproductionRecord(
+        id="piper-table4",
+        title=f"run {n}",
+        cells=[],
+        environment={"timestamp": ts, "git_commit": "abc"},
+    )
 
 
 def test_store_keeps_every_run_and_finds_the_latest(tmp_path):
@@ -65,8 +69,12 @@ def test_runs_saved_in_the_same_second_keep_their_order():
 
     from moe_repro.records.store import _run_order
 
-    saved = ["20261125T143620Z-abc.json", "20261125T143620Z-abc-1.json", "20261125T143620Z-abc-2.json",
-             "20261125T143620Z-abc-10.json"]
+    saved = [
+        "20261125T143620Z-abc.json",
+        "20261125T143620Z-abc-1.json",
+        "20261125T143620Z-abc-2.json",
+        "20261125T143620Z-abc-10.json",
+    ]
     older = ["20261125T143619Z-abd.json"]
     shuffled = [saved[2], older[0], saved[3], saved[0], saved[1]]
     assert sorted(shuffled, key=lambda n: _run_order(Path(n))) == older + saved

@@ -28,8 +28,12 @@ MAIN = "from moe_repro.cli import main; main()"
 
 def repro(*args, timeout=180):
     # the timeout turns a hang (a FIFO opened for reading) into a failure, not a stuck test
-    return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", MAIN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def a_record(**changes) -> dict:
@@ -61,18 +65,22 @@ def planted(tmp_path):
         else:
             path.write_text(content if isinstance(content, str) else json.dumps(content))
         return path
+
     return root, plant
 
 
 CASES = {
     "id with ../": a_record(id="../../escaped/pwned-by-id"),
     "id of another reproduction": a_record(id="piper-table1"),
-    "figure name with ../": a_record(figures=[{"name": "../../escaped/pwned-fig", "title": "t",
-                                               "series": []}]),
+    "figure name with ../": a_record(
+        figures=[{"name": "../../escaped/pwned-fig", "title": "t", "series": []}]
+    ),
     "figures not a list": a_record(figures="a string"),
     "figures holding a number": a_record(figures=[42]),
     "figure without a title": a_record(figures=[{"name": "f", "series": []}]),
-    "NaN graded match": a_record(cells=[{**V1_REPRO["cells"][0], "ours": math.nan, "verdict": "match"}]),
+    "NaN graded match": a_record(
+        cells=[{**V1_REPRO["cells"][0], "ours": math.nan, "verdict": "match"}]
+    ),
     "200,000-deep nesting": deep_json(200_000),
     "70-deep nesting": a_record(extra={"x": json.loads(deep_json(70))}),
     "FIFO named *.json": "FIFO",
@@ -129,7 +137,10 @@ def test_every_command_that_reads_the_store_survives_a_planted_file(planted, tmp
         assert len(res.stderr.strip().splitlines()) == 1 and bad.name in res.stderr, res.stderr
         assert res.returncode == (0 if case == "FIFO named *.json" else 2), res.stderr
 
-    assert bad.exists() and (root / "reproductions" / "piper-table4" / "20260101T000000Z-good.json").is_file()
+    assert (
+        bad.exists()
+        and (root / "reproductions" / "piper-table4" / "20260101T000000Z-good.json").is_file()
+    )
 
 
 def test_a_figure_that_cannot_be_drawn_is_named_and_the_page_still_written(planted, tmp_path):
@@ -179,11 +190,19 @@ print(store.save(record), flush=True)
 
 def test_eight_writers_saving_at_the_same_moment_keep_eight_files(tmp_path):
     source = tmp_path / "r.json"
-    source.write_text(json.dumps(a_record()))  # one timestamp and commit: every writer wants one name
+    source.write_text(
+        json.dumps(a_record())
+    )  # one timestamp and commit: every writer wants one name
     root = tmp_path / "store"
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(root), str(source), str(i)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(root), str(source), str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
     assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 8  # imports done
     for p in procs:
         p.stdin.write("\n")
@@ -199,7 +218,9 @@ def test_eight_writers_saving_at_the_same_moment_keep_eight_files(tmp_path):
 
 
 def test_a_saved_file_name_is_made_only_of_plain_characters(tmp_path):
-    record = validate(a_record(environment={"timestamp": "../../../escaped", "git_commit": "../x/y"}))
+    record = validate(
+        a_record(environment={"timestamp": "../../../escaped", "git_commit": "../x/y"})
+    )
     path = ResultsStore(tmp_path / "store").save(record)
     assert path.parent == tmp_path / "store" / "reproductions" / "piper-table4"
     assert "/" not in path.name and not path.name.startswith(".")
@@ -216,13 +237,21 @@ def test_a_stored_peer_run_that_cannot_be_laid_out_is_named_and_left_out(tmp_pat
     root = tmp_path / "store"
     folder = root / "suites" / "moe-layer"
     folder.mkdir(parents=True)
-    run = {"kind": "suite", "schema_version": 2, "suite": "moe-layer", "environment": {},
-           "params": ["impl", "stage"], "records": [{"peer": "megatron-core 0.0", "time_s": "fast"}]}
+    run = {
+        "kind": "suite",
+        "schema_version": 2,
+        "suite": "moe-layer",
+        "environment": {},
+        "params": ["impl", "stage"],
+        "records": [{"peer": "megatron-core 0.0", "time_s": "fast"}],
+    }
     (folder / "20990101T000000Z-x.json").write_text(json.dumps(run))
     res = repro("--results", root, "site", "build", "--out", tmp_path / "site")
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "peers page: moe-layer" in res.stderr and "left out" in res.stderr
-    assert (tmp_path / "site" / "peers.html").is_file() and (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "peers.html").is_file() and (
+        tmp_path / "site" / "index.html"
+    ).is_file()
 
 
 def test_a_fifo_planted_in_the_site_folder_is_refused_not_waited_on(tmp_path):
@@ -244,6 +273,7 @@ def test_without_hard_links_saves_still_never_overwrite(tmp_path, monkeypatch):
 
     def no_link(src, dst):
         raise OSError(errno.EPERM, "hard links not supported here")
+
     monkeypatch.setattr(os, "link", no_link)
     record = validate(a_record())
     store = ResultsStore(tmp_path / "store")

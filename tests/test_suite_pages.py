@@ -15,9 +15,11 @@ from moe_repro.records.store import ResultsStore
 from moe_repro.reports import figures, site
 
 SIZES = (1024, 4096, 16384, 65536, 1048576)
-METRICS = [{"name": "time_s", "unit": "s", "better": "lower"},
-           {"name": "inter_node_bytes", "unit": "B", "better": "lower"},
-           {"name": "busbw_GBps", "unit": "GB/s", "better": "higher"}]
+METRICS = [
+    {"name": "time_s", "unit": "s", "better": "lower"},
+    {"name": "inter_node_bytes", "unit": "B", "better": "lower"},
+    {"name": "busbw_GBps", "unit": "GB/s", "better": "higher"},
+]
 
 
 def a2a_run(when: str, algos=("flat", "halo"), sizes=SIZES, slower: float = 1.0) -> SuiteRecord:
@@ -27,15 +29,35 @@ def a2a_run(when: str, algos=("flat", "halo"), sizes=SIZES, slower: float = 1.0)
     for i, algo in enumerate(algos):
         for size in sizes:
             t = slower * (1e-5 + size / 1e9) * (1 + i)
-            records.append({"suite": "alltoall", "nodes": 2, "algo": algo, "sizes": size,
-                            "tokens": size // 256, "dtype": "float32", "device": "auto",
-                            "time_s": t, "time_s_iqr": t / 10, "time_s_min": t * 0.9,
-                            "time_s_max": t * 1.3, "inter_node_bytes": 3 * size,
-                            "busbw_GBps": size / t / 1e9, "busbw_GBps_iqr": 0.1,
-                            "wrong": 0, "correct": True, "samples": {"time_s": [t, t]}})
-    return SuiteRecord(suite="alltoall", description="synthetic all-to-all",
-                       params=["nodes", "algo", "sizes", "tokens", "dtype", "device"],
-                       metrics=METRICS, records=records, environment=env)
+            records.append(
+                {
+                    "suite": "alltoall",
+                    "nodes": 2,
+                    "algo": algo,
+                    "sizes": size,
+                    "tokens": size // 256,
+                    "dtype": "float32",
+                    "device": "auto",
+                    "time_s": t,
+                    "time_s_iqr": t / 10,
+                    "time_s_min": t * 0.9,
+                    "time_s_max": t * 1.3,
+                    "inter_node_bytes": 3 * size,
+                    "busbw_GBps": size / t / 1e9,
+                    "busbw_GBps_iqr": 0.1,
+                    "wrong": 0,
+                    "correct": True,
+                    "samples": {"time_s": [t, t]},
+                }
+            )
+    return SuiteRecord(
+        suite="alltoall",
+        description="synthetic all-to-all",
+        params=["nodes", "algo", "sizes", "tokens", "dtype", "device"],
+        metrics=METRICS,
+        records=records,
+        environment=env,
+    )
 
 
 @pytest.fixture
@@ -61,8 +83,9 @@ def test_sweep_figure_plots_each_headline_metric_against_the_swept_parameter(tmp
     assert fig["xscale"] == "log" and fig["xticks"] == list(SIZES) and fig["xticks_binary"]
     assert fig["ylabel"].startswith("time_s [ms]")  # 11 us .. 2.1 ms: drawn in ms
     flat = fig["series"][0]
-    assert flat["x"] == list(SIZES) and all(lo < y < hi for lo, y, hi in
-                                            zip(flat["lo"], flat["y"], flat["hi"]))
+    assert flat["x"] == list(SIZES) and all(
+        lo < y < hi for lo, y, hi in zip(flat["lo"], flat["y"], flat["hi"])
+    )
     assert "tokens changes with sizes" in fig["caption"]
 
 
@@ -76,8 +99,19 @@ def test_suite_page_has_figure_compact_table_constants_once_and_device(tmp_path)
         assert f'src="alltoall-sweep-{metric}.png"' in page
     table = re.search(r'<div class="scroll"><table class="records">(.*?)</table></div>', page, re.S)
     assert table, "the results table sits in a horizontal scroll wrapper"
-    heads = [re.sub(r"<br>.*", "", h) for h in re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table.group(1))]
-    assert heads == ["algo", "sizes", "tokens", "time_s", "IQR", "busbw_GBps [GB/s]", "IQR", "#wrong"]
+    heads = [
+        re.sub(r"<br>.*", "", h) for h in re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table.group(1))
+    ]
+    assert heads == [
+        "algo",
+        "sizes",
+        "tokens",
+        "time_s",
+        "IQR",
+        "busbw_GBps [GB/s]",
+        "IQR",
+        "#wrong",
+    ]
     assert len(re.findall(r"<tr>", table.group(1))) == 1 + 2 * len(SIZES)
     # the parameters every record shares: once, above the table, not as columns
     for shared in ("nodes=2", "dtype=float32"):
@@ -95,12 +129,16 @@ def test_suite_page_shows_the_summary_stored_with_the_run_and_old_runs_load_with
     none, and its page has no summary list."""
     import json
 
-    lines = ["mpi rbd: median |error| 9.1% over 12 cells, worst 19.9% (within the 15% goal)",
-             "gloo rbd: median |error| 22.2% over 12 cells, worst 50.4% (above the 15% goal)"]
+    lines = [
+        "mpi rbd: median |error| 9.1% over 12 cells, worst 19.9% (within the 15% goal)",
+        "gloo rbd: median |error| 22.2% over 12 cells, worst 50.4% (above the 15% goal)",
+    ]
     run = a2a_run("2026-01-05T10:00:00+00:00").model_copy(update={"summary": lines})
     store = ResultsStore(tmp_path / "store")
     store.save(run)
-    page = site.write_suite_page(tmp_path / "site", "alltoall", store.runs("suite", "alltoall")).read_text()
+    page = site.write_suite_page(
+        tmp_path / "site", "alltoall", store.runs("suite", "alltoall")
+    ).read_text()
     listed = re.search(r'<ul class="summary">(.*?)</ul>', page, re.S)
     assert listed and re.findall(r"<li>(.*?)</li>", listed.group(1)) == lines
 
@@ -123,8 +161,11 @@ def test_bench_stores_the_suites_summary_with_its_records():
 
     suite = all_suites()["alltoall-validation"]
     records = [{"backend": "mpi", "algo": "flat", "error_pct": e} for e in (-4.0, 20.0, 6.0)]
-    assert suite_record(suite, records).summary == suite.summary(records) == [
-        "mpi flat: median |error| 6.0% over 3 cells, worst 20.0% (within the 15% goal)"]
+    assert (
+        suite_record(suite, records).summary
+        == suite.summary(records)
+        == ["mpi flat: median |error| 6.0% over 3 cells, worst 20.0% (within the 15% goal)"]
+    )
     assert suite_record(suite, []).summary == []
 
 
@@ -173,23 +214,47 @@ def test_history_caps_series_and_keeps_the_largest_size(tmp_path):
 def test_nothing_numeric_swept_gives_a_dot_per_category(tmp_path, drawn):
     run = a2a_run("2026-01-05T10:00:00+00:00", algos=("flat", "halo", "rbd"), sizes=(4096,))
     fig = site.sweep_figure("alltoall", run.metrics[0], run)
-    assert fig["kind"] == "dots" and [c["label"] for c in fig["categories"]] == ["flat", "halo", "rbd"]
+    assert fig["kind"] == "dots" and [c["label"] for c in fig["categories"]] == [
+        "flat",
+        "halo",
+        "rbd",
+    ]
     assert figures.render_figure(fig)["png"].startswith(b"\x89PNG")
     ax = drawn[0]
-    top_down = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
+    top_down = sorted(
+        zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True
+    )
     assert [label for _, label in top_down] == ["flat", "halo", "rbd"]  # in run order, first on top
 
 
 def test_site_build_draws_suite_sweeps_and_wraps_every_table(tmp_path):
     store = ResultsStore(tmp_path / "store")
     env = collect_environment(["repro", "bench", "gemm"])
-    records = [{"suite": "gemm", "n": n, "dtype": "float32", "device": "auto", "time_s": n**3 / 1e10,
-                "time_s_iqr": 1e-6, "tflops": 2 * n**3 / (n**3 / 1e10) / 1e12, "wrong": 0}
-               for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192)]
-    store.save(SuiteRecord(suite="gemm", params=["n", "dtype", "device"], records=records,
-                           metrics=[{"name": "time_s", "unit": "s", "better": "lower"},
-                                    {"name": "tflops", "unit": "TFLOP/s", "better": "higher"}],
-                           environment=env))
+    records = [
+        {
+            "suite": "gemm",
+            "n": n,
+            "dtype": "float32",
+            "device": "auto",
+            "time_s": n**3 / 1e10,
+            "time_s_iqr": 1e-6,
+            "tflops": 2 * n**3 / (n**3 / 1e10) / 1e12,
+            "wrong": 0,
+        }
+        for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    ]
+    store.save(
+        SuiteRecord(
+            suite="gemm",
+            params=["n", "dtype", "device"],
+            records=records,
+            metrics=[
+                {"name": "time_s", "unit": "s", "better": "lower"},
+                {"name": "tflops", "unit": "TFLOP/s", "better": "higher"},
+            ],
+            environment=env,
+        )
+    )
     out = tmp_path / "site"
     index = site.build_site(store, out).read_text()
     page = (out / "suites" / "gemm.html").read_text()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,19 +22,32 @@ from moe_repro.suites import all_suites
 
 SUITES = all_suites()
 DECLARED = [(name, key) for name, suite in SUITES.items() for key in suite.schema]
-CASES = [(name, key, value) for name, key in DECLARED for value in SUITES[name].schema[key].bad_values()]
-RULE_CASES = [(name, i, rule.example) for name, suite in SUITES.items() for i, rule in enumerate(suite.rules)]
+CASES = [
+    (name, key, value) for name, key in DECLARED for value in SUITES[name].schema[key].bad_values()
+]
+RULE_CASES = [
+    (name, i, rule.example) for name, suite in SUITES.items() for i, rule in enumerate(suite.rules)
+]
 
 # The inputs the issue found reaching the ranks (or accepted); each must now stop in the parent.
 ISSUE_CASES = [
-    ["llep-layer", "--ranks", "3"], ["llep-layer", "--top-k", "9"],
-    ["ssmb-memory", "--ranks", "3"], ["ssmb-memory", "--top-k", "17"],
-    ["dispatch-stages", "--top-k", "300", "--experts", "256"], ["vocab-loss", "--tokens", "0"],
-    ["allreduce", "--bytes", "5"], ["rank-layout-traffic", "--order", "random"],
-    ["pp-ep-train", "--model", "nosuch"], ["memcopy", "--mbytes", "100000000"],
-    ["eplb-policy", "--skew", "nan"], ["gemm", "--n", "64,0"], ["alltoall", "--nodes", "100000"],
-    ["allreduce", "--ranks", "1000"], ["allreduce", "--timeout", "nan"],
-    ["allreduce", "--min-sample-s", "inf"], ["moe-layer", "--capacity-factor", "1e400"],
+    ["llep-layer", "--ranks", "3"],
+    ["llep-layer", "--top-k", "9"],
+    ["ssmb-memory", "--ranks", "3"],
+    ["ssmb-memory", "--top-k", "17"],
+    ["dispatch-stages", "--top-k", "300", "--experts", "256"],
+    ["vocab-loss", "--tokens", "0"],
+    ["allreduce", "--bytes", "5"],
+    ["rank-layout-traffic", "--order", "random"],
+    ["pp-ep-train", "--model", "nosuch"],
+    ["memcopy", "--mbytes", "100000000"],
+    ["eplb-policy", "--skew", "nan"],
+    ["gemm", "--n", "64,0"],
+    ["alltoall", "--nodes", "100000"],
+    ["allreduce", "--ranks", "1000"],
+    ["allreduce", "--timeout", "nan"],
+    ["allreduce", "--min-sample-s", "inf"],
+    ["moe-layer", "--capacity-factor", "1e400"],
 ]
 
 
@@ -94,7 +106,9 @@ def test_each_declared_bad_value_is_refused_in_the_parent(name, key, value, tmp_
     assert_refused([name, "--quick", f"--{key.replace('_', '-')}", value], tmp_path)
 
 
-@pytest.mark.parametrize("name,index,example", RULE_CASES, ids=[f"{n}-rule{i}" for n, i, _ in RULE_CASES])
+@pytest.mark.parametrize(
+    "name,index,example", RULE_CASES, ids=[f"{n}-rule{i}" for n, i, _ in RULE_CASES]
+)
 def test_each_rule_across_parameters_is_refused_in_the_parent(name, index, example, tmp_path):
     args = [name, "--quick"]
     for key, value in example.items():
@@ -115,11 +129,17 @@ def _bad_number(declared, draw_int: bool):
     """Numbers outside a declared range, NaN and infinities, as the command line writes them."""
     outside = []
     if declared.min is not None:
-        outside.append(st.integers(max_value=math.floor(declared.min) - 1) if draw_int
-                       else st.floats(max_value=declared.min, exclude_max=True, allow_nan=False))
+        outside.append(
+            st.integers(max_value=math.floor(declared.min) - 1)
+            if draw_int
+            else st.floats(max_value=declared.min, exclude_max=True, allow_nan=False)
+        )
     if declared.max is not None:
-        outside.append(st.integers(min_value=math.floor(declared.max) + 1) if draw_int
-                       else st.floats(min_value=declared.max, exclude_min=True, allow_nan=False))
+        outside.append(
+            st.integers(min_value=math.floor(declared.max) + 1)
+            if draw_int
+            else st.floats(min_value=declared.max, exclude_min=True, allow_nan=False)
+        )
     outside.append(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
     return st.one_of(*outside).map(lambda v: repr(v) if isinstance(v, float) else str(v))
 
@@ -129,19 +149,26 @@ def bad_inputs(draw):
     name, key = draw(st.sampled_from(DECLARED))
     declared = SUITES[name].schema[key]
     if declared.kind in (int, float):
-        value = draw(st.one_of(_bad_number(declared, declared.kind is int),
-                               st.sampled_from(declared.bad_values())))
+        value = draw(
+            st.one_of(
+                _bad_number(declared, declared.kind is int), st.sampled_from(declared.bad_values())
+            )
+        )
     elif declared.choices:
-        junk = st.text(st.characters(blacklist_characters=",\x00", blacklist_categories=("Cs",)),
-                       max_size=40).filter(lambda t: t.strip() not in declared.choices)
+        junk = st.text(
+            st.characters(blacklist_characters=",\x00", blacklist_categories=("Cs",)), max_size=40
+        ).filter(lambda t: t.strip() not in declared.choices)
         value = draw(st.one_of(junk, st.sampled_from(declared.bad_values())))
     else:
         value = draw(st.sampled_from(declared.bad_values()))
     return name, key, value
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=bad_inputs())
 def test_generated_bad_values_for_every_declared_parameter(case, tmp_path):
     name, key, value = case

@@ -10,7 +10,14 @@ from moe_repro.records.stats import quantile, summarize
 def test_quantiles_match_hand_values():
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(1.75)
     s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
-    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (
+        3.0,
+        2.0,
+        4.0,
+        1.0,
+        5.0,
+        5,
+    )
 
 
 def test_grid_and_overrides_are_typed_and_validated():
@@ -52,7 +59,12 @@ def test_allreduce_suite_runs_for_real_on_both_backends(ranks):
     suite = all_suites()["allreduce"]
     grid = suite.grid({"ranks": [ranks], "bytes": [8, 4096]})
     records = measure(suite, grid, RunConfig(repeats=2, min_sample_s=0.001, timeout_s=120))
-    assert {(r["backend"], r["bytes"]) for r in records} == {("gloo", 8), ("gloo", 4096), ("mpi", 8), ("mpi", 4096)}
+    assert {(r["backend"], r["bytes"]) for r in records} == {
+        ("gloo", 8),
+        ("gloo", 4096),
+        ("mpi", 8),
+        ("mpi", 4096),
+    }
     for r in records:
         assert r["correct"] and r["world_size"] == ranks
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (ranks - 1) / ranks, rel=1e-9)
@@ -61,7 +73,11 @@ def test_allreduce_suite_runs_for_real_on_both_backends(ranks):
 def test_sizes_take_suffixes_and_doubling_ranges():
     from moe_repro.suites.base import doubling_range, parse_size
 
-    assert parse_size("4K") == 4096 and parse_size("64M") == 64 * 1024 * 1024 and parse_size("12") == 12
+    assert (
+        parse_size("4K") == 4096
+        and parse_size("64M") == 64 * 1024 * 1024
+        and parse_size("12") == 12
+    )
     assert doubling_range("1K:8K") == [1024, 2048, 4096, 8192]
     assert doubling_range("3:3") == [3]
     gemm = all_suites()["gemm"]
@@ -77,9 +93,14 @@ def test_measure_takes_a_suite_by_name_and_derives_what_its_grid_derives(monkeyp
     import moe_repro.suites.runner as runner
 
     seen = []
-    monkeypatch.setattr(runner, "run_point", lambda suite, params, config, ctx=None: seen.append(params) or {})
-    point = {k: v for k, v in all_suites()["eplb-policy"].grid(quick=True)[0].items()
-             if k not in ("gpus", "slots_per_gpu", "row_bytes")}
+    monkeypatch.setattr(
+        runner, "run_point", lambda suite, params, config, ctx=None: seen.append(params) or {}
+    )
+    point = {
+        k: v
+        for k, v in all_suites()["eplb-policy"].grid(quick=True)[0].items()
+        if k not in ("gpus", "slots_per_gpu", "row_bytes")
+    }
     point.update(nodes=2, gpus_per_node=4)
     measure("eplb-policy", [point])
     assert "gpus" not in seen[0]  # as given
@@ -96,7 +117,7 @@ def test_calls_per_sample_come_from_the_median_of_number_from_single_calls(fake_
     from moe_repro.suites.base import Suite
     from moe_repro.suites.runner import RunConfig, prepare_point
 
-    call_s, stall_s = 2.0 ** -10, 2.0 ** -4  # about 1 ms, and a 62.5 ms stall
+    call_s, stall_s = 2.0**-10, 2.0**-4  # about 1 ms, and a 62.5 ms stall
 
     def run(state):
         state["calls"] += 1
@@ -107,6 +128,8 @@ def test_calls_per_sample_come_from_the_median_of_number_from_single_calls(fake_
     config = RunConfig(warmup=1, min_sample_s=16 * call_s)
     timer = HostTimer(fake_clock)
     *_, number_one, _ = prepare_point(suite, {"x": 1}, config, timer=timer)
-    *_, number_three, _ = prepare_point(suite, {"x": 1}, replace(config, number_from=3), timer=timer)
+    *_, number_three, _ = prepare_point(
+        suite, {"x": 1}, replace(config, number_from=3), timer=timer
+    )
     assert number_one == 1  # the stall alone already lasts longer than a sample
     assert number_three == 16  # min_sample_s over the median call

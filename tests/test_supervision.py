@@ -50,8 +50,11 @@ def workdirs_of(pid: int) -> list[Path]:
 def start_job(tmp_path, targets_on_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_dir)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(pid_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + patient(12)
     # a pid file exists a moment before its pid is written in it: wait for four written ones
     while len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) < 4:
@@ -79,14 +82,16 @@ def test_ranks_die_with_their_parent(sig, tmp_path, targets_on_path):
     parent, ranks = start_job(tmp_path, targets_on_path)
     parent.send_signal(sig)
     parent.wait(timeout=patient(3))
-    assert wait_until(lambda: not any(running(pid) for pid in ranks), patient(0.5)), \
+    assert wait_until(lambda: not any(running(pid) for pid in ranks), patient(0.5)), (
         f"ranks still running {patient(0.5):g} s after {sig.name} to their parent"
+    )
     if sig == signal.SIGTERM:
         # the parent cleaned up on its way out, and exited with the conventional code
         assert parent.returncode == 128 + signal.SIGTERM
     # on SIGKILL no handler runs: the janitor process removes the directory
-    assert wait_until(lambda: not workdirs_of(parent.pid), patient(0.5)), \
+    assert wait_until(lambda: not workdirs_of(parent.pid), patient(0.5)), (
         f"work directory still there {patient(0.5):g} s after {sig.name} to its owner"
+    )
 
 
 def test_a_dead_owners_directory_is_removed_on_the_next_start(tmp_path):
@@ -126,24 +131,35 @@ def test_a_stopped_rank_is_named_alone_on_timeout(tmp_path, targets_on_path, fak
 
     def job():
         try:
-            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 600},
-                      world_size=4, timeout_s=12, clock=fake_clock)
+            run_ranks(
+                "_supervision_targets:sleep_after_reporting",
+                {"pid_dir": str(pid_dir), "seconds": 600},
+                world_size=4,
+                timeout_s=12,
+                clock=fake_clock,
+            )
         except RankFailure as e:
             caught.append(e)
 
     t = threading.Thread(target=job)
     t.start()
     try:
-        assert wait_until(lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
-                          patient(12)), "ranks did not start"
+        assert wait_until(
+            lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
+            patient(12),
+        ), "ranks did not start"
         os.kill(int((pid_dir / "rank-1.pid").read_text()), signal.SIGSTOP)
         (workdir,) = workdirs_of(os.getpid())
 
         def stale() -> bool:
             try:
-                return time.time() - json.loads((workdir / "rank-1.beat").read_text())["t"] > STALE_HEARTBEAT_S
+                return (
+                    time.time() - json.loads((workdir / "rank-1.beat").read_text())["t"]
+                    > STALE_HEARTBEAT_S
+                )
             except (OSError, ValueError):
                 return False
+
         assert wait_until(stale, patient(1) + STALE_HEARTBEAT_S)
     finally:
         fake_clock.advance(13)  # past the timeout: the world is ended now
@@ -175,10 +191,30 @@ def test_a_hung_rank_is_named_alone_while_its_peers_wait(results_dir, tmp_path):
     from moe_repro.runtime.launch import _WAITING_IN
 
     mark = tmp_path / "time-is-up"
-    proc = subprocess.Popen([sys.executable, "-c", _CLOCK_PRELUDE.format(mark=str(mark)) + MAIN, "bench",
-                             "alltoall", "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat", "--fault",
-                             "hang:2", "--timeout", f"{patient(30):g}", "--repeats", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _CLOCK_PRELUDE.format(mark=str(mark)) + MAIN,
+            "bench",
+            "alltoall",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--algo",
+            "flat",
+            "--fault",
+            "hang:2",
+            "--timeout",
+            f"{patient(30):g}",
+            "--repeats",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def where(rank: int) -> str:
         for d in workdirs_of(proc.pid):
@@ -189,11 +225,16 @@ def test_a_hung_rank_is_named_alone_while_its_peers_wait(results_dir, tmp_path):
         return ""
 
     def hung_while_the_others_wait() -> bool:
-        return ("alltoall.py" in where(2) and where(2).endswith(" in run")
-                and all(any(k in where(r) for k in _WAITING_IN) for r in (0, 1, 3)))
+        return (
+            "alltoall.py" in where(2)
+            and where(2).endswith(" in run")
+            and all(any(k in where(r) for k in _WAITING_IN) for r in (0, 1, 3))
+        )
 
     try:
-        assert wait_until(lambda: hung_while_the_others_wait() or proc.poll() is not None, patient(12))
+        assert wait_until(
+            lambda: hung_while_the_others_wait() or proc.poll() is not None, patient(12)
+        )
         mark.touch()
         _, err = proc.communicate(timeout=patient(3))
     finally:
@@ -212,10 +253,34 @@ def test_under_mpiexec_the_rank_that_died_is_named(victim, results_dir):
 
     if mpi_unavailable():
         pytest.skip("no MPI here")
-    r = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "bench", "alltoall",
-                        "--nodes", "2", "--gpus-per-node", "2", "--algo", "flat", "--backend", "mpi",
-                        "--fault", f"kill:{victim}", "--repeats", "50", "--tokens", "16", "--hidden", "8"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "bench",
+            "alltoall",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--algo",
+            "flat",
+            "--backend",
+            "mpi",
+            "--fault",
+            f"kill:{victim}",
+            "--repeats",
+            "50",
+            "--tokens",
+            "16",
+            "--hidden",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1
     line = r.stderr.strip().splitlines()[-1]
     named = line.split("rank(s) ", 1)[1].split(" of 4 ended first, killed or crashed")[0]
@@ -223,7 +288,9 @@ def test_under_mpiexec_the_rank_that_died_is_named(victim, results_dir):
 
 
 @pytest.mark.timing
-def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_timeout(tmp_path, targets_on_path):
+def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_timeout(
+    tmp_path, targets_on_path
+):
     # The default 300 s timeout: a SIGSTOPped rank is silent in its heartbeat while the others
     # beat, so it is reported once the silence passes the hang limit (runtime/launch.py), named
     # alone, and the job fails then -- the 300 s are never waited for (the join below would
@@ -238,18 +305,26 @@ def test_a_stopped_rank_is_found_from_its_heartbeat_without_waiting_for_the_time
 
     def job():
         try:
-            run_ranks("_supervision_targets:sleep_after_reporting", {"pid_dir": str(pid_dir), "seconds": 600},
-                      world_size=4, timeout_s=300)
+            run_ranks(
+                "_supervision_targets:sleep_after_reporting",
+                {"pid_dir": str(pid_dir), "seconds": 600},
+                world_size=4,
+                timeout_s=300,
+            )
         except RankFailure as e:
             caught.append(e)
 
     t = threading.Thread(target=job)
     t.start()
-    assert wait_until(lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
-                      patient(12))
+    assert wait_until(
+        lambda: len([p for p in pid_dir.glob("rank-*.pid") if p.read_text().strip()]) == 4,
+        patient(12),
+    )
     stopped = int((pid_dir / "rank-2.pid").read_text())
     os.kill(stopped, signal.SIGSTOP)
-    t.join(timeout=patient(HANG_FLOOR_S))  # the limit grows with the heartbeat gaps of a busy machine
+    t.join(
+        timeout=patient(HANG_FLOOR_S)
+    )  # the limit grows with the heartbeat gaps of a busy machine
     assert not t.is_alive(), "the stopped rank was not found from its heartbeat"
     (err,) = caught
     assert err.ranks == [2], str(err)
@@ -322,7 +397,9 @@ def test_run_ranks_gives_the_callers_signal_handlers_back(targets_on_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupt_a_library_wraps_in_its_own_error_still_ends_as_interrupted(sig, monkeypatch, capsys):
+def test_an_interrupt_a_library_wraps_in_its_own_error_still_ends_as_interrupted(
+    sig, monkeypatch, capsys
+):
     # CI saw SIGINT land while pydantic built a model's validator: pydantic caught the
     # KeyboardInterrupt and raised a SchemaError, and the run ended "failed", exit 1
     import moe_repro.cli as cli_module
@@ -375,7 +452,9 @@ def test_exit_order_names_the_process_that_ended_first():
 
     if not hasattr(os, "pidfd_open"):
         pytest.skip("no pidfds on this OS")
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)
+    ]
     order = _ExitOrder()
     try:
         for rank, p in enumerate(procs):
@@ -391,7 +470,10 @@ def test_exit_order_names_the_process_that_ended_first():
         assert order.batches[0] == [2]
         assert order.first_of([0, 1, 2]) == [2]
         # 0 and 1 ended after it, in one wake-up or two: the earliest of them is named
-        assert order.first_of([0, 1]) in ([0], [1], [0, 1]) and order.first_of([0, 1]) == order.batches[1]
+        assert (
+            order.first_of([0, 1]) in ([0], [1], [0, 1])
+            and order.first_of([0, 1]) == order.batches[1]
+        )
     finally:
         order.close()
         for p in procs:

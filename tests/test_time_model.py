@@ -13,7 +13,9 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import time_model as T
 
-A100 = load_builtin("dgx-a100")  # 267.9 TFLOPS achievable GEMM, 1800 GB/s measured HBM (profile sources)
+A100 = load_builtin(
+    "dgx-a100"
+)  # 267.9 TFLOPS achievable GEMM, 1800 GB/s measured HBM (profile sources)
 H100 = load_builtin("dgx-h100")
 
 
@@ -22,7 +24,8 @@ def test_gemm_roofline_compute_bound_hand_case():
     # 2048 tiles of 256x128 take 19 waves of 108: 2048 / 2052) = 4.11221 ms; its bytes,
     # 3 x 8192^2 x 2 = 402.65 MB at 1800 GB/s = 0.224 ms, do not bind
     assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(
-        1.099511627776e12 / (267.9e12 * 512 / 513), rel=1e-12)
+        1.099511627776e12 / (267.9e12 * 512 / 513), rel=1e-12
+    )
     assert T.gemm_time(A100, 8192, 8192, 8192) == pytest.approx(4.11221e-3, rel=1e-5)
 
 
@@ -40,14 +43,18 @@ def test_attention_core_hand_cases():
     # FlashAttention, causal: 2 x 4096 queries x 4096 keys x 32 heads x (128 + 128) / 2
     # = 1.37439e11 FLOPs at the attention rate (267.9 TFLOPS on this profile)
     flops = 2 * 4096 * 4096 * 32 * 256 / 2
-    assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128) == pytest.approx(flops / 267.9e12, rel=1e-12)
+    assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128) == pytest.approx(
+        flops / 267.9e12, rel=1e-12
+    )
     # materialised scores: every score computed (2 x flops = 2.749e11, 1.026 ms) and 4 B per
     # score (write + read) = 4 x 4096^2 x 32 B = 2.147 GB at 1800 GB/s = 1.193 ms: the bytes bind
     assert T.attention_core_time(A100, 4096, 4096, 32, 128, 128, flash=False) == pytest.approx(
-        4 * 4096 * 4096 * 32 / 1800e9, rel=1e-12)
+        4 * 4096 * 4096 * 32 / 1800e9, rel=1e-12
+    )
     # heads of width 256: 2 x 4096^2 x 32 x 512 = 5.498e11 FLOPs, 2.052 ms: the FLOPs bind
     assert T.attention_core_time(A100, 4096, 4096, 32, 256, 256, flash=False) == pytest.approx(
-        2 * 4096 * 4096 * 32 * 512 / 267.9e12, rel=1e-12)
+        2 * 4096 * 4096 * 32 * 512 / 267.9e12, rel=1e-12
+    )
 
 
 def test_train_time_backward_factors():
@@ -74,10 +81,18 @@ def test_link_transfer_and_alltoall_hand_cases():
     # dgx-h100: NVLink 450 GB/s per GPU inside a node; 8 NICs x 50 GB/s / 8 GPUs x efficiency
     # across nodes; latencies 2 us (intra_node) and 4 us (the farthest class, inter_group)
     p = H100
-    nic = p.raw["node"]["nics"] * p.raw["node"]["nic_GBps"] * 1e9 / p.raw["node"]["gpus"] * p.raw["efficiency"]["network"]
+    nic = (
+        p.raw["node"]["nics"]
+        * p.raw["node"]["nic_GBps"]
+        * 1e9
+        / p.raw["node"]["gpus"]
+        * p.raw["efficiency"]["network"]
+    )
     # NVLink: the data sheet's line rate x the application-level share (efficiency.nvlink)
     nvl = p.raw["node"]["intra_node_alltoall_GBps_per_gpu"] * 1e9 * p.raw["efficiency"]["nvlink"]
-    assert T.transfer_time(p, 1e9, off_node=False, messages=3) == pytest.approx(1e9 / nvl + 3 * 2e-6)
+    assert T.transfer_time(p, 1e9, off_node=False, messages=3) == pytest.approx(
+        1e9 / nvl + 3 * 2e-6
+    )
     assert T.transfer_time(p, 1e9, off_node=True, messages=0) == pytest.approx(1e9 / nic)
     # on- and off-node parts concurrently: the slower bounds it, one off-node latency
     assert T.alltoall_time(p, 1e9, 1e8) == pytest.approx(max(1e9 / nvl, 1e8 / nic) + 4e-6)
@@ -114,8 +129,21 @@ def test_both_planners_give_the_same_compute_for_the_same_layout():
 
     m = get_model("mixtral-8x7b")
     e = estimate(m, H100, PP=1, EP=8, micro_batch=1, seq=4096, M=4)
-    pl = plan_parallel(m, H100, 1, seq=4096, global_batch=32, micro_batches=4, tp=1, pp=1, ep=8, cp=1,
-                       zero=(3,), recompute=("none",), etp=1)
+    pl = plan_parallel(
+        m,
+        H100,
+        1,
+        seq=4096,
+        global_batch=32,
+        micro_batches=4,
+        tp=1,
+        pp=1,
+        ep=8,
+        cp=1,
+        zero=(3,),
+        recompute=("none",),
+        etp=1,
+    )
     c = pl.candidates[0]
     assert (c.tp, c.pp, c.ep, c.micro_batch, c.micro_batches) == (1, 1, 8, 1, 4)
     assert c.parts["compute"] / 4 == pytest.approx(e.compute_s, rel=1e-12)
@@ -124,8 +152,10 @@ def test_both_planners_give_the_same_compute_for_the_same_layout():
 def test_no_planner_keeps_a_time_formula_of_its_own():
     # every division of work by a rate (GEMM, attention, HBM, link) is in time_model
     root = Path(__file__).resolve().parents[1] / "components" / "resources"
-    rate = re.compile(r"/\s*\(?\s*(ctx\.)?p\.(gemm_flops|attention_flops|hbm_bytes_per_s|"
-                      r"intra_node_a2a_bytes_per_s|nic_bytes_per_s_per_gpu)|/\s*\w*_bw\b|link_bytes_per_s\(")
+    rate = re.compile(
+        r"/\s*\(?\s*(ctx\.)?p\.(gemm_flops|attention_flops|hbm_bytes_per_s|"
+        r"intra_node_a2a_bytes_per_s|nic_bytes_per_s_per_gpu)|/\s*\w*_bw\b|link_bytes_per_s\("
+    )
     for name in ("perf_model.py", "planner.py", "parallel_planner.py"):
         code = (root / name).read_text()
         assert not rate.search(code), (name, rate.search(code))
@@ -145,7 +175,8 @@ def test_gemm_efficiency_tile_and_wave_quantization_hand_cases():
     # of 256x128 = 32 whole waves
     assert T.gemm_efficiency(A100, 6912, 16384) == 1.0
     assert T.gemm_time(A100, 2048, 4096, 2304) == pytest.approx(
-        2 * 2048 * 4096 * 2304 / (267.9e12 * 32 / 33), rel=1e-12)
+        2 * 2048 * 4096 * 2304 / (267.9e12 * 32 / 33), rel=1e-12
+    )
     # a profile without an SM count has one rate for every shape
     assert H100.sm_count == 0 and T.gemm_efficiency(H100, 2048, 2304) == 1.0
 
@@ -205,12 +236,15 @@ def test_achievable_hbm_rate_replaces_the_data_sheets_where_given():
     assert T.hbm_time(measured, 2e9) == pytest.approx(2e-3)
     # a memory-bound GEMM (16 rows) reads its weights at the measured rate: 2 x 4096 x 4096 B
     weights = 2 * 4096 * 4096
-    assert T.gemm_time(measured, 16, 4096, 4096) == pytest.approx((weights + 2 * 2 * 16 * 4096) / 1e12)
+    assert T.gemm_time(measured, 16, 4096, 4096) == pytest.approx(
+        (weights + 2 * 2 * 16 * 4096) / 1e12
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # A profile's measured layer (calibration.layer_forward)
 # --------------------------------------------------------------------------------------------
+
 
 def _gpt_layer(hidden=6144, heads=64):
     from moe_repro.components.model.zoo import megatron_gpt
@@ -225,17 +259,23 @@ def test_the_measured_layer_is_reproduced_by_the_scaled_kernels_plus_its_all_red
     # x s b h x 2 B each at 300 GB/s x 0.8 over NVLink, 2 us latency each), must be the 7.7 ms.
     p = load_builtin("dgx-a100")
     all_reduces = 2 * (2 * 7 / 8 * 2048 * 4 * 6144 * 2 / 240e9 + 2e-6)
-    fwd = T.layer_forward(_gpt_layer(), False, p, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True)
+    fwd = T.layer_forward(
+        _gpt_layer(), False, p, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True
+    )
     assert fwd.total + all_reduces == pytest.approx(7.7e-3, rel=1e-9)
     # every kind of kernel is scaled alike, the output head too; the rates themselves are not
     bare = T.uncalibrated(p)
     f = T.layer_time_factor(p)
-    raw = T.layer_forward(_gpt_layer(), False, bare, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True)
+    raw = T.layer_forward(
+        _gpt_layer(), False, bare, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True
+    )
     assert 1.0 < f < 1.5
     for kind in ("gemm", "attention", "hbm", "scores_hbm"):
         assert getattr(fwd, kind) == pytest.approx(f * getattr(raw, kind), rel=1e-12)
     m = get_model("gpt3-175b")
-    assert T.head_forward(m, p, 4096, 8).gemm == pytest.approx(f * T.head_forward(m, bare, 4096, 8).gemm)
+    assert T.head_forward(m, p, 4096, 8).gemm == pytest.approx(
+        f * T.head_forward(m, bare, 4096, 8).gemm
+    )
     assert T.gemm_time(p, 4096, 4096, 4096) == T.gemm_time(bare, 4096, 4096, 4096)
 
 
@@ -246,7 +286,9 @@ def test_the_calibrated_layer_meets_the_same_tables_backward_times_it_was_not_se
     # (Sec. 6.2), plus the recomputed part (full: the forward with its all-reduces; selective:
     # the attention core and its scores' softmax and dropout).
     p = load_builtin("dgx-a100")
-    fwd = T.layer_forward(_gpt_layer(), False, p, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True)
+    fwd = T.layer_forward(
+        _gpt_layer(), False, p, 4 * 2048, 2048, 8, False, 1, 1, flash=False, dropout=True
+    )
     all_reduces = 2 * (2 * 7 / 8 * 2048 * 4 * 6144 * 2 / 240e9 + 2e-6)
     assert all_reduces < fwd.gemm  # hidden
     backward = T.train_time(fwd) - fwd.total
@@ -263,14 +305,25 @@ def test_a_profile_without_a_measured_layer_is_not_scaled():
     assert f.gemm == pytest.approx(T.gemms_time(p, T.layer_gemms(m, False, 4096, 8)), rel=1e-12)
 
 
-@pytest.mark.parametrize("field,value", [("measured_ms", 0), ("tp", 2.5), ("dropout", "yes"), ("heads", 5),
-                                         ("source", ""), ("hidden", None)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("measured_ms", 0),
+        ("tp", 2.5),
+        ("dropout", "yes"),
+        ("heads", 5),
+        ("source", ""),
+        ("hidden", None),
+    ],
+)
 def test_a_bad_measured_layer_is_refused_with_its_field(field, value):
     import json
 
     from moe_repro.components.network.platform import from_dict
 
-    doc = json.loads((Path(__file__).parents[1] / "components/network/platforms/dgx-a100.json").read_text())
+    doc = json.loads(
+        (Path(__file__).parents[1] / "components/network/platforms/dgx-a100.json").read_text()
+    )
     cal = doc["calibration"]["layer_forward"]
     if value is None:
         del cal[field]

@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from moe_repro.components.balance.trace_format import (TraceError, load_trace, save_trace,
-                                                       verify_trace)
+from moe_repro.components.balance.trace_format import (
+    TraceError,
+    load_trace,
+    save_trace,
+    verify_trace,
+)
 from moe_repro.components.balance.workloads import get_workload
 
 
@@ -29,7 +33,9 @@ def test_round_trip_is_bit_exact(tmp_path, name):
             if want.source_position is None:
                 assert got.source_position is None
             else:
-                assert got.source_position.numpy().tobytes() == want.source_position.numpy().tobytes()
+                assert (
+                    got.source_position.numpy().tobytes() == want.source_position.numpy().tobytes()
+                )
     assert verify_trace(tmp_path / "t")["generator"] == manifest["generator"]
 
 
@@ -104,4 +110,4 @@ def test_an_existing_trace_is_kept_unless_asked(tmp_path):
         save_trace(tmp_path / "t", w, seed=1, steps=1)
     save_trace(tmp_path / "t", w, seed=1, steps=2, overwrite=True)
     assert verify_trace(tmp_path / "t")["steps"] == 2
-    assert [p.name for p in tmp_path.iterdir()] == ["t"]        # no temporary left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temporary left behind

@@ -21,8 +21,15 @@ from moe_repro.runtime.launch import run_ranks
 
 TOL = 1e-5  # fp32; the issue's bound
 # Small and fast: 2 layers (so PP=2 has one each), short sequences.
-SMALL = dict(model="tiny-moe", n_layers=2, seq_len=32, micro_batches=2, micro_batch_size=2, steps=2,
-             check_reference=True)
+SMALL = dict(
+    model="tiny-moe",
+    n_layers=2,
+    seq_len=32,
+    micro_batches=2,
+    micro_batch_size=2,
+    steps=2,
+    check_reference=True,
+)
 
 
 def test_split_layers_is_contiguous_and_complete():
@@ -35,9 +42,16 @@ def test_split_layers_is_contiguous_and_complete():
         split_layers(2, 3)
 
 
-@pytest.mark.parametrize("bad", [dict(ep=3), dict(pp=5), dict(pp=2, micro_batches=1),
-                                 dict(schedule="zb"), dict(pp=2, schedule="interleaved",
-                                                           n_layers=3)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(ep=3),
+        dict(pp=5),
+        dict(pp=2, micro_batches=1),
+        dict(schedule="zb"),
+        dict(pp=2, schedule="interleaved", n_layers=3),
+    ],
+)
 def test_config_validation_rejects(bad):
     with pytest.raises(ValueError):
         TrainConfig(**{"model": "tiny-moe", **bad}).validate()
@@ -48,8 +62,10 @@ def test_stages_chain_to_the_full_model(seed):
     """Stage modules built separately (name-seeded init) compose to the one-process model."""
     cfg = TransformerConfig.from_zoo("tiny-moe", seq_len=16)
     full = StageModule(cfg, list(range(cfg.n_layers)), True, True, seed=seed)
-    parts = [StageModule(cfg, ids, i == 0, i == 2, seed=seed)
-             for i, ids in enumerate(split_layers(cfg.n_layers, 3))]
+    parts = [
+        StageModule(cfg, ids, i == 0, i == 2, seed=seed)
+        for i, ids in enumerate(split_layers(cfg.n_layers, 3))
+    ]
     x = torch.randint(0, cfg.vocab, (2, 16), generator=torch.Generator().manual_seed(seed))
     h = x
     for part in parts:
@@ -81,10 +97,14 @@ def _check(report: dict, steps: int) -> None:
 def test_pp_ep_1x2_and_2x1_match_one_process(targets_on_path):
     """1x2 (with activation checkpointing: recomputation repeats the all-to-alls), 2x1, and 2x1
     interleaved (two stages per rank, 4 layers)."""
-    configs = [dict(SMALL, pp=1, ep=2, seed=1, checkpoint=True), dict(SMALL, pp=2, ep=1, seed=2),
-               dict(SMALL, pp=2, ep=1, seed=4, schedule="interleaved", n_layers=4)]
-    reports = run_ranks("_trainer_targets:train_several", {"configs": configs}, world_size=2,
-                        timeout_s=240)[0]
+    configs = [
+        dict(SMALL, pp=1, ep=2, seed=1, checkpoint=True),
+        dict(SMALL, pp=2, ep=1, seed=2),
+        dict(SMALL, pp=2, ep=1, seed=4, schedule="interleaved", n_layers=4),
+    ]
+    reports = run_ranks(
+        "_trainer_targets:train_several", {"configs": configs}, world_size=2, timeout_s=240
+    )[0]
     for report in reports:
         _check(report, SMALL["steps"])
 
@@ -92,11 +112,19 @@ def test_pp_ep_1x2_and_2x1_match_one_process(targets_on_path):
 @pytest.mark.multiprocess
 def test_pp_ep_2x2_matches_one_process_and_gpipe_equals_1f1b(targets_on_path):
     cfg = dict(SMALL, pp=2, ep=2, seed=3)
-    out = run_ranks("_trainer_targets:train_then_compare_schedules",
-                    {"configs": [cfg, dict(SMALL, dp=2, pp=2, ep=1, seed=5)],
-                     "compare": {"config": {**cfg, "check_reference": False, "micro_batches": 4},
-                                 "schedules": ["1f1b", "gpipe"], "steps": 2}},
-                    world_size=4, timeout_s=300)[0]
+    out = run_ranks(
+        "_trainer_targets:train_then_compare_schedules",
+        {
+            "configs": [cfg, dict(SMALL, dp=2, pp=2, ep=1, seed=5)],
+            "compare": {
+                "config": {**cfg, "check_reference": False, "micro_batches": 4},
+                "schedules": ["1f1b", "gpipe"],
+                "steps": 2,
+            },
+        },
+        world_size=4,
+        timeout_s=300,
+    )[0]
     report, with_dp = out["reports"]
     _check(report, SMALL["steps"])
     _check(with_dp, SMALL["steps"])
@@ -119,10 +147,17 @@ def test_every_dispatcher_trains_like_one_process_on_four_ranks_over_two_nodes(t
 
     names = algorithm_names()
     assert {"flat", "halo", "rbd"} <= set(names)
-    configs = [dict(SMALL, pp=1, ep=4, ranks_per_node=2, alltoall=name, seed=10 + i)
-               for i, name in enumerate(names)]
-    reports = run_ranks("_trainer_targets:train_several", {"configs": configs}, world_size=4,
-                        ranks_per_node=2, timeout_s=300)[0]
+    configs = [
+        dict(SMALL, pp=1, ep=4, ranks_per_node=2, alltoall=name, seed=10 + i)
+        for i, name in enumerate(names)
+    ]
+    reports = run_ranks(
+        "_trainer_targets:train_several",
+        {"configs": configs},
+        world_size=4,
+        ranks_per_node=2,
+        timeout_s=300,
+    )[0]
     for name, report in zip(names, reports):
         assert report["config"]["alltoall"] == name
         _check(report, SMALL["steps"])
@@ -133,10 +168,30 @@ def test_every_dispatcher_trains_like_one_process_on_four_ranks_over_two_nodes(t
 def test_train_cli_with_each_all_to_all_matches_one_process(tmp_path, alltoall):
     """PP=2 x EP=2 with HALO or RBD as each stage's dispatcher, from the command line."""
     out = tmp_path / "t.json"
-    proc = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "train",
-                           "--model", "tiny-moe", "--pp", "2", "--ep", "2", "--alltoall", alltoall,
-                           "--steps", "2", "--check-reference", "--json", str(out)],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from moe_repro.cli import main; main()",
+            "train",
+            "--model",
+            "tiny-moe",
+            "--pp",
+            "2",
+            "--ep",
+            "2",
+            "--alltoall",
+            alltoall,
+            "--steps",
+            "2",
+            "--check-reference",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["config"]["alltoall"] == alltoall and report["world_size"] == 4
@@ -155,8 +210,17 @@ def test_a_dead_rank_stops_the_world_with_a_clear_message():
     from moe_repro.components.training.pp_ep_trainer import launch_training
     from moe_repro.runtime.launch import RankFailure
 
-    cfg = TrainConfig(**{**SMALL, "check_reference": False, "pp": 2, "ep": 1, "steps": 3,
-                         "fail_rank": 1, "fail_step": 1})
+    cfg = TrainConfig(
+        **{
+            **SMALL,
+            "check_reference": False,
+            "pp": 2,
+            "ep": 1,
+            "steps": 3,
+            "fail_rank": 1,
+            "fail_step": 1,
+        }
+    )
     with pytest.raises(RankFailure) as err:
         launch_training(cfg, timeout_s=120)
     assert "did not finish" not in str(err.value)  # killed when rank 1 died, not at the timeout
@@ -165,8 +229,11 @@ def test_a_dead_rank_stops_the_world_with_a_clear_message():
 
 
 def test_train_cli_bad_input_is_one_line_exit_2():
-    proc = subprocess.run([sys.executable, "-c", "from moe_repro.cli import main; main()", "train",
-                           "--ep", "3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from moe_repro.cli import main; main()", "train", "--ep", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "EP=3" in proc.stderr

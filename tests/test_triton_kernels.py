@@ -32,12 +32,27 @@ MISSING = triton_support.triton_unavailable() if DIRECT else "runs in the interp
 needs_triton = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
-@pytest.mark.skipif(DIRECT or NOT_INSTALLED, reason="triton runs in this process, or is not installed")
+@pytest.mark.skipif(
+    DIRECT or NOT_INSTALLED, reason="triton runs in this process, or is not installed"
+)
 def test_kernels_in_interpreter_mode():
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "not test_kernels_in_interpreter_mode"],
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                       timeout=1200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "not test_kernels_in_interpreter_mode",
+        ],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "passed" in summary and "skipped" not in summary and "failed" not in summary, summary
@@ -67,12 +82,16 @@ def test_triton_grouped_gemm_matches_pytorch_forward_and_backward(dtype, counts)
     seed = int.from_bytes(os.urandom(4), "little")
     k, m = 24, 40  # not multiples of the 32-wide tiles: the masks are exercised
     x = fresh((sum(counts), k), dtype, seed).requires_grad_()
-    w = (fresh((len(counts), k, m), dtype, seed + 1) * k ** -0.5).requires_grad_()
+    w = (fresh((len(counts), k, m), dtype, seed + 1) * k**-0.5).requires_grad_()
     dy = fresh((sum(counts), m), dtype, seed + 2)
     outs = {}
     for kernel in ("sequential", "triton"):
         y = grouped_gemm(x, w, torch.tensor(counts), kernel)
-        dx, dw = torch.autograd.grad(y, (x, w), dy) if y.numel() else (torch.zeros_like(x), torch.zeros_like(w))
+        dx, dw = (
+            torch.autograd.grad(y, (x, w), dy)
+            if y.numel()
+            else (torch.zeros_like(x), torch.zeros_like(w))
+        )
         outs[kernel] = (y.detach(), dx, dw)
     ref = torch.float64
     y64 = grouped_gemm(x.detach().to(ref), w.detach().to(ref), torch.tensor(counts), "sequential")

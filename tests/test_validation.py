@@ -10,7 +10,11 @@ from moe_repro.reproductions import validation as V
 
 
 def _points(predictor):
-    return [p for p in V.load_points()["points"] if p["predictor"] == predictor and p["role"] == "scored"]
+    return [
+        p
+        for p in V.load_points()["points"]
+        if p["predictor"] == predictor and p["role"] == "scored"
+    ]
 
 
 def test_enough_points_per_predictor_each_with_its_source():
@@ -62,11 +66,23 @@ def test_validate_command_prints_each_predictor_and_writes_json(tmp_path):
     out = tmp_path / "v.json"
     r = CliRunner().invoke(cli, ["validate", "--json", str(out)])
     assert r.exit_code == 0, r.output
-    for name in ("step-time", "memory", "alltoall-bandwidth", "MAPE", "narayanan21-t1-1.7b", "Calculon"):
+    for name in (
+        "step-time",
+        "memory",
+        "alltoall-bandwidth",
+        "MAPE",
+        "narayanan21-t1-1.7b",
+        "Calculon",
+    ):
         assert name in r.output
     doc = json.loads(out.read_text())
-    assert {s["predictor"] for s in doc["summaries"]} == {"step-time", "memory", "alltoall-bandwidth", "gemm-time",
-                                                          "attention-core"}
+    assert {s["predictor"] for s in doc["summaries"]} == {
+        "step-time",
+        "memory",
+        "alltoall-bandwidth",
+        "gemm-time",
+        "attention-core",
+    }
     assert len(doc["points"]) == sum(s["points"] for s in doc["summaries"])
 
 
@@ -84,7 +100,9 @@ def test_validation_page_from_the_stored_result(tmp_path):
     site.mkdir()
     page = write_validation_page(store, site).read_text()
     assert "Not yet run" in page
-    r = CliRunner().invoke(cli, ["--results", str(store.root), "validate", "--predictor", "alltoall-bandwidth"])
+    r = CliRunner().invoke(
+        cli, ["--results", str(store.root), "validate", "--predictor", "alltoall-bandwidth"]
+    )
     assert r.exit_code == 0, r.output
     page = write_validation_page(store, site).read_text()
     assert "Not yet run" not in page and "deepep-dispatch-ep8" in page and "Calculon" in page
@@ -153,23 +171,35 @@ def test_attention_core_points_pair_each_qk_with_its_av_and_time_materialised_sc
     from importlib import resources
 
     pts = V.attention_points()
-    run = json.loads(resources.files("moe_repro.reproductions").joinpath(
-        "measured", "h200-layer-gemms-graph-2026-11-26.json").read_text())["hot"]
+    run = json.loads(
+        resources.files("moe_repro.reproductions")
+        .joinpath("measured", "h200-layer-gemms-graph-2026-11-26.json")
+        .read_text()
+    )["hot"]
     products = [m for m in run["points"] if "batch" in m]
     assert len(pts) * 2 == len(products) and len({p["id"] for p in pts}) == len(pts)
     for p in pts:
         a = p["attention"]
-        qk = next(m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["d"], a["keys"]))
-        av = next(m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["keys"], a["d"]))
+        qk = next(
+            m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["d"], a["keys"])
+        )
+        av = next(
+            m for m in products if (m["batch"], m["k"], m["n"]) == (a["batch"], a["keys"], a["d"])
+        )
         assert V.published_value(p) == pytest.approx(qk["median_s"] + av["median_s"])
-    gpu = json.loads(resources.files("moe_repro.components.network").joinpath(
-        "platforms", "h200.json").read_text())["gpu"]
+    gpu = json.loads(
+        resources.files("moe_repro.components.network")
+        .joinpath("platforms", "h200.json")
+        .read_text()
+    )["gpu"]
     rate, hbm = gpu["achievable_attention_tflops"] * 1e12, gpu["achievable_hbm_GBps"] * 1e9
     (p96,) = [p for p in pts if p["attention"]["batch"] == 128]
     scores = 128 * 2048 * 2048
     assert V.predict_attention_core(p96)[0] == pytest.approx(2 * 2 * scores / hbm, rel=1e-9)
     (p128,) = [p for p in pts if p["attention"]["batch"] == 64]
-    assert V.predict_attention_core(p128)[0] == pytest.approx(2 * 64 * 2048 * 2048 * 256 / rate, rel=1e-9)
+    assert V.predict_attention_core(p128)[0] == pytest.approx(
+        2 * 64 * 2048 * 2048 * 256 / rate, rel=1e-9
+    )
 
 
 def test_every_predictor_named_is_one_score_point_knows():
@@ -186,8 +216,12 @@ def test_no_scored_step_time_point_shares_the_calibration_layers_shape():
     cal = T.calibration_layer(load_builtin("dgx-a100"))
     for p in _points("step-time"):
         if p["platform"] == "dgx-a100":
-            assert (p["model"]["hidden"], p["model"]["heads"]) != (cal["hidden"], cal["heads"]), p["id"]
-    assert any("22B" in u["what"] and "calibration" in u["why"] for u in V.load_points()["unscored"])
+            assert (p["model"]["hidden"], p["model"]["heads"]) != (cal["hidden"], cal["heads"]), p[
+                "id"
+            ]
+    assert any(
+        "22B" in u["what"] and "calibration" in u["why"] for u in V.load_points()["unscored"]
+    )
     assert any("calibration.layer_forward" in par["name"] for par in V.load_points()["parameters"])
 
 
@@ -199,10 +233,16 @@ def test_korthikanti_points_run_the_techniques_their_column_names():
     for p in pts:
         lay = p["layout"]
         present = "Present Work" in p["published"]["column"]
-        assert (lay["recompute"], lay["sp"]) == (("selective", True) if present else ("full", False))
+        assert (lay["recompute"], lay["sp"]) == (
+            ("selective", True) if present else ("full", False)
+        )
         assert V.measured_step_time(p) == V.published_value(p)
         best = V._plan(p)[2].best
         assert best.sp == lay["sp"] and best.recompute == lay["recompute"]
     # the older Narayanan runs predate the asynchronous TP all-reduce; Korthikanti's overlap it
-    assert all(p["layout"]["overlap_tp"] is False for p in _points("step-time") if p["id"].startswith("narayanan21"))
+    assert all(
+        p["layout"]["overlap_tp"] is False
+        for p in _points("step-time")
+        if p["id"].startswith("narayanan21")
+    )
     assert all(p["layout"]["overlap_tp"] is True for p in pts)

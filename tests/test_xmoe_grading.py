@@ -15,6 +15,7 @@ def _claim_cells(repro, fn, *args, **kw):
 
 # --- xmoe-table3: the 2^30 unit convention, recomputed -----------------------------------------
 
+
 def test_xmoe_table3_explained_only_where_the_count_in_2_30_units_prints_as_the_table():
     cells = all_reproductions()["xmoe-table3"].run().cells
     assert len(cells) == 8
@@ -23,10 +24,10 @@ def test_xmoe_table3_explained_only_where_the_count_in_2_30_units_prints_as_the_
         # every row deviates in units of 10^9 (X-MoE Table 3 is ~7.4% below our counts)
         cf = c.counterfactual
         assert cf is not None and cf["cause"] == "unit-convention"
-        assert cf["ours"] == pytest.approx(c.ours * 1e9 / 2 ** 30, rel=1e-12)
+        assert cf["ours"] == pytest.approx(c.ours * 1e9 / 2**30, rel=1e-12)
         # the exact rule, by hand: within half a unit of the printed value's last digit
         decimals = len(c.paper_printed.split(".")[1]) if "." in c.paper_printed else 0
-        inside = abs(cf["ours"] - float(c.paper_printed)) <= 0.5 * 10 ** -decimals + 1e-12
+        inside = abs(cf["ours"] - float(c.paper_printed)) <= 0.5 * 10**-decimals + 1e-12
         assert c.verdict == ("explained" if inside else "deviates"), (c.row, c.column)
         assert c.note and len(c.note.split()) <= 60
 
@@ -81,12 +82,19 @@ def test_xmoe_fig19_grades_the_papers_region_claims():
 
 # --- xmoe-fig13 and xmoe-appc1: directions ------------------------------------------------------
 
+
 def test_xmoe_fig13_ssmb_claims_by_hand():
     repro = all_reproductions()["xmoe-fig13"]
-    got = {c.column: c.verdict for c in xmoe_fig13._ssmb_claims(repro, [1, 2, 4], [10, 10, 10], [10, 5, 2.5])}
+    got = {
+        c.column: c.verdict
+        for c in xmoe_fig13._ssmb_claims(repro, [1, 2, 4], [10, 10, 10], [10, 5, 2.5])
+    }
     assert got == {"lower with SSMB": "claim-holds", "benefit grows with TP": "claim-holds"}
     # 10% lower is "comparable" (within 15%), not significantly lower; the ratio does not grow
-    got = {c.column: c.verdict for c in xmoe_fig13._ssmb_claims(repro, [1, 2, 4], [10, 10, 10], [10, 9, 9])}
+    got = {
+        c.column: c.verdict
+        for c in xmoe_fig13._ssmb_claims(repro, [1, 2, 4], [10, 10, 10], [10, 9, 9])
+    }
     assert got == {"lower with SSMB": "claim-fails", "benefit grows with TP": "claim-fails"}
     # one TP degree cannot show a benefit growing with TP
     got = {c.column: c.verdict for c in xmoe_fig13._ssmb_claims(repro, [2], [10], [5])}
@@ -95,17 +103,26 @@ def test_xmoe_fig13_ssmb_claims_by_hand():
 
 def test_xmoe_appc1_placement_claims_by_hand():
     repro = all_reproductions()["xmoe-appc1"]
-    ratios = {"mixtral-8x7b": ("Mixtral", 2.0), "xmoe-large": ("Large", 1.05), "deepseek-v3": ("V3", 1.2)}
+    ratios = {
+        "mixtral-8x7b": ("Mixtral", 2.0),
+        "xmoe-large": ("Large", 1.05),
+        "deepseek-v3": ("V3", 1.2),
+    }
     got = [c.verdict for c in xmoe_appc1._placement_claims(repro, ratios, made=set())]
     assert got == ["claim-holds", "claim-holds"]
     # the example's DP-first gain of 10% is within "comparable": not "significant"; EP-first
     # faster for one large model fails the second claim
-    ratios = {"mixtral-8x7b": ("Mixtral", 1.1), "xmoe-large": ("Large", 0.9), "deepseek-v3": ("V3", 1.2)}
+    ratios = {
+        "mixtral-8x7b": ("Mixtral", 1.1),
+        "xmoe-large": ("Large", 0.9),
+        "deepseek-v3": ("V3", 1.2),
+    }
     got = [c.verdict for c in xmoe_appc1._placement_claims(repro, ratios, made=set())]
     assert got == ["claim-fails", "claim-fails"]
 
 
 # --- xmoe-fig17: App. C.2's statements on the saving / cost ratio ------------------------------
+
 
 def test_xmoe_fig17_ratio_and_claims_by_hand():
     # A_saving / M_mincost = 4 c k S H / (8 H_FFN H) = c k S / (2 H_FFN), c = 1 (public configs:

@@ -26,9 +26,23 @@ Adding an algorithm:
      compares what it sends with its schedule; add its own edge cases to tests/test_alltoall.py.
 """
 
-from moe_repro.components.alltoall.base import (ALGORITHMS, AllToAll, AllToAllFacts, Dispatcher,
-                                                algorithm_names, get_algorithm, register)
+from moe_repro.components.alltoall.base import (
+    ALGORITHMS,
+    AllToAll,
+    AllToAllFacts,
+    Dispatcher,
+    algorithm_names,
+    get_algorithm,
+    register,
+)
 from moe_repro.components.alltoall import flat, halo, halo_group, rbd  # noqa: F401  (they register)
 
-__all__ = ["ALGORITHMS", "AllToAll", "AllToAllFacts", "Dispatcher", "algorithm_names",
-           "get_algorithm", "register"]
+__all__ = [
+    "ALGORITHMS",
+    "AllToAll",
+    "AllToAllFacts",
+    "Dispatcher",
+    "algorithm_names",
+    "get_algorithm",
+    "register",
+]

@@ -24,11 +24,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from functools import cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from moe_repro.runtime.timing import instant
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
+
+if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
+    import numpy as np
 
 torch = lazy_module("torch", globals())  # the simulator reads this registry without tensors
 
@@ -82,8 +85,13 @@ class ReusedBuffers:
     def get(self, name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
         """``rows`` rows shaped and typed like ``like``'s, overwriting what ``name`` held."""
         b = self._buffers.get(name)
-        if b is None or b.dtype != like.dtype or b.device != like.device \
-                or b.shape[1:] != like.shape[1:] or b.shape[0] < rows:
+        if (
+            b is None
+            or b.dtype != like.dtype
+            or b.device != like.device
+            or b.shape[1:] != like.shape[1:]
+            or b.shape[0] < rows
+        ):
             b = like.new_empty((max(rows, 1), *like.shape[1:]))
             self._buffers[name] = b
         return b[:rows]
@@ -179,7 +187,9 @@ class Dispatcher(ABC):
             return _autograd_functions()[0].apply(x, self, state)
         return self.send_rows(x, state)
 
-    def combine(self, y: torch.Tensor, num_tokens: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def combine(
+        self, y: torch.Tensor, num_tokens: int, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Expert outputs (the last dispatch's rows) -> [num_tokens, H]. ``weights`` None: the
         PFT's combine weights (no gradient to them); else one weight per row of ``y``
         (differentiable, see :meth:`received_weights`)."""
@@ -193,8 +203,10 @@ class Dispatcher(ABC):
             y = y * weights.to(y.dtype).unsqueeze(1)
         if torch.is_grad_enabled() and y.requires_grad:
             if weights is None:
-                raise ValueError("a differentiable combine needs its weights passed "
-                                 "(Dispatcher.received_weights)")
+                raise ValueError(
+                    "a differentiable combine needs its weights passed "
+                    "(Dispatcher.received_weights)"
+                )
             return _autograd_functions()[1].apply(y, self, state, num_tokens)
         return self.return_rows(y, state, num_tokens, weighted=weights is None)
 
@@ -204,8 +216,11 @@ class Dispatcher(ABC):
         differentiable, its backward the reverse exchange (so the gate gets its gradient)."""
         layout = self.state.layout
         w = combine_weights.index_select(0, layout.send_rows).reshape(-1, 1)
-        return _autograd_functions()[2].apply(w, self.comm(), layout.send_counts,
-                                              layout.recv_counts).reshape(-1)
+        return (
+            _autograd_functions()[2]
+            .apply(w, self.comm(), layout.send_counts, layout.recv_counts)
+            .reshape(-1)
+        )
 
     def expert_counts_from_each_rank(self, tokens_per_expert: torch.Tensor) -> list[list[int]]:
         """Every rank's tokens_per_expert ([W][E] ints) by one all-gather of E int64 (X-MoE
@@ -227,7 +242,9 @@ def _autograd_functions():
         @staticmethod
         def backward(ctx, grad):
             # d(rows)/dx is a gather: the gradient of each token is the sum of its rows'.
-            dx = ctx.dispatcher.return_rows(grad.contiguous(), ctx.state, ctx.num_tokens, weighted=False)
+            dx = ctx.dispatcher.return_rows(
+                grad.contiguous(), ctx.state, ctx.num_tokens, weighted=False
+            )
             return dx, None, None
 
     class CombineRows(torch.autograd.Function):
@@ -249,7 +266,9 @@ def _autograd_functions():
 
         @staticmethod
         def backward(ctx, grad):
-            back = ctx.comm.alltoallv(grad.contiguous(), ctx.recv_counts, ctx.send_counts, "weights")
+            back = ctx.comm.alltoallv(
+                grad.contiguous(), ctx.recv_counts, ctx.send_counts, "weights"
+            )
             return back, None, None, None
 
     return DispatchRows, CombineRows, ExchangeScalars
@@ -270,29 +289,46 @@ class AllToAll(ABC):
         return self.phase_dependencies
 
     @abstractmethod
-    def dispatcher(self, comms, expert_to_rank, generator: torch.Generator | None = None) -> Dispatcher:
+    def dispatcher(
+        self, comms, expert_to_rank, generator: torch.Generator | None = None
+    ) -> Dispatcher:
         """This rank's dispatcher over ``comms`` (topology.Communicators: ``world`` is the EP
         group). ``generator`` feeds algorithms that make random choices (RBD's pilots)."""
 
     @abstractmethod
-    def routed_schedule(self, pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
-                        generators: list | None = None, with_counts: bool = True) -> list[Message]:
+    def routed_schedule(
+        self,
+        pfts: list,
+        expert_to_rank,
+        topo: Topology,
+        row_bytes: int,
+        generators: list | None = None,
+        with_counts: bool = True,
+    ) -> list[Message]:
         """The messages one dispatch sends when rank r routes ``pfts[r]`` (generators seeded as
         the ranks' were). ``with_counts`` False leaves out the count/metadata-size exchange.
         Algorithms simulated per message (``facts.schedule_from_counts`` False) also take
         :class:`RoutedPairs` with torch_cpu_random.TorchCPUGenerator twins of the generators:
         what the simulator passes, so that a simulated grid needs no torch."""
 
-    def counts_schedule(self, counts_matrix, topo: Topology, row_bytes: int, with_counts: bool = True,
-                        ranks=None) -> list[Message]:
+    def counts_schedule(
+        self, counts_matrix, topo: Topology, row_bytes: int, with_counts: bool = True, ranks=None
+    ) -> list[Message]:
         """The messages when rank s sends ``counts_matrix[s][d]`` rows to rank d; ``ranks``
         limits the source ranks. Only where ``facts.schedule_from_counts``."""
-        raise ValueError(f"{self.facts.name} cannot be built from a counts matrix: it needs every "
-                         f"rank's routing (routed_schedule)")
+        raise ValueError(
+            f"{self.facts.name} cannot be built from a counts matrix: it needs every "
+            f"rank's routing (routed_schedule)"
+        )
 
     @abstractmethod
-    def group_dispatcher(self, expert_to_rank, group=None, topo: Topology | None = None,
-                         generator: torch.Generator | None = None) -> Dispatcher:
+    def group_dispatcher(
+        self,
+        expert_to_rank,
+        group=None,
+        topo: Topology | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Dispatcher:
         """This rank's dispatcher over the torch.distributed process group ``group`` (None =
         world; e.g. one pipeline stage's EP group), ``expert_to_rank`` in group ranks, nodes
         from ``topo`` (default: the launcher's emulated layout) restricted to the group. Not
@@ -303,12 +339,21 @@ class AllToAll(ABC):
         """Raise ValueError when this algorithm cannot run on the process group of these global
         ranks of ``topo``; algorithms with ``facts.equal_ranks_per_node`` override it."""
 
-    def link_bytes(self, pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
-                   generators: list | None = None, with_counts: bool = True) -> dict[str, int]:
+    def link_bytes(
+        self,
+        pfts: list,
+        expert_to_rank,
+        topo: Topology,
+        row_bytes: int,
+        generators: list | None = None,
+        with_counts: bool = True,
+    ) -> dict[str, int]:
         """Bytes one dispatch puts on each link class (topology.bytes_by_link_class of
         :meth:`routed_schedule`), ``inter_node`` included."""
-        return bytes_by_link_class(self.routed_schedule(pfts, expert_to_rank, topo, row_bytes,
-                                                        generators, with_counts), topo)
+        return bytes_by_link_class(
+            self.routed_schedule(pfts, expert_to_rank, topo, row_bytes, generators, with_counts),
+            topo,
+        )
 
 
 # --- the registry -----------------------------------------------------------------------------
@@ -325,12 +370,15 @@ def register(algorithm: AllToAll) -> AllToAll:
     if facts.name in ALGORITHMS:
         raise ValueError(f"all-to-all {facts.name!r} is already registered")
     if not isinstance(getattr(algorithm, "phase_dependencies", None), dict):
-        raise ValueError(f"{facts.name}: phase_dependencies must map each phase to the phases it waits for")
-    promised = {"schedule_from_counts": "counts_schedule",
-                "equal_ranks_per_node": "check_group"}
+        raise ValueError(
+            f"{facts.name}: phase_dependencies must map each phase to the phases it waits for"
+        )
+    promised = {"schedule_from_counts": "counts_schedule", "equal_ranks_per_node": "check_group"}
     for fact, method in promised.items():
         if getattr(facts, fact) and getattr(cls, method) is getattr(AllToAll, method):
-            raise ValueError(f"{facts.name}: {fact} is set but {cls.__name__} does not implement {method}")
+            raise ValueError(
+                f"{facts.name}: {fact} is set but {cls.__name__} does not implement {method}"
+            )
     ALGORITHMS[facts.name] = algorithm
     return algorithm
 
@@ -348,6 +396,11 @@ def algorithm_names(**facts) -> list[str]:
     known = {f.name for f in fields(AllToAllFacts)}
     unknown = sorted(set(facts) - known)
     if unknown:
-        raise ValueError(f"unknown all-to-all fact {unknown[0]!r}; known: {', '.join(sorted(known))}")
-    return [name for name, algo in ALGORITHMS.items()
-            if all(getattr(algo.facts, k) == v for k, v in facts.items())]
+        raise ValueError(
+            f"unknown all-to-all fact {unknown[0]!r}; known: {', '.join(sorted(known))}"
+        )
+    return [
+        name
+        for name, algo in ALGORITHMS.items()
+        if all(getattr(algo.facts, k) == v for k, v in facts.items())
+    ]

@@ -28,13 +28,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from moe_repro.components.alltoall.base import (AllToAll, AllToAllFacts, Dispatcher, FlatLayout, ReusedBuffers,
-                                                register)
+from moe_repro.components.alltoall.base import (
+    AllToAll,
+    AllToAllFacts,
+    Dispatcher,
+    FlatLayout,
+    ReusedBuffers,
+    register,
+)
 from moe_repro.components.lazy_import import lazy_module
+
 # The backend-neutral communicators live in the network layer (topology builds them); the names
 # stay importable from here, where HALO, RBD and the tests have always found them.
-from moe_repro.components.network.comm import (Comm, MPIComm, TorchComm, _Done, _Works,  # noqa: F401
-                                               _as_bytes, row_bytes_of)
+from moe_repro.components.network.comm import (
+    Comm,
+    TorchComm,
+    _Works,  # noqa: F401
+)
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
 torch = lazy_module("torch", globals())
@@ -56,14 +66,20 @@ def exchange_counts(send_counts: list[int], group=None) -> list[int]:
     return [int(c) for c in recv.tolist()]
 
 
-def exchange_rows(x: torch.Tensor, send_counts: list[int], recv_counts: list[int],
-                  group=None) -> torch.Tensor:
+def exchange_rows(
+    x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group=None
+) -> torch.Tensor:
     """One all-to-all-v of rows, no autograd (the forward of :func:`all_to_all_v`; also what
     ships expert weights and optimizer state, which need no gradient)."""
     x = x.contiguous()
     out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(out, x, output_split_sizes=list(recv_counts),
-                           input_split_sizes=list(send_counts), group=group)
+    dist.all_to_all_single(
+        out,
+        x,
+        output_split_sizes=list(recv_counts),
+        input_split_sizes=list(send_counts),
+        group=group,
+    )
     return out
 
 
@@ -80,13 +96,19 @@ def _all_to_all_v_function():
         @staticmethod
         def backward(ctx, grad):
             # The reverse exchange: what I received from d goes back to d.
-            return exchange_rows(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
+            return (
+                exchange_rows(grad, ctx.recv_counts, ctx.send_counts, ctx.group),
+                None,
+                None,
+                None,
+            )
 
     return AllToAllV
 
 
-def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
-                 group=None) -> torch.Tensor:
+def all_to_all_v(
+    x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None, group=None
+) -> torch.Tensor:
     """Differentiable all-to-all-v over ``group`` (torch.distributed); see the module docstring."""
     n = _world(group)
     send_counts = [int(c) for c in send_counts]
@@ -105,8 +127,13 @@ def all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int]
     return _all_to_all_v_function().apply(x, send_counts, recv_counts, group)
 
 
-def flat_all_to_all_v(comm: Comm, x: torch.Tensor, send_counts: list[int],
-                      recv_counts: list[int] | None = None, phase: str = "a2a") -> torch.Tensor:
+def flat_all_to_all_v(
+    comm: Comm,
+    x: torch.Tensor,
+    send_counts: list[int],
+    recv_counts: list[int] | None = None,
+    phase: str = "a2a",
+) -> torch.Tensor:
     """Flat all-to-all-v over a TorchComm or MPIComm (not differentiable; see all_to_all_v)."""
     send_counts = [int(c) for c in send_counts]
     if recv_counts is None:
@@ -119,8 +146,9 @@ def flat_all_to_all_v(comm: Comm, x: torch.Tensor, send_counts: list[int],
 PHASE_DEPENDENCIES = {"counts": [], "a2a": ["counts"]}
 
 
-def flat_schedule(count_matrix, row_bytes: int, with_counts: bool = True,
-                  ranks=None) -> list[tuple[str, int, int, int]]:
+def flat_schedule(
+    count_matrix, row_bytes: int, with_counts: bool = True, ranks=None
+) -> list[tuple[str, int, int, int]]:
     """Messages of one flat all-to-all-v: ``count_matrix[s][d]`` rows from rank s to rank d.
 
     Returns (phase, src, dst, nbytes) for every non-empty pair, self-copies included (they
@@ -141,11 +169,14 @@ def flat_schedule(count_matrix, row_bytes: int, with_counts: bool = True,
 
 # --- MoE dispatch in the flat layout, and the registry entry ----------------------------------
 
+
 def expert_rank_map(expert_to_rank, num_experts: int, world_size: int) -> torch.Tensor:
     """``expert_to_rank`` (one rank per expert, any shape) as a checked int64 vector."""
     placement = torch.as_tensor(expert_to_rank, dtype=torch.int64).reshape(-1)
     if placement.numel() != num_experts:
-        raise ValueError(f"expert_to_rank has {placement.numel()} entries, PFT has {num_experts} experts")
+        raise ValueError(
+            f"expert_to_rank has {placement.numel()} entries, PFT has {num_experts} experts"
+        )
     if placement.numel() and (int(placement.min()) < 0 or int(placement.max()) >= world_size):
         raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
     return placement
@@ -192,7 +223,12 @@ class FlatDispatcher(Dispatcher):
         # outside the exchange (the alltoall suite times dispatch of one PFT again and again).
         if pft is not self._pft:
             order, send_counts = flat_send_layout(pft, self.expert_to_rank, self._comm.size)
-            self._layout = (order, send_counts, pft.token_ids[order], pft.combine_weights.detach()[order])
+            self._layout = (
+                order,
+                send_counts,
+                pft.token_ids[order],
+                pft.combine_weights.detach()[order],
+            )
             self._pft = pft
         return self._layout
 
@@ -210,24 +246,39 @@ class FlatDispatcher(Dispatcher):
     def exchange(self, rows: torch.Tensor, state: FlatPlan) -> torch.Tensor:
         """The received rows of one all-to-all-v (counts known on both sides)."""
         recv_counts = state.layout.recv_counts
-        return self._comm.alltoallv(rows, state.layout.send_counts, recv_counts, "a2a",
-                                    out=self.buffers.get("received", sum(recv_counts), rows))
+        return self._comm.alltoallv(
+            rows,
+            state.layout.send_counts,
+            recv_counts,
+            "a2a",
+            out=self.buffers.get("received", sum(recv_counts), rows),
+        )
 
-    def reverse(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+    def reverse(
+        self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
         """The exchange back (counts known on both sides)."""
-        return self._comm.alltoallv(rows, send_counts, recv_counts, "a2a",
-                                    out=self.buffers.get("returned", sum(recv_counts), rows))
+        return self._comm.alltoallv(
+            rows,
+            send_counts,
+            recv_counts,
+            "a2a",
+            out=self.buffers.get("returned", sum(recv_counts), rows),
+        )
 
     def send_rows(self, x: torch.Tensor, state: FlatPlan) -> torch.Tensor:
         t = self._clock()
-        rows = torch.index_select(x, 0, state.token_order,
-                                  out=self.buffers.get("send", state.token_order.numel(), x))
+        rows = torch.index_select(
+            x, 0, state.token_order, out=self.buffers.get("send", state.token_order.numel(), x)
+        )
         t = self._lap("buffer gather", t)
         out = self.exchange(rows, state)
         self._lap("all-to-all", t)
         return out
 
-    def return_rows(self, y: torch.Tensor, state: FlatPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+    def return_rows(
+        self, y: torch.Tensor, state: FlatPlan, num_tokens: int, weighted: bool
+    ) -> torch.Tensor:
         back = self.reverse(y, state.layout.recv_counts, state.layout.send_counts)
         if weighted:
             back = back * state.weights.to(y.dtype).unsqueeze(1)
@@ -239,23 +290,31 @@ class FlatAlgorithm(AllToAll):
     """Flat all-to-all-v (the baseline every other algorithm is checked against)."""
 
     facts = AllToAllFacts(
-        name="flat", label="flat", paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
+        name="flat",
+        label="flat",
+        paper_section="Piper Sec. V-D (the torch.dist.all_to_all baseline)",
         description="every rank exchanges rows directly with every other rank (all-to-all-v)",
-        equal_ranks_per_node=False, schedule_from_counts=True,
-        stages=("counts exchange", "buffer gather", "all-to-all"))
+        equal_ranks_per_node=False,
+        schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"),
+    )
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> FlatDispatcher:
         return FlatDispatcher(comms.world, expert_to_rank)
 
-    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> FlatDispatcher:
+    def group_dispatcher(
+        self, expert_to_rank, group=None, topo=None, generator=None
+    ) -> FlatDispatcher:
         group = dist.group.WORLD if group is None else group
         return FlatDispatcher(TorchComm(group, dist.get_process_group_ranks(group)), expert_to_rank)
 
     def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
         return flat_schedule(counts_matrix, row_bytes, with_counts, ranks=ranks)
 
-    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+    def routed_schedule(
+        self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True
+    ):
         n = topo.world_size
         if len(pfts) != n:
             raise ValueError(f"need one PFT per rank ({n}), got {len(pfts)}")

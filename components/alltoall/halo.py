@@ -61,8 +61,11 @@ class KnownCounts:
     def __init__(self, n: int, rank: int, my_row: list[int], received: dict[int, dict[int, int]]):
         self.n, self.rank = n, rank
         self.rows = [my_row if s == rank else _KnownRow(n, received[s]) for s in range(n)]
-        self.key = (rank, tuple(my_row), tuple(sorted((s, tuple(sorted(e.items())))
-                                                     for s, e in received.items())))
+        self.key = (
+            rank,
+            tuple(my_row),
+            tuple(sorted((s, tuple(sorted(e.items()))) for s, e in received.items())),
+        )
 
     def __len__(self) -> int:
         return self.n
@@ -91,7 +94,9 @@ class HaloPlan:
     out_local: tuple[int, int]  # output rows filled by Phase I (line 20)
     total_recv: int
     # Row indices; None in a plan built for its sizes only (indices=False: the simulator's).
-    pack_index: torch.Tensor | None = None  # rows of x for Phase II, remote nodes in order (line 10)
+    pack_index: torch.Tensor | None = (
+        None  # rows of x for Phase II, remote nodes in order (line 10)
+    )
     p3_index: torch.Tensor | None = None  # rows of F2r in Phase III send order (line 18)
     out_remote_index: torch.Tensor | None = None  # output row of each F3r row (lines 21-23)
 
@@ -112,7 +117,11 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = Tru
     peers = [n * R + l for n in remote_nodes]
     p2_recv = [sum(int(C[p][d]) for d in local) for p in peers]
 
-    pack = [i for n in remote_nodes for i in range(starts[n * R], starts[(n + 1) * R])] if indices else []
+    pack = (
+        [i for n in remote_nodes for i in range(starts[n * R], starts[(n + 1) * R])]
+        if indices
+        else []
+    )
 
     # F2r holds, per remote node i (peer p_i), blocks for local ranks l' = 0..R-1 in order.
     f2_offset = {}
@@ -144,10 +153,19 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = Tru
             cnt += recv_from[s]
         p3_recv.append(cnt)
     plan = HaloPlan(
-        rank=rank, local_start=starts[local[0]], local_stop=starts[local[-1] + 1],
-        remote_nodes=remote_nodes, p1_send=p1_send, p1_recv=p1_recv, p2_send=p2_send,
-        p2_recv=p2_recv, p3_send=p3_send, p3_recv=p3_recv,
-        out_local=(out_start[local[0]], out_start[local[-1] + 1]), total_recv=out_start[N])
+        rank=rank,
+        local_start=starts[local[0]],
+        local_stop=starts[local[-1] + 1],
+        remote_nodes=remote_nodes,
+        p1_send=p1_send,
+        p1_recv=p1_recv,
+        p2_send=p2_send,
+        p2_recv=p2_recv,
+        p3_send=p3_send,
+        p3_recv=p3_recv,
+        out_local=(out_start[local[0]], out_start[local[-1] + 1]),
+        total_recv=out_start[N],
+    )
     if indices:
         plan.pack_index = torch.tensor(pack, dtype=torch.int64)
         plan.p3_index = torch.tensor(p3_index, dtype=torch.int64)
@@ -155,8 +173,9 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = Tru
     return plan
 
 
-def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
-                  with_counts: bool = True, ranks=None) -> list[tuple[str, int, int, int]]:
+def halo_schedule(
+    C: list[list[int]], topo: Topology, row_bytes: int, with_counts: bool = True, ranks=None
+) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of every message HALO sends for counts matrix C; built from
     the same :func:`halo_plan` the collective executes. Self-messages are local copies. The
     counts exchange (:func:`counts_sent`: int64s to every rank, itself included) is left out
@@ -164,8 +183,11 @@ def halo_schedule(C: list[list[int]], topo: Topology, row_bytes: int,
     limits the source ranks (the topology simulator builds representative ranks only)."""
     N, R = topo.world_size, topo.ranks_per_node
     sources = range(N) if ranks is None else ranks
-    msgs = [("counts", s, d, 8 * len(counts_sent(topo, s, d))) for s in sources for d in range(N)] \
-        if with_counts else []
+    msgs = (
+        [("counts", s, d, 8 * len(counts_sent(topo, s, d))) for s in sources for d in range(N)]
+        if with_counts
+        else []
+    )
     for r in sources:
         plan = halo_plan(C, topo, r, indices=False)  # sizes only: no row index tensors
         local = topo.node_ranks(topo.node_of(r))
@@ -194,7 +216,9 @@ class HaloAllToAll:
         return self._buffers.get(name, rows, like)
 
     def plan(self, C, device: torch.device | None = None) -> HaloPlan:
-        rows = C.key if isinstance(C, KnownCounts) else tuple(tuple(int(c) for c in row) for row in C)
+        rows = (
+            C.key if isinstance(C, KnownCounts) else tuple(tuple(int(c) for c in row) for row in C)
+        )
         key = (rows, device)
         if key not in self._plans:
             if len(self._plans) > 64:
@@ -216,7 +240,9 @@ class HaloAllToAll:
         if world.log is not None:
             for peer in range(world.size):
                 if peer != world.rank:
-                    world.log.append(("counts", world.global_rank, world.ranks[peer], 8 * world.size))
+                    world.log.append(
+                        ("counts", world.global_rank, world.ranks[peer], 8 * world.size)
+                    )
         return world.allgather_ints(send_counts)
 
     def known_counts(self, send_counts: list[int]) -> KnownCounts:
@@ -229,22 +255,32 @@ class HaloAllToAll:
             send += [int(send_counts[dd]) for dd in dests]
             send_sizes.append(len(dests))
             recv_sizes.append(len(counts_sent(topo, d, me)))
-        got = world.alltoallv(torch.tensor(send, dtype=torch.int64), send_sizes, recv_sizes,
-                              "counts").tolist()
+        got = world.alltoallv(
+            torch.tensor(send, dtype=torch.int64), send_sizes, recv_sizes, "counts"
+        ).tolist()
         received, pos = {}, 0
         for s in range(N):
             dests = counts_sent(topo, s, me)
-            received[s] = dict(zip(dests, got[pos:pos + len(dests)]))
+            received[s] = dict(zip(dests, got[pos : pos + len(dests)]))
             pos += len(dests)
         return KnownCounts(N, me, [int(c) for c in send_counts], received)
 
-    def __call__(self, x: torch.Tensor, send_counts: list[int],
-                 counts_matrix: list[list[int]] | None = None, out_buffer: str = "O") -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        send_counts: list[int],
+        counts_matrix: list[list[int]] | None = None,
+        out_buffer: str = "O",
+    ) -> torch.Tensor:
         """The received rows, in the flat all-to-all-v's order, in the persistent buffer named
         ``out_buffer`` (overwritten by the next call that names it)."""
         send_counts = [int(c) for c in send_counts]
         N = self.topo.world_size
-        if len(send_counts) != N or sum(send_counts) != x.shape[0] or min(send_counts, default=0) < 0:
+        if (
+            len(send_counts) != N
+            or sum(send_counts) != x.shape[0]
+            or min(send_counts, default=0) < 0
+        ):
             raise ValueError(f"send_counts must be {N} non-negative ints summing to {x.shape[0]}")
         C = counts_matrix if counts_matrix is not None else self.known_counts(send_counts)
         if [int(c) for c in C[self.comms.world.rank]] != send_counts:
@@ -265,7 +301,7 @@ class HaloAllToAll:
 
         # Phase I: issued async on its own communicator; overlaps Phases II and III (Eq. 13).
         P1 = self._buf("P1", sum(p.p1_recv), x)
-        L = x[p.local_start:p.local_stop]  # line 7: contiguous, no copy
+        L = x[p.local_start : p.local_stop]  # line 7: contiguous, no copy
         _, phase1 = self.comms.intra_overlap.alltoallv_async(L, p.p1_send, p.p1_recv, "I", out=P1)
 
         # Phase II: one index_select packs every remote-destined row (line 11), then one
@@ -276,8 +312,8 @@ class HaloAllToAll:
         sends, recvs, so, ro = [], [], 0, 0
         for n, cs, cr in zip(p.remote_nodes, p.p2_send, p.p2_recv):
             peer = n * R + my_local
-            sends.append((peer, F2s[so:so + cs]))
-            recvs.append((peer, F2r[ro:ro + cr]))
+            sends.append((peer, F2s[so : so + cs]))
+            recvs.append((peer, F2r[ro : ro + cr]))
             so, ro = so + cs, ro + cr
         self.comms.world.p2p(sends, recvs, "II").wait()
 
@@ -291,5 +327,5 @@ class HaloAllToAll:
         O = self._buf(out_buffer, p.total_recv, x)
         O.index_copy_(0, p.out_remote_index, F3r)
         phase1.wait()
-        O[p.out_local[0]:p.out_local[1]] = P1
+        O[p.out_local[0] : p.out_local[1]] = P1
         return O

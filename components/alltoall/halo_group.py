@@ -55,10 +55,10 @@ class NodeP2PComm(Comm):
         x, out, sc, rc, _ = self._prepare(x, send_counts, recv_counts, phase, out)
         so, ro = [0, *accumulate(sc)], [0, *accumulate(rc)]
         me = self.rank
-        out[ro[me]:ro[me + 1]] = x[so[me]:so[me + 1]]  # my own chunk: a local copy
+        out[ro[me] : ro[me + 1]] = x[so[me] : so[me + 1]]  # my own chunk: a local copy
         peers = [i for i in range(self.size) if i != me]
-        sends = [(self.members[i], x[so[i]:so[i + 1]]) for i in peers]
-        recvs = [(self.members[i], out[ro[i]:ro[i + 1]]) for i in peers]
+        sends = [(self.members[i], x[so[i] : so[i + 1]]) for i in peers]
+        recvs = [(self.members[i], out[ro[i] : ro[i + 1]]) for i in peers]
         return out, self.group_comm.p2p(sends, recvs, phase)
 
 
@@ -70,13 +70,19 @@ def world_topology() -> Topology:
     except ValueError:
         return Topology(nodes=1, ranks_per_node=world)
     if topo.world_size != world:
-        raise ValueError(f"the environment describes {topo.world_size} ranks, the "
-                         f"torch.distributed world has {world}")
+        raise ValueError(
+            f"the environment describes {topo.world_size} ranks, the "
+            f"torch.distributed world has {world}"
+        )
     return topo
 
 
-def group_topology(group_ranks: list[int], topo: Topology, algorithm: str = "HALO",
-                   why_equal: str = "Alg. 1 pairs equal local ranks") -> Topology:
+def group_topology(
+    group_ranks: list[int],
+    topo: Topology,
+    algorithm: str = "HALO",
+    why_equal: str = "Alg. 1 pairs equal local ranks",
+) -> Topology:
     """``topo`` restricted to ``group_ranks`` (global ranks in group order): one node per
     node that holds members, ranks_per_node = members per node (which must be equal).
     ``algorithm`` and ``why_equal`` only word the ValueError (RBD uses this too)."""
@@ -85,12 +91,16 @@ def group_topology(group_ranks: list[int], topo: Topology, algorithm: str = "HAL
         if not nodes or nodes[-1] != topo.node_of(r):
             nodes.append(topo.node_of(r))
     if len(set(nodes)) != len(nodes):
-        raise ValueError(f"{algorithm} needs the group's ranks node by node; {group_ranks} "
-                         f"interleave nodes {nodes}")
+        raise ValueError(
+            f"{algorithm} needs the group's ranks node by node; {group_ranks} "
+            f"interleave nodes {nodes}"
+        )
     per_node = Counter(topo.node_of(r) for r in group_ranks)
     if len(set(per_node.values())) != 1:
-        raise ValueError(f"{algorithm} needs the same number of group ranks on every node "
-                         f"({why_equal}); group {group_ranks} has {dict(per_node)}")
+        raise ValueError(
+            f"{algorithm} needs the same number of group ranks on every node "
+            f"({why_equal}); group {group_ranks} has {dict(per_node)}"
+        )
     return Topology(nodes=len(nodes), ranks_per_node=len(group_ranks) // len(nodes))
 
 
@@ -105,8 +115,9 @@ def build_group_halo(group=None, topo: Topology | None = None) -> HaloAllToAll:
     node = sub.node_of(comm.rank)
     intra = NodeP2PComm(comm, sub.node_ranks(node))
     # ``inter`` (GPUs sharing a NIC) is not used by HALO; the group stands in for it.
-    return HaloAllToAll(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
-                                      inter=comm))
+    return HaloAllToAll(
+        Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra, inter=comm)
+    )
 
 
 _HALO_OF_GROUP: dict = {}  # (group, topology) -> HaloAllToAll, built once (plans, buffers)
@@ -141,8 +152,9 @@ def _halo_all_to_all_v_function():
     return HaloAllToAllV
 
 
-def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None,
-                      group=None) -> torch.Tensor:
+def halo_all_to_all_v(
+    x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None, group=None
+) -> torch.Tensor:
     """Differentiable HALO all-to-all-v over ``group``; see the module docstring."""
     halo = halo_for_group(group)
     comm = halo.comms.world
@@ -156,12 +168,15 @@ def halo_all_to_all_v(x: torch.Tensor, send_counts: list[int], recv_counts: list
     counts = halo.known_counts(send_counts)  # my row, my column, my Phase-II peers' counts
     received = [int(counts[s][comm.rank]) for s in range(comm.size)]
     if recv_counts is not None and [int(c) for c in recv_counts] != received:
-        raise ValueError(f"recv_counts {list(recv_counts)} differ from what the group sends "
-                         f"this rank: {received}")
+        raise ValueError(
+            f"recv_counts {list(recv_counts)} differ from what the group sends "
+            f"this rank: {received}"
+        )
     return _halo_all_to_all_v_function().apply(x, send_counts, received, counts, halo)
 
 
 # --- the registry entry -----------------------------------------------------------------------
+
 
 class HaloDispatcher(FlatDispatcher):
     """MoE dispatch/combine in the flat layout with HALO's three phases in place of the flat
@@ -190,17 +205,23 @@ class HaloAlgorithm(AllToAll):
     """HALO (Piper Sec. V, Alg. 1): intra-node, then NIC-affine inter-node, then intra-node."""
 
     facts = AllToAllFacts(
-        name="halo", label="HALO", paper_section="Piper Sec. V, Alg. 1",
+        name="halo",
+        label="HALO",
+        paper_section="Piper Sec. V, Alg. 1",
         description="hierarchical all-to-all: one message per remote node through same-local-rank "
-                    "peers, regrouped inside the node",
-        equal_ranks_per_node=True, schedule_from_counts=True,
-        stages=("counts exchange", "buffer gather", "all-to-all"))
+        "peers, regrouped inside the node",
+        equal_ranks_per_node=True,
+        schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"),
+    )
     phase_dependencies = PHASE_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> HaloDispatcher:
         return HaloDispatcher(HaloAllToAll(comms), expert_to_rank)
 
-    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> HaloDispatcher:
+    def group_dispatcher(
+        self, expert_to_rank, group=None, topo=None, generator=None
+    ) -> HaloDispatcher:
         return HaloDispatcher(build_group_halo(group, topo), expert_to_rank)
 
     def check_group(self, group_ranks, topo) -> None:
@@ -209,7 +230,9 @@ class HaloAlgorithm(AllToAll):
     def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
         return halo_schedule(counts_matrix, topo, row_bytes, with_counts, ranks=ranks)
 
-    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+    def routed_schedule(
+        self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True
+    ):
         n = topo.world_size
         if len(pfts) != n:
             raise ValueError(f"need one PFT per rank ({n}), got {len(pfts)}")

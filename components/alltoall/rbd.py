@@ -26,13 +26,19 @@ Why: inter-node rows per source drop from one per (token, expert) pair to one pe
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from moe_repro.components.alltoall.base import (AllToAll, AllToAllFacts, Dispatcher, FlatLayout, ReusedBuffers,
-                                                register)
+from moe_repro.components.alltoall.base import (
+    AllToAll,
+    AllToAllFacts,
+    Dispatcher,
+    FlatLayout,
+    ReusedBuffers,
+    register,
+)
 from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
 from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
 from moe_repro.components.lazy_import import lazy_module
@@ -43,27 +49,41 @@ from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 # ``PFT`` in the annotations is components/moe/pft.py's; not imported: moe sits above alltoall
 # in components/ (tests/test_layers.py), and annotations are never evaluated here.
 
+PFT = Any  # components/moe/pft.py's PFT, by name only (see above)
+
 # Imported on first use: the registry (read by the simulator) imports this module.
 torch = lazy_module("torch", globals())
 dist = lazy_module("torch.distributed", globals(), "dist")
 
 # replica_counts: how many replicas each rank of the node builds for me, known only once the
 # metadata has arrived (the replicas are read off it).
-PHASE_DEPENDENCIES = {"counts": [], "meta": ["counts"], "pilot": ["counts"],
-                      "replica": ["pilot", "meta"], "replica_counts": ["meta"],
-                      "replica_meta": ["replica_counts"]}
+PHASE_DEPENDENCIES = {
+    "counts": [],
+    "meta": ["counts"],
+    "pilot": ["counts"],
+    "replica": ["pilot", "meta"],
+    "replica_counts": ["meta"],
+    "replica_meta": ["replica_counts"],
+}
 COMBINE_PHASE_DEPENDENCIES = {"combine_replica": [], "combine_pilot": ["combine_replica"]}
 # RBDDispatcher.dispatch's six blocking calls in program order (the plan's counts, meta, replica
 # counts and replica metadata, then the pilots and the replicas): what its measured time
 # follows, not the overlap PHASE_DEPENDENCIES allows.
-DISPATCHER_DEPENDENCIES = {"counts": [], "meta": ["counts"], "replica_counts": ["meta"],
-                           "replica_meta": ["replica_counts"], "pilot": ["replica_meta"],
-                           "replica": ["pilot"]}
+DISPATCHER_DEPENDENCIES = {
+    "counts": [],
+    "meta": ["counts"],
+    "replica_counts": ["meta"],
+    "replica_meta": ["replica_counts"],
+    "pilot": ["replica_meta"],
+    "replica": ["pilot"],
+}
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
 
 
-def _pilot_groups(group_key: torch.Tensor, priority: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pilot_groups(
+    group_key: torch.Tensor, priority: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(pilot pair of every group, groups in key order; group number of every pair): each
     group's pilot is its pair of lowest priority, ties left to torch's (unstable) argsort."""
     n_pairs = group_key.numel()
@@ -79,7 +99,9 @@ def _pilot_groups(group_key: torch.Tensor, priority: torch.Tensor) -> tuple[torc
     return pilot_pairs, pilot_of_pair
 
 
-def _pilot_groups_numpy(group_key: np.ndarray, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pilot_groups_numpy(
+    group_key: np.ndarray, priority: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_pilot_groups` on numpy arrays, the same pilots: sorted by (group, priority),
     each group's first pair is its pilot; where two pairs tie for a group's lowest priority the
     pilot is whichever torch's unstable sort puts first, so those ask torch (rare: priorities
@@ -111,8 +133,9 @@ class Stage0:
     send_counts: list[int]  # the flat layout's rows per destination rank
 
 
-def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
-                  generator: torch.Generator | None = None) -> Stage0:
+def select_pilots(
+    pft: PFT, expert_to_rank, topo: Topology, generator: torch.Generator | None = None
+) -> Stage0:
     """Stage 0 on one source rank (X-MoE Sec. 4.2 S0)."""
     N = topo.world_size
     n_pairs = pft.num_rows
@@ -143,11 +166,16 @@ def select_pilots(pft: PFT, expert_to_rank, topo: Topology,
     meta_order = torch.argsort(pair_pilot_rank, stable=True)
     weights = pft.combine_weights.detach().to(torch.float64).contiguous()
     meta = torch.stack([pilot_index[pilot_of_pair], dest, slot, weights.view(torch.int64)], 1)
-    return Stage0(pilot_token=pft.token_ids[pilot_pairs][send], pilot_counts=[int(c) for c in pilot_counts],
-                  meta=meta[meta_order].contiguous(),
-                  meta_counts=[int(c) for c in torch.bincount(pair_pilot_rank, minlength=N).tolist()],
-                  pilot_dest_rank=pilot_rank[send], pair_dest_rank=dest, send_rows=order,
-                  send_counts=[int(c) for c in counts])
+    return Stage0(
+        pilot_token=pft.token_ids[pilot_pairs][send],
+        pilot_counts=[int(c) for c in pilot_counts],
+        meta=meta[meta_order].contiguous(),
+        meta_counts=[int(c) for c in torch.bincount(pair_pilot_rank, minlength=N).tolist()],
+        pilot_dest_rank=pilot_rank[send],
+        pair_dest_rank=dest,
+        send_rows=order,
+        send_counts=[int(c) for c in counts],
+    )
 
 
 @dataclass
@@ -182,8 +210,10 @@ class RBDDispatcher(Dispatcher):
         self.comms = comms
         self.topo: Topology = comms.topo
         if comms.world.size != self.topo.world_size:
-            raise ValueError(f"the EP communicator has {comms.world.size} ranks, its topology "
-                             f"{self.topo.world_size}")
+            raise ValueError(
+                f"the EP communicator has {comms.world.size} ranks, its topology "
+                f"{self.topo.world_size}"
+            )
         self.expert_to_rank = torch.as_tensor(expert_to_rank, dtype=torch.int64)
         self.generator = generator
         self.rank = comms.world.rank  # my rank in the EP group (= global rank on the world)
@@ -197,22 +227,36 @@ class RBDDispatcher(Dispatcher):
         return self.comms.world
 
     @classmethod
-    def for_group(cls, expert_to_rank, group=None, topo: Topology | None = None,
-                  generator: torch.Generator | None = None) -> "RBDDispatcher":
+    def for_group(
+        cls,
+        expert_to_rank,
+        group=None,
+        topo: Topology | None = None,
+        generator: torch.Generator | None = None,
+    ) -> "RBDDispatcher":
         """RBD over the torch.distributed process group ``group`` (None = world), with
         ``expert_to_rank`` in group ranks and ``topo`` (default: the launcher's emulated node
         layout) restricted to the group. Not collective: no process group is created."""
         group = dist.group.WORLD if group is None else group
         ranks = dist.get_process_group_ranks(group)
-        sub = group_topology(ranks, world_topology() if topo is None else topo, "RBD",
-                             "node = group rank // ranks per node")
+        sub = group_topology(
+            ranks,
+            world_topology() if topo is None else topo,
+            "RBD",
+            "node = group rank // ranks per node",
+        )
         comm = TorchComm(group, ranks)
         intra = NodeP2PComm(comm, sub.node_ranks(sub.node_of(comm.rank)))
         # RBD uses only ``world`` (S1) and ``intra`` (S2); the group stands in for ``inter``.
-        return cls(Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra,
-                                 inter=comm), expert_to_rank, generator)
+        return cls(
+            Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra, inter=comm),
+            expert_to_rank,
+            generator,
+        )
 
-    def dispatch(self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None) -> torch.Tensor:
+    def dispatch(
+        self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Expert inputs on this rank, in the flat all-to-all's output layout; ``generator``
         (default: the dispatcher's) draws the pilots."""
         if x.dim() != 2 or x.shape[0] != pft.num_tokens:
@@ -236,20 +280,26 @@ class RBDDispatcher(Dispatcher):
         meta = world.alltoallv(s0.meta, s0.meta_counts, meta_recv, "meta")
 
         # Re-encode relative pilot indices to rows of the received pilot buffer.
-        src_of_meta = torch.repeat_interleave(torch.arange(N), torch.tensor(meta_recv, dtype=torch.int64))
+        src_of_meta = torch.repeat_interleave(
+            torch.arange(N), torch.tensor(meta_recv, dtype=torch.int64)
+        )
         pilot_base = torch.tensor([sum(pilot_recv[:s]) for s in range(N)], dtype=torch.int64)
         pilot_row = pilot_base[src_of_meta] + meta[:, 0]
         dst, slot = meta[:, 1], meta[:, 2]
         weight = meta[:, 3].contiguous().view(torch.float64)
         direct = dst == me
         if bool(((dst // topo.ranks_per_node) != topo.node_of(me)).any()):
-            raise RuntimeError("RBD metadata names a destination outside this node (placement maps differ?)")
+            raise RuntimeError(
+                "RBD metadata names a destination outside this node (placement maps differ?)"
+            )
         # Local replicas: one copy of the pilot per other pair on this node, ordered by
         # destination rank so the intra-node exchange buffer is contiguous.
         rep = torch.nonzero(~direct).reshape(-1)
         rep = rep[torch.argsort(dst[rep], stable=True)]
         local_of_dst = dst[rep] - topo.node_ranks(topo.node_of(me))[0]
-        replica_send = [int(c) for c in torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()]
+        replica_send = [
+            int(c) for c in torch.bincount(local_of_dst, minlength=topo.ranks_per_node).tolist()
+        ]
         replica_meta = torch.stack([src_of_meta[rep], slot[rep]], 1).contiguous()
         # S2 metadata: each replica's (source, slot) to its destination.
         replica_recv = intra.exchange_counts(replica_send, "replica_counts")
@@ -261,45 +311,74 @@ class RBDDispatcher(Dispatcher):
         self._lap("metadata exchange", t)
         return RBDPlan(
             layout=FlatLayout(s0.send_rows, s0.send_counts, [int(c) for c in per_source.tolist()]),
-            s0=s0, pilot_recv=pilot_recv,
-            direct_pilot=pilot_row[direct], direct_out=start[src_of_meta[direct]] + slot[direct],
-            direct_weight=weight[direct], replica_pilot=pilot_row[rep], replica_weight=weight[rep],
-            replica_send=replica_send, replica_recv=replica_recv,
-            replica_out=start[got_meta[:, 0]] + got_meta[:, 1], total_out=int(per_source.sum()))
+            s0=s0,
+            pilot_recv=pilot_recv,
+            direct_pilot=pilot_row[direct],
+            direct_out=start[src_of_meta[direct]] + slot[direct],
+            direct_weight=weight[direct],
+            replica_pilot=pilot_row[rep],
+            replica_weight=weight[rep],
+            replica_send=replica_send,
+            replica_recv=replica_recv,
+            replica_out=start[got_meta[:, 0]] + got_meta[:, 1],
+            total_out=int(per_source.sum()),
+        )
 
     def send_rows(self, x: torch.Tensor, st: RBDPlan) -> torch.Tensor:
         """S1 pilots across nodes, replicas rebuilt and exchanged inside the node (S2)."""
         world, intra, buf = self.comms.world, self.comms.intra, self.buffers.get
         t = self._clock()
-        pilot_rows = torch.index_select(x, 0, st.s0.pilot_token,
-                                        out=buf("pilot_send", st.s0.pilot_token.numel(), x))
+        pilot_rows = torch.index_select(
+            x, 0, st.s0.pilot_token, out=buf("pilot_send", st.s0.pilot_token.numel(), x)
+        )
         t = self._lap("pilot gather", t)
-        pilots = world.alltoallv(pilot_rows, st.s0.pilot_counts, st.pilot_recv, "pilot",
-                                 out=buf("pilot_recv", st.n_pilots_in, x))
+        pilots = world.alltoallv(
+            pilot_rows,
+            st.s0.pilot_counts,
+            st.pilot_recv,
+            "pilot",
+            out=buf("pilot_recv", st.n_pilots_in, x),
+        )
         t = self._lap("pilot all-to-all (inter-node)", t)
-        replica_rows = torch.index_select(pilots, 0, st.replica_pilot,
-                                          out=buf("replica_send", st.replica_pilot.numel(), x))
+        replica_rows = torch.index_select(
+            pilots, 0, st.replica_pilot, out=buf("replica_send", st.replica_pilot.numel(), x)
+        )
         t = self._lap("replica reconstruction", t)
-        got_rows = intra.alltoallv(replica_rows, st.replica_send, st.replica_recv, "replica",
-                                   out=buf("replica_recv", sum(st.replica_recv), x))
+        got_rows = intra.alltoallv(
+            replica_rows,
+            st.replica_send,
+            st.replica_recv,
+            "replica",
+            out=buf("replica_recv", sum(st.replica_recv), x),
+        )
         t = self._lap("replica all-to-all (intra-node)", t)
         out = buf("expert_input", st.total_out, x)
-        direct = torch.index_select(pilots, 0, st.direct_pilot, out=buf("direct", st.direct_pilot.numel(), x))
+        direct = torch.index_select(
+            pilots, 0, st.direct_pilot, out=buf("direct", st.direct_pilot.numel(), x)
+        )
         out.index_copy_(0, st.direct_out, direct)
         out.index_copy_(0, st.replica_out, got_rows)
         self._lap("expert input reconstruction", t)
         return out
 
-    def return_rows(self, y: torch.Tensor, st: RBDPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+    def return_rows(
+        self, y: torch.Tensor, st: RBDPlan, num_tokens: int, weighted: bool
+    ) -> torch.Tensor:
         """Reverse of send_rows: y (expert outputs, flat layout) -> [num_tokens, H], each token
         the (combine-weighted when ``weighted``) sum of its experts' outputs."""
         world, intra = self.comms.world, self.comms.intra
         # Reverse S2: replicas' outputs go back to their pilot's rank (same order as sent).
         buf = self.buffers.get
-        replica_out = torch.index_select(y, 0, st.replica_out,
-                                         out=buf("combine_replica_send", st.replica_out.numel(), y))
-        back = intra.alltoallv(replica_out, st.replica_recv, st.replica_send, "combine_replica",
-                               out=buf("combine_replica_recv", sum(st.replica_send), y))
+        replica_out = torch.index_select(
+            y, 0, st.replica_out, out=buf("combine_replica_send", st.replica_out.numel(), y)
+        )
+        back = intra.alltoallv(
+            replica_out,
+            st.replica_recv,
+            st.replica_send,
+            "combine_replica",
+            out=buf("combine_replica_recv", sum(st.replica_send), y),
+        )
         direct = y.index_select(0, st.direct_out)
         if weighted:  # weight scaling in stage 1
             direct = direct * st.direct_weight.to(y.dtype).unsqueeze(1)
@@ -309,14 +388,20 @@ class RBDDispatcher(Dispatcher):
         acc.index_add_(0, st.direct_pilot, direct)
         acc.index_add_(0, st.replica_pilot, back)
         # Reverse S1: one row per (token, node) back to the source, summed into the token.
-        returned = world.alltoallv(acc, st.pilot_recv, st.s0.pilot_counts, "combine_pilot",
-                                   out=buf("combine_pilot_recv", sum(st.s0.pilot_counts), y))
+        returned = world.alltoallv(
+            acc,
+            st.pilot_recv,
+            st.s0.pilot_counts,
+            "combine_pilot",
+            out=buf("combine_pilot_recv", sum(st.s0.pilot_counts), y),
+        )
         out = y.new_zeros((num_tokens, y.shape[1]))
         return out.index_add_(0, st.s0.pilot_token, returned)
 
 
-def rbd_schedule(pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
-                 generators: list | None = None) -> list[tuple[str, int, int, int]]:
+def rbd_schedule(
+    pfts: list, expert_to_rank, topo: Topology, row_bytes: int, generators: list | None = None
+) -> list[tuple[str, int, int, int]]:
     """(phase, src, dst, nbytes) of RBD's dispatch for every source rank's PFT, with the pilots
     :func:`select_pilots` draws (pass generators seeded as the ranks' were).
     Phases: counts, meta (per-pair metadata), pilot (rows), replica (rows), replica_counts and
@@ -337,10 +422,14 @@ def rbd_schedule(pfts: list, expert_to_rank, topo: Topology, row_bytes: int,
         # S0 as select_pilots does it, counted: the same draws, the same pilots.
         token_ids, expert_ids = np.asarray(pft.token_ids), np.asarray(pft.expert_ids)
         dest = _placement_vector(expert_to_rank, pft.num_experts, N)[expert_ids]
-        priority = g.rand(len(token_ids)) if isinstance(g, TorchCPUGenerator) \
+        priority = (
+            g.rand(len(token_ids))
+            if isinstance(g, TorchCPUGenerator)
             else torch.rand(len(token_ids), generator=g).numpy()
-        pilot_pairs, group_of_pair = _pilot_groups_numpy(token_ids * topo.nodes + dest // topo.ranks_per_node,
-                                                         priority)
+        )
+        pilot_pairs, group_of_pair = _pilot_groups_numpy(
+            token_ids * topo.nodes + dest // topo.ranks_per_node, priority
+        )
         pilot_rank = dest[pilot_pairs]
         pair_pilot_rank = pilot_rank[group_of_pair]
         pilots[s] = np.bincount(pilot_rank, minlength=N)
@@ -371,17 +460,24 @@ def _placement_vector(expert_to_rank, num_experts: int, world_size: int) -> np.n
     """flat.expert_rank_map's checks, as a numpy vector (no tensor needed)."""
     placement = np.asarray(expert_to_rank, dtype=np.int64).reshape(-1)
     if placement.size != num_experts:
-        raise ValueError(f"expert_to_rank has {placement.size} entries, PFT has {num_experts} experts")
+        raise ValueError(
+            f"expert_to_rank has {placement.size} entries, PFT has {num_experts} experts"
+        )
     if placement.size and (placement.min() < 0 or placement.max() >= world_size):
         raise ValueError(f"expert_to_rank entries must lie in [0, {world_size})")
     return placement
 
 
-
 # --- Redundancy of dispatched rows (X-MoE Fig. 4) ----------------------------------------------
 
-def inter_node_redundancy(pft: PFT, expert_to_rank, topo: Topology, source_rank: int,
-                          generator: torch.Generator | None = None) -> tuple[int, int]:
+
+def inter_node_redundancy(
+    pft: PFT,
+    expert_to_rank,
+    topo: Topology,
+    source_rank: int,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
     """(rows flat sends to other nodes, rows RBD sends to other nodes) for one source rank.
 
     The redundancy rate is 1 - rbd / flat: the share of inter-node copies that only repeat a
@@ -389,13 +485,22 @@ def inter_node_redundancy(pft: PFT, expert_to_rank, topo: Topology, source_rank:
     """
     s0 = select_pilots(pft, expert_to_rank, topo, generator)
     me = topo.node_of(source_rank)
-    flat = int((torch.div(s0.pair_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
-    rbd = int((torch.div(s0.pilot_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum())
+    flat = int(
+        (torch.div(s0.pair_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum()
+    )
+    rbd = int(
+        (torch.div(s0.pilot_dest_rank, topo.ranks_per_node, rounding_mode="floor") != me).sum()
+    )
     return flat, rbd
 
 
-def sampled_redundancy_rate(pft: PFT, expert_to_rank, topo: Topology, source_rank: int,
-                            generator: torch.Generator | None = None) -> float:
+def sampled_redundancy_rate(
+    pft: PFT,
+    expert_to_rank,
+    topo: Topology,
+    source_rank: int,
+    generator: torch.Generator | None = None,
+) -> float:
     """Monte Carlo estimate of the expected redundancy rate: 1 - rbd / flat counted on one
     source rank's sampled routing ``pft`` (X-MoE Fig. 4); 0 when nothing leaves the node."""
     produced("monte-carlo")
@@ -424,32 +529,49 @@ def expected_redundancy_uniform(num_experts: int, top_k: int, nodes: int) -> flo
 
 # --- the registry entry -----------------------------------------------------------------------
 
+
 class RBDAlgorithm(AllToAll):
     """RBD (X-MoE Sec. 4.2): pilots across nodes, local replicas inside them."""
 
     facts = AllToAllFacts(
-        name="rbd", label="RBD", paper_section="X-MoE Sec. 4.2, Fig. 7",
+        name="rbd",
+        label="RBD",
+        paper_section="X-MoE Sec. 4.2, Fig. 7",
         description="redundancy-bypassing dispatch: one pilot per (token, remote node) across "
-                    "nodes, its replicas rebuilt and exchanged inside the node",
-        equal_ranks_per_node=True, schedule_from_counts=False,
-        stages=("pilot selection", "metadata exchange", "pilot gather", "pilot all-to-all (inter-node)",
-                "replica reconstruction", "replica all-to-all (intra-node)",
-                "expert input reconstruction"))
+        "nodes, its replicas rebuilt and exchanged inside the node",
+        equal_ranks_per_node=True,
+        schedule_from_counts=False,
+        stages=(
+            "pilot selection",
+            "metadata exchange",
+            "pilot gather",
+            "pilot all-to-all (inter-node)",
+            "replica reconstruction",
+            "replica all-to-all (intra-node)",
+            "expert input reconstruction",
+        ),
+    )
     phase_dependencies = PHASE_DEPENDENCIES
     dispatcher_dependencies = DISPATCHER_DEPENDENCIES
 
     def dispatcher(self, comms, expert_to_rank, generator=None) -> RBDDispatcher:
         return RBDDispatcher(comms, expert_to_rank, generator)
 
-    def group_dispatcher(self, expert_to_rank, group=None, topo=None, generator=None) -> RBDDispatcher:
+    def group_dispatcher(
+        self, expert_to_rank, group=None, topo=None, generator=None
+    ) -> RBDDispatcher:
         return RBDDispatcher.for_group(expert_to_rank, group, topo, generator)
 
     def check_group(self, group_ranks, topo) -> None:
         group_topology(group_ranks, topo, "RBD", "node = group rank // ranks per node")
 
-    def routed_schedule(self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True):
+    def routed_schedule(
+        self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True
+    ):
         msgs = rbd_schedule(pfts, expert_to_rank, topo, row_bytes, generators)
-        return msgs if with_counts else [m for m in msgs if m[0] not in ("counts", "replica_counts")]
+        return (
+            msgs if with_counts else [m for m in msgs if m[0] not in ("counts", "replica_counts")]
+        )
 
 
 register(RBDAlgorithm())

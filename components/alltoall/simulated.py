@@ -22,8 +22,10 @@ def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bo
     ``routed_schedule`` with :func:`simulator.simulate_messages`."""
     algorithm = get_algorithm(algo)
     if not algorithm.facts.schedule_from_counts:
-        raise ValueError(f"{algo} cannot be simulated from expected counts (its messages depend on "
-                         f"every rank's routing): use simulate_messages with its routed_schedule")
+        raise ValueError(
+            f"{algo} cannot be simulated from expected counts (its messages depend on "
+            f"every rank's routing): use simulate_messages with its routed_schedule"
+        )
 
     def schedule_fn(C, ranks):
         return algorithm.counts_schedule(C, topo, row_bytes, with_counts, ranks=ranks)
@@ -31,8 +33,14 @@ def expected_schedule(algo: str, topo: Topology, row_bytes: int, with_counts: bo
     return schedule_fn, algorithm.phase_dependencies
 
 
-def simulate_uniform(algo: str, topo: Topology, platform: Platform, bytes_per_peer: int,
-                     with_counts: bool = False, latency_model: str | None = None) -> SimResult:
+def simulate_uniform(
+    algo: str,
+    topo: Topology,
+    platform: Platform,
+    bytes_per_peer: int,
+    with_counts: bool = False,
+    latency_model: str | None = None,
+) -> SimResult:
     """Equal splits (Piper Alg. 1, Fig. 8): every rank sends ``bytes_per_peer`` to every rank,
     by the registered all-to-all ``algo``."""
     fn, deps = expected_schedule(algo, topo, int(bytes_per_peer), with_counts)

@@ -33,8 +33,15 @@ from __future__ import annotations
 
 # The registry itself lives in registry.py, which the balancers' modules import (importing this
 # package from them would close an import cycle: tests/test_layers.py).
-from moe_repro.components.balance.registry import (BALANCERS, balancer_names, check_knobs,  # noqa: F401
-                                                   get_balancer, register_balancer)
+from moe_repro.components.balance.registry import (
+    BALANCERS,
+    balancer_names,
+    check_knobs,
+    get_balancer,
+    register_balancer,
+)
+
+__all__ = ["BALANCERS", "balancer_names", "check_knobs", "get_balancer", "register_balancer"]
 
 # Each module registers its balancer when imported (after the functions above exist).
 from moe_repro.components.balance import fastermoe_shadow  # noqa: E402,F401

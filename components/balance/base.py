@@ -38,8 +38,8 @@ from moe_repro.components.moe.moe_layer import ExpertPlacement
 class BalanceStep:
     """One micro-batch of one layer, as a balancer sees it. The sources are the EP ranks."""
 
-    placement: ExpertPlacement                         # home: expert -> EP rank
-    source_counts: torch.Tensor                        # int64 [W, E] rows per (source rank, expert)
+    placement: ExpertPlacement  # home: expert -> EP rank
+    source_counts: torch.Tensor  # int64 [W, E] rows per (source rank, expert)
     previous_source_counts: torch.Tensor | None = None  # the same for the previous micro-batch
 
     def __post_init__(self):
@@ -50,7 +50,9 @@ class BalanceStep:
                 continue
             counts = torch.as_tensor(value, dtype=torch.int64)
             if list(counts.shape) != shape:
-                raise ValueError(f"{name} must be [ranks, experts] = {shape}, got {list(counts.shape)}")
+                raise ValueError(
+                    f"{name} must be [ranks, experts] = {shape}, got {list(counts.shape)}"
+                )
             object.__setattr__(self, name, counts)
 
     @property
@@ -69,9 +71,9 @@ class BalanceStep:
 class DeviceWork:
     """What each device computes in one micro-batch under a balancer's plan."""
 
-    loads: list[int]                 # rows computed per device [W]
-    gemm_groups: list[list[int]]     # per device: the row count of each expert GEMM it runs
-    decision: Any = None             # the method's own plan (moves, shadows, segments, ...)
+    loads: list[int]  # rows computed per device [W]
+    gemm_groups: list[list[int]]  # per device: the row count of each expert GEMM it runs
+    decision: Any = None  # the method's own plan (moves, shadows, segments, ...)
 
 
 @dataclass(frozen=True)
@@ -79,23 +81,27 @@ class Balancer:
     """One load-balancing method. ``plan(step, knobs)`` gets every knob this balancer declares
     (its default unless the caller gave one by that name) and returns the step's DeviceWork."""
 
-    name: str                 # the label tables and the CLI show, e.g. "FEPLB"
-    paper: str                # where the algorithm comes from, e.g. "FEPLB Sec. 2"
-    description: str          # one line
-    needs_history: bool       # plans from the previous micro-batch's counts
+    name: str  # the label tables and the CLI show, e.g. "FEPLB"
+    paper: str  # where the algorithm comes from, e.g. "FEPLB Sec. 2"
+    description: str  # one line
+    needs_history: bool  # plans from the previous micro-batch's counts
     plan: Callable[[BalanceStep, dict], DeviceWork]
-    knobs: Mapping[str, int | float] = field(default_factory=dict)   # knob name -> default
+    knobs: Mapping[str, int | float] = field(default_factory=dict)  # knob name -> default
 
     def run(self, step: BalanceStep, knobs: Mapping[str, Any] | None = None) -> DeviceWork:
         """``plan`` with this balancer's knobs taken from ``knobs`` (names it does not declare
         are ignored, so one set of knobs can drive several balancers)."""
         if self.needs_history and step.previous_source_counts is None:
-            raise ValueError(f"{self.name} plans from history: give the previous micro-batch's counts")
+            raise ValueError(
+                f"{self.name} plans from history: give the previous micro-batch's counts"
+            )
         given = knobs or {}
         work = self.plan(step, {k: given.get(k, default) for k, default in self.knobs.items()})
         world = step.placement.world_size
         if len(work.loads) != world or len(work.gemm_groups) != world:
-            raise ValueError(f"{self.name} returned work for {len(work.loads)} devices, not {world}")
+            raise ValueError(
+                f"{self.name} returned work for {len(work.loads)} devices, not {world}"
+            )
         return work
 
 

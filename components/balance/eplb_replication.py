@@ -35,12 +35,12 @@ POLICIES = ("global", "hierarchical")
 
 @dataclass
 class ReplicaPlan:
-    experts_of_gpu: list[list[int]]      # expert id per slot
-    replicas: list[int]                  # per expert
+    experts_of_gpu: list[list[int]]  # expert id per slot
+    replicas: list[int]  # per expert
     gpu_loads: list[float]
     moved_replicas: int = 0
     moved_bytes: int = 0
-    node_of_group: list[int] | None = None   # hierarchical policy: the node each group is packed on
+    node_of_group: list[int] | None = None  # hierarchical policy: the node each group is packed on
 
 
 def replicate(loads: list[float], total_slots: int, max_replicas: int | None = None) -> list[int]:
@@ -48,10 +48,14 @@ def replicate(loads: list[float], total_slots: int, max_replicas: int | None = N
     if total_slots < len(loads):
         raise ValueError(f"{total_slots} slots cannot hold {len(loads)} experts")
     if max_replicas is not None and total_slots > max_replicas * len(loads):
-        raise ValueError(f"{total_slots} slots need more than {max_replicas} replicas of some expert")
+        raise ValueError(
+            f"{total_slots} slots need more than {max_replicas} replicas of some expert"
+        )
     replicas = [1] * len(loads)
     for _ in range(total_slots - len(loads)):
-        below_cap = [i for i in range(len(loads)) if max_replicas is None or replicas[i] < max_replicas]
+        below_cap = [
+            i for i in range(len(loads)) if max_replicas is None or replicas[i] < max_replicas
+        ]
         e = max(below_cap, key=lambda i: (loads[i] / replicas[i], -i))
         replicas[e] += 1
     return replicas
@@ -66,16 +70,27 @@ def balanced_packing(weights: list[float], packs: int) -> list[int]:
     pack_of_item = [-1] * len(weights)
     pack_weight, pack_items = [0.0] * packs, [0] * packs
     for item in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
-        pack = min((k for k in range(packs) if pack_items[k] < per_pack), key=lambda k: (pack_weight[k], k))
+        pack = min(
+            (k for k in range(packs) if pack_items[k] < per_pack), key=lambda k: (pack_weight[k], k)
+        )
         pack_of_item[item] = pack
         pack_weight[pack] += weights[item]
         pack_items[pack] += 1
     return pack_of_item
 
 
-def plan_replicas(loads, gpus: int, slots_per_gpu: int, previous: list[list[int]] | None = None,
-                  expert_bytes: int = 0, max_replicas: int | None = None, *, policy: str = "global",
-                  num_groups: int | None = None, gpus_per_node: int | None = None) -> ReplicaPlan:
+def plan_replicas(
+    loads,
+    gpus: int,
+    slots_per_gpu: int,
+    previous: list[list[int]] | None = None,
+    expert_bytes: int = 0,
+    max_replicas: int | None = None,
+    *,
+    policy: str = "global",
+    num_groups: int | None = None,
+    gpus_per_node: int | None = None,
+) -> ReplicaPlan:
     """Replicate and pack ``loads`` onto ``gpus`` x ``slots_per_gpu`` slots (docs/balancers.md).
     ``previous``: the experts_of_gpu of the plan in force, to keep replicas in place.
     ``max_replicas``: cap the replicas per expert (at most the GPUs its replicas may use: ``gpus``,
@@ -90,16 +105,22 @@ def plan_replicas(loads, gpus: int, slots_per_gpu: int, previous: list[list[int]
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "hierarchical":
-        plan = _plan_hierarchical(loads, gpus, slots_per_gpu, max_replicas, num_groups, gpus_per_node)
+        plan = _plan_hierarchical(
+            loads, gpus, slots_per_gpu, max_replicas, num_groups, gpus_per_node
+        )
         if previous is not None:
             _match_previous(plan, previous, expert_bytes, gpus_per_node)
         return plan
     if max_replicas is not None and not 1 <= max_replicas <= gpus:
-        raise ValueError(f"max_replicas must be in 1..{gpus} (one replica per GPU), got {max_replicas}")
+        raise ValueError(
+            f"max_replicas must be in 1..{gpus} (one replica per GPU), got {max_replicas}"
+        )
     replicas = replicate(loads, gpus * slots_per_gpu, max_replicas)
     if max(replicas) > gpus:
-        raise ValueError(f"an expert needs {max(replicas)} replicas but there are only {gpus} GPUs "
-                         "(replicas of one expert must sit on different GPUs)")
+        raise ValueError(
+            f"an expert needs {max(replicas)} replicas but there are only {gpus} GPUs "
+            "(replicas of one expert must sit on different GPUs)"
+        )
     bins, bin_load = _pack_replicas(loads, replicas, gpus, slots_per_gpu)
     plan = ReplicaPlan(bins, replicas, bin_load)
     if previous is not None:
@@ -107,35 +128,50 @@ def plan_replicas(loads, gpus: int, slots_per_gpu: int, previous: list[list[int]
     return plan
 
 
-def _plan_hierarchical(loads: list[float], gpus: int, slots_per_gpu: int, max_replicas: int | None,
-                       num_groups: int | None, gpus_per_node: int | None) -> ReplicaPlan:
+def _plan_hierarchical(
+    loads: list[float],
+    gpus: int,
+    slots_per_gpu: int,
+    max_replicas: int | None,
+    num_groups: int | None,
+    gpus_per_node: int | None,
+) -> ReplicaPlan:
     """Steps a.-c. of the hierarchical policy (docs/balancers.md) (EPLB's ``rebalance_experts_hierarchical``)."""
     experts = len(loads)
     if num_groups is None or gpus_per_node is None:
         raise ValueError("the hierarchical policy needs num_groups and gpus_per_node")
     if gpus_per_node <= 0 or gpus % gpus_per_node:
-        raise ValueError(f"gpus_per_node={gpus_per_node} does not divide the {gpus} GPUs into nodes")
+        raise ValueError(
+            f"gpus_per_node={gpus_per_node} does not divide the {gpus} GPUs into nodes"
+        )
     nodes = gpus // gpus_per_node
     if num_groups <= 0 or experts % num_groups:
         raise ValueError(f"{num_groups} expert groups do not divide the {experts} experts")
     if num_groups % nodes:
-        raise ValueError(f"{nodes} nodes do not divide the {num_groups} expert groups "
-                         "(use the global policy)")
+        raise ValueError(
+            f"{nodes} nodes do not divide the {num_groups} expert groups (use the global policy)"
+        )
     experts_per_node, slots_per_node = experts // nodes, gpus_per_node * slots_per_gpu
     if slots_per_node < experts_per_node:
-        raise ValueError(f"{slots_per_node} slots per node cannot hold the {experts_per_node} "
-                         "experts of a node's groups")
+        raise ValueError(
+            f"{slots_per_node} slots per node cannot hold the {experts_per_node} "
+            "experts of a node's groups"
+        )
     if max_replicas is not None and not 1 <= max_replicas <= gpus_per_node:
-        raise ValueError(f"max_replicas must be in 1..{gpus_per_node} (one replica per GPU of "
-                         f"its node), got {max_replicas}")
+        raise ValueError(
+            f"max_replicas must be in 1..{gpus_per_node} (one replica per GPU of "
+            f"its node), got {max_replicas}"
+        )
     if slots_per_node > (max_replicas or gpus_per_node) * experts_per_node:
-        raise ValueError(f"{slots_per_node} slots per node need more than {max_replicas or gpus_per_node} "
-                         f"replicas of one of its {experts_per_node} experts (at most one per GPU "
-                         "of its node, or max_replicas)")
+        raise ValueError(
+            f"{slots_per_node} slots per node need more than {max_replicas or gpus_per_node} "
+            f"replicas of one of its {experts_per_node} experts (at most one per GPU "
+            "of its node, or max_replicas)"
+        )
     group_size = experts // num_groups
 
     # a. groups onto nodes, the same number per node, by summed load (EPLB step 1)
-    group_loads = [sum(loads[g * group_size:(g + 1) * group_size]) for g in range(num_groups)]
+    group_loads = [sum(loads[g * group_size : (g + 1) * group_size]) for g in range(num_groups)]
     node_of_group = balanced_packing(group_loads, nodes)
 
     experts_of_gpu: list[list[int]] = []
@@ -143,13 +179,19 @@ def _plan_hierarchical(loads: list[float], gpus: int, slots_per_gpu: int, max_re
     replicas = [0] * experts
     for node in range(nodes):
         # b. replicate the node's experts into the node's slots (EPLB step 2)
-        node_experts = [e for g in range(num_groups) if node_of_group[g] == node
-                        for e in range(g * group_size, (g + 1) * group_size)]
+        node_experts = [
+            e
+            for g in range(num_groups)
+            if node_of_group[g] == node
+            for e in range(g * group_size, (g + 1) * group_size)
+        ]
         node_loads = [loads[e] for e in node_experts]
         node_replicas = replicate(node_loads, slots_per_node, max_replicas)
         if max(node_replicas) > gpus_per_node:
-            raise ValueError(f"an expert needs {max(node_replicas)} replicas but its node has only "
-                             f"{gpus_per_node} GPUs (replicas of one expert must sit on different GPUs)")
+            raise ValueError(
+                f"an expert needs {max(node_replicas)} replicas but its node has only "
+                f"{gpus_per_node} GPUs (replicas of one expert must sit on different GPUs)"
+            )
         # c. the node's replicas onto the node's GPUs (EPLB step 3), local ids -> expert ids
         bins, bin_load = _pack_replicas(node_loads, node_replicas, gpus_per_node, slots_per_gpu)
         experts_of_gpu += [[node_experts[i] for i in b] for b in bins]
@@ -159,13 +201,16 @@ def _plan_hierarchical(loads: list[float], gpus: int, slots_per_gpu: int, max_re
     return ReplicaPlan(experts_of_gpu, replicas, gpu_loads, node_of_group=node_of_group)
 
 
-def _pack_replicas(loads: list[float], replicas: list[int], gpus: int,
-                   slots_per_gpu: int) -> tuple[list[list[int]], list[float]]:
+def _pack_replicas(
+    loads: list[float], replicas: list[int], gpus: int, slots_per_gpu: int
+) -> tuple[list[list[int]], list[float]]:
     """Step 2 of the global policy (docs/balancers.md): every replica, heaviest first (load_e / replicas_e, ties
     to the lower id), onto the lightest GPU with a free slot that lacks its expert."""
     per_replica = [loads[e] / replicas[e] for e in range(len(loads))]
-    items = sorted(((per_replica[e], e) for e in range(len(loads)) for _ in range(replicas[e])),
-                   key=lambda t: (-t[0], t[1]))
+    items = sorted(
+        ((per_replica[e], e) for e in range(len(loads)) for _ in range(replicas[e])),
+        key=lambda t: (-t[0], t[1]),
+    )
     bins: list[list[int]] = [[] for _ in range(gpus)]
     bin_load = [0.0] * gpus
     for load, e in items:
@@ -179,8 +224,13 @@ def _pack_replicas(loads: list[float], replicas: list[int], gpus: int,
     return bins, bin_load
 
 
-def _swap_to_free_a_bin(e: int, bins: list[list[int]], bin_load: list[float],
-                        per_replica: list[float], slots_per_gpu: int) -> int:
+def _swap_to_free_a_bin(
+    e: int,
+    bins: list[list[int]],
+    bin_load: list[float],
+    per_replica: list[float],
+    slots_per_gpu: int,
+) -> int:
     """Every GPU with a free slot holds ``e``: move a replica x from a full GPU that lacks ``e``
     to the lightest GPU with a free slot (which lacks x), and return the full GPU, now with a
     free slot and still lacking ``e``. Such a pair exists: at most replicas_e - 1 <= gpus - 1
@@ -189,8 +239,10 @@ def _swap_to_free_a_bin(e: int, bins: list[list[int]], bin_load: list[float],
     moved (ties: lower id), from the lightest such full GPU (ties: lower GPU)."""
     gpus = range(len(bins))
     free = min((g for g in gpus if len(bins[g]) < slots_per_gpu), key=lambda g: (bin_load[g], g))
-    full = min((g for g in gpus if len(bins[g]) == slots_per_gpu and e not in bins[g]),
-               key=lambda g: (bin_load[g], g))
+    full = min(
+        (g for g in gpus if len(bins[g]) == slots_per_gpu and e not in bins[g]),
+        key=lambda g: (bin_load[g], g),
+    )
     x = min((x for x in bins[full] if x not in bins[free]), key=lambda x: (per_replica[x], x))
     bins[full].remove(x)
     bin_load[full] -= per_replica[x]
@@ -203,8 +255,10 @@ def _greedy_assignment(overlap: list[list[int]]) -> dict[int, int]:
     """Rows onto columns of a square overlap matrix, largest overlap first (ties: lower row,
     then lower column): greedy maximum overlap."""
     size = len(overlap)
-    pairs = sorted(((overlap[n][o], n, o) for n in range(size) for o in range(size)),
-                   key=lambda t: (-t[0], t[1], t[2]))
+    pairs = sorted(
+        ((overlap[n][o], n, o) for n in range(size) for o in range(size)),
+        key=lambda t: (-t[0], t[1], t[2]),
+    )
     column_of_row, used_rows, used_columns = {}, set(), set()
     for _, n, o in pairs:
         if n not in used_rows and o not in used_columns:
@@ -214,8 +268,9 @@ def _greedy_assignment(overlap: list[list[int]]) -> dict[int, int]:
     return column_of_row
 
 
-def _match_previous(p: ReplicaPlan, previous: list[list[int]], expert_bytes: int,
-                    gpus_per_node: int | None = None) -> None:
+def _match_previous(
+    p: ReplicaPlan, previous: list[list[int]], expert_bytes: int, gpus_per_node: int | None = None
+) -> None:
     """Relabel the new bins onto physical GPUs to keep the most replicas in place. With
     ``gpus_per_node`` (hierarchical plans) nodes are relabelled as wholes, then GPUs inside each
     node, so every group stays on one node."""
@@ -230,16 +285,24 @@ def _match_previous(p: ReplicaPlan, previous: list[list[int]], expert_bytes: int
         nodes = gpus // gpus_per_node
 
         def experts_on_node(layout, node):
-            return set().union(*layout[node * gpus_per_node:(node + 1) * gpus_per_node])
+            return set().union(*layout[node * gpus_per_node : (node + 1) * gpus_per_node])
 
-        node_overlap = [[len(experts_on_node(p.experts_of_gpu, n) & experts_on_node(previous, o))
-                         for o in range(nodes)] for n in range(nodes)]
+        node_overlap = [
+            [
+                len(experts_on_node(p.experts_of_gpu, n) & experts_on_node(previous, o))
+                for o in range(nodes)
+            ]
+            for n in range(nodes)
+        ]
         node_of_node = _greedy_assignment(node_overlap)
         gpu_of_bin = {}
         for n, o in node_of_node.items():
             new_gpus = range(n * gpus_per_node, (n + 1) * gpus_per_node)
             old_gpus = range(o * gpus_per_node, (o + 1) * gpus_per_node)
-            overlap = [[len(set(p.experts_of_gpu[a]) & set(previous[b])) for b in old_gpus] for a in new_gpus]
+            overlap = [
+                [len(set(p.experts_of_gpu[a]) & set(previous[b])) for b in old_gpus]
+                for a in new_gpus
+            ]
             for i, j in _greedy_assignment(overlap).items():
                 gpu_of_bin[new_gpus[i]] = old_gpus[j]
     bins, loads = [None] * gpus, [0.0] * gpus
@@ -287,10 +350,10 @@ def max_over_mean(loads) -> float:
 class DispatchTraffic:
     """One dispatch of one MoE layer under a replica plan (``dispatch_traffic``)."""
 
-    inter_node_bytes: int     # dispatch bytes that cross nodes (the combine sends as many back)
-    inter_node_rows: int      # token rows sent to another node: one per (token, remote node)
+    inter_node_bytes: int  # dispatch bytes that cross nodes (the combine sends as many back)
+    inter_node_rows: int  # token rows sent to another node: one per (token, remote node)
     tokens: int
-    gpu_rows: list[int]       # (token, expert) rows each GPU computes
+    gpu_rows: list[int]  # (token, expert) rows each GPU computes
 
     @property
     def max_over_mean_load(self) -> float:
@@ -301,8 +364,9 @@ class DispatchTraffic:
         return self.inter_node_rows / self.tokens if self.tokens else 0.0
 
 
-def dispatch_traffic(plan: ReplicaPlan, top_experts, source_gpus, gpus_per_node: int,
-                     row_bytes: int) -> DispatchTraffic:
+def dispatch_traffic(
+    plan: ReplicaPlan, top_experts, source_gpus, gpus_per_node: int, row_bytes: int
+) -> DispatchTraffic:
     """Bytes that cross nodes when tokens are dispatched to the replicas of ``plan``.
 
     ``top_experts``: [tokens, k] chosen experts per token; ``source_gpus``: the GPU each token
@@ -326,9 +390,13 @@ def dispatch_traffic(plan: ReplicaPlan, top_experts, source_gpus, gpus_per_node:
         raise ValueError(f"gpus_per_node={gpus_per_node} does not divide the plan's {gpus} GPUs")
     if row_bytes < 0:
         raise ValueError(f"row_bytes must be >= 0, got {row_bytes}")
-    chosen = [[int(e) for e in row] for row in (top_experts.tolist() if hasattr(top_experts, "tolist")
-                                                 else top_experts)]
-    sources = [int(g) for g in (source_gpus.tolist() if hasattr(source_gpus, "tolist") else source_gpus)]
+    chosen = [
+        [int(e) for e in row]
+        for row in (top_experts.tolist() if hasattr(top_experts, "tolist") else top_experts)
+    ]
+    sources = [
+        int(g) for g in (source_gpus.tolist() if hasattr(source_gpus, "tolist") else source_gpus)
+    ]
     if len(sources) != len(chosen):
         raise ValueError(f"{len(sources)} source GPUs for {len(chosen)} tokens")
     if any(not 0 <= g < gpus for g in sources):
@@ -347,7 +415,7 @@ def dispatch_traffic(plan: ReplicaPlan, top_experts, source_gpus, gpus_per_node:
             local = [g for g in gpus_of_expert[e] if g // gpus_per_node == node]
             per_expert.append(local or gpus_of_expert[e])
         candidates.append(per_expert)
-    assigned = [dict.fromkeys(gpus_of_expert[e], 0) for e in range(experts)]   # rows per replica
+    assigned = [dict.fromkeys(gpus_of_expert[e], 0) for e in range(experts)]  # rows per replica
     gpu_rows = [0] * gpus
     inter_node_rows = 0
     for source, token_experts in zip(sources, chosen):
@@ -371,19 +439,23 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     ``decision`` is the ReplicaPlan."""
     world, experts = step.placement.world_size, step.placement.num_experts
     if experts % world:
-        raise ValueError(f"EPLB needs the same number of experts per device: {experts} over {world}")
+        raise ValueError(
+            f"EPLB needs the same number of experts per device: {experts} over {world}"
+        )
     slots_per_device = experts // world + knobs["redundant_slots"]
     plan = plan_replicas(step.previous_counts.tolist(), world, slots_per_device, max_replicas=world)
     groups = split_rows(step.counts.tolist(), plan)
     return DeviceWork([sum(g) for g in groups], groups, decision=plan)
 
 
-register_balancer(Balancer(
-    name="EPLB",
-    paper="DeepSeek EPLB (replicate_experts, balanced_packing), as in this module",
-    description="heaviest experts (from the previous micro-batch) replicated into spare slots, "
-                "replicas packed onto the lightest devices",
-    needs_history=True,
-    knobs={"redundant_slots": 1},
-    plan=_replay_plan,
-))
+register_balancer(
+    Balancer(
+        name="EPLB",
+        paper="DeepSeek EPLB (replicate_experts, balanced_packing), as in this module",
+        description="heaviest experts (from the previous micro-batch) replicated into spare slots, "
+        "replicas packed onto the lightest devices",
+        needs_history=True,
+        knobs={"redundant_slots": 1},
+        plan=_replay_plan,
+    )
+)

@@ -50,8 +50,9 @@ def pack_experts(mlp: ExpertMLP, local_slots: list[int]) -> torch.Tensor:
     # every rank takes part in the copy's backward collective.
     mats = expert_matrices(mlp)
     idx = torch.tensor(local_slots, dtype=torch.int64, device=mats[0].device)
-    return torch.cat([m.index_select(0, idx).reshape(len(local_slots), _matrix_numel(m))
-                      for m in mats], dim=1)
+    return torch.cat(
+        [m.index_select(0, idx).reshape(len(local_slots), _matrix_numel(m)) for m in mats], dim=1
+    )
 
 
 def _matrix_numel(m: torch.Tensor) -> int:
@@ -66,7 +67,7 @@ def unpack_experts(mlp: ExpertMLP, rows: torch.Tensor) -> list[torch.Tensor]:
     out, start = [], 0
     for m in expert_matrices(mlp):
         size = _matrix_numel(m)
-        out.append(rows[:, start:start + size].reshape(rows.shape[0], *m.shape[1:]))
+        out.append(rows[:, start : start + size].reshape(rows.shape[0], *m.shape[1:]))
         start += size
     return out
 
@@ -77,8 +78,13 @@ def local_stacks(mlp: ExpertMLP, local_slots: list[int]) -> list[torch.Tensor]:
     return [m.index_select(0, idx) for m in expert_matrices(mlp)]
 
 
-def ffn_with_weights(mlp: ExpertMLP, x: torch.Tensor, tokens_per_group, stacks: list[torch.Tensor],
-                     gemm: str | None = None) -> torch.Tensor:
+def ffn_with_weights(
+    mlp: ExpertMLP,
+    x: torch.Tensor,
+    tokens_per_group,
+    stacks: list[torch.Tensor],
+    gemm: str | None = None,
+) -> torch.Tensor:
     """The same FFN as ``mlp.forward`` on rows grouped by expert, with the given weight stacks."""
     variant = gemm or mlp.gemm
     counts = torch.as_tensor(tokens_per_group, dtype=torch.int64)
@@ -119,11 +125,11 @@ CPU_PATH = "gloo worker thread (CPU: no copy engine; the copy shares the cores w
 class CopyOverlap:
     """How much of one expert copy the static experts' compute hid."""
 
-    path: str         # CUDA_PATH or CPU_PATH: where the copy ran
-    clock: str        # what timed it
-    copy_s: float     # issue to completion
+    path: str  # CUDA_PATH or CPU_PATH: where the copy ran
+    clock: str  # what timed it
+    copy_s: float  # issue to completion
     compute_s: float  # the static experts' compute
-    hidden_s: float   # the part of the copy during the compute
+    hidden_s: float  # the part of the copy during the compute
 
     @property
     def hidden_fraction(self) -> float:
@@ -145,23 +151,34 @@ class ExpertCopy:
     copy-engine path (module docstring), with its overlap against the static compute measured."""
 
     def __init__(self, sent: torch.Tensor, send_counts: list[int], recv_counts: list[int], group):
-        self.sent, self.send_counts, self.recv_counts, self.group = sent, send_counts, recv_counts, group
+        self.sent, self.send_counts, self.recv_counts, self.group = (
+            sent,
+            send_counts,
+            recv_counts,
+            group,
+        )
         self.received = sent.new_empty(sum(recv_counts), sent.shape[1])
         payload = sent.detach().contiguous()
         self.on_cuda = sent.device.type == "cuda"
         self._marked: set[str] = set()
         if self.on_cuda:
-            self._events = {k: torch.cuda.Event(enable_timing=True)
-                            for k in ("copy_start", "copy_end", "compute_start", "compute_end")}
+            self._events = {
+                k: torch.cuda.Event(enable_timing=True)
+                for k in ("copy_start", "copy_end", "compute_start", "compute_end")
+            }
             compute = torch.cuda.current_stream(sent.device)
             self.stream = _copy_stream(sent.device)
             self.stream.wait_stream(compute)  # the packed weights are ready
             with torch.cuda.stream(self.stream):
                 self._events["copy_start"].record(self.stream)
-                self.work = dist.all_to_all_single(self.received, payload,
-                                                   output_split_sizes=list(recv_counts),
-                                                   input_split_sizes=list(send_counts),
-                                                   group=group, async_op=True)
+                self.work = dist.all_to_all_single(
+                    self.received,
+                    payload,
+                    output_split_sizes=list(recv_counts),
+                    input_split_sizes=list(send_counts),
+                    group=group,
+                    async_op=True,
+                )
                 self.work.wait()  # the copy stream (not the host) waits for NCCL's stream
                 self._events["copy_end"].record(self.stream)
             # buffers used on the copy stream stay allocated until its work is done
@@ -170,10 +187,14 @@ class ExpertCopy:
         else:
             self._stamps: dict[str, float] = {"copy_start": host_seconds()}
             self._lock = threading.Lock()
-            self.work = dist.all_to_all_single(self.received, payload,
-                                               output_split_sizes=list(recv_counts),
-                                               input_split_sizes=list(send_counts),
-                                               group=group, async_op=True)
+            self.work = dist.all_to_all_single(
+                self.received,
+                payload,
+                output_split_sizes=list(recv_counts),
+                input_split_sizes=list(send_counts),
+                group=group,
+                async_op=True,
+            )
             try:  # stamped by the worker thread the moment the copy completes
                 self.work.get_future().add_done_callback(lambda _: self._stamp("copy_end"))
             except (RuntimeError, AttributeError):
@@ -207,8 +228,9 @@ class ExpertCopy:
             self._stamp("copy_end")
         if not (self.sent.requires_grad and torch.is_grad_enabled()):
             return self.received
-        return _AttachCopyGrad.apply(self.sent, self.received, self.send_counts,
-                                     self.recv_counts, self.group)
+        return _AttachCopyGrad.apply(
+            self.sent, self.received, self.send_counts, self.recv_counts, self.group
+        )
 
     def overlap(self) -> CopyOverlap | None:
         """The measured overlap (None if compute_started/finished were not called). On CUDA
@@ -235,6 +257,13 @@ def overlap_of(t: dict[str, float], path: str, clock: str) -> CopyOverlap:
     """Copy, compute and hidden seconds from the four time stamps (one clock, any origin): the
     hidden part is the length of the intersection of [copy_start, copy_end] and
     [compute_start, compute_end]."""
-    hidden = max(0.0, min(t["copy_end"], t["compute_end"]) - max(t["copy_start"], t["compute_start"]))
-    return CopyOverlap(path=path, clock=clock, copy_s=t["copy_end"] - t["copy_start"],
-                       compute_s=t["compute_end"] - t["compute_start"], hidden_s=hidden)
+    hidden = max(
+        0.0, min(t["copy_end"], t["compute_end"]) - max(t["copy_start"], t["compute_start"])
+    )
+    return CopyOverlap(
+        path=path,
+        clock=clock,
+        copy_s=t["copy_end"] - t["copy_start"],
+        compute_s=t["compute_end"] - t["compute_start"],
+        hidden_s=hidden,
+    )

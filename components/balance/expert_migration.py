@@ -35,14 +35,15 @@ from moe_repro.components.balance.migration_cost import moves_send_bytes_per_gpu
 
 @dataclass(frozen=True)
 class Swap:
-    expert_a: int   # leaves group_a (the most loaded) for group_b
+    expert_a: int  # leaves group_a (the most loaded) for group_b
     group_a: int
-    expert_b: int   # leaves group_b (the least loaded) for group_a
+    expert_b: int  # leaves group_b (the least loaded) for group_a
     group_b: int
 
 
-def hill_climb_swaps(groups: list[list[int]], loads, max_iters: int = 100
-                     ) -> tuple[list[list[int]], list[Swap]]:
+def hill_climb_swaps(
+    groups: list[list[int]], loads, max_iters: int = 100
+) -> tuple[list[list[int]], list[Swap]]:
     """Piper Alg. 2. ``groups[k]``: expert ids on GPU k; ``loads[e]``: tokens of expert e.
 
     Returns the rebalanced groups (new lists, same position for a swapped-in expert) and the
@@ -58,45 +59,50 @@ def hill_climb_swaps(groups: list[list[int]], loads, max_iters: int = 100
     swaps: list[Swap] = []
     if len(groups) < 2:
         return groups, swaps
-    for _ in range(max_iters):                                              # line 2
-        sums = [sum(load[e] for e in g) for g in groups]                     # line 3
-        k_max = max(range(len(sums)), key=lambda k: (sums[k], -k))           # line 4
-        k_min = min(range(len(sums)), key=lambda k: (sums[k], k))            # line 5
-        delta = sums[k_max] - sums[k_min]                                    # line 6
-        best, best_gain = None, 0.0                                          # line 7
-        for i, e1 in enumerate(groups[k_max]):                               # line 8
-            for j, e2 in enumerate(groups[k_min]):                           # line 9
+    for _ in range(max_iters):  # line 2
+        sums = [sum(load[e] for e in g) for g in groups]  # line 3
+        k_max = max(range(len(sums)), key=lambda k: (sums[k], -k))  # line 4
+        k_min = min(range(len(sums)), key=lambda k: (sums[k], k))  # line 5
+        delta = sums[k_max] - sums[k_min]  # line 6
+        best, best_gain = None, 0.0  # line 7
+        for i, e1 in enumerate(groups[k_max]):  # line 8
+            for j, e2 in enumerate(groups[k_min]):  # line 9
                 n1, n2 = load[e1], load[e2]
-                new_delta = abs((sums[k_max] - n1 + n2) - (sums[k_min] - n2 + n1))   # line 10
-                if new_delta < delta and delta - new_delta > best_gain:      # line 11
-                    best, best_gain = (i, j), delta - new_delta              # line 12
-        if best is None:                                                     # line 17-18
+                new_delta = abs((sums[k_max] - n1 + n2) - (sums[k_min] - n2 + n1))  # line 10
+                if new_delta < delta and delta - new_delta > best_gain:  # line 11
+                    best, best_gain = (i, j), delta - new_delta  # line 12
+        if best is None:  # line 17-18
             break
-        i, j = best                                                          # line 14
+        i, j = best  # line 14
         e1, e2 = groups[k_max][i], groups[k_min][j]
-        groups[k_max][i], groups[k_min][j] = e2, e1                          # line 15
-        swaps.append(Swap(e1, k_max, e2, k_min))                             # line 16
+        groups[k_max][i], groups[k_min][j] = e2, e1  # line 15
+        swaps.append(Swap(e1, k_max, e2, k_min))  # line 16
     return groups, swaps
 
 
 def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     """Alg. 2 from the home placement on the previous micro-batch's counts; ``decision`` is the
     list of swaps."""
-    groups, swaps = hill_climb_swaps([list(ex) for ex in step.placement.experts_of_rank],
-                                     step.previous_counts, knobs["max_swaps"])
+    groups, swaps = hill_climb_swaps(
+        [list(ex) for ex in step.placement.experts_of_rank],
+        step.previous_counts,
+        knobs["max_swaps"],
+    )
     work = work_of_placement(step.counts, groups)
     work.decision = swaps
     return work
 
 
-register_balancer(Balancer(
-    name="Piper migration",
-    paper="Piper Sec. VI-A, Alg. 2",
-    description="hill-climbing swaps of experts between the most and least loaded devices",
-    needs_history=True,
-    knobs={"max_swaps": 100},
-    plan=_replay_plan,
-))
+register_balancer(
+    Balancer(
+        name="Piper migration",
+        paper="Piper Sec. VI-A, Alg. 2",
+        description="hill-climbing swaps of experts between the most and least loaded devices",
+        needs_history=True,
+        knobs={"max_swaps": 100},
+        plan=_replay_plan,
+    )
+)
 
 
 def swaps_to_moves(swaps: list[Swap]) -> list[tuple[int, int]]:
@@ -165,11 +171,19 @@ class MigrationScheduler:
         new_groups, swaps = hill_climb_swaps(self.groups, window, self.max_iters)
         if not swaps:
             return None
-        sent = moves_send_bytes_per_gpu(swaps_to_moves(swaps), self.d_model, self.d_ffn,
-                                        len(self.groups), self.n_mat)
+        sent = moves_send_bytes_per_gpu(
+            swaps_to_moves(swaps), self.d_model, self.d_ffn, len(self.groups), self.n_mat
+        )
         new_loads = self.device_loads_for(new_groups, window)
-        event = MigrationEvent(self.steps, max(loads) - min(loads), max(new_loads) - min(new_loads),
-                               imbalance, swaps, sent, max(sent) / self.bandwidth_bytes_per_s)
+        event = MigrationEvent(
+            self.steps,
+            max(loads) - min(loads),
+            max(new_loads) - min(new_loads),
+            imbalance,
+            swaps,
+            sent,
+            max(sent) / self.bandwidth_bytes_per_s,
+        )
         self.groups = new_groups
         self.events.append(event)
         return event
@@ -190,6 +204,7 @@ class MigrationScheduler:
 
 # --- a swap on a live layer ---------------------------------------------------------------------
 
+
 def _swap_rows(t: torch.Tensor, a: int, b: int, dim: int) -> None:
     idx = torch.tensor([a, b], device=t.device)
     t.index_copy_(dim, idx, t.index_select(dim, idx.flip(0)))
@@ -198,8 +213,11 @@ def _swap_rows(t: torch.Tensor, a: int, b: int, dim: int) -> None:
 def expert_slot_tensors(layer) -> list[tuple[torch.nn.Parameter, int]]:
     """(parameter, expert dim) of everything indexed by expert slot in a components MoELayer:
     the stacked expert weights (dim 0) and the router's output columns (gate.weight [H, E])."""
-    out = [(p, 0) for p in (layer.experts.w_in, layer.experts.w_gate, layer.experts.w_out)
-           if p is not None]
+    out = [
+        (p, 0)
+        for p in (layer.experts.w_in, layer.experts.w_gate, layer.experts.w_out)
+        if p is not None
+    ]
     out.append((layer.gate.weight, 1))
     return out
 
@@ -211,8 +229,10 @@ def swap_expert_slots(layer, optimizer: torch.optim.Optimizer | None, a: int, b:
     exp_avg_sq) and the router's columns, so that logical expert identity follows the weights.
     Gradients present in ``.grad`` are permuted too."""
     if layer.expert_parallel:
-        raise ValueError("swap_expert_slots is for a single-process layer; across EP ranks the "
-                         "same tensors travel with an all-to-all (Piper Sec. VI-A)")
+        raise ValueError(
+            "swap_expert_slots is for a single-process layer; across EP ranks the "
+            "same tensors travel with an all-to-all (Piper Sec. VI-A)"
+        )
     n = layer.experts.num_experts
     if not (0 <= a < n and 0 <= b < n):
         raise ValueError(f"slots {a}, {b} outside 0..{n - 1}")
@@ -245,8 +265,10 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
 
     if not layer.expert_parallel:
         raise ValueError("migrate_ep_layer needs an expert-parallel layer")
-    if new_placement.world_size != layer.placement.world_size or \
-            new_placement.num_experts != layer.placement.num_experts:
+    if (
+        new_placement.world_size != layer.placement.world_size
+        or new_placement.num_experts != layer.placement.num_experts
+    ):
         raise ValueError("the new placement must cover the same experts and ranks")
     world, me = layer.placement.world_size, layer.ep_rank
     old_local = list(layer.local_experts)
@@ -261,7 +283,7 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
     place = torch.tensor([arrived.index(e) for e in new_local], dtype=torch.int64)
     idx = torch.tensor(order, dtype=torch.int64)
     sent_bytes = 0
-    for p, _ in expert_slot_tensors(layer)[:-1]:          # the stacked expert weights only
+    for p, _ in expert_slot_tensors(layer)[:-1]:  # the stacked expert weights only
         tensors = [p.data]
         state = optimizer.state.get(p, {}) if optimizer is not None else {}
         keys = [k for k, v in state.items() if torch.is_tensor(v) and v.shape == p.shape]
@@ -270,8 +292,14 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
         for t in tensors:
             rows = t.index_select(0, idx.to(t.device)).reshape(len(order), -1).contiguous()
             got = exchange_rows(rows, send_counts, recv_counts, layer.ep_group)
-            moved.append(got.index_select(0, place.to(t.device)).reshape(len(new_local), *t.shape[1:]))
-            sent_bytes += sum(c for d, c in enumerate(send_counts) if d != me) * rows.shape[1] * t.element_size()
+            moved.append(
+                got.index_select(0, place.to(t.device)).reshape(len(new_local), *t.shape[1:])
+            )
+            sent_bytes += (
+                sum(c for d, c in enumerate(send_counts) if d != me)
+                * rows.shape[1]
+                * t.element_size()
+            )
         p.data = moved[0]
         for k, t in zip(keys, moved[1:]):
             state[k] = t

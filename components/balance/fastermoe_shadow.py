@@ -28,8 +28,9 @@ from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
 
 
-def choose_shadows(predicted_counts, rank_of_expert, world: int, max_shadows: int,
-                   predicted_source_counts=None) -> list[int]:
+def choose_shadows(
+    predicted_counts, rank_of_expert, world: int, max_shadows: int, predicted_source_counts=None
+) -> list[int]:
     """Greedy history-based shadow selection (see the module docstring)."""
     pred = torch.as_tensor(predicted_counts, dtype=torch.int64)
     ranks = torch.as_tensor(rank_of_expert, dtype=torch.int64)
@@ -50,8 +51,9 @@ def choose_shadows(predicted_counts, rank_of_expert, world: int, max_shadows: in
     return sorted(shadows)
 
 
-def shadow_loads(expert_counts, rank_of_expert, world: int, shadows: list[int],
-                 source_counts) -> torch.Tensor:
+def shadow_loads(
+    expert_counts, rank_of_expert, world: int, shadows: list[int], source_counts
+) -> torch.Tensor:
     """Rows per device: home experts that are not shadowed, plus each source's own rows of the
     shadowed ones. ``source_counts`` [W, E]."""
     counts = torch.as_tensor(expert_counts).double()
@@ -65,7 +67,9 @@ def shadow_loads(expert_counts, rank_of_expert, world: int, shadows: list[int],
     return loads
 
 
-def shadow_gemm_groups(source_counts, rank_of_expert, world: int, shadows: list[int]) -> list[list[int]]:
+def shadow_gemm_groups(
+    source_counts, rank_of_expert, world: int, shadows: list[int]
+) -> list[list[int]]:
     """Row counts of the expert GEMMs each device runs (a shadow is one small group per device)."""
     src = torch.as_tensor(source_counts, dtype=torch.int64)
     totals = src.sum(0)
@@ -80,9 +84,15 @@ def shadow_gemm_groups(source_counts, rank_of_expert, world: int, shadows: list[
     return groups
 
 
-def dispatch_rows_per_pair(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank_of_expert,
-                           world: int, pipe: int = 1, shadows=(),
-                           experts_per_rank: int | None = None) -> torch.Tensor:
+def dispatch_rows_per_pair(
+    top_experts: torch.Tensor,
+    source_of_token: torch.Tensor,
+    rank_of_expert,
+    world: int,
+    pipe: int = 1,
+    shadows=(),
+    experts_per_rank: int | None = None,
+) -> torch.Tensor:
     """Rows a deduplicating bulk dispatch with ``pipe`` stages sends, per (stage, source rank,
     destination rank): int64 [pipe, world, world], zero on the diagonal (a row for a local
     expert does not travel).
@@ -115,12 +125,22 @@ def dispatch_rows_per_pair(top_experts: torch.Tensor, source_of_token: torch.Ten
     return torch.bincount(flat, minlength=pipe * world * world).reshape(pipe, world, world)
 
 
-def dispatch_rows(top_experts: torch.Tensor, source_of_token: torch.Tensor, rank_of_expert,
-                  world: int, pipe: int = 1, shadows=(), experts_per_rank: int | None = None) -> int:
+def dispatch_rows(
+    top_experts: torch.Tensor,
+    source_of_token: torch.Tensor,
+    rank_of_expert,
+    world: int,
+    pipe: int = 1,
+    shadows=(),
+    experts_per_rank: int | None = None,
+) -> int:
     """Rows sent to *remote* ranks by a deduplicating bulk dispatch with ``pipe`` stages: the
     sum of :func:`dispatch_rows_per_pair` (its docstring states the rule)."""
-    return int(dispatch_rows_per_pair(top_experts, source_of_token, rank_of_expert, world, pipe,
-                                      shadows, experts_per_rank).sum())
+    return int(
+        dispatch_rows_per_pair(
+            top_experts, source_of_token, rank_of_expert, world, pipe, shadows, experts_per_rank
+        ).sum()
+    )
 
 
 def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
@@ -128,18 +148,21 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     the actual counts; ``decision`` is the shadow list."""
     home = step.placement.rank_of_expert()
     world = step.placement.world_size
-    shadows = choose_shadows(step.previous_counts, home, world, knobs["max_shadows"],
-                             step.previous_source_counts)
+    shadows = choose_shadows(
+        step.previous_counts, home, world, knobs["max_shadows"], step.previous_source_counts
+    )
     loads = shadow_loads(step.counts, home, world, shadows, step.source_counts)
     groups = shadow_gemm_groups(step.source_counts, home, world, shadows)
     return DeviceWork([int(v) for v in loads.tolist()], groups, decision=shadows)
 
 
-register_balancer(Balancer(
-    name="FasterMoE",
-    paper="FasterMoE (PPoPP'22), as FEPLB Sec. 3.1 re-implements it",
-    description="hot experts, predicted from the previous micro-batch, shadowed on every device",
-    needs_history=True,
-    knobs={"max_shadows": 8},
-    plan=_replay_plan,
-))
+register_balancer(
+    Balancer(
+        name="FasterMoE",
+        paper="FasterMoE (PPoPP'22), as FEPLB Sec. 3.1 re-implements it",
+        description="hot experts, predicted from the previous micro-batch, shadowed on every device",
+        needs_history=True,
+        knobs={"max_shadows": 8},
+        plan=_replay_plan,
+    )
+)

@@ -32,8 +32,13 @@ import torch.distributed as dist
 from moe_repro.components.alltoall.flat import all_to_all_v
 from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
-from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
-                                               pack_experts, unpack_experts)
+from moe_repro.components.balance.expert_copy import (
+    ExpertCopy,
+    ffn_with_weights,
+    local_stacks,
+    pack_experts,
+    unpack_experts,
+)
 from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
 from moe_repro.components.moe.pft import inverse_permutation
 
@@ -60,7 +65,7 @@ class ExpertPartition:
             if dyn > len(experts):
                 raise ValueError(f"dyn={dyn} > {len(experts)} experts per device")
             if history is None:
-                chosen = experts[len(experts) - dyn:]
+                chosen = experts[len(experts) - dyn :]
             else:
                 h = torch.as_tensor(history, dtype=torch.float64)
                 chosen = sorted(experts, key=lambda e: (-float(h[e]), e))[:dyn]
@@ -80,7 +85,7 @@ class ExpertPartition:
             else:
                 spans = None
                 break
-        dynamic = tuple(tuple(sorted(d)) for d in self.dynamic_of_rank)   # ties: lower id first
+        dynamic = tuple(tuple(sorted(d)) for d in self.dynamic_of_rank)  # ties: lower id first
         return (self.placement.num_experts, spans, experts_of_rank, dynamic)
 
     @property
@@ -112,8 +117,13 @@ class BalancePlan:
         return ranks
 
 
-def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
-                   max_num_dyn: int | None = None, next_if_unfit: bool = False) -> BalancePlan:
+def greedy_balance(
+    expert_counts,
+    partition: ExpertPartition,
+    tau: int = 0,
+    max_num_dyn: int | None = None,
+    next_if_unfit: bool = False,
+) -> BalancePlan:
     """FEPLB's per-micro-batch greedy balancer; see docs/balancers.md for its exact rules
     (``next_if_unfit``: when the busiest dynamic expert does not fit the gap, try the next
     busiest instead of stopping; not the paper's rule, a diagnostic)."""
@@ -144,12 +154,12 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
     moves: list[Move] = []
     while True:
         top = max(loads)
-        d_max = loads.index(top)                       # lowest index among the most loaded
+        d_max = loads.index(top)  # lowest index among the most loaded
         low = min(loads)
-        d_min = loads.index(low)                       # lowest index among the least loaded
-        if d_min == d_max:                             # every device equal: nothing to gain
+        d_min = loads.index(low)  # lowest index among the least loaded
+        if d_min == d_max:  # every device equal: nothing to gain
             break
-        if received[d_min] >= cap:                     # the least loaded is full: next one
+        if received[d_min] >= cap:  # the least loaded is full: next one
             d_min, low = -1, None
             for d in range(world):
                 if d != d_max and received[d] < cap and (low is None or loads[d] < low):
@@ -161,14 +171,17 @@ def greedy_balance(expert_counts, partition: ExpertPartition, tau: int = 0,
         if mine is None:
             # busiest first; ties: lower expert id (the dynamic tuple is ascending and the sort
             # is stable under reverse=True)
-            mine = candidates[d_max] = sorted([e for e in dynamic_of_rank[d_max] if counts[e] >= floor],
-                                              key=counts.__getitem__, reverse=True)
+            mine = candidates[d_max] = sorted(
+                [e for e in dynamic_of_rank[d_max] if counts[e] >= floor],
+                key=counts.__getitem__,
+                reverse=True,
+            )
         pick = None
         for e in mine:
             if counts[e] < gap:
                 pick = e
                 break
-            if not next_if_unfit:   # Sec. 2 selects the busiest dynamic expert, no other
+            if not next_if_unfit:  # Sec. 2 selects the busiest dynamic expert, no other
                 break
         if pick is None:
             break
@@ -187,41 +200,51 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     on the actual counts; ``decision`` is the BalancePlan."""
     counts = step.counts
     partition = ExpertPartition.choose(step.placement, knobs["dyn"], history=step.previous_counts)
-    plan = greedy_balance(counts, partition, knobs["tau"], knobs["max_num_dyn"],
-                          bool(knobs["next_if_unfit"]))
+    plan = greedy_balance(
+        counts, partition, knobs["tau"], knobs["max_num_dyn"], bool(knobs["next_if_unfit"])
+    )
     ranks = plan.rank_of_expert(step.placement)
-    groups = [[int(counts[e]) for e in range(len(ranks)) if ranks[e] == d]
-              for d in range(step.placement.world_size)]
+    groups = [
+        [int(counts[e]) for e in range(len(ranks)) if ranks[e] == d]
+        for d in range(step.placement.world_size)
+    ]
     return DeviceWork(list(plan.loads_after), groups, decision=plan)
 
 
-register_balancer(Balancer(
-    name="FEPLB",
-    paper="FEPLB Sec. 2",
-    description="whole dynamic experts copied from the most to the least loaded device, greedily",
-    needs_history=True,
-    knobs={"dyn": 4, "tau": 0, "max_num_dyn": 8, "next_if_unfit": 0},   # 0: Sec. 2's rule
-    plan=_replay_plan,
-))
+register_balancer(
+    Balancer(
+        name="FEPLB",
+        paper="FEPLB Sec. 2",
+        description="whole dynamic experts copied from the most to the least loaded device, greedily",
+        needs_history=True,
+        knobs={"dyn": 4, "tau": 0, "max_num_dyn": 8, "next_if_unfit": 0},  # 0: Sec. 2's rule
+        plan=_replay_plan,
+    )
+)
 
 
-def weight_buffer_bytes(max_num_dyn: int, d_model: int, d_ffn: int, n_mat: int = 3,
-                        itemsize: int = 2) -> int:
+def weight_buffer_bytes(
+    max_num_dyn: int, d_model: int, d_ffn: int, n_mat: int = 3, itemsize: int = 2
+) -> int:
     """FEPLB Sec. 2: max_num_dyn x W_expert per device (W_expert = n_mat H F itemsize)."""
     if max_num_dyn < 0:
         raise ValueError("max_num_dyn must be >= 0")
     return max_num_dyn * n_mat * d_model * d_ffn * itemsize
 
 
-def phase2_bytes(plan: BalancePlan, d_model: int, d_ffn: int, n_mat: int = 3,
-                 itemsize: int = 2) -> dict[str, int]:
+def phase2_bytes(
+    plan: BalancePlan, d_model: int, d_ffn: int, n_mat: int = 3, itemsize: int = 2
+) -> dict[str, int]:
     """Intra-node bytes of Phase 2 (forward): moved rows there and back, copied weights."""
     rows = sum(m.tokens for m in plan.moves)
-    return {"token_bytes": 2 * rows * d_model * itemsize,
-            "weight_bytes": len(plan.moves) * n_mat * d_model * d_ffn * itemsize}
+    return {
+        "token_bytes": 2 * rows * d_model * itemsize,
+        "weight_bytes": len(plan.moves) * n_mat * d_model * d_ffn * itemsize,
+    }
 
 
 # --- the layer ----------------------------------------------------------------------------------
+
 
 @dataclass
 class FEPLBStats:
@@ -234,24 +257,39 @@ class FEPLBMoELayer(MoELayer):
     """MoELayer with Two-Phase Dispatch (EP only). ``copy_group``: the process group the weight
     copy runs on (default: a new group over the EP ranks, made collectively in __init__)."""
 
-    def __init__(self, d_model: int, d_ffn: int, num_experts: int, top_k: int, *, dyn: int,
-                 tau: int = 0, max_num_dyn: int | None = None, copy_group=None, **kw):
+    def __init__(
+        self,
+        d_model: int,
+        d_ffn: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        dyn: int,
+        tau: int = 0,
+        max_num_dyn: int | None = None,
+        copy_group=None,
+        **kw,
+    ):
         if not kw.get("expert_parallel"):
             raise ValueError("FEPLB balances across EP ranks: expert_parallel=True is required")
         super().__init__(d_model, d_ffn, num_experts, top_k, **kw)
         self.tau, self.max_num_dyn = tau, max_num_dyn
         self.partition = ExpertPartition.choose(self.placement, dyn)
         if copy_group is None:
-            ranks = (dist.get_process_group_ranks(self.ep_group) if self.ep_group is not None
-                     else list(range(dist.get_world_size())))
+            ranks = (
+                dist.get_process_group_ranks(self.ep_group)
+                if self.ep_group is not None
+                else list(range(dist.get_world_size()))
+            )
             copy_group = dist.new_group(ranks=ranks)
         self.copy_group = copy_group
         self.stats = FEPLBStats()
 
     def set_dynamic(self, history) -> None:
         """Re-pick the dynamic experts from historical counts (the paper's periodic step)."""
-        self.partition = ExpertPartition.choose(self.placement, len(self.partition.dynamic_of_rank[0]),
-                                                history)
+        self.partition = ExpertPartition.choose(
+            self.placement, len(self.partition.dynamic_of_rank[0]), history
+        )
 
     def routed(self, x: torch.Tensor, gate_out) -> torch.Tensor:
         pft = self.make_pft(gate_out)
@@ -263,12 +301,18 @@ class FEPLBMoELayer(MoELayer):
         balance = greedy_balance(global_counts.cpu(), self.partition, self.tau, self.max_num_dyn)
         self.stats.balance_s = time.perf_counter() - t0
         self.stats.plan = balance
-        expert_out = self._two_phase_compute(expert_in, plan.tokens_per_local_expert.tolist(),
-                                             global_counts.cpu().tolist(), balance)
+        expert_out = self._two_phase_compute(
+            expert_in, plan.tokens_per_local_expert.tolist(), global_counts.cpu().tolist(), balance
+        )
         return self.combine(expert_out, plan, pft)
 
-    def _two_phase_compute(self, expert_in: torch.Tensor, local_counts: list[int],
-                           global_counts: list[int], balance: BalancePlan) -> torch.Tensor:
+    def _two_phase_compute(
+        self,
+        expert_in: torch.Tensor,
+        local_counts: list[int],
+        global_counts: list[int],
+        balance: BalancePlan,
+    ) -> torch.Tensor:
         if not balance.moves:  # the same decision on every rank: all skip Phase 2 together
             self.stats.copy = None
             return self.experts(expert_in, torch.tensor(local_counts))
@@ -276,15 +320,23 @@ class FEPLBMoELayer(MoELayer):
         local = self.local_experts
         slot = {e: i for i, e in enumerate(local)}
         starts = [sum(local_counts[:i]) for i in range(len(local))]
-        outgoing = sorted((m for m in balance.moves if m.src == me), key=lambda m: (m.dst, m.expert))
-        incoming = sorted((m for m in balance.moves if m.dst == me), key=lambda m: (m.src, m.expert))
+        outgoing = sorted(
+            (m for m in balance.moves if m.src == me), key=lambda m: (m.dst, m.expert)
+        )
+        incoming = sorted(
+            (m for m in balance.moves if m.dst == me), key=lambda m: (m.src, m.expert)
+        )
         moved_out = {m.expert for m in outgoing}
 
         # Weight copy first, asynchronously on the copy group (overlaps the static compute).
         w_send = [sum(1 for m in outgoing if m.dst == d) for d in range(world)]
         w_recv = [sum(1 for m in incoming if m.src == s) for s in range(world)]
-        copy = ExpertCopy(pack_experts(self.experts, [slot[m.expert] for m in outgoing]),
-                          w_send, w_recv, self.copy_group)
+        copy = ExpertCopy(
+            pack_experts(self.experts, [slot[m.expert] for m in outgoing]),
+            w_send,
+            w_recv,
+            self.copy_group,
+        )
 
         # Phase 2 tokens: rows of each moved expert from its home to the target.
         def rows_of(e):
@@ -292,25 +344,41 @@ class FEPLBMoELayer(MoELayer):
             return torch.arange(starts[i], starts[i] + local_counts[i])
 
         kept_experts = [e for e in local if e not in moved_out]
-        kept_idx = torch.cat([rows_of(e) for e in kept_experts] + [torch.zeros(0, dtype=torch.int64)])
-        moved_idx = torch.cat([rows_of(m.expert) for m in outgoing] + [torch.zeros(0, dtype=torch.int64)])
-        t_send = [sum(global_counts[m.expert] for m in outgoing if m.dst == d) for d in range(world)]
-        t_recv = [sum(global_counts[m.expert] for m in incoming if m.src == s) for s in range(world)]
+        kept_idx = torch.cat(
+            [rows_of(e) for e in kept_experts] + [torch.zeros(0, dtype=torch.int64)]
+        )
+        moved_idx = torch.cat(
+            [rows_of(m.expert) for m in outgoing] + [torch.zeros(0, dtype=torch.int64)]
+        )
+        t_send = [
+            sum(global_counts[m.expert] for m in outgoing if m.dst == d) for d in range(world)
+        ]
+        t_recv = [
+            sum(global_counts[m.expert] for m in incoming if m.src == s) for s in range(world)
+        ]
         device = expert_in.device
-        dyn_in = all_to_all_v(expert_in.index_select(0, moved_idx.to(device)), t_send, t_recv,
-                              group=self.ep_group)
+        dyn_in = all_to_all_v(
+            expert_in.index_select(0, moved_idx.to(device)), t_send, t_recv, group=self.ep_group
+        )
 
         # Static (kept) experts compute while the copy is in flight.
         copy.compute_started()
-        kept_out = ffn_with_weights(self.experts, expert_in.index_select(0, kept_idx.to(device)),
-                                    [local_counts[slot[e]] for e in kept_experts],
-                                    local_stacks(self.experts, [slot[e] for e in kept_experts]))
+        kept_out = ffn_with_weights(
+            self.experts,
+            expert_in.index_select(0, kept_idx.to(device)),
+            [local_counts[slot[e]] for e in kept_experts],
+            local_stacks(self.experts, [slot[e] for e in kept_experts]),
+        )
         copy.compute_finished()
         self.stats.copy = copy
         # Dynamic experts: copied weights, rows from their homes (source-major, expert-sorted).
         copied = copy.wait()
-        dyn_out = ffn_with_weights(self.experts, dyn_in, [global_counts[m.expert] for m in incoming],
-                                   unpack_experts(self.experts, copied))
+        dyn_out = ffn_with_weights(
+            self.experts,
+            dyn_in,
+            [global_counts[m.expert] for m in incoming],
+            unpack_experts(self.experts, copied),
+        )
         back = all_to_all_v(dyn_out, t_recv, t_send, group=self.ep_group)
         order = torch.cat([kept_idx, moved_idx]).to(device)
         return torch.cat([kept_out, back]).index_select(0, inverse_permutation(order))

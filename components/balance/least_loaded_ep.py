@@ -32,8 +32,13 @@ import torch.distributed as dist
 from moe_repro.components.alltoall.flat import all_to_all_v
 from moe_repro.components.balance.registry import register_balancer
 from moe_repro.components.balance.base import Balancer, BalanceStep, DeviceWork
-from moe_repro.components.balance.expert_copy import (ExpertCopy, ffn_with_weights, local_stacks,
-                                               pack_experts, unpack_experts)
+from moe_repro.components.balance.expert_copy import (
+    ExpertCopy,
+    ffn_with_weights,
+    local_stacks,
+    pack_experts,
+    unpack_experts,
+)
 from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
 from moe_repro.components.moe.pft import inverse_permutation
 
@@ -41,14 +46,14 @@ from moe_repro.components.moe.pft import inverse_permutation
 @dataclass(frozen=True)
 class Segment:
     expert: int
-    rank: int     # where these rows are computed
-    start: int    # first row (of the expert's rows, source-major over the EP group)
+    rank: int  # where these rows are computed
+    start: int  # first row (of the expert's rows, source-major over the EP group)
     rows: int
 
 
 @dataclass
 class LLEPPlan:
-    segments: list[list[Segment]]    # per expert, home's segment first
+    segments: list[list[Segment]]  # per expert, home's segment first
     home: list[int]
     loads_before: list[int]
     loads_after: list[int]
@@ -57,8 +62,9 @@ class LLEPPlan:
         return [s for segs in self.segments for s in segs if s.rank != self.home[s.expert]]
 
 
-def least_loaded_plan(expert_counts, placement: ExpertPlacement, alpha: float = 1.0,
-                      min_chunk: int = 1) -> LLEPPlan:
+def least_loaded_plan(
+    expert_counts, placement: ExpertPlacement, alpha: float = 1.0, min_chunk: int = 1
+) -> LLEPPlan:
     counts = [int(c) for c in torch.as_tensor(expert_counts).tolist()]
     if len(counts) != placement.num_experts:
         raise ValueError(f"{len(counts)} counts for {placement.num_experts} experts")
@@ -69,7 +75,9 @@ def least_loaded_plan(expert_counts, placement: ExpertPlacement, alpha: float = 
     before = [sum(counts[e] for e in ex) for ex in placement.experts_of_rank]
     cap = math.ceil(alpha * sum(counts) / world)
     assigned = [b if b <= cap else 0 for b in before]
-    share: list[dict[int, int]] = [{home[e]: counts[e]} if counts[e] else {} for e in range(len(counts))]
+    share: list[dict[int, int]] = [
+        {home[e]: counts[e]} if counts[e] else {} for e in range(len(counts))
+    ]
     overloaded = sorted((d for d in range(world) if before[d] > cap), key=lambda d: (-before[d], d))
     for d in overloaded:
         for e in sorted(placement.experts_of_rank[d], key=lambda e: (-counts[e], e)):
@@ -77,10 +85,14 @@ def least_loaded_plan(expert_counts, placement: ExpertPlacement, alpha: float = 
             rest, parts = counts[e] - keep, {d: keep} if keep else {}
             assigned[d] += keep
             while rest:
-                t = min((r for r in range(world) if r != d), key=lambda r: (assigned[r], r), default=None)
+                t = min(
+                    (r for r in range(world) if r != d),
+                    key=lambda r: (assigned[r], r),
+                    default=None,
+                )
                 room = 0 if t is None else cap - assigned[t]
                 if rest < min_chunk or room < min(min_chunk, rest):
-                    parts[d] = parts.get(d, 0) + rest   # nobody can take it: it stays home
+                    parts[d] = parts.get(d, 0) + rest  # nobody can take it: it stays home
                     assigned[d] += rest
                     break
                 chunk = min(rest, room)
@@ -108,19 +120,23 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
     """The least-loaded plan on the actual counts: each segment of an expert is one GEMM group
     on the rank computing it; ``decision`` is the LLEPPlan."""
     plan = least_loaded_plan(step.counts, step.placement, knobs["alpha"], knobs["min_chunk"])
-    groups = [[s.rows for segs in plan.segments for s in segs if s.rank == d]
-              for d in range(step.placement.world_size)]
+    groups = [
+        [s.rows for segs in plan.segments for s in segs if s.rank == d]
+        for d in range(step.placement.world_size)
+    ]
     return DeviceWork(list(plan.loads_after), groups, decision=plan)
 
 
-register_balancer(Balancer(
-    name="LLEP",
-    paper="MoP Sec. 3.3 (least-loaded EP, Nguyen et al.)",
-    description="each overloaded rank's excess rows, split token-level, to the least-loaded ranks",
-    needs_history=False,
-    knobs={"alpha": 1.0, "min_chunk": 1},
-    plan=_replay_plan,
-))
+register_balancer(
+    Balancer(
+        name="LLEP",
+        paper="MoP Sec. 3.3 (least-loaded EP, Nguyen et al.)",
+        description="each overloaded rank's excess rows, split token-level, to the least-loaded ranks",
+        needs_history=False,
+        knobs={"alpha": 1.0, "min_chunk": 1},
+        plan=_replay_plan,
+    )
+)
 
 
 def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
@@ -130,8 +146,18 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
 class LeastLoadedMoELayer(MoELayer):
     """MoELayer whose experts run where LLEP's plan puts them (EP only)."""
 
-    def __init__(self, d_model: int, d_ffn: int, num_experts: int, top_k: int, *,
-                 alpha: float = 1.0, min_chunk: int = 1, copy_group=None, **kw):
+    def __init__(
+        self,
+        d_model: int,
+        d_ffn: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        alpha: float = 1.0,
+        min_chunk: int = 1,
+        copy_group=None,
+        **kw,
+    ):
         if not kw.get("expert_parallel"):
             raise ValueError("least-loaded EP needs expert_parallel=True")
         super().__init__(d_model, d_ffn, num_experts, top_k, **kw)
@@ -144,7 +170,7 @@ class LeastLoadedMoELayer(MoELayer):
         world, me, E = self.placement.world_size, self.ep_rank, self.num_experts
         gathered = [torch.empty_like(pft.tokens_per_expert) for _ in range(world)]
         dist.all_gather(gathered, pft.tokens_per_expert.contiguous(), group=self.ep_group)
-        c = torch.stack(gathered).cpu().tolist()                             # [W][E]
+        c = torch.stack(gathered).cpu().tolist()  # [W][E]
         totals = [sum(c[s][e] for s in range(world)) for e in range(E)]
         plan = least_loaded_plan(totals, self.placement, self.alpha, self.min_chunk)
         self.last_plan = plan
@@ -157,7 +183,7 @@ class LeastLoadedMoELayer(MoELayer):
             n = c[me][e]
             pos = torch.arange(n) + offset[me][e]
             for s in plan.segments[e]:
-                dest[start:start + n][(pos >= s.start) & (pos < s.start + s.rows)] = s.rank
+                dest[start : start + n][(pos >= s.start) & (pos < s.start + s.rows)] = s.rank
             start += n
         send_order = torch.argsort(dest, stable=True)
         send_counts = torch.bincount(dest, minlength=world).tolist()
@@ -168,34 +194,55 @@ class LeastLoadedMoELayer(MoELayer):
         for src in range(world):
             got = 0
             for e in work:
-                n = _overlap(offset[src][e], offset[src][e] + c[src][e],
-                             mine[e].start, mine[e].start + mine[e].rows)
+                n = _overlap(
+                    offset[src][e],
+                    offset[src][e] + c[src][e],
+                    mine[e].start,
+                    mine[e].start + mine[e].rows,
+                )
                 expert_of_row += [e] * n
                 got += n
             recv_counts.append(got)
         device = rows.device
-        received = all_to_all_v(rows.index_select(0, send_order.to(device)), send_counts,
-                                recv_counts, group=self.ep_group)
+        received = all_to_all_v(
+            rows.index_select(0, send_order.to(device)),
+            send_counts,
+            recv_counts,
+            group=self.ep_group,
+        )
         expert_order = torch.argsort(torch.tensor(expert_of_row, dtype=torch.int64), stable=True)
 
         # Weights of shipped experts: home -> helper (gradients come back home).
-        outgoing = sorted(((s.rank, s.expert) for s in plan.foreign_segments() if plan.home[s.expert] == me))
-        incoming = sorted(((plan.home[s.expert], s.expert) for s in plan.foreign_segments() if s.rank == me))
+        outgoing = sorted(
+            ((s.rank, s.expert) for s in plan.foreign_segments() if plan.home[s.expert] == me)
+        )
+        incoming = sorted(
+            ((plan.home[s.expert], s.expert) for s in plan.foreign_segments() if s.rank == me)
+        )
         slot = {e: i for i, e in enumerate(self.local_experts)}
         group = self.copy_group if self.copy_group is not None else self.ep_group
-        copy = ExpertCopy(pack_experts(self.experts, [slot[e] for _, e in outgoing]),
-                          [sum(1 for d, _ in outgoing if d == r) for r in range(world)],
-                          [sum(1 for s, _ in incoming if s == r) for r in range(world)], group)
+        copy = ExpertCopy(
+            pack_experts(self.experts, [slot[e] for _, e in outgoing]),
+            [sum(1 for d, _ in outgoing if d == r) for r in range(world)],
+            [sum(1 for s, _ in incoming if s == r) for r in range(world)],
+            group,
+        )
         own = [e for e in work if plan.home[e] == me]
         own_stacks = local_stacks(self.experts, [slot[e] for e in own])
         foreign_stacks = unpack_experts(self.experts, copy.wait())
         # Stacks in work order (ascending expert id): own experts, then foreign by (home, id).
         listed = own + [e for _, e in incoming]
         pick = torch.tensor([listed.index(e) for e in work], dtype=torch.int64)
-        stacks = [torch.cat([a, b]).index_select(0, pick.to(a.device))
-                  for a, b in zip(own_stacks, foreign_stacks)]
-        out = ffn_with_weights(self.experts, received.index_select(0, expert_order.to(device)),
-                               [mine[e].rows for e in work], stacks)
+        stacks = [
+            torch.cat([a, b]).index_select(0, pick.to(a.device))
+            for a, b in zip(own_stacks, foreign_stacks)
+        ]
+        out = ffn_with_weights(
+            self.experts,
+            received.index_select(0, expert_order.to(device)),
+            [mine[e].rows for e in work],
+            stacks,
+        )
         out = out.index_select(0, inverse_permutation(expert_order).to(device))
         back = all_to_all_v(out, recv_counts, send_counts, group=self.ep_group)
         back = back.index_select(0, inverse_permutation(send_order).to(device))

@@ -23,8 +23,12 @@ from dataclasses import dataclass
 from moe_repro.components.provenance import produced
 from moe_repro.components.balance import balancer_names, check_knobs, get_balancer
 from moe_repro.components.balance.base import BalanceStep
-from moe_repro.components.balance.routing_trace import (GemmTimeModel, RoutingTrace, gemm_straggler,
-                                                        token_straggler)
+from moe_repro.components.balance.routing_trace import (
+    GemmTimeModel,
+    RoutingTrace,
+    gemm_straggler,
+    token_straggler,
+)
 from moe_repro.components.moe.moe_layer import ExpertPlacement
 
 
@@ -33,11 +37,12 @@ class MethodStats:
     token_straggler: float
     gemm_straggler_s: float | None
     samples: int
-    gemm_makespan_s: float | None = None   # mean of the slowest device's modelled GEMM time
+    gemm_makespan_s: float | None = None  # mean of the slowest device's modelled GEMM time
 
 
-def evaluate_trace(trace: RoutingTrace, *, gemm_model: GemmTimeModel | None = None,
-                   methods=None, **knobs) -> dict[str, MethodStats]:
+def evaluate_trace(
+    trace: RoutingTrace, *, gemm_model: GemmTimeModel | None = None, methods=None, **knobs
+) -> dict[str, MethodStats]:
     """Mean stragglers per balancer. ``methods``: balancer names (default: every registered
     one, in registry order); ``knobs``: balancer knobs by name (e.g. dyn, tau, max_num_dyn,
     max_shadows), each balancer taking the ones it declares and its defaults for the rest."""
@@ -63,6 +68,10 @@ def evaluate_trace(trace: RoutingTrace, *, gemm_model: GemmTimeModel | None = No
     for name in names:
         n = len(token[name])
         has = gemm_model is not None
-        out[name] = MethodStats(sum(token[name]) / n, sum(gemm[name]) / n if has else None, n,
-                                sum(makespan[name]) / n if has else None)
+        out[name] = MethodStats(
+            sum(token[name]) / n,
+            sum(gemm[name]) / n if has else None,
+            n,
+            sum(makespan[name]) / n if has else None,
+        )
     return out

@@ -22,16 +22,22 @@ PIPER_BYTES_PER_PARAM = 16
 PIPER_N_MAT = 3
 
 
-def expert_state_bytes(d_model: int, d_ffn: int, n_mat: int = PIPER_N_MAT,
-                       bytes_per_param: int = PIPER_BYTES_PER_PARAM) -> int:
+def expert_state_bytes(
+    d_model: int, d_ffn: int, n_mat: int = PIPER_N_MAT, bytes_per_param: int = PIPER_BYTES_PER_PARAM
+) -> int:
     """Bytes moved when one expert migrates: its weights and their training state."""
     _check_positive(d_model=d_model, d_ffn=d_ffn, n_mat=n_mat, bytes_per_param=bytes_per_param)
     return bytes_per_param * n_mat * d_model * d_ffn
 
 
-def worst_case_send_bytes_per_gpu(n_experts: int, d_model: int, d_ffn: int, gpus: int,
-                                  n_mat: int = PIPER_N_MAT,
-                                  bytes_per_param: int = PIPER_BYTES_PER_PARAM) -> float:
+def worst_case_send_bytes_per_gpu(
+    n_experts: int,
+    d_model: int,
+    d_ffn: int,
+    gpus: int,
+    n_mat: int = PIPER_N_MAT,
+    bytes_per_param: int = PIPER_BYTES_PER_PARAM,
+) -> float:
     """Bytes each GPU sends when all E experts of a layer are reassigned over G GPUs.
 
     E need not divide by G (Table IV does not require it); the result is then the average.
@@ -49,9 +55,14 @@ def migration_latency_s(send_bytes: float, bandwidth_bytes_per_s: float) -> floa
     return send_bytes / bandwidth_bytes_per_s
 
 
-def moves_send_bytes_per_gpu(moves: list[tuple[int, int]], d_model: int, d_ffn: int, gpus: int,
-                             n_mat: int = PIPER_N_MAT,
-                             bytes_per_param: int = PIPER_BYTES_PER_PARAM) -> list[int]:
+def moves_send_bytes_per_gpu(
+    moves: list[tuple[int, int]],
+    d_model: int,
+    d_ffn: int,
+    gpus: int,
+    n_mat: int = PIPER_N_MAT,
+    bytes_per_param: int = PIPER_BYTES_PER_PARAM,
+) -> list[int]:
     """Bytes each GPU sends for a list of (source_gpu, destination_gpu) expert moves.
 
     This is what an incremental migration (Alg. 2 swaps: two moves per swap) costs; the
@@ -73,9 +84,15 @@ class MigrationCost:
     latency_s: float
 
 
-def worst_case_migration(n_experts: int, d_model: int, d_ffn: int, gpus: int = 8,
-                         bandwidth_bytes_per_s: float = 50e9, n_mat: int = PIPER_N_MAT,
-                         bytes_per_param: int = PIPER_BYTES_PER_PARAM) -> MigrationCost:
+def worst_case_migration(
+    n_experts: int,
+    d_model: int,
+    d_ffn: int,
+    gpus: int = 8,
+    bandwidth_bytes_per_s: float = 50e9,
+    n_mat: int = PIPER_N_MAT,
+    bytes_per_param: int = PIPER_BYTES_PER_PARAM,
+) -> MigrationCost:
     send = worst_case_send_bytes_per_gpu(n_experts, d_model, d_ffn, gpus, n_mat, bytes_per_param)
     return MigrationCost(send, migration_latency_s(send, bandwidth_bytes_per_s))
 

@@ -35,8 +35,9 @@ def check_knobs(knobs) -> None:
     known = {k for b in BALANCERS.values() for k in b.knobs}
     unknown = sorted(set(knobs) - known)
     if unknown:
-        raise ValueError(f"unknown balancer knob(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"unknown balancer knob(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
 
 
 register_balancer(PLAIN_EP)

@@ -23,14 +23,28 @@ from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
 
 def fig9_config(n_experts: int = 16, top_k: int = 2, n_layers: int = 4) -> TransformerConfig:
     """Small CPU model with Piper Fig. 9's expert count (16); sizes are ours, not Piper's 350M."""
-    return TransformerConfig(vocab=BYTE_VOCAB, d_model=64, n_heads=4, n_layers=n_layers, d_ffn=64,
-                             n_experts=n_experts, top_k=top_k, seq_len=64, aux_loss_coef=0.0)
+    return TransformerConfig(
+        vocab=BYTE_VOCAB,
+        d_model=64,
+        n_heads=4,
+        n_layers=n_layers,
+        d_ffn=64,
+        n_experts=n_experts,
+        top_k=top_k,
+        seq_len=64,
+        aux_loss_coef=0.0,
+    )
 
 
-def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: int = 4,
-                     lr: float = 3e-3, seed: int = 0,
-                     progress: Callable[[int, int], None] | None = None,
-                     ) -> tuple[RoutingTrace, list[float]]:
+def train_and_record(
+    cfg: TransformerConfig,
+    steps: int,
+    batch: int,
+    sources: int = 4,
+    lr: float = 3e-3,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[RoutingTrace, list[float]]:
     """Train ``steps`` AdamW steps; return the routing trace [L, steps, sources, E] and losses.
     ``progress(done, steps)`` is called after each step (a long run can say how far it is)."""
     produced("measured")  # the routing of a real training run on this machine
@@ -49,6 +63,7 @@ def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: in
             out = route(x)
             current[layer_id] = out.top_experts.detach()
             return out
+
         layer.route = recorded
 
     for i, block in enumerate(model.layers.values()):
@@ -62,11 +77,13 @@ def train_and_record(cfg: TransformerConfig, steps: int, batch: int, sources: in
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-        for i in range(cfg.n_layers):   # rows are (sequence, position) flattened: sequence-major
+        for i in range(cfg.n_layers):  # rows are (sequence, position) flattened: sequence-major
             counts[i, step] = counts_from_top_experts(current[i], cfg.n_experts, sources)
         if progress is not None:
             progress(step + 1, steps)
-    source = (f"real: {cfg.n_layers}-layer MoE (d_model {cfg.d_model}, {cfg.n_experts} experts, "
-              f"top-{cfg.top_k}, no aux loss) trained {steps} steps x {batch} x {cfg.seq_len} bytes "
-              f"of Python stdlib source on CPU, seed {seed}")
+    source = (
+        f"real: {cfg.n_layers}-layer MoE (d_model {cfg.d_model}, {cfg.n_experts} experts, "
+        f"top-{cfg.top_k}, no aux loss) trained {steps} steps x {batch} x {cfg.seq_len} bytes "
+        f"of Python stdlib source on CPU, seed {seed}"
+    )
     return RoutingTrace(counts, cfg.top_k, source, meta={"losses": losses}), losses

@@ -28,16 +28,18 @@ import torch
 
 @dataclass
 class RoutingTrace:
-    counts: torch.Tensor                 # int64 [L, M, W, E]
+    counts: torch.Tensor  # int64 [L, M, W, E]
     top_k: int
     source: str
-    top_experts: list[list[torch.Tensor]] | None = None   # [L][M] -> [S, k]
+    top_experts: list[list[torch.Tensor]] | None = None  # [L][M] -> [S, k]
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.counts.dim() != 4:
-            raise ValueError(f"counts must be [layers, micro_batches, sources, experts], "
-                             f"got shape {tuple(self.counts.shape)}")
+            raise ValueError(
+                f"counts must be [layers, micro_batches, sources, experts], "
+                f"got shape {tuple(self.counts.shape)}"
+            )
         if bool((self.counts < 0).any()):
             raise ValueError("counts must be non-negative")
         self.counts = self.counts.to(torch.int64)
@@ -67,13 +69,15 @@ class RoutingTrace:
         if self.num_sources % world:
             raise ValueError(f"{self.num_sources} sources do not merge into {world} ranks")
         per = self.num_sources // world
-        c = self.counts.reshape(self.num_layers, self.num_micro_batches, world, per,
-                                self.num_experts).sum(3)
+        c = self.counts.reshape(
+            self.num_layers, self.num_micro_batches, world, per, self.num_experts
+        ).sum(3)
         return RoutingTrace(c, self.top_k, self.source, self.top_experts, dict(self.meta))
 
 
-def counts_from_top_experts(top_experts: torch.Tensor, num_experts: int,
-                            num_sources: int = 1) -> torch.Tensor:
+def counts_from_top_experts(
+    top_experts: torch.Tensor, num_experts: int, num_sources: int = 1
+) -> torch.Tensor:
     """[S, k] choices -> [W, E] counts; token s belongs to source s // (S / W)."""
     tokens = top_experts.shape[0]
     if tokens % num_sources:
@@ -81,12 +85,22 @@ def counts_from_top_experts(top_experts: torch.Tensor, num_experts: int,
     per = tokens // num_sources
     source = torch.arange(tokens).repeat_interleave(top_experts.shape[1]) // per
     flat = source * num_experts + top_experts.reshape(-1).cpu()
-    return torch.bincount(flat, minlength=num_sources * num_experts).reshape(num_sources, num_experts)
+    return torch.bincount(flat, minlength=num_sources * num_experts).reshape(
+        num_sources, num_experts
+    )
 
 
-def _drifting_logits(num_layers: int, num_micro_batches: int, num_experts: int,
-                     tokens_per_source: int, num_sources: int, skew: float, drift: float,
-                     noise: float, seed: int):
+def _drifting_logits(
+    num_layers: int,
+    num_micro_batches: int,
+    num_experts: int,
+    tokens_per_source: int,
+    num_sources: int,
+    skew: float,
+    drift: float,
+    noise: float,
+    seed: int,
+):
     """Yield (layer, micro-batch, logits [W, 1, E], Gumbel noise [W, S/W, E]) of the synthetic
     router: a log-popularity per layer (``skew``) that drifts between micro-batches (``drift``),
     a per-source perturbation (``noise``), and Gumbel noise per token. Both traces draw through
@@ -96,18 +110,33 @@ def _drifting_logits(num_layers: int, num_micro_batches: int, num_experts: int,
         log_pop = torch.randn(num_experts, generator=g, dtype=torch.float64) * skew
         for mb in range(num_micro_batches):
             if mb:
-                log_pop = log_pop + torch.randn(num_experts, generator=g, dtype=torch.float64) * drift
-            logits = (log_pop + torch.randn(num_sources, 1, num_experts, generator=g,
-                                            dtype=torch.float64) * noise)
-            u = torch.rand(num_sources, tokens_per_source, num_experts, generator=g,
-                           dtype=torch.float64).clamp_min(1e-300)
+                log_pop = (
+                    log_pop + torch.randn(num_experts, generator=g, dtype=torch.float64) * drift
+                )
+            logits = (
+                log_pop
+                + torch.randn(num_sources, 1, num_experts, generator=g, dtype=torch.float64) * noise
+            )
+            u = torch.rand(
+                num_sources, tokens_per_source, num_experts, generator=g, dtype=torch.float64
+            ).clamp_min(1e-300)
             yield layer, mb, logits, -torch.log(-torch.log(u))
 
 
-def synthetic_trace(num_layers: int, num_micro_batches: int, num_experts: int, top_k: int,
-                    tokens_per_source: int, num_sources: int, *, skew: float = 1.0,
-                    drift: float = 0.05, noise: float = 0.3, seed: int = 0,
-                    keep_tokens: bool = False) -> RoutingTrace:
+def synthetic_trace(
+    num_layers: int,
+    num_micro_batches: int,
+    num_experts: int,
+    top_k: int,
+    tokens_per_source: int,
+    num_sources: int,
+    *,
+    skew: float = 1.0,
+    drift: float = 0.05,
+    noise: float = 0.3,
+    seed: int = 0,
+    keep_tokens: bool = False,
+) -> RoutingTrace:
     """Seeded synthetic routing; see docs/balance-workloads.md for the model."""
     if min(num_layers, num_micro_batches, num_experts, top_k, tokens_per_source, num_sources) <= 0:
         raise ValueError("all sizes must be positive")
@@ -117,31 +146,73 @@ def synthetic_trace(num_layers: int, num_micro_batches: int, num_experts: int, t
         raise ValueError("skew, drift and noise must be >= 0")
     counts = torch.zeros(num_layers, num_micro_batches, num_sources, num_experts, dtype=torch.int64)
     kept: list[list[torch.Tensor]] | None = [] if keep_tokens else None
-    for layer, mb, logits, gumbel in _drifting_logits(num_layers, num_micro_batches, num_experts,
-                                                      tokens_per_source, num_sources, skew, drift,
-                                                      noise, seed):
-        choice = (logits + gumbel).topk(top_k, dim=-1).indices   # [W, S/W, k]
+    for layer, mb, logits, gumbel in _drifting_logits(
+        num_layers,
+        num_micro_batches,
+        num_experts,
+        tokens_per_source,
+        num_sources,
+        skew,
+        drift,
+        noise,
+        seed,
+    ):
+        choice = (logits + gumbel).topk(top_k, dim=-1).indices  # [W, S/W, k]
         top = choice.reshape(-1, top_k)
         counts[layer, mb] = counts_from_top_experts(top, num_experts, num_sources)
         if kept is not None:
             if mb == 0:
                 kept.append([])
             kept[layer].append(top)
-    src = (f"synthetic: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
-           f"{tokens_per_source} tokens x top-{top_k} per source, {num_sources} sources")
-    return RoutingTrace(counts, top_k, src, kept,
-                        {"skew": skew, "drift": drift, "noise": noise, "seed": seed,
-                         "tokens_per_source": tokens_per_source})
+    src = (
+        f"synthetic: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
+        f"{tokens_per_source} tokens x top-{top_k} per source, {num_sources} sources"
+    )
+    return RoutingTrace(
+        counts,
+        top_k,
+        src,
+        kept,
+        {
+            "skew": skew,
+            "drift": drift,
+            "noise": noise,
+            "seed": seed,
+            "tokens_per_source": tokens_per_source,
+        },
+    )
 
 
-def group_limited_trace(num_layers: int, num_micro_batches: int, num_experts: int, top_k: int,
-                        tokens_per_source: int, num_sources: int, *, num_groups: int = 8,
-                        top_groups: int = 4, skew: float = 1.0, drift: float = 0.05,
-                        noise: float = 0.3, seed: int = 0) -> RoutingTrace:
+def group_limited_trace(
+    num_layers: int,
+    num_micro_batches: int,
+    num_experts: int,
+    top_k: int,
+    tokens_per_source: int,
+    num_sources: int,
+    *,
+    num_groups: int = 8,
+    top_groups: int = 4,
+    skew: float = 1.0,
+    drift: float = 0.05,
+    noise: float = 0.3,
+    seed: int = 0,
+) -> RoutingTrace:
     """Seeded group-limited routing (DeepSeek-V3 Sec. 2.1.2; docs/balance-workloads.md). Tokens' choices
     are always kept (``top_experts``): group-limited routing matters through token identity."""
-    if min(num_layers, num_micro_batches, num_experts, top_k, tokens_per_source, num_sources,
-           num_groups, top_groups) <= 0:
+    if (
+        min(
+            num_layers,
+            num_micro_batches,
+            num_experts,
+            top_k,
+            tokens_per_source,
+            num_sources,
+            num_groups,
+            top_groups,
+        )
+        <= 0
+    ):
         raise ValueError("all sizes must be positive")
     if num_experts % num_groups:
         raise ValueError(f"{num_groups} groups do not divide the {num_experts} experts")
@@ -149,18 +220,28 @@ def group_limited_trace(num_layers: int, num_micro_batches: int, num_experts: in
         raise ValueError(f"top_groups={top_groups} > num_groups={num_groups}")
     group_size = num_experts // num_groups
     if top_k > top_groups * group_size:
-        raise ValueError(f"top_k={top_k} > the {top_groups * group_size} experts of {top_groups} groups")
+        raise ValueError(
+            f"top_k={top_k} > the {top_groups * group_size} experts of {top_groups} groups"
+        )
     if min(skew, drift, noise) < 0:
         raise ValueError("skew, drift and noise must be >= 0")
-    per_group_score = max(1, top_k // top_groups)    # V3: the top K_r / M = 8 / 4 = 2 affinities
+    per_group_score = max(1, top_k // top_groups)  # V3: the top K_r / M = 8 / 4 = 2 affinities
     counts = torch.zeros(num_layers, num_micro_batches, num_sources, num_experts, dtype=torch.int64)
     kept: list[list[torch.Tensor]] = []
-    for layer, mb, logits, gumbel in _drifting_logits(num_layers, num_micro_batches, num_experts,
-                                                      tokens_per_source, num_sources, skew, drift,
-                                                      noise, seed):
-        affinity = torch.sigmoid(logits + gumbel)                          # [W, S/W, E]
+    for layer, mb, logits, gumbel in _drifting_logits(
+        num_layers,
+        num_micro_batches,
+        num_experts,
+        tokens_per_source,
+        num_sources,
+        skew,
+        drift,
+        noise,
+        seed,
+    ):
+        affinity = torch.sigmoid(logits + gumbel)  # [W, S/W, E]
         by_group = affinity.reshape(num_sources, tokens_per_source, num_groups, group_size)
-        group_score = by_group.topk(per_group_score, dim=-1).values.sum(-1)   # [W, S/W, groups]
+        group_score = by_group.topk(per_group_score, dim=-1).values.sum(-1)  # [W, S/W, groups]
         kept_groups = group_score.topk(top_groups, dim=-1).indices
         allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(-1, kept_groups, True)
         masked = affinity.masked_fill(~allowed.repeat_interleave(group_size, dim=-1), -1.0)
@@ -169,19 +250,34 @@ def group_limited_trace(num_layers: int, num_micro_batches: int, num_experts: in
         if mb == 0:
             kept.append([])
         kept[layer].append(top)
-    src = (f"synthetic group-limited: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
-           f"{tokens_per_source} tokens x top-{top_k} in top-{top_groups} of {num_groups} groups "
-           f"per source, {num_sources} sources")
-    return RoutingTrace(counts, top_k, src, kept,
-                        {"skew": skew, "drift": drift, "noise": noise, "seed": seed,
-                         "tokens_per_source": tokens_per_source, "num_groups": num_groups,
-                         "top_groups": top_groups})
+    src = (
+        f"synthetic group-limited: seed={seed}, skew={skew}, drift={drift}, noise={noise}, "
+        f"{tokens_per_source} tokens x top-{top_k} in top-{top_groups} of {num_groups} groups "
+        f"per source, {num_sources} sources"
+    )
+    return RoutingTrace(
+        counts,
+        top_k,
+        src,
+        kept,
+        {
+            "skew": skew,
+            "drift": drift,
+            "noise": noise,
+            "seed": seed,
+            "tokens_per_source": tokens_per_source,
+            "num_groups": num_groups,
+            "top_groups": top_groups,
+        },
+    )
 
 
 # --- loads and metrics --------------------------------------------------------------------------
 
-def device_loads(expert_counts: torch.Tensor, rank_of_expert: torch.Tensor | list[int],
-                 world: int) -> torch.Tensor:
+
+def device_loads(
+    expert_counts: torch.Tensor, rank_of_expert: torch.Tensor | list[int], world: int
+) -> torch.Tensor:
     """Rows each device computes when expert e runs on rank_of_expert[e]: int64 [W]."""
     ranks = torch.as_tensor(rank_of_expert, dtype=torch.int64)
     if ranks.numel() != expert_counts.numel():
@@ -237,8 +333,9 @@ class GemmTimeModel:
         if rows <= 0:
             return 0.0
         flops = 2.0 * rows * self.d_model * self.d_ffn * self.n_mat
-        nbytes = (self.n_mat * self.d_model * self.d_ffn
-                  + rows * (2 * self.d_model + 2 * self.d_ffn)) * self.itemsize
+        nbytes = (
+            self.n_mat * self.d_model * self.d_ffn + rows * (2 * self.d_model + 2 * self.d_ffn)
+        ) * self.itemsize
         return self.launch_s + max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
 
     def device_times_s(self, groups_per_device: list[list[int]]) -> list[float]:

@@ -27,7 +27,9 @@ from moe_repro.components.balance.feplb import BalancePlan
 from moe_repro.components.balance.least_loaded_ep import LLEPPlan
 
 
-def _split_in_order(source_rows: list[int], pieces: list[tuple[int, int]], world: int) -> list[list[int]]:
+def _split_in_order(
+    source_rows: list[int], pieces: list[tuple[int, int]], world: int
+) -> list[list[int]]:
     """Rows of one expert from each source, laid source-major, cut into ``pieces`` (device,
     rows) in order: [W_src][W_dst]."""
     out = [[0] * world for _ in source_rows]
@@ -65,12 +67,12 @@ def rows_to_devices(balancer: str, step: BalanceStep, work: DeviceWork) -> torch
         whole(decision.rank_of_expert(placement))
     elif balancer == "Piper migration":
         ranks = list(home)
-        for swap in decision:              # Alg. 2's swaps, in order
+        for swap in decision:  # Alg. 2's swaps, in order
             ranks[swap.expert_a], ranks[swap.expert_b] = swap.group_b, swap.group_a
         whole(ranks)
     elif balancer == "FasterMoE":
         whole(home)
-        for e in decision:                 # a shadowed expert's rows stay on their source
+        for e in decision:  # a shadowed expert's rows stay on their source
             rows[:, e, :] = 0
             rows[torch.arange(world), e, torch.arange(world)] = src[:, e]
     elif balancer == "LLEP":
@@ -93,8 +95,9 @@ def rows_to_devices(balancer: str, step: BalanceStep, work: DeviceWork) -> torch
         for e in range(experts):
             rows[:, e, :] = torch.tensor(_split_in_order(src[:, e].tolist(), pieces[e], world))
     else:
-        raise ValueError(f"no row plan for balancer {balancer!r}: add its decision to "
-                         "row_plan.rows_to_devices")
+        raise ValueError(
+            f"no row plan for balancer {balancer!r}: add its decision to row_plan.rows_to_devices"
+        )
     return rows
 
 
@@ -104,7 +107,7 @@ def count_wrong(step: BalanceStep, work: DeviceWork, rows: torch.Tensor) -> int:
     wrong = int((rows.sum(2) != step.source_counts).sum())
     per_device = rows.sum((0, 1)).tolist()
     wrong += sum(int(a != b) for a, b in zip(per_device, work.loads))
-    per_expert = rows.sum(0)                                     # [E, W]
+    per_expert = rows.sum(0)  # [E, W]
     for d, groups in enumerate(work.gemm_groups):
         mine = sorted(int(r) for r in per_expert[:, d].tolist() if r)
         wrong += int(mine != sorted(int(g) for g in groups if g))
@@ -114,6 +117,10 @@ def count_wrong(step: BalanceStep, work: DeviceWork, rows: torch.Tensor) -> int:
 def weight_copies(rows: torch.Tensor, home: list[int]) -> int:
     """(expert, device) pairs where a device computes rows of an expert it is not home to:
     the expert weights that must be on that device besides its home."""
-    computes = rows.sum(0) > 0                                   # [E, W]
-    return sum(int(computes[e, d]) for e in range(rows.shape[1]) for d in range(rows.shape[2])
-               if d != home[e])
+    computes = rows.sum(0) > 0  # [E, W]
+    return sum(
+        int(computes[e, d])
+        for e in range(rows.shape[1])
+        for d in range(rows.shape[2])
+        if d != home[e]
+    )

@@ -53,8 +53,9 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 
 
-def save_trace(directory: str | os.PathLike, workload: Workload, seed: int, steps: int,
-               overwrite: bool = False) -> dict:
+def save_trace(
+    directory: str | os.PathLike, workload: Workload, seed: int, steps: int, overwrite: bool = False
+) -> dict:
     """Write ``steps`` steps of every layer of ``workload`` at ``seed``; returns the manifest."""
     target = Path(directory)
     if steps < 1:
@@ -69,8 +70,11 @@ def save_trace(directory: str | os.PathLike, workload: Workload, seed: int, step
         for layer in range(workload.num_layers):
             for step in range(steps):
                 r = workload.routing(seed, step, layer=layer)
-                parts = {"expert_ids": r.expert_ids, "gates": r.gates,
-                         "source_position": r.source_position}
+                parts = {
+                    "expert_ids": r.expert_ids,
+                    "gates": r.gates,
+                    "source_position": r.source_position,
+                }
                 for name, t in parts.items():
                     if t is None:
                         continue
@@ -78,11 +82,21 @@ def save_trace(directory: str | os.PathLike, workload: Workload, seed: int, step
                     rel = f"tensors/L{layer}_S{step}.{name}.bin"
                     (tmp / rel).write_bytes(data)
                     tensors[f"L{layer}_S{step}.{name}"] = {
-                        "file": rel, "dtype": _dtype_name(t), "shape": list(t.shape),
-                        "sha256": hashlib.sha256(data).hexdigest()}
-        manifest = {"format": FORMAT, "version": VERSION, "generator": workload.generator_params(),
-                    "description": workload.description, "seed": seed, "steps": steps,
-                    "layers": workload.num_layers, "tensors": tensors}
+                        "file": rel,
+                        "dtype": _dtype_name(t),
+                        "shape": list(t.shape),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "generator": workload.generator_params(),
+            "description": workload.description,
+            "seed": seed,
+            "steps": steps,
+            "layers": workload.num_layers,
+            "tensors": tensors,
+        }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         if target.exists():
             old = target.with_name(f".{target.name}.old")
@@ -106,8 +120,10 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     except json.JSONDecodeError as e:
         raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise TraceError(f"{path}: format {manifest.get('format')!r} version "
-                         f"{manifest.get('version')!r}, expected {FORMAT!r} version {VERSION}")
+        raise TraceError(
+            f"{path}: format {manifest.get('format')!r} version "
+            f"{manifest.get('version')!r}, expected {FORMAT!r} version {VERSION}"
+        )
     for key in ("generator", "seed", "steps", "layers", "tensors"):
         if key not in manifest:
             raise TraceError(f"{path}: missing field {key!r}")
@@ -130,7 +146,9 @@ def _load_tensor(directory: Path, key: str, entry: dict) -> torch.Tensor:
     for n in entry["shape"]:
         count *= int(n)
     if count * torch.empty((), dtype=dtype).element_size() != len(data):
-        raise TraceError(f"{key}: {len(data)} bytes do not hold shape {entry['shape']} of {entry['dtype']}")
+        raise TraceError(
+            f"{key}: {len(data)} bytes do not hold shape {entry['shape']} of {entry['dtype']}"
+        )
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(entry["shape"]).clone()
 
 
@@ -161,15 +179,19 @@ def check_routing(r: Routing, num_experts: int, where: str = "") -> None:
     """Raise TraceError on a routing that breaks a rule of the format."""
     ids, gates = r.expert_ids, r.gates
     if ids.dim() != 2 or ids.shape != gates.shape or ids.shape[0] == 0:
-        raise TraceError(f"{where}: expert_ids {list(ids.shape)} and gates {list(gates.shape)} "
-                         "must both be [tokens > 0, k]")
+        raise TraceError(
+            f"{where}: expert_ids {list(ids.shape)} and gates {list(gates.shape)} "
+            "must both be [tokens > 0, k]"
+        )
     if int(ids.min()) < 0 or int(ids.max()) >= num_experts:
         raise TraceError(f"{where}: expert id outside 0..{num_experts - 1}")
     if ids.shape[1] > 1 and bool((ids.sort(dim=1).values.diff(dim=1) == 0).any()):
         raise TraceError(f"{where}: a token names the same expert twice")
     if not bool(torch.isfinite(gates).all()) or bool((gates < 0).any()):
         raise TraceError(f"{where}: gates must be finite and non-negative")
-    if not torch.allclose(gates.double().sum(1), torch.ones(len(gates), dtype=torch.float64), atol=1e-5):
+    if not torch.allclose(
+        gates.double().sum(1), torch.ones(len(gates), dtype=torch.float64), atol=1e-5
+    ):
         raise TraceError(f"{where}: gates of a token must sum to 1")
     pos = r.source_position
     if pos is not None and (pos.shape != (ids.shape[0],) or bool(((pos < 0) | (pos >= 1)).any())):
@@ -183,14 +205,17 @@ def verify_trace(directory: str | os.PathLike) -> dict:
     gen = manifest["generator"]
     workload = get_workload(gen["workload"], gen["num_experts"], gen["top_k"], gen["tokens"])
     if workload.generator_params() != gen:
-        raise TraceError(f"generator parameters {gen} differ from this version's "
-                         f"{workload.generator_params()}")
+        raise TraceError(
+            f"generator parameters {gen} differ from this version's {workload.generator_params()}"
+        )
     for layer, row in enumerate(routings):
         for step, got in enumerate(row):
             want = workload.routing(int(manifest["seed"]), step, layer=layer)
             for name in EXPECTED:
                 a, b = getattr(got, name), getattr(want, name)
                 if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
-                    raise TraceError(f"layer {layer} step {step}: {name} differs from a fresh "
-                                     f"{gen['workload']} at seed {manifest['seed']}")
+                    raise TraceError(
+                        f"layer {layer} step {step}: {name} differs from a fresh "
+                        f"{gen['workload']} at seed {manifest['seed']}"
+                    )
     return manifest

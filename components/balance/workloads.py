@@ -37,24 +37,34 @@ from typing import Callable
 import torch
 
 DATA_DIR = Path(__file__).parent / "data" / "olmoe_routing"
-MEGATRON_SOURCE = ("Megatron-core open token-imbalance benchmark, NVIDIA/Megatron-LM pull request "
-                   "#7488 (benchmarks/moe/token_imbalance), roadmap issue #6757")
+MEGATRON_SOURCE = (
+    "Megatron-core open token-imbalance benchmark, NVIDIA/Megatron-LM pull request "
+    "#7488 (benchmarks/moe/token_imbalance), roadmap issue #6757"
+)
 
-STANDARD = ("balanced", "hot-set", "hot-rank", "spread", "ragged-source", "zero-expert-rank",
-            "rotating-hotspot", "burst")
+STANDARD = (
+    "balanced",
+    "hot-set",
+    "hot-rank",
+    "spread",
+    "ragged-source",
+    "zero-expert-rank",
+    "rotating-hotspot",
+    "burst",
+)
 STANDARD_IDS = {name: f"W{i}" for i, name in enumerate(STANDARD)}
-REAL_MODELS = {"olmoe": "olmoe", "mixtral": "mistral"}   # our prefix -> the data's model key
+REAL_MODELS = {"olmoe": "olmoe", "mixtral": "mistral"}  # our prefix -> the data's model key
 DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 LAYERS = (0, 7, 15)
-SWITCH = ("c4", "github", 4)          # olmoe-switch: domain before, domain after, switch step
+SWITCH = ("c4", "github", 4)  # olmoe-switch: domain before, domain after, switch step
 
 
 @dataclass(frozen=True)
 class Routing:
     """One step of one layer: k distinct experts and their gates per token."""
 
-    expert_ids: torch.Tensor                     # int64 [T, k]
-    gates: torch.Tensor                          # float32 [T, k], rows sum to 1
+    expert_ids: torch.Tensor  # int64 [T, k]
+    gates: torch.Tensor  # float32 [T, k], rows sum to 1
     source_position: torch.Tensor | None = None  # float64 [T] in [0, 1); None: t / T
 
     @property
@@ -89,11 +99,11 @@ class Workload:
     """A named routing generator; ``routing(seed, step, world)`` is the protocol."""
 
     name: str
-    family: str              # standard | synthetic | real-count
+    family: str  # standard | synthetic | real-count
     num_experts: int
     top_k: int
-    tokens: int              # tokens per step (global: the layout splits them)
-    description: str         # what it is, and what in it is real and what sampled
+    tokens: int  # tokens per step (global: the layout splits them)
+    description: str  # what it is, and what in it is real and what sampled
     draw: Callable[[torch.Generator, int, int, int], Routing] = field(repr=False)
     num_layers: int = 1
     params: dict = field(default_factory=dict)
@@ -106,13 +116,21 @@ class Workload:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"{self.name} has {self.num_layers} layer(s), asked for layer {layer}")
         if world is not None and (world < 1 or self.num_experts % world):
-            raise ValueError(f"{self.name}: {self.num_experts} experts do not divide over EP={world}")
+            raise ValueError(
+                f"{self.name}: {self.num_experts} experts do not divide over EP={world}"
+            )
         return self.draw(step_generator(self.name, seed, step, layer), seed, step, layer)
 
     def generator_params(self) -> dict:
-        return {"workload": self.name, "family": self.family, "num_experts": self.num_experts,
-                "top_k": self.top_k, "tokens": self.tokens, "num_layers": self.num_layers,
-                **self.params}
+        return {
+            "workload": self.name,
+            "family": self.family,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "tokens": self.tokens,
+            "num_layers": self.num_layers,
+            **self.params,
+        }
 
 
 def step_generator(name: str, seed: int, step: int, layer: int = 0) -> torch.Generator:
@@ -127,8 +145,9 @@ def standard_gates(g: torch.Generator, tokens: int, top_k: int) -> torch.Tensor:
     return gates / gates.sum(dim=1, keepdim=True)
 
 
-def distinct_from_pools(g: torch.Generator, pools: list[list[int]], pool_of_token: torch.Tensor,
-                        top_k: int) -> torch.Tensor:
+def distinct_from_pools(
+    g: torch.Generator, pools: list[list[int]], pool_of_token: torch.Tensor, top_k: int
+) -> torch.Tensor:
     """Per token, k distinct experts uniform from its pool (a random permutation's first k)."""
     ids = torch.empty(len(pool_of_token), top_k, dtype=torch.int64)
     for p, pool in enumerate(pools):
@@ -152,6 +171,7 @@ def gumbel_top_k(g: torch.Generator, log_weights: torch.Tensor, top_k: int) -> t
 
 
 # --- the eight standard workloads --------------------------------------------------------------
+
 
 def hot_width(num_experts: int, top_k: int) -> int:
     return max(top_k, num_experts // 4)
@@ -178,7 +198,7 @@ def _standard_draw(name: str, num_experts: int, top_k: int, tokens: int):
         elif name == "ragged-source":
             ids = distinct_from_pools(g, [everyone], torch.zeros(tokens, dtype=torch.long), top_k)
             u = torch.rand(tokens, generator=g, dtype=torch.float64)
-            position = 1.0 - torch.sqrt(1.0 - u)     # density 2 (1 - x): our realisation
+            position = 1.0 - torch.sqrt(1.0 - u)  # density 2 (1 - x): our realisation
         elif name == "zero-expert-rank":
             live = list(range(num_experts // 2, num_experts)) or everyone
             ids = distinct_from_pools(g, [live], torch.zeros(tokens, dtype=torch.long), top_k)
@@ -193,45 +213,80 @@ def _standard_draw(name: str, num_experts: int, top_k: int, tokens: int):
     return draw
 
 
-def standard_workload(name: str, num_experts: int = 8, top_k: int = 2, tokens: int = 128) -> Workload:
+def standard_workload(
+    name: str, num_experts: int = 8, top_k: int = 2, tokens: int = 128
+) -> Workload:
     """One of the eight standard workloads (docs/balance-workloads.md); defaults are the published ones."""
     if name not in STANDARD:
         raise ValueError(f"unknown standard workload {name!r}; known: {', '.join(STANDARD)}")
     _check_sizes(num_experts, top_k, tokens)
-    return Workload(name, "standard", num_experts, top_k, tokens,
-                    f"{STANDARD_IDS[name]} {name}: from the definitions of the {MEGATRON_SOURCE}"
-                    + ("; uneven sources are our realisation" if name == "ragged-source" else ""),
-                    _standard_draw(name, num_experts, top_k, tokens))
+    return Workload(
+        name,
+        "standard",
+        num_experts,
+        top_k,
+        tokens,
+        f"{STANDARD_IDS[name]} {name}: from the definitions of the {MEGATRON_SOURCE}"
+        + ("; uneven sources are our realisation" if name == "ragged-source" else ""),
+        _standard_draw(name, num_experts, top_k, tokens),
+    )
 
 
 # --- our synthetic generator, as a workload ----------------------------------------------------
 
-SYNTHETIC_SOURCES = 16   # fixed token groups (noise per group), merged by any layout up to EP 16
+SYNTHETIC_SOURCES = 16  # fixed token groups (noise per group), merged by any layout up to EP 16
 
 
-def synthetic_workload(num_experts: int = 64, top_k: int = 8, tokens: int = 4096, *,
-                       skew: float = 1.0, drift: float = 0.05, noise: float = 0.3) -> Workload:
+def synthetic_workload(
+    num_experts: int = 64,
+    top_k: int = 8,
+    tokens: int = 4096,
+    *,
+    skew: float = 1.0,
+    drift: float = 0.05,
+    noise: float = 0.3,
+) -> Workload:
     from moe_repro.components.balance.routing_trace import synthetic_trace
 
     _check_sizes(num_experts, top_k, tokens)
     if tokens % SYNTHETIC_SOURCES:
-        raise ValueError(f"synthetic: tokens must be a multiple of {SYNTHETIC_SOURCES}, got {tokens}")
+        raise ValueError(
+            f"synthetic: tokens must be a multiple of {SYNTHETIC_SOURCES}, got {tokens}"
+        )
 
     def draw(g: torch.Generator, seed: int, step: int, layer: int) -> Routing:
         # the drifting popularity is a walk over steps: replay it up to this step
-        trace = synthetic_trace(1, step + 1, num_experts, top_k, tokens // SYNTHETIC_SOURCES,
-                                SYNTHETIC_SOURCES, skew=skew, drift=drift, noise=noise,
-                                seed=seed, keep_tokens=True)
+        trace = synthetic_trace(
+            1,
+            step + 1,
+            num_experts,
+            top_k,
+            tokens // SYNTHETIC_SOURCES,
+            SYNTHETIC_SOURCES,
+            skew=skew,
+            drift=drift,
+            noise=noise,
+            seed=seed,
+            keep_tokens=True,
+        )
         ids = trace.top_experts[0][step].sort(dim=1).values
         return Routing(ids, standard_gates(g, tokens, top_k))
 
-    return Workload("synthetic", "synthetic", num_experts, top_k, tokens,
-                    "this project's synthetic generator (routing_trace.synthetic_trace), "
-                    f"{SYNTHETIC_SOURCES} fixed source groups; all of it chosen by us",
-                    draw, params={"skew": skew, "drift": drift, "noise": noise})
+    return Workload(
+        "synthetic",
+        "synthetic",
+        num_experts,
+        top_k,
+        tokens,
+        "this project's synthetic generator (routing_trace.synthetic_trace), "
+        f"{SYNTHETIC_SOURCES} fixed source groups; all of it chosen by us",
+        draw,
+        params={"skew": skew, "drift": drift, "noise": noise},
+    )
 
 
 # --- real routing counts -----------------------------------------------------------------------
+
 
 @lru_cache(maxsize=1)
 def real_counts() -> dict:
@@ -252,8 +307,10 @@ def real_popularity(model: str, domain: str, layer: int) -> torch.Tensor:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(REAL_MODELS)}")
     by_domain = real_counts()[key]["topk_counts"]
     if domain not in by_domain or str(layer) not in by_domain[domain]:
-        raise ValueError(f"{model}: no counts for domain {domain!r} layer {layer}; domains "
-                         f"{', '.join(by_domain)}, layers {', '.join(map(str, LAYERS))}")
+        raise ValueError(
+            f"{model}: no counts for domain {domain!r} layer {layer}; domains "
+            f"{', '.join(by_domain)}, layers {', '.join(map(str, LAYERS))}"
+        )
     return torch.tensor(by_domain[domain][str(layer)], dtype=torch.float64)
 
 
@@ -267,8 +324,9 @@ def _log_weights(counts: torch.Tensor) -> torch.Tensor:
     return torch.log(counts / counts.sum())
 
 
-def real_count_workload(name: str, num_experts: int | None = None, top_k: int | None = None,
-                        tokens: int = 4096) -> Workload:
+def real_count_workload(
+    name: str, num_experts: int | None = None, top_k: int | None = None, tokens: int = 4096
+) -> Workload:
     """``olmoe-<domain>-L<layer>``, ``mixtral-<domain>-L<layer>``, ``olmoe-switch``,
     ``olmoe-layers`` (docs/balance-workloads.md says what is real and what is sampled)."""
     model = name.split("-", 1)[0]
@@ -276,8 +334,10 @@ def real_count_workload(name: str, num_experts: int | None = None, top_k: int | 
         raise ValueError(f"unknown real-count workload {name!r}")
     experts, k = _real_shape(model)
     if (num_experts not in (None, experts)) or (top_k not in (None, k)):
-        raise ValueError(f"{name} is {model}'s routing: {experts} experts, top-{k} "
-                         f"(got {num_experts} experts, top-{top_k})")
+        raise ValueError(
+            f"{name} is {model}'s routing: {experts} experts, top-{k} "
+            f"(got {num_experts} experts, top-{top_k})"
+        )
     _check_sizes(experts, k, tokens)
     real = f"REAL: {model} per-expert counts ({DATA_DIR.name}/SOURCE.md); SAMPLED: tokens, gates"
     if name == "olmoe-switch":
@@ -288,9 +348,16 @@ def real_count_workload(name: str, num_experts: int | None = None, top_k: int | 
             ids = gumbel_top_k(g, logw[before if step < at else after].expand(tokens, -1), k)
             return Routing(ids.sort(dim=1).values, standard_gates(g, tokens, k))
 
-        return Workload(name, "real-count", experts, k, tokens,
-                        f"{real}; layer 7, domain {before} before step {at}, {after} from then on",
-                        draw, params={"before": before, "after": after, "switch_step": at, "layer": 7})
+        return Workload(
+            name,
+            "real-count",
+            experts,
+            k,
+            tokens,
+            f"{real}; layer 7, domain {before} before step {at}, {after} from then on",
+            draw,
+            params={"before": before, "after": after, "switch_step": at, "layer": 7},
+        )
     if name == "olmoe-layers":
         domain = "c4"
         first = _log_weights(real_popularity(model, domain, 0))
@@ -298,7 +365,7 @@ def real_count_workload(name: str, num_experts: int | None = None, top_k: int | 
         conditional = []
         for pair in ("0->7", "7->15"):
             j = torch.tensor(joint[pair], dtype=torch.float64)
-            conditional.append(j / j.sum(1, keepdim=True).clamp_min(1.0))   # P(b | a)
+            conditional.append(j / j.sum(1, keepdim=True).clamp_min(1.0))  # P(b | a)
 
         def draw(g, seed, step, layer):
             # one token stream through the layers: draw layer 0, then each next layer given the
@@ -307,27 +374,45 @@ def real_count_workload(name: str, num_experts: int | None = None, top_k: int | 
             chain = step_generator(name, seed, step, 0)
             ids = gumbel_top_k(chain, first.expand(tokens, -1), k)
             for cond in conditional[:layer]:
-                mix = cond[ids].sum(1) / k                       # [T, E]: mean of P(b | a_j)
+                mix = cond[ids].sum(1) / k  # [T, E]: mean of P(b | a_j)
                 ids = gumbel_top_k(chain, torch.log(mix), k)
             return Routing(ids.sort(dim=1).values, standard_gates(g, tokens, k))
 
-        return Workload(name, "real-count", experts, k, tokens,
-                        f"{real}; domain {domain}, layers 0, 7, 15, each next layer drawn from "
-                        "the REAL joint counts 0->7, 7->15 given the previous layer's experts",
-                        draw, num_layers=3, params={"domain": domain, "layers": [0, 7, 15]})
+        return Workload(
+            name,
+            "real-count",
+            experts,
+            k,
+            tokens,
+            f"{real}; domain {domain}, layers 0, 7, 15, each next layer drawn from "
+            "the REAL joint counts 0->7, 7->15 given the previous layer's experts",
+            draw,
+            num_layers=3,
+            params={"domain": domain, "layers": [0, 7, 15]},
+        )
     try:
         _, domain, layer_text = name.split("-")
         layer = int(layer_text.removeprefix("L"))
     except ValueError:
-        raise ValueError(f"real-count workload names are <model>-<domain>-L<layer>, got {name!r}") from None
+        raise ValueError(
+            f"real-count workload names are <model>-<domain>-L<layer>, got {name!r}"
+        ) from None
     logw = _log_weights(real_popularity(model, domain, layer))
 
     def draw(g, seed, step, layer_index):
         ids = gumbel_top_k(g, logw.expand(tokens, -1), k)
         return Routing(ids.sort(dim=1).values, standard_gates(g, tokens, k))
 
-    return Workload(name, "real-count", experts, k, tokens, f"{real}; domain {domain}, layer {layer}",
-                    draw, params={"model": model, "domain": domain, "layer": layer})
+    return Workload(
+        name,
+        "real-count",
+        experts,
+        k,
+        tokens,
+        f"{real}; domain {domain}, layer {layer}",
+        draw,
+        params={"model": model, "domain": domain, "layer": layer},
+    )
 
 
 def real_count_names() -> tuple[str, ...]:
@@ -339,8 +424,9 @@ def workload_names() -> tuple[str, ...]:
     return (*STANDARD, "synthetic", *real_count_names())
 
 
-def get_workload(name: str, num_experts: int | None = None, top_k: int | None = None,
-                 tokens: int | None = None) -> Workload:
+def get_workload(
+    name: str, num_experts: int | None = None, top_k: int | None = None, tokens: int | None = None
+) -> Workload:
     """Any workload by name. Standard ones take E, k, T (defaults: the published 8, 2, 128);
     synthetic takes them too (64, 8, 4096); real-count ones fix E and k to their model's."""
     if name in STANDARD:
@@ -349,8 +435,10 @@ def get_workload(name: str, num_experts: int | None = None, top_k: int | None = 
         return synthetic_workload(num_experts or 64, top_k or 8, tokens or 4096)
     if name.split("-", 1)[0] in REAL_MODELS:
         return real_count_workload(name, num_experts, top_k, tokens or 4096)
-    raise ValueError(f"unknown workload {name!r}; known: {', '.join(STANDARD)}, synthetic, "
-                     f"<olmoe|mixtral>-<{'|'.join(DOMAINS)}>-L<0|7|15>, olmoe-switch, olmoe-layers")
+    raise ValueError(
+        f"unknown workload {name!r}; known: {', '.join(STANDARD)}, synthetic, "
+        f"<olmoe|mixtral>-<{'|'.join(DOMAINS)}>-L<0|7|15>, olmoe-switch, olmoe-layers"
+    )
 
 
 def max_over_mean(counts) -> float:
@@ -362,6 +450,8 @@ def max_over_mean(counts) -> float:
 
 def _check_sizes(num_experts: int, top_k: int, tokens: int) -> None:
     if min(num_experts, top_k, tokens) < 1:
-        raise ValueError(f"experts, top_k and tokens must be >= 1, got {num_experts}, {top_k}, {tokens}")
+        raise ValueError(
+            f"experts, top_k and tokens must be >= 1, got {num_experts}, {top_k}, {tokens}"
+        )
     if top_k > num_experts:
         raise ValueError(f"top_k={top_k} > {num_experts} experts")

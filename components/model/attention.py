@@ -29,8 +29,10 @@ class AttentionShape:
 
     def __post_init__(self):
         if min(self.heads, self.kv_heads, self.head_dim) < 1 or self.heads % self.kv_heads:
-            raise ValueError(f"invalid attention shape {self}: need positive sizes and "
-                             "heads divisible by kv_heads")
+            raise ValueError(
+                f"invalid attention shape {self}: need positive sizes and "
+                "heads divisible by kv_heads"
+            )
 
 
 def shape_from_model(model: MoEModel, heads: int | None = None) -> AttentionShape:
@@ -49,27 +51,41 @@ def shape_from_model(model: MoEModel, heads: int | None = None) -> AttentionShap
     return AttentionShape(model.n_heads, kv, head_dim)
 
 
-def attention_flops(batch: int, seq: int, shape: AttentionShape, causal: bool = True,
-                    backward: bool = False) -> float:
+def attention_flops(
+    batch: int, seq: int, shape: AttentionShape, causal: bool = True, backward: bool = False
+) -> float:
     fwd = 4.0 * batch * shape.heads * seq * seq * shape.head_dim * (0.5 if causal else 1.0)
     return fwd * (3.5 if backward else 1.0)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
+) -> torch.Tensor:
     """q [b, H, s, d], k and v [b, H_kv, s, d] -> [b, H, s, d]."""
     if q.dim() != 4 or k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
-        raise ValueError(f"need q [b, H, s, d] and k, v [b, H_kv, s, d] with H_kv | H, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+        raise ValueError(
+            f"need q [b, H, s, d] and k, v [b, H_kv, s, d] with H_kv | H, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
+) -> torch.Tensor:
     """Explicit softmax(q k^T / sqrt(d) + mask) v in float64 (for checks)."""
     group = q.shape[1] // k.shape[1]
-    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    q, k, v = (
+        q.double(),
+        k.double().repeat_interleave(group, 1),
+        v.double().repeat_interleave(group, 1),
+    )
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if causal:
         s = q.shape[2]
-        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        scores = scores.masked_fill(
+            torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+        )
     return torch.softmax(scores, -1) @ v

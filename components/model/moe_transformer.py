@@ -48,37 +48,56 @@ class TransformerConfig:
     aux_loss_coef: float = 0.0
 
     @classmethod
-    def from_zoo(cls, key: str, seq_len: int | None = None, n_layers: int | None = None,
-                 aux_loss_coef: float = 0.0) -> "TransformerConfig":
+    def from_zoo(
+        cls,
+        key: str,
+        seq_len: int | None = None,
+        n_layers: int | None = None,
+        aux_loss_coef: float = 0.0,
+    ) -> "TransformerConfig":
         from moe_repro.components.model.zoo import TINY_MOE_SEQ, get_model
 
         m = get_model(key)
         if m.vocab is None or m.n_heads is None:
             raise ValueError(f"model {key!r} has no vocab/n_heads in the zoo; cannot build it")
-        return cls(vocab=m.vocab, d_model=m.d_model, n_heads=m.n_heads,
-                   n_layers=n_layers or m.layers, d_ffn=m.d_ffn, n_experts=m.n_experts,
-                   top_k=m.top_k, seq_len=seq_len or TINY_MOE_SEQ, aux_loss_coef=aux_loss_coef)
+        return cls(
+            vocab=m.vocab,
+            d_model=m.d_model,
+            n_heads=m.n_heads,
+            n_layers=n_layers or m.layers,
+            d_ffn=m.d_ffn,
+            n_experts=m.n_experts,
+            top_k=m.top_k,
+            seq_len=seq_len or TINY_MOE_SEQ,
+            aux_loss_coef=aux_loss_coef,
+        )
 
     def active_params_per_token(self) -> int:
         """Weights one token touches (for 6N FLOPs): attention 4d^2, router, k experts, head."""
-        per_layer = 4 * self.d_model ** 2 + self.d_model * self.n_experts \
+        per_layer = (
+            4 * self.d_model**2
+            + self.d_model * self.n_experts
             + self.top_k * 3 * self.d_model * self.d_ffn
+        )
         return self.n_layers * per_layer + self.vocab * self.d_model
 
     def train_flops_per_token(self) -> float:
         """6N plus causal attention scores, PaLM App. B: 6N + 12 L d s (x 1/2 for the causal mask)."""
-        return 6.0 * self.active_params_per_token() \
-            + 6.0 * self.n_layers * self.d_model * self.seq_len
+        return (
+            6.0 * self.active_params_per_token() + 6.0 * self.n_layers * self.d_model * self.seq_len
+        )
 
 
 # --- deterministic, name-keyed initialisation ---------------------------------------------------
 
+
 def _seeded_normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+    g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
     return torch.randn(shape, generator=g) * std
 
 
 # --- timing: forward between two time stamps, backward between two identity marks ---------------------
+
 
 class RegionClock:
     """Seconds per category (attention, experts, all-to-all), forward and backward together.
@@ -138,6 +157,7 @@ def _timed(clock: RegionClock | None, key: str, fn, x: torch.Tensor):
 
     def mark(t):
         return _Mark.apply(t, clock, key, True) if t.requires_grad else t
+
     if isinstance(out, tuple):
         return (mark(out[0]), *out[1:])
     if isinstance(out, GateOutput):
@@ -146,6 +166,7 @@ def _timed(clock: RegionClock | None, key: str, fn, x: torch.Tensor):
 
 
 # --- layers -------------------------------------------------------------------------------------
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
@@ -185,15 +206,30 @@ class ExpertParallelMoE(nn.Module):
     Switch balance loss on this rank's tokens. ``all_to_all``: the registered all-to-all whose
     dispatcher the layer holds (components/alltoall, ``algorithm_names()``)."""
 
-    def __init__(self, cfg: TransformerConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
-                 all_to_all: str = "flat"):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        ep_size: int = 1,
+        ep_rank: int = 0,
+        ep_group=None,
+        all_to_all: str = "flat",
+    ):
         super().__init__()
         if cfg.n_experts % ep_size:
-            raise ValueError(f"EP={ep_size} must divide the expert count {cfg.n_experts} (Piper Eq. 8)")
+            raise ValueError(
+                f"EP={ep_size} must divide the expert count {cfg.n_experts} (Piper Eq. 8)"
+            )
         self.cfg = cfg
         self.first_expert = ep_rank * (cfg.n_experts // ep_size)
-        self.layer = MoELayer(cfg.d_model, cfg.d_ffn, cfg.n_experts, cfg.top_k,
-                              expert_parallel=ep_size > 1, ep_group=ep_group, all_to_all=all_to_all)
+        self.layer = MoELayer(
+            cfg.d_model,
+            cfg.d_ffn,
+            cfg.n_experts,
+            cfg.top_k,
+            expert_parallel=ep_size > 1,
+            ep_group=ep_group,
+            all_to_all=all_to_all,
+        )
         if self.layer.local_experts[0] != self.first_expert:
             raise ValueError("EP group rank does not match the mesh's EP coordinate")
         self.clock: RegionClock | None = None
@@ -217,8 +253,9 @@ class ExpertParallelMoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TransformerConfig, ep_size=1, ep_rank=0, ep_group=None,
-                 all_to_all: str = "flat"):
+    def __init__(
+        self, cfg: TransformerConfig, ep_size=1, ep_rank=0, ep_group=None, all_to_all: str = "flat"
+    ):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
@@ -239,14 +276,25 @@ class StageModule(nn.Module):
     the same in every stage and in the single-process model.
     """
 
-    def __init__(self, cfg: TransformerConfig, layer_ids: list[int], is_first: bool, is_last: bool,
-                 ep_size: int = 1, ep_rank: int = 0, ep_group=None, seed: int = 0,
-                 checkpoint: bool = False, all_to_all: str = "flat"):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        layer_ids: list[int],
+        is_first: bool,
+        is_last: bool,
+        ep_size: int = 1,
+        ep_rank: int = 0,
+        ep_group=None,
+        seed: int = 0,
+        checkpoint: bool = False,
+        all_to_all: str = "flat",
+    ):
         super().__init__()
         self.cfg, self.is_first, self.is_last, self.checkpoint = cfg, is_first, is_last, checkpoint
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model) if is_first else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg, ep_size, ep_rank, ep_group, all_to_all)
-                                     for i in layer_ids})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(cfg, ep_size, ep_rank, ep_group, all_to_all) for i in layer_ids}
+        )
         self.norm = nn.RMSNorm(cfg.d_model) if is_last else None
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False) if is_last else None
         self.reset_parameters(seed)
@@ -261,8 +309,11 @@ class StageModule(nn.Module):
                     moe = expert_owner(self, name)
                     std = proj_std if name.endswith("w_out") else 0.02
                     for j in range(p.shape[0]):  # one stream per *global* expert
-                        p[j].copy_(_seeded_normal(p.shape[1:], std, seed,
-                                                  f"{name}[{moe.first_expert + j}]"))
+                        p[j].copy_(
+                            _seeded_normal(
+                                p.shape[1:], std, seed, f"{name}[{moe.first_expert + j}]"
+                            )
+                        )
                 elif "norm" in name:
                     p.fill_(1.0)
                 else:
@@ -292,8 +343,9 @@ class StageModule(nn.Module):
 def split_layers(n_layers: int, n_stages: int) -> list[list[int]]:
     """Contiguous layer ranges, as even as possible (earlier stages take the remainder)."""
     if n_stages < 1 or n_stages > n_layers:
-        raise ValueError(f"need 1 <= stages <= layers (Piper Eq. 9), got {n_stages} stages "
-                         f"for {n_layers} layers")
+        raise ValueError(
+            f"need 1 <= stages <= layers (Piper Eq. 9), got {n_stages} stages for {n_layers} layers"
+        )
     base, extra = divmod(n_layers, n_stages)
     out, start = [], 0
     for s in range(n_stages):

@@ -37,8 +37,14 @@ def attention_params(m: MoEModel) -> int:
             raise ValueError(f"{m.key}: attn_params='mla' needs the mla shapes")
         a, h = m.mla, m.heads
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        q = d * h * qk if a.q_lora_rank is None else d * a.q_lora_rank + a.q_lora_rank * h * qk + a.q_lora_rank
-        kv = d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
+        q = (
+            d * h * qk
+            if a.q_lora_rank is None
+            else d * a.q_lora_rank + a.q_lora_rank * h * qk + a.q_lora_rank
+        )
+        kv = d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * h * (
+            a.qk_nope_head_dim + a.v_head_dim
+        )
         return q + kv + a.kv_lora_rank + h * a.v_head_dim * d
     if m.attn_params == "gqa":
         h = m.heads
@@ -86,8 +92,16 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        return (self.attention + self.norms + self.routed_experts + self.shared_experts
-                + self.routers + self.dense_ffn + self.embeddings + self.extra)
+        return (
+            self.attention
+            + self.norms
+            + self.routed_experts
+            + self.shared_experts
+            + self.routers
+            + self.dense_ffn
+            + self.embeddings
+            + self.extra
+        )
 
     @property
     def active(self) -> int:
@@ -119,7 +133,9 @@ def param_counts(m: MoEModel) -> ParamCounts:
 
 def layer_params(m: MoEModel, moe: bool) -> tuple[int, int]:
     """(replicated, routed-expert) weights of one layer: what EP replicates vs splits."""
-    replicated = attention_params(m) + 2 * m.d_model + residual_ffn_params(m) + m.extra_params_per_layer
+    replicated = (
+        attention_params(m) + 2 * m.d_model + residual_ffn_params(m) + m.extra_params_per_layer
+    )
     if not moe:
         return replicated + dense_ffn_params(m), 0
     router = m.d_model * m.n_experts if m.n_experts > 1 else 0

@@ -42,7 +42,9 @@ def seq_to_head(x: torch.Tensor, lengths: list[int], rank: int, group=None) -> t
     s_local, heads, dim = x.shape
     per = heads // d_group
     # Rows for destination j: my tokens, head group j -> (D, S_r, heads/D * d) in rank order.
-    send = x.reshape(s_local, d_group, per * dim).transpose(0, 1).reshape(d_group * s_local, per * dim)
+    send = (
+        x.reshape(s_local, d_group, per * dim).transpose(0, 1).reshape(d_group * s_local, per * dim)
+    )
     recv = all_to_all_v(send, [s_local] * d_group, list(lengths), group)
     return recv.reshape(sum(lengths), per, dim)
 
@@ -54,11 +56,21 @@ def head_to_seq(y: torch.Tensor, lengths: list[int], rank: int, group=None) -> t
     s_local = lengths[rank]
     recv = all_to_all_v(y.reshape(-1, per * dim), list(lengths), [s_local] * d_group, group)
     # Received from source j: my tokens of head group j, (D, S_r, per*d) -> (S_r, D*per, d).
-    return recv.reshape(d_group, s_local, per * dim).transpose(0, 1).reshape(s_local, d_group * per, dim)
+    return (
+        recv.reshape(d_group, s_local, per * dim)
+        .transpose(0, 1)
+        .reshape(s_local, d_group * per, dim)
+    )
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
-                      causal: bool = True, lengths: list[int] | None = None) -> torch.Tensor:
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group=None,
+    causal: bool = True,
+    lengths: list[int] | None = None,
+) -> torch.Tensor:
     """Attention of this rank's chunk over the whole sequence split across ``group``.
 
     q: (S_r, H, d); k, v: (S_r, H_kv, d) with H_kv dividing H. Returns (S_r, H, d), equal to
@@ -66,29 +78,37 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=N
     """
     d_group, rank = dist.get_world_size(group), dist.get_rank(group)
     if q.dim() != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"expected q (S_r, H, d) and k, v (S_r, H_kv, d), got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q (S_r, H, d) and k, v (S_r, H_kv, d), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % d_group or kv_heads % d_group:
-        raise ValueError(f"Ulysses needs the head counts divisible by the sequence-parallel degree: "
-                         f"heads={heads}, kv_heads={kv_heads}, degree={d_group}")
+        raise ValueError(
+            f"Ulysses needs the head counts divisible by the sequence-parallel degree: "
+            f"heads={heads}, kv_heads={kv_heads}, degree={d_group}"
+        )
     if heads % kv_heads:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
     if lengths is None:
         lengths = gather_chunk_lengths(q.shape[0], group, q.device)
     elif len(lengths) != d_group or lengths[rank] != q.shape[0]:
-        raise ValueError(f"lengths {lengths} do not match the group ({d_group}) or this chunk ({q.shape[0]})")
+        raise ValueError(
+            f"lengths {lengths} do not match the group ({d_group}) or this chunk ({q.shape[0]})"
+        )
     qh, kh, vh = (seq_to_head(t, lengths, rank, group) for t in (q, k, v))
     # Query head group r (heads r*H/D...) uses key/value head group r (the same contiguous slice).
     repeat = heads // kv_heads
     kh, vh = kh.repeat_interleave(repeat, dim=1), vh.repeat_interleave(repeat, dim=1)
-    out = F.scaled_dot_product_attention(qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1),
-                                         is_causal=causal).transpose(0, 1)
+    out = F.scaled_dot_product_attention(
+        qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1), is_causal=causal
+    ).transpose(0, 1)
     return head_to_seq(out.contiguous(), lengths, rank, group)
 
 
-def alltoall_bytes_per_rank(lengths: list[int], rank: int, heads: int, kv_heads: int, head_dim: int,
-                            elem_bytes: int = 4) -> dict:
+def alltoall_bytes_per_rank(
+    lengths: list[int], rank: int, heads: int, kv_heads: int, head_dim: int, elem_bytes: int = 4
+) -> dict:
     """Bytes rank ``rank`` sends over links in one forward (backward: the same again)."""
     d_group, s_total, s_local = len(lengths), sum(lengths), lengths[rank]
     row = head_dim * elem_bytes

@@ -42,8 +42,10 @@ def shard_bounds(vocab_size: int, n_shards: int) -> list[tuple[int, int]]:
     if n_shards < 1:
         raise ValueError(f"n_shards must be >= 1, got {n_shards}")
     if vocab_size < n_shards:
-        raise ValueError(f"vocab_size={vocab_size} must be >= the group size {n_shards} "
-                         "(every rank owns at least one vocabulary column)")
+        raise ValueError(
+            f"vocab_size={vocab_size} must be >= the group size {n_shards} "
+            "(every rank owns at least one vocabulary column)"
+        )
     return even_split_bounds(vocab_size, n_shards)
 
 
@@ -96,8 +98,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         bounds = shard_bounds(vocab_size, size)
         lo_me, hi_me = bounds[rank]
         if w_local.shape[1] != hi_me - lo_me:
-            raise ValueError(f"rank {rank}: local weight has {w_local.shape[1]} columns, shard "
-                             f"[{lo_me}, {hi_me}) of V={vocab_size} over {size} ranks needs {hi_me - lo_me}")
+            raise ValueError(
+                f"rank {rank}: local weight has {w_local.shape[1]} columns, shard "
+                f"[{lo_me}, {hi_me}) of V={vocab_size} over {size} ranks needs {hi_me - lo_me}"
+            )
         if x.shape[1] != w_local.shape[0]:
             raise ValueError(f"x has hidden size {x.shape[1]}, weight has {w_local.shape[0]}")
         n = x.shape[0]
@@ -107,7 +111,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         for b, w_b in _ShardFetcher(w_local, bounds, global_ranks, rank, group).shards():
             lo_b = bounds[b][0]
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
-                logits = x @ w_b[:, lo - lo_b:hi - lo_b]
+                logits = x @ w_b[:, lo - lo_b : hi - lo_b]
                 inside = (targets >= lo) & (targets < hi)
                 idx = (targets - lo).clamp(0, hi - lo - 1)
                 picked = logits.gather(1, idx[:, None]).squeeze(1)
@@ -135,7 +139,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             lo_b, hi_b = bounds[b]
             grad_w_b = w_b.new_empty(w_b.shape) if block_cols else None
             for _, lo, hi in _column_blocks([bounds[b]], block_cols):
-                w_blk = w_b[:, lo - lo_b:hi - lo_b]
+                w_blk = w_b[:, lo - lo_b : hi - lo_b]
                 probs = (x @ w_blk).sub_(lse[:, None]).exp_()  # softmax block, recomputed in place
                 inside = (targets >= lo) & (targets < hi)
                 rows = inside.nonzero().squeeze(1)
@@ -145,7 +149,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 if hi - lo == hi_b - lo_b:  # one block per shard: write the gradient directly
                     grad_w_b = torch.mm(x.T, probs)
                 else:
-                    grad_w_b[:, lo - lo_b:hi - lo_b] = x.T @ probs
+                    grad_w_b[:, lo - lo_b : hi - lo_b] = x.T @ probs
                 del probs
             # Sum every rank's contribution to shard b onto its owner (MoP: each rank keeps its
             # own batch, so each holds a partial gradient of every shard).
@@ -156,9 +160,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad_x, grad_w_local, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(x: torch.Tensor, w_local: torch.Tensor, targets: torch.Tensor,
-                                 vocab_size: int, group=None,
-                                 block_cols: int | None = None) -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    x: torch.Tensor,
+    w_local: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    group=None,
+    block_cols: int | None = None,
+) -> torch.Tensor:
     """Per-token cross-entropy of ``x @ W_voc`` with W_voc sharded by columns over ``group``.
 
     x: this rank's own tokens (N x H, N may differ per rank, may be 0); w_local: this rank's
@@ -167,8 +176,10 @@ def vocab_parallel_cross_entropy(x: torch.Tensor, w_local: torch.Tensor, targets
     each shard into column blocks of at most that many columns (lower peak, same result).
     """
     if targets.dtype != torch.int64 or targets.shape != (x.shape[0],):
-        raise ValueError(f"targets must be int64 of shape ({x.shape[0]},), got {targets.dtype} "
-                         f"{tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must be int64 of shape ({x.shape[0]},), got {targets.dtype} "
+            f"{tuple(targets.shape)}"
+        )
     if x.shape[0] and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
         raise ValueError(f"targets must lie in [0, {vocab_size})")
     if block_cols is not None and block_cols < 1:
@@ -179,12 +190,16 @@ def vocab_parallel_cross_entropy(x: torch.Tensor, w_local: torch.Tensor, targets
 def shard_bytes_per_rank(hidden: int, vocab_size: int, n_shards: int, elem_bytes: int = 4) -> dict:
     """Communication bytes one rank moves per forward+backward (see module docstring)."""
     hv = hidden * vocab_size * elem_bytes
-    return {"forward_broadcast_bytes": hv, "backward_broadcast_bytes": hv,
-            "backward_reduce_bytes": hv if n_shards > 1 else 0}
+    return {
+        "forward_broadcast_bytes": hv,
+        "backward_broadcast_bytes": hv,
+        "backward_reduce_bytes": hv if n_shards > 1 else 0,
+    }
 
 
-def peak_activation_model_bytes(tokens: int, hidden: int, vocab_size: int, n_shards: int,
-                                elem_bytes: int = 4) -> dict:
+def peak_activation_model_bytes(
+    tokens: int, hidden: int, vocab_size: int, n_shards: int, elem_bytes: int = 4
+) -> dict:
     """Resident-tensor model of the peak (bytes) for the dense loss and for the sharded one.
 
     dense (F.cross_entropy on X W): forward keeps the log-softmax output N V (saved for its
@@ -195,5 +210,7 @@ def peak_activation_model_bytes(tokens: int, hidden: int, vocab_size: int, n_sha
     """
     v_b = -(-vocab_size // n_shards)
     e = elem_bytes
-    return {"dense_bytes": 3 * tokens * vocab_size * e,
-            "sharded_bytes": (tokens * v_b + 4 * hidden * v_b) * e}
+    return {
+        "dense_bytes": 3 * tokens * vocab_size * e,
+        "sharded_bytes": (tokens * v_b + 4 * hidden * v_b) * e,
+    }

@@ -13,7 +13,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from moe_repro.components.moe.grouped_gemm import (  # noqa: F401  (re-exported)
-    get_grouped_gemm, grouped_gemm, grouped_gemm_names)
+    get_grouped_gemm,
+    grouped_gemm,
+    grouped_gemm_names,
+)
 
 ACTIVATIONS = ("swiglu", "gelu", "relu")
 
@@ -26,9 +29,16 @@ class ExpertMLP(nn.Module):
     ``forward_padded`` takes the capacity-padded [E, C, H] buffer of components/moe/padded_moe.py.
     """
 
-    def __init__(self, num_experts: int, d_model: int, d_ffn: int, activation: str = "swiglu",
-                 gemm: str = "sequential", dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        num_experts: int,
+        d_model: int,
+        d_ffn: int,
+        activation: str = "swiglu",
+        gemm: str = "sequential",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -38,10 +48,13 @@ class ExpertMLP(nn.Module):
         self.num_experts, self.d_model, self.d_ffn = num_experts, d_model, d_ffn
         self.activation, self.gemm = activation, gemm
         kw = {"dtype": dtype, "device": device}
-        self.w_in = nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model ** -0.5)
-        self.w_gate = (nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model ** -0.5)
-                       if activation == "swiglu" else None)
-        self.w_out = nn.Parameter(torch.randn(num_experts, d_ffn, d_model, **kw) * d_ffn ** -0.5)
+        self.w_in = nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model**-0.5)
+        self.w_gate = (
+            nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model**-0.5)
+            if activation == "swiglu"
+            else None
+        )
+        self.w_out = nn.Parameter(torch.randn(num_experts, d_ffn, d_model, **kw) * d_ffn**-0.5)
 
     @property
     def n_mat(self) -> int:
@@ -53,13 +66,20 @@ class ExpertMLP(nn.Module):
             return F.silu(gate) * up
         return F.gelu(up) if self.activation == "gelu" else F.relu(up)
 
-    def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor,
-                gemm: str | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, tokens_per_expert: torch.Tensor, gemm: str | None = None
+    ) -> torch.Tensor:
         """x [N, H] grouped by expert, tokens_per_expert [E] -> [N, H]."""
         variant = gemm or self.gemm
         up = grouped_gemm(x, self.w_in, tokens_per_expert, variant)
-        gate = grouped_gemm(x, self.w_gate, tokens_per_expert, variant) if self.w_gate is not None else None
-        return grouped_gemm(self.hidden_activation(up, gate), self.w_out, tokens_per_expert, variant)
+        gate = (
+            grouped_gemm(x, self.w_gate, tokens_per_expert, variant)
+            if self.w_gate is not None
+            else None
+        )
+        return grouped_gemm(
+            self.hidden_activation(up, gate), self.w_out, tokens_per_expert, variant
+        )
 
     def forward_padded(self, x: torch.Tensor) -> torch.Tensor:
         """x [E, C, H] (zero rows where an expert has fewer than C tokens) -> [E, C, H]."""

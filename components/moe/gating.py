@@ -26,13 +26,14 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 @dataclass
 class GateOutput:
-    top_experts: torch.Tensor      # int64 [S, k], each token's experts, best first
+    top_experts: torch.Tensor  # int64 [S, k], each token's experts, best first
     combine_weights: torch.Tensor  # float [S, k], the matching weights (differentiable)
-    scores: torch.Tensor           # float [S, E], all scores (for load-balancing losses)
+    scores: torch.Tensor  # float [S, E], all scores (for load-balancing losses)
 
 
-def top_k_gating(logits: torch.Tensor, top_k: int, score: str = "softmax",
-                 normalize: bool | None = None) -> GateOutput:
+def top_k_gating(
+    logits: torch.Tensor, top_k: int, score: str = "softmax", normalize: bool | None = None
+) -> GateOutput:
     """Score [S, E] logits and keep the top-k experts per token.
 
     ``normalize`` (rescale the k weights to sum to 1) defaults to False for softmax and True for
@@ -60,17 +61,29 @@ def top_k_gating(logits: torch.Tensor, top_k: int, score: str = "softmax",
 class TopKGate(nn.Module):
     """Linear router W_g [H, E] followed by :func:`top_k_gating`."""
 
-    def __init__(self, d_model: int, num_experts: int, top_k: int, score: str = "softmax",
-                 normalize: bool | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        num_experts: int,
+        top_k: int,
+        score: str = "softmax",
+        normalize: bool | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         if score not in SCORE_FUNCTIONS:
             raise ValueError(f"score must be one of {SCORE_FUNCTIONS}, got {score!r}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
-        self.num_experts, self.top_k, self.score, self.normalize = num_experts, top_k, score, normalize
+        self.num_experts, self.top_k, self.score, self.normalize = (
+            num_experts,
+            top_k,
+            score,
+            normalize,
+        )
         self.weight = nn.Parameter(torch.empty(d_model, num_experts, dtype=dtype, device=device))
-        nn.init.normal_(self.weight, std=d_model ** -0.5)
+        nn.init.normal_(self.weight, std=d_model**-0.5)
 
     def forward(self, x: torch.Tensor) -> GateOutput:
         return top_k_gating(x @ self.weight, self.top_k, self.score, self.normalize)

@@ -66,8 +66,9 @@ def grouped_gemm_names() -> tuple[str, ...]:
 
 def get_grouped_gemm(name: str) -> GroupedGemmKernel:
     if name not in GROUPED_GEMM_KERNELS:
-        raise ValueError(f"unknown grouped GEMM kernel {name!r}; "
-                         f"known: {', '.join(GROUPED_GEMM_KERNELS)}")
+        raise ValueError(
+            f"unknown grouped GEMM kernel {name!r}; known: {', '.join(GROUPED_GEMM_KERNELS)}"
+        )
     kernel = GROUPED_GEMM_KERNELS[name]
     why = kernel.unavailable()
     if why:
@@ -75,13 +76,16 @@ def get_grouped_gemm(name: str) -> GroupedGemmKernel:
     return kernel
 
 
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor,
-                 variant: str = "sequential") -> torch.Tensor:
+def grouped_gemm(
+    x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor, variant: str = "sequential"
+) -> torch.Tensor:
     """y[rows of g] = x[rows of g] @ w[g] for x [N, K], w [G, K, M] -> [N, M], with the
     registered kernel named ``variant``."""
     kernel = get_grouped_gemm(variant)
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"need x [N, K] and w [G, K, M], got {tuple(x.shape)} and {tuple(w.shape)}")
+        raise ValueError(
+            f"need x [N, K] and w [G, K, M], got {tuple(x.shape)} and {tuple(w.shape)}"
+        )
     counts = torch.as_tensor(tokens_per_group, dtype=torch.int64)
     if counts.numel() != w.shape[0]:
         raise ValueError(f"{counts.numel()} group sizes for {w.shape[0]} weight matrices")
@@ -92,6 +96,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tenso
 
 # --- the kernels --------------------------------------------------------------------------------
 
+
 def _sequential(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     chunks = torch.split(x, counts.tolist(), dim=0)
     return torch.cat([chunk @ w[g] for g, chunk in enumerate(chunks)], dim=0)
@@ -100,9 +105,13 @@ def _sequential(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch
 def _padded_bmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     groups, rows = w.shape[0], x.shape[0]
     max_rows = int(counts.max()) if groups else 0
-    group_of_row = torch.repeat_interleave(torch.arange(groups, device=x.device), counts.to(x.device))
+    group_of_row = torch.repeat_interleave(
+        torch.arange(groups, device=x.device), counts.to(x.device)
+    )
     group_start = torch.cumsum(counts, 0).to(x.device) - counts.to(x.device)
-    slot_of_row = group_of_row * max_rows + (torch.arange(rows, device=x.device) - group_start[group_of_row])
+    slot_of_row = group_of_row * max_rows + (
+        torch.arange(rows, device=x.device) - group_start[group_of_row]
+    )
     padded = x.new_zeros(groups * max_rows, x.shape[1]).index_copy(0, slot_of_row, x)
     out = torch.bmm(padded.view(groups, max_rows, x.shape[1]), w)
     return out.reshape(groups * max_rows, w.shape[2]).index_select(0, slot_of_row)
@@ -140,12 +149,21 @@ def _grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch
     return _ContiguousGrad.apply(y)[:, :out_cols]
 
 
-register_grouped_gemm(GroupedGemmKernel(
-    "sequential", "one matmul per group in a Python loop (X-MoE App. B.4)", _sequential))
-register_grouped_gemm(GroupedGemmKernel(
-    "padded_bmm", "groups zero-padded to the largest, one batched matmul", _padded_bmm))
-register_grouped_gemm(GroupedGemmKernel(
-    "grouped_mm", "torch._grouped_mm, one kernel over int32 group offsets", _grouped_mm))
+register_grouped_gemm(
+    GroupedGemmKernel(
+        "sequential", "one matmul per group in a Python loop (X-MoE App. B.4)", _sequential
+    )
+)
+register_grouped_gemm(
+    GroupedGemmKernel(
+        "padded_bmm", "groups zero-padded to the largest, one batched matmul", _padded_bmm
+    )
+)
+register_grouped_gemm(
+    GroupedGemmKernel(
+        "grouped_mm", "torch._grouped_mm, one kernel over int32 group offsets", _grouped_mm
+    )
+)
 
 
 def _triton(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -154,6 +172,11 @@ def _triton(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Ten
     return triton_kernels.grouped_gemm(x, w, counts)
 
 
-register_grouped_gemm(GroupedGemmKernel(
-    "triton", "Triton kernel over per-group row tiles, fp32 accumulation (X-MoE App. B.4)",
-    _triton, unavailable=triton_unavailable))
+register_grouped_gemm(
+    GroupedGemmKernel(
+        "triton",
+        "Triton kernel over per-group row tiles, fp32 accumulation (X-MoE App. B.4)",
+        _triton,
+        unavailable=triton_unavailable,
+    )
+)

@@ -17,8 +17,14 @@ from typing import Callable
 
 from moe_repro.components.moe.moe_layer import expert_capacity, float_expert_capacity
 
-ONE_RANK_STAGES = ("gating", "buffer_dispatch", "dispatch_a2a", "expert", "combine_a2a",
-                   "buffer_combine")
+ONE_RANK_STAGES = (
+    "gating",
+    "buffer_dispatch",
+    "dispatch_a2a",
+    "expert",
+    "combine_a2a",
+    "buffer_combine",
+)
 PEER_STAGES = ("gating", "buffer_dispatch", "expert", "buffer_combine")
 
 
@@ -39,7 +45,9 @@ class MoEImpl:
     ep_layer: bool  # has a whole expert-parallel layer (ranks > 1, backward)
     backward: bool  # its whole-layer pass has a backward
     dtypes: tuple[str, ...]
-    drop_policy: str | None  # which pairs it keeps above capacity (pft.DROP_POLICIES); None: no drop
+    drop_policy: (
+        str | None
+    )  # which pairs it keeps above capacity (pft.DROP_POLICIES); None: no drop
     renormalize_after_drop: bool  # weights rescaled over the kept pairs (DeepSpeed)
     # (tokens, experts, top_k, factor) -> capacity, in the implementation's own arithmetic
     capacity: Callable[[int, int, int, float], int | None]
@@ -47,8 +55,14 @@ class MoEImpl:
     # our MoELayer's options that give this implementation's semantics (references, weights)
     layer_options: dict = field(default_factory=dict)
 
-    def supports(self, *, ranks: int = 1, backward: bool = False, dtype: str = "float32",
-                 stage: str | None = None) -> str | None:
+    def supports(
+        self,
+        *,
+        ranks: int = 1,
+        backward: bool = False,
+        dtype: str = "float32",
+        stage: str | None = None,
+    ) -> str | None:
         """None when it supports this, else a one-line reason."""
         if dtype not in self.dtypes:
             return f"impl {self.name} runs in {', '.join(self.dtypes)}, not {dtype}"
@@ -58,10 +72,14 @@ class MoEImpl:
             return f"impl {self.name} has no backward pass here"
         if self.whole_layer_only(ranks=ranks, backward=backward):
             if stage is not None and stage != "layer":
-                return (f"impl {self.name} with ranks={ranks}, backward={int(backward)} runs as a "
-                        f"whole layer: stage=layer, got {stage!r}")
+                return (
+                    f"impl {self.name} with ranks={ranks}, backward={int(backward)} runs as a "
+                    f"whole layer: stage=layer, got {stage!r}"
+                )
         elif stage is not None and stage not in (*self.stages, "layer", "total"):
-            return f"impl {self.name} has stages {', '.join(self.stages)}, layer, total; got {stage!r}"
+            return (
+                f"impl {self.name} has stages {', '.join(self.stages)}, layer, total; got {stage!r}"
+            )
         return None
 
     def whole_layer_only(self, *, ranks: int, backward: bool) -> bool:
@@ -88,7 +106,9 @@ def get_impl(name: str) -> MoEImpl:
 
 def impl_names(**facts) -> tuple[str, ...]:
     """Names whose facts equal every keyword given, e.g. ``impl_names(ep_layer=True)``."""
-    return tuple(n for n, i in MOE_IMPLS.items() if all(getattr(i, k) == v for k, v in facts.items()))
+    return tuple(
+        n for n, i in MOE_IMPLS.items() if all(getattr(i, k) == v for k, v in facts.items())
+    )
 
 
 def _ours_capacity(tokens, experts, top_k, factor):
@@ -99,23 +119,101 @@ def _megatron_capacity(tokens, experts, top_k, factor):  # get_capacity(S * k, E
     return float_expert_capacity(tokens, experts, top_k, factor)
 
 
-register(MoEImpl("pft", "padding-free (ours)", "pft", None, ONE_RANK_STAGES, ep_layer=True,
-                 backward=True, dtypes=("float32", "bfloat16"), drop_policy="probs",
-                 renormalize_after_drop=False, capacity=_ours_capacity, routes_on_fp32_logits=False))
-register(MoEImpl("padded", "capacity-padded (ours)", "padded", None, ONE_RANK_STAGES, ep_layer=True,
-                 backward=False, dtypes=("float32", "bfloat16"), drop_policy="slot",
-                 renormalize_after_drop=False, capacity=_ours_capacity, routes_on_fp32_logits=False))
-register(MoEImpl("megatron", "Megatron-core (token dropping)", "peer", "megatron-core", PEER_STAGES,
-                 ep_layer=True, backward=True, dtypes=("float32", "bfloat16"), drop_policy="probs",
-                 renormalize_after_drop=False, capacity=_megatron_capacity, routes_on_fp32_logits=True))
-register(MoEImpl("megatron-nodrop", "Megatron-core (dropless)", "peer", "megatron-core", PEER_STAGES,
-                 ep_layer=True, backward=True, dtypes=("float32", "bfloat16"), drop_policy=None,
-                 renormalize_after_drop=False, capacity=lambda *_: None, routes_on_fp32_logits=True,
-                 layer_options={"capacity_factor": None}))
-register(MoEImpl("deepspeed", "DeepSpeed MOELayer (sparse)", "peer", "deepspeed", PEER_STAGES,
-                 ep_layer=True, backward=True, dtypes=("float32", "bfloat16"), drop_policy="probs",
-                 renormalize_after_drop=True, capacity=_deepspeed_capacity, routes_on_fp32_logits=True,
-                 layer_options={"drop_policy": "probs", "renormalize_after_drop": True}))
-register(MoEImpl("deepspeed-einsum", "DeepSpeed GShard einsums", "peer", "deepspeed", PEER_STAGES,
-                 ep_layer=False, backward=False, dtypes=("float32", "bfloat16"), drop_policy="probs",
-                 renormalize_after_drop=True, capacity=_deepspeed_capacity, routes_on_fp32_logits=True))
+register(
+    MoEImpl(
+        "pft",
+        "padding-free (ours)",
+        "pft",
+        None,
+        ONE_RANK_STAGES,
+        ep_layer=True,
+        backward=True,
+        dtypes=("float32", "bfloat16"),
+        drop_policy="probs",
+        renormalize_after_drop=False,
+        capacity=_ours_capacity,
+        routes_on_fp32_logits=False,
+    )
+)
+register(
+    MoEImpl(
+        "padded",
+        "capacity-padded (ours)",
+        "padded",
+        None,
+        ONE_RANK_STAGES,
+        ep_layer=True,
+        backward=False,
+        dtypes=("float32", "bfloat16"),
+        drop_policy="slot",
+        renormalize_after_drop=False,
+        capacity=_ours_capacity,
+        routes_on_fp32_logits=False,
+    )
+)
+register(
+    MoEImpl(
+        "megatron",
+        "Megatron-core (token dropping)",
+        "peer",
+        "megatron-core",
+        PEER_STAGES,
+        ep_layer=True,
+        backward=True,
+        dtypes=("float32", "bfloat16"),
+        drop_policy="probs",
+        renormalize_after_drop=False,
+        capacity=_megatron_capacity,
+        routes_on_fp32_logits=True,
+    )
+)
+register(
+    MoEImpl(
+        "megatron-nodrop",
+        "Megatron-core (dropless)",
+        "peer",
+        "megatron-core",
+        PEER_STAGES,
+        ep_layer=True,
+        backward=True,
+        dtypes=("float32", "bfloat16"),
+        drop_policy=None,
+        renormalize_after_drop=False,
+        capacity=lambda *_: None,
+        routes_on_fp32_logits=True,
+        layer_options={"capacity_factor": None},
+    )
+)
+register(
+    MoEImpl(
+        "deepspeed",
+        "DeepSpeed MOELayer (sparse)",
+        "peer",
+        "deepspeed",
+        PEER_STAGES,
+        ep_layer=True,
+        backward=True,
+        dtypes=("float32", "bfloat16"),
+        drop_policy="probs",
+        renormalize_after_drop=True,
+        capacity=_deepspeed_capacity,
+        routes_on_fp32_logits=True,
+        layer_options={"drop_policy": "probs", "renormalize_after_drop": True},
+    )
+)
+register(
+    MoEImpl(
+        "deepspeed-einsum",
+        "DeepSpeed GShard einsums",
+        "peer",
+        "deepspeed",
+        PEER_STAGES,
+        ep_layer=False,
+        backward=False,
+        dtypes=("float32", "bfloat16"),
+        drop_policy="probs",
+        renormalize_after_drop=True,
+        capacity=_deepspeed_capacity,
+        routes_on_fp32_logits=True,
+    )
+)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,8 +36,15 @@ from torch import nn
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.moe.expert_mlp import ExpertMLP
 from moe_repro.components.moe.gating import GateOutput, TopKGate
-from moe_repro.components.moe.pft import (COMBINE_ACCUMULATE, DROP_POLICIES, PFT, build_pft, gather_tokens,
-                                          inverse_permutation, scatter_combine)
+from moe_repro.components.moe.pft import (
+    COMBINE_ACCUMULATE,
+    DROP_POLICIES,
+    PFT,
+    build_pft,
+    gather_tokens,
+    inverse_permutation,
+    scatter_combine,
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,11 @@ class ExpertPlacement:
         flat = sorted(e for experts in self.experts_of_rank for e in experts)
         if flat != list(range(len(flat))):
             raise ValueError("a placement must give every expert 0..E-1 to exactly one rank")
-        object.__setattr__(self, "experts_of_rank",
-                           tuple(tuple(sorted(experts)) for experts in self.experts_of_rank))
+        object.__setattr__(
+            self,
+            "experts_of_rank",
+            tuple(tuple(sorted(experts)) for experts in self.experts_of_rank),
+        )
 
     @classmethod
     def contiguous(cls, num_experts: int, world_size: int) -> "ExpertPlacement":
@@ -63,8 +73,12 @@ class ExpertPlacement:
 
     @classmethod
     def from_ranks(cls, rank_of_expert: list[int], world_size: int) -> "ExpertPlacement":
-        return cls(tuple(tuple(e for e, r in enumerate(rank_of_expert) if r == rank)
-                         for rank in range(world_size)))
+        return cls(
+            tuple(
+                tuple(e for e, r in enumerate(rank_of_expert) if r == rank)
+                for rank in range(world_size)
+            )
+        )
 
     @property
     def num_experts(self) -> int:
@@ -90,17 +104,18 @@ class ExpertPlacement:
 class DispatchPlan:
     """What expert compute and combine need from one dispatch."""
 
-    tokens_per_local_expert: torch.Tensor        # int64 [E_local]
-    expert_order: torch.Tensor | None = None     # received rows -> expert-major rows (None: local)
-    weights: torch.Tensor | None = None          # combine weight of each received row (EP only)
+    tokens_per_local_expert: torch.Tensor  # int64 [E_local]
+    expert_order: torch.Tensor | None = None  # received rows -> expert-major rows (None: local)
+    weights: torch.Tensor | None = None  # combine weight of each received row (EP only)
 
     @property
     def expert_parallel(self) -> bool:
         return self.expert_order is not None
 
 
-def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float,
-                    min_capacity: int = 1) -> int:
+def expert_capacity(
+    num_tokens: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int = 1
+) -> int:
     """C = ceil(capacity_factor * S * k / E) (GShard; X-MoE Sec. 5.1 uses c = 1.25), exactly.
 
     The factor is read as the decimal the user wrote (``Fraction(str(1.1)) == 11/10``) and the
@@ -113,16 +128,19 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor must be positive, got {capacity_factor}")
     if num_tokens < 0 or num_experts < 1 or top_k < 1:
-        raise ValueError(f"need tokens >= 0, experts >= 1, top_k >= 1; got S={num_tokens}, "
-                         f"E={num_experts}, k={top_k}")
+        raise ValueError(
+            f"need tokens >= 0, experts >= 1, top_k >= 1; got S={num_tokens}, "
+            f"E={num_experts}, k={top_k}"
+        )
     factor = Fraction(str(capacity_factor))
     numerator = factor.numerator * num_tokens * top_k
     denominator = factor.denominator * num_experts
     return max(min_capacity, -(-numerator // denominator))
 
 
-def float_expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float,
-                          min_capacity: int = 1) -> int:
+def float_expert_capacity(
+    num_tokens: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int = 1
+) -> int:
     """``ceil(S * k / E * c)`` in floating point, as DeepSpeed (``_capacity``, where the factor
     passed is c*k) and Megatron (``get_capacity`` with S*k tokens) compute it; may exceed
     :func:`expert_capacity` by one. Used only to feed peers the capacity they would compute."""
@@ -165,49 +183,79 @@ class MoELayer(nn.Module):
     ``combine_accumulate`` "float32" | "input" (fp32 sums for bf16/fp16, as Megatron/DeepSpeed).
     """
 
-    def __init__(self, d_model: int, d_ffn: int, num_experts: int, top_k: int, *,
-                 score: str = "softmax", normalize: bool | None = None, num_shared: int = 0,
-                 activation: str = "swiglu", gemm: str = "sequential",
-                 capacity_factor: float | None = None, drop_policy: str = "probs",
-                 renormalize_after_drop: bool = False, combine_accumulate: str = "float32",
-                 expert_parallel: bool = False,
-                 ep_group=None, placement: ExpertPlacement | None = None,
-                 all_to_all: str = "flat", dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        d_ffn: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        score: str = "softmax",
+        normalize: bool | None = None,
+        num_shared: int = 0,
+        activation: str = "swiglu",
+        gemm: str = "sequential",
+        capacity_factor: float | None = None,
+        drop_policy: str = "probs",
+        renormalize_after_drop: bool = False,
+        combine_accumulate: str = "float32",
+        expert_parallel: bool = False,
+        ep_group=None,
+        placement: ExpertPlacement | None = None,
+        all_to_all: str = "flat",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.d_model, self.d_ffn, self.num_experts, self.top_k = d_model, d_ffn, num_experts, top_k
         # Gating semantics (defaults: X-MoE's; see pft.DROP_POLICIES for the peers each names).
         if drop_policy not in DROP_POLICIES:
-            raise ValueError(f"drop_policy must be one of {', '.join(DROP_POLICIES)}, got {drop_policy!r}")
+            raise ValueError(
+                f"drop_policy must be one of {', '.join(DROP_POLICIES)}, got {drop_policy!r}"
+            )
         if combine_accumulate not in COMBINE_ACCUMULATE:
-            raise ValueError(f"combine_accumulate must be one of {COMBINE_ACCUMULATE}, "
-                             f"got {combine_accumulate!r}")
+            raise ValueError(
+                f"combine_accumulate must be one of {COMBINE_ACCUMULATE}, "
+                f"got {combine_accumulate!r}"
+            )
         self.capacity_factor, self.drop_policy = capacity_factor, drop_policy
-        self.renormalize_after_drop, self.combine_accumulate = renormalize_after_drop, combine_accumulate
+        self.renormalize_after_drop, self.combine_accumulate = (
+            renormalize_after_drop,
+            combine_accumulate,
+        )
         self.expert_parallel, self.ep_group = expert_parallel, ep_group
         if all_to_all not in algorithm_names():  # every registered dispatcher trains
-            raise ValueError(f"all_to_all must be one of {', '.join(algorithm_names())}, got {all_to_all!r}")
+            raise ValueError(
+                f"all_to_all must be one of {', '.join(algorithm_names())}, got {all_to_all!r}"
+            )
         self.all_to_all = all_to_all
         if expert_parallel:
             world, self.ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
             self.placement = placement or ExpertPlacement.contiguous(num_experts, world)
             if self.placement.world_size != world:
-                raise ValueError(f"placement is for {self.placement.world_size} ranks, "
-                                 f"the EP group has {world}")
+                raise ValueError(
+                    f"placement is for {self.placement.world_size} ranks, the EP group has {world}"
+                )
         else:
             self.ep_rank = 0
             self.placement = placement or ExpertPlacement.contiguous(num_experts, 1)
             if self.placement.world_size != 1:
                 raise ValueError("a multi-rank placement needs expert_parallel=True")
         if self.placement.num_experts != num_experts:
-            raise ValueError(f"placement covers {self.placement.num_experts} experts, layer has {num_experts}")
+            raise ValueError(
+                f"placement covers {self.placement.num_experts} experts, layer has {num_experts}"
+            )
         self.local_experts = list(self.placement.experts_of_rank[self.ep_rank])
         self.dispatcher = self._make_dispatcher()
         kw = {"dtype": dtype, "device": device}
         self.gate = TopKGate(d_model, num_experts, top_k, score, normalize, **kw)
         self.experts = ExpertMLP(len(self.local_experts), d_model, d_ffn, activation, gemm, **kw)
         # DeepSeek-MoE shared experts: always active, so one dense FFN num_shared * d_ffn wide.
-        self.shared = (ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
-                       if num_shared else None)
+        self.shared = (
+            ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
+            if num_shared
+            else None
+        )
 
     def _make_dispatcher(self):
         """The one dispatch path: the registered algorithm's dispatcher on the EP group for the
@@ -216,8 +264,10 @@ class MoELayer(nn.Module):
         if not self.expert_parallel:
             return None
         return get_algorithm(self.all_to_all).group_dispatcher(
-            self.placement.rank_of_expert().tolist(), self.ep_group,
-            generator=torch.Generator().manual_seed(self.ep_rank))
+            self.placement.rank_of_expert().tolist(),
+            self.ep_group,
+            generator=torch.Generator().manual_seed(self.ep_rank),
+        )
 
     def set_placement(self, placement: ExpertPlacement) -> None:
         """Adopt a new expert placement (after expert migration moved the weights): the local
@@ -228,14 +278,27 @@ class MoELayer(nn.Module):
         self.dispatcher = self._make_dispatcher()
 
     @classmethod
-    def from_config(cls, config: MoEConfig, *, expert_parallel: bool = False, ep_group=None,
-                    placement: ExpertPlacement | None = None, device=None) -> "MoELayer":
+    def from_config(
+        cls,
+        config: MoEConfig,
+        *,
+        expert_parallel: bool = False,
+        ep_group=None,
+        placement: ExpertPlacement | None = None,
+        device=None,
+    ) -> "MoELayer":
         from dataclasses import asdict
 
         options = asdict(config)
         dims = [options.pop(k) for k in ("d_model", "d_ffn", "num_experts", "top_k")]
-        return cls(*dims, **options, expert_parallel=expert_parallel, ep_group=ep_group,
-                   placement=placement, device=device)
+        return cls(
+            *dims,
+            **options,
+            expert_parallel=expert_parallel,
+            ep_group=ep_group,
+            placement=placement,
+            device=device,
+        )
 
     # --- stages (X-MoE Fig. 11 names) ---------------------------------------------------------
     def route(self, x: torch.Tensor) -> GateOutput:
@@ -243,11 +306,21 @@ class MoELayer(nn.Module):
         return self.gate(x)
 
     def make_pft(self, gate_out: GateOutput) -> PFT:
-        capacity = (None if self.capacity_factor is None else
-                    expert_capacity(gate_out.top_experts.shape[0], self.num_experts, self.top_k,
-                                    self.capacity_factor))
-        return build_pft(gate_out.top_experts, gate_out.combine_weights, self.num_experts, capacity,
-                         drop_policy=self.drop_policy, renormalize=self.renormalize_after_drop)
+        capacity = (
+            None
+            if self.capacity_factor is None
+            else expert_capacity(
+                gate_out.top_experts.shape[0], self.num_experts, self.top_k, self.capacity_factor
+            )
+        )
+        return build_pft(
+            gate_out.top_experts,
+            gate_out.combine_weights,
+            self.num_experts,
+            capacity,
+            drop_policy=self.drop_policy,
+            renormalize=self.renormalize_after_drop,
+        )
 
     def buffer_dispatch(self, x: torch.Tensor, pft: PFT) -> torch.Tensor:
         return gather_tokens(x, pft)
@@ -259,16 +332,21 @@ class MoELayer(nn.Module):
         alltoall and dispatch-stages suites time), differentiable; its rows come source-major,
         each source's rows expert-ascending, and are regrouped by expert here."""
         if self.dispatcher is None:
-            return self.buffer_dispatch(x, pft), DispatchPlan(tokens_per_local_expert=pft.tokens_per_expert)
+            return self.buffer_dispatch(x, pft), DispatchPlan(
+                tokens_per_local_expert=pft.tokens_per_expert
+            )
         received = self.dispatcher.dispatch(x, pft)
         weights = self.dispatcher.received_weights(pft.combine_weights)
         counts = self.dispatcher.expert_counts_from_each_rank(pft.tokens_per_expert)  # [W][E]
         from_source = torch.tensor(counts, dtype=torch.int64)[:, self.local_experts]  # [W, E_local]
         local_expert_of_row = torch.repeat_interleave(
-            torch.arange(len(self.local_experts)).repeat(from_source.shape[0]), from_source.reshape(-1))
+            torch.arange(len(self.local_experts)).repeat(from_source.shape[0]),
+            from_source.reshape(-1),
+        )
         expert_order = torch.argsort(local_expert_of_row, stable=True).to(received.device)
         return received.index_select(0, expert_order), DispatchPlan(
-            tokens_per_local_expert=from_source.sum(0), expert_order=expert_order, weights=weights)
+            tokens_per_local_expert=from_source.sum(0), expert_order=expert_order, weights=weights
+        )
 
     def expert_compute(self, expert_in: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
         return self.experts(expert_in, plan.tokens_per_local_expert)

@@ -36,14 +36,15 @@ def capacity_positions(top_experts: torch.Tensor, num_experts: int) -> torch.Ten
     return positions.sum(dim=1).view(top_k, num_tokens).t()
 
 
-def dispatch_and_combine_masks(gate_out: GateOutput, num_experts: int,
-                               capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+def dispatch_and_combine_masks(
+    gate_out: GateOutput, num_experts: int, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """dispatch_mask [S, E, C] (0/1) and combine tensor [S, E, C] (weights), dense, as DeepSpeed."""
     experts, weights = gate_out.top_experts, gate_out.combine_weights
     positions = capacity_positions(experts, num_experts)
     kept = positions < capacity
-    slot = torch.nn.functional.one_hot(positions.clamp(max=capacity - 1), capacity)   # [S, k, C]
-    expert = torch.nn.functional.one_hot(experts, num_experts)                        # [S, k, E]
+    slot = torch.nn.functional.one_hot(positions.clamp(max=capacity - 1), capacity)  # [S, k, C]
+    expert = torch.nn.functional.one_hot(experts, num_experts)  # [S, k, E]
     pair = (expert * kept.unsqueeze(-1)).to(weights.dtype)
     dispatch_mask = torch.einsum("ske,skc->sec", pair, slot.to(weights.dtype))
     combine = torch.einsum("ske,skc->sec", pair * weights.unsqueeze(-1), slot.to(weights.dtype))
@@ -71,8 +72,9 @@ class PaddedMoELayer(MoELayer):
         return cap
 
     def make_masks(self, gate_out: GateOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        return dispatch_and_combine_masks(gate_out, self.num_experts,
-                                          self.capacity(gate_out.top_experts.shape[0]))
+        return dispatch_and_combine_masks(
+            gate_out, self.num_experts, self.capacity(gate_out.top_experts.shape[0])
+        )
 
     def buffer_dispatch_padded(self, x: torch.Tensor, dispatch_mask: torch.Tensor) -> torch.Tensor:
         return torch.einsum("sec,sh->ech", dispatch_mask.to(x.dtype), x)
@@ -84,9 +86,15 @@ class PaddedMoELayer(MoELayer):
         world, (experts, cap, hidden) = self.placement.world_size, buffers.shape
         local = experts // world
         rows = [local * cap] * world
-        received = all_to_all_v(buffers.reshape(experts * cap, hidden), rows, rows, group=self.ep_group)
+        received = all_to_all_v(
+            buffers.reshape(experts * cap, hidden), rows, rows, group=self.ep_group
+        )
         # received: [W(source), E_local, C, H] -> expert-major [E_local, W*C, H]
-        return received.view(world, local, cap, hidden).transpose(0, 1).reshape(local, world * cap, hidden)
+        return (
+            received.view(world, local, cap, hidden)
+            .transpose(0, 1)
+            .reshape(local, world * cap, hidden)
+        )
 
     def expert_compute_padded(self, expert_in: torch.Tensor) -> torch.Tensor:
         return self.experts.forward_padded(expert_in)
@@ -96,12 +104,16 @@ class PaddedMoELayer(MoELayer):
             return expert_out
         world = self.placement.world_size
         local, _, hidden = expert_out.shape
-        source_major = expert_out.view(local, world, capacity, hidden).transpose(0, 1).reshape(-1, hidden)
+        source_major = (
+            expert_out.view(local, world, capacity, hidden).transpose(0, 1).reshape(-1, hidden)
+        )
         rows = [local * capacity] * world
         back = all_to_all_v(source_major, rows, rows, group=self.ep_group)
         return back.view(self.num_experts, capacity, hidden)
 
-    def buffer_combine_padded(self, combine_in: torch.Tensor, combine: torch.Tensor) -> torch.Tensor:
+    def buffer_combine_padded(
+        self, combine_in: torch.Tensor, combine: torch.Tensor
+    ) -> torch.Tensor:
         return torch.einsum("sec,ech->sh", combine.to(combine_in.dtype), combine_in)
 
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
@@ -109,5 +121,5 @@ class PaddedMoELayer(MoELayer):
         expert_in = self.dispatch_alltoall_padded(self.buffer_dispatch_padded(x, dispatch_mask))
         expert_out = self.expert_compute_padded(expert_in)
         return self.buffer_combine_padded(
-            self.combine_alltoall_padded(expert_out, dispatch_mask.shape[2]), combine)
-
+            self.combine_alltoall_padded(expert_out, dispatch_mask.shape[2]), combine
+        )

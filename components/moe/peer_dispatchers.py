@@ -51,7 +51,9 @@ def peer_dispatcher_names() -> tuple[str, ...]:
 
 def get_peer_dispatcher(name: str) -> PeerDispatcher:
     if name not in PEER_DISPATCHERS:
-        raise ValueError(f"peer dispatcher must be one of {', '.join(PEER_DISPATCHERS)}, got {name!r}")
+        raise ValueError(
+            f"peer dispatcher must be one of {', '.join(PEER_DISPATCHERS)}, got {name!r}"
+        )
     return PEER_DISPATCHERS[name]
 
 
@@ -61,7 +63,15 @@ def _megatron(comm, expert_to_rank, hidden: int, top_k: int):
     return MegatronDispatcher(comm, expert_to_rank, hidden, top_k)
 
 
-register(PeerDispatcher(
-    name="megatron", impl="megatron", label="Megatron-core MoEAlltoAllTokenDispatcher",
-    alltoall="flat", stages=("permute and counts", "all-to-all"), contiguous_experts_only=True,
-    torch_groups_only=True, build=_megatron))
+register(
+    PeerDispatcher(
+        name="megatron",
+        impl="megatron",
+        label="Megatron-core MoEAlltoAllTokenDispatcher",
+        alltoall="flat",
+        stages=("permute and counts", "all-to-all"),
+        contiguous_experts_only=True,
+        torch_groups_only=True,
+        build=_megatron,
+    )
+)

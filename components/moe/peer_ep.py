@@ -35,6 +35,7 @@ from moe_repro.components.alltoall.base import Dispatcher, FlatLayout
 from moe_repro.components.moe.moe_layer import MoELayer
 from moe_repro.components.moe.peers import _quiet_import, require_peer
 
+
 def megatron_on_cpu() -> None:
     """On a CPU-only torch, make ``torch.cuda.current_device()`` name the CPU for this process
     (Megatron allocates its collectives' outputs there, forward and backward; without CUDA the
@@ -43,8 +44,9 @@ def megatron_on_cpu() -> None:
         torch.cuda.current_device = lambda: torch.device("cpu")
 
 
-def _megatron_dispatcher(hidden: int, experts: int, top_k: int, local_experts: list[int],
-                         ep_size: int, ep_group):
+def _megatron_dispatcher(
+    hidden: int, experts: int, top_k: int, local_experts: list[int], ep_size: int, ep_group
+):
     """Megatron's ``MoEAlltoAllTokenDispatcher`` for ``local_experts`` (consecutive) of ``experts``
     on ``ep_group``, dropless (no capacity factor), hidden size ``hidden``."""
     td = _quiet_import("megatron.core.transformer.moe.token_dispatcher")
@@ -68,13 +70,21 @@ def _megatron_dispatcher(hidden: int, experts: int, top_k: int, local_experts: l
     if not cuda_count() and td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
         td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = False  # its __init__ makes a CUDA stream
     config = tc.TransformerConfig(  # ffn_hidden_size: required, unused by the dispatcher
-        num_layers=1, hidden_size=hidden, num_attention_heads=1, ffn_hidden_size=hidden,
-        num_moe_experts=experts, moe_router_topk=top_k,
-        moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep_size,
-        add_bias_linear=False, moe_permute_fusion=False)
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=1,
+        ffn_hidden_size=hidden,
+        num_moe_experts=experts,
+        moe_router_topk=top_k,
+        moe_token_dispatcher_type="alltoall",
+        expert_model_parallel_size=ep_size,
+        add_bias_linear=False,
+        moe_permute_fusion=False,
+    )
     groups = pgc.ProcessGroupCollection(ep=ep_group, tp_ep=ep_group, expt_tp=None)
-    return _CPUAlltoAllTokenDispatcher(len(local_experts), list(local_experts), config,
-                                       pg_collection=groups)
+    return _CPUAlltoAllTokenDispatcher(
+        len(local_experts), list(local_experts), config, pg_collection=groups
+    )
 
 
 def megatron_forward(layer: MoELayer, ep_group) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -84,8 +94,14 @@ def megatron_forward(layer: MoELayer, ep_group) -> Callable[[torch.Tensor], torc
     if not layer.placement.is_contiguous:
         raise ValueError("Megatron's dispatcher needs contiguous experts per rank")
     megatron_on_cpu()
-    dispatcher = _megatron_dispatcher(layer.d_model, layer.num_experts, layer.top_k,
-                                      list(layer.local_experts), layer.placement.world_size, ep_group)
+    dispatcher = _megatron_dispatcher(
+        layer.d_model,
+        layer.num_experts,
+        layer.top_k,
+        list(layer.local_experts),
+        layer.placement.world_size,
+        ep_group,
+    )
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         pft = layer.make_pft(layer.route(x))  # our kept pairs (after any capacity drop)
@@ -142,16 +158,26 @@ class MegatronDispatcher(Dispatcher):
         require_peer("megatron")
         group = getattr(comm, "group", False)
         if group is False:
-            raise ValueError("Megatron-core's dispatcher runs on a torch.distributed process "
-                             "group: backend gloo or nccl, not mpi")
+            raise ValueError(
+                "Megatron-core's dispatcher runs on a torch.distributed process "
+                "group: backend gloo or nccl, not mpi"
+            )
         local = [e for e, r in enumerate(expert_to_rank) if r == comm.rank]
         if not local or local != list(range(local[0], local[0] + len(local))):
-            raise ValueError("Megatron-core's dispatcher needs at least one expert per rank, "
-                             "consecutive (placement contiguous)")
+            raise ValueError(
+                "Megatron-core's dispatcher needs at least one expert per rank, "
+                "consecutive (placement contiguous)"
+            )
         megatron_on_cpu()
         self._comm, self.num_experts = comm, len(expert_to_rank)
-        self.megatron = _megatron_dispatcher(hidden, self.num_experts, top_k, local, comm.size,
-                                             group if group is not None else torch.distributed.group.WORLD)
+        self.megatron = _megatron_dispatcher(
+            hidden,
+            self.num_experts,
+            top_k,
+            local,
+            comm.size,
+            group if group is not None else torch.distributed.group.WORLD,
+        )
         self._pft, self._routing = None, None
 
     def comm(self):
@@ -161,8 +187,9 @@ class MegatronDispatcher(Dispatcher):
         # Megatron's router returns the dense pair; made from the PFT once per PFT (outside the
         # timing, as flat computes its send layout once per PFT)
         if pft is not self._pft:
-            self._routing = _routing_map_and_probs(pft, pft.num_tokens, self.num_experts,
-                                                   pft.combine_weights.device)
+            self._routing = _routing_map_and_probs(
+                pft, pft.num_tokens, self.num_experts, pft.combine_weights.device
+            )
             self._pft = pft
         return MegatronPlan(*self._routing)
 
@@ -173,12 +200,16 @@ class MegatronDispatcher(Dispatcher):
         t = self._lap("permute and counts", t)
         out, state.received_probs = m.token_dispatch(rows, probs)
         self._lap("all-to-all", t)
-        state.layout = FlatLayout(send_rows=torch.empty(0, dtype=torch.int64),
-                                  send_counts=[int(c) for c in m.input_splits],
-                                  recv_counts=[int(c) for c in m.output_splits])
+        state.layout = FlatLayout(
+            send_rows=torch.empty(0, dtype=torch.int64),
+            send_counts=[int(c) for c in m.input_splits],
+            recv_counts=[int(c) for c in m.output_splits],
+        )
         return out
 
-    def return_rows(self, y: torch.Tensor, state: MegatronPlan, num_tokens: int, weighted: bool) -> torch.Tensor:
+    def return_rows(
+        self, y: torch.Tensor, state: MegatronPlan, num_tokens: int, weighted: bool
+    ) -> torch.Tensor:
         m = self.megatron
         if weighted:
             y = y * state.received_probs.to(y.dtype).unsqueeze(1)
@@ -197,8 +228,15 @@ class _DeepSpeedGate(nn.Module):
 
     def forward(self, x, used_token=None, use_tutel=False, *_):
         logits = x.float() @ self.layer.gate.weight.float()
-        return self.sm.topkgating(logits, self.layer.top_k, self.capacity_factor, min_capacity=1,
-                                  drop_tokens=True, drop_policy="probs", sparse_routes=True)
+        return self.sm.topkgating(
+            logits,
+            self.layer.top_k,
+            self.capacity_factor,
+            min_capacity=1,
+            drop_tokens=True,
+            drop_policy="probs",
+            sparse_routes=True,
+        )
 
 
 class _OurExpertsOnBuffer(nn.Module):
@@ -226,7 +264,9 @@ def _without_shared_memory_op() -> None:
     ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Callable[[torch.Tensor], torch.Tensor]:
+def deepspeed_forward(
+    layer: MoELayer, ep_group, capacity_factor: float
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [S, H] -> [S, H] through DeepSpeed's MOELayer (its gating, encode, all-to-all, decode)
     around ``layer``'s router weight and experts."""
     require_peer("deepspeed")
@@ -235,11 +275,19 @@ def deepspeed_forward(layer: MoELayer, ep_group, capacity_factor: float) -> Call
     if not ds_comm.is_initialized():
         _without_shared_memory_op()
         with contextlib.redirect_stdout(io.StringIO()):
-            ds_comm.init_distributed(dist_backend=torch.distributed.get_backend(),
-                                     auto_mpi_discovery=False, verbose=False)
+            ds_comm.init_distributed(
+                dist_backend=torch.distributed.get_backend(),
+                auto_mpi_discovery=False,
+                verbose=False,
+            )
     world = layer.placement.world_size
-    moe = sm.MOELayer(_DeepSpeedGate(layer, capacity_factor, sm), _OurExpertsOnBuffer(layer),
-                      "ep_size_repro", world, len(layer.local_experts))
+    moe = sm.MOELayer(
+        _DeepSpeedGate(layer, capacity_factor, sm),
+        _OurExpertsOnBuffer(layer),
+        "ep_size_repro",
+        world,
+        len(layer.local_experts),
+    )
     moe._set_ep_group(ep_group)
 
     def forward(x: torch.Tensor) -> torch.Tensor:

@@ -72,7 +72,9 @@ def require_peer(impl: str) -> str:
     distribution = PEER_IMPLS[impl][0]
     version = installed_version(distribution)
     if version is None:
-        raise PeerUnavailable(f"impl {impl} needs {distribution}, which is not installed: {INSTALL_HINT}")
+        raise PeerUnavailable(
+            f"impl {impl} needs {distribution}, which is not installed: {INSTALL_HINT}"
+        )
     return version
 
 
@@ -90,14 +92,19 @@ def _quiet_import(module: str):
     import contextlib
     import io
     import warnings
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
+
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         return importlib.import_module(module)
 
 
-def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
-                  capacity_factor: float) -> DispatchStages:
+def peer_dispatch(
+    impl: str, router_weight: torch.Tensor, top_k: int, capacity_factor: float
+) -> DispatchStages:
     """Build ``impl``'s stages around the router weight W_g [H, E] (shared with our layer)."""
     if impl not in PEER_IMPLS:
         raise ValueError(f"peer impl must be one of {', '.join(PEER_IMPLS)}, got {impl!r}")
@@ -113,11 +120,16 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
 
         def route(x):
             probs, routing_map = mu.topk_routing_with_score_function(
-                logits_of(x), top_k, use_pre_softmax=True, score_function="softmax")
+                logits_of(x), top_k, use_pre_softmax=True, score_function="softmax"
+            )
             if drop:
                 probs, routing_map = mu.apply_router_token_dropping(
-                    probs, routing_map, router_topk=top_k, capacity_factor=capacity_factor,
-                    drop_policy="probs")
+                    probs,
+                    routing_map,
+                    router_topk=top_k,
+                    capacity_factor=capacity_factor,
+                    drop_policy="probs",
+                )
             return {"probs": probs, "map": routing_map, "shape": x.shape}
 
         def dispatch(x, r):
@@ -125,8 +137,9 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
             return permuted
 
         def combine(y, r):
-            return mu.unpermute(y, r["sorted_indices"], r["shape"], probs=r["probs"],
-                                routing_map=r["map"])
+            return mu.unpermute(
+                y, r["sorted_indices"], r["shape"], probs=r["probs"], routing_map=r["map"]
+            )
 
         return DispatchStages(impl, route, dispatch, combine)
 
@@ -134,26 +147,40 @@ def peer_dispatch(impl: str, router_weight: torch.Tensor, top_k: int,
     sparse = impl == "deepspeed"
 
     def route(x):
-        out = sm.topkgating(logits_of(x), top_k, capacity_factor, min_capacity=1,
-                            drop_tokens=True, drop_policy="probs", sparse_routes=sparse)
+        out = sm.topkgating(
+            logits_of(x),
+            top_k,
+            capacity_factor,
+            min_capacity=1,
+            drop_tokens=True,
+            drop_policy="probs",
+            sparse_routes=sparse,
+        )
         if sparse:
             _, capacity, experts, indices, locations, gates, _ = out
             capacity = int(capacity)
-            return {"slots": sm._route_slots(indices, locations, experts, capacity),
-                    "gates": gates, "experts": experts,
-                    "capacity": capacity, "tokens": x.shape[0]}
+            return {
+                "slots": sm._route_slots(indices, locations, experts, capacity),
+                "gates": gates,
+                "experts": experts,
+                "capacity": capacity,
+                "tokens": x.shape[0],
+            }
         _, combine_weights, dispatch_mask, _ = out
         return {"combine": combine_weights, "mask": dispatch_mask}
 
     if sparse:
+
         def dispatch(x, r):
             return sm._sparse_encode(x, r["slots"], r["experts"], r["capacity"])
 
         def combine(y, r):
             experts, capacity, hidden = y.shape
-            return sm._sparse_decode(y.reshape(experts * capacity, hidden), r["slots"], r["gates"],
-                                     r["tokens"])
+            return sm._sparse_decode(
+                y.reshape(experts * capacity, hidden), r["slots"], r["gates"], r["tokens"]
+            )
     else:
+
         def dispatch(x, r):
             return sm.einsum("sec,sm->ecm", r["mask"].type_as(x), x)
 

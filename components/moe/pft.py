@@ -27,11 +27,11 @@ import torch
 class PFT:
     """ERI-arrays of one MoE layer's retained (token, expert) pairs, sorted by expert."""
 
-    token_ids: torch.Tensor          # int64 [N]
-    expert_ids: torch.Tensor         # int64 [N], ascending
+    token_ids: torch.Tensor  # int64 [N]
+    expert_ids: torch.Tensor  # int64 [N], ascending
     tokens_per_expert: torch.Tensor  # int64 [E]
-    combine_weights: torch.Tensor    # float [N], keeps autograd to the gate
-    num_tokens: int                  # S, rows of the layer input
+    combine_weights: torch.Tensor  # float [N], keeps autograd to the gate
+    num_tokens: int  # S, rows of the layer input
 
     @property
     def num_experts(self) -> int:
@@ -45,19 +45,26 @@ class PFT:
 # How a full expert chooses which pairs to keep (the name of each peer semantics it reproduces).
 DROP_POLICIES = {
     "probs": "the C largest combine weights per expert, ties to the earlier token (X-MoE App. B.2; "
-             "DeepSpeed topkgating drop_policy='probs'; Megatron moe_token_drop_policy='probs')",
+    "DeepSpeed topkgating drop_policy='probs'; Megatron moe_token_drop_policy='probs')",
     "position": "the first C tokens per expert in token order (DeepSpeed topkgating "
-                "drop_policy='position'; Megatron 'position')",
+    "drop_policy='position'; Megatron 'position')",
     "slot": "every token's first choice in token order, then second choices, ... (GShard; "
-            "DeepSpeed top2gating; this project's padded layer)",
+    "DeepSpeed top2gating; this project's padded layer)",
     "random": "C tokens per expert by a uniform random priority torch.rand(S, E) (DeepSpeed "
-              "top1gating use_rts=True, 'Random Token Selection')",
+    "top1gating use_rts=True, 'Random Token Selection')",
 }
 
 
-def build_pft(top_experts: torch.Tensor, combine_weights: torch.Tensor, num_experts: int,
-              capacity: int | None = None, *, drop_policy: str = "probs",
-              renormalize: bool = False, generator: torch.Generator | None = None) -> PFT:
+def build_pft(
+    top_experts: torch.Tensor,
+    combine_weights: torch.Tensor,
+    num_experts: int,
+    capacity: int | None = None,
+    *,
+    drop_policy: str = "probs",
+    renormalize: bool = False,
+    generator: torch.Generator | None = None,
+) -> PFT:
     """Build the PFT from the gate's [S, k] outputs (X-MoE Listing 1, PFT_construction).
 
     Step 1 flattens top_experts and stable-sorts by expert, so within an expert rows keep
@@ -77,25 +84,33 @@ def build_pft(top_experts: torch.Tensor, combine_weights: torch.Tensor, num_expe
     if top_experts.dim() != 2:
         raise ValueError(f"top_experts must be [S, k], got shape {tuple(top_experts.shape)}")
     if combine_weights.shape != top_experts.shape:
-        raise ValueError(f"combine_weights shape {tuple(combine_weights.shape)} != "
-                         f"top_experts shape {tuple(top_experts.shape)}")
+        raise ValueError(
+            f"combine_weights shape {tuple(combine_weights.shape)} != "
+            f"top_experts shape {tuple(top_experts.shape)}"
+        )
     if num_experts <= 0:
         raise ValueError(f"num_experts must be positive, got {num_experts}")
     if capacity is not None and capacity < 0:
         raise ValueError(f"capacity must be >= 0 or None, got {capacity}")
     if drop_policy not in DROP_POLICIES:
-        raise ValueError(f"drop_policy must be one of {', '.join(DROP_POLICIES)}, got {drop_policy!r}")
+        raise ValueError(
+            f"drop_policy must be one of {', '.join(DROP_POLICIES)}, got {drop_policy!r}"
+        )
     num_tokens, top_k = top_experts.shape
     flat_experts = top_experts.reshape(-1).long()
     flat_weights = combine_weights.reshape(-1)
-    if flat_experts.numel() and (int(flat_experts.min()) < 0
-                                 or int(flat_experts.max()) >= num_experts):
-        raise ValueError(f"expert ids must lie in [0, {num_experts}), got range "
-                         f"[{int(flat_experts.min())}, {int(flat_experts.max())}]")
+    if flat_experts.numel() and (
+        int(flat_experts.min()) < 0 or int(flat_experts.max()) >= num_experts
+    ):
+        raise ValueError(
+            f"expert ids must lie in [0, {num_experts}), got range "
+            f"[{int(flat_experts.min())}, {int(flat_experts.max())}]"
+        )
 
     if capacity is not None:
-        priority = _pairs_by_priority(drop_policy, top_experts, flat_weights.detach(), num_experts,
-                                      generator)
+        priority = _pairs_by_priority(
+            drop_policy, top_experts, flat_weights.detach(), num_experts, generator
+        )
         keep = _capacity_keep_mask(flat_experts, priority, num_experts, capacity)
         flat_index = torch.nonzero(keep, as_tuple=False).reshape(-1)
     else:
@@ -113,12 +128,22 @@ def build_pft(top_experts: torch.Tensor, combine_weights: torch.Tensor, num_expe
         kept_sum = kept_sum.index_add(0, token_ids, weights)
         denom = torch.clamp(kept_sum, min=torch.finfo(weights.dtype).eps)
         weights = weights / denom.index_select(0, token_ids)
-    return PFT(token_ids=token_ids, expert_ids=expert_ids, tokens_per_expert=tokens_per_expert,
-               combine_weights=weights, num_tokens=int(num_tokens))
+    return PFT(
+        token_ids=token_ids,
+        expert_ids=expert_ids,
+        tokens_per_expert=tokens_per_expert,
+        combine_weights=weights,
+        num_tokens=int(num_tokens),
+    )
 
 
-def _pairs_by_priority(drop_policy: str, top_experts: torch.Tensor, flat_weights: torch.Tensor,
-                       num_experts: int, generator: torch.Generator | None) -> torch.Tensor:
+def _pairs_by_priority(
+    drop_policy: str,
+    top_experts: torch.Tensor,
+    flat_weights: torch.Tensor,
+    num_experts: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """Flat pair indices (t * k + j), highest keeping priority first (ties: earlier pair)."""
     num_tokens, top_k = top_experts.shape
     device = top_experts.device
@@ -126,16 +151,22 @@ def _pairs_by_priority(drop_policy: str, top_experts: torch.Tensor, flat_weights
         return torch.argsort(flat_weights, descending=True, stable=True)
     if drop_policy == "position":  # token order; a token's k pairs go to k different experts
         return torch.arange(num_tokens * top_k, device=device)
-    if drop_policy == "slot":      # slot-major: (j, t) order
-        return torch.arange(num_tokens * top_k, device=device).reshape(num_tokens, top_k).t().reshape(-1)
+    if drop_policy == "slot":  # slot-major: (j, t) order
+        return (
+            torch.arange(num_tokens * top_k, device=device)
+            .reshape(num_tokens, top_k)
+            .t()
+            .reshape(-1)
+        )
     # "random": DeepSpeed draws one uniform per (token, expert) of the [S, E] mask.
     uniform = torch.rand((num_tokens, num_experts), generator=generator).to(device)
     pair_priority = uniform.gather(1, top_experts.long()).reshape(-1)
     return torch.argsort(pair_priority, descending=True, stable=True)
 
 
-def _capacity_keep_mask(flat_experts: torch.Tensor, by_priority: torch.Tensor,
-                        num_experts: int, capacity: int) -> torch.Tensor:
+def _capacity_keep_mask(
+    flat_experts: torch.Tensor, by_priority: torch.Tensor, num_experts: int, capacity: int
+) -> torch.Tensor:
     """True for the pairs that survive: the first ``capacity`` of each expert in priority order."""
     n = flat_experts.numel()
     by_expert_then_priority = by_priority[torch.argsort(flat_experts[by_priority], stable=True)]
@@ -177,8 +208,9 @@ def gather_tokens(x: torch.Tensor, pft: PFT, impl: str = "torch") -> torch.Tenso
 COMBINE_ACCUMULATE = ("float32", "input")
 
 
-def scatter_combine(y: torch.Tensor, pft: PFT, accumulate: str = "float32",
-                    impl: str = "torch") -> torch.Tensor:
+def scatter_combine(
+    y: torch.Tensor, pft: PFT, accumulate: str = "float32", impl: str = "torch"
+) -> torch.Tensor:
     """out[token_ids[i], :] += y[i, :] * combine_weights[i] -> [S, H].
 
     Differentiable in y and in combine_weights (so the gate receives its gradient). Tokens
@@ -232,8 +264,9 @@ class _WeightedScatter(torch.autograd.Function):
         chunk = max(1, _COMBINE_CHUNK_BYTES // max(1, y.shape[1] * itemsize))
         for start in range(0, y.shape[0], chunk):
             rows = slice(start, start + chunk)
-            out.index_add_(0, token_ids[rows],
-                           y[rows].to(acc_dtype) * weights[rows].to(acc_dtype).unsqueeze(1))
+            out.index_add_(
+                0, token_ids[rows], y[rows].to(acc_dtype) * weights[rows].to(acc_dtype).unsqueeze(1)
+            )
         ctx.save_for_backward(y, weights, token_ids)
         ctx.acc_dtype = acc_dtype
         return out.to(y.dtype)
@@ -243,10 +276,8 @@ class _WeightedScatter(torch.autograd.Function):
         y, weights, token_ids = ctx.saved_tensors
         acc = ctx.acc_dtype
         g = grad_out.index_select(0, token_ids).to(acc)
-        grad_y = ((g * weights.to(acc).unsqueeze(1)).to(y.dtype)
-                  if ctx.needs_input_grad[0] else None)
-        grad_w = ((g * y.to(acc)).sum(1).to(weights.dtype)
-                  if ctx.needs_input_grad[1] else None)
+        grad_y = (g * weights.to(acc).unsqueeze(1)).to(y.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (g * y.to(acc)).sum(1).to(weights.dtype) if ctx.needs_input_grad[1] else None
         return grad_y, grad_w, None, None, None
 
 

@@ -43,10 +43,10 @@ def _all_gather_rows(x: torch.Tensor, bounds, group) -> torch.Tensor:
     """Concatenate every rank's chunk (uneven row counts) in rank order."""
     longest = max(hi - lo for lo, hi in bounds)
     padded = x.new_zeros((longest, *x.shape[1:]))
-    padded[:x.shape[0]] = x
+    padded[: x.shape[0]] = x
     parts = [torch.empty_like(padded) for _ in bounds]
     dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([p[:hi - lo] for p, (lo, hi) in zip(parts, bounds)])
+    return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, bounds)])
 
 
 class _DropToChunk(torch.autograd.Function):
@@ -75,7 +75,7 @@ class _GatherChunks(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad[ctx.lo:ctx.hi].clone(), None, None, None
+        return grad[ctx.lo : ctx.hi].clone(), None, None, None
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -118,8 +118,8 @@ class TPDenseMLP(nn.Module):
             raise ValueError(f"dense FFN width {d_ffn} must divide over the TP degree {size}")
         per = d_ffn // size
         self.group = group
-        self.w1 = nn.Parameter(w1_full[:, rank * per:(rank + 1) * per].clone())
-        self.w2 = nn.Parameter(w2_full[rank * per:(rank + 1) * per].clone())
+        self.w1 = nn.Parameter(w1_full[:, rank * per : (rank + 1) * per].clone())
+        self.w2 = nn.Parameter(w2_full[rank * per : (rank + 1) * per].clone())
         self.b2 = nn.Parameter(b2.clone())
 
     def forward(self, x):
@@ -135,8 +135,9 @@ class SSMBLayer(nn.Module):
     the router and its own experts (contiguous placement) into an EP MoELayer.
     """
 
-    def __init__(self, w1_full, w2_full, b2, moe_full: MoELayer, group=None,
-                 sequence_sharded: bool = True):
+    def __init__(
+        self, w1_full, w2_full, b2, moe_full: MoELayer, group=None, sequence_sharded: bool = True
+    ):
         super().__init__()
         self.group, self.sequence_sharded = group, sequence_sharded
         self.degree, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -144,10 +145,18 @@ class SSMBLayer(nn.Module):
         E = moe_full.num_experts
         placement = ExpertPlacement.contiguous(E, self.degree)
         activation = moe_full.experts.activation
-        self.moe = MoELayer(moe_full.d_model, moe_full.d_ffn, E, moe_full.top_k,
-                            score=moe_full.gate.score, normalize=moe_full.gate.normalize,
-                            activation=activation, expert_parallel=True, ep_group=group,
-                            placement=placement)
+        self.moe = MoELayer(
+            moe_full.d_model,
+            moe_full.d_ffn,
+            E,
+            moe_full.top_k,
+            score=moe_full.gate.score,
+            normalize=moe_full.gate.normalize,
+            activation=activation,
+            expert_parallel=True,
+            ep_group=group,
+            placement=placement,
+        )
         mine = list(placement.experts_of_rank[self.rank])
         with torch.no_grad():
             self.moe.gate.weight.copy_(moe_full.gate.weight)

@@ -41,12 +41,29 @@ BLOCK_H = 64
 
 # --- grouped GEMM -------------------------------------------------------------------------------
 
+
 @triton.jit
-def _grouped_gemm_kernel(x_ptr, w_ptr, y_ptr, tile_group_ptr, tile_row_ptr, group_end_ptr,
-                         K, N_OUT,
-                         stride_xm, stride_xk, stride_wg, stride_wk, stride_wn, stride_ym, stride_yn,
-                         IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+def _grouped_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    tile_group_ptr,
+    tile_row_ptr,
+    group_end_ptr,
+    K,
+    N_OUT,
+    stride_xm,
+    stride_xk,
+    stride_wg,
+    stride_wk,
+    stride_wn,
+    stride_ym,
+    stride_yn,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
     g = tl.load(tile_group_ptr + tile)
@@ -57,25 +74,48 @@ def _grouped_gemm_kernel(x_ptr, w_ptr, y_ptr, tile_group_ptr, tile_row_ptr, grou
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                    mask=(rows[:, None] < row_end) & (ks[None, :] < K), other=0.0)
-        b = tl.load(w_ptr + g * stride_wg + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                    mask=(ks[:, None] < K) & (cols[None, :] < N_OUT), other=0.0)
+        a = tl.load(
+            x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+            mask=(rows[:, None] < row_end) & (ks[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            w_ptr + g * stride_wg + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+            mask=(ks[:, None] < K) & (cols[None, :] < N_OUT),
+            other=0.0,
+        )
         if IEEE:
             acc += tl.dot(a, b, input_precision="ieee")
         else:
             acc += tl.dot(a, b)
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
-             acc.to(y_ptr.dtype.element_ty),
-             mask=(rows[:, None] < row_end) & (cols[None, :] < N_OUT))
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(rows[:, None] < row_end) & (cols[None, :] < N_OUT),
+    )
 
 
 @triton.jit
-def _grouped_weight_grad_kernel(x_ptr, dy_ptr, dw_ptr, group_start_ptr, group_end_ptr, K, N_OUT,
-                                stride_xm, stride_xk, stride_dym, stride_dyn,
-                                stride_dwg, stride_dwk, stride_dwn,
-                                IEEE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                                BLOCK_N: tl.constexpr):
+def _grouped_weight_grad_kernel(
+    x_ptr,
+    dy_ptr,
+    dw_ptr,
+    group_start_ptr,
+    group_end_ptr,
+    K,
+    N_OUT,
+    stride_xm,
+    stride_xk,
+    stride_dym,
+    stride_dyn,
+    stride_dwg,
+    stride_dwk,
+    stride_dwn,
+    IEEE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     g = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_n = tl.program_id(2)
@@ -86,19 +126,30 @@ def _grouped_weight_grad_kernel(x_ptr, dy_ptr, dw_ptr, group_start_ptr, group_en
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for r0 in range(start, end, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        xt = tl.load(x_ptr + rows[None, :] * stride_xm + ks[:, None] * stride_xk,
-                     mask=(rows[None, :] < end) & (ks[:, None] < K), other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
-                     mask=(rows[:, None] < end) & (cols[None, :] < N_OUT), other=0.0)
+        xt = tl.load(
+            x_ptr + rows[None, :] * stride_xm + ks[:, None] * stride_xk,
+            mask=(rows[None, :] < end) & (ks[:, None] < K),
+            other=0.0,
+        )
+        dy = tl.load(
+            dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
+            mask=(rows[:, None] < end) & (cols[None, :] < N_OUT),
+            other=0.0,
+        )
         if IEEE:
             acc += tl.dot(xt, dy, input_precision="ieee")
         else:
             acc += tl.dot(xt, dy)
-    tl.store(dw_ptr + g * stride_dwg + ks[:, None] * stride_dwk + cols[None, :] * stride_dwn,
-             acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N_OUT))
+    tl.store(
+        dw_ptr + g * stride_dwg + ks[:, None] * stride_dwk + cols[None, :] * stride_dwn,
+        acc.to(dw_ptr.dtype.element_ty),
+        mask=(ks[:, None] < K) & (cols[None, :] < N_OUT),
+    )
 
 
-def _tiles(counts: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _tiles(
+    counts: torch.Tensor, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tile_group, tile_row, group_start, group_end) for BLOCK_M-row tiles of every group."""
     counts = counts.to("cpu", torch.int64)
     ends = torch.cumsum(counts, 0)
@@ -106,21 +157,41 @@ def _tiles(counts: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, to
     tiles_per_group = (counts + BLOCK_M - 1) // BLOCK_M
     tile_group = torch.repeat_interleave(torch.arange(counts.numel()), tiles_per_group)
     first_tile = torch.cumsum(tiles_per_group, 0) - tiles_per_group
-    tile_row = starts[tile_group] + (torch.arange(tile_group.numel()) - first_tile[tile_group]) * BLOCK_M
-    return tuple(t.to(device=device, dtype=torch.int32) for t in (tile_group, tile_row, starts, ends))
+    tile_row = (
+        starts[tile_group] + (torch.arange(tile_group.numel()) - first_tile[tile_group]) * BLOCK_M
+    )
+    return tuple(
+        t.to(device=device, dtype=torch.int32) for t in (tile_group, tile_row, starts, ends)
+    )
 
 
-def _gemm(x: torch.Tensor, w: torch.Tensor, w_strides: tuple[int, int, int], n_out: int,
-          tiles) -> torch.Tensor:
+def _gemm(
+    x: torch.Tensor, w: torch.Tensor, w_strides: tuple[int, int, int], n_out: int, tiles
+) -> torch.Tensor:
     """y = x_g @ W_g with W_g read through ``w_strides`` (group, k, n): W or W transposed."""
     tile_group, tile_row, _, ends = tiles
     y = x.new_empty((x.shape[0], n_out))
     if tile_group.numel() and n_out:
         grid = (tile_group.numel(), triton.cdiv(n_out, BLOCK_N))
-        _grouped_gemm_kernel[grid](x, w, y, tile_group, tile_row, ends, x.shape[1], n_out,
-                                   x.stride(0), x.stride(1), *w_strides, y.stride(0), y.stride(1),
-                                   IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                   BLOCK_K=BLOCK_K)
+        _grouped_gemm_kernel[grid](
+            x,
+            w,
+            y,
+            tile_group,
+            tile_row,
+            ends,
+            x.shape[1],
+            n_out,
+            x.stride(0),
+            x.stride(1),
+            *w_strides,
+            y.stride(0),
+            y.stride(1),
+            IEEE=x.dtype == torch.float32,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        )
     return y
 
 
@@ -147,9 +218,25 @@ class _GroupedGemm(torch.autograd.Function):
             if groups and k and n:
                 grid = (groups, triton.cdiv(k, BLOCK_K), triton.cdiv(n, BLOCK_N))
                 _grouped_weight_grad_kernel[grid](
-                    x, dy, dw, starts, ends, k, n, x.stride(0), x.stride(1), dy.stride(0),
-                    dy.stride(1), dw.stride(0), dw.stride(1), dw.stride(2),
-                    IEEE=x.dtype == torch.float32, BLOCK_R=BLOCK_M, BLOCK_K=BLOCK_K, BLOCK_N=BLOCK_N)
+                    x,
+                    dy,
+                    dw,
+                    starts,
+                    ends,
+                    k,
+                    n,
+                    x.stride(0),
+                    x.stride(1),
+                    dy.stride(0),
+                    dy.stride(1),
+                    dw.stride(0),
+                    dw.stride(1),
+                    dw.stride(2),
+                    IEEE=x.dtype == torch.float32,
+                    BLOCK_R=BLOCK_M,
+                    BLOCK_K=BLOCK_K,
+                    BLOCK_N=BLOCK_N,
+                )
         return dx, dw, None
 
 
@@ -163,10 +250,23 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torc
 
 # --- gather / segment sum (the padding-free permute and combine) -----------------------------
 
+
 @triton.jit
-def _gather_kernel(src_ptr, idx_ptr, scale_ptr, other_ptr, out_ptr, dot_ptr, H,
-                   stride_src, stride_other, stride_out,
-                   HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, BLOCK_H: tl.constexpr):
+def _gather_kernel(
+    src_ptr,
+    idx_ptr,
+    scale_ptr,
+    other_ptr,
+    out_ptr,
+    dot_ptr,
+    H,
+    stride_src,
+    stride_other,
+    stride_out,
+    HAS_SCALE: tl.constexpr,
+    HAS_DOT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     i = tl.program_id(0)
     row = tl.load(idx_ptr + i)
     scale = 1.0
@@ -176,7 +276,9 @@ def _gather_kernel(src_ptr, idx_ptr, scale_ptr, other_ptr, out_ptr, dot_ptr, H,
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)
         v = tl.load(src_ptr + row * stride_src + hs, mask=hs < H, other=0.0).to(tl.float32)
-        tl.store(out_ptr + i * stride_out + hs, (v * scale).to(out_ptr.dtype.element_ty), mask=hs < H)
+        tl.store(
+            out_ptr + i * stride_out + hs, (v * scale).to(out_ptr.dtype.element_ty), mask=hs < H
+        )
         if HAS_DOT:
             o = tl.load(other_ptr + i * stride_other + hs, mask=hs < H, other=0.0).to(tl.float32)
             dot += v * o
@@ -185,8 +287,18 @@ def _gather_kernel(src_ptr, idx_ptr, scale_ptr, other_ptr, out_ptr, dot_ptr, H,
 
 
 @triton.jit
-def _segment_sum_kernel(src_ptr, rows_ptr, offsets_ptr, scale_ptr, out_ptr, H,
-                        stride_src, stride_out, HAS_SCALE: tl.constexpr, BLOCK_H: tl.constexpr):
+def _segment_sum_kernel(
+    src_ptr,
+    rows_ptr,
+    offsets_ptr,
+    scale_ptr,
+    out_ptr,
+    H,
+    stride_src,
+    stride_out,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     t = tl.program_id(0)
     pid_h = tl.program_id(1)
     start = tl.load(offsets_ptr + t)
@@ -214,13 +326,27 @@ def _by_token(token_ids: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, t
 def _gather(src, idx, scale=None, other=None, out_dtype=None, dot_dtype=None):
     n, h = idx.numel(), src.shape[1]
     out = torch.empty((n, h), dtype=out_dtype or src.dtype, device=src.device)
-    dot = torch.empty(n, dtype=dot_dtype or torch.float32, device=src.device) if other is not None else None
+    dot = (
+        torch.empty(n, dtype=dot_dtype or torch.float32, device=src.device)
+        if other is not None
+        else None
+    )
     if n and h:
-        _gather_kernel[(n,)](src, idx.to(torch.int32), scale if scale is not None else src,
-                             other if other is not None else src, out, dot if dot is not None else out,
-                             h, src.stride(0), other.stride(0) if other is not None else 0,
-                             out.stride(0), HAS_SCALE=scale is not None, HAS_DOT=other is not None,
-                             BLOCK_H=BLOCK_H)
+        _gather_kernel[(n,)](
+            src,
+            idx.to(torch.int32),
+            scale if scale is not None else src,
+            other if other is not None else src,
+            out,
+            dot if dot is not None else out,
+            h,
+            src.stride(0),
+            other.stride(0) if other is not None else 0,
+            out.stride(0),
+            HAS_SCALE=scale is not None,
+            HAS_DOT=other is not None,
+            BLOCK_H=BLOCK_H,
+        )
     elif dot is not None:
         dot.zero_()
     return out, dot
@@ -231,9 +357,18 @@ def _segment_sum(src, rows, offsets, num_tokens, scale=None, out_dtype=None):
     out = torch.empty((num_tokens, h), dtype=out_dtype or src.dtype, device=src.device)
     if num_tokens and h:
         grid = (num_tokens, triton.cdiv(h, BLOCK_H))
-        _segment_sum_kernel[grid](src, rows, offsets, scale if scale is not None else src, out, h,
-                                  src.stride(0), out.stride(0), HAS_SCALE=scale is not None,
-                                  BLOCK_H=BLOCK_H)
+        _segment_sum_kernel[grid](
+            src,
+            rows,
+            offsets,
+            scale if scale is not None else src,
+            out,
+            h,
+            src.stride(0),
+            out.stride(0),
+            HAS_SCALE=scale is not None,
+            BLOCK_H=BLOCK_H,
+        )
     return out
 
 
@@ -266,8 +401,14 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         y, weights, token_ids = ctx.saved_tensors
-        dy, dw = _gather(grad.contiguous(), token_ids, scale=weights, other=y, out_dtype=y.dtype,
-                         dot_dtype=weights.dtype)
+        dy, dw = _gather(
+            grad.contiguous(),
+            token_ids,
+            scale=weights,
+            other=y,
+            out_dtype=y.dtype,
+            dot_dtype=weights.dtype,
+        )
         return dy, dw, None, None
 
 
@@ -276,7 +417,8 @@ def gather_rows(x: torch.Tensor, token_ids: torch.Tensor, num_tokens: int) -> to
     return _Gather.apply(x.contiguous(), token_ids, num_tokens)
 
 
-def combine_rows(y: torch.Tensor, weights: torch.Tensor, token_ids: torch.Tensor,
-                 num_tokens: int) -> torch.Tensor:
+def combine_rows(
+    y: torch.Tensor, weights: torch.Tensor, token_ids: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
     require_triton(y)
     return _Combine.apply(y.contiguous(), weights.contiguous(), token_ids, num_tokens)

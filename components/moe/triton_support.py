@@ -27,14 +27,18 @@ def triton_unavailable() -> str | None:
     if interpreting():
         language = sys.modules.get("triton.language")
         if language is not None and type(language.zeros).__name__ == "JITFunction":
-            return ("triton was imported before TRITON_INTERPRET=1 was set, so its library is "
-                    "compiled, not interpreted: set the variable before Python starts")
+            return (
+                "triton was imported before TRITON_INTERPRET=1 was set, so its library is "
+                "compiled, not interpreted: set the variable before Python starts"
+            )
         return None
     from moe_repro.runtime.device import cuda_count
 
     if not cuda_count():
-        return ("Triton compiles for a CUDA GPU and this machine has none; set TRITON_INTERPRET=1 "
-                "to run its kernels in interpreter mode on the CPU")
+        return (
+            "Triton compiles for a CUDA GPU and this machine has none; set TRITON_INTERPRET=1 "
+            "to run its kernels in interpreter mode on the CPU"
+        )
     return None
 
 
@@ -47,11 +51,16 @@ def require_triton(*tensors) -> None:
 
     for t in tensors:
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"Triton kernels refused: {t.dtype} (they take float32, float16, "
-                             f"and bfloat16 on a GPU)")
+            raise ValueError(
+                f"Triton kernels refused: {t.dtype} (they take float32, float16, "
+                f"and bfloat16 on a GPU)"
+            )
         if t.device.type == "cpu" and not interpreting():
-            raise ValueError("Triton kernels refused: CPU tensors need interpreter mode "
-                             "(TRITON_INTERPRET=1)")
+            raise ValueError(
+                "Triton kernels refused: CPU tensors need interpreter mode (TRITON_INTERPRET=1)"
+            )
         if t.dtype == torch.bfloat16 and interpreting():
-            raise ValueError("Triton kernels refused: bfloat16 is not exact in interpreter mode "
-                             "(use float32 or float16 there)")
+            raise ValueError(
+                "Triton kernels refused: bfloat16 is not exact in interpreter mode "
+                "(use float32 or float16 there)"
+            )

@@ -73,8 +73,9 @@ class Comm:
         """Validate, make contiguous, allocate the output, log the sends; -> (x, out, sc, rc, row bytes)."""
         send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
         if len(send_counts) != self.size or len(recv_counts) != self.size:
-            raise ValueError(f"need {self.size} send and recv counts, got {len(send_counts)}, "
-                             f"{len(recv_counts)}")
+            raise ValueError(
+                f"need {self.size} send and recv counts, got {len(send_counts)}, {len(recv_counts)}"
+            )
         if sum(send_counts) != x.shape[0]:
             raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
         x = x.contiguous()
@@ -114,13 +115,23 @@ class TorchComm(Comm):
             # Host-side metadata (counts, plans) on an NCCL group: staged through the GPU, since
             # NCCL moves CUDA tensors only; the rows themselves already live on the GPU.
             x_dev, out_dev = x.to(self.device), out.to(self.device)
-            work = dist.all_to_all_single(out_dev, x_dev, output_split_sizes=recv_counts,
-                                          input_split_sizes=send_counts, group=self.group,
-                                          async_op=True)
+            work = dist.all_to_all_single(
+                out_dev,
+                x_dev,
+                output_split_sizes=recv_counts,
+                input_split_sizes=send_counts,
+                group=self.group,
+                async_op=True,
+            )
             return out, _Works([work], keep=(x_dev, out_dev), then=lambda: out.copy_(out_dev))
-        work = dist.all_to_all_single(out, x, output_split_sizes=recv_counts,
-                                      input_split_sizes=send_counts, group=self.group,
-                                      async_op=True)
+        work = dist.all_to_all_single(
+            out,
+            x,
+            output_split_sizes=recv_counts,
+            input_split_sizes=send_counts,
+            group=self.group,
+            async_op=True,
+        )
         return out, _Works([work], keep=(x,))
 
     def p2p(self, sends, recvs, phase="p2p"):
@@ -132,8 +143,9 @@ class TorchComm(Comm):
         for peer, t in sends:
             if t.numel():
                 if self.log is not None:
-                    self.log.append((phase, self.global_rank, self.ranks[peer],
-                                     t.numel() * t.element_size()))
+                    self.log.append(
+                        (phase, self.global_rank, self.ranks[peer], t.numel() * t.element_size())
+                    )
                 ops.append(dist.P2POp(dist.isend, t, self.ranks[peer], self.group))
         works = dist.batch_isend_irecv(ops) if ops else []
         return _Works(works, keep=tuple(t for _, t in sends))
@@ -160,20 +172,26 @@ class MPIComm(Comm):
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         from mpi4py import MPI
 
-        x, out, send_counts, recv_counts, rb = self._prepare(x, send_counts, recv_counts, phase, out)
+        x, out, send_counts, recv_counts, rb = self._prepare(
+            x, send_counts, recv_counts, phase, out
+        )
         sb = [c * rb for c in send_counts]
         rbytes = [c * rb for c in recv_counts]
         sdis = [sum(sb[:i]) for i in range(self.size)]
         rdis = [sum(rbytes[:i]) for i in range(self.size)]
         send_np, recv_np = _as_bytes(x), out.reshape(-1).view(torch.uint8).numpy()
-        req = self.comm.Ialltoallv([send_np, (sb, sdis), MPI.BYTE], [recv_np, (rbytes, rdis), MPI.BYTE])
+        req = self.comm.Ialltoallv(
+            [send_np, (sb, sdis), MPI.BYTE], [recv_np, (rbytes, rdis), MPI.BYTE]
+        )
         return out, _Works([req], keep=(x, send_np, recv_np))
 
     def p2p(self, sends, recvs, phase="p2p"):
         reqs, keep = [], []
         for peer, t in recvs:
             if t.numel():
-                buf = t.reshape(-1).view(torch.uint8).numpy()  # t must be contiguous: filled in place
+                buf = (
+                    t.reshape(-1).view(torch.uint8).numpy()
+                )  # t must be contiguous: filled in place
                 reqs.append(self.comm.Irecv(buf, source=peer, tag=11))
                 keep.append(buf)
         for peer, t in sends:

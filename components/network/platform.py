@@ -78,14 +78,19 @@ def unmeasured_network_values(p: Platform) -> list[str]:
     is named alone."""
     out = []
     for field_path in p.raw.get("approximate", []):
-        if not any(field_path == f or field_path.startswith(f + ".") or field_path.startswith(f + "[")
-                   for f in NETWORK_FIELDS):
+        if not any(
+            field_path == f or field_path.startswith(f + ".") or field_path.startswith(f + "[")
+            for f in NETWORK_FIELDS
+        ):
             continue
         node = p.raw
         for key in field_path.split("."):
             node = node.get(key) if isinstance(node, dict) else None
-        out.append(f"{field_path} = {node:g}" if isinstance(node, (int, float)) and not isinstance(node, bool)
-                   else field_path)
+        out.append(
+            f"{field_path} = {node:g}"
+            if isinstance(node, (int, float)) and not isinstance(node, bool)
+            else field_path
+        )
     return out
 
 
@@ -103,7 +108,11 @@ def load_builtin(name: str) -> Platform:
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
         raise ValueError(f"unknown platform {name!r}; {hint} (or a JSON file path)")
-    text = resources.files("moe_repro.components.network").joinpath("platforms", f"{name}.json").read_text()
+    text = (
+        resources.files("moe_repro.components.network")
+        .joinpath("platforms", f"{name}.json")
+        .read_text()
+    )
     return from_dict(json.loads(text))
 
 
@@ -129,12 +138,15 @@ def load_platform(name_or_path: str) -> Platform:
     try:
         # read within PLATFORM_LIMIT, a FIFO or device refused unread (records/inputs.py);
         # JSON's NaN and Infinity are not numbers a profile may hold: refuse them while parsing
-        doc = json.loads(read_input(path, PLATFORM_LIMIT).decode("utf-8"),
-                         parse_constant=_refuse_constant)
+        doc = json.loads(
+            read_input(path, PLATFORM_LIMIT).decode("utf-8"), parse_constant=_refuse_constant
+        )
     except InputError as e:
         raise ValueError(f"platform file {e}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        raise ValueError(
+            f"platform file {name_or_path}: not valid JSON ({e.msg}, line {e.lineno})"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"platform file {name_or_path}: {e}") from None
     try:
@@ -171,7 +183,8 @@ MAX_GPUS_PER_NODE = 1024
 
 def _kind(value) -> str:
     return {dict: "an object", list: "a list", str: "text", bool: "true/false"}.get(
-        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__
+    )
 
 
 def _object_at(d: dict, path: str) -> None:
@@ -183,7 +196,9 @@ def _object_at(d: dict, path: str) -> None:
             return
         node = node[part]
     if not isinstance(node, dict):
-        raise ValueError(f"platform profile: {path} must be an object, got {_kind(node)} ({node!r:.40})")
+        raise ValueError(
+            f"platform profile: {path} must be an object, got {_kind(node)} ({node!r:.40})"
+        )
 
 
 def _check_affinity(affinity, gpus: int, nics: int) -> None:
@@ -192,17 +207,28 @@ def _check_affinity(affinity, gpus: int, nics: int) -> None:
         return
     where = "node.gpu_nic_affinity"
     if not isinstance(affinity, list) or len(affinity) > nics:
-        raise ValueError(f"platform profile: {where} must be a list of at most node.nics={nics} "
-                         f"lists of GPU indices, got {_kind(affinity)} ({affinity!r:.40})")
+        raise ValueError(
+            f"platform profile: {where} must be a list of at most node.nics={nics} "
+            f"lists of GPU indices, got {_kind(affinity)} ({affinity!r:.40})"
+        )
     seen = set()
     for nic, members in enumerate(affinity):
         if not isinstance(members, list):
-            raise ValueError(f"platform profile: {where}[{nic}] must be a list of GPU indices, "
-                             f"got {_kind(members)} ({members!r:.40})")
+            raise ValueError(
+                f"platform profile: {where}[{nic}] must be a list of GPU indices, "
+                f"got {_kind(members)} ({members!r:.40})"
+            )
         for gpu in members:
-            if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus or gpu in seen:
-                raise ValueError(f"platform profile: {where}[{nic}] holds {gpu!r}: GPU indices are "
-                                 f"0..{gpus - 1}, each on one NIC")
+            if (
+                isinstance(gpu, bool)
+                or not isinstance(gpu, int)
+                or not 0 <= gpu < gpus
+                or gpu in seen
+            ):
+                raise ValueError(
+                    f"platform profile: {where}[{nic}] holds {gpu!r}: GPU indices are "
+                    f"0..{gpus - 1}, each on one NIC"
+                )
             seen.add(gpu)
 
 
@@ -220,12 +246,18 @@ def _check_calibration(cal) -> None:
         if key != "measured_ms":
             _count(v, f"calibration.layer_forward.{key}")
     if cal["hidden"] % cal["heads"]:
-        raise ValueError("platform profile: calibration.layer_forward.hidden must be a multiple of heads")
+        raise ValueError(
+            "platform profile: calibration.layer_forward.hidden must be a multiple of heads"
+        )
     for key in ("dropout", "flash_attention"):
         if not isinstance(cal.get(key), bool):
-            raise ValueError(f"platform profile: calibration.layer_forward.{key} must be true or false")
+            raise ValueError(
+                f"platform profile: calibration.layer_forward.{key} must be true or false"
+            )
     if not str(cal.get("source", "")).strip():
-        raise ValueError("platform profile: calibration.layer_forward.source must name the measurement")
+        raise ValueError(
+            "platform profile: calibration.layer_forward.source must name the measurement"
+        )
 
 
 def from_dict(d: dict) -> Platform:
@@ -241,8 +273,16 @@ def from_dict(d: dict) -> Platform:
             node = node[part]
         return _number(node, path, positive)
 
-    for path in ("gpu", "node", "network", "efficiency", "node.intra_node", "network.fabric",
-                 "calibration", "calibration.layer_forward"):
+    for path in (
+        "gpu",
+        "node",
+        "network",
+        "efficiency",
+        "node.intra_node",
+        "network.fabric",
+        "calibration",
+        "calibration.layer_forward",
+    ):
         _object_at(d, path)
     _check_calibration(d.get("calibration", {}).get("layer_forward"))
     if not isinstance(d.get("links", []), list):
@@ -261,8 +301,10 @@ def from_dict(d: dict) -> Platform:
                 _number(link[key], f"links[{i}].{key}", positive=key != "latency_us")
     gpus = _count(get("node.gpus"), "node.gpus")
     if gpus > MAX_GPUS_PER_NODE:
-        raise ValueError(f"platform profile: node.gpus must be <= {MAX_GPUS_PER_NODE} (GPUs in one "
-                         f"node), got {gpus}")
+        raise ValueError(
+            f"platform profile: node.gpus must be <= {MAX_GPUS_PER_NODE} (GPUs in one "
+            f"node), got {gpus}"
+        )
     nics = _count(get("node.nics"), "node.nics")
     if nics > MAX_GPUS_PER_NODE:
         raise ValueError(f"platform profile: node.nics must be <= {MAX_GPUS_PER_NODE}, got {nics}")
@@ -275,13 +317,19 @@ def from_dict(d: dict) -> Platform:
         gpus_per_node=gpus,
         peak_flops=get("gpu.peak_tflops") * 1e12,
         hbm_bytes=get("gpu.hbm_GB") * GB,
-        hbm_bytes_per_s=(get("gpu.achievable_hbm_GBps") if "achievable_hbm_GBps" in d["gpu"]
-                         else get("gpu.hbm_GBps")) * GB,
+        hbm_bytes_per_s=(
+            get("gpu.achievable_hbm_GBps")
+            if "achievable_hbm_GBps" in d["gpu"]
+            else get("gpu.hbm_GBps")
+        )
+        * GB,
         gemm_flops=get("gpu.achievable_gemm_tflops") * 1e12,
         attention_flops=get("gpu.achievable_attention_tflops") * 1e12,
         nics_per_node=nics,
         nic_bytes_per_s=get("node.nic_GBps") * GB,
-        intra_node_a2a_bytes_per_s=link_bytes_per_s(get("node.intra_node_alltoall_GBps_per_gpu"), True, nvlink),
+        intra_node_a2a_bytes_per_s=link_bytes_per_s(
+            get("node.intra_node_alltoall_GBps_per_gpu"), True, nvlink
+        ),
         switch_group_nodes=_count(get("network.switch_group_nodes"), "network.switch_group_nodes"),
         rack_nodes=_count(get("network.rack_nodes"), "network.rack_nodes"),
         network_efficiency=float(eff),
@@ -296,13 +344,17 @@ def from_dict(d: dict) -> Platform:
         if key in net:
             _number(net[key], f"network.{key}", positive=key == "host_GBps")
     if not isinstance(net.get("self_copies", False), bool):
-        raise ValueError(f"platform profile: network.self_copies must be true or false, "
-                         f"got {net['self_copies']!r}")
+        raise ValueError(
+            f"platform profile: network.self_copies must be true or false, "
+            f"got {net['self_copies']!r}"
+        )
     if "window" in net and net["window"] != 0:
         _count(net["window"], "network.window")
     if net.get("latency_model", "overlapped") not in ("overlapped", "serial"):
-        raise ValueError(f"platform profile: network.latency_model must be overlapped or serial, "
-                         f"got {net['latency_model']!r}")
+        raise ValueError(
+            f"platform profile: network.latency_model must be overlapped or serial, "
+            f"got {net['latency_model']!r}"
+        )
     fabric_of(platform)  # validate now, not when a simulation first reads it
     intra_node_of(platform)
     return platform
@@ -322,32 +374,56 @@ def fabric_of(p: Platform) -> dict:
     f = p.raw.get("network", {}).get("fabric")
     if f is None:  # the legacy form: switch groups and racks, tapers on their link classes
         links = {lk["class"]: lk for lk in p.links}
-        taper = lambda *names: next((float(links[n]["taper"]) for n in names
-                                     if "taper" in links.get(n, {})), 1.0)
+        taper = lambda *names: next(
+            (float(links[n]["taper"]) for n in names if "taper" in links.get(n, {})), 1.0
+        )
         group, rack = p.switch_group_nodes, p.rack_nodes
         levels = [{"name": "switch_group", "nodes": group, "taper": taper("switch_group")}]
         if rack >= group and rack // group > 0:
-            levels.append({"name": "rack", "nodes": group * (rack // group),
-                           "taper": taper("inter_rack", "inter_group")})
+            levels.append(
+                {
+                    "name": "rack",
+                    "nodes": group * (rack // group),
+                    "taper": taper("inter_rack", "inter_group"),
+                }
+            )
         return {"kind": "fat_tree", "levels": levels}
     if not isinstance(f, dict):
         raise ValueError("platform profile: network.fabric must be an object")
     kind = f.get("kind")
     if kind == "rail":
-        return {"kind": "rail",
-                "rail_group_nodes": _count(f.get("rail_group_nodes"), "network.fabric.rail_group_nodes"),
-                "spine_taper": _taper(f.get("spine_taper", 1.0), "network.fabric.spine_taper")}
+        return {
+            "kind": "rail",
+            "rail_group_nodes": _count(
+                f.get("rail_group_nodes"), "network.fabric.rail_group_nodes"
+            ),
+            "spine_taper": _taper(f.get("spine_taper", 1.0), "network.fabric.spine_taper"),
+        }
     if kind == "dragonfly":
         switch = _count(f.get("switch_nodes"), "network.fabric.switch_nodes")
         group = _count(f.get("group_nodes"), "network.fabric.group_nodes")
         if group % switch:
-            raise ValueError(f"platform profile: network.fabric.group_nodes ({group}) must be a "
-                             f"multiple of switch_nodes ({switch})")
-        return {"kind": "dragonfly", "levels": [
-            {"name": "switch", "nodes": switch,
-             "taper": _taper(f.get("intra_group_taper", 1.0), "network.fabric.intra_group_taper")},
-            {"name": "group", "nodes": group,
-             "taper": _taper(f.get("global_taper", 1.0), "network.fabric.global_taper")}]}
+            raise ValueError(
+                f"platform profile: network.fabric.group_nodes ({group}) must be a "
+                f"multiple of switch_nodes ({switch})"
+            )
+        return {
+            "kind": "dragonfly",
+            "levels": [
+                {
+                    "name": "switch",
+                    "nodes": switch,
+                    "taper": _taper(
+                        f.get("intra_group_taper", 1.0), "network.fabric.intra_group_taper"
+                    ),
+                },
+                {
+                    "name": "group",
+                    "nodes": group,
+                    "taper": _taper(f.get("global_taper", 1.0), "network.fabric.global_taper"),
+                },
+            ],
+        }
     if kind == "fat_tree":
         levels, below = [], 1
         for i, lv in enumerate(f.get("levels") or []):
@@ -356,14 +432,22 @@ def fabric_of(p: Platform) -> dict:
                 raise ValueError(f"platform profile: {where} must be an object")
             nodes = _count(lv.get("nodes"), f"{where}.nodes")
             if nodes % below:
-                raise ValueError(f"platform profile: {where}.nodes ({nodes}) must be a multiple of "
-                                 f"the level below ({below})")
-            levels.append({"name": str(lv.get("name", f"level{i}")), "nodes": nodes,
-                           "taper": _taper(lv.get("taper", 1.0), f"{where}.taper")})
+                raise ValueError(
+                    f"platform profile: {where}.nodes ({nodes}) must be a multiple of "
+                    f"the level below ({below})"
+                )
+            levels.append(
+                {
+                    "name": str(lv.get("name", f"level{i}")),
+                    "nodes": nodes,
+                    "taper": _taper(lv.get("taper", 1.0), f"{where}.taper"),
+                }
+            )
             below = nodes
         return {"kind": "fat_tree", "levels": levels}
-    raise ValueError(f"platform profile: network.fabric.kind must be fat_tree, dragonfly or rail, "
-                     f"got {kind!r}")
+    raise ValueError(
+        f"platform profile: network.fabric.kind must be fat_tree, dragonfly or rail, got {kind!r}"
+    )
 
 
 def intra_node_of(p: Platform) -> dict:
@@ -377,9 +461,12 @@ def intra_node_of(p: Platform) -> dict:
     kind = spec.get("kind") if isinstance(spec, dict) else None
     g = p.gpus_per_node
     if kind == "switch":
-        return {"kind": "switch",
-                "bytes_per_s": link_bytes_per_s(_number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu"),
-                                                True, eff)}
+        return {
+            "kind": "switch",
+            "bytes_per_s": link_bytes_per_s(
+                _number(spec.get("GBps_per_gpu"), "node.intra_node.GBps_per_gpu"), True, eff
+            ),
+        }
     if kind == "graph":
         pairs = {}
         for i, entry in enumerate(spec.get("pairs") or []):
@@ -387,17 +474,34 @@ def intra_node_of(p: Platform) -> dict:
             if not (isinstance(entry, list) and len(entry) == 3):
                 raise ValueError(f"platform profile: {where} must be [gpu, gpu, GBps]")
             a, b = entry[:2]
-            if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < g for x in (a, b)) or a == b:
-                raise ValueError(f"platform profile: {where} names GPUs outside 0..{g - 1} or a self-link")
+            if (
+                not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < g for x in (a, b)
+                )
+                or a == b
+            ):
+                raise ValueError(
+                    f"platform profile: {where} names GPUs outside 0..{g - 1} or a self-link"
+                )
             pairs[(a, b)] = pairs[(b, a)] = link_bytes_per_s(_number(entry[2], where), True, eff)
-        other = link_bytes_per_s(_number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps"),
-                                 True, eff)
+        other = link_bytes_per_s(
+            _number(spec.get("other_pairs_GBps"), "node.intra_node.other_pairs_GBps"), True, eff
+        )
         return {"kind": "graph", "pairs": pairs, "other_bytes_per_s": other}
-    raise ValueError(f"platform profile: node.intra_node.kind must be switch or graph, got {kind!r}")
+    raise ValueError(
+        f"platform profile: node.intra_node.kind must be switch or graph, got {kind!r}"
+    )
 
 
-def local_profile(gemm_tflops_per_rank: float, attention_tflops_per_rank: float, copy_GBps: float,
-                  ranks: int, memory_GB_per_rank: float, description: str, measured: dict) -> dict:
+def local_profile(
+    gemm_tflops_per_rank: float,
+    attention_tflops_per_rank: float,
+    copy_GBps: float,
+    ranks: int,
+    memory_GB_per_rank: float,
+    description: str,
+    measured: dict,
+) -> dict:
     """A profile document for the local machine from ``repro calibrate`` measurements.
 
     One rank (one process with one thread) plays one "GPU"; a node is this machine with ``ranks``
@@ -405,29 +509,64 @@ def local_profile(gemm_tflops_per_rank: float, attention_tflops_per_rank: float,
     by, so MFU here is relative to what this machine's GEMM reaches). Links between ranks are
     shared memory: the all-to-all, NIC and link bandwidths are the measured memory-copy bandwidth
     shared by the ranks, a proxy marked approximate."""
-    for name, v in (("gemm", gemm_tflops_per_rank), ("attention", attention_tflops_per_rank),
-                    ("copy", copy_GBps), ("ranks", ranks), ("memory", memory_GB_per_rank)):
+    for name, v in (
+        ("gemm", gemm_tflops_per_rank),
+        ("attention", attention_tflops_per_rank),
+        ("copy", copy_GBps),
+        ("ranks", ranks),
+        ("memory", memory_GB_per_rank),
+    ):
         if not v or v <= 0:
             raise ValueError(f"calibration measured a non-positive {name} value: {v}")
     per_rank_bw = copy_GBps / ranks
     return {
         "name": "local",
         "description": description,
-        "sources": ["measured by `repro calibrate` on this machine (suites/gemm.py GEMM ceiling, "
-                    "torch memory copy bandwidth, torch scaled_dot_product_attention)"],
+        "sources": [
+            "measured by `repro calibrate` on this machine (suites/gemm.py GEMM ceiling, "
+            "torch memory copy bandwidth, torch scaled_dot_product_attention)"
+        ],
         "measured": measured,
-        "gpu": {"name": "CPU rank (1 thread)", "peak_tflops": gemm_tflops_per_rank,
-                "hbm_GB": memory_GB_per_rank, "hbm_GBps": copy_GBps,
-                "achievable_gemm_tflops": gemm_tflops_per_rank,
-                "achievable_attention_tflops": min(attention_tflops_per_rank, gemm_tflops_per_rank)},
-        "node": {"gpus": ranks, "nics": 1, "nic_GBps": per_rank_bw, "gpu_nic_affinity": [list(range(ranks))],
-                 "intra_node_alltoall_GBps_per_gpu": per_rank_bw},
-        "network": {"topology": "single machine (shared memory)", "switch_group_nodes": 1, "rack_nodes": 1},
-        "links": [{"class": "intra_node", "scope": "shared memory between ranks", "GBps": per_rank_bw,
-                   "latency_us": 5.0},
-                  {"class": "nic_injection", "scope": "none: emulated nodes share memory", "GBps": per_rank_bw,
-                   "latency_us": 5.0}],
+        "gpu": {
+            "name": "CPU rank (1 thread)",
+            "peak_tflops": gemm_tflops_per_rank,
+            "hbm_GB": memory_GB_per_rank,
+            "hbm_GBps": copy_GBps,
+            "achievable_gemm_tflops": gemm_tflops_per_rank,
+            "achievable_attention_tflops": min(attention_tflops_per_rank, gemm_tflops_per_rank),
+        },
+        "node": {
+            "gpus": ranks,
+            "nics": 1,
+            "nic_GBps": per_rank_bw,
+            "gpu_nic_affinity": [list(range(ranks))],
+            "intra_node_alltoall_GBps_per_gpu": per_rank_bw,
+        },
+        "network": {
+            "topology": "single machine (shared memory)",
+            "switch_group_nodes": 1,
+            "rack_nodes": 1,
+        },
+        "links": [
+            {
+                "class": "intra_node",
+                "scope": "shared memory between ranks",
+                "GBps": per_rank_bw,
+                "latency_us": 5.0,
+            },
+            {
+                "class": "nic_injection",
+                "scope": "none: emulated nodes share memory",
+                "GBps": per_rank_bw,
+                "latency_us": 5.0,
+            },
+        ],
         "efficiency": {"network": 1.0, "note": "links are the measured copy bandwidth"},
         "framework_overhead_GB": 0.2,
-        "approximate": ["node.nic_GBps", "node.intra_node_alltoall_GBps_per_gpu", "links", "framework_overhead_GB"],
+        "approximate": [
+            "node.nic_GBps",
+            "node.intra_node_alltoall_GBps_per_gpu",
+            "links",
+            "framework_overhead_GB",
+        ],
     }

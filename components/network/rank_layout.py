@@ -93,9 +93,19 @@ def ring_all_reduce(comm, tensor: torch.Tensor, phase: str = "grad-allreduce") -
     return flat.reshape(tensor.shape)
 
 
-def traffic_model(nodes: int, gpus_per_node: int, ep: int, order: str, tokens_per_rank: int,
-                  top_k: int, hidden: int, expert_params_per_rank: int, act_bytes: int = 2,
-                  grad_bytes: int = 2, a2a_exchanges: int = 4) -> dict:
+def traffic_model(
+    nodes: int,
+    gpus_per_node: int,
+    ep: int,
+    order: str,
+    tokens_per_rank: int,
+    top_k: int,
+    hidden: int,
+    expert_params_per_rank: int,
+    act_bytes: int = 2,
+    grad_bytes: int = 2,
+    a2a_exchanges: int = 4,
+) -> dict:
     """Bytes per link class summed over all ranks, for one MoE layer and step (formula).
 
     Uniform routing: each of a rank's T k assignments goes to each EP index with probability
@@ -136,4 +146,7 @@ def measured_bytes(log, topo: Topology, phase_prefix: str) -> dict[str, int]:
 def comm_time_s(traffic: dict, intra_bw: float, inter_bw: float, world: int) -> float:
     """Per-rank time if each rank's share of a class's bytes moves at that class's bandwidth
     (bytes/s), classes one after the other: (intra / intra_bw + inter_node / inter_bw) / W."""
-    return sum(t["intra_node"] / intra_bw + t["inter_node"] / inter_bw for t in traffic.values()) / world
+    return (
+        sum(t["intra_node"] / intra_bw + t["inter_node"] / inter_bw for t in traffic.values())
+        / world
+    )

@@ -33,8 +33,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_repro.components.provenance import produced
-from moe_repro.components.network.platform import (ON_NODE_CLASSES, Platform, fabric_of, intra_node_of,
-                                                   link_bytes_per_s)
+from moe_repro.components.network.platform import (
+    ON_NODE_CLASSES,
+    Platform,
+    fabric_of,
+    intra_node_of,
+    link_bytes_per_s,
+)
 from moe_repro.components.network.topology import Topology
 
 GB = 1e9
@@ -50,13 +55,16 @@ _PROFILE_CLASS = {
 
 # --- machine -------------------------------------------------------------------------------
 
+
 def topology_for(platform: Platform, nodes: int, gpus_per_node: int | None = None) -> Topology:
     """Rank placement for ``nodes`` nodes of ``platform``; ``gpus_per_node`` below the node's
     GPU count uses local GPUs 0..g-1 (their NIC affinity kept). Nodes fill switch groups and
     racks in order (no job-placement effects)."""
     g = int(gpus_per_node or platform.gpus_per_node)
     if not 1 <= g <= platform.gpus_per_node:
-        raise ValueError(f"gpus_per_node must be in [1, {platform.gpus_per_node}] on {platform.name}, got {g}")
+        raise ValueError(
+            f"gpus_per_node must be in [1, {platform.gpus_per_node}] on {platform.name}, got {g}"
+        )
     affinity = platform.raw.get("node", {}).get("gpu_nic_affinity") or []
     nic_of = {}
     for nic, gpus in enumerate(affinity):
@@ -64,10 +72,16 @@ def topology_for(platform: Platform, nodes: int, gpus_per_node: int | None = Non
             nic_of[int(gpu)] = nic
     group = platform.switch_group_nodes
     groups_per_rack = platform.rack_nodes // group if platform.rack_nodes >= group else 0
-    return Topology(nodes=int(nodes), ranks_per_node=g, nodes_per_group=group,
-                    groups_per_rack=groups_per_rack, nics_per_node=platform.nics_per_node,
-                    nic_of_local_rank=tuple(nic_of.get(l, l * platform.nics_per_node // platform.gpus_per_node)
-                                            for l in range(g)))
+    return Topology(
+        nodes=int(nodes),
+        ranks_per_node=g,
+        nodes_per_group=group,
+        groups_per_rack=groups_per_rack,
+        nics_per_node=platform.nics_per_node,
+        nic_of_local_rank=tuple(
+            nic_of.get(l, l * platform.nics_per_node // platform.gpus_per_node) for l in range(g)
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -98,23 +112,34 @@ class Machine:
         host = net.get("host_GBps")
         model = latency_model or net.get("latency_model", "overlapped")
         if model not in LATENCY_MODELS:
-            raise ValueError(f"latency model must be one of {', '.join(LATENCY_MODELS)}, got {model!r}")
-        return cls(platform=p,
-                   per_message_s=float(net.get("per_message_us", 0.0)) * 1e-6,
-                   link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
-                   link_bytes_per_s={c: link_bytes_per_s(float(lk["GBps"]), c in ON_NODE_CLASSES, p.nvlink_efficiency)
-                                     for c, lk in links.items() if "GBps" in lk},
-                   package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
-                   host_bytes_per_s=float(host) * GB if host else None,
-                   self_copies=bool(net.get("self_copies", False)),
-                   latency_model=model, window=int(net.get("window", DEFAULT_WINDOW)),
-                   intra=intra_node_of(p), fabric=fabric_of(p))
+            raise ValueError(
+                f"latency model must be one of {', '.join(LATENCY_MODELS)}, got {model!r}"
+            )
+        return cls(
+            platform=p,
+            per_message_s=float(net.get("per_message_us", 0.0)) * 1e-6,
+            link_latency_s={c: float(lk.get("latency_us", 0.0)) * 1e-6 for c, lk in links.items()},
+            link_bytes_per_s={
+                c: link_bytes_per_s(float(lk["GBps"]), c in ON_NODE_CLASSES, p.nvlink_efficiency)
+                for c, lk in links.items()
+                if "GBps" in lk
+            },
+            package_of=tuple(package_of.get(l, -1 - l) for l in range(p.gpus_per_node)),
+            host_bytes_per_s=float(host) * GB if host else None,
+            self_copies=bool(net.get("self_copies", False)),
+            latency_model=model,
+            window=int(net.get("window", DEFAULT_WINDOW)),
+            intra=intra_node_of(p),
+            fabric=fabric_of(p),
+        )
 
     def profile_class(self, topo: Topology, src: int, dst: int) -> str:
         """The profile link class a message between two ranks travels on (for its latency)."""
         cls = topo.link_class(src, dst)
         if cls == "intra_node":
-            same_pkg = self.package_of[topo.local_rank(src)] == self.package_of[topo.local_rank(dst)]
+            same_pkg = (
+                self.package_of[topo.local_rank(src)] == self.package_of[topo.local_rank(dst)]
+            )
             if same_pkg and "intra_package" in self.link_latency_s:
                 return "intra_package"
         for name in _PROFILE_CLASS[cls]:
@@ -134,19 +159,27 @@ class Machine:
         p, o_us = self.platform, self.per_message_s * 1e6
         out = [f"platform {p.name}: link bandwidths and latencies as in its profile"]
         if self.latency_model == "serial":
-            out.append(f"latency model serial: a rank issuing m messages in a phase starts them all "
-                       f"after m x {o_us:g} us (per_message_us), not overlapped with transfers")
+            out.append(
+                f"latency model serial: a rank issuing m messages in a phase starts them all "
+                f"after m x {o_us:g} us (per_message_us), not overlapped with transfers"
+            )
         else:
-            window = f"at most {self.window} messages in flight per rank" if self.window else "no window"
-            out.append(f"latency model overlapped (LogGP-style): each message costs its sender "
-                       f"{o_us:g} us of issue time (per_message_us), overlapped with the transfers of "
-                       f"earlier messages; {window}, modelled as a rate cap window x mean message "
-                       f"size / link latency")
+            window = (
+                f"at most {self.window} messages in flight per rank" if self.window else "no window"
+            )
+            out.append(
+                f"latency model overlapped (LogGP-style): each message costs its sender "
+                f"{o_us:g} us of issue time (per_message_us), overlapped with the transfers of "
+                f"earlier messages; {window}, modelled as a rate cap window x mean message "
+                f"size / link latency"
+            )
         out.append("each message waits the latency of its link class before its first byte moves")
         if self.self_copies:
-            out.append("a rank's rows for itself are copied through its own port and the host at the "
-                       "link rate, after the link latency like its other bytes, with no issue cost "
-                       "(network.self_copies)")
+            out.append(
+                "a rank's rows for itself are copied through its own port and the host at the "
+                "link rate, after the link latency like its other bytes, with no issue cost "
+                "(network.self_copies)"
+            )
         out.append(INTRA_DESCRIPTION[self.intra["kind"]])
         out.append(fabric_description(self.fabric))
         out += LEFT_OUT
@@ -159,11 +192,11 @@ LATENCY_MODELS = ("overlapped", "serial")
 DEFAULT_WINDOW = 32
 INTRA_DESCRIPTION = {
     "port": "intra-node: one port per GPU (node.intra_node_alltoall_GBps_per_gpu) shared by all "
-            "its intra-node bytes, plus a per-pair link",
+    "its intra-node bytes, plus a per-pair link",
     "switch": "intra-node: a non-blocking switch (NVSwitch); each GPU's port carries its own bytes "
-              "at full rate to any peer",
+    "at full rate to any peer",
     "graph": "intra-node: direct links between GPU pairs (node.intra_node.pairs); pairs without a "
-             "listed link use other_pairs_GBps (multi-hop routing through a third GPU not modelled)",
+    "listed link use other_pairs_GBps (multi-hop routing through a third GPU not modelled)",
 }
 LEFT_OUT = [
     "contention is max-min fair between concurrent flows (fluid model; no packets, no congestion "
@@ -185,18 +218,25 @@ LEFT_OUT = [
 
 def fabric_description(f: dict) -> str:
     if f["kind"] == "rail":
-        return (f"fabric rail-optimised: NIC k of every node on rail switch k of its group of "
-                f"{f['rail_group_nodes']} nodes; same-rail traffic inside a group crosses one switch, "
-                f"every other inter-node byte goes up to the spine, whose uplinks carry taper "
-                f"{f['spine_taper']:g} x the rail switch's downlink rate (no PXN rerouting over NVLink)")
-    levels = ", ".join(f"{lv['name']} of {lv['nodes']} nodes taper {lv['taper']:g}" for lv in f["levels"])
+        return (
+            f"fabric rail-optimised: NIC k of every node on rail switch k of its group of "
+            f"{f['rail_group_nodes']} nodes; same-rail traffic inside a group crosses one switch, "
+            f"every other inter-node byte goes up to the spine, whose uplinks carry taper "
+            f"{f['spine_taper']:g} x the rail switch's downlink rate (no PXN rerouting over NVLink)"
+        )
+    levels = ", ".join(
+        f"{lv['name']} of {lv['nodes']} nodes taper {lv['taper']:g}" for lv in f["levels"]
+    )
     if f["kind"] == "dragonfly":
-        return (f"fabric Dragonfly ({levels}): global links pooled per group, so uniform traffic "
-                f"spreads evenly over them (per-arc limits and non-minimal routing not modelled)")
+        return (
+            f"fabric Dragonfly ({levels}): global links pooled per group, so uniform traffic "
+            f"spreads evenly over them (per-arc limits and non-minimal routing not modelled)"
+        )
     return f"fabric fat tree ({levels or 'one switch'}): a byte leaving a domain uses its uplinks"
 
 
 # --- flows and the fluid engine --------------------------------------------------------------
+
 
 @dataclass
 class Flow:
@@ -226,8 +266,13 @@ def max_min_rates(flows: list[Flow], capacity: dict) -> list[float]:
 _LEVEL_TOLERANCE = 1e-12
 
 
-def _implied_resources(use_flow: np.ndarray, use_res: np.ndarray, use_coef: np.ndarray,
-                       families: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+def _implied_resources(
+    use_flow: np.ndarray,
+    use_res: np.ndarray,
+    use_coef: np.ndarray,
+    families: np.ndarray,
+    capacity: np.ndarray,
+) -> np.ndarray:
     """Resources that can never be the bottleneck (a mask): every flow on resource r also uses
     a resource of one family (same key kind, e.g. the destination NICs under a spine switch)
     with at least the same coefficient, and those resources' capacities sum to at most r's.
@@ -247,7 +292,9 @@ def _implied_resources(use_flow: np.ndarray, use_res: np.ndarray, use_coef: np.n
         pick[use_flow[mine]] = use_res[mine]
         pick_coef[use_flow[mine]] = use_coef[mine]
         q = pick[use_flow]
-        lower = (capacity[q] < capacity[use_res]) | ((capacity[q] == capacity[use_res]) & (q < use_res))
+        lower = (capacity[q] < capacity[use_res]) | (
+            (capacity[q] == capacity[use_res]) & (q < use_res)
+        )
         ok = (q >= 0) & (q != use_res) & (pick_coef[use_flow] >= use_coef) & lower
         fails = np.zeros(R, dtype=bool)
         fails[use_res[~ok]] = True
@@ -272,12 +319,19 @@ class _FlowTable:
                 use_coef.append(c)
         self.capacity = np.array([capacity[k] for k in keys], dtype=float)
         family_of = {}
-        families = np.array([family_of.setdefault(k[0] if isinstance(k, tuple) else k, len(family_of))
-                             for k in keys], dtype=np.int64)
+        families = np.array(
+            [
+                family_of.setdefault(k[0] if isinstance(k, tuple) else k, len(family_of))
+                for k in keys
+            ],
+            dtype=np.int64,
+        )
         use_flow = np.array(use_flow, dtype=np.int64)
         use_res = np.array(use_res, dtype=np.int64)
         use_coef = np.array(use_coef, dtype=float)
-        kept = ~_implied_resources(use_flow, use_res, use_coef, families[use_res], self.capacity)[use_res]
+        kept = ~_implied_resources(use_flow, use_res, use_coef, families[use_res], self.capacity)[
+            use_res
+        ]
         self.use_flow, self.use_res, self.use_coef = use_flow[kept], use_res[kept], use_coef[kept]
         self.n_flows = len(flows)
 
@@ -309,19 +363,29 @@ class _FlowTable:
                     break  # only unlimited resources left
                 # A resource is ready when no flow on it has a lower share elsewhere; a flow on a
                 # ready resource has its lowest share there (to within tol) and is fixed at it.
-                not_ready = np.bincount(res, weights=flow_min[fl] * tol < use_share, minlength=R) > 0
+                not_ready = (
+                    np.bincount(res, weights=flow_min[fl] * tol < use_share, minlength=R) > 0
+                )
                 fixed = np.bincount(fl, weights=~not_ready[res], minlength=A) > 0
                 rate[fixed] = flow_min[fixed]
                 done = fixed[fl]
                 # zeros for the unfixed flows' uses: the sums are those over the fixed ones
-                remaining -= np.bincount(res, weights=np.where(done, coef * rate[fl], 0.0), minlength=R)
+                remaining -= np.bincount(
+                    res, weights=np.where(done, coef * rate[fl], 0.0), minlength=R
+                )
                 keep = np.flatnonzero(~done)  # indices, as above
                 fl, res, coef = fl[keep], res[keep], coef[keep]
         return rate
 
 
-def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[str]],
-              rank_messages: dict, per_message_s: float = 0.0, progress=None) -> dict:
+def run_flows(
+    flows: list[Flow],
+    capacity: dict,
+    dependencies: dict[str, list[str]],
+    rank_messages: dict,
+    per_message_s: float = 0.0,
+    progress=None,
+) -> dict:
     """Event-driven fluid run. ``rank_messages[(rank, phase)]`` = messages that rank issues in
     the phase (per-message overhead). Returns phase start/end times and the total time.
 
@@ -334,8 +398,10 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
     n = len(flows)
     table = _FlowTable(flows, capacity)
     nbytes = np.array([float(f.nbytes) for f in flows], dtype=float)
-    delay = np.array([per_message_s * rank_messages.get((f.src, f.phase), 0) + f.release_delay
-                      for f in flows], dtype=float)
+    delay = np.array(
+        [per_message_s * rank_messages.get((f.src, f.phase), 0) + f.release_delay for f in flows],
+        dtype=float,
+    )
     of_phase = {ph: [] for ph in phases}
     for i, f in enumerate(flows):
         of_phase[f.phase].append(i)
@@ -430,6 +496,7 @@ def run_flows(flows: list[Flow], capacity: dict, dependencies: dict[str, list[st
 
 # --- building flows from a schedule ----------------------------------------------------------
 
+
 @dataclass
 class SimResult:
     """One simulated collective. All times in seconds; every number is simulated."""
@@ -444,13 +511,30 @@ class SimResult:
     simulated: bool = True
 
     def to_dict(self) -> dict:
-        return {"time_s": self.time_s, "eq6_bound_s": self.eq6_bound_s, "phase_end_s": self.phase_end_s,
-                "link_bytes": self.link_bytes, "flows": self.flows, "simulated": True,
-                "latency_model": self.latency_model, "assumptions": list(self.assumptions)}
+        return {
+            "time_s": self.time_s,
+            "eq6_bound_s": self.eq6_bound_s,
+            "phase_end_s": self.phase_end_s,
+            "link_bytes": self.link_bytes,
+            "flows": self.flows,
+            "simulated": True,
+            "latency_model": self.latency_model,
+            "assumptions": list(self.assumptions),
+        }
 
 
-def _flow_uses(m: Machine, topo: Topology, src_key, dst_key, src: int, dst: int,
-               out_coef: float, in_coef: float, per_node_share: bool, host_coef: float | None = None) -> dict:
+def _flow_uses(
+    m: Machine,
+    topo: Topology,
+    src_key,
+    dst_key,
+    src: int,
+    dst: int,
+    out_coef: float,
+    in_coef: float,
+    per_node_share: bool,
+    host_coef: float | None = None,
+) -> dict:
     """Resources of one message class and its coefficients. ``src_key``/``dst_key`` name the
     node instance (a node id, or a node class in aggregated mode, where fabric uplinks are
     per-node shares)."""
@@ -513,7 +597,11 @@ def _capacity(m: Machine, topo: Topology, keys, per_node_share: bool) -> dict:
     for k in keys:
         kind = k[0]
         if kind in ("gpu_tx", "gpu_rx"):
-            cap[k] = m.intra["bytes_per_s"] if m.intra["kind"] == "switch" else p.intra_node_a2a_bytes_per_s
+            cap[k] = (
+                m.intra["bytes_per_s"]
+                if m.intra["kind"] == "switch"
+                else p.intra_node_a2a_bytes_per_s
+            )
         elif kind == "pair":
             if m.intra["kind"] == "graph":
                 cap[k] = m.intra["pairs"].get((k[2], k[3]), m.intra["other_bytes_per_s"])
@@ -575,9 +663,14 @@ def _issue_counts(m: Machine, counts: dict) -> dict:
     return counts if m.latency_model == "serial" else {k: min(v, 1) for k, v in counts.items()}
 
 
-def simulate_messages(messages, topo: Topology, platform: Platform,
-                      dependencies: dict[str, list[str]], latency_model: str | None = None,
-                      progress=None) -> SimResult:
+def simulate_messages(
+    messages,
+    topo: Topology,
+    platform: Platform,
+    dependencies: dict[str, list[str]],
+    latency_model: str | None = None,
+    progress=None,
+) -> SimResult:
     """Per-message simulation of an explicit schedule: every (phase, src, dst, nbytes) message
     is one flow on the resources of its own nodes. Self-messages are local copies (no link), or,
     where the profile sets ``network.self_copies``, flows on the rank's own port and the host.
@@ -591,11 +684,21 @@ def simulate_messages(messages, topo: Topology, platform: Platform,
         if nbytes <= 0 or (src == dst and not m.self_copies):
             continue
         pclass = m.profile_class(topo, src, dst)
-        f = Flow(phase=phase, src=src, nbytes=float(nbytes), count=1.0, pclass=pclass,
-                 uses=_flow_uses(m, topo, topo.node_of(src), topo.node_of(dst), src, dst, 1.0, 1.0, False),
-                 release_delay=m.latency(pclass))
+        f = Flow(
+            phase=phase,
+            src=src,
+            nbytes=float(nbytes),
+            count=1.0,
+            pclass=pclass,
+            uses=_flow_uses(
+                m, topo, topo.node_of(src), topo.node_of(dst), src, dst, 1.0, 1.0, False
+            ),
+            release_delay=m.latency(pclass),
+        )
         flows.append(f)
-        if src == dst:  # network.self_copies: a copy on the rank's own port and the host, no message
+        if (
+            src == dst
+        ):  # network.self_copies: a copy on the rank's own port and the host, no message
             continue
         counts[(src, phase)] += 1
         if topo.is_inter_node(src, dst):
@@ -605,12 +708,19 @@ def simulate_messages(messages, topo: Topology, platform: Platform,
     cap = _capacity(m, topo, keys, per_node_share=False)
     _add_issue_limits(m, flows, cap)
     run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s, progress)
-    return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
-                     phase_end_s=run["phase_end_s"], link_bytes=bytes_by_link_class(messages, topo),
-                     flows=len(flows), latency_model=m.latency_model, assumptions=tuple(m.assumptions()))
+    return SimResult(
+        time_s=run["time_s"],
+        eq6_bound_s=_eq6_bound(nic_bytes, platform),
+        phase_end_s=run["phase_end_s"],
+        link_bytes=bytes_by_link_class(messages, topo),
+        flows=len(flows),
+        latency_model=m.latency_model,
+        assumptions=tuple(m.assumptions()),
+    )
 
 
 # --- aggregated simulation of expected routing ------------------------------------------------
+
 
 def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[int]]:
     """(class of every node, representative node of every class): nodes whose ranks receive the
@@ -619,7 +729,7 @@ def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[
     pattern_class: dict[tuple, int] = {}
     cls_of, reps = [], []
     for n in range(topo.nodes):
-        key = tuple(rows_to[n * R:(n + 1) * R])
+        key = tuple(rows_to[n * R : (n + 1) * R])
         if key not in pattern_class:
             pattern_class[key] = len(reps)
             reps.append(n)
@@ -627,8 +737,14 @@ def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[
     return cls_of, reps
 
 
-def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform: Platform,
-                      dependencies: dict[str, list[str]], latency_model: str | None = None) -> SimResult:
+def simulate_expected(
+    schedule_fn,
+    rows_to: list[int],
+    topo: Topology,
+    platform: Platform,
+    dependencies: dict[str, list[str]],
+    latency_model: str | None = None,
+) -> SimResult:
     """Aggregated simulation when every source rank sends ``rows_to[d]`` rows to rank d.
 
     ``schedule_fn(C, ranks)`` must return the algorithm's (phase, src, dst, nbytes) messages of
@@ -652,9 +768,16 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
     for phase, src, dst, nbytes in messages:
         if nbytes <= 0 or (src == dst and not m.self_copies):
             continue
-        key = (phase, src, cls_of[topo.node_of(dst)], topo.local_rank(dst),
-               "self" if src == dst else topo.link_class(src, dst), m.profile_class(topo, src, dst),
-               _route(m, topo, src, dst), float(nbytes))
+        key = (
+            phase,
+            src,
+            cls_of[topo.node_of(dst)],
+            topo.local_rank(dst),
+            "self" if src == dst else topo.link_class(src, dst),
+            m.profile_class(topo, src, dst),
+            _route(m, topo, src, dst),
+            float(nbytes),
+        )
         rec = merged.setdefault(key, [0, dst])
         rec[0] += 1
 
@@ -665,10 +788,26 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
         # ``count`` flows leave one node of class A; one node of class B receives, on average,
         # count * |A| / |B| of them (every node of A sends the same).
         in_coef = count * size[A] / size[B]
-        f = Flow(phase=phase, src=src, nbytes=nbytes, count=count, pclass=pclass,
-                 uses=_flow_uses(m, topo, ("c", A), ("c", B), src, dst, count, in_coef, True,
-                                 host_coef=count * size[A]),
-                 release_delay=m.latency(pclass))
+        f = Flow(
+            phase=phase,
+            src=src,
+            nbytes=nbytes,
+            count=count,
+            pclass=pclass,
+            uses=_flow_uses(
+                m,
+                topo,
+                ("c", A),
+                ("c", B),
+                src,
+                dst,
+                count,
+                in_coef,
+                True,
+                host_coef=count * size[A],
+            ),
+            release_delay=m.latency(pclass),
+        )
         flows.append(f)
         if lclass == "self":  # network.self_copies: a copy, on no link, issued as no message
             continue
@@ -681,14 +820,24 @@ def simulate_expected(schedule_fn, rows_to: list[int], topo: Topology, platform:
     cap = _capacity(m, topo, keys, per_node_share=True)
     _add_issue_limits(m, flows, cap)
     run = run_flows(flows, cap, dependencies, _issue_counts(m, counts), m.per_message_s)
-    lb = {c: int(round(link_bytes.get(c, 0.0))) for c in ("intra_node", "intra_group", "inter_group", "inter_rack")}
+    lb = {
+        c: int(round(link_bytes.get(c, 0.0)))
+        for c in ("intra_node", "intra_group", "inter_group", "inter_rack")
+    }
     lb["inter_node"] = lb["intra_group"] + lb["inter_group"] + lb["inter_rack"]
-    return SimResult(time_s=run["time_s"], eq6_bound_s=_eq6_bound(nic_bytes, platform),
-                     phase_end_s=run["phase_end_s"], link_bytes=lb, flows=len(flows),
-                     latency_model=m.latency_model, assumptions=tuple(m.assumptions()))
+    return SimResult(
+        time_s=run["time_s"],
+        eq6_bound_s=_eq6_bound(nic_bytes, platform),
+        phase_end_s=run["phase_end_s"],
+        link_bytes=lb,
+        flows=len(flows),
+        latency_model=m.latency_model,
+        assumptions=tuple(m.assumptions()),
+    )
 
 
 # --- calibration (local profile) -------------------------------------------------------------
+
 
 def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
     """Least-squares fit of t = alpha + bytes / beta (Hockney model); returns (alpha_s, beta_Bps).
@@ -703,8 +852,9 @@ def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tup
     return max(float(alpha), 0.0), 1.0 / float(slope)
 
 
-def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
-                       host_cores: int | None = None) -> Platform:
+def calibrated_profile(
+    alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1, host_cores: int | None = None
+) -> Platform:
     """A local profile from a Hockney fit of real runs (see :func:`fit_latency_bandwidth`):
     per-message cost alpha, every link (port, pair, NIC) at bandwidth beta. Emulated nodes are
     processes of one machine, so no link class is faster than another. ``host_cores``: the
@@ -714,17 +864,35 @@ def calibrated_profile(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: i
 
     g = int(gpus_per_node)
     bw = beta_bytes_per_s / GB
-    return from_dict({
-        "name": "local (calibrated)",
-        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": bw, "achievable_gemm_tflops": 1,
-                "achievable_attention_tflops": 1},
-        "node": {"gpus": g, "nics": g, "nic_GBps": bw, "gpu_nic_affinity": [[i] for i in range(g)],
-                 "intra_node_alltoall_GBps_per_gpu": bw},
-        "network": {"switch_group_nodes": 1, "rack_nodes": 1, "per_message_us": alpha_s * 1e6,
-                    **({"host_GBps": host_cores * bw} if host_cores else {})},
-        "links": [{"class": "intra_node", "GBps": bw, "latency_us": 0.0},
-                  {"class": "nic_injection", "GBps": bw, "latency_us": 0.0}],
-    })
+    return from_dict(
+        {
+            "name": "local (calibrated)",
+            "gpu": {
+                "peak_tflops": 1,
+                "hbm_GB": 1,
+                "hbm_GBps": bw,
+                "achievable_gemm_tflops": 1,
+                "achievable_attention_tflops": 1,
+            },
+            "node": {
+                "gpus": g,
+                "nics": g,
+                "nic_GBps": bw,
+                "gpu_nic_affinity": [[i] for i in range(g)],
+                "intra_node_alltoall_GBps_per_gpu": bw,
+            },
+            "network": {
+                "switch_group_nodes": 1,
+                "rack_nodes": 1,
+                "per_message_us": alpha_s * 1e6,
+                **({"host_GBps": host_cores * bw} if host_cores else {}),
+            },
+            "links": [
+                {"class": "intra_node", "GBps": bw, "latency_us": 0.0},
+                {"class": "nic_injection", "GBps": bw, "latency_us": 0.0},
+            ],
+        }
+    )
 
 
 # --- calibration: the local all-to-all's latency, per-message cost and bandwidth from real runs ---
@@ -739,28 +907,49 @@ ALLTOALL_FIT_FORM = (
     "host_cores x beta); a run's time t = n_L x L + n_o x o + B / beta, where n_L (latencies on the "
     "critical path), n_o (messages issued on it) and B (bytes, host sharing included) are read off "
     "the simulator for the run's real messages (a rank's copies to itself included: "
-    "network.self_copies)")
+    "network.self_copies)"
+)
 _UNBOUNDED_Bps = 1e18  # bandwidth so high that bytes take no time (reads off the latency terms)
 
 
-def local_alltoall_profile(latency_s: float, per_message_s: float, bytes_per_s: float,
-                           gpus_per_node: int, host_cores: int | None = None) -> dict:
+def local_alltoall_profile(
+    latency_s: float,
+    per_message_s: float,
+    bytes_per_s: float,
+    gpus_per_node: int,
+    host_cores: int | None = None,
+) -> dict:
     """A local profile document (ranks of this machine as "GPUs", emulated nodes of
     ``gpus_per_node`` ranks) whose all-to-all costs are those of an all-to-all fit; see
     :func:`apply_alltoall_fit` for what is set."""
     g = int(gpus_per_node)
     doc = {
         "name": "local (calibrated all-to-all)",
-        "gpu": {"peak_tflops": 1, "hbm_GB": 1, "hbm_GBps": 1, "achievable_gemm_tflops": 1,
-                "achievable_attention_tflops": 1},
-        "node": {"gpus": g, "nics": 1, "nic_GBps": 1, "gpu_nic_affinity": [list(range(g))],
-                 "intra_node_alltoall_GBps_per_gpu": 1},
+        "gpu": {
+            "peak_tflops": 1,
+            "hbm_GB": 1,
+            "hbm_GBps": 1,
+            "achievable_gemm_tflops": 1,
+            "achievable_attention_tflops": 1,
+        },
+        "node": {
+            "gpus": g,
+            "nics": 1,
+            "nic_GBps": 1,
+            "gpu_nic_affinity": [list(range(g))],
+            "intra_node_alltoall_GBps_per_gpu": 1,
+        },
         "network": {"switch_group_nodes": 1, "rack_nodes": 1},
-        "links": [{"class": "intra_node", "GBps": 1, "latency_us": 0.0},
-                  {"class": "nic_injection", "GBps": 1, "latency_us": 0.0}],
+        "links": [
+            {"class": "intra_node", "GBps": 1, "latency_us": 0.0},
+            {"class": "nic_injection", "GBps": 1, "latency_us": 0.0},
+        ],
     }
-    return apply_alltoall_fit(doc, {"latency_s": latency_s, "per_message_s": per_message_s,
-                                    "bytes_per_s": bytes_per_s}, host_cores)
+    return apply_alltoall_fit(
+        doc,
+        {"latency_s": latency_s, "per_message_s": per_message_s, "bytes_per_s": bytes_per_s},
+        host_cores,
+    )
 
 
 def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> dict:
@@ -772,8 +961,12 @@ def apply_alltoall_fit(doc: dict, fit: dict, host_cores: int | None = None) -> d
     ``network.self_copies``: a rank's rows for itself move through its port like a peer's."""
     g = int(doc["node"]["gpus"])
     bw = fit["bytes_per_s"] / GB
-    doc["node"].update(nics=g, nic_GBps=bw, gpu_nic_affinity=[[i] for i in range(g)],
-                       intra_node_alltoall_GBps_per_gpu=bw)
+    doc["node"].update(
+        nics=g,
+        nic_GBps=bw,
+        gpu_nic_affinity=[[i] for i in range(g)],
+        intra_node_alltoall_GBps_per_gpu=bw,
+    )
     doc["node"].pop("intra_node", None)  # the per-GPU port model is what was fitted
     net = doc.setdefault("network", {})
     net.update(per_message_us=fit["per_message_s"] * 1e6, latency_model="serial")
@@ -795,7 +988,7 @@ def chained(dependencies: dict[str, list[str]]) -> dict[str, list[str]]:
     whose cores the ranks already fill: alltoall-validation measures how much two collectives
     at once overlap there). A chain stays the same chain."""
     names = list(dependencies)
-    return {name: names[i - 1:i] for i, name in enumerate(names)}
+    return {name: names[i - 1 : i] for i, name in enumerate(names)}
 
 
 def blend_overlap(overlapped_s: float, chained_s: float, overlap: float) -> float:
@@ -808,8 +1001,9 @@ def blend_overlap(overlapped_s: float, chained_s: float, overlap: float) -> floa
     return overlap * overlapped_s + (1.0 - overlap) * chained_s
 
 
-def alltoall_time_terms(messages, topo: Topology, dependencies: dict[str, list[str]],
-                        host_cores: int | None = None) -> tuple[float, float, float]:
+def alltoall_time_terms(
+    messages, topo: Topology, dependencies: dict[str, list[str]], host_cores: int | None = None
+) -> tuple[float, float, float]:
     """(n_L, n_o, B) of a schedule on a local profile (see ALLTOALL_FIT_FORM): the simulated time
     with L = 1 s alone, with o = 1 s alone, and x 1 B/s with beta alone. The serial model's time
     is their sum t = n_L L + n_o o + B / beta exactly when one chain of phases and one rank decide
@@ -829,11 +1023,21 @@ def alltoall_time_terms(messages, topo: Topology, dependencies: dict[str, list[s
     return n_latency, n_messages, nbytes
 
 
-def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: float,
-                ranks: int, host_cores: int | None, fresh_bytes: float = 0.0,
-                fresh_bytes_per_s: float | None = None, python_ops: float = 0.0,
-                per_python_op_s: float = 0.0, sort_work: float = 0.0,
-                per_sort_unit_s: float = 0.0, stretch: float | None = None) -> float:
+def host_work_s(
+    ops: float,
+    nbytes: float,
+    per_op_s: float,
+    pack_bytes_per_s: float,
+    ranks: int,
+    host_cores: int | None,
+    fresh_bytes: float = 0.0,
+    fresh_bytes_per_s: float | None = None,
+    python_ops: float = 0.0,
+    per_python_op_s: float = 0.0,
+    sort_work: float = 0.0,
+    per_sort_unit_s: float = 0.0,
+    stretch: float | None = None,
+) -> float:
     """The CPU work around a local all-to-all's messages, which the flow model leaves out: ``ops``
     framework ops at ``per_op_s`` each, ``nbytes`` packed, reordered or reconstructed into reused
     buffers at ``pack_bytes_per_s``, ``fresh_bytes`` written into fresh tensors at
@@ -846,19 +1050,41 @@ def host_work_s(ops: float, nbytes: float, per_op_s: float, pack_bytes_per_s: fl
     the machine included). Added to the simulated time (serial: these dispatches pack, then
     send, then unpack)."""
     fresh_rate = pack_bytes_per_s if fresh_bytes_per_s is None else fresh_bytes_per_s
-    if min(ops, nbytes, fresh_bytes, per_op_s, python_ops, per_python_op_s, sort_work, per_sort_unit_s) < 0 \
-            or pack_bytes_per_s <= 0 or fresh_rate <= 0:
+    if (
+        min(
+            ops,
+            nbytes,
+            fresh_bytes,
+            per_op_s,
+            python_ops,
+            per_python_op_s,
+            sort_work,
+            per_sort_unit_s,
+        )
+        < 0
+        or pack_bytes_per_s <= 0
+        or fresh_rate <= 0
+    ):
         raise ValueError("host work needs non-negative counts and costs and positive rates")
     if stretch is not None and not stretch > 0:
         raise ValueError(f"host work stretch must be positive, got {stretch}")
     share = stretch if stretch is not None else max(1.0, ranks / host_cores) if host_cores else 1.0
-    return (ops * per_op_s + nbytes / pack_bytes_per_s + fresh_bytes / fresh_rate
-            + python_ops * per_python_op_s + sort_work * per_sort_unit_s) * share
+    return (
+        ops * per_op_s
+        + nbytes / pack_bytes_per_s
+        + fresh_bytes / fresh_rate
+        + python_ops * per_python_op_s
+        + sort_work * per_sort_unit_s
+    ) * share
 
 
-def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[float],
-                       known_s: list[float] | None = None, groups: list | None = None,
-                       per_message_by_group: bool = False) -> dict:
+def fit_alltoall_terms(
+    terms: list[tuple[float, float, float]],
+    times_s: list[float],
+    known_s: list[float] | None = None,
+    groups: list | None = None,
+    per_message_by_group: bool = False,
+) -> dict:
     """Non-negative least squares of t = n_L L + n_o o + B / beta + k on relative error (each run
     weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time), where k is
     a known part of each run's time (``known_s``, default 0: the host work of host_work_s,
@@ -879,8 +1105,14 @@ def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[fl
     A3 = np.asarray(terms, float)
     t = np.asarray(times_s, float)
     k = np.zeros_like(t) if known_s is None else np.asarray(known_s, float)
-    if A3.ndim != 2 or A3.shape[1] != 3 or not np.all(np.isfinite(A3)) or not np.all(t > 0) \
-            or k.shape != t.shape or not np.all(k >= 0):
+    if (
+        A3.ndim != 2
+        or A3.shape[1] != 3
+        or not np.all(np.isfinite(A3))
+        or not np.all(t > 0)
+        or k.shape != t.shape
+        or not np.all(k >= 0)
+    ):
         raise ValueError("terms must be (n_L, n_o, B) triples, times positive, known parts >= 0")
     labels = [None] * len(t) if groups is None else list(groups)
     if len(labels) != len(t):
@@ -896,8 +1128,12 @@ def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[fl
     # A group whose runs all issue as many messages per phase (n_o / n_L the same: a world of one
     # node) cannot tell o_g from L_g: its o_g is held at 0 and L_g prices the whole phase (any
     # split predicts the same for such runs).
-    untold = [g for g in names if per_message_by_group and np.linalg.matrix_rank(
-        A3[[i for i, lab in enumerate(labels) if lab == g]][:, :2]) < 2]
+    untold = [
+        g
+        for g in names
+        if per_message_by_group
+        and np.linalg.matrix_rank(A3[[i for i, lab in enumerate(labels) if lab == g]][:, :2]) < 2
+    ]
     for g in untold:
         A[:, G + names.index(g)] = 0.0
     W = A / t[:, None]  # relative residual: (A x + k - t) / t
@@ -924,6 +1160,11 @@ def fit_alltoall_terms(terms: list[tuple[float, float, float]], times_s: list[fl
     o_by_group = {g: float(x[G + (i if per_message_by_group else 0)]) for i, g in enumerate(names)}
     latency = float(np.median([by_group[g] for g in labels]))
     per_message = float(np.median([o_by_group[g] for g in labels]))
-    return {"latency_s": latency, "latency_s_by_group": by_group, "per_message_s": per_message,
-            "per_message_s_by_group": o_by_group, "bytes_per_s": 1.0 / float(x[-1]),
-            "residuals": [float(r) for r in (A @ x + k) / t - 1.0]}
+    return {
+        "latency_s": latency,
+        "latency_s_by_group": by_group,
+        "per_message_s": per_message,
+        "per_message_s_by_group": o_by_group,
+        "bytes_per_s": 1.0 / float(x[-1]),
+        "residuals": [float(r) for r in (A @ x + k) / t - 1.0],
+    }

@@ -43,14 +43,17 @@ class Topology:
 
     def __post_init__(self):
         if self.nodes < 1 or self.ranks_per_node < 1:
-            raise ValueError(f"need nodes >= 1 and ranks_per_node >= 1, got {self.nodes}, "
-                             f"{self.ranks_per_node}")
+            raise ValueError(
+                f"need nodes >= 1 and ranks_per_node >= 1, got {self.nodes}, {self.ranks_per_node}"
+            )
         if self.nics_per_node < 1:
             raise ValueError(f"nics_per_node must be >= 1, got {self.nics_per_node}")
         if self.nic_of_local_rank:
             if len(self.nic_of_local_rank) != self.ranks_per_node:
-                raise ValueError(f"nic_of_local_rank has {len(self.nic_of_local_rank)} entries, "
-                                 f"need one per GPU of a node ({self.ranks_per_node})")
+                raise ValueError(
+                    f"nic_of_local_rank has {len(self.nic_of_local_rank)} entries, "
+                    f"need one per GPU of a node ({self.ranks_per_node})"
+                )
             if not all(0 <= n < self.nics_per_node for n in self.nic_of_local_rank):
                 raise ValueError(f"nic_of_local_rank entries must lie in [0, {self.nics_per_node})")
 
@@ -78,11 +81,14 @@ class Topology:
         if gpus is None:
             raise ValueError("platform profile has no gpus_per_node")
         affinity = pick("gpu_nic_affinity", "nic_of_gpu", default=())
-        return cls(nodes=int(nodes), ranks_per_node=int(gpus),
-                   nodes_per_group=int(pick("nodes_per_switch_group", "nodes_per_group", default=0)),
-                   groups_per_rack=int(pick("switch_groups_per_rack", "groups_per_rack", default=0)),
-                   nics_per_node=int(pick("nics_per_node", default=1)),
-                   nic_of_local_rank=tuple(int(a) for a in affinity))
+        return cls(
+            nodes=int(nodes),
+            ranks_per_node=int(gpus),
+            nodes_per_group=int(pick("nodes_per_switch_group", "nodes_per_group", default=0)),
+            groups_per_rack=int(pick("switch_groups_per_rack", "groups_per_rack", default=0)),
+            nics_per_node=int(pick("nics_per_node", default=1)),
+            nic_of_local_rank=tuple(int(a) for a in affinity),
+        )
 
     @classmethod
     def from_context(cls, ctx, ranks_per_node: int | None = None) -> "Topology":
@@ -107,8 +113,15 @@ class Topology:
         world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
         if not world:
             raise ValueError("no launcher world size in the environment (WORLD_SIZE, ...)")
-        local = first("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                      "SLURM_NTASKS_PER_NODE") or world
+        local = (
+            first(
+                "LOCAL_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MPI_LOCALNRANKS",
+                "SLURM_NTASKS_PER_NODE",
+            )
+            or world
+        )
         if world % local:
             raise ValueError(f"local world size {local} does not divide world size {world}")
         return cls(nodes=world // local, ranks_per_node=local)
@@ -161,6 +174,7 @@ class Topology:
 
 # --- byte accounting ---------------------------------------------------------------------------
 
+
 def bytes_by_link_class(messages, topo: Topology) -> dict[str, int]:
     """Sum (phase, src, dst, nbytes) messages per link class; self-messages are local copies
     and count on no link. Adds ``inter_node`` = the sum of the three inter-node classes."""
@@ -173,6 +187,7 @@ def bytes_by_link_class(messages, topo: Topology) -> dict[str, int]:
 
 
 # --- communicators (Piper Sec. V-A) ------------------------------------------------------------
+
 
 @dataclass
 class Communicators:
@@ -216,20 +231,24 @@ def build_communicators(topo: Topology, rank: int, backend: str, mpi_comm=None) 
         if mpi_comm is None:
             raise ValueError("backend 'mpi' needs the mpi4py communicator (RankContext.comm)")
         if mpi_comm.Get_size() != topo.world_size:
-            raise ValueError(f"MPI world has {mpi_comm.Get_size()} ranks, topology {topo.world_size}")
+            raise ValueError(
+                f"MPI world has {mpi_comm.Get_size()} ranks, topology {topo.world_size}"
+            )
         intra = mpi_comm.Split(color=node, key=rank)
         return Communicators(
             topo=topo,
             world=MPIComm(mpi_comm.Dup(), list(range(topo.world_size))),
             intra=MPIComm(intra, topo.node_ranks(node)),
             intra_overlap=MPIComm(intra.Dup(), topo.node_ranks(node)),
-            inter=MPIComm(mpi_comm.Split(color=nic, key=rank), topo.nic_ranks(nic)))
+            inter=MPIComm(mpi_comm.Split(color=nic, key=rank), topo.nic_ranks(nic)),
+        )
 
     import torch.distributed as dist
 
     if dist.get_world_size() != topo.world_size:
-        raise ValueError(f"torch.distributed world has {dist.get_world_size()} ranks, "
-                         f"topology {topo.world_size}")
+        raise ValueError(
+            f"torch.distributed world has {dist.get_world_size()} ranks, topology {topo.world_size}"
+        )
     groups = {}
     for n in range(topo.nodes):
         ranks = topo.node_ranks(n)
@@ -243,4 +262,5 @@ def build_communicators(topo: Topology, rank: int, backend: str, mpi_comm=None) 
         world=TorchComm(None, list(range(topo.world_size))),
         intra=TorchComm(*groups[("intra", node)]),
         intra_overlap=TorchComm(*groups[("overlap", node)]),
-        inter=TorchComm(*groups[("inter", nic)]))
+        inter=TorchComm(*groups[("inter", nic)]),
+    )

@@ -35,15 +35,31 @@ from moe_repro.components.model.params import attention_params, param_counts
 from moe_repro.components.model.zoo import MoEModel
 
 __all__ = [
-    "parameters", "attention_widths",
-    "forward_flops_breakdown", "forward_flops_per_token", "train_flops_per_token",
+    "parameters",
+    "attention_widths",
+    "forward_flops_breakdown",
+    "forward_flops_per_token",
+    "train_flops_per_token",
     "narayanan_eq3_flops",
-    "activation_terms_per_layer", "activation_bytes_per_layer",
-    "moe_activation_terms_per_layer", "moe_activation_bytes_per_layer",
-    "Precision", "PRECISION_PRESETS", "precision", "model_state_bytes",
-    "ring_allreduce_bytes", "allgather_bytes", "reduce_scatter_bytes", "alltoall_bytes",
-    "dp_bytes_per_step", "tp_bytes_per_layer", "pp_p2p_bytes_per_microbatch",
-    "ep_alltoall_bytes_per_layer", "cp_ring_bytes_per_layer", "kv_width", "comm_bytes_per_step",
+    "activation_terms_per_layer",
+    "activation_bytes_per_layer",
+    "moe_activation_terms_per_layer",
+    "moe_activation_bytes_per_layer",
+    "Precision",
+    "PRECISION_PRESETS",
+    "precision",
+    "model_state_bytes",
+    "ring_allreduce_bytes",
+    "allgather_bytes",
+    "reduce_scatter_bytes",
+    "alltoall_bytes",
+    "dp_bytes_per_step",
+    "tp_bytes_per_layer",
+    "pp_p2p_bytes_per_microbatch",
+    "ep_alltoall_bytes_per_layer",
+    "cp_ring_bytes_per_layer",
+    "kv_width",
+    "comm_bytes_per_step",
 ]
 
 ATTENTION_MODES = ("full", "causal", "none")
@@ -64,6 +80,7 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 # ============================================================================================
 # 1. Parameters
 # ============================================================================================
+
 
 def _mla_latent_norms(m: MoEModel) -> int:
     """The two latent RMSNorm weights inside MLA attention (r_q + r_kv), 0 for other attention."""
@@ -129,17 +146,34 @@ def attention_widths(m: MoEModel) -> dict[str, int]:
             raise ValueError(f"{m.key}: attn_params='mla' needs the mla shapes")
         a = m.mla
         dqk, dv = a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
-        return {"heads": h, "d_qk": dqk, "d_v": dv, "q": h * dqk, "k": h * dqk, "v": h * dv,
-                "o": h * dv, "latent": (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim}
+        return {
+            "heads": h,
+            "d_qk": dqk,
+            "d_v": dv,
+            "q": h * dqk,
+            "k": h * dqk,
+            "v": h * dv,
+            "o": h * dv,
+            "latent": (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim,
+        }
     hd = m.head_dim or m.d_model // h
     kv = m.n_kv_heads or h
-    return {"heads": h, "d_qk": hd, "d_v": hd, "q": h * hd, "k": kv * hd, "v": kv * hd,
-            "o": h * hd, "latent": 0}
+    return {
+        "heads": h,
+        "d_qk": hd,
+        "d_v": hd,
+        "q": h * hd,
+        "k": kv * hd,
+        "v": kv * hd,
+        "o": h * hd,
+        "latent": 0,
+    }
 
 
 # ============================================================================================
 # 2. FLOPs
 # ============================================================================================
+
 
 def forward_flops_breakdown(m: MoEModel, seq: int, attention: str = "full") -> dict[str, float]:
     """Forward FLOPs per token by component, whole model (all layers plus the LM head).
@@ -180,7 +214,9 @@ def forward_flops_breakdown(m: MoEModel, seq: int, attention: str = "full") -> d
     }
 
 
-def forward_flops_per_token(m: MoEModel, seq: int, attention: str = "full", head: bool = True) -> float:
+def forward_flops_per_token(
+    m: MoEModel, seq: int, attention: str = "full", head: bool = True
+) -> float:
     """Forward FLOPs per token: 2 x matmul_active [6N rule's forward third] + attention core.
 
     Equals 2 x ``parameters(m)["matmul_active"]`` + the core term of ``forward_flops_breakdown``
@@ -192,7 +228,9 @@ def forward_flops_per_token(m: MoEModel, seq: int, attention: str = "full", head
     return sum(parts.values())
 
 
-def train_flops_per_token(m: MoEModel, seq: int, attention: str = "full", recompute: str = "none") -> float:
+def train_flops_per_token(
+    m: MoEModel, seq: int, attention: str = "full", recompute: str = "none"
+) -> float:
     """Training FLOPs per token (hardware FLOPs: recomputation included when asked).
 
     ``"none"``: 3 x forward (forward, backward data-gradient, backward weight-gradient)
@@ -206,7 +244,9 @@ def train_flops_per_token(m: MoEModel, seq: int, attention: str = "full", recomp
     _choice("recompute", recompute, RECOMPUTE_MODES)
     parts = forward_flops_breakdown(m, seq, attention)
     fwd = sum(parts.values())
-    extra = {"none": 0.0, "selective": parts["attention_core"], "full": fwd - parts["head"]}[recompute]
+    extra = {"none": 0.0, "selective": parts["attention_core"], "full": fwd - parts["head"]}[
+        recompute
+    ]
     return 3 * fwd + extra
 
 
@@ -223,9 +263,19 @@ def narayanan_eq3_flops(B: float, s: int, l: int, h: int, V: int) -> float:
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
-def elementwise_bytes_per_token(h: int, a: int, s: int, ffn_active: float, n_mat: int = 2, t: int = 1,
-                                sp: bool = False, flash: bool = True, dropout: bool = False,
-                                moe_top_k: int = 0, bytes_per_value: float = 2) -> float:
+def elementwise_bytes_per_token(
+    h: int,
+    a: int,
+    s: int,
+    ffn_active: float,
+    n_mat: int = 2,
+    t: int = 1,
+    sp: bool = False,
+    flash: bool = True,
+    dropout: bool = False,
+    moe_top_k: int = 0,
+    bytes_per_value: float = 2,
+) -> float:
     """HBM bytes the non-GEMM kernels of one transformer layer's forward read and write per
     token (one GPU of a TP group), Megatron-LM's kernel set (its fusions: bias + GeLU,
     bias + dropout + add, scale + mask + softmax):
@@ -256,15 +306,27 @@ def elementwise_bytes_per_token(h: int, a: int, s: int, ffn_active: float, n_mat
 # 3. Activation memory per transformer layer (Korthikanti et al. 2022)
 # ============================================================================================
 
-def _attention_terms(n: float, s_keys: float, h: int, w: dict, t: int, sp: bool,
-                     v: float, mb: float, dropout: bool, recompute: str) -> dict[str, float]:
+
+def _attention_terms(
+    n: float,
+    s_keys: float,
+    h: int,
+    w: dict,
+    t: int,
+    sp: bool,
+    v: float,
+    mb: float,
+    dropout: bool,
+    recompute: str,
+) -> dict[str, float]:
     """Attention block and layer norms (Korthikanti Sec. 4.1), per rank. n: tokens on this CP rank
     (s b / cp); the core keeps heads x (s/cp) x s scores per sequence."""
     rep = (lambda x: x / t) if sp else (lambda x: x)  # width-h tensors TP replicates unless SP
     split = lambda x: x / t  # head-sharded tensors
     terms = {
         "layernorm": rep(2 * n * h * v),  # two LN inputs (4 sbh)
-        "attention_input": rep(n * h * v) + rep(n * w["latent"] * v),  # QKV input (2 sbh) [+ MLA latents]
+        "attention_input": rep(n * h * v)
+        + rep(n * w["latent"] * v),  # QKV input (2 sbh) [+ MLA latents]
         "attention_qkv": split(n * (w["q"] + w["k"] + w["v"]) * v),  # Q, K (4 sbh) and V (2 sbh)
         "attention_out": split(n * w["o"] * v),  # output-projection input (2 sbh)
         "attention_dropout": rep(n * h * mb),  # dropout mask after the projection (sbh)
@@ -277,9 +339,20 @@ def _attention_terms(n: float, s_keys: float, h: int, w: dict, t: int, sp: bool,
     return terms
 
 
-def activation_terms_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                               recompute: str = "none", bytes_per_value: float = 2, cp: int = 1,
-                               ffn: int | None = None, n_mat: int = 2, dropout: bool = True) -> dict[str, float]:
+def activation_terms_per_layer(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    bytes_per_value: float = 2,
+    cp: int = 1,
+    ffn: int | None = None,
+    n_mat: int = 2,
+    dropout: bool = True,
+) -> dict[str, float]:
     """Activation bytes one GPT layer keeps for backward, per micro-batch and GPU, by term.
 
     Korthikanti et al. 2022 Sec. 4.1: with 16-bit values and 1-byte dropout masks a layer stores
@@ -331,20 +404,43 @@ def activation_terms_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     return terms
 
 
-def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                               recompute: str = "none", bytes_per_value: float = 2, cp: int = 1,
-                               ffn: int | None = None, n_mat: int = 2, dropout: bool = True) -> float:
+def activation_bytes_per_layer(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    bytes_per_value: float = 2,
+    cp: int = 1,
+    ffn: int | None = None,
+    n_mat: int = 2,
+    dropout: bool = True,
+) -> float:
     """Korthikanti et al. 2022 Table 2, one dense GPT layer, bytes per GPU per micro-batch of b
     sequences of length s (the sum of ``activation_terms_per_layer``; see it for the derivation)."""
-    return sum(activation_terms_per_layer(s, b, h, a, t, sp, recompute, bytes_per_value, cp, ffn,
-                                          n_mat, dropout).values())
+    return sum(
+        activation_terms_per_layer(
+            s, b, h, a, t, sp, recompute, bytes_per_value, cp, ffn, n_mat, dropout
+        ).values()
+    )
 
 
-def moe_activation_terms_per_layer(m: MoEModel, s: int, b: int, moe: bool = True, t: int = 1,
-                                   sp: bool = False, cp: int = 1, recompute: str = "none",
-                                   bytes_per_value: float = 2, dropout: bool = False,
-                                   capacity_factor: float = 1.0,
-                                   router_bytes: float | None = None) -> dict[str, float]:
+def moe_activation_terms_per_layer(
+    m: MoEModel,
+    s: int,
+    b: int,
+    moe: bool = True,
+    t: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    recompute: str = "none",
+    bytes_per_value: float = 2,
+    dropout: bool = False,
+    capacity_factor: float = 1.0,
+    router_bytes: float | None = None,
+) -> dict[str, float]:
     """Activation bytes one layer of a zoo model keeps for backward, per micro-batch and GPU.
 
     Derivation. Korthikanti's 34 sbh + 5as^2b splits as attention 11 sbh + 5 a s^2 b, MLP 19 sbh,
@@ -376,13 +472,17 @@ def moe_activation_terms_per_layer(m: MoEModel, s: int, b: int, moe: bool = True
     ``activation_terms_per_layer``. The one layer being recomputed under full recomputation
     (its full working set, once per stage) is the stage model's business, not counted here.
     """
-    _positive(s=s, b=b, t=t, cp=cp, bytes_per_value=bytes_per_value, capacity_factor=capacity_factor)
+    _positive(
+        s=s, b=b, t=t, cp=cp, bytes_per_value=bytes_per_value, capacity_factor=capacity_factor
+    )
     _choice("recompute", recompute, RECOMPUTE_MODES)
     if moe and m.n_moe_layers == 0:
         raise ValueError(f"{m.key} has no MoE layer; pass moe=False")
     if moe and t > 1 and not sp:
-        raise ValueError("an MoE layer with tensor parallelism needs sequence parallelism (sp=True), "
-                         "as Megatron-core requires")
+        raise ValueError(
+            "an MoE layer with tensor parallelism needs sequence parallelism (sp=True), "
+            "as Megatron-core requires"
+        )
     v, mb, h = bytes_per_value, (1 if dropout else 0), m.d_model
     n = s * b / cp
     if recompute == "full":
@@ -408,18 +508,43 @@ def moe_activation_terms_per_layer(m: MoEModel, s: int, b: int, moe: bool = True
     return terms
 
 
-def moe_activation_bytes_per_layer(m: MoEModel, s: int, b: int, moe: bool = True, t: int = 1,
-                                   sp: bool = False, cp: int = 1, recompute: str = "none",
-                                   bytes_per_value: float = 2, dropout: bool = False,
-                                   capacity_factor: float = 1.0, router_bytes: float | None = None) -> float:
+def moe_activation_bytes_per_layer(
+    m: MoEModel,
+    s: int,
+    b: int,
+    moe: bool = True,
+    t: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    recompute: str = "none",
+    bytes_per_value: float = 2,
+    dropout: bool = False,
+    capacity_factor: float = 1.0,
+    router_bytes: float | None = None,
+) -> float:
     """Sum of ``moe_activation_terms_per_layer`` (see it for the derivation and sources)."""
-    return sum(moe_activation_terms_per_layer(m, s, b, moe, t, sp, cp, recompute, bytes_per_value,
-                                              dropout, capacity_factor, router_bytes).values())
+    return sum(
+        moe_activation_terms_per_layer(
+            m,
+            s,
+            b,
+            moe,
+            t,
+            sp,
+            cp,
+            recompute,
+            bytes_per_value,
+            dropout,
+            capacity_factor,
+            router_bytes,
+        ).values()
+    )
 
 
 # ============================================================================================
 # 4. Model state under ZeRO / FSDP
 # ============================================================================================
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -441,56 +566,90 @@ class Precision:
 
 PRECISION_PRESETS: dict[str, Precision] = {
     "bf16-adam": Precision(
-        2, 2, 4, 8,
+        2,
+        2,
+        4,
+        8,
         source="ZeRO Sec. 3.1: mixed-precision Adam keeps fp16 parameters and gradients (2 + 2 B) "
-               "and fp32 parameters, momentum and variance (K = 12 B): 16 B per parameter",
-        notes="bf16 in place of fp16 changes no byte count."),
+        "and fp32 parameters, momentum and variance (K = 12 B): 16 B per parameter",
+        notes="bf16 in place of fp16 changes no byte count.",
+    ),
     "megatron": Precision(
-        2, 4, 4, 8,
+        2,
+        4,
+        4,
+        8,
         source="Megatron-LM megatron/training/theoretical_memory_usage.py: 18 B per parameter, "
-               "6 + 12/DP with --use-distributed-optimizer (bf16 weights 2, fp32 main grads 4, "
-               "fp32 master + Adam 12)",
+        "6 + 12/DP with --use-distributed-optimizer (bf16 weights 2, fp32 main grads 4, "
+        "fp32 master + Adam 12)",
         notes="fp32 gradient accumulation (--accumulate-allreduce-grads-in-fp32); with "
-              "zero_stage=1 model_state_bytes gives Megatron's 6 + 12/DP."),
+        "zero_stage=1 model_state_bytes gives Megatron's 6 + 12/DP.",
+    ),
     "fp8-params": Precision(
-        1, 2, 4, 8,
+        1,
+        2,
+        4,
+        8,
         source="Transformer Engine fp8_model_init / Megatron-core --fp8-param-gather: FP8 working "
-               "weights (1 B), fp32 master weights and Adam states in the optimizer",
+        "weights (1 B), fp32 master weights and Adam states in the optimizer",
         notes="Gradients assumed bf16 as in bf16-adam; FP8 scaling factors (one per tensor or "
-              "block) are negligible."),
+        "block) are negligible.",
+    ),
     "deepseek-v3-fp8": Precision(
-        1, 4, 4, 4,
+        1,
+        4,
+        4,
+        4,
         source="DeepSeek-V3 report Sec. 3.3 (Fig. 6; Sec. 3.3.3 'Low-Precision Optimizer States'): "
-               "FP8 GEMM weights, master weights and weight gradients kept in FP32, AdamW first "
-               "and second moments in BF16: 1 + 4 + 4 + 4 = 13 B",
+        "FP8 GEMM weights, master weights and weight gradients kept in FP32, AdamW first "
+        "and second moments in BF16: 1 + 4 + 4 + 4 = 13 B",
         notes="The report does not say whether an FP8 weight copy stays resident or is cast from "
-              "the master for each GEMM; without a resident copy it is 12 B. Its 128x128 block "
-              "scales (1/16384 per weight) are left out."),
+        "the master for each GEMM; without a resident copy it is 12 B. Its 128x128 block "
+        "scales (1/16384 per weight) are left out.",
+    ),
     "adam-8bit": Precision(
-        2, 2, 4, 2,
+        2,
+        2,
+        4,
+        2,
         source="Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization, ICLR 2022): "
-               "Adam's two 32-bit states stored in 8 bits, 2 B instead of 8; bitsandbytes Adam8bit",
+        "Adam's two 32-bit states stored in 8 bits, 2 B instead of 8; bitsandbytes Adam8bit",
         notes="Block-wise quantization constants (one fp32 per 2048-value block and state) add "
-              "2 x 4 / 2048 = 0.004 B per parameter, left out; weights, grads and master as bf16-adam."),
+        "2 x 4 / 2048 = 0.004 B per parameter, left out; weights, grads and master as bf16-adam.",
+    ),
     "piper": Precision(
-        2, 2, 4, 8,
+        2,
+        2,
+        4,
+        8,
         source="Piper Sec. III-A1 and Table II (beta_p): 16 B per parameter: 2 B fp16 param, 2 B "
-               "fp16 grad, 4 B fp32 master copy, 4 + 4 B fp32 momentum and variance",
+        "fp16 grad, 4 B fp32 master copy, 4 + 4 B fp32 momentum and variance",
         notes="Piper's introduction quotes 'approximately 20 bytes' per parameter for mixed "
-              "precision (citing its refs [3], [4]); its model (Eq. 1-5) uses 16."),
+        "precision (citing its refs [3], [4]); its model (Eq. 1-5) uses 16.",
+    ),
     "xmoe": Precision(
-        2, 2, 4, 8, zero_stage=1,
+        2,
+        2,
+        4,
+        8,
+        zero_stage=1,
         source="X-MoE Sec. 5 and App. C.2: half-precision training with ZeRO-1 data parallelism; "
-               "App. C.2's model-state cost 8 H_FFN H per replicated two-matrix expert (2 H_FFN H "
-               "parameters) is 4 B per parameter of weight + gradient left unsharded by ZeRO-1",
+        "App. C.2's model-state cost 8 H_FFN H per replicated two-matrix expert (2 H_FFN H "
+        "parameters) is 4 B per parameter of weight + gradient left unsharded by ZeRO-1",
         notes="X-MoE does not state the optimizer's bytes (12 B fp32 master + Adam assumed) nor "
-              "whether 'half precision' is bf16 or fp16 (it runs on AMD MI250X)."),
+        "whether 'half precision' is bf16 or fp16 (it runs on AMD MI250X).",
+    ),
     "mop": Precision(
-        2, 2, 4, 8, offload_optimizer=True,
+        2,
+        2,
+        4,
+        8,
+        offload_optimizer=True,
         source="MoP Sec. 2.1 Eq. 1: 2 Theta (bf16 weights) + 2 Theta (grads) + 12 Theta (fp32 "
-               "master, m, v; AdamW) = 16 Theta; Sec. 3.5: the optimizer state is host-resident",
+        "master, m, v; AdamW) = 16 Theta; Sec. 3.5: the optimizer state is host-resident",
         notes="MoP does not state a ZeRO stage for itself (its FSDP2 baseline is ZeRO-3, Sec. 2.3 "
-              "Eq. 2); offload_optimizer marks the 12 B as host memory."),
+        "Eq. 2); offload_optimizer marks the 12 B as host memory.",
+    ),
 }
 
 
@@ -501,11 +660,18 @@ def precision(p: str | Precision) -> Precision:
     try:
         return PRECISION_PRESETS[p]
     except KeyError:
-        raise ValueError(f"unknown precision preset {p!r}; known: {', '.join(PRECISION_PRESETS)}") from None
+        raise ValueError(
+            f"unknown precision preset {p!r}; known: {', '.join(PRECISION_PRESETS)}"
+        ) from None
 
 
-def model_state_bytes(n_params: float, dp: int, zero_stage: int = 0, precision_preset: str | Precision = "bf16-adam",
-                      offload_optimizer: bool | None = None) -> dict[str, float]:
+def model_state_bytes(
+    n_params: float,
+    dp: int,
+    zero_stage: int = 0,
+    precision_preset: str | Precision = "bf16-adam",
+    offload_optimizer: bool | None = None,
+) -> dict[str, float]:
     """Model-state bytes on one rank of a data-parallel group of ``dp`` ranks, ZeRO stage 0-3.
 
     ZeRO Sec. 5.1 / Fig. 1 (Psi parameters, N_d = dp, K = master + optimizer bytes):
@@ -541,6 +707,7 @@ def model_state_bytes(n_params: float, dp: int, zero_stage: int = 0, precision_p
 # 5. Communication volume (bytes one GPU sends)
 # ============================================================================================
 
+
 def ring_allreduce_bytes(nbytes: float, n: int) -> float:
     """Bytes one rank sends in a ring all-reduce of an ``nbytes`` buffer: 2 (n-1)/n nbytes
     (reduce-scatter + all-gather; ZeRO Sec. 7.1; the nccl-tests bus-bandwidth convention)."""
@@ -567,8 +734,9 @@ def alltoall_bytes(nbytes: float, n: int) -> float:
     return (n - 1) / n * nbytes
 
 
-def dp_bytes_per_step(n_params: float, dp: int, zero_stage: int = 0,
-                      precision_preset: str | Precision = "bf16-adam") -> float:
+def dp_bytes_per_step(
+    n_params: float, dp: int, zero_stage: int = 0, precision_preset: str | Precision = "bf16-adam"
+) -> float:
     """Data-parallel traffic per step and rank for ``n_params`` parameters replicated over ``dp``.
 
     ZeRO Sec. 7: stage 0 all-reduces the gradients, 2 (N-1)/N Psi g (Sec. 7.1); stages 1-2
@@ -589,8 +757,15 @@ def dp_bytes_per_step(n_params: float, dp: int, zero_stage: int = 0,
     raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
 
 
-def tp_bytes_per_layer(s: int, b: int, h: int, t: int, sp: bool = False, recompute: str = "none",
-                       bytes_per_value: float = 2) -> float:
+def tp_bytes_per_layer(
+    s: int,
+    b: int,
+    h: int,
+    t: int,
+    sp: bool = False,
+    recompute: str = "none",
+    bytes_per_value: float = 2,
+) -> float:
     """Tensor-parallel traffic of one transformer layer, forward + backward, per rank.
 
     Shoeybi et al. 2019 Sec. 3 / Fig. 4: two all-reduces of the s b h activations in the forward
@@ -611,8 +786,15 @@ def tp_bytes_per_layer(s: int, b: int, h: int, t: int, sp: bool = False, recompu
     return count * ring_allreduce_bytes(one, t)
 
 
-def pp_p2p_bytes_per_microbatch(s: int, b: int, h: int, t: int = 1, sp: bool = False,
-                                scatter_gather: bool = False, bytes_per_value: float = 2) -> float:
+def pp_p2p_bytes_per_microbatch(
+    s: int,
+    b: int,
+    h: int,
+    t: int = 1,
+    sp: bool = False,
+    scatter_gather: bool = False,
+    bytes_per_value: float = 2,
+) -> float:
     """Pipeline point-to-point bytes one rank sends per micro-batch at a stage boundary: the
     s b h activation forward plus its gradient backward, 2 sbh x bytes (Narayanan Sec. 4.1; Piper
     Sec. III-B2). Sequence parallelism, or Narayanan's scatter/gather optimisation (Sec. 4.1: each
@@ -621,8 +803,15 @@ def pp_p2p_bytes_per_microbatch(s: int, b: int, h: int, t: int = 1, sp: bool = F
     return 2 * s * b * h * bytes_per_value / (t if (sp or scatter_gather) else 1)
 
 
-def ep_alltoall_bytes_per_layer(tokens: float, k: int, h: int, ep: int, bytes_per_value: float = 2,
-                                capacity_factor: float = 1.0, backward: bool = True) -> float:
+def ep_alltoall_bytes_per_layer(
+    tokens: float,
+    k: int,
+    h: int,
+    ep: int,
+    bytes_per_value: float = 2,
+    capacity_factor: float = 1.0,
+    backward: bool = True,
+) -> float:
     """Expert-parallel all-to-all bytes leaving one rank for one MoE layer.
 
     The rank's ``tokens`` each go to k experts (c k copies with capacity factor c): the dispatch
@@ -657,11 +846,23 @@ def cp_ring_bytes_per_layer(s: int, b: int, kv: int, cp: int, bytes_per_value: f
     return 3 * (cp - 1) * (s / cp) * b * kv * bytes_per_value
 
 
-def comm_bytes_per_step(m: MoEModel, seq: int, micro_batch: int, micro_batches: int, dp: int = 1,
-                        tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, sp: bool | None = None,
-                        zero_stage: int = 0, precision_preset: str | Precision = "bf16-adam",
-                        recompute: str = "none", capacity_factor: float = 1.0,
-                        bytes_per_value: float = 2) -> dict[str, float]:
+def comm_bytes_per_step(
+    m: MoEModel,
+    seq: int,
+    micro_batch: int,
+    micro_batches: int,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    sp: bool | None = None,
+    zero_stage: int = 0,
+    precision_preset: str | Precision = "bf16-adam",
+    recompute: str = "none",
+    capacity_factor: float = 1.0,
+    bytes_per_value: float = 2,
+) -> dict[str, float]:
     """Bytes one GPU sends per training step, per parallel dimension (an average stage).
 
     Mesh: dp x tp x pp x cp GPUs for attention and dense parts; for the MoE part EP (expert TP 1)
@@ -680,10 +881,21 @@ def comm_bytes_per_step(m: MoEModel, seq: int, micro_batch: int, micro_batches: 
       micro_batch seq / (tp cp);
     - cp: ``cp_ring_bytes_per_layer`` x layers per stage x micro-batches.
     """
-    _positive(seq=seq, micro_batch=micro_batch, micro_batches=micro_batches, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp)
+    _positive(
+        seq=seq,
+        micro_batch=micro_batch,
+        micro_batches=micro_batches,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        cp=cp,
+    )
     sp = tp > 1 if sp is None else sp
     if (dp * cp * tp) % ep:
-        raise ValueError(f"EP={ep} must divide dp x cp x tp = {dp * cp * tp} (MoE parallel folding)")
+        raise ValueError(
+            f"EP={ep} must divide dp x cp x tp = {dp * cp * tp} (MoE parallel folding)"
+        )
     if m.n_moe_layers and m.n_experts % ep:
         raise ValueError(f"EP={ep} does not divide the expert count E={m.n_experts}")
     pc = param_counts(m)
@@ -697,13 +909,34 @@ def comm_bytes_per_step(m: MoEModel, seq: int, micro_batch: int, micro_batches: 
     moe_layers = m.n_moe_layers / pp
     s_local = seq / cp
     h = m.d_model
-    tp_b = tp_bytes_per_layer(s_local, micro_batch, h, tp, sp, recompute, bytes_per_value) * layers if tp > 1 else 0.0
-    pp_b = pp_p2p_bytes_per_microbatch(s_local, micro_batch, h, tp, sp, False, bytes_per_value) if pp > 1 else 0.0
+    tp_b = (
+        tp_bytes_per_layer(s_local, micro_batch, h, tp, sp, recompute, bytes_per_value) * layers
+        if tp > 1
+        else 0.0
+    )
+    pp_b = (
+        pp_p2p_bytes_per_microbatch(s_local, micro_batch, h, tp, sp, False, bytes_per_value)
+        if pp > 1
+        else 0.0
+    )
     tokens = micro_batch * seq / (tp * cp) if sp else micro_batch * seq / cp
-    ep_b = ep_alltoall_bytes_per_layer(tokens, m.top_k, h, ep, bytes_per_value, capacity_factor) * moe_layers \
-        if ep > 1 and moe_layers else 0.0
-    cp_b = cp_ring_bytes_per_layer(seq, micro_batch, kv_width(m), cp, bytes_per_value) * layers / tp if cp > 1 else 0.0
-    out = {"dp": dp_bytes, "tp": tp_b * micro_batches, "pp": pp_b * micro_batches,
-           "ep": ep_b * micro_batches, "cp": cp_b * micro_batches}
+    ep_b = (
+        ep_alltoall_bytes_per_layer(tokens, m.top_k, h, ep, bytes_per_value, capacity_factor)
+        * moe_layers
+        if ep > 1 and moe_layers
+        else 0.0
+    )
+    cp_b = (
+        cp_ring_bytes_per_layer(seq, micro_batch, kv_width(m), cp, bytes_per_value) * layers / tp
+        if cp > 1
+        else 0.0
+    )
+    out = {
+        "dp": dp_bytes,
+        "tp": tp_b * micro_batches,
+        "pp": pp_b * micro_batches,
+        "ep": ep_b * micro_batches,
+        "cp": cp_b * micro_batches,
+    }
     out["total"] = sum(out.values())
     return out

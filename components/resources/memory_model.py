@@ -48,6 +48,7 @@ def _positive(**values) -> None:
 # 1. Piper Eq. 1-5, as printed
 # --------------------------------------------------------------------------------------------
 
+
 def piper_attention_activation(b: float, s: int, d: int, H: int, flash: bool = False) -> float:
     """Piper Table III: 12 b s d + 4 b H s^2 bytes; with FlashAttention 4 b H s^2 -> 2 b H s."""
     return 12 * b * s * d + (2 * b * H * s if flash else 4 * b * H * s * s)
@@ -66,8 +67,12 @@ def piper_eq1(d, d_ffn, E, L, H, k, b, s, flash=False) -> float:
 def piper_eq2(d, d_ffn, E, L, H, k, b, s, EP, flash=False) -> float:
     """Eq. 2: per-GPU memory under expert-data parallelism (P = EP)."""
     _positive(EP=EP, L=L)
-    return L * (64 * d * d + 48 * E / EP * d * d_ffn + piper_attention_activation(b, s, d, H, flash)
-                + piper_expert_activation(b, s, k, d, d_ffn, EP))
+    return L * (
+        64 * d * d
+        + 48 * E / EP * d * d_ffn
+        + piper_attention_activation(b, s, d, H, flash)
+        + piper_expert_activation(b, s, k, d, d_ffn, EP)
+    )
 
 
 def piper_eq3(d, d_ffn, E, L, H, k, b, s, EP, PP, flash=False) -> float:
@@ -81,22 +86,25 @@ def piper_eq4(d, d_ffn, E, L, H, k, b, s, EP, PP, M, i, flash=False) -> float:
     _positive(EP=EP, PP=PP, M=M)
     if not 0 <= i < PP:
         raise ValueError(f"stage i must be in 0..{PP - 1}, got {i}")
-    per_micro = (piper_attention_activation(b / M, s, d, H, flash)
-                 + piper_expert_activation(b / M, s, k, d, d_ffn, EP))
+    per_micro = piper_attention_activation(b / M, s, d, H, flash) + piper_expert_activation(
+        b / M, s, k, d, d_ffn, EP
+    )
     return L / PP * (64 * d * d + 48 * E / EP * d * d_ffn + (PP - i) * per_micro)
 
 
 def piper_eq5(d, d_ffn, E, L, H, k, b, s, EP, PP, M, flash=False) -> float:
     """Eq. 5: M_1F1B(0) - M_1F1B(PP-1) = L (PP-1)/PP x (activations of one micro-batch)."""
     _positive(EP=EP, PP=PP, M=M)
-    per_micro = (piper_attention_activation(b / M, s, d, H, flash)
-                 + piper_expert_activation(b / M, s, k, d, d_ffn, EP))
+    per_micro = piper_attention_activation(b / M, s, d, H, flash) + piper_expert_activation(
+        b / M, s, k, d, d_ffn, EP
+    )
     return L * (PP - 1) / PP * per_micro
 
 
 # --------------------------------------------------------------------------------------------
 # ZeRO (Rajbhandari et al. 2020; MoP Sec. 2.3): bytes per parameter on one of n sharding ranks
 # --------------------------------------------------------------------------------------------
+
 
 def state_bytes_per_param(zero_stage: int, n: int) -> float:
     """ZeRO-0: 16; ZeRO-1: 2 + 2 + 12/n; ZeRO-2: 2 + 14/n; ZeRO-3: 16/n bytes per parameter."""
@@ -115,6 +123,7 @@ def state_bytes_per_param(zero_stage: int, n: int) -> float:
 # --------------------------------------------------------------------------------------------
 # 2. Per-stage model of a PP x EP (x DP) mesh
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MemoryOptions:
@@ -141,7 +150,9 @@ def stage_layers(L: int, PP: int) -> list[range]:
     """Contiguous layer ranges per stage; the first L mod PP stages get one layer more."""
     _positive(L=L, PP=PP)
     if PP > L:
-        raise ValueError(f"PP={PP} exceeds the layer count L={L} (Eq. 9: at least one layer per stage)")
+        raise ValueError(
+            f"PP={PP} exceeds the layer count L={L} (Eq. 9: at least one layer per stage)"
+        )
     base, extra = divmod(L, PP)
     out, start = [], 0
     for i in range(PP):
@@ -151,8 +162,9 @@ def stage_layers(L: int, PP: int) -> list[range]:
     return out
 
 
-def layer_activation_bytes(m: MoEModel, moe: bool, b: float, s: int, flash: bool,
-                           shared_and_dense: bool = True) -> float:
+def layer_activation_bytes(
+    m: MoEModel, moe: bool, b: float, s: int, flash: bool, shared_and_dense: bool = True
+) -> float:
     """Activations one layer keeps for backward, per GPU, for b sequences of this GPU.
 
     Attention: Piper Table III with H = the model's heads. FFN: Piper's 2 x tokens x
@@ -193,8 +205,18 @@ class StageMemory:
         return max(self.terms, key=self.terms.get)
 
 
-def stage_memory(m: MoEModel, PP: int, EP: int, i: int, micro_batch: float, seq: int, M: int,
-                 schedule: str = "1f1b", opts: MemoryOptions = MemoryOptions(), DP: int = 1) -> StageMemory:
+def stage_memory(
+    m: MoEModel,
+    PP: int,
+    EP: int,
+    i: int,
+    micro_batch: float,
+    seq: int,
+    M: int,
+    schedule: str = "1f1b",
+    opts: MemoryOptions = MemoryOptions(),
+    DP: int = 1,
+) -> StageMemory:
     """Peak bytes on one GPU of stage i. ``micro_batch``: sequences per GPU per micro-batch."""
     _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M, DP=DP)
     if m.n_experts % EP:
@@ -214,8 +236,11 @@ def stage_memory(m: MoEModel, PP: int, EP: int, i: int, micro_batch: float, seq:
             r = r - (m.n_shared * m.n_mat * m.d_model * (m.d_ffn_shared or m.d_ffn))
         rep += r
         exp += e / EP
-        act_layers.append(layer_activation_bytes(m, moe, micro_batch, seq, opts.flash_attention,
-                                                 opts.shared_and_dense))
+        act_layers.append(
+            layer_activation_bytes(
+                m, moe, micro_batch, seq, opts.flash_attention, opts.shared_and_dense
+            )
+        )
     logits = 0.0
     if opts.embeddings and m.vocab:
         emb = embedding_params(m)
@@ -236,15 +261,37 @@ def stage_memory(m: MoEModel, PP: int, EP: int, i: int, micro_batch: float, seq:
     act += logits
     rep_bytes = rep * state_bytes_per_param(opts.zero_stage, EP * DP)
     exp_bytes = exp * state_bytes_per_param(opts.zero_stage, DP)
-    terms = {"replicated weights+states": rep_bytes, "expert weights+states": exp_bytes,
-             "activations": act - logits, "logits": logits, "framework overhead": opts.overhead_bytes}
-    return StageMemory(stage=i, layers=len(layers), params_replicated=rep, params_experts=exp,
-                       static_bytes=rep_bytes + exp_bytes, activation_bytes=act, in_flight=in_flight,
-                       overhead_bytes=opts.overhead_bytes, terms=terms)
+    terms = {
+        "replicated weights+states": rep_bytes,
+        "expert weights+states": exp_bytes,
+        "activations": act - logits,
+        "logits": logits,
+        "framework overhead": opts.overhead_bytes,
+    }
+    return StageMemory(
+        stage=i,
+        layers=len(layers),
+        params_replicated=rep,
+        params_experts=exp,
+        static_bytes=rep_bytes + exp_bytes,
+        activation_bytes=act,
+        in_flight=in_flight,
+        overhead_bytes=opts.overhead_bytes,
+        terms=terms,
+    )
 
 
-def all_stages(m: MoEModel, PP: int, EP: int, micro_batch: float, seq: int, M: int,
-               schedule: str = "1f1b", opts: MemoryOptions = MemoryOptions(), DP: int = 1) -> list[StageMemory]:
+def all_stages(
+    m: MoEModel,
+    PP: int,
+    EP: int,
+    micro_batch: float,
+    seq: int,
+    M: int,
+    schedule: str = "1f1b",
+    opts: MemoryOptions = MemoryOptions(),
+    DP: int = 1,
+) -> list[StageMemory]:
     return [stage_memory(m, PP, EP, i, micro_batch, seq, M, schedule, opts, DP) for i in range(PP)]
 
 
@@ -252,11 +299,16 @@ def all_stages(m: MoEModel, PP: int, EP: int, micro_batch: float, seq: int, M: i
 # X-MoE Table 2 and App. C.2
 # --------------------------------------------------------------------------------------------
 
+
 def xmoe_activation_elements(b: int, s: int, h: int, h_ffn: int, k: int) -> dict[str, int]:
     """X-MoE Table 2 (elements per MoE layer): A_dispatch = A_combine = k b s H,
     A_interm^0 = A_interm^1 = k b s H_FFN (padding-free, capacity factor 1)."""
-    return {"A_dispatch": k * b * s * h, "A_combine": k * b * s * h,
-            "A_interm0": k * b * s * h_ffn, "A_interm1": k * b * s * h_ffn}
+    return {
+        "A_dispatch": k * b * s * h,
+        "A_combine": k * b * s * h,
+        "A_interm0": k * b * s * h_ffn,
+        "A_interm1": k * b * s * h_ffn,
+    }
 
 
 def ssmb_activation_saving(c: float, k: int, S: int, H: int, G: int) -> float:
@@ -279,6 +331,7 @@ def ssmb_beats_ted(k: int, H_ffn: int, S: int, c: float = 1.0) -> bool:
 # MoP Table 1 (per-rank memory per component) and an FSDP-style plan for comparison (Table 2-3)
 # --------------------------------------------------------------------------------------------
 
+
 def mop_partition(m: MoEModel) -> dict[str, int]:
     """MoP Eq. 3: Theta = Theta_dns (attention, norms, routers, shared/dense FFNs, input
     embedding) + Theta_exp (routed experts) + Theta_voc (output projection)."""
@@ -294,11 +347,15 @@ def _layer_working_set(m: MoEModel, tokens: float) -> dict[str, float]:
     (Piper Table III with FlashAttention, 12 N H) and the un-chunked MoE buffers (dispatch and
     combine 2 x N k H, intermediates N k n_mat I)."""
     h = m.d_model
-    return {"attention": 12 * tokens * h,
-            "moe": ACT_BYTES * (2 * tokens * m.top_k * h + tokens * m.top_k * m.n_mat * m.d_ffn)}
+    return {
+        "attention": 12 * tokens * h,
+        "moe": ACT_BYTES * (2 * tokens * m.top_k * h + tokens * m.top_k * m.n_mat * m.d_ffn),
+    }
 
 
-def mop_rank_memory(m: MoEModel, W: int, D: int, P: int, seq: int, overhead_bytes: float = 0.0) -> dict[str, float]:
+def mop_rank_memory(
+    m: MoEModel, W: int, D: int, P: int, seq: int, overhead_bytes: float = 0.0
+) -> dict[str, float]:
     """Per-rank device bytes under MoP Table 1 (one sequence per step, N = S / D tokens per rank).
 
     dense/expert weights: bf16 weight + grad (4 B) of Theta/W (optimizer host-resident, §3.5);
@@ -322,8 +379,16 @@ def mop_rank_memory(m: MoEModel, W: int, D: int, P: int, seq: int, overhead_byte
     }
 
 
-def fsdp_rank_memory(m: MoEModel, fsdp: int, ep: int, cp: int, tp: int, offload: bool, seq: int,
-                     overhead_bytes: float = 0.0) -> dict[str, float]:
+def fsdp_rank_memory(
+    m: MoEModel,
+    fsdp: int,
+    ep: int,
+    cp: int,
+    tp: int,
+    offload: bool,
+    seq: int,
+    overhead_bytes: float = 0.0,
+) -> dict[str, float]:
     """Per-rank device bytes of an FSDP2-style plan (MoP Table 3's axes), W = fsdp x cp x tp ranks,
     EP borrowed from them; one sequence split over CP (N = S / cp), TP with sequence parallelism
     dividing activations by tp. Persistent state: 16 B/param sharded over W (4 B with optimizer

@@ -33,28 +33,34 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from moe_repro.components.model.params import (attention_params, dense_ffn_params, param_counts,
-                                               residual_ffn_params, shared_expert_params)
+from moe_repro.components.model.params import (
+    attention_params,
+    dense_ffn_params,
+    param_counts,
+    residual_ffn_params,
+    shared_expert_params,
+)
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.planner import divisors
 from moe_repro.components.resources import time_model as T
 
-GiB = 2 ** 30
+GiB = 2**30
 RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
-ALL_LAYERS = 10 ** 9  # "full": recompute every layer of the stage
+ALL_LAYERS = 10**9  # "full": recompute every layer of the stage
 ZERO_STAGES = (0, 1, 2, 3)
 CP_FROM_SEQ = 16384  # context parallelism is offered from this sequence length on
 CP_DEGREES = (2, 4, 8, 16, 32)
 MICRO_BATCHES = (1, 2, 4, 8)  # sequences per micro-batch tried when M is not fixed
 VPP_DEGREES = (2, 3, 4, 6, 8)
-DEFAULT_TOKENS_PER_STEP = 2 ** 22  # ~4M tokens: GPT-3 (3.2M) and Llama 3 (4M-16M) scale
+DEFAULT_TOKENS_PER_STEP = 2**22  # ~4M tokens: GPT-3 (3.2M) and Llama 3 (4M-16M) scale
 
 
 # ============================================================================================
 # Results
 # ============================================================================================
+
 
 @dataclass
 class ParallelCandidate:
@@ -73,14 +79,18 @@ class ParallelCandidate:
     memory_stage: int = 0
     step_s: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)  # seconds; they add up to step_s
-    comm_bytes: dict[str, float] = field(default_factory=dict)  # sent per GPU per step, by dimension
+    comm_bytes: dict[str, float] = field(
+        default_factory=dict
+    )  # sent per GPU per step, by dimension
     mfu: float = 0.0
     tflops_per_gpu: float = 0.0
     feasible: bool = True
     why_not: str = ""
     layers_per_stage: str = ""
     etp: int = 1  # expert tensor parallelism (Megatron-core --expert-tensor-parallel-size)
-    recompute_layers: int = 0  # full recompute: layers per stage (per model chunk) recomputed, else 0
+    recompute_layers: int = (
+        0  # full recompute: layers per stage (per model chunk) recomputed, else 0
+    )
     chunk_layers: int = 0  # layers of the largest model chunk (a stage when VPP = 1)
 
     @property
@@ -130,6 +140,7 @@ class ParallelPlan:
 # Per-layer shapes (private helpers where formulas has no per-layer form)
 # ============================================================================================
 
+
 @dataclass(frozen=True)
 class _Layer:
     moe: bool
@@ -161,8 +172,12 @@ def _layers(m: MoEModel) -> tuple[_Layer, _Layer]:
     dense = _Layer(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0)
     router = d * m.n_experts if m.n_experts > 1 else 0
     shared = shared_expert_params(m)
-    moe = _Layer(True, attn + extra + resid + shared - rep_attn, norms + rep_attn + router,
-                 float(m.n_experts * m.expert_params()))
+    moe = _Layer(
+        True,
+        attn + extra + resid + shared - rep_attn,
+        norms + rep_attn + router,
+        float(m.n_experts * m.expert_params()),
+    )
     return dense, moe
 
 
@@ -234,6 +249,7 @@ def _layer_note(m: MoEModel, pp: int, v: int) -> str:
 # The search
 # ============================================================================================
 
+
 class _Rejections:
     """Reasons grouped by their text, with counts; memory reasons also keep the smallest need."""
 
@@ -256,11 +272,21 @@ class _Rejections:
             g[1], g[2] = need, make
 
     def lines(self, hbm: float) -> list[dict]:
-        out = [{"reason": r + (f" (e.g. {self.examples[r]})" if r in self.examples else ""), "count": n}
-               for r, n in self.counts.items()]
+        out = [
+            {
+                "reason": r + (f" (e.g. {self.examples[r]})" if r in self.examples else ""),
+                "count": n,
+            }
+            for r, n in self.counts.items()
+        ]
         for (zero, term), (n, need, _) in sorted(self.memory.items()):
-            out.append({"reason": f"ZeRO-{zero} memory {math.ceil(need / GiB * 10) / 10:.1f} GiB or more > "
-                                  f"{hbm / GiB:.1f} GiB HBM (largest term: {term})", "count": n})
+            out.append(
+                {
+                    "reason": f"ZeRO-{zero} memory {math.ceil(need / GiB * 10) / 10:.1f} GiB or more > "
+                    f"{hbm / GiB:.1f} GiB HBM (largest term: {term})",
+                    "count": n,
+                }
+            )
         out.sort(key=lambda d: -d["count"])
         return out
 
@@ -315,10 +341,17 @@ class PlanRequest:
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
         names the first malformed field (non-positive number, unknown preset, stage or mode)."""
-        for name, val in (("nodes", self.nodes), ("seq", self.seq), ("capacity_factor", self.capacity_factor)):
+        for name, val in (
+            ("nodes", self.nodes),
+            ("seq", self.seq),
+            ("capacity_factor", self.capacity_factor),
+        ):
             if val is None or val <= 0:
                 raise ValueError(f"{name} must be positive, got {val}")
-        for name, val in (("global batch", self.global_batch), ("micro-batches", self.micro_batches)):
+        for name, val in (
+            ("global batch", self.global_batch),
+            ("micro-batches", self.micro_batches),
+        ):
             if val is not None and val <= 0:
                 raise ValueError(f"{name} must be positive, got {val}")
         prec = F.precision(self.precision)
@@ -330,14 +363,30 @@ class PlanRequest:
         return prec, zeros, modes
 
 
-def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
-                  precision: str = "bf16-adam", zero: tuple[int, ...] | None = None,
-                  recompute: tuple[str, ...] | None = None, tp: int | None = None, pp: int | None = None,
-                  ep: int | None = None, cp: int | None = None, vpp: int | None = None,
-                  micro_batches: int | None = None, sp: bool | None = None, flash_attention: bool = True,
-                  dropout: bool = False, capacity_factor: float = 1.0, etp: int | None = None,
-                  overlap_dp: bool = True, fused_grad_accumulation: bool = True,
-                  overlap_tp: bool = True) -> ParallelPlan:
+def plan_parallel(
+    m: MoEModel,
+    p: Platform,
+    nodes: int,
+    seq: int = 4096,
+    global_batch: int | None = None,
+    precision: str = "bf16-adam",
+    zero: tuple[int, ...] | None = None,
+    recompute: tuple[str, ...] | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    vpp: int | None = None,
+    micro_batches: int | None = None,
+    sp: bool | None = None,
+    flash_attention: bool = True,
+    dropout: bool = False,
+    capacity_factor: float = 1.0,
+    etp: int | None = None,
+    overlap_dp: bool = True,
+    fused_grad_accumulation: bool = True,
+    overlap_tp: bool = True,
+) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
     searches the smallest N that fits); ``tp``, ``pp``, ``ep``, ``cp``, ``vpp``, ``etp`` fix a degree (a fixed degree that breaks a rule
@@ -353,11 +402,32 @@ def plan_parallel(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_
     backward's TP all-reduces are exposed too (Megatron-LM before its asynchronous tensor-parallel
     all-reduce of 2021-09-02). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
-    return plan(PlanRequest(m, p, nodes, seq=seq, global_batch=global_batch, precision=precision, zero=zero,
-                            recompute=recompute, tp=tp, pp=pp, ep=ep, cp=cp, vpp=vpp,
-                            micro_batches=micro_batches, sp=sp, flash_attention=flash_attention,
-                            dropout=dropout, capacity_factor=capacity_factor, etp=etp, overlap_dp=overlap_dp,
-                            fused_grad_accumulation=fused_grad_accumulation, overlap_tp=overlap_tp))
+    return plan(
+        PlanRequest(
+            m,
+            p,
+            nodes,
+            seq=seq,
+            global_batch=global_batch,
+            precision=precision,
+            zero=zero,
+            recompute=recompute,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            cp=cp,
+            vpp=vpp,
+            micro_batches=micro_batches,
+            sp=sp,
+            flash_attention=flash_attention,
+            dropout=dropout,
+            capacity_factor=capacity_factor,
+            etp=etp,
+            overlap_dp=overlap_dp,
+            fused_grad_accumulation=fused_grad_accumulation,
+            overlap_tp=overlap_tp,
+        )
+    )
 
 
 def plan(req: PlanRequest) -> ParallelPlan:
@@ -376,33 +446,71 @@ def plan(req: PlanRequest) -> ParallelPlan:
     kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
 
     # ties (to 4 significant digits) go to less communication, then less memory
-    kept.sort(key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"]))
+    kept.sort(
+        key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"])
+    )
     misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
     peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
-    assumptions = _assumptions(m, p, req.seq, ctx.B, ctx.G, prec, req.precision, req.flash_attention,
-                               req.dropout, req.capacity_factor, peak_given, req.seq >= CP_FROM_SEQ, req.cp,
-                               req.global_batch is not None, req.micro_batches)
+    assumptions = _assumptions(
+        m,
+        p,
+        req.seq,
+        ctx.B,
+        ctx.G,
+        prec,
+        req.precision,
+        req.flash_attention,
+        req.dropout,
+        req.capacity_factor,
+        peak_given,
+        req.seq >= CP_FROM_SEQ,
+        req.cp,
+        req.global_batch is not None,
+        req.micro_batches,
+    )
     if not req.overlap_dp:
-        assumptions.append("DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
-                           "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)")
+        assumptions.append(
+            "DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+            "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)"
+        )
     if not req.overlap_tp:
-        assumptions.append("TP (asked): the backward's all-reduces are exposed, not overlapped with the "
-                           "weight-gradient GEMMs (Megatron-LM before --async-tensor-model-parallel-allreduce)")
+        assumptions.append(
+            "TP (asked): the backward's all-reduces are exposed, not overlapped with the "
+            "weight-gradient GEMMs (Megatron-LM before --async-tensor-model-parallel-allreduce)"
+        )
     if not req.fused_grad_accumulation:
-        assumptions.append("gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
-                           "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
-                           "main_grad.add_ hook without --gradient-accumulation-fusion)")
+        assumptions.append(
+            "gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
+            "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
+            "main_grad.add_ hook without --gradient-accumulation-fusion)"
+        )
     pc = param_counts(m)
     return ParallelPlan(
-        model=m.key, platform=p.name, nodes=req.nodes, gpus_per_node=ctx.g, gpus=ctx.G, seq=req.seq,
-        global_batch=ctx.B, precision=req.precision if isinstance(req.precision, str) else "custom",
+        model=m.key,
+        platform=p.name,
+        nodes=req.nodes,
+        gpus_per_node=ctx.g,
+        gpus=ctx.G,
+        seq=req.seq,
+        global_batch=ctx.B,
+        precision=req.precision if isinstance(req.precision, str) else "custom",
         params={"total": pc.total, "active": pc.active},
-        flops_per_token={"forward": F.forward_flops_per_token(m, req.seq, "causal"),
-                         "training": F.train_flops_per_token(m, req.seq, "causal", "none"),
-                         "training_6n": 6.0 * F.parameters(m)["matmul_active"]},
-        hbm_bytes=ctx.hbm, candidates=kept + misses, rejected=rej.lines(ctx.hbm), assumptions=assumptions,
-        search={"layouts": layouts, "evaluated": evaluated, "feasible": len(kept),
-                "seconds": time.perf_counter() - t0})
+        flops_per_token={
+            "forward": F.forward_flops_per_token(m, req.seq, "causal"),
+            "training": F.train_flops_per_token(m, req.seq, "causal", "none"),
+            "training_6n": 6.0 * F.parameters(m)["matmul_active"],
+        },
+        hbm_bytes=ctx.hbm,
+        candidates=kept + misses,
+        rejected=rej.lines(ctx.hbm),
+        assumptions=assumptions,
+        search={
+            "layouts": layouts,
+            "evaluated": evaluated,
+            "feasible": len(kept),
+            "seconds": time.perf_counter() - t0,
+        },
+    )
 
 
 def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) -> "_Ctx":
@@ -418,10 +526,32 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     V = m.vocab or 0
     d = m.d_model
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
-    return _Ctx(m, p, seq, G, g, B, prec, zeros, modes, req.flash_attention, dense_l, moe_l, V, d,
-                F.kv_width(m), peak, model_flops_step, p.hbm_bytes,
-                req.capacity_factor, m.d_ffn, req.dropout, req.overlap_dp, req.fused_grad_accumulation,
-                req.overlap_tp)
+    return _Ctx(
+        m,
+        p,
+        seq,
+        G,
+        g,
+        B,
+        prec,
+        zeros,
+        modes,
+        req.flash_attention,
+        dense_l,
+        moe_l,
+        V,
+        d,
+        F.kv_width(m),
+        peak,
+        model_flops_step,
+        p.hbm_bytes,
+        req.capacity_factor,
+        m.d_ffn,
+        req.dropout,
+        req.overlap_dp,
+        req.fused_grad_accumulation,
+        req.overlap_tp,
+    )
 
 
 @dataclass
@@ -444,9 +574,17 @@ def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees
     is_moe = m.n_moe_layers > 0
     H = m.heads
     kv = m.n_kv_heads or H
-    ffns = sorted({f for f in (m.d_ffn_dense if m.n_dense_layers else None,
-                               (m.d_ffn_shared or m.d_ffn) if m.n_shared and is_moe else None,
-                               m.d_ffn_residual) if f})
+    ffns = sorted(
+        {
+            f
+            for f in (
+                m.d_ffn_dense if m.n_dense_layers else None,
+                (m.d_ffn_shared or m.d_ffn) if m.n_shared and is_moe else None,
+                m.d_ffn_residual,
+            )
+            if f
+        }
+    )
 
     def tp_ok(t: int) -> bool:
         why = []
@@ -500,8 +638,13 @@ def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees
     long_seq = seq >= CP_FROM_SEQ
     etps_fixed = None if req.etp is None else [x for x in _options("etp", req.etp, []) if etp_ok(x)]
     tps = [t for t in _options("tp", req.tp, divisors(g)) if tp_ok(t)]
-    cps = [c for c in _options("cp", req.cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else []))
-           if cp_ok(c)]
+    cps = [
+        c
+        for c in _options(
+            "cp", req.cp, [1] + ([c for c in CP_DEGREES if G % c == 0] if long_seq else [])
+        )
+        if cp_ok(c)
+    ]
     eps = [e for e in _options("ep", req.ep, divisors(E) if is_moe else [1]) if ep_ok(e)]
     pps_fixed = None if req.pp is None else [q for q in _options("pp", req.pp, []) if pp_ok(q)]
     if req.vpp is not None and req.vpp > 1 and req.pp == 1:
@@ -513,12 +656,16 @@ class _Memory:
     """Activation bytes of one layer and model-state bytes of a parameter count, cached: asked
     per stage and recompute mode of every layout searched."""
 
-    def __init__(self, m: MoEModel, seq: int, prec: F.Precision, dropout: bool, capacity_factor: float):
+    def __init__(
+        self, m: MoEModel, seq: int, prec: F.Precision, dropout: bool, capacity_factor: float
+    ):
         self.m, self.seq, self.prec, self.dropout, self.cf = m, seq, prec, dropout, capacity_factor
         self.act_cache: dict[tuple, float] = {}
         self.state_cache: dict[tuple, dict[str, float]] = {}
 
-    def layer_act(self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1) -> float:
+    def layer_act(
+        self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1
+    ) -> float:
         """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
         the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
         ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
@@ -528,8 +675,18 @@ class _Memory:
         key = (moe, t, sp, c, mb, mode, et)
         if key not in self.act_cache:
             terms = F.moe_activation_terms_per_layer(
-                self.m, self.seq, mb, moe=moe, t=t, sp=sp, cp=c, recompute=mode, bytes_per_value=2,
-                dropout=self.dropout, capacity_factor=self.cf)
+                self.m,
+                self.seq,
+                mb,
+                moe=moe,
+                t=t,
+                sp=sp,
+                cp=c,
+                recompute=mode,
+                bytes_per_value=2,
+                dropout=self.dropout,
+                capacity_factor=self.cf,
+            )
             if et > 1 and "dispatch" in terms:
                 terms["dispatch"] *= et
             self.act_cache[key] = sum(terms.values())
@@ -538,13 +695,24 @@ class _Memory:
     def state(self, n_params: float, n: int, z: int) -> dict[str, float]:
         key = (n_params, n, z)
         if key not in self.state_cache:
-            self.state_cache[key] = F.model_state_bytes(n_params, n, z, self.prec) if n_params else \
-                {"weights": 0.0, "grads": 0.0, "master": 0.0, "optimizer": 0.0, "total": 0.0, "host": 0.0}
+            self.state_cache[key] = (
+                F.model_state_bytes(n_params, n, z, self.prec)
+                if n_params
+                else {
+                    "weights": 0.0,
+                    "grads": 0.0,
+                    "master": 0.0,
+                    "optimizer": 0.0,
+                    "total": 0.0,
+                    "host": 0.0,
+                }
+            )
         return self.state_cache[key]
 
 
-def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
-            rej: _Rejections) -> tuple[list[ParallelCandidate], int, int]:
+def _search(
+    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory, rej: _Rejections
+) -> tuple[list[ParallelCandidate], int, int]:
     """Every layout the degree options combine into (CP, TP, PP, VPP, EP x ETP, micro-batch, SP),
     each evaluated for every ZeRO stage and recompute mode; returns (the candidates that fit,
     layouts, evaluations)."""
@@ -562,11 +730,16 @@ def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
                 rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x CP {c}")
                 continue
             rest = G // (t * c)
-            pps = deg.pps_fixed if deg.pps_fixed is not None else \
-                [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+            pps = (
+                deg.pps_fixed
+                if deg.pps_fixed is not None
+                else [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+            )
             for q in pps:
                 if rest % q:
-                    rej.add(f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x PP {q} x CP {c}")
+                    rej.add(
+                        f"TP x PP x CP does not divide the {G} GPUs", f"TP {t} x PP {q} x CP {c}"
+                    )
                     continue
                 dp = rest // q
                 if vpp is None:
@@ -575,7 +748,9 @@ def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
                     vs = [vpp] if (vpp == 1 or q > 1) else []
                 for v in vs:
                     if v > 1 and L % (q * v):
-                        rej.add(f"VPP {v}: {L} layers do not split into PP x VPP = {q * v} equal chunks")
+                        rej.add(
+                            f"VPP {v}: {L} layers do not split into PP x VPP = {q * v} equal chunks"
+                        )
                         continue
                     key = (q, v)
                     if key not in stage_cache:
@@ -589,32 +764,43 @@ def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
                         ets = [1]
                     for e, et in ((e, et) for e in deg.eps for et in ets):
                         if (dp * c * t) % (e * et):
-                            rej.add("EP x ETP does not divide DP x CP x TP (Megatron-core "
-                                    "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
-                                    f"EP {e} x ETP {et}, DP x CP x TP = {dp} x {c} x {t}")
+                            rej.add(
+                                "EP x ETP does not divide DP x CP x TP (Megatron-core "
+                                "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
+                                f"EP {e} x ETP {et}, DP x CP x TP = {dp} x {c} x {t}",
+                            )
                             continue
                         if micro_batches is not None:
                             if B % (dp * micro_batches):
-                                rej.add(f"global batch {B} is not divisible by DP x M (M = {micro_batches})",
-                                        f"DP {dp}")
+                                rej.add(
+                                    f"global batch {B} is not divisible by DP x M (M = {micro_batches})",
+                                    f"DP {dp}",
+                                )
                                 continue
                             mbs = [B // (dp * micro_batches)]
                         else:
                             mbs = [b for b in MICRO_BATCHES if B % (dp * b) == 0]
                             if not mbs:
-                                rej.add(f"global batch {B} is not divisible by DP x micro-batch", f"DP {dp}")
+                                rej.add(
+                                    f"global batch {B} is not divisible by DP x micro-batch",
+                                    f"DP {dp}",
+                                )
                                 continue
                         for mb in mbs:
                             M = B // (dp * mb)
                             if v > 1 and M % q:
-                                rej.add("VPP > 1 needs M divisible by PP (Megatron-core's interleaved schedule)",
-                                        f"PP {q}, M {M}")
+                                rej.add(
+                                    "VPP > 1 needs M divisible by PP (Megatron-core's interleaved schedule)",
+                                    f"PP {q}, M {M}",
+                                )
                                 continue
                             if t == 1:
                                 sps = (False,)
                             elif is_moe:
                                 if sp is False:
-                                    rej.add("SP off with TP > 1 on an MoE model (Megatron-core requires SP)")
+                                    rej.add(
+                                        "SP off with TP > 1 on an MoE model (Megatron-core requires SP)"
+                                    )
                                     continue
                                 sps = (True,)
                             else:
@@ -622,9 +808,25 @@ def _search(req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory,
                             for s_p in sps:
                                 layouts += 1
                                 evaluated += _evaluate(
-                                    dict(t=t, sp=s_p, q=q, v=v, c=c, e=e, dp=dp, mb=mb, M=M, stages=stages,
-                                         et=et),
-                                    ctx, memory.layer_act, memory.state, rej, kept)
+                                    dict(
+                                        t=t,
+                                        sp=s_p,
+                                        q=q,
+                                        v=v,
+                                        c=c,
+                                        e=e,
+                                        dp=dp,
+                                        mb=mb,
+                                        M=M,
+                                        stages=stages,
+                                        et=et,
+                                    ),
+                                    ctx,
+                                    memory.layer_act,
+                                    memory.state,
+                                    rej,
+                                    kept,
+                                )
     return kept, layouts, evaluated
 
 
@@ -671,8 +873,10 @@ def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
         elif r.startswith("full:") and r[5:].isdigit() and int(r[5:]) > 0:
             out.add(("full", int(r[5:])))
         else:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)} or full:N (N > 0 layers "
-                             f"per stage), got {r!r}")
+            raise ValueError(
+                f"recompute must be one of {', '.join(RECOMPUTE)} or full:N (N > 0 layers "
+                f"per stage), got {r!r}"
+            )
     order = {"none": 0, "selective": 1, "block": 2, "full": 3}
     return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
@@ -710,14 +914,27 @@ def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> l
     """Memory: activation bytes of every representative stage under (kind, N) (module
     docstring, "Memory per GPU")."""
     m = ctx.m
-    t, sp, c, mb, et, q, v, M, per_stage, s_loc = (lv.t, lv.sp, lv.c, lv.mb, lv.et, lv.q, lv.v, lv.M,
-                                                   lv.per_stage, lv.s_loc)
+    t, sp, c, mb, et, q, v, M, per_stage, s_loc = (
+        lv.t,
+        lv.sp,
+        lv.c,
+        lv.mb,
+        lv.et,
+        lv.q,
+        lv.v,
+        lv.M,
+        lv.per_stage,
+        lv.s_loc,
+    )
     k = _mode_key(kind, n, lv.nmax)
     if k in lv.act_memo:
         return lv.act_memo[k]
     kind, n = k
-    la = lambda moe, mode: layer_act(moe, t, sp, c, mb, mode, et) if (
-        m.n_moe_layers if moe else m.n_dense_layers) else 0.0
+    la = lambda moe, mode: (
+        layer_act(moe, t, sp, c, mb, mode, et)
+        if (m.n_moe_layers if moe else m.n_dense_layers)
+        else 0.0
+    )
     if kind == "full":
         # the layers not recomputed keep everything (Megatron's block method); with
         # FlashAttention that is what selective keeps
@@ -745,12 +962,21 @@ def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> l
     return acts
 
 
-
 def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
     """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
     bytes (module docstring, "Step time"); every second from components.resources.time_model."""
     m, seq, g, p = ctx.m, ctx.seq, ctx.g, ctx.p
-    t, sp, q, v, c, e, mb, et, per_stage = lv.t, lv.sp, lv.q, lv.v, lv.c, lv.e, lv.mb, lv.et, lv.per_stage
+    t, sp, q, v, c, e, mb, et, per_stage = (
+        lv.t,
+        lv.sp,
+        lv.q,
+        lv.v,
+        lv.c,
+        lv.e,
+        lv.mb,
+        lv.et,
+        lv.per_stage,
+    )
     s_loc = lv.s_loc
     k = _mode_key(kind, n, lv.nmax)
     if k in lv.time_memo:
@@ -774,8 +1000,10 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
         core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
         tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
         if t > 1:
-            tp_b = (F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
-                    + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec)
+            tp_b = (
+                F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
+                + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec
+            )
             per_op = 2 if sp else 1  # SP: an all-gather and a reduce-scatter where TP all-reduces
             if ctx.overlap_tp:
                 # the column-parallel layers' backward collectives (two per layer: all-reduces, or
@@ -783,13 +1011,26 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
                 # asynchronous TP all-reduce; Korthikanti et al. Sec. 6.2), which take about the
                 # forward's GEMM time: only what exceeds them is exposed. SP's all-gathers of the
                 # row-parallel layers' gradients come before their GEMMs: exposed.
-                hidden_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") / (4 if sp else 2) * n_layers
-                tp_s = T.transfer_time(p, tp_b - hidden_b, off_node=False,
-                                       messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers)
-                tp_s += max(0.0, T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers)
-                            - layers_fwd.gemm)
+                hidden_b = (
+                    F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none")
+                    / (4 if sp else 2)
+                    * n_layers
+                )
+                tp_s = T.transfer_time(
+                    p,
+                    tp_b - hidden_b,
+                    off_node=False,
+                    messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers,
+                )
+                tp_s += max(
+                    0.0,
+                    T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers)
+                    - layers_fwd.gemm,
+                )
             else:
-                tp_s = T.transfer_time(p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op)
+                tp_s = T.transfer_time(
+                    p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op
+                )
         ep_s = etp_s = 0.0
         moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
         tokens = mb * seq / (t * c)
@@ -797,14 +1038,22 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
             ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
             per_peer = ep_b / (e - 1)
             on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-            ep_s = T.alltoall_time(p, per_peer * (on_node - 1), per_peer * (e - on_node),
-                                   messages=4 * st.n_moe + 2 * rm)
+            ep_s = T.alltoall_time(
+                p,
+                per_peer * (on_node - 1),
+                per_peer * (e - on_node),
+                messages=4 * st.n_moe + 2 * rm,
+            )
         if et > 1 and st.n_moe:
             # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
             # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
             # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
             gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
-            etp_b = 2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
+            etp_b = (
+                2
+                * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et))
+                * moe_fwds
+            )
             etp_s = T.transfer_time(p, etp_b, off_node=False, messages=4 * st.n_moe + 2 * rm)
         cp_s = 0.0
         if c > 1:  # the ring exchange overlaps the attention core it feeds
@@ -817,11 +1066,23 @@ def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
             pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp, scatter_gather=True) * v
             pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * v)
             if t > 1 and not sp:
-                pp_s += T.transfer_time(p, F.allgather_bytes(pp_b * t, t), off_node=False, messages=2 * v)
+                pp_s += T.transfer_time(
+                    p, F.allgather_bytes(pp_b * t, t), off_node=False, messages=2 * v
+                )
         slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
         if slot_best is None or slot > slot_best[0]:
-            slot_best = (slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd.total,
-                         {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b})
+            slot_best = (
+                slot,
+                comp,
+                tp_s,
+                ep_s,
+                etp_s,
+                cp_s,
+                pp_s,
+                st,
+                fwd.total,
+                {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b},
+            )
     lv.time_memo[k] = slot_best
     return slot_best
 
@@ -831,8 +1092,9 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
     that fits (heavier ones fit too and are slower); "block" is the smallest N of Megatron's
     block method that fits, found by bisection (the memory falls as N grows). Returns how many
     (zero, mode) were tried."""
-    t, sp, q, v, c, e, dp, mb, M, stages, et = (lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb",
-                                                                      "M", "stages", "et"))
+    t, sp, q, v, c, e, dp, mb, M, stages, et = (
+        lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "stages", "et")
+    )
     m, seq, g, prec = ctx.m, ctx.seq, ctx.g, ctx.prec
     dl, ml = ctx.dense_l, ctx.moe_l
     edp = dp * c * t // (e * et)
@@ -856,15 +1118,21 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
         per_stage.append((st, dense_params, expert_params, st.n_dense + st.n_moe))
 
     # ZeRO-3 prefetch buffers: two layers' gathered weights (the largest layer kind present)
-    big_layer = max((ml.w_tp / t + ml.w_rep + ml.w_exp / (e * et)) if m.n_moe_layers else 0.0,
-                    (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0)
+    big_layer = max(
+        (ml.w_tp / t + ml.w_rep + ml.w_exp / (e * et)) if m.n_moe_layers else 0.0,
+        (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0,
+    )
     zero3_buffer = 2 * big_layer * prec.weights
 
     rows = mb * seq / c  # tokens a TP rank's GEMMs see: its CP shard of the micro-batch
-    layer_fwd = {moe: T.layer_forward(m, moe, ctx.p, rows, seq, t, sp, e, et, ctx.flash, ctx.dropout)
-                 for moe in (False, True) if (m.n_moe_layers if moe else m.n_dense_layers)}
-    lv = _LayoutView(t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, span_dp * q > g, t * c > g, nmax,
-                     layer_fwd)
+    layer_fwd = {
+        moe: T.layer_forward(m, moe, ctx.p, rows, seq, t, sp, e, et, ctx.flash, ctx.dropout)
+        for moe in (False, True)
+        if (m.n_moe_layers if moe else m.n_dense_layers)
+    }
+    lv = _LayoutView(
+        t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, span_dp * q > g, t * c > g, nmax, layer_fwd
+    )
 
     def key_of(kind: str, n: int) -> tuple[str, int]:
         return _mode_key(kind, n, nmax)
@@ -923,9 +1191,13 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
 
         def breakdown(mode: tuple, i: int, static=static, buffers=buffers) -> dict:
             sd, se, _ = static[i]
-            mem = {"weights": sd["weights"] + se["weights"], "grads": sd["grads"] + se["grads"],
-                   "optimizer": sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
-                   "activations": stage_acts(*mode)[i], "buffers": buffers}
+            mem = {
+                "weights": sd["weights"] + se["weights"],
+                "grads": sd["grads"] + se["grads"],
+                "optimizer": sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
+                "activations": stage_acts(*mode)[i],
+                "buffers": buffers,
+            }
             mem["total"] = sum(mem.values())
             mem["host"] = sd["host"] + se["host"]
             return mem
@@ -937,12 +1209,25 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
 
             def miss(z=z, mode=mode, i=i, breakdown=breakdown) -> ParallelCandidate:
                 mem = breakdown(mode, i)
-                terms = {k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")}
+                terms = {
+                    k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")
+                }
                 term = max(terms, key=terms.get)
-                cand = _candidate(ctx, lay, z, label(*mode), per_stage[i][0].r, mem, slot_time(*mode),
-                                  per_stage, feasible=False)
-                cand.why_not = (f"stage {cand.memory_stage} needs {mem['total'] / GiB:.1f} GiB > "
-                                f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {terms[term] / GiB:.1f} GiB)")
+                cand = _candidate(
+                    ctx,
+                    lay,
+                    z,
+                    label(*mode),
+                    per_stage[i][0].r,
+                    mem,
+                    slot_time(*mode),
+                    per_stage,
+                    feasible=False,
+                )
+                cand.why_not = (
+                    f"stage {cand.memory_stage} needs {mem['total'] / GiB:.1f} GiB > "
+                    f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {terms[term] / GiB:.1f} GiB)"
+                )
                 return cand
 
             mem = breakdown(mode, i)
@@ -950,14 +1235,36 @@ def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: li
             rej.add_memory(z, max(terms, key=terms.get), total, miss)
             continue
         mode, i = fit
-        kept.append(_candidate(ctx, lay, z, label(*mode), per_stage[i][0].r, breakdown(mode, i),
-                               slot_time(*mode), per_stage, feasible=True))
+        kept.append(
+            _candidate(
+                ctx,
+                lay,
+                z,
+                label(*mode),
+                per_stage[i][0].r,
+                breakdown(mode, i),
+                slot_time(*mode),
+                per_stage,
+                feasible=True,
+            )
+        )
     return tried
 
 
-def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot_best, per_stage,
-               feasible: bool) -> ParallelCandidate:
-    t, sp, q, v, c, e, dp, mb, M, et = (lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "et"))
+def _candidate(
+    ctx: _Ctx,
+    lc: dict,
+    z: int,
+    mode: tuple,
+    r: int,
+    mem: dict,
+    slot_best,
+    per_stage,
+    feasible: bool,
+) -> ParallelCandidate:
+    t, sp, q, v, c, e, dp, mb, M, et = (
+        lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "et")
+    )
     prec, g = ctx.prec, ctx.g
     slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd_mb, mb_bytes = slot_best
     # DP: dense part over DP x CP, experts over EDP, per the module docstring's overlap rules
@@ -983,21 +1290,51 @@ def _candidate(ctx: _Ctx, lc: dict, z: int, mode: tuple, r: int, mem: dict, slot
     # the stage that holds the most, stage r (module docstring, "Step time")
     state = mem["weights"] + mem["grads"] + mem["optimizer"]
     params_r = next(d_p + e_p for st_, d_p, e_p, _ in per_stage if st_.r == r)
-    accumulate = 0.0 if ctx.fused_grad_accumulation else M * T.hbm_time(
-        ctx.p, params_r * T.BYTES_PER_VALUE + 2 * mem["grads"])
-    parts = {"compute": M * comp, "tp": M * tp_s, "ep": M * ep_s, "etp": M * etp_s, "cp": M * cp_s,
-             "pp": M * pp_s, "bubble": bubble, "dp": dp_s, "grad_accum": accumulate,
-             "optimizer": T.hbm_time(ctx.p, 2 * state)}
+    accumulate = (
+        0.0
+        if ctx.fused_grad_accumulation
+        else M * T.hbm_time(ctx.p, params_r * T.BYTES_PER_VALUE + 2 * mem["grads"])
+    )
+    parts = {
+        "compute": M * comp,
+        "tp": M * tp_s,
+        "ep": M * ep_s,
+        "etp": M * etp_s,
+        "cp": M * cp_s,
+        "pp": M * pp_s,
+        "bubble": bubble,
+        "dp": dp_s,
+        "grad_accum": accumulate,
+        "optimizer": T.hbm_time(ctx.p, 2 * state),
+    }
     step = sum(parts.values())
     comm = {k: M * b for k, b in mb_bytes.items()}
     comm["dp"] = {0: grad_b, 1: grad_b + ag_b, 2: M * grad_b + ag_b, 3: M * (2 * ag_b + grad_b)}[z]
     return ParallelCandidate(
-        dp=dp, tp=t, sp=sp, pp=q, vpp=v, ep=e, cp=c, zero=z, recompute=mode[0], micro_batch=mb,
-        micro_batches=M, memory=mem, memory_stage=r, step_s=step, parts=parts, comm_bytes=comm,
+        dp=dp,
+        tp=t,
+        sp=sp,
+        pp=q,
+        vpp=v,
+        ep=e,
+        cp=c,
+        zero=z,
+        recompute=mode[0],
+        micro_batch=mb,
+        micro_batches=M,
+        memory=mem,
+        memory_stage=r,
+        step_s=step,
+        parts=parts,
+        comm_bytes=comm,
         mfu=ctx.model_flops_step / (ctx.G * ctx.peak * step),
-        tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12, feasible=feasible,
-        layers_per_stage=_layer_note(ctx.m, q, v), etp=et, recompute_layers=mode[1],
-        chunk_layers=max(nd + nm for x in per_stage for nd, nm in x[0].chunks))
+        tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12,
+        feasible=feasible,
+        layers_per_stage=_layer_note(ctx.m, q, v),
+        etp=et,
+        recompute_layers=mode[1],
+        chunk_layers=max(nd + nm for x in per_stage for nd, nm in x[0].chunks),
+    )
 
 
 def _calibration_note(p) -> str:
@@ -1007,20 +1344,40 @@ def _calibration_note(p) -> str:
     if cal is None:
         return ""
     c = T.calibration_terms(p)
-    return (f"; then every layer's kernel times x {T.layer_time_factor(p):.3f}, measured / modelled for "
-            f"one measured layer on this platform ({cal['source']}: {c['measured_s'] * 1e3:g} ms forward, "
-            f"of which the model prices {c['modelled_tp_s'] * 1e3:.2f} ms of TP all-reduces and "
-            f"{c['modelled_kernels_s'] * 1e3:.2f} ms of kernels; profile calibration.layer_forward)")
+    return (
+        f"; then every layer's kernel times x {T.layer_time_factor(p):.3f}, measured / modelled for "
+        f"one measured layer on this platform ({cal['source']}: {c['measured_s'] * 1e3:g} ms forward, "
+        f"of which the model prices {c['modelled_tp_s'] * 1e3:.2f} ms of TP all-reduces and "
+        f"{c['modelled_kernels_s'] * 1e3:.2f} ms of kernels; profile calibration.layer_forward)"
+    )
 
 
-def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, long_seq, cp,
-                 batch_given: bool, micro_batches) -> list[str]:
+def _assumptions(
+    m,
+    p,
+    seq,
+    B,
+    G,
+    prec,
+    preset,
+    flash,
+    dropout,
+    cf,
+    peak_given,
+    long_seq,
+    cp,
+    batch_given: bool,
+    micro_batches,
+) -> list[str]:
     g = p.gpus_per_node
     out = [
         f"global batch {B} sequences of {seq} tokens ({B * seq / 1e6:.2f}M tokens"
         + ("" if batch_given else f"; default: ~4M tokens rounded up to a multiple of the {G} GPUs")
-        + ("); micro-batches of 1, 2, 4 or 8 sequences" if micro_batches is None
-           else f"); M = {micro_batches} micro-batches per step"),
+        + (
+            "); micro-batches of 1, 2, 4 or 8 sequences"
+            if micro_batches is None
+            else f"); M = {micro_batches} micro-batches per step"
+        ),
         "mesh: world = DP x TP x PP x CP, rank order tp-cp-dp-pp; MoE layers folded as ETP x EP x EDP "
         "(Megatron-core MoE parallel folding, initialize_model_parallel: world % (ETP x EP x PP) == 0): "
         "EP x ETP divides DP x CP x TP, experts data-parallel over EDP = DP x CP x TP / (EP x ETP); "
@@ -1034,8 +1391,12 @@ def _assumptions(m, p, seq, B, G, prec, preset, flash, dropout, cf, peak_given, 
         "embedding on stage 0, output head (a copy when tied and PP > 1) and final norm on the last",
         "activations: formulas.moe_activation_bytes_per_layer (Korthikanti 2022 with real widths), "
         f"bf16 values, {'dropout masks' if dropout else 'no dropout'}, capacity factor {cf:g}; "
-        + ("FlashAttention: no attention scores kept, so 'none' stores what 'selective' stores (and "
-           "selective only adds recompute); " if flash else "attention scores materialised; ")
+        + (
+            "FlashAttention: no attention scores kept, so 'none' stores what 'selective' stores (and "
+            "selective only adds recompute); "
+            if flash
+            else "attention scores materialised; "
+        )
         + "1F1B stage r holds min(PP - r, M) micro-batches, interleaved min(M v, 2(PP-r-1) + "
         "(v-1)PP + 1) chunks of L/(PP v) layers (Megatron-core warm-up + 1); + fp32 logits of one "
         "micro-batch / TP on the last stage; full recompute keeps each layer's input plus one "

@@ -76,13 +76,18 @@ def train_flops_per_token(m: MoEModel, seq: int, causal: bool = False) -> float:
 
 # ---------------------------------------------------------------- communication
 
-def alltoall_lower_bound_eq6(b: float, s: int, k: int, d: int, EP: int, nic_bytes_per_s: float) -> float:
+
+def alltoall_lower_bound_eq6(
+    b: float, s: int, k: int, d: int, EP: int, nic_bytes_per_s: float
+) -> float:
     """Piper Eq. 6 as printed: T_a2a >= 4 b s k d / (EP B_NIC) seconds (dispatch + combine, fp16)."""
     _positive(EP=EP, nic_bytes_per_s=nic_bytes_per_s)
     return 4 * b * s * k * d / (EP * nic_bytes_per_s)
 
 
-def alltoall_bytes_per_gpu(tokens: float, k: int, d: int, EP: int, gpus_per_node: int) -> tuple[float, float]:
+def alltoall_bytes_per_gpu(
+    tokens: float, k: int, d: int, EP: int, gpus_per_node: int
+) -> tuple[float, float]:
     """(bytes to other GPUs of the node, bytes off the node) one GPU sends in one dispatch.
 
     tokens: tokens local to this GPU; the EP group fills whole nodes when EP > g."""
@@ -111,7 +116,9 @@ def bubble_fraction(PP: int, M: int) -> float:
     return T.bubble_fraction(PP, M)
 
 
-def mfu_eq12(model_flops: float, peak_flops: float, gpus: int, t_compute: float, t_step: float) -> dict:
+def mfu_eq12(
+    model_flops: float, peak_flops: float, gpus: int, t_compute: float, t_step: float
+) -> dict:
     """Piper Eq. 12: MFU = F / (pi G t_compute) x t_compute / t_step.
 
     Eq. 12 prints the compute fraction as 1 - b t_comm/t_step; with t_step = t_compute + t_comm
@@ -124,8 +131,10 @@ def mfu_eq12(model_flops: float, peak_flops: float, gpus: int, t_compute: float,
 
 # ---------------------------------------------------------------- compute
 
-def layer_forward_time(m: MoEModel, moe: bool, tokens: float, seq: int, EP: int, p: Platform,
-                       flash: bool = True) -> dict:
+
+def layer_forward_time(
+    m: MoEModel, moe: bool, tokens: float, seq: int, EP: int, p: Platform, flash: bool = True
+) -> dict:
     """Forward compute seconds of one layer on one GPU holding ``tokens`` local tokens
     (time_model.layer_forward): attention = projections + core, ffn = experts, router, shared
     and dense FFNs, hbm = the non-GEMM kernels."""
@@ -161,8 +170,18 @@ class Estimate:
         return asdict(self)
 
 
-def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq: int, M: int,
-             checkpointing: bool = False, causal: bool = False, flash: bool = True) -> Estimate:
+def estimate(
+    m: MoEModel,
+    p: Platform,
+    PP: int,
+    EP: int,
+    micro_batch: float,
+    seq: int,
+    M: int,
+    checkpointing: bool = False,
+    causal: bool = False,
+    flash: bool = True,
+) -> Estimate:
     """Step time and MFU of a PP x EP mesh (docs/planner.md). ``micro_batch``: sequences per GPU.
     Every second comes from components.resources.time_model."""
     _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M)
@@ -172,10 +191,20 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
     first_moe = m.layers - m.n_moe_layers
     a2a_one = alltoall_time(tokens, m.top_k, m.d_model, EP, p)
     same_node_next = EP < p.gpus_per_node and p.gpus_per_node % EP == 0
-    p2p = T.transfer_time(p, 2 * p2p_bytes_per_gpu(micro_batch, seq, m.d_model), off_node=not same_node_next,
-                          messages=2) if PP > 1 else 0.0
-    layer_fwd = {moe: T.layer_forward(m, moe, p, tokens, seq, ep=EP, flash=flash, dropout=m.dropout)
-                 for moe in (False, True)}
+    p2p = (
+        T.transfer_time(
+            p,
+            2 * p2p_bytes_per_gpu(micro_batch, seq, m.d_model),
+            off_node=not same_node_next,
+            messages=2,
+        )
+        if PP > 1
+        else 0.0
+    )
+    layer_fwd = {
+        moe: T.layer_forward(m, moe, p, tokens, seq, ep=EP, flash=flash, dropout=m.dropout)
+        for moe in (False, True)
+    }
 
     worst = None
     for i, layers in enumerate(stage_layers(m.layers, PP)):
@@ -195,10 +224,14 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
             worst = (i, compute, a2a, replicated)
     slowest, compute, a2a, replicated = worst
     off_node = EP > p.gpus_per_node
-    grad_s = T.transfer_time(p, F.ring_allreduce_bytes(ACT_BYTES * replicated, EP), off_node, messages=0) \
-        if EP > 1 else 0.0
-    allreduce = T.exposed_dp_time(grad_s, 0.0, zero=0, micro_batches=M, forward_s=0.0, backward_s=0.0,
-                                  overlap=False)  # after the last backward, as Piper leaves it
+    grad_s = (
+        T.transfer_time(p, F.ring_allreduce_bytes(ACT_BYTES * replicated, EP), off_node, messages=0)
+        if EP > 1
+        else 0.0
+    )
+    allreduce = T.exposed_dp_time(
+        grad_s, 0.0, zero=0, micro_batches=M, forward_s=0.0, backward_s=0.0, overlap=False
+    )  # after the last backward, as Piper leaves it
 
     slot = compute + a2a + p2p
     busy, bubble = T.pipeline_step(slot, M, PP)
@@ -208,10 +241,26 @@ def estimate(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq
     flops = train_flops_per_token(m, seq, causal) * tokens_step
     eq12 = mfu_eq12(flops, p.peak_flops, gpus, M * compute, step)
     return Estimate(
-        PP=PP, EP=EP, M=M, micro_batch=micro_batch, seq=seq, gpus=gpus, tokens_per_step=tokens_step,
-        model_flops=flops, compute_s=compute, alltoall_s=a2a, p2p_s=p2p, allreduce_s=allreduce,
-        step_s=step, bubble=bubble_fraction(PP, M), mfu=eq12["mfu"], tflops_per_gpu=flops / gpus / step / 1e12,
-        hardware_efficiency=eq12["hardware_efficiency"], compute_fraction=eq12["compute_fraction"],
-        eq6_bound_s=alltoall_lower_bound_eq6(micro_batch * EP, seq, m.top_k, m.d_model, EP, p.nic_bytes_per_s),
+        PP=PP,
+        EP=EP,
+        M=M,
+        micro_batch=micro_batch,
+        seq=seq,
+        gpus=gpus,
+        tokens_per_step=tokens_step,
+        model_flops=flops,
+        compute_s=compute,
+        alltoall_s=a2a,
+        p2p_s=p2p,
+        allreduce_s=allreduce,
+        step_s=step,
+        bubble=bubble_fraction(PP, M),
+        mfu=eq12["mfu"],
+        tflops_per_gpu=flops / gpus / step / 1e12,
+        hardware_efficiency=eq12["hardware_efficiency"],
+        compute_fraction=eq12["compute_fraction"],
+        eq6_bound_s=alltoall_lower_bound_eq6(
+            micro_batch * EP, seq, m.top_k, m.d_model, EP, p.nic_bytes_per_s
+        ),
         slowest_stage=slowest,
     )

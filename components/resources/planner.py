@@ -67,10 +67,17 @@ class Plan:
         return next((c for c in self.candidates if c.feasible), None)
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "platform": self.platform, "nodes": self.nodes, "gpus": self.gpus,
-                "seq": self.seq, "global_batch": self.global_batch,
-                "candidates": [c.to_dict() for c in self.candidates], "rejected": self.rejected,
-                "assumptions": self.assumptions}
+        return {
+            "model": self.model,
+            "platform": self.platform,
+            "nodes": self.nodes,
+            "gpus": self.gpus,
+            "seq": self.seq,
+            "global_batch": self.global_batch,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "rejected": self.rejected,
+            "assumptions": self.assumptions,
+        }
 
 
 def divisors(n: int) -> list[int]:
@@ -86,22 +93,49 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-def memory_check(m: MoEModel, p: Platform, PP: int, EP: int, micro_batch: float, seq: int, M: int,
-                 opts: MemoryOptions, schedule: str = "1f1b") -> tuple[bool, list, str]:
+def memory_check(
+    m: MoEModel,
+    p: Platform,
+    PP: int,
+    EP: int,
+    micro_batch: float,
+    seq: int,
+    M: int,
+    opts: MemoryOptions,
+    schedule: str = "1f1b",
+) -> tuple[bool, list, str]:
     """(fits, stages, reason) with the largest term of the binding stage named when it does not."""
     stages = all_stages(m, PP, EP, micro_batch, seq, M, schedule, opts)
     peak = max(stages, key=lambda s: s.total)
     if peak.total <= p.hbm_bytes:
         return True, stages, ""
     term = peak.binding_term()
-    return False, stages, (f"stage {peak.stage} needs {peak.total / GB:.1f} GB > {p.hbm_bytes / GB:g} GB HBM "
-                           f"(Eq. 11); largest term: {term} {peak.terms[term] / GB:.1f} GB")
+    return (
+        False,
+        stages,
+        (
+            f"stage {peak.stage} needs {peak.total / GB:.1f} GB > {p.hbm_bytes / GB:g} GB HBM "
+            f"(Eq. 11); largest term: {term} {peak.terms[term] / GB:.1f} GB"
+        ),
+    )
 
 
-def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: int | None = None,
-         micro_batches: int | None = None, alpha: int = 4, zero_stage: int = 0, flash: bool = True,
-         allow_checkpointing: bool = True, causal: bool = False, schedule: str = "1f1b",
-         max_ep: int | None = None, layout: tuple[int, int] | None = None) -> Plan:
+def plan(
+    m: MoEModel,
+    p: Platform,
+    nodes: int,
+    seq: int = 4096,
+    global_batch: int | None = None,
+    micro_batches: int | None = None,
+    alpha: int = 4,
+    zero_stage: int = 0,
+    flash: bool = True,
+    allow_checkpointing: bool = True,
+    causal: bool = False,
+    schedule: str = "1f1b",
+    max_ep: int | None = None,
+    layout: tuple[int, int] | None = None,
+) -> Plan:
     """Enumerate and rank PP x EP layouts (module docstring). ``layout=(PP, EP)`` evaluates that one
     layout only and raises ValueError if it breaks Eq. 7-9 (Eq. 10 is reported, not raised, so a
     user can ask what a wider EP group would cost)."""
@@ -118,7 +152,9 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         if lp is None or le is None or lp <= 0 or le <= 0:
             raise ValueError(f"pp and ep must both be given and positive, got pp={lp} ep={le}")
         if lp * le != G:
-            raise ValueError(f"PP x EP = {lp} x {le} = {lp * le} is not the {G} GPUs of {nodes} nodes (Eq. 7)")
+            raise ValueError(
+                f"PP x EP = {lp} x {le} = {lp * le} is not the {G} GPUs of {nodes} nodes (Eq. 7)"
+            )
         if m.n_experts % le:
             raise ValueError(f"EP={le} does not divide the expert count E={m.n_experts} (Eq. 8)")
         if lp > m.layers:
@@ -141,23 +177,50 @@ def plan(m: MoEModel, p: Platform, nodes: int, seq: int = 4096, global_batch: in
         M = micro_batches if micro_batches is not None else alpha * PP
         micro = B / (M * EP)
         if micro < 1 or micro != int(micro):
-            candidates.append(Candidate(PP, EP, False, micro_batches=M, micro_batch=micro,
-                                        why_not=f"global batch {B} is not a multiple of M x EP = {M * EP} "
-                                                "(each GPU needs a whole number of sequences per micro-batch)"))
+            candidates.append(
+                Candidate(
+                    PP,
+                    EP,
+                    False,
+                    micro_batches=M,
+                    micro_batch=micro,
+                    why_not=f"global batch {B} is not a multiple of M x EP = {M * EP} "
+                    "(each GPU needs a whole number of sequences per micro-batch)",
+                )
+            )
             continue
         c = None
-        for ckpt in ((False, True) if allow_checkpointing else (False,)):
-            opts = MemoryOptions(flash_attention=flash, checkpointing=ckpt, zero_stage=zero_stage,
-                                 overhead_bytes=p.overhead_bytes)
+        for ckpt in (False, True) if allow_checkpointing else (False,):
+            opts = MemoryOptions(
+                flash_attention=flash,
+                checkpointing=ckpt,
+                zero_stage=zero_stage,
+                overhead_bytes=p.overhead_bytes,
+            )
             fits, stages, reason = memory_check(m, p, PP, EP, micro, seq, M, opts, schedule)
             peak = max(stages, key=lambda s: s.total)
-            c = Candidate(PP, EP, fits, reason, ckpt, micro, M, peak.total, peak.stage,
-                          [s.total for s in stages], peak.binding_term())
+            c = Candidate(
+                PP,
+                EP,
+                fits,
+                reason,
+                ckpt,
+                micro,
+                M,
+                peak.total,
+                peak.stage,
+                [s.total for s in stages],
+                peak.binding_term(),
+            )
             if fits:
-                c.estimate = estimate(m, p, PP, EP, micro, seq, M, checkpointing=ckpt, causal=causal)
+                c.estimate = estimate(
+                    m, p, PP, EP, micro, seq, M, checkpointing=ckpt, causal=causal
+                )
                 break
         candidates.append(c)
-    candidates.sort(key=lambda c: (not c.feasible, -(c.estimate.mfu if c.estimate else 0), c.peak_bytes))
+    candidates.sort(
+        key=lambda c: (not c.feasible, -(c.estimate.mfu if c.estimate else 0), c.peak_bytes)
+    )
     assumptions = [
         f"global batch {B} sequences of {seq} tokens; M = {micro_batches or f'{alpha} x PP'} "
         f"micro-batches; {'1F1B' if schedule == '1f1b' else 'GPipe'} schedule",

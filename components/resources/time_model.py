@@ -37,12 +37,22 @@ BACKWARD_HBM = 1.5  # backward / forward for HBM-bound kernels (see the module d
 # (DU-09799-001), Sec. 2.3, from the most efficient (256x128, 128x256) to the least (64x64). All
 # are taken at the ceiling's rate: the guide ranks the smaller ones less efficient but gives no
 # factor, so shapes a small tile wins are timed optimistically.
-GEMM_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+GEMM_TILES = (
+    (256, 128),
+    (128, 256),
+    (128, 128),
+    (256, 64),
+    (64, 256),
+    (128, 64),
+    (64, 128),
+    (64, 64),
+)
 
 
 # ============================================================================================
 # Kernels
 # ============================================================================================
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -97,8 +107,9 @@ def hbm_time(p: Platform, nbytes: float) -> float:
     return nbytes / p.hbm_bytes_per_s
 
 
-def attention_core_time(p: Platform, tokens: float, keys: float, heads: float, d_qk: int, d_v: int,
-                        flash: bool = True) -> float:
+def attention_core_time(
+    p: Platform, tokens: float, keys: float, heads: float, d_qk: int, d_v: int, flash: bool = True
+) -> float:
     """Forward seconds of QK^T and AV for ``tokens`` queries over ``keys`` keys each, ``heads``
     heads on this GPU. FlashAttention: 2 tokens keys heads (d_qk + d_v) FLOPs, halved for the
     causal mask, at the attention rate. Materialised scores: every score computed (no halving),
@@ -113,6 +124,7 @@ def attention_core_time(p: Platform, tokens: float, keys: float, heads: float, d
 # ============================================================================================
 # One layer's forward on one GPU
 # ============================================================================================
+
 
 def attention_gemms(m: MoEModel, rows: float, t: int = 1) -> list[Gemm]:
     """The attention projections of one layer: Q/K/V (fused) and output, split over ``t`` TP
@@ -129,9 +141,11 @@ def attention_gemms(m: MoEModel, rows: float, t: int = 1) -> list[Gemm]:
             out += [Gemm(1, rows, d, a.q_lora_rank), Gemm(1, rows, a.q_lora_rank, w["q"] / t)]
         else:
             out.append(Gemm(1, rows, d, w["q"] / t))
-        out += [Gemm(1, rows, d, a.kv_lora_rank + a.qk_rope_head_dim),
-                Gemm(1, rows, a.kv_lora_rank, w["heads"] * (a.qk_nope_head_dim + a.v_head_dim) / t),
-                Gemm(1, rows, w["o"] / t, d)]
+        out += [
+            Gemm(1, rows, d, a.kv_lora_rank + a.qk_rope_head_dim),
+            Gemm(1, rows, a.kv_lora_rank, w["heads"] * (a.qk_nope_head_dim + a.v_head_dim) / t),
+            Gemm(1, rows, w["o"] / t, d),
+        ]
         return out
     return [Gemm(1, rows, d, (w["q"] + w["k"] + w["v"]) / t), Gemm(1, rows, w["o"] / t, d)]
 
@@ -139,10 +153,15 @@ def attention_gemms(m: MoEModel, rows: float, t: int = 1) -> list[Gemm]:
 def ffn_gemms(m: MoEModel, rows: float, width: float, count: float = 1) -> list[Gemm]:
     """One FFN of ``width`` (already split over any tensor parallelism): n_mat - 1 input matrices
     (d -> width) and one output matrix (width -> d)."""
-    return [Gemm(count * (m.n_mat - 1), rows, m.d_model, width), Gemm(count, rows, width, m.d_model)]
+    return [
+        Gemm(count * (m.n_mat - 1), rows, m.d_model, width),
+        Gemm(count, rows, width, m.d_model),
+    ]
 
 
-def layer_gemms(m: MoEModel, moe: bool, rows: float, t: int = 1, ep: int = 1, etp: int = 1) -> list[Gemm]:
+def layer_gemms(
+    m: MoEModel, moe: bool, rows: float, t: int = 1, ep: int = 1, etp: int = 1
+) -> list[Gemm]:
     """Every GEMM of one layer's forward on one GPU. ``rows``: the tokens a TP rank's GEMMs see
     (the whole sequence shard of its TP group); the E / ``ep`` local experts each receive
     ``etp`` x ep x rows k / (t E) tokens (balanced routing; the ETP group all-gathers the
@@ -182,8 +201,12 @@ class Compute:
         return self.gemm + self.attention + self.hbm
 
     def __add__(self, o: "Compute") -> "Compute":
-        return Compute(self.gemm + o.gemm, self.attention + o.attention, self.hbm + o.hbm,
-                       self.scores_hbm + o.scores_hbm)
+        return Compute(
+            self.gemm + o.gemm,
+            self.attention + o.attention,
+            self.hbm + o.hbm,
+            self.scores_hbm + o.scores_hbm,
+        )
 
     def __mul__(self, x: float) -> "Compute":
         return Compute(self.gemm * x, self.attention * x, self.hbm * x, self.scores_hbm * x)
@@ -196,8 +219,19 @@ class Compute:
         return Compute(0.0, self.attention, self.scores_hbm, self.scores_hbm)
 
 
-def layer_forward(m: MoEModel, moe: bool, p: Platform, rows: float, keys: float, t: int = 1, sp: bool = False,
-                  ep: int = 1, etp: int = 1, flash: bool = True, dropout: bool = False) -> Compute:
+def layer_forward(
+    m: MoEModel,
+    moe: bool,
+    p: Platform,
+    rows: float,
+    keys: float,
+    t: int = 1,
+    sp: bool = False,
+    ep: int = 1,
+    etp: int = 1,
+    flash: bool = True,
+    dropout: bool = False,
+) -> Compute:
     """Forward seconds of one layer on one GPU of a TP group whose GEMMs see ``rows`` tokens,
     each attending to ``keys`` keys (module docstring). Non-GEMM bytes per
     formulas.elementwise_bytes_per_token (Megatron-LM's kernel set)."""
@@ -211,18 +245,35 @@ def layer_forward(m: MoEModel, moe: bool, p: Platform, rows: float, keys: float,
     top_k = m.top_k if moe and m.n_experts > 1 else 0
 
     def ew(with_flash: bool) -> float:
-        return F.elementwise_bytes_per_token(m.d_model, m.heads, keys, f, m.n_mat, t, sp or moe and t > 1,
-                                             with_flash, dropout, top_k, BYTES_PER_VALUE)
+        return F.elementwise_bytes_per_token(
+            m.d_model,
+            m.heads,
+            keys,
+            f,
+            m.n_mat,
+            t,
+            sp or moe and t > 1,
+            with_flash,
+            dropout,
+            top_k,
+            BYTES_PER_VALUE,
+        )
 
     hbm_bytes = ew(flash) * rows
     scores_bytes = hbm_bytes - ew(True) * rows
-    return Compute(gemms_time(p, layer_gemms(m, moe, rows, t, ep, etp)), core,
-                   hbm_time(p, hbm_bytes), hbm_time(p, scores_bytes)) * layer_time_factor(p)
+    return Compute(
+        gemms_time(p, layer_gemms(m, moe, rows, t, ep, etp)),
+        core,
+        hbm_time(p, hbm_bytes),
+        hbm_time(p, scores_bytes),
+    ) * layer_time_factor(p)
 
 
 def head_forward(m: MoEModel, p: Platform, rows: float, t: int = 1) -> Compute:
     """The output head, [rows x d] @ [d x V / t] (vocabulary-parallel); none without a vocabulary."""
-    return Compute(gemm=gemm_time(p, rows, m.d_model, m.vocab / t) if m.vocab else 0.0) * layer_time_factor(p)
+    return Compute(
+        gemm=gemm_time(p, rows, m.d_model, m.vocab / t) if m.vocab else 0.0
+    ) * layer_time_factor(p)
 
 
 def calibration_layer(p: Platform) -> dict | None:
@@ -247,12 +298,19 @@ def calibration_terms(p: Platform) -> dict:
     bare = uncalibrated(p)
     h, heads, s, b, t = cal["hidden"], cal["heads"], cal["seq"], cal["micro_batch"], cal["tp"]
     m = megatron_gpt(1, h, heads, None, cal["dropout"], cal["ffn"])
-    kernels = layer_forward(m, False, bare, b * s, s, t, False, 1, 1, cal["flash_attention"],
-                            cal["dropout"]).total
+    kernels = layer_forward(
+        m, False, bare, b * s, s, t, False, 1, 1, cal["flash_attention"], cal["dropout"]
+    ).total
     tp = 0.0
     if t > 1:  # the forward's two of the layer's four all-reduces
-        tp = transfer_time(bare, F.tp_bytes_per_layer(s, b, h, t, False, "none") / 2, off_node=False, messages=2)
-    return {"measured_s": cal["measured_ms"] / 1e3, "modelled_kernels_s": kernels, "modelled_tp_s": tp}
+        tp = transfer_time(
+            bare, F.tp_bytes_per_layer(s, b, h, t, False, "none") / 2, off_node=False, messages=2
+        )
+    return {
+        "measured_s": cal["measured_ms"] / 1e3,
+        "modelled_kernels_s": kernels,
+        "modelled_tp_s": tp,
+    }
 
 
 def layer_time_factor(p: Platform) -> float:
@@ -265,34 +323,47 @@ def layer_time_factor(p: Platform) -> float:
         c = calibration_terms(p)
         cached = (c["measured_s"] - c["modelled_tp_s"]) / c["modelled_kernels_s"]
         if cached <= 0:
-            raise ValueError(f"platform {p.name}: calibration.layer_forward measured_ms is below the "
-                             f"modelled communication of that layer ({c['modelled_tp_s'] * 1e3:.3g} ms)")
+            raise ValueError(
+                f"platform {p.name}: calibration.layer_forward measured_ms is below the "
+                f"modelled communication of that layer ({c['modelled_tp_s'] * 1e3:.3g} ms)"
+            )
         object.__setattr__(p, "_layer_time_factor", cached)  # a frozen dataclass: cache beside it
     return cached
 
 
 def train_time(forward: Compute, recomputed: Compute = Compute()) -> float:
     """Forward + backward (module docstring) + the recomputed forward."""
-    return ((1 + BACKWARD_GEMM) * (forward.gemm + forward.attention) + (1 + BACKWARD_HBM) * forward.hbm
-            + recomputed.total)
+    return (
+        (1 + BACKWARD_GEMM) * (forward.gemm + forward.attention)
+        + (1 + BACKWARD_HBM) * forward.hbm
+        + recomputed.total
+    )
 
 
 # ============================================================================================
 # Communication
 # ============================================================================================
 
+
 def link_bytes_per_s(p: Platform, off_node: bool) -> float:
     """Per-GPU bandwidth of a transfer: the intra-node all-to-all rate (NVLink line rate x
     efficiency.nvlink, platform.from_dict) inside a node; across nodes nics x B_NIC / g x
     network efficiency."""
-    return p.nic_bytes_per_s_per_gpu * p.network_efficiency if off_node else p.intra_node_a2a_bytes_per_s
+    return (
+        p.nic_bytes_per_s_per_gpu * p.network_efficiency
+        if off_node
+        else p.intra_node_a2a_bytes_per_s
+    )
 
 
 def link_latency_s(p: Platform, off_node: bool) -> float:
     """One message's latency: the on-node link classes' inside a node, the largest of all link
     classes across nodes (a collective waits for its farthest message); 0 without links."""
-    lat = [float(lk.get("latency_us", 0.0)) * 1e-6 for lk in p.links
-           if off_node or lk["class"] in ON_NODE_CLASSES]
+    lat = [
+        float(lk.get("latency_us", 0.0)) * 1e-6
+        for lk in p.links
+        if off_node or lk["class"] in ON_NODE_CLASSES
+    ]
     if not lat:  # a profile naming no on-node class: its fastest link
         lat = [min(float(lk.get("latency_us", 0.0)) for lk in p.links) * 1e-6] if p.links else [0.0]
     return max(lat)
@@ -303,19 +374,29 @@ def transfer_time(p: Platform, nbytes: float, off_node: bool, messages: float = 
     return nbytes / link_bytes_per_s(p, off_node) + messages * link_latency_s(p, off_node)
 
 
-def alltoall_time(p: Platform, on_node_bytes: float, off_node_bytes: float, messages: float = 1) -> float:
+def alltoall_time(
+    p: Platform, on_node_bytes: float, off_node_bytes: float, messages: float = 1
+) -> float:
     """An all-to-all sending ``on_node_bytes`` to peers in the node and ``off_node_bytes`` off it
     per GPU: both parts proceed at once, the slower bounds it; one latency per collective."""
     if on_node_bytes <= 0 and off_node_bytes <= 0:
         return 0.0
     off = off_node_bytes > 0
-    return (max(on_node_bytes / link_bytes_per_s(p, False),
-                off_node_bytes / link_bytes_per_s(p, True) if off else 0.0)
-            + messages * link_latency_s(p, off))
+    return max(
+        on_node_bytes / link_bytes_per_s(p, False),
+        off_node_bytes / link_bytes_per_s(p, True) if off else 0.0,
+    ) + messages * link_latency_s(p, off)
 
 
-def exposed_dp_time(grad_s: float, gather_s: float, zero: int, micro_batches: int, forward_s: float,
-                    backward_s: float, overlap: bool = True) -> float:
+def exposed_dp_time(
+    grad_s: float,
+    gather_s: float,
+    zero: int,
+    micro_batches: int,
+    forward_s: float,
+    backward_s: float,
+    overlap: bool = True,
+) -> float:
     """Seconds of the data-parallel reduction (``grad_s``: reduce or reduce-scatter of gradients;
     ``gather_s``: all-gather of weights) a step exposes (module docstring). ``forward_s`` /
     ``backward_s``: one micro-batch's forward / backward (with any recompute) it hides behind.
@@ -327,19 +408,24 @@ def exposed_dp_time(grad_s: float, gather_s: float, zero: int, micro_batches: in
         return max(0.0, grad_s - backward_s) + max(0.0, gather_s - forward_s)
     if zero == 2:
         return micro_batches * max(0.0, grad_s - backward_s) + max(0.0, gather_s - forward_s)
-    return micro_batches * (max(0.0, gather_s - forward_s) + max(0.0, gather_s + grad_s - backward_s))
+    return micro_batches * (
+        max(0.0, gather_s - forward_s) + max(0.0, gather_s + grad_s - backward_s)
+    )
 
 
 # ============================================================================================
 # Pipeline
 # ============================================================================================
 
+
 def pipeline_step(slot_s: float, micro_batches: int, pp: int, vpp: int = 1) -> tuple[float, float]:
     """(busy, bubble) seconds of a pipelined step whose slowest stage takes ``slot_s`` per
     micro-batch: M slots, and (PP - 1) / VPP idle slots (module docstring)."""
     if slot_s < 0 or micro_batches <= 0 or pp <= 0 or vpp <= 0:
-        raise ValueError(f"pipeline_step needs slot >= 0 and positive M, PP, VPP; got "
-                         f"{slot_s}, {micro_batches}, {pp}, {vpp}")
+        raise ValueError(
+            f"pipeline_step needs slot >= 0 and positive M, PP, VPP; got "
+            f"{slot_s}, {micro_batches}, {pp}, {vpp}"
+        )
     return micro_batches * slot_s, (pp - 1) / vpp * slot_s
 
 

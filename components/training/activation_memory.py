@@ -38,12 +38,12 @@ IMPLS = ("pft", "padded")
 class ActivationMeasurement:
     impl: str
     tokens: int
-    saved_bytes: int               # everything autograd holds for backward after the forward
-    input_saved_bytes: int         # of which the layer input x (charged to the previous layer)
-    peak_bytes: float              # forward's peak memory rise (nan where it cannot be measured)
-    output_bytes: int              # the layer output [S, H], alive at the end of the forward
-    theory_bytes: int              # X-MoE Table 2 at this config, this dtype
-    max_abs_grad: float            # sanity: backward ran and produced finite input gradients
+    saved_bytes: int  # everything autograd holds for backward after the forward
+    input_saved_bytes: int  # of which the layer input x (charged to the previous layer)
+    peak_bytes: float  # forward's peak memory rise (nan where it cannot be measured)
+    output_bytes: int  # the layer output [S, H], alive at the end of the forward
+    theory_bytes: int  # X-MoE Table 2 at this config, this dtype
+    max_abs_grad: float  # sanity: backward ran and produced finite input gradients
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # (d_model, d_ffn, top_k, itemsize): the config
 
     @property
@@ -56,15 +56,31 @@ def theory_bytes(tokens: int, d_model: int, d_ffn: int, top_k: int, itemsize: in
     return itemsize * sum(xmoe_activation_elements(1, tokens, d_model, d_ffn, top_k).values())
 
 
-def build_layer(impl: str, d_model: int, d_ffn: int, num_experts: int, top_k: int,
-                capacity_factor: float = 1.25, gemm: str = "grouped_mm",
-                dtype: torch.dtype = torch.float32) -> MoELayer:
+def build_layer(
+    impl: str,
+    d_model: int,
+    d_ffn: int,
+    num_experts: int,
+    top_k: int,
+    capacity_factor: float = 1.25,
+    gemm: str = "grouped_mm",
+    dtype: torch.dtype = torch.float32,
+) -> MoELayer:
     """Two-matrix (GELU) experts as X-MoE Table 1; pft drops nothing, padded uses ``capacity_factor``."""
     if impl == "pft":
-        return MoELayer(d_model, d_ffn, num_experts, top_k, activation="gelu", gemm=gemm, dtype=dtype)
+        return MoELayer(
+            d_model, d_ffn, num_experts, top_k, activation="gelu", gemm=gemm, dtype=dtype
+        )
     if impl == "padded":
-        return PaddedMoELayer(d_model, d_ffn, num_experts, top_k, activation="gelu",
-                              capacity_factor=capacity_factor, dtype=dtype)
+        return PaddedMoELayer(
+            d_model,
+            d_ffn,
+            num_experts,
+            top_k,
+            activation="gelu",
+            capacity_factor=capacity_factor,
+            dtype=dtype,
+        )
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
@@ -74,6 +90,7 @@ def _release_heap() -> None:
     import ctypes
 
     from moe_repro.components.training.peak_memory import return_freed_memory_to_os
+
     return_freed_memory_to_os()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -89,6 +106,7 @@ def _forward_peak(layer: MoELayer, x: torch.Tensor, meter: SavedActivationMeter)
             y = layer(x)
         return y, float(peak_memory_bytes(x.device) - before)
     from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported
+
     if not peak_supported():
         with meter.hooks():
             return layer(x), float("nan")
@@ -118,14 +136,30 @@ def measure_activation_memory(layer: MoELayer, x: torch.Tensor, impl: str) -> Ac
     y.sum().backward()
     grad = float(x.grad.abs().max()) if x.grad is not None and x.numel() else 0.0
     return ActivationMeasurement(
-        impl=impl, tokens=x.shape[0], saved_bytes=int(saved), input_saved_bytes=int(input_saved),
-        peak_bytes=peak, max_abs_grad=grad, output_bytes=int(y.untyped_storage().nbytes()),
-        theory_bytes=theory_bytes(x.shape[0], layer.d_model, layer.d_ffn, layer.top_k, x.element_size()),
-        shape=(layer.d_model, layer.d_ffn, layer.top_k, x.element_size()))
+        impl=impl,
+        tokens=x.shape[0],
+        saved_bytes=int(saved),
+        input_saved_bytes=int(input_saved),
+        peak_bytes=peak,
+        max_abs_grad=grad,
+        output_bytes=int(y.untyped_storage().nbytes()),
+        theory_bytes=theory_bytes(
+            x.shape[0], layer.d_model, layer.d_ffn, layer.top_k, x.element_size()
+        ),
+        shape=(layer.d_model, layer.d_ffn, layer.top_k, x.element_size()),
+    )
 
 
-def measure_config(tokens: int, d_model: int, d_ffn: int, num_experts: int, top_k: int,
-                   impls=IMPLS, capacity_factor: float = 1.25, seed: int = 0) -> dict[str, ActivationMeasurement]:
+def measure_config(
+    tokens: int,
+    d_model: int,
+    d_ffn: int,
+    num_experts: int,
+    top_k: int,
+    impls=IMPLS,
+    capacity_factor: float = 1.25,
+    seed: int = 0,
+) -> dict[str, ActivationMeasurement]:
     """Build each impl's layer (fp32, CPU, same weights) at one config and measure it."""
     produced("measured")
     out = {}

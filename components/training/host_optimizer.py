@@ -40,9 +40,16 @@ from moe_repro.runtime.device import cuda_count
 
 
 class HostPipelinedAdamW:
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, chunk_elems: int = 1 << 16,
-                 workers: int = 1):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        chunk_elems: int = 1 << 16,
+        workers: int = 1,
+    ):
         self.params = [p for p in params]
         if not self.params:
             raise ValueError("HostPipelinedAdamW got no parameters")
@@ -69,19 +76,33 @@ class HostPipelinedAdamW:
         for p in self.params:
             on_host = p.device.type == "cpu"
             # Master copy only where the parameter lives off the host; on CPU it is the parameter.
-            master = None if on_host else p.detach().to("cpu", torch.float32).pin_memory() if pin \
+            master = (
+                None
+                if on_host
+                else p.detach().to("cpu", torch.float32).pin_memory()
+                if pin
                 else p.detach().to("cpu", torch.float32)
-            zeros = (lambda: torch.zeros(p.shape, dtype=torch.float32, pin_memory=pin and not on_host))
-            self.state.append({"exp_avg": zeros(), "exp_avg_sq": zeros(), "master": master,
-                               "copy_stream": None if on_host else torch.cuda.Stream(p.device)})
+            )
+            zeros = lambda: torch.zeros(
+                p.shape, dtype=torch.float32, pin_memory=pin and not on_host
+            )
+            self.state.append(
+                {
+                    "exp_avg": zeros(),
+                    "exp_avg_sq": zeros(),
+                    "master": master,
+                    "copy_stream": None if on_host else torch.cuda.Stream(p.device),
+                }
+            )
 
     # --- scheduling -------------------------------------------------------------------------
 
     def overlap_with_backward(self) -> None:
         """Start each parameter's update as soon as backward has accumulated its gradient."""
         for i, p in enumerate(self.params):
-            self._hooks.append(p.register_post_accumulate_grad_hook(
-                lambda param, i=i: self._queue_param(i)))
+            self._hooks.append(
+                p.register_post_accumulate_grad_hook(lambda param, i=i: self._queue_param(i))
+            )
 
     def _open_step(self) -> None:
         with self._lock:
@@ -108,9 +129,11 @@ class HostPipelinedAdamW:
             event.record(torch.cuda.current_stream(p.device))
         n = p.numel()
         for start in range(0, n, self.chunk_elems):
-            self._pending.append(self._pool.submit(self._update_chunk, i, start,
-                                                   min(start + self.chunk_elems, n),
-                                                   step, event))
+            self._pending.append(
+                self._pool.submit(
+                    self._update_chunk, i, start, min(start + self.chunk_elems, n), step, event
+                )
+            )
 
     def step(self) -> None:
         """Queue every parameter not queued yet (all of them without overlap) and wait."""
@@ -174,15 +197,19 @@ class HostPipelinedAdamW:
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         step = float(step)  # torch keeps the step in a float tensor and reads it with .item()
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
         step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
+        bias_correction2_sqrt = bias_correction2**0.5
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         param.addcdiv_(exp_avg, denom, value=-step_size)
 
     def state_bytes(self) -> dict:
         """Host bytes held for optimizer state, and device bytes (none besides the parameters)."""
-        host = sum(st["exp_avg"].nbytes + st["exp_avg_sq"].nbytes
-                   + (st["master"].nbytes if st["master"] is not None else 0) for st in self.state)
+        host = sum(
+            st["exp_avg"].nbytes
+            + st["exp_avg_sq"].nbytes
+            + (st["master"].nbytes if st["master"] is not None else 0)
+            for st in self.state
+        )
         return {"host_state_bytes": host, "device_state_bytes": 0}

@@ -35,9 +35,15 @@ import torch.distributed as dist
 from moe_repro.runtime.device import bind
 from moe_repro.runtime.timing import peak_memory_bytes, timer_for
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
-from moe_repro.components.model.moe_transformer import (RegionClock, StageModule, TransformerConfig,
-                                                  expert_owner, expert_param_names, lm_loss,
-                                                  split_layers)
+from moe_repro.components.model.moe_transformer import (
+    RegionClock,
+    StageModule,
+    TransformerConfig,
+    expert_owner,
+    expert_param_names,
+    lm_loss,
+    split_layers,
+)
 from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -76,27 +82,47 @@ class TrainConfig:
         return self.virtual_stages if self.schedule == "interleaved" else 1
 
     def model_config(self) -> TransformerConfig:
-        return TransformerConfig.from_zoo(self.model, seq_len=self.seq_len, n_layers=self.n_layers,
-                                          aux_loss_coef=self.aux_loss_coef)
+        return TransformerConfig.from_zoo(
+            self.model,
+            seq_len=self.seq_len,
+            n_layers=self.n_layers,
+            aux_loss_coef=self.aux_loss_coef,
+        )
 
     def validate(self) -> None:
         """Raise ValueError for a configuration that cannot run (Piper Eq. 8-9 and schedules)."""
-        for name in ("pp", "ep", "dp", "micro_batches", "micro_batch_size", "steps", "virtual_stages"):
+        for name in (
+            "pp",
+            "ep",
+            "dp",
+            "micro_batches",
+            "micro_batch_size",
+            "steps",
+            "virtual_stages",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("seq_len", "n_layers"):  # None: the zoo's value
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (or left out for the model's own), got {getattr(self, name)}")
+                raise ValueError(
+                    f"{name} must be >= 1 (or left out for the model's own), got {getattr(self, name)}"
+                )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
-            raise ValueError(f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef}")
+            raise ValueError(
+                f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef}"
+            )
         if self.alltoall not in algorithm_names():  # every registered dispatcher trains
-            raise ValueError(f"alltoall must be one of {', '.join(algorithm_names())}, got {self.alltoall!r}")
-        if self.ranks_per_node is not None and (self.ranks_per_node < 1
-                                                or self.world_size % self.ranks_per_node):
-            raise ValueError(f"ranks_per_node={self.ranks_per_node} must divide the "
-                             f"{self.world_size} ranks")
+            raise ValueError(
+                f"alltoall must be one of {', '.join(algorithm_names())}, got {self.alltoall!r}"
+            )
+        if self.ranks_per_node is not None and (
+            self.ranks_per_node < 1 or self.world_size % self.ranks_per_node
+        ):
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} must divide the {self.world_size} ranks"
+            )
         algorithm = get_algorithm(self.alltoall)
         if algorithm.facts.equal_ranks_per_node:  # e.g. HALO: Alg. 1 pairs equal local ranks
             from moe_repro.components.network.topology import Topology
@@ -106,7 +132,9 @@ class TrainConfig:
             for first in range(0, self.world_size, self.ep):  # EP is the mesh's innermost dim
                 algorithm.check_group(list(range(first, first + self.ep)), topo)
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise ValueError(
+                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
         m = self.model_config()
         if m.vocab < BYTE_VOCAB:
             raise ValueError(f"model vocab {m.vocab} < {BYTE_VOCAB}: cannot read byte-level text")
@@ -114,8 +142,10 @@ class TrainConfig:
             raise ValueError(f"EP={self.ep} must divide the {m.n_experts} experts (Piper Eq. 8)")
         n_stages = self.pp * self.stages_per_rank
         if n_stages > m.n_layers:
-            raise ValueError(f"{n_stages} pipeline stages need >= {n_stages} layers, model has "
-                             f"{m.n_layers} (Piper Eq. 9)")
+            raise ValueError(
+                f"{n_stages} pipeline stages need >= {n_stages} layers, model has "
+                f"{m.n_layers} (Piper Eq. 9)"
+            )
         if self.schedule == "1f1b" and self.micro_batches < self.pp:
             raise ValueError(f"1F1B needs micro_batches >= pp ({self.micro_batches} < {self.pp})")
         if self.schedule == "interleaved":
@@ -123,14 +153,19 @@ class TrainConfig:
                 raise ValueError("interleaved needs virtual_stages >= 2")
             rounds = max(1, self.micro_batches // self.pp)
             if self.micro_batches % rounds:
-                raise ValueError(f"interleaved 1F1B needs micro_batches a multiple of "
-                                 f"{rounds} (torch's flexible rounds), got {self.micro_batches}")
+                raise ValueError(
+                    f"interleaved 1F1B needs micro_batches a multiple of "
+                    f"{rounds} (torch's flexible rounds), got {self.micro_batches}"
+                )
 
     def static_bytes_per_rank(self) -> float:
         """Weights + grads + Adam m, v in fp32 (16 B/param) of the largest stage's rank."""
         m = self.model_config()
-        per_layer = 4 * m.d_model ** 2 + m.d_model * m.n_experts \
+        per_layer = (
+            4 * m.d_model**2
+            + m.d_model * m.n_experts
             + 3 * m.n_experts // self.ep * m.d_model * m.d_ffn
+        )
         layers = -(-m.n_layers // (self.pp * self.stages_per_rank)) * self.stages_per_rank
         return 16.0 * (layers * per_layer + m.vocab * m.d_model)
 
@@ -142,6 +177,7 @@ class TrainConfig:
 
 
 # --- activation memory: bytes held by autograd for backward -------------------------------------
+
 
 class SavedActivationMeter:
     """Live and peak bytes of tensors autograd saves for backward (parameters excluded).
@@ -197,6 +233,7 @@ class _Held:
 
 # --- building one rank's part -------------------------------------------------------------------
 
+
 @dataclass
 class RankState:
     cfg: TrainConfig
@@ -214,28 +251,50 @@ class RankState:
 def build_rank(cfg: TrainConfig, device: torch.device) -> RankState:
     """DeviceMesh, this rank's stage module(s), PipelineStage(s), schedule, optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     cfg.validate()
     mc = cfg.model_config()
     if dist.get_world_size() != cfg.world_size:
-        raise ValueError(f"world has {dist.get_world_size()} ranks, dp x pp x ep = {cfg.world_size}")
-    mesh = init_device_mesh(device.type, (cfg.dp, cfg.pp, cfg.ep), mesh_dim_names=("dp", "pp", "ep"))
+        raise ValueError(
+            f"world has {dist.get_world_size()} ranks, dp x pp x ep = {cfg.world_size}"
+        )
+    mesh = init_device_mesh(
+        device.type, (cfg.dp, cfg.pp, cfg.ep), mesh_dim_names=("dp", "pp", "ep")
+    )
     dp_rank, pp_rank, ep_rank = mesh.get_coordinate()
     groups = {d: mesh.get_group(d) for d in ("dp", "pp", "ep")}
     n_stages = cfg.pp * cfg.stages_per_rank
     layers = split_layers(mc.n_layers, n_stages)
     stage_ids = [pp_rank + v * cfg.pp for v in range(cfg.stages_per_rank)]  # looped placement
-    modules = [StageModule(mc, layers[s], s == 0, s == n_stages - 1, cfg.ep, ep_rank,
-                           groups["ep"], seed=cfg.seed, checkpoint=cfg.checkpoint,
-                           all_to_all=cfg.alltoall).to(device)
-               for s in stage_ids]
-    stages = [PipelineStage(m, s, n_stages, device, group=groups["pp"])
-              for m, s in zip(modules, stage_ids)]
+    modules = [
+        StageModule(
+            mc,
+            layers[s],
+            s == 0,
+            s == n_stages - 1,
+            cfg.ep,
+            ep_rank,
+            groups["ep"],
+            seed=cfg.seed,
+            checkpoint=cfg.checkpoint,
+            all_to_all=cfg.alltoall,
+        ).to(device)
+        for s in stage_ids
+    ]
+    stages = [
+        PipelineStage(m, s, n_stages, device, group=groups["pp"])
+        for m, s in zip(modules, stage_ids)
+    ]
     if cfg.schedule == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, cfg.micro_batches, loss_fn=lm_loss,
-                                           scale_grads=True)
+        schedule = ScheduleInterleaved1F1B(
+            stages, cfg.micro_batches, loss_fn=lm_loss, scale_grads=True
+        )
     else:
         kind = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
         schedule = kind(stages[0], cfg.micro_batches, loss_fn=lm_loss, scale_grads=True)
@@ -254,7 +313,7 @@ def _all_reduce_mean(grads: list[torch.Tensor], group, size: int) -> None:
     flat.div_(size)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -277,7 +336,7 @@ def sync_gradients(state: RankState) -> None:
 def _shard_batch(cfg: TrainConfig, mc: TransformerConfig, step: int, shard: int):
     rows = cfg.micro_batches * cfg.micro_batch_size
     tokens = global_batch(cfg.seed, step, cfg.dp * cfg.ep * rows, mc.seq_len)
-    mine = tokens[shard * rows:(shard + 1) * rows]
+    mine = tokens[shard * rows : (shard + 1) * rows]
     return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
 
 
@@ -312,6 +371,7 @@ class _BusyTimer:
                     self.forward_bytes[-1] += self.meter.live - live
                 elif is_backward:
                     self.meter.in_flight -= 1
+
         return timed
 
 
@@ -354,7 +414,7 @@ def _gemm_peak_flops(device: torch.device, n: int = 384, repeats: int = 5) -> fl
         for _ in range(4):
             a @ b
         best = min(best, timer.stop() / 4)
-    return 2.0 * n ** 3 / best
+    return 2.0 * n**3 / best
 
 
 def named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
@@ -399,8 +459,9 @@ class StepRunner:
         dist.barrier()
         t0 = clock.now()
         with self.meter.hooks():
-            state.schedule.step(*args, target=y if self.has_last else None, losses=losses,
-                                return_outputs=False)
+            state.schedule.step(
+                *args, target=y if self.has_last else None, losses=losses, return_outputs=False
+            )
         t_sched = clock.now() - t0
         sync_gradients(state)
         t_sync = clock.now() - t0 - t_sched
@@ -408,21 +469,31 @@ class StepRunner:
             state.optimizer.step()
         t_step = clock.now() - t0
         # Mean loss over micro-batches and shards, known to every rank.
-        loss_sum = torch.tensor([float(sum(l.item() for l in losses)) if self.has_last else 0.0],
-                                dtype=torch.float64, device=state.device)  # NCCL: on the GPU
+        loss_sum = torch.tensor(
+            [float(sum(l.item() for l in losses)) if self.has_last else 0.0],
+            dtype=torch.float64,
+            device=state.device,
+        )  # NCCL: on the GPU
         dist.all_reduce(loss_sum)
-        return {"loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
-                "step_s": t_step, "schedule_s": t_sched, "sync_s": t_sync,
-                "busy_s": self.busy.seconds, "activation_peak_bytes": self.meter.peak,
-                "activation_per_microbatch_bytes": statistics.mean(self.busy.forward_bytes),
-                "in_flight_at_peak": self.meter.in_flight_at_peak,
-                **{f"{k}_s": v for k, v in clock.seconds.items()}}
+        return {
+            "loss": loss_sum.item() / (cfg.micro_batches * cfg.dp * cfg.ep),
+            "step_s": t_step,
+            "schedule_s": t_sched,
+            "sync_s": t_sync,
+            "busy_s": self.busy.seconds,
+            "activation_peak_bytes": self.meter.peak,
+            "activation_per_microbatch_bytes": statistics.mean(self.busy.forward_bytes),
+            "in_flight_at_peak": self.meter.in_flight_at_peak,
+            **{f"{k}_s": v for k, v in clock.seconds.items()},
+        }
 
 
 def train_rank(ctx, **config) -> dict:
     """``run_ranks`` target: train ``steps`` steps on this rank; rank 0's result has the report."""
     cfg = TrainConfig(**config)
-    device = ctx.device  # the runtime's rule (runtime/device.py): cuda:LOCAL_RANK under nccl, else cpu
+    device = (
+        ctx.device
+    )  # the runtime's rule (runtime/device.py): cuda:LOCAL_RANK under nccl, else cpu
     bind(device)
     torch.manual_seed(cfg.seed)
     state = build_rank(cfg, device)
@@ -460,18 +531,26 @@ def train_rank(ctx, **config) -> dict:
     return report
 
 
-def _rank_summary(state: RankState, per_step: list[dict], p2p_msg_s: float,
-                  peak_flops: float) -> dict:
+def _rank_summary(
+    state: RankState, per_step: list[dict], p2p_msg_s: float, peak_flops: float
+) -> dict:
     cfg = state.cfg
-    static_bytes = sum(4 * p.numel() * p.element_size() for m in state.modules
-                       for p in m.parameters())  # weight, grad, Adam m and v
-    n_neighbours = sum(1 for s in state.stages if not s.is_first) + \
-        sum(1 for s in state.stages if not s.is_last)
+    static_bytes = sum(
+        4 * p.numel() * p.element_size() for m in state.modules for p in m.parameters()
+    )  # weight, grad, Adam m and v
+    n_neighbours = sum(1 for s in state.stages if not s.is_first) + sum(
+        1 for s in state.stages if not s.is_last
+    )
     p2p_messages = 2 * cfg.micro_batches * n_neighbours  # activations and their gradients
     cuda_peak = peak_memory_bytes(state.device)  # allocator high-water mark (GPU runs; None on CPU)
-    return {"coords": state.coords, "per_step": per_step, "static_bytes": static_bytes,
-            "cuda_max_allocated_bytes": cuda_peak,
-            "p2p_s_per_step": p2p_msg_s * p2p_messages, "peak_flops": peak_flops}
+    return {
+        "coords": state.coords,
+        "per_step": per_step,
+        "static_bytes": static_bytes,
+        "cuda_max_allocated_bytes": cuda_peak,
+        "p2p_s_per_step": p2p_msg_s * p2p_messages,
+        "peak_flops": peak_flops,
+    }
 
 
 def _median(xs):
@@ -491,56 +570,84 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
         steps = r["per_step"][timed]
         sched = _median([s["schedule_s"] for s in steps])
         busy = _median([s["busy_s"] for s in steps])
-        split = {k: _median([s.get(f"{k}_s", 0.0) for s in steps])
-                 for k in ("attention", "experts", "alltoall")}
+        split = {
+            k: _median([s.get(f"{k}_s", 0.0) for s in steps])
+            for k in ("attention", "experts", "alltoall")
+        }
         p2p = min(r["p2p_s_per_step"], max(0.0, sched - busy))
         split["p2p"] = p2p
         split["idle"] = max(0.0, sched - busy - p2p)
         split["other"] = max(0.0, busy - split["attention"] - split["experts"] - split["alltoall"])
         split["grad_sync"] = _median([s["sync_s"] for s in steps])
-        per_rank.append({**r["coords"], "idle_fraction": 1.0 - busy / sched if sched > 0 else 0.0,
-                         "time_split_s": split, "static_bytes": r["static_bytes"],
-                         "activation_peak_bytes": max(s["activation_peak_bytes"]
-                                                      for s in r["per_step"]),
-                         "activation_per_microbatch_bytes": max(
-                             s["activation_per_microbatch_bytes"] for s in r["per_step"]),
-                         "in_flight_at_peak": max(s["in_flight_at_peak"] for s in r["per_step"])})
+        per_rank.append(
+            {
+                **r["coords"],
+                "idle_fraction": 1.0 - busy / sched if sched > 0 else 0.0,
+                "time_split_s": split,
+                "static_bytes": r["static_bytes"],
+                "activation_peak_bytes": max(s["activation_peak_bytes"] for s in r["per_step"]),
+                "activation_per_microbatch_bytes": max(
+                    s["activation_per_microbatch_bytes"] for s in r["per_step"]
+                ),
+                "in_flight_at_peak": max(s["in_flight_at_peak"] for s in r["per_step"]),
+            }
+        )
     per_stage = []
     for p in range(cfg.pp):
         mine = [r for r in per_rank if r["pp"] == p]
         act = max(r["activation_peak_bytes"] for r in mine)
         static = max(r["static_bytes"] for r in mine)
         per_mb = max(r["activation_per_microbatch_bytes"] for r in mine)
-        cuda_peaks = [r["cuda_max_allocated_bytes"] for r in ranks
-                      if r["coords"]["pp"] == p and r["cuda_max_allocated_bytes"] is not None]
-        per_stage.append({"pp_rank": p, "stages": mine[0]["stages"],
-                          "cuda_max_allocated_bytes": max(cuda_peaks) if cuda_peaks else None,
-                          "activation_peak_bytes": act, "static_bytes": static,
-                          "activation_per_microbatch_bytes": per_mb,
-                          "peak_over_mean_microbatch": act / per_mb if per_mb else float("nan"),
-                          "in_flight_at_peak": max(r["in_flight_at_peak"] for r in mine),
-                          "peak_bytes": act + static,
-                          "idle_fraction": statistics.mean(r["idle_fraction"] for r in mine)})
-    split_mean = {k: statistics.mean(r["time_split_s"][k] for r in per_rank)
-                  for k in per_rank[0]["time_split_s"]}
+        cuda_peaks = [
+            r["cuda_max_allocated_bytes"]
+            for r in ranks
+            if r["coords"]["pp"] == p and r["cuda_max_allocated_bytes"] is not None
+        ]
+        per_stage.append(
+            {
+                "pp_rank": p,
+                "stages": mine[0]["stages"],
+                "cuda_max_allocated_bytes": max(cuda_peaks) if cuda_peaks else None,
+                "activation_peak_bytes": act,
+                "static_bytes": static,
+                "activation_per_microbatch_bytes": per_mb,
+                "peak_over_mean_microbatch": act / per_mb if per_mb else float("nan"),
+                "in_flight_at_peak": max(r["in_flight_at_peak"] for r in mine),
+                "peak_bytes": act + static,
+                "idle_fraction": statistics.mean(r["idle_fraction"] for r in mine),
+            }
+        )
+    split_mean = {
+        k: statistics.mean(r["time_split_s"][k] for r in per_rank)
+        for k in per_rank[0]["time_split_s"]
+    }
     flops = mc.train_flops_per_token() * tokens_per_step
     peak_total = sum(r["peak_flops"] for r in ranks)
     return {
-        "config": asdict(cfg), "model_config": asdict(mc), "world_size": cfg.world_size,
-        "device": str(device.type), "backend": dist.get_backend(),
+        "config": asdict(cfg),
+        "model_config": asdict(mc),
+        "world_size": cfg.world_size,
+        "device": str(device.type),
+        "backend": dist.get_backend(),
         "losses": losses,
         "tokens_per_step": tokens_per_step,
-        "step_s": step_med, "step_s_all": step_s,
+        "step_s": step_med,
+        "step_s_all": step_s,
         "tokens_per_s": tokens_per_step / step_med,
         # Per step: the schedule lasts T = max over ranks; the critical stage computes for
         # max busy; everything else on it is bubble: 1 - max busy / T (median over steps).
-        "bubble_measured": _median([
-            1.0 - max(r["per_step"][i]["busy_s"] for r in ranks)
-            / max(r["per_step"][i]["schedule_s"] for r in ranks)
-            for i in range(cfg.steps)][timed]),
+        "bubble_measured": _median(
+            [
+                1.0
+                - max(r["per_step"][i]["busy_s"] for r in ranks)
+                / max(r["per_step"][i]["schedule_s"] for r in ranks)
+                for i in range(cfg.steps)
+            ][timed]
+        ),
         "idle_fraction_mean": statistics.mean(s["idle_fraction"] for s in per_stage),
         "bubble_theory": cfg.theoretical_bubble(),
-        "per_stage": per_stage, "per_rank": per_rank,
+        "per_stage": per_stage,
+        "per_rank": per_rank,
         "time_split_s": split_mean,
         "model_flops_per_step": flops,
         "achieved_flops": flops / step_med,
@@ -551,6 +658,7 @@ def summarize(cfg: TrainConfig, mc: TransformerConfig, ranks: list[dict], device
 
 
 # --- the single-process reference ---------------------------------------------------------------
+
 
 def reference_run(cfg: TrainConfig) -> dict:
     """The same steps in one process: whole model, no pipeline, no EP, same data and convention.
@@ -591,12 +699,15 @@ def _compare_with_reference(state: RankState, grads_per_step: list[dict], is_roo
             for name, (first, g) in named.items():
                 r = ref["grads"][step][name]
                 if first >= 0:
-                    r = r[first:first + g.shape[0]]
+                    r = r[first : first + g.shape[0]]
                 d = (g.cpu() - r).abs().max().item() if g.numel() else 0.0
                 if d > worst:
                     worst, worst_name = d, name
-    return {"reference_losses": ref["losses"], "reference_max_abs_diff_grads": worst,
-            "reference_worst_param": worst_name}
+    return {
+        "reference_losses": ref["losses"],
+        "reference_max_abs_diff_grads": worst,
+        "reference_worst_param": worst_name,
+    }
 
 
 def launch_training(cfg: TrainConfig, timeout_s: float = 600.0, backend: str = "auto") -> dict:
@@ -612,7 +723,12 @@ def launch_training(cfg: TrainConfig, timeout_s: float = 600.0, backend: str = "
     cfg.validate()
     if backend == "auto":
         backend = auto_backend(cfg.ranks_per_node or cfg.world_size)[0] or "gloo"
-    results = run_ranks("moe_repro.components.training.pp_ep_trainer:train_rank", asdict(cfg),
-                        world_size=cfg.world_size, ranks_per_node=cfg.ranks_per_node,
-                        backend=backend, timeout_s=timeout_s)
+    results = run_ranks(
+        "moe_repro.components.training.pp_ep_trainer:train_rank",
+        asdict(cfg),
+        world_size=cfg.world_size,
+        ranks_per_node=cfg.ranks_per_node,
+        backend=backend,
+        timeout_s=timeout_s,
+    )
     return results[0]

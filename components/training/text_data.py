@@ -40,4 +40,4 @@ def global_batch(seed: int, step: int, n_sequences: int, seq_len: int) -> torch.
     corpus = stdlib_corpus()
     g = torch.Generator().manual_seed(seed * 100_003 + step)
     starts = torch.randint(0, corpus.numel() - seq_len - 1, (n_sequences,), generator=g)
-    return torch.stack([corpus[s:s + seq_len + 1] for s in starts.tolist()])
+    return torch.stack([corpus[s : s + seq_len + 1] for s in starts.tolist()])

@@ -80,19 +80,37 @@ def _refuse_late_global_option(ctx, group, command, name, rest) -> None:
                 elif param.is_flag:
                     usage = f"repro {flag} {where} ..."
                 else:
-                    value = value if eq else rest[i + 1] if i + 1 < len(rest) else param.metavar or "VALUE"
+                    value = (
+                        value
+                        if eq
+                        else rest[i + 1]
+                        if i + 1 < len(rest)
+                        else param.metavar or "VALUE"
+                    )
                     usage = f"repro {flag} {value} {where} ..."
-                raise click.UsageError(f"{flag} is an option of repro itself, not of {name}: it "
-                                       f"goes before the subcommand: {usage}", ctx)
+                raise click.UsageError(
+                    f"{flag} is an option of repro itself, not of {name}: it "
+                    f"goes before the subcommand: {usage}",
+                    ctx,
+                )
 
 
-@click.group(cls=_ReproGroup, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"],
-                                                                 "max_content_width": 100})
+@click.group(
+    cls=_ReproGroup,
+    epilog=_EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="repro")
-@click.option("--results", "results_dir", type=ResultsDir(), default=None, metavar="DIR",
-              envvar="MOE_REPRO_RESULTS",
-              help="Results store directory (default ./results; MOE_REPRO_RESULTS set but empty "
-                   "counts as unset). Goes before the subcommand: repro --results DIR bench ...")
+@click.option(
+    "--results",
+    "results_dir",
+    type=ResultsDir(),
+    default=None,
+    metavar="DIR",
+    envvar="MOE_REPRO_RESULTS",
+    help="Results store directory (default ./results; MOE_REPRO_RESULTS set but empty "
+    "counts as unset). Goes before the subcommand: repro --results DIR bench ...",
+)
 @click.pass_context
 def cli(ctx: click.Context, results_dir: str | None) -> None:
     """moe-repro: check MoE training-systems papers, benchmark their components, gate regressions."""
@@ -233,13 +251,17 @@ def _main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a failure while running: one line, traceback on request
         interrupted_by = signals.received()
         if interrupted_by is not None:  # a library turned the interrupt into its own error
-            click.echo(f"repro: interrupted by {signals.name_of(interrupted_by)} (finished results were kept)",
-                       err=True)
+            click.echo(
+                f"repro: interrupted by {signals.name_of(interrupted_by)} (finished results were kept)",
+                err=True,
+            )
             sys.exit(128 + interrupted_by)
         if os.environ.get("MOE_REPRO_DEBUG"):
             traceback.print_exc()
-        click.echo(f"repro: failed: {type(e).__name__}: {e} (MOE_REPRO_DEBUG=1 for the traceback)",
-                   err=True)
+        click.echo(
+            f"repro: failed: {type(e).__name__}: {e} (MOE_REPRO_DEBUG=1 for the traceback)",
+            err=True,
+        )
         sys.exit(1)
     finally:
         signals.restore(previous_handlers)

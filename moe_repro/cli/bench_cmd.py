@@ -18,7 +18,9 @@ def options_as_params(args: list[str]) -> list[str]:
     while i < len(args):
         word = args[i]
         if not word.startswith("--") or len(word) == 2:
-            raise BadInput(f"unexpected argument {word!r}; suite parameters are given as --name value")
+            raise BadInput(
+                f"unexpected argument {word!r}; suite parameters are given as --name value"
+            )
         key, eq, value = word[2:].partition("=")
         if not eq:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
@@ -39,40 +41,98 @@ class _BenchCommand(click.Command):
 
         limit, why = local_rank_limit()
         formatter.write_paragraph()
-        formatter.write_text(f"Local ranks on this machine: at most {limit} ({why}; 8 per core, "
-                             f"256 MiB per rank, 4 open files per peer, whichever is least). A larger "
-                             f"real world is refused before any rank starts, except where the suite "
-                             f"simulates it (alltoall); launch it with torchrun, mpiexec or srun.")
+        formatter.write_text(
+            f"Local ranks on this machine: at most {limit} ({why}; 8 per core, "
+            f"256 MiB per rank, 4 open files per peer, whichever is least). A larger "
+            f"real world is refused before any rank starts, except where the suite "
+            f"simulates it (alltoall); launch it with torchrun, mpiexec or srun."
+        )
 
 
-@click.command("bench", cls=_BenchCommand,
-               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command(
+    "bench",
+    cls=_BenchCommand,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("suite_name", metavar="SUITE")
-@click.option("--param", "params", multiple=True, metavar="K=V[,V...]",
-              help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="K=V[,V...]",
+    help="Set a grid axis (repeatable), e.g. --param n=512,1024 --param ranks=2.",
+)
 @click.option("--quick", is_flag=True, help="The suite's small grid (what CI runs).")
-@click.option("--show-params", is_flag=True,
-              help="Print the suite's parameters (default grid, quick grid, meaning) and exit.")
-@click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
-              help="Timed samples per grid point (median and spread are over these).")
-@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
-              help="Untimed calls before the samples.")
-@click.option("--min-sample-s", type=FiniteFloatRange(0), default=0.01,
-              help="Each sample repeats the call until it lasts this long (timer resolution). "
-                   "[default: 0.01, or the suite's own where --show-params names one]")
-@click.option("--check/--no-check", default=True, show_default=True,
-              help="Run the suite's correctness check (#wrong) before timing.")
-@click.option("--timeout", "timeout_s", type=FiniteFloatRange(1), default=300.0, show_default=True,
-              help="Multi-process suites: kill the world and fail if it runs longer (s); under "
-                   "torchrun/mpiexec/srun each rank ends itself (exit 1) and the launcher the world.")
-@click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write {suite, records, environment} to this file.")
-@click.option("--device", default=None, metavar="auto|cpu|cuda[:N][,...]",
-              help="Where every suite runs (default: the suite's own, else auto). In a world of "
-                   "ranks the backend decides: nccl ranks on cuda:LOCAL_RANK, gloo/mpi on cpu.")
+@click.option(
+    "--show-params",
+    is_flag=True,
+    help="Print the suite's parameters (default grid, quick grid, meaning) and exit.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=5,
+    show_default=True,
+    help="Timed samples per grid point (median and spread are over these).",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=1,
+    show_default=True,
+    help="Untimed calls before the samples.",
+)
+@click.option(
+    "--min-sample-s",
+    type=FiniteFloatRange(0),
+    default=0.01,
+    help="Each sample repeats the call until it lasts this long (timer resolution). "
+    "[default: 0.01, or the suite's own where --show-params names one]",
+)
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Run the suite's correctness check (#wrong) before timing.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=FiniteFloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="Multi-process suites: kill the world and fail if it runs longer (s); under "
+    "torchrun/mpiexec/srun each rank ends itself (exit 1) and the launcher the world.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=OutputFile(),
+    default=None,
+    help="Write {suite, records, environment} to this file.",
+)
+@click.option(
+    "--device",
+    default=None,
+    metavar="auto|cpu|cuda[:N][,...]",
+    help="Where every suite runs (default: the suite's own, else auto). In a world of "
+    "ranks the backend decides: nccl ranks on cuda:LOCAL_RANK, gloo/mpi on cpu.",
+)
 @click.pass_context
-def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sample_s, check, timeout_s,
-            json_path, device) -> None:
+def command(
+    ctx,
+    suite_name,
+    params,
+    quick,
+    show_params,
+    repeats,
+    warmup,
+    min_sample_s,
+    check,
+    timeout_s,
+    json_path,
+    device,
+) -> None:
     """Run benchmark SUITE over its parameter grid and print median and spread per metric.
 
     Any suite parameter can also be given as its own option: `--nodes 2 --algo flat,halo` is
@@ -103,7 +163,9 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     and a rank interrupted alone says what rank 0 kept.
     """
 
-    if not show_params:  # where results go is checked first: a run must never end unable to keep them
+    if (
+        not show_params
+    ):  # where results go is checked first: a run must never end unable to keep them
         problem = ctx.obj.write_problem()
         if problem:
             raise BadInput(f"cannot store results in {ctx.obj.root}: {problem}")
@@ -111,8 +173,12 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
     from moe_repro.runtime.device import check_backend, check_device, check_world_device
-    from moe_repro.runtime.launch import (RankFailure, launched_local_size, launched_rank,
-                                          launched_world_size)
+    from moe_repro.runtime.launch import (
+        RankFailure,
+        launched_local_size,
+        launched_rank,
+        launched_world_size,
+    )
     from moe_repro.runtime.signals import Interrupted, deferred, name_of
     from moe_repro.runtime.worker import watch_launched_world
     from moe_repro.reports.terminal import format_records
@@ -137,8 +203,11 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         for point in grid:  # a world's ranks run where its backend puts them
             check_world_device(point.get("device", "auto"), str(point.get("backend", "")))
             if not point.get("simulated"):  # and its backend must run here (nccl: a GPU per rank)
-                check_backend(str(point.get("backend", "")), launched_local_size()
-                              or int(point.get("ranks_per_node") or point.get("ranks") or 1))
+                check_backend(
+                    str(point.get("backend", "")),
+                    launched_local_size()
+                    or int(point.get("ranks_per_node") or point.get("ranks") or 1),
+                )
     except ValueError as e:
         raise BadInput(str(e)) from None
     if show_params:
@@ -146,40 +215,61 @@ def command(ctx, suite_name, params, quick, show_params, repeats, warmup, min_sa
         for key, default in suite.params.items():
             quick_values = f"  (quick: {suite.quick[key]})" if key in suite.quick else ""
             allowed = f" [{suite.schema[key].describe()}]" if key in suite.schema else ""
-            click.echo(f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}{allowed}"
-                       f"\n      {suite.param_help.get(key, '')}".rstrip())
-        click.echo("metrics: " + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]"
-                                          for m in suite.all_metrics))
+            click.echo(
+                f"  --{key.replace('_', '-')} {','.join(map(str, default))}{quick_values}{allowed}"
+                f"\n      {suite.param_help.get(key, '')}".rstrip()
+            )
+        click.echo(
+            "metrics: "
+            + ", ".join(f"{m.name} [{m.unit}, {m.better} is better]" for m in suite.all_metrics)
+        )
         if suite.min_sample_s:
-            click.echo(f"samples last at least {suite.min_sample_s:g} s unless --min-sample-s says otherwise")
-        click.echo(f"the options given make {len(grid)} grid point{'s' if len(grid) != 1 else ''} (none run)")
+            click.echo(
+                f"samples last at least {suite.min_sample_s:g} s unless --min-sample-s says otherwise"
+            )
+        click.echo(
+            f"the options given make {len(grid)} grid point{'s' if len(grid) != 1 else ''} (none run)"
+        )
         return
-    if suite.min_sample_s and ctx.get_parameter_source("min_sample_s") is click.core.ParameterSource.DEFAULT:
+    if (
+        suite.min_sample_s
+        and ctx.get_parameter_source("min_sample_s") is click.core.ParameterSource.DEFAULT
+    ):
         min_sample_s = suite.min_sample_s
-    config = RunConfig(warmup=warmup, repeats=repeats, min_sample_s=min_sample_s,
-                       check=check, timeout_s=timeout_s)
+    config = RunConfig(
+        warmup=warmup, repeats=repeats, min_sample_s=min_sample_s, check=check, timeout_s=timeout_s
+    )
     records: list[dict] = []
 
     speaks = launched_rank() in (None, 0)  # under a launcher, one line per job: rank 0's
     estimate = suite.estimated_seconds(grid)  # a long run says so before it starts
-    long_run = catalog.long_run_line(f"{len(grid)} grid point{'s' if len(grid) != 1 else ''}",
-                                     *(estimate or (None, "")))
+    long_run = catalog.long_run_line(
+        f"{len(grid)} grid point{'s' if len(grid) != 1 else ''}", *(estimate or (None, ""))
+    )
     if long_run and speaks:
         click.echo(long_run, err=True)
-    simulated = {str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")}
+    simulated = {
+        str(p.get("platform")): p.get("simulated_because", "") for p in grid if p.get("simulated")
+    }
     if simulated and speaks:
         # first line of output: the numbers below are predictions, and why
-        click.echo("simulated on " + "; ".join(f"{name} ({why})" if why else name
-                                               for name, why in simulated.items())
-                   + ": every number of those points is a prediction of the suite's simulator, not a measurement")
+        click.echo(
+            "simulated on "
+            + "; ".join(f"{name} ({why})" if why else name for name, why in simulated.items())
+            + ": every number of those points is a prediction of the suite's simulator, not a measurement"
+        )
         for line in simulation_caveats(suite.name, grid):
             click.echo(line)
-    for line in dict.fromkeys(p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks):
+    for line in dict.fromkeys(
+        p["backend_chosen"] for p in grid if p.get("backend_chosen") and speaks
+    ):
         click.echo(line)  # what --backend auto picked, and why
 
     def progress(i: int, n: int, point: dict) -> None:
         # the grid's own axes (derived values such as the rows per rank are in the record)
-        shown = " ".join(f"{k}={v}" for k, v in point.items() if k in suite.params or k in suite.world_params)
+        shown = " ".join(
+            f"{k}={v}" for k, v in point.items() if k in suite.params or k in suite.world_params
+        )
         click.echo(f"[{i + 1}/{n}] {suite.name} {shown}", err=True)
 
     finishing, finished = threading.Lock(), []
@@ -260,24 +350,30 @@ def simulation_caveats(suite_name: str, grid: list[dict]) -> list[str]:
     from moe_repro.components.network.platform import load_platform, unmeasured_network_values
 
     out = []
-    for name in dict.fromkeys(str(p["platform"]) for p in grid if p.get("simulated") and p.get("platform")):
+    for name in dict.fromkeys(
+        str(p["platform"]) for p in grid if p.get("simulated") and p.get("platform")
+    ):
         try:
             values = unmeasured_network_values(load_platform(name))
         except (OSError, ValueError):  # the suite already refused a profile it cannot read
             continue
         if values:
-            out.append(f"  {name}: values no measurement set (the profile's approximate): {', '.join(values)}")
+            out.append(
+                f"  {name}: values no measurement set (the profile's approximate): {', '.join(values)}"
+            )
     if suite_name == "alltoall" and any(p.get("simulated") for p in grid):
         from moe_repro.reproductions.validation import track_record
 
         t = track_record("alltoall-bandwidth")
         lo, hi = t["bytes_per_peer"]
         mine = sorted({int(p["size"]) // int(p["ranks"]) for p in grid if p.get("simulated")})
-        out.append(f"  how far to trust it: the simulator's all-to-all bandwidth, scored against {t['points']} "
-                   f"published runs ({', '.join(t['platforms'])}, {_bytes(lo)}-{_bytes(hi)} per peer), came out "
-                   f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; repro validate); "
-                   f"this run sends {', '.join(_bytes(b) for b in mine)} per peer"
-                   + (", smaller than any scored run's" if mine and mine[-1] < lo else ""))
+        out.append(
+            f"  how far to trust it: the simulator's all-to-all bandwidth, scored against {t['points']} "
+            f"published runs ({', '.join(t['platforms'])}, {_bytes(lo)}-{_bytes(hi)} per peer), came out "
+            f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; repro validate); "
+            f"this run sends {', '.join(_bytes(b) for b in mine)} per peer"
+            + (", smaller than any scored run's" if mine and mine[-1] < lo else "")
+        )
     return out
 
 

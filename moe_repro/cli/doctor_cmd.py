@@ -25,7 +25,9 @@ import click
 
 from moe_repro.cli.errors import RunFailure
 
-TRAINER_TOL = 1e-5  # the trainer's fp32 bound against the single-process reference (tests/test_trainer.py)
+TRAINER_TOL = (
+    1e-5  # the trainer's fp32 bound against the single-process reference (tests/test_trainer.py)
+)
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Check:
 
 
 # --- rank targets (run inside launched worlds) --------------------------------------------------
+
 
 def collectives_rank(ctx, elements: int = 4096) -> dict:
     """All-reduce and uneven all-to-all on this rank's device; counts of wrong elements."""
@@ -51,16 +54,28 @@ def collectives_rank(ctx, elements: int = 4096) -> dict:
     # rank r sends r + d + 1 rows of 8 values to rank d, value = 1e4 r + 100 d + row
     send_counts = [rank + d + 1 for d in range(world)]
     recv_counts = [s + rank + 1 for s in range(world)]
-    send = torch.cat([torch.arange(c, dtype=torch.float32).unsqueeze(1).expand(c, 8) + 1e4 * rank + 100 * d
-                      for d, c in enumerate(send_counts)]).to(device)
+    send = torch.cat(
+        [
+            torch.arange(c, dtype=torch.float32).unsqueeze(1).expand(c, 8) + 1e4 * rank + 100 * d
+            for d, c in enumerate(send_counts)
+        ]
+    ).to(device)
     recv = torch.empty(sum(recv_counts), 8, device=device)
-    dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
-                           input_split_sizes=send_counts)
-    want = torch.cat([torch.arange(c, dtype=torch.float32).unsqueeze(1).expand(c, 8) + 1e4 * s + 100 * rank
-                      for s, c in enumerate(recv_counts)]).to(device)
+    dist.all_to_all_single(
+        recv, send.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts
+    )
+    want = torch.cat(
+        [
+            torch.arange(c, dtype=torch.float32).unsqueeze(1).expand(c, 8) + 1e4 * s + 100 * rank
+            for s, c in enumerate(recv_counts)
+        ]
+    ).to(device)
     a2a_wrong = int((recv != want).sum().item())
-    return {"device": str(device), "allreduce_wrong": int(ctx.all_reduce_max(float(reduce_wrong))),
-            "alltoall_wrong": int(ctx.all_reduce_max(float(a2a_wrong)))}
+    return {
+        "device": str(device),
+        "allreduce_wrong": int(ctx.all_reduce_max(float(reduce_wrong))),
+        "alltoall_wrong": int(ctx.all_reduce_max(float(a2a_wrong))),
+    }
 
 
 def copy_path_rank(ctx) -> dict:
@@ -85,19 +100,26 @@ def copy_path_rank(ctx) -> dict:
     layer(x)
     copy = layer.stats.copy
     overlap = copy.overlap() if copy is not None else None
-    return {"moves": len(layer.stats.plan.moves) if layer.stats.plan else 0,
-            "overlap": vars(overlap) if overlap else None}
+    return {
+        "moves": len(layer.stats.plan.moves) if layer.stats.plan else 0,
+        "overlap": vars(overlap) if overlap else None,
+    }
 
 
 # --- the checks ---------------------------------------------------------------------------------
+
 
 def _versions() -> dict:
     import torch
 
     from moe_repro.runtime.device import cuda_count
 
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "cuda build": torch.version.cuda or "none (CPU build)", "gpus": cuda_count()}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda build": torch.version.cuda or "none (CPU build)",
+        "gpus": cuda_count(),
+    }
     if cuda_count():
         out["gpu"] = torch.cuda.get_device_name(0)
         try:
@@ -128,11 +150,16 @@ def check_collectives(backend: str, label: str) -> Check:
     try:
         r = _run_world("moe_repro.cli.doctor_cmd:collectives_rank", backend)[0]
     except Exception as e:  # a rank that died or hung: the check failed, say why in one line
-        return Check(name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return Check(
+            name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        )
     wrong = r["allreduce_wrong"] + r["alltoall_wrong"]
-    return Check(name, "passed" if wrong == 0 else "failed",
-                 f"on {r['device']}: all-reduce #wrong {r['allreduce_wrong']}, "
-                 f"all-to-all #wrong {r['alltoall_wrong']}")
+    return Check(
+        name,
+        "passed" if wrong == 0 else "failed",
+        f"on {r['device']}: all-reduce #wrong {r['allreduce_wrong']}, "
+        f"all-to-all #wrong {r['alltoall_wrong']}",
+    )
 
 
 def check_triton(on_gpu: bool) -> Check:
@@ -142,10 +169,17 @@ def check_triton(on_gpu: bool) -> Check:
     # Interpreter mode, in a child process: TRITON_INTERPRET must be set before triton is first
     # imported (its library functions are fixed then).
     name += ", interpreter mode"
-    code = ("import json; from moe_repro.cli.doctor_cmd import _triton_check; "
-            f"print(json.dumps(vars(_triton_check({name!r}, False))))")
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
-                       capture_output=True, text=True, timeout=600)
+    code = (
+        "import json; from moe_repro.cli.doctor_cmd import _triton_check; "
+        f"print(json.dumps(vars(_triton_check({name!r}, False))))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         return Check(name, "failed", f"the check's process exited {r.returncode}: {last}")
@@ -184,29 +218,51 @@ def _triton_check(name: str, on_gpu: bool) -> Check:
             xi, wi = tokens.clone().requires_grad_(), cw.clone().requires_grad_()
             pft = build_pft(top, wi, 6, capacity=3)
             out = scatter_combine(gather_tokens(xi, pft, impl=impl) * 0.5, pft, impl=impl)
-            got["permute " + impl] = (out.detach(), *torch.autograd.grad(out, (xi, wi), torch.ones_like(out)))
-        err = max(float((a.double() - b.double()).abs().max()) / max(1.0, float(b.abs().max()))
-                  for pair in (("gemm triton", "gemm sequential"), ("permute triton", "permute torch"))
-                  for a, b in zip(got[pair[0]], got[pair[1]]) if b.numel())
+            got["permute " + impl] = (
+                out.detach(),
+                *torch.autograd.grad(out, (xi, wi), torch.ones_like(out)),
+            )
+        err = max(
+            float((a.double() - b.double()).abs().max()) / max(1.0, float(b.abs().max()))
+            for pair in (("gemm triton", "gemm sequential"), ("permute triton", "permute torch"))
+            for a, b in zip(got[pair[0]], got[pair[1]])
+            if b.numel()
+        )
         worst[str(dtype).removeprefix("torch.")] = (err, tol)
     ok = all(err <= tol for err, tol in worst.values())
-    return Check(name, "passed" if ok else "failed",
-                 ", ".join(f"{k}: max rel diff {e:.1e} (bound {t:.0e})" for k, (e, t) in worst.items()))
+    return Check(
+        name,
+        "passed" if ok else "failed",
+        ", ".join(f"{k}: max rel diff {e:.1e} (bound {t:.0e})" for k, (e, t) in worst.items()),
+    )
 
 
 def check_trainer(backend: str) -> Check:
     from moe_repro.components.training.pp_ep_trainer import TrainConfig, launch_training
 
     name = f"one trainer step (EP=2 over {backend}) vs the single-process reference"
-    cfg = TrainConfig(model="tiny-moe", n_layers=2, seq_len=32, micro_batches=2, micro_batch_size=2,
-                      steps=1, ep=2, check_reference=True)
+    cfg = TrainConfig(
+        model="tiny-moe",
+        n_layers=2,
+        seq_len=32,
+        micro_batches=2,
+        micro_batch_size=2,
+        steps=1,
+        ep=2,
+        check_reference=True,
+    )
     try:
         report = launch_training(cfg, timeout_s=300.0, backend=backend)
     except Exception as e:
-        return Check(name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return Check(
+            name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        )
     diff = float(report["reference_max_abs_diff"])
-    return Check(name, "passed" if diff <= TRAINER_TOL else "failed",
-                 f"max |difference| of loss and gradients {diff:.1e} (bound {TRAINER_TOL:.0e})")
+    return Check(
+        name,
+        "passed" if diff <= TRAINER_TOL else "failed",
+        f"max |difference| of loss and gradients {diff:.1e} (bound {TRAINER_TOL:.0e})",
+    )
 
 
 def check_copy_path(backend: str) -> Check:
@@ -214,15 +270,20 @@ def check_copy_path(backend: str) -> Check:
     try:
         r = _run_world("moe_repro.cli.doctor_cmd:copy_path_rank", backend)
     except Exception as e:
-        return Check(name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return Check(
+            name, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        )
     o = next((x["overlap"] for x in r if x["overlap"]), None)
     if not r[0]["moves"] or o is None:
         return Check(name, "failed", "the balancer copied no expert, or the copy was not measured")
     bad = not (o["copy_s"] > 0 and 0 <= o["hidden_s"] <= min(o["copy_s"], o["compute_s"]) + 1e-9)
-    return Check(name, "failed" if bad else "passed",
-                 f"{o['path']}; copy {o['copy_s'] * 1e3:.3f} ms, static compute "
-                 f"{o['compute_s'] * 1e3:.3f} ms, hidden {o['hidden_s'] * 1e3:.3f} ms "
-                 f"({100 * o['hidden_s'] / o['copy_s']:.0f}% of the copy; {o['clock']})")
+    return Check(
+        name,
+        "failed" if bad else "passed",
+        f"{o['path']}; copy {o['copy_s'] * 1e3:.3f} ms, static compute "
+        f"{o['compute_s'] * 1e3:.3f} ms, hidden {o['hidden_s'] * 1e3:.3f} ms "
+        f"({100 * o['hidden_s'] / o['copy_s']:.0f}% of the copy; {o['clock']})",
+    )
 
 
 def run_checks() -> tuple[dict, list[Check]]:
@@ -232,12 +293,17 @@ def run_checks() -> tuple[dict, list[Check]]:
     gpus = cuda_count()
     checks: list[Check] = []
     if gpus:
-        checks.append(Check("driver and GPUs", "passed",
-                            f"{gpus} x {versions['gpu']}, driver {versions['driver']}"))
+        checks.append(
+            Check(
+                "driver and GPUs",
+                "passed",
+                f"{gpus} x {versions['gpu']}, driver {versions['driver']}",
+            )
+        )
     else:
         checks.append(Check("driver and GPUs", "skipped", no_gpu_reason()))
     two_gpus = gpus >= 2
-    why_not_nccl = ("no GPU" if not gpus else f"{gpus} GPU: the 2-rank checks need 2")
+    why_not_nccl = "no GPU" if not gpus else f"{gpus} GPU: the 2-rank checks need 2"
     # CPU half: always (the gloo path is what every CPU-side number in this project used)
     checks.append(check_collectives("gloo", "gloo (CPU)"))
     checks.append(check_triton(on_gpu=bool(gpus)))
@@ -249,9 +315,11 @@ def run_checks() -> tuple[dict, list[Check]]:
         checks.append(check_trainer("nccl"))
         checks.append(check_copy_path("nccl"))
     else:
-        for what in ("NCCL all-reduce and all-to-all, 2 GPUs",
-                     "one trainer step over nccl vs the single-process reference",
-                     "FEPLB expert copy on its CUDA stream (copy-engine overlap)"):
+        for what in (
+            "NCCL all-reduce and all-to-all, 2 GPUs",
+            "one trainer step over nccl vs the single-process reference",
+            "FEPLB expert copy on its CUDA stream (copy-engine overlap)",
+        ):
             checks.append(Check(what, "skipped", why_not_nccl))
     return versions, checks
 
@@ -276,5 +344,7 @@ def command() -> None:
     if skipped:
         click.echo("not checked on this machine: " + "; ".join(skipped))
     if counts["failed"]:
-        raise RunFailure(f"{counts['failed']} check(s) failed: "
-                         + "; ".join(c.name for c in checks if c.status == "failed"))
+        raise RunFailure(
+            f"{counts['failed']} check(s) failed: "
+            + "; ".join(c.name for c in checks if c.status == "failed")
+        )

@@ -59,17 +59,40 @@ Exit codes (CI can tell "slower" from "broken"):
 
 
 @click.command("gate", help=_HELP)
-@click.option("--baseline", required=True, type=click.Path(), help="Result file, directory, or - (stdin).")
-@click.option("--current", required=True, type=click.Path(), help="Result file, directory, or - (stdin).")
-@click.option("--threshold", default="5%", show_default=True,
-              help="Minimum change of a measured median that counts (e.g. 5% or 0.05).")
-@click.option("--suite-threshold", "suite_thresholds", multiple=True, metavar="NAME=PCT",
-              help="Per-suite threshold, e.g. --suite-threshold alltoall=15% (repeatable).")
-@click.option("--alpha", type=FiniteFloatRange(0, 1, min_open=True), default=0.05, show_default=True,
-              callback=lambda ctx, param, value: _finite(param, value),
-              help="Significance level of the Mann-Whitney U test.")
-@click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write every finding to this file (its directory must exist).")
+@click.option(
+    "--baseline", required=True, type=click.Path(), help="Result file, directory, or - (stdin)."
+)
+@click.option(
+    "--current", required=True, type=click.Path(), help="Result file, directory, or - (stdin)."
+)
+@click.option(
+    "--threshold",
+    default="5%",
+    show_default=True,
+    help="Minimum change of a measured median that counts (e.g. 5% or 0.05).",
+)
+@click.option(
+    "--suite-threshold",
+    "suite_thresholds",
+    multiple=True,
+    metavar="NAME=PCT",
+    help="Per-suite threshold, e.g. --suite-threshold alltoall=15% (repeatable).",
+)
+@click.option(
+    "--alpha",
+    type=FiniteFloatRange(0, 1, min_open=True),
+    default=0.05,
+    show_default=True,
+    callback=lambda ctx, param, value: _finite(param, value),
+    help="Significance level of the Mann-Whitney U test.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=OutputFile(),
+    default=None,
+    help="Write every finding to this file (its directory must exist).",
+)
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
 def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
     from moe_repro.records import gate
@@ -112,18 +135,36 @@ def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show
         click.echo(line, err=True)
     findings = gate.compare(base, cur, global_t, per_suite, alpha)
     shown = [f for f in findings if show_all or f.status != "unchanged"]
-    rows = [[f.status, f.result, f.key, f.metric, _fmt(f.baseline), _fmt(f.current),
-             "-" if f.ratio is None else f"{f.ratio:.3f}", f.why] for f in shown]
+    rows = [
+        [
+            f.status,
+            f.result,
+            f.key,
+            f.metric,
+            _fmt(f.baseline),
+            _fmt(f.current),
+            "-" if f.ratio is None else f"{f.ratio:.3f}",
+            f.why,
+        ]
+        for f in shown
+    ]
     if rows:
-        click.echo(table(["status", "result", "key", "metric", "baseline", "current", "ratio", "why"], rows))
+        click.echo(
+            table(
+                ["status", "result", "key", "metric", "baseline", "current", "ratio", "why"], rows
+            )
+        )
     counts = {}
     for f in findings:
         counts[f.status] = counts.get(f.status, 0) + 1
     click.echo("gate: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if json_path:
         try:
-            atomic_write_json(json_path, {"findings": gate.findings_json(findings), "counts": counts},
-                              make_parents=False)
+            atomic_write_json(
+                json_path,
+                {"findings": gate.findings_json(findings), "counts": counts},
+                make_parents=False,
+            )
         except OSError as e:  # checked above; the disk can still fill or the directory vanish
             raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
     return gate.exit_code(findings)

@@ -42,19 +42,50 @@ def format_plan(pl) -> str:
     rows = []
     for c in pl.candidates:
         e = c.estimate
-        rows.append([str(c.pp), str(c.ep), str(c.micro_batches), f"{c.micro_batch:g}",
-                     _gb(c.peak_bytes) if c.peak_bytes else "-", str(c.peak_stage),
-                     "yes" if c.checkpointing else "no",
-                     f"{e.bubble:.1%}" if e else "-",
-                     f"{(e.alltoall_s + e.p2p_s) * 1e3:.1f}" if e else "-",
-                     f"{e.step_s:.2f}" if e else "-",
-                     f"{e.tflops_per_gpu:.1f}" if e else "-",
-                     f"{e.mfu:.1%}" if e else "-",
-                     "yes" if c.feasible else "no", c.why_not or ""])
-    head = (f"plan: {pl.model} on {pl.platform}, {pl.nodes} nodes = {pl.gpus} GPUs, seq {pl.seq}, "
-            f"global batch {pl.global_batch}")
-    out = [head, table(["pp", "ep", "M", "mb/gpu", "peak GB", "stage", "ckpt", "bubble",
-                        "comm ms/mb", "step s", "TFLOPS/gpu", "MFU", "feasible", "why not"], rows)]
+        rows.append(
+            [
+                str(c.pp),
+                str(c.ep),
+                str(c.micro_batches),
+                f"{c.micro_batch:g}",
+                _gb(c.peak_bytes) if c.peak_bytes else "-",
+                str(c.peak_stage),
+                "yes" if c.checkpointing else "no",
+                f"{e.bubble:.1%}" if e else "-",
+                f"{(e.alltoall_s + e.p2p_s) * 1e3:.1f}" if e else "-",
+                f"{e.step_s:.2f}" if e else "-",
+                f"{e.tflops_per_gpu:.1f}" if e else "-",
+                f"{e.mfu:.1%}" if e else "-",
+                "yes" if c.feasible else "no",
+                c.why_not or "",
+            ]
+        )
+    head = (
+        f"plan: {pl.model} on {pl.platform}, {pl.nodes} nodes = {pl.gpus} GPUs, seq {pl.seq}, "
+        f"global batch {pl.global_batch}"
+    )
+    out = [
+        head,
+        table(
+            [
+                "pp",
+                "ep",
+                "M",
+                "mb/gpu",
+                "peak GB",
+                "stage",
+                "ckpt",
+                "bubble",
+                "comm ms/mb",
+                "step s",
+                "TFLOPS/gpu",
+                "MFU",
+                "feasible",
+                "why not",
+            ],
+            rows,
+        ),
+    ]
     if pl.rejected:
         out.append("rejected (Eq. 8-10):")
         out += [f"  pp={r['pp']} ep={r['ep']}: {r['why_not']}" for r in pl.rejected]
@@ -62,11 +93,16 @@ def format_plan(pl) -> str:
     out += [f"  - {a}" for a in pl.assumptions]
     best = pl.best
     if best:  # Piper's estimate is its own composition of the time model, never scored
-        out.append("how far to trust the estimate: Piper's performance model is not among repro validate's "
-                   "predictors; repro run piper-fig11 and piper-fig12 grade it against Piper's own Frontier "
-                   "measurements (the default method's step time is scored by repro validate)")
-    out.append(f"best: pp={best.pp} ep={best.ep} (estimated MFU {best.estimate.mfu:.1%})" if best
-               else "best: none fits; add nodes, enable ZeRO (--zero 1) or shorten --seq")
+        out.append(
+            "how far to trust the estimate: Piper's performance model is not among repro validate's "
+            "predictors; repro run piper-fig11 and piper-fig12 grade it against Piper's own Frontier "
+            "measurements (the default method's step time is scored by repro validate)"
+        )
+    out.append(
+        f"best: pp={best.pp} ep={best.ep} (estimated MFU {best.estimate.mfu:.1%})"
+        if best
+        else "best: none fits; add nodes, enable ZeRO (--zero 1) or shorten --seq"
+    )
     return "\n".join(out)
 
 
@@ -82,28 +118,35 @@ def _params(n: float) -> str:
 
 
 def _gib(x: float) -> str:
-    return f"{x / 2 ** 30:.1f}"
+    return f"{x / 2**30:.1f}"
 
 
 def model_summary(pl, name: str) -> str:
     f = pl.flops_per_token
-    return (f"model: {pl.model} ({name}): {_params(pl.params['total'])} parameters, "
-            f"{_params(pl.params['active'])} active per token; {_si(f['forward'], 'FLOP')} forward, "
-            f"{_si(f['training'], 'FLOP')} training per token at seq {pl.seq} (causal attention; "
-            f"6N = {_si(f['training_6n'], 'FLOP')})")
+    return (
+        f"model: {pl.model} ({name}): {_params(pl.params['total'])} parameters, "
+        f"{_params(pl.params['active'])} active per token; {_si(f['forward'], 'FLOP')} forward, "
+        f"{_si(f['training'], 'FLOP')} training per token at seq {pl.seq} (causal attention; "
+        f"6N = {_si(f['training_6n'], 'FLOP')})"
+    )
 
 
 def _layout(c) -> str:
-    parts = [f"TP {c.tp}{' (SP)' if c.sp else ''}", f"PP {c.pp}" + (f" (VPP {c.vpp})" if c.vpp > 1 else ""),
-             f"DP {c.dp}"]
+    parts = [
+        f"TP {c.tp}{' (SP)' if c.sp else ''}",
+        f"PP {c.pp}" + (f" (VPP {c.vpp})" if c.vpp > 1 else ""),
+        f"DP {c.dp}",
+    ]
     if c.ep > 1:
         parts.append(f"EP {c.ep}")
     if c.cp > 1:
         parts.append(f"CP {c.cp}")
     if c.etp > 1:
         parts.append(f"ETP {c.etp}")
-    return " x ".join(parts) + (f", ZeRO-{c.zero}, recompute {c.recompute_note}, micro-batch {c.micro_batch}, "
-                                f"M {c.micro_batches}")
+    return " x ".join(parts) + (
+        f", ZeRO-{c.zero}, recompute {c.recompute_note}, micro-batch {c.micro_batch}, "
+        f"M {c.micro_batches}"
+    )
 
 
 def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
@@ -116,27 +159,72 @@ def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
     rows = []
     for i, c in enumerate(shown, 1):
         mem = c.memory
-        row = [str(i), str(c.tp), "y" if c.sp else "n", str(c.pp), str(c.vpp), str(c.dp), str(c.ep), str(c.cp),
-               str(c.etp), str(c.zero), c.recompute_note, str(c.micro_batch), str(c.micro_batches),
-               _gib(mem["weights"]), _gib(mem["grads"]), _gib(mem["optimizer"]), _gib(mem["activations"]),
-               _gib(mem["buffers"]), _gib(mem["total"]),
-               f"{c.step_s:.2f}" if c.feasible else "-", f"{c.mfu:.1%}" if c.feasible else "-"]
+        row = [
+            str(i),
+            str(c.tp),
+            "y" if c.sp else "n",
+            str(c.pp),
+            str(c.vpp),
+            str(c.dp),
+            str(c.ep),
+            str(c.cp),
+            str(c.etp),
+            str(c.zero),
+            c.recompute_note,
+            str(c.micro_batch),
+            str(c.micro_batches),
+            _gib(mem["weights"]),
+            _gib(mem["grads"]),
+            _gib(mem["optimizer"]),
+            _gib(mem["activations"]),
+            _gib(mem["buffers"]),
+            _gib(mem["total"]),
+            f"{c.step_s:.2f}" if c.feasible else "-",
+            f"{c.mfu:.1%}" if c.feasible else "-",
+        ]
         if any_miss:
             row.append(c.why_not or "")
         rows.append(row)
-    headers = ["#", "TP", "SP", "PP", "VPP", "DP", "EP", "CP", "ETP", "ZeRO", "recompute", "mb", "M",
-               "weights", "grads", "optim", "activ", "buffers", "total GiB", "step s", "MFU"]
+    headers = [
+        "#",
+        "TP",
+        "SP",
+        "PP",
+        "VPP",
+        "DP",
+        "EP",
+        "CP",
+        "ETP",
+        "ZeRO",
+        "recompute",
+        "mb",
+        "M",
+        "weights",
+        "grads",
+        "optim",
+        "activ",
+        "buffers",
+        "total GiB",
+        "step s",
+        "MFU",
+    ]
     if any_miss:
         headers.append("why not")
     s = pl.search
-    out = [model_summary(pl, name),
-           f"plan: {pl.platform}, {pl.nodes} node{'s' if pl.nodes != 1 else ''} x {pl.gpus_per_node} = "
-           f"{pl.gpus} GPUs, seq {pl.seq}, "
-           f"global batch {pl.global_batch} ({pl.global_batch * pl.seq / 1e6:.2f}M tokens), precision "
-           f"{pl.precision}, HBM {pl.hbm_bytes / 2 ** 30:.1f} GiB per GPU; {s['layouts']} layouts searched "
-           f"in {s['seconds']:.2f} s, {s['feasible']} feasible"]
+    out = [
+        model_summary(pl, name),
+        f"plan: {pl.platform}, {pl.nodes} node{'s' if pl.nodes != 1 else ''} x {pl.gpus_per_node} = "
+        f"{pl.gpus} GPUs, seq {pl.seq}, "
+        f"global batch {pl.global_batch} ({pl.global_batch * pl.seq / 1e6:.2f}M tokens), precision "
+        f"{pl.precision}, HBM {pl.hbm_bytes / 2**30:.1f} GiB per GPU; {s['layouts']} layouts searched "
+        f"in {s['seconds']:.2f} s, {s['feasible']} feasible",
+    ]
     if shown:
-        label = "top candidates" if not any_miss or shown[0].feasible else "no candidate fits; the closest misses"
+        label = (
+            "top candidates"
+            if not any_miss or shown[0].feasible
+            else "no candidate fits; the closest misses"
+        )
         out.append(f"{label} (memory per GPU in GiB on the binding stage; step time predicted):")
         out.append(table(headers, rows))
     else:
@@ -150,8 +238,11 @@ def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
     best = pl.best
     if trust:
         out.append(trust)
-    out.append(f"best: {_layout(best)}: step {best.step_s:.2f} s, MFU {best.mfu:.1%}" if best else
-               "best: none fits; add nodes, allow ZeRO-3 or full recompute, or shorten --seq")
+    out.append(
+        f"best: {_layout(best)}: step {best.step_s:.2f} s, MFU {best.mfu:.1%}"
+        if best
+        else "best: none fits; add nodes, allow ZeRO-3 or full recompute, or shorten --seq"
+    )
     return "\n".join(out)
 
 
@@ -171,11 +262,15 @@ def _modes(value: str | None) -> tuple[str, ...] | None:
     if value is None:
         return None
     out = tuple(x.strip() for x in value.split(","))
-    ok = lambda x: x in ("none", "selective", "block", "full") or (
-        x.startswith("full:") and x[5:].isdigit() and int(x[5:]) > 0)
+    ok = lambda x: (
+        x in ("none", "selective", "block", "full")
+        or (x.startswith("full:") and x[5:].isdigit() and int(x[5:]) > 0)
+    )
     if not out or not all(ok(x) for x in out):
-        raise BadInput(f"--recompute must be none, selective or full, block (the smallest N layers per stage "
-                       f"that fits) or full:N (comma-separated), got {value!r}")
+        raise BadInput(
+            f"--recompute must be none, selective or full, block (the smallest N layers per stage "
+            f"that fits) or full:N (comma-separated), got {value!r}"
+        )
     return out
 
 
@@ -185,55 +280,143 @@ def _presets() -> list[str]:
     return list(PRECISION_PRESETS)
 
 
-@click.command("plan", short_help="Rank parallel layouts (ZeRO/DP, TP+SP, PP, EP, CP, recompute) for a model.")
-@click.option("--model", "model_key", required=True, help="Model zoo key, e.g. gpt3-175b, deepseek-v3.")
-@click.option("--platform", "platform_name", required=True,
-              help="Built-in profile (frontier, dgx-h100, h200, local) or a profile JSON file.")
+@click.command(
+    "plan", short_help="Rank parallel layouts (ZeRO/DP, TP+SP, PP, EP, CP, recompute) for a model."
+)
+@click.option(
+    "--model", "model_key", required=True, help="Model zoo key, e.g. gpt3-175b, deepseek-v3."
+)
+@click.option(
+    "--platform",
+    "platform_name",
+    required=True,
+    help="Built-in profile (frontier, dgx-h100, h200, local) or a profile JSON file.",
+)
 @click.option("--nodes", type=int, required=True, help="Number of nodes.")
-@click.option("--method", type=click.Choice(["parallel", "piper"]), default="parallel", show_default=True,
-              help="parallel: DP/ZeRO x TP x PP x EP x CP search; piper: Piper's PP x EP planner (Eq. 7-11).")
+@click.option(
+    "--method",
+    type=click.Choice(["parallel", "piper"]),
+    default="parallel",
+    show_default=True,
+    help="parallel: DP/ZeRO x TP x PP x EP x CP search; piper: Piper's PP x EP planner (Eq. 7-11).",
+)
 @click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length (tokens).")
-@click.option("--global-batch", type=int, default=None,
-              help="Sequences per step (default: ~4M tokens, a multiple of the GPUs; piper: 4 x GPUs).")
+@click.option(
+    "--global-batch",
+    type=int,
+    default=None,
+    help="Sequences per step (default: ~4M tokens, a multiple of the GPUs; piper: 4 x GPUs).",
+)
 @click.option("--micro-batches", type=int, default=None, help="Fix the micro-batches per step M.")
-@click.option("--precision", default=None,
-              help="Precision preset of formulas.PRECISION_PRESETS (bf16-adam, megatron, fp8-params, "
-                   "deepseek-v3-fp8, adam-8bit, ...); default bf16-adam. An unknown name lists them.")
-@click.option("--zero", "zero", default=None,
-              help="ZeRO stages to consider, e.g. 1 or 1,3 (default all; piper: one stage, default 0).")
-@click.option("--recompute", default=None,
-              help="Recompute modes to consider: none, selective, full, block (full recompute of the "
-                   "smallest N layers per stage that fits; Megatron's --recompute-method block) or full:N "
-                   "(N fixed), comma-separated (default none,selective,block,full).")
+@click.option(
+    "--precision",
+    default=None,
+    help="Precision preset of formulas.PRECISION_PRESETS (bf16-adam, megatron, fp8-params, "
+    "deepseek-v3-fp8, adam-8bit, ...); default bf16-adam. An unknown name lists them.",
+)
+@click.option(
+    "--zero",
+    "zero",
+    default=None,
+    help="ZeRO stages to consider, e.g. 1 or 1,3 (default all; piper: one stage, default 0).",
+)
+@click.option(
+    "--recompute",
+    default=None,
+    help="Recompute modes to consider: none, selective, full, block (full recompute of the "
+    "smallest N layers per stage that fits; Megatron's --recompute-method block) or full:N "
+    "(N fixed), comma-separated (default none,selective,block,full).",
+)
 @click.option("--tp", type=int, default=None, help="Fix the tensor-parallel degree.")
 @click.option("--pp", type=int, default=None, help="Fix the pipeline degree (piper: with --ep).")
-@click.option("--vpp", type=int, default=None, help="Fix the virtual pipeline stages per GPU (1: plain 1F1B).")
-@click.option("--ep", type=int, default=None, help="Fix the expert-parallel degree (piper: with --pp).")
-@click.option("--cp", type=int, default=None, help="Fix the context-parallel degree (offered from seq 16K).")
-@click.option("--etp", type=int, default=None,
-              help="Fix the expert tensor-parallel degree (MoE models; default: search 1 and TP).")
+@click.option(
+    "--vpp", type=int, default=None, help="Fix the virtual pipeline stages per GPU (1: plain 1F1B)."
+)
+@click.option(
+    "--ep", type=int, default=None, help="Fix the expert-parallel degree (piper: with --pp)."
+)
+@click.option(
+    "--cp", type=int, default=None, help="Fix the context-parallel degree (offered from seq 16K)."
+)
+@click.option(
+    "--etp",
+    type=int,
+    default=None,
+    help="Fix the expert tensor-parallel degree (MoE models; default: search 1 and TP).",
+)
 @click.option("--top", type=int, default=10, show_default=True, help="Candidates to print.")
-@click.option("--dropout/--no-dropout", "dropout", default=None,
-              help="Count dropout masks in the activations (default: the model's own setting, e.g. on for "
-                   "gpt3-175b, off for the Llama 3 family).")
-@click.option("--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention.")
-@click.option("--no-overlap-dp", is_flag=True,
-              help="ZeRO 0/1: reduce the gradients once after the last backward instead of overlapping "
-                   "the reduction with it (Megatron-LM before --overlap-grad-reduce).")
-@click.option("--no-overlap-tp", is_flag=True,
-              help="Expose the backward's TP all-reduces instead of overlapping them with the weight-gradient "
-                   "GEMMs (Megatron-LM before its asynchronous TP all-reduce, 2021-09).")
-@click.option("--unfused-grad-accumulation", is_flag=True,
-              help="Add each micro-batch's gradients to the held ones in a separate HBM pass instead of "
-                   "inside the weight-gradient GEMM (Megatron-LM before --gradient-accumulation-fusion).")
-@click.option("--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing.")
-@click.option("--causal-flops", is_flag=True, help="piper: halve attention FLOPs for the causal mask.")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default=None, help="piper: schedule (1f1b).")
-@click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write the plan (summary, candidates, rejected, assumptions) to this file.")
-def command(model_key, platform_name, nodes, method, seq, global_batch, micro_batches, precision, zero,
-            recompute, tp, pp, vpp, ep, cp, etp, top, dropout, no_flash, no_overlap_dp, no_overlap_tp,
-            unfused_grad_accumulation, no_checkpointing, causal_flops, schedule, json_path) -> None:
+@click.option(
+    "--dropout/--no-dropout",
+    "dropout",
+    default=None,
+    help="Count dropout masks in the activations (default: the model's own setting, e.g. on for "
+    "gpt3-175b, off for the Llama 3 family).",
+)
+@click.option(
+    "--no-flash", is_flag=True, help="Materialised attention scores instead of FlashAttention."
+)
+@click.option(
+    "--no-overlap-dp",
+    is_flag=True,
+    help="ZeRO 0/1: reduce the gradients once after the last backward instead of overlapping "
+    "the reduction with it (Megatron-LM before --overlap-grad-reduce).",
+)
+@click.option(
+    "--no-overlap-tp",
+    is_flag=True,
+    help="Expose the backward's TP all-reduces instead of overlapping them with the weight-gradient "
+    "GEMMs (Megatron-LM before its asynchronous TP all-reduce, 2021-09).",
+)
+@click.option(
+    "--unfused-grad-accumulation",
+    is_flag=True,
+    help="Add each micro-batch's gradients to the held ones in a separate HBM pass instead of "
+    "inside the weight-gradient GEMM (Megatron-LM before --gradient-accumulation-fusion).",
+)
+@click.option(
+    "--no-checkpointing", is_flag=True, help="piper: never fall back to activation checkpointing."
+)
+@click.option(
+    "--causal-flops", is_flag=True, help="piper: halve attention FLOPs for the causal mask."
+)
+@click.option(
+    "--schedule", type=click.Choice(["1f1b", "gpipe"]), default=None, help="piper: schedule (1f1b)."
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=OutputFile(),
+    default=None,
+    help="Write the plan (summary, candidates, rejected, assumptions) to this file.",
+)
+def command(
+    model_key,
+    platform_name,
+    nodes,
+    method,
+    seq,
+    global_batch,
+    micro_batches,
+    precision,
+    zero,
+    recompute,
+    tp,
+    pp,
+    vpp,
+    ep,
+    cp,
+    etp,
+    top,
+    dropout,
+    no_flash,
+    no_overlap_dp,
+    no_overlap_tp,
+    unfused_grad_accumulation,
+    no_checkpointing,
+    causal_flops,
+    schedule,
+    json_path,
+) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
     rule or do not fit in HBM (grouped reasons with counts), and rank the rest by predicted step
     time, with the memory per GPU by term and the MFU. --method piper: Piper's PP x EP planner.
@@ -242,9 +425,19 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
     """
     from moe_repro.records.atomic import atomic_write_json
 
-    for name, v in (("--nodes", nodes), ("--seq", seq), ("--global-batch", global_batch),
-                    ("--micro-batches", micro_batches), ("--tp", tp), ("--pp", pp), ("--vpp", vpp),
-                    ("--ep", ep), ("--cp", cp), ("--etp", etp), ("--top", top)):
+    for name, v in (
+        ("--nodes", nodes),
+        ("--seq", seq),
+        ("--global-batch", global_batch),
+        ("--micro-batches", micro_batches),
+        ("--tp", tp),
+        ("--pp", pp),
+        ("--vpp", vpp),
+        ("--ep", ep),
+        ("--cp", cp),
+        ("--etp", etp),
+        ("--top", top),
+    ):
         if v is not None and v <= 0:
             raise BadInput(f"{name} must be positive, got {v}")
     zeros, modes = _stages(zero), _modes(recompute)
@@ -252,54 +445,110 @@ def command(model_key, platform_name, nodes, method, seq, global_batch, micro_ba
         import difflib
 
         close = difflib.get_close_matches(precision, _presets(), n=3, cutoff=0.5)
-        raise BadInput(f"unknown precision preset {precision!r}; "
-                       + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}"))
+        raise BadInput(
+            f"unknown precision preset {precision!r}; "
+            + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(_presets())}")
+        )
     if method == "piper":
-        for name, v in (("--tp", tp), ("--vpp", vpp), ("--cp", cp), ("--etp", etp), ("--recompute", recompute),
-                        ("--precision", precision), ("--dropout/--no-dropout", dropout),
-                        ("--no-overlap-dp", no_overlap_dp or None), ("--no-overlap-tp", no_overlap_tp or None),
-                        ("--unfused-grad-accumulation", unfused_grad_accumulation or None)):
+        for name, v in (
+            ("--tp", tp),
+            ("--vpp", vpp),
+            ("--cp", cp),
+            ("--etp", etp),
+            ("--recompute", recompute),
+            ("--precision", precision),
+            ("--dropout/--no-dropout", dropout),
+            ("--no-overlap-dp", no_overlap_dp or None),
+            ("--no-overlap-tp", no_overlap_tp or None),
+            ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
+        ):
             if v is not None:
-                raise BadInput(f"{name} applies to --method parallel (the default), not --method piper")
+                raise BadInput(
+                    f"{name} applies to --method parallel (the default), not --method piper"
+                )
         if zeros is not None and len(zeros) > 1:
             raise BadInput("--method piper takes one ZeRO stage (--zero 0, 1, 2 or 3)")
-        _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches,
-               zeros[0] if zeros else 0, no_flash, no_checkpointing, causal_flops, schedule or "1f1b",
-               pp, ep, json_path)
+        _piper(
+            model_key,
+            platform_name,
+            nodes,
+            seq,
+            global_batch,
+            micro_batches,
+            zeros[0] if zeros else 0,
+            no_flash,
+            no_checkpointing,
+            causal_flops,
+            schedule or "1f1b",
+            pp,
+            ep,
+            json_path,
+        )
         return
-    for name, v in (("--no-checkpointing", no_checkpointing or None), ("--causal-flops", causal_flops or None),
-                    ("--schedule", schedule)):
+    for name, v in (
+        ("--no-checkpointing", no_checkpointing or None),
+        ("--causal-flops", causal_flops or None),
+        ("--schedule", schedule),
+    ):
         if v is not None:
-            raise BadInput(f"{name} applies to --method piper; the default method searches "
-                           + ("--recompute" if name == "--no-checkpointing" else
-                              "1F1B and interleaved schedules" if name == "--schedule" else
-                              "with causal attention FLOPs"))
+            raise BadInput(
+                f"{name} applies to --method piper; the default method searches "
+                + (
+                    "--recompute"
+                    if name == "--no-checkpointing"
+                    else "1F1B and interleaved schedules"
+                    if name == "--schedule"
+                    else "with causal attention FLOPs"
+                )
+            )
     from moe_repro.components.resources.parallel_planner import plan_parallel
 
     model = load_model(model_key)
     platform = load_platform(platform_name)
     try:
-        pl = plan_parallel(model, platform, nodes, seq=seq, global_batch=global_batch,
-                           precision=precision or "bf16-adam", zero=zeros, recompute=modes, tp=tp, pp=pp,
-                           ep=ep, cp=cp, vpp=vpp, micro_batches=micro_batches, flash_attention=not no_flash,
-                           etp=etp, dropout=model.dropout if dropout is None else dropout,
-                           overlap_dp=not no_overlap_dp, fused_grad_accumulation=not unfused_grad_accumulation,
-                           overlap_tp=not no_overlap_tp)
+        pl = plan_parallel(
+            model,
+            platform,
+            nodes,
+            seq=seq,
+            global_batch=global_batch,
+            precision=precision or "bf16-adam",
+            zero=zeros,
+            recompute=modes,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            cp=cp,
+            vpp=vpp,
+            micro_batches=micro_batches,
+            flash_attention=not no_flash,
+            etp=etp,
+            dropout=model.dropout if dropout is None else dropout,
+            overlap_dp=not no_overlap_dp,
+            fused_grad_accumulation=not unfused_grad_accumulation,
+            overlap_tp=not no_overlap_tp,
+        )
     except ValueError as e:
         raise BadInput(str(e)) from None
     if not pl.candidates:
         # a degree the user fixed that breaks a rule on its own: say what does not divide,
         # not "none fits"
         for name, value in (("tp", tp), ("ep", ep), ("pp", pp), ("cp", cp), ("etp", etp)):
-            why = [r["reason"] for r in pl.rejected if value is not None
-                   and r["reason"].startswith(f"{name.upper()} {value}")]
+            why = [
+                r["reason"]
+                for r in pl.rejected
+                if value is not None and r["reason"].startswith(f"{name.upper()} {value}")
+            ]
             if why:
                 raise BadInput(f"--{name} {value}: {'; '.join(why)}")
     track = step_time_track_record(platform.name) if pl.best else None
     click.echo(format_parallel(pl, model.name, top, track["line"] if track else None))
     if json_path:
-        atomic_write_json(json_path, {"method": "parallel", **pl.to_dict(), "step_time_validation": track},
-                          make_parents=False)
+        atomic_write_json(
+            json_path,
+            {"method": "parallel", **pl.to_dict(), "step_time_validation": track},
+            make_parents=False,
+        )
 
 
 def step_time_track_record(platform_name: str) -> dict:
@@ -309,18 +558,40 @@ def step_time_track_record(platform_name: str) -> dict:
     from moe_repro.reproductions.validation import track_record
 
     t = track_record("step-time")
-    where = ("this platform" if platform_name in t["platforms"] else
-             f"{', '.join(t['platforms'])} only, not this platform")
-    t["line"] = (f"how far to trust the step time: scored against {t['points']} published runs "
-                 f"({', '.join(t['model_families'])} models, {where}), the planner came out "
-                 f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; negative = predicted "
-                 f"faster than measured); see repro validate") if t["points"] else \
-        "how far to trust the step time: not scored against any published run (repro validate)"
+    where = (
+        "this platform"
+        if platform_name in t["platforms"]
+        else f"{', '.join(t['platforms'])} only, not this platform"
+    )
+    t["line"] = (
+        (
+            f"how far to trust the step time: scored against {t['points']} published runs "
+            f"({', '.join(t['model_families'])} models, {where}), the planner came out "
+            f"{t['min_error']:+.0%} to {t['max_error']:+.0%} (MAPE {t['mape']:.1%}; negative = predicted "
+            f"faster than measured); see repro validate"
+        )
+        if t["points"]
+        else "how far to trust the step time: not scored against any published run (repro validate)"
+    )
     return t
 
 
-def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, zero_stage, no_flash,
-           no_checkpointing, causal_flops, schedule, pp, ep, json_path) -> None:
+def _piper(
+    model_key,
+    platform_name,
+    nodes,
+    seq,
+    global_batch,
+    micro_batches,
+    zero_stage,
+    no_flash,
+    no_checkpointing,
+    causal_flops,
+    schedule,
+    pp,
+    ep,
+    json_path,
+) -> None:
     """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU)."""
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.resources.planner import plan
@@ -330,9 +601,20 @@ def _piper(model_key, platform_name, nodes, seq, global_batch, micro_batches, ze
     model = load_model(model_key)
     platform = load_platform(platform_name)
     try:
-        pl = plan(model, platform, nodes, seq=seq, global_batch=global_batch, micro_batches=micro_batches,
-                  zero_stage=zero_stage, flash=not no_flash, allow_checkpointing=not no_checkpointing,
-                  causal=causal_flops, schedule=schedule, layout=None if pp is None else (pp, ep))
+        pl = plan(
+            model,
+            platform,
+            nodes,
+            seq=seq,
+            global_batch=global_batch,
+            micro_batches=micro_batches,
+            zero_stage=zero_stage,
+            flash=not no_flash,
+            allow_checkpointing=not no_checkpointing,
+            causal=causal_flops,
+            schedule=schedule,
+            layout=None if pp is None else (pp, ep),
+        )
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_plan(pl))

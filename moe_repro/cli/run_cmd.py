@@ -13,8 +13,9 @@ import click
 from moe_repro.cli.errors import BadInput, OutputDir, OutputFile
 
 
-def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
-                how: str | None = None) -> list[str]:
+def resolve_ids(
+    ids: tuple[str, ...], paper: str | None, run_all: bool, how: str | None = None
+) -> list[str]:
     """Turn the command's arguments into reproduction ids, or fail with one line (exit 2).
     Read from the catalog alone (no reproduction module, so no torch, is imported): a typo is
     answered at once."""
@@ -24,8 +25,10 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
     if how is not None:  # --how '' selects nothing: an error, not "no filter"
         allowed = {h.strip().upper() for h in how.split(",")}
         if not allowed <= {"A", "M", "R", "S"}:
-            raise BadInput(f"--how takes letters A (analytic), M (Monte Carlo), R (real), "
-                           f"S (simulated); got {how!r}")
+            raise BadInput(
+                f"--how takes letters A (analytic), M (Monte Carlo), R (real), "
+                f"S (simulated); got {how!r}"
+            )
         letters = lambda r: {part.strip()[:1] for part in r.how.split("+")}
         known = {rid: r for rid, r in known.items() if letters(r) <= allowed}
     planned = {rid: r.issue for rid, r in catalog.REPRODUCTIONS.items() if not r.implemented}
@@ -35,13 +38,17 @@ def resolve_ids(ids: tuple[str, ...], paper: str | None, run_all: bool,
         chosen = [rid for rid in known if rid.startswith(paper + "-")]
         if not chosen:
             papers = sorted({rid.split("-")[0] for rid in known})
-            raise BadInput(f"no implemented reproductions for paper {paper!r}; papers: {', '.join(papers)}")
+            raise BadInput(
+                f"no implemented reproductions for paper {paper!r}; papers: {', '.join(papers)}"
+            )
         return chosen
     if not ids:
         raise BadInput("name a reproduction id (see 'repro list'), or use --paper P or --all")
     for rid in ids:
         if rid in planned:
-            raise BadInput(f"{rid} is in the catalog but not implemented yet (issue {planned[rid]})")
+            raise BadInput(
+                f"{rid} is in the catalog but not implemented yet (issue {planned[rid]})"
+            )
         if rid not in known:
             close = difflib.get_close_matches(rid, list(known) + list(planned), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else "; see 'repro list'"
@@ -65,16 +72,25 @@ def run_one(rid: str, params: dict, full: bool = False):
         # A slow machine is not a hang: say which parameter allows a longer run.
         if "did not finish within" in str(e) and "timeout_s" in repro.defaults:
             allowed = {**repro.defaults, **params}["timeout_s"]
-            raise RankFailure(f"{e}; {rid} allows {allowed:g} s (--param timeout_s): if the machine "
-                              f"is only slow, rerun with e.g. --param timeout_s={4 * float(allowed):g}",
-                              e.ranks) from None
+            raise RankFailure(
+                f"{e}; {rid} allows {allowed:g} s (--param timeout_s): if the machine "
+                f"is only slow, rerun with e.g. --param timeout_s={4 * float(allowed):g}",
+                e.ranks,
+            ) from None
         raise
     from moe_repro import cli
 
     # command: how to rerun this one result; the environment keeps the command line that ran
     full_params = repro.full if full else {}
-    argv = ["repro", "run", rid] + (["--full"] if full else []) + [
-        f"--param {k}={v}" for k, v in params.items() if not (k in full_params and full_params[k] == v)]
+    argv = (
+        ["repro", "run", rid]
+        + (["--full"] if full else [])
+        + [
+            f"--param {k}={v}"
+            for k, v in params.items()
+            if not (k in full_params and full_params[k] == v)
+        ]
+    )
     return record_of(repro, result, params, argv, invocation=cli.INVOCATION)
 
 
@@ -98,8 +114,11 @@ def params_listing(rids: list[str]) -> str:
     lines = []
     for rid in rids:
         repro = known[rid]
-        lines.append(f"{rid}: parameters (--param K=V) and defaults"
-                     + (" [and --full values]" if repro.full else "") + ":")
+        lines.append(
+            f"{rid}: parameters (--param K=V) and defaults"
+            + (" [and --full values]" if repro.full else "")
+            + ":"
+        )
         width = max((len(k) for k in repro.defaults), default=0)
         for key, value in repro.defaults.items():
             full = f"  [--full: {repro.full[key]}]" if key in repro.full else ""
@@ -125,8 +144,11 @@ def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
         return head
     pace = max(1.0, elapsed / done_expected) if done_expected else 1.0
     unknown = sum(1 for r in chosen[i:] if not minutes.get(r))
-    return (head + f", about {clock(left_expected * pace)} left"
-            + (f" (+{unknown} not timed)" if unknown else ""))
+    return (
+        head
+        + f", about {clock(left_expected * pace)} left"
+        + (f" (+{unknown} not timed)" if unknown else "")
+    )
 
 
 def run_minutes(chosen: list[str], full: bool = False) -> dict:
@@ -135,7 +157,10 @@ def run_minutes(chosen: list[str], full: bool = False) -> dict:
     from moe_repro import catalog
 
     entries = {rid: catalog.REPRODUCTIONS[rid] for rid in chosen}
-    return {rid: (e.full_minutes if full and e.full_minutes else e.minutes) for rid, e in entries.items()}
+    return {
+        rid: (e.full_minutes if full and e.full_minutes else e.minutes)
+        for rid, e in entries.items()
+    }
 
 
 def estimate_line(chosen: list[str], minutes: dict, full: bool = False) -> str | None:
@@ -143,10 +168,15 @@ def estimate_line(chosen: list[str], minutes: dict, full: bool = False) -> str |
     its expected time from the catalog's timings (catalog.long_run_line); None otherwise."""
     from moe_repro import catalog
 
-    what = (f"{chosen[0]}{' --full' if full else ''}" if len(chosen) == 1
-            else f"{len(chosen)} reproductions{' at --full' if full else ''}")
+    what = (
+        f"{chosen[0]}{' --full' if full else ''}"
+        if len(chosen) == 1
+        else f"{len(chosen)} reproductions{' at --full' if full else ''}"
+    )
     untimed = sum(1 for rid in chosen if not minutes.get(rid))
-    basis = "the catalog's times on a 2-core CPU machine" + (f"; {untimed} not timed" if untimed else "")
+    basis = "the catalog's times on a 2-core CPU machine" + (
+        f"; {untimed} not timed" if untimed else ""
+    )
     return catalog.long_run_line(what, 60 * sum(minutes.get(rid) or 0.0 for rid in chosen), basis)
 
 
@@ -168,7 +198,8 @@ def parse_params(pairs: tuple[str, ...]) -> dict:
         except ValueError:
             out[key] = value
         if value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") or (
-                isinstance(out[key], float) and not math.isfinite(out[key])):
+            isinstance(out[key], float) and not math.isfinite(out[key])
+        ):
             raise BadInput(f"--param {key}: {value!r} is not a finite number")
     return out
 
@@ -186,8 +217,10 @@ def count_lines(records) -> list[str]:
     lines = []
     for paper, rs in papers.items():
         counts = grading.add_agreement(*(grading.agreement(r.cells) for r in rs))
-        lines.append(f"{paper} ({len(rs)} reproduction{'s' if len(rs) > 1 else ''}): "
-                     f"{grading.agreement_line(counts)}")
+        lines.append(
+            f"{paper} ({len(rs)} reproduction{'s' if len(rs) > 1 else ''}): "
+            f"{grading.agreement_line(counts)}"
+        )
     total = grading.add_agreement(*(grading.agreement(r.cells) for r in records))
     lines.append(f"all {len(records)} reproductions: {grading.agreement_line(total)}")
     return lines
@@ -197,28 +230,60 @@ def count_lines(records) -> list[str]:
 @click.argument("ids", nargs=-1)
 @click.option("--paper", default=None, help="Run every implemented reproduction of one paper.")
 @click.option("--all", "run_all", is_flag=True, help="Run every implemented reproduction.")
-@click.option("--how", default=None, metavar="A,R,S",
-              help="With --all/--paper: only reproductions made entirely this way, e.g. --how A,S "
-                   "for the deterministic ones (what CI gates).")
-@click.option("--full", is_flag=True,
-              help="The paper-sized run where the default is cut down to finish in minutes here "
-                   "(measured reproductions); elsewhere the defaults already are.")
-@click.option("--param", "params", multiple=True, metavar="K=V",
-              help="Override a reproduction parameter (repeatable), e.g. --param gpus=16; "
-                   "applied after --full.")
-@click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write the result record (records/record.py) to this file; with several ids, a list.")
-@click.option("--out", "out_dir", type=OutputDir(), default=None,
-              help="Also write the HTML report (and its JSON) into this directory.")
-@click.option("--quiet", is_flag=True,
-              help="Print only one line per reproduction: its counts of compared cells.")
-@click.option("--force", is_flag=True,
-              help="With --all/--paper: rerun even reproductions whose stored result is current.")
-@click.option("--show-params", is_flag=True,
-              help="List the reproductions' parameters (what --param takes) with their defaults, and exit.")
+@click.option(
+    "--how",
+    default=None,
+    metavar="A,R,S",
+    help="With --all/--paper: only reproductions made entirely this way, e.g. --how A,S "
+    "for the deterministic ones (what CI gates).",
+)
+@click.option(
+    "--full",
+    is_flag=True,
+    help="The paper-sized run where the default is cut down to finish in minutes here "
+    "(measured reproductions); elsewhere the defaults already are.",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="K=V",
+    help="Override a reproduction parameter (repeatable), e.g. --param gpus=16; "
+    "applied after --full.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=OutputFile(),
+    default=None,
+    help="Write the result record (records/record.py) to this file; with several ids, a list.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=OutputDir(),
+    default=None,
+    help="Also write the HTML report (and its JSON) into this directory.",
+)
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="Print only one line per reproduction: its counts of compared cells.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --all/--paper: rerun even reproductions whose stored result is current.",
+)
+@click.option(
+    "--show-params",
+    is_flag=True,
+    help="List the reproductions' parameters (what --param takes) with their defaults, and exit.",
+)
 @click.pass_obj
-def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force,
-            show_params) -> None:
+def command(
+    store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force, show_params
+) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
     Each cell's grade follows one policy for every paper (records/grading.py): match (within
@@ -261,7 +326,6 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         click.echo(params_listing(chosen))
         return
     overrides = parse_params(params)
-    from moe_repro import catalog
 
     from moe_repro.runtime.launch import launched_rank
 
@@ -293,9 +357,12 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
             echo(f"{rid}: {grading.agreement_line(grading.agreement(stored.cells))} (stored)")
             continue
         started = time.monotonic()
-        watch = Watch(label=rid, stream=None if quiet or not speaks else sys.stderr,
-                      store=store if speaks else None,
-                      command=cli.INVOCATION)
+        watch = Watch(
+            label=rid,
+            stream=None if quiet or not speaks else sys.stderr,
+            store=store if speaks else None,
+            command=cli.INVOCATION,
+        )
         with watching(watch):
             record = run_one(rid, given, full)
         took = clock(time.monotonic() - started)
@@ -309,7 +376,9 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
             for points in watch.saved:
                 echo(f"measured points: {points}")
         if out_dir:
-            page = write_reproduction_page(Path(out_dir), record, name=rid)  # the catalog id names the files
+            page = write_reproduction_page(
+                Path(out_dir), record, name=rid
+            )  # the catalog id names the files
             if not quiet:
                 echo(f"report: {page}")
         echo(f"{rid}: {grading.agreement_line(grading.agreement(record.cells))} (ran {took})")
@@ -317,5 +386,6 @@ def command(store, ids, paper, run_all, how, full, params, json_path, out_dir, q
         echo(line)
     if json_path and speaks:
         payloads = [dump(r) for r in records]
-        atomic_write_json(json_path, payloads[0] if len(payloads) == 1 else payloads,
-                          make_parents=False)
+        atomic_write_json(
+            json_path, payloads[0] if len(payloads) == 1 else payloads, make_parents=False
+        )

@@ -13,8 +13,14 @@ def command() -> None:
 
 
 @command.command("build")
-@click.option("--out", "out_dir", type=OutputDir(), default="site/_build",
-              show_default=True, help="Directory to write the site into.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=OutputDir(),
+    default="site/_build",
+    show_default=True,
+    help="Directory to write the site into.",
+)
 @click.pass_obj
 def build(store, out_dir: str) -> None:
     """Render an index of every reproduction and suite, a page for each, and the raw JSON."""
@@ -23,5 +29,9 @@ def build(store, out_dir: str) -> None:
 
     # pages take from milliseconds to seconds each: a line at most every 2 s, on stderr
     lines = StepLines("site build", every_s=2.0)
-    index = build_site(store, out_dir, progress=lambda done, total, what: lines(done, total, what and f"now {what}"))
+    index = build_site(
+        store,
+        out_dir,
+        progress=lambda done, total, what: lines(done, total, what and f"now {what}"),
+    )
     click.echo(f"site: {index}")

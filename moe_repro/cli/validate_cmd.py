@@ -27,20 +27,49 @@ def _num(x) -> str:
 def format_report(summaries, doc: dict) -> str:
     from moe_repro.reports.terminal import table
 
-    out = ["Predictions scored against published measurements of real clusters, and (gemm-time, attention-core) against "
-           "this project's own GEMM measurements on one GPU (predicted numbers are analytic or simulated; "
-           "measured numbers are the sources').",
-           table(["predictor", "points", "predicted", "MAPE", "max |error|", "worst point"],
-                 [[s.predictor, str(s.points), str(s.predicted),
-                   "-" if s.mape is None else f"{s.mape:.1%}",
-                   "-" if s.max_abs_error is None else f"{s.max_abs_error:.1%}", s.worst] for s in summaries])]
+    out = [
+        "Predictions scored against published measurements of real clusters, and (gemm-time, attention-core) against "
+        "this project's own GEMM measurements on one GPU (predicted numbers are analytic or simulated; "
+        "measured numbers are the sources').",
+        table(
+            ["predictor", "points", "predicted", "MAPE", "max |error|", "worst point"],
+            [
+                [
+                    s.predictor,
+                    str(s.points),
+                    str(s.predicted),
+                    "-" if s.mape is None else f"{s.mape:.1%}",
+                    "-" if s.max_abs_error is None else f"{s.max_abs_error:.1%}",
+                    s.worst,
+                ]
+                for s in summaries
+            ],
+        ),
+    ]
     for s in summaries:
         out.append(f"\n{s.predictor} ({s.scored[0].how if s.scored else '-'}):")
-        out.append(table(["point", "measured", "predicted", "unit", "error", "source", "note"],
-                         [[x.point_id, _num(x.measured), _num(x.predicted), x.unit, _pct(x.error), x.source,
-                           x.note] for x in s.scored]))
+        out.append(
+            table(
+                ["point", "measured", "predicted", "unit", "error", "source", "note"],
+                [
+                    [
+                        x.point_id,
+                        _num(x.measured),
+                        _num(x.predicted),
+                        x.unit,
+                        _pct(x.error),
+                        x.source,
+                        x.note,
+                    ]
+                    for x in s.scored
+                ],
+            )
+        )
     out.append("\nparameters (none set from a scored point):")
-    out += [f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})" for p in doc.get("parameters", [])]
+    out += [
+        f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})"
+        for p in doc.get("parameters", [])
+    ]
     out.append("published measurements left unscored, and why:")
     out += [f"  - {u['what']}: {u['why']}" for u in doc.get("unscored", [])]
     out.append("published errors of other predictors, for comparison:")
@@ -48,11 +77,24 @@ def format_report(summaries, doc: dict) -> str:
     return "\n".join(out)
 
 
-@click.command("validate", short_help="Score the planner, memory model and simulator against published cluster numbers.")
-@click.option("--predictor", "predictors", multiple=True, type=click.Choice(_PREDICTORS),
-              help="Score only this predictor (repeatable; default all).")
-@click.option("--json", "json_path", type=OutputFile(), default=None,
-              help="Write every scored point and the per-predictor MAPE and max error to this file.")
+@click.command(
+    "validate",
+    short_help="Score the planner, memory model and simulator against published cluster numbers.",
+)
+@click.option(
+    "--predictor",
+    "predictors",
+    multiple=True,
+    type=click.Choice(_PREDICTORS),
+    help="Score only this predictor (repeatable; default all).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=OutputFile(),
+    default=None,
+    help="Write every scored point and the per-predictor MAPE and max error to this file.",
+)
 @click.pass_obj
 def command(store, predictors, json_path) -> None:
     """Score each predictor against published measurements of real clusters and print, per
@@ -69,10 +111,13 @@ def command(store, predictors, json_path) -> None:
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_report(summaries, doc))
-    payload = {"summaries": [s.to_dict() for s in summaries],
-               "points": [x.to_dict() for s in summaries for x in s.scored],
-               "parameters": doc.get("parameters", []), "unscored": doc.get("unscored", []),
-               "anchors": doc.get("anchors", [])}
+    payload = {
+        "summaries": [s.to_dict() for s in summaries],
+        "points": [x.to_dict() for s in summaries for x in s.scored],
+        "parameters": doc.get("parameters", []),
+        "unscored": doc.get("unscored", []),
+        "anchors": doc.get("anchors", []),
+    }
     if store is not None:  # the site's validation page reads the latest stored result
         from moe_repro.reports.validation_page import STORED
 
