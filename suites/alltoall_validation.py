@@ -838,7 +838,7 @@ def measure_world_on_rank(
     the records, the other ranks []."""
     import dataclasses
 
-    from moe_repro.suites.runner import RunConfig, _timed, prepare_point, summarized
+    from moe_repro.suites.runner import RunConfig, prepare_point, summarized, timed
 
     cfg = RunConfig(**config)
     prepared = [
@@ -851,7 +851,7 @@ def measure_world_on_rank(
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
-                t = _timed(alltoall.SUITE, state, number, ctx, timer)
+                t = timed(alltoall.SUITE, state, number, ctx, timer)
                 cpu = profile_host_cpu(state)  # after the sample: warm from its calls, as they were
                 if cpu is not None:
                     profiled[i].append(cpu)

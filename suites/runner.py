@@ -36,7 +36,7 @@ class RunConfig:
     number_from: int = 1
 
 
-def _timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
+def timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
     """Mean seconds of one of ``number`` back-to-back calls, by ``timer`` (CUDA events on a GPU:
     the host clock would time the kernel launches only); a world's time is its slowest rank's."""
     if ctx is not None:
@@ -81,8 +81,8 @@ def prepare_point(suite: Suite, params: dict, config: RunConfig, ctx=None, timer
             wrong = int(ctx.all_reduce_max(float(wrong)))
         record.update(wrong=wrong, correct=wrong == 0)
     for _ in range(config.warmup):
-        _timed(suite, state, 1, ctx, timer)
-    single = sorted(_timed(suite, state, 1, ctx, timer) for _ in range(config.number_from))[
+        timed(suite, state, 1, ctx, timer)
+    single = sorted(timed(suite, state, 1, ctx, timer) for _ in range(config.number_from))[
         (config.number_from - 1) // 2
     ]
     number = (
@@ -104,7 +104,7 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
     samples: dict[str, list[float]] = {"time_s": []}
     reset_peak_memory(device)
     for _ in range(config.repeats):
-        t = _timed(suite, state, number, ctx, timer)
+        t = timed(suite, state, number, ctx, timer)
         samples["time_s"].append(t)
         for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
             samples.setdefault(name, []).append(float(value))
