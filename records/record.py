@@ -62,6 +62,8 @@ GRADE_MEANING = {
     "not-comparable": "the paper's number is a different quantity, or was measured on other "
     "hardware (shown side by side, not graded)",
     "echo": "ours restates an input or follows from our own formulas: shown, never evidence",
+    "not-evidence": "ours equals what the same computation gives without the method (a "
+    "balancer that moves nothing, a reused number): shown, never counted as agreement",
     "no-paper-value": "the paper prints no number for this cell; ours only",
     "not-reproduced": "we have no number here (the note says why)",
 }
