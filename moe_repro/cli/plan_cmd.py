@@ -24,8 +24,17 @@ def load_platform(name_or_path: str):
 
 
 def load_model(key: str):
+    """A zoo model by key, or the model a JSON file describes (a Hugging Face config.json or a
+    moe-repro model spec: docs/model-spec.md)."""
     from moe_repro.components.model.zoo import get_model
 
+    if key.endswith(".json"):
+        from moe_repro.components.model.hf_config import ModelConfigError, load_model_file
+
+        try:
+            return load_model_file(key)
+        except ModelConfigError as e:
+            raise BadInput(str(e)) from None
     try:
         return get_model(key)
     except KeyError as e:
@@ -284,7 +293,11 @@ def _presets() -> list[str]:
     "plan", short_help="Rank parallel layouts (ZeRO/DP, TP+SP, PP, EP, CP, recompute) for a model."
 )
 @click.option(
-    "--model", "model_key", required=True, help="Model zoo key, e.g. gpt3-175b, deepseek-v3."
+    "--model",
+    "model_key",
+    required=True,
+    help="Model zoo key (e.g. gpt3-175b, deepseek-v3), or a JSON file: a Hugging Face config.json "
+    "(Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3, OLMoE, GPT-OSS) or a model spec (docs/model-spec.md).",
 )
 @click.option(
     "--platform",
