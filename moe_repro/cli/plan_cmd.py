@@ -357,6 +357,13 @@ def _presets() -> list[str]:
     default=None,
     help="Fix the expert tensor-parallel degree (MoE models; default: search 1 and TP).",
 )
+@click.option(
+    "--sp/--no-sp",
+    "sp",
+    default=None,
+    help="Fix sequence parallelism on or off for TP > 1 (Megatron's --sequence-parallel; "
+    "default: search both).",
+)
 @click.option("--top", type=int, default=10, show_default=True, help="Candidates to print.")
 @click.option(
     "--dropout/--no-dropout",
@@ -419,6 +426,7 @@ def command(
     ep,
     cp,
     etp,
+    sp,
     top,
     dropout,
     no_flash,
@@ -468,6 +476,7 @@ def command(
             ("--vpp", vpp),
             ("--cp", cp),
             ("--etp", etp),
+            ("--sp/--no-sp", sp),
             ("--recompute", recompute),
             ("--precision", precision),
             ("--dropout/--no-dropout", dropout),
@@ -540,6 +549,7 @@ def command(
             overlap_dp=not no_overlap_dp,
             fused_grad_accumulation=not unfused_grad_accumulation,
             overlap_tp=not no_overlap_tp,
+            sp=sp,
         )
     except ValueError as e:
         raise BadInput(str(e)) from None
