@@ -28,7 +28,7 @@ import torch
 
 from moe_repro.components.moe.gating import top_k_gating
 from moe_repro.components.moe import peers
-from moe_repro.components.moe.peers import _quiet_import, installed_version
+from moe_repro.components.moe.peers import quiet_import, installed_version
 from moe_repro.components.moe.pft import build_pft, gather_tokens, scatter_combine
 
 
@@ -38,7 +38,7 @@ def _peer(distribution: str, module: str):
         if os.environ.get("MOE_REPRO_REQUIRE_PEERS"):
             pytest.fail(message)
         pytest.skip(message)
-    return _quiet_import(module)
+    return quiet_import(module)
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,7 @@ from moe_repro.components.lazy_import import lazy_module
 
 # The backend-neutral communicators live in the network layer (topology builds them); the names
 # stay importable from here, where HALO, RBD and the tests have always found them.
-from moe_repro.components.network.comm import (
-    Comm,
-    TorchComm,
-    _Works,  # noqa: F401
-)
+from moe_repro.components.network.comm import Comm, TorchComm
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
 torch = lazy_module("torch", globals())

@@ -33,7 +33,7 @@ from torch import nn
 from moe_repro.runtime.device import cuda_count  # whether CUDA exists: the runtime's one answer
 from moe_repro.components.alltoall.base import Dispatcher, FlatLayout
 from moe_repro.components.moe.moe_layer import MoELayer
-from moe_repro.components.moe.peers import _quiet_import, require_peer
+from moe_repro.components.moe.peers import quiet_import, require_peer
 
 
 def megatron_on_cpu() -> None:
@@ -49,9 +49,9 @@ def _megatron_dispatcher(
 ):
     """Megatron's ``MoEAlltoAllTokenDispatcher`` for ``local_experts`` (consecutive) of ``experts``
     on ``ep_group``, dropless (no capacity factor), hidden size ``hidden``."""
-    td = _quiet_import("megatron.core.transformer.moe.token_dispatcher")
-    tc = _quiet_import("megatron.core.transformer.transformer_config")
-    pgc = _quiet_import("megatron.core.process_groups_config")
+    td = quiet_import("megatron.core.transformer.moe.token_dispatcher")
+    tc = quiet_import("megatron.core.transformer.transformer_config")
+    pgc = quiet_import("megatron.core.process_groups_config")
 
     class _CPUAlltoAllTokenDispatcher(td.MoEAlltoAllTokenDispatcher):
         """Megatron's all-to-all dispatcher; on CPU its DtoH side-stream step only turns the
@@ -260,7 +260,7 @@ def _without_shared_memory_op() -> None:
     ``inference_all_reduce``; the MoE layer's all-to-all is torch.distributed's. The op is marked
     unavailable in DeepSpeed's own table of compatible ops, the one its ``build_shm_op``
     consults (deepspeed.ops keeps that dict so that edits to it persist)."""
-    ops = _quiet_import("deepspeed.ops")
+    ops = quiet_import("deepspeed.ops")
     ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
@@ -270,8 +270,8 @@ def deepspeed_forward(
     """x [S, H] -> [S, H] through DeepSpeed's MOELayer (its gating, encode, all-to-all, decode)
     around ``layer``'s router weight and experts."""
     require_peer("deepspeed")
-    ds_comm = _quiet_import("deepspeed.comm")
-    sm = _quiet_import("deepspeed.moe.sharded_moe")
+    ds_comm = quiet_import("deepspeed.comm")
+    sm = quiet_import("deepspeed.moe.sharded_moe")
     if not ds_comm.is_initialized():
         _without_shared_memory_op()
         with contextlib.redirect_stdout(io.StringIO()):

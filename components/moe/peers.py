@@ -86,7 +86,7 @@ class DispatchStages:
     combine: Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def _quiet_import(module: str):
+def quiet_import(module: str):
     """Import a peer module without its start-up chatter (Megatron warns about missing TE/Apex,
     DeepSpeed logs the accelerator it picked)."""
     import contextlib
@@ -115,7 +115,7 @@ def peer_dispatch(
         return x.float() @ weight32  # fp32 router (Megatron --moe-router-dtype fp32)
 
     if impl.startswith("megatron"):
-        mu = _quiet_import("megatron.core.transformer.moe.moe_utils")
+        mu = quiet_import("megatron.core.transformer.moe.moe_utils")
         drop = impl == "megatron"
 
         def route(x):
@@ -143,7 +143,7 @@ def peer_dispatch(
 
         return DispatchStages(impl, route, dispatch, combine)
 
-    sm = _quiet_import("deepspeed.moe.sharded_moe")
+    sm = quiet_import("deepspeed.moe.sharded_moe")
     sparse = impl == "deepspeed"
 
     def route(x):

@@ -31,13 +31,9 @@ def row_bytes_of(x: torch.Tensor) -> int:
     return n * x.element_size()
 
 
-class _Done:
-    def wait(self) -> None:
-        pass
-
-
-class _Works:
-    """Waits on a list of torch Work handles or mpi4py Requests (keeping buffers alive)."""
+class Works:
+    """The handle of an issued exchange: waits on a list of torch Work handles or mpi4py
+    Requests, keeping the buffers alive until then."""
 
     def __init__(self, works, keep=(), then=None):
         self.works, self.keep, self.then = [w for w in works if w is not None], keep, then
@@ -123,7 +119,7 @@ class TorchComm(Comm):
                 group=self.group,
                 async_op=True,
             )
-            return out, _Works([work], keep=(x_dev, out_dev), then=lambda: out.copy_(out_dev))
+            return out, Works([work], keep=(x_dev, out_dev), then=lambda: out.copy_(out_dev))
         work = dist.all_to_all_single(
             out,
             x,
@@ -132,7 +128,7 @@ class TorchComm(Comm):
             group=self.group,
             async_op=True,
         )
-        return out, _Works([work], keep=(x,))
+        return out, Works([work], keep=(x,))
 
     def p2p(self, sends, recvs, phase="p2p"):
         """Batched isend/irecv: ``sends``/``recvs`` are (peer group rank, tensor) lists."""
@@ -148,7 +144,7 @@ class TorchComm(Comm):
                     )
                 ops.append(dist.P2POp(dist.isend, t, self.ranks[peer], self.group))
         works = dist.batch_isend_irecv(ops) if ops else []
-        return _Works(works, keep=tuple(t for _, t in sends))
+        return Works(works, keep=tuple(t for _, t in sends))
 
     def allgather_ints(self, values: list[int]) -> list[list[int]]:
         t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
@@ -183,7 +179,7 @@ class MPIComm(Comm):
         req = self.comm.Ialltoallv(
             [send_np, (sb, sdis), MPI.BYTE], [recv_np, (rbytes, rdis), MPI.BYTE]
         )
-        return out, _Works([req], keep=(x, send_np, recv_np))
+        return out, Works([req], keep=(x, send_np, recv_np))
 
     def p2p(self, sends, recvs, phase="p2p"):
         reqs, keep = [], []
@@ -201,7 +197,7 @@ class MPIComm(Comm):
                     self.log.append((phase, self.global_rank, self.ranks[peer], buf.nbytes))
                 reqs.append(self.comm.Isend(buf, dest=peer, tag=11))
                 keep.append(buf)
-        return _Works(reqs, keep=tuple(keep))
+        return Works(reqs, keep=tuple(keep))
 
     def allgather_ints(self, values: list[int]) -> list[list[int]]:
         return [list(v) for v in self.comm.allgather([int(v) for v in values])]
