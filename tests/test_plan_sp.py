@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from moe_repro.cli import cli
 
-ARGS = ["plan", "--model", "qwen3-235b-a22b", "--nodes", "32", "--platform", "dgx-h100"]
+ARGS = ["plan", "--model", "gpt3-175b", "--nodes", "64", "--platform", "dgx-a100"]
 
 
 def _candidates(tmp_path, *flags):
@@ -17,11 +17,19 @@ def _candidates(tmp_path, *flags):
 
 
 def test_sp_fixed_off_and_on(tmp_path):
-    off = _candidates(tmp_path, "--no-sp")
-    on = _candidates(tmp_path, "--sp")
-    assert any(c["tp"] > 1 for c in off) and any(c["tp"] > 1 for c in on)
+    off = _candidates(tmp_path, "--tp", "8", "--no-sp")
+    on = _candidates(tmp_path, "--tp", "8", "--sp")
+    free = _candidates(tmp_path, "--tp", "8")
+    assert off and on
     assert not any(c["sp"] for c in off)
-    assert all(c["sp"] for c in on if c["tp"] > 1)
+    assert all(c["sp"] for c in on)
+    assert any(c["sp"] for c in free)  # left free, the search picks SP at TP 8 here
+
+
+def test_sp_off_on_an_moe_model_with_tp_is_rejected_with_the_reason():
+    args = ["plan", "--model", "qwen3-235b-a22b", "--nodes", "32", "--platform", "dgx-h100"]
+    r = CliRunner().invoke(cli, [*args, "--tp", "4", "--no-sp"])
+    assert "SP off with TP > 1 on an MoE model" in r.output
 
 
 def test_sp_refused_with_the_piper_method():
