@@ -443,3 +443,149 @@ def track_record(predictor: str, doc: dict | None = None) -> dict:
         ]
         out["bytes_per_peer"] = [min(per_peer), max(per_peer)]
     return out
+
+
+# ----------------------------------------------------------------------------------- EP set
+# Published per-GPU dispatch/combine figures of EP libraries (ep_validation_points.json), each
+# predicted by the simulator's EP kernel model and turned into the library's own unit by
+# components/network/ep_units.py.
+
+EP_REGIMES = ("bandwidth", "latency")
+
+
+def load_ep_cells() -> dict:
+    """The EP validation data file (package data)."""
+    text = (
+        resources.files("moe_repro.reproductions").joinpath("ep_validation_points.json").read_text()
+    )
+    return json.loads(text)
+
+
+def ep_routing(cell: dict):
+    from moe_repro.components.network.ep_units import Routing
+
+    s = cell["settings"]
+    return Routing(
+        s["ep"], s["gpus_per_node"], s["tokens_per_rank"], s["top_k"], s["experts"], s["node_limit"]
+    )
+
+
+def predict_ep_cell(cell: dict, platforms: dict | None = None) -> tuple[float, float, str]:
+    """(predicted printed number, simulated kernel seconds, note) of one EP cell: the kernel's
+    flows simulated on the cell's platform (``platforms`` maps a name to a Platform in place of
+    the shipped profile: the leave-one-library-out fits pass theirs), the time turned into the
+    library's unit by its definition."""
+    from moe_repro.components.network.ep_units import DEFINITIONS, row_bytes, to_printed
+    from moe_repro.components.network.simulator import simulate_ep_kernel
+
+    s, pub = cell["settings"], cell["published"]
+    p = (platforms or {}).get(cell["platform"]) or _builtin_platform(cell["platform"])
+    r = ep_routing(cell)
+    style = DEFINITIONS[pub["definition"]].row_bytes
+    res = simulate_ep_kernel(
+        p, r, cell["kernel"], row_bytes(style, s["hidden"], s["dtype"], s["top_k"])
+    )
+    printed = to_printed(pub["definition"], res.time_s, r, s["hidden"], s["dtype"])
+    note = f"simulated {res.time_s * 1e6:.0f} us on {p.name}, {r.nodes} node(s) x {r.local}"
+    return printed, res.time_s, note
+
+
+@dataclass
+class EpGroup:
+    """Absolute relative errors of a group of EP cells (fractions)."""
+
+    name: str
+    cells: int
+    mape: float | None
+    median: float | None
+    max_abs: float | None
+    worst: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "group": self.name,
+            "cells": self.cells,
+            "mape": self.mape,
+            "median_abs_error": self.median,
+            "max_abs_error": self.max_abs,
+            "worst": self.worst,
+        }
+
+
+def ep_group(name: str, scored: list[Scored]) -> EpGroup:
+    errs = [(abs(x.error), x.point_id) for x in scored if x.error is not None]
+    if not errs:
+        return EpGroup(name, 0, None, None, None)
+    worst = max(errs)
+    vals = [e for e, _ in errs]
+    return EpGroup(
+        name, len(errs), statistics.fmean(vals), statistics.median(vals), worst[0], worst[1]
+    )
+
+
+def no_fit(cells: list[dict]) -> dict:
+    """The EP model's fit on a set of cells: platform name -> Platform to predict with. The
+    model fits nothing (every constant comes from a profile, none from a cell), so this returns
+    no replacement and a held-out library is predicted with the same profiles."""
+    return {}
+
+
+def score_ep(doc: dict | None = None, fit=no_fit) -> dict:
+    """Score every ``scored`` EP cell: in-sample (``fit`` on all cells) and leave one library
+    out (``fit`` on the other libraries' cells, then predict the held-out library's). Returns
+    the cells, the groups per regime and per library for both, and the held-out errors."""
+    doc = doc if doc is not None else load_ep_cells()
+    cells = [c for c in doc["cells"] if c.get("role") == "scored"]
+    libraries = sorted({c["library"] for c in cells})
+
+    def run(subset, platforms, tag):
+        out = []
+        for c in subset:
+            printed, t, note = predict_ep_cell(c, platforms)
+            pub = c["published"]
+            out.append(
+                Scored(
+                    c["id"],
+                    f"ep-{c['regime']}",
+                    float(pub["printed"]),
+                    printed,
+                    pub["unit"],
+                    f"{c['library']}: {pub['file']}, {pub['row']}, {pub['column']}",
+                    "simulated",
+                    f"{tag}{note}",
+                )
+            )
+        return out
+
+    in_sample = run(cells, fit(cells), "")
+    held_out = []
+    for lib in libraries:
+        train = [c for c in cells if c["library"] != lib]
+        held_out += run([c for c in cells if c["library"] == lib], fit(train), "held out: ")
+    by_id = {c["id"]: c for c in cells}
+
+    def groups(scored):
+        g = {"all": ep_group("all", scored)}
+        for reg in EP_REGIMES:
+            g[reg] = ep_group(reg, [x for x in scored if by_id[x.point_id]["regime"] == reg])
+        for lib in libraries:
+            for reg in EP_REGIMES:
+                sub = [
+                    x
+                    for x in scored
+                    if by_id[x.point_id]["library"] == lib and by_id[x.point_id]["regime"] == reg
+                ]
+                if sub:
+                    g[f"{lib} / {reg}"] = ep_group(f"{lib} / {reg}", sub)
+        return g
+
+    return {
+        "cells": cells,
+        "scored": in_sample,
+        "held_out": held_out,
+        "groups": groups(in_sample),
+        "held_out_groups": groups(held_out),
+        "libraries": libraries,
+        "unscored": [c for c in doc["cells"] if c.get("role") != "scored"],
+        "not_included": doc.get("not_included", []),
+    }

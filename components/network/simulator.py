@@ -1168,3 +1168,69 @@ def fit_alltoall_terms(
         "bytes_per_s": 1.0 / float(x[-1]),
         "residuals": [float(r) for r in (A @ x + k) / t - 1.0],
     }
+
+
+# --- expert-parallel dispatch / combine kernels ----------------------------------------------
+# The kernels of the EP libraries (DeepEP, Hybrid-EP, UCCL-EP): GPU-initiated, each rank's
+# bytes to one peer move as one pipelined stream of chunks, so a (source, destination) pair is
+# one flow here; the routing's expected rows come from ep_units (uniform or node-limited).
+
+EP_KERNELS = ("normal", "low_latency")
+
+
+def ep_kernel_messages(r, kernel: str, row_bytes: float) -> tuple[list, dict]:
+    """The (phase, src, dst, nbytes) flows of one EP dispatch (a combine moves the same rows
+    back) for routing ``r`` (ep_units.Routing), and the phases' dependencies.
+
+    ``normal`` (DeepEP normal kernels, Hybrid-EP, UCCL-EP; HALO's node-level send): a token
+    crosses the network once per destination node it reaches, to the rank of the same local
+    index there (phase "rdma"), which forwards it over NVLink to the node's ranks that hold its
+    experts (phase "nvl", with the ranks' own rows for their node); the kernels forward chunks
+    as they arrive, so the two phases run at once. On one node only "nvl" runs.
+    ``low_latency`` (DeepEP low-latency kernels): every top-k selection is sent to its expert's
+    rank directly, NVLink inside the node and the NIC across (no node deduplication)."""
+    from moe_repro.components.network.ep_units import expected_rows
+
+    if kernel not in EP_KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(EP_KERNELS)}, got {kernel!r}")
+    g, nodes = r.local, r.nodes
+    out = []
+    if kernel == "low_latency":
+        nbytes = expected_rows(r, "selection") * row_bytes
+        for s in range(r.ep):
+            out += [("ll", s, d, nbytes) for d in range(r.ep) if d != s]
+        return out, {"ll": []}
+    per_rank = expected_rows(r, "rank") * row_bytes
+    per_node = expected_rows(r, "node") * row_bytes
+    for n in range(nodes):
+        for l in range(g):
+            s = n * g + l
+            out += [("rdma", s, m * g + l, per_node) for m in range(nodes) if m != n]
+            # rows for the node's other ranks: this rank's own and those it forwards for the
+            # same local index of every other node
+            out += [("nvl", s, n * g + k, nodes * per_rank) for k in range(g) if k != l]
+    return out, {"rdma": [], "nvl": []}
+
+
+def simulate_ep_kernel(platform: Platform, r, kernel: str, row_bytes: float) -> SimResult:
+    """Simulated time of one EP dispatch or combine kernel (:func:`ep_kernel_messages`) on
+    ``platform``: the flows on the profile's NVLink ports, NICs and fabric, max-min fair, each
+    after its link class's latency. The kernel is timed on the GPU (what the libraries' kineto
+    timings measure), so no launch cost is added; the per-message issue cost is the profile's
+    ``ep_kernels.per_message_us`` (0 when absent). Every number it returns is simulated."""
+    import dataclasses
+
+    topo = topology_for(platform, r.nodes, gpus_per_node=r.local)
+    messages, deps = ep_kernel_messages(r, kernel, row_bytes)
+    per_msg = float(platform.raw.get("ep_kernels", {}).get("per_message_us", 0.0))
+    # GPU-initiated: no host all-to-all throttle (network.window is MPICH's), the EP issue cost
+    net = dict(platform.raw.get("network", {}), per_message_us=per_msg, window=0)
+    raw = dict(platform.raw, network=net)
+    p = dataclasses.replace(platform, raw=raw)
+    res = simulate_messages(messages, topo, p, deps)
+    note = (
+        f"EP {kernel} kernel: expected routing rows as flows (one per rank pair), "
+        f"{per_msg:g} us issue cost per flow (ep_kernels.per_message_us), no launch cost "
+        f"(kernel-timed), no in-flight window, no SM limit"
+    )
+    return dataclasses.replace(res, assumptions=(note, *res.assumptions))

@@ -77,6 +77,68 @@ def format_report(summaries, doc: dict) -> str:
     return "\n".join(out)
 
 
+def _err(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def format_ep_report(ep: dict) -> str:
+    """The EP set: errors per regime and per library, in-sample beside leave-one-library-out,
+    then every cell (published in the library's unit, simulated turned into that unit)."""
+    from moe_repro.reports.terminal import table
+
+    rows = []
+    for name, g in ep["groups"].items():
+        h = ep["held_out_groups"][name]
+        rows.append(
+            [name, str(g.cells), _err(g.mape), _err(g.median), _err(g.max_abs)]
+            + [_err(h.mape), _err(h.median), _err(h.max_abs), g.worst]
+        )
+    held = {x.point_id: x for x in ep["held_out"]}
+    out = [
+        "\nEP dispatch/combine set: published per-GPU figures of EP libraries (each in its own "
+        "unit, components/network/ep_units.py) against the simulator's EP kernel model "
+        "(simulated); regime latency = <= 256 tokens per rank. Leave-one-library-out: each "
+        "library predicted by the model fitted on the others (the model fits no constant to any "
+        "cell, so the two columns agree).",
+        table(
+            ["group", "cells", "MAPE", "median |err|", "max |err|"]
+            + ["LOLO MAPE", "LOLO median", "LOLO max", "worst cell"],
+            rows,
+        ),
+        table(
+            ["cell", "published", "simulated", "unit", "error", "LOLO error", "source"],
+            [
+                [
+                    x.point_id,
+                    _num(x.measured),
+                    _num(x.predicted),
+                    x.unit,
+                    _pct(x.error),
+                    _pct(held[x.point_id].error),
+                    x.source,
+                ]
+                for x in ep["scored"]
+            ],
+        ),
+        f"unscored EP cells: {len(ep['unscored'])} (each says why in "
+        "reproductions/ep_validation_points.json)",
+    ]
+    out += [f"  - not included: {u['what']}: {u['why']}" for u in ep["not_included"]]
+    return "\n".join(out)
+
+
+def ep_payload(ep: dict) -> dict:
+    return {
+        "groups": [g.to_dict() for g in ep["groups"].values()],
+        "held_out_groups": [g.to_dict() for g in ep["held_out_groups"].values()],
+        "cells": [
+            dict(x.to_dict(), library=c["library"], regime=c["regime"], platform=c["platform"])
+            for x, c in zip(ep["scored"], ep["cells"])
+        ],
+        "held_out": [x.to_dict() for x in ep["held_out"]],
+    }
+
+
 @click.command(
     "validate",
     short_help="Score the planner, memory model and simulator against published cluster numbers.",
@@ -95,22 +157,31 @@ def format_report(summaries, doc: dict) -> str:
     default=None,
     help="Write every scored point and the per-predictor MAPE and max error to this file.",
 )
+@click.option(
+    "--ep-set/--no-ep-set",
+    "ep_set",
+    default=None,
+    help="Score the EP dispatch/combine set (default: on when no --predictor is given).",
+)
 @click.pass_obj
-def command(store, predictors, json_path) -> None:
+def command(store, predictors, json_path, ep_set) -> None:
     """Score each predictor against published measurements of real clusters and print, per
     predictor, the mean and maximum absolute percentage error, then every point with its source.
 
     Example: repro validate --predictor step-time
     """
     from moe_repro.records.atomic import atomic_write_json
-    from moe_repro.reproductions.validation import load_points, validate
+    from moe_repro.reproductions.validation import load_points, score_ep, validate
 
     doc = load_points()
     try:
         summaries = validate(tuple(predictors) or _PREDICTORS, doc)
+        ep = score_ep() if (ep_set if ep_set is not None else not predictors) else None
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_report(summaries, doc))
+    if ep is not None:
+        click.echo(format_ep_report(ep))
     payload = {
         "summaries": [s.to_dict() for s in summaries],
         "points": [x.to_dict() for s in summaries for x in s.scored],
@@ -118,6 +189,8 @@ def command(store, predictors, json_path) -> None:
         "unscored": doc.get("unscored", []),
         "anchors": doc.get("anchors", []),
     }
+    if ep is not None:
+        payload["ep"] = ep_payload(ep)
     if store is not None:  # the site's validation page reads the latest stored result
         from moe_repro.reports.validation_page import STORED
 
