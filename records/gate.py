@@ -42,6 +42,10 @@ from moe_repro.records.stats import mann_whitney_u
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_MISSING, EXIT_INTERNAL = 0, 1, 2, 3, 4
 MIN_SAMPLES_FOR_TEST = 4
+# The defaults of --threshold and --alpha (README, "The gate's error rate", says how they were
+# chosen from the measured false-positive rate and power).
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.05
 EXACT_REL = 1e-12  # exact metrics: allow only the last bits of a float to differ
 
 # Units of quantities that cannot be negative: durations, sizes, and rates per second.
@@ -351,9 +355,9 @@ def parse_threshold(text: str) -> float:
 def compare(
     baseline: dict[tuple, Entry],
     current: dict[tuple, Entry],
-    threshold: float = 0.05,
+    threshold: float = DEFAULT_THRESHOLD,
     suite_thresholds: dict[str, float] | None = None,
-    alpha: float = 0.05,
+    alpha: float = DEFAULT_ALPHA,
 ) -> list[Finding]:
     findings = []
     for k, b in baseline.items():

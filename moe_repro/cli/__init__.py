@@ -44,7 +44,7 @@ _WITHOUT_STORE = {"list"}
 # command line; rank 0 runs these once and the other ranks end at once, so that a --json, --out
 # or stored result is written once (not once per rank) and calibrate measures an otherwise idle
 # machine.
-RANK_ZERO_ONLY = {"calibrate", "export", "gate", "list", "plan", "site", "validate"}
+RANK_ZERO_ONLY = {"calibrate", "compare", "export", "gate", "list", "plan", "site", "validate"}
 
 
 class _ReproGroup(click.Group):

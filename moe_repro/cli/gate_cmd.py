@@ -38,6 +38,14 @@ reproduction and suite counts, and other files there (repro validate's
 validation/validation.json) are not a result: skipped with a note.
 
 \b
+--history STORE (instead of --baseline and --current) reads every stored run
+of a results store and finds the steps in each metric's history (asv's
+piecewise-constant fit, records/changepoints.py): a step of at least --min-step
+beyond the noise of its segments is a regression or an improvement, named with
+the run and commit where it starts. A regression the newest runs still show
+is open and fails the gate (exit 1); one a later step undid is listed only.
+
+\b
 Exit codes (CI can tell "slower" from "broken"):
   0  pass: no regression, nothing missing
   1  regression: a measured metric significantly worse, an exact value
@@ -59,11 +67,20 @@ Exit codes (CI can tell "slower" from "broken"):
 
 
 @click.command("gate", help=_HELP)
+@click.option("--baseline", type=click.Path(), help="Result file, directory, or - (stdin).")
+@click.option("--current", type=click.Path(), help="Result file, directory, or - (stdin).")
 @click.option(
-    "--baseline", required=True, type=click.Path(), help="Result file, directory, or - (stdin)."
+    "--history",
+    "history",
+    type=click.Path(),
+    default=None,
+    metavar="STORE",
+    help="A results store: find steps in every metric's history instead.",
 )
 @click.option(
-    "--current", required=True, type=click.Path(), help="Result file, directory, or - (stdin)."
+    "--min-step",
+    default=None,
+    help="--history: the smallest step that counts (default 25%).",
 )
 @click.option(
     "--threshold",
@@ -94,11 +111,23 @@ Exit codes (CI can tell "slower" from "broken"):
     help="Write every finding to this file (its directory must exist).",
 )
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged metrics.")
-def command(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all) -> None:
+def command(
+    baseline, current, history, min_step, threshold, suite_thresholds, alpha, json_path, show_all
+) -> None:
+    from moe_repro.cli.errors import BadInput
     from moe_repro.records import gate
 
+    if history is not None and (baseline is not None or current is not None):
+        raise BadInput("--history compares a store's runs: give it without --baseline/--current")
+    if history is None and (baseline is None or current is None):
+        raise BadInput("give --baseline and --current, or --history STORE")
+    if min_step is not None and history is None:
+        raise BadInput("--min-step applies to --history only")
     try:
-        code = _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all)
+        if history is not None:
+            code = _history(history, min_step, json_path, show_all)
+        else:
+            code = _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show_all)
     except click.ClickException:  # bad input: main prints it and exits 2
         raise
     except Exception as e:  # the gate's own failure must not look like a regression or a pass
@@ -168,6 +197,83 @@ def _gate(baseline, current, threshold, suite_thresholds, alpha, json_path, show
         except OSError as e:  # checked above; the disk can still fill or the directory vanish
             raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
     return gate.exit_code(findings)
+
+
+def _history(path: str, min_step, json_path, show_all) -> int:
+    """``--history STORE``: the steps of every history in a results store."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from moe_repro.cli.errors import BadInput
+    from moe_repro.records import gate
+    from moe_repro.records.atomic import atomic_write_json
+    from moe_repro.records.changepoints import DEFAULT_MIN_RATIO
+    from moe_repro.records.history import flag_store
+    from moe_repro.records.record import KINDS, STORE_DIRS
+    from moe_repro.records.store import ResultsStore
+
+    try:
+        ratio = DEFAULT_MIN_RATIO if min_step is None else 1 + gate.parse_threshold(min_step)
+    except gate.GateInputError as e:
+        raise BadInput(str(e).replace("threshold", "--min-step")) from None
+    root = Path(path)
+    if not root.is_dir():
+        raise BadInput(f"--history {path}: not a directory (a results store)")
+    store = ResultsStore(
+        root, on_unreadable=lambda e: click.echo(f"repro gate: warning: skipped {e}", err=True)
+    )
+    try:
+        has_runs = any(store.names(kind) for kind in KINDS)
+    except OSError as e:
+        raise BadInput(f"--history {path}: cannot read: {e.strerror or e}") from None
+    if not has_runs:
+        folders = " or ".join(f"{d}/" for d in STORE_DIRS.values())
+        raise BadInput(f"--history {path}: no stored runs (a results store holds {folders})")
+    flags = flag_store(store, ratio)
+    shown = sorted(flags, key=lambda f: (not f.open, f.step.kind != "regression"))
+    rows = [
+        [
+            ("open " if f.open else "") + f.step.kind,
+            f.series.result,
+            f.series.key,
+            f.series.metric,
+            _fmt(f.step.before),
+            _fmt(f.step.after),
+            f"{f.step.ratio:.3f}",
+            f"{f.run} ({(f.commit or 'no commit')[:10]})",
+        ]
+        for f in shown
+    ]
+    if rows:
+        from moe_repro.reports.terminal import table
+
+        click.echo(
+            table(["step", "result", "key", "metric", "before", "after", "ratio", "from run"], rows)
+        )
+    opened = sum(f.open for f in flags)
+    regressions = sum(f.step.kind == "regression" for f in flags)
+    click.echo(
+        f"gate --history: {opened} open regression(s), {regressions - opened} undone, "
+        f"{len(flags) - regressions} improvement(s) (steps of at least {ratio - 1:.0%})"
+    )
+    if json_path:
+        steps = [
+            {
+                **asdict(f.step),
+                "result": f.series.result,
+                "key": f.series.key,
+                "metric": f.series.metric,
+                "run": f.run,
+                "commit": f.commit,
+                "open": f.open,
+            }
+            for f in flags
+        ]
+        try:
+            atomic_write_json(json_path, {"steps": steps}, make_parents=False)
+        except OSError as e:
+            raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
+    return gate.EXIT_REGRESSION if opened else gate.EXIT_PASS
 
 
 def _side(which: str, path: str, gate):
