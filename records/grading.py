@@ -1,23 +1,25 @@
 """The grading policy: one rule per class of number, for every cell of every reproduction.
 
-A reproduction declares which class each cell's number is (``grade_class``); it never chooses a
+A reproduction declares which class each cell's number is (``grade_class``) and what quantity it
+is (``quantity``: a value, a ratio such as a speedup, a percent change); it never chooses a
 tolerance. The rules, stated once here and shown on the site:
 
-- ``exact`` (counts, formulas, unit arithmetic): ``match`` within the paper's printed precision
-  (half a unit of its last printed digit), otherwise ``deviates``. There is no ``close``.
-- ``prediction`` (our model or simulator predicting a number the paper measured on hardware):
-  ``match`` within the printed precision, ``close`` within PREDICTION_TOLERANCE, otherwise
-  ``deviates``; one tolerance for all papers, fixed before results were looked at.
-- ``sampled`` (Monte Carlo, generated traces): MIN_SEEDS or more seeds, each graded by the
-  prediction rule; a grade that differs between seeds is ``seed-dependent``, never ``close``.
-- ``other-hardware`` (measured here against another machine's measurement): magnitudes are
-  ``not-comparable``; only the paper's direction and ordering claims are graded.
+- direction first: a ratio (neutral 1), a percent change or a signed value (neutral 0) whose
+  printed value lies on one side of neutral must be on that side before its magnitude counts.
+- ``exact``: ``match`` within the printed precision (half a unit of the last digit), else deviates.
+- ``prediction``: ``match`` within the printed precision, else ``close`` within
+  PREDICTION_TOLERANCE of the value (a ratio on its log, a change on 1 + change), never both
+  added; only where `repro validate` scores the predictor on the platform, otherwise the class
+  is ``prediction (unscored)``, graded alike but counted apart.
+- ``sampled``: MIN_SEEDS or more seeds, each graded by the prediction rule; a grade that differs
+  between seeds is ``seed-dependent``, never ``close``.
+- ``other-hardware``: magnitudes are ``not-comparable``; only direction and ordering claims count.
 
-Claims in words ("2x", "2-3.6x", "<1%", "comparable") are read by :func:`read_claim`, one
-reading for all papers. ``explained`` is a computation: the cell recomputed with the cause
-removed must agree under the same class; a deviation our own component causes is never
-explained and names the component (``fault``). A cell derived from another is counted once
-(``derived_from``). The policy in full: see docs/validation-and-grading.md.
+Agreement only evidence can earn: a value equal to what the computation gives without the
+method (``without``), or a number reused from another cell, is ``not-evidence``; a claim that
+holds under every perturbation of its input (:func:`can_fail`) is ``echo``. Claims in words are
+read by :func:`read_claim`; a range is one claim. ``explained`` is a recomputation; a convention
+is accepted only by :func:`judge_convention`. The policy in full: docs/validation-and-grading.md.
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ PREDICTION_TOLERANCE_REASON = (
     "14.7% up to 512 GPUs, ASTRA-sim 2.8-11.4% against NCCL, Calculon 3.65% mean and 8.87% max "
     "on Selene; a prediction within it is as good as the field's tools, one outside it is not"
 )
-MIN_SEEDS = 5
+MIN_SEEDS = 9
 SEEDS = tuple(range(MIN_SEEDS))  # the seeds a sampled cell is computed at by default
+UNSCORED = "prediction (unscored)"
 
 GRADE_CLASSES = {
     "exact": "counts, formulas and unit arithmetic: match within the paper's printed precision "
     "(half a unit of its last digit), otherwise deviates",
-    "prediction": f"our model or simulator predicting a number the paper measured: match within "
-    f"the printed precision, close within {PREDICTION_TOLERANCE:.0%} of the "
-    f"paper's value, otherwise deviates",
+    "prediction": f"a predictor `repro validate` scores on this platform predicting a number the "
+    f"paper measured: match within the printed precision, close within "
+    f"{PREDICTION_TOLERANCE:.0%} of the value (never both added), otherwise deviates",
+    UNSCORED: f"a model or simulator `repro validate` does not score on this platform: graded "
+    f"as a prediction, counted apart (its {PREDICTION_TOLERANCE:.0%} has no track record here)",
     "sampled": f"sampled or simulated over generated traces: computed at {MIN_SEEDS}+ seeds, each "
     f"graded by the prediction rule; a grade every seed gives stands, otherwise "
     f"seed-dependent",
@@ -50,10 +55,20 @@ GRADE_CLASSES = {
     "ordering claims are graded",
 }
 CLASSES = tuple(GRADE_CLASSES)
+# What a number is, for direction and magnitude: its neutral value and how a miss is measured.
+QUANTITIES = {
+    "value": "a plain value: its sign is its direction (neutral 0), the miss relative to it",
+    "ratio": "a ratio or speedup: the side of 1 first, then the miss on the log ratio",
+    "change": "a percent change against a baseline: the side of 0 first, then the miss relative "
+    "to the underlying ratio 1 + change/100",
+}
+NEUTRAL = {"value": 0.0, "ratio": 1.0, "change": 0.0}
 
 AGREE = ("match", "close", "claim-holds")
 DISAGREE = ("deviates", "claim-fails")
 COMPARED = AGREE + DISAGREE + ("explained", "seed-dependent")
+NOT_EVIDENCE = "not-evidence"
+MARGIN_UNITS = 0.1  # a recomputation inside the printed precision by less is reported as such
 
 
 class PolicyError(ValueError):
@@ -71,19 +86,57 @@ def half_unit(printed: str) -> float:
     return 0.5 * 10.0 ** int(exponent)
 
 
-def grade_value(paper: float, printed_half: float, ours: float, grade_class: str) -> str:
+def _side(x: float, neutral: float) -> int:
+    return (x > neutral) - (x < neutral)
+
+
+def wrong_side(paper: float, printed_half: float, ours: float, quantity: str = "value") -> bool:
+    """Direction first: the paper's printed value lies on one side of neutral (its whole printed
+    interval does) and ours does not lie on that side."""
+    neutral = NEUTRAL[quantity]
+    if paper - printed_half <= neutral <= paper + printed_half:
+        return False  # the printed value states no direction
+    return _side(ours, neutral) != _side(paper, neutral)
+
+
+def relative_miss(paper: float, ours: float, quantity: str = "value") -> float:
+    """How far ours is from the paper in relative terms of the underlying quantity: a value
+    relative to itself, a ratio on its log (exp|ln(ours/paper)| - 1), a percent change relative
+    to its ratio 1 + change/100."""
+    if quantity == "ratio":
+        if paper <= 0 or ours <= 0:
+            return math.inf
+        return math.exp(abs(math.log(ours / paper))) - 1.0
+    if quantity == "change":
+        paper, ours = 1.0 + paper / 100.0, 1.0 + ours / 100.0
+    if paper == 0:
+        return math.inf
+    return abs(ours - paper) / abs(paper)
+
+
+def grade_value(
+    paper: float, printed_half: float, ours: float, grade_class: str, quantity: str = "value"
+) -> str:
     """The grade of one number under its class (``sampled`` grades one seed: the prediction
-    rule). Returns match, close, deviates or not-comparable."""
+    rule): match within the printed precision; else the direction first, then (classes with a
+    tolerance) close within PREDICTION_TOLERANCE of the underlying quantity. Returns match,
+    close, deviates or not-comparable."""
     if grade_class not in GRADE_CLASSES:
         raise PolicyError(f"grade class must be one of {', '.join(CLASSES)}, got {grade_class!r}")
+    if quantity not in QUANTITIES:
+        raise PolicyError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}")
     if grade_class == "other-hardware":
         return "not-comparable"
-    miss = abs(ours - paper)
-    if miss <= printed_half * (1 + 1e-9):
+    if abs(ours - paper) <= printed_half * (1 + 1e-9):
         return "match"
-    if grade_class == "exact":
+    if grade_class == "exact" or wrong_side(paper, printed_half, ours, quantity):
         return "deviates"
-    return "close" if miss <= printed_half + PREDICTION_TOLERANCE * abs(paper) else "deviates"
+    return "close" if relative_miss(paper, ours, quantity) <= PREDICTION_TOLERANCE else "deviates"
+
+
+def same_as_without(ours: float, without: float) -> bool:
+    """The value equals what the same computation gives without the method (to rounding)."""
+    return math.isclose(ours, without, rel_tol=1e-9, abs_tol=1e-9)
 
 
 def consensus(grades: list[str]) -> tuple[str, float]:
@@ -101,16 +154,95 @@ def consensus(grades: list[str]) -> tuple[str, float]:
     return "seed-dependent", agree
 
 
-def grade_seeds(paper: float, printed_half: float, per_seed: list[float]) -> tuple[str, float]:
-    """A sampled cell: each seed graded by the prediction rule, then :func:`consensus`."""
-    return consensus([grade_value(paper, printed_half, v, "prediction") for v in per_seed])
+def grade_seeds(
+    paper: float,
+    printed_half: float,
+    per_seed: list[float],
+    quantity: str = "value",
+    without: list[float] | None = None,
+) -> tuple[str, float]:
+    """A sampled cell: each seed graded by the prediction rule, then :func:`consensus`. A seed
+    whose value equals ``without`` (the same computation without the method) is not evidence:
+    every seed so makes the cell ``not-evidence``, some seeds make it ``seed-dependent``."""
+    grades = [grade_value(paper, printed_half, v, "prediction", quantity) for v in per_seed]
+    if without is not None:
+        if len(without) != len(per_seed):
+            raise PolicyError("without gives one value per seed")
+        grades = [
+            NOT_EVIDENCE if g in AGREE and same_as_without(v, w) else g
+            for g, v, w in zip(grades, per_seed, without)
+        ]
+    return consensus(grades)
 
 
-def tolerance_words(grade_class: str) -> str:
+def tolerance_words(grade_class: str, quantity: str = "value") -> str:
     """What a ``close`` cell of this class is within, for the page."""
-    if grade_class in ("prediction", "sampled"):
-        return f"{PREDICTION_TOLERANCE:.0%} of the paper's value (prediction rule)"
+    if grade_class in ("prediction", UNSCORED, "sampled"):
+        on = {
+            "value": "the paper's value",
+            "ratio": "the paper's ratio, on the log ratio",
+            "change": "the underlying ratio 1 + change/100",
+        }[quantity]
+        return f"{PREDICTION_TOLERANCE:.0%} of {on} (prediction rule)"
     return "printed precision"
+
+
+def margin_units(paper: float, printed_half: float, value: float) -> float:
+    """How far inside the printed precision ``value`` lands, in units of the last printed digit
+    (0.5: on the printed value; negative: outside)."""
+    return (printed_half - abs(value - paper)) / (2 * printed_half)
+
+
+# --- conventions and counterfactuals ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The policy's judgement of a convention tried on a whole table."""
+
+    accepted: bool
+    broken: tuple  # keys of cells that agree without it and not with it
+    moved: tuple  # keys whose printed digits it changes
+    why: str
+
+
+def judge_convention(entries: dict) -> Judged:
+    """One rule for a convention (a unit, a rounding, a stated input) offered to explain cells:
+    it is applied to every cell of the table, ``entries``: key -> (paper, printed_half, ours,
+    recount) with ``recount`` ours under the convention. It is accepted only if it breaks no cell
+    that agrees without it and it changes the printed digits of at least two cells, all agreeing
+    under it: a convention that moves one cell only is fitted to that cell and cannot be
+    contradicted by the table."""
+
+    def agrees(paper, half, v):
+        return abs(v - paper) <= half * (1 + 1e-9)
+
+    def digits(half, v):
+        return round(v / (2 * half))
+
+    broken = tuple(
+        k for k, (p, h, o, r) in entries.items() if agrees(p, h, o) and not agrees(p, h, r)
+    )
+    moved = tuple(k for k, (p, h, o, r) in entries.items() if digits(h, o) != digits(h, r))
+    if broken:
+        return Judged(False, broken, moved, "it breaks cells that agree without it")
+    if len(moved) < 2:
+        return Judged(
+            False, broken, moved, "it changes no other cell of the table: it cannot be contradicted"
+        )
+    if not all(agrees(*entries[k][:2], entries[k][3]) for k in moved):
+        return Judged(False, broken, moved, "cells it changes still disagree under it")
+    return Judged(True, broken, moved, f"it holds on every cell of the table ({len(moved)} moved)")
+
+
+def can_fail(test, perturbations) -> bool:
+    """The counterfactual behind ``echo``: run ``test`` (the claim, on our numbers computed from
+    an input) on each perturbed input. A claim that holds for every perturbation cannot fail and
+    is not evidence; one that fails for some can."""
+    outcomes = [bool(test(p)) for p in perturbations]
+    if not outcomes:
+        raise PolicyError("a counterfactual needs at least one perturbed input")
+    return not all(outcomes)
 
 
 # --- claims in words --------------------------------------------------------------------------
@@ -217,14 +349,36 @@ def _get(cell, key):
     return cell.get(key) if isinstance(cell, dict) else getattr(cell, key, None)
 
 
+COUNT_KEYS = (
+    "compared",
+    "agree",
+    "explained",
+    "deviate",
+    "seed_dependent",
+    "not_evidence",
+    "unscored",
+    "unscored_agree",
+)
+
+
 def agreement(cells) -> dict[str, int]:
     """Counts over compared cells (derived cells counted once, at their source): ``compared``,
     ``agree`` (match, close, claim-holds), ``explained``, ``deviate`` (deviates, claim-fails),
-    ``seed_dependent``."""
-    out = {"compared": 0, "agree": 0, "explained": 0, "deviate": 0, "seed_dependent": 0}
+    ``seed_dependent``; apart from them ``not_evidence`` and the unscored predictions
+    (``unscored``, of which ``unscored_agree`` agree), never counted as agreement."""
+    out = dict.fromkeys(COUNT_KEYS, 0)
     for cell in cells:
         verdict = _get(cell, "verdict")
-        if verdict not in COMPARED or _get(cell, "derived_from"):
+        if _get(cell, "derived_from"):
+            continue
+        if verdict == NOT_EVIDENCE:
+            out["not_evidence"] += 1
+            continue
+        if verdict not in COMPARED:
+            continue
+        if _get(cell, "grade_class") == UNSCORED:
+            out["unscored"] += 1
+            out["unscored_agree"] += verdict in AGREE
             continue
         out["compared"] += 1
         if verdict in AGREE:
@@ -239,7 +393,7 @@ def agreement(cells) -> dict[str, int]:
 
 
 def add_agreement(*counts: dict[str, int]) -> dict[str, int]:
-    total = {"compared": 0, "agree": 0, "explained": 0, "deviate": 0, "seed_dependent": 0}
+    total = dict.fromkeys(COUNT_KEYS, 0)
     for c in counts:
         for k in total:
             total[k] += c.get(k, 0)
@@ -247,10 +401,19 @@ def add_agreement(*counts: dict[str, int]) -> dict[str, int]:
 
 
 def agreement_line(counts: dict[str, int]) -> str:
-    """'x of y compared cells agree, e explained, z deviate, w seed-dependent' (zeros after
-    'agree' left out; 'nothing compared' when y is 0)."""
+    """'x of y compared cells agree, e explained, z deviate, w seed-dependent; n not evidence;
+    u unscored predictions (a agree)' (zeros after 'agree' left out; 'nothing compared' when
+    nothing was compared and nothing stands apart)."""
+    apart = []
+    if counts.get("not_evidence"):
+        apart.append(f"{counts['not_evidence']} not evidence")
+    if counts.get("unscored"):
+        apart.append(
+            f"{counts['unscored']} {UNSCORED} ({counts.get('unscored_agree', 0)} agree, "
+            f"counted apart)"
+        )
     if not counts.get("compared"):
-        return "nothing compared"
+        return "; ".join(["nothing compared", *apart])
     parts = [f"{counts['agree']} of {counts['compared']} compared cells agree"]
     if counts.get("explained"):
         parts.append(f"{counts['explained']} explained")
@@ -258,4 +421,4 @@ def agreement_line(counts: dict[str, int]) -> str:
         parts.append(f"{counts['deviate']} deviate")
     if counts.get("seed_dependent"):
         parts.append(f"{counts['seed_dependent']} seed-dependent")
-    return ", ".join(parts)
+    return "; ".join([", ".join(parts), *apart])

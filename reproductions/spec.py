@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 from moe_repro import catalog
@@ -80,13 +81,36 @@ def deviation_of(paper: float, ours: float, unit: str) -> tuple[float | None, st
     return (ours - paper) / abs(paper), "rel"
 
 
-def grade_of(paper: PaperValue | None, ours: float | None, grade_class: str) -> str:
+def grade_of(
+    paper: PaperValue | None, ours: float | None, grade_class: str, quantity: str = "value"
+) -> str:
     """The policy's grade of one number (records/grading.py)."""
     if ours is None or (isinstance(ours, float) and math.isnan(ours)):
         return "not-reproduced"
     if paper is None:
         return "no-paper-value"
-    return grading.grade_value(paper.value, paper.half_unit, ours, grade_class)
+    return grading.grade_value(paper.value, paper.half_unit, ours, grade_class, quantity)
+
+
+def quantity_of(unit: str, quantity: str | None) -> str:
+    """The quantity a cell's number is (grading.QUANTITIES): as declared, else a ratio for a
+    number in "x", else a plain value."""
+    if quantity is not None:
+        if quantity not in grading.QUANTITIES:
+            raise ValueError(f"quantity must be one of {', '.join(grading.QUANTITIES)}")
+        return quantity
+    return "ratio" if unit.strip() in ("x", "×") else "value"
+
+
+@lru_cache(maxsize=1)
+def scored_predictors() -> frozenset:
+    """(predictor, platform) pairs `repro validate` scores (reproductions/validation.py)."""
+    from moe_repro.reproductions import validation
+
+    points = validation.load_points()["points"]
+    return frozenset(
+        (p["predictor"], p["platform"]) for p in points if p.get("role", "scored") == "scored"
+    )
 
 
 NOTE_WORDS = 60  # a cell's note at most; longer text goes to Cell.detail
@@ -133,6 +157,12 @@ class Reproduction:
     # down to finish in minutes on a small machine (empty: the defaults are the full run).
     full: dict[str, Any] = field(default_factory=dict)
     paper_claims: list[PaperClaim] = field(default_factory=list)
+    # The `repro validate` predictor this reproduction's ``prediction`` cells come from
+    # ("step-time", "memory", "alltoall-bandwidth", ...), on the platform ``platform`` or the
+    # ``platform`` parameter: a prediction is scored only where validate scores that pair, else
+    # its class is grading.UNSCORED (None: no scored predictor, every prediction unscored).
+    predictor: str | None = None
+    platform: str | None = None
 
     @property
     def entry(self) -> catalog.ReproductionEntry:
@@ -188,6 +218,8 @@ class Reproduction:
         not_comparable: str | None = None,
         derived_from: str | None = None,
         made: set | None = None,
+        quantity: str | None = None,
+        without: float | list[float] | None = None,
     ) -> Cell:
         """Build the cell for (row, column): look up the paper's value and let the policy grade
         ours (records/grading.py).
@@ -199,9 +231,14 @@ class Reproduction:
         ``not_comparable``: why the paper's number is a different quantity.
         ``derived_from``: "row / column" of the cell this one is computed from (counted once).
         ``made``: the set a ``tracking()`` scope collected while ours was computed (else what
-        had run so far in the innermost open scope)."""
+        had run so far in the innermost open scope).
+        ``quantity``: what the number is (grading.QUANTITIES; default a ratio for "x", else a
+        value): decides its direction and how its miss is measured.
+        ``without``: what the same computation gives without the method (a balancer's Before
+        LB, the baseline; per seed for a sampled cell): ours equal to it is ``not-evidence``."""
         pv = self.paper_value(row, column)
         cls = grade_class or self.grade_class
+        qty = quantity_of(unit, quantity)
         if cls not in grading.GRADE_CLASSES:
             raise ValueError(f"{self.id}: grade class must be one of {', '.join(grading.CLASSES)}")
         made = current() if made is None else made
@@ -222,12 +259,28 @@ class Reproduction:
                 )
             seed_info = {"values": values, "range": [min(values), max(values)]}
             if pv is None or any(math.isnan(v) for v in values):
-                verdict = grade_of(pv, ours, "prediction")
+                verdict = grade_of(pv, ours, "prediction", qty)
             else:
-                verdict, agree = grading.grade_seeds(pv.value, pv.half_unit, values)
+                base = None
+                if without is not None:
+                    base = (
+                        [float(w) for w in without]
+                        if isinstance(without, (list, tuple))
+                        else [float(without)] * len(values)
+                    )
+                verdict, agree = grading.grade_seeds(pv.value, pv.half_unit, values, qty, base)
                 seed_info["agree"] = agree
         else:
-            verdict = grade_of(pv, ours, cls)
+            verdict = grade_of(pv, ours, cls, qty)
+            if (
+                without is not None
+                and verdict in grading.AGREE
+                and grading.same_as_without(ours, float(without))
+            ):
+                verdict = grading.NOT_EVIDENCE
+        if verdict == grading.NOT_EVIDENCE:
+            words = "equals what the same computation gives without the method: not evidence"
+            note = f"{note}; {words}" if note else words
         deviation = deviation_unit = None
         if pv is not None and ours is not None and not math.isnan(ours):
             deviation, deviation_unit = deviation_of(pv.value, ours, unit)
@@ -252,11 +305,12 @@ class Reproduction:
             paper_source=None if pv is None else pv.source,
             deviation=deviation,
             deviation_unit=deviation_unit,
-            tolerance=grading.tolerance_words(cls) if verdict == "close" else None,
+            tolerance=grading.tolerance_words(cls, qty) if verdict == "close" else None,
             how=None if made is None or verdict == "not-reproduced" else letters(made),
             grade_class=cls,
             seeds=seed_info,
             derived_from=derived_from,
+            quantity=qty,
         )
 
     def claim(
@@ -273,6 +327,8 @@ class Reproduction:
         seeds_hold: list[bool] | None = None,
         echo: bool = False,
         derived_from: str | None = None,
+        values: list[float] | None = None,
+        counterfactual: tuple | None = None,
     ) -> Cell:
         """Grade a claim the paper states in words (``paper_claims``) on our numbers.
         ``holds``: True/False for a direction or ordering claim tested in code, None when ours
@@ -280,7 +336,14 @@ class Reproduction:
         "2-3.6x", "<1%"): the policy reads it (grading.read_claim) and tests ``ours``; pass
         ``holds=None`` then. ``seeds_hold``: per-seed outcomes of a sampled claim (all must
         agree, else seed-dependent). ``echo``: the claim follows from our own formulas and
-        cannot fail: shown, not evidence. ``note`` says which of our numbers test it."""
+        cannot fail: shown, not evidence. ``note`` says which of our numbers test it.
+        ``values``: every number a range or bound in words covers ("1.1-9x at >= 16 nodes"):
+        the reading must hold for each (one claim, one reading).
+        ``counterfactual``: (test, perturbed inputs, what is perturbed): the policy runs the
+        claim's test on each perturbed input (grading.can_fail); a claim that holds for every
+        one cannot fail and is ``echo``.
+        Direction first: a claim that fails on ours (``holds`` False, the median) fails, whatever
+        some seeds give."""
         pc = self.paper_claim(row, column)
         if pc is None:
             raise ValueError(f"{self.id}: no paper claim for ({row!r}, {column!r})")
@@ -293,8 +356,19 @@ class Reproduction:
                     f"does not also pass holds="
                 )
             read = grading.read_claim(reading)
-            holds = None if ours is None or math.isnan(ours) else read.holds(ours)
-        if seeds_hold is not None:
+            if values is not None:
+                holds = bool(values) and all(read.holds(float(v)) for v in values)
+            else:
+                holds = None if ours is None or math.isnan(ours) else read.holds(ours)
+        elif values is not None:
+            raise ValueError(f"{self.id} ({row!r}, {column!r}): values= needs reading=")
+        if seeds_hold is not None and holds is False:
+            verdict = "claim-fails"  # direction first: the claim fails on ours (the median)
+            seed_info = {
+                "holds": list(seeds_hold),
+                "agree": sum(map(bool, seeds_hold)) / max(len(seeds_hold), 1),
+            }
+        elif seeds_hold is not None:
             grades = ["claim-holds" if h else "claim-fails" for h in seeds_hold]
             verdict, agree = grading.consensus(grades)
             seed_info = {"holds": list(seeds_hold), "agree": agree}
@@ -302,6 +376,15 @@ class Reproduction:
             verdict = (
                 "not-reproduced" if holds is None else ("claim-holds" if holds else "claim-fails")
             )
+        if counterfactual is not None and verdict != "not-reproduced":
+            test, perturbed, what = counterfactual
+            if not grading.can_fail(test, perturbed):
+                echo = True
+                words = (
+                    f"holds for every perturbation of {what} the policy tried "
+                    f"({len(perturbed)}): it cannot fail, not evidence"
+                )
+                note = f"{note}; {words}" if note else words
         if echo and verdict != "not-reproduced":
             verdict = "echo"
         made = current() if made is None else made
@@ -337,7 +420,80 @@ class Reproduction:
         for cell in result.cells:
             if cell.how is None and cell.verdict != "not-reproduced":
                 cell.how = letters(ran)
+        apply_policy(result.cells, self.predictor, self.platform or merged.get("platform"))
         return result
+
+    def try_convention(
+        self, cells: dict, recount: dict, cause: str, removed: str, note: str
+    ) -> grading.Judged:
+        """Offer a convention (unit, rounding, counting, stated input) as the cause of deviating
+        cells, judged by the policy's one rule (grading.judge_convention) on every cell of the
+        table: ``cells``: (row, column) -> cell; ``recount``: (row, column) -> the cell's number
+        under the convention, for every cell it changes (the others keep theirs). Accepted: each
+        deviating cell is recomputed through Cell.explain. Rejected: the deviating cells keep
+        their grade and the note says why."""
+        entries = {}
+        for key, cell in cells.items():
+            pv = self.paper_value(*key)
+            if pv is None or cell.ours is None:
+                continue
+            entries[key] = (pv.value, pv.half_unit, cell.ours, recount.get(key, cell.ours))
+        judged = grading.judge_convention(entries)
+        for key, value in recount.items():
+            cell = cells[key]
+            if cell.verdict != "deviates":
+                continue
+            if judged.accepted:
+                cell.explain(cause, note, counterfactual=value, removed=removed)
+            else:
+                words = f"{note}: {value:.4g}{cell.unit}, not accepted ({judged.why}"
+                if judged.broken:
+                    words += ": " + ", ".join(" / ".join(k) for k in judged.broken)
+                cell.note = f"{cell.note}; {words})" if cell.note else f"{words})"
+        return judged
+
+
+def apply_policy(cells: list[Cell], predictor: str | None, platform: str | None) -> None:
+    """The policy's checks run on every cell of a result once it is computed:
+    - a ``prediction`` whose (predictor, platform) `repro validate` does not score is of class
+      grading.UNSCORED (graded alike, counted apart);
+    - a sampled cell whose per-seed numbers are another cell's (a reused number) is
+      ``not-evidence``;
+    - an ``explained`` cell whose recomputation lands inside the printed precision by less than
+      grading.MARGIN_UNITS of a unit says so."""
+    scored = (predictor, platform) in scored_predictors() if predictor and platform else False
+    seen: dict[tuple, str] = {}
+    for cell in cells:
+        if cell.grade_class == "prediction" and not scored:
+            cell.grade_class = grading.UNSCORED
+        values = (cell.seeds or {}).get("values")
+        if values and len(values) > 1 and not cell.derived_from:
+            key = tuple(values)
+            first = seen.setdefault(key, f"{cell.row} / {cell.column}")
+            if first != f"{cell.row} / {cell.column}" and cell.verdict in (
+                *grading.AGREE,
+                "seed-dependent",
+            ):
+                cell.verdict = grading.NOT_EVIDENCE
+                cell.tolerance = None
+                words = f"the same per-seed numbers as {first}: a reused number, not evidence"
+                cell.note = f"{cell.note}; {words}" if cell.note else words
+        cf = cell.counterfactual or {}
+        if (
+            cell.verdict == "explained"
+            and cf.get("grade") == "match"
+            and cell.paper_printed
+            and isinstance(cf.get("ours"), (int, float))
+        ):
+            half = grading.half_unit(cell.paper_printed)
+            margin = grading.margin_units(cell.paper, half, float(cf["ours"]))
+            if margin < grading.MARGIN_UNITS:
+                cf["margin_units"] = margin
+                words = (
+                    f"the recomputation lands inside the printed precision by "
+                    f"{margin:.2f} of a unit, less than {grading.MARGIN_UNITS}"
+                )
+                cell.note = f"{cell.note}; {words}" if cell.note else words
 
 
 def how_of(cells: list[Cell]) -> str:

@@ -41,20 +41,27 @@ def test_bounds_strict_as_stated_inclusive_with_precision():
 
 
 def test_one_prediction_tolerance_for_every_class_that_has_one():
-    assert grading.grade_value(100, 0.5, 115.4, "prediction") == "close"
-    assert grading.grade_value(100, 0.5, 115.6, "prediction") == "deviates"
+    # 15% of the value, as stated: the printed half unit is not added to it
+    assert grading.grade_value(100, 0.5, 114.9, "prediction") == "close"
+    assert grading.grade_value(100, 0.5, 115.1, "prediction") == "deviates"
+    assert grading.grade_value(10, 0.5, 11.6, "prediction") == "deviates"  # 16%: not 15% + 0.5
     assert grading.grade_value(100, 0.5, 101, "exact") == "deviates"
     assert grading.grade_value(100, 0.5, 1, "other-hardware") == "not-comparable"
     assert grading.comparable(100, 114) and not grading.comparable(100, 120)
 
 
 def test_consensus_over_seeds():
-    assert grading.consensus(["match"] * 5) == ("match", 1.0)
-    assert grading.consensus(["match", "close", "close", "match", "close"]) == ("close", 1.0)
-    assert grading.consensus(["close"] * 4 + ["deviates"]) == ("seed-dependent", 0.8)
-    assert grading.consensus(["deviates"] * 5) == ("deviates", 0.0)
+    assert grading.MIN_SEEDS >= 9
+    n = grading.MIN_SEEDS
+    assert grading.consensus(["match"] * n) == ("match", 1.0)
+    assert grading.consensus(["match", "close"] * (n // 2) + ["close"] * (n % 2)) == ("close", 1.0)
+    assert grading.consensus(["close"] * (n - 1) + ["deviates"]) == (
+        "seed-dependent",
+        pytest.approx((n - 1) / n),
+    )
+    assert grading.consensus(["deviates"] * n) == ("deviates", 0.0)
     with pytest.raises(grading.PolicyError):
-        grading.consensus(["match"] * 4)
+        grading.consensus(["match"] * (n - 1))
 
 
 def test_agreement_counts_and_line():
@@ -70,11 +77,26 @@ def test_agreement_counts_and_line():
             "seed-dependent",
             "echo",
             "no-paper-value",
+            "not-evidence",
         )
     ]
     cells.append({"verdict": "deviates", "derived_from": "x / y"})
+    cells += [
+        {"verdict": "close", "grade_class": "prediction (unscored)"},
+        {"verdict": "deviates", "grade_class": "prediction (unscored)"},
+    ]
     counts = grading.agreement(cells)
-    assert counts == {"compared": 7, "agree": 3, "explained": 1, "deviate": 2, "seed_dependent": 1}
+    assert counts == {
+        "compared": 7,
+        "agree": 3,
+        "explained": 1,
+        "deviate": 2,
+        "seed_dependent": 1,
+        "not_evidence": 1,
+        "unscored": 2,
+        "unscored_agree": 1,
+    }
     assert grading.agreement_line(counts) == (
-        "3 of 7 compared cells agree, 1 explained, 2 deviate, 1 seed-dependent"
+        "3 of 7 compared cells agree, 1 explained, 2 deviate, 1 seed-dependent; "
+        "1 not evidence; 2 prediction (unscored) (1 agree, counted apart)"
     )
