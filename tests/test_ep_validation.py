@@ -1,0 +1,109 @@
+"""The EP validation set (reproductions/ep_validation_points.json) and its scoring by the
+simulator's EP kernel model (repro validate's EP section)."""
+
+import json
+import pathlib
+
+import pytest
+
+from moe_repro.components.network.ep_units import DEFINITIONS, Routing, row_bytes
+from moe_repro.components.network.platform import load_builtin
+from moe_repro.components.network.simulator import ep_kernel_messages, simulate_ep_kernel
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOC = json.loads((ROOT / "reproductions" / "ep_validation_points.json").read_text())
+SCORED = [c for c in DOC["cells"] if c["role"] == "scored"]
+
+
+def test_set_covers_the_issue():
+    assert len(SCORED) >= 40
+    assert len({c["library"] for c in SCORED}) >= 4
+    assert len({c["platform"] for c in SCORED}) >= 2
+    for key in ("regime", "scope"):
+        assert len({c[key] for c in SCORED}) == 2, key
+    assert all(c["regime"] == "latency" for c in SCORED if c["settings"]["tokens_per_rank"] <= 256)
+
+
+@pytest.mark.parametrize("cell", DOC["cells"], ids=lambda c: c["id"])
+def test_every_cell_has_source_settings_and_unit(cell):
+    pub = cell["published"]
+    for k in ("repository", "commit", "file", "section", "row", "column", "hardware", "unit"):
+        assert pub.get(k), k
+    assert len(pub["commit"]) == 40
+    assert pub["definition"] in DEFINITIONS
+    assert float(pub["printed"]) > 0
+    s = cell["settings"]
+    for k in ("ep", "tokens_per_rank", "hidden", "top_k", "experts", "dtype", "settings_source"):
+        assert k in s, k
+    load_builtin(cell["platform"])
+    assert cell["role"] == "scored" or cell.get("why_unscored")
+
+
+def test_normal_kernel_sends_once_per_node():
+    """Node-deduplicated: the bytes crossing the network equal the distinct-node rows, and the
+    same routing's low-latency kernel (one message per selection) sends more across nodes."""
+    r = Routing(32, 8, 4096, 8, 256, 4)
+    msgs, deps = ep_kernel_messages(r, "normal", 1.0)
+    rdma = sum(b for ph, s, d, b in msgs if ph == "rdma" and s == 0)
+    assert deps == {"rdma": [], "nvl": []}
+    from moe_repro.components.network.ep_units import expected_rows
+
+    assert rdma == pytest.approx(3 * expected_rows(r, "node"))
+    ll, _ = ep_kernel_messages(r, "low_latency", 1.0)
+    ll_remote = sum(b for _, s, d, b in ll if s == 0 and d // 8 != 0)
+    assert ll_remote > rdma
+
+
+def test_node_limit_lowers_the_network_load():
+    p = load_builtin("h800")
+    rb = row_bytes("v1", 7168, "fp8", 8)
+    limited = simulate_ep_kernel(p, Routing(64, 8, 4096, 8, 256, 4), "normal", rb)
+    free = simulate_ep_kernel(p, Routing(64, 8, 4096, 8, 256, None), "normal", rb)
+    assert limited.time_s < free.time_s
+    assert limited.simulated and "EP normal kernel" in limited.assumptions[0]
+
+
+def test_scoring_runs_and_can_fail():
+    """The EP scoring reports per-regime and per-library errors with leave-one-library-out
+    beside them, and a wrong published number shows up as a large error."""
+    from moe_repro.reproductions.validation import score_ep
+
+    doc = {"cells": [c for c in DOC["cells"] if c["id"].startswith("deepep-v1-normal")]}
+    out = score_ep(doc)
+    assert set(out["groups"]) >= {"all", "bandwidth", "DeepEP V1 / bandwidth"}
+    assert len(out["held_out"]) == len(out["scored"]) == 8
+    good = out["groups"]["all"].median
+    bad_doc = json.loads(json.dumps(doc))
+    for c in bad_doc["cells"]:
+        c["published"]["printed"] = float(c["published"]["printed"]) * 10
+    bad = score_ep(bad_doc)["groups"]["all"].median
+    assert bad > 0.8 > good
+
+
+def test_leave_one_library_out_uses_the_fit():
+    """A fit that changes the platform for held-out libraries changes their errors: the
+    held-out column is computed, not copied."""
+    import dataclasses
+
+    from moe_repro.reproductions.validation import score_ep
+
+    cells = [
+        c
+        for c in DOC["cells"]
+        if c["id"] in ("deepep-v1-normal-dispatch-ep64", "hybrid-ep-kernel-dispatch-bf16-ep64-sm16")
+    ]
+
+    def fit(train):
+        if all(c["library"] == "Hybrid-EP" for c in train):  # DeepEP held out: a slower NIC
+            p = load_builtin("h800")
+            return {"h800": dataclasses.replace(p, nic_bytes_per_s=p.nic_bytes_per_s / 2)}
+        return {}
+
+    out = score_ep({"cells": cells}, fit=fit)
+    ins = {x.point_id: x.predicted for x in out["scored"]}
+    held = {x.point_id: x.predicted for x in out["held_out"]}
+    assert held["deepep-v1-normal-dispatch-ep64"] < ins["deepep-v1-normal-dispatch-ep64"]
+    assert (
+        held["hybrid-ep-kernel-dispatch-bf16-ep64-sm16"]
+        == ins["hybrid-ep-kernel-dispatch-bf16-ep64-sm16"]
+    )
