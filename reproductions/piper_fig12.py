@@ -17,7 +17,7 @@ from moe_repro.records.grading import half_unit
 from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import get_model
 from moe_repro.components.network.platform import load_builtin
-from moe_repro.components.resources.memory_model import stage_layers
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.resources.perf_model import ACT_BYTES, estimate
 from moe_repro.components.resources.planner import plan
 from moe_repro.records import grading

@@ -14,7 +14,7 @@ import math
 from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import family
 from moe_repro.components.network.platform import load_builtin
-from moe_repro.components.resources.memory_model import stage_layers
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.reproductions._resource import (
     PIPER_MFU_PEAK_TFLOPS,
     best_plan,

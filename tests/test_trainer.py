@@ -15,7 +15,8 @@ import sys
 import pytest
 import torch
 
-from moe_repro.components.model.moe_transformer import StageModule, TransformerConfig, split_layers
+from moe_repro.components.model.moe_transformer import StageModule, TransformerConfig
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.training.pp_ep_trainer import SavedActivationMeter, TrainConfig
 from moe_repro.runtime.launch import run_ranks
 
@@ -32,14 +33,14 @@ SMALL = dict(
 )
 
 
-def test_split_layers_is_contiguous_and_complete():
+def test_stage_layers_is_contiguous_and_complete():
     for layers, stages in [(4, 1), (4, 2), (5, 2), (7, 3), (4, 4)]:
-        split = split_layers(layers, stages)
+        split = [list(r) for r in stage_layers(layers, stages)]
         assert len(split) == stages
         assert [i for part in split for i in part] == list(range(layers))
         assert max(map(len, split)) - min(map(len, split)) <= 1
     with pytest.raises(ValueError):
-        split_layers(2, 3)
+        stage_layers(2, 3)
 
 
 @pytest.mark.parametrize(
@@ -63,8 +64,8 @@ def test_stages_chain_to_the_full_model(seed):
     cfg = TransformerConfig.from_zoo("tiny-moe", seq_len=16)
     full = StageModule(cfg, list(range(cfg.n_layers)), True, True, seed=seed)
     parts = [
-        StageModule(cfg, ids, i == 0, i == 2, seed=seed)
-        for i, ids in enumerate(split_layers(cfg.n_layers, 3))
+        StageModule(cfg, list(ids), i == 0, i == 2, seed=seed)
+        for i, ids in enumerate(stage_layers(cfg.n_layers, 3))
     ]
     x = torch.randint(0, cfg.vocab, (2, 16), generator=torch.Generator().manual_seed(seed))
     h = x

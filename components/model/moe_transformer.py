@@ -340,21 +340,6 @@ class StageModule(nn.Module):
         return x
 
 
-def split_layers(n_layers: int, n_stages: int) -> list[list[int]]:
-    """Contiguous layer ranges, as even as possible (earlier stages take the remainder)."""
-    if n_stages < 1 or n_stages > n_layers:
-        raise ValueError(
-            f"need 1 <= stages <= layers (Piper Eq. 9), got {n_stages} stages for {n_layers} layers"
-        )
-    base, extra = divmod(n_layers, n_stages)
-    out, start = [], 0
-    for s in range(n_stages):
-        n = base + (1 if s < extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
 def expert_param_names(module: nn.Module) -> set[str]:
     """Names of the per-expert weights (stacked [E_local, ...]; everything else is replicated)."""
     return {n for n, _ in module.named_parameters() if ".experts." in n}

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moe_repro.components.model.params import embedding_params, layer_params
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.model.zoo import MoEModel
 
 # Mixed-precision Adam (Piper III-A1, MoP Eq. 1): bf16 weight 2 + bf16 grad 2 + fp32 master 4
@@ -144,22 +145,6 @@ def schedule_in_flight(schedule: str, PP: int, M: int, i: int) -> int:
     if schedule == "gpipe":
         return M
     raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
-
-
-def stage_layers(L: int, PP: int) -> list[range]:
-    """Contiguous layer ranges per stage; the first L mod PP stages get one layer more."""
-    _positive(L=L, PP=PP)
-    if PP > L:
-        raise ValueError(
-            f"PP={PP} exceeds the layer count L={L} (Eq. 9: at least one layer per stage)"
-        )
-    base, extra = divmod(L, PP)
-    out, start = [], 0
-    for i in range(PP):
-        n = base + (1 if i < extra else 0)
-        out.append(range(start, start + n))
-        start += n
-    return out
 
 
 def layer_activation_bytes(

@@ -40,6 +40,7 @@ from moe_repro.components.model.params import (
     residual_ffn_params,
     shared_expert_params,
 )
+from moe_repro.components.model.pipeline_split import stage_sizes
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
@@ -181,12 +182,6 @@ def _layers(m: MoEModel) -> tuple[_Layer, _Layer]:
     return dense, moe
 
 
-def _split(L: int, parts: int) -> list[int]:
-    """Layers per part: the first L mod parts get one more (memory_model.stage_layers' rule)."""
-    base, extra = divmod(L, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
 @dataclass(frozen=True)
 class _Stage:
     r: int
@@ -211,7 +206,7 @@ def _stages(m: MoEModel, pp: int, v: int) -> list[_Stage]:
     """Representative physical stages: the first of each distinct (dense, MoE, first, last)
     composition. Within one composition the earliest holds the most micro-batches, so it binds
     memory, and all have the same time: checking these is checking every stage."""
-    chunks = _split(m.layers, pp * v)
+    chunks = stage_sizes(m.layers, pp * v)
     first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
     starts, s = [], 0
     for c in chunks:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources import time_model as T
-from moe_repro.components.resources.memory_model import stage_layers
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.model.params import layer_params, param_counts
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.model.zoo import MoEModel

@@ -42,8 +42,8 @@ from moe_repro.components.model.moe_transformer import (
     expert_owner,
     expert_param_names,
     lm_loss,
-    split_layers,
 )
+from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -270,12 +270,12 @@ def build_rank(cfg: TrainConfig, device: torch.device) -> RankState:
     dp_rank, pp_rank, ep_rank = mesh.get_coordinate()
     groups = {d: mesh.get_group(d) for d in ("dp", "pp", "ep")}
     n_stages = cfg.pp * cfg.stages_per_rank
-    layers = split_layers(mc.n_layers, n_stages)
+    layers = stage_layers(mc.n_layers, n_stages)
     stage_ids = [pp_rank + v * cfg.pp for v in range(cfg.stages_per_rank)]  # looped placement
     modules = [
         StageModule(
             mc,
-            layers[s],
+            list(layers[s]),
             s == 0,
             s == n_stages - 1,
             cfg.ep,
