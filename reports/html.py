@@ -156,11 +156,13 @@ def render_reproduction(
     home: str | None = None,
     raw_csv: str | None = None,
     paper: dict | None = None,
+    history: dict | None = None,
 ) -> str:
     """A reproduction's page, answer first: the paper's claims and our evidence as a short list,
     then the figures in the paper's form, then the graded cells; ungraded cells collapse behind a
     toggle and long investigations (``detail``) sit in a linked section at the bottom.
-    ``paper``: its paper's facts (title, authors, venue, BibTeX)."""
+    ``paper``: its paper's facts (title, authors, venue, BibTeX); ``history``: its stored runs
+    by commit (reports/history_page.reproduction_view)."""
     from moe_repro.records import grading
     from moe_repro.records.record import grade_counts
 
@@ -189,6 +191,7 @@ def render_reproduction(
             home=home,
             css=css(),
             paper=paper,
+            hv=history,
             grades=grade_counts(c["verdict"] for c in cells),
             counts=counts,
             agreement=grading.agreement_line(counts),
@@ -350,11 +353,18 @@ def _laid_out_grid(layout: dict, at: dict) -> dict:
     }
 
 
-def render_index(papers: list[dict], suites: list[dict], built: dict | None = None) -> str:
+def render_index(
+    papers: list[dict],
+    suites: list[dict],
+    built: dict | None = None,
+    watch: list[dict] | None = None,
+) -> str:
+    """The index: ``watch`` is the summary grid of change points (one tile per suite and
+    reproduction with stored runs, each with its sparkline), shown first."""
     return (
         environment()
         .get_template("index.html")
-        .render(papers=papers, suites=suites, built=built or {}, css=css())
+        .render(papers=papers, suites=suites, built=built or {}, watch=watch or [], css=css())
     )
 
 
@@ -368,11 +378,12 @@ def render_suite(
     view: dict | None = None,
     sweeps: list[dict] | None = None,
     needs: dict | None = None,
+    hv: dict | None = None,
 ) -> str:
     """A suite's page: ``view`` is the latest run laid out by reports/site.py (machine, constant
     and varying parameters, the compact table), ``sweeps`` its metric-vs-parameter figures,
     ``graphs`` the history figures, ``history`` the stored runs, ``needs`` what a run needs
-    (for a suite never run)."""
+    (for a suite never run), ``hv`` the history by commit (reports/history_page.suite_view)."""
     return (
         environment()
         .get_template("suite.html")
@@ -386,6 +397,7 @@ def render_suite(
             view=view,
             sweeps=sweeps or [],
             needs=needs,
+            hv=hv,
             css=css(),
         )
     )

@@ -25,6 +25,7 @@ from moe_repro.records import grading
 from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, dump, grade_counts
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
+from moe_repro.reports import history_page
 from moe_repro.reports.figures import render_figure
 from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
@@ -46,11 +47,16 @@ def _warn(message: str) -> None:
 
 
 def write_reproduction_page(
-    directory: Path, record: ReproductionRecord, home: str | None = None, name: str | None = None
+    directory: Path,
+    record: ReproductionRecord,
+    home: str | None = None,
+    name: str | None = None,
+    history: dict | None = None,
 ) -> Path:
     """One reproduction's page with its figures (PNG + SVG), raw JSON and CSV, in ``directory``.
     ``name``: the catalog's id the files are named after (default: the record's id, which the
-    schema restricts to a plain name)."""
+    schema restricts to a plain name); ``history``: its runs by commit
+    (history_page.reproduction_view)."""
     rid, payload = name or record.id, dump(record)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -85,6 +91,7 @@ def write_reproduction_page(
             home=home,
             raw_csv=f"{rid}.csv",
             paper=paper,
+            history=history,
         ),
     )
 
@@ -110,6 +117,7 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     # What exists comes from the catalog (reports never import the live spec or suite registries).
     out = Path(out_dir)
     by_paper: dict[str, list[dict]] = {key: [] for key in catalog.PAPERS}
+    watch: list[dict] = []  # the index's summary grid: one tile per result with stored runs
     total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 3  # + peers, validation, index
     step = iter(range(total))
     report = progress or (lambda done, total, what: None)
@@ -123,11 +131,18 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
             entry.issue,
         )
         implemented = entry.implemented
-        record = store.latest("reproduction", rid) if implemented else None
+        published = (
+            history_page.publish_runs(store, "reproduction", rid, out) if implemented else []
+        )
+        record = published[-1].record if published else None
         href = f"repro/{rid}.html"
         if record is not None:
             try:
-                write_reproduction_page(out / "repro", record, home="../index.html", name=rid)
+                hv = history_page.reproduction_view(published)
+                write_reproduction_page(
+                    out / "repro", record, home="../index.html", name=rid, history=hv
+                )
+                watch.append(_tile(rid, href, "reproduction", hv))
             except _BAD_DATA as e:
                 # a stored result that validates but cannot be laid out: named, shown as not run
                 _warn(
@@ -178,12 +193,21 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     suites = []
     for name, suite in catalog.SUITES.items():
         report(next(step), total, f"suite {name}")
-        runs = store.runs("suite", name)  # readable runs, oldest first
+        published = history_page.publish_runs(store, "suite", name, out)  # oldest first
+        runs = [r.record for r in published]
         href = f"suites/{name}.html"
         try:
+            hv = history_page.suite_view(published) if published else None
             write_suite_page(
-                out / "suites", name, runs, home="../index.html", needs=run_needs(suite)
+                out / "suites",
+                name,
+                runs,
+                home="../index.html",
+                needs=run_needs(suite),
+                history=hv,
             )
+            if hv is not None:
+                watch.append(_tile(name, href, "suite", hv))
         except _BAD_DATA as e:
             # a stored run that validates but cannot be laid out (a record someone else wrote):
             # named, and the page says how to make a run instead
@@ -229,11 +253,33 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **git_state(),
     }
+    watch.sort(key=lambda t: (not t["regressions"], not t["improvements"], t["kind"], t["name"]))
     index = atomic_write_text(
-        inside(out, "index.html"), html.render_index(papers, suites, built=built)
+        inside(out, "index.html"), html.render_index(papers, suites, built=built, watch=watch)
     )
     report(total, total, "")
     return index
+
+
+def _tile(name: str, href: str, kind: str, hv: dict) -> dict:
+    """One tile of the index's summary grid: the result's sparkline (a suite: the geometric mean
+    of its first headline metric over the grid, relative to each point's first run; a
+    reproduction: its agreeing cells) and its change points."""
+    line = hv["hist"]["summary"]
+    values = [v for _, v in line]
+    flagged_runs = {id(c.run) for c in hv["hist"]["changes"]}
+    flagged = [i for i, (run, _) in enumerate(line) if id(run) in flagged_runs]
+    changes = hv["changes"]
+    return {
+        "name": name,
+        "href": href,
+        "kind": kind,
+        "spark": history_page.sparkline(values, flagged),
+        "runs": len(hv["runs"]),
+        "commits": hv["commits"],
+        "regressions": [c for c in changes if c["kind"] == "regression"],
+        "improvements": [c for c in changes if c["kind"] == "improvement"],
+    }
 
 
 def run_needs(entry) -> dict:
@@ -260,7 +306,6 @@ def _sum_counts(summaries) -> dict[str, int]:
 
 CELL_UNITS = ("s", "B", "%")  # units the formatter writes into each cell (3.1 ms, 2 MiB, 5%)
 MAX_SWEEP_LINES = 12  # lines on one metric-vs-parameter figure (the style cycle has 30)
-MAX_HISTORY_LINES = 8  # grid points followed over the stored runs
 MAX_TICKS_AT_DATA = 12  # a swept axis with at most this many values gets a tick at each
 LOG_SPAN = 100.0  # values spanning more than two decades go on a log axis
 ENVIRONMENT_SHOWN = (
@@ -465,80 +510,6 @@ def sweep_figure(
         "legend_title": LABEL_SEP.join(others) or None,
         "legend": bool(others),
         "caption": caption,
-    }
-
-
-def history_figure(
-    name: str, metric, runs: list[SuiteRecord], max_lines: int = MAX_HISTORY_LINES
-) -> dict | None:
-    """``metric`` over the stored runs (asv-style), x = the runs' dates: one line per grid point of
-    the latest run (a single point while there is one run). More grid points than ``max_lines``:
-    those at the largest value of the swept parameter, then the first ``max_lines``."""
-    if not runs:
-        return None
-    latest = runs[-1]
-    params = list(latest.params)
-    point = lambda r: tuple(_key(r.get(p)) for p in params)  # noqa: E731
-    chosen: dict[tuple, dict] = {}
-    for r in latest.records:
-        if _finite(r.get(metric.name)):
-            chosen.setdefault(point(r), r)
-    if not chosen:
-        return None
-    total = len(chosen)
-    x = swept_param(latest, list(chosen.values()))
-    if total > max_lines and x is not None:
-        top = max(r[x] for r in chosen.values())
-        chosen = {k: r for k, r in chosen.items() if r[x] == top}
-    chosen = dict(list(chosen.items())[:max_lines])
-    varying, _ = split_params(latest, list(chosen.values()))
-    series = {
-        k: {"label": _label(r, varying) or metric.name, "x": [], "y": []} for k, r in chosen.items()
-    }
-    contributing = 0
-    for run in runs:
-        try:
-            when = _dt.datetime.fromisoformat(run.timestamp).isoformat()
-        except (TypeError, ValueError):
-            continue  # an undated run cannot be placed on a date axis
-        seen: set[tuple] = set()
-        for r in run.records:
-            k = point(r)
-            if k in series and k not in seen and _finite(r.get(metric.name)):
-                seen.add(k)
-                series[k]["x"].append(when)
-                series[k]["y"].append(r[metric.name])
-        contributing += bool(seen)
-    lines = [s for s in series.values() if s["x"]]
-    if not lines:
-        return None
-    factor, unit = scale_for([v for s in lines for v in s["y"]], metric.unit)
-    for s in lines:
-        s["y"] = [v / factor for v in s["y"]]
-    shown = (
-        f"{len(lines)} of {total} grid points"
-        + (f" ({x} = {fmt(top)})" if total > max_lines and x is not None else "")
-        if len(lines) < total
-        else f"all {total} grid point{'s' if total > 1 else ''}"
-    )
-    return {
-        "name": f"history-{metric.name}",
-        "xdates": True,
-        "marker": "o",
-        "title": f"{name}: {metric.name} per stored run (median)",
-        "xlabel": "run date (UTC)",
-        "ylabel": _axis_label(metric, unit) + " (median)",
-        "series": lines,
-        "xscale": "linear",
-        "yscale": "log" if _spans_decades([v for s in lines for v in s["y"]]) else "linear",
-        "legend_title": LABEL_SEP.join(varying) or None,
-        "legend": bool(varying),
-        "caption": f"Each line follows one grid point of the latest run ({shown}) through the "
-        f"stored runs: {contributing} of {len(runs)} measured "
-        f"{'it' if len(lines) == 1 else 'them'} (the others ran other grids)."
-        if contributing < len(runs)
-        else f"Each line follows one grid point of the latest run ({shown}) through all "
-        f"{len(runs)} stored run{'s' if len(runs) > 1 else ''}.",
     }
 
 
@@ -753,10 +724,13 @@ def write_suite_page(
     runs: list[SuiteRecord],
     home: str | None = "../index.html",
     needs: dict | None = None,
+    history: dict | None = None,
 ) -> Path:
     """One suite's page in ``directory`` from its stored runs (oldest first): the latest run's
-    metric-vs-parameter figures and compact table, its raw JSON and CSV, the history figures and
-    the list of stored runs. With no run, a page that says how to make one."""
+    metric-vs-parameter figures and compact table, its raw JSON and CSV, and its history by
+    commit with change points (``history``: history_page.suite_view of the runs as publish_runs
+    copied them, so that points link to them; without, one whose points carry no link). With no
+    run, a page that says how to make one."""
     directory = Path(directory)
     latest = runs[-1] if runs else None
     if latest is None:
@@ -768,26 +742,15 @@ def write_suite_page(
     raw = f"{name}.json"
     atomic_write_json(inside(directory, raw), payload)
     atomic_write_text(inside(directory, f"{name}.csv"), write(frame(latest), "csv"))
-    sweeps, graphs = [], []
+    sweeps = []
     for metric in headline_metrics(latest):  # the metrics as the newest stored run declared them
         fig = sweep_figure(name, metric, latest)
         if fig is not None:
             sweeps.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
-        fig = history_figure(name, metric, runs)
-        if fig is not None:
-            graphs.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
-    summary = [
-        {
-            "when": r.timestamp,
-            "commit": (r.environment.git_commit or "-")[:10],
-            "records": len(r.records),
-            "command": r.environment.command,
-        }
-        for r in reversed(runs)
-    ]
+    hv = history or history_page.suite_view(history_page.unpublished(runs))
     return atomic_write_text(
         inside(directory, f"{name}.html"),
         html.render_suite(
-            name, payload, raw, summary, home, graphs=graphs, view=suite_view(latest), sweeps=sweeps
+            name, payload, raw, [], home, view=suite_view(latest), sweeps=sweeps, hv=hv
         ),
     )

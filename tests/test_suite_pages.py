@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import matplotlib.dates as mdates
 import pytest
 
 from moe_repro.records.environment import collect_environment
@@ -169,46 +168,33 @@ def test_bench_stores_the_suites_summary_with_its_records():
     assert suite_record(suite, []).summary == []
 
 
-def test_history_with_one_run_is_a_point_on_a_date_axis(tmp_path, drawn):
-    runs = [a2a_run("2026-01-05T10:00:00+00:00")]
-    fig = site.history_figure("alltoall", runs[0].metrics[0], runs)
-    assert fig["xdates"] and all(len(s["x"]) == 1 for s in fig["series"])
-    out = figures.render_figure(fig)  # no exception, a real image
-    assert out["png"].startswith(b"\x89PNG") and len(out["png"]) > 5000
-    (ax,) = drawn
-    assert isinstance(ax.xaxis.get_major_formatter(), mdates.ConciseDateFormatter)
-    lo, hi = ax.get_xlim()
-    assert hi - lo <= 3  # days around the one run, not the locator's default decades
+def test_history_with_one_run_is_one_point_per_grid_point(tmp_path):
+    """One stored run: the history section draws its points and says a history needs more."""
+    page = site.write_suite_page(
+        tmp_path / "site", "alltoall", [a2a_run("2026-01-05T10:00:00+00:00")]
+    ).read_text()
+    history = page[page.index('<section id="history">') :]
+    assert "1 stored run over 1 commit on 1 machine" in history
+    assert "a history needs a second commit" in history
+    assert history.count("<circle") >= 8  # the chart's lines, one point each
 
 
-def test_history_with_three_runs_uses_their_dates(tmp_path, drawn):
+def test_history_with_three_runs_is_by_commit_and_caps_the_chart(tmp_path):
+    """x is the commit order (labelled with commits), not a date axis; a chart draws at most 8
+    grid points and the table below lists every one."""
     store = ResultsStore(tmp_path / "store")
     dates = ["2026-01-05T10:00:00+00:00", "2026-01-12T10:00:00+00:00", "2026-02-02T10:00:00+00:00"]
     for i, when in enumerate(dates):
-        store.save(a2a_run(when, slower=1 + i / 10))
+        run = a2a_run(when, slower=1 + i / 100)
+        run.environment.git_commit = f"c{i}" * 4
+        store.save(run)
     runs = store.runs("suite", "alltoall")
-    fig = site.history_figure("alltoall", runs[-1].metrics[0], runs)
-    assert "run date" in fig["xlabel"] and "index" not in fig["xlabel"]
-    # 10 grid points, more than 8 lines: those at the largest size
-    assert [s["label"] for s in fig["series"]] == ["flat", "halo"]
-    assert "2 of 10 grid points (sizes = 1,048,576)" in fig["caption"]
-    assert all(s["x"] == dates for s in fig["series"])
-    figures.render_figure(fig)
-    ax = drawn[0]
-    assert isinstance(ax.xaxis.get_major_formatter(), mdates.ConciseDateFormatter)
-    labels = " ".join(t.get_text() for t in ax.get_xticklabels())
-    assert "Feb" in labels, labels  # days and months, not 0, 1, 2
-    lo, hi = (mdates.num2date(v) for v in ax.get_xlim())
-    assert lo.year == hi.year == 2026 and lo.month == 1 and hi.month == 2
     page = site.write_suite_page(tmp_path / "site", "alltoall", runs).read_text()
-    assert (tmp_path / "site" / "alltoall-history-time_s.png").stat().st_size > 5000
-    assert "through all 3 stored runs" in page
-
-
-def test_history_caps_series_and_keeps_the_largest_size(tmp_path):
-    runs = [a2a_run("2026-01-05T10:00:00+00:00", algos=tuple(f"a{i}" for i in range(12)))]
-    fig = site.history_figure("alltoall", runs[0].metrics[0], runs)
-    assert len(fig["series"]) == 8 and "8 of 60 grid points (sizes = 1,048,576)" in fig["caption"]
+    history = page[page.index('<section id="history">') :]
+    assert "3 stored runs over 3 commits" in history
+    assert all(f">{c}<" in history for c in ("c0c0c0c", "c1c1c1c", "c2c2c2c"))
+    assert "8 of 10 grid points (every one is in the table below)" in history
+    assert "Every grid point by commit (20)" in history  # 10 points x 2 metrics
 
 
 def test_nothing_numeric_swept_gives_a_dot_per_category(tmp_path, drawn):
