@@ -74,9 +74,7 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
     ax.set_xlabel(
         f"measured ({unit}, {'on one GPU here' if predictor in MEASURED_HERE else 'as published'})"
     )
-    ax.set_ylabel(
-        f"predicted ({unit}, {'simulated' if predictor == 'alltoall-bandwidth' else 'analytic'})"
-    )
+    ax.set_ylabel(f"predicted ({unit}, {'simulated' if _simulated(predictor) else 'analytic'})")
     ax.set_title(predictor)
     ax.legend(loc="upper left", fontsize=8)
     out = {}
@@ -86,6 +84,34 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
         out[fmt] = buf.getvalue()
     plt.close(f)
     return out
+
+
+def _simulated(predictor: str) -> bool:
+    return predictor == "alltoall-bandwidth" or predictor.startswith("EP ")
+
+
+def ep_sections(ep: dict) -> list[dict]:
+    """The stored EP set per library and unit kind (GB/s or us), in the summaries' form:
+    published against simulated, each cell in the library's own unit."""
+    out = {}
+    for c in ep.get("cells", []):
+        kind = "us" if c["unit"] == "us" else "GB/s"
+        out.setdefault((c["library"], kind), []).append(c)
+    sections = []
+    for (lib, kind), cells in sorted(out.items()):
+        errs = [(abs(c["error"]), c["id"]) for c in cells if c["error"] is not None]
+        sections.append(
+            {
+                "predictor": f"EP {lib} ({kind})",
+                "predicted": len(errs),
+                "mape": sum(e for e, _ in errs) / len(errs) if errs else None,
+                "max_abs_error": max(errs)[0] if errs else None,
+                "worst": max(errs)[1] if errs else "",
+                "points": cells,
+                "unit": kind,
+            }
+        )
+    return sections
 
 
 def write_validation_page(store, out: Path) -> Path:
@@ -100,6 +126,15 @@ def write_validation_page(store, out: Path) -> Path:
                 names[fmt] = f"validation-{s['predictor']}.{fmt}"
                 atomic_write_bytes(Path(out) / names[fmt], data)
             predictors.append({**s, "points": pts, "figure": names, "unit": unit})
+        for s in ep_sections(doc.get("ep") or {}):
+            names = {}
+            slug = (
+                s["predictor"].replace(" ", "-").replace("/", "").replace("(", "").replace(")", "")
+            )
+            for fmt, data in scatter(s["predictor"], s["points"], s["unit"]).items():
+                names[fmt] = f"validation-{slug}.{fmt}"
+                atomic_write_bytes(Path(out) / names[fmt], data)
+            predictors.append({**s, "figure": names})
     return atomic_write_text(
         Path(out) / "validation.html",
         html.environment()

@@ -107,3 +107,29 @@ def test_leave_one_library_out_uses_the_fit():
         held["hybrid-ep-kernel-dispatch-bf16-ep64-sm16"]
         == ins["hybrid-ep-kernel-dispatch-bf16-ep64-sm16"]
     )
+
+
+def test_validate_prints_the_ep_set_and_the_page_shows_it_per_library(tmp_path):
+    from click.testing import CliRunner
+
+    from moe_repro.cli import cli
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.reports.validation_page import write_validation_page
+
+    store = ResultsStore(tmp_path / "results")
+    args = ["--results", str(store.root), "validate", "--predictor", "memory", "--ep-set"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    for word in ("EP dispatch/combine set", "LOLO median", "bandwidth", "latency", "UCCL-EP"):
+        assert word in r.output
+    doc = json.loads((store.root / "validation" / "validation.json").read_text())
+    assert len(doc["ep"]["cells"]) == len(SCORED) == len(doc["ep"]["held_out"])
+    site = tmp_path / "site"
+    site.mkdir()
+    page = write_validation_page(store, site).read_text()
+    for lib in {c["library"] for c in SCORED}:
+        assert f"EP {lib} (" in page
+    assert "deepep-v1-ll-combine-ep256" in page
+    # without --ep-set, a --predictor run leaves the EP set out
+    r = CliRunner().invoke(cli, ["validate", "--predictor", "memory"])
+    assert r.exit_code == 0 and "EP dispatch/combine set" not in r.output
