@@ -26,6 +26,7 @@ from moe_repro.records.record import VERDICTS, ReproductionRecord, SuiteRecord, 
 from moe_repro.reports import html
 from moe_repro.reports.export import frame, write
 from moe_repro.reports import history_page
+from moe_repro.reports.compare_page import commit_order, write_compare_page
 from moe_repro.reports.figures import render_figure
 from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
 from moe_repro.reports.peers_page import write_peers_page
@@ -118,7 +119,9 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     out = Path(out_dir)
     by_paper: dict[str, list[dict]] = {key: [] for key in catalog.PAPERS}
     watch: list[dict] = []  # the index's summary grid: one tile per result with stored runs
-    total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 3  # + peers, validation, index
+    every_run: list = []  # every published run, for the compare page's commit order
+    # + peers, validation, compare, index
+    total = len(catalog.REPRODUCTIONS) + len(catalog.SUITES) + 4
     step = iter(range(total))
     report = progress or (lambda done, total, what: None)
     for entry in catalog.REPRODUCTIONS.values():
@@ -135,6 +138,7 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
             history_page.publish_runs(store, "reproduction", rid, out) if implemented else []
         )
         record = published[-1].record if published else None
+        every_run += published
         href = f"repro/{rid}.html"
         if record is not None:
             try:
@@ -195,6 +199,7 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
         report(next(step), total, f"suite {name}")
         published = history_page.publish_runs(store, "suite", name, out)  # oldest first
         runs = [r.record for r in published]
+        every_run += published
         href = f"suites/{name}.html"
         try:
             hv = history_page.suite_view(published) if published else None
@@ -235,6 +240,8 @@ def build_site(store, out_dir: str | Path, progress=None) -> Path:
     write_peers_page(store, out)
     report(next(step), total, "validation page")
     write_validation_page(store, out)
+    report(next(step), total, "compare page")
+    write_compare_page(store, out, commit_order(every_run))
     report(next(step), total, "index")
     papers = [
         {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from linkcheck import broken_links
 from moe_repro.records.environment import collect_environment
 from moe_repro.records.record import Cell, ReproductionRecord, SuiteRecord
 from moe_repro.records.store import ResultsStore
@@ -80,6 +81,15 @@ def test_a_planted_2x_regression_is_flagged_for_exactly_that_suite(tmp_path):
     assert "regression" in changes and "2.0" in changes and "bbbb222" in changes
     calm = (out / "suites" / "alltoall.html").read_text()
     assert 'class="flag regression"' not in calm and "no change point" in calm
+    # the compare page: bbbb222 against aaaa111, gemm's time slower, nothing of alltoall's
+    compare = (out / "compare.html").read_text()
+    moved = re.findall(r'<tr class="(\w+)"><td>suite (\w+)</td><td>(\w+)</td>', compare)
+    assert {(v, s, m) for v, s, m in moved if v == "slower"} == {
+        ("slower", "gemm", "time_s"),
+        ("slower", "gemm", "gflops"),
+    }, moved
+    assert all(s == "gemm" for v, s, m in moved if v != "same"), moved
+    assert broken_links(out) == []
 
 
 def test_a_store_of_aa_runs_flags_nothing(tmp_path):
@@ -88,6 +98,8 @@ def test_a_store_of_aa_runs_flags_nothing(tmp_path):
     tiles = flagged_tiles(index)
     assert set(tiles) == {"none"} and {"gemm", "alltoall"} <= set(tiles["none"]), tiles
     assert 'class="flag none">no change point' in index
+    compare = (tmp_path / "site" / "compare.html").read_text()
+    assert "Nothing moved past the gate" in compare and 'class="slower"' not in compare
 
 
 def test_history_points_link_to_their_stored_runs_and_machines_are_apart(tmp_path):
