@@ -538,10 +538,15 @@ def score_ep(doc: dict | None = None, fit=no_fit) -> dict:
     cells = [c for c in doc["cells"] if c.get("role") == "scored"]
     libraries = sorted({c["library"] for c in cells})
 
+    cache = {}  # (cell, platform object) -> prediction: a fit that replaces nothing reuses it
+
     def run(subset, platforms, tag):
         out = []
         for c in subset:
-            printed, t, note = predict_ep_cell(c, platforms)
+            key = (c["id"], id(platforms.get(c["platform"])))
+            if key not in cache:
+                cache[key] = predict_ep_cell(c, platforms)
+            printed, t, note = cache[key]
             pub = c["published"]
             out.append(
                 Scored(
@@ -587,5 +592,6 @@ def score_ep(doc: dict | None = None, fit=no_fit) -> dict:
         "held_out_groups": groups(held_out),
         "libraries": libraries,
         "unscored": [c for c in doc["cells"] if c.get("role") != "scored"],
+        "parameters": doc.get("parameters", []),
         "not_included": doc.get("not_included", []),
     }

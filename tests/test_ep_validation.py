@@ -133,3 +133,10 @@ def test_validate_prints_the_ep_set_and_the_page_shows_it_per_library(tmp_path):
     # without --ep-set, a --predictor run leaves the EP set out
     r = CliRunner().invoke(cli, ["validate", "--predictor", "memory"])
     assert r.exit_code == 0 and "EP dispatch/combine set" not in r.output
+
+
+def test_every_model_parameter_says_where_it_comes_from():
+    assert DOC["parameters"]
+    for p in DOC["parameters"]:
+        assert p["name"] and p["value"] and p["role"] and p["source"]
+        assert "scored" not in p["role"] or "not" in p["role"]

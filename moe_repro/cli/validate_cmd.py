@@ -124,6 +124,8 @@ def format_ep_report(ep: dict) -> str:
         "reproductions/ep_validation_points.json)",
     ]
     out += [f"  - not included: {u['what']}: {u['why']}" for u in ep["not_included"]]
+    out.append("EP model parameters (none set from a cell):")
+    out += [f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})" for p in ep["parameters"]]
     return "\n".join(out)
 
 
