@@ -139,6 +139,12 @@ def same_as_without(ours: float, without: float) -> bool:
     return math.isclose(ours, without, rel_tol=1e-9, abs_tol=1e-9)
 
 
+def coincidence(verdict: str, factor_verdicts: list[str]) -> bool:
+    """A cell computed from other graded cells agrees while one of them deviates: the agreement
+    is the deviations cancelling, not evidence."""
+    return verdict in (*AGREE, "seed-dependent") and any(v in DISAGREE for v in factor_verdicts)
+
+
 def consensus(grades: list[str]) -> tuple[str, float]:
     """One grade from per-seed grades: the grade every seed gives, else ``seed-dependent``; and
     the fraction of seeds that agree with the paper (match, close or claim-holds)."""
@@ -210,9 +216,9 @@ def judge_convention(entries: dict) -> Judged:
     """One rule for a convention (a unit, a rounding, a stated input) offered to explain cells:
     it is applied to every cell of the table, ``entries``: key -> (paper, printed_half, ours,
     recount) with ``recount`` ours under the convention. It is accepted only if it breaks no cell
-    that agrees without it and it changes the printed digits of at least two cells, all agreeing
-    under it: a convention that moves one cell only is fitted to that cell and cannot be
-    contradicted by the table."""
+    that agrees without it, and at least two cells whose printed digits it changes agree under
+    it: a convention that brings one cell into agreement is fitted to that cell, and the rest of
+    the table cannot contradict it. Accepted, it explains only the cells that agree under it."""
 
     def agrees(paper, half, v):
         return abs(v - paper) <= half * (1 + 1e-9)
@@ -226,13 +232,16 @@ def judge_convention(entries: dict) -> Judged:
     moved = tuple(k for k, (p, h, o, r) in entries.items() if digits(h, o) != digits(h, r))
     if broken:
         return Judged(False, broken, moved, "it breaks cells that agree without it")
-    if len(moved) < 2:
+    held = [k for k in moved if agrees(*entries[k][:2], entries[k][3])]
+    if len(held) < 2:
         return Judged(
-            False, broken, moved, "it changes no other cell of the table: it cannot be contradicted"
+            False,
+            broken,
+            moved,
+            "it brings fewer than two cells of the table into agreement: fitted to one, it "
+            "cannot be contradicted",
         )
-    if not all(agrees(*entries[k][:2], entries[k][3]) for k in moved):
-        return Judged(False, broken, moved, "cells it changes still disagree under it")
-    return Judged(True, broken, moved, f"it holds on every cell of the table ({len(moved)} moved)")
+    return Judged(True, broken, moved, f"it holds on every cell of the table ({len(held)} agree)")
 
 
 def can_fail(test, perturbations) -> bool:

@@ -68,36 +68,21 @@ def _agrees(pv: PaperValue, value: float) -> bool:
 def try_convention(
     repro: Reproduction, cells: dict, recount: dict, cause: str, removed: str, note: str
 ) -> list[str]:
-    """Try a counting convention of the table as a cause, the same way on every row it applies to.
+    """Try a counting convention of the table as a cause, judged by the policy's one rule on
+    every cell of the table (Reproduction.try_convention, grading.judge_convention).
 
     ``cells``: (row, column) -> the cell as we count it; ``recount``: (row, column) -> the same
-    cell recounted under the convention, for every cell the convention changes. A convention the
-    table does not use everywhere is not the table's convention: when it turns a cell that agrees
-    as we count it into one that does not, it is contradicted and explains nothing (the deviating
-    cells keep ``deviates``, with the hypothesis and the rows against it in the note). Otherwise
-    each deviating cell is recomputed through :meth:`Cell.explain` and the policy grades it.
-    Returns the rows that contradict it."""
-    against = [
-        f"{row} {recount[(row, col)]:.4g} vs {repro.paper_value(row, col).printed}"
-        for (row, col) in recount
-        if _agrees(repro.paper_value(row, col), cells[(row, col)].ours)
-        and not _agrees(repro.paper_value(row, col), recount[(row, col)])
-    ]
-    for key, value in recount.items():
-        cell = cells[key]
-        if cell.verdict != "deviates":
-            continue
-        if against:
-            # said only where the recount alone would agree: the hypothesis this rules out
-            if _agrees(repro.paper_value(*key), value):
-                cell.note = _join(
-                    cell.note,
-                    f"{note}: {value:.4g}{cell.unit}, but the same count "
-                    f"gives {'; '.join(against)}: not the table's count",
-                )
-        else:
-            cell.explain(cause, note, counterfactual=value, removed=removed)
-    return against
+    cell recounted under the convention, for every cell the convention changes. Returns what
+    stands against it: the rows it breaks, or why it is not accepted (empty when accepted)."""
+    judged = repro.try_convention(cells, recount, cause, removed, note)
+    if judged.accepted:
+        return []
+    if judged.broken:
+        return [
+            f"{row} {recount[(row, col)]:.4g} vs {repro.paper_value(row, col).printed}"
+            for (row, col) in judged.broken
+        ]
+    return [judged.why]
 
 
 def _join(note: str | None, more: str) -> str:
@@ -227,10 +212,10 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "whole (input table and untied output head).",
         "DeepSeek counts exclude the multi-token-prediction module; Llama 4 counts the text model only.",
         "Every cell is graded at the table's printed precision, '~' included (records/grading.py, exact).",
-        "A counting convention is tried as a cause on every row it applies to; one that breaks a row "
-        "that agrees without it is not the table's and explains nothing: "
+        "A counting convention is tried as a cause on every cell of the table (records/grading.py: "
+        "it must break no cell that agrees without it and move the digits of two cells or more): "
         + "; ".join(
-            f"{name}: contradicted by {', '.join(rows_)}" if rows_ else f"{name}: not contradicted"
+            f"{name}: not accepted ({', '.join(rows_)})" if rows_ else f"{name}: accepted"
             for name, rows_ in found.items()
         )
         + ".",

@@ -220,6 +220,7 @@ class Reproduction:
         made: set | None = None,
         quantity: str | None = None,
         without: float | list[float] | None = None,
+        depends_on: list[Cell] | None = None,
     ) -> Cell:
         """Build the cell for (row, column): look up the paper's value and let the policy grade
         ours (records/grading.py).
@@ -235,7 +236,10 @@ class Reproduction:
         ``quantity``: what the number is (grading.QUANTITIES; default a ratio for "x", else a
         value): decides its direction and how its miss is measured.
         ``without``: what the same computation gives without the method (a balancer's Before
-        LB, the baseline; per seed for a sampled cell): ours equal to it is ``not-evidence``."""
+        LB, the baseline; per seed for a sampled cell): ours equal to it is ``not-evidence``.
+        ``depends_on``: the graded cells ours is the product of (a method's straggler = Before
+        LB x the share it leaves): agreement while one of them deviates is a coincidence,
+        ``not-evidence`` (grading.coincidence)."""
         pv = self.paper_value(row, column)
         cls = grade_class or self.grade_class
         qty = quantity_of(unit, quantity)
@@ -280,6 +284,18 @@ class Reproduction:
                 verdict = grading.NOT_EVIDENCE
         if verdict == grading.NOT_EVIDENCE:
             words = "equals what the same computation gives without the method: not evidence"
+            note = f"{note}; {words}" if note else words
+        elif depends_on and grading.coincidence(verdict, [c.verdict for c in depends_on]):
+            verdict = grading.NOT_EVIDENCE
+            words = (
+                "agrees while "
+                + ", ".join(
+                    f"{c.row} / {c.column} ({c.verdict})"
+                    for c in depends_on
+                    if c.verdict in grading.DISAGREE
+                )
+                + " it is computed from deviates: a coincidence, not evidence"
+            )
             note = f"{note}; {words}" if note else words
         deviation = deviation_unit = None
         if pv is not None and ours is not None and not math.isnan(ours):
