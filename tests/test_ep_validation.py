@@ -139,4 +139,7 @@ def test_every_model_parameter_says_where_it_comes_from():
     assert DOC["parameters"]
     for p in DOC["parameters"]:
         assert p["name"] and p["value"] and p["role"] and p["source"]
-        assert "scored" not in p["role"] or "not" in p["role"]
+        # no constant comes from a cell: each names a specification, a statement, an
+        # assumption or says it is not modelled
+        words = ("specification", "statement", "assumption", "not modelled", "definition", "own")
+        assert any(w in p["role"] for w in words), p["name"]
