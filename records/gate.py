@@ -68,6 +68,9 @@ _RESERVED = {
     "world_size",
     "ranks_per_node",
     "error",
+    "slowdown",
+    "load_start",
+    "load_end",
 }
 
 

@@ -7,6 +7,16 @@ point, the measured call ``run(state)``, metrics derived from each timed sample,
 per sample by ``derive(params, state, time_s)``, so its median and spread come from the same
 repeats.
 
+``cpu_time_s`` is measured beside it: the CPU time (``time.process_time``, every thread of the
+process) of one call on each rank, the slowest rank's in a world; it counts no time spent waiting
+for the CPU, so it moves far less than wall time when other work shares the machine.
+
+Every suite also takes ``slowdown`` (``--param slowdown=0.1``, default 0, not a grid axis of
+the record's key): each timed sample makes that fraction more of its calls (a fraction of a
+call by spinning the CPU for it), so wall and CPU time both grow by it, as they would for a
+change that does that much more work. It injects a known regression for measuring the gate's
+error rate (README, "The gate's error rate"); the record keeps the value.
+
 Distributed suites name their ``world_params`` (for example ``ranks``, ``backend``); the runner
 starts one real world per distinct combination and runs that world's grid points inside it.
 """
@@ -40,6 +50,15 @@ class Metric:
 
 
 TIME = Metric("time_s", "s", "lower", description="wall time of one measured call")
+CPU_TIME = Metric(
+    "cpu_time_s",
+    "s",
+    "lower",
+    description="CPU time (time.process_time, all threads) of one measured call; a world's is "
+    "its slowest rank's",
+)
+# The injected-regression knob every suite takes (the module docstring says what it does).
+SLOWDOWN_PARAM = "slowdown"
 
 
 @dataclass(frozen=True)
@@ -248,7 +267,7 @@ class Suite:
 
     @property
     def all_metrics(self) -> list[Metric]:
-        return [TIME, *self.metrics]
+        return [TIME, *self.metrics, CPU_TIME]
 
     def grid(self, overrides: dict[str, list] | None = None, quick: bool = False) -> list[dict]:
         base = {**self.params, **(self.quick if quick else {})}
@@ -265,6 +284,8 @@ class Suite:
         for key, declared in self.schema.items():
             for value in values.get(key, ()):
                 declared.validate(key, value)
+        for value in values.get(SLOWDOWN_PARAM, ()):
+            SLOWDOWN.validate(SLOWDOWN_PARAM, value)
         keys = list(values)
         points = [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
         for point in points:  # the rules that need no derived key, before derived_params runs
@@ -336,6 +357,12 @@ class Suite:
             key = key.strip()
             if not sep or not key or not raw:
                 raise ValueError(f"--param expects key=value[,value...], got {pair!r}")
+            if key == SLOWDOWN_PARAM and key not in self.params:
+                try:
+                    out[key] = [_convert(float, item.strip()) for item in raw.split(",")]
+                except ValueError:
+                    raise ValueError(f"parameter {key}: cannot read {raw!r} as float") from None
+                continue
             if key not in self.params:
                 known = ", ".join(self.params)
                 raise ValueError(f"suite {self.name} has no parameter {key!r}; known: {known}")
@@ -482,5 +509,6 @@ def divides(divisor: str, dividend: str, example: dict[str, str]) -> Rule:
 
 
 SEED = Param(int, 0, 2**32 - 1)
+SLOWDOWN = Param(float, 0, 10, why_max="ten times the call's own time")
 THREADS = Param(int, 0, 4096)
 DEVICE = Param(str, check=check_device, bad=("tpu", "cuda:x", "cpu:0"))

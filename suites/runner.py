@@ -4,14 +4,21 @@ Timing follows timeit/asv: one *sample* is the mean time of ``number`` back-to-b
 ``number`` chosen so that a sample lasts at least ``min_sample_s`` (timer resolution and call
 overhead then stay small); ``repeats`` samples give the median and spread. In a distributed
 world all ranks start a sample together (barrier) and a sample's time is the slowest rank's.
+Each sample also keeps the CPU time of its calls (``time.process_time``: ``cpu_time_s``), and
+each point the 1-minute load average before and after its samples (``load_start``,
+``load_end``), so a reader can tell a slow machine from a loaded one. A point's ``slowdown``
+(suites/base.py) makes each sample do that fraction more of the suite's own calls: a known
+regression, injected without touching what the suite measures.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,16 +43,63 @@ class RunConfig:
     number_from: int = 1
 
 
-def timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
+# The clocks a sample reads besides the device timer (tests inject their own).
+CPU_CLOCK: Callable[[], float] = time.process_time
+WALL_CLOCK: Callable[[], float] = time.perf_counter
+
+
+def spin(fraction: float, wall_s: float, cpu_s: float, wall=None, cpu=None) -> None:
+    """Busy-wait until at least ``fraction`` of ``wall_s`` more wall time and of ``cpu_s`` more
+    CPU time have passed: both clocks of a sample grow by that fraction (the slowdown knob)."""
+    wall, cpu = wall or WALL_CLOCK, cpu or CPU_CLOCK
+    w0, c0 = wall(), cpu()
+    x = 0
+    while wall() - w0 < fraction * wall_s or cpu() - c0 < fraction * cpu_s:
+        for i in range(200):
+            x += i * i
+
+
+def timed_with_cpu(
+    suite: Suite, state: Any, number: int, ctx, timer, slowdown: float = 0.0
+) -> tuple[float, float]:
     """Mean seconds of one of ``number`` back-to-back calls, by ``timer`` (CUDA events on a GPU:
-    the host clock would time the kernel launches only); a world's time is its slowest rank's."""
+    the host clock would time the kernel launches only), and their mean CPU time; a world's
+    times are its slowest rank's. ``slowdown`` > 0 makes the sample do that fraction more of
+    the same work: ``slowdown * number`` more calls inside the timed region (the fraction of a
+    call left over by :func:`spin`, from the calls' own mean wall and CPU time), so both
+    clocks grow by it under whatever load the machine has, as a real regression's would."""
     if ctx is not None:
         ctx.barrier()
     timer.start()
+    c0, w0 = CPU_CLOCK(), WALL_CLOCK()
     for _ in range(number):
         suite.run(state)
+    if slowdown > 0:
+        extra = slowdown * number
+        wall_per_call = (WALL_CLOCK() - w0) / number
+        cpu_per_call = (CPU_CLOCK() - c0) / number
+        for _ in range(int(extra)):
+            suite.run(state)
+        if extra % 1:
+            spin(extra % 1, wall_per_call, cpu_per_call)
     elapsed = timer.stop() / number
-    return ctx.all_reduce_max(elapsed) if ctx is not None else elapsed
+    cpu = (CPU_CLOCK() - c0) / number
+    if ctx is None:
+        return elapsed, cpu
+    return ctx.all_reduce_max(elapsed), ctx.all_reduce_max(cpu)
+
+
+def timed(suite: Suite, state: Any, number: int, ctx, timer) -> float:
+    """Mean seconds of one of ``number`` back-to-back calls (:func:`timed_with_cpu`'s wall time);
+    a world's time is its slowest rank's."""
+    return timed_with_cpu(suite, state, number, ctx, timer)[0]
+
+
+def _load1() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def summarized(samples: dict[str, list[float]]) -> dict[str, float]:
@@ -102,13 +156,19 @@ def run_point(suite: Suite, params: dict, config: RunConfig, ctx=None) -> dict:
     adds ``device_used`` and the ``clock`` that timed it."""
     state, record, timer, number, device = prepare_point(suite, params, config, ctx)
     samples: dict[str, list[float]] = {"time_s": []}
+    cpu_times: list[float] = []
+    slowdown = float(params.get("slowdown", 0.0) or 0.0)
     reset_peak_memory(device)
+    load_start = _load1()
     for _ in range(config.repeats):
-        t = timed(suite, state, number, ctx, timer)
+        t, cpu = timed_with_cpu(suite, state, number, ctx, timer, slowdown)
         samples["time_s"].append(t)
+        cpu_times.append(cpu)
         for name, value in (suite.derive(params, state, t) if suite.derive else {}).items():
             samples.setdefault(name, []).append(float(value))
+    samples["cpu_time_s"] = cpu_times  # after the derived metrics: the suite's own come first
     peak = peak_memory_bytes(device)  # CUDA: the allocator's high-water mark over the samples
+    record.update(load_start=load_start, load_end=_load1())
     record.update(
         summarized(samples),
         repeats=config.repeats,
@@ -210,6 +270,9 @@ def measure(
     suite's own grid does (points written by code rather than made by ``Suite.grid``).
     ``config``: RunConfig() by default. ``progress(i, n, point)`` before a point or world,
     ``done(record)`` as each record finishes."""
+    from moe_repro.records.environment import mark_start
+
+    mark_start()  # the load average and CPU time as the run starts (records/environment.py)
     if isinstance(suite, str):
         from moe_repro.suites import get_suite
 
