@@ -464,7 +464,10 @@ class Reproduction:
             else:
                 words = f"{note}: {value:.4g}{cell.unit}, not accepted ({judged.why}"
                 if judged.broken:
-                    words += ": " + ", ".join(" / ".join(k) for k in judged.broken)
+                    more = len(judged.broken) - 1
+                    words += (
+                        ": " + " / ".join(judged.broken[0]) + (f" and {more} more" if more else "")
+                    )
                 cell.note = f"{cell.note}; {words})" if cell.note else f"{words})"
         return judged
 
