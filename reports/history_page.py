@@ -440,23 +440,39 @@ def sparkline(
 
 
 def noise(record) -> dict | None:
-    """The noise context a run stored with its environment (load average at start and end, CPU
-    time), where it did: {"text", "loaded"}; loaded when the load exceeded the core count."""
-    extra = record.environment.model_extra or {}
-    start, end = extra.get("load_start"), extra.get("load_end")
-    cpu = extra.get("cpu_time_s")
-    cores = extra.get("cpu_count")
-    if not any(_finite(v) for v in (start, end, cpu)):
+    """The noise context a run stored with its environment (records/environment.noise_context:
+    the 1-minute load average at start and end, the CPU time, the core count), where it did:
+    {"text", "loaded"}; loaded when the load exceeded the core count."""
+    return environment_noise(record.environment)
+
+
+def environment_noise(env) -> dict | None:
+    """:func:`noise` of a stored Environment."""
+    extra = env.model_extra or {}
+    ctx = extra.get("noise") if isinstance(extra.get("noise"), dict) else extra
+
+    def one(x):  # a stored load average is [1 min, 5 min, 15 min]
+        x = x[0] if isinstance(x, (list, tuple)) and x else x
+        return x if _finite(x) else None
+
+    start, end = one(ctx.get("load_start")), one(ctx.get("load_end"))
+    cpu, cores = one(ctx.get("cpu_time_s")), one(ctx.get("cpu_count") or extra.get("cpu_count"))
+    children = one(ctx.get("children_cpu_time_s"))
+    if start is None and end is None and cpu is None:
         return None
     bits = []
-    if _finite(start) or _finite(end):
-        bits.append(f"load {fmt(start)} -> {fmt(end)}")
-    if _finite(cores):
-        bits.append(f"{fmt(cores)} cores")
-    if _finite(cpu):
-        bits.append(f"CPU time {fmt(cpu, 's')}")
-    peak = max((v for v in (start, end) if _finite(v)), default=0.0)
-    loaded = bool(_finite(cores) and peak > cores)
+    if start is not None or end is not None:
+        bits.append(
+            f"load {fmt(start)} at the start, {fmt(end)} at the end"
+            + (f" on {fmt(cores)} cores" if cores else "")
+        )
+    if cpu is not None:
+        total = cpu + (children or 0.0)
+        bits.append(f"CPU time {fmt(total, 's')}")
+    loaded = ctx.get("loaded")
+    if not isinstance(loaded, bool):
+        peak = max((v for v in (start, end) if v is not None), default=None)
+        loaded = bool(cores and peak is not None and peak > cores)
     return {"text": ", ".join(bits), "loaded": loaded}
 
 

@@ -143,6 +143,17 @@ def minutes(m: float | None) -> str:
     return f"{m / 60:.1f} h"
 
 
+def _noise(payload: dict) -> dict | None:
+    """The run's noise context (load, CPU time) from its stored environment, where it has one."""
+    from moe_repro.records.record import Environment
+    from moe_repro.reports.history_page import environment_noise
+
+    try:
+        return environment_noise(Environment.model_validate(payload.get("environment") or {}))
+    except ValueError:
+        return None
+
+
 def css() -> Markup:
     """The stylesheet, marked safe: it is our own file, and autoescaping it turns its quotes into
     &#34; inside <style>, which breaks every rule after the first quoted font name."""
@@ -192,6 +203,7 @@ def render_reproduction(
             css=css(),
             paper=paper,
             hv=history,
+            noise=_noise(payload),
             grades=grade_counts(c["verdict"] for c in cells),
             counts=counts,
             agreement=grading.agreement_line(counts),

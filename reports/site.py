@@ -636,7 +636,26 @@ def suite_view(run: SuiteRecord) -> dict:
         if k not in shown and k not in suffixed and k != "samples"
     ]
     bytes_shown = any(units.get(m) == "B" for m in headline + extra)
+    # the terminal's spread warning (reports/terminal.py): grid points whose samples disagree
+    from moe_repro.reports.terminal import SPREAD_FLAG
+
+    first = headline[0] if headline else None
+    spread = [
+        r
+        for r in records
+        if first
+        and _finite(r.get(first))
+        and r[first]
+        and _finite(r.get(f"{first}_iqr"))
+        and r[f"{first}_iqr"] / abs(r[first]) > SPREAD_FLAG
+    ]
     return {
+        "noise": history_page.noise(run),
+        "spread": f"{len(spread)} of {len(records)} grid points have a spread (IQR / median of "
+        f"{first}) above {SPREAD_FLAG:.0%}: their samples disagree (a busy machine, or too few "
+        "repeats)"
+        if spread
+        else None,
         "machine": _machine(env),
         "constants": constants,
         "varying": varying,

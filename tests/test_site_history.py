@@ -162,3 +162,31 @@ def test_a_reproduction_page_follows_its_cells_by_commit(tmp_path):
     )
     assert "1 of 2 cells changed" in history
     assert history.count('href="../runs/reproductions/piper-table4/') >= 2
+
+
+def test_noise_context_is_shown_beside_the_numbers_and_a_loaded_run_is_flagged(tmp_path):
+    calm = suite_run("gemm", "aaaa111", "2026-03-01T10:00:00+00:00")
+    # as records/environment.noise_context stores it
+    calm.environment.noise = {
+        "load_start": [0.5, 0.4, 0.3],
+        "load_end": [0.7, 0.5, 0.3],
+        "cpu_count": 2,
+        "cpu_time_s": 1.5,
+        "loaded": False,
+    }
+    page = site.write_suite_page(tmp_path / "calm", "gemm", [calm]).read_text()
+    noise = re.search(r'<p class="noise">(.*?)</p>', page, re.S)
+    assert (
+        noise
+        and "load 0.5 at the start, 0.7 at the end on 2 cores" in noise.group(1)
+        and "1.5 s" in noise.group(1)
+    )
+    assert "loaded" not in noise.group(1)
+
+    busy = suite_run("gemm", "aaaa111", "2026-03-01T10:00:00+00:00")
+    busy.environment.noise = {"load_start": [9.0, 6.0, 3.0], "load_end": [12.0], "cpu_count": 2}
+    page = site.write_suite_page(tmp_path / "busy", "gemm", [busy]).read_text()
+    noise = re.search(r'<p class="noise warn">(.*?)</p>', page, re.S)
+    assert noise and "<strong>loaded</strong>" in noise.group(1), page[:3000]
+    # the stored-runs list says it too
+    assert "loaded (load above the core count)" in page
