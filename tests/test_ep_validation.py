@@ -83,8 +83,7 @@ def test_scoring_runs_and_can_fail():
 def test_leave_one_library_out_uses_the_fit():
     """A fit that changes the platform for held-out libraries changes their errors: the
     held-out column is computed, not copied."""
-    import dataclasses
-
+    from moe_repro.components.network.platform import from_dict
     from moe_repro.reproductions.validation import score_ep
 
     cells = [
@@ -95,8 +94,9 @@ def test_leave_one_library_out_uses_the_fit():
 
     def fit(train):
         if all(c["library"] == "Hybrid-EP" for c in train):  # DeepEP held out: a slower NIC
-            p = load_builtin("h800")
-            return {"h800": dataclasses.replace(p, nic_bytes_per_s=p.nic_bytes_per_s / 2)}
+            doc = json.loads(json.dumps(load_builtin("h800").raw))
+            doc["ep_kernels"]["nic_GBps"] /= 2
+            return {"h800": from_dict(doc)}
         return {}
 
     out = score_ep({"cells": cells}, fit=fit)
@@ -142,4 +142,26 @@ def test_every_model_parameter_says_where_it_comes_from():
         # no constant comes from a cell: each names a specification, a statement, an
         # assumption or says it is not modelled
         words = ("specification", "statement", "assumption", "not modelled", "definition", "own")
+        words += ("micro-benchmark, not a scored cell",)
         assert any(w in p["role"] for w in words), p["name"]
+
+
+def test_ep_kernel_rates_come_from_the_profile_section_only_for_ep_kernels():
+    """ep_kernels replaces the NIC and NVLink rates for the EP kernel model and nothing else:
+    the profile itself (what repro bench alltoall and the other predictors read) keeps its line
+    rates."""
+    from moe_repro.components.network.simulator import ep_kernel_platform
+
+    p = load_builtin("dgx-h100")
+    q = ep_kernel_platform(p)
+    assert p.nic_bytes_per_s == 50e9 and q.nic_bytes_per_s == 47e9
+    assert q.raw["node"]["intra_node"]["GBps_per_gpu"] == 310 and q.nvlink_efficiency == 1.0
+    assert p.raw["network"]["window"] == 32 and q.raw["network"]["window"] == 0
+    rb = row_bytes("v1", 7168, "bf16", 8)
+    r = Routing(32, 8, 4096, 8, 256, 4)
+    slower = simulate_ep_kernel(p, r, "normal", rb).time_s
+    doc = json.loads(json.dumps(p.raw))
+    doc.pop("ep_kernels")
+    from moe_repro.components.network.platform import from_dict
+
+    assert simulate_ep_kernel(from_dict(doc), r, "normal", rb).time_s < slower

@@ -1212,25 +1212,55 @@ def ep_kernel_messages(r, kernel: str, row_bytes: float) -> tuple[list, dict]:
     return out, {"rdma": [], "nvl": []}
 
 
+def ep_kernel_platform(platform: Platform) -> Platform:
+    """The profile as the EP kernels see it: where the profile's ``ep_kernels`` section gives
+    what a GPU-initiated put reaches (``nic_GBps``: a NIC; ``nvlink_GBps``: a GPU's NVLink, at
+    application level, so efficiency.nvlink is not applied again), those rates replace the
+    NIC's and the NVSwitch port's line rates; the per-flow issue cost is ``per_message_us``
+    (0 when absent) and there is no in-flight window (network.window is a host all-to-all's
+    throttle). Every value the section sets says its source in the profile."""
+    import copy
+
+    from moe_repro.components.network.platform import from_dict
+
+    doc = copy.deepcopy(platform.raw)
+    ep = doc.get("ep_kernels", {})
+    net = doc.setdefault("network", {})
+    net.update(per_message_us=float(ep.get("per_message_us", 0.0)), window=0)
+    if "nic_GBps" in ep:
+        doc["node"]["nic_GBps"] = float(ep["nic_GBps"])
+        for link in doc.get("links", []):
+            if link["class"] not in ("intra_node", "intra_package") and "GBps" in link:
+                link["GBps"] = min(float(link["GBps"]), float(ep["nic_GBps"]))
+    if "nvlink_GBps" in ep:
+        rate = float(ep["nvlink_GBps"])
+        doc["node"]["intra_node"] = {"kind": "switch", "GBps_per_gpu": rate}
+        doc["node"]["intra_node_alltoall_GBps_per_gpu"] = rate
+        doc.setdefault("efficiency", {})["nvlink"] = 1.0
+        for link in doc.get("links", []):
+            if link["class"] == "intra_node":
+                link["GBps"] = rate
+    return from_dict(doc)
+
+
 def simulate_ep_kernel(platform: Platform, r, kernel: str, row_bytes: float) -> SimResult:
     """Simulated time of one EP dispatch or combine kernel (:func:`ep_kernel_messages`) on
-    ``platform``: the flows on the profile's NVLink ports, NICs and fabric, max-min fair, each
-    after its link class's latency. The kernel is timed on the GPU (what the libraries' kineto
-    timings measure), so no launch cost is added; the per-message issue cost is the profile's
-    ``ep_kernels.per_message_us`` (0 when absent). Every number it returns is simulated."""
+    ``platform`` as the kernels see it (:func:`ep_kernel_platform`): the flows on the NVLink
+    ports, NICs and fabric, max-min fair, each after its link class's latency. The kernel is
+    timed on the GPU (what the libraries' kineto timings measure), so no launch cost is added.
+    Every number it returns is simulated."""
     import dataclasses
 
     topo = topology_for(platform, r.nodes, gpus_per_node=r.local)
     messages, deps = ep_kernel_messages(r, kernel, row_bytes)
-    per_msg = float(platform.raw.get("ep_kernels", {}).get("per_message_us", 0.0))
-    # GPU-initiated: no host all-to-all throttle (network.window is MPICH's), the EP issue cost
-    net = dict(platform.raw.get("network", {}), per_message_us=per_msg, window=0)
-    raw = dict(platform.raw, network=net)
-    p = dataclasses.replace(platform, raw=raw)
+    p = ep_kernel_platform(platform)
     res = simulate_messages(messages, topo, p, deps)
+    ep = platform.raw.get("ep_kernels", {})
+    rates = ", ".join(f"{k} {ep[k]:g}" for k in ("nic_GBps", "nvlink_GBps") if k in ep)
     note = (
-        f"EP {kernel} kernel: expected routing rows as flows (one per rank pair), "
-        f"{per_msg:g} us issue cost per flow (ep_kernels.per_message_us), no launch cost "
-        f"(kernel-timed), no in-flight window, no SM limit"
+        f"EP {kernel} kernel: expected routing rows as flows (one per rank pair); "
+        f"GPU-initiated put rates {rates or 'not given: line rates'} (ep_kernels); "
+        f"{p.raw['network']['per_message_us']:g} us issue cost per flow, no in-flight window, "
+        f"no launch cost (kernel-timed), no SM limit"
     )
     return dataclasses.replace(res, assumptions=(note, *res.assumptions))
