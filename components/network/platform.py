@@ -6,8 +6,11 @@ optional SM count: Piper Sec. IV-A, Eq. 11), ``node`` (GPUs, NICs and B_NIC of P
 GPU-NIC affinity, the intra-node links), ``network`` (switch groups and racks of Eq. 10, the
 fabric beyond the NICs, the simulator's per-message cost), ``links`` (one entry per link class,
 fastest first), ``efficiency`` (network and NVLink fractions of line rate, framework overhead,
-sources) and an optional ``calibration.layer_forward`` (a published layer time the time model
-scales its kernel times by). Each field, its unit and who reads it: see docs/simulator.md.
+sources), an optional ``calibration.layer_forward`` (a published layer time the time model
+scales its kernel times by) and an optional ``ep_kernels`` (what a GPU-initiated put reaches on
+the NIC and NVLink, ``nic_GBps`` / ``nvlink_GBps``, and an issue cost ``per_message_us``: read
+only by the EP kernel model, simulator.ep_kernel_platform). Each field, its unit and who reads
+it: see docs/simulator.md.
 
 Why: the planners, the time model and the simulator read every machine through one document,
 so a number has one source that the profile names (``sources``, ``approximate``). Loading the
