@@ -27,6 +27,7 @@ from functools import lru_cache
 import torch
 
 from moe_repro.runtime.timing import host_seconds
+from moe_repro.components.alltoall import get_algorithm
 from moe_repro.components.balance import balancer_names, get_balancer
 from moe_repro.components.balance.base import BalanceStep
 from moe_repro.components.balance.row_plan import count_wrong, rows_to_devices, weight_copies
@@ -214,18 +215,22 @@ def _ffn(x, w1, w2):
 
 
 def _real_step(state: dict, s: dict) -> torch.Tensor:
-    """One step on this rank: counts all-gathered, decision, dispatch, experts, combine."""
-    import torch.distributed as dist
+    """One step on this rank: counts all-gathered, decision, dispatch, experts, combine.
 
-    from moe_repro.components.alltoall.flat import all_to_all_v
+    The plan cuts each expert's rows over devices, so the dispatch routes (token, slot) pairs
+    to *device slots*: slot e * W + d is expert e's share on device d, placed on rank d. The
+    registry's flat dispatcher moves them (PFT order: slot, then pair; grouped by destination,
+    so each source's rows arrive expert-major), and its combine (weights 1) returns every pair's
+    output to its pair: the gates are applied here in slot order, as the reference does."""
+    from moe_repro.components.moe.pft import PFT
 
     me, world, experts = state["rank"], state["ep"], state["experts"]
+    dispatcher = state["dispatcher"]
     ids, gates, x = s["ids"], s["gates"], s["x"]
     local = torch.bincount(ids.reshape(-1), minlength=experts)
-    gathered = [torch.zeros_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)
+    gathered = torch.tensor(dispatcher.comm().allgather_ints(local.tolist()), dtype=torch.int64)
     t0 = host_seconds()  # the balancer's decision is host-only planning: the host clock times it
-    step = BalanceStep(state["placement"], torch.stack(gathered), s["previous"])
+    step = BalanceStep(state["placement"], gathered, s["previous"])
     work = state["balancer"].run(step)
     rows = rows_to_devices(state["balancer"].name, step, work)
     state["decide_s"].append(host_seconds() - t0)
@@ -242,12 +247,17 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
             n = int(mine[e, d])
             dest[order[start : start + n]] = d
             start += n
-    # the send buffer: by device, expert-major inside, so a receiver knows each row's expert
-    send_order = torch.argsort((dest * experts + flat_e) * pairs + pair_index)
+    device_slot = flat_e * world + dest
+    by_slot = torch.argsort(device_slot * pairs + pair_index)
+    pft = PFT(
+        token_ids=by_slot,  # one "token" per pair
+        expert_ids=device_slot[by_slot],
+        tokens_per_expert=torch.bincount(device_slot, minlength=experts * world),
+        combine_weights=torch.ones(pairs, dtype=x.dtype),
+        num_tokens=pairs,
+    )
     tokens = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
-    send_counts = torch.bincount(dest, minlength=world).tolist()
-    recv_counts = rows[:, :, me].sum(1).tolist()
-    received = all_to_all_v(x[tokens[send_order]], send_counts, recv_counts)
+    received = dispatcher.dispatch(x[tokens], pft)
     # rows from source r arrive expert-major: their experts are known from the plan
     recv_experts = torch.cat(
         [torch.arange(experts).repeat_interleave(rows[r, :, me]) for r in range(world)]
@@ -256,10 +266,7 @@ def _real_step(state: dict, s: dict) -> torch.Tensor:
     for e in torch.unique(recv_experts).tolist():
         sel = (recv_experts == e).nonzero().flatten()
         out[sel] = _ffn(received[sel], state["w1"][e], state["w2"][e])
-    back = all_to_all_v(out, recv_counts, send_counts)
-    result = torch.empty_like(back)
-    result[send_order] = back
-    pair_out = result.reshape(ids.shape[0], ids.shape[1], -1)
+    pair_out = dispatcher.combine(out, pairs).reshape(ids.shape[0], ids.shape[1], -1)
     y = torch.zeros(ids.shape[0], x.shape[1], dtype=x.dtype)
     for j in range(ids.shape[1]):  # gate, then sum in slot order
         y += gates[:, j : j + 1].double() * pair_out[:, j]
@@ -291,6 +298,9 @@ def _setup_real(p: dict, plan: dict, ctx) -> dict:
         "i": 0,
     }
     state["w1"], state["w2"] = _expert_weights(p, w.num_experts)
+    # the EP dispatch: the registry's flat dispatcher over device slots (see _real_step)
+    slot_rank = [slot % state["ep"] for slot in range(w.num_experts * state["ep"])]
+    state["dispatcher"] = get_algorithm("flat").group_dispatcher(slot_rank)
     g = torch.Generator().manual_seed(2000 + int(p["seed"]))
     local_steps = []
     for s in plan["steps"]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from moe_repro.runtime.timing import instant
 from moe_repro.components.lazy_import import lazy_module
+from moe_repro.components.network.comm import alltoallv_autograd
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
 
 if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
@@ -216,11 +217,9 @@ class Dispatcher(ABC):
         differentiable, its backward the reverse exchange (so the gate gets its gradient)."""
         layout = self.state.layout
         w = combine_weights.index_select(0, layout.send_rows).reshape(-1, 1)
-        return (
-            _autograd_functions()[2]
-            .apply(w, self.comm(), layout.send_counts, layout.recv_counts)
-            .reshape(-1)
-        )
+        return alltoallv_autograd(
+            self.comm(), w, layout.send_counts, layout.recv_counts, "weights"
+        ).reshape(-1)
 
     def expert_counts_from_each_rank(self, tokens_per_expert: torch.Tensor) -> list[list[int]]:
         """Every rank's tokens_per_expert ([W][E] ints) by one all-gather of E int64 (X-MoE
@@ -230,7 +229,7 @@ class Dispatcher(ABC):
 
 @cache
 def _autograd_functions():
-    """(dispatch, combine, weights) autograd Functions, defined on first use (torch is imported
+    """(dispatch, combine) autograd Functions, defined on first use (torch is imported
     on first use: the simulator reads this registry without tensors)."""
 
     class DispatchRows(torch.autograd.Function):
@@ -258,20 +257,7 @@ def _autograd_functions():
             # The sum over a token's rows: every row gets its token's gradient (the way out).
             return ctx.dispatcher.send_rows(grad.contiguous(), ctx.state).clone(), None, None, None
 
-    class ExchangeScalars(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, w, comm, send_counts, recv_counts):
-            ctx.comm, ctx.send_counts, ctx.recv_counts = comm, send_counts, recv_counts
-            return comm.alltoallv(w.detach().contiguous(), send_counts, recv_counts, "weights")
-
-        @staticmethod
-        def backward(ctx, grad):
-            back = ctx.comm.alltoallv(
-                grad.contiguous(), ctx.recv_counts, ctx.send_counts, "weights"
-            )
-            return back, None, None, None
-
-    return DispatchRows, CombineRows, ExchangeScalars
+    return DispatchRows, CombineRows
 
 
 class AllToAll(ABC):

@@ -7,11 +7,10 @@ attention, expert weights); the MoE dispatch itself is :class:`FlatDispatcher`:
 
 Rows of ``x`` (dim 0) are split by ``send_counts`` (one chunk per rank of ``group``, in rank
 order); the result is the received rows concatenated in rank order. When ``recv_counts`` is
-None it is learnt with a small all_to_all_single of the counts. The call is differentiable:
-its backward is the reverse all-to-all-v (gradients travel back along the same rows).
-
-On gloo, uneven splits go through ``dist.all_to_all_single`` with ``input_split_sizes`` /
-``output_split_sizes``; the list form ``dist.all_to_all`` rejects unequal sizes.
+None it is learnt with a small exchange of the counts. The call is differentiable: its
+backward is the reverse all-to-all-v (gradients travel back along the same rows). Like every
+all-to-all-v here it runs through the group's communicator (network/comm.py), the one place
+that calls the backend's collective.
 
 Byte count (nccl-tests conventions for alltoall): rank r sends
 ``sum_{d != r} send_counts[d] * row_bytes``; the chunk to itself is a local copy and is not
@@ -26,7 +25,6 @@ over real ranks built on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 from moe_repro.components.alltoall.base import (
     AllToAll,
@@ -40,87 +38,34 @@ from moe_repro.components.lazy_import import lazy_module
 
 # The backend-neutral communicators live in the network layer (topology builds them); the names
 # stay importable from here, where HALO, RBD and the tests have always found them.
-from moe_repro.components.network.comm import Comm, TorchComm
+from moe_repro.components.network.comm import Comm, TorchComm, alltoallv_autograd
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
 torch = lazy_module("torch", globals())
-dist = lazy_module("torch.distributed", globals(), "dist")
-
-
-def _world(group) -> int:
-    return dist.get_world_size(group)
-
-
-def exchange_counts(send_counts: list[int], group=None) -> list[int]:
-    """Each rank tells each peer how many rows it will send: one int64 per peer."""
-    n = _world(group)
-    if len(send_counts) != n:
-        raise ValueError(f"send_counts has {len(send_counts)} entries, group has {n} ranks")
-    send = torch.tensor([int(c) for c in send_counts], dtype=torch.int64)
-    recv = torch.empty(n, dtype=torch.int64)
-    dist.all_to_all_single(recv, send, group=group)
-    return [int(c) for c in recv.tolist()]
-
-
-def exchange_rows(
-    x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group=None
-) -> torch.Tensor:
-    """One all-to-all-v of rows, no autograd (the forward of :func:`all_to_all_v`; also what
-    ships expert weights and optimizer state, which need no gradient)."""
-    x = x.contiguous()
-    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(
-        out,
-        x,
-        output_split_sizes=list(recv_counts),
-        input_split_sizes=list(send_counts),
-        group=group,
-    )
-    return out
-
-
-@cache
-def _all_to_all_v_function():
-    """The autograd Function, defined on first use (torch itself is imported on first use)."""
-
-    class AllToAllV(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, send_counts, recv_counts, group):
-            ctx.send_counts, ctx.recv_counts, ctx.group = send_counts, recv_counts, group
-            return exchange_rows(x, send_counts, recv_counts, group)
-
-        @staticmethod
-        def backward(ctx, grad):
-            # The reverse exchange: what I received from d goes back to d.
-            return (
-                exchange_rows(grad, ctx.recv_counts, ctx.send_counts, ctx.group),
-                None,
-                None,
-                None,
-            )
-
-    return AllToAllV
 
 
 def all_to_all_v(
     x: torch.Tensor, send_counts: list[int], recv_counts: list[int] | None = None, group=None
 ) -> torch.Tensor:
-    """Differentiable all-to-all-v over ``group`` (torch.distributed); see the module docstring."""
-    n = _world(group)
+    """Differentiable all-to-all-v over ``group`` (torch.distributed; None = world), through
+    its :class:`TorchComm` (comm.alltoallv_autograd); see the module docstring."""
+    comm = TorchComm.of_group(group)
     send_counts = [int(c) for c in send_counts]
-    if len(send_counts) != n:
-        raise ValueError(f"send_counts has {len(send_counts)} entries, group has {n} ranks")
+    if len(send_counts) != comm.size:
+        raise ValueError(f"send_counts has {len(send_counts)} entries, group has {comm.size} ranks")
     if any(c < 0 for c in send_counts):
         raise ValueError(f"send_counts must be >= 0, got {send_counts}")
     if sum(send_counts) != x.shape[0]:
         raise ValueError(f"send_counts sum to {sum(send_counts)} but x has {x.shape[0]} rows")
     if recv_counts is None:
-        recv_counts = exchange_counts(send_counts, group)
+        recv_counts = comm.exchange_counts(send_counts)
     else:
         recv_counts = [int(c) for c in recv_counts]
-        if len(recv_counts) != n:
-            raise ValueError(f"recv_counts has {len(recv_counts)} entries, group has {n} ranks")
-    return _all_to_all_v_function().apply(x, send_counts, recv_counts, group)
+        if len(recv_counts) != comm.size:
+            raise ValueError(
+                f"recv_counts has {len(recv_counts)} entries, group has {comm.size} ranks"
+            )
+    return alltoallv_autograd(comm, x, send_counts, recv_counts)
 
 
 def flat_all_to_all_v(
@@ -302,8 +247,7 @@ class FlatAlgorithm(AllToAll):
     def group_dispatcher(
         self, expert_to_rank, group=None, topo=None, generator=None
     ) -> FlatDispatcher:
-        group = dist.group.WORLD if group is None else group
-        return FlatDispatcher(TorchComm(group, dist.get_process_group_ranks(group)), expert_to_rank)
+        return FlatDispatcher(TorchComm.of_group(group), expert_to_rank)
 
     def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
         return flat_schedule(counts_matrix, row_bytes, with_counts, ranks=ranks)

@@ -32,11 +32,10 @@ import threading
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from moe_repro.runtime.timing import host_seconds
 
-from moe_repro.components.alltoall.flat import exchange_rows
+from moe_repro.components.network.comm import TorchComm
 from moe_repro.components.moe.expert_mlp import ExpertMLP, grouped_gemm
 
 
@@ -107,13 +106,15 @@ class _AttachCopyGrad(torch.autograd.Function):
     the received rows to their senders with the reverse all-to-all-v on the copy group."""
 
     @staticmethod
-    def forward(ctx, sent, received, send_counts, recv_counts, group):
-        ctx.send_counts, ctx.recv_counts, ctx.group = send_counts, recv_counts, group
+    def forward(ctx, sent, received, send_counts, recv_counts, comm):
+        ctx.send_counts, ctx.recv_counts, ctx.comm = send_counts, recv_counts, comm
         return received.view_as(received)
 
     @staticmethod
     def backward(ctx, grad):
-        back = exchange_rows(grad.contiguous(), ctx.recv_counts, ctx.send_counts, ctx.group)
+        back = ctx.comm.alltoallv(
+            grad.contiguous(), ctx.recv_counts, ctx.send_counts, "expert_copy"
+        )
         return back, None, None, None, None
 
 
@@ -148,15 +149,17 @@ def _copy_stream(device: torch.device):
 
 class ExpertCopy:
     """One asynchronous, differentiable all-to-all-v of packed expert rows on ``group``, on the
-    copy-engine path (module docstring), with its overlap against the static compute measured."""
+    copy-engine path (module docstring), with its overlap against the static compute measured.
+    The copy runs on the group's communicator (network/comm.py), like every all-to-all-v."""
 
     def __init__(self, sent: torch.Tensor, send_counts: list[int], recv_counts: list[int], group):
         self.sent, self.send_counts, self.recv_counts, self.group = (
             sent,
-            send_counts,
-            recv_counts,
+            list(send_counts),
+            list(recv_counts),
             group,
         )
+        self.comm = TorchComm.of_group(group)
         self.received = sent.new_empty(sum(recv_counts), sent.shape[1])
         payload = sent.detach().contiguous()
         self.on_cuda = sent.device.type == "cuda"
@@ -171,13 +174,8 @@ class ExpertCopy:
             self.stream.wait_stream(compute)  # the packed weights are ready
             with torch.cuda.stream(self.stream):
                 self._events["copy_start"].record(self.stream)
-                self.work = dist.all_to_all_single(
-                    self.received,
-                    payload,
-                    output_split_sizes=list(recv_counts),
-                    input_split_sizes=list(send_counts),
-                    group=group,
-                    async_op=True,
+                _, self.work = self.comm.alltoallv_async(
+                    payload, self.send_counts, self.recv_counts, "expert_copy", out=self.received
                 )
                 self.work.wait()  # the copy stream (not the host) waits for NCCL's stream
                 self._events["copy_end"].record(self.stream)
@@ -187,16 +185,11 @@ class ExpertCopy:
         else:
             self._stamps: dict[str, float] = {"copy_start": host_seconds()}
             self._lock = threading.Lock()
-            self.work = dist.all_to_all_single(
-                self.received,
-                payload,
-                output_split_sizes=list(recv_counts),
-                input_split_sizes=list(send_counts),
-                group=group,
-                async_op=True,
+            _, self.work = self.comm.alltoallv_async(
+                payload, self.send_counts, self.recv_counts, "expert_copy", out=self.received
             )
             try:  # stamped by the worker thread the moment the copy completes
-                self.work.get_future().add_done_callback(lambda _: self._stamp("copy_end"))
+                self.work.add_done_callback(lambda: self._stamp("copy_end"))
             except (RuntimeError, AttributeError):
                 pass  # no future for this op: wait() stamps when it sees the copy done
         self._payload = payload
@@ -229,7 +222,7 @@ class ExpertCopy:
         if not (self.sent.requires_grad and torch.is_grad_enabled()):
             return self.received
         return _AttachCopyGrad.apply(
-            self.sent, self.received, self.send_counts, self.recv_counts, self.group
+            self.sent, self.received, self.send_counts, self.recv_counts, self.comm
         )
 
     def overlap(self) -> CopyOverlap | None:

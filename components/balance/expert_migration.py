@@ -261,7 +261,7 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
     """
     import torch.distributed as dist
 
-    from moe_repro.components.alltoall.flat import exchange_rows
+    from moe_repro.components.network.comm import TorchComm
 
     if not layer.expert_parallel:
         raise ValueError("migrate_ep_layer needs an expert-parallel layer")
@@ -282,6 +282,7 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
     arrived = [e for s in range(world) for e in sorted(new_local) if old_rank[e] == s]
     place = torch.tensor([arrived.index(e) for e in new_local], dtype=torch.int64)
     idx = torch.tensor(order, dtype=torch.int64)
+    comm = TorchComm.of_group(layer.ep_group)
     sent_bytes = 0
     for p, _ in expert_slot_tensors(layer)[:-1]:  # the stacked expert weights only
         tensors = [p.data]
@@ -291,7 +292,7 @@ def migrate_ep_layer(layer, optimizer: torch.optim.Optimizer | None, new_placeme
         moved = []
         for t in tensors:
             rows = t.index_select(0, idx.to(t.device)).reshape(len(order), -1).contiguous()
-            got = exchange_rows(rows, send_counts, recv_counts, layer.ep_group)
+            got = comm.alltoallv(rows, send_counts, recv_counts, "migration")
             moved.append(
                 got.index_select(0, place.to(t.device)).reshape(len(new_local), *t.shape[1:])
             )

@@ -12,6 +12,9 @@ from components/alltoall.
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Callable
+
 from moe_repro.runtime.device import group_device
 from moe_repro.components.lazy_import import lazy_module
 
@@ -47,6 +50,12 @@ class Works:
         if self.then is not None:  # e.g. copy a staged result back to the host
             self.then()
         self.works, self.keep, self.then = [], (), None
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (on the backend's thread) once every torch Work is done; raises
+        AttributeError for handles without a future (mpi4py Requests, old torch backends)."""
+        futures = [w.get_future() for w in self.works]
+        torch.futures.collect_all(futures).add_done_callback(lambda _: callback())
 
 
 class Comm:
@@ -104,6 +113,12 @@ class TorchComm(Comm):
         self.group = group
         self.device = group_device(group)  # the runtime's rule: NCCL moves CUDA tensors only
 
+    @classmethod
+    def of_group(cls, group=None) -> "TorchComm":
+        """The communicator of process group ``group`` (None = world). Not collective."""
+        group = dist.group.WORLD if group is None else group
+        return cls(group, dist.get_process_group_ranks(group))
+
     def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Uneven all-to-all; returns (out, handle). ``out`` may be a preallocated buffer."""
         x, out, send_counts, recv_counts, _ = self._prepare(x, send_counts, recv_counts, phase, out)
@@ -151,6 +166,33 @@ class TorchComm(Comm):
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t, group=self.group)
         return [o.tolist() for o in out]
+
+
+def alltoallv_autograd(
+    comm: Comm, x: torch.Tensor, send_counts, recv_counts, phase: str = "a2a"
+) -> torch.Tensor:
+    """``comm.alltoallv`` as a differentiable call: its backward is the reverse exchange on the
+    same communicator (what I received from s goes back to s), logged under the same phase."""
+    return _alltoallv_function().apply(x, comm, list(send_counts), list(recv_counts), phase)
+
+
+@cache
+def _alltoallv_function():
+    """The autograd Function, defined on first use (torch itself is imported on first use)."""
+
+    class AllToAllV(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, comm, send_counts, recv_counts, phase):
+            ctx.comm, ctx.counts, ctx.phase = comm, (send_counts, recv_counts), phase
+            return comm.alltoallv(x.detach(), send_counts, recv_counts, phase)
+
+        @staticmethod
+        def backward(ctx, grad):
+            send_counts, recv_counts = ctx.counts
+            back = ctx.comm.alltoallv(grad.contiguous(), recv_counts, send_counts, ctx.phase)
+            return back, None, None, None, None
+
+    return AllToAllV
 
 
 def _as_bytes(t: torch.Tensor):
