@@ -573,6 +573,14 @@ def score_ep(doc: dict | None = None, fit=no_fit) -> dict:
         g = {"all": ep_group("all", scored)}
         for reg in EP_REGIMES:
             g[reg] = ep_group(reg, [x for x in scored if by_id[x.point_id]["regime"] == reg])
+            for scope in ("intranode", "internode"):
+                sub = [
+                    x
+                    for x in scored
+                    if by_id[x.point_id]["regime"] == reg and by_id[x.point_id]["scope"] == scope
+                ]
+                if sub:
+                    g[f"{reg} / {scope}"] = ep_group(f"{reg} / {scope}", sub)
         for lib in libraries:
             for reg in EP_REGIMES:
                 sub = [
