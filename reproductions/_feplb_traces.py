@@ -12,7 +12,7 @@ a stage holds, not one layer's balance, so a PP/EP row differs from another only
 (and its own trace seed).
 
 Seeds: every number computed from a trace is a sampled number (records/grading.py): it is
-computed on the traces of ``SEEDS`` = grading.MIN_SEEDS seeds, base ``seed`` to seed + 4 (trace
+computed on the traces of ``SEEDS`` = grading.MIN_SEEDS seeds, base ``seed`` onward (trace
 seed = seed x 1000 + EP), and the policy grades each seed by the prediction rule; a grade that
 differs between seeds is ``seed-dependent``. A claim in words is tested on each seed's numbers
 (``seeds_hold``). Trace length: 18 layers, as FEPLB Sec. 3.1's reduced GLM-5; the paper averages
@@ -21,7 +21,7 @@ per layer, 3 replayed; ``tokens`` per EP rank) are our inputs, stated in the ass
 layers the table's numbers were one draw (Before LB at EP = 2 ranged 1,547-5,624 over seeds 0-4);
 the layers, each drawing its own popularity, are the independent samples within a seed.
 
-Cost: drawing a trace is most of a run's time (every token's top-8 over 128 experts), and 5 seeds
+Cost: drawing a trace is most of a run's time (every token's top-8 over 128 experts), and every seed
 make 15 traces. Each trace's counts are therefore also kept on disk (:func:`trace_for`, under
 $MOE_REPRO_CACHE, default ~/.cache/moe-repro; MOE_REPRO_CACHE=off disables it), keyed by the
 generator's arguments, its module's source and the torch version, so a changed generator or RNG
@@ -123,7 +123,7 @@ def straggler_table_layout(unit: str) -> dict:
 
 def seeds(params: dict) -> list[int]:
     """The seeds a sampled cell is computed at: grading.SEEDS offset by the ``seed`` parameter
-    (seed 0: 0-4; seed 5: 5-9, a disjoint set)."""
+    (seed 0: the first MIN_SEEDS; seed 5: the window the seed test compares)."""
     return [int(params["seed"]) + s for s in grading.SEEDS]
 
 
@@ -138,7 +138,7 @@ def over_seeds(params: dict, compute) -> list:
 
 def trace_for(params: dict, ep: int, keep_tokens: bool = False) -> RoutingTrace:
     """The synthetic trace of ``params["seed"]`` at ``ep``, cached per process: every count-only
-    trace (under 1 MB each at the defaults, so the 5 seeds x 3 EP configurations of one run, and
+    trace (under 1 MB each at the defaults, so the seeds x 3 EP configurations of one run, and
     the reproductions that share them, stay cached) and one trace that keeps every token's
     choices (about 150 MB at EP = 8)."""
     if str(params.get("workload", "synthetic")) != "synthetic":

@@ -40,7 +40,9 @@ PAPER_VALUES = [
 
 DEFAULTS = {"model": "xmoe-large", "platform": "frontier", "nodes": 4, "tokens": 1024, "seed": 0}
 BASELINE, WITH_RBD = "flat", "rbd"  # the two dispatches Fig. 12 compares (registry names)
-SAMPLED_SEEDS = MIN_SEEDS  # routing is sampled: every number is computed at seeds base .. base + 4
+SAMPLED_SEEDS = (
+    MIN_SEEDS  # routing is sampled: every number is computed at MIN_SEEDS seeds from base
+)
 
 
 def simulate_seed(m, platform, topo, tokens: int, seed: int) -> dict:
@@ -81,7 +83,7 @@ def simulate_seed(m, platform, topo, tokens: int, seed: int) -> dict:
 def simulated_32gpu_cells(repro: Reproduction, **overrides):
     """(cells, assumptions, figure, extra) of the simulated point; cells use ``repro.compare``
     with the rows/columns of PAPER_VALUES (add them to the reproduction's paper values). Routing
-    is sampled, so each number is computed at seeds ``seed`` .. ``seed + 4`` and graded per seed
+    is sampled, so each number is computed at MIN_SEEDS seeds from ``seed`` and graded per seed
     (class ``sampled``, records/grading.py)."""
     params = {**DEFAULTS, **overrides}
     m = get_model(str(params["model"]))

@@ -71,7 +71,7 @@ def pair_rows(
     the component's ``dispatch_rows_per_pair`` (a token goes once to each (destination, stage)
     holding one of its non-shadowed remote experts), computed by marking each token's
     (destination, stage) slots instead of sorting every (token, slot) key; the sort was most of
-    this reproduction's time at 5 seeds. tests/test_feplb_grading.py checks both agree."""
+    this reproduction's time. tests/test_feplb_grading.py checks both agree."""
     ranks = torch.as_tensor(rank_of_expert, dtype=torch.int64)
     per = ranks.numel() // world
     local_index = torch.zeros(ranks.numel(), dtype=torch.int64)

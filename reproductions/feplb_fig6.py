@@ -5,7 +5,7 @@ reduction and 4 -> 8 another 1-3. Our cells are the token straggler and its redu
 Before LB on the synthetic traces of feplb-table3, per dyn (no-paper-value), and the two claims
 per configuration graded on them: the extra reduction in percentage points, at the claim's
 printed precision, by the policy's one rule (records/grading.read_claim: "1-3 pp" reads 0.5 to
-3.5), on each of 5 seeds' traces (records/grading.py).
+3.5), on each seed's traces (records/grading.py).
 """
 
 from __future__ import annotations

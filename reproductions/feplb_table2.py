@@ -4,7 +4,7 @@ Table 2 is wall-clock time of a GLM-5 MoE layer on H100s with DeepEP, Transforme
 cuBLAS grouped GEMMs; Triton Distributed and Tutel are other systems' kernels. We have no model of
 a whole layer's time (dispatch, combine, router, backward) and run none of those kernels. What
 we model is the part of the forward layer the balancers change: the grouped-GEMM makespan (the
-slowest device), on the H100 roofline, from the synthetic traces of feplb-table3 at its 5 seeds.
+slowest device), on the H100 roofline, from the synthetic traces of feplb-table3 at its seeds.
 
 Every value Table 2 prints is stored as printed and shown: the forward times of Before LB,
 FasterMoE and FEPLB beside our modelled GEMM makespan as ``not-comparable`` (a part of the layer,

@@ -4,7 +4,7 @@ Replays synthetic routing traces (reproductions/_feplb_traces.py) through no bal
 FasterMoE shadow experts and FEPLB's greedy balancer (components/balance/load_balance_eval.py) and
 reports FEPLB Sec. 3.1's token straggler, averaged over layers and micro-batches, and the
 reduction relative to Before LB that Table 3 prints in parentheses. Every number is a sampled one
-(records/grading.py): computed on the traces of 5 seeds, each seed graded by the prediction rule;
+(records/grading.py): computed on the traces of grading.MIN_SEEDS seeds, each seed graded by the prediction rule;
 a grade that differs between seeds is ``seed-dependent``. Two diagnostic columns show FasterMoE
 planned from exact routing and FEPLB with a different selection rule.
 

@@ -1,7 +1,7 @@
 """feplb-table4: GEMM straggler (max - mean grouped-GEMM time per GPU, ms) per PP/EP and method
 (FEPLB Table 4).
 
-The same synthetic traces and balancers as feplb-table3, at the same 5 seeds (every cell is a
+The same synthetic traces and balancers as feplb-table3, at the same seeds (every cell is a
 sampled number, records/grading.py); each device's grouped-GEMM time is *modelled*
 (components/routing_trace.GemmTimeModel: roofline of one GLM-5 SwiGLU expert on an H100,
 dgx-h100 profile), not measured. The model charges each expert group its weight traffic, so

@@ -14,8 +14,8 @@ direction.
 
 Ours, simulated: the paper's 32-GPU point, from reproductions/_xmoe_fig12_sim.py
 (components/network/simulator.py replaying the same flat and RBD schedules on the Frontier profile),
-on sampled routing at seeds ``seed`` .. ``seed + 4`` (class sampled). ``sim_tokens`` is 1,024 per
-GCD (the paper does not state the batch), a size at which five seeds of the 32-GCD per-message
+on sampled routing at grading.MIN_SEEDS seeds from ``seed`` (class sampled). ``sim_tokens`` is 1,024 per
+GCD (the paper does not state the batch), a size at which the seeds of the 32-GCD per-message
 simulation stay a few minutes long on a small CPU machine.
 
 Grading: the real cells are measured here and the paper's on Frontier (class other-hardware): the

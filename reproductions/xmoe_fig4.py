@@ -9,7 +9,7 @@ Ours, for EP = 16 ... 256 with experts placed contiguously (E / EP per rank):
   (k distinct experts drawn uniformly: hypergeometric hit probability per node);
 - "uniform (RBD pilots)": one source rank's random uniform routing of ``tokens`` tokens, counted
   by RBD's own pilot selection (components.alltoall.rbd.inter_node_redundancy: 1 - pilot rows /
-  flat rows crossing nodes), at seeds ``seed`` .. ``seed + 4`` (class sampled: graded per seed);
+  flat rows crossing nodes), at grading.MIN_SEEDS seeds from ``seed`` (class sampled: graded per seed);
 - "skewed (RBD pilots)": the same on skewed routing (components.balance.routing_trace.synthetic_trace:
   log-normal expert popularity with std ``skew``, Gumbel top-k).
 Redundancy is the share of a source's inter-node copies that RBD does not send. By symmetry it
@@ -61,7 +61,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         raise ValueError(
             f"every EP size must span >= 2 whole nodes of {gpn} GPUs and divide {E} experts"
         )
-    # Routing is sampled: the sampled cells are computed at seeds seed .. seed + 4 and graded
+    # Routing is sampled: the sampled cells are computed at MIN_SEEDS seeds from seed and graded
     # per seed (records/grading.py, class sampled).
     seeds = list(range(seed, seed + MIN_SEEDS))
     routings = []
