@@ -9,8 +9,10 @@ value is looked up, never used to compute ``ours``.
 The grade is the grading policy's (records/grading.py), never the reproduction's: a
 reproduction declares the class of each cell's number (``grade_class``: exact, prediction,
 sampled, other-hardware) and the policy decides; sampled cells pass their per-seed values,
-``explained`` cells the value recomputed with the cause removed (:meth:`Cell.explain`), claims
-their words. Grades are listed in records/record.py.
+``explained`` cells the value recomputed with the cause removed (:meth:`Cell.explain`; a table's
+convention through :meth:`Reproduction.try_convention`), claims their words. A cell also states
+what its number is (``quantity``: ratio, percent change) and, where a method acts, what the
+computation gives without it (``without``); :func:`apply_policy` runs the checks every cell gets.
 
 Deviation: relative, (ours - paper) / |paper|, except for cells in percent (percentage points).
 
