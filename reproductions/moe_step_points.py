@@ -1,0 +1,419 @@
+"""The MoE step-time validation set (moe_step_points.json) and the planner scored against it.
+
+The data file holds published MoE training measurements: each point quotes its source (file or
+paper, table, row), hardware, framework, precision and parallel layout, with the provenance of
+every layout field; a field the source does not state is null and named in ``not_stated``.
+
+Scoring: for each point with a platform profile, a zoo model and the planner's inputs stated, the
+planner evaluates that one layout with every degree fixed (``plan_parallel`` with tp, pp, ep, cp,
+vpp, etp, sp, micro-batches, ZeRO stage and recompute mode given) and its step time is compared
+with the measured one (converted from the printed unit by the data file's ``conversions``).
+Nothing is fitted: the planner is called as it is. Per layout set (one model on one system, three
+or more layouts) the measured and predicted per-GPU throughputs are ranked: Spearman's rho, and
+the measured throughput of the planner's top pick over the best measured one.
+
+Run ``python -m moe_repro.reproductions.moe_step_points`` for the report (``--json`` for data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+
+DATA = "moe_step_points.json"
+REQUIRED = ("source", "where", "printed", "unit", "hardware", "gpu_generation", "vendor")
+REQUIRED += ("framework", "precision", "model", "layout", "layout_provenance", "not_stated")
+# what the planner needs fixed to evaluate one layout
+PLANNER_KEYS = ("gpus", "tp", "pp", "cp", "ep", "micro_batch", "global_batch", "seq")
+# a layout set's members are distinct layouts when these differ
+LAYOUT_IDENTITY = ("gpus", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "global_batch")
+LAYOUT_IDENTITY += ("seq", "recompute", "dispatcher")
+
+
+def load(text: str | None = None) -> dict:
+    """The data file (package data), or ``text`` parsed the same way."""
+    if text is None:
+        text = resources.files("moe_repro.reproductions").joinpath(DATA).read_text()
+    return json.loads(text)
+
+
+def number(s: str) -> float:
+    """A printed value as a number: thousands separators dropped, a parenthesised variant after
+    the value ignored ('338 (330)' is 338)."""
+    return float(s.split("(")[0].replace(",", "").strip())
+
+
+def problems(doc: dict) -> list[str]:
+    """Integrity problems of the data (empty when none): required fields, the layout keys, null
+    exactly where ``not_stated`` says, a known source and unit, a numeric printed value, and the
+    layout arithmetic GPUs = TP x PP x CP x DP where all four are stated."""
+    out = []
+    keys = doc.get("layout_keys") or []
+    for p in doc.get("points", []):
+        pid = p.get("id", "?")
+        for k in REQUIRED:
+            if p.get(k) in (None, "", {}) and not (k == "not_stated" and p.get(k) == []):
+                out.append(f"{pid}: no {k}")
+        if p.get("source") not in doc.get("sources", {}):
+            out.append(f"{pid}: unknown source {p.get('source')!r}")
+        if p.get("unit") not in doc.get("conversions", {}):
+            out.append(f"{pid}: unit {p.get('unit')!r} has no stated conversion")
+        try:
+            number(str(p.get("printed")))
+        except ValueError:
+            out.append(f"{pid}: printed value {p.get('printed')!r} is not a number")
+        if not (p.get("model") or {}).get("name"):
+            out.append(f"{pid}: model has no name")
+        lay, ns = p.get("layout") or {}, set(p.get("not_stated") or [])
+        for k in keys:
+            if k not in lay:
+                out.append(f"{pid}: layout lacks {k}")
+            elif (lay[k] is None) != (k in ns):
+                out.append(f"{pid}: layout {k} is {lay[k]!r} but not_stated says {k in ns}")
+        if all(lay.get(k) is not None for k in ("gpus", "tp", "pp", "cp", "dp")):
+            if lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"] != lay["gpus"]:
+                out.append(f"{pid}: TP x PP x CP x DP != GPUs")
+        if all(lay.get(k) is not None for k in ("global_batch", "dp", "micro_batch")):
+            if lay["global_batch"] % (lay["dp"] * lay["micro_batch"]):
+                out.append(f"{pid}: global batch is not a multiple of DP x micro-batch")
+    return out
+
+
+def complete(p: dict) -> bool:
+    return not p["not_stated"]
+
+
+def generation(p: dict) -> str:
+    """GPU generation or vendor family: Blackwell Ultra counts with Blackwell."""
+    return p["gpu_generation"].replace(" Ultra", "")
+
+
+# ------------------------------------------------------------------------------- measured
+
+
+def measured_step_s(p: dict) -> float | None:
+    """The measured step time by the data file's conversion for the point's unit, or None
+    where the unit has no conversion used here (TFLOP/s needs the source's FLOP count)."""
+    x, lay, unit = number(p["printed"]), p["layout"], p["unit"]
+    tokens = (lay.get("global_batch") or 0) * (lay.get("seq") or 0)
+    if unit == "seconds per iteration":
+        return x
+    if unit == "tokens/s per GPU" and tokens:
+        return tokens / (x * lay["gpus"])
+    if unit.startswith("million H800 GPU hours") and tokens:
+        return tokens / (14.8e12 / (x * 1e6 * 3600) * lay["gpus"])
+    return None
+
+
+def throughput(p: dict) -> tuple[str, float] | None:
+    """The per-GPU rate a layout set ranks on: tokens/s/GPU where printed or derivable, else the
+    printed TFLOP/s/GPU (also_printed counts)."""
+    step = measured_step_s(p)
+    lay = p["layout"]
+    if p["unit"] == "tokens/s per GPU":
+        return "tokens/s/GPU", number(p["printed"])
+    if step and lay.get("global_batch") and lay.get("seq"):
+        return "tokens/s/GPU", lay["global_batch"] * lay["seq"] / (step * lay["gpus"])
+    if p["unit"] == "TFLOP/s per GPU":
+        return "TFLOP/s/GPU", number(p["printed"])
+    return None
+
+
+# ------------------------------------------------------------------------------- predicted
+
+
+def _recompute(r: str | None) -> tuple[str, ...] | None:
+    """The planner's recompute mode for a stated one: 'none', 'full', else 'selective' (the
+    planner's only partial mode); None leaves it to the planner."""
+    if r is None:
+        return None
+    if r in ("none", "full"):
+        return (r,)
+    return ("selective",)
+
+
+def planner_inputs(p: dict) -> tuple[dict | None, str]:
+    """The keyword arguments that fix the point's layout for ``plan_parallel``, or None and why."""
+    from moe_repro.components.network.platform import load_builtin
+
+    if p.get("platform") is None:
+        return None, p.get("platform_note", "no platform profile")
+    if not (p["model"] or {}).get("zoo"):
+        return None, "model not in the zoo: " + p["model"].get("why_not", "")
+    lay = p["layout"]
+    missing = [k for k in PLANNER_KEYS if lay.get(k) is None]
+    if missing:
+        return None, "layout not stated: " + ", ".join(missing)
+    plat = load_builtin(p["platform"])
+    if lay["gpus"] % plat.gpus_per_node:
+        return None, f"{lay['gpus']} GPUs is not whole {plat.gpus_per_node}-GPU nodes"
+    dp = lay.get("dp") or lay["gpus"] // (lay["tp"] * lay["pp"] * lay["cp"])
+    kw = dict(
+        nodes=lay["gpus"] // plat.gpus_per_node,
+        seq=lay["seq"],
+        global_batch=lay["global_batch"],
+        precision="megatron",
+        zero=(p["layout_provenance"].get("zero_stage_for_planner", 1),),
+        recompute=_recompute(lay.get("recompute")),
+        tp=lay["tp"],
+        pp=lay["pp"],
+        ep=lay["ep"],
+        cp=lay["cp"],
+        vpp=lay.get("vpp"),
+        etp=lay.get("etp"),
+        micro_batches=lay["global_batch"] // (dp * lay["micro_batch"]),
+        sp=lay["tp"] > 1,
+    )
+    free = [k for k in ("etp", "recompute", "vpp") if lay.get(k) is None]
+    return kw, ("planner chooses: " + ", ".join(free)) if free else ""
+
+
+def predict_step_s(p: dict) -> tuple[float | None, str]:
+    """The planner's step time for the point's fixed layout, or None and why."""
+    from moe_repro.components.model.zoo import get_model
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources.parallel_planner import plan_parallel
+
+    kw, why = planner_inputs(p)
+    if kw is None:
+        return None, why
+    pl = plan_parallel(get_model(p["model"]["zoo"]), load_builtin(p["platform"]), **kw)
+    if pl.best is None:
+        if pl.candidates:
+            return None, "no feasible layout: " + pl.candidates[0].why_not
+        return None, "rejected: " + "; ".join(r["reason"] for r in pl.rejected[:1])
+    b = pl.best
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in b.parts.items() if v > 0)
+    return b.step_s, "; ".join(x for x in (why, f"seconds: {parts}") if x)
+
+
+# ------------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class Scored:
+    point_id: str
+    measured: float | None  # seconds per step (None: the unit is not converted)
+    predicted: float | None  # seconds per step (None: no prediction; ``note`` says why)
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        if self.measured is None or self.predicted is None:
+            return None
+        return (self.predicted - self.measured) / self.measured
+
+
+@dataclass
+class SetScore:
+    name: str
+    metric: str
+    members: list[str]
+    distinct_layouts: int
+    measured: dict[str, float]
+    predicted: dict[str, float]  # per-GPU throughput from the predicted step (tokens/s/GPU)
+    rho: float | None = None
+    top_pick: str | None = None
+    top_pick_vs_best: float | None = None  # measured rate of the top pick / best measured rate
+    note: str = ""
+
+
+@dataclass
+class Report:
+    scored: list[Scored]
+    sets: list[SetScore]
+    mape: float | None = None
+    max_abs_error: float | None = None
+    worst: str = ""
+    counts: dict = field(default_factory=dict)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation with average ranks for ties; None under two points or when
+    either side is constant."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        return None
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def layout_sets(points: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for p in points:
+        if p.get("layout_set"):
+            out.setdefault(p["layout_set"], []).append(p)
+    return out
+
+
+def distinct_layouts(members: list[dict]) -> int:
+    return len({tuple(str(m["layout"].get(k)) for k in LAYOUT_IDENTITY) for m in members})
+
+
+def score_set(name: str, members: list[dict], by_id: dict[str, Scored]) -> SetScore:
+    rates = {m["id"]: throughput(m) for m in members}
+    metrics = {r[0] for r in rates.values() if r}
+    metric = metrics.pop() if len(metrics) == 1 and all(rates.values()) else ""
+    if not metric:  # mixed units: TFLOP/s where every member prints it
+        tf = {}
+        for m in members:
+            v = m["printed"] if m["unit"] == "TFLOP/s per GPU" else None
+            v = v or next(iter((m.get("also_printed") or {}).values()), None)
+            if v is not None:
+                tf[m["id"]] = number(v)
+        rates = {k: ("TFLOP/s/GPU", v) for k, v in tf.items()}
+        metric = "TFLOP/s/GPU" if len(tf) == len(members) else "none"
+    measured = {k: v[1] for k, v in rates.items() if v}
+    predicted = {}
+    for m in members:
+        s = by_id[m["id"]]
+        lay = m["layout"]
+        if s.predicted and lay.get("global_batch") and lay.get("seq"):
+            predicted[m["id"]] = lay["global_batch"] * lay["seq"] / (s.predicted * lay["gpus"])
+    ss = SetScore(
+        name, metric, [m["id"] for m in members], distinct_layouts(members), measured, predicted
+    )
+    both = [k for k in ss.members if k in measured and k in predicted]
+    if len(both) < 2:
+        ss.note = f"not ranked: {len(both)} member(s) with a measured rate and a prediction"
+        return ss
+    if metric != "tokens/s/GPU":
+        ss.note = (
+            f"ranked on predicted tokens/s/GPU against measured {metric} (same model and sequence)"
+        )
+    ss.rho = spearman([measured[k] for k in both], [predicted[k] for k in both])
+    ss.top_pick = max(both, key=lambda k: predicted[k])
+    ss.top_pick_vs_best = measured[ss.top_pick] / max(measured[k] for k in both)
+    return ss
+
+
+def score(doc: dict | None = None) -> Report:
+    """Every point scored (a prediction where the planner has what it needs), and every layout
+    set ranked."""
+    doc = doc or load()
+    scored = []
+    for p in doc["points"]:
+        try:
+            pred, note = predict_step_s(p)
+        except (ValueError, KeyError) as e:  # the planner refused its input
+            pred, note = None, f"planner error: {e}"
+        scored.append(Scored(p["id"], measured_step_s(p), pred, note))
+    by_id = {s.point_id: s for s in scored}
+    sets = [score_set(n, ms, by_id) for n, ms in layout_sets(doc["points"]).items()]
+    errs = [(abs(s.error), s.point_id) for s in scored if s.error is not None]
+    rep = Report(scored, sets)
+    if errs:
+        rep.mape = sum(e for e, _ in errs) / len(errs)
+        rep.max_abs_error, rep.worst = max(errs)
+    pts = doc["points"]
+    rep.counts = {
+        "points": len(pts),
+        "complete": sum(complete(p) for p in pts),
+        "sources": len({p["source"] for p in pts}),
+        "generations": sorted({generation(p) for p in pts}),
+        "with_time": sum(s.measured is not None for s in scored),
+        "predicted": sum(s.predicted is not None for s in scored),
+        "scored": len(errs),
+    }
+    return rep
+
+
+def passes(rep: Report, max_mape: float, min_rho: float) -> bool:
+    """A pass/fail verdict on a report: MAPE at most ``max_mape`` and every ranked set's rho at
+    least ``min_rho``; a report with nothing scored fails."""
+    if rep.mape is None or rep.mape > max_mape:
+        return False
+    return all(s.rho is None or s.rho >= min_rho for s in rep.sets)
+
+
+def _fmt(x: float | None, f: str = "{:.3g}") -> str:
+    return "-" if x is None else f.format(x)
+
+
+def render(rep: Report, doc: dict) -> str:
+    pts = {p["id"]: p for p in doc["points"]}
+    lines = [f"counts: {json.dumps(rep.counts)}", ""]
+    lines.append(f"{'point':44} {'measured s':>10} {'predicted s':>11} {'error':>8}  note")
+    for s in rep.scored:
+        if s.measured is None and s.predicted is None:
+            continue
+        err = _fmt(s.error, "{:+.1%}")
+        lines.append(
+            f"{s.point_id:44} {_fmt(s.measured):>10} {_fmt(s.predicted):>11} {err:>8}  {s.note[:90]}"
+        )
+    lines.append("")
+    lines.append(
+        f"MAPE {_fmt(rep.mape, '{:.1%}')} over {rep.counts['scored']} points; "
+        f"max |error| {_fmt(rep.max_abs_error, '{:.1%}')} ({rep.worst})"
+    )
+    unscored = [s for s in rep.scored if s.error is None]
+    why: dict[str, int] = {}
+    for s in unscored:
+        p = pts[s.point_id]
+        if s.measured is not None:
+            key = s.note.split(":")[0]
+        elif p["unit"] == "tokens/s per GPU":
+            key = "no measured step time (global batch not stated)"
+        else:
+            key = f"unit not converted ({p['unit']})"
+        why[key] = why.get(key, 0) + 1
+    lines.append("not scored: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
+    lines.append("")
+    for ss in rep.sets:
+        lines.append(
+            f"set {ss.name}: {len(ss.members)} points, {ss.distinct_layouts} distinct layouts, "
+            f"ranked on {ss.metric}; rho {_fmt(ss.rho, '{:+.2f}')}; top pick {ss.top_pick or '-'} "
+            f"at {_fmt(ss.top_pick_vs_best, '{:.0%}')} of the best measured {ss.note}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args(argv)
+    doc = load()
+    rep = score(doc)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "counts": rep.counts,
+                    "mape": rep.mape,
+                    "max_abs_error": rep.max_abs_error,
+                    "worst": rep.worst,
+                    "points": [dict(vars(s), error=s.error) for s in rep.scored],
+                    "sets": [vars(s) for s in rep.sets],
+                },
+                indent=1,
+            )
+        )
+    else:
+        print(render(rep, doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
