@@ -287,18 +287,20 @@ def command(
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
     Each cell's grade follows one policy for every paper (records/grading.py): match (within
-    the paper's printed precision), close (a prediction within 15% of the paper's value),
-    seed-dependent (a sampled number, or a measured direction, whose grade changes with the
-    seed or the repeat), explained (deviates,
-    and the cell recomputed with the recorded cause removed agrees), deviates, claim-holds /
-    claim-fails (a claim the paper states in words), not-comparable (a different quantity, or
-    measured here against another machine's number), echo (restates an input; not evidence),
-    no-paper-value, or not-reproduced (the note says why). Deviations are results, not errors:
-    the exit code is 0.
+    the paper's printed precision), close (a prediction on the paper's side of 1 or 0, within
+    15% of the paper's value), seed-dependent (a sampled number, or a measured direction, whose
+    grade changes with the seed or the repeat), explained (deviates, and the cell recomputed
+    with the recorded cause removed agrees), deviates, claim-holds / claim-fails (a claim the
+    paper states in words), not-comparable (a different quantity, or measured here against
+    another machine's number), echo (restates an input, or a claim that cannot fail; not
+    evidence), not-evidence (equal to the computation without the method, a reused number or a
+    coincidence), no-paper-value, or not-reproduced (the note says why). Deviations are
+    results, not errors: the exit code is 0.
 
     After each reproduction a line counts its compared cells: "x of y compared cells agree,
-    e explained, z deviate, w seed-dependent"; with several, the last lines count them per
-    paper and for all. --quiet prints only those lines.
+    e explained, z deviate, w seed-dependent", then apart "n not evidence" and the predictions
+    `repro validate` does not score ("u prediction (unscored) (a agree, counted apart)"); with
+    several, the last lines count them per paper and for all. --quiet prints only those lines.
 
     Measured (R) reproductions finish in a few minutes at their defaults and show progress on
     stderr (points done / total, elapsed, time left; a computation with no points to count
