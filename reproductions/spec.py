@@ -107,9 +107,9 @@ def quantity_of(unit: str, quantity: str | None) -> str:
 @lru_cache(maxsize=1)
 def scored_predictors() -> frozenset:
     """(predictor, platform) pairs `repro validate` scores (reproductions/validation.py)."""
-    from moe_repro.reproductions import validation
+    from moe_repro.reproductions.validation import load_points
 
-    points = validation.load_points()["points"]
+    points = load_points()["points"]
     return frozenset(
         (p["predictor"], p["platform"]) for p in points if p.get("role", "scored") == "scored"
     )
