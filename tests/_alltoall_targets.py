@@ -257,12 +257,15 @@ def _received_rows(seed, C, me, width, salt=0):
 
 
 def group_halo_vs_flat(ctx, seeds):
-    """Differentiable HALO (alltoall_halo_group) on the world and, on 4 ranks, on sub-groups of
+    """HALO's group dispatcher (differentiable) on the world and, on 4 ranks, on sub-groups of
     2 (same-node pairs {0,1},{2,3} and cross-node pairs {0,2},{1,3} of the emulated 2x2 world):
-    forward == flat == loop reference, backward == flat's backward == loop reference."""
+    one expert per group rank and each row its own token, so dispatch is the all-to-all-v of the
+    rows with counts C; forward == flat == loop reference, backward == flat's backward == loop
+    reference."""
     import torch.distributed as dist
 
-    from moe_repro.components.alltoall.halo_group import halo_all_to_all_v, halo_for_group
+    from moe_repro.components.alltoall import get_algorithm
+    from moe_repro.components.moe.pft import PFT
 
     n, width = ctx.world_size, 5
     groups = [("world", None, list(range(n)))]
@@ -275,8 +278,9 @@ def group_halo_vs_flat(ctx, seeds):
             groups += [(name, g, p) for p, g in zip(parts, made) if ctx.rank in p]
     out = []
     for name, group, ranks in groups:
-        topo = halo_for_group(group).topo
         me, m = ranks.index(ctx.rank), len(ranks)
+        dispatcher = get_algorithm("halo").group_dispatcher(list(range(m)), group)
+        topo = dispatcher.halo.topo
         for seed in seeds:
             C = _counts_matrix(seed, m)
             x = _rows(seed, me, sum(C[me]), width).requires_grad_(True)
@@ -285,8 +289,15 @@ def group_halo_vs_flat(ctx, seeds):
             flat = all_to_all_v(x, C[me], group=group)
             flat.backward(g_out)
             flat_grad, x.grad = x.grad.clone(), None
-            recv = [row[me] for row in C] if seed % 2 else None  # both call forms
-            halo = halo_all_to_all_v(x, C[me], recv, group=group)
+            rows = sum(C[me])
+            pft = PFT(  # row j is token j, for expert (= group rank) d of its chunk
+                token_ids=torch.arange(rows),
+                expert_ids=torch.repeat_interleave(torch.arange(m), torch.tensor(C[me])),
+                tokens_per_expert=torch.tensor(C[me]),
+                combine_weights=torch.ones(rows, dtype=torch.float64),
+                num_tokens=rows,
+            )
+            halo = dispatcher.dispatch(x, pft)
             halo.backward(g_out)
             # d/dx: the rows of x sent to d get d's upstream rows at the same positions.
             expected_grad = []

@@ -220,7 +220,7 @@ def test_halo_and_rbd_equal_flat_on_mpi_1x2_2x1(targets_on_path):
 
 
 def test_group_topology_restricts_the_emulated_nodes_to_the_group():
-    from moe_repro.components.alltoall.halo_group import group_topology
+    from moe_repro.components.network.groups import group_topology
 
     world = Topology(nodes=2, ranks_per_node=2)
     shape = lambda t: (t.nodes, t.ranks_per_node)  # noqa: E731
@@ -234,7 +234,7 @@ def test_group_topology_restricts_the_emulated_nodes_to_the_group():
 
 
 def test_rbd_refuses_groups_its_node_arithmetic_cannot_describe():
-    from moe_repro.components.alltoall.halo_group import group_topology
+    from moe_repro.components.network.groups import group_topology
 
     world = Topology(nodes=2, ranks_per_node=2)
     with pytest.raises(ValueError, match="RBD needs the same number"):

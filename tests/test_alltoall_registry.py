@@ -16,7 +16,7 @@ from moe_repro.components.alltoall import (
     register,
 )
 from moe_repro.components.alltoall.flat import FlatAlgorithm
-from moe_repro.components.alltoall.halo_group import HaloAlgorithm
+from moe_repro.components.alltoall.halo import HaloAlgorithm
 from moe_repro.components.alltoall.rbd import RBDAlgorithm
 from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.alltoall import simulated

@@ -4,8 +4,8 @@ One module per algorithm, each implementing :class:`.base.AllToAll` (dispatch, c
 expected schedule the network simulator replays, and the bytes it puts on each link class):
 
 - ``flat``: every rank exchanges rows directly with every other (the all-to-all-v baseline).
-- ``halo``: Piper's hierarchical HALO all-to-all (Piper Sec. V, Alg. 1); ``halo_group`` runs it
-  differentiably on any EP sub-group.
+- ``halo``: Piper's hierarchical HALO all-to-all (Piper Sec. V, Alg. 1), on the world or any EP
+  sub-group (the group's topology and communicators: network/groups.py, shared with RBD).
 - ``rbd``: X-MoE's redundancy-bypassing dispatch (X-MoE Sec. 4.2, Fig. 7).
 
 The registry: each module registers its algorithm once, on import (this package imports all of
@@ -35,7 +35,7 @@ from moe_repro.components.alltoall.base import (
     get_algorithm,
     register,
 )
-from moe_repro.components.alltoall import flat, halo, halo_group, rbd  # noqa: F401  (they register)
+from moe_repro.components.alltoall import flat, halo, rbd  # noqa: F401  (they register)
 
 __all__ = [
     "ALGORITHMS",

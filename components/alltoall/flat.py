@@ -147,7 +147,7 @@ class FlatDispatcher(Dispatcher):
     """Plan: the send layout (computed once per PFT) and the counts exchange. Way out: gather
     the PFT's rows in flat send order, one all-to-all-v. Way back: the reverse all-to-all-v, then
     each row (scaled by its combine weight) added into its token. Subclasses change only the two
-    exchanges (:class:`halo_group.HaloDispatcher`). The send, receive and returned rows live in
+    exchanges (:class:`halo.HaloDispatcher`). The send, receive and returned rows live in
     reused buffers (:class:`ReusedBuffers`)."""
 
     def __init__(self, comm: Comm, expert_to_rank):

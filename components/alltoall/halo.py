@@ -15,10 +15,14 @@ Rank s sends ``C[s][d] >= 0`` rows to rank d (Alg. 1 sends exactly one); every n
 the same number of ranks. The counts a rank's plan needs are exchanged per call, 8 * (N +
 (nodes - 1) * (R - 1)) bytes per rank instead of an N x N all-gather (:class:`KnownCounts`).
 
+Registered as ``halo`` (:class:`HaloAlgorithm`): its :class:`HaloDispatcher` runs the MoE
+dispatch and combine (differentiable) on topology.Communicators or on any EP process group,
+whose topology and node communicator come from network/groups.py (Phases I and III are then
+batched isend/irecv among my node's members of the group, no process group of their own).
+
 Why: HALO puts the same bytes on inter-node links as flat but through R parallel NIC-affine
 peers (one message per remote node instead of R), paying extra intra-node bytes in Phase III.
-The generalisation, the byte counts and the counts exchange: see docs/halo-rbd.md. The registry
-entry ``halo`` (with its dispatcher on any EP group) is in halo_group.py.
+The generalisation, the byte counts and the counts exchange: see docs/halo-rbd.md.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from moe_repro.components.alltoall.base import ReusedBuffers
+from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, ReusedBuffers, register
+from moe_repro.components.alltoall.flat import FlatDispatcher, flat_send_layout
 from moe_repro.components.lazy_import import lazy_module
+from moe_repro.components.network.groups import group_communicators, group_topology
 from moe_repro.components.network.topology import Topology
 
 torch = lazy_module("torch", globals())  # first use; the simulator needs only the schedule
@@ -329,3 +335,71 @@ class HaloAllToAll:
         phase1.wait()
         O[p.out_local[0] : p.out_local[1]] = P1
         return O
+
+
+# --- the registry entry -----------------------------------------------------------------------
+
+
+class HaloDispatcher(FlatDispatcher):
+    """MoE dispatch/combine in the flat layout with HALO's three phases in place of the flat
+    all-to-all-v (same rows, same order). Without grad the dispatched rows are HALO's persistent
+    output buffer: the next call overwrites them."""
+
+    def __init__(self, halo: HaloAllToAll, expert_to_rank):
+        super().__init__(halo.comms.world, expert_to_rank)
+        self.halo = halo
+
+    def receive_counts(self, send_counts):
+        counts = self.halo.known_counts(send_counts)  # what HALO's own call would exchange
+        me = self.comm().rank
+        return [int(counts[s][me]) for s in range(self.comm().size)], counts
+
+    def exchange(self, rows, state):
+        return self.halo(rows, state.layout.send_counts, counts_matrix=state.known_counts)
+
+    def reverse(self, rows, send_counts, recv_counts):
+        # its own counts exchange learns the transposed counts; its own output buffer, so that
+        # the way back leaves the dispatched rows alone (as flat's and RBD's do)
+        return self.halo(rows, send_counts, out_buffer="O_back")
+
+
+class HaloAlgorithm(AllToAll):
+    """HALO (Piper Sec. V, Alg. 1): intra-node, then NIC-affine inter-node, then intra-node."""
+
+    facts = AllToAllFacts(
+        name="halo",
+        label="HALO",
+        paper_section="Piper Sec. V, Alg. 1",
+        description="hierarchical all-to-all: one message per remote node through same-local-rank "
+        "peers, regrouped inside the node",
+        equal_ranks_per_node=True,
+        schedule_from_counts=True,
+        stages=("counts exchange", "buffer gather", "all-to-all"),
+    )
+    phase_dependencies = PHASE_DEPENDENCIES
+
+    def dispatcher(self, comms, expert_to_rank, generator=None) -> HaloDispatcher:
+        return HaloDispatcher(HaloAllToAll(comms), expert_to_rank)
+
+    def group_dispatcher(
+        self, expert_to_rank, group=None, topo=None, generator=None
+    ) -> HaloDispatcher:
+        return HaloDispatcher(HaloAllToAll(group_communicators(group, topo)), expert_to_rank)
+
+    def check_group(self, group_ranks, topo) -> None:
+        group_topology(group_ranks, topo)
+
+    def counts_schedule(self, counts_matrix, topo, row_bytes, with_counts=True, ranks=None):
+        return halo_schedule(counts_matrix, topo, row_bytes, with_counts, ranks=ranks)
+
+    def routed_schedule(
+        self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True
+    ):
+        n = topo.world_size
+        if len(pfts) != n:
+            raise ValueError(f"need one PFT per rank ({n}), got {len(pfts)}")
+        counts = [flat_send_layout(pft, expert_to_rank, n)[1] for pft in pfts]
+        return halo_schedule(counts, topo, row_bytes, with_counts)
+
+
+register(HaloAlgorithm())

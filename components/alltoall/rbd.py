@@ -39,10 +39,10 @@ from moe_repro.components.alltoall.base import (
     ReusedBuffers,
     register,
 )
-from moe_repro.components.alltoall.flat import TorchComm, expert_rank_map, flat_send_layout
-from moe_repro.components.alltoall.halo_group import NodeP2PComm, group_topology, world_topology
+from moe_repro.components.alltoall.flat import expert_rank_map, flat_send_layout
 from moe_repro.components.lazy_import import lazy_module
-from moe_repro.components.network.topology import Communicators, Topology
+from moe_repro.components.network.groups import group_communicators, group_topology
+from moe_repro.components.network.topology import Topology
 from moe_repro.components.provenance import produced
 from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 
@@ -53,7 +53,6 @@ PFT = Any  # components/moe/pft.py's PFT, by name only (see above)
 
 # Imported on first use: the registry (read by the simulator) imports this module.
 torch = lazy_module("torch", globals())
-dist = lazy_module("torch.distributed", globals(), "dist")
 
 # replica_counts: how many replicas each rank of the node builds for me, known only once the
 # metadata has arrived (the replicas are read off it).
@@ -77,6 +76,8 @@ DISPATCHER_DEPENDENCIES = {
     "pilot": ["replica_meta"],
     "replica": ["pilot"],
 }
+# Why RBD needs the same number of group ranks on every node (worded in group_topology's error).
+RBD_WHY_EQUAL = "node = group rank // ranks per node"
 META_BYTES_PER_PAIR = 32
 REPLICA_META_BYTES = 16
 
@@ -237,22 +238,9 @@ class RBDDispatcher(Dispatcher):
         """RBD over the torch.distributed process group ``group`` (None = world), with
         ``expert_to_rank`` in group ranks and ``topo`` (default: the launcher's emulated node
         layout) restricted to the group. Not collective: no process group is created."""
-        group = dist.group.WORLD if group is None else group
-        ranks = dist.get_process_group_ranks(group)
-        sub = group_topology(
-            ranks,
-            world_topology() if topo is None else topo,
-            "RBD",
-            "node = group rank // ranks per node",
-        )
-        comm = TorchComm(group, ranks)
-        intra = NodeP2PComm(comm, sub.node_ranks(sub.node_of(comm.rank)))
-        # RBD uses only ``world`` (S1) and ``intra`` (S2); the group stands in for ``inter``.
-        return cls(
-            Communicators(topo=sub, world=comm, intra=intra, intra_overlap=intra, inter=comm),
-            expert_to_rank,
-            generator,
-        )
+        # RBD uses only ``world`` (S1) and ``intra`` (S2).
+        comms = group_communicators(group, topo, "RBD", RBD_WHY_EQUAL)
+        return cls(comms, expert_to_rank, generator)
 
     def dispatch(
         self, x: torch.Tensor, pft: PFT, generator: torch.Generator | None = None
@@ -563,7 +551,7 @@ class RBDAlgorithm(AllToAll):
         return RBDDispatcher.for_group(expert_to_rank, group, topo, generator)
 
     def check_group(self, group_ranks, topo) -> None:
-        group_topology(group_ranks, topo, "RBD", "node = group rank // ranks per node")
+        group_topology(group_ranks, topo, "RBD", RBD_WHY_EQUAL)
 
     def routed_schedule(
         self, pfts, expert_to_rank, topo, row_bytes, generators=None, with_counts=True
