@@ -9,7 +9,8 @@ B / A and a verdict by the gate's own rule (records/gate.py, the same threshold 
 
 - ``slower`` / ``faster``: worse / better by more than the threshold and, where both sides
   kept at least 4 samples, significant by the Mann-Whitney U test (asv's rule);
-- ``noisy``: moved past the threshold but not significantly (the samples overlap);
+- ``noisy``: moved past the threshold but not significantly (the samples overlap), or a
+  wall-clock metric of a run at a load above its core count (the gate does not gate it);
 - ``same``: within the threshold; ``changed``: an exact value, or one without a better
   direction, changed.
 
@@ -182,7 +183,9 @@ def compare_runs(
             eb_entry = eb.get(k)
             if eb_entry is None:
                 continue
-            f = gate._compare_one(ea_entry, eb_entry, threshold, alpha)
+            f = gate._loaded_wall(
+                ea_entry, eb_entry, gate._compare_one(ea_entry, eb_entry, threshold, alpha)
+            )
             out.rows.append(_row(ident, ea_entry, f))
         if isinstance(ra, ReproductionRecord) and isinstance(rb, ReproductionRecord):
             grades_a = {f"{c.row} | {c.column}": c.verdict for c in ra.cells}
@@ -200,8 +203,10 @@ def _row(ident, entry, f) -> Row:
     if f.status == "regression" and entry.better == "none":
         verdict = "changed"
     if f.status == "not-gated":
-        moved = f.ratio is not None and abs(math.log(f.ratio)) > 1e-12
+        moved = f.ratio is not None and f.ratio > 0 and abs(math.log(f.ratio)) > 1e-12
         verdict = "changed" if moved else "same"
+        if "ran at load" in f.why:  # a wall-clock change on a loaded run (gate._loaded_wall)
+            verdict = "noisy"
     if f.kind == "exact" and f.status == "regression" and entry.better in ("lower", "higher"):
         worse = (f.ratio or 1) > 1 if entry.better == "lower" else (f.ratio or 1) < 1
         verdict = "slower" if worse else "faster"

@@ -110,7 +110,30 @@ def analyse(pools: dict, repeats: int) -> dict:
         for metric in METRICS
         for n in sorted({min(5, repeats), repeats})
     }
+    per_suite = []
+    for name, pool in pools.items():
+        for metric in METRICS:
+            base = [run[metric] for run in pool["baseline"]]
+            slowed = {s: [run[metric] for run in runs] for s, runs in pool["slowed"].items()}
+            for samples in sorted({min(5, repeats), repeats}):
+                suite_table = rates(metric, samples, *pair_stats(base, slowed, samples))
+                chosen = choose(suite_table)
+                at_default = next(
+                    r
+                    for r in suite_table
+                    if r.threshold == gate.DEFAULT_THRESHOLD
+                    and r.alpha == gate.DEFAULT_ALPHA
+                    and r.statistic == "median"
+                )
+                per_suite.append(
+                    {
+                        "suite": name,
+                        "default": at_default.to_dict(),
+                        "chosen": chosen.to_dict() if chosen else None,
+                    }
+                )
     return {
+        "per_suite": per_suite,
         "rules": [r.to_dict() for r in table],
         "gate_default": [r.to_dict() for r in default],
         "chosen": {k: (v.to_dict() if v else None) for k, v in best.items()},
@@ -148,6 +171,13 @@ def report(result: dict) -> str:
     for r in result["chosen"].values():
         if r:
             lines.append(_line(r))
+    lines.append("per suite, gate default rule | most power at 10% with FPR <= 1% (none: no rule):")
+    for entry in result["per_suite"]:
+        chosen = entry["chosen"]
+        lines.append(
+            f"  {entry['suite']:<13}{_line(entry['default'])}  |  "
+            + (_line(chosen).split(None, 2)[2] if chosen else "none")
+        )
     lines.append("realized slowdown (median of slowed runs / median of baseline runs):")
     for name, metrics in result["realized_slowdown"].items():
         for metric, sizes in metrics.items():
