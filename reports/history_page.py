@@ -22,7 +22,7 @@ from pathlib import Path
 
 from moe_repro.records.atomic import atomic_write_bytes, inside
 from moe_repro.records.record import STORE_DIRS, SuiteRecord
-from moe_repro.reports.numbers import fmt, is_number, scale_for, tick
+from moe_repro.reports.numbers import fmt, is_number, readable_unit, tick
 
 MAX_CHART_LINES = 8  # grid points drawn on one history chart (all of them in the table)
 # One colour per line, never repeated on one chart (Okabe-Ito, then Tableau's darker ones).
@@ -323,7 +323,7 @@ def history_svg(
     values = [v for s in series for v in s.values if _finite(v)]
     if not values:
         return ""
-    factor, shown_unit = scale_for(values, unit)
+    factor, shown_unit = readable_unit(values, unit)
     lo, hi = min(values) / factor, max(values) / factor
     log = lo > 0 and hi / lo > 100
     if not log:
@@ -331,10 +331,14 @@ def history_svg(
         hi = hi * 1.05 if hi > 0 else 1.0
     left, right, top, bottom = 64, 12, 24, 58
     w, h = width - left - right, height - top - bottom
-    n = max(1, max(r.order for r in orders) if orders else 1)
+    positions = sorted({r.order for r in orders})
+    place = {o: i for i, o in enumerate(positions)}  # this machine's commits, side by side
+    n = len(positions) - 1
+    pad = 14  # the first and last points off the frame
 
     def X(order):
-        return left + (w * order / n if n else w / 2)
+        i = place.get(order, 0)
+        return left + (pad + (w - 2 * pad) * i / n if n else w / 2)
 
     def Y(v):
         if log:
@@ -357,9 +361,9 @@ def history_svg(
             f"{_esc(tick(t))}</text>"
         )
     seen = set()
-    step = max(1, math.ceil(len({r.order for r in orders}) / 8))
+    step = max(1, math.ceil(len(positions) / 8))
     for r in orders:
-        if r.order in seen or r.order % step:
+        if r.order in seen or place.get(r.order, 0) % step:
             continue
         seen.add(r.order)
         x = X(r.order)
@@ -520,6 +524,7 @@ def suite_view(runs: list[Run], root: str = "../") -> dict:
                     + f"; {better or 'median of the repeats'}; a point links to its stored run.",
                 }
             )
+            factor, shown = readable_unit([v for s in mine for v in s.values], m["unit"])
             for s in mine:
                 flagged = [s.runs.index(c.run) for c in s.changes]
                 rows.append(
@@ -528,7 +533,9 @@ def suite_view(runs: list[Run], root: str = "../") -> dict:
                         "machine": machine,
                         "spark": sparkline(s.values, flagged),
                         "runs": len(s.values),
-                        "latest": fmt(s.values[-1], m["unit"]),
+                        "latest": fmt(s.values[-1], m["unit"])
+                        if m["unit"] in ("s", "B", "%", "")
+                        else f"{fmt(s.values[-1] / factor)} {shown}",
                         "changes": [_change_view(c, root) for c in s.changes],
                     }
                 )

@@ -191,6 +191,19 @@ def column_unit(values, unit: str | None, ascii: bool = False) -> tuple[float, s
     return 1.0, unit
 
 
+def readable_unit(values, unit: str | None) -> tuple[float, str | None]:
+    """:func:`column_unit`, but a prefixed unit (GB/s, TFLOP/s) is changed only where its values
+    would need scientific notation or four leading zeros (largest below 0.01 or from 1e5 on):
+    0.3 GB/s stays, 1.4e-4 TFLOP/s becomes 137 MFLOP/s. Seconds and bytes always scale."""
+    if unit in ("s", "B"):
+        return column_unit(values, unit)
+    finite = [abs(float(v)) for v in values if is_number(v) and math.isfinite(v)]
+    big = max(finite, default=0.0)
+    if not big or 0.01 <= big < 1e5:
+        return 1.0, unit
+    return column_unit(values, unit)
+
+
 def column(
     values, unit: str | None = None, digits: int = DIGITS, ascii: bool = False
 ) -> tuple[str | None, list[str]]:

@@ -28,7 +28,7 @@ from moe_repro.reports.export import frame, write
 from moe_repro.reports import history_page
 from moe_repro.reports.compare_page import commit_order, write_compare_page
 from moe_repro.reports.figures import render_figure
-from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, scale_for
+from moe_repro.reports.numbers import BYTES_NOTE, binary_ticks, fmt, is_number, readable_unit
 from moe_repro.reports.peers_page import write_peers_page
 from moe_repro.reports.validation_page import write_validation_page
 
@@ -342,10 +342,14 @@ def _metric_present(run: SuiteRecord, name: str) -> bool:
 
 
 def headline_metrics(run: SuiteRecord) -> list:
-    """time (the first declared metric), and the suite's first higher-is-better metric if any:
-    asv graphs one metric per figure; these are the two a reader asks about first."""
+    """time (the first declared metric), and the suite's first higher-is-better metric, or
+    without one its peak memory: asv graphs one metric per figure; these are the two a reader
+    asks about first."""
     declared = [m for m in run.metrics if _metric_present(run, m.name)]
-    return declared[:1] + [m for m in declared[1:] if m.better == "higher"][:1]
+    second = [m for m in declared[1:] if m.better == "higher"][:1]
+    # no throughput: the memory it takes, where it measures one (moe-dispatch's peak bytes)
+    second = second or [m for m in declared[1:] if m.unit == "B" and "peak" in m.name][:1]
+    return declared[:1] + second
 
 
 def split_params(
@@ -423,7 +427,7 @@ def sweep_figure(
     varying, _ = split_params(run, records)
     x = swept_param(run, records)
     spreads = [_spread(r, metric.name) for r in records]
-    factor, unit = scale_for([r[metric.name] for r in records], metric.unit)
+    factor, unit = readable_unit([r[metric.name] for r in records], metric.unit)
     ylabel = _axis_label(metric, unit)
     has_spread = any(s is not None and s[1] > s[0] for s in spreads)
     minmax = all(_finite(r.get(f"{metric.name}_min")) for r in records)
@@ -504,6 +508,19 @@ def sweep_figure(
         else (xs[:: math.ceil(len(xs) / MAX_TICKS_AT_DATA)] if xscale == "log" else None)
     )
     binary = ticks is not None and binary_ticks(ticks)
+    if metric.better == "higher" and ys:
+        # a throughput's question is the machine's ceiling: the best this run measured, drawn
+        # across (gemm: GFLOP/s vs size under the measured ceiling)
+        best = max(v for v in ys if _finite(v))
+        series.append(
+            {"kind": "limit", "y": best, "label": f"measured ceiling {fmt(best)} {unit}".strip()}
+        )
+        loaded = history_page.noise(run)
+        caption += " Dashed: the best median of this run, the ceiling this machine reached" + (
+            "; the run was loaded (load above the core count), so the ceiling is low."
+            if loaded and loaded["loaded"]
+            else "."
+        )
     return {
         "name": f"sweep-{metric.name}",
         "title": f"{name}: {metric.name} vs {x}",
@@ -561,6 +578,13 @@ def _machine(env: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _cell(value, unit, scaled) -> str:
+    """A table cell: in the column's scaled unit where it has one, else as fmt writes it."""
+    if scaled is not None and _finite(value):
+        return fmt(value / scaled[0])
+    return fmt(value, unit)
+
+
 def suite_view(run: SuiteRecord) -> dict:
     """The latest run laid out for a reader: the machine that ran it; the parameters every record
     shares, listed once; a compact table of the varying parameters, then the headline metrics
@@ -599,14 +623,21 @@ def suite_view(run: SuiteRecord) -> dict:
         for m in headline
         if any(_finite(r.get(f"{m}_iqr")) and r[f"{m}_iqr"] != 0 for r in records)
     ]
-    for m in headline:
+    # a prefixed unit goes to the prefix its values reach (1.4e-4 TFLOP/s is 137 MFLOP/s): no
+    # column of 0.0001371s; seconds, bytes and % are scaled per cell by the formatter
+    scaled = {}
+    for m in headline + extra:
         unit = units.get(m, "")
+        if unit and unit not in CELL_UNITS:
+            scaled[m] = readable_unit([r.get(m) for r in records], unit)
+    for m in headline:
+        unit = scaled.get(m, (1.0, units.get(m, "")))[1]
         head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
         columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
         if m in with_iqr:
             columns.append({"label": "IQR", "sub": m, "num": True})
     for m in extra:
-        unit = units.get(m, "")
+        unit = scaled.get(m, (1.0, units.get(m, "")))[1]
         head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
         columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
     has_wrong = any("wrong" in r for r in records)
@@ -620,10 +651,10 @@ def suite_view(run: SuiteRecord) -> dict:
         if sim_column:
             row.append("yes" if r.get("simulated") else "no (real)")
         for m in headline:
-            row.append(fmt(r.get(m), units.get(m)))
+            row.append(_cell(r.get(m), units.get(m), scaled.get(m)))
             if m in with_iqr:
-                row.append(fmt(r.get(f"{m}_iqr"), units.get(m)))
-        row += [fmt(r.get(m), units.get(m)) for m in extra]
+                row.append(_cell(r.get(f"{m}_iqr"), units.get(m), scaled.get(m)))
+        row += [_cell(r.get(m), units.get(m), scaled.get(m)) for m in extra]
         if has_wrong:
             row.append(fmt(r.get("wrong")))
         rows.append(row)
@@ -678,7 +709,30 @@ def suite_view(run: SuiteRecord) -> dict:
 # seeds) get one matrix per setting of their other varying parameters: rows x columns, each cell
 # the median over the spread parameter with its min-max, so the seed spread shows beside it.
 MATRIX_AXES = ("balancer", "workload", "seed")
-MATRIX_METRICS = ("max_over_mean", "decide_us")
+MATRIX_METRICS = ("max_over_mean", "token_straggler", "decide_us")
+# What each matrix answers, in words (its title); the cells are tinted from best to worst
+MATRIX_WORDS = {
+    "max_over_mean": "max / mean load per rank (1 = balanced)",
+    "token_straggler": "stragglers: tokens on the most loaded rank above the mean",
+    "decide_us": "decision time",
+}
+
+
+def _heat(values: list[float | None], better: str) -> list[str | None]:
+    """A background per cell from best (clear) to worst (red), linear over the matrix's range."""
+    finite = [v for v in values if v is not None]
+    if not finite or better not in ("lower", "higher"):
+        return [None] * len(values)
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in values:
+        if v is None or hi == lo:
+            out.append(None)
+            continue
+        t = (v - lo) / (hi - lo)
+        t = t if better == "lower" else 1 - t
+        out.append(f"rgba(207, 34, 46, {0.04 + 0.5 * t:.2f})")
+    return out
 
 
 def matrix_views(run: SuiteRecord) -> list[dict]:
@@ -689,6 +743,7 @@ def matrix_views(run: SuiteRecord) -> list[dict]:
     varying, _ = split_params(run, records)
     others = [p for p in varying if p not in MATRIX_AXES]
     units = {m.name: m.unit for m in run.metrics}
+    better = {m.name: m.better for m in run.metrics}
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault(tuple(r.get(p) for p in others), []).append(r)
@@ -707,7 +762,7 @@ def matrix_views(run: SuiteRecord) -> list[dict]:
                     values = sorted(float(r[metric]) for r in hits if _finite(r.get(metric)))
                     wrong = sum(int(r.get("wrong") or 0) for r in hits)
                     if not values:
-                        cells.append({"text": "-", "bad": False})
+                        cells.append({"text": "-", "bad": False, "mid": None})
                         continue
                     mid = (
                         values[len(values) // 2]
@@ -718,14 +773,23 @@ def matrix_views(run: SuiteRecord) -> list[dict]:
                     if len(values) > 1:
                         text += f" ({fmt(values[0], units.get(metric))}-{fmt(values[-1], units.get(metric))})"
                     cells.append(
-                        {"text": text + (f" #wrong {wrong}" if wrong else ""), "bad": bool(wrong)}
+                        {
+                            "text": text + (f" #wrong {wrong}" if wrong else ""),
+                            "bad": bool(wrong),
+                            "mid": mid,
+                        }
                     )
                 table.append({"name": row, "cells": cells})
+            every = [c for row in table for c in row["cells"]]
+            for c, tint in zip(every, _heat([c["mid"] for c in every], better.get(metric, ""))):
+                c["heat"] = tint
             seeds = sorted({r.get(over) for r in group}, key=str)
             setting = ", ".join(f"{p}={fmt(v)}" for p, v in zip(others, key))
             out.append(
                 {
-                    "title": f"{metric} [{units.get(metric, '')}]"
+                    "title": f"{MATRIX_WORDS.get(metric, metric)} ({metric}"
+                    + (f" [{units[metric]}]" if units.get(metric) else "")
+                    + ")"
                     + (f", {setting}" if setting else ""),
                     "columns": col_names,
                     "rows": table,
@@ -769,14 +833,16 @@ def write_suite_page(
     atomic_write_json(inside(directory, raw), payload)
     atomic_write_text(inside(directory, f"{name}.csv"), write(frame(latest), "csv"))
     sweeps = []
-    for metric in headline_metrics(latest):  # the metrics as the newest stored run declared them
+    view = suite_view(latest)
+    # a suite crossing methods with inputs answers with its tinted matrices (balancer x
+    # workload); its time-vs-parameter lines would be one per pair, dozens, led by a no-op's
+    drawn = [] if view["matrices"] else headline_metrics(latest)
+    for metric in drawn:  # the metrics as the newest stored run declared them
         fig = sweep_figure(name, metric, latest)
         if fig is not None:
             sweeps.append(_write_figure(directory, f"{name}-{fig['name']}", fig))
     hv = history or history_page.suite_view(history_page.unpublished(runs))
     return atomic_write_text(
         inside(directory, f"{name}.html"),
-        html.render_suite(
-            name, payload, raw, [], home, view=suite_view(latest), sweeps=sweeps, hv=hv
-        ),
+        html.render_suite(name, payload, raw, [], home, view=view, sweeps=sweeps, hv=hv),
     )
