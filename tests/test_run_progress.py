@@ -209,13 +209,20 @@ def test_mop_llep_grades_the_recapped_direction_not_the_gpu_size():
     assert speedup.verdict == "no-paper-value"
     assert claim.verdict == ("claim-holds" if speedup.ours > 1 else "claim-fails")
     assert claim.ours == speedup.ours
-    # with the policy's minimum of repeats the direction is read at every repeat
+    # with the policy's minimum of repeats the direction is read at every repeat; direction
+    # first: slower at the median fails, whatever some repeats give
+    from moe_repro.records.grading import MIN_SEEDS
+
     result = REPRODUCTION.run(
-        {"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2, "repeats": 5}
+        {"tokens": 64, "d_model": 16, "d_ffn": 32, "experts": 4, "top_k": 2, "repeats": MIN_SEEDS}
     )
-    claim = next(c for c in result.cells if c.column == FASTER)
-    assert claim.verdict in ("claim-holds", "claim-fails", "seed-dependent")
-    assert len(claim.seeds["holds"]) == 5 and "of 5 repeats" in claim.note
+    by = {(c.row, c.column): c for c in result.cells}
+    speedup, claim = by[("LLEP", "speedup vs plain EP")], by[("LLEP", FASTER)]
+    if speedup.ours <= 1:
+        assert claim.verdict == "claim-fails"
+    else:
+        assert claim.verdict in ("claim-holds", "seed-dependent")
+    assert len(claim.seeds["holds"]) == MIN_SEEDS and f"of {MIN_SEEDS} repeats" in claim.note
 
 
 @pytest.mark.timing
