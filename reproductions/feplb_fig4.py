@@ -202,7 +202,7 @@ def pipe1_counterfactual(params: dict):
         extra = ft.change_pct(time_s(pair_rows(top, source, home, EP, 1, shadows)), before)
         return reading.holds(extra)
 
-    return test, perturbed, "the shadowed experts (random sets of every size)"
+    return test, perturbed, "the shadow set"
 
 
 SIMULATOR = "flow simulator (network/simulator.py) and our pipe = 2 stage model"
@@ -233,9 +233,9 @@ def compute(repro: Reproduction, params: dict) -> Result:
                         seeds_hold=ft.read_per_seed(NEGLIGIBLE_WORDS, extra),
                         counterfactual=counterfactual,
                         note=(
-                            f"{note}; 'negligible, matching FEPLB' read as FEPLB's own bound, "
+                            f"{note}; 'negligible' read as FEPLB's own bound, "
                             f"'{NEGLIGIBLE_WORDS}' (Sec. 3.3), on each seed: shadowed experts' rows "
-                            f"stay on their source and their weights travel off the EP path"
+                            f"stay on their source"
                         ),
                     )
                 )

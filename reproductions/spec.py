@@ -398,10 +398,7 @@ class Reproduction:
             test, perturbed, what = counterfactual
             if not grading.can_fail(test, perturbed):
                 echo = True
-                words = (
-                    f"holds for every perturbation of {what} the policy tried "
-                    f"({len(perturbed)}): it cannot fail, not evidence"
-                )
+                words = f"holds for all {len(perturbed)} perturbations of {what}: cannot fail"
                 note = f"{note}; {words}" if note else words
         if echo and verdict != "not-reproduced":
             verdict = "echo"
