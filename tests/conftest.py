@@ -71,3 +71,16 @@ def targets_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS) + (os.pathsep + old if old else ""))
     monkeypatch.syspath_prepend(str(TESTS))
     return TESTS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the heavy tests (tests/_heavy.py says which and why) before ``-m`` selects: the
+    README's quick command leaves them out (``-m "not heavy"``), CI runs them after it."""
+    from _heavy import is_heavy
+
+    for item in items:
+        function = getattr(item, "originalname", None) or item.name.split("[")[0]
+        markers = {m.name for m in item.iter_markers()}
+        if is_heavy(item.path.name, function, markers):
+            item.add_marker(pytest.mark.heavy)
