@@ -374,8 +374,8 @@ def output_dir_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be used as an output directory; None if it can. A missing directory
     is created by the writer, so its nearest existing ancestor must be a writable directory."""
     existing, problem = _nearest_directory(path)
-    if problem:
-        return problem
+    if problem or existing is None:
+        return problem or "no part of it exists"
     return _probe(existing)
 
 

@@ -133,12 +133,13 @@ def collect_environment(command: list[str] | None = None) -> dict:
     """Provenance of a run. torch's version is read from its installed metadata and its thread
     count only where the run imported torch: importing it here would cost a simulated run
     more than the simulation (1-4 s)."""
-    torch_version, threads = None, None
+    torch_version: str | None = None
+    threads: int | None = None
     if "torch" in sys.modules:
         try:
             import torch
 
-            torch_version, threads = torch.__version__, torch.get_num_threads()
+            torch_version, threads = str(torch.__version__), torch.get_num_threads()
         except Exception:
             pass
     else:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from typing import Any, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,7 +153,8 @@ def _records(path: Path) -> list:
     """Every record in a result file, or in the JSON files under a directory. A file that is
     not a valid record is bad input (UnreadableRecord names it): the gate must not pass a run
     by skipping the file that held its regression."""
-    skipped, outside = [], []
+    skipped: list[Path] = []
+    outside: list[Path] = []
     if str(path) == STDIN:
         records = _read(path, stdin_ok=True)
     else:
@@ -198,7 +200,7 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
         raise GateInputError(f"cannot read {str(path)[:80]}: {e.strerror}") from None
     if not found:
         raise GateInputError(f"no such file or directory: {path}")
-    newest: dict[tuple[str, str], object] = {}
+    newest: dict[tuple[str, str], ReproductionRecord | SuiteRecord] = {}
     try:
         records = _records(path)
     except OSError as e:  # unreadable directory or file
@@ -213,9 +215,9 @@ def load_entries(path: str | Path) -> dict[tuple, Entry]:
             record_entries = ENTRIES[record.kind](record)
         except GateInputError as e:
             raise GateInputError(f"{_shown(path)}: {e}") from None
-        for e in record_entries:
-            e.source = record.kind
-            entries[(e.result, e.key, e.metric)] = e
+        for entry in record_entries:
+            entry.source = record.kind
+            entries[(entry.result, entry.key, entry.metric)] = entry
     return entries
 
 
@@ -263,9 +265,10 @@ def _numbers(values, where: str) -> list[float] | None:
     if not isinstance(values, list):
         raise GateInputError(f"{where} samples are {reprlib.repr(values)}, not a list of numbers")
     out = [_number(v, f"{where} sample") for v in values]
-    if any(v is None for v in out):
+    numbers = [v for v in out if v is not None]
+    if len(numbers) != len(out):
         raise GateInputError(f"{where} samples hold null, not only numbers")
-    return out
+    return numbers
 
 
 def _how_kind(how: str) -> str:
@@ -311,7 +314,8 @@ def _point_load(r: dict, noise: dict) -> float | None:
 def _suite_entries(p: SuiteRecord) -> list[Entry]:
     metrics = {m.name: m for m in p.metrics}
     extra = p.environment.model_extra or {}
-    noise = extra.get("noise") if isinstance(extra.get("noise"), dict) else {}
+    found = extra.get("noise")
+    noise: dict = found if isinstance(found, dict) else {}
     cores = noise.get("cpu_count") or extra.get("cpu_count")
     cores = cores if isinstance(cores, int) and not isinstance(cores, bool) else None
     stats = {f"{m}{s}" for m in metrics for s in ("_iqr", "_min", "_max")}
@@ -362,7 +366,10 @@ def _suite_entries(p: SuiteRecord) -> list[Entry]:
     return out
 
 
-ENTRIES = {"reproduction": _reproduction_entries, "suite": _suite_entries}
+ENTRIES: dict[str, Callable[[Any], list[Entry]]] = {
+    "reproduction": _reproduction_entries,
+    "suite": _suite_entries,
+}
 
 
 def parse_threshold(text: str) -> float:

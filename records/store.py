@@ -147,8 +147,9 @@ class ResultsStore:
                 )
             return record
         except UnreadableRecord as e:
-            if e.path not in self._reported:
-                self._reported.add(e.path)
+            where = e.path or str(path)
+            if where not in self._reported:
+                self._reported.add(where)
                 self.on_unreadable(e)
             return None
 
