@@ -19,8 +19,8 @@ optionally ``kind: "paper"``), and may set:
   category, ours and the paper's side by side), "dots"; a series' ``oom``: x values where the
   paper prints OOM (y None): an empty slot labelled "OOM".
 
-Rules every figure keeps: the legend never covers data (inside only in a corner checked to be
-empty, else beside the axes); series with identical points are offset sideways so none hides
+Rules every figure keeps: no bars on a log axis (dots at the bars' places instead); the legend
+never covers data (inside only in a corner checked to be empty, else beside the axes); series with identical points are offset sideways so none hides
 another; colour encodes one factor and line style the other (labels "a / b": colour by a, style
 by b; a paper series takes the colour of ours of the same label); categories on x are points
 (or bars), never joined by lines (a series may ask for ``line: True`` where its categories are
@@ -318,6 +318,12 @@ def _draw_bars(fig: dict):
     ``oom`` with no value is an empty slot labelled OOM, as the paper prints it."""
     series = fig["series"]
     stacked = fig.get("form") == "stacked-bars"
+    # A bar's length is its value from zero, and a log axis has no zero: there a 4.4x ratio
+    # looks like 30x. Bars asked for on a log axis are drawn as dots at the bars' places
+    # (hollow for the paper's); stacked bars, whose sums need lengths, stay on a linear axis.
+    log = fig.get("yscale") == "log" and not stacked
+    if stacked and fig.get("yscale") == "log":
+        fig = {**fig, "yscale": "linear"}
     data = [s for s in series if s.get("kind", "ours") in ("ours", "paper")]
     cats = list(dict.fromkeys(_cat(x) for s in series if s.get("kind") != "limit" for x in s["x"]))
     style = _styles(series)
@@ -365,6 +371,29 @@ def _draw_bars(fig: dict):
                 errs.append((y - s["lo"][i], s["hi"][i] - y))
             else:
                 errs.append(None)
+        if log:  # dots, not bars (see above)
+            ax.plot(
+                xs or [],
+                heights or [],
+                linestyle="none",
+                marker="o",
+                markersize=7,
+                markerfacecolor="white" if paper else colour,
+                markeredgecolor=colour,
+                markeredgewidth=1.5,
+                label=label,
+            )
+            if xs and all(e is not None for e in errs):
+                ax.errorbar(
+                    xs,
+                    heights,
+                    yerr=[[e[0] for e in errs], [e[1] for e in errs]],
+                    fmt="none",
+                    ecolor=colour,
+                    capsize=3,
+                    linewidth=1,
+                )
+            continue
         if not xs and oom:  # a series that is OOM everywhere still gets its legend entry
             ax.bar([], [], width, label=label, **look)
         if xs:
@@ -417,7 +446,6 @@ def _draw_bars(fig: dict):
     ax.set_xlim(-0.6, len(cats) - 0.4)
     if oom_slots:  # after the scale is set: the label sits just above the axis' floor
         low, high = ax.get_ylim()
-        log = fig.get("yscale") == "log"
         y = low * (high / low) ** 0.03 if log else low + 0.03 * (high - low)
         for at, colour in oom_slots:
             ax.text(
@@ -437,6 +465,9 @@ def _draw_bars(fig: dict):
     ax.set_title(fig["title"], fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+    if log:  # dots over categories: a light vertical guide per category
+        for i in range(len(cats)):
+            ax.axvline(i, color="0.92", linewidth=0.8, zorder=0)
     _tilt_crowded_categories(f, ax)
     if fig.get("legend", True):
         _legend(f, ax, len(series), fig.get("legend_title"))
