@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from moe_repro.components.model.zoo import MLA, MoEModel
 
@@ -214,7 +215,7 @@ def model_from_hf_config(cfg: dict, *, key: str = "", source: str = "") -> MoEMo
         )
     layers, d = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
     heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-    common = dict(
+    common: dict[str, Any] = dict(
         key=key or family,
         name=key or family,
         layers=layers,
@@ -231,6 +232,8 @@ def model_from_hf_config(cfg: dict, *, key: str = "", source: str = "") -> MoEMo
     moe_layers = _moe_layer_count(cfg, layers)
     if family in ("mixtral", "olmoe", "gpt_oss"):
         experts = cfg.get("num_local_experts", cfg.get("num_experts"))
+        if experts is None:
+            raise ModelConfigError(f"{family} config gives no expert count")
         return MoEModel(
             **common,
             d_ffn=int(cfg["intermediate_size"]),

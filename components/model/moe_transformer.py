@@ -320,8 +320,12 @@ class StageModule(nn.Module):
                     std = proj_std if name.endswith("proj.weight") else 0.02
                     p.copy_(_seeded_normal(p.shape, std, seed, name))
 
+    def blocks(self) -> list[Block]:
+        """This stage's transformer blocks, first layer first."""
+        return [b for b in self.layers.values() if isinstance(b, Block)]
+
     def set_clock(self, clock: RegionClock | None) -> None:
-        for block in self.layers.values():
+        for block in self.blocks():
             block.clock = clock
             block.moe.clock = clock
 
@@ -335,7 +339,7 @@ class StageModule(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        if self.head is not None:
+        if self.head is not None and self.norm is not None:  # the last stage has both
             x = self.head(self.norm(x))
         return x
 
@@ -345,8 +349,12 @@ def expert_param_names(module: nn.Module) -> set[str]:
     return {n for n, _ in module.named_parameters() if ".experts." in n}
 
 
-def expert_owner(module: nn.Module, name: str) -> "ExpertParallelMoE":
-    return module.get_submodule(name.split(".moe.")[0] + ".moe")
+def expert_owner(module: nn.Module, name: str) -> ExpertParallelMoE:
+    """The MoE layer that holds the expert weight ``name``."""
+    owner = module.get_submodule(name.split(".moe.")[0] + ".moe")
+    if not isinstance(owner, ExpertParallelMoE):
+        raise TypeError(f"{name} is not an expert weight of an ExpertParallelMoE")
+    return owner
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

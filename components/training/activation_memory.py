@@ -104,7 +104,9 @@ def _forward_peak(layer: MoELayer, x: torch.Tensor, meter: SavedActivationMeter)
         before = reset_peak_memory(x.device)
         with meter.hooks():
             y = layer(x)
-        return y, float(peak_memory_bytes(x.device) - before)
+        peak = peak_memory_bytes(x.device)
+        assert peak is not None and before is not None  # CUDA devices report both
+        return y, float(peak - before)
     from moe_repro.components.training.peak_memory import measure_peak_rss, peak_supported
 
     if not peak_supported():

@@ -33,10 +33,20 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypedDict
 
 import torch
 
 from moe_repro.runtime.device import cuda_count
+
+
+class ParamState(TypedDict):
+    """One parameter's optimizer state on the host."""
+
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    master: torch.Tensor | None  # fp32 master copy (None: the parameter lives on the host)
+    copy_stream: torch.cuda.Stream | None  # the H2D copy stream of a parameter off the host
 
 
 class HostPipelinedAdamW:
@@ -70,9 +80,9 @@ class HostPipelinedAdamW:
         self._pending: list[Future] = []
         self._queued: set[int] = set()
         self._step_open = False
-        self._hooks = []
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         pin = cuda_count() > 0  # pinned host buffers only where a GPU copies from them
-        self.state = []
+        self.state: list[ParamState] = []
         for p in self.params:
             on_host = p.device.type == "cpu"
             # Master copy only where the parameter lives off the host; on CPU it is the parameter.
@@ -175,17 +185,19 @@ class HostPipelinedAdamW:
         p, st = self.params[i], self.state[i]
         m = st["exp_avg"].view(-1)[start:end]
         v = st["exp_avg_sq"].view(-1)[start:end]
-        if st["master"] is None:  # parameter on the host: update it in place
+        master_all = st["master"]
+        if master_all is None:  # parameter on the host: update it in place
             param = p.detach().view(-1)[start:end]
             grad = p.grad.view(-1)[start:end]
             self._adamw(param, grad, m, v, step)
             return
         stream = st["copy_stream"]
+        assert stream is not None  # a parameter off the host has a master copy and a stream
         with torch.cuda.stream(stream):
             stream.wait_event(event)
             grad = p.grad.view(-1)[start:end].to("cpu", torch.float32, non_blocking=True)
             stream.synchronize()  # the host needs the gradient chunk before updating
-            master = st["master"].view(-1)[start:end]
+            master = master_all.view(-1)[start:end]
             self._adamw(master, grad, m, v, step)
             p.detach().view(-1)[start:end].copy_(master, non_blocking=True)
 
@@ -196,9 +208,9 @@ class HostPipelinedAdamW:
             param.mul_(1 - lr * wd)
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = float(step)  # torch keeps the step in a float tensor and reads it with .item()
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
+        t = float(step)  # torch keeps the step in a float tensor and reads it with .item()
+        bias_correction1 = 1 - beta1**t
+        bias_correction2 = 1 - beta2**t
         step_size = lr / bias_correction1
         bias_correction2_sqrt = bias_correction2**0.5
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
@@ -206,10 +218,9 @@ class HostPipelinedAdamW:
 
     def state_bytes(self) -> dict:
         """Host bytes held for optimizer state, and device bytes (none besides the parameters)."""
-        host = sum(
-            st["exp_avg"].nbytes
-            + st["exp_avg_sq"].nbytes
-            + (st["master"].nbytes if st["master"] is not None else 0)
-            for st in self.state
-        )
+        host = 0
+        for st in self.state:
+            master = st["master"]
+            host += st["exp_avg"].nbytes + st["exp_avg_sq"].nbytes
+            host += master.nbytes if master is not None else 0
         return {"host_state_bytes": host, "device_state_bytes": 0}

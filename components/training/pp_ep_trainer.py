@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,14 @@ from moe_repro.components.model.moe_transformer import (
 )
 from moe_repro.components.model.pipeline_split import stage_layers
 from moe_repro.components.training.text_data import BYTE_VOCAB, global_batch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleMulti,
+        PipelineScheduleSingle,
+    )
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -238,12 +247,12 @@ class _Held:
 class RankState:
     cfg: TrainConfig
     model_cfg: TransformerConfig
-    mesh: object
+    mesh: DeviceMesh
     coords: dict
     groups: dict
-    modules: list
-    stages: list
-    schedule: object
+    modules: list[StageModule]
+    stages: list[PipelineStage]
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     optimizer: torch.optim.Optimizer
     device: torch.device
 
@@ -267,7 +276,9 @@ def build_rank(cfg: TrainConfig, device: torch.device) -> RankState:
     mesh = init_device_mesh(
         device.type, (cfg.dp, cfg.pp, cfg.ep), mesh_dim_names=("dp", "pp", "ep")
     )
-    dp_rank, pp_rank, ep_rank = mesh.get_coordinate()
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None  # every rank of the world is in the mesh
+    dp_rank, pp_rank, ep_rank = coordinate
     groups = {d: mesh.get_group(d) for d in ("dp", "pp", "ep")}
     n_stages = cfg.pp * cfg.stages_per_rank
     layers = stage_layers(mc.n_layers, n_stages)
@@ -291,9 +302,14 @@ def build_rank(cfg: TrainConfig, device: torch.device) -> RankState:
         PipelineStage(m, s, n_stages, device, group=groups["pp"])
         for m, s in zip(modules, stage_ids)
     ]
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if cfg.schedule == "interleaved":
         schedule = ScheduleInterleaved1F1B(
-            stages, cfg.micro_batches, loss_fn=lm_loss, scale_grads=True
+            # torch annotates the stages as an invariant list of its private base class
+            stages,  # type: ignore[arg-type]
+            cfg.micro_batches,
+            loss_fn=lm_loss,
+            scale_grads=True,
         )
     else:
         kind = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
@@ -320,7 +336,8 @@ def _all_reduce_mean(grads: list[torch.Tensor], group, size: int) -> None:
 def sync_gradients(state: RankState) -> None:
     """The EP-group synchronisation Piper installs (Sec. III-D), plus DP averaging."""
     cfg = state.cfg
-    replicated, experts = [], []
+    replicated: list[torch.Tensor] = []
+    experts: list[torch.Tensor] = []
     for m in state.modules:
         expert_names = expert_param_names(m)
         for name, p in m.named_parameters():
@@ -348,11 +365,18 @@ class _BusyTimer:
         self.seconds = 0.0
         self.clock, self.meter = clock, meter
         self.forward_bytes: list[int] = []
+        # torch's stage and schedule methods are replaced by timed wrappers of themselves
         for stage in state.stages:
-            stage.forward_one_chunk = self._wrap(stage.forward_one_chunk, new_entry=True)
-            stage.backward_one_chunk = self._wrap(stage.backward_one_chunk)
+            stage.forward_one_chunk = self._wrap(  # type: ignore[method-assign]
+                stage.forward_one_chunk, new_entry=True
+            )
+            stage.backward_one_chunk = self._wrap(  # type: ignore[method-assign]
+                stage.backward_one_chunk
+            )
         sched = state.schedule
-        sched._compute_loss = self._wrap(sched._compute_loss, add_to_last=True)
+        sched._compute_loss = self._wrap(  # type: ignore[method-assign]
+            sched._compute_loss, add_to_last=True
+        )
 
     def _wrap(self, fn, new_entry: bool = False, add_to_last: bool = False):
         is_backward = not (new_entry or add_to_last)
@@ -424,7 +448,7 @@ def named_grads(state: RankState) -> dict[str, tuple[int, torch.Tensor]]:
         expert_names = expert_param_names(m)
         for name, p in m.named_parameters():
             first = expert_owner(m, name).first_expert if name in expert_names else -1
-            out[name] = (first, p.grad.detach().clone())
+            out[name] = (first, _grad(p).detach().clone())
     return out
 
 
@@ -515,11 +539,11 @@ def train_rank(ctx, **config) -> dict:
     peak_flops = _gemm_peak_flops(device)
     result = _rank_summary(state, per_step, p2p_msg_s, peak_flops)
 
-    gathered = [None] * dist.get_world_size() if ctx.rank == 0 else None
+    gathered: list[Any] | None = [None] * dist.get_world_size() if ctx.rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     if cfg.check_reference:
         diffs = _compare_with_reference(state, grads_per_step, ctx.rank == 0)
-    if ctx.rank != 0:
+    if ctx.rank != 0 or gathered is None:
         return {"rank": ctx.rank}
     report = summarize(cfg, mc, gathered, device)
     report["clock"] = runner.clock.clock  # what timed the steps and regions (runtime/timing.py)
@@ -679,18 +703,24 @@ def reference_run(cfg: TrainConfig) -> dict:
                 loss.backward()  # unscaled, as the schedule does per micro-batch
                 total += loss.item()
         for p in model.parameters():
-            p.grad.div_(n_shards * m)
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+            _grad(p).div_(n_shards * m)
+        grads.append({n: _grad(p).detach().clone() for n, p in model.named_parameters()})
         optimizer.step()
         losses.append(total / (n_shards * m))
     return {"losses": losses, "grads": grads}
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient, which every parameter has after the reference's backward."""
+    assert p.grad is not None
+    return p.grad
+
+
 def _compare_with_reference(state: RankState, grads_per_step: list[dict], is_root: bool) -> dict:
     """Gather every rank's gradients on rank 0 and compare with :func:`reference_run`."""
-    gathered = [None] * dist.get_world_size() if is_root else None
+    gathered: list[Any] | None = [None] * dist.get_world_size() if is_root else None
     dist.gather_object(grads_per_step, gathered, dst=0)
-    if not is_root:
+    if not is_root or gathered is None:
         return {}
     ref = reference_run(state.cfg)
     worst, worst_name = 0.0, None
