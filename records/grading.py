@@ -61,8 +61,10 @@ QUANTITIES = {
     "ratio": "a ratio or speedup: the side of 1 first, then the miss on the log ratio",
     "change": "a percent change against a baseline: the side of 0 first, then the miss relative "
     "to the underlying ratio 1 + change/100",
+    "reduction": "a percent saved against a baseline: the side of 0 first, then the miss "
+    "relative to the underlying ratio 1 - reduction/100",
 }
-NEUTRAL = {"value": 0.0, "ratio": 1.0, "change": 0.0}
+NEUTRAL = {"value": 0.0, "ratio": 1.0, "change": 0.0, "reduction": 0.0}
 
 AGREE = ("match", "close", "claim-holds")
 DISAGREE = ("deviates", "claim-fails")
@@ -109,6 +111,8 @@ def relative_miss(paper: float, ours: float, quantity: str = "value") -> float:
         return math.exp(abs(math.log(ours / paper))) - 1.0
     if quantity == "change":
         paper, ours = 1.0 + paper / 100.0, 1.0 + ours / 100.0
+    elif quantity == "reduction":
+        paper, ours = 1.0 - paper / 100.0, 1.0 - ours / 100.0
     if paper == 0:
         return math.inf
     return abs(ours - paper) / abs(paper)
@@ -188,6 +192,7 @@ def tolerance_words(grade_class: str, quantity: str = "value") -> str:
             "value": "the paper's value",
             "ratio": "the paper's ratio, on the log ratio",
             "change": "the underlying ratio 1 + change/100",
+            "reduction": "the underlying ratio 1 - reduction/100",
         }[quantity]
         return f"{PREDICTION_TOLERANCE:.0%} of {on} (prediction rule)"
     return "printed precision"

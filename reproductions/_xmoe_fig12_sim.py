@@ -118,6 +118,7 @@ def simulated_32gpu_cells(repro: Reproduction, **overrides):
             "%",
             grade_class="sampled",
             seeds=per["saved"],
+            quantity="reduction",
             note=f"simulated on {platform.name}, {where}: flat's all-to-all vs RBD's pilot "
             "all-to-all",
         ),

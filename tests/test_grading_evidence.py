@@ -64,6 +64,11 @@ def test_percent_changes_are_judged_on_the_underlying_ratio():
     assert r.compare("EP=8", "reduction", -67.0, "%", quantity="change").verdict == "close"
     assert r.compare("EP=8", "reduction", -60.0, "%", quantity="change").verdict == "deviates"
     assert r.compare("EP=8", "reduction", 1.0, "%", quantity="change").verdict == "deviates"
+    # a percent saved: 52.5% saved is a ratio of 0.475, 15% of it is 7.1 points
+    r = _repro([PaperValue("RBD", "saved", "52.5", "%", "planted")], grade_class="prediction")
+    assert r.compare("RBD", "saved", 46.0, "%", quantity="reduction").verdict == "close"
+    assert r.compare("RBD", "saved", 45.0, "%", quantity="reduction").verdict == "deviates"
+    assert r.compare("RBD", "saved", 45.0, "%").verdict == "close"  # a share: 15% of 52.5
 
 
 def test_a_balancer_that_moves_nothing_is_not_evidence():
