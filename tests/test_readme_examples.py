@@ -23,7 +23,8 @@ How each is checked (HOW):
            written (opt-in: MOE_REPRO_LONG_EXAMPLES=1; over half an hour in all)
   launcher needs a launcher (mpiexec beside this Python): slow, skipped without one
   gpu      needs a CUDA GPU: slow, skipped without one (run as written on a GPU node)
-  install  the install + main-job and install + test commands: run by CI (.ci/run) as written
+  install  the install + main-job and install + test commands, and the test commands: run by
+           CI (.ci/run) as written (the whole suite as its quick and heavy halves)
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ HOW: dict[str, tuple[str, list[str]]] = {
         [],
     ),
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 --index-url "
-    "https://download.pytorch.org/whl/cpu && pip install -e \".[test,peers]\" && python -m pytest -q": (
-        "install",
-        [],
-    ),
+    "https://download.pytorch.org/whl/cpu && pip install -e \".[test,peers]\" && "
+    'python -m pytest -q -m "not heavy" --durations=15': ("install", []),
+    # README: the heavy set and the whole suite (CI runs the quick command, then the heavy set)
+    "python -m pytest -q -m heavy --durations=15": ("install", []),
+    "python -m pytest -q --durations=15": ("install", []),
     # README: what you can do
     "repro list": ("run", []),
     "repro run piper-table4 --json t.json": ("run", []),
