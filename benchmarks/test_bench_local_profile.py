@@ -43,7 +43,9 @@ def test_calibrated_local_profile_predicts_a_real_bandwidth_bound_run(request):
     assert len(records) == 3 * rounds and all(r["simulated"] is False for r in records)
     wire = [r["inter_node_bytes"] / 2 for r in records[:3]]  # bytes one rank puts on the wire
     times = [min(r["time_s_min"] for r in records[i::3]) for i in range(3)]
-    alpha, beta = ns.fit_latency_bandwidth([wire[0], wire[2]], [times[0], times[2]])
+    # t = alpha + bytes / beta: the one fit (simulator.fit_alltoall_terms), one message per run
+    line = ns.fit_alltoall_terms([(0, 1, wire[0]), (0, 1, wire[2])], [times[0], times[2]])
+    alpha, beta = line["per_message_s"], line["bytes_per_s"]
     local = ns.calibrated_profile(alpha, beta, gpus_per_node=1)
     topo = ns.topology_for(local, nodes=2)
     predicted = ns.simulate_messages(

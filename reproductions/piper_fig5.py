@@ -11,7 +11,7 @@ Two parts:
   (``real_sizes``: bytes each rank sends, nccl-tests' alltoall size, as ``repro bench alltoall
   --sizes``) with flat for real on emulated nodes (1x2, 2x1, 2x2 ranks) and reports busbw vs
   size per world, as Fig. 5 does; a latency/bandwidth profile is fitted on two sizes of the 2x1
-  world (components.network.simulator.fit_latency_bandwidth), and the simulator with that calibrated
+  world (components.network.simulator.fit_alltoall_terms, one message per run), and the simulator with that calibrated
   profile predicts every real point, shown beside the measurement.
 """
 
@@ -165,9 +165,11 @@ def _real_part(repro, params):
     ]
     if len(fit) != 2:
         raise ValueError("fit_sizes must name two of real_sizes")
-    alpha, beta = ns.fit_latency_bandwidth(
-        [r["inter_node_bytes"] / 2 for r in fit], [r["time_s_min"] for r in fit]
+    # t = alpha + bytes / beta: each run sends one message per rank (terms n_L 0, n_o 1, bytes)
+    line = ns.fit_alltoall_terms(
+        [(0, 1, r["inter_node_bytes"] / 2) for r in fit], [r["time_s_min"] for r in fit]
     )
+    alpha, beta = line["per_message_s"], line["bytes_per_s"]
     cells, series = [], {}
     for r in records:
         nodes, g = r["nodes"], r["gpus_per_node"]

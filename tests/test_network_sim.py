@@ -214,12 +214,18 @@ def test_aggregated_equals_per_message_with_self_copies(algo):
     assert full.time_s > plain.time_s  # the copies cost something on this profile
 
 
+def _hockney(sizes, times):
+    """(alpha, beta) of t = alpha + bytes / beta: the one fit, runs of one message each."""
+    fit = ns.fit_alltoall_terms([(0, 1, s) for s in sizes], times)
+    return fit["per_message_s"], fit["bytes_per_s"]
+
+
 def test_fit_recovers_a_hockney_model():
     sizes = [1e3, 1e5, 1e7]
-    alpha, beta = ns.fit_latency_bandwidth(sizes, [3e-5 + s / 2e8 for s in sizes])
+    alpha, beta = _hockney(sizes, [3e-5 + s / 2e8 for s in sizes])
     assert alpha == pytest.approx(3e-5, rel=1e-6) and beta == pytest.approx(2e8, rel=1e-6)
     with pytest.raises(ValueError):
-        ns.fit_latency_bandwidth([1.0], [1.0])
+        _hockney([1.0], [1.0])
 
 
 def test_a_profile_fitted_on_two_runs_predicts_the_run_between_them():
@@ -229,9 +235,7 @@ def test_a_profile_fitted_on_two_runs_predicts_the_run_between_them():
     machine comes is a measurement: benchmarks/test_bench_local_profile.py."""
     latency, rate = 40e-6, 2e9
     wire = [250_000, 500_000, 1_000_000]
-    alpha, beta = ns.fit_latency_bandwidth(
-        [wire[0], wire[2]], [latency + w / rate for w in (wire[0], wire[2])]
-    )
+    alpha, beta = _hockney([wire[0], wire[2]], [latency + w / rate for w in (wire[0], wire[2])])
     local = ns.calibrated_profile(alpha, beta, gpus_per_node=1)
     topo = ns.topology_for(local, nodes=2)
     predicted = ns.simulate_messages(

@@ -839,23 +839,11 @@ def simulate_expected(
 # --- calibration (local profile) -------------------------------------------------------------
 
 
-def fit_latency_bandwidth(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
-    """Least-squares fit of t = alpha + bytes / beta (Hockney model); returns (alpha_s, beta_Bps).
-    Used to calibrate a profile's per-message latency and bandwidth from real runs."""
-    if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
-        raise ValueError("need at least two (bytes, time) measurements of equal length")
-    x, y = np.asarray(sizes_bytes, float), np.asarray(times_s, float)
-    A = np.vstack([np.ones_like(x), x]).T
-    (alpha, slope), *_ = np.linalg.lstsq(A, y, rcond=None)
-    if slope <= 0:
-        raise ValueError("time does not grow with bytes: cannot fit a bandwidth")
-    return max(float(alpha), 0.0), 1.0 / float(slope)
-
-
 def calibrated_profile(
     alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1, host_cores: int | None = None
 ) -> Platform:
-    """A local profile from a Hockney fit of real runs (see :func:`fit_latency_bandwidth`):
+    """A local profile from a Hockney fit of real runs (t = alpha + bytes / beta:
+    :func:`fit_alltoall_terms` of runs that each send one message, terms (0, 1, bytes)):
     per-message cost alpha, every link (port, pair, NIC) at bandwidth beta. Emulated nodes are
     processes of one machine, so no link class is faster than another. ``host_cores``: the
     fit's ranks each had a core, so the machine moves at most ``host_cores * beta`` in total
@@ -896,9 +884,9 @@ def calibrated_profile(
 
 
 # --- calibration: the local all-to-all's latency, per-message cost and bandwidth from real runs ---
-# (repro calibrate and the alltoall-validation suite). Unlike fit_latency_bandwidth, which fits
-# one Hockney line to one world, this fits the simulator's own serial latency model to real runs
-# of several ranks counts and sizes, so that a profile built from the fit reproduces the fit set.
+# (repro calibrate, the alltoall-validation suite, and piper-fig5's Hockney line, the case of one
+# message per run): the simulator's own serial latency model fitted to real runs of several
+# ranks counts and sizes, so that a profile built from the fit reproduces the fit set.
 
 ALLTOALL_FIT_FORM = (
     "serial latency model, fitted by least squares on relative error: a rank issuing m messages "
