@@ -133,5 +133,7 @@ def test_xmoe_fig17_ratio_and_claims_by_hand():
     assert cells[("Arctic", "S=4096")].ours == pytest.approx(2 * 4096 / (2 * 4864))  # < 1: TED
     assert cells[("Arctic", "S=8192")].ours == pytest.approx(2 * 8192 / (2 * 4864))  # > 1: SSMB
     claims = [c for c in cells.values() if c.grade_class == "claim"]
-    assert len(claims) == 13 and all(c.verdict == "claim-holds" for c in claims)
+    # X-MoE's own equations on public configs: the claims restate the paper's algebra (echo, as
+    # xmoe-table2's), shown and never counted as agreement
+    assert len(claims) == 13 and all(c.verdict == "echo" for c in claims)
     assert cells[("Arctic", "choice vs S")].ours == 8192
