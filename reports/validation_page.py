@@ -3,8 +3,9 @@
 It reads what ``repro validate`` stored (``<results>/validation/validation.json``: every scored
 point, per-predictor MAPE and maximum error, the parameters' sources and the anchors' published
 errors) and draws, per predictor, predicted against measured on log axes with the identity line
-and a +-10% band (the step-time goal of the validation), beside the errors Calculon, vTrain and
-ASTRA-sim publish for theirs. Nothing is recomputed here (reports read stored results only)."""
+and a band of the grading policy's prediction tolerance (records/grading.PREDICTION_TOLERANCE: a
+prediction inside it is graded close), beside the errors Calculon, vTrain and ASTRA-sim publish
+for theirs. Nothing is recomputed here (reports read stored results only)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import json
 from pathlib import Path
 
 from moe_repro.records.atomic import atomic_write_bytes, atomic_write_text
+from moe_repro.records.grading import PREDICTION_TOLERANCE
 from moe_repro.reports import html
 
 STORED = Path("validation") / "validation.json"
-BAND = 0.10  # the +-10% band drawn around the identity line
+BAND = PREDICTION_TOLERANCE  # the band drawn around the identity line: the graded tolerance
 
 
 def stored_validation(root: Path) -> dict | None:
