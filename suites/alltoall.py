@@ -613,8 +613,8 @@ def count_host_work(fn) -> dict:
     outputs of out-of-place ops, written into fresh memory (a large one is page-faulted in on
     first touch: ReusedBuffers); ``sort_work``, n log2 n summed over the sorting ops (n: the
     elements of the tensor each orders). Collectives (c10d ops) and views are not counted. These are counts read off the
-    real call, not times: the simulator's host-work term (simulator.host_work_s) prices them
-    with per-op and per-byte costs measured apart."""
+    real call, not times, kept in the run's record to describe its host work (whose time is
+    profiled: host_cpu_seconds)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -705,8 +705,8 @@ def count_python_work(fn) -> int:
     """Run ``fn`` once and count the Python bytecode instructions it executes on this thread:
     the interpreter's work between the aten ops (argument checks, list building, the
     communicators' bookkeeping), which count_host_work's ops leave out. A count read off the
-    real call, priced by the simulator's host-work term at a per-instruction cost measured
-    apart. The tracer slows this one call down; only its count is kept."""
+    real call, kept in the run's record beside count_host_work's. The tracer slows this one
+    call down; only its count is kept."""
     import sys
 
     executed = 0

@@ -14,8 +14,7 @@ the very messages that run sends, on a local profile calibrated from *other* run
 The prediction adds the CPU work around the messages (gathering rows, HALO's reorder, RBD's
 pilots), profiled on the run's own dispatch (host_cpu_seconds) and stretched by what the ranks'
 own work costs in the run's world (cpu_stretch); HALO's Phase I overlap is measured per world on
-flat exchanges (phase_overlap) and applied with simulator.blend_overlap. Each record also keeps
-``predicted_host_priced_s`` (the counted-ops price model, for comparison).
+flat exchanges (phase_overlap) and applied with simulator.blend_overlap.
 
 Per cell: ``time_s`` (measured), ``predicted_time_s`` (simulated), ``error_pct``, bytes per link
 class, ``calibration_used`` and ``how``; the summary gives each backend's and algorithm's median
@@ -197,22 +196,6 @@ def split_list(text: str, what: str, convert) -> list:
     return values
 
 
-# The routing the per-op price is measured on: the all-to-alls' own planning code on inputs no
-# scored point uses (its seed is none of the grid's), one process, no communication.
-PRICE_ROUTING = {
-    "hidden": 64,
-    "experts": 16,
-    "top_k": 4,
-    "placement": "contiguous",
-    "seed": 90001,
-    "ranks": 4,
-    "gpus_per_node": 2,
-    "algo": "rbd",
-    "backend": "gloo",
-    "sizes": 64 * 4 * 64 * 4,
-}
-
-
 def _python_bookkeeping(n: int = 64) -> int:
     """Pure Python of the kind a dispatch runs between its ops (count lists, prefix sums,
     per-peer dicts): no tensor."""
@@ -222,204 +205,26 @@ def _python_bookkeeping(n: int = 64) -> int:
     return sum(int(c) for c in starts) + len(peers)
 
 
-class _PriceWork:
-    """The work the host prices are measured on (built once per process): Python bookkeeping,
-    a stable argsort of 2^16 random int64 keys, the flat send layout and RBD's pilot selection
-    on PRICE_ROUTING, and index_select of ``pack_bytes`` of 1 KiB rows in random order."""
-
-    def __init__(self, pack_bytes: int):
-        import torch
-
-        from moe_repro.components.alltoall.flat import flat_send_layout
-        from moe_repro.components.alltoall.rbd import select_pilots
-        from moe_repro.components.network.topology import Topology
-
-        self.py_instructions = alltoall.count_python_work(_python_bookkeeping)
-        keys = torch.randint(0, 2**40, (2**16,), generator=torch.Generator().manual_seed(0))
-        self.sort = lambda: torch.argsort(keys, stable=True)
-        self.sort_work = alltoall.count_host_work(self.sort)["sort_work"]
-        point = alltoall_point(PRICE_ROUTING)
-        work = alltoall.rank_workload(point, 0, int(point["ranks"]))
-        topo = Topology(nodes=int(point["nodes"]), ranks_per_node=int(point["gpus_per_node"]))
-        generator = torch.Generator()
-
-        def plan():
-            generator.manual_seed(0)  # the same pilots every call
-            flat_send_layout(work["pft"], work["placement"], topo.world_size)
-            select_pilots(work["pft"], work["placement"], topo, generator)
-
-        self.plan = plan
-        self.plan_work = alltoall.count_host_work(plan)
-        self.plan_instructions = alltoall.count_python_work(plan)
-        self.rows = max(1, pack_bytes // 1024)
-        self.x = torch.randn(self.rows, 256)
-        order = torch.randperm(self.rows, generator=torch.Generator().manual_seed(0))
-        out = torch.empty_like(self.x)
-        torch.index_select(self.x, 0, order, out=out)  # first touch outside the timing
-        self.pack = lambda: torch.index_select(self.x, 0, order, out=out)
-        self.fresh = lambda: torch.index_select(self.x, 0, order)
-
-    def sample(self, repeats: int) -> dict[str, list[float]]:
-        """``repeats`` samples of each raw time (CPU seconds of one call), one thread."""
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one rank = one thread, as in the runs
-        try:
-            return {
-                name: _cpu_samples(fn, loop, repeats)
-                for name, fn, loop in (
-                    ("python", _python_bookkeeping, 200),
-                    ("sort", self.sort, 3),
-                    ("plan", self.plan, 50),
-                    ("pack", self.pack, 1),
-                    ("fresh", self.fresh, 1),
-                )
-            }
-        finally:
-            torch.set_num_threads(threads)
-
-    def prices(self, samples: dict[str, list[float]], pick) -> dict:
-        """The prices from raw times, each time ``pick``ed over its samples (min or median)."""
-        t = {name: pick(xs) for name, xs in samples.items()}
-        py_op_s = t["python"] / self.py_instructions
-        sort_unit_s = t["sort"] / self.sort_work
-        op_s = (
-            max(
-                t["plan"]
-                - self.plan_instructions * py_op_s
-                - self.plan_work["sort_work"] * sort_unit_s,
-                1e-9,
-            )
-            / self.plan_work["ops"]
-        )
-        nbytes = self.x.numel() * 4
-        return {
-            "host_op_us": op_s * 1e6,
-            "python_op_ns": py_op_s * 1e9,
-            "sort_unit_ns": sort_unit_s * 1e9,
-            "pack_GBps": nbytes / max(t["pack"] - op_s, 1e-9) / 1e9,
-            "fresh_GBps": nbytes / max(t["fresh"] - op_s, 1e-9) / 1e9,
-        }
-
-
-def _cpu_samples(fn, loop: int, repeats: int) -> list[float]:
-    """``repeats`` samples of the CPU seconds of one call of ``fn`` (each the mean of ``loop``
-    calls), on this thread's CPU clock: on a shared machine the time other processes hold the
-    core is left out."""
-    from moe_repro.runtime.timing import thread_cpu_seconds  # CPU-only work, priced per core
-
-    samples = []
-    for _ in range(repeats):
-        t0 = thread_cpu_seconds()
-        for _ in range(loop):
-            fn()
-        samples.append((thread_cpu_seconds() - t0) / loop)
-    return samples
-
-
-_PRICE_WORK: dict[int, _PriceWork] = {}
-
-
-def price_work(pack_bytes: int = 4 * 2**20) -> _PriceWork:
-    if pack_bytes not in _PRICE_WORK:
-        _PRICE_WORK[pack_bytes] = _PriceWork(pack_bytes)
-    return _PRICE_WORK[pack_bytes]
-
-
-def measure_host_costs(pack_bytes: int = 4 * 2**20, repeats: int = 7) -> dict:
-    """The prices of the host-work term (simulator.host_work_s), measured on one core in this
-    process, apart from any all-to-all run, in CPU time (least of ``repeats`` samples: the one
-    least disturbed by other processes; the spread max / min kept beside each):
-    ``python_op_ns``, one Python bytecode instruction (_python_bookkeeping, its instructions
-    counted by suites/alltoall.count_python_work);
-    ``sort_unit_ns``, one unit of n log2 n of a stable argsort of 2^16 random int64 keys (the
-    sorts dispatch planning runs: destination ranks, group keys);
-    ``host_op_us``, one aten op with the dispatcher and Python binding around it, on the mix of
-    ops dispatch planning runs (the flat send layout and RBD's pilot selection on PRICE_ROUTING,
-    its instructions and sort work taken off at their prices, its ops counted by
-    count_host_work);
-    ``pack_GBps``, packing rows by index (index_select of ``pack_bytes`` of 1 KiB rows in
-    random order into a reused buffer, one op's cost taken off);
-    ``fresh_GBps``, the same into a fresh tensor (page faults of first touch included)."""
-    work = price_work(pack_bytes)
-    samples = work.sample(repeats)
-    spread = {name: max(xs) / max(min(xs), 1e-12) for name, xs in samples.items()}
-    return {
-        **work.prices(samples, min),
-        **{
-            f"{price}_spread": spread[raw]
-            for price, raw in (
-                ("host_op", "plan"),
-                ("python_op", "python"),
-                ("sort", "sort"),
-                ("pack", "pack"),
-                ("fresh", "fresh"),
-            )
-        },
-        "host_measured": f"one thread's CPU time in the calibrating process, least of {repeats}: "
-        f"Python bookkeeping (per instruction), a stable argsort of 2^16 int64 "
-        f"(per n log2 n), the flat send layout and RBD's "
-        f"pilot selection on a routing of seed {PRICE_ROUTING['seed']} (per aten "
-        f"op, {work.plan_work['ops']} ops), index_select of {work.rows} rows of 1 KiB in random "
-        f"order into a reused buffer and into a fresh one (packing)",
-    }
-
-
 def host_s(record: dict, block: dict, cores: int) -> float:
     """The host-work part of one run's prediction: the CPU seconds its dispatch spends outside
     its collectives (``host_cpu_s``; calibration=fit: profiled after each sample,
     profile_host_cpu; a profile file: in setup, suites/alltoall.host_cpu_seconds),
-    stretched by the cores' sharing (the run's cpu_stretch, else ranks / cores); a record
-    without the profile (an older one) has its counted work priced instead (host_priced_s). 0
-    for a block whose fit did not take the host work off (an old profile, or a fit that could
-    not separate it): there the fitted terms carry it."""
-    if "host_op_us" not in block or "host_ops" not in record:
+    stretched by the cores' sharing (the run's cpu_stretch, else ranks / cores). 0 for a record
+    without the profile, and for a block whose fit did not take the host work off (a fit that
+    could not separate it): there the fitted terms carry it."""
+    if not host_work_taken_off(block) or record.get("host_cpu_s") is None:
         return 0.0
-    if record.get("host_cpu_s") is None:
-        return host_priced_s(record, block, cores)
     share = record.get("cpu_stretch") or max(1.0, int(record["ranks"]) / cores)
     return float(record["host_cpu_s"]) * share
 
 
-def host_priced_s(record: dict, block: dict, cores: int) -> float:
-    """The same host work estimated by the price model (simulator.host_work_s): the run's
-    counted ops, bytes, sorts and Python instructions at a calibration block's prices, stretched
-    the same way; kept beside the profiled value (predicted_host_priced_s). It misses what no
-    count sees and prices every op at one mix's cost (docs/alltoall-validation.md), so the
-    prediction uses the profile. 0 for a block without prices."""
-    from moe_repro.components.network import simulator as ns
-
-    if "host_op_us" not in block or "host_ops" not in record:
-        return 0.0
-    # the prices measured in the run's world where the block has them
-    block = {
-        **block,
-        **(block.get("host_prices_by_ranks") or {}).get(str(int(record["ranks"])), {}),
-    }
-    return ns.host_work_s(
-        record["host_ops"],
-        record["host_bytes"],
-        block["host_op_us"] * 1e-6,
-        block["pack_GBps"] * 1e9,
-        int(record["ranks"]),
-        cores,
-        record.get("host_fresh_bytes", 0.0),
-        block.get("fresh_GBps", block["pack_GBps"]) * 1e9,
-        record.get("host_python_ops", 0.0),
-        block.get("python_op_ns", 0.0) * 1e-9,
-        record.get("host_sort_work", 0.0),
-        block.get("sort_unit_ns", 0.0) * 1e-9,
-        record.get("cpu_stretch"),
-    )
+HOST_TAKEN_OFF = "profiled on each run and taken off before the fit"
 
 
-def world_price_sample(ctx) -> dict[str, float]:
-    """One sample of each raw time the host prices come from (_PriceWork), every rank of the
-    world measuring at once, the slowest rank's: the caches and the memory bus shared with the
-    other ranks and the machine's other load as the runs share them."""
-    ctx.barrier()
-    return {name: ctx.all_reduce_max(xs[0]) for name, xs in price_work().sample(1).items()}
+def host_work_taken_off(block: dict) -> bool:
+    """Whether a calibration block's fit had each run's host work taken off first (then a
+    prediction adds it back). ``host_op_us``: how a block written before this marker says so."""
+    return block.get("host_work") == HOST_TAKEN_OFF or "host_op_us" in block
 
 
 def cpu_stretch(ctx, segment_s: float = 1e-3, segments: int = 20) -> float:
@@ -512,15 +317,7 @@ def phase_overlap(ctx, comms, hidden: int = 256, calls: int = OVERLAP_CALLS) -> 
     return overlap_fraction(*totals)
 
 
-HOST_COUNTS = (
-    "host_cpu_s",
-    "host_ops",
-    "host_bytes",
-    "host_fresh_bytes",
-    "host_python_ops",
-    "host_sort_work",
-    "cpu_stretch",
-)
+HOST_COUNTS = ("host_cpu_s", "cpu_stretch")  # the host work a fit run's record lists
 FIT_SHAPE = {"hidden": 256, "experts": 16, "top_k": 4, "placement": "contiguous", "seed": 0}
 
 
@@ -588,11 +385,9 @@ def measure_and_fit_flat(
     )
     load_before = load_average()
     records = measure(alltoall.SUITE, points, config, done=done)  # done(record) per point
-    prices = measure_host_costs()
     return fit_flat(
         points,
         records,
-        prices,
         backend,
         load_before,
         f"flat over {backend}, ranks {ranks_list}, sizes {sizes} B per rank, emulated "
@@ -603,34 +398,29 @@ def measure_and_fit_flat(
 def fit_flat(
     points: list[dict],
     records: list[dict],
-    prices: dict,
     backend: str,
     load_before: list | None,
     fitted_on: str,
 ) -> dict:
     """Fit the simulator's serial model (simulator.fit_alltoall_terms) to measured flat
-    dispatches (``records`` of ``points``), their host work priced at ``prices``
-    (measure_host_costs) and taken off first. Returns the calibration block a profile stores
+    dispatches (``records`` of ``points``), each run's profiled host work (host_s) taken off
+    first. Returns the calibration block a profile stores
     per backend: latency_us (L), per_message_us (o), GBps (beta), the form, the residuals of
     the fit simulated at the fitted values, and the runs."""
     from moe_repro.components.network import simulator as ns
 
     cores = host_cores()
     load_after = load_average()
-    # prices measured in each ranks count's world, where the runs have them (measure_grid)
-    by_ranks = {
-        str(p["ranks"]): r["host_prices"] for p, r in zip(points, records) if "host_prices" in r
-    }
     overlap = {
         str(p["ranks"]): r["phase_overlap"] for p, r in zip(points, records) if "phase_overlap" in r
     }
-    prices = {**prices, **({"host_prices_by_ranks": by_ranks} if by_ranks else {})}
+    taken_off = {"host_work": HOST_TAKEN_OFF}
     terms, times, known = [], [], []
     for point, rec in zip(points, records):
         msgs, topo, deps = routed_messages(point)
         terms.append(ns.alltoall_time_terms(msgs, topo, deps, cores))
         times.append(rec["time_s"])
-        known.append(host_s({**rec, "ranks": point["ranks"]}, prices, cores))
+        known.append(host_s({**rec, "ranks": point["ranks"]}, taken_off, cores))
     # One latency and one per-message cost per ranks count: a phase's synchronisation of n
     # ranks, and each message's issue and completion, both of which grow once the ranks
     # outnumber the cores the machine gives them (the count exchange is such a phase); the
@@ -640,9 +430,9 @@ def fit_flat(
         fit = ns.fit_alltoall_terms(terms, times, known, groups=groups, per_message_by_group=True)
         separated = True
     except ValueError as e:
-        # The host work priced apart can exceed what the runs' times leave for the bytes (its
-        # prices are measured on one core at another moment): then fit the runs whole, with no
-        # host work taken off, and say so; predictions add no host work on top.
+        # The host work profiled apart can exceed what the runs' times leave for the bytes: then
+        # fit the runs whole, with no host work taken off, and say so; predictions add no host
+        # work on top.
         fit = ns.fit_alltoall_terms(terms, times, None, groups=groups, per_message_by_group=True)
         separated, why = False, str(e)
     block = {
@@ -656,7 +446,7 @@ def fit_flat(
         "GBps": fit["bytes_per_s"] / 1e9,
         **({"overlap_by_ranks": overlap} if overlap else {}),
         **(
-            prices
+            taken_off
             if separated
             else {"host_work": f"not separated: with it taken off first, {why}; fitted whole"}
         ),
@@ -665,14 +455,11 @@ def fit_flat(
             "before": load_before,
             "after": load_after,
             "what": "1, 5 and 15 minute load averages of the machine (os.getloadavg) "
-            "before the fit runs and after the host prices",
+            "before and after the fit runs",
         },
-        "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: "
-        "(ops x host_op_us + host_bytes / pack_GBps + host_fresh_bytes / fresh_GBps + "
-        "sort_work x sort_unit_ns + python_ops x python_op_ns) x the cpu_stretch measured in the run's "
-        "world (else max(1, ranks / host_cores)), "
-        "ops, bytes, sort work and Python instructions counted on a warm call of the run's own dispatch "
-        "(suites/alltoall.count_host_work, count_python_work)",
+        "form": ns.ALLTOALL_FIT_FORM + "; plus the host work, known before the fit: the CPU "
+        "seconds the run's dispatch spends outside its collectives (host_cpu_s, profiled on the "
+        "run) x the cpu_stretch measured in the run's world (else max(1, ranks / host_cores))",
         "fitted_on": fitted_on,
     }
     runs, residuals = [], []
@@ -779,8 +566,6 @@ def _how(point: dict, fitted_on: str) -> dict:
         "median over the rounds; a profile file: median of 5 calls in setup), "
         "stretched by the cpu_stretch measured in its world (fit) or by "
         "ranks / cores (a profile file)",
-        "predicted_host_priced_s": "simulated: simulator.host_work_s of the run's counted host work "
-        "at the calibration's prices, stretched alike (for comparison)",
         "error_pct": "(predicted / measured - 1) x 100, per sample, median",
     }
 
@@ -807,8 +592,8 @@ def derived_params(p: dict) -> dict:
 
 def derive(params: dict, state: dict, time_s: float) -> dict:
     """Measured metrics of the run, and the prediction: the simulated messages (derived_params)
-    plus the host work this run's dispatch does (its op and byte counts, read off the run in
-    setup, at the calibration's measured prices: simulator.host_work_s)."""
+    plus the host work this run's dispatch does (host_s: its CPU time outside its collectives,
+    profiled in setup)."""
     measured = alltoall.derive(params, state, time_s)
     load = load_average()
     measured.update({"load_average": load[0]} if load else {})
@@ -823,7 +608,6 @@ def derive(params: dict, state: dict, time_s: float) -> dict:
         **measured,
         "predicted_time_s": predicted,
         "predicted_host_s": host,
-        "predicted_host_priced_s": host_priced_s(run, calibration, cores),
         "error_pct": 100 * (predicted / time_s - 1),
     }
 
@@ -847,7 +631,7 @@ def measure_world_on_rank(
     ]
     samples: list[dict[str, list[float]]] = [{"time_s": []} for _ in points]
     profiled: list[list[float]] = [[] for _ in points]  # this rank's host CPU per round
-    stretch, overlap, priced = [], [], []
+    stretch, overlap = [], []
     for r in range(max(repeats)):
         for i, (p, (state, _, timer, number, _)) in enumerate(zip(points, prepared)):
             if r < repeats[i]:
@@ -859,7 +643,6 @@ def measure_world_on_rank(
                     samples[i].setdefault(name, []).append(float(value))
         stretch.append(cpu_stretch(ctx))  # once a round: the host work's price at this load
         overlap.append(phase_overlap(ctx, prepared[0][0]["comms"]))
-        priced.append(world_price_sample(ctx))
     for i, (state, *_) in enumerate(prepared):
         if profiled[i]:  # the busiest rank's rounds replace the profile taken in setup
             samples[i]["host_cpu_s"] = busiest_rank_rounds(state["comms"], profiled[i])
@@ -878,9 +661,6 @@ def measure_world_on_rank(
             cpu_stretch_samples=stretch,
             phase_overlap=statistics.median(overlap),
             phase_overlap_samples=overlap,
-            host_prices=price_work().prices(
-                {k: [x[k] for x in priced] for k in priced[0]}, statistics.median
-            ),
         )
         records.append(record)
     return records if ctx.rank == 0 else []
@@ -925,8 +705,8 @@ def _in_turn(a: list, b: list) -> list:
 def measure_grid(grid: list[dict], config, progress=None, done=None) -> list[dict] | None:
     """calibration=fit: the fit set and the scored cells measured in the same worlds, one world
     per ranks count, their samples in turn (measure_world_on_rank): load that drifts over the
-    minutes of a run moves the fit and the cells together. Then the fit (fit_flat, host prices
-    measured after the worlds) and each cell's prediction. None (measured the usual way, the
+    minutes of a run moves the fit and the cells together. Then the fit (fit_flat) and each
+    cell's prediction. None (measured the usual way, the
     prediction made per sample by derive) for calibration=FILE."""
     import json
 
@@ -1029,7 +809,6 @@ def _measure_fit_sets(
             **fit_flat(
                 fit_points,
                 fit_records,
-                measure_host_costs(),
                 fs["backend"],
                 load_before,
                 _fitted_on(fs),
@@ -1040,13 +819,11 @@ def _measure_fit_sets(
         for i in members:
             rec, point = records[i], grid[i]
             host = host_s({**rec, "ranks": point["ranks"]}, block, cores)
-            priced = host_priced_s({**rec, "ranks": point["ranks"]}, block, cores)
             predicted = predict(point, block, cores)
             total = predicted["predicted_time_s"] + host
             extra = {
                 "predicted_time_s": [total] * len(rec["samples"]["time_s"]),
                 "predicted_host_s": [host] * len(rec["samples"]["time_s"]),
-                "predicted_host_priced_s": [priced] * len(rec["samples"]["time_s"]),
                 "error_pct": [100 * (total / t - 1) for t in rec["samples"]["time_s"]],
             }
             rec["samples"].update(extra)
@@ -1273,15 +1050,6 @@ SUITE = Suite(
             description="the host-work part of the prediction: the CPU seconds the run's "
             "dispatch spends outside its collectives (host_cpu_s, profiled in "
             "setup) times the cores' sharing (cpu_stretch)",
-        ),
-        Metric(
-            "predicted_host_priced_s",
-            "s",
-            "none",
-            kind="simulated",
-            description="the same host work by the price model, for comparison: the run's "
-            "counted ops, bytes and instructions at the calibration's measured "
-            "costs, stretched alike (not in predicted_time_s)",
         ),
         Metric(
             "error_pct",

@@ -95,36 +95,6 @@ def test_fit_takes_the_known_host_work_off_before_fitting_the_messages():
         ns.fit_alltoall_terms(terms[:2], times[:2], [-1.0, 0.0])
 
 
-def test_host_work_is_ops_times_their_cost_plus_bytes_over_the_pack_rate_shared_by_cores():
-    # 120 ops at 10 us and 4 MB at 2 GB/s = 1.2 ms + 2 ms; 8 ranks on 2 cores take 4 times as long
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2) == pytest.approx(3.2e-3, rel=1e-12)
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2) == pytest.approx(4 * 3.2e-3, rel=1e-12)
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, None) == pytest.approx(3.2e-3, rel=1e-12)
-    # 1 MB into fresh tensors at 0.5 GB/s adds 2 ms
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9) == pytest.approx(
-        5.2e-3, rel=1e-12
-    )
-    # Python instructions between the ops: 50000 at 20 ns = 1 ms more; sorts: 1e6 n log2 n at 2 ns = 2 ms more
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9) == pytest.approx(
-        6.2e-3, rel=1e-12
-    )
-    assert ns.host_work_s(
-        120, 4e6, 10e-6, 2e9, 2, 2, 1e6, 0.5e9, 50_000, 20e-9, 1e6, 2e-9
-    ) == pytest.approx(8.2e-3, rel=1e-12)
-    with pytest.raises(ValueError):
-        ns.host_work_s(1, 1, 1e-6, 0.0, 2, 2)
-    # a measured stretch replaces ranks / cores: 2 ranks on 2 cores that get 1.5 s of wall per CPU
-    # second (other load) take 1.5 times as long, 8 ranks at a measured 3 three times
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 2, 2, stretch=1.5) == pytest.approx(
-        1.5 * 3.2e-3, rel=1e-12
-    )
-    assert ns.host_work_s(120, 4e6, 10e-6, 2e9, 8, 2, stretch=3.0) == pytest.approx(
-        3 * 3.2e-3, rel=1e-12
-    )
-    with pytest.raises(ValueError):
-        ns.host_work_s(1, 1, 1e-6, 1e9, 2, 2, stretch=0.0)
-
-
 def test_host_work_counts_ops_and_the_bytes_they_write_not_views_or_collectives():
     import torch
 
@@ -255,11 +225,10 @@ def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communi
     assert all(vars(c) == {} for c in (world, intra))
 
 
-def test_the_prediction_uses_the_profiled_host_cpu_and_keeps_the_priced_one_beside_it(tmp_path):
+def test_the_prediction_uses_the_profiled_host_cpu(tmp_path):
     """derive with a profile file: predicted_host_s is the run's profiled CPU outside its
-    collectives stretched by ranks / cores (4 ranks on 2 cores: x2), not the counted work at the
-    block's prices, which is kept as predicted_host_priced_s; a block whose fit did not take the
-    host work off adds none."""
+    collectives stretched by ranks / cores (4 ranks on 2 cores: x2); a record without the
+    profile, and a block whose fit did not take the host work off, add none."""
     from moe_repro.suites import alltoall_validation as v
 
     block = {
@@ -267,8 +236,7 @@ def test_the_prediction_uses_the_profiled_host_cpu_and_keeps_the_priced_one_besi
         "per_message_us": 250.0,
         "GBps": 0.6,
         "host_cores": 2,
-        "host_op_us": 12.0,
-        "pack_GBps": 3.0,
+        "host_work": v.HOST_TAKEN_OFF,
     }
     path = tmp_path / "local.json"
     path.write_text(json.dumps({"calibration": {"gloo": block}}))
@@ -298,13 +266,15 @@ def test_the_prediction_uses_the_profiled_host_cpu_and_keeps_the_priced_one_besi
     got = v.derive(p, state, 0.01)
     assert got["host_cpu_s"] == pytest.approx(1.7e-3, rel=1e-12)
     assert got["predicted_host_s"] == pytest.approx(2 * 1.7e-3, rel=1e-12)
-    assert got["predicted_host_priced_s"] == pytest.approx(2 * (50 * 12e-6 + 3e6 / 3e9), rel=1e-12)
+    assert "predicted_host_priced_s" not in got
     assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + 3.4e-3, rel=1e-12)
-    # a record without the profile (written before it) is priced, as it was
     run = {"ranks": 4, "host_ops": 50, "host_bytes": 3e6}
-    assert v.host_s(run, block, 2) == pytest.approx(v.host_priced_s(run, block, 2), rel=1e-12)
+    assert v.host_s(run, block, 2) == 0.0  # no profile: nothing to add
+    assert v.host_s({**run, "host_cpu_s": 1e-3}, block, 2) == pytest.approx(2e-3, rel=1e-12)
+    # a block written before the marker says it by its prices
+    assert v.host_s({**run, "host_cpu_s": 1e-3}, {"host_op_us": 1.0}, 2) > 0
     # a fit that could not separate the host work carries it in its terms: nothing added
-    unseparated = {k: x for k, x in block.items() if k not in ("host_op_us", "pack_GBps")}
+    unseparated = {**block, "host_work": "not separated: ...; fitted whole"}
     assert v.host_s({**run, "host_cpu_s": 1e-3}, unseparated, 2) == 0.0
 
 
@@ -491,9 +461,9 @@ def test_halo_phases_overlap_by_the_measured_fraction_and_chains_are_untouched()
             assert t[0.0] == t[1.0]
 
 
-def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_prices(tmp_path):
-    """derive: the simulated messages (derived_params) plus the host work counted on the run
-    (ops, bytes on the busiest rank), priced by the calibration block, 4 ranks on 2 cores."""
+def test_the_prediction_adds_the_runs_profiled_host_work(tmp_path):
+    """derive: the simulated messages (derived_params) plus the host work profiled on the run
+    (the busiest rank's CPU outside its collectives), 4 ranks on 2 cores."""
     from moe_repro.suites import alltoall_validation as v
 
     path = tmp_path / "local.json"
@@ -507,11 +477,7 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
                         "per_message_us": 250.0,
                         "GBps": 0.6,
                         "host_cores": 2,
-                        "host_op_us": 12.0,
-                        "pack_GBps": 3.0,
-                        "fresh_GBps": 1.0,
-                        "python_op_ns": 20.0,
-                        "sort_unit_ns": 3.0,
+                        "host_work": v.HOST_TAKEN_OFF,
                     }
                 }
             }
@@ -537,11 +503,12 @@ def test_the_prediction_adds_the_runs_counted_host_work_at_the_calibrations_pric
             "fresh_bytes": 500_000,
             "python_ops": 4000,
             "sort_work": 100_000,
+            "cpu_ns": 900_000,
         },
         "memcpy_s": 0.001,
     }  # the run's memcpy bound (suites/alltoall.py setup)
     got = v.derive(p, state, 0.01)
-    host = (37 * 12e-6 + 3e6 / 3e9 + 5e5 / 1e9 + 4000 * 20e-9 + 100_000 * 3e-9) * 4 / 2
+    host = 0.9e-3 * 4 / 2
     assert got["predicted_host_s"] == pytest.approx(host, rel=1e-12)
     assert got["predicted_time_s"] == pytest.approx(p["predicted_time_s"] + host, rel=1e-12)
     assert got["error_pct"] == pytest.approx(100 * (got["predicted_time_s"] / 0.01 - 1), rel=1e-12)
@@ -604,6 +571,7 @@ def test_calibrate_writes_every_fit_and_the_faster_backends_links():
 
 @pytest.mark.multiprocess
 def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
+    from moe_repro.suites import alltoall_validation as v
     from moe_repro.suites.runner import RunConfig, measure
 
     suite = all_suites()["alltoall-validation"]
@@ -635,11 +603,10 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
             "time_s",
             "predicted_time_s",
             "predicted_host_s",
-            "predicted_host_priced_s",
             "error_pct",
         }
         # the host work is profiled on the run and is part of the prediction, stretched by the
-        # world's cpu_stretch; the price model's estimate is kept beside it
+        # world's cpu_stretch
         assert r["host_ops"] > 0 and 0 < r["predicted_host_s"] < r["predicted_time_s"]
         assert r["predicted_host_s"] == pytest.approx(r["host_cpu_s"] * r["cpu_stretch"], rel=1e-9)
         # profiled once a round, after each sample: the record's value is their median
@@ -648,7 +615,7 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # three calls measured apart, not one setup profile copied into every round
         assert len(set(profiled)) > 1
         assert r["host_cpu_s"] == pytest.approx(sorted(profiled)[1], rel=1e-9)
-        assert r["predicted_host_priced_s"] > 0
+        assert "predicted_host_priced_s" not in r
         assert (
             r["host_python_ops"] > 0 and r["load_average"] >= 0
         )  # instructions counted, load kept
@@ -657,24 +624,12 @@ def test_suite_measures_and_predicts_every_cell_of_a_tiny_grid():
         # and how much two exchanges at once overlap there, which the fit keeps per ranks count
         assert 0 <= r["phase_overlap"] <= 1 and len(r["phase_overlap_samples"]) == 3
         assert r["calibration_used"]["overlap_by_ranks"] == {"2": r["phase_overlap"]}
-        # and the host prices, measured in the world by every rank at once
-        world_prices = r["calibration_used"]["host_prices_by_ranks"]["2"]
-        assert (
-            world_prices == r["host_prices"]
-            and world_prices["pack_GBps"] > 0
-            and world_prices["host_op_us"] > 0
-        )
         assert r["how"]["time_s"].startswith("measured") and r["how"][
             "predicted_time_s"
         ].startswith("simulated")
         calib = r["calibration_used"]
         assert calib["source"] == "fit" and calib["backend"] == "gloo" and calib["GBps"] > 0
-        assert (
-            calib["host_op_us"] > 0
-            and calib["pack_GBps"] > 0
-            and set(calib["latency_us_by_ranks"]) == {"2"}
-        )
-        assert calib["python_op_ns"] > 0 and calib["sort_unit_ns"] > 0
+        assert calib["host_work"] == v.HOST_TAKEN_OFF and set(calib["latency_us_by_ranks"]) == {"2"}
         assert len(calib["load_average"]["before"]) == len(calib["load_average"]["after"]) == 3
         # the fit set is flat at sizes the grid does not hold
         assert sorted(run["size"] for run in calib["runs"]) == [2048, 262144]
@@ -722,7 +677,6 @@ def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(
         return [records]
 
     monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
-    monkeypatch.setattr(v, "measure_host_costs", lambda: {"host_op_us": 1.0, "pack_GBps": 1.0})
     suite = all_suites()["alltoall-validation"]
     grid = suite.grid(
         {
@@ -771,24 +725,6 @@ def test_fit_mode_measures_the_fit_set_and_the_cells_in_the_same_worlds_in_turn(
         assert len(r["samples"]["error_pct"]) == 3
 
 
-def test_host_work_is_priced_at_the_prices_measured_in_the_runs_world():
-    """A block with prices per ranks count (measured in each world) prices a run at its own
-    ranks count's, and at the block's own prices where it has none for that count."""
-    from moe_repro.suites import alltoall_validation as v
-
-    block = {
-        "host_op_us": 1.0,
-        "pack_GBps": 1.0,
-        "host_cores": 2,
-        "host_prices_by_ranks": {"4": {"host_op_us": 10.0, "pack_GBps": 2.0}},
-    }
-    run = {"host_ops": 100, "host_bytes": 2e6, "cpu_stretch": 1.5}
-    # 4 ranks: 100 ops at 10 us + 2 MB at 2 GB/s = 2 ms, stretched 1.5 times
-    assert v.host_s({**run, "ranks": 4}, block, 2) == pytest.approx(3e-3, rel=1e-12)
-    # 8 ranks: the block's own prices, 100 us + 2 ms
-    assert v.host_s({**run, "ranks": 8}, block, 2) == pytest.approx(1.5 * 2.1e-3, rel=1e-12)
-
-
 def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction(
     monkeypatch, tmp_path
 ):
@@ -813,7 +749,7 @@ def test_an_interrupted_fit_run_keeps_the_cells_it_measured_without_a_prediction
         ]
 
     monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
-    monkeypatch.setattr(v, "measure_host_costs", lambda: pytest.fail("no fit may be made"))
+    monkeypatch.setattr(v, "fit_flat", lambda *a, **k: pytest.fail("no fit may be made"))
     store = tmp_path / "store"
     with pytest.raises(SystemExit) as exited:
         main(

@@ -1011,61 +1011,6 @@ def alltoall_time_terms(
     return n_latency, n_messages, nbytes
 
 
-def host_work_s(
-    ops: float,
-    nbytes: float,
-    per_op_s: float,
-    pack_bytes_per_s: float,
-    ranks: int,
-    host_cores: int | None,
-    fresh_bytes: float = 0.0,
-    fresh_bytes_per_s: float | None = None,
-    python_ops: float = 0.0,
-    per_python_op_s: float = 0.0,
-    sort_work: float = 0.0,
-    per_sort_unit_s: float = 0.0,
-    stretch: float | None = None,
-) -> float:
-    """The CPU work around a local all-to-all's messages, which the flow model leaves out: ``ops``
-    framework ops at ``per_op_s`` each, ``nbytes`` packed, reordered or reconstructed into reused
-    buffers at ``pack_bytes_per_s``, ``fresh_bytes`` written into fresh tensors at
-    ``fresh_bytes_per_s`` (page faults included; default the pack rate), ``sort_work`` (n log2 n
-    over the sorts) at ``per_sort_unit_s`` and ``python_ops`` interpreter instructions between
-    the ops at ``per_python_op_s`` each, all measured on one
-    core by the calibration, on the busiest rank. With more ranks than cores the ranks share
-    them, so the work stretches by ranks / cores; ``stretch``, where given, is that factor
-    measured instead (wall seconds per CPU second of work all ranks run at once: other load on
-    the machine included). Added to the simulated time (serial: these dispatches pack, then
-    send, then unpack)."""
-    fresh_rate = pack_bytes_per_s if fresh_bytes_per_s is None else fresh_bytes_per_s
-    if (
-        min(
-            ops,
-            nbytes,
-            fresh_bytes,
-            per_op_s,
-            python_ops,
-            per_python_op_s,
-            sort_work,
-            per_sort_unit_s,
-        )
-        < 0
-        or pack_bytes_per_s <= 0
-        or fresh_rate <= 0
-    ):
-        raise ValueError("host work needs non-negative counts and costs and positive rates")
-    if stretch is not None and not stretch > 0:
-        raise ValueError(f"host work stretch must be positive, got {stretch}")
-    share = stretch if stretch is not None else max(1.0, ranks / host_cores) if host_cores else 1.0
-    return (
-        ops * per_op_s
-        + nbytes / pack_bytes_per_s
-        + fresh_bytes / fresh_rate
-        + python_ops * per_python_op_s
-        + sort_work * per_sort_unit_s
-    ) * share
-
-
 def fit_alltoall_terms(
     terms: list[tuple[float, float, float]],
     times_s: list[float],
@@ -1075,8 +1020,8 @@ def fit_alltoall_terms(
 ) -> dict:
     """Non-negative least squares of t = n_L L + n_o o + B / beta + k on relative error (each run
     weighs the same whatever its size: 1 KiB and 16 MiB runs differ by 10^4 in time), where k is
-    a known part of each run's time (``known_s``, default 0: the host work of host_work_s,
-    measured apart). With ``groups`` (one label per run, e.g. its ranks count) each group gets
+    a known part of each run's time (``known_s``, default 0: the run's host work, profiled
+    apart). With ``groups`` (one label per run, e.g. its ranks count) each group gets
     its own latency L_g: the cost of a phase's synchronisation, which on a shared machine grows
     with the ranks that must all be scheduled (ranks past the cores wait for a time slice); with
     ``per_message_by_group`` too, its own per-message cost o_g (a group's runs must then differ

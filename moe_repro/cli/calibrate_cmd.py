@@ -339,6 +339,7 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
     global _STEPS
     grid = ALLTOALL_GRID[quick]
     from moe_repro.runtime.launch import mpi_unavailable
+    from moe_repro.suites.alltoall_validation import host_work_taken_off
 
     backends = 1 + (mpi_unavailable() is None)  # gloo, and MPI where it runs
     _STEPS = _Steps(
@@ -405,12 +406,9 @@ def command(out_path, ranks, quick, fit_alltoall, links_from) -> None:
             f"fit residuals rms {fit['rms_residual_pct']:.0f}%, worst {fit['max_abs_residual_pct']:.0f}%"
             + ("  <- links" if backend == chosen else "")
         )
-        if "host_op_us" in fit:  # the host work was taken off before the fit
+        if host_work_taken_off(fit):  # the host work was taken off before the fit
             click.echo(
-                f"  host work: profiled on each run and taken off (the price model, for comparison: "
-                f"{fit['host_op_us']:.3g} us per op, {fit.get('python_op_ns', 0):.3g} ns "
-                f"per Python instruction, packing {fit['pack_GBps']:.3g} GB/s); "
-                "L per ranks count: "
+                "  host work: profiled on each run and taken off; L per ranks count: "
                 + ", ".join(
                     f"{n}: {v:.3g} us" for n, v in fit.get("latency_us_by_ranks", {}).items()
                 )
