@@ -15,10 +15,9 @@ out (runs here are not batched per commit).
 
 A boundary between two fitted levels is reported as a :class:`Step` when, as in asv's
 ``detect_regressions``, the jump exceeds both segments' mean absolute deviation, and the levels
-differ by at least ``min_ratio`` (either way). The default ratio is the gate's default threshold
-for a single run pair on a shared machine (README, "The gate's error rate"): a history's points
-are medians of runs made under whatever load the machine had, so smaller steps are not told
-apart from load.
+differ by at least ``min_ratio`` (either way). The default, 25%, sits above the run-to-run
+spread of CPU time measured for the gate's error rate on a shared machine (README, "The gate's
+error rate"): a history's points are single runs made under whatever load the machine had.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ level that the newest runs still show is an open regression: the gate fails on i
 
 Only metrics with a better direction are judged (a step of a metric without one is neither a
 regression nor an improvement); ``correct`` is left out (a broken check is the direct gate's).
+As in the gate, a step of a wall-clock metric next to a run stored at a load above its core
+count is reported but does not fail (``loaded``): such runs' wall times moved by several times
+between runs of the same code (README, "The gate's error rate").
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Series:
     commits: list[str | None] = field(default_factory=list)
     timestamps: list[str] = field(default_factory=list)
     values: list[float | None] = field(default_factory=list)
+    loaded: list[bool] = field(default_factory=list)  # the run's load exceeded its cores
 
 
 @dataclass
@@ -41,6 +45,12 @@ class HistoryFlag:
     series: Series
     step: Step
     open: bool  # still worse at the newest run (a regression not undone)
+    loaded: bool = False  # a wall-clock step beside a run at a load above its cores
+
+    @property
+    def fails(self) -> bool:
+        """Whether the gate fails on it: an open regression not explained by the load."""
+        return self.open and not self.loaded
 
     @property
     def run(self) -> str:
@@ -54,7 +64,7 @@ class HistoryFlag:
 
 def series_of(store, kind: str, name: str) -> list[Series]:
     """Every history of one stored suite or reproduction, keyed as the gate keys them."""
-    from moe_repro.records.gate import ENTRIES, GateInputError
+    from moe_repro.records.gate import CPU_METRICS, ENTRIES, GateInputError
 
     found: dict[tuple[str, str], Series] = {}
     paths = store.history(kind, name)
@@ -75,11 +85,12 @@ def series_of(store, kind: str, name: str) -> list[Series]:
                 s = found[(e.key, e.metric)] = Series(kind, name, e.key, e.metric, e.unit, e.better)
                 # earlier runs without this metric are points with no number
                 s.runs, s.commits = [""] * n, [None] * n
-                s.timestamps, s.values = [""] * n, [None] * n
+                s.timestamps, s.values, s.loaded = [""] * n, [None] * n, [False] * n
             s.runs.append(path.name)
             s.commits.append(record.environment.git_commit)
             s.timestamps.append(record.timestamp)
             s.values.append(e.value)
+            s.loaded.append(e.kind == "measured" and e.metric not in CPU_METRICS and e.loaded)
         n += 1
         for s in found.values():  # runs without this point or metric: no number here
             while len(s.values) < n:
@@ -87,6 +98,7 @@ def series_of(store, kind: str, name: str) -> list[Series]:
                 s.commits.append(record.environment.git_commit)
                 s.timestamps.append(record.timestamp)
                 s.values.append(None)
+                s.loaded.append(False)
     return list(found.values())
 
 
@@ -95,7 +107,16 @@ def flag_series(series: Series, min_ratio: float = DEFAULT_MIN_RATIO) -> list[Hi
     higher = series.better == "higher"
     steps = detect_steps(series.values, higher_is_better=higher, min_ratio=min_ratio)
     still = open_regressions(series.values, steps, higher_is_better=higher, min_ratio=min_ratio)
-    return [HistoryFlag(series, step, step in still) for step in steps]
+    return [
+        HistoryFlag(series, step, step in still, _beside_load(series, step.index)) for step in steps
+    ]
+
+
+def _beside_load(series: Series, index: int) -> bool:
+    """Whether the run where the step starts, or the last run with a number before it, was
+    loaded (for a wall-clock metric: Series.loaded)."""
+    before = [i for i in range(index) if series.values[i] is not None]
+    return series.loaded[index] or bool(before and series.loaded[before[-1]])
 
 
 def flag_store(

@@ -19,7 +19,7 @@ C1, C2 = "1111aaaa" + "0" * 32, "2222bbbb" + "0" * 32
 SUITES = {"gemm": 9.5e-3, "memcopy": 2.0e-3, "moe-dispatch": 1.5e-3}
 
 
-def _suite_record(name, level, commit, stamp, rng, noise=0.03):
+def _suite_record(name, level, commit, stamp, rng, noise=0.03, load=None):
     records = []
     for n in (256, 512):
         base = level * n / 256
@@ -32,6 +32,7 @@ def _suite_record(name, level, commit, stamp, rng, noise=0.03):
                 "samples": {"time_s": times},
                 "correct": True,
                 "wrong": 0,
+                **({"load_start": load, "load_end": load} if load is not None else {}),
             }
         )
     return SuiteRecord(
@@ -39,7 +40,12 @@ def _suite_record(name, level, commit, stamp, rng, noise=0.03):
         params=["n"],
         metrics=[{"name": "time_s", "unit": "s", "better": "lower", "kind": "measured"}],
         records=records,
-        environment={"timestamp": stamp, "git_commit": commit, "git_dirty": False},
+        environment={
+            "timestamp": stamp,
+            "git_commit": commit,
+            "git_dirty": False,
+            "noise": {"cpu_count": 2},
+        },
     )
 
 
@@ -91,6 +97,18 @@ def test_history_of_a_a_runs_flags_nothing(tmp_path):
     for seed in range(5):
         store = build_store(tmp_path / str(seed), planted=None, runs_per_commit=4, seed=seed)
         assert flag_store(store) == []
+
+
+def test_a_wall_clock_step_beside_a_loaded_run_is_named_but_does_not_fail(tmp_path):
+    store = ResultsStore(tmp_path)
+    rng = random.Random(1)
+    for i, (commit, level, load) in enumerate([(C1, 1e-3, 1.0)] * 3 + [(C2, 2e-3, 18.0)] * 3):
+        stamp = f"2026-11-28T08:{i:02d}:00+00:00"
+        store.save(_suite_record("gemm", level, commit, stamp, rng, load=load))
+    flags = flag_store(store)
+    assert flags and all(f.open and f.loaded and not f.fails for f in flags)
+    rows = [r for r in compare_runs(store, C1[:8], C2[:8]).rows if r.metric == "time_s"]
+    assert rows and {r.verdict for r in rows} == {"noisy"}
 
 
 def test_a_run_is_named_by_its_file(tmp_path):

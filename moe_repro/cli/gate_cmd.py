@@ -48,7 +48,8 @@ of a results store and finds the steps in each metric's history (asv's
 piecewise-constant fit, records/changepoints.py): a step of at least --min-step
 beyond the noise of its segments is a regression or an improvement, named with
 the run and commit where it starts. A regression the newest runs still show
-is open and fails the gate (exit 1); one a later step undid is listed only.
+is open and fails the gate (exit 1); one a later step undid is listed only, and
+so is a wall-clock step beside a run stored at a load above its core count.
 
 \b
 Exit codes (CI can tell "slower" from "broken"):
@@ -261,7 +262,7 @@ def _history(path: str, min_step, json_path, show_all) -> int:
     shown = sorted(flags, key=lambda f: (not f.open, f.step.kind != "regression"))
     rows = [
         [
-            ("open " if f.open else "") + f.step.kind,
+            ("open " if f.open else "") + f.step.kind + (" (loaded run)" if f.loaded else ""),
             f.series.result,
             f.series.key,
             f.series.metric,
@@ -278,11 +279,14 @@ def _history(path: str, min_step, json_path, show_all) -> int:
         click.echo(
             table(["step", "result", "key", "metric", "before", "after", "ratio", "from run"], rows)
         )
-    opened = sum(f.open for f in flags)
+    failing = sum(f.fails for f in flags)
+    loaded = sum(f.open and f.loaded for f in flags)
     regressions = sum(f.step.kind == "regression" for f in flags)
+    undone = regressions - failing - loaded
     click.echo(
-        f"gate --history: {opened} open regression(s), {regressions - opened} undone, "
-        f"{len(flags) - regressions} improvement(s) (steps of at least {ratio - 1:.0%})"
+        f"gate --history: {failing} open regression(s), {loaded} beside a loaded run (wall "
+        f"clock, not gated), {undone} undone, {len(flags) - regressions} improvement(s) "
+        f"(steps of at least {ratio - 1:.0%})"
     )
     if json_path:
         steps = [
@@ -294,6 +298,7 @@ def _history(path: str, min_step, json_path, show_all) -> int:
                 "run": f.run,
                 "commit": f.commit,
                 "open": f.open,
+                "loaded": f.loaded,
             }
             for f in flags
         ]
@@ -301,7 +306,7 @@ def _history(path: str, min_step, json_path, show_all) -> int:
             atomic_write_json(json_path, {"steps": steps}, make_parents=False)
         except OSError as e:
             raise BadInput(f"cannot write --json {json_path}: {e.strerror or e}") from None
-    return gate.EXIT_REGRESSION if opened else gate.EXIT_PASS
+    return gate.EXIT_REGRESSION if failing else gate.EXIT_PASS
 
 
 def _side(which: str, path: str, gate):
