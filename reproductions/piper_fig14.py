@@ -187,7 +187,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
         scale, unit = (1e12, "T") if m.n_experts == 256 else (1e9, "B")
         sizes[(row, PARAMS)] = repro.compare(row, PARAMS, total / scale, unit, grade_class="exact")
     # The labels as truncated to their printed digits instead of rounded, tried on every label of the
-    # figure (piper_table1.try_convention): it explains a label only if it breaks none that agrees.
+    # figure and judged by the policy's one convention rule (piper_table1.try_convention).
     truncated = {}
     for key, c in sizes.items():
         pv = repro.paper_value(*key)
