@@ -485,7 +485,8 @@ def apply_policy(cells: list[Cell], predictor: str | None, platform: str | None)
         if cell.grade_class == "prediction" and not scored:
             cell.grade_class = grading.UNSCORED
         values = (cell.seeds or {}).get("values")
-        if values and len(values) > 1 and not cell.derived_from:
+        # per-seed numbers that vary are a signature: another cell with the same ones reuses them
+        if values and len(set(values)) > 1 and not cell.derived_from:
             key = tuple(values)
             first = seen.setdefault(key, f"{cell.row} / {cell.column}")
             if first != f"{cell.row} / {cell.column}" and cell.verdict in (
