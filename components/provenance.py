@@ -81,7 +81,8 @@ def remembering(maxsize: int | None = None):
         def cached(*args, **kwargs):
             return _replayed(produce(*args, **kwargs))
 
-        cached.cache_clear = produce.cache_clear
+        # functools.wraps' result takes the attribute at run time; mypy types it without one
+        cached.cache_clear = produce.cache_clear  # type: ignore[attr-defined]
         return cached
 
     return wrap

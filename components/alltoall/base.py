@@ -31,10 +31,11 @@ from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.comm import alltoallv_autograd
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
 
-if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
+if TYPE_CHECKING:  # annotations only: numpy and torch are imported where they are used
     import numpy as np
-
-torch = lazy_module("torch", globals())  # the simulator reads this registry without tensors
+    import torch
+else:
+    torch = lazy_module("torch", globals())  # the simulator reads this registry without tensors
 
 Message = tuple[str, int, int, int]  # (phase, src rank, dst rank, bytes)
 
@@ -215,6 +216,8 @@ class Dispatcher(ABC):
         """The last dispatch's PFT combine weights, one per row it delivered here (flat layout),
         by one all-to-all-v of a scalar per row (4 bytes per fp32 row, 1/H of the rows' bytes);
         differentiable, its backward the reverse exchange (so the gate gets its gradient)."""
+        if self.state is None:
+            raise RuntimeError("received_weights called before dispatch")
         layout = self.state.layout
         w = combine_weights.index_select(0, layout.send_rows).reshape(-1, 1)
         return alltoallv_autograd(

@@ -25,6 +25,7 @@ over real ranks built on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moe_repro.components.alltoall.base import (
     AllToAll,
@@ -41,7 +42,10 @@ from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.comm import Comm, TorchComm, alltoallv_autograd
 
 # Imported on first use: the simulator reads this module's schedules without tensors.
-torch = lazy_module("torch", globals())
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def all_to_all_v(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from moe_repro.components.alltoall.base import AllToAll, AllToAllFacts, ReusedBuffers, register
 from moe_repro.components.alltoall.flat import FlatDispatcher, flat_send_layout
@@ -36,7 +37,10 @@ from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.groups import group_communicators, group_topology
 from moe_repro.components.network.topology import Topology
 
-torch = lazy_module("torch", globals())  # first use; the simulator needs only the schedule
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())  # first use; the simulator needs only the schedule
 
 PHASE_DEPENDENCIES = {"counts": [], "I": ["counts"], "II": ["counts"], "III": ["II"]}  # Eq. 13
 
@@ -137,7 +141,8 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = Tru
             f2_offset[(p, lp)] = (pos, int(C[p][d]))
             pos += int(C[p][d])
     # Phase III sends, to each local l', the blocks of every remote node in node order.
-    p3_index, p3_send = [], []
+    p3_index: list[int] = []
+    p3_send = []
     for lp in range(R):
         n_rows = 0
         for p in peers:
@@ -149,7 +154,8 @@ def halo_plan(C: list[list[int]], topo: Topology, rank: int, indices: bool = Tru
     # I receive from local l'' the rows of sources (n, l'') for remote n, in node order.
     recv_from = [int(C[s][rank]) for s in range(N)]
     out_start = [0, *accumulate(recv_from)]
-    p3_recv, out_remote = [], []
+    p3_recv = []
+    out_remote: list[int] = []
     for lpp in range(R):
         cnt = 0
         for n in remote_nodes:
@@ -305,6 +311,10 @@ class HaloAllToAll:
             self.comms.intra.alltoallv(x, p.p1_send, p.p1_recv, "I", out=O)
             return O
 
+        pack_index, p3_index, out_remote_index = p.pack_index, p.p3_index, p.out_remote_index
+        if pack_index is None or p3_index is None or out_remote_index is None:
+            raise RuntimeError("a HALO plan built for its sizes only (indices=False) cannot run")
+
         # Phase I: issued async on its own communicator; overlaps Phases II and III (Eq. 13).
         P1 = self._buf("P1", sum(p.p1_recv), x)
         L = x[p.local_start : p.local_stop]  # line 7: contiguous, no copy
@@ -312,8 +322,8 @@ class HaloAllToAll:
 
         # Phase II: one index_select packs every remote-destined row (line 11), then one
         # batched isend/irecv per remote node with its same-local-rank peer (lines 12-16).
-        F2s = self._buf("F2s", p.pack_index.numel(), x)
-        torch.index_select(x, 0, p.pack_index, out=F2s)
+        F2s = self._buf("F2s", pack_index.numel(), x)
+        torch.index_select(x, 0, pack_index, out=F2s)
         F2r = self._buf("F2r", sum(p.p2_recv), x)
         sends, recvs, so, ro = [], [], 0, 0
         for n, cs, cr in zip(p.remote_nodes, p.p2_send, p.p2_recv):
@@ -324,14 +334,14 @@ class HaloAllToAll:
         self.comms.world.p2p(sends, recvs, "II").wait()
 
         # Phase III: regroup F2r by local destination (line 18) and redistribute (line 19).
-        F3s = self._buf("F3s", p.p3_index.numel(), x)
-        torch.index_select(F2r, 0, p.p3_index, out=F3s)
+        F3s = self._buf("F3s", p3_index.numel(), x)
+        torch.index_select(F2r, 0, p3_index, out=F3s)
         F3r = self._buf("F3r", sum(p.p3_recv), x)
         self.comms.intra.alltoallv(F3s, p.p3_send, p.p3_recv, "III", out=F3r)
 
         # Output (lines 20-23): Phase I rows are one contiguous block, Phase III rows scatter.
         O = self._buf(out_buffer, p.total_recv, x)
-        O.index_copy_(0, p.out_remote_index, F3r)
+        O.index_copy_(0, out_remote_index, F3r)
         phase1.wait()
         O[p.out_local[0] : p.out_local[1]] = P1
         return O

@@ -27,7 +27,7 @@ Why: inter-node rows per source drop from one per (token, expert) pair to one pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,7 +52,10 @@ from moe_repro.components.torch_cpu_random import TorchCPUGenerator
 PFT = Any  # components/moe/pft.py's PFT, by name only (see above)
 
 # Imported on first use: the registry (read by the simulator) imports this module.
-torch = lazy_module("torch", globals())
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 # replica_counts: how many replicas each rank of the node builds for me, known only once the
 # metadata has arrived (the replicas are read off it).
@@ -426,21 +429,23 @@ def rbd_schedule(
         away = dest != pair_pilot_rank
         replicas += np.bincount(pair_pilot_rank[away] * N + dest[away], minlength=N * N)
     msgs = []
-    pilots, metas, replicas = pilots.tolist(), metas.tolist(), replicas.reshape(N, N).tolist()
+    # python ints (numpy's would leak into the messages)
+    pilot_rows, meta_rows = pilots.tolist(), metas.tolist()
+    replica_rows = replicas.reshape(N, N).tolist()
     for s in range(N):
         for p in range(N):
             msgs.append(("counts", s, p, 16))
             if topo.node_of(p) == topo.node_of(s):
                 msgs.append(("replica_counts", s, p, 8))
-            if metas[s][p]:
-                msgs.append(("meta", s, p, metas[s][p] * META_BYTES_PER_PAIR))
-            if pilots[s][p]:
-                msgs.append(("pilot", s, p, pilots[s][p] * row_bytes))
+            if meta_rows[s][p]:
+                msgs.append(("meta", s, p, meta_rows[s][p] * META_BYTES_PER_PAIR))
+            if pilot_rows[s][p]:
+                msgs.append(("pilot", s, p, pilot_rows[s][p] * row_bytes))
     for p in range(N):
         for d in range(N):
-            if replicas[p][d]:
-                msgs.append(("replica", p, d, replicas[p][d] * row_bytes))
-                msgs.append(("replica_meta", p, d, replicas[p][d] * REPLICA_META_BYTES))
+            if replica_rows[p][d]:
+                msgs.append(("replica", p, d, replica_rows[p][d] * row_bytes))
+                msgs.append(("replica_meta", p, d, replica_rows[p][d] * REPLICA_META_BYTES))
     return msgs
 
 

@@ -305,9 +305,13 @@ def _match_previous(
             ]
             for i, j in _greedy_assignment(overlap).items():
                 gpu_of_bin[new_gpus[i]] = old_gpus[j]
-    bins, loads = [None] * gpus, [0.0] * gpus
+    placed: list[list[int] | None] = [None] * gpus
+    loads = [0.0] * gpus
     for n, o in gpu_of_bin.items():
-        bins[o], loads[o] = p.experts_of_gpu[n], p.gpu_loads[n]
+        placed[o], loads[o] = p.experts_of_gpu[n], p.gpu_loads[n]
+    bins = [b for b in placed if b is not None]
+    if len(bins) != gpus:
+        raise RuntimeError("the relabelling left a GPU without a bin")
 
     def moved(layout):
         return sum(1 for g in range(gpus) for e in set(layout[g]) if e not in previous[g])
@@ -316,6 +320,8 @@ def _match_previous(
     if moved(bins) <= moved(p.experts_of_gpu):
         p.experts_of_gpu, p.gpu_loads = bins, loads
         if node_of_node is not None:
+            if p.node_of_group is None:
+                raise ValueError("a hierarchical plan needs the node of each group")
             p.node_of_group = [node_of_node[n] for n in p.node_of_group]
     p.moved_replicas = moved(p.experts_of_gpu)
     p.moved_bytes = p.moved_replicas * expert_bytes
@@ -443,6 +449,8 @@ def _replay_plan(step: BalanceStep, knobs: dict) -> DeviceWork:
             f"EPLB needs the same number of experts per device: {experts} over {world}"
         )
     slots_per_device = experts // world + knobs["redundant_slots"]
+    if step.previous_counts is None:
+        raise ValueError("EPLB plans from the previous micro-batch's counts: the step has none")
     plan = plan_replicas(step.previous_counts.tolist(), world, slots_per_device, max_replicas=world)
     groups = split_rows(step.counts.tolist(), plan)
     return DeviceWork([sum(g) for g in groups], groups, decision=plan)

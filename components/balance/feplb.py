@@ -65,7 +65,7 @@ class ExpertPartition:
             if dyn > len(experts):
                 raise ValueError(f"dyn={dyn} > {len(experts)} experts per device")
             if history is None:
-                chosen = experts[len(experts) - dyn :]
+                chosen = list(experts[len(experts) - dyn :])
             else:
                 h = torch.as_tensor(history, dtype=torch.float64)
                 chosen = sorted(experts, key=lambda e: (-float(h[e]), e))[:dyn]
@@ -78,13 +78,11 @@ class ExpertPartition:
         experts per rank, dynamic experts per rank): what greedy_balance needs besides the
         counts, computed once per partition."""
         experts_of_rank = self.placement.experts_of_rank
-        spans = []
-        for experts in experts_of_rank:
-            if experts and list(experts) == list(range(experts[0], experts[-1] + 1)):
-                spans.append((experts[0], experts[-1] + 1))
-            else:
-                spans = None
-                break
+        consecutive = all(
+            experts and list(experts) == list(range(experts[0], experts[-1] + 1))
+            for experts in experts_of_rank
+        )
+        spans = [(e[0], e[-1] + 1) for e in experts_of_rank] if consecutive else None
         dynamic = tuple(tuple(sorted(d)) for d in self.dynamic_of_rank)  # ties: lower id first
         return (self.placement.num_experts, spans, experts_of_rank, dynamic)
 

@@ -91,7 +91,7 @@ def least_loaded_plan(
                     default=None,
                 )
                 room = 0 if t is None else cap - assigned[t]
-                if rest < min_chunk or room < min(min_chunk, rest):
+                if t is None or rest < min_chunk or room < min(min_chunk, rest):
                     parts[d] = parts.get(d, 0) + rest  # nobody can take it: it stays home
                     assigned[d] += rest
                     break

@@ -51,9 +51,9 @@ def evaluate_trace(
     balancers = [get_balancer(name) for name in names]
     check_knobs(knobs)
     placement = ExpertPlacement.contiguous(trace.num_experts, trace.num_sources)
-    token = {name: [] for name in names}
-    gemm = {name: [] for name in names}
-    makespan = {name: [] for name in names}
+    token: dict[str, list[float]] = {name: [] for name in names}
+    gemm: dict[str, list[float]] = {name: [] for name in names}
+    makespan: dict[str, list[float]] = {name: [] for name in names}
     for layer in range(trace.num_layers):
         for mb in range(1, trace.num_micro_batches):
             step = BalanceStep(placement, trace.counts[layer, mb], trace.counts[layer, mb - 1])

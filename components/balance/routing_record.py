@@ -67,7 +67,8 @@ def train_and_record(
         layer.route = recorded
 
     for i, block in enumerate(model.layers.values()):
-        wrap(i, block.moe.layer)
+        # Module.__getattr__ is typed Tensor | Module: mypy cannot name the submodule's type
+        wrap(i, block.moe.layer)  # type: ignore[union-attr]
     losses = []
     for step in range(steps):
         data = global_batch(seed, step, batch, cfg.seq_len)

@@ -85,15 +85,19 @@ def rows_to_devices(balancer: str, step: BalanceStep, work: DeviceWork) -> torch
         if not isinstance(decision, ReplicaPlan):
             raise TypeError("EPLB's decision must be a ReplicaPlan")
         counts = src.sum(0).tolist()
-        pieces: list[list[tuple[int, int]]] = [[] for _ in range(experts)]
+        replica_rows: list[list[tuple[int, int]]] = [[] for _ in range(experts)]
         seen = [0] * experts
         for gpu, slots in enumerate(decision.experts_of_gpu):
             for e in slots:
                 r = decision.replicas[e]
-                pieces[e].append((gpu, counts[e] // r + (1 if seen[e] < counts[e] % r else 0)))
+                replica_rows[e].append(
+                    (gpu, counts[e] // r + (1 if seen[e] < counts[e] % r else 0))
+                )
                 seen[e] += 1
         for e in range(experts):
-            rows[:, e, :] = torch.tensor(_split_in_order(src[:, e].tolist(), pieces[e], world))
+            rows[:, e, :] = torch.tensor(
+                _split_in_order(src[:, e].tolist(), replica_rows[e], world)
+            )
     else:
         raise ValueError(
             f"no row plan for balancer {balancer!r}: add its decision to row_plan.rows_to_devices"

@@ -269,6 +269,8 @@ def synthetic_workload(
             seed=seed,
             keep_tokens=True,
         )
+        if trace.top_experts is None:  # keep_tokens=True keeps them
+            raise RuntimeError("the synthetic trace kept no tokens")
         ids = trace.top_experts[0][step].sort(dim=1).values
         return Routing(ids, standard_gates(g, tokens, top_k))
 
@@ -397,10 +399,10 @@ def real_count_workload(
         raise ValueError(
             f"real-count workload names are <model>-<domain>-L<layer>, got {name!r}"
         ) from None
-    logw = _log_weights(real_popularity(model, domain, layer))
+    layer_logw = _log_weights(real_popularity(model, domain, layer))
 
-    def draw(g, seed, step, layer_index):
-        ids = gumbel_top_k(g, logw.expand(tokens, -1), k)
+    def draw_layer(g, seed, step, layer_index):
+        ids = gumbel_top_k(g, layer_logw.expand(tokens, -1), k)
         return Routing(ids.sort(dim=1).values, standard_gates(g, tokens, k))
 
     return Workload(
@@ -410,7 +412,7 @@ def real_count_workload(
         k,
         tokens,
         f"{real}; domain {domain}, layer {layer}",
-        draw,
+        draw_layer,
         params={"model": model, "domain": domain, "layer": layer},
     )
 

@@ -47,14 +47,17 @@ class ExpertMLP(nn.Module):
             raise ValueError("num_experts must be >= 0 and d_model, d_ffn positive")
         self.num_experts, self.d_model, self.d_ffn = num_experts, d_model, d_ffn
         self.activation, self.gemm = activation, gemm
-        kw = {"dtype": dtype, "device": device}
-        self.w_in = nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model**-0.5)
+
+        def draw(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, dtype=dtype, device=device)
+
+        self.w_in = nn.Parameter(draw(num_experts, d_model, d_ffn) * d_model**-0.5)
         self.w_gate = (
-            nn.Parameter(torch.randn(num_experts, d_model, d_ffn, **kw) * d_model**-0.5)
+            nn.Parameter(draw(num_experts, d_model, d_ffn) * d_model**-0.5)
             if activation == "swiglu"
             else None
         )
-        self.w_out = nn.Parameter(torch.randn(num_experts, d_ffn, d_model, **kw) * d_ffn**-0.5)
+        self.w_out = nn.Parameter(draw(num_experts, d_ffn, d_model) * d_ffn**-0.5)
 
     @property
     def n_mat(self) -> int:
@@ -63,6 +66,8 @@ class ExpertMLP(nn.Module):
     def hidden_activation(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """The activation between the two GEMMs (SwiGLU gates ``up`` with ``gate``)."""
         if self.activation == "swiglu":
+            if gate is None:
+                raise ValueError("a SwiGLU expert needs its gate projection")
             return F.silu(gate) * up
         return F.gelu(up) if self.activation == "gelu" else F.relu(up)
 

@@ -247,12 +247,17 @@ class MoELayer(nn.Module):
             )
         self.local_experts = list(self.placement.experts_of_rank[self.ep_rank])
         self.dispatcher = self._make_dispatcher()
-        kw = {"dtype": dtype, "device": device}
-        self.gate = TopKGate(d_model, num_experts, top_k, score, normalize, **kw)
-        self.experts = ExpertMLP(len(self.local_experts), d_model, d_ffn, activation, gemm, **kw)
+        self.gate = TopKGate(
+            d_model, num_experts, top_k, score, normalize, dtype=dtype, device=device
+        )
+        self.experts = ExpertMLP(
+            len(self.local_experts), d_model, d_ffn, activation, gemm, dtype=dtype, device=device
+        )
         # DeepSeek-MoE shared experts: always active, so one dense FFN num_shared * d_ffn wide.
         self.shared = (
-            ExpertMLP(1, d_model, num_shared * d_ffn, activation, "sequential", **kw)
+            ExpertMLP(
+                1, d_model, num_shared * d_ffn, activation, "sequential", dtype=dtype, device=device
+            )
             if num_shared
             else None
         )
@@ -355,7 +360,7 @@ class MoELayer(nn.Module):
         """Expert outputs (dispatch's grouping) -> [S, H]: each token the combine-weighted sum of
         its experts' outputs. Expert parallel: the rows are weighted on the expert's rank and
         summed on the way back by the dispatcher's combine."""
-        if not plan.expert_parallel:
+        if plan.expert_order is None:  # not expert parallel
             return self.buffer_combine(expert_out, pft)
         source_major = expert_out.index_select(0, inverse_permutation(plan.expert_order))
         return self.dispatcher.combine(source_major, pft.num_tokens, weights=plan.weights)

@@ -64,6 +64,8 @@ class PaddedMoELayer(MoELayer):
     def capacity(self, num_tokens: int) -> int:
         """C from this rank's S; under EP the max over ranks, so every all-to-all chunk is equal
         (DeepSpeed-MoE all-reduces the capacity the same way when ranks' S differ)."""
+        if self.capacity_factor is None:
+            raise ValueError("the padded layer needs a capacity_factor")
         cap = expert_capacity(num_tokens, self.num_experts, self.top_k, self.capacity_factor)
         if self.expert_parallel:
             t = torch.tensor([cap], dtype=torch.int64)

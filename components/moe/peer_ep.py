@@ -41,7 +41,8 @@ def megatron_on_cpu() -> None:
     (Megatron allocates its collectives' outputs there, forward and backward; without CUDA the
     call could only raise). Nothing changes where CUDA is present."""
     if not cuda_count():
-        torch.cuda.current_device = lambda: torch.device("cpu")
+        # deliberately a device where torch promises an int: Megatron passes it as a device
+        torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
 
 
 def _megatron_dispatcher(
@@ -53,7 +54,8 @@ def _megatron_dispatcher(
     tc = quiet_import("megatron.core.transformer.transformer_config")
     pgc = quiet_import("megatron.core.process_groups_config")
 
-    class _CPUAlltoAllTokenDispatcher(td.MoEAlltoAllTokenDispatcher):
+    # mypy cannot see a class of a module imported by name at run time (quiet_import)
+    class _CPUAlltoAllTokenDispatcher(td.MoEAlltoAllTokenDispatcher):  # type: ignore[name-defined]
         """Megatron's all-to-all dispatcher; on CPU its DtoH side-stream step only turns the
         split sizes into host lists (what the CUDA path's copy to numpy gives the collective)."""
 
@@ -118,7 +120,9 @@ def megatron_forward(layer: MoELayer, ep_group) -> Callable[[torch.Tensor], torc
     return forward
 
 
-def _routing_map_and_probs(pft, num_tokens: int, num_experts: int, device):
+def _routing_map_and_probs(
+    pft, num_tokens: int, num_experts: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A PFT as the dense pair Megatron's router hands its dispatcher: a [S, E] bool routing map
     and [S, E] probs (each kept pair's combine weight, 0 elsewhere; differentiable)."""
     probs = torch.zeros(num_tokens, num_experts, dtype=pft.combine_weights.dtype, device=device)
@@ -178,7 +182,8 @@ class MegatronDispatcher(Dispatcher):
             comm.size,
             group if group is not None else torch.distributed.group.WORLD,
         )
-        self._pft, self._routing = None, None
+        self._pft = None
+        self._routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def comm(self):
         return self._comm
@@ -186,7 +191,7 @@ class MegatronDispatcher(Dispatcher):
     def plan(self, pft) -> MegatronPlan:
         # Megatron's router returns the dense pair; made from the PFT once per PFT (outside the
         # timing, as flat computes its send layout once per PFT)
-        if pft is not self._pft:
+        if pft is not self._pft or self._routing is None:
             self._routing = _routing_map_and_probs(
                 pft, pft.num_tokens, self.num_experts, pft.combine_weights.device
             )
@@ -212,6 +217,8 @@ class MegatronDispatcher(Dispatcher):
     ) -> torch.Tensor:
         m = self.megatron
         if weighted:
+            if state.received_probs is None:
+                raise RuntimeError("combine called before Megatron's dispatch delivered rows")
             y = y * state.received_probs.to(y.dtype).unsqueeze(1)
         return m.combine_postprocess(m.token_combine(y)).reshape(num_tokens, y.shape[1])
 

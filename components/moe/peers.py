@@ -86,7 +86,7 @@ class DispatchStages:
     combine: Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def quiet_import(module: str):
+def quiet_import(module: str) -> Any:
     """Import a peer module without its start-up chatter (Megatron warns about missing TE/Apex,
     DeepSpeed logs the accelerator it picked)."""
     import contextlib
@@ -146,7 +146,7 @@ def peer_dispatch(
     sm = quiet_import("deepspeed.moe.sharded_moe")
     sparse = impl == "deepspeed"
 
-    def route(x):
+    def route_topk(x):
         out = sm.topkgating(
             logits_of(x),
             top_k,
@@ -187,4 +187,4 @@ def peer_dispatch(
         def combine(y, r):
             return sm.einsum("sec,ecm->sm", r["combine"].type_as(y), y)
 
-    return DispatchStages(impl, route, dispatch, combine)
+    return DispatchStages(impl, route_topk, dispatch, combine)

@@ -160,9 +160,10 @@ def _tiles(
     tile_row = (
         starts[tile_group] + (torch.arange(tile_group.numel()) - first_tile[tile_group]) * BLOCK_M
     )
-    return tuple(
+    group, row, start, end = (
         t.to(device=device, dtype=torch.int32) for t in (tile_group, tile_row, starts, ends)
     )
+    return group, row, start, end
 
 
 def _gemm(

@@ -13,13 +13,17 @@ from components/alltoall.
 from __future__ import annotations
 
 from functools import cache
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from moe_repro.runtime.device import group_device
 from moe_repro.components.lazy_import import lazy_module
 
-torch = lazy_module("torch", globals())  # imported on first use
-dist = lazy_module("torch.distributed", globals(), "dist")
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+else:
+    torch = lazy_module("torch", globals())  # imported on first use
+    dist = lazy_module("torch.distributed", globals(), "dist")
 
 # Every call of a communicator that goes to the wire (a blocking all-to-all is its async call and
 # a wait): what a profiler of the host work takes out, or a test counts.
@@ -89,6 +93,20 @@ class Comm:
         rb = row_bytes_of(x)
         self._record(phase, [c * rb for c in send_counts])
         return x, out, send_counts, recv_counts, rb
+
+    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
+        """Uneven all-to-all: ``x``'s rows split by ``send_counts`` (one chunk per group rank),
+        the received rows in group-rank order; returns (out, :class:`Works`). ``out`` may be a
+        preallocated buffer."""
+        raise NotImplementedError
+
+    def p2p(self, sends, recvs, phase="p2p") -> Works:
+        """Batched isend/irecv: ``sends``/``recvs`` are (peer group rank, tensor) lists."""
+        raise NotImplementedError
+
+    def allgather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every group rank's ``values``, in group-rank order."""
+        raise NotImplementedError
 
     def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Blocking uneven all-to-all (see alltoallv_async)."""

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from moe_repro.components.lazy_import import lazy_module
 from moe_repro.components.network.comm import Comm, TorchComm, Works
 from moe_repro.components.network.topology import Communicators, Topology
 
-dist = lazy_module("torch.distributed", globals(), "dist")
+if TYPE_CHECKING:
+    import torch.distributed as dist
+else:
+    dist = lazy_module("torch.distributed", globals(), "dist")
 
 
 class NodeP2PComm(Comm):

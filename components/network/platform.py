@@ -24,6 +24,7 @@ import json
 import math
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 GB = 1e9
 ON_NODE_CLASSES = ("intra_package", "intra_node")  # link classes inside a node (efficiency.nvlink)
@@ -86,7 +87,7 @@ def unmeasured_network_values(p: Platform) -> list[str]:
             for f in NETWORK_FIELDS
         ):
             continue
-        node = p.raw
+        node: Any = p.raw
         for key in field_path.split("."):
             node = node.get(key) if isinstance(node, dict) else None
         out.append(

@@ -24,7 +24,12 @@ Communicators (Piper Sec. V-A): :func:`build_communicators` makes, for every ran
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: comm is imported where communicators are built
+    from moe_repro.components.network.comm import Comm
 
 LINK_CLASSES = ("intra_node", "intra_group", "inter_group", "inter_rack")
 INTER_NODE_CLASSES = ("intra_group", "inter_group", "inter_rack")
@@ -99,7 +104,7 @@ class Topology:
         return cls(nodes=ctx.world_size // per, ranks_per_node=per)
 
     @classmethod
-    def from_environment(cls, env: dict | None = None) -> "Topology":
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> "Topology":
         """From torchrun / mpirun / srun variables (WORLD_SIZE, LOCAL_WORLD_SIZE, ...)."""
         env = os.environ if env is None else env
 
@@ -194,12 +199,12 @@ class Communicators:
     """This rank's communicators; each is a Comm adapter from components.network.comm."""
 
     topo: Topology
-    world: object
-    intra: object  # this rank's node
-    intra_overlap: object  # a second intra-node communicator: HALO phase I runs on it async
-    inter: object  # GPUs sharing this rank's NIC index, across nodes
+    world: Comm
+    intra: Comm  # this rank's node
+    intra_overlap: Comm  # a second intra-node communicator: HALO phase I runs on it async
+    inter: Comm  # GPUs sharing this rank's NIC index, across nodes
 
-    def by_name(self) -> dict[str, object]:
+    def by_name(self) -> dict[str, Comm]:
         """Each communicator by its field name, each object once (a caller's double may give two
         names one object): what a logger, a profiler or a test walks."""
         seen: dict[int, str] = {}
