@@ -16,7 +16,9 @@ from moe_repro.records.atomic import atomic_write_text, inside
 from moe_repro.reports import html
 from moe_repro.reports.numbers import fmt
 
-MAX_PAIRS = 8  # earlier pairs of consecutive commits with a page of their own
+MAX_PAIRS = (
+    4  # earlier pairs of consecutive commits with a page of their own (each reads the store)
+)
 ORDER = ("slower", "faster", "noisy", "changed", "same")
 
 

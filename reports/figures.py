@@ -20,8 +20,8 @@ optionally ``kind: "paper"``), and may set:
   paper prints OOM (y None): an empty slot labelled "OOM".
 
 Rules every figure keeps: no bars on a log axis (dots at the bars' places instead); the legend
-never covers data (inside only in a corner checked to be empty, else beside the axes); series with identical points are offset sideways so none hides
-another; colour encodes one factor and line style the other (labels "a / b": colour by a, style
+never covers data (inside only in a corner checked to be empty, else beside the axes); series
+with identical points are offset sideways so none hides another; colour encodes one factor and line style the other (labels "a / b": colour by a, style
 by b; a paper series takes the colour of ours of the same label); categories on x are points
 (or bars), never joined by lines (a series may ask for ``line: True`` where its categories are
 ordered).

@@ -314,8 +314,8 @@ def history_svg(
     unit: str = "",
     title: str = "",
     root: str = "../",
-    width: int = 640,
-    height: int = 260,
+    width: int = 480,
+    height: int = 240,
 ) -> str:
     """An inline SVG: one line per series over the commit order (``orders``: one run per commit
     position, for the labels), every point a link to its record with a tooltip (commit, date,
@@ -329,7 +329,7 @@ def history_svg(
     if not log:
         lo = min(0.0, lo)
         hi = hi * 1.05 if hi > 0 else 1.0
-    left, right, top, bottom = 64, 12, 24, 58
+    left, right, top, bottom = 58, 10, 16, 54
     w, h = width - left - right, height - top - bottom
     positions = sorted({r.order for r in orders})
     place = {o: i for i, o in enumerate(positions)}  # this machine's commits, side by side
@@ -434,7 +434,8 @@ def sparkline(
     return (
         f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
         f'aria-hidden="true" xmlns="http://www.w3.org/2000/svg">'
-        f'<polyline points="{d}" fill="none" stroke="#57606a" stroke-width="1.5"/>{marks}{end}</svg>'
+        f'<polyline points="{d}" fill="none" stroke="#57606a" stroke-width="1.5"/>'
+        f"{marks}{end}</svg>"
     )
 
 
