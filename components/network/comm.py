@@ -7,12 +7,19 @@ log list is attached, so byte accounting per link class is measured, not modelle
 Self-messages are logged too (they are local copies; topology.bytes_by_link_class counts them
 on no link). :func:`topology.build_communicators` builds one of each kind per rank (Piper Sec.
 V-A); they sit in the network layer, below the algorithms, so that the topology needs nothing
-from components/alltoall.
+from components/alltoall. :class:`NodeP2PComm` is my node's members of a process group over
+the group's point-to-point messages (network/groups.py builds it for HALO and RBD on EP groups).
+
+This is the one place that calls the backends' all-to-all: every all-to-all-v of the project
+(the dispatchers, flat.all_to_all_v, the balancers' expert copies and migrations) runs on a
+communicator from here; :meth:`TorchComm.of_group` gives one for any process group and
+:func:`alltoallv_autograd` makes the exchange differentiable (backward: the reverse exchange).
 """
 
 from __future__ import annotations
 
 from functools import cache
+from itertools import accumulate
 from typing import TYPE_CHECKING, Callable
 
 from moe_repro.runtime.device import group_device
@@ -184,6 +191,30 @@ class TorchComm(Comm):
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t, group=self.group)
         return [o.tolist() for o in out]
+
+
+class NodeP2PComm(Comm):
+    """My node's members of a group, reached with batched isend/irecv over the group."""
+
+    def __init__(self, group_comm: TorchComm, members: list[int]):
+        # members: the group ranks on my node, ascending; self.ranks are their global ranks.
+        super().__init__([group_comm.ranks[m] for m in members], group_comm.global_rank)
+        self.group_comm, self.members = group_comm, list(members)
+
+    def _record(self, phase, counts_bytes) -> None:
+        pass  # the group communicator's p2p logs what actually goes on the wire
+
+    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
+        """Uneven all-to-all among my node's members; returns (out, handle)."""
+        x, out, sc, rc, _ = self._prepare(x, send_counts, recv_counts, phase, out)
+        so, ro = [0, *accumulate(sc)], [0, *accumulate(rc)]
+        me = self.rank
+        out[ro[me] : ro[me + 1]] = x[so[me] : so[me + 1]]  # my own chunk: a local copy
+        peers = [i for i in range(self.size) if i != me]
+        sends = [(self.members[i], x[so[i] : so[i + 1]]) for i in peers]
+        recvs = [(self.members[i], out[ro[i] : ro[i + 1]]) for i in peers]
+        handle: Works = self.group_comm.p2p(sends, recvs, phase)
+        return out, handle
 
 
 def alltoallv_autograd(

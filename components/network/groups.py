@@ -8,7 +8,7 @@ both, once for every such algorithm:
 - :func:`world_topology`: the launcher's emulated node layout of the world;
 - :func:`group_topology`: that layout restricted to a group (ranks node by node, the same number
   on every node, or a ValueError naming the algorithm and why it needs that);
-- :class:`NodeP2PComm`: my node's members of a group, reached with batched isend/irecv over the
+- comm.NodeP2PComm: my node's members of a group, reached with batched isend/irecv over the
   group's communicator;
 - :func:`group_communicators`: all of it as topology.Communicators for one group.
 
@@ -20,41 +20,16 @@ here could deadlock. See docs/halo-rbd.md.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from moe_repro.components.lazy_import import lazy_module
-from moe_repro.components.network.comm import Comm, TorchComm, Works
+from moe_repro.components.network.comm import NodeP2PComm, TorchComm
 from moe_repro.components.network.topology import Communicators, Topology
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 else:
     dist = lazy_module("torch.distributed", globals(), "dist")
-
-
-class NodeP2PComm(Comm):
-    """My node's members of a group, reached with batched isend/irecv over the group."""
-
-    def __init__(self, group_comm: TorchComm, members: list[int]):
-        # members: the group ranks on my node, ascending; self.ranks are their global ranks.
-        super().__init__([group_comm.ranks[m] for m in members], group_comm.global_rank)
-        self.group_comm, self.members = group_comm, list(members)
-
-    def _record(self, phase, counts_bytes) -> None:
-        pass  # the group communicator's p2p logs what actually goes on the wire
-
-    def alltoallv_async(self, x, send_counts, recv_counts, phase="a2a", out=None):
-        """Uneven all-to-all among my node's members; returns (out, handle)."""
-        x, out, sc, rc, _ = self._prepare(x, send_counts, recv_counts, phase, out)
-        so, ro = [0, *accumulate(sc)], [0, *accumulate(rc)]
-        me = self.rank
-        out[ro[me] : ro[me + 1]] = x[so[me] : so[me + 1]]  # my own chunk: a local copy
-        peers = [i for i in range(self.size) if i != me]
-        sends = [(self.members[i], x[so[i] : so[i + 1]]) for i in peers]
-        recvs = [(self.members[i], out[ro[i] : ro[i + 1]]) for i in peers]
-        handle: Works = self.group_comm.p2p(sends, recvs, phase)
-        return out, handle
 
 
 def world_topology() -> Topology:
@@ -107,7 +82,7 @@ def group_communicators(
 ) -> Communicators:
     """Communicators of process group ``group`` (None = world) on ``topo`` (default: the
     launcher's) restricted to it: ``world`` the group, ``intra`` and ``intra_overlap`` my node's
-    members of it (:class:`NodeP2PComm`); ``inter`` (GPUs sharing a NIC) is the group itself,
+    members of it (comm.NodeP2PComm); ``inter`` (GPUs sharing a NIC) is the group itself,
     which HALO and RBD do not use. Not collective: no process group is created."""
     comm = TorchComm.of_group(group)
     sub = group_topology(
