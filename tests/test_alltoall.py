@@ -19,6 +19,7 @@ from moe_repro.components.alltoall.halo import halo_schedule
 from moe_repro.components.alltoall.rbd import rbd_schedule, select_pilots
 from moe_repro.components.moe.pft import build_pft
 from moe_repro.components.network.topology import Topology, bytes_by_link_class
+from moe_repro.records.grading import MIN_SEEDS, SEEDS
 from moe_repro.runtime.launch import run_ranks
 
 from derived_how import assert_how_is_the_catalogs
@@ -530,10 +531,10 @@ def test_xmoe_fig4_runs_and_follows_the_cell_contract():
     assert all(c.verdict in VERDICTS for c in result.cells)
     by = {(c.row, c.column): c for c in result.cells}
     # the sampled count (RBD's own pilots) agrees with the closed form within sampling noise, at
-    # each of the five seeds it is computed at (class sampled)
+    # each of the grading.MIN_SEEDS seeds it is computed at (class sampled)
     for ep in (16, 32, 64):
         cell = by[(f"EP={ep}", "uniform (RBD pilots)")]
-        assert cell.grade_class == "sampled" and len(cell.seeds["values"]) == 5
+        assert cell.grade_class == "sampled" and len(cell.seeds["values"]) == MIN_SEEDS
         for v in cell.seeds["values"]:
             assert v == pytest.approx(by[(f"EP={ep}", "uniform (analytic)")].ours, abs=3.0)
     assert by[("max over EP sizes", "redundancy % (paper: DeepSpeed-MoE)")].paper == 75.1
@@ -569,14 +570,15 @@ def test_xmoe_fig12_simulated_speedup_is_not_the_papers_quantity():
     saved = by["inter-node all-to-all time saved by RBD"]  # the comparable part stays graded
     assert saved.paper == 52.5 and saved.row == ROW
     assert saved.verdict in ("match", "close", "deviates", "seed-dependent")
-    # routing is sampled: every cell is computed at five seeds, 0-4, and graded per seed
-    assert extra["seeds"] == [0, 1, 2, 3, 4]
+    # routing is sampled: every cell is computed at the grading's seeds and graded per seed
+    assert extra["seeds"] == list(SEEDS)
     for c in cells:
-        assert c.grade_class == "sampled" and len(c.seeds["values"]) == 5
+        assert c.grade_class == "sampled" and len(c.seeds["values"]) == MIN_SEEDS
 
 
 def test_xmoe_fig12_simulated_grades_hold_at_another_base_seed():
-    """Grades of the sampled cells at seeds 0-4 and 1-5: equal, unless seed-dependent."""
+    """Grades of the sampled cells at the grading's seeds from base 0 and from base 1: equal,
+    unless seed-dependent."""
     from moe_repro.reproductions import all_reproductions
     from moe_repro.reproductions._xmoe_fig12_sim import simulated_32gpu_cells
 
@@ -589,10 +591,10 @@ def test_xmoe_fig12_simulated_grades_hold_at_another_base_seed():
     for col in runs[0]:
         a, b = runs[0][col].verdict, runs[1][col].verdict
         assert a == b or "seed-dependent" in (a, b), col
-    # seeds 1-4 are shared: the per-seed values agree where the seeds do
+    # all seeds but the first of base 0 are shared: the per-seed values agree where they do
     assert (
         runs[0]["redundancy rate"].seeds["values"][1:]
-        == runs[1]["redundancy rate"].seeds["values"][:4]
+        == runs[1]["redundancy rate"].seeds["values"][: MIN_SEEDS - 1]
     )
 
 
