@@ -53,9 +53,9 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError, match="stage"):
         mm.piper_eq4(**SMALL, EP=2, PP=2, M=2, i=2)
     with pytest.raises(ValueError, match="does not divide"):
-        mm.stage_memory(get_model("tiny-moe"), PP=2, EP=3, i=0, micro_batch=1, seq=8, M=2)
+        mm.all_stages(get_model("tiny-moe"), PP=2, EP=3, micro_batch=1, seq=8, M=2)
     with pytest.raises(ValueError, match="exceeds the layer count"):
-        mm.stage_memory(get_model("tiny-moe"), PP=5, EP=2, i=0, micro_batch=1, seq=8, M=2)
+        mm.all_stages(get_model("tiny-moe"), PP=5, EP=2, micro_batch=1, seq=8, M=2)
 
 
 PIPER_LIKE = MoEModel(
@@ -70,37 +70,35 @@ PIPER_LIKE = MoEModel(
     n_heads=2,
     attn_params="4d2",
 )
-NO_EXTRAS = mm.MemoryOptions(flash_attention=False, embeddings=False, shared_and_dense=False)
+
+
+def _layout_memory(m, PP, EP, M=None, v=1):
+    from moe_repro.components.resources import formulas as F
+
+    lm = mm.LayerMemory(m, 16, F.precision("bf16-adam"))
+    layout = mm.MemoryLayout(pp=PP, vpp=v, ep=EP, dp=EP, micro_batches=M or PP)
+    return mm.LayoutMemory(lm, layout, mm.pipeline_stages(m, PP, v, every=True))
 
 
 @pytest.mark.parametrize("PP,M", [(2, 4), (4, 4), (4, 9), (8, 8)])
 def test_1f1b_skew_stage0_holds_pp_micro_batches_last_holds_one(PP, M):
-    stages = mm.all_stages(PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M, opts=NO_EXTRAS)
-    assert [s.in_flight for s in stages] == [PP - i for i in range(PP)]
-    per_micro = stages[-1].activation_bytes  # the last stage holds exactly one micro-batch
+    stages = mm.all_stages(PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M)
+    per_micro = stages[-1].activations  # the last stage holds exactly one micro-batch
     for i, s in enumerate(stages):
-        assert s.activation_bytes == pytest.approx((PP - i) * per_micro)
-    gpipe = mm.all_stages(
-        PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M, schedule="gpipe", opts=NO_EXTRAS
-    )
-    assert all(
-        s.in_flight == M and s.activation_bytes == pytest.approx(M * per_micro) for s in gpipe
-    )
+        assert s.activations == pytest.approx((PP - i) * per_micro)
+    gpipe = mm.all_stages(PIPER_LIKE, PP=PP, EP=2, micro_batch=1, seq=4, M=M, schedule="gpipe")
+    assert all(s.activations == pytest.approx(M * per_micro) for s in gpipe)
 
 
-@pytest.mark.parametrize("PP", [1, 2, 4])
-def test_stage_model_reduces_to_eq4(PP):
-    """With Piper's conventions (EP=1 so both of Eq. 4's b readings agree), the stage model is Eq. 4
-    plus exactly the norms and router Piper leaves out."""
-    M, b = 4, 8
-    m = PIPER_LIKE
-    for i in range(PP):
-        ours = mm.stage_memory(
-            m, PP=PP, EP=1, i=i, micro_batch=b / M, seq=5, M=M, opts=NO_EXTRAS
-        ).total
-        eq4 = mm.piper_eq4(d=16, d_ffn=24, E=8, L=8, H=2, k=2, b=b, s=5, EP=1, PP=PP, M=M, i=i)
-        left_out = m.layers / PP * (2 * 16 + 16 * 8) * 16  # norms 2d + router d E, 16 B each
-        assert ours == pytest.approx(eq4 + left_out)
+def test_in_flight_per_schedule():
+    lay = mm.MemoryLayout(pp=4, micro_batches=8)
+    assert [mm.in_flight(lay, r) for r in range(4)] == [4, 3, 2, 1]
+    gpipe = dataclasses.replace(lay, schedule="gpipe")
+    assert [mm.in_flight(gpipe, r) for r in range(4)] == [8] * 4
+    inter = dataclasses.replace(lay, vpp=2)  # Megatron-core: 2 (PP - r - 1) + (v - 1) PP + 1
+    assert [mm.in_flight(inter, r) for r in range(4)] == [11, 9, 7, 5]
+    with pytest.raises(ValueError, match="schedule"):
+        mm.in_flight(dataclasses.replace(lay, schedule="zb"), 0)
 
 
 @pytest.mark.parametrize(
@@ -108,27 +106,85 @@ def test_stage_model_reduces_to_eq4(PP):
 )
 def test_stages_partition_all_parameters(key, PP, EP):
     m = get_model(key)
-    stages = mm.all_stages(m, PP=PP, EP=EP, micro_batch=1, seq=16, M=PP)
-    held = sum(s.params_replicated + s.params_experts * EP for s in stages)
-    assert held == param_counts(m).total - m.d_model  # the final norm is not placed on a stage
+    lay = _layout_memory(m, PP, EP)
+    held = sum(d + e * EP for d, e in lay.params)
+    head_copy = m.vocab * m.d_model if (m.tie_embeddings and m.vocab and PP > 1) else 0
+    assert held == param_counts(m).total + head_copy
 
 
-def test_zero_stages_bytes_per_param():
-    assert mm.state_bytes_per_param(0, 4) == 16
-    assert mm.state_bytes_per_param(1, 4) == 2 + 2 + 12 / 4
-    assert mm.state_bytes_per_param(2, 4) == 2 + 14 / 4
-    assert mm.state_bytes_per_param(3, 4) == 16 / 4
-    with pytest.raises(ValueError):
-        mm.state_bytes_per_param(4, 4)
+def test_a_stage_is_its_terms_and_zero_shards_the_state():
+    m = get_model("mixtral-8x7b")
+    z0, z1 = (
+        mm.all_stages(m, 4, 8, 1, 4096, 8, opts=mm.MemoryOptions(zero_stage=z))[0] for z in (0, 1)
+    )
+    assert z0.total == pytest.approx(sum(z0.terms().values()))
+    assert z0.to_dict()["total"] == z0.total and z0.binding_term() in mm.StageMemory.TERMS
+    # ZeRO-1 shards master weights and moments of the dense part over the EP group (experts:
+    # over DP = 1): weights and gradients stay
+    assert z1.weights == z0.weights and z1.grads == z0.grads and z1.optimizer < z0.optimizer
 
 
 def test_checkpointing_and_flash_reduce_memory():
     m = dataclasses.replace(get_model("mixtral-8x7b"))
-    base = mm.stage_memory(m, 4, 8, 0, 1, 4096, 8, opts=mm.MemoryOptions(flash_attention=False))
-    flash = mm.stage_memory(m, 4, 8, 0, 1, 4096, 8)
-    ckpt = mm.stage_memory(m, 4, 8, 0, 1, 4096, 8, opts=mm.MemoryOptions(checkpointing=True))
-    assert ckpt.activation_bytes < flash.activation_bytes < base.activation_bytes
-    assert ckpt.static_bytes == flash.static_bytes == base.static_bytes
+    base = mm.all_stages(m, 4, 8, 1, 4096, 8, opts=mm.MemoryOptions(flash_attention=False))[0]
+    flash = mm.all_stages(m, 4, 8, 1, 4096, 8)[0]
+    ckpt = mm.all_stages(m, 4, 8, 1, 4096, 8, opts=mm.MemoryOptions(checkpointing=True))[0]
+    assert ckpt.activations < flash.activations < base.activations
+    static = lambda s: s.weights + s.grads + s.optimizer
+    assert static(ckpt) == static(flash) == static(base)
+
+
+@pytest.mark.parametrize(
+    "key,nodes,pp,ep,zero,ckpt",
+    [
+        ("mixtral-8x7b", 2, 2, 8, 0, False),
+        ("mixtral-8x7b", 4, 4, 8, 1, True),
+        ("deepseek-moe-16b", 2, 4, 4, 0, False),
+    ],
+)
+def test_both_planners_give_one_memory_for_one_layout(key, nodes, pp, ep, zero, ckpt):
+    """Piper's PP x EP planner and the parallelism planner, asked for the same layout (TP = CP =
+    ETP = 1, the same M, global batch, ZeRO stage and recompute), need the same bytes on the
+    same binding stage: they share one memory model."""
+    from moe_repro.components.network.platform import load_builtin
+    from moe_repro.components.resources.parallel_planner import plan_parallel
+    from moe_repro.components.resources.planner import plan as piper_plan
+
+    m, p = get_model(key), load_builtin("h200")
+    G = nodes * p.gpus_per_node
+    M, B = 4 * pp, 4 * G
+    piper = piper_plan(
+        m,
+        p,
+        nodes,
+        seq=4096,
+        global_batch=B,
+        micro_batches=M,
+        zero_stage=zero,
+        allow_checkpointing=ckpt,
+        layout=(pp, ep),
+    )
+    (c,) = piper.candidates
+    par = plan_parallel(
+        m,
+        p,
+        nodes,
+        seq=4096,
+        global_batch=B,
+        micro_batches=M,
+        zero=(zero,),
+        recompute=("full",) if c.checkpointing else ("none",),
+        tp=1,
+        pp=pp,
+        ep=ep,
+        cp=1,
+        etp=1,
+        vpp=1,
+    )
+    best = par.best if c.feasible else min(par.candidates, key=lambda x: x.memory["total"])
+    assert best is not None and (best.pp, best.ep, best.tp, best.dp) == (pp, ep, 1, ep)
+    assert best.memory["total"] == pytest.approx(c.peak_bytes, rel=1e-12)
+    assert best.memory_stage == c.peak_stage
 
 
 def test_xmoe_table2_and_ssmb_tradeoff():

@@ -370,11 +370,11 @@ def test_per_layer_flops_and_weights_add_up_to_formulas():
     # and the head, are formulas' forward FLOPs per token; the planner's per-layer weights,
     # summed with embedding, head and final norm, are formulas' parameter total
     from moe_repro.components.resources import time_model as T
-    from moe_repro.components.resources.parallel_planner import _layers
+    from moe_repro.components.resources.memory_model import layer_weights
 
     for key in ("deepseek-v3", "gpt3-175b", "llama3-8b", "mixtral-8x7b", "arctic", "glam-1.2t"):
         m = get_model(key)
-        dense, moe = _layers(m)
+        dense, moe = layer_weights(m)
         V = m.vocab or 0
         w = F.attention_widths(m)
         core = 2 * 4096 * w["heads"] * (w["d_qk"] + w["d_v"]) * 0.5

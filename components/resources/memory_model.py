@@ -1,6 +1,4 @@
-"""Training-memory model: Piper Eq. 1-5 as printed, and a per-stage model the planner uses.
-
-Two layers, kept apart on purpose:
+"""Training memory: Piper Eq. 1-5 as printed, and the one per-stage model both planners use.
 
 1. ``piper_eq1`` ... ``piper_eq5``: Piper Sec. III-A exactly as printed (bytes). Symbols as Piper
    Table II: d, d_ffn, E (routed experts), L, H (heads), k (top-k), b (batch, sequences),
@@ -8,34 +6,35 @@ Two layers, kept apart on purpose:
    static 64 d^2 (attention, 4 d^2 x 16 B) + 48 E d d_ffn / EP (experts, 3 d d_ffn x 16 B);
    attention activations 12 b s d + 4 H b s^2 (2 bytes x (6 b s d + 2 b H s^2));
    expert activations 2 b s k (3 d_ffn + d) / EP. With FlashAttention, 4 b H s^2 -> 2 b H s.
-   Note on b: the attention term charges b sequences to every GPU while the expert term divides
-   b s k by EP, so the printed equations read b as a per-GPU batch in one term and as the EP
-   group's batch in the other. We implement them as printed; the stage model below uses one
-   consistent b (sequences per GPU per micro-batch).
+   The printed equations read b as a per-GPU batch in the attention term and as the EP group's
+   batch in the expert term; we implement them as printed (the paper's model, reproduced).
 
-2. ``stage_memory``: bytes on one GPU of pipeline stage i of a PP x EP mesh (optionally times an
-   outer data-parallel degree DP), with the options the equations leave out: dense and MoE layers,
-   shared experts, real attention parameter counts (GQA/MLA via components.model.params), embeddings on
-   the first and the output head (and fp32 logits) on the last stage, FlashAttention, full
-   activation checkpointing, ZeRO-1/2/3 sharding of replicated state, framework overhead. With the
-   same conventions as Eq. 4 it reduces to it (tests check this).
+2. ``LayoutMemory``: bytes on one GPU of every pipeline stage of a DP x TP (+SP) x PP (1F1B,
+   interleaved or GPipe) x EP x ETP x CP layout, for any ZeRO stage and recompute mode, by term
+   (``StageMemory``: weights, grads, optimizer, activations, buffers). Activations per layer from
+   formulas.moe_activation_terms_per_layer, model state from formulas.model_state_bytes at a
+   precision preset; the rules are docs/planner.md's "Memory per GPU". The parallelism planner
+   searches layouts with it; Piper's PP x EP planner (``all_stages``: TP = CP = 1, the attention
+   data-parallel over the EP group) uses the same model, so one layout has one memory.
 
-Also here: X-MoE Table 2 activation sizes and App. C.2 SSMB vs TED trade-off (Eq. 1-2), and the
-per-state bytes of ZeRO stages (MoP Sec. 2.3, Eq. 1-2).
+Also here: X-MoE Table 2 activation sizes and App. C.2 SSMB vs TED trade-off (Eq. 1-2), and MoP
+Table 1's per-rank memory with an FSDP-style plan beside it (MoP Table 2-3).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from moe_repro.components.model.params import embedding_params, layer_params
-from moe_repro.components.model.pipeline_split import stage_layers
+from moe_repro.components.model.params import (
+    attention_params,
+    dense_ffn_params,
+    residual_ffn_params,
+    shared_expert_params,
+)
+from moe_repro.components.model.pipeline_split import stage_sizes
 from moe_repro.components.model.zoo import MoEModel
+from moe_repro.components.resources import formulas as F
 
-# Mixed-precision Adam (Piper III-A1, MoP Eq. 1): bf16 weight 2 + bf16 grad 2 + fp32 master 4
-# + fp32 momentum 4 + fp32 variance 4 bytes per parameter.
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
 ACT_BYTES = 2  # bf16/fp16 activations
 
 
@@ -103,181 +102,427 @@ def piper_eq5(d, d_ffn, E, L, H, k, b, s, EP, PP, M, flash=False) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# ZeRO (Rajbhandari et al. 2020; MoP Sec. 2.3): bytes per parameter on one of n sharding ranks
+# 2. The planners' memory model: bytes on one GPU of each pipeline stage of a layout
 # --------------------------------------------------------------------------------------------
 
-
-def state_bytes_per_param(zero_stage: int, n: int) -> float:
-    """ZeRO-0: 16; ZeRO-1: 2 + 2 + 12/n; ZeRO-2: 2 + 14/n; ZeRO-3: 16/n bytes per parameter."""
-    _positive(n=n)
-    if zero_stage == 0:
-        return BYTES_PER_PARAM
-    if zero_stage == 1:
-        return WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES / n
-    if zero_stage == 2:
-        return WEIGHT_BYTES + (GRAD_BYTES + OPTIMIZER_BYTES) / n
-    if zero_stage == 3:
-        return BYTES_PER_PARAM / n
-    raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+ALL_LAYERS = 10**9  # recompute (full, ALL_LAYERS): every layer of each model chunk
 
 
-# --------------------------------------------------------------------------------------------
-# 2. Per-stage model of a PP x EP (x DP) mesh
-# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerWeights:
+    """Weights of one layer by how a layout splits them."""
+
+    moe: bool
+    w_tp: float  # split over TP (matrices)
+    w_rep: float  # replicated over TP (norms, MLA down-projections + latent norms, router)
+    w_exp: float  # routed-expert weights, all E experts
+
+
+def mla_replicated(m: MoEModel) -> int:
+    """MLA weights Megatron-core keeps duplicated over TP: the query and KV down-projections
+    (d r_q, d (r_kv + d_rope)) and the two latent norms (r_q + r_kv). 0 for other attention."""
+    if m.attn_params != "mla" or m.mla is None:
+        return 0
+    a, d = m.mla, m.d_model
+    rq = a.q_lora_rank or 0
+    return d * rq + rq + d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+
+
+def layer_weights(m: MoEModel) -> tuple[LayerWeights, LayerWeights]:
+    """(dense layer, MoE layer) weights; summed over the layers plus the embedding, head and
+    final norm they equal formulas.parameters(m)["total"]."""
+    d = m.d_model
+    attn = attention_params(m)
+    rep_attn = mla_replicated(m)
+    norms = 2 * d
+    extra = m.extra_params_per_layer
+    resid = residual_ffn_params(m)
+    dense_ffn = dense_ffn_params(m) if m.n_dense_layers else 0
+    dense = LayerWeights(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0)
+    router = d * m.n_experts if m.n_experts > 1 else 0
+    moe = LayerWeights(
+        True,
+        attn + extra + resid + shared_expert_params(m) - rep_attn,
+        norms + rep_attn + router,
+        float(m.n_experts * m.expert_params()),
+    )
+    return dense, moe
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One physical pipeline stage: its dense and MoE layers and those of each model chunk."""
+
+    r: int
+    n_dense: int
+    n_moe: int
+    first: bool
+    last: bool
+    chunks: tuple = ()  # (dense, MoE) layers of each model chunk on this stage, dense first
+
+    @property
+    def n_layers(self) -> int:
+        return self.n_dense + self.n_moe
+
+    def recomputed(self, n: int) -> tuple[int, int]:
+        """(dense, MoE) layers recomputed when the first ``n`` layers of each model chunk are
+        (Megatron-core's block method: the first recompute_num_layers of each chunk)."""
+        rd = rm = 0
+        for nd, nm in self.chunks:
+            r = min(n, nd + nm)
+            rd += min(r, nd)
+            rm += r - min(r, nd)
+        return rd, rm
+
+
+def pipeline_stages(m: MoEModel, pp: int, v: int = 1, every: bool = False) -> list[Stage]:
+    """The stages of PP x VPP model chunks (pipeline_split; chunk k on stage k mod PP). Unless
+    ``every``: the first of each distinct (dense, MoE, first, last) composition only. Within one
+    composition the earliest holds the most micro-batches, so it binds memory, and all have the
+    same time: checking these is checking every stage."""
+    chunks = stage_sizes(m.layers, pp * v)
+    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
+    starts = [sum(chunks[:k]) for k in range(len(chunks))]
+    seen, out = set(), []
+    for r in range(pp):
+        comp = []
+        for j in range(v):
+            lo, n = starts[j * pp + r], chunks[j * pp + r]
+            dense_here = max(0, min(lo + n, first_moe) - lo)
+            comp.append((dense_here, n - dense_here))
+        nd, nm = sum(c[0] for c in comp), sum(c[1] for c in comp)
+        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
+        if every or key not in seen:
+            seen.add(key)
+            out.append(Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """The degrees memory depends on. ``micro_batch``: sequences per data-parallel rank per
+    micro-batch; ``schedule``: 1f1b (interleaved when ``vpp`` > 1) or gpipe (every micro-batch
+    held). Experts are data-parallel over EDP = DP x CP x TP / (EP x ETP) ranks."""
+
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    etp: int = 1
+    dp: int = 1
+    sp: bool = False
+    micro_batch: int = 1
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+
+    @property
+    def edp(self) -> int:
+        return self.dp * self.cp * self.tp // (self.ep * self.etp)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on one GPU of pipeline stage ``stage``, by term; ``host``: state offloaded to the
+    host (not in ``total``)."""
+
+    stage: int
+    weights: float
+    grads: float
+    optimizer: float  # master weights and optimizer moments
+    activations: float  # with the last stage's fp32 logits
+    buffers: float  # framework overhead + ZeRO-3's prefetched weights
+    host: float = 0.0
+
+    TERMS = ("weights", "grads", "optimizer", "activations", "buffers")
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms().values())
+
+    def terms(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.TERMS}
+
+    def binding_term(self) -> str:
+        terms = self.terms()
+        return max(terms, key=lambda k: terms[k])
+
+    def to_dict(self) -> dict[str, float]:
+        """The terms, ``total`` and ``host`` (a plan's ``memory``)."""
+        return {**self.terms(), "total": self.total, "host": self.host}
+
+
+def in_flight(layout: MemoryLayout, r: int) -> int:
+    """Model chunks whose activations stage r holds at its peak: GPipe all M; 1F1B
+    min(PP - r, M) (Narayanan et al. 2021; Piper Eq. 4); interleaved min(M v, 2 (PP - r - 1) +
+    (v - 1) PP + 1) (Megatron-core ``num_warmup_microbatches`` + 1)."""
+    q, v, M = layout.pp, layout.vpp, layout.micro_batches
+    if layout.schedule == "gpipe":
+        if v > 1:
+            raise ValueError("the gpipe schedule has no virtual stages (vpp must be 1)")
+        return M
+    if layout.schedule != "1f1b":
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {layout.schedule!r}")
+    if v == 1:
+        return min(q - r, M)
+    return min(M * v, 2 * (q - r - 1) + (v - 1) * q + 1)
+
+
+class LayerMemory:
+    """One layer's activation bytes and a parameter count's model-state bytes for a model,
+    sequence and precision, cached (a search asks them for every layout, stage and mode)."""
+
+    def __init__(
+        self,
+        m: MoEModel,
+        seq: int,
+        prec: F.Precision,
+        flash: bool = True,
+        dropout: bool = False,
+        capacity_factor: float = 1.0,
+    ):
+        self.m, self.seq, self.prec = m, seq, prec
+        self.flash, self.dropout, self.cf = flash, dropout, capacity_factor
+        self.dense_l, self.moe_l = layer_weights(m)
+        self.act_cache: dict[tuple, float] = {}
+        self.state_cache: dict[tuple, dict[str, float]] = {}
+
+    def layer_act(
+        self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1
+    ) -> float:
+        """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
+        the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
+        ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
+        (unchanged): Megatron-core MoEAlltoAllTokenDispatcher gathers over the expert-TP group
+        after the EP all-to-all and reduce-scatters before the return all-to-all."""
+        et = et if moe else 1
+        key = (moe, t, sp, c, mb, mode, et)
+        if key not in self.act_cache:
+            terms = F.moe_activation_terms_per_layer(
+                self.m,
+                self.seq,
+                mb,
+                moe=moe,
+                t=t,
+                sp=sp,
+                cp=c,
+                recompute=mode,
+                bytes_per_value=ACT_BYTES,
+                dropout=self.dropout,
+                capacity_factor=self.cf,
+            )
+            if et > 1 and "dispatch" in terms:
+                terms["dispatch"] *= et
+            self.act_cache[key] = sum(terms.values())
+        return self.act_cache[key]
+
+    def state(self, n_params: float, n: int, z: int) -> dict[str, float]:
+        """formulas.model_state_bytes of ``n_params`` sharded over ``n`` ranks at ZeRO ``z``."""
+        key = (n_params, n, z)
+        if key not in self.state_cache:
+            self.state_cache[key] = (
+                F.model_state_bytes(n_params, n, z, self.prec)
+                if n_params
+                else dict.fromkeys(
+                    ("weights", "grads", "master", "optimizer", "total", "host"), 0.0
+                )
+            )
+        return self.state_cache[key]
+
+
+class LayoutMemory:
+    """The memory of one layout's stages for any ZeRO stage and recompute mode (docs/planner.md,
+    "Memory per GPU"). A recompute mode is (kind, N): none, selective, or full with the first N
+    layers of each model chunk recomputed (ALL_LAYERS: every layer)."""
+
+    def __init__(
+        self,
+        lm: LayerMemory,
+        layout: MemoryLayout,
+        stages: list[Stage],
+        overhead_bytes: float = 0.0,
+    ):
+        self.lm, self.layout, self.stages, self.overhead = lm, layout, stages, overhead_bytes
+        self.nmax = max(nd + nm for st in stages for nd, nm in st.chunks)  # largest chunk
+        self.params = [self._stage_params(st) for st in stages]
+        self._acts: dict[tuple, list[float]] = {}
+        self._static: dict[int, list[tuple[dict, dict]]] = {}
+
+    def _stage_params(self, st: Stage) -> tuple[float, float]:
+        """(dense, expert) parameters one GPU of stage ``st`` holds: matrices / TP, the
+        replicated weights whole; the input embedding (vocab-parallel) on the first stage, the
+        final norm and the output head (a copy of a tied embedding when PP > 1) on the last;
+        this GPU's routed experts, / (EP x ETP)."""
+        m, lay = self.lm.m, self.layout
+        dl, ml = self.lm.dense_l, self.lm.moe_l
+        V, d = m.vocab or 0, m.d_model
+        w_tp = st.n_dense * dl.w_tp + st.n_moe * ml.w_tp
+        w_rep = st.n_dense * dl.w_rep + st.n_moe * ml.w_rep
+        if st.first and V:
+            w_tp += V * d
+        if st.last and V:
+            w_rep += d
+            if not m.tie_embeddings or lay.pp > 1:
+                w_tp += V * d
+        return w_tp / lay.tp + w_rep, st.n_moe * ml.w_exp / (lay.ep * lay.etp)
+
+    def mode_key(self, kind: str, n: int) -> tuple[str, int]:
+        """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
+        return (kind, 0) if kind in ("none", "selective") else ("full", min(n, self.nmax))
+
+    def activations(self, kind: str, n: int) -> list[float]:
+        """Activation bytes of every stage under (kind, N): the chunks in flight x their layers'
+        activations (recomputed layers keep their inputs only), + one layer's working set under
+        recompute, + the last stage's fp32 logits of one micro-batch (vocab-parallel: / TP)."""
+        k = self.mode_key(kind, n)
+        if k not in self._acts:
+            self._acts[k] = self._activations(*k)
+        return self._acts[k]
+
+    def _activations(self, kind: str, n: int) -> list[float]:
+        m, lay, flash = self.lm.m, self.layout, self.lm.flash
+        t, sp, c, mb, et = lay.tp, lay.sp, lay.cp, lay.micro_batch, lay.etp
+
+        def la(moe: bool, mode: str) -> float:
+            present = m.n_moe_layers if moe else m.n_dense_layers
+            return self.lm.layer_act(moe, t, sp, c, mb, mode, et) if present else 0.0
+
+        if kind == "full":
+            # the layers not recomputed keep everything (Megatron's block method); with
+            # FlashAttention that is what selective keeps
+            rest = "selective" if flash else "none"
+            a_dense, a_moe = la(False, rest), la(True, rest)
+            in_dense, in_moe = la(False, "full"), la(True, "full")
+            a_work = max(a_dense, a_moe)
+        else:
+            mem_mode = "selective" if (flash and kind == "none") else kind
+            a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
+            in_dense, in_moe, a_work = a_dense, a_moe, 0.0
+        V, s_loc = m.vocab or 0, self.lm.seq / c
+        acts = []
+        for st in self.stages:
+            rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+            per_mb = (
+                rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
+            )
+            act = in_flight(lay, st.r) * per_mb / lay.vpp + a_work
+            if st.last and V:
+                act += 4.0 * mb * s_loc * V / t  # fp32 logits of one micro-batch
+            acts.append(act)
+        return acts
+
+    def static(self, z: int) -> list[tuple[dict, dict]]:
+        """Per stage (dense, expert) model-state bytes at ZeRO ``z``: the dense part sharded over
+        DP x CP (Megatron's distributed optimizer and FSDP), the experts over EDP."""
+        if z not in self._static:
+            lay = self.layout
+            self._static[z] = [
+                (self.lm.state(dp_, lay.dp * lay.cp, z), self.lm.state(ep_, lay.edp, z))
+                for dp_, ep_ in self.params
+            ]
+        return self._static[z]
+
+    def buffers(self, z: int) -> float:
+        """The framework overhead, + under ZeRO-3 two layers' gathered weights (prefetch)."""
+        if z != 3:
+            return self.overhead
+        m, lay, dl, ml = self.lm.m, self.layout, self.lm.dense_l, self.lm.moe_l
+        big_layer = max(
+            (ml.w_tp / lay.tp + ml.w_rep + ml.w_exp / (lay.ep * lay.etp))
+            if m.n_moe_layers
+            else 0.0,
+            (dl.w_tp / lay.tp + dl.w_rep) if m.n_dense_layers else 0.0,
+        )
+        return self.overhead + 2 * big_layer * self.lm.prec.weights
+
+    def need(self, z: int, kind: str, n: int) -> tuple[float, int]:
+        """(bytes, index) of the stage that needs the most under ZeRO ``z`` and (kind, N)."""
+        acts, static = self.activations(kind, n), self.static(z)
+        totals = [sd["total"] + se["total"] + a for (sd, se), a in zip(static, acts)]
+        i = max(range(len(totals)), key=lambda k: totals[k])
+        return totals[i] + self.buffers(z), i
+
+    def stage(self, z: int, kind: str, n: int, i: int) -> StageMemory:
+        """The terms of stage index ``i`` (of ``stages``) under ZeRO ``z`` and (kind, N)."""
+        sd, se = self.static(z)[i]
+        return StageMemory(
+            stage=self.stages[i].r,
+            weights=sd["weights"] + se["weights"],
+            grads=sd["grads"] + se["grads"],
+            optimizer=sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
+            activations=self.activations(kind, n)[i],
+            buffers=self.buffers(z),
+            host=sd["host"] + se["host"],
+        )
+
+    def lightest_fit(
+        self, z: int, modes: tuple, hbm: float
+    ) -> tuple[tuple[tuple[str, int], int] | None, tuple | None, int]:
+        """The lightest recompute mode of ``modes`` that fits ``hbm`` under ZeRO ``z``: (((kind,
+        N), stage index) or None, the last mode that did not fit as ((kind, N), index, bytes) or
+        None, modes tried). "block" is the smallest N of Megatron's block method that fits,
+        found by bisection (the memory falls as N grows)."""
+        last_bad, tried = None, 0
+        for kind, n in modes:
+            tried += 1
+            if kind == "block":
+                if self.nmax < 2:
+                    continue
+                total, i = self.need(z, "full", self.nmax - 1)
+                if total > hbm:
+                    last_bad = (("full", self.nmax - 1), i, total)
+                    continue
+                lo, hi, hi_i = 1, self.nmax - 1, i
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    tm, im = self.need(z, "full", mid)
+                    if tm <= hbm:
+                        hi, hi_i = mid, im
+                    else:
+                        lo = mid + 1
+                return (("full", hi), hi_i), last_bad, tried
+            total, i = self.need(z, kind, n)
+            if total <= hbm:
+                return ((kind, n), i), last_bad, tried
+            last_bad = ((kind, n), i, total)
+        return None, last_bad, tried
 
 
 @dataclass(frozen=True)
 class MemoryOptions:
+    """Piper's planner's memory settings (PP x EP layouts, ``all_stages``)."""
+
     flash_attention: bool = True
-    checkpointing: bool = False  # full activation checkpointing: keep each layer's input only
-    zero_stage: int = 0  # shards replicated (non-expert) state over EP x DP, experts over DP
+    checkpointing: bool = False  # full activation checkpointing of every layer
+    zero_stage: int = 0  # shards the replicated (non-expert) state over EP x DP, experts over DP
     overhead_bytes: float = 0.0  # framework overhead M_fw (communication buffers, allocator, ...)
-    embeddings: bool = True  # embedding on stage 0, output head + fp32 logits on the last stage
-    shared_and_dense: bool = True  # count shared experts and dense layers (Piper's Eq. ignore them)
-
-
-def schedule_in_flight(schedule: str, PP: int, M: int, i: int) -> int:
-    """Micro-batches whose activations stage i holds at its peak.
-
-    1F1B (Narayanan et al. 2021; Piper Eq. 4): PP - i, at most M. GPipe: all M."""
-    if schedule == "1f1b":
-        return min(PP - i, M)
-    if schedule == "gpipe":
-        return M
-    raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
-
-
-def layer_activation_bytes(
-    m: MoEModel, moe: bool, b: float, s: int, flash: bool, shared_and_dense: bool = True
-) -> float:
-    """Activations one layer keeps for backward, per GPU, for b sequences of this GPU.
-
-    Attention: Piper Table III with H = the model's heads. FFN: Piper's 2 x tokens x
-    (n_mat d_ffn + d) with tokens = b s k routed into this GPU's experts under balanced routing
-    (each GPU receives as many token-expert pairs as it sends); n_mat d_ffn generalises Piper's
-    3 d_ffn (gate, up, product) to two-matrix FFNs (up, activation). Shared experts and dense FFNs
-    see all b s local tokens."""
-    d = m.d_model
-    act = piper_attention_activation(b, s, d, m.heads, flash)
-    if moe:
-        act += ACT_BYTES * b * s * m.top_k * (m.n_mat * m.d_ffn + d)
-        if shared_and_dense and m.n_shared:
-            act += ACT_BYTES * b * s * m.n_shared * (m.n_mat * (m.d_ffn_shared or m.d_ffn) + d)
-    elif shared_and_dense and m.d_ffn_dense:
-        act += ACT_BYTES * b * s * (m.n_mat * m.d_ffn_dense + d)
-    if shared_and_dense and m.d_ffn_residual:
-        act += ACT_BYTES * b * s * (m.n_mat * m.d_ffn_residual + d)
-    return act
-
-
-@dataclass
-class StageMemory:
-    stage: int
-    layers: int
-    params_replicated: float  # weights replicated over the EP group (attention, router, shared...)
-    params_experts: float  # this GPU's routed experts
-    static_bytes: float
-    activation_bytes: float
-    in_flight: int
-    overhead_bytes: float
-    terms: dict[str, float] = field(default_factory=dict)  # named contributions, bytes
-
-    @property
-    def total(self) -> float:
-        return self.static_bytes + self.activation_bytes + self.overhead_bytes
-
-    def binding_term(self) -> str:
-        return max(self.terms, key=self.terms.get)
-
-
-def stage_memory(
-    m: MoEModel,
-    PP: int,
-    EP: int,
-    i: int,
-    micro_batch: float,
-    seq: int,
-    M: int,
-    schedule: str = "1f1b",
-    opts: MemoryOptions = MemoryOptions(),
-    DP: int = 1,
-) -> StageMemory:
-    """Peak bytes on one GPU of stage i. ``micro_batch``: sequences per GPU per micro-batch."""
-    _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M, DP=DP)
-    if m.n_experts % EP:
-        raise ValueError(f"EP={EP} does not divide the expert count E={m.n_experts} (Eq. 8)")
-    if not 0 <= i < PP:
-        raise ValueError(f"stage i must be in 0..{PP - 1}, got {i}")
-    layers = stage_layers(m.layers, PP)[i]
-    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
-    rep = exp = 0.0
-    act_layers = []
-    for layer in layers:
-        moe = layer >= first_moe
-        if not opts.shared_and_dense and not moe:
-            moe = True  # Piper's Table II: "assume all are MoE layers"
-        r, e = layer_params(m, moe)
-        if not opts.shared_and_dense and moe:
-            r = r - (m.n_shared * m.n_mat * m.d_model * (m.d_ffn_shared or m.d_ffn))
-        rep += r
-        exp += e / EP
-        act_layers.append(
-            layer_activation_bytes(
-                m, moe, micro_batch, seq, opts.flash_attention, opts.shared_and_dense
-            )
-        )
-    logits = 0.0
-    if opts.embeddings and m.vocab:
-        emb = embedding_params(m)
-        if i == 0:
-            rep += m.vocab * m.d_model
-        if i == PP - 1:
-            rep += emb - m.vocab * m.d_model if not m.tie_embeddings else 0
-            # fp32 logits for the loss: 4 bytes x b s V (what MoP's sharded vocabulary removes).
-            logits = 4 * micro_batch * seq * m.vocab
-    in_flight = schedule_in_flight(schedule, PP, M, i)
-    if opts.checkpointing:
-        # Each in-flight micro-batch keeps every layer's input; the layer being recomputed holds
-        # its full activations once.
-        kept = in_flight * len(layers) * ACT_BYTES * micro_batch * seq * m.d_model
-        act = kept + max(act_layers, default=0.0)
-    else:
-        act = in_flight * sum(act_layers)
-    act += logits
-    rep_bytes = rep * state_bytes_per_param(opts.zero_stage, EP * DP)
-    exp_bytes = exp * state_bytes_per_param(opts.zero_stage, DP)
-    terms = {
-        "replicated weights+states": rep_bytes,
-        "expert weights+states": exp_bytes,
-        "activations": act - logits,
-        "logits": logits,
-        "framework overhead": opts.overhead_bytes,
-    }
-    return StageMemory(
-        stage=i,
-        layers=len(layers),
-        params_replicated=rep,
-        params_experts=exp,
-        static_bytes=rep_bytes + exp_bytes,
-        activation_bytes=act,
-        in_flight=in_flight,
-        overhead_bytes=opts.overhead_bytes,
-        terms=terms,
-    )
+    precision: str = "bf16-adam"  # formulas.PRECISION_PRESETS (Piper III-A1: 16 B per parameter)
 
 
 def all_stages(
     m: MoEModel,
     PP: int,
     EP: int,
-    micro_batch: float,
+    micro_batch: int,
     seq: int,
     M: int,
     schedule: str = "1f1b",
     opts: MemoryOptions = MemoryOptions(),
     DP: int = 1,
 ) -> list[StageMemory]:
-    return [stage_memory(m, PP, EP, i, micro_batch, seq, M, schedule, opts, DP) for i in range(PP)]
+    """Every stage of a PP x EP (x DP) layout without TP or CP, by the model above: the
+    attention and dense layers data-parallel over EP x DP, the experts over DP. ``micro_batch``:
+    sequences per GPU per micro-batch."""
+    _positive(PP=PP, EP=EP, micro_batch=micro_batch, seq=seq, M=M, DP=DP)
+    if m.n_experts % EP:
+        raise ValueError(f"EP={EP} does not divide the expert count E={m.n_experts} (Eq. 8)")
+    layout = MemoryLayout(
+        pp=PP, ep=EP, dp=EP * DP, micro_batch=micro_batch, micro_batches=M, schedule=schedule
+    )
+    lm = LayerMemory(m, seq, F.precision(opts.precision), opts.flash_attention)
+    lay = LayoutMemory(lm, layout, pipeline_stages(m, PP, every=True), opts.overhead_bytes)
+    kind, n = ("full", ALL_LAYERS) if opts.checkpointing else ("none", 0)
+    return [lay.stage(opts.zero_stage, kind, n, i) for i in range(PP)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,16 +6,17 @@ ranks the ones that fit by a predicted step time. Every number comes from
 ``components.resources.formulas`` (parameters, FLOPs, activation bytes, ZeRO model-state bytes,
 communication bytes) and the platform profile (HBM, achievable GEMM/attention rates, NVLink and
 NIC bandwidths); the rules that join them are repeated, with the numbers used, in
-``ParallelPlan.assumptions``. Piper's PP x EP planner (``planner.py``, Eq. 7-11) is separate.
+``ParallelPlan.assumptions``. Piper's PP x EP planner (``planner.py``, Eq. 7-11) searches its
+own layouts with the same memory model (memory_model.LayoutMemory) and time model.
 
 The rules, in short:
   mesh         Megatron-core's: DP x TP x PP x CP for dense layers, re-folded as ETP x EP x
                EDP x PP for MoE layers ("MoE parallel folding", Liu et al. 2025);
   constraints  TP within a node and dividing heads and split widths, PP <= layers, EP divides
                the experts, CP for long sequences, the global batch divides into DP x mb x M;
-  memory       model state per ZeRO stage and precision, activations per stage and schedule
-               (1F1B / interleaved, Narayanan et al. 2021), full or block recompute, buffers;
-               every stage is checked and the binding one reported;
+  memory       memory_model.LayoutMemory: model state per ZeRO stage and precision,
+               activations per stage and schedule (1F1B / interleaved, Narayanan et al. 2021),
+               full or block recompute, buffers; every stage checked, the binding one reported;
   step time    components.resources.time_model (per-GEMM rooflines, attention, HBM-bound
                kernels), TP/SP, EP, ETP and PP traffic exposed, DP and CP overlapped where the
                frameworks overlap them, the (PP - 1) / VPP bubble; MFU = model FLOPs / (GPUs x
@@ -31,25 +32,26 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
-from moe_repro.components.model.params import (
-    attention_params,
-    dense_ffn_params,
-    param_counts,
-    residual_ffn_params,
-    shared_expert_params,
-)
-from moe_repro.components.model.pipeline_split import stage_sizes
+from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources.memory_model import (
+    ALL_LAYERS,
+    LayerMemory,
+    LayoutMemory,
+    MemoryLayout,
+    Stage,
+    pipeline_stages,
+)
 from moe_repro.components.resources.planner import divisors
 from moe_repro.components.resources import time_model as T
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "block", "full")  # + "full:N" (block method, N fixed)
-ALL_LAYERS = 10**9  # "full": recompute every layer of the stage
 ZERO_STAGES = (0, 1, 2, 3)
 CP_FROM_SEQ = 16384  # context parallelism is offered from this sequence length on
 CP_DEGREES = (2, 4, 8, 16, 32)
@@ -138,96 +140,8 @@ class ParallelPlan:
 
 
 # ============================================================================================
-# Per-layer shapes (private helpers where formulas has no per-layer form)
+# Layer notes
 # ============================================================================================
-
-
-@dataclass(frozen=True)
-class _Layer:
-    moe: bool
-    w_tp: float  # weights split over TP (matrices)
-    w_rep: float  # weights replicated over TP (norms, MLA down-projections + latent norms, router)
-    w_exp: float  # routed-expert weights, all E experts
-
-
-def _mla_replicated(m: MoEModel) -> int:
-    """MLA weights Megatron-core keeps duplicated over TP: the query and KV down-projections
-    (d r_q, d (r_kv + d_rope)) and the two latent norms (r_q + r_kv). 0 for other attention."""
-    if m.attn_params != "mla" or m.mla is None:
-        return 0
-    a, d = m.mla, m.d_model
-    rq = a.q_lora_rank or 0
-    return d * rq + rq + d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
-
-
-def _layers(m: MoEModel) -> tuple[_Layer, _Layer]:
-    """(dense layer, MoE layer) weights; summed over the layers plus the embedding, head and
-    final norm they equal formulas.parameters(m)["total"]. (Their time: time_model.layer_forward.)"""
-    d = m.d_model
-    attn = attention_params(m)
-    rep_attn = _mla_replicated(m)
-    norms = 2 * d
-    extra = m.extra_params_per_layer
-    resid = residual_ffn_params(m)
-    dense_ffn = dense_ffn_params(m) if m.n_dense_layers else 0
-    dense = _Layer(False, attn + extra + resid + dense_ffn - rep_attn, norms + rep_attn, 0.0)
-    router = d * m.n_experts if m.n_experts > 1 else 0
-    shared = shared_expert_params(m)
-    moe = _Layer(
-        True,
-        attn + extra + resid + shared - rep_attn,
-        norms + rep_attn + router,
-        float(m.n_experts * m.expert_params()),
-    )
-    return dense, moe
-
-
-@dataclass(frozen=True)
-class _Stage:
-    r: int
-    n_dense: int
-    n_moe: int
-    first: bool
-    last: bool
-    chunks: tuple = ()  # (dense, MoE) layers of each model chunk on this stage, dense first
-
-    def recomputed(self, n: int) -> tuple[int, int]:
-        """(dense, MoE) layers recomputed when the first ``n`` layers of each model chunk are
-        (Megatron-core's block method: the first recompute_num_layers of each chunk)."""
-        rd = rm = 0
-        for nd, nm in self.chunks:
-            r = min(n, nd + nm)
-            rd += min(r, nd)
-            rm += r - min(r, nd)
-        return rd, rm
-
-
-def _stages(m: MoEModel, pp: int, v: int) -> list[_Stage]:
-    """Representative physical stages: the first of each distinct (dense, MoE, first, last)
-    composition. Within one composition the earliest holds the most micro-batches, so it binds
-    memory, and all have the same time: checking these is checking every stage."""
-    chunks = stage_sizes(m.layers, pp * v)
-    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
-    starts, s = [], 0
-    for c in chunks:
-        starts.append(s)
-        s += c
-    seen, out = set(), []
-    for r in range(pp):
-        nd = nm = 0
-        comp = []
-        for j in range(v):
-            k = j * pp + r
-            lo, n = starts[k], chunks[k]
-            dense_here = max(0, min(lo + n, first_moe) - lo)
-            nd += dense_here
-            nm += n - dense_here
-            comp.append((dense_here, n - dense_here))
-        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
-        if key not in seen:
-            seen.add(key)
-            out.append(_Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
-    return out
 
 
 def _layer_note(m: MoEModel, pp: int, v: int) -> str:
@@ -267,7 +181,7 @@ class _Rejections:
             g[1], g[2] = need, make
 
     def lines(self, hbm: float) -> list[dict]:
-        out = [
+        out: list[dict] = [
             {
                 "reason": r + (f" (e.g. {self.examples[r]})" if r in self.examples else ""),
                 "count": n,
@@ -336,11 +250,12 @@ class PlanRequest:
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
         names the first malformed field (non-positive number, unknown preset, stage or mode)."""
-        for name, val in (
+        checked: tuple[tuple[str, float | None], ...] = (
             ("nodes", self.nodes),
             ("seq", self.seq),
             ("capacity_factor", self.capacity_factor),
-        ):
+        )
+        for name, val in checked:
             if val is None or val <= 0:
                 raise ValueError(f"{name} must be positive, got {val}")
         for name, val in (
@@ -437,7 +352,7 @@ def plan(req: PlanRequest) -> ParallelPlan:
         raise ValueError(f"vpp must be positive, got {req.vpp}")
     rej = _Rejections()
     degrees = _degree_options(req, ctx, rej)
-    memory = _Memory(m, req.seq, prec, req.dropout, req.capacity_factor)
+    memory = LayerMemory(m, req.seq, prec, req.flash_attention, req.dropout, req.capacity_factor)
     kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
 
     # ties (to 4 significant digits) go to less communication, then less memory
@@ -517,7 +432,6 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     B = req.global_batch if req.global_batch is not None else default_global_batch(seq, G)
     peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
     peak = p.peak_flops if peak_given else p.gemm_flops
-    dense_l, moe_l = _layers(m)
     V = m.vocab or 0
     d = m.d_model
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
@@ -532,8 +446,6 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         zeros,
         modes,
         req.flash_attention,
-        dense_l,
-        moe_l,
         V,
         d,
         F.kv_width(m),
@@ -559,7 +471,7 @@ class _Degrees:
     eps: list[int]
     pps_fixed: list[int] | None
     etps_fixed: list[int] | None
-    etp_ok: object
+    etp_ok: Callable[..., bool]
 
 
 def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees:
@@ -647,78 +559,27 @@ def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees
     return _Degrees(tps, cps, eps, pps_fixed, etps_fixed, etp_ok)
 
 
-class _Memory:
-    """Activation bytes of one layer and model-state bytes of a parameter count, cached: asked
-    per stage and recompute mode of every layout searched."""
-
-    def __init__(
-        self, m: MoEModel, seq: int, prec: F.Precision, dropout: bool, capacity_factor: float
-    ):
-        self.m, self.seq, self.prec, self.dropout, self.cf = m, seq, prec, dropout, capacity_factor
-        self.act_cache: dict[tuple, float] = {}
-        self.state_cache: dict[tuple, dict[str, float]] = {}
-
-    def layer_act(
-        self, moe: bool, t: int, sp: bool, c: int, mb: int, mode: str, et: int = 1
-    ) -> float:
-        """formulas.moe_activation_terms_per_layer; with ETP > 1 the dispatched expert input is
-        the ETP group's all-gathered tokens (ETP x formulas' ``dispatch``), the intermediates are
-        ETP x the tokens at d_ffn / ETP (unchanged) and the combine input is reduce-scattered back
-        (unchanged): Megatron-core MoEAlltoAllTokenDispatcher gathers over the expert-TP group
-        after the EP all-to-all and reduce-scatters before the return all-to-all."""
-        et = et if moe else 1
-        key = (moe, t, sp, c, mb, mode, et)
-        if key not in self.act_cache:
-            terms = F.moe_activation_terms_per_layer(
-                self.m,
-                self.seq,
-                mb,
-                moe=moe,
-                t=t,
-                sp=sp,
-                cp=c,
-                recompute=mode,
-                bytes_per_value=2,
-                dropout=self.dropout,
-                capacity_factor=self.cf,
-            )
-            if et > 1 and "dispatch" in terms:
-                terms["dispatch"] *= et
-            self.act_cache[key] = sum(terms.values())
-        return self.act_cache[key]
-
-    def state(self, n_params: float, n: int, z: int) -> dict[str, float]:
-        key = (n_params, n, z)
-        if key not in self.state_cache:
-            self.state_cache[key] = (
-                F.model_state_bytes(n_params, n, z, self.prec)
-                if n_params
-                else {
-                    "weights": 0.0,
-                    "grads": 0.0,
-                    "master": 0.0,
-                    "optimizer": 0.0,
-                    "total": 0.0,
-                    "host": 0.0,
-                }
-            )
-        return self.state_cache[key]
-
-
 def _search(
-    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: _Memory, rej: _Rejections
+    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: LayerMemory, rej: _Rejections
 ) -> tuple[list[ParallelCandidate], int, int]:
-    """Every layout the degree options combine into (CP, TP, PP, VPP, EP x ETP, micro-batch, SP),
-    each evaluated for every ZeRO stage and recompute mode; returns (the candidates that fit,
-    layouts, evaluations)."""
-    m, G, B = req.model, ctx.G, ctx.B
-    L = m.layers
-    is_moe = m.n_moe_layers > 0
-    vpp, sp, micro_batches = req.vpp, req.sp, req.micro_batches
-    stage_cache: dict[tuple, list[_Stage]] = {}
+    """Every layout the degree options combine into (:func:`_layouts`), each evaluated for every
+    ZeRO stage and recompute mode; returns (the candidates that fit, layouts, evaluations)."""
     kept: list[ParallelCandidate] = []
     layouts = evaluated = 0
+    for lay, stages in _layouts(req, ctx, deg, rej):
+        layouts += 1
+        evaluated += _evaluate(lay, stages, ctx, memory, rej, kept)
+    return kept, layouts, evaluated
 
+
+def _layouts(
+    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, rej: _Rejections
+) -> Iterator[tuple[_Layout, list[Stage]]]:
+    """The layouts (CP, TP, PP, VPP, EP x ETP, micro-batch, SP) the degree options combine into,
+    each with its representative pipeline stages; a combination that breaks a rule is counted
+    among the rejected."""
+    m, G = req.model, ctx.G
+    stage_cache: dict[tuple, list[Stage]] = {}
     for c in deg.cps:
         for t in deg.tps:
             if G % (t * c):
@@ -728,7 +589,7 @@ def _search(
             pps = (
                 deg.pps_fixed
                 if deg.pps_fixed is not None
-                else [x for x in range(1, min(L, rest) + 1) if rest % x == 0]
+                else [x for x in range(1, min(m.layers, rest) + 1) if rest % x == 0]
             )
             for q in pps:
                 if rest % q:
@@ -737,92 +598,91 @@ def _search(
                     )
                     continue
                 dp = rest // q
-                if vpp is None:
-                    vs = [1] + [v for v in VPP_DEGREES if q > 1 and L % (q * v) == 0]
-                else:
-                    vs = [vpp] if (vpp == 1 or q > 1) else []
-                for v in vs:
-                    if v > 1 and L % (q * v):
-                        rej.add(
-                            f"VPP {v}: {L} layers do not split into PP x VPP = {q * v} equal chunks"
-                        )
-                        continue
-                    key = (q, v)
-                    if key not in stage_cache:
-                        stage_cache[key] = _stages(m, q, v)
-                    stages = stage_cache[key]
-                    if deg.etps_fixed is not None:
-                        ets = deg.etps_fixed
-                    elif is_moe:  # Megatron-core's default ETP = TP, and ETP 1
-                        ets = [x for x in sorted({1, t}) if deg.etp_ok(x, record=False)]
-                    else:
-                        ets = [1]
-                    for e, et in ((e, et) for e in deg.eps for et in ets):
-                        if (dp * c * t) % (e * et):
-                            rej.add(
-                                "EP x ETP does not divide DP x CP x TP (Megatron-core "
-                                "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
-                                f"EP {e} x ETP {et}, DP x CP x TP = {dp} x {c} x {t}",
-                            )
-                            continue
-                        if micro_batches is not None:
-                            if B % (dp * micro_batches):
-                                rej.add(
-                                    f"global batch {B} is not divisible by DP x M (M = {micro_batches})",
-                                    f"DP {dp}",
-                                )
-                                continue
-                            mbs = [B // (dp * micro_batches)]
-                        else:
-                            mbs = [b for b in MICRO_BATCHES if B % (dp * b) == 0]
-                            if not mbs:
-                                rej.add(
-                                    f"global batch {B} is not divisible by DP x micro-batch",
-                                    f"DP {dp}",
-                                )
-                                continue
-                        for mb in mbs:
-                            M = B // (dp * mb)
-                            if v > 1 and M % q:
-                                rej.add(
-                                    "VPP > 1 needs M divisible by PP (Megatron-core's interleaved schedule)",
-                                    f"PP {q}, M {M}",
-                                )
-                                continue
-                            if t == 1:
-                                sps = (False,)
-                            elif is_moe:
-                                if sp is False:
-                                    rej.add(
-                                        "SP off with TP > 1 on an MoE model (Megatron-core requires SP)"
-                                    )
-                                    continue
-                                sps = (True,)
-                            else:
-                                sps = (False, True) if sp is None else (sp,)
-                            for s_p in sps:
-                                layouts += 1
-                                evaluated += _evaluate(
-                                    dict(
-                                        t=t,
-                                        sp=s_p,
-                                        q=q,
-                                        v=v,
-                                        c=c,
-                                        e=e,
-                                        dp=dp,
-                                        mb=mb,
-                                        M=M,
-                                        stages=stages,
-                                        et=et,
-                                    ),
-                                    ctx,
-                                    memory.layer_act,
-                                    memory.state,
-                                    rej,
-                                    kept,
-                                )
-    return kept, layouts, evaluated
+                for v in _vpp_options(req, q, rej):
+                    if (q, v) not in stage_cache:
+                        stage_cache[q, v] = pipeline_stages(m, q, v)
+                    for e, et in _expert_options(req, deg, t, dp, c, rej):
+                        for mb, M in _micro_batch_options(req, ctx, dp, q, v, rej):
+                            for s_p in _sp_options(req, t, rej):
+                                yield _Layout(t, s_p, q, v, c, e, dp, mb, M, et), stage_cache[q, v]
+
+
+def _vpp_options(req: PlanRequest, q: int, rej: _Rejections) -> list[int]:
+    """Virtual stages per GPU for PP = q: 1, and (unless fixed) every VPP_DEGREES value whose
+    PP x VPP chunks split the layers evenly (Megatron-core's interleaving needs it)."""
+    L, vpp = req.model.layers, req.vpp
+    if vpp is None:
+        return [1] + [v for v in VPP_DEGREES if q > 1 and L % (q * v) == 0]
+    if vpp > 1 and q > 1 and L % (q * vpp):
+        rej.add(f"VPP {vpp}: {L} layers do not split into PP x VPP = {q * vpp} equal chunks")
+        return []
+    return [vpp] if (vpp == 1 or q > 1) else []
+
+
+def _expert_options(
+    req: PlanRequest, deg: _Degrees, t: int, dp: int, c: int, rej: _Rejections
+) -> Iterator[tuple[int, int]]:
+    """(EP, ETP) pairs for a layout of TP t, DP dp, CP c: ETP fixed, or Megatron-core's default
+    ETP = TP and ETP 1; EP x ETP must divide DP x CP x TP (a generator: rejections are
+    counted in the order the layouts are met)."""
+    if deg.etps_fixed is not None:
+        ets = deg.etps_fixed
+    elif req.model.n_moe_layers > 0:
+        ets = [x for x in sorted({1, t}) if deg.etp_ok(x, record=False)]
+    else:
+        ets = [1]
+    for e, et in ((e, et) for e in deg.eps for et in ets):
+        if (dp * c * t) % (e * et):
+            rej.add(
+                "EP x ETP does not divide DP x CP x TP (Megatron-core "
+                "initialize_model_parallel: world % (ETP x EP x PP) != 0)",
+                f"EP {e} x ETP {et}, DP x CP x TP = {dp} x {c} x {t}",
+            )
+            continue
+        yield e, et
+
+
+def _micro_batch_options(
+    req: PlanRequest, ctx: "_Ctx", dp: int, q: int, v: int, rej: _Rejections
+) -> Iterator[tuple[int, int]]:
+    """(sequences per micro-batch, micro-batches M) with DP x micro-batch x M = the global batch:
+    M fixed, or each of MICRO_BATCHES that divides; interleaving needs M divisible by PP."""
+    B, micro_batches = ctx.B, req.micro_batches
+    if micro_batches is not None:
+        if B % (dp * micro_batches):
+            rej.add(
+                f"global batch {B} is not divisible by DP x M (M = {micro_batches})", f"DP {dp}"
+            )
+            return
+        mbs = [B // (dp * micro_batches)]
+    else:
+        mbs = [b for b in MICRO_BATCHES if B % (dp * b) == 0]
+        if not mbs:
+            rej.add(f"global batch {B} is not divisible by DP x micro-batch", f"DP {dp}")
+            return
+    for mb in mbs:
+        M = B // (dp * mb)
+        if v > 1 and M % q:
+            rej.add(
+                "VPP > 1 needs M divisible by PP (Megatron-core's interleaved schedule)",
+                f"PP {q}, M {M}",
+            )
+            continue
+        yield mb, M
+
+
+def _sp_options(req: PlanRequest, t: int, rej: _Rejections) -> tuple[bool, ...]:
+    """Sequence parallelism for TP t: none at TP 1; required on an MoE model (Megatron-core);
+    both, or the fixed one, on a dense model."""
+    sp = req.sp
+    if t == 1:
+        return (False,)
+    if req.model.n_moe_layers > 0:
+        if sp is False:
+            rej.add("SP off with TP > 1 on an MoE model (Megatron-core requires SP)")
+            return ()
+        return (True,)
+    return (False, True) if sp is None else (sp,)
 
 
 @dataclass(frozen=True)
@@ -837,8 +697,6 @@ class _Ctx:
     zeros: tuple
     modes: tuple
     flash: bool
-    dense_l: _Layer
-    moe_l: _Layer
     V: int
     d: int
     kvw: int
@@ -876,10 +734,9 @@ def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
 
-@dataclass
-class _LayoutView:
-    """One layout's degrees and the values its memory and time parts share (set once per layout
-    by ``_evaluate``), with the memo of each part per recompute mode."""
+@dataclass(frozen=True)
+class _Layout:
+    """One layout's degrees: TP (+SP), PP x VPP, CP, EP x ETP, DP, micro-batch size and count."""
 
     t: int
     sp: bool
@@ -887,449 +744,347 @@ class _LayoutView:
     v: int
     c: int
     e: int
+    dp: int
     mb: int
     M: int
     et: int
-    per_stage: list
-    s_loc: float
+
+    @property
+    def edp(self) -> int:
+        return self.dp * self.c * self.t // (self.e * self.et)
+
+    def memory_layout(self) -> MemoryLayout:
+        return MemoryLayout(
+            tp=self.t,
+            cp=self.c,
+            pp=self.q,
+            vpp=self.v,
+            ep=self.e,
+            etp=self.et,
+            dp=self.dp,
+            sp=self.sp,
+            micro_batch=self.mb,
+            micro_batches=self.M,
+        )
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """The slowest stage's time per micro-batch (``total``) and its parts, seconds; ``forward``:
+    its forward compute; ``bytes``: what one GPU sends per micro-batch, by dimension."""
+
+    total: float
+    compute: float
+    tp: float
+    ep: float
+    etp: float
+    cp: float
+    pp: float
+    stage: Stage
+    forward: float
+    bytes: dict
+
+
+@dataclass
+class _LayoutView:
+    """One layout with what its memory and time parts share (built once per layout by
+    ``_layout_view``): its memory model, and the memo of its slot time per recompute mode."""
+
+    lay: _Layout
+    mem: LayoutMemory
+    s_loc: float  # tokens of a sequence on one CP rank
     pp_off_node: bool  # a pipeline neighbour on another node
     cp_off_node: bool  # a CP ring spanning nodes
-    nmax: int
     layer_fwd: dict  # moe -> time_model.Compute of one layer's forward on one GPU
-    act_memo: dict = field(default_factory=dict)
     time_memo: dict = field(default_factory=dict)
 
-
-def _mode_key(kind: str, n: int, nmax: int) -> tuple[str, int]:
-    """(none|selective, 0) or (full, N) with N clamped to the largest chunk."""
-    return (kind, 0) if kind in ("none", "selective") else ("full", min(n, nmax))
-
-
-def _stage_acts(lv: "_LayoutView", ctx: _Ctx, layer_act, kind: str, n: int) -> list[float]:
-    """Memory: activation bytes of every representative stage under (kind, N) (module
-    docstring, "Memory per GPU")."""
-    m = ctx.m
-    t, sp, c, mb, et, q, v, M, per_stage, s_loc = (
-        lv.t,
-        lv.sp,
-        lv.c,
-        lv.mb,
-        lv.et,
-        lv.q,
-        lv.v,
-        lv.M,
-        lv.per_stage,
-        lv.s_loc,
-    )
-    k = _mode_key(kind, n, lv.nmax)
-    if k in lv.act_memo:
-        return lv.act_memo[k]
-    kind, n = k
-    la = lambda moe, mode: (
-        layer_act(moe, t, sp, c, mb, mode, et)
-        if (m.n_moe_layers if moe else m.n_dense_layers)
-        else 0.0
-    )
-    if kind == "full":
-        # the layers not recomputed keep everything (Megatron's block method); with
-        # FlashAttention that is what selective keeps
-        rest = "selective" if ctx.flash else "none"
-        a_dense, a_moe = la(False, rest), la(True, rest)
-        in_dense, in_moe = la(False, "full"), la(True, "full")
-        a_work = max(a_dense, a_moe)
-    else:
-        mem_mode = "selective" if (ctx.flash and kind == "none") else kind
-        a_dense, a_moe = la(False, mem_mode), la(True, mem_mode)
-        in_dense, in_moe, a_work = a_dense, a_moe, 0.0
-    acts = []
-    for st, *_ in per_stage:
-        if v == 1:
-            chunks = min(q - st.r, M)
-        else:
-            chunks = min(M * v, 2 * (q - st.r - 1) + (v - 1) * q + 1)
-        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-        per_mb = rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
-        act = chunks * per_mb / v + a_work
-        if st.last and ctx.V:
-            act += 4.0 * mb * s_loc * ctx.V / t  # fp32 logits of one micro-batch
-        acts.append(act)
-    lv.act_memo[k] = acts
-    return acts
+    def label(self, kind: str, n: int) -> tuple[str, int]:
+        """The recompute mode as reported: none, selective, full (every layer) or full:N."""
+        kind, n = self.mem.mode_key(kind, n)
+        if kind != "full":
+            return kind, 0
+        nmax = self.mem.nmax
+        return ("full", nmax) if n >= nmax else (f"full:{n}", n)
 
 
-def _slot_time(lv: "_LayoutView", ctx: _Ctx, kind: str, n: int):
-    """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
-    bytes (module docstring, "Step time"); every second from components.resources.time_model."""
-    m, seq, g, p = ctx.m, ctx.seq, ctx.g, ctx.p
-    t, sp, q, v, c, e, mb, et, per_stage = (
-        lv.t,
-        lv.sp,
-        lv.q,
-        lv.v,
-        lv.c,
-        lv.e,
-        lv.mb,
-        lv.et,
-        lv.per_stage,
-    )
-    s_loc = lv.s_loc
-    k = _mode_key(kind, n, lv.nmax)
-    if k in lv.time_memo:
-        return lv.time_memo[k]
-    kind, n = k
-    none = T.Compute()
-    dense_fwd, moe_fwd = lv.layer_fwd.get(False, none), lv.layer_fwd.get(True, none)
-    slot_best = None
-    for st, _, _, n_layers in per_stage:
-        rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-        rec = rd + rm
-        layers_fwd = st.n_dense * dense_fwd + st.n_moe * moe_fwd
-        if kind == "full":
-            recomputed = rd * dense_fwd + rm * moe_fwd
-        elif kind == "selective":
-            recomputed = layers_fwd.attention_only()
-        else:
-            recomputed = none
-        fwd = layers_fwd + (T.head_forward(m, p, mb * seq / c, t) if st.last else none)
-        comp = T.train_time(fwd, recomputed)
-        core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
-        tp_s = tp_b = ep_b = etp_b = cp_b = pp_b = 0.0
-        if t > 1:
-            tp_b = (
-                F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
-                + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec
-            )
-            per_op = 2 if sp else 1  # SP: an all-gather and a reduce-scatter where TP all-reduces
-            if ctx.overlap_tp:
-                # the column-parallel layers' backward collectives (two per layer: all-reduces, or
-                # with SP reduce-scatters) run beside the weight-gradient GEMMs (Megatron-LM's
-                # asynchronous TP all-reduce; Korthikanti et al. Sec. 6.2), which take about the
-                # forward's GEMM time: only what exceeds them is exposed. SP's all-gathers of the
-                # row-parallel layers' gradients come before their GEMMs: exposed.
-                hidden_b = (
-                    F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none")
-                    / (4 if sp else 2)
-                    * n_layers
-                )
-                tp_s = T.transfer_time(
-                    p,
-                    tp_b - hidden_b,
-                    off_node=False,
-                    messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers,
-                )
-                tp_s += max(
-                    0.0,
-                    T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers)
-                    - layers_fwd.gemm,
-                )
-            else:
-                tp_s = T.transfer_time(
-                    p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op
-                )
-        ep_s = etp_s = 0.0
-        moe_fwds = st.n_moe + 0.5 * rm  # full recompute repeats the forward's half of the traffic
-        tokens = mb * seq / (t * c)
-        if e > 1 and st.n_moe:
-            ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
-            per_peer = ep_b / (e - 1)
-            on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-            ep_s = T.alltoall_time(
-                p,
-                per_peer * (on_node - 1),
-                per_peer * (e - on_node),
-                messages=4 * st.n_moe + 2 * rm,
-            )
-        if et > 1 and st.n_moe:
-            # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
-            # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
-            # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
-            gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
-            etp_b = (
-                2
-                * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et))
-                * moe_fwds
-            )
-            etp_s = T.transfer_time(p, etp_b, off_node=False, messages=4 * st.n_moe + 2 * rm)
-        cp_s = 0.0
-        if c > 1:  # the ring exchange overlaps the attention core it feeds
-            cp_b = F.cp_ring_bytes_per_layer(seq, mb, ctx.kvw, c) * n_layers / t
-            cp_s = max(0.0, T.transfer_time(p, cp_b, lv.cp_off_node, messages=0) - core_s)
-        pp_s = 0.0
-        if q > 1:
-            # Megatron's scatter/gather (Narayanan et al. 2021 Sec. 4.1, on by default): without SP
-            # each TP rank sends 1/t of the activation and the receivers all-gather it on NVLink
-            pp_b = F.pp_p2p_bytes_per_microbatch(s_loc, mb, ctx.d, t, sp, scatter_gather=True) * v
-            pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * v)
-            if t > 1 and not sp:
-                pp_s += T.transfer_time(
-                    p, F.allgather_bytes(pp_b * t, t), off_node=False, messages=2 * v
-                )
-        slot = comp + tp_s + ep_s + etp_s + cp_s + pp_s
-        if slot_best is None or slot > slot_best[0]:
-            slot_best = (
-                slot,
-                comp,
-                tp_s,
-                ep_s,
-                etp_s,
-                cp_s,
-                pp_s,
-                st,
-                fwd.total,
-                {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b},
-            )
-    lv.time_memo[k] = slot_best
-    return slot_best
-
-
-def _evaluate(lay: dict, ctx: _Ctx, layer_act, state, rej: _Rejections, kept: list) -> int:
-    """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
-    that fits (heavier ones fit too and are slower); "block" is the smallest N of Megatron's
-    block method that fits, found by bisection (the memory falls as N grows). Returns how many
-    (zero, mode) were tried."""
-    t, sp, q, v, c, e, dp, mb, M, stages, et = (
-        lay[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "stages", "et")
-    )
-    m, seq, g, prec = ctx.m, ctx.seq, ctx.g, ctx.prec
-    dl, ml = ctx.dense_l, ctx.moe_l
-    edp = dp * c * t // (e * et)
-    s_loc = seq / c
-    span_dp = t * c * dp  # ranks a DP (and EDP) group spans
-    nmax = max(nd + nm for st in stages for nd, nm in st.chunks)  # layers of the largest chunk
-
-    # ---------------------------------------------------------------- per stage: params, time
-    per_stage = []
-    for st in stages:
-        w_tp = st.n_dense * dl.w_tp + st.n_moe * ml.w_tp
-        w_rep = st.n_dense * dl.w_rep + st.n_moe * ml.w_rep
-        if st.first and ctx.V:
-            w_tp += ctx.V * ctx.d  # input embedding, vocab-parallel
-        if st.last and ctx.V:
-            w_rep += ctx.d  # final norm
-            if not m.tie_embeddings or q > 1:
-                w_tp += ctx.V * ctx.d  # output head (a copy of a tied embedding when PP > 1)
-        dense_params = w_tp / t + w_rep
-        expert_params = st.n_moe * ml.w_exp / (e * et)
-        per_stage.append((st, dense_params, expert_params, st.n_dense + st.n_moe))
-
-    # ZeRO-3 prefetch buffers: two layers' gathered weights (the largest layer kind present)
-    big_layer = max(
-        (ml.w_tp / t + ml.w_rep + ml.w_exp / (e * et)) if m.n_moe_layers else 0.0,
-        (dl.w_tp / t + dl.w_rep) if m.n_dense_layers else 0.0,
-    )
-    zero3_buffer = 2 * big_layer * prec.weights
-
-    rows = mb * seq / c  # tokens a TP rank's GEMMs see: its CP shard of the micro-batch
+def _layout_view(lay: _Layout, stages: list[Stage], ctx: _Ctx, memory: LayerMemory) -> _LayoutView:
+    """The layout's memory model over its representative stages, and each layer kind's forward
+    time on one GPU (a TP rank's GEMMs see its CP shard of the micro-batch)."""
+    m, seq, g = ctx.m, ctx.seq, ctx.g
+    mem = LayoutMemory(memory, lay.memory_layout(), stages, ctx.p.overhead_bytes)
+    rows = lay.mb * seq / lay.c
     layer_fwd = {
-        moe: T.layer_forward(m, moe, ctx.p, rows, seq, t, sp, e, et, ctx.flash, ctx.dropout)
+        moe: T.layer_forward(
+            m, moe, ctx.p, rows, seq, lay.t, lay.sp, lay.e, lay.et, ctx.flash, ctx.dropout
+        )
         for moe in (False, True)
         if (m.n_moe_layers if moe else m.n_dense_layers)
     }
-    lv = _LayoutView(
-        t, sp, q, v, c, e, mb, M, et, per_stage, s_loc, span_dp * q > g, t * c > g, nmax, layer_fwd
+    span_dp = lay.t * lay.c * lay.dp  # ranks a DP (and EDP) group spans
+    return _LayoutView(lay, mem, seq / lay.c, span_dp * lay.q > g, lay.t * lay.c > g, layer_fwd)
+
+
+def _slot_time(lv: _LayoutView, ctx: _Ctx, kind: str, n: int) -> _Slot:
+    """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
+    bytes (module docstring, "Step time"); every second from components.resources.time_model."""
+    k = lv.mem.mode_key(kind, n)
+    if k not in lv.time_memo:
+        slots = [_stage_slot(lv, ctx, st, *k) for st in lv.mem.stages]
+        best = slots[0]
+        for slot in slots[1:]:
+            if slot.total > best.total:
+                best = slot
+        lv.time_memo[k] = best
+    return lv.time_memo[k]
+
+
+def _stage_slot(lv: _LayoutView, ctx: _Ctx, st: Stage, kind: str, n: int) -> _Slot:
+    """One stage's time per micro-batch: compute (with any recomputed forward) and the exposed
+    TP, EP, ETP, CP and PP communication."""
+    m, p = ctx.m, ctx.p
+    lay = lv.lay
+    none = T.Compute()
+    dense_fwd, moe_fwd = lv.layer_fwd.get(False, none), lv.layer_fwd.get(True, none)
+    rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
+    layers_fwd = st.n_dense * dense_fwd + st.n_moe * moe_fwd
+    if kind == "full":
+        recomputed = rd * dense_fwd + rm * moe_fwd
+    elif kind == "selective":
+        recomputed = layers_fwd.attention_only()
+    else:
+        recomputed = none
+    fwd = layers_fwd + (T.head_forward(m, p, lay.mb * ctx.seq / lay.c, lay.t) if st.last else none)
+    comp = T.train_time(fwd, recomputed)
+    core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
+    tp_s, tp_b = _tp_time(lv, ctx, st.n_layers, rd + rm, layers_fwd.gemm)
+    ep_s, ep_b, etp_s, etp_b = _expert_time(lv, ctx, st, rm)
+    cp_s = cp_b = 0.0
+    if lay.c > 1:  # the ring exchange overlaps the attention core it feeds
+        cp_b = F.cp_ring_bytes_per_layer(ctx.seq, lay.mb, ctx.kvw, lay.c) * st.n_layers / lay.t
+        cp_s = max(0.0, T.transfer_time(p, cp_b, lv.cp_off_node, messages=0) - core_s)
+    pp_s, pp_b = _pp_time(lv, ctx)
+    return _Slot(
+        comp + tp_s + ep_s + etp_s + cp_s + pp_s,
+        comp,
+        tp_s,
+        ep_s,
+        etp_s,
+        cp_s,
+        pp_s,
+        st,
+        fwd.total,
+        {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b},
     )
 
-    def key_of(kind: str, n: int) -> tuple[str, int]:
-        return _mode_key(kind, n, nmax)
 
-    def stage_acts(kind: str, n: int) -> list[float]:
-        return _stage_acts(lv, ctx, layer_act, kind, n)
+def _tp_time(
+    lv: _LayoutView, ctx: _Ctx, n_layers: int, rec: int, gemm_s: float
+) -> tuple[float, float]:
+    """(exposed seconds, bytes) of a stage's TP/SP collectives per micro-batch; ``rec`` layers
+    recomputed, ``gemm_s`` the forward's GEMM time the backward's collectives hide behind."""
+    t, sp, mb, p, s_loc = lv.lay.t, lv.lay.sp, lv.lay.mb, ctx.p, lv.s_loc
+    if t == 1:
+        return 0.0, 0.0
+    tp_b = (
+        F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
+        + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec
+    )
+    per_op = 2 if sp else 1  # SP: an all-gather and a reduce-scatter where TP all-reduces
+    if not ctx.overlap_tp:
+        return T.transfer_time(
+            p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op
+        ), tp_b
+    # the column-parallel layers' backward collectives (two per layer: all-reduces, or with SP
+    # reduce-scatters) run beside the weight-gradient GEMMs (Megatron-LM's asynchronous TP
+    # all-reduce; Korthikanti et al. Sec. 6.2), which take about the forward's GEMM time: only
+    # what exceeds them is exposed. SP's all-gathers of the row-parallel layers' gradients come
+    # before their GEMMs: exposed.
+    hidden_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") / (4 if sp else 2) * n_layers
+    tp_s = T.transfer_time(
+        p,
+        tp_b - hidden_b,
+        off_node=False,
+        messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers,
+    )
+    tp_s += max(0.0, T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers) - gemm_s)
+    return tp_s, tp_b
 
-    def slot_time(kind: str, n: int):
-        return _slot_time(lv, ctx, kind, n)
 
-    def label(kind: str, n: int) -> tuple[str, int]:
-        kind, n = key_of(kind, n)
-        if kind != "full":
-            return kind, 0
-        return ("full", nmax) if n >= nmax else (f"full:{n}", n)
+def _expert_time(
+    lv: _LayoutView, ctx: _Ctx, st: Stage, rm: int
+) -> tuple[float, float, float, float]:
+    """(EP seconds, EP bytes, ETP seconds, ETP bytes) of a stage per micro-batch; ``rm`` MoE
+    layers recomputed (a full recompute repeats the forward's half of the traffic)."""
+    m, p, g, lay = ctx.m, ctx.p, ctx.g, lv.lay
+    e, et = lay.e, lay.et
+    ep_s = ep_b = etp_s = etp_b = 0.0
+    if not st.n_moe:
+        return ep_s, ep_b, etp_s, etp_b
+    moe_fwds = st.n_moe + 0.5 * rm
+    tokens = lay.mb * ctx.seq / (lay.t * lay.c)
+    if e > 1:
+        ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
+        per_peer = ep_b / (e - 1)
+        on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
+        ep_s = T.alltoall_time(
+            p, per_peer * (on_node - 1), per_peer * (e - on_node), messages=4 * st.n_moe + 2 * rm
+        )
+    if et > 1:
+        # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
+        # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
+        # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
+        gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
+        etp_b = (
+            2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
+        )
+        etp_s = T.transfer_time(p, etp_b, off_node=False, messages=4 * st.n_moe + 2 * rm)
+    return ep_s, ep_b, etp_s, etp_b
 
+
+def _pp_time(lv: _LayoutView, ctx: _Ctx) -> tuple[float, float]:
+    """(seconds, bytes) of a stage's pipeline sends per micro-batch: Megatron's scatter/gather
+    (Narayanan et al. 2021 Sec. 4.1, on by default): without SP each TP rank sends 1/t of the
+    activation and the receivers all-gather it on NVLink."""
+    lay, p = lv.lay, ctx.p
+    if lay.q == 1:
+        return 0.0, 0.0
+    pp_b = (
+        F.pp_p2p_bytes_per_microbatch(lv.s_loc, lay.mb, ctx.d, lay.t, lay.sp, scatter_gather=True)
+        * lay.v
+    )
+    pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * lay.v)
+    if lay.t > 1 and not lay.sp:
+        pp_s += T.transfer_time(
+            p, F.allgather_bytes(pp_b * lay.t, lay.t), off_node=False, messages=2 * lay.v
+        )
+    return pp_s, pp_b
+
+
+def _evaluate(
+    lay: _Layout,
+    stages: list[Stage],
+    ctx: _Ctx,
+    memory: LayerMemory,
+    rej: _Rejections,
+    kept: list,
+) -> int:
+    """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
+    that fits (heavier ones fit too and are slower; memory_model.LayoutMemory.lightest_fit), or
+    record the closest miss. Returns how many (zero, mode) were tried."""
+    lv = _layout_view(lay, stages, ctx, memory)
     tried = 0
     for z in ctx.zeros:
-        buffers = ctx.p.overhead_bytes + (zero3_buffer if z == 3 else 0.0)
-        static = []
-        for _, dense_params, expert_params, *_ in per_stage:
-            sd = state(dense_params, dp * c, z)
-            se = state(expert_params, edp, z)
-            static.append((sd, se, sd["total"] + se["total"]))
-
-        def need(kind: str, n: int, static=static, buffers=buffers) -> tuple[float, int]:
-            acts = stage_acts(kind, n)
-            i = max(range(len(per_stage)), key=lambda k: static[k][2] + acts[k])
-            return static[i][2] + acts[i] + buffers, i
-
-        fit = last_bad = None
-        for kind, n in ctx.modes:
-            tried += 1
-            if kind == "block":  # Megatron's block method: the smallest N < all layers that fits
-                if nmax < 2:
-                    continue
-                total, i = need("full", nmax - 1)
-                if total > ctx.hbm:
-                    last_bad = (("full", nmax - 1), i, total)
-                    continue
-                lo, hi, hi_i = 1, nmax - 1, i
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    tm, im = need("full", mid)
-                    if tm <= ctx.hbm:
-                        hi, hi_i = mid, im
-                    else:
-                        lo = mid + 1
-                fit = (("full", hi), hi_i)
-                break
-            total, i = need(kind, n)
-            if total <= ctx.hbm:
-                fit = ((kind, n), i)
-                break
-            last_bad = ((kind, n), i, total)
-
-        def breakdown(mode: tuple, i: int, static=static, buffers=buffers) -> dict:
-            sd, se, _ = static[i]
-            mem = {
-                "weights": sd["weights"] + se["weights"],
-                "grads": sd["grads"] + se["grads"],
-                "optimizer": sd["master"] + sd["optimizer"] + se["master"] + se["optimizer"],
-                "activations": stage_acts(*mode)[i],
-                "buffers": buffers,
-            }
-            mem["total"] = sum(mem.values())
-            mem["host"] = sd["host"] + se["host"]
-            return mem
-
-        if fit is None:
-            if last_bad is None:
-                continue
-            mode, i, total = last_bad
-
-            def miss(z=z, mode=mode, i=i, breakdown=breakdown) -> ParallelCandidate:
-                mem = breakdown(mode, i)
-                terms = {
-                    k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")
-                }
-                term = max(terms, key=terms.get)
-                cand = _candidate(
-                    ctx,
-                    lay,
-                    z,
-                    label(*mode),
-                    per_stage[i][0].r,
-                    mem,
-                    slot_time(*mode),
-                    per_stage,
-                    feasible=False,
-                )
-                cand.why_not = (
-                    f"stage {cand.memory_stage} needs {mem['total'] / GiB:.1f} GiB > "
-                    f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {terms[term] / GiB:.1f} GiB)"
-                )
-                return cand
-
-            mem = breakdown(mode, i)
-            terms = {k: mem[k] for k in ("weights", "grads", "optimizer", "activations", "buffers")}
-            rej.add_memory(z, max(terms, key=terms.get), total, miss)
-            continue
-        mode, i = fit
-        kept.append(
-            _candidate(
-                ctx,
-                lay,
-                z,
-                label(*mode),
-                per_stage[i][0].r,
-                breakdown(mode, i),
-                slot_time(*mode),
-                per_stage,
-                feasible=True,
-            )
-        )
+        fit, last_bad, n = lv.mem.lightest_fit(z, ctx.modes, ctx.hbm)
+        tried += n
+        if fit is not None:
+            mode, i = fit
+            kept.append(_candidate(ctx, lv, z, mode, i, feasible=True))
+        elif last_bad is not None:
+            _record_miss(ctx, lv, z, last_bad, rej)
     return tried
 
 
+def _record_miss(ctx: _Ctx, lv: _LayoutView, z: int, last_bad: tuple, rej: _Rejections) -> None:
+    """A layout that fits under no mode at ZeRO ``z``: counted under its largest memory term;
+    its candidate is built only if it is the closest miss of its group."""
+    mode, i, total = last_bad
+    sm = lv.mem.stage(z, mode[0], mode[1], i)
+    term = sm.binding_term()
+
+    def miss() -> ParallelCandidate:
+        cand = _candidate(ctx, lv, z, mode, i, feasible=False)
+        cand.why_not = (
+            f"stage {cand.memory_stage} needs {sm.total / GiB:.1f} GiB > "
+            f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {getattr(sm, term) / GiB:.1f} GiB)"
+        )
+        return cand
+
+    rej.add_memory(z, term, total, miss)
+
+
 def _candidate(
-    ctx: _Ctx,
-    lc: dict,
-    z: int,
-    mode: tuple,
-    r: int,
-    mem: dict,
-    slot_best,
-    per_stage,
-    feasible: bool,
+    ctx: _Ctx, lv: _LayoutView, z: int, mode: tuple[str, int], i: int, feasible: bool
 ) -> ParallelCandidate:
-    t, sp, q, v, c, e, dp, mb, M, et = (
-        lc[k] for k in ("t", "sp", "q", "v", "c", "e", "dp", "mb", "M", "et")
-    )
-    prec, g = ctx.prec, ctx.g
-    slot, comp, tp_s, ep_s, etp_s, cp_s, pp_s, st, fwd_mb, mb_bytes = slot_best
-    # DP: dense part over DP x CP, experts over EDP, per the module docstring's overlap rules
-    edp = dp * c * t // (e * et)
-    span_dp = t * c * dp
-    dense_p = max(x[1] for x in per_stage)
-    exp_p = max(x[2] for x in per_stage)
-    grad_b = ag_b = 0.0
-    for n_params, n in ((dense_p, dp * c), (exp_p, edp)):
-        if n_params and n > 1:
-            if z == 0:
-                grad_b += F.ring_allreduce_bytes(n_params * prec.grads, n)
-            else:
-                grad_b += F.reduce_scatter_bytes(n_params * prec.grads, n)
-                ag_b += F.allgather_bytes(n_params * prec.weights, n)
-    dp_off_node = span_dp > g
-    t_grad = T.transfer_time(ctx.p, grad_b, dp_off_node, messages=0)
-    t_ag = T.transfer_time(ctx.p, ag_b, dp_off_node, messages=0)
-    bwd_mb = comp - fwd_mb  # backward (with any recomputed forward) of one micro-batch
-    dp_s = T.exposed_dp_time(t_grad, t_ag, z, M, fwd_mb, bwd_mb, ctx.overlap_dp)
-    _, bubble = T.pipeline_step(slot, M, q, v)  # the parts below add up to busy + bubble
+    """The layout at ZeRO ``z`` and recompute ``mode``, bound by stage index ``i``: its memory,
+    step time by part, bytes sent and MFU."""
+    lay, mem = lv.lay, lv.mem
+    memory = mem.stage(z, mode[0], mode[1], i).to_dict()
+    slot = _slot_time(lv, ctx, *mode)
+    grad_b, ag_b, dp_s = _dp_time(ctx, lv, z, slot)
+    _, bubble = T.pipeline_step(slot.total, lay.M, lay.q, lay.v)  # parts add up to busy + bubble
     # Gradient accumulation (unfused) and the optimizer step: HBM-bound passes over the state of
     # the stage that holds the most, stage r (module docstring, "Step time")
-    state = mem["weights"] + mem["grads"] + mem["optimizer"]
-    params_r = next(d_p + e_p for st_, d_p, e_p, _ in per_stage if st_.r == r)
+    state = memory["weights"] + memory["grads"] + memory["optimizer"]
     accumulate = (
         0.0
         if ctx.fused_grad_accumulation
-        else M * T.hbm_time(ctx.p, params_r * T.BYTES_PER_VALUE + 2 * mem["grads"])
+        else lay.M * T.hbm_time(ctx.p, sum(mem.params[i]) * T.BYTES_PER_VALUE + 2 * memory["grads"])
     )
+    M = lay.M
     parts = {
-        "compute": M * comp,
-        "tp": M * tp_s,
-        "ep": M * ep_s,
-        "etp": M * etp_s,
-        "cp": M * cp_s,
-        "pp": M * pp_s,
+        "compute": M * slot.compute,
+        "tp": M * slot.tp,
+        "ep": M * slot.ep,
+        "etp": M * slot.etp,
+        "cp": M * slot.cp,
+        "pp": M * slot.pp,
         "bubble": bubble,
         "dp": dp_s,
         "grad_accum": accumulate,
         "optimizer": T.hbm_time(ctx.p, 2 * state),
     }
     step = sum(parts.values())
-    comm = {k: M * b for k, b in mb_bytes.items()}
+    comm = {k: M * b for k, b in slot.bytes.items()}
     comm["dp"] = {0: grad_b, 1: grad_b + ag_b, 2: M * grad_b + ag_b, 3: M * (2 * ag_b + grad_b)}[z]
+    label = lv.label(*mode)
     return ParallelCandidate(
-        dp=dp,
-        tp=t,
-        sp=sp,
-        pp=q,
-        vpp=v,
-        ep=e,
-        cp=c,
+        dp=lay.dp,
+        tp=lay.t,
+        sp=lay.sp,
+        pp=lay.q,
+        vpp=lay.v,
+        ep=lay.e,
+        cp=lay.c,
         zero=z,
-        recompute=mode[0],
-        micro_batch=mb,
+        recompute=label[0],
+        micro_batch=lay.mb,
         micro_batches=M,
-        memory=mem,
-        memory_stage=r,
+        memory=memory,
+        memory_stage=mem.stages[i].r,
         step_s=step,
         parts=parts,
         comm_bytes=comm,
         mfu=ctx.model_flops_step / (ctx.G * ctx.peak * step),
         tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12,
         feasible=feasible,
-        layers_per_stage=_layer_note(ctx.m, q, v),
-        etp=et,
-        recompute_layers=mode[1],
-        chunk_layers=max(nd + nm for x in per_stage for nd, nm in x[0].chunks),
+        layers_per_stage=_layer_note(ctx.m, lay.q, lay.v),
+        etp=lay.et,
+        recompute_layers=label[1],
+        chunk_layers=mem.nmax,
     )
+
+
+def _dp_time(ctx: _Ctx, lv: _LayoutView, z: int, slot: _Slot) -> tuple[float, float, float]:
+    """(gradient bytes, weight all-gather bytes, exposed seconds) of the data-parallel traffic
+    at ZeRO ``z``: the dense part over DP x CP, the experts over EDP, per the module docstring's
+    overlap rules."""
+    lay, prec = lv.lay, ctx.prec
+    dense_p = max(d_p for d_p, _ in lv.mem.params)
+    exp_p = max(e_p for _, e_p in lv.mem.params)
+    grad_b = ag_b = 0.0
+    for n_params, n in ((dense_p, lay.dp * lay.c), (exp_p, lay.edp)):
+        if n_params and n > 1:
+            if z == 0:
+                grad_b += F.ring_allreduce_bytes(n_params * prec.grads, n)
+            else:
+                grad_b += F.reduce_scatter_bytes(n_params * prec.grads, n)
+                ag_b += F.allgather_bytes(n_params * prec.weights, n)
+    dp_off_node = lay.t * lay.c * lay.dp > ctx.g
+    t_grad = T.transfer_time(ctx.p, grad_b, dp_off_node, messages=0)
+    t_ag = T.transfer_time(ctx.p, ag_b, dp_off_node, messages=0)
+    bwd_mb = slot.compute - slot.forward  # backward (with any recomputed forward) of one mb
+    dp_s = T.exposed_dp_time(t_grad, t_ag, z, lay.M, slot.forward, bwd_mb, ctx.overlap_dp)
+    return grad_b, ag_b, dp_s
 
 
 def _calibration_note(p) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_repro.components.resources.memory_model import MemoryOptions, all_stages
+from moe_repro.components.resources.memory_model import MemoryOptions, StageMemory, all_stages
 from moe_repro.components.resources.perf_model import Estimate, estimate
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.model.zoo import MoEModel
@@ -98,13 +98,14 @@ def memory_check(
     p: Platform,
     PP: int,
     EP: int,
-    micro_batch: float,
+    micro_batch: int,
     seq: int,
     M: int,
     opts: MemoryOptions,
     schedule: str = "1f1b",
-) -> tuple[bool, list, str]:
-    """(fits, stages, reason) with the largest term of the binding stage named when it does not."""
+) -> tuple[bool, list[StageMemory], str]:
+    """(fits, stages, reason) with the largest term of the binding stage named when it does not
+    (memory_model.all_stages: the memory model the parallelism planner uses)."""
     stages = all_stages(m, PP, EP, micro_batch, seq, M, schedule, opts)
     peak = max(stages, key=lambda s: s.total)
     if peak.total <= p.hbm_bytes:
@@ -115,7 +116,7 @@ def memory_check(
         stages,
         (
             f"stage {peak.stage} needs {peak.total / GB:.1f} GB > {p.hbm_bytes / GB:g} GB HBM "
-            f"(Eq. 11); largest term: {term} {peak.terms[term] / GB:.1f} GB"
+            f"(Eq. 11); largest term: {term} {getattr(peak, term) / GB:.1f} GB"
         ),
     )
 
@@ -197,7 +198,7 @@ def plan(
                 zero_stage=zero_stage,
                 overhead_bytes=p.overhead_bytes,
             )
-            fits, stages, reason = memory_check(m, p, PP, EP, micro, seq, M, opts, schedule)
+            fits, stages, reason = memory_check(m, p, PP, EP, int(micro), seq, M, opts, schedule)
             peak = max(stages, key=lambda s: s.total)
             c = Candidate(
                 PP,
@@ -217,6 +218,7 @@ def plan(
                     m, p, PP, EP, micro, seq, M, checkpointing=ckpt, causal=causal
                 )
                 break
+        assert c is not None  # the loop above runs at least once
         candidates.append(c)
     candidates.sort(
         key=lambda c: (not c.feasible, -(c.estimate.mfu if c.estimate else 0), c.peak_bytes)
@@ -224,7 +226,9 @@ def plan(
     assumptions = [
         f"global batch {B} sequences of {seq} tokens; M = {micro_batches or f'{alpha} x PP'} "
         f"micro-batches; {'1F1B' if schedule == '1f1b' else 'GPipe'} schedule",
-        f"memory: 16 B/param (bf16 weight+grad, fp32 master+Adam), ZeRO-{zero_stage}, "
+        f"memory (memory_model.LayoutMemory, shared with the parallelism planner): 16 B/param "
+        f"(bf16 weight+grad, fp32 master+Adam), ZeRO-{zero_stage} (attention and dense layers "
+        f"sharded over the EP group), activations per formulas.moe_activation_terms_per_layer, "
         f"{'FlashAttention' if flash else 'materialised attention scores'}, framework overhead "
         f"{p.overhead_bytes / GB:g} GB, embeddings on stage 0, output head + fp32 logits on the last stage",
         f"compute (time_model, shared with the parallelism planner): each GEMM at its own shape, a roofline "
