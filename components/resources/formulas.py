@@ -200,7 +200,7 @@ def forward_flops_breakdown(m: MoEModel, seq: int, attention: str = "full") -> d
     d, L = m.d_model, m.layers
     pc = param_counts(m)
     w = attention_widths(m)
-    core = 2 * seq * w["heads"] * (w["d_qk"] + w["d_v"]) * L
+    core = 2.0 * seq * w["heads"] * (w["d_qk"] + w["d_v"]) * L
     core *= {"full": 1.0, "causal": 0.5, "none": 0.0}[attention]
     return {
         "attention_proj": 2.0 * L * (attention_params(m) - _mla_latent_norms(m)),
@@ -266,7 +266,7 @@ def narayanan_eq3_flops(B: float, s: int, l: int, h: int, V: int) -> float:
 def elementwise_bytes_per_token(
     h: int,
     a: int,
-    s: int,
+    s: float,
     ffn_active: float,
     n_mat: int = 2,
     t: int = 1,
@@ -758,8 +758,8 @@ def dp_bytes_per_step(
 
 
 def tp_bytes_per_layer(
-    s: int,
-    b: int,
+    s: float,
+    b: float,
     h: int,
     t: int,
     sp: bool = False,
@@ -787,8 +787,8 @@ def tp_bytes_per_layer(
 
 
 def pp_p2p_bytes_per_microbatch(
-    s: int,
-    b: int,
+    s: float,
+    b: float,
     h: int,
     t: int = 1,
     sp: bool = False,

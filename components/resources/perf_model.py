@@ -206,7 +206,7 @@ def estimate(
         for moe in (False, True)
     }
 
-    worst = None
+    worst: tuple[int, float, float, int] | None = None
     for i, layers in enumerate(stage_layers(m.layers, PP)):
         fwd = T.Compute()
         a2a = 0.0
@@ -222,6 +222,7 @@ def estimate(
         compute = T.train_time(fwd, recomputed)
         if worst is None or compute + a2a > worst[1] + worst[2]:
             worst = (i, compute, a2a, replicated)
+    assert worst is not None  # PP >= 1 stages
     slowest, compute, a2a, replicated = worst
     off_node = EP > p.gpus_per_node
     grad_s = (

@@ -136,6 +136,8 @@ def attention_gemms(m: MoEModel, rows: float, t: int = 1) -> list[Gemm]:
     w = F.attention_widths(m)
     if m.attn_params == "mla":
         a = m.mla
+        if a is None:
+            raise ValueError(f"{m.key}: attn_params='mla' needs the mla shapes")
         out = []
         if a.q_lora_rank:
             out += [Gemm(1, rows, d, a.q_lora_rank), Gemm(1, rows, a.q_lora_rank, w["q"] / t)]
