@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from moe_repro.components.alltoall.flat import all_to_all_v
 from moe_repro.components.balance.registry import register_balancer
@@ -168,9 +167,7 @@ class LeastLoadedMoELayer(MoELayer):
         pft = self.make_pft(gate_out)
         rows = self.buffer_dispatch(x, pft)
         world, me, E = self.placement.world_size, self.ep_rank, self.num_experts
-        gathered = [torch.empty_like(pft.tokens_per_expert) for _ in range(world)]
-        dist.all_gather(gathered, pft.tokens_per_expert.contiguous(), group=self.ep_group)
-        c = torch.stack(gathered).cpu().tolist()  # [W][E]
+        c = self.dispatcher.expert_counts_from_each_rank(pft.tokens_per_expert)  # [W][E]
         totals = [sum(c[s][e] for s in range(world)) for e in range(E)]
         plan = least_loaded_plan(totals, self.placement, self.alpha, self.min_chunk)
         self.last_plan = plan
