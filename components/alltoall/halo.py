@@ -243,20 +243,6 @@ class HaloAllToAll:
             self._plans[key] = p
         return self._plans[key]
 
-    def counts_matrix(self, send_counts: list[int]) -> list[list[int]]:
-        """All ranks' send counts by an all-gather (8 N^2 bytes received per rank; logged as N
-        int64 to every other rank, phase "counts"), for callers that need the whole matrix (the
-        differentiable group HALO's backward transposes it). HALO's own call needs only
-        :meth:`known_counts`."""
-        world = self.comms.world
-        if world.log is not None:
-            for peer in range(world.size):
-                if peer != world.rank:
-                    world.log.append(
-                        ("counts", world.global_rank, world.ranks[peer], 8 * world.size)
-                    )
-        return world.allgather_ints(send_counts)
-
     def known_counts(self, send_counts: list[int]) -> KnownCounts:
         """The counts this rank's plan needs, by one all-to-all of counts (module docstring)."""
         world, topo = self.comms.world, self.topo
