@@ -360,40 +360,7 @@ def plan(req: PlanRequest) -> ParallelPlan:
         key=lambda x: (float(f"{x.step_s:.4g}"), sum(x.comm_bytes.values()), x.memory["total"])
     )
     misses = sorted(rej.closest_misses(), key=lambda x: x.memory.get("total", 0.0))
-    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
-    assumptions = _assumptions(
-        m,
-        p,
-        req.seq,
-        ctx.B,
-        ctx.G,
-        prec,
-        req.precision,
-        req.flash_attention,
-        req.dropout,
-        req.capacity_factor,
-        peak_given,
-        req.seq >= CP_FROM_SEQ,
-        req.cp,
-        req.global_batch is not None,
-        req.micro_batches,
-    )
-    if not req.overlap_dp:
-        assumptions.append(
-            "DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
-            "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)"
-        )
-    if not req.overlap_tp:
-        assumptions.append(
-            "TP (asked): the backward's all-reduces are exposed, not overlapped with the "
-            "weight-gradient GEMMs (Megatron-LM before --async-tensor-model-parallel-allreduce)"
-        )
-    if not req.fused_grad_accumulation:
-        assumptions.append(
-            "gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
-            "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
-            "main_grad.add_ hook without --gradient-accumulation-fusion)"
-        )
+    assumptions = _assumptions(req, ctx)
     pc = param_counts(m)
     return ParallelPlan(
         model=m.key,
@@ -1102,25 +1069,22 @@ def _calibration_note(p) -> str:
     )
 
 
-def _assumptions(
-    m,
-    p,
-    seq,
-    B,
-    G,
-    prec,
-    preset,
-    flash,
-    dropout,
-    cf,
-    peak_given,
-    long_seq,
-    cp,
-    batch_given: bool,
-    micro_batches,
-) -> list[str]:
-    g = p.gpus_per_node
-    out = [
+def _assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+    """What the plan assumes, in words with the numbers used (``ParallelPlan.assumptions``):
+    the batch and mesh, memory, compute, communication and search rules, then what was asked
+    beyond the defaults."""
+    return [
+        *_layout_assumptions(req, ctx),
+        *_memory_assumptions(req, ctx),
+        *_time_assumptions(req, ctx),
+        *_asked_assumptions(req),
+    ]
+
+
+def _layout_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+    B, G, seq, micro_batches = ctx.B, ctx.G, req.seq, req.micro_batches
+    batch_given = req.global_batch is not None
+    return [
         f"global batch {B} sequences of {seq} tokens ({B * seq / 1e6:.2f}M tokens"
         + ("" if batch_given else f"; default: ~4M tokens rounded up to a multiple of the {G} GPUs")
         + (
@@ -1133,6 +1097,13 @@ def _assumptions(
         "EP x ETP divides DP x CP x TP, experts data-parallel over EDP = DP x CP x TP / (EP x ETP); "
         "ETP (1 or TP unless fixed) divides the expert FFN width and the GPUs per node; MoE with "
         "TP > 1 uses sequence parallelism",
+    ]
+
+
+def _memory_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+    p, prec, preset = req.platform, ctx.prec, req.precision
+    dropout, cf, flash = req.dropout, req.capacity_factor, req.flash_attention
+    return [
         f"memory: precision {preset} ({prec.weights:g} B weights + {prec.grads:g} B grads + "
         f"{prec.master:g} B master + {prec.optimizer:g} B optimizer per parameter"
         f"{', optimizer on the host' if prec.offload_optimizer else ''}); ZeRO shards the dense "
@@ -1157,6 +1128,13 @@ def _assumptions(
         f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
+    ]
+
+
+def _time_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+    p, flash, g = req.platform, req.flash_attention, ctx.g
+    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
+    return [
         f"compute (time_model): each GEMM at its own shape, a roofline of the achievable "
         f"{p.gemm_flops / 1e12:g} TFLOPS"
         + (f" x tile and wave quantization on {p.sm_count} SMs" if p.sm_count else "")
@@ -1197,6 +1175,28 @@ def _assumptions(
         f"(GPUs x {'peak' if peak_given else 'achievable GEMM (the profile has no peak)'} "
         f"{(p.peak_flops if peak_given else p.gemm_flops) / 1e12:g} TFLOPS x step time)",
     ]
-    if not long_seq and cp is None:
-        out.append(f"CP not offered: sequence {seq} < {CP_FROM_SEQ} (pass --cp to ask)")
+
+
+def _asked_assumptions(req: PlanRequest) -> list[str]:
+    """The settings asked for beyond the defaults (CP not offered at a short sequence, DP or TP
+    not overlapped, gradient accumulation not fused)."""
+    out = []
+    if req.seq < CP_FROM_SEQ and req.cp is None:
+        out.append(f"CP not offered: sequence {req.seq} < {CP_FROM_SEQ} (pass --cp to ask)")
+    if not req.overlap_dp:
+        out.append(
+            "DP (asked): ZeRO-0/1 gradient reduction and weight all-gather run once per step "
+            "after the last backward, not overlapped (Megatron-LM before --overlap-grad-reduce)"
+        )
+    if not req.overlap_tp:
+        out.append(
+            "TP (asked): the backward's all-reduces are exposed, not overlapped with the "
+            "weight-gradient GEMMs (Megatron-LM before --async-tensor-model-parallel-allreduce)"
+        )
+    if not req.fused_grad_accumulation:
+        out.append(
+            "gradient accumulation (asked): not fused into the weight-gradient GEMMs; each "
+            "micro-batch reads its new gradients and reads and writes the held ones (Megatron-LM's "
+            "main_grad.add_ hook without --gradient-accumulation-fusion)"
+        )
     return out
