@@ -66,6 +66,8 @@ class Comparison:
     grade_changes: list[GradeChange] = field(default_factory=list)
     only_a: list[str] = field(default_factory=list)  # results stored at A only ("suite gemm")
     only_b: list[str] = field(default_factory=list)
+    noise_a: str = ""  # the load the side's runs were stored at, in words ("" where unknown)
+    noise_b: str = ""
 
     def verdicts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -164,7 +166,7 @@ def compare_runs(
     side_b, what_b = resolve(store, b)
     threshold = gate.DEFAULT_THRESHOLD if threshold is None else threshold
     alpha = gate.DEFAULT_ALPHA if alpha is None else alpha
-    out = Comparison(what_a, what_b)
+    out = Comparison(what_a, what_b, noise_a=noise_words(side_a), noise_b=noise_words(side_b))
     for ident in sorted(side_a.keys() | side_b.keys()):
         label = f"{ident[0]} {ident[1]}"
         if ident not in side_b:
@@ -225,6 +227,29 @@ def _row(ident, entry, f) -> Row:
     )
 
 
+def noise_words(side: Side) -> str:
+    """The highest 1-minute load average stored with a side's runs (environment ``noise``), the
+    cores, and whether that was above them; "" where no run kept a load."""
+    loads: list[float] = []
+    cores: set[int] = set()
+    for record in side.values():
+        noise = (record.environment.model_extra or {}).get("noise")
+        if not isinstance(noise, dict):
+            continue
+        for key in ("load_start", "load_end"):
+            value = noise.get(key)
+            if isinstance(value, list) and value and isinstance(value[0], (int, float)):
+                loads.append(float(value[0]))
+        if isinstance(noise.get("cpu_count"), int):
+            cores.add(noise["cpu_count"])
+    if not loads:
+        return ""
+    n = min(cores) if cores else None
+    where = f" on {n} cores" if n else ""
+    flag = " (loaded: wall-clock rows are noisy)" if n and max(loads) > n else ""
+    return f"load average up to {max(loads):g}{where}{flag}"
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
@@ -233,7 +258,10 @@ def format_comparison(comparison: Comparison, show_all: bool = False) -> str:
     """The comparison as terminal text: changed rows (every row with ``show_all``), the grade
     changes, what only one side holds, and the count per verdict."""
     c = comparison
-    lines = [f"A: {c.a}", f"B: {c.b}"]
+    lines = [
+        f"A: {c.a}" + (f", {c.noise_a}" if c.noise_a else ""),
+        f"B: {c.b}" + (f", {c.noise_b}" if c.noise_b else ""),
+    ]
     rows = [r for r in c.rows if show_all or r.verdict != "same"]
     if rows:
         head = ["verdict", "result", "params", "metric", "A", "B", "B/A", "p"]

@@ -44,7 +44,7 @@ def _suite_record(name, level, commit, stamp, rng, noise=0.03, load=None):
             "timestamp": stamp,
             "git_commit": commit,
             "git_dirty": False,
-            "noise": {"cpu_count": 2},
+            "noise": {"cpu_count": 2, **({"load_start": [load] * 3} if load else {})},
         },
     )
 
@@ -107,8 +107,12 @@ def test_a_wall_clock_step_beside_a_loaded_run_is_named_but_does_not_fail(tmp_pa
         store.save(_suite_record("gemm", level, commit, stamp, rng, load=load))
     flags = flag_store(store)
     assert flags and all(f.open and f.loaded and not f.fails for f in flags)
-    rows = [r for r in compare_runs(store, C1[:8], C2[:8]).rows if r.metric == "time_s"]
+    comparison = compare_runs(store, C1[:8], C2[:8])
+    rows = [r for r in comparison.rows if r.metric == "time_s"]
     assert rows and {r.verdict for r in rows} == {"noisy"}
+    assert comparison.noise_a == "load average up to 1 on 2 cores"
+    assert comparison.noise_b.startswith("load average up to 18 on 2 cores (loaded")
+    assert "loaded" in format_comparison(comparison).splitlines()[1]
 
 
 def test_a_run_is_named_by_its_file(tmp_path):
