@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -311,14 +312,16 @@ class _FlowTable:
 
     def __init__(self, flows: list[Flow], capacity: dict):
         keys = {k: i for i, k in enumerate(capacity)}
-        use_flow, use_res, use_coef = [], [], []
+        flow_list: list[int] = []
+        res_list: list[int] = []
+        coef_list: list[float] = []
         for i, f in enumerate(flows):
             for k, c in f.uses.items():
-                use_flow.append(i)
-                use_res.append(keys[k])
-                use_coef.append(c)
+                flow_list.append(i)
+                res_list.append(keys[k])
+                coef_list.append(c)
         self.capacity = np.array([capacity[k] for k in keys], dtype=float)
-        family_of = {}
+        family_of: dict = {}
         families = np.array(
             [
                 family_of.setdefault(k[0] if isinstance(k, tuple) else k, len(family_of))
@@ -326,9 +329,9 @@ class _FlowTable:
             ],
             dtype=np.int64,
         )
-        use_flow = np.array(use_flow, dtype=np.int64)
-        use_res = np.array(use_res, dtype=np.int64)
-        use_coef = np.array(use_coef, dtype=float)
+        use_flow = np.array(flow_list, dtype=np.int64)
+        use_res = np.array(res_list, dtype=np.int64)
+        use_coef = np.array(coef_list, dtype=float)
         kept = ~_implied_resources(use_flow, use_res, use_coef, families[use_res], self.capacity)[
             use_res
         ]
@@ -402,10 +405,10 @@ def run_flows(
         [per_message_s * rank_messages.get((f.src, f.phase), 0) + f.release_delay for f in flows],
         dtype=float,
     )
-    of_phase = {ph: [] for ph in phases}
+    listed: dict[str, list[int]] = {ph: [] for ph in phases}
     for i, f in enumerate(flows):
-        of_phase[f.phase].append(i)
-    of_phase = {ph: np.array(ix, dtype=np.int64) for ph, ix in of_phase.items()}
+        listed[f.phase].append(i)
+    of_phase = {ph: np.array(ix, dtype=np.int64) for ph, ix in listed.items()}
     phase_number = {ph: i for i, ph in enumerate(phases)}
     phase_of = np.array([phase_number[f.phase] for f in flows], dtype=np.int64)
     unfinished = [len(of_phase[ph]) for ph in phases]  # flows of each phase not finished yet
@@ -415,7 +418,8 @@ def run_flows(
     finish = np.zeros(n)
     waiting = np.zeros(n, dtype=bool)  # released, not yet moving
     active = np.zeros(n, dtype=bool)
-    start, end = {}, {}
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
     pending = list(phases)
     now = 0.0
     n_waiting = n_done = 0
@@ -538,7 +542,7 @@ def _flow_uses(
     """Resources of one message class and its coefficients. ``src_key``/``dst_key`` name the
     node instance (a node id, or a node class in aggregated mode, where fabric uplinks are
     per-node shares)."""
-    uses = {}
+    uses: dict[tuple, float] = {}
     ls, ld = topo.local_rank(src), topo.local_rank(dst)
     a, b = topo.node_of(src), topo.node_of(dst)
     if a == b:
@@ -633,7 +637,9 @@ def _add_issue_limits(m: Machine, flows: list, cap: dict) -> None:
     messages in flight, each holding its slot for at least one latency; Little's law)."""
     if m.latency_model != "overlapped":
         return
-    stats = defaultdict(lambda: [0.0, 0.0, 0.0])  # (src, phase) -> bytes, messages, latency sum
+    stats: defaultdict[tuple, list[float]] = defaultdict(
+        lambda: [0.0, 0.0, 0.0]
+    )  # (src, phase) -> bytes, messages, latency sum
     for f in flows:
         st = stats[(f.src, f.phase)]
         st[0] += f.nbytes * f.count
@@ -678,8 +684,9 @@ def simulate_messages(
     from moe_repro.components.network.topology import bytes_by_link_class
 
     m = Machine.from_platform(platform, latency_model)
-    flows, counts = [], defaultdict(int)
-    nic_bytes = defaultdict(float)
+    flows: list[Flow] = []
+    counts: defaultdict[tuple, int] = defaultdict(int)
+    nic_bytes: defaultdict[tuple, float] = defaultdict(float)
     for phase, src, dst, nbytes in messages:
         if nbytes <= 0 or (src == dst and not m.self_copies):
             continue
@@ -722,12 +729,13 @@ def simulate_messages(
 # --- aggregated simulation of expected routing ------------------------------------------------
 
 
-def node_classes(rows_to: list[float], topo: Topology) -> tuple[list[int], list[int]]:
+def node_classes(rows_to: Sequence[float], topo: Topology) -> tuple[list[int], list[int]]:
     """(class of every node, representative node of every class): nodes whose ranks receive the
     same rows, local rank by local rank, are interchangeable."""
     R = topo.ranks_per_node
     pattern_class: dict[tuple, int] = {}
-    cls_of, reps = [], []
+    cls_of: list[int] = []
+    reps: list[int] = []
     for n in range(topo.nodes):
         key = tuple(rows_to[n * R : (n + 1) * R])
         if key not in pattern_class:
@@ -759,7 +767,7 @@ def simulate_expected(
     C = [rows_to] * N  # every row the same list: O(N) memory for an N x N matrix
     m = Machine.from_platform(platform, latency_model)
     cls_of, reps = node_classes(rows_to, topo)
-    size = defaultdict(int)
+    size: defaultdict[int, int] = defaultdict(int)
     for c in cls_of:
         size[c] += 1
     messages = schedule_fn(C, [r for n in reps for r in topo.node_ranks(n)])
@@ -781,8 +789,10 @@ def simulate_expected(
         rec = merged.setdefault(key, [0, dst])
         rec[0] += 1
 
-    flows, counts = [], defaultdict(float)
-    link_bytes, nic_bytes = defaultdict(float), defaultdict(float)
+    flows = []
+    counts: defaultdict[tuple, float] = defaultdict(float)
+    link_bytes: defaultdict[str, float] = defaultdict(float)
+    nic_bytes: defaultdict[tuple, float] = defaultdict(float)
     for (phase, src, B, _ld, lclass, pclass, _route_key, nbytes), (count, dst) in merged.items():
         A = cls_of[topo.node_of(src)]
         # ``count`` flows leave one node of class A; one node of class B receives, on average,
