@@ -39,11 +39,18 @@ from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources.layout_time import (
+    Layout,
+    LayoutView,
+    PlanContext,
+    dp_time,
+    layout_view,
+    slot_time,
+    time_assumptions,
+)
 from moe_repro.components.resources.memory_model import (
     ALL_LAYERS,
     LayerMemory,
-    LayoutMemory,
-    MemoryLayout,
     Stage,
     pipeline_stages,
 )
@@ -390,7 +397,7 @@ def plan(req: PlanRequest) -> ParallelPlan:
     )
 
 
-def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) -> "_Ctx":
+def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) -> "PlanContext":
     """What every layout's evaluation reads: the GPUs, the batch, the layer shapes, the platform's
     rates, bandwidths and latencies."""
     m, p, seq = req.model, req.platform, req.seq
@@ -402,7 +409,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     V = m.vocab or 0
     d = m.d_model
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
-    return _Ctx(
+    return PlanContext(
         m,
         p,
         seq,
@@ -441,7 +448,7 @@ class _Degrees:
     etp_ok: Callable[..., bool]
 
 
-def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees:
+def _degree_options(req: PlanRequest, ctx: "PlanContext", rej: _Rejections) -> _Degrees:
     """The constraints of the module docstring that a degree meets or breaks alone."""
     m, seq, G, g = req.model, req.seq, ctx.G, ctx.g
     L, E = m.layers, m.n_experts
@@ -527,7 +534,7 @@ def _degree_options(req: PlanRequest, ctx: "_Ctx", rej: _Rejections) -> _Degrees
 
 
 def _search(
-    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, memory: LayerMemory, rej: _Rejections
+    req: PlanRequest, ctx: "PlanContext", deg: _Degrees, memory: LayerMemory, rej: _Rejections
 ) -> tuple[list[ParallelCandidate], int, int]:
     """Every layout the degree options combine into (:func:`_layouts`), each evaluated for every
     ZeRO stage and recompute mode; returns (the candidates that fit, layouts, evaluations)."""
@@ -540,8 +547,8 @@ def _search(
 
 
 def _layouts(
-    req: PlanRequest, ctx: "_Ctx", deg: _Degrees, rej: _Rejections
-) -> Iterator[tuple[_Layout, list[Stage]]]:
+    req: PlanRequest, ctx: "PlanContext", deg: _Degrees, rej: _Rejections
+) -> Iterator[tuple[Layout, list[Stage]]]:
     """The layouts (CP, TP, PP, VPP, EP x ETP, micro-batch, SP) the degree options combine into,
     each with its representative pipeline stages; a combination that breaks a rule is counted
     among the rejected."""
@@ -571,7 +578,7 @@ def _layouts(
                     for e, et in _expert_options(req, deg, t, dp, c, rej):
                         for mb, M in _micro_batch_options(req, ctx, dp, q, v, rej):
                             for s_p in _sp_options(req, t, rej):
-                                yield _Layout(t, s_p, q, v, c, e, dp, mb, M, et), stage_cache[q, v]
+                                yield Layout(t, s_p, q, v, c, e, dp, mb, M, et), stage_cache[q, v]
 
 
 def _vpp_options(req: PlanRequest, q: int, rej: _Rejections) -> list[int]:
@@ -610,7 +617,7 @@ def _expert_options(
 
 
 def _micro_batch_options(
-    req: PlanRequest, ctx: "_Ctx", dp: int, q: int, v: int, rej: _Rejections
+    req: PlanRequest, ctx: "PlanContext", dp: int, q: int, v: int, rej: _Rejections
 ) -> Iterator[tuple[int, int]]:
     """(sequences per micro-batch, micro-batches M) with DP x micro-batch x M = the global batch:
     M fixed, or each of MICRO_BATCHES that divides; interleaving needs M divisible by PP."""
@@ -652,32 +659,6 @@ def _sp_options(req: PlanRequest, t: int, rej: _Rejections) -> tuple[bool, ...]:
     return (False, True) if sp is None else (sp,)
 
 
-@dataclass(frozen=True)
-class _Ctx:
-    m: MoEModel
-    p: Platform
-    seq: int
-    G: int
-    g: int
-    B: int
-    prec: F.Precision
-    zeros: tuple
-    modes: tuple
-    flash: bool
-    V: int
-    d: int
-    kvw: int
-    peak: float
-    model_flops_step: float
-    hbm: float
-    cf: float
-    d_ffn: int
-    dropout: bool = False
-    overlap_dp: bool = True
-    fused_grad_accumulation: bool = True
-    overlap_tp: bool = True
-
-
 def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
     """Recompute modes as (kind, N), lightest first: none, selective, block (the smallest N that
     fits, searched), full:N (N fixed, ascending), full (every layer). ValueError names a bad one."""
@@ -701,236 +682,10 @@ def parse_recompute(modes) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out, key=lambda x: (order[x[0]], x[1])))
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """One layout's degrees: TP (+SP), PP x VPP, CP, EP x ETP, DP, micro-batch size and count."""
-
-    t: int
-    sp: bool
-    q: int
-    v: int
-    c: int
-    e: int
-    dp: int
-    mb: int
-    M: int
-    et: int
-
-    @property
-    def edp(self) -> int:
-        return self.dp * self.c * self.t // (self.e * self.et)
-
-    def memory_layout(self) -> MemoryLayout:
-        return MemoryLayout(
-            tp=self.t,
-            cp=self.c,
-            pp=self.q,
-            vpp=self.v,
-            ep=self.e,
-            etp=self.et,
-            dp=self.dp,
-            sp=self.sp,
-            micro_batch=self.mb,
-            micro_batches=self.M,
-        )
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """The slowest stage's time per micro-batch (``total``) and its parts, seconds; ``forward``:
-    its forward compute; ``bytes``: what one GPU sends per micro-batch, by dimension."""
-
-    total: float
-    compute: float
-    tp: float
-    ep: float
-    etp: float
-    cp: float
-    pp: float
-    stage: Stage
-    forward: float
-    bytes: dict
-
-
-@dataclass
-class _LayoutView:
-    """One layout with what its memory and time parts share (built once per layout by
-    ``_layout_view``): its memory model, and the memo of its slot time per recompute mode."""
-
-    lay: _Layout
-    mem: LayoutMemory
-    s_loc: float  # tokens of a sequence on one CP rank
-    pp_off_node: bool  # a pipeline neighbour on another node
-    cp_off_node: bool  # a CP ring spanning nodes
-    layer_fwd: dict  # moe -> time_model.Compute of one layer's forward on one GPU
-    time_memo: dict = field(default_factory=dict)
-
-    def label(self, kind: str, n: int) -> tuple[str, int]:
-        """The recompute mode as reported: none, selective, full (every layer) or full:N."""
-        kind, n = self.mem.mode_key(kind, n)
-        if kind != "full":
-            return kind, 0
-        nmax = self.mem.nmax
-        return ("full", nmax) if n >= nmax else (f"full:{n}", n)
-
-
-def _layout_view(lay: _Layout, stages: list[Stage], ctx: _Ctx, memory: LayerMemory) -> _LayoutView:
-    """The layout's memory model over its representative stages, and each layer kind's forward
-    time on one GPU (a TP rank's GEMMs see its CP shard of the micro-batch)."""
-    m, seq, g = ctx.m, ctx.seq, ctx.g
-    mem = LayoutMemory(memory, lay.memory_layout(), stages, ctx.p.overhead_bytes)
-    rows = lay.mb * seq / lay.c
-    layer_fwd = {
-        moe: T.layer_forward(
-            m, moe, ctx.p, rows, seq, lay.t, lay.sp, lay.e, lay.et, ctx.flash, ctx.dropout
-        )
-        for moe in (False, True)
-        if (m.n_moe_layers if moe else m.n_dense_layers)
-    }
-    span_dp = lay.t * lay.c * lay.dp  # ranks a DP (and EDP) group spans
-    return _LayoutView(lay, mem, seq / lay.c, span_dp * lay.q > g, lay.t * lay.c > g, layer_fwd)
-
-
-def _slot_time(lv: _LayoutView, ctx: _Ctx, kind: str, n: int) -> _Slot:
-    """Time: the slowest stage's time per micro-batch under (kind, N), with its parts and
-    bytes (module docstring, "Step time"); every second from components.resources.time_model."""
-    k = lv.mem.mode_key(kind, n)
-    if k not in lv.time_memo:
-        slots = [_stage_slot(lv, ctx, st, *k) for st in lv.mem.stages]
-        best = slots[0]
-        for slot in slots[1:]:
-            if slot.total > best.total:
-                best = slot
-        lv.time_memo[k] = best
-    return lv.time_memo[k]
-
-
-def _stage_slot(lv: _LayoutView, ctx: _Ctx, st: Stage, kind: str, n: int) -> _Slot:
-    """One stage's time per micro-batch: compute (with any recomputed forward) and the exposed
-    TP, EP, ETP, CP and PP communication."""
-    m, p = ctx.m, ctx.p
-    lay = lv.lay
-    none = T.Compute()
-    dense_fwd, moe_fwd = lv.layer_fwd.get(False, none), lv.layer_fwd.get(True, none)
-    rd, rm = st.recomputed(n) if kind == "full" else (0, 0)
-    layers_fwd = st.n_dense * dense_fwd + st.n_moe * moe_fwd
-    if kind == "full":
-        recomputed = rd * dense_fwd + rm * moe_fwd
-    elif kind == "selective":
-        recomputed = layers_fwd.attention_only()
-    else:
-        recomputed = none
-    fwd = layers_fwd + (T.head_forward(m, p, lay.mb * ctx.seq / lay.c, lay.t) if st.last else none)
-    comp = T.train_time(fwd, recomputed)
-    core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
-    tp_s, tp_b = _tp_time(lv, ctx, st.n_layers, rd + rm, layers_fwd.gemm)
-    ep_s, ep_b, etp_s, etp_b = _expert_time(lv, ctx, st, rm)
-    cp_s = cp_b = 0.0
-    if lay.c > 1:  # the ring exchange overlaps the attention core it feeds
-        cp_b = F.cp_ring_bytes_per_layer(ctx.seq, lay.mb, ctx.kvw, lay.c) * st.n_layers / lay.t
-        cp_s = max(0.0, T.transfer_time(p, cp_b, lv.cp_off_node, messages=0) - core_s)
-    pp_s, pp_b = _pp_time(lv, ctx)
-    return _Slot(
-        comp + tp_s + ep_s + etp_s + cp_s + pp_s,
-        comp,
-        tp_s,
-        ep_s,
-        etp_s,
-        cp_s,
-        pp_s,
-        st,
-        fwd.total,
-        {"tp": tp_b, "ep": ep_b, "etp": etp_b, "cp": cp_b, "pp": pp_b},
-    )
-
-
-def _tp_time(
-    lv: _LayoutView, ctx: _Ctx, n_layers: int, rec: int, gemm_s: float
-) -> tuple[float, float]:
-    """(exposed seconds, bytes) of a stage's TP/SP collectives per micro-batch; ``rec`` layers
-    recomputed, ``gemm_s`` the forward's GEMM time the backward's collectives hide behind."""
-    t, sp, mb, p, s_loc = lv.lay.t, lv.lay.sp, lv.lay.mb, ctx.p, lv.s_loc
-    if t == 1:
-        return 0.0, 0.0
-    tp_b = (
-        F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") * (n_layers - rec)
-        + F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "full") * rec
-    )
-    per_op = 2 if sp else 1  # SP: an all-gather and a reduce-scatter where TP all-reduces
-    if not ctx.overlap_tp:
-        return T.transfer_time(
-            p, tp_b, off_node=False, messages=(4 * n_layers + 2 * rec) * per_op
-        ), tp_b
-    # the column-parallel layers' backward collectives (two per layer: all-reduces, or with SP
-    # reduce-scatters) run beside the weight-gradient GEMMs (Megatron-LM's asynchronous TP
-    # all-reduce; Korthikanti et al. Sec. 6.2), which take about the forward's GEMM time: only
-    # what exceeds them is exposed. SP's all-gathers of the row-parallel layers' gradients come
-    # before their GEMMs: exposed.
-    hidden_b = F.tp_bytes_per_layer(s_loc, mb, ctx.d, t, sp, "none") / (4 if sp else 2) * n_layers
-    tp_s = T.transfer_time(
-        p,
-        tp_b - hidden_b,
-        off_node=False,
-        messages=(4 * n_layers + 2 * rec) * per_op - 2 * n_layers,
-    )
-    tp_s += max(0.0, T.transfer_time(p, hidden_b, off_node=False, messages=2 * n_layers) - gemm_s)
-    return tp_s, tp_b
-
-
-def _expert_time(
-    lv: _LayoutView, ctx: _Ctx, st: Stage, rm: int
-) -> tuple[float, float, float, float]:
-    """(EP seconds, EP bytes, ETP seconds, ETP bytes) of a stage per micro-batch; ``rm`` MoE
-    layers recomputed (a full recompute repeats the forward's half of the traffic)."""
-    m, p, g, lay = ctx.m, ctx.p, ctx.g, lv.lay
-    e, et = lay.e, lay.et
-    ep_s = ep_b = etp_s = etp_b = 0.0
-    if not st.n_moe:
-        return ep_s, ep_b, etp_s, etp_b
-    moe_fwds = st.n_moe + 0.5 * rm
-    tokens = lay.mb * ctx.seq / (lay.t * lay.c)
-    if e > 1:
-        ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
-        per_peer = ep_b / (e - 1)
-        on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-        ep_s = T.alltoall_time(
-            p, per_peer * (on_node - 1), per_peer * (e - on_node), messages=4 * st.n_moe + 2 * rm
-        )
-    if et > 1:
-        # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
-        # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of
-        # ETP x (c k tokens h 2 B), (ETP-1)/ETP of each sent
-        gathered = et * ctx.cf * m.top_k * tokens * ctx.d * 2
-        etp_b = (
-            2 * (F.allgather_bytes(gathered, et) + F.reduce_scatter_bytes(gathered, et)) * moe_fwds
-        )
-        etp_s = T.transfer_time(p, etp_b, off_node=False, messages=4 * st.n_moe + 2 * rm)
-    return ep_s, ep_b, etp_s, etp_b
-
-
-def _pp_time(lv: _LayoutView, ctx: _Ctx) -> tuple[float, float]:
-    """(seconds, bytes) of a stage's pipeline sends per micro-batch: Megatron's scatter/gather
-    (Narayanan et al. 2021 Sec. 4.1, on by default): without SP each TP rank sends 1/t of the
-    activation and the receivers all-gather it on NVLink."""
-    lay, p = lv.lay, ctx.p
-    if lay.q == 1:
-        return 0.0, 0.0
-    pp_b = (
-        F.pp_p2p_bytes_per_microbatch(lv.s_loc, lay.mb, ctx.d, lay.t, lay.sp, scatter_gather=True)
-        * lay.v
-    )
-    pp_s = T.transfer_time(p, pp_b, lv.pp_off_node, messages=2 * lay.v)
-    if lay.t > 1 and not lay.sp:
-        pp_s += T.transfer_time(
-            p, F.allgather_bytes(pp_b * lay.t, lay.t), off_node=False, messages=2 * lay.v
-        )
-    return pp_s, pp_b
-
-
 def _evaluate(
-    lay: _Layout,
+    lay: Layout,
     stages: list[Stage],
-    ctx: _Ctx,
+    ctx: PlanContext,
     memory: LayerMemory,
     rej: _Rejections,
     kept: list,
@@ -938,7 +693,7 @@ def _evaluate(
     """Evaluate one layout for every ZeRO stage; keep, per stage, the lightest recompute mode
     that fits (heavier ones fit too and are slower; memory_model.LayoutMemory.lightest_fit), or
     record the closest miss. Returns how many (zero, mode) were tried."""
-    lv = _layout_view(lay, stages, ctx, memory)
+    lv = layout_view(lay, stages, ctx, memory)
     tried = 0
     for z in ctx.zeros:
         fit, last_bad, n = lv.mem.lightest_fit(z, ctx.modes, ctx.hbm)
@@ -951,7 +706,9 @@ def _evaluate(
     return tried
 
 
-def _record_miss(ctx: _Ctx, lv: _LayoutView, z: int, last_bad: tuple, rej: _Rejections) -> None:
+def _record_miss(
+    ctx: PlanContext, lv: LayoutView, z: int, last_bad: tuple, rej: _Rejections
+) -> None:
     """A layout that fits under no mode at ZeRO ``z``: counted under its largest memory term;
     its candidate is built only if it is the closest miss of its group."""
     mode, i, total = last_bad
@@ -970,14 +727,14 @@ def _record_miss(ctx: _Ctx, lv: _LayoutView, z: int, last_bad: tuple, rej: _Reje
 
 
 def _candidate(
-    ctx: _Ctx, lv: _LayoutView, z: int, mode: tuple[str, int], i: int, feasible: bool
+    ctx: PlanContext, lv: LayoutView, z: int, mode: tuple[str, int], i: int, feasible: bool
 ) -> ParallelCandidate:
     """The layout at ZeRO ``z`` and recompute ``mode``, bound by stage index ``i``: its memory,
     step time by part, bytes sent and MFU."""
     lay, mem = lv.lay, lv.mem
     memory = mem.stage(z, mode[0], mode[1], i).to_dict()
-    slot = _slot_time(lv, ctx, *mode)
-    grad_b, ag_b, dp_s = _dp_time(ctx, lv, z, slot)
+    slot = slot_time(lv, ctx, *mode)
+    grad_b, ag_b, dp_s = dp_time(ctx, lv, z, slot)
     _, bubble = T.pipeline_step(slot.total, lay.M, lay.q, lay.v)  # parts add up to busy + bubble
     # Gradient accumulation (unfused) and the optimizer step: HBM-bound passes over the state of
     # the stage that holds the most, stage r (module docstring, "Step time")
@@ -1031,57 +788,19 @@ def _candidate(
     )
 
 
-def _dp_time(ctx: _Ctx, lv: _LayoutView, z: int, slot: _Slot) -> tuple[float, float, float]:
-    """(gradient bytes, weight all-gather bytes, exposed seconds) of the data-parallel traffic
-    at ZeRO ``z``: the dense part over DP x CP, the experts over EDP, per the module docstring's
-    overlap rules."""
-    lay, prec = lv.lay, ctx.prec
-    dense_p = max(d_p for d_p, _ in lv.mem.params)
-    exp_p = max(e_p for _, e_p in lv.mem.params)
-    grad_b = ag_b = 0.0
-    for n_params, n in ((dense_p, lay.dp * lay.c), (exp_p, lay.edp)):
-        if n_params and n > 1:
-            if z == 0:
-                grad_b += F.ring_allreduce_bytes(n_params * prec.grads, n)
-            else:
-                grad_b += F.reduce_scatter_bytes(n_params * prec.grads, n)
-                ag_b += F.allgather_bytes(n_params * prec.weights, n)
-    dp_off_node = lay.t * lay.c * lay.dp > ctx.g
-    t_grad = T.transfer_time(ctx.p, grad_b, dp_off_node, messages=0)
-    t_ag = T.transfer_time(ctx.p, ag_b, dp_off_node, messages=0)
-    bwd_mb = slot.compute - slot.forward  # backward (with any recomputed forward) of one mb
-    dp_s = T.exposed_dp_time(t_grad, t_ag, z, lay.M, slot.forward, bwd_mb, ctx.overlap_dp)
-    return grad_b, ag_b, dp_s
-
-
-def _calibration_note(p) -> str:
-    """What a profile's measured layer (time_model.layer_time_factor) does to every layer's
-    kernel times; empty without one."""
-    cal = T.calibration_layer(p)
-    if cal is None:
-        return ""
-    c = T.calibration_terms(p)
-    return (
-        f"; then every layer's kernel times x {T.layer_time_factor(p):.3f}, measured / modelled for "
-        f"one measured layer on this platform ({cal['source']}: {c['measured_s'] * 1e3:g} ms forward, "
-        f"of which the model prices {c['modelled_tp_s'] * 1e3:.2f} ms of TP all-reduces and "
-        f"{c['modelled_kernels_s'] * 1e3:.2f} ms of kernels; profile calibration.layer_forward)"
-    )
-
-
-def _assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+def _assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
     """What the plan assumes, in words with the numbers used (``ParallelPlan.assumptions``):
     the batch and mesh, memory, compute, communication and search rules, then what was asked
     beyond the defaults."""
     return [
         *_layout_assumptions(req, ctx),
         *_memory_assumptions(req, ctx),
-        *_time_assumptions(req, ctx),
+        *time_assumptions(req.platform, req.flash_attention),
         *_asked_assumptions(req),
     ]
 
 
-def _layout_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+def _layout_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
     B, G, seq, micro_batches = ctx.B, ctx.G, req.seq, req.micro_batches
     batch_given = req.global_batch is not None
     return [
@@ -1100,7 +819,7 @@ def _layout_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
     ]
 
 
-def _memory_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
+def _memory_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
     p, prec, preset = req.platform, ctx.prec, req.precision
     dropout, cf, flash = req.dropout, req.capacity_factor, req.flash_attention
     return [
@@ -1128,52 +847,6 @@ def _memory_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
         f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
-    ]
-
-
-def _time_assumptions(req: PlanRequest, ctx: _Ctx) -> list[str]:
-    p, flash, g = req.platform, req.flash_attention, ctx.g
-    peak_given = "peak_tflops" in p.raw.get("gpu", {}) and p.peak_flops > 0
-    return [
-        f"compute (time_model): each GEMM at its own shape, a roofline of the achievable "
-        f"{p.gemm_flops / 1e12:g} TFLOPS"
-        + (f" x tile and wave quantization on {p.sm_count} SMs" if p.sm_count else "")
-        + " and HBM, attention core (causal halved) at "
-        f"{p.attention_flops / 1e12:g} TFLOPS, whatever the precision preset (FP8 speed-up not "
-        "modelled); backward = 2 x forward (1.5 x for non-GEMM kernels); recompute adds the recomputed "
-        "forward; non-GEMM kernels "
-        f"(norms, activations, bias-dropout-add{', softmax and dropout of the scores' if not flash else ''}) "
-        f"at HBM {p.hbm_bytes_per_s / 1e9:g} GB/s; every stage "
-        "runs at the pace of the slowest (uneven splits put extra layers on the first stages)"
-        + _calibration_note(p),
-        f"communication: formulas' bytes; TP/SP, CP and EP inside a node at {p.intra_node_a2a_bytes_per_s / 1e9:g} "
-        f"GB/s per GPU, off-node at NIC {p.nic_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU x efficiency "
-        f"{p.network_efficiency:g}; per-collective latency from the profile's links; TP/SP, EP and "
-        "PP traffic exposed (not overlapped), except the column-parallel layers' backward TP "
-        "collectives (two per layer), which overlap the weight-gradient GEMMs (Megatron-LM's "
-        "asynchronous TP all-reduce; exposed only beyond them); EP all-to-all: on- and off-node parts concurrent, "
-        "full recompute repeats the forward's two; ETP: all-gather + reduce-scatter of the "
-        "ETP-gathered dispatched tokens forward and again backward, 4 (ETP-1) c k tokens h 2 B per MoE "
-        "layer, on NVLink (Megatron-core token_dispatcher); CP ring overlapped with the attention core",
-        "DP: ZeRO-0/1 reduce gradients once per step, overlapped with the last micro-batch's "
-        "backward; ZeRO-1/2 all-gather updated weights overlapped with the next step's first "
-        "forward; ZeRO-2 reduce-scatters gradients every micro-batch and ZeRO-3 also all-gathers "
-        "weights for every forward and backward (DeepSpeed/FSDP under gradient accumulation), "
-        "each overlapped with that micro-batch's compute; only the excess is counted; a DP group "
-        f"inside one node of {g} GPUs uses NVLink, others the NIC",
-        "pipeline: bubble (PP - 1) / VPP slots of the slowest stage (Narayanan 2021); P2P scatter/gather "
-        "(1/TP of each activation per rank, all-gathered on NVLink; Narayanan 2021 Sec. 4.1); interleaving "
-        "multiplies P2P sends by VPP",
-        "optimizer step: one HBM pass reading and writing the stage's model state (weights, gradients, "
-        "master, moments); gradient accumulation fused into the weight-gradient GEMMs (no pass of its "
-        "own) unless asked otherwise; not modelled: kernel launch gaps, a kernel's fixed start and "
-        "tail (thin GEMMs are optimistic), the host's data loading and logging",
-        "search: for each layout and ZeRO stage only the lightest recompute mode that fits is kept "
-        "(none, selective, full:N with the smallest N found by bisection, full; heavier ones fit too "
-        "and are slower); ranked by step time",
-        f"MFU: model FLOPs per step (formulas.train_flops_per_token, causal, no recompute) / "
-        f"(GPUs x {'peak' if peak_given else 'achievable GEMM (the profile has no peak)'} "
-        f"{(p.peak_flops if peak_given else p.gemm_flops) / 1e12:g} TFLOPS x step time)",
     ]
 
 
