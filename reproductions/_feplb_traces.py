@@ -446,9 +446,9 @@ def span(values, unit: str = "") -> str:
 
 def sampled(repro, row: str, column: str, values: list[float], unit: str, note: str, **kw):
     """A sampled cell: ``values`` per seed (:func:`seeds`); the policy grades each seed by the
-    prediction rule (records/grading.py). A column "... vs Before LB" is a percent change
-    against the baseline (quantity ``change``)."""
-    if column.endswith("vs Before LB"):
+    prediction rule (records/grading.py). A column "... vs Before LB" in % is a percent change
+    against the baseline (quantity ``change``); in ms it is a plain (signed) value."""
+    if column.endswith("vs Before LB") and unit == "%":
         kw.setdefault("quantity", "change")
     return repro.compare(
         row, column, None, unit, note=note, grade_class="sampled", seeds=list(values), **kw
