@@ -122,7 +122,7 @@ def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELaye
         int(params["d_ffn"]),
         experts,
         top_k,
-        gemm=params.get("gemm", "sequential"),
+        gemm=params.get("gemm", "auto"),
         capacity_factor=float(params["capacity_factor"]),
         dtype=dtype,
     )

@@ -15,6 +15,10 @@ timed right away with the same number of calls, and the sample's ratio is
 time(dense) / time(variant) = TFLOP/s(variant) / TFLOP/s(dense). Pairing the two in time makes
 the ratio robust to load that comes and goes on a shared machine (its median and IQR are what
 the issue's ">= 80% of dense at >= 256 tokens per expert" goal is judged on).
+
+Kernel table: after a run, the fastest correct kernel per (device, dtype, T, K, M) is merged into
+this machine's cached table (components/moe/kernel_choice.py), which the ``auto`` kernel of the
+layer, the trainer and the suites reads; the run's summary says where it went.
 """
 
 from __future__ import annotations
@@ -130,6 +134,23 @@ def check(state: dict) -> int:
     return int(((y - ref).abs() > tol).sum())
 
 
+def kernel_table(records: list[dict]) -> list[str]:
+    """Write the run's fastest correct kernels into this machine's table for ``auto``."""
+    from moe_repro.components.moe.kernel_choice import table_from_records, write_table
+
+    by_device: dict[str, list[dict]] = {}
+    for r in records:
+        device = str(r.get("device_used", r.get("device", "cpu"))).split(":")[0]
+        by_device.setdefault(device, []).append({**r, "device_type": device})
+    lines = []
+    for device, recs in by_device.items():
+        entries = table_from_records(recs)
+        if entries:
+            path = write_table(entries, device)
+            lines.append(f"auto kernel table: {len(entries)} shape(s) for {device} -> {path}")
+    return lines
+
+
 def _known_model(key: str) -> None:
     from moe_repro.components.model.zoo import get_model
 
@@ -179,6 +200,7 @@ SUITE = Suite(
     setup=setup,
     run=run,
     derive=derive,
+    summary=kernel_table,
     check=check,
     metrics=[
         Metric("tflops", "TFLOP/s", "higher", description="2 T E_l K M / time_s"),

@@ -19,7 +19,7 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 
 from __future__ import annotations
 
-from moe_repro.components.moe.grouped_gemm import get_grouped_gemm, grouped_gemm_names
+from moe_repro.components.moe.grouped_gemm import check_gemm_name, gemm_choices
 from moe_repro.suites._moe_stages import (
     IMPLS,
     MEMORY_RULES,
@@ -56,7 +56,7 @@ def check_params(p: dict) -> dict:
     ):
         if p[key] not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {p[key]!r}")
-    get_grouped_gemm(p["gemm"])  # ValueError naming the registered kernels
+    check_gemm_name(p["gemm"])  # ValueError naming the registered kernels
     for key in ("ranks", "d_model", "d_ffn", "experts", "top_k"):
         if int(p[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {p[key]}")
@@ -73,13 +73,32 @@ def check_params(p: dict) -> dict:
         raise ValueError(
             f"capacity_factor must be a positive finite number, got {p['capacity_factor']}"
         )
-    return peer_params(p)  # a peer's package and version, or a one-line refusal
+    return {**peer_params(p), **gemm_used(p)}  # a peer's package and version; the kernel
+
+
+def gemm_used(p: dict) -> dict:
+    """The kernel the point's expert GEMMs run and why (``named``, or for ``auto`` ``table`` /
+    ``fallback``: components/moe/kernel_choice.py), at the point's mean tokens per expert
+    (tokens * ranks * top_k / experts rows on each expert's rank); in every record."""
+    import torch
+
+    from moe_repro.components.moe.kernel_choice import choose_kernel
+    from moe_repro.suites._moe_stages import DTYPES
+
+    if p["gemm"] != "auto":
+        return {"gemm_used": p["gemm"], "gemm_rule": "named"}
+    device = p["device"] if p["device"] != "auto" else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        device = "cpu"
+    rows = int(p["tokens"]) * int(p["ranks"]) * int(p["top_k"]) / int(p["experts"])
+    choice = choose_kernel(device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]))
+    return {"gemm_used": choice.kernel, "gemm_rule": choice.source}
 
 
 def setup(params: dict, ctx=None) -> dict:
     if params["stage"] not in (*STAGES, "layer"):
         raise ValueError(f"moe-layer stages: {', '.join(STAGES)}, layer")
-    get_grouped_gemm(params["gemm"])  # ValueError naming the registered kernels
+    check_gemm_name(params["gemm"])  # ValueError naming the registered kernels
     return setup_stage(params, ctx)
 
 
@@ -107,7 +126,7 @@ SUITE = MoELayerSuite(
         "experts": whole(1, 2**16),
         "top_k": whole(1, 2**10),
         "capacity_factor": Param(float, 0.01, 1000.0),
-        "gemm": registered("gemm", grouped_gemm_names),
+        "gemm": registered("gemm", gemm_choices),
         "dtype": one_of("float32", "bfloat16"),
         "device": DEVICE,
         "threads": THREADS,
@@ -129,7 +148,7 @@ SUITE = MoELayerSuite(
         "experts": [64],
         "top_k": [6],
         "capacity_factor": [1.25],
-        "gemm": ["sequential"],
+        "gemm": ["auto"],
         "dtype": ["float32"],
         "device": ["auto"],
         "threads": [0],
@@ -177,7 +196,8 @@ SUITE = MoELayerSuite(
         "experts": "E (divisible by ranks)",
         "top_k": "k",
         "capacity_factor": "padded: C = ceil(cf S k / E); pft: per-expert drop limit",
-        "gemm": f"pft expert GEMM kernel: {', '.join(grouped_gemm_names())}",
+        "gemm": f"pft expert GEMM kernel: {', '.join(gemm_choices())} (auto: the fastest "
+        "correct kernel for the device, dtype and shape; the record's gemm_used names it)",
         "dtype": "float32 or bfloat16",
         "device": "auto, cpu or cuda",
         "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)",

@@ -84,3 +84,14 @@ def pytest_collection_modifyitems(config, items):
         markers = {m.name for m in item.iter_markers()}
         if is_heavy(item.path.name, function, markers):
             item.add_marker(pytest.mark.heavy)
+
+
+@pytest.fixture(autouse=True)
+def _own_kernel_table(tmp_path, monkeypatch):
+    """Each test reads and writes its own (empty) ``auto`` kernel table, never the machine's
+    (components/moe/kernel_choice.py): ``auto`` takes the documented fallback rule unless the
+    test writes a table."""
+    monkeypatch.setenv("MOE_REPRO_KERNEL_TABLE", str(tmp_path / "kernel-table.json"))
+    from moe_repro.components.moe import kernel_choice
+
+    kernel_choice.load_table.cache_clear()

@@ -2,7 +2,9 @@
 
 Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py). Each projection
 is one grouped GEMM (``y[rows of e] = x[rows of e] @ w[e]``); which kernel computes it is a name
-in the registry of components/moe/grouped_gemm.py, chosen per layer (``gemm=``) or per call.
+in the registry of components/moe/grouped_gemm.py, chosen per layer (``gemm=``) or per call;
+``auto`` (the default) resolves per call to the fastest correct kernel for the device, dtype and
+shape (components/moe/kernel_choice.py), and ``last_choice`` says which it ran.
 ``grouped_gemm`` and the registry's lookups are re-exported here for existing callers.
 """
 
@@ -13,10 +15,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from moe_repro.components.moe.grouped_gemm import (  # noqa: F401  (re-exported)
+    check_gemm_name,
     get_grouped_gemm,
     grouped_gemm,
     grouped_gemm_names,
 )
+from moe_repro.components.moe.kernel_choice import Choice, resolve
 
 ACTIVATIONS = ("swiglu", "gelu", "relu")
 
@@ -35,18 +39,19 @@ class ExpertMLP(nn.Module):
         d_model: int,
         d_ffn: int,
         activation: str = "swiglu",
-        gemm: str = "sequential",
+        gemm: str = "auto",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        get_grouped_gemm(gemm)  # ValueError naming the known kernels
+        check_gemm_name(gemm)  # ValueError naming the known kernels
         if min(num_experts, d_model, d_ffn) < 0 or min(d_model, d_ffn) == 0:
             raise ValueError("num_experts must be >= 0 and d_model, d_ffn positive")
         self.num_experts, self.d_model, self.d_ffn = num_experts, d_model, d_ffn
         self.activation, self.gemm = activation, gemm
+        self.last_choice: Choice | None = None  # the kernel the last forward ran, and why
 
         def draw(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, dtype=dtype, device=device)
@@ -75,7 +80,9 @@ class ExpertMLP(nn.Module):
         self, x: torch.Tensor, tokens_per_expert: torch.Tensor, gemm: str | None = None
     ) -> torch.Tensor:
         """x [N, H] grouped by expert, tokens_per_expert [E] -> [N, H]."""
-        variant = gemm or self.gemm
+        weights = self.w_in
+        choice = resolve(gemm or self.gemm, x, weights, tokens_per_expert, grouped_gemm_names())
+        self.last_choice, variant = choice, choice.kernel
         up = grouped_gemm(x, self.w_in, tokens_per_expert, variant)
         gate = (
             grouped_gemm(x, self.w_gate, tokens_per_expert, variant)

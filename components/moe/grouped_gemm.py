@@ -5,7 +5,8 @@ Rows of the buffer are grouped by expert (the PFT order, components/moe/pft.py):
 rows ``offsets[g-1]:offsets[g]`` with ``offsets = cumsum(tokens_per_group)``. A grouped GEMM
 computes ``y[rows of g] = x[rows of g] @ w[g]`` for x [N, K] and w [G, K, M].
 
-Kernels (all differentiable, all exact up to fp summation order): ``sequential`` (one GEMM per
+Kernels (all differentiable, all exact up to fp summation order; ``auto`` picks one per device,
+dtype and shape, components/moe/kernel_choice.py): ``sequential`` (one GEMM per
 group, X-MoE App. B.4 "sequential GeMM"), ``padded_bmm`` (a zero-padded batch and one bmm: what
 a capacity-padded pipeline computes), ``grouped_mm`` (``torch._grouped_mm``, one kernel) and
 ``triton`` (components/moe/triton_kernels.py; offered only where Triton can run, see
@@ -64,6 +65,18 @@ def grouped_gemm_names() -> tuple[str, ...]:
     return tuple(name for name, k in GROUPED_GEMM_KERNELS.items() if k.unavailable() is None)
 
 
+def gemm_choices() -> tuple[str, ...]:
+    """What a ``gemm=`` parameter accepts: ``auto`` (components/moe/kernel_choice.py: the
+    fastest correct kernel for the device, dtype and shape), then every runnable kernel."""
+    return ("auto", *grouped_gemm_names())
+
+
+def check_gemm_name(name: str) -> None:
+    """ValueError naming the known kernels unless ``name`` is ``auto`` or a runnable kernel."""
+    if name != "auto":
+        get_grouped_gemm(name)
+
+
 def get_grouped_gemm(name: str) -> GroupedGemmKernel:
     if name not in GROUPED_GEMM_KERNELS:
         raise ValueError(
@@ -77,10 +90,16 @@ def get_grouped_gemm(name: str) -> GroupedGemmKernel:
 
 
 def grouped_gemm(
-    x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor, variant: str = "sequential"
+    x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor, variant: str = "auto"
 ) -> torch.Tensor:
     """y[rows of g] = x[rows of g] @ w[g] for x [N, K], w [G, K, M] -> [N, M], with the
-    registered kernel named ``variant``."""
+    registered kernel named ``variant`` (``auto``: components/moe/kernel_choice.py)."""
+    if variant == "auto":
+        from moe_repro.components.moe.kernel_choice import resolve
+
+        variant = resolve(
+            variant, x, w, torch.as_tensor(tokens_per_group), grouped_gemm_names()
+        ).kernel
     kernel = get_grouped_gemm(variant)
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
         raise ValueError(

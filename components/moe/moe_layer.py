@@ -160,7 +160,7 @@ class MoEConfig:
     normalize: bool | None = None
     num_shared: int = 0
     activation: str = "swiglu"
-    gemm: str = "sequential"
+    gemm: str = "auto"
     capacity_factor: float | None = None
     drop_policy: str = "probs"
     renormalize_after_drop: bool = False
@@ -194,7 +194,7 @@ class MoELayer(nn.Module):
         normalize: bool | None = None,
         num_shared: int = 0,
         activation: str = "swiglu",
-        gemm: str = "sequential",
+        gemm: str = "auto",
         capacity_factor: float | None = None,
         drop_policy: str = "probs",
         renormalize_after_drop: bool = False,

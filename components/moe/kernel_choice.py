@@ -1,0 +1,227 @@
+"""The ``auto`` grouped-GEMM kernel: per device, dtype and shape, the fastest correct kernel.
+
+``auto`` is a name the layer, the trainer and the suites accept wherever a kernel of
+components/moe/grouped_gemm.py is asked for. It resolves, per call, from:
+
+1. the measured table of this machine, when one exists: written by a run of the expert-gemm
+   suite (suites/grouped_gemm.py, its summary) from its records, keeping per (device type,
+   dtype, tokens per expert T, K, M) the kernel with the highest median TFLOP/s among those
+   with no wrong element. The table is a JSON file cached per machine (its file name and
+   content carry the machine's identity: device name, CPU model, core count, torch version);
+   a table of another machine is ignored. A call takes the entry of its device type and dtype
+   nearest to its shape (distance in log2 of T, K and M), among kernels that can run here.
+2. otherwise the documented fallback rule: ``grouped_mm`` (one ``torch._grouped_mm`` kernel)
+   where this torch provides it for the device and dtype (probed once with a tiny forward and
+   backward), else ``padded_bmm`` (one batched matmul). Never ``sequential``: a Python loop
+   of one GEMM per expert, kept as the reference.
+
+The choice is recorded: :class:`Choice` says the kernel and why (``table`` or ``fallback``);
+the expert MLP keeps its last one, and the moe-layer suite writes it into each record.
+
+Why: the per-expert loop was the default everywhere, and which single kernel is fastest
+depends on the device, the dtype and the tokens per expert (Piper Fig. 4's curves cross), so
+the rule is measured on the machine rather than fixed.
+
+Where the table lives: ``$MOE_REPRO_KERNEL_TABLE`` if set, else
+``~/.cache/moe_repro/kernel-table-<machine id>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from moe_repro.components.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+AUTO = "auto"
+FALLBACK_ORDER = ("grouped_mm", "padded_bmm")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kernel ``auto`` resolved to, and from what (``table`` or ``fallback``)."""
+
+    kernel: str
+    source: str
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_identity(device_type: str = "cpu") -> dict:
+    """What makes a measured table valid: the device, the CPU, its cores, torch's version."""
+    ident = {
+        "device_type": device_type,
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count() or 0,
+        "torch": str(torch.__version__),
+    }
+    if device_type == "cuda" and torch.cuda.is_available():
+        ident["device_name"] = torch.cuda.get_device_name()
+    return ident
+
+
+def _identity_key(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def table_path(device_type: str = "cpu") -> Path:
+    """Where this machine's table for ``device_type`` is cached."""
+    env = os.environ.get("MOE_REPRO_KERNEL_TABLE")
+    if env:
+        return Path(env)
+    key = _identity_key(machine_identity(device_type))
+    return Path.home() / ".cache" / "moe_repro" / f"kernel-table-{device_type}-{key}.json"
+
+
+def table_from_records(records: Iterable[dict]) -> list[dict]:
+    """Entries of the table from expert-gemm records: per (device, dtype, T, K, M) the kernel
+    with the highest TFLOP/s among those with no wrong element (``dense`` is not a kernel)."""
+    best: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("variant") in (None, "dense", AUTO) or "tflops" not in r:
+            continue
+        if int(r.get("wrong", 0) or 0) != 0:
+            continue
+        key = (
+            str(r.get("device_type", "cpu")),
+            str(r["dtype"]),
+            int(r["tokens_per_expert"]),
+            int(r["K"]),
+            int(r["M"]),
+        )
+        if key not in best or float(r["tflops"]) > best[key]["tflops"]:
+            best[key] = {
+                "device": key[0],
+                "dtype": key[1],
+                "tokens_per_expert": key[2],
+                "K": key[3],
+                "M": key[4],
+                "kernel": str(r["variant"]),
+                "tflops": float(r["tflops"]),
+            }
+    return list(best.values())
+
+
+def write_table(entries: list[dict], device_type: str = "cpu", path: Path | None = None) -> Path:
+    """Merge ``entries`` into this machine's table (newer entries replace the same shapes)."""
+    path = path or table_path(device_type)
+    ident = machine_identity(device_type)
+    old = load_table(device_type, path) if path.exists() else []
+    merged = {_shape_key(e): e for e in old}
+    merged.update({_shape_key(e): e for e in entries})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"machine": ident, "entries": list(merged.values())}, indent=1))
+    tmp.replace(path)
+    load_table.cache_clear()
+    return path
+
+
+def _shape_key(e: dict) -> tuple:
+    return (e["device"], e["dtype"], e["tokens_per_expert"], e["K"], e["M"])
+
+
+@cache
+def load_table(device_type: str = "cpu", path: Path | None = None) -> list[dict]:
+    """This machine's entries ([] when no table, or when the file is another machine's)."""
+    path = path or table_path(device_type)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("machine") != machine_identity(device_type):
+        return []
+    entries = data.get("entries")
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+@cache
+def _grouped_mm_works(device_type: str, dtype: "torch.dtype") -> bool:
+    """Whether torch._grouped_mm runs forward and backward here for this dtype (probed once)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        dev = torch.device(device_type)
+        x = torch.randn(4, 16, device=dev).to(dtype).requires_grad_()
+        w = torch.randn(2, 16, 16, device=dev).to(dtype).requires_grad_()
+        offs = torch.tensor([1, 4], dtype=torch.int32, device=dev)
+        torch._grouped_mm(x, w, offs=offs).backward(torch.ones(4, 16, device=dev, dtype=dtype))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return False
+    return True
+
+
+def fallback_kernel(device_type: str, dtype: "torch.dtype") -> str:
+    """The rule when no table exists: grouped_mm where torch runs it, else padded_bmm."""
+    return "grouped_mm" if _grouped_mm_works(device_type, dtype) else "padded_bmm"
+
+
+def _dtype_name(dtype: "torch.dtype") -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def choose_kernel(
+    device_type: str,
+    dtype: "torch.dtype",
+    tokens_per_expert: float,
+    k: int,
+    m: int,
+    runnable: Iterable[str] = FALLBACK_ORDER,
+) -> Choice:
+    """The kernel ``auto`` runs for this device type, dtype and shape (see module docstring),
+    among the ``runnable`` kernels (grouped_gemm.grouped_gemm_names(): the registry is not
+    imported here, it imports this module)."""
+    runnable = set(runnable)
+    name = _dtype_name(dtype)
+    entries = [
+        e
+        for e in load_table(device_type)
+        if e.get("device") == device_type and e.get("dtype") == name and e.get("kernel") in runnable
+    ]
+    if entries:
+
+        def distance(e: dict) -> float:
+            return sum(
+                abs(math.log2(max(a, 1.0)) - math.log2(max(float(b), 1.0)))
+                for a, b in ((tokens_per_expert, e["tokens_per_expert"]), (k, e["K"]), (m, e["M"]))
+            )
+
+        return Choice(str(min(entries, key=distance)["kernel"]), "table")
+    return Choice(fallback_kernel(device_type, dtype), "fallback")
+
+
+def resolve(
+    name: str,
+    x: "torch.Tensor",
+    w: "torch.Tensor",
+    tokens_per_group: "torch.Tensor",
+    runnable: Iterable[str] = FALLBACK_ORDER,
+) -> Choice:
+    """``name`` itself when it names a kernel; for ``auto`` the choice for x [N, K] times
+    w [G, K, M] with the groups' mean rows as the tokens per expert."""
+    if name != AUTO:
+        return Choice(name, "named")
+    groups = max(1, int(w.shape[0]))
+    return choose_kernel(
+        x.device.type, x.dtype, x.shape[0] / groups, int(w.shape[1]), int(w.shape[2]), runnable
+    )
