@@ -115,6 +115,10 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
         h, f, e, k = case["d_model"], case["d_ffn"], case["experts"], case["top_k"]
         w = make_weights(case["seed"], h, f, e, case.get("dead", ()), case.get("shared", 0))
         x, grad_out = make_tokens(case["seed"] * 100 + ctx.rank, case["tokens"][ctx.rank], h)
+        dtype = getattr(torch, case.get("dtype", "float32"))
+        if dtype != torch.float32:  # the layer holds rounded values: so does the reference
+            w = {n: t.to(dtype).float() for n, t in w.items()}
+            x, grad_out = x.to(dtype), grad_out.to(dtype)
         placement = (
             ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
             if case.get("rank_of_expert")
@@ -125,6 +129,7 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
             gemm=case.get("gemm", "sequential"),
             expert_parallel=True,
             placement=placement,
+            dtype=dtype,
         )
         if case.get("impl") == "padded":
             layer = PaddedMoELayer(
@@ -137,7 +142,7 @@ def layer_vs_reference(ctx, cases: list[dict]) -> list[dict]:
         out = layer(x)
         (out * grad_out).sum().backward()
 
-        ref_out, ref_dx, ref_grads = reference_grads(x.detach(), grad_out, w, k)
+        ref_out, ref_dx, ref_grads = reference_grads(x.detach().float(), grad_out.float(), w, k)
         for name in ref_grads:  # expert weights see every rank's tokens: sum the references
             if name.startswith("experts."):
                 dist.all_reduce(ref_grads[name])
