@@ -9,6 +9,7 @@ except where MOE_REPRO_REQUIRE_BROWSER=1 (CI), where their absence fails the tes
 """
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,9 @@ PAGES = ["piper-table4", "piper-fig8", "xmoe-table3", "feplb-fig6", "mop-table1"
 # the paper's form (bars, OOM), a sampled table, and a table whose throughput reads in words.
 SHOWN = ["piper-fig8", "piper-fig12", "xmoe-fig11", "feplb-table3", "mop-table2"]
 FIGURES = {"piper-fig8", "piper-fig12", "xmoe-fig11"}  # the paper's element is a figure
+SUITES_SHOWN = ["suite-gemm"]  # a suite page: its figures, table and history by commit
+# a number in scientific notation as the page shows it (3e-05, 1.2e+07)
+SCI = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?e[+-]\d+)(?![\w.])")
 WIDTHS = (1280, 375)
 # Run smaller than their defaults, which take minutes: the page's layout (what this test looks
 # at) is the same cells, rows and columns at any size. xmoe-fig11 measures real ranks: a small
@@ -108,7 +112,7 @@ def test_click_through_index_reproduction_raw_data(site, tmp_path):
         # the stylesheet applies (an escaped one leaves the browser's default serif font)
         font = page.evaluate("getComputedStyle(document.body).fontFamily")
         assert "sans-serif" in font and "system-ui" in font, font
-        page.click("text=piper-table4")
+        page.click("td >> a:text-is('piper-table4')")  # its row in the paper's table
         page.wait_for_load_state()
         assert page.url.endswith("repro/piper-table4.html")
         assert page.locator("tr.deviates").count() > 0 and page.locator("tr.match").count() > 0
@@ -160,8 +164,14 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
     browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
     for width in WIDTHS:
         page = browser.new_page(viewport={"width": width, "height": 900})
-        for name in ["index", *SHOWN]:
-            path = site / "index.html" if name == "index" else site / "repro" / f"{name}.html"
+        for name in ["index", *SHOWN, *SUITES_SHOWN]:
+            path = (
+                site / "index.html"
+                if name == "index"
+                else site / "suites" / f"{name[len('suite-') :]}.html"
+                if name in SUITES_SHOWN
+                else site / "repro" / f"{name}.html"
+            )
             page.goto(path.as_uri())
             where = f"{name} at {width} px"
             assert "sans-serif" in page.evaluate("getComputedStyle(document.body).fontFamily"), (
@@ -171,7 +181,39 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
             assert all(w > 0 for w in widths), (where, widths)
             # nothing runs off the side: wide tables scroll inside their own box
             assert page.evaluate("document.documentElement.scrollWidth") <= width, where
+            # numbers as people read them: no scientific notation for a value in [1e-4, 1e6)
+            text = page.inner_text("body")
+            sci = [m for m in SCI.findall(text) if 1e-4 <= abs(float(m)) < 1e6]
+            assert sci == [], (where, sci[:5])
+            if name == "index":
+                # the change grid comes first: a tile with its sparkline per result with a
+                # history, then one line linking those with runs at one commit only
+                tiles = page.locator("ul.watch li.tile").count()
+                assert page.locator("ul.watch svg.spark").count() == tiles, where
+                assert tiles + page.locator("#changes p.single a").count() >= 3, where
+                top = page.evaluate(
+                    "document.querySelector('#changes').getBoundingClientRect().top"
+                )
+                assert top < 900, (where, top)  # on the first screen
+            if name in SUITES_SHOWN:
+                # history by commit: an inline chart whose points link to the stored runs
+                assert page.locator("svg.history a circle").count() >= 1, where
+                assert page.locator("svg.history").first.bounding_box()["width"] <= width, where
+                # its labels stay readable when the chart shrinks to a phone's width
+                label = page.evaluate(
+                    "document.querySelector('svg.history text').getBoundingClientRect().height"
+                )
+                assert label >= 8, (where, label)
+                continue  # the rest is a reproduction page's
             if name != "index":
+                # the answer columns of the per-cell table (paper, ours, grade) are on screen
+                # without scrolling the table's box sideways, at 375 px too
+                right = page.evaluate("""() => {
+                    const th = [...document.querySelectorAll('#graded ~ div table.cells th')]
+                        .find(t => t.textContent.trim() === 'grade');
+                    return th ? th.getBoundingClientRect().right : null;
+                }""")
+                assert right is not None and right <= width, (where, right)
                 order = page.evaluate("""() => {
                     const top = el => el ? el.getBoundingClientRect().top + window.scrollY : null;
                     return {answer: top(document.querySelector('#answer')),
