@@ -204,6 +204,8 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
                     "document.querySelector('svg.history text').getBoundingClientRect().height"
                 )
                 assert label >= 8, (where, label)
+                shots.append(artifacts / f"site-{name}-{width}.png")
+                page.screenshot(path=str(shots[-1]), full_page=True)
                 continue  # the rest is a reproduction page's
             if name != "index":
                 # the answer columns of the per-cell table (paper, ours, grade) are on screen
