@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
+from moe_repro.components.resources import ep_time as E
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources import time_model as T
 from moe_repro.components.resources.memory_model import (
@@ -57,6 +58,8 @@ class PlanContext:
     overlap_dp: bool = True
     fused_grad_accumulation: bool = True
     overlap_tp: bool = True
+    dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
+    node_limit: int | None = None  # nodes a token may reach (ep_time.NODE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -250,12 +253,22 @@ def _expert_time(
     moe_fwds = st.n_moe + 0.5 * rm
     tokens = lay.mb * ctx.seq / (lay.t * lay.c)
     if e > 1:
-        ep_b = F.ep_alltoall_bytes_per_layer(tokens, m.top_k, ctx.d, e, 2, ctx.cf) * moe_fwds
-        per_peer = ep_b / (e - 1)
+        # one dispatch per ctx.dispatcher (ep_time: the simulator's model in closed form); a
+        # layer's forward dispatches and combines, its backward does both again; the capacity
+        # factor scales the rows sent
         on_node = min(e, max(1, g // et))  # EP peers inside a node (expert order tp-ep-dp-pp)
-        ep_s = T.alltoall_time(
-            p, per_peer * (on_node - 1), per_peer * (e - on_node), messages=4 * st.n_moe + 2 * rm
+        one = E.dispatch_time(
+            p,
+            ctx.dispatcher,
+            e,
+            on_node,
+            ctx.cf * tokens,
+            m.top_k,
+            m.n_experts,
+            2 * ctx.d,
+            ctx.node_limit,
         )
+        ep_s, ep_b = one.seconds * 4 * moe_fwds, one.bytes * 4 * moe_fwds
     if et > 1:
         # expert TP: all-gather the dispatched tokens over the ETP group, reduce-scatter the
         # expert outputs; the backward does the reverse: 2 all-gathers + 2 reduce-scatters of

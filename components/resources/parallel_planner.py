@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
+from moe_repro.components.resources import ep_time as E
 from moe_repro.components.resources import formulas as F
 from moe_repro.components.resources.layout_time import (
     Layout,
@@ -253,6 +254,7 @@ class PlanRequest:
     overlap_dp: bool = True
     fused_grad_accumulation: bool = True
     overlap_tp: bool = True
+    dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
 
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
@@ -271,6 +273,10 @@ class PlanRequest:
         ):
             if val is not None and val <= 0:
                 raise ValueError(f"{name} must be positive, got {val}")
+        if self.dispatcher not in E.DISPATCHERS:
+            raise ValueError(
+                f"dispatcher must be one of {', '.join(E.DISPATCHERS)}, got {self.dispatcher!r}"
+            )
         prec = F.precision(self.precision)
         zeros = tuple(ZERO_STAGES if self.zero is None else self.zero)
         for z in zeros:
@@ -303,6 +309,7 @@ def plan_parallel(
     overlap_dp: bool = True,
     fused_grad_accumulation: bool = True,
     overlap_tp: bool = True,
+    dispatcher: str = "alltoall",
 ) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
@@ -317,7 +324,8 @@ def plan_parallel(
     HBM-bound pass (Megatron-LM's DDP hook ``main_grad.add_(grad)`` without
     --gradient-accumulation-fusion; PyTorch's AccumulateGrad); ``overlap_tp=False``: the
     backward's TP all-reduces are exposed too (Megatron-LM before its asynchronous tensor-parallel
-    all-reduce of 2021-09-02). ValueError for malformed input (non-positive numbers, unknown preset,
+    all-reduce of 2021-09-02); ``dispatcher``: the EP token dispatcher whose dispatch time the
+    EP term takes (ep_time.DISPATCHERS; default Megatron-core's alltoall). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(
         PlanRequest(
@@ -343,6 +351,7 @@ def plan_parallel(
             overlap_dp=overlap_dp,
             fused_grad_accumulation=fused_grad_accumulation,
             overlap_tp=overlap_tp,
+            dispatcher=dispatcher,
         )
     )
 
@@ -432,6 +441,8 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         req.overlap_dp,
         req.fused_grad_accumulation,
         req.overlap_tp,
+        req.dispatcher,
+        E.node_limit(m.key),
     )
 
 
@@ -796,6 +807,7 @@ def _assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
         *_layout_assumptions(req, ctx),
         *_memory_assumptions(req, ctx),
         *time_assumptions(req.platform, req.flash_attention),
+        _ep_assumption(req, ctx),
         *_asked_assumptions(req),
     ]
 
@@ -848,6 +860,21 @@ def _memory_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
         "layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
     ]
+
+
+def _ep_assumption(req: PlanRequest, ctx: PlanContext) -> str:
+    """The EP term's dispatcher, routing and overlap (ep_time), in words."""
+    limit = (
+        f"node-limited routing: a token reaches at most {ctx.node_limit} nodes ({req.model.key})"
+        if ctx.node_limit
+        else "uniform top-k routing over the EP group"
+    )
+    return (
+        f"EP: dispatcher {req.dispatcher} ({E.DISPATCHERS[req.dispatcher]}); one dispatch and one "
+        f"combine per MoE layer forward, both again backward, each timed by ep_time (the network "
+        f"simulator's EP model in closed form), {limit}; exposed, not overlapped with compute "
+        "(Megatron-core's default: --overlap-moe-expert-parallel-comm off)"
+    )
 
 
 def _asked_assumptions(req: PlanRequest) -> list[str]:
