@@ -194,6 +194,7 @@ def halo_layer_vs_flat_layer(ctx, cases: list[dict]) -> list[dict]:
                 expert_parallel=True,
                 placement=placement,
                 all_to_all=kind,
+                overlap="off",  # the dispatchers' own paths, bit for bit
             )
             load_local(layer, w)
             xi = x.clone().requires_grad_(True)
@@ -226,5 +227,73 @@ def halo_layer_vs_flat_layer(ctx, cases: list[dict]) -> list[dict]:
             )
         results.append(
             {"rank": ctx.rank, "rows": int(x.shape[0]), "identical": identical, "errs": errs}
+        )
+    return results
+
+
+def overlap_vs_unpipelined(ctx, cases: list[dict]) -> list[dict]:
+    """Rank target: the layer with dispatch/combine pipelined in ``case["overlap"]`` chunks vs
+    the same layer unpipelined (overlap="off"), same weights, tokens and upstream gradient:
+    output, input and every parameter gradient (errs_vs_off), and the pipelined layer against
+    the loop reference (errs). ``dtype``: the layer's (the reference takes its rounded values)."""
+    import torch.distributed as dist
+
+    from moe_repro.components.moe.moe_layer import ExpertPlacement, MoELayer
+
+    results = []
+    for case in cases:
+        h, f, e, k = case["d_model"], case["d_ffn"], case["experts"], case["top_k"]
+        w = make_weights(case["seed"], h, f, e, case.get("dead", ()), case.get("shared", 0))
+        x, grad_out = make_tokens(case["seed"] * 100 + ctx.rank, case["tokens"][ctx.rank], h)
+        dtype = getattr(torch, case.get("dtype", "float32"))
+        w = {n: t.to(dtype).float() for n, t in w.items()}
+        x, grad_out = x.to(dtype), grad_out.to(dtype)
+        placement = (
+            ExpertPlacement.from_ranks(case["rank_of_expert"], ctx.world_size)
+            if case.get("rank_of_expert")
+            else None
+        )
+        runs = {}
+        for overlap in ("off", case["overlap"]):
+            layer = MoELayer(
+                h,
+                f,
+                e,
+                k,
+                num_shared=case.get("shared", 0),
+                gemm=case.get("gemm", "auto"),
+                expert_parallel=True,
+                placement=placement,
+                overlap=overlap,
+                dtype=dtype,
+            )
+            load_local(layer, w)
+            xi = x.clone().requires_grad_(True)
+            out = layer(xi)
+            (out * grad_out).sum().backward()
+            grads = {n: p.grad for n, p in layer.named_parameters()}
+            runs[overlap] = (out.detach(), xi.grad, grads, layer)
+        (out_o, dx_o, g_o, _), (out_p, dx_p, g_p, piped) = runs["off"], runs[case["overlap"]]
+        errs_vs_off = {"out": max_err(out_p, out_o), "dx": max_err(dx_p, dx_o)}
+        for n in g_o:
+            errs_vs_off[n] = max_err(g_p[n], g_o[n])
+        ref_out, ref_dx, ref_grads = reference_grads(x.float(), grad_out.float(), w, k)
+        for name in ref_grads:
+            if name.startswith("experts."):
+                dist.all_reduce(ref_grads[name])
+        errs = {"out": max_err(out_p, ref_out), "dx": max_err(dx_p, ref_dx)}
+        for name, g in g_p.items():
+            ref = ref_grads[name]
+            errs[name] = max_err(
+                g, ref[piped.local_experts] if name.startswith("experts.") else ref
+            )
+        results.append(
+            {
+                "rank": ctx.rank,
+                "chunks": piped.overlap_chunks(),
+                "errs_vs_off": errs_vs_off,
+                "errs": errs,
+                "out_dtype": str(out_p.dtype),
+            }
         )
     return results

@@ -36,6 +36,7 @@ from torch import nn
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.moe.expert_mlp import ExpertMLP
 from moe_repro.components.moe.gating import GateOutput, TopKGate
+from moe_repro.components.moe.overlap import AUTO_CHUNKS, parse_overlap, pipelined_routed
 from moe_repro.components.moe.pft import (
     COMBINE_ACCUMULATE,
     DROP_POLICIES,
@@ -166,6 +167,7 @@ class MoEConfig:
     renormalize_after_drop: bool = False
     combine_accumulate: str = "float32"
     all_to_all: str = "flat"  # the dispatcher the layer holds under expert parallelism
+    overlap: str = "auto"  # dispatch/combine chunks pipelined with the GEMMs (overlap.py)
     dtype: torch.dtype = torch.float32
 
     def replace(self, **changes) -> "MoEConfig":
@@ -203,10 +205,13 @@ class MoELayer(nn.Module):
         ep_group=None,
         placement: ExpertPlacement | None = None,
         all_to_all: str = "flat",
+        overlap: str | int = "auto",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        parse_overlap(overlap)  # ValueError for anything but auto, off or a chunk count
+        self.overlap = overlap
         self.d_model, self.d_ffn, self.num_experts, self.top_k = d_model, d_ffn, num_experts, top_k
         # Gating semantics (defaults: X-MoE's; see pft.DROP_POLICIES for the peers each names).
         if drop_policy not in DROP_POLICIES:
@@ -369,8 +374,23 @@ class MoELayer(nn.Module):
         return scatter_combine(combine_in, pft, self.combine_accumulate)
 
     # --- the layer ----------------------------------------------------------------------------
+    def overlap_chunks(self) -> int:
+        """Chunks the routed path pipelines dispatch and combine into (1: not pipelined).
+        ``auto``: AUTO_CHUNKS under expert parallelism with the flat all-to-all when every rank
+        holds at least that many experts, else 1; one rank never pipelines (no exchange)."""
+        if self.dispatcher is None:
+            return 1
+        asked = parse_overlap(self.overlap)
+        if asked is not None:
+            return asked
+        fewest = min(len(e) for e in self.placement.experts_of_rank)
+        return AUTO_CHUNKS if self.all_to_all == "flat" and fewest >= AUTO_CHUNKS else 1
+
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
         pft = self.make_pft(gate_out)
+        chunks = self.overlap_chunks()
+        if chunks > 1:
+            return pipelined_routed(self, x, pft, chunks)
         expert_in, plan = self.dispatch(x, pft)
         return self.combine(self.expert_compute(expert_in, plan), plan, pft)
 
