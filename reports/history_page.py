@@ -64,10 +64,15 @@ class Change:
     unit: str = ""
 
     def words(self) -> str:
+        """The step in words, its values in a unit they read in (no 2.9e-05 TFLOP/s)."""
+        factor, unit = readable_unit([self.before, self.after], self.unit)
+
+        def show(v):
+            return fmt(v, unit) if unit in ("s", "B", "%") else f"{fmt(v / factor)} {unit}".strip()
+
         return (
-            f"{self.kind}: {self.what} {fmt(self.before, self.unit)} -> "
-            f"{fmt(self.after, self.unit)} ({_ratio(self.ratio)}) at commit {self.run.commit} "
-            f"({self.run.date[:16].replace('T', ' ')}, {self.machine})"
+            f"{self.what} {show(self.before)} -> {show(self.after)} ({_ratio(self.ratio)}) at "
+            f"commit {self.run.commit} ({self.run.date[:16].replace('T', ' ')}, {self.machine})"
         )
 
 
