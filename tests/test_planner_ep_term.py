@@ -132,3 +132,17 @@ def test_dispatchers_and_node_limit():
             get_model("mixtral-8x7b"), p, 1, ep=8, dispatcher="deepep"
         ).assumptions
     )
+
+
+def test_plan_cli_dispatcher():
+    from click.testing import CliRunner
+
+    from moe_repro.cli.plan_cmd import command
+
+    base = ["--model", "mixtral-8x7b", "--platform", "dgx-h100", "--nodes", "1", "--top", "1"]
+    out = CliRunner().invoke(command, [*base, "--dispatcher", "deepep"])
+    assert out.exit_code == 0, out.output
+    assert "dispatcher deepep" in out.output
+    assert CliRunner().invoke(command, [*base, "--dispatcher", "nccl"]).exit_code != 0
+    help_text = CliRunner().invoke(command, ["--help"]).output
+    assert "node-deduplicated" in help_text and "low-latency" in help_text

@@ -388,6 +388,17 @@ def _presets() -> list[str]:
     "GEMMs (Megatron-LM before its asynchronous TP all-reduce, 2021-09).",
 )
 @click.option(
+    "--dispatcher",
+    type=click.Choice(["alltoall", "deepep", "hybrid-ep", "deepep-ll"]),
+    default=None,
+    help="EP token dispatcher the EP time models (default alltoall): alltoall: Megatron-core's "
+    "NCCL all-to-all, every top-k copy sent apart (flat); deepep / hybrid-ep: the flex "
+    "dispatcher's node-deduplicated kernels (a token crosses the network once per node it "
+    "reaches, then NVLink forwarding; DeepSeek-V3's node-limited routing applied); deepep-ll: "
+    "DeepEP's low-latency kernels, every copy sent directly. Timed as the network simulator's "
+    "EP model (components/resources/ep_time.py); exposed, not overlapped with compute.",
+)
+@click.option(
     "--unfused-grad-accumulation",
     is_flag=True,
     help="Add each micro-batch's gradients to the held ones in a separate HBM pass instead of "
@@ -432,6 +443,7 @@ def command(
     no_flash,
     no_overlap_dp,
     no_overlap_tp,
+    dispatcher,
     unfused_grad_accumulation,
     no_checkpointing,
     causal_flops,
@@ -482,6 +494,7 @@ def command(
             ("--dropout/--no-dropout", dropout),
             ("--no-overlap-dp", no_overlap_dp or None),
             ("--no-overlap-tp", no_overlap_tp or None),
+            ("--dispatcher", dispatcher),
             ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
         ):
             if v is not None:
@@ -549,6 +562,7 @@ def command(
             overlap_dp=not no_overlap_dp,
             fused_grad_accumulation=not unfused_grad_accumulation,
             overlap_tp=not no_overlap_tp,
+            dispatcher=dispatcher or "alltoall",
             sp=sp,
         )
     except ValueError as e:
