@@ -14,7 +14,7 @@ from pathlib import Path
 
 from moe_repro.records.atomic import atomic_write_text, inside
 from moe_repro.reports import html
-from moe_repro.reports.numbers import fmt
+from moe_repro.reports.numbers import fmt, readable_unit
 
 MAX_PAIRS = (
     4  # earlier pairs of consecutive commits with a page of their own (each reads the store)
@@ -44,8 +44,8 @@ def _view(comparison) -> dict:
             "result": f"{r.kind} {r.suite}",
             "metric": r.metric,
             "at": r.params,
-            "a": fmt(r.value_a, r.unit),
-            "b": fmt(r.value_b, r.unit),
+            "a": _value(r.value_a, r),
+            "b": _value(r.value_b, r),
             "ratio": f"{r.ratio:.3g}x" if r.ratio is not None else "-",
             "p": fmt(r.p_value) if r.p_value is not None else "-",
             "verdict": r.verdict,
@@ -63,6 +63,14 @@ def _view(comparison) -> dict:
         "only_a": comparison.only_a,
         "only_b": comparison.only_b,
     }
+
+
+def _value(v, row) -> str:
+    """A value in a unit both sides read in (29 MFLOP/s, not 2.9e-05 TFLOP/s)."""
+    if v is None or row.unit in ("s", "B", "%", ""):
+        return fmt(v, row.unit or None)
+    factor, unit = readable_unit([x for x in (row.value_a, row.value_b) if x is not None], row.unit)
+    return f"{fmt(v / factor)} {unit}"
 
 
 def _rank(item):
