@@ -572,7 +572,7 @@ def reproduction_view(runs: list[Run], root: str = "../") -> dict:
         charts.append(
             {
                 "title": f"compared cells by commit on {s.machine}",
-                "svg": history_svg(lines, s.runs, "", f"cell counts on {s.machine}", root),
+                "svg": history_svg(lines, s.runs, "cells", f"cell counts on {s.machine}", root),
                 "legend": [{"label": x.label, "colour": PALETTE[i]} for i, x in enumerate(lines)],
                 "caption": "Counts of the compared cells per stored run; a point links to its run.",
             }
