@@ -123,6 +123,7 @@ def build(params: dict, ctx, layer_options: dict | None = None) -> tuple[MoELaye
         experts,
         top_k,
         gemm=params.get("gemm", "auto"),
+        overlap=str(params.get("overlap", "auto")),
         capacity_factor=float(params["capacity_factor"]),
         dtype=dtype,
     )

@@ -20,6 +20,7 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 from __future__ import annotations
 
 from moe_repro.components.moe.grouped_gemm import check_gemm_name, gemm_choices
+from moe_repro.components.moe.overlap import parse_overlap
 from moe_repro.suites._moe_stages import (
     IMPLS,
     MEMORY_RULES,
@@ -57,6 +58,7 @@ def check_params(p: dict) -> dict:
         if p[key] not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {p[key]!r}")
     check_gemm_name(p["gemm"])  # ValueError naming the registered kernels
+    parse_overlap(p.get("overlap", "auto"))
     for key in ("ranks", "d_model", "d_ffn", "experts", "top_k"):
         if int(p[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {p[key]}")
@@ -85,14 +87,22 @@ def gemm_used(p: dict) -> dict:
     from moe_repro.components.moe.kernel_choice import choose_kernel
     from moe_repro.suites._moe_stages import DTYPES
 
+    from moe_repro.components.moe.overlap import chunks_for
+
+    ranks = int(p["ranks"])
+    chunks = {
+        "overlap_chunks": chunks_for(
+            p.get("overlap", "auto"), ranks > 1, "flat", int(p["experts"]) // ranks
+        )
+    }
     if p["gemm"] != "auto":
-        return {"gemm_used": p["gemm"], "gemm_rule": "named"}
+        return {"gemm_used": p["gemm"], "gemm_rule": "named", **chunks}
     device = p["device"] if p["device"] != "auto" else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         device = "cpu"
     rows = int(p["tokens"]) * int(p["ranks"]) * int(p["top_k"]) / int(p["experts"])
     choice = choose_kernel(device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]))
-    return {"gemm_used": choice.kernel, "gemm_rule": choice.source}
+    return {"gemm_used": choice.kernel, "gemm_rule": choice.source, **chunks}
 
 
 def setup(params: dict, ctx=None) -> dict:
@@ -131,6 +141,7 @@ SUITE = MoELayerSuite(
         "device": DEVICE,
         "threads": THREADS,
         "backward": whole(0, 1),
+        "overlap": Param(str, check=parse_overlap, bad=("0", "sometimes")),
     },
     rules=(
         top_k_within_experts(),
@@ -153,6 +164,7 @@ SUITE = MoELayerSuite(
         "device": ["auto"],
         "threads": [0],
         "backward": [0],
+        "overlap": ["auto"],
     },
     quick={
         "tokens": [128],
@@ -201,6 +213,8 @@ SUITE = MoELayerSuite(
         "dtype": "float32 or bfloat16",
         "device": "auto, cpu or cuda",
         "threads": "CPU intra-op threads per rank (0: the launcher's share of the cores)",
+        "overlap": "stage layer of pft under EP: auto, off or N chunks of dispatch/combine "
+        "pipelined with the expert GEMMs (components/moe/overlap.py); records say overlap_chunks",
         "backward": "1: time forward + backward of the whole layer (stage=layer), each "
         "implementation's own expert-parallel path, checked against a "
         "one-rank reference",

@@ -135,8 +135,10 @@ def test_moe_layer_suite_records_the_kernel():
         d_ffn=16,
     )
     used = gemm_used(p)
-    assert used == {"gemm_used": kc.fallback_kernel("cpu", torch.float32), "gemm_rule": "fallback"}
-    assert gemm_used(dict(p, gemm="sequential")) == {
-        "gemm_used": "sequential",
-        "gemm_rule": "named",
+    assert used == {
+        "gemm_used": kc.fallback_kernel("cpu", torch.float32),
+        "gemm_rule": "fallback",
+        "overlap_chunks": 2,  # auto: 4 experts per rank, flat
     }
+    named = gemm_used(dict(p, gemm="sequential", overlap="off"))
+    assert named == {"gemm_used": "sequential", "gemm_rule": "named", "overlap_chunks": 1}

@@ -36,7 +36,7 @@ from torch import nn
 from moe_repro.components.alltoall import algorithm_names, get_algorithm
 from moe_repro.components.moe.expert_mlp import ExpertMLP
 from moe_repro.components.moe.gating import GateOutput, TopKGate
-from moe_repro.components.moe.overlap import AUTO_CHUNKS, parse_overlap, pipelined_routed
+from moe_repro.components.moe.overlap import chunks_for, parse_overlap, pipelined_routed
 from moe_repro.components.moe.pft import (
     COMBINE_ACCUMULATE,
     DROP_POLICIES,
@@ -375,16 +375,10 @@ class MoELayer(nn.Module):
 
     # --- the layer ----------------------------------------------------------------------------
     def overlap_chunks(self) -> int:
-        """Chunks the routed path pipelines dispatch and combine into (1: not pipelined).
-        ``auto``: AUTO_CHUNKS under expert parallelism with the flat all-to-all when every rank
-        holds at least that many experts, else 1; one rank never pipelines (no exchange)."""
-        if self.dispatcher is None:
-            return 1
-        asked = parse_overlap(self.overlap)
-        if asked is not None:
-            return asked
+        """Chunks the routed path pipelines dispatch and combine into (1: not pipelined; the
+        rule for ``auto``: overlap.chunks_for)."""
         fewest = min(len(e) for e in self.placement.experts_of_rank)
-        return AUTO_CHUNKS if self.all_to_all == "flat" and fewest >= AUTO_CHUNKS else 1
+        return chunks_for(self.overlap, self.dispatcher is not None, self.all_to_all, fewest)
 
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
         pft = self.make_pft(gate_out)

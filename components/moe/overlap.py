@@ -54,6 +54,18 @@ def parse_overlap(overlap: str | int) -> int | None:
     return n
 
 
+def chunks_for(overlap: str | int, expert_parallel: bool, all_to_all: str, fewest: int) -> int:
+    """The chunks a layer pipelines into (1: not pipelined). ``auto``: AUTO_CHUNKS under
+    expert parallelism with the flat all-to-all when every rank holds at least that many
+    experts (``fewest``), else 1; one rank never pipelines (it exchanges nothing)."""
+    asked = parse_overlap(overlap)
+    if not expert_parallel:
+        return 1
+    if asked is not None:
+        return asked
+    return AUTO_CHUNKS if all_to_all == "flat" and fewest >= AUTO_CHUNKS else 1
+
+
 @cache
 def _async_exchange():
     class AsyncExchange(torch.autograd.Function):
