@@ -146,3 +146,20 @@ def test_plan_cli_dispatcher():
     assert CliRunner().invoke(command, [*base, "--dispatcher", "nccl"]).exit_code != 0
     help_text = CliRunner().invoke(command, ["--help"]).output
     assert "node-deduplicated" in help_text and "low-latency" in help_text
+    out = CliRunner().invoke(command, [*base, "--dispatcher", "deepep", "--overlap-ep"])
+    assert out.exit_code == 0 and "overlapped (asked)" in out.output, out.output
+
+
+def test_overlap_ep_hides_ep_behind_compute():
+    """Exposed by default; overlapped (asked), only what exceeds the stage's compute is left."""
+    m, p = get_model("mixtral-8x7b"), load_builtin("dgx-h100")
+    fixed = dict(ep=8, tp=1, pp=1, zero=(1,), recompute=("none",), micro_batches=8)
+    exposed = plan_parallel(m, p, 2, dispatcher="deepep", **fixed).candidates[0]
+    hidden_plan = plan_parallel(m, p, 2, dispatcher="deepep", overlap_ep=True, **fixed)
+    hidden = hidden_plan.candidates[0]
+    assert exposed.parts["ep"] > 0
+    assert hidden.parts["ep"] == pytest.approx(
+        max(0.0, exposed.parts["ep"] - exposed.parts["compute"]), abs=1e-9
+    )
+    assert hidden.step_s < exposed.step_s
+    assert any("overlapped (asked)" in a for a in hidden_plan.assumptions)

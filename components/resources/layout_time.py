@@ -60,6 +60,7 @@ class PlanContext:
     overlap_tp: bool = True
     dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
     node_limit: int | None = None  # nodes a token may reach (ep_time.NODE_LIMIT)
+    overlap_ep: bool = False  # EP hidden behind another micro-batch's compute (module docstring)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,10 @@ def _stage_slot(lv: LayoutView, ctx: PlanContext, st: Stage, kind: str, n: int) 
     core_s = (1 + T.BACKWARD_GEMM) * fwd.attention + recomputed.attention
     tp_s, tp_b = _tp_time(lv, ctx, st.n_layers, rd + rm, layers_fwd.gemm)
     ep_s, ep_b, etp_s, etp_b = _expert_time(lv, ctx, st, rm)
+    if ctx.overlap_ep:
+        # Megatron-core --overlap-moe-expert-parallel-comm / DualPipe: a micro-batch's forward
+        # runs beside another's backward, each one's EP all-to-alls under the other's compute
+        ep_s = max(0.0, ep_s - comp)
     cp_s = cp_b = 0.0
     if lay.c > 1:  # the ring exchange overlaps the attention core it feeds
         cp_b = F.cp_ring_bytes_per_layer(ctx.seq, lay.mb, ctx.kvw, lay.c) * st.n_layers / lay.t

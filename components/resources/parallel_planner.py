@@ -255,6 +255,7 @@ class PlanRequest:
     fused_grad_accumulation: bool = True
     overlap_tp: bool = True
     dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
+    overlap_ep: bool = False
 
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
@@ -310,6 +311,7 @@ def plan_parallel(
     fused_grad_accumulation: bool = True,
     overlap_tp: bool = True,
     dispatcher: str = "alltoall",
+    overlap_ep: bool = False,
 ) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
@@ -325,7 +327,9 @@ def plan_parallel(
     --gradient-accumulation-fusion; PyTorch's AccumulateGrad); ``overlap_tp=False``: the
     backward's TP all-reduces are exposed too (Megatron-LM before its asynchronous tensor-parallel
     all-reduce of 2021-09-02); ``dispatcher``: the EP token dispatcher whose dispatch time the
-    EP term takes (ep_time.DISPATCHERS; default Megatron-core's alltoall). ValueError for malformed input (non-positive numbers, unknown preset,
+    EP term takes (ep_time.DISPATCHERS; default Megatron-core's alltoall); ``overlap_ep``: the EP
+    time hides behind the stage's compute of another micro-batch and only its excess is exposed
+    (Megatron-core --overlap-moe-expert-parallel-comm, DualPipe; default exposed). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(
         PlanRequest(
@@ -352,6 +356,7 @@ def plan_parallel(
             fused_grad_accumulation=fused_grad_accumulation,
             overlap_tp=overlap_tp,
             dispatcher=dispatcher,
+            overlap_ep=overlap_ep,
         )
     )
 
@@ -443,6 +448,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         req.overlap_tp,
         req.dispatcher,
         E.node_limit(m.key),
+        req.overlap_ep,
     )
 
 
@@ -872,8 +878,15 @@ def _ep_assumption(req: PlanRequest, ctx: PlanContext) -> str:
     return (
         f"EP: dispatcher {req.dispatcher} ({E.DISPATCHERS[req.dispatcher]}); one dispatch and one "
         f"combine per MoE layer forward, both again backward, each timed by ep_time (the network "
-        f"simulator's EP model in closed form), {limit}; exposed, not overlapped with compute "
-        "(Megatron-core's default: --overlap-moe-expert-parallel-comm off)"
+        f"simulator's EP model in closed form), {limit}; "
+        + (
+            "overlapped (asked): each micro-batch's EP time hides behind the stage's compute of "
+            "another (Megatron-core --overlap-moe-expert-parallel-comm, DualPipe); only the excess "
+            "is exposed, warm-up and cool-down not set apart"
+            if req.overlap_ep
+            else "exposed, not overlapped with compute (Megatron-core's default: "
+            "--overlap-moe-expert-parallel-comm off)"
+        )
     )
 
 
