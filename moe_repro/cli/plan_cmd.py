@@ -396,7 +396,14 @@ def _presets() -> list[str]:
     "dispatcher's node-deduplicated kernels (a token crosses the network once per node it "
     "reaches, then NVLink forwarding; DeepSeek-V3's node-limited routing applied); deepep-ll: "
     "DeepEP's low-latency kernels, every copy sent directly. Timed as the network simulator's "
-    "EP model (components/resources/ep_time.py); exposed, not overlapped with compute.",
+    "EP model (components/resources/ep_time.py); exposed, not overlapped with compute, unless "
+    "--overlap-ep.",
+)
+@click.option(
+    "--overlap-ep",
+    is_flag=True,
+    help="Hide each micro-batch's EP all-to-alls behind another micro-batch's compute, exposing "
+    "only the excess (Megatron-core --overlap-moe-expert-parallel-comm, DualPipe).",
 )
 @click.option(
     "--unfused-grad-accumulation",
@@ -444,6 +451,7 @@ def command(
     no_overlap_dp,
     no_overlap_tp,
     dispatcher,
+    overlap_ep,
     unfused_grad_accumulation,
     no_checkpointing,
     causal_flops,
@@ -495,6 +503,7 @@ def command(
             ("--no-overlap-dp", no_overlap_dp or None),
             ("--no-overlap-tp", no_overlap_tp or None),
             ("--dispatcher", dispatcher),
+            ("--overlap-ep", overlap_ep or None),
             ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
         ):
             if v is not None:
@@ -563,6 +572,7 @@ def command(
             fused_grad_accumulation=not unfused_grad_accumulation,
             overlap_tp=not no_overlap_tp,
             dispatcher=dispatcher or "alltoall",
+            overlap_ep=overlap_ep,
             sp=sp,
         )
     except ValueError as e:
