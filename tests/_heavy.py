@@ -54,6 +54,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "test_bad_input.py": ("test_cuda_without_a_gpu_is_refused_before_any_rank_starts",),
     "test_balance_repros.py": ("test_piper_fig9_and_alg2_tiny_run",),
+    # every README and --help example in turn: some 45 CLI runs, a 4-rank train among them
+    "test_readme_examples.py": ("test_examples_run",),
 }
 
 
