@@ -121,7 +121,8 @@ def test_dispatchers_and_node_limit():
     limited = E.dispatch_time(p, "deepep", *args[1:], node_limit=4)
     assert limited.seconds < dedup.seconds < flat.seconds
     assert E.dispatch_time(p, "hybrid-ep", *args[1:]) == dedup
-    assert E.node_limit("deepseek-v3") == 4 and E.node_limit("mixtral-8x7b") is None
+    assert [E.node_limit("deepseek-v3", n) for n in (2, 8, 16)] == [4, 4, 8]
+    assert E.node_limit("mixtral-8x7b", 16) is None
     with pytest.raises(ValueError, match="dispatcher"):
         E.dispatch_time(p, "nccl", *args[1:])
     with pytest.raises(ValueError, match="dispatcher"):

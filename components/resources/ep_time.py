@@ -16,7 +16,7 @@ planner and simulator answer alike on one fabric (tests/test_planner_ep_term.py 
 The kernels run at the rates a GPU-initiated put reaches (simulator.ep_kernel_platform: the
 profile's ep_kernels section). Rows per destination are ep_units' expectations under uniform
 top-k routing, or node-limited routing where the model limits the nodes a token reaches
-(:data:`NODE_LIMIT`). A phase takes its link latency, the first message's issue cost and its
+(:data:`ROUTING_GROUPS`). A phase takes its link latency, the first message's issue cost and its
 bytes at the slowest of its link, issue and in-flight-window rates, as the simulator caps them;
 fabric tapers above the NIC are not in the closed form.
 
@@ -49,10 +49,10 @@ DISPATCHERS = {
 }
 _KERNEL = {"deepep": "normal", "hybrid-ep": "normal", "deepep-ll": "low_latency"}
 
-# Nodes a token may reach, where the model's router limits them: DeepSeek-V3 (and V3.2) route
-# each token to at most 4 nodes (DeepSeek-V3 technical report Sec. 2.1.2, "Node-Limited
-# Routing"; config.json n_group 8, topk_group 4), modelled as ep_units.Routing's node limit.
-NODE_LIMIT = {"deepseek-v3": 4, "deepseek-v3.2": 4}
+# Group-limited routers: (expert groups, groups a token may pick). DeepSeek-V3 (and V3.2):
+# config.json n_group 8, topk_group 4; the technical report (Sec. 2.1.2, "Node-Limited
+# Routing") lays the 8 groups on 8 nodes, so a token reaches at most 4 of them.
+ROUTING_GROUPS = {"deepseek-v3": (8, 4), "deepseek-v3.2": (8, 4)}
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,12 @@ def dispatch_time(
     return Dispatch(t, rdma + nvl)
 
 
-def node_limit(model_key: str) -> int | None:
-    """Nodes a token of this model may reach (None: any)."""
-    return NODE_LIMIT.get(model_key)
+def node_limit(model_key: str, nodes: int) -> int | None:
+    """Nodes a token of this model may reach on an EP group of ``nodes`` nodes (None: any).
+    With at least as many nodes as expert groups, each group is nodes / groups whole nodes and a
+    token picks its groups' nodes; with fewer, a group lies inside one node and the limit is the
+    groups picked (an upper bound: two picked groups may share a node)."""
+    if model_key not in ROUTING_GROUPS:
+        return None
+    groups, picked = ROUTING_GROUPS[model_key]
+    return picked * nodes // groups if nodes >= groups else picked

@@ -59,7 +59,7 @@ class PlanContext:
     fused_grad_accumulation: bool = True
     overlap_tp: bool = True
     dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
-    node_limit: int | None = None  # nodes a token may reach (ep_time.NODE_LIMIT)
+    model_key: str = ""  # for ep_time.node_limit (group-limited routers)
     overlap_ep: bool = False  # EP hidden behind another micro-batch's compute (module docstring)
 
 
@@ -271,7 +271,7 @@ def _expert_time(
             m.top_k,
             m.n_experts,
             2 * ctx.d,
-            ctx.node_limit,
+            E.node_limit(ctx.model_key, max(1, e // on_node)),
         )
         ep_s, ep_b = one.seconds * 4 * moe_fwds, one.bytes * 4 * moe_fwds
     if et > 1:

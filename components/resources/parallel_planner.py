@@ -447,7 +447,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         req.fused_grad_accumulation,
         req.overlap_tp,
         req.dispatcher,
-        E.node_limit(m.key),
+        m.key,
         req.overlap_ep,
     )
 
@@ -870,9 +870,11 @@ def _memory_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
 
 def _ep_assumption(req: PlanRequest, ctx: PlanContext) -> str:
     """The EP term's dispatcher, routing and overlap (ep_time), in words."""
+    groups = E.ROUTING_GROUPS.get(req.model.key)
     limit = (
-        f"node-limited routing: a token reaches at most {ctx.node_limit} nodes ({req.model.key})"
-        if ctx.node_limit
+        f"node-limited routing ({req.model.key}): a token picks {groups[1]} of {groups[0]} expert "
+        "groups laid on the EP group's nodes, then its top-k experts uniformly inside them"
+        if groups
         else "uniform top-k routing over the EP group"
     )
     return (
