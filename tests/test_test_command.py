@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +52,18 @@ def test_heavy_is_decided_by_marker_module_and_name():
 
 
 def test_conftest_marks_at_collection_so_m_selects_the_two_halves(tmp_path):
-    """A scratch suite under this conftest: -m heavy and -m "not heavy" split it exactly."""
-    for name in ("conftest.py", "_heavy.py"):
-        shutil.copy(TESTS / name, tmp_path / name)
+    """A scratch suite under this conftest's collection hook: -m heavy and -m "not heavy" split
+    it exactly."""
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "spec = importlib.util.spec_from_file_location(\n"
+        f"    'moe_repro_tests_conftest', {str(TESTS / 'conftest.py')!r}\n"
+        ")\n"
+        "real = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(real)\n"
+        "pytest_collection_modifyitems = real.pytest_collection_modifyitems\n"
+    )
     module, functions = next(iter(_heavy.TESTS.items()))
     (tmp_path / module).write_text(f"def {functions[0]}(): pass\ndef test_light(): pass\n")
     (tmp_path / next(iter(_heavy.MODULES))).write_text("def test_any(): pass\n")
