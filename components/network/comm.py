@@ -34,7 +34,7 @@ else:
 
 # Every call of a communicator that goes to the wire (a blocking all-to-all is its async call and
 # a wait): what a profiler of the host work takes out, or a test counts.
-COLLECTIVE_CALLS = ("alltoallv_async", "p2p", "allgather_ints")
+COLLECTIVE_CALLS = ("alltoallv_async", "p2p", "allgather_ints", "allgather_ints_async")
 
 
 def row_bytes_of(x: torch.Tensor) -> int:
@@ -115,6 +115,13 @@ class Comm:
         """Every group rank's ``values``, in group-rank order."""
         raise NotImplementedError
 
+    def allgather_ints_async(self, values: list[int]) -> Callable[[], list[list[int]]]:
+        """:meth:`allgather_ints` issued now, its result read later: returns a call that waits
+        and gives it (the MoE layer's pipelined path gathers its rows meanwhile). Default:
+        blocking now; TorchComm issues it asynchronously."""
+        result = self.allgather_ints(values)
+        return lambda: result
+
     def alltoallv(self, x, send_counts, recv_counts, phase="a2a", out=None):
         """Blocking uneven all-to-all (see alltoallv_async)."""
         out, handle = self.alltoallv_async(x, send_counts, recv_counts, phase, out)
@@ -191,6 +198,17 @@ class TorchComm(Comm):
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t, group=self.group)
         return [o.tolist() for o in out]
+
+    def allgather_ints_async(self, values: list[int]) -> Callable[[], list[list[int]]]:
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        handle = Works([dist.all_gather(out, t, group=self.group, async_op=True)], keep=(t,))
+
+        def result() -> list[list[int]]:
+            handle.wait()
+            return [o.tolist() for o in out]
+
+        return result
 
 
 class NodeP2PComm(Comm):
