@@ -297,3 +297,15 @@ def overlap_vs_unpipelined(ctx, cases: list[dict]) -> list[dict]:
             }
         )
     return results
+
+
+def counts_async_vs_blocking(ctx) -> dict:
+    """Rank target: Comm.allgather_ints_async (the pipelined layer's counts exchange) gives
+    what the blocking all-gather gives, with local work between issue and read."""
+    from moe_repro.components.network.comm import TorchComm
+
+    comm = TorchComm.of_group()
+    values = [ctx.rank, 5, 3 * ctx.rank + 1]
+    pending = comm.allgather_ints_async(values)
+    torch.randn(64, 64) @ torch.randn(64, 64)  # work while it is in flight
+    return {"async": pending(), "blocking": comm.allgather_ints(values)}

@@ -95,3 +95,10 @@ def test_overlap_equals_unpipelined_four_ranks(targets_on_path):
         "_moe_targets:overlap_vs_unpipelined", {"cases": cases}, world_size=4, timeout_s=150
     )
     _check(results)
+
+
+@pytest.mark.multiprocess
+def test_async_counts_exchange_equals_blocking(targets_on_path):
+    results = run_ranks("_moe_targets:counts_async_vs_blocking", {}, world_size=2, timeout_s=60)
+    want = [[0, 5, 1], [1, 5, 4]]
+    assert all(r["async"] == r["blocking"] == want for r in results), results

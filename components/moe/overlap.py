@@ -10,10 +10,13 @@ return and chunk c+1's arrival overlap the GEMMs of the chunk in hand. This is T
 pipelined all-to-all / Comet's fine-grained overlap along the expert dimension, and what
 Megatron-core's EP A2A overlap does across micro-batches, here within one.
 
+The counts exchange (one all-gather of every rank's tokens per expert, X-MoE App. B.3) is issued
+before anything else and read only when the receive sizes are needed: the send order, the send
+sizes and the gather of the outgoing rows need none of it, and run while it is in flight.
+
 Exactness: the same rows meet the same expert weights; only the order of the per-token sums
 differs (sums in fp32 for bf16/fp16, as pft.scatter_combine). Every rank issues the same
-collectives in the same order, empty chunks included. The layout comes from the layer's one
-counts all-gather (every rank's tokens per expert), so no other metadata exchange is needed.
+collectives in the same order, empty chunks included; no other metadata exchange is needed.
 
 Autograd: each exchange is a Function whose forward issues the all-to-all and returns the
 buffer being filled (waited on before its first read) and whose backward is the reverse
@@ -96,12 +99,11 @@ def _exchange(x, comm, send_counts, recv_counts, phase):
 def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tensor":
     """The layer's routed output [S, H] for ``pft``, dispatch and combine in ``chunks`` chunks
     pipelined with the expert GEMMs (see the module docstring). Expert parallel only."""
-    dispatcher = layer.dispatcher
-    comm = dispatcher.comm()
+    comm = layer.dispatcher.comm()
     world, experts = comm.size, layer.num_experts
-    counts = torch.tensor(
-        dispatcher.expert_counts_from_each_rank(pft.tokens_per_expert), dtype=torch.int64
-    )  # [W, E]: the one counts exchange
+    # The one counts exchange (every rank's tokens per expert), issued first and read only when
+    # the receive sizes are needed: the send side and the rows' gather need none of it.
+    counts_of_ranks = comm.allgather_ints_async([int(c) for c in pft.tokens_per_expert.tolist()])
     rank_of = layer.placement.rank_of_expert()
     chunk_of = torch.empty(experts, dtype=torch.int64)
     for held in layer.placement.experts_of_rank:
@@ -111,17 +113,17 @@ def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tenso
     key = chunk_of[pair_expert] * world + rank_of[pair_expert]  # chunk-major, then destination
     order = torch.argsort(key, stable=True)
     send = torch.bincount(key, minlength=chunks * world).reshape(chunks, world)
-    mine = torch.tensor(layer.local_experts, dtype=torch.int64)
-    from_source = counts[:, mine]  # [W, E_local]
-    my_chunk = chunk_of[mine]
-    recv = torch.stack([from_source[:, my_chunk == c].sum(1) for c in range(chunks)])  # [C, W]
-
     device = x.device
     order_dev = order.to(device)
     rows_out = torch.split(
         x.index_select(0, pft.token_ids.index_select(0, order_dev)), send.sum(1).tolist()
     )
     weights_out = torch.split(pft.combine_weights.index_select(0, order_dev), send.sum(1).tolist())
+
+    mine = torch.tensor(layer.local_experts, dtype=torch.int64)
+    from_source = torch.tensor(counts_of_ranks(), dtype=torch.int64)[:, mine]  # [W, E_local]
+    my_chunk = chunk_of[mine]
+    recv = torch.stack([from_source[:, my_chunk == c].sum(1) for c in range(chunks)])  # [C, W]
     arriving = []
     for c in range(chunks):  # every chunk in flight at once
         rows = _exchange(rows_out[c], comm, send[c].tolist(), recv[c].tolist(), "dispatch")
