@@ -18,6 +18,8 @@ row) so that each row is weighted on its expert's rank and the gate gets its gra
 is the dispatcher's way back.
 Zero-token experts and zero-token ranks take the same path (empty chunks), so every rank makes
 the same collective calls in forward and backward; a rank with S = 0 still joins them.
+``overlap`` (auto by default) pipelines dispatch and combine in chunks with the expert GEMMs
+(components/moe/overlap.py); ``gemm`` (auto by default) is components/moe/kernel_choice.py's.
 
 Bytes on the wire per rank and direction (flat): sum over remote destinations of rows * H * itemsize,
 versus E * C * H * itemsize * (W - 1) / W for the capacity-padded layer (padded_moe.py).
