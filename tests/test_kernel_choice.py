@@ -142,3 +142,11 @@ def test_moe_layer_suite_records_the_kernel():
     }
     named = gemm_used(dict(p, gemm="sequential", overlap="off"))
     assert named == {"gemm_used": "sequential", "gemm_rule": "named", "overlap_chunks": 1}
+
+
+def test_the_trainers_layer_runs_auto():
+    """repro train's blocks (pp_ep_trainer -> moe_transformer) build MoELayer with its defaults."""
+    from moe_repro.components.model.moe_transformer import ExpertParallelMoE, TransformerConfig
+
+    block = ExpertParallelMoE(TransformerConfig.from_zoo("tiny-moe"))
+    assert block.layer.experts.gemm == "auto" and block.layer.overlap == "auto"
