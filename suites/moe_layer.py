@@ -112,6 +112,28 @@ def setup(params: dict, ctx=None) -> dict:
     return setup_stage(params, ctx)
 
 
+def kernels_used(records: list[dict]) -> list[str]:
+    """Under the table: the expert GEMM kernel each point ran (auto's choice and its rule) and
+    the overlap chunks, one line per distinct combination."""
+    seen: dict[tuple, list[str]] = {}
+    for r in records:
+        if "gemm_used" not in r:
+            continue
+        key = (
+            r.get("impl"),
+            r["gemm"],
+            r["gemm_used"],
+            r.get("gemm_rule"),
+            r.get("overlap_chunks"),
+        )
+        seen.setdefault(key, []).append(str(r.get("dtype")))
+    return [
+        f"{impl}: gemm={asked} ran {used} ({rule}), overlap chunks {chunks}"
+        f" [{', '.join(sorted(set(dtypes)))}]"
+        for (impl, asked, used, rule, chunks), dtypes in seen.items()
+    ]
+
+
 class MoELayerSuite(Suite):
     """With ``backward`` 1 (whole-layer passes) and no stage asked for, the stage is the whole
     layer: the other stages are forward cuts of our layer alone."""
@@ -175,6 +197,7 @@ SUITE = MoELayerSuite(
         "stage": ["dispatch_a2a", "expert", "layer"],
     },
     derived_params=check_params,
+    summary=kernels_used,
     setup=setup,
     run=run_stage,
     derive=derive_stage,

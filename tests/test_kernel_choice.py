@@ -150,3 +150,23 @@ def test_the_trainers_layer_runs_auto():
 
     block = ExpertParallelMoE(TransformerConfig.from_zoo("tiny-moe"))
     assert block.layer.experts.gemm == "auto" and block.layer.overlap == "auto"
+
+
+def test_moe_layer_output_says_the_kernel():
+    from moe_repro.suites.moe_layer import SUITE
+
+    recs = [
+        dict(
+            impl="pft",
+            gemm="auto",
+            gemm_used="grouped_mm",
+            gemm_rule="fallback",
+            overlap_chunks=2,
+            dtype=d,
+        )
+        for d in ("float32", "bfloat16")
+    ]
+    assert SUITE.summary is not None
+    assert SUITE.summary(recs) == [
+        "pft: gemm=auto ran grouped_mm (fallback), overlap chunks 2 [bfloat16, float32]"
+    ]
