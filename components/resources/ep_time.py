@@ -73,12 +73,34 @@ class _Rates:
     window: int
 
 
+def _pair_rate(m: Machine, local: int) -> float:
+    """The slowest link between two of a node's first ``local`` GPUs (inf: a switch, no pair
+    links); every pair carries the same bytes, so it bounds the phase."""
+    kind = m.intra["kind"]
+    if kind == "switch" or local < 2:
+        return math.inf
+    rates = []
+    for a in range(local):
+        for b in range(local):
+            if a == b:
+                continue
+            if kind == "graph":
+                rates.append(m.intra["pairs"].get((a, b), m.intra["other_bytes_per_s"]))
+            else:
+                same = m.package_of[a] == m.package_of[b] and "intra_package" in m.link_bytes_per_s
+                rates.append(m.pair_capacity("intra_package" if same else "intra_node"))
+    return min(rates)
+
+
 def _rates(p: Platform, nodes: int, local: int) -> _Rates:
     m = Machine.from_platform(p)
     topo = topology_for(p, nodes, gpus_per_node=local)
-    nvl = m.intra["bytes_per_s"] if m.intra["kind"] == "switch" else p.intra_node_a2a_bytes_per_s
+    kind = m.intra["kind"]
+    port = {"switch": m.intra.get("bytes_per_s"), "port": p.intra_node_a2a_bytes_per_s}
+    # a GPU's port (switch, port) and its pair links (port, graph) both cap its on-node bytes
+    nvl = min(port.get(kind) or math.inf, _pair_rate(m, local) * max(1, local - 1))
     nic = min(p.nic_bytes_per_s, p.nic_bytes_per_s_per_gpu)
-    on = m.latency(m.profile_class(topo, 0, 1)) if local > 1 else 0.0
+    on = max((m.latency(m.profile_class(topo, 0, k)) for k in range(1, local)), default=0.0)
     off = [m.latency(m.profile_class(topo, 0, n * local)) for n in range(1, nodes)]
     return _Rates(nvl, nic, on, sum(off) / len(off) if off else 0.0, m.per_message_s, m.window)
 
