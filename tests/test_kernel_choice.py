@@ -170,3 +170,21 @@ def test_moe_layer_output_says_the_kernel():
     assert SUITE.summary(recs) == [
         "pft: gemm=auto ran grouped_mm (fallback), overlap chunks 2 [bfloat16, float32]"
     ]
+
+
+def test_fallback_probe_is_the_same_under_no_grad_and_leaves_the_rng():
+    """The first auto call may come under no_grad (the suites' timed calls) or inference mode:
+    the probe still runs its backward; and it draws nothing from the global generator."""
+    kc._grouped_mm_works.cache_clear()
+    torch.manual_seed(3)
+    want = torch.rand(3)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        first = kc.fallback_kernel("cpu", torch.float32)
+    assert torch.equal(torch.rand(3), want)
+    kc._grouped_mm_works.cache_clear()
+    with torch.inference_mode():
+        assert kc.fallback_kernel("cpu", torch.float32) == first
+    kc._grouped_mm_works.cache_clear()
+    assert kc.fallback_kernel("cpu", torch.float32) == first
+    assert first == ("grouped_mm" if hasattr(torch, "_grouped_mm") else "padded_bmm")

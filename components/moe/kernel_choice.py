@@ -160,15 +160,20 @@ def _grouped_mm_works(device_type: str, dtype: "torch.dtype") -> bool:
     """Whether torch._grouped_mm runs forward and backward here for this dtype (probed once)."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    try:
-        dev = torch.device(device_type)
-        x = torch.randn(4, 16, device=dev).to(dtype).requires_grad_()
-        w = torch.randn(2, 16, 16, device=dev).to(dtype).requires_grad_()
-        offs = torch.tensor([1, 4], dtype=torch.int32, device=dev)
-        torch._grouped_mm(x, w, offs=offs).backward(torch.ones(4, 16, device=dev, dtype=dtype))
+    try:  # with grad whatever the caller's mode: the first call may come under no_grad
+        with torch.inference_mode(False), torch.enable_grad():
+            return _probe_grouped_mm(torch.device(device_type), dtype)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return False
-    return True
+
+
+def _probe_grouped_mm(dev: "torch.device", dtype: "torch.dtype") -> bool:
+    """A tiny forward and backward (fixed values: the global random state is left alone)."""
+    x = torch.ones(4, 16, device=dev, dtype=dtype, requires_grad=True)
+    w = torch.ones(2, 16, 16, device=dev, dtype=dtype, requires_grad=True)
+    offs = torch.tensor([1, 4], dtype=torch.int32, device=dev)
+    torch._grouped_mm(x, w, offs=offs).backward(torch.ones(4, 16, device=dev, dtype=dtype))
+    return x.grad is not None and w.grad is not None
 
 
 def fallback_kernel(device_type: str, dtype: "torch.dtype") -> str:
