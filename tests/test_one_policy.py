@@ -147,20 +147,90 @@ def _sampled_ids(results) -> list[str]:
 
 
 SEED_WINDOW = 5  # the second window starts here: seeds 5 to 5 + MIN_SEEDS - 1
+UNDECIDED = ("seed-dependent", grading.NOT_EVIDENCE)
+
+
+def _get(cell, key):
+    return cell.get(key) if isinstance(cell, dict) else getattr(cell, key, None)
+
+
+def per_seed_grades(cell) -> list[str] | None:
+    """The grade each seed of a sampled cell or claim gives, by the policy's rule."""
+    seeds = _get(cell, "seeds") or {}
+    if seeds.get("holds") is not None:
+        return ["claim-holds" if h else "claim-fails" for h in seeds["holds"]]
+    printed = _get(cell, "paper_printed")
+    if seeds.get("values") and _get(cell, "paper") is not None and printed:
+        half = grading.half_unit(printed)
+        qty = _get(cell, "quantity") or "value"
+        return [
+            grading.grade_value(_get(cell, "paper"), half, v, "prediction", qty)
+            for v in seeds["values"]
+        ]
+    return None
+
+
+def moved_between_windows(first, second, shift: int = SEED_WINDOW) -> str | None:
+    """Why one cell's grade moved between the window at seed 0 and the window at ``shift``, or
+    None. Every cell is compared, seed-dependent ones included: two fixed grades must be equal;
+    the seeds both windows share must give the same grade at each seed; a cell undecided in one
+    window (seed-dependent, or not evidence) and fixed in the other is consistent only if the
+    undecided window saw that grade at some seed, the evidence that both windows sample one
+    distribution that straddles a boundary."""
+    a, b = _get(first, "verdict"), _get(second, "verdict")
+    ga, gb = per_seed_grades(first), per_seed_grades(second)
+    sa, sb = _get(first, "seeds") or {}, _get(second, "seeds") or {}
+    for key in ("values", "holds"):  # the same seed gives the same number and the same outcome
+        xa, xb = sa.get(key), sb.get(key)
+        if xa and xb and xa[shift:] != xb[: len(xa) - shift]:
+            return f"the shared seeds differ: {xa[shift:]} vs {xb[: len(xa) - shift]}"
+    if a == b:
+        return None
+    if a in UNDECIDED and b in UNDECIDED:
+        return None
+    if a in UNDECIDED or b in UNDECIDED:
+        fixed, seen = (b, ga) if a in UNDECIDED else (a, gb)
+        agree = fixed in grading.AGREE
+        if seen and any((g in grading.AGREE) == agree for g in seen):
+            return None
+        return f"{a} -> {b}: the undecided window never gave {fixed}"
+    return f"{a} -> {b}"
 
 
 def test_grades_do_not_move_with_the_seed(results):
-    """Every cell, seed-dependent ones included: the grade at the default window (seeds 0 to
-    MIN_SEEDS - 1) is the grade at the window from SEED_WINDOW."""
+    """Every cell, seed-dependent ones included, between the default window (seeds 0 to
+    MIN_SEEDS - 1) and the window from SEED_WINDOW (moved_between_windows)."""
     ids = _sampled_ids(results)
     assert ids, "no sampled reproduction found: the seed check would test nothing"
     moved = []
     for rid in ids:
         repro = all_reproductions()[rid]
         other = repro.run({"seed": int(repro.defaults["seed"]) + SEED_WINDOW})
-        first = {(c.row, c.column): c.verdict for c in results[rid].cells}
+        first = {(c.row, c.column): c for c in results[rid].cells}
         for c in other.cells:
             was = first.get((c.row, c.column))
-            if was is not None and was != c.verdict:
-                moved.append(f"{rid} [{c.row} / {c.column}]: {was} -> {c.verdict}")
+            why = None if was is None else moved_between_windows(was, c)
+            if why:
+                moved.append(f"{rid} [{c.row} / {c.column}]: {why}")
     assert not moved, "grades that moved with the seed:\n" + "\n".join(moved)
+
+
+def test_the_window_check_finds_a_planted_move():
+    n = grading.MIN_SEEDS
+    base = {"paper": 100.0, "paper_printed": "100", "quantity": "value"}
+    close = {**base, "verdict": "close", "seeds": {"values": [95.0] * n}}
+    deviates = {**base, "verdict": "deviates", "seeds": {"values": [60.0] * n}}
+    assert moved_between_windows(close, deviates, 5)  # two fixed grades
+    shared_differ = {**base, "verdict": "close", "seeds": {"values": [96.0] * n}}
+    assert moved_between_windows(close, shared_differ, 5)  # the same seeds, other numbers
+    # seed-dependent in one window, fixed in the other: consistent only if it saw that grade
+    mixed = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0] + [95.0] * (n - 1)}}
+    later = {**base, "verdict": "close", "seeds": {"values": [95.0] * (n - 5) + [94.0] * 5}}
+    assert moved_between_windows(mixed, later, 5) is None
+    all_agree = {**base, "verdict": "seed-dependent", "seeds": {"values": [95.0] * n}}
+    assert moved_between_windows(all_agree, deviates, 5)  # the shared seeds differ
+    never = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0, 95.0] + [60.0] * 7}}
+    assert moved_between_windows(never, deviates, 5) is None
+    holds = {"verdict": "claim-holds", "seeds": {"holds": [True] * n}}
+    fails = {"verdict": "claim-fails", "seeds": {"holds": [True] * 5 + [False] * (n - 5)}}
+    assert moved_between_windows(holds, fails, 5)  # shared seeds 5-8 differ
