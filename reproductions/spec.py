@@ -290,13 +290,11 @@ class Reproduction:
         elif depends_on and grading.coincidence(verdict, [c.verdict for c in depends_on]):
             verdict = grading.NOT_EVIDENCE
             words = (
-                "agrees while "
+                "agrees while cells it is computed from deviate ("
                 + ", ".join(
-                    f"{c.row} / {c.column} ({c.verdict})"
-                    for c in depends_on
-                    if c.verdict in grading.DISAGREE
+                    f"{c.row} / {c.column}" for c in depends_on if c.verdict in grading.DISAGREE
                 )
-                + " it is computed from deviates: a coincidence, not evidence"
+                + "): a coincidence, not evidence"
             )
             note = f"{note}; {words}" if note else words
         deviation = deviation_unit = None
