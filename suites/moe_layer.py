@@ -19,6 +19,7 @@ Defaults: the X-MoE Small layer scaled to this machine: H = 1024 (Small: 2048), 
 
 from __future__ import annotations
 
+from moe_repro.runtime.device import resolve_device
 from moe_repro.components.moe.grouped_gemm import check_gemm_name, gemm_choices
 from moe_repro.components.moe.overlap import parse_overlap
 from moe_repro.suites._moe_stages import (
@@ -82,7 +83,6 @@ def gemm_used(p: dict) -> dict:
     """The kernel the point's expert GEMMs run and why (``named``, or for ``auto`` ``table`` /
     ``fallback``: components/moe/kernel_choice.py), at the point's mean tokens per expert
     (tokens * ranks * top_k / experts rows on each expert's rank); in every record."""
-    import torch
 
     from moe_repro.components.moe.kernel_choice import choose_kernel
     from moe_repro.suites._moe_stages import DTYPES
@@ -97,9 +97,7 @@ def gemm_used(p: dict) -> dict:
     }
     if p["gemm"] != "auto":
         return {"gemm_used": p["gemm"], "gemm_rule": "named", **chunks}
-    device = p["device"] if p["device"] != "auto" else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        device = "cpu"
+    device = resolve_device(p["device"]).type  # the device the layer runs on (runtime rule)
     rows = int(p["tokens"]) * int(p["ranks"]) * int(p["top_k"]) / int(p["experts"])
     choice = choose_kernel(device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]))
     return {"gemm_used": choice.kernel, "gemm_rule": choice.source, **chunks}

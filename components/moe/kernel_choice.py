@@ -38,6 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from moe_repro.runtime.device import cuda_count
 from moe_repro.components.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def machine_identity(device_type: str = "cpu") -> dict:
         "cores": os.cpu_count() or 0,
         "torch": str(torch.__version__),
     }
-    if device_type == "cuda" and torch.cuda.is_available():
+    if device_type == "cuda" and cuda_count():
         ident["device_name"] = torch.cuda.get_device_name()
     return ident
 
