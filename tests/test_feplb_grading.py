@@ -14,6 +14,7 @@ from moe_repro.reproductions.spec import NOTE_WORDS, PaperClaim, PaperValue, Rep
 from derived_how import assert_how_is_the_catalogs
 
 SMALL = {"tokens": 128, "micro_batches": 3, "layers": 3}
+N = grading.MIN_SEEDS
 
 
 # --- trace statistics -----------------------------------------------------------------------------
@@ -77,11 +78,12 @@ def test_independent_growth_matches_a_simulation():
 
 
 def test_seeds_are_the_policys_offset_by_the_seed_parameter():
-    assert ft.seeds({"seed": 0}) == [0, 1, 2, 3, 4]
-    assert ft.seeds({"seed": 5}) == [5, 6, 7, 8, 9]  # disjoint from the default's
-    assert len(ft.seeds({"seed": 0})) >= grading.MIN_SEEDS
+    n = grading.MIN_SEEDS
+    assert n >= 9
+    assert ft.seeds({"seed": 0}) == list(range(n))
+    assert ft.seeds({"seed": 5}) == list(range(5, 5 + n))  # the second window of the seed test
     got = ft.over_seeds({"seed": 3, "x": 1}, lambda p: (p["seed"], p["x"]))
-    assert got == [(3, 1), (4, 1), (5, 1), (6, 1), (7, 1)]
+    assert got == [(s, 1) for s in range(3, 3 + n)]
 
 
 def _repro(printed="100"):
@@ -95,25 +97,29 @@ def _repro(printed="100"):
 
 def test_sampled_cell_grades_each_seed():
     repro = _repro()
-    # paper 100 (half unit 0.5): 100.2 matches; 90 is 10% off, inside 15% + 0.5: close
-    assert ft.sampled(repro, "r", "c", [100.2] * 5, "x", "n").verdict == "match"
-    assert ft.sampled(repro, "r", "c", [90.0] * 5, "x", "n").verdict == "close"
-    assert ft.sampled(repro, "r", "c", [70.0] * 5, "x", "n").verdict == "deviates"  # 30% off
-    mixed = ft.sampled(repro, "r", "c", [90.0, 90.0, 90.0, 90.0, 70.0], "x", "n")
-    assert mixed.verdict == "seed-dependent" and mixed.seeds["agree"] == 0.8
+    n = grading.MIN_SEEDS
+    # paper 100 (half unit 0.5): 100.2 matches; 90 is 10% off ("x": on the log ratio, 11%),
+    # inside 15%: close
+    assert ft.sampled(repro, "r", "c", [100.2] * n, "x", "n").verdict == "match"
+    assert ft.sampled(repro, "r", "c", [90.0] * n, "x", "n").verdict == "close"
+    assert ft.sampled(repro, "r", "c", [70.0] * n, "x", "n").verdict == "deviates"  # 30% off
+    mixed = ft.sampled(repro, "r", "c", [90.0] * (n - 1) + [70.0], "x", "n")
+    assert mixed.verdict == "seed-dependent" and mixed.seeds["agree"] == pytest.approx((n - 1) / n)
     assert mixed.ours == 90.0 and mixed.seeds["range"] == [70.0, 90.0]  # median, range
     with pytest.raises(Exception):
-        ft.sampled(repro, "r", "c", [90.0] * 4, "x", "n")  # under 5 seeds
+        ft.sampled(repro, "r", "c", [90.0] * (n - 1), "x", "n")  # under the policy's seeds
 
 
 def test_ratio_claim_reads_2x_by_the_one_rule():
     repro = _repro()
     # "2x" reads 1.5 to 2.5 (its printed precision)
-    holds = ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.4, 1.6, 2.0, 2.2, 1.9], "s")
+    holds = ft.fastermoe_over_feplb_claim(
+        repro, "k", "2x", [2.4, 1.6, 2.0, 2.2, 1.9, 2.1, 1.7, 2.3, 1.8], "s"
+    )
     assert holds.verdict == "claim-holds" and "1.5 to 2.5" in holds.reading
-    assert ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6] * 5, "s").verdict == "claim-fails"
+    assert ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6] * N, "s").verdict == "claim-fails"
     assert (
-        ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6, 2.0, 2.0, 2.0, 2.0], "s").verdict
+        ft.fastermoe_over_feplb_claim(repro, "k", "2x", [2.6] + [2.0] * (N - 1), "s").verdict
         == "seed-dependent"
     )
     # "1.8x" reads 1.75 to 1.85
@@ -133,12 +139,12 @@ def test_lead_grows_claim_is_tested_on_each_seed():
         compute=lambda r, p: Result([]),
         paper_claims=[PaperClaim("2/8", "FEPLB's lead over FasterMoE grows with EP", "grows", "t")],
     )
-    grows = {2: [1.0] * 5, 4: [2.0] * 5, 8: [3.0] * 5}
+    grows = {2: [1.0] * N, 4: [2.0] * N, 8: [3.0] * N}
     assert ft.lead_grows_claim(repro, grows, "s", "p").verdict == "claim-holds"
     # seed 4 falls from EP = 4 to 8: that seed fails, the others hold
-    mixed = {2: [1.0] * 5, 4: [2.0] * 5, 8: [3.0, 3.0, 3.0, 3.0, 1.5]}
+    mixed = {2: [1.0] * N, 4: [2.0] * N, 8: [3.0] * (N - 1) + [1.5]}
     cell = ft.lead_grows_claim(repro, mixed, "s", "p")
-    assert cell.verdict == "seed-dependent" and cell.seeds["holds"] == [True] * 4 + [False]
+    assert cell.verdict == "seed-dependent" and cell.seeds["holds"] == [True] * (N - 1) + [False]
 
 
 # --- fig4: per-pair volume and time -------------------------------------------------------------
