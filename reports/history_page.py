@@ -70,9 +70,15 @@ class Change:
         def show(v):
             return fmt(v, unit) if unit in ("s", "B", "%") else f"{fmt(v / factor)} {unit}".strip()
 
+        context = noise(self.run.record) if self.run.record is not None else None
         return (
             f"{self.what} {show(self.before)} -> {show(self.after)} ({_ratio(self.ratio)}) at "
             f"commit {self.run.commit} ({self.run.date[:16].replace('T', ' ')}, {self.machine})"
+            + (
+                "; a loaded run (load above the core count): the gate names it, does not fail"
+                if context and context["loaded"] and self.unit == "s"
+                else ""
+            )
         )
 
 
