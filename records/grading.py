@@ -237,7 +237,7 @@ def judge_convention(entries: dict) -> Judged:
     moved = tuple(k for k, (p, h, o, r) in entries.items() if digits(h, o) != digits(h, r))
     if broken:
         return Judged(False, broken, moved, "it breaks cells that agree without it")
-    held = [k for k in moved if agrees(*entries[k][:2], entries[k][3])]
+    held = [k for k in moved if agrees(entries[k][0], entries[k][1], entries[k][3])]
     if len(held) < 2:
         return Judged(
             False,
