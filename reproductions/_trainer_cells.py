@@ -49,7 +49,7 @@ def run_trainers(configs: list[dict], timeout_s: float = 600.0) -> list[dict]:
     from dataclasses import asdict
 
     from moe_repro.components.training.pp_ep_trainer import TrainConfig
-    from moe_repro.reproductions._suite_runs import pick, run_grid
+    from moe_repro.reproductions.suite_runs import pick, run_grid
     from moe_repro.suites.pp_ep_train import CONFIG_KEYS, report_of
 
     defaults = {k: v for k, v in asdict(TrainConfig()).items() if k in CONFIG_KEYS}

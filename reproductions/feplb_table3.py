@@ -24,7 +24,7 @@ from moe_repro.reproductions import _feplb_traces as ft
 from moe_repro.reproductions.spec import PaperClaim, PaperValue, Reproduction, Result
 
 _SRC = "FEPLB Table 3"
-_PRINTED = {  # row: (Before LB, FasterMoE, FasterMoE %, FEPLB, FEPLB %), as printed
+PRINTED = {  # row: (Before LB, FasterMoE, FasterMoE %, FEPLB, FEPLB %), as printed
     "4/2": ("2,278", "1,014", "-55", "1,107", "-51"),
     "4/4": ("4,649", "2,471", "-47", "1,697", "-63"),
     "2/8": ("6,666", "4,036", "-39", "2,021", "-70"),
@@ -36,7 +36,7 @@ IDLE = "trace: Before LB idle share (max - mean) / max"
 PAPER_VALUES = (
     [
         v
-        for row, (b, f, fp, e, ep) in _PRINTED.items()
+        for row, (b, f, fp, e, ep) in PRINTED.items()
         for v in (
             PaperValue(row, "Before LB", b, "tokens", _SRC),
             PaperValue(row, "FasterMoE", f, "tokens", _SRC),
@@ -49,9 +49,9 @@ PAPER_VALUES = (
         PaperValue(
             row,
             GROWTH,
-            ft.derived_printed(_PRINTED[row][0], _PRINTED["4/2"][0], 2),
+            ft.derived_printed(PRINTED[row][0], PRINTED["4/2"][0], 2),
             "x",
-            f"derived from {_SRC}, Before LB: {_PRINTED[row][0]} / {_PRINTED['4/2'][0]}",
+            f"derived from {_SRC}, Before LB: {PRINTED[row][0]} / {PRINTED['4/2'][0]}",
         )
         for row in ("4/4", "2/8")
     ]
@@ -60,7 +60,7 @@ PAPER_VALUES = (
     ]
     + [
         v
-        for row, (b, f, fp, e, ep) in _PRINTED.items()
+        for row, (b, f, fp, e, ep) in PRINTED.items()
         for v in (
             # the same printed values, graded again on the real-count workload (ft.real_row)
             PaperValue(ft.real_row(row), "Before LB", b, "tokens", _SRC),
@@ -127,7 +127,7 @@ BALANCER = {
 def _growth_words() -> str:
     """How a device's excess grows with EP for independent experts, and GLM-5's (Table 3)."""
     paper = {
-        row: ft.derived_printed(_PRINTED[row][0], _PRINTED["4/2"][0], 2) for row in ("4/4", "2/8")
+        row: ft.derived_printed(PRINTED[row][0], PRINTED["4/2"][0], 2) for row in ("4/4", "2/8")
     }
     return (
         f"the generator draws every expert's popularity independently, so a device's excess "
@@ -193,7 +193,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
                 repro, row, f"{method} vs Before LB", pct[method], "%", note, without=[0.0] * len(d)
             )
             check = ft.printed_percentage_note(
-                _PRINTED[row][i], _PRINTED[row][0], _PRINTED[row][i + 1]
+                PRINTED[row][i], PRINTED[row][0], PRINTED[row][i + 1]
             )
             if check:
                 red.note += f"; {check}"
@@ -312,7 +312,7 @@ def _real_count_cells(repro, params: dict, synthetic: dict) -> tuple[list, dict]
                 red_note += (
                     f"; on the synthetic trace {ours_synth:+.1f}% (median), on these "
                     f"real counts {ft.median(pct['FEPLB']):+.1f}%, the paper "
-                    f"{_PRINTED[row][4]}%"
+                    f"{PRINTED[row][4]}%"
                 )
             red = ft.sampled(
                 repro,
@@ -357,12 +357,12 @@ def _scaling_words(data: dict) -> str:
     words = []
     for row, ep in ft.CONFIGS:
         s = first[ep]
-        b = float(_PRINTED[row][0].replace(",", ""))
+        b = float(PRINTED[row][0].replace(",", ""))
         words.append(
             f"EP = {ep}: our max/mean rows per device {s.device_max_mean:.3f} "
             f"({s.rows_per_device:,.0f} rows per device, first seed); the paper's, if "
             f"its micro-batch put as many rows on a device (FEPLB prints no micro-batch "
-            f"size): 1 + {_PRINTED[row][0]} / {s.rows_per_device:,.0f} = "
+            f"size): 1 + {PRINTED[row][0]} / {s.rows_per_device:,.0f} = "
             f"{1 + b / s.rows_per_device:.3f}"
         )
     return "; ".join(words) + "; " + _growth_words()
@@ -372,7 +372,7 @@ def _grade_absolute(cell, method, row, base, red, trace: str = TRACE) -> None:
     """A method's absolute straggler is Before LB's scale times the share it leaves: its
     deviation comes from the trace where only Before LB deviates, from our balancer where the
     reduction deviates. Neither is a cause that explains: both are ours."""
-    printed_pct = _PRINTED[row][2 if method == "FasterMoE" else 4]
+    printed_pct = PRINTED[row][2 if method == "FasterMoE" else 4]
     if cell.verdict == "deviates":
         if red.verdict in ("match", "close"):
             cell.blame(
@@ -400,7 +400,7 @@ def _stale_detail(row: str, d: list) -> str:
         f"Router Predictor works on historical statistics at checkpoint time, which may be "
         f"far staler. Designated from an unrelated layer's counts, the stalest history can "
         f"be, FEPLB gives {ft.span([x['stale'] for x in d], ' tokens')} over the seeds "
-        f"against the paper's {_PRINTED[row][3]}; not a recomputation on the paper's input, "
+        f"against the paper's {PRINTED[row][3]}; not a recomputation on the paper's input, "
         f"so it explains nothing."
     )
 

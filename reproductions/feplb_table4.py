@@ -23,7 +23,7 @@ from moe_repro.components.model.zoo import get_model
 from moe_repro.records import grading
 from moe_repro.reproductions import _feplb_traces as ft
 from moe_repro.reproductions import feplb_table3 as t3
-from moe_repro.reproductions.feplb_table3 import _PRINTED as _TOKENS
+from moe_repro.reproductions.feplb_table3 import PRINTED as _TOKENS
 from moe_repro.reproductions.spec import PaperClaim, PaperValue, Reproduction, Result
 
 _SRC = "FEPLB Table 4"

@@ -31,7 +31,7 @@ PAPER_CLAIMS = [
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.reproductions._suite_runs import pick, run_grid, without_samples
+    from moe_repro.reproductions.suite_runs import pick, run_grid, without_samples
 
     ranks = int(params["ranks"])
     if ranks < 2 or int(params["experts"]) % ranks:

@@ -34,7 +34,7 @@ PAPER_CLAIMS = [
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.training.peak_memory import peak_supported
     from moe_repro.components.model.vocab_parallel_loss import peak_activation_model_bytes
-    from moe_repro.reproductions._suite_runs import csv_param, pick, run_grid, without_samples
+    from moe_repro.reproductions.suite_runs import csv_param, pick, run_grid, without_samples
 
     tokens, hidden, vocab = int(params["tokens"]), int(params["hidden"]), int(params["vocab"])
     groups = csv_param(params["group_sizes"], int)

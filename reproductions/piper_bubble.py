@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions.suite_runs import csv_param
 from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 

@@ -16,7 +16,7 @@ integer: +-0.5); bytes are shown beside Eq. 4's activation term evaluated for ou
 
 from __future__ import annotations
 
-from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions.suite_runs import csv_param
 from moe_repro.reproductions._trainer_cells import formula_cell, run_trainers
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 

@@ -19,7 +19,7 @@ from moe_repro.reproductions.spec import Figure, PaperValue, Reproduction, Resul
 
 COL = "TFLOPS / GPU (one layer, one node)"
 _SRC = "Fig. 11 (as transcribed in piper-review.md 9.3)"
-_PRINTED = {
+PRINTED = {
     "mixtral-8x22b": ("Mixtral 8x22B", "129.4"),
     "mixtral-8x7b": ("Mixtral 8x7B", "117.5"),
     "llama4-maverick": ("Llama 4 Maverick", "112.4"),
@@ -29,7 +29,7 @@ _PRINTED = {
     "kimi-k2": ("Kimi K2", "81.7"),
     "deepseek-v2": ("DeepSeek-V2", "78.3"),
 }
-PAPER_VALUES = [PaperValue(row, COL, v, "TFLOPS", _SRC) for row, v in _PRINTED.values()]
+PAPER_VALUES = [PaperValue(row, COL, v, "TFLOPS", _SRC) for row, v in PRINTED.values()]
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
@@ -38,7 +38,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     g = p.gpus_per_node
     cells, xs, ours_y, paper_y = [], [], [], []
     fine, rows = {}, {}  # fine-grained layers (top-k >= 6): deviation of ours; every row's cell
-    for key, (row, printed) in _PRINTED.items():
+    for key, (row, printed) in PRINTED.items():
         layer = dataclasses.replace(get_model(key), layers=1, moe_layers=None, vocab=None)
         e = estimate(layer, p, PP=1, EP=g, micro_batch=micro, seq=seq, M=1)
         peak = max(
@@ -104,7 +104,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     for key, dev in fine.items():
         rows[key].detail += (
             "; the fine-grained layers with the same shape-independent GEMM rate: "
-            + ", ".join(f"{_PRINTED[k][0]} {100 * d:+.1f}%" for k, d in fine.items())
+            + ", ".join(f"{PRINTED[k][0]} {100 * d:+.1f}%" for k, d in fine.items())
             + ". Piper says such layers' tall-and-skinny GEMMs run at poor utilization (Sec. II-A, IV-A2, "
             "Fig. 4), which a constant rate cannot show, but with the others this close it does not single "
             "out a cause for one of them"

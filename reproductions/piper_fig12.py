@@ -30,7 +30,7 @@ from moe_repro.reproductions._resource import (
     smallest_fit,
     without_output_head,
 )
-from moe_repro.reproductions.piper_fig11 import _PRINTED as _FIG11
+from moe_repro.reproductions.piper_fig11 import PRINTED as _FIG11
 from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 
 PARAMS, TFLOPS, MFU, AC = "Parameters", "TFLOPS / GPU", "MFU", "Activation checkpointing"

@@ -18,7 +18,7 @@ from moe_repro.reproductions.spec import Figure, Reproduction, Result
 def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.model.attention import shape_from_model
     from moe_repro.components.model.zoo import get_model
-    from moe_repro.reproductions._suite_runs import (
+    from moe_repro.reproductions.suite_runs import (
         csv_param,
         device_words,
         run_grid,

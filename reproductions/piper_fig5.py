@@ -20,7 +20,7 @@ from __future__ import annotations
 from moe_repro.components.network import simulator as ns
 from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import load_builtin
-from moe_repro.reproductions._suite_runs import csv_param, device_words, run_grid, without_samples
+from moe_repro.reproductions.suite_runs import csv_param, device_words, run_grid, without_samples
 from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result, tracking
 from moe_repro.suites.base import doubling_range, parse_size
 

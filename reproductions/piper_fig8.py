@@ -21,7 +21,7 @@ from __future__ import annotations
 from moe_repro.components.network import simulator as ns
 from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import from_dict, load_builtin
-from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions.suite_runs import csv_param
 from moe_repro.records import grading
 from moe_repro.reproductions.spec import Figure, PaperClaim, PaperValue, Reproduction, Result
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from moe_repro.components.balance.routing_record import fig9_config, train_and_record
 from moe_repro.components.provenance import remembering
 from moe_repro.components.balance.routing_trace import contiguous_ranks, device_loads, max_min_gap
-from moe_repro.reproductions._suite_runs import step_progress
+from moe_repro.reproductions.suite_runs import step_progress
 from moe_repro.reproductions.spec import Figure, Reproduction, Result
 
 

@@ -94,7 +94,7 @@ def run_small(
 ) -> dict:
     """Measured bytes per link class of real small runs (suite rank-layout-traffic, all ranks'
     messages), per order: {order: {"alltoall": {class: B}, "allreduce": {class: B}, "correct"}}."""
-    from moe_repro.reproductions._suite_runs import pick, run_grid
+    from moe_repro.reproductions.suite_runs import pick, run_grid
 
     base = {
         "nodes": nodes,

@@ -117,7 +117,7 @@ PAPER_CLAIMS = [
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.reproductions._suite_runs import device_words, pick, run_grid, without_samples
+    from moe_repro.reproductions.suite_runs import device_words, pick, run_grid, without_samples
 
     base = {
         "ranks": int(params["ranks"]),

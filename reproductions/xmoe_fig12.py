@@ -38,7 +38,7 @@ PAPER_CLAIMS = [
 
 
 def compute(repro: Reproduction, params: dict) -> Result:
-    from moe_repro.reproductions._suite_runs import device_words, pick, run_grid, without_samples
+    from moe_repro.reproductions.suite_runs import device_words, pick, run_grid, without_samples
     from moe_repro.suites.dispatch_stages import stage_metric, stages_of
 
     nodes, gpn = int(params["nodes"]), int(params["gpus_per_node"])

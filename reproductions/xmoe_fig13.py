@@ -79,7 +79,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.resources.memory_model import xmoe_activation_elements
     from moe_repro.components.moe.ssmb import sequence_bounds
     from moe_repro.components.model.zoo import get_model
-    from moe_repro.reproductions._suite_runs import csv_param, pick, run_grid, without_samples
+    from moe_repro.reproductions.suite_runs import csv_param, pick, run_grid, without_samples
 
     degrees = csv_param(params["tp_degrees"], int)
     cfg = dict(

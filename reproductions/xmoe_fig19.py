@@ -20,7 +20,7 @@ from moe_repro.components.network import simulator as ns
 from moe_repro.components.alltoall import simulated
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.model.zoo import get_model
-from moe_repro.reproductions._suite_runs import csv_param
+from moe_repro.reproductions.suite_runs import csv_param
 from moe_repro.records.grading import PREDICTION_TOLERANCE, comparable
 from moe_repro.reproductions.spec import Figure, PaperClaim, Reproduction, Result
 

@@ -343,7 +343,7 @@ def _shift_claim(repro: Reproduction, b: int, s: int):
 
 def _measure_scaled(h: int, hp: int, e: int, m: int, params: dict):
     from moe_repro.components.training.activation_memory import measure_config
-    from moe_repro.reproductions._suite_runs import device_words
+    from moe_repro.reproductions.suite_runs import device_words
 
     div, seq = int(params["shape_div"]), int(params["measured_seq"])
     if div < 1 or seq < 1:

@@ -52,7 +52,7 @@ def compute(repro: Reproduction, params: dict) -> Result:
     from moe_repro.components.moe.pft import build_pft
     from moe_repro.components.balance.routing_trace import synthetic_trace
     from moe_repro.components.network.topology import Topology
-    from moe_repro.reproductions._suite_runs import csv_param
+    from moe_repro.reproductions.suite_runs import csv_param
 
     E, k, gpn = int(params["experts"]), int(params["top_k"]), int(params["gpus_per_node"])
     S, skew, seed = int(params["tokens"]), float(params["skew"]), int(params["seed"])

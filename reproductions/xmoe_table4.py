@@ -238,7 +238,7 @@ def _lower_claim(repro: Reproduction, meas: dict, device: str):
 
 def _measure_scaled(m, seq: int, params: dict) -> dict:
     from moe_repro.components.training.activation_memory import measure_config
-    from moe_repro.reproductions._suite_runs import device_words
+    from moe_repro.reproductions.suite_runs import device_words
 
     divs = {k: int(params[k]) for k in ("shape_div", "experts_div", "seq_div")}
     if min(divs.values()) < 1:

@@ -140,7 +140,7 @@ def test_train_record_gives_back_the_trainers_report():
 
 @pytest.mark.multiprocess
 def test_llep_layer_moves_rows_off_the_busiest_rank_exactly():
-    from moe_repro.reproductions._suite_runs import pick, run_grid
+    from moe_repro.reproductions.suite_runs import pick, run_grid
 
     base = {
         "ranks": 2,
@@ -168,7 +168,7 @@ def test_llep_layer_moves_rows_off_the_busiest_rank_exactly():
 
 @pytest.mark.multiprocess
 def test_ssmb_memory_shrinks_by_the_tp_degree():
-    from moe_repro.reproductions._suite_runs import pick, run_grid
+    from moe_repro.reproductions.suite_runs import pick, run_grid
 
     base = {
         "ranks": 2,

@@ -336,7 +336,7 @@ def test_fig12_kernel_rates_are_ruled_out_for_mixtral_8x7b():
     import math
 
     from moe_repro.components.resources.perf_model import estimate
-    from moe_repro.reproductions.piper_fig11 import _PRINTED as FIG11
+    from moe_repro.reproductions.piper_fig11 import PRINTED as FIG11
 
     _, cells = _cells("piper-fig12")
     c = cells[("Mixtral 8x7B", piper_fig12.TFLOPS)]

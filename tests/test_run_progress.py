@@ -1,5 +1,5 @@
 """Measured runs a user can finish: progress per grid point, every finished point kept, and
-`repro run`'s closing counts (reproductions/_suite_runs.py, moe_repro/cli/run_cmd.py)."""
+`repro run`'s closing counts (reproductions/suite_runs.py, moe_repro/cli/run_cmd.py)."""
 
 import io
 import json
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from moe_repro.records.store import ResultsStore
-from moe_repro.reproductions._suite_runs import Watch, clock, run_grid, watching
+from moe_repro.reproductions.suite_runs import Watch, clock, run_grid, watching
 
 
 def _memcopy(mbytes):
@@ -230,9 +230,9 @@ def test_a_computation_without_grid_points_still_says_it_is_running(monkeypatch)
     import time
 
     from conftest import patient
-    from moe_repro.reproductions import _suite_runs
+    from moe_repro.reproductions import suite_runs
 
-    monkeypatch.setattr(_suite_runs, "TICK_S", 0.5)
+    monkeypatch.setattr(suite_runs, "TICK_S", 0.5)
     stream = io.StringIO()
     with watching(Watch("demo", stream=stream)):
         # the ticker looks every second: wait for its first line (a busy machine wakes it late)
@@ -273,9 +273,9 @@ def test_piper_fig5_shows_the_caption_claim_as_echo_of_the_simulator():
 def test_a_training_run_counts_its_steps(monkeypatch):
     # piper-fig9 / piper-alg2: one training run, no grid points; its steps are counted instead
     from moe_repro.components.balance.routing_record import fig9_config, train_and_record
-    from moe_repro.reproductions import _suite_runs
+    from moe_repro.reproductions import suite_runs
 
-    monkeypatch.setattr(_suite_runs, "STEP_LINE_S", 0.0)  # a line per step off a terminal
+    monkeypatch.setattr(suite_runs, "STEP_LINE_S", 0.0)  # a line per step off a terminal
     stream = io.StringIO()
     with watching(Watch("demo", stream=stream)):
         train_and_record(
@@ -283,7 +283,7 @@ def test_a_training_run_counts_its_steps(monkeypatch):
             steps=3,
             batch=4,
             sources=2,
-            progress=_suite_runs.step_progress("training"),
+            progress=suite_runs.step_progress("training"),
         )
     lines = stream.getvalue().splitlines()
     assert [
@@ -293,7 +293,7 @@ def test_a_training_run_counts_its_steps(monkeypatch):
 
 
 def test_a_step_counter_outside_a_watch_prints_nothing(capsys):
-    from moe_repro.reproductions._suite_runs import step_progress
+    from moe_repro.reproductions.suite_runs import step_progress
 
     step_progress("training")(1, 2)
     assert capsys.readouterr() == ("", "")

@@ -23,7 +23,7 @@ class StepLines:
     def __call__(self, done: int, total: int, what: str = "") -> None:
         """Report ``done`` of ``total`` steps finished; ``what``: the step now running, or the
         one just finished, in words."""
-        from moe_repro.reproductions._suite_runs import clock
+        from moe_repro.reproductions.suite_runs import clock
 
         now = time.monotonic()
         if 0 < done < total and now - self.last < self.every_s:

@@ -134,7 +134,7 @@ def batch_line(i: int, chosen: list[str], started: float, minutes: dict) -> str:
     than those minutes the finished ones ran (never below the catalog's minutes: they are rounded
     up to a tenth, so short runs finishing early say little about the long ones; none finished:
     the catalog's minutes as they are)."""
-    from moe_repro.reproductions._suite_runs import clock
+    from moe_repro.reproductions.suite_runs import clock
 
     elapsed = time.monotonic() - started
     head = f"[{i + 1}/{len(chosen)}] {chosen[i]}, {clock(elapsed)} elapsed"
@@ -322,7 +322,7 @@ def command(
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.records.record import dump
     from moe_repro.reproductions import all_reproductions
-    from moe_repro.reproductions._suite_runs import Watch, clock, watching
+    from moe_repro.reproductions.suite_runs import Watch, clock, watching
 
     if show_params:
         click.echo(params_listing(chosen))
