@@ -167,8 +167,8 @@ def compute(repro: Reproduction, params: dict) -> Result:
         "Timings share the machine with whatever else runs on it. The formula has no "
         "communication term: every P2P message (and a blocked rank's wake-up) adds idle time, a "
         "fixed cost per micro-batch. Micro-batches of 16 sequences keep a chunk's compute well "
-        "above it; with 4 sequences per micro-batch we measured 0.17-0.25 at PP=2, M=8 on this "
-        "loaded 2-core machine (--param micro_batch_size=4 reruns that).",
+        "above it; with 4 sequences per micro-batch that cost is a larger share of each chunk "
+        "(--param micro_batch_size=4 measures it).",
     ]
     extra = {
         "reports": {
