@@ -186,13 +186,15 @@ def test_xmoe_fig11_runs_over_two_ranks():
 
 
 def test_xmoe_fig11_direction_claims_hold_at_every_repeat_or_are_seed_dependent():
+    from moe_repro.records.grading import MIN_SEEDS
     from moe_repro.reproductions.xmoe_fig11 import DIRECTION, REPRODUCTION, _direction_claim
 
-    fast, slow = [2.0, 2.1, 1.9, 2.2, 2.0], [10.0, 9.0, 11.0, 10.5, 9.5]
+    n = MIN_SEEDS  # the policy's repeats: the direction is read at every one
+    fast = [2.0 + 0.05 * i for i in range(n)]
+    slow = [10.0 + 0.1 * i for i in range(n)]
     faster = _direction_claim(REPRODUCTION, "gating", DIRECTION, fast, slow, "padded")
-    assert (
-        faster.verdict == "claim-holds" and faster.ours == 5.0 and "5 of 5 repeats" in faster.note
-    )
+    assert faster.verdict == "claim-holds" and f"{n} of {n} repeats" in faster.note
+    assert faster.ours == pytest.approx((10.0 + 0.1 * (n // 2)) / (2.0 + 0.05 * (n // 2)))
     assert (
         _direction_claim(REPRODUCTION, "gating", DIRECTION, slow, fast, "padded").verdict
         == "claim-fails"
@@ -204,16 +206,13 @@ def test_xmoe_fig11_direction_claims_hold_at_every_repeat_or_are_seed_dependent(
         ).verdict
         == "claim-holds"
     )
-    # repeats that overlap (paired fastest with fastest): the direction is inside the noise
-    mixed = _direction_claim(
-        REPRODUCTION,
-        "layer",
-        DIRECTION,
-        [9.0, 9.5, 10.0, 10.5, 11.0],
-        [9.2, 9.4, 10.2, 10.4, 11.2],
-        "padded",
-    )
-    assert mixed.verdict == "seed-dependent" and "3 of 5 repeats" in mixed.note
+    # repeats that overlap (paired fastest with fastest): faster at the median, slower at every
+    # other repeat: the direction is inside the noise
+    pft = [9.0 + 0.5 * i for i in range(n)]
+    padded = [x + (0.2 if i % 2 == 0 else -0.1) for i, x in enumerate(pft)]
+    mixed = _direction_claim(REPRODUCTION, "layer", DIRECTION, pft, padded, "padded")
+    held = (n + 1) // 2
+    assert mixed.verdict == "seed-dependent" and f"{held} of {n} repeats" in mixed.note
     # fewer repeats than the policy's minimum: the medians decide
     assert (
         _direction_claim(REPRODUCTION, "layer", DIRECTION, [1.0, 1.2], [2.0, 0.9], "padded").verdict
@@ -222,27 +221,27 @@ def test_xmoe_fig11_direction_claims_hold_at_every_repeat_or_are_seed_dependent(
 
 
 def test_xmoe_fig11_growth_claim_needs_the_ratio_nearer_double_than_flat():
+    from moe_repro.records.grading import MIN_SEEDS
     from moe_repro.reproductions.xmoe_fig11 import GROWTH, REPRODUCTION, _growth_claim
 
-    pft = [1.0] * 5
+    n = MIN_SEEDS
+    pft = [1.0] * n
     doubles = _growth_claim(
-        REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft), ([38.0] * 5, [2.0] * 5)
+        REPRODUCTION, "buffer dispatch", ([10.0] * n, pft), ([38.0] * n, [2.0] * n)
     )
     assert doubles.verdict == "claim-holds" and doubles.ours == pytest.approx(1.9)
     assert (
         _growth_claim(
-            REPRODUCTION, "buffer dispatch", ([10.0] * 5, pft), ([26.0] * 5, [2.0] * 5)
+            REPRODUCTION, "buffer dispatch", ([10.0] * n, pft), ([26.0] * n, [2.0] * n)
         ).verdict
         == "claim-fails"
     )
-    flat = _growth_claim(REPRODUCTION, "buffer combine", ([10.0] * 5, pft), ([20.0] * 5, [2.0] * 5))
+    flat = _growth_claim(REPRODUCTION, "buffer combine", ([10.0] * n, pft), ([20.0] * n, [2.0] * n))
     assert flat.verdict == "claim-fails" and flat.column == GROWTH and flat.ours == 1.0
-    noisy = _growth_claim(
-        REPRODUCTION,
-        "buffer combine",
-        ([10.0] * 5, pft),
-        ([12.0, 15.0, 30.0, 32.0, 34.0], [1.0] * 5),
-    )
+    # at twice the tokens the padded layer's time grows 3x at the median but barely at the
+    # three fastest repeats: mixed
+    grown = sorted([12.0, 13.0, 15.0] + [30.0 + i for i in range(n - 3)])
+    noisy = _growth_claim(REPRODUCTION, "buffer combine", ([10.0] * n, pft), (grown, [1.0] * n))
     assert noisy.verdict == "seed-dependent"
 
 
