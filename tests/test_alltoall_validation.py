@@ -195,6 +195,10 @@ def test_host_cpu_takes_the_cpu_inside_every_collective_out_and_puts_the_communi
             spend(7)
             return [values]
 
+        def allgather_ints_async(self, values):
+            spend(7)
+            return lambda: [values]
+
     world, intra = FakeComm(), FakeComm()
     comms = Communicators(
         Topology(nodes=1, ranks_per_node=2),
