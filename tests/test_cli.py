@@ -165,7 +165,9 @@ def test_site_links_every_reproduction_page(results_dir, tmp_path):
     for suite in ("gemm", "allreduce"):
         assert f'href="suites/{suite}.html"' in index
     page = (site / "repro" / "piper-table4.html").read_text()
-    assert "Mixtral 8x7B" in page and "repro run piper-table4" in page and "mixes units" in page
+    assert "Mixtral 8x7B" in page and "repro run piper-table4" in page
+    # the GiB reading is tried on the whole table and its refusal is on the page
+    assert "in GiB (2^30 bytes)" in page and "not accepted" in page
     assert broken_links(site) == []
 
 
@@ -256,7 +258,8 @@ def test_export_csv_and_jsonl(results_dir, tmp_path):
         invoke("export", "--kind", "reproductions", "--out", str(tmp_path / "r.csv")).exit_code == 0
     )
     df = pd.read_csv(tmp_path / "r.csv")
-    assert len(df) == 14 and set(df["verdict"]) == {"match", "explained", "deviates"}
+    # Table IV's GiB cells deviate: the one convention rule refuses GiB (it breaks Switch-Base)
+    assert len(df) == 14 and set(df["verdict"]) == {"match", "deviates"}
     assert (
         invoke(
             "export",
