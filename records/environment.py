@@ -21,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -114,7 +115,7 @@ def device_description() -> dict:
     """The compute device results were measured on: a GPU name, or the CPU model. A run that
     never imported torch (a simulation) computed on the CPU, whatever GPUs the host has."""
     if "torch" not in sys.modules:
-        return {"device": _cpu_model(), "device_type": "cpu", "device_count": 1}
+        return {"device": cpu_model(), "device_type": "cpu", "device_count": 1}
     try:
         import torch
 
@@ -126,7 +127,7 @@ def device_description() -> dict:
             }
     except Exception:  # torch missing or broken: still describe the CPU
         pass
-    return {"device": _cpu_model(), "device_type": "cpu", "device_count": 1}
+    return {"device": cpu_model(), "device_type": "cpu", "device_count": 1}
 
 
 def collect_environment(command: list[str] | None = None) -> dict:
@@ -154,7 +155,7 @@ def collect_environment(command: list[str] | None = None) -> dict:
         "torch": torch_version,
         "torch_threads": threads,
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "hostname": socket.gethostname(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -153,20 +153,9 @@ FAMILIES: dict[str, frozenset[str]] = {
             "vocab_size",
         }
     ),
-    "gpt_oss": frozenset(
-        {
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "num_local_experts",
-            "num_experts_per_tok",
-            "vocab_size",
-        }
-    ),
 }
 FAMILIES["deepseek_v3"] = FAMILIES["deepseek_v2"]
+FAMILIES["gpt_oss"] = FAMILIES["mixtral"]  # the same keys; biases and attention sinks not modelled
 
 
 class ModelConfigError(ValueError):

@@ -32,12 +32,12 @@ import hashlib
 import json
 import math
 import os
-import platform
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from moe_repro.records.environment import cpu_model
 from moe_repro.runtime.device import cuda_count
 from moe_repro.components.lazy_import import lazy_module
 
@@ -58,21 +58,11 @@ class Choice:
     source: str
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_identity(device_type: str = "cpu") -> dict:
     """What makes a measured table valid: the device, the CPU, its cores, torch's version."""
     ident = {
         "device_type": device_type,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count() or 0,
         "torch": str(torch.__version__),
     }
