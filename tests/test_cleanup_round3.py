@@ -106,6 +106,13 @@ def test_the_sweep_waits_for_the_worlds_processes(tmp_path, fake_clock):
         rank = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)", world], stdin=held
         )
+    # The rank counts once its command line names the world: wait for its exec (a busy machine
+    # can leave the forked child without it for a while), bounded by a hang guard.
+    cmdline = Path(f"/proc/{rank.pid}/cmdline")
+    guard = time.monotonic() + patient(10)
+    while world not in cmdline.read_bytes().decode(errors="replace"):
+        assert time.monotonic() < guard, "the rank never started"
+        time.sleep(0.01)
     slept = []
 
     def sleep(s):
