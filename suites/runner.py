@@ -343,9 +343,12 @@ def measure(
         # one launch per world (starting ranks costs seconds); its points come back one by one.
         # The folder is a registered work directory (runtime/workdirs.py): it names its owner,
         # so the launch's janitor removes it if this process is SIGKILLed.
-        with signals.deferred():  # never without its owner file
-            out_dir = make_workdir(POINTS_PREFIX)
+        out_dir = None
         try:
+            # A signal held off here is delivered as the block ends: inside the try, so the
+            # folder it created is removed below.
+            with signals.deferred():  # never without its owner file
+                out_dir = make_workdir(POINTS_PREFIX)
             reader = _PointReader(out_dir, len(points), deliver)
             reader.start()
             try:
@@ -367,8 +370,9 @@ def measure(
                 if reader.count:
                     produced("measured")  # on the ranks just launched, not in this process
         finally:
-            with signals.deferred():  # a second signal must not cut the removal short
-                shutil.rmtree(out_dir, ignore_errors=True)
+            if out_dir is not None:
+                with signals.deferred():  # a second signal must not cut the removal short
+                    shutil.rmtree(out_dir, ignore_errors=True)
         if reader.count != len(points):
             raise RuntimeError(
                 f"{suite.name}: the world returned {reader.count} of {len(points)} points"
