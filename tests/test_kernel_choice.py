@@ -54,6 +54,14 @@ def test_table_of_this_machine_is_obeyed_nearest_shape():
     assert _choose("meta", torch.float32, 20, 64, 64).source == "fallback"
 
 
+def test_table_measured_only_at_far_shapes_gives_way_to_the_fallback():
+    # a quick run's table (small T, K, M) must not pick the layer's kernel at its default shape
+    kc.write_table([_entry("sequential", 16, 256, 176), _entry("sequential", 128, 256, 176)])
+    assert _choose("cpu", torch.float32, 384, 1024, 704).source == "fallback"
+    assert _choose("cpu", torch.float32, 128, 512, 176) == kc.Choice("sequential", "table")
+    assert _choose("cpu", torch.float32, 128, 600, 176).source == "fallback"  # K 2.3x away
+
+
 def test_table_of_another_machine_is_ignored():
     path = kc.table_path("cpu")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,10 @@ components/moe/grouped_gemm.py is asked for. It resolves, per call, from:
    with no wrong element. The table is a JSON file cached per machine (its file name and
    content carry the machine's identity: device name, CPU model, core count, torch version);
    a table of another machine is ignored. A call takes the entry of its device type and dtype
-   nearest to its shape (distance in log2 of T, K and M), among kernels that can run here.
+   nearest to its shape (distance in log2 of T, K and M), among kernels that can run here,
+   if that entry is within NEAR_FACTOR of the call's T, K and M each; a table measured only
+   at other shapes says nothing about this one (kernel rankings cross with shape), and the
+   fallback rule applies.
 2. otherwise the documented fallback rule: ``grouped_mm`` (one ``torch._grouped_mm`` kernel)
    where this torch provides it for the device and dtype (probed once with a tiny forward and
    backward), else ``padded_bmm`` (one batched matmul). Never ``sequential``: a Python loop
@@ -47,6 +50,9 @@ else:
     torch = lazy_module("torch", globals())
 
 AUTO = "auto"
+# How far (ratio in each of T, K, M) a measured shape speaks for a call's shape: one doubling
+# step of the expert-gemm suite's T sweep either side.
+NEAR_FACTOR = 2.0
 FALLBACK_ORDER = ("grouped_mm", "padded_bmm")
 
 
@@ -196,13 +202,15 @@ def choose_kernel(
     ]
     if entries:
 
-        def distance(e: dict) -> float:
-            return sum(
+        def gaps(e: dict) -> list[float]:  # |log2| ratios in T, K and M
+            return [
                 abs(math.log2(max(a, 1.0)) - math.log2(max(float(b), 1.0)))
                 for a, b in ((tokens_per_expert, e["tokens_per_expert"]), (k, e["K"]), (m, e["M"]))
-            )
+            ]
 
-        return Choice(str(min(entries, key=distance)["kernel"]), "table")
+        nearest = min(entries, key=lambda e: sum(gaps(e)))
+        if max(gaps(nearest)) <= math.log2(NEAR_FACTOR):
+            return Choice(str(nearest["kernel"]), "table")
     return Choice(fallback_kernel(device_type, dtype), "fallback")
 
 
