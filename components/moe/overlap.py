@@ -18,9 +18,14 @@ Exactness: the same rows meet the same expert weights; only the order of the per
 differs (sums in fp32 for bf16/fp16, as pft.scatter_combine). Every rank issues the same
 collectives in the same order, empty chunks included; no other metadata exchange is needed.
 
-Autograd: each exchange is a Function whose forward issues the all-to-all and returns the
-buffer being filled (waited on before its first read) and whose backward is the reverse
-exchange (blocking); the backward is exact, and not pipelined.
+Autograd: the exchanges and the experts between them are one Function. Its forward keeps each
+chunk's expert graph (rows and weights as received, as leaves); its backward pipelines the
+gradients the same way: every chunk's combine gradient is issued at once, then chunk by chunk
+the rank waits for chunk c, runs chunk c's expert backward (torch.autograd.grad on the kept
+graph: input rows, combine weights, expert weights) and issues chunk c's dispatch gradient,
+which travels while chunk c+1's backward GEMMs run. The gradients are those of the
+unpipelined layer up to summation order (the expert weights' gradient is a sum over chunks).
+Once differentiable: a second backward through the same forward is not supported.
 
 The exchanges run on the dispatcher's communicator (flat all-to-all-v), whatever algorithm
 the layer holds; ``auto`` pipelines only where that algorithm is the flat one.
@@ -69,36 +74,135 @@ def chunks_for(overlap: str | int, expert_parallel: bool, all_to_all: str, fewes
     return AUTO_CHUNKS if all_to_all == "flat" and fewest >= AUTO_CHUNKS else 1
 
 
+class _ChunkPlan:
+    """What the pipelined exchange needs besides tensors: the communicator, each chunk's send
+    and receive counts per rank ([C, W]), each source's rows per local expert ([W, E_local]),
+    the chunk of each local expert, and the layer whose experts compute."""
+
+    def __init__(self, layer, comm, send, recv, from_source, my_chunk):
+        self.layer, self.comm = layer, comm
+        self.send, self.recv = send, recv
+        self.from_source, self.my_chunk = from_source, my_chunk
+        self.chunks = int(send.shape[0])
+        self.build_graph = torch.is_grad_enabled()  # at the call: keep graphs for backward
+
+    def experts_of_chunk(self, rows, wts, c: int):
+        """Chunk c's received rows (source-major) through their experts, weighted per row."""
+        world = self.from_source.shape[0]
+        in_chunk = self.from_source * (self.my_chunk == c)  # [W, E_local], zero outside c
+        local_expert_of_row = torch.repeat_interleave(
+            torch.arange(in_chunk.shape[1]).repeat(world), in_chunk.reshape(-1)
+        )
+        expert_order = torch.argsort(local_expert_of_row, stable=True).to(rows.device)
+        y = self.layer.experts(rows.index_select(0, expert_order), in_chunk.sum(0))
+        y = y.index_select(0, inverse_permutation(expert_order))
+        return y * wts.reshape(-1).to(y.dtype).unsqueeze(1)
+
+
 @cache
-def _async_exchange():
-    class AsyncExchange(torch.autograd.Function):
-        """Issue ``comm.alltoallv_async``; the handle goes to ``pending``; backward reverses."""
+def _pipelined_experts():
+    class PipelinedExperts(torch.autograd.Function):
+        """send rows [N, H], their combine weights [N] -> the weighted expert outputs of the
+        same rows, back in send order; dispatch, expert GEMMs and combine pipelined in chunks
+        forward, and their gradients pipelined the same way backward (module docstring)."""
 
         @staticmethod
-        def forward(ctx, x, comm, send_counts, recv_counts, phase, pending):
-            ctx.comm, ctx.counts, ctx.phase = comm, (send_counts, recv_counts), phase
-            out, handle = comm.alltoallv_async(x.detach(), send_counts, recv_counts, phase)
-            pending.append(handle)
-            return out
+        def forward(ctx, send_rows, send_wts, plan, *params):
+            comm, send, recv = plan.comm, plan.send, plan.recv
+            build = plan.build_graph and any(ctx.needs_input_grad)
+            sizes = send.sum(1).tolist()
+            rows_out, wts_out = torch.split(send_rows, sizes), torch.split(send_wts, sizes)
+            arriving = []
+            for c in range(plan.chunks):  # every chunk in flight at once
+                s, r = send[c].tolist(), recv[c].tolist()
+                rows = comm.alltoallv_async(rows_out[c], s, r, "dispatch")
+                wts = comm.alltoallv_async(wts_out[c].reshape(-1, 1), s, r, "weights")
+                arriving.append((rows, wts))
+            returning, graphs = [], []
+            for c, ((rows, rows_done), (wts, wts_done)) in enumerate(arriving):
+                rows_done.wait()
+                wts_done.wait()
+                with torch.enable_grad() if build else torch.no_grad():
+                    rows_in = rows.requires_grad_(build and ctx.needs_input_grad[0])
+                    wts_in = wts.requires_grad_(build and ctx.needs_input_grad[1])
+                    y = plan.experts_of_chunk(rows_in, wts_in, c)
+                graphs.append((rows_in, wts_in, y))
+                back = comm.alltoallv_async(
+                    y.detach(), recv[c].tolist(), send[c].tolist(), "combine"
+                )
+                returning.append(back)
+            for _, done in returning:
+                done.wait()
+            ctx.plan, ctx.graphs, ctx.params = plan, graphs, params
+            ctx.shapes = (send_rows.shape, send_wts.shape)
+            if returning:
+                return torch.cat([b for b, _ in returning])
+            return send_rows.new_zeros(0, send_rows.shape[1])
 
         @staticmethod
-        def backward(ctx, grad):
-            send_counts, recv_counts = ctx.counts
-            back = ctx.comm.alltoallv(grad.contiguous(), recv_counts, send_counts, ctx.phase)
-            return back, None, None, None, None, None
+        def backward(ctx, grad_back):
+            plan, comm = ctx.plan, ctx.plan.comm
+            send, recv, params = plan.send, plan.recv, ctx.params
+            grads = torch.split(grad_back.contiguous(), send.sum(1).tolist())
+            # combine's gradient: every chunk's rows back to the experts' ranks at once
+            arriving = [
+                comm.alltoallv_async(grads[c], send[c].tolist(), recv[c].tolist(), "combine")
+                for c in range(plan.chunks)
+            ]
+            param_grads: list = [None] * len(params)
+            returning = []
+            for c, (g_y, done) in enumerate(arriving):
+                done.wait()
+                rows_in, wts_in, y = ctx.graphs[c]
+                inputs = [rows_in, wts_in, *params]
+                wanted = [t for t in inputs if t.requires_grad]
+                got = (
+                    dict(
+                        zip(map(id, wanted), torch.autograd.grad(y, wanted, g_y, allow_unused=True))
+                    )
+                    if y.requires_grad and wanted
+                    else {}
+                )
+                g_rows, g_wts = (
+                    got.get(id(t)) if got.get(id(t)) is not None else torch.zeros_like(t)
+                    for t in (rows_in, wts_in)
+                )
+                for i, p in enumerate(params):
+                    g = got.get(id(p))
+                    if g is not None:
+                        param_grads[i] = g if param_grads[i] is None else param_grads[i] + g
+                # dispatch's gradient for chunk c leaves while chunk c-1's experts run
+                s, r = recv[c].tolist(), send[c].tolist()
+                returning.append(
+                    (
+                        comm.alltoallv_async(g_rows, s, r, "dispatch"),
+                        comm.alltoallv_async(g_wts, s, r, "weights"),
+                    )
+                )
+                ctx.graphs[c] = None  # free chunk c's saved activations
+            for (_, rows_done), (_, wts_done) in returning:
+                rows_done.wait()
+                wts_done.wait()
+            rows_shape, wts_shape = ctx.shapes
+            g_send_rows = (
+                torch.cat([g for (g, _), _ in returning])
+                if returning
+                else grad_back.new_zeros(rows_shape)
+            )
+            g_send_wts = (
+                torch.cat([g for _, (g, _) in returning]).reshape(wts_shape)
+                if returning
+                else grad_back.new_zeros(wts_shape)
+            )
+            return (g_send_rows, g_send_wts, None, *param_grads)
 
-    return AsyncExchange
-
-
-def _exchange(x, comm, send_counts, recv_counts, phase):
-    pending: list = []
-    out = _async_exchange().apply(x, comm, list(send_counts), list(recv_counts), phase, pending)
-    return out, pending[0]
+    return PipelinedExperts
 
 
 def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tensor":
     """The layer's routed output [S, H] for ``pft``, dispatch and combine in ``chunks`` chunks
-    pipelined with the expert GEMMs (see the module docstring). Expert parallel only."""
+    pipelined with the expert GEMMs, forward and backward (see the module docstring). Expert
+    parallel only."""
     comm = layer.dispatcher.comm()
     world, experts = comm.size, layer.num_experts
     # The one counts exchange (every rank's tokens per expert), issued first and read only when
@@ -115,42 +219,20 @@ def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tenso
     send = torch.bincount(key, minlength=chunks * world).reshape(chunks, world)
     device = x.device
     order_dev = order.to(device)
-    rows_out = torch.split(
-        x.index_select(0, pft.token_ids.index_select(0, order_dev)), send.sum(1).tolist()
-    )
-    weights_out = torch.split(pft.combine_weights.index_select(0, order_dev), send.sum(1).tolist())
+    token_of_row = pft.token_ids.index_select(0, order_dev)
+    send_rows = x.index_select(0, token_of_row)
+    send_wts = pft.combine_weights.index_select(0, order_dev)
 
     mine = torch.tensor(layer.local_experts, dtype=torch.int64)
     from_source = torch.tensor(counts_of_ranks(), dtype=torch.int64)[:, mine]  # [W, E_local]
     my_chunk = chunk_of[mine]
     recv = torch.stack([from_source[:, my_chunk == c].sum(1) for c in range(chunks)])  # [C, W]
-    arriving = []
-    for c in range(chunks):  # every chunk in flight at once
-        rows = _exchange(rows_out[c], comm, send[c].tolist(), recv[c].tolist(), "dispatch")
-        wts = _exchange(
-            weights_out[c].reshape(-1, 1), comm, send[c].tolist(), recv[c].tolist(), "weights"
-        )
-        arriving.append((rows, wts))
+    plan = _ChunkPlan(layer, comm, send, recv, from_source, my_chunk)
+    params = [p for p in layer.experts.parameters()]
+    back = _pipelined_experts().apply(send_rows, send_wts, plan, *params)
 
-    returning = []
-    for c, ((rows, rows_done), (wts, wts_done)) in enumerate(arriving):
-        rows_done.wait()
-        wts_done.wait()
-        in_chunk = from_source * (my_chunk == c)  # [W, E_local], zero outside chunk c
-        local_expert_of_row = torch.repeat_interleave(
-            torch.arange(len(mine)).repeat(world), in_chunk.reshape(-1)
-        )
-        expert_order = torch.argsort(local_expert_of_row, stable=True).to(device)
-        y = layer.experts(rows.index_select(0, expert_order), in_chunk.sum(0))
-        y = y.index_select(0, inverse_permutation(expert_order))
-        y = y * wts.reshape(-1).to(y.dtype).unsqueeze(1)
-        returning.append(_exchange(y, comm, recv[c].tolist(), send[c].tolist(), "combine"))
-
-    for _, done in returning:
-        done.wait()
-    back = torch.cat([b for b, _ in returning]) if returning else x.new_zeros(0, x.shape[1])
     low = x.dtype in (torch.bfloat16, torch.float16)
     acc = torch.float32 if low and layer.combine_accumulate == "float32" else x.dtype
     out = torch.zeros(pft.num_tokens, x.shape[1], dtype=acc, device=device)
-    out = out.index_add(0, pft.token_ids.index_select(0, order_dev), back.to(acc))
+    out = out.index_add(0, token_of_row, back.to(acc))
     return out.to(x.dtype)
