@@ -118,7 +118,9 @@ def grouped_gemm(
 
 def _sequential(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     chunks = torch.split(x, counts.tolist(), dim=0)
-    return torch.cat([chunk @ w[g] for g, chunk in enumerate(chunks)], dim=0)
+    # unbind, not w[g]: the backward of G selects is G zero-filled [G, K, M] gradients summed
+    # (quadratic in G); unbind's is one stack
+    return torch.cat([chunk @ w_g for w_g, chunk in zip(w.unbind(0), chunks)], dim=0)
 
 
 def _padded_bmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
