@@ -63,6 +63,10 @@ class Scored:
     source: str  # paper, table, row
     how: str  # "analytic" or "simulated"
     note: str = ""
+    # what the source measured (memory: "max allocated", "max reserved", "device used"); "" where
+    # the predictor has a single kind of measurement
+    kind: str = ""
+    family: str = ""  # "MoE" or "dense" (memory points), "" elsewhere
 
     @property
     def error(self) -> float | None:
@@ -82,6 +86,8 @@ class Scored:
             "source": self.source,
             "how": self.how,
             "note": self.note,
+            "measured_kind": self.kind,
+            "family": self.family,
         }
 
 
@@ -94,6 +100,9 @@ class Summary:
     max_abs_error: float | None
     worst: str = ""
     scored: list[Scored] = field(default_factory=list)
+    # per measured kind and per model family: (label, points, predicted, MAPE, max |error|)
+    groups: list[tuple[str, int, int, float | None, float | None]] = field(default_factory=list)
+    predicts: str = ""  # what the predictor's number is (memory: which kind of measurement)
 
     def to_dict(self) -> dict:
         return {
@@ -103,6 +112,11 @@ class Summary:
             "mape": self.mape,
             "max_abs_error": self.max_abs_error,
             "worst": self.worst,
+            "predicts": self.predicts,
+            "groups": [
+                {"group": g, "points": n, "predicted": k, "mape": m, "max_abs_error": x}
+                for g, n, k, m, x in self.groups
+            ],
         }
 
 
@@ -206,7 +220,47 @@ def _model(spec: dict):
 
     if spec["kind"] == "megatron-gpt":
         return megatron_gpt(spec["layers"], spec["hidden"], spec["heads"], spec["vocab"])
-    return get_model(spec["key"])
+    if spec["kind"] == "megatron-moe":
+        return _megatron_moe(spec)
+    m = get_model(spec["key"])
+    if spec.get("vocab") and spec["vocab"] != m.vocab:  # the run's tokenizer, as its log prints it
+        from dataclasses import replace
+
+        m = replace(m, vocab=spec["vocab"])
+    return m
+
+
+def _megatron_moe(spec: dict):
+    """A Megatron-LM GPT with MoE layers from a point's own launch arguments (its functional
+    tests' model_config.yaml): --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size
+    (default 4h), --num-experts, --moe-router-topk, --moe-ffn-hidden-size (default the FFN's),
+    --moe-shared-expert-intermediate-size, --swiglu (three matrices, else two with GeLU), the
+    padded vocabulary, and --untie-embeddings-and-output-weights (default tied)."""
+    from moe_repro.components.model.zoo import MoEModel
+
+    h = spec["hidden"]
+    ffn = spec.get("ffn") or 4 * h
+    shared = spec.get("shared_ffn")
+    return MoEModel(
+        key=f"megatron-moe-{spec['layers']}x{h}-e{spec['experts']}k{spec['top_k']}",
+        name=f"Megatron-LM test GPT-MoE ({spec['layers']} x {h}, {spec['experts']} experts)",
+        layers=spec["layers"],
+        moe_layers=spec.get("moe_layers"),
+        d_model=h,
+        d_ffn=spec.get("moe_ffn") or ffn,
+        d_ffn_dense=ffn,
+        n_experts=spec["experts"],
+        top_k=spec["top_k"],
+        n_mat=3 if spec.get("swiglu") else 2,
+        n_shared=1 if shared else 0,
+        d_ffn_shared=shared,
+        n_heads=spec["heads"],
+        head_dim=h // spec["heads"],
+        vocab=spec["vocab"],
+        tie_embeddings=not spec.get("untie", False),
+        family="megatron-test",
+        source="Megatron-LM tests/functional_tests/test_cases/moe/<case>/model_config.yaml",
+    )
 
 
 # ----------------------------------------------------------------------------------- predictors
@@ -250,6 +304,9 @@ def _plan(point: dict):
             tp=lay["tp"],
             pp=lay["pp"],
             cp=lay.get("cp"),
+            ep=lay.get("ep"),
+            etp=lay.get("etp"),
+            dispatcher=lay.get("dispatcher", "alltoall"),
             sp=lay.get("sp"),
             flash_attention=lay["flash_attention"],
             dropout=bool(getattr(m, "dropout", False)),
@@ -291,10 +348,18 @@ def predict_step_time(point: dict) -> tuple[float | None, str]:
 
 
 def predict_memory(point: dict) -> tuple[float | None, str]:
-    _, _, pl = _plan(point)
+    """The planner's per-GPU bytes on the binding stage of the point's layout (PREDICTS), in
+    GiB; None with the reason where the planner gives no number for it (the point stays in the
+    table as "no prediction")."""
+    try:
+        _, _, pl = _plan(point)
+    except (ValueError, KeyError) as e:
+        return None, f"no prediction: {e}"
     c = pl.best or (pl.candidates[0] if pl.candidates else None)
     if c is None:
-        return None, "rejected: " + "; ".join(r["reason"] for r in pl.rejected[:2])
+        return None, "no prediction: the planner rejects the layout: " + "; ".join(
+            r["reason"] for r in pl.rejected[:2]
+        )
     mem = c.memory
     terms = ", ".join(
         f"{k} {mem[k] / GiB:.1f}"
@@ -368,6 +433,17 @@ def predict_attention_core(point: dict) -> tuple[float, str]:
     )
 
 
+# What a predictor's number is, where its points measure different things (repro validate says
+# it beside the predictor). The memory model counts live tensors (components.resources.
+# memory_model), the quantity torch.cuda.max_memory_allocated reports; a point measured as the
+# caching allocator's reserve or as the device's used memory is scored against it all the same,
+# with its kind shown.
+PREDICTS = {
+    "memory": "max allocated: the live tensors of the binding stage at their peak, plus the "
+    "platform profile's framework_overhead_GB (no constant fitted to any point: leave-one-source-"
+    "out errors equal these)",
+}
+
 # predictor -> (its prediction of a point, how that number is produced)
 _PREDICT = {
     "step-time": (predict_step_time, "analytic"),
@@ -386,13 +462,36 @@ def score_point(point: dict) -> Scored:
     # step time is derived from the printed throughput; every other point is the printed number
     measured = measured_step_time(point) if pred == "step-time" else published_value(point)
     predicted, note = predict(point)
-    return Scored(point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note)
+    kind = family = ""
+    if pred == "memory":
+        kind = point["measured_kind"]
+        family = "MoE" if _model(point["model"]).n_moe_layers else "dense"
+    return Scored(
+        point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note, kind, family
+    )
+
+
+def _errors(scored: list[Scored]) -> tuple[int, int, float | None, float | None]:
+    """Points, predicted points, MAPE and max |error| of a set of scored points."""
+    errs = [abs(s.error) for s in scored if s.error is not None]
+    if not errs:
+        return len(scored), 0, None, None
+    return len(scored), len(errs), statistics.fmean(errs), max(errs)
 
 
 def summarise(predictor: str, scored: list[Scored]) -> Summary:
+    """MAPE and max |error| over the points with a prediction (a point without one is counted
+    in ``points`` and shown, never dropped), and the same per measured kind and per model family
+    where the points say them."""
+    groups = []
+    for attr, label in (("kind", "measured as {}"), ("family", "{}")):
+        for value in sorted({getattr(s, attr) for s in scored} - {""}):
+            part = [s for s in scored if getattr(s, attr) == value]
+            groups.append((label.format(value), *_errors(part)))
+    predicts = PREDICTS.get(predictor, "")
     errs = [(abs(s.error), s.point_id) for s in scored if s.error is not None]
     if not errs:
-        return Summary(predictor, len(scored), 0, None, None, "", scored)
+        return Summary(predictor, len(scored), 0, None, None, "", scored, groups, predicts)
     worst = max(errs)
     return Summary(
         predictor,
@@ -402,6 +501,8 @@ def summarise(predictor: str, scored: list[Scored]) -> Summary:
         worst[0],
         worst[1],
         scored,
+        groups,
+        predicts,
     )
 
 

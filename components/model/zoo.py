@@ -416,6 +416,33 @@ MODELS: dict[str, MoEModel] = {
             "first layer dense, MLA with 64 heads",
         ),
         MoEModel(
+            key="deepseek-v2-lite",
+            name="DeepSeek-V2-Lite (torchtitan's DeepSeek-V3 16B)",
+            layers=27,
+            moe_layers=26,
+            d_model=2048,
+            d_ffn=1408,
+            n_experts=64,
+            n_shared=2,
+            top_k=6,
+            n_mat=3,
+            n_heads=16,
+            vocab=102400,
+            d_ffn_dense=10944,
+            attn_params="mla",
+            mla=MLA(
+                q_lora_rank=None,
+                kv_lora_rank=512,
+                qk_nope_head_dim=128,
+                qk_rope_head_dim=64,
+                v_head_dim=128,
+            ),
+            source="deepseek-ai/DeepSeek-V2-Lite config.json (27 layers, first_k_dense_replace 1, "
+            "64 routed + 2 shared experts, top-6, moe_intermediate_size 1408, intermediate_size "
+            "10944, q_lora_rank null, kv_lora_rank 512); the same shape is torchtitan's deepseek_v3 "
+            "flavor '16B' (torchtitan/models/deepseek_v3/__init__.py)",
+        ),
+        MoEModel(
             key="deepseek-moe-16b",
             name="DeepSeek-MoE 16B",
             layers=28,

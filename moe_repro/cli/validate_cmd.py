@@ -65,6 +65,15 @@ def format_report(summaries, doc: dict) -> str:
                 ],
             )
         )
+        if s.predicts:
+            out.append(f"{s.predictor} predicts: {s.predicts}")
+        if s.groups:  # per measured kind and per model family (summarise)
+            out.append(
+                table(
+                    ["group", "points", "predicted", "MAPE", "max |error|"],
+                    [[g, str(n), str(k), _err(m), _err(x)] for g, n, k, m, x in s.groups],
+                )
+            )
     out.append("\nparameters (none set from a scored point):")
     out += [
         f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})"

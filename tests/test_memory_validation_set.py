@@ -1,0 +1,118 @@
+"""The memory validation set (validation_points.json, predictor "memory") and its scoring per
+measured kind and model family."""
+
+import copy
+
+import pytest
+
+from moe_repro.reproductions import validation as V
+
+KINDS = {"max allocated", "max reserved", "device used"}
+
+
+def _memory_points(doc=None):
+    doc = doc or V.load_points()
+    return [p for p in doc["points"] if p["predictor"] == "memory" and p["role"] == "scored"]
+
+
+def _organisation(p):
+    return p["published"]["paper"].split(",")[0]
+
+
+def test_the_set_has_enough_points_sources_and_moe_layouts():
+    pts = _memory_points()
+    ids = [p["id"] for p in pts]
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    assert len(pts) >= 20
+    assert len({_organisation(p) for p in pts}) >= 3
+    moe = [p for p in pts if V._model(p["model"]).n_moe_layers]
+    assert len(moe) >= 8
+    # MoE layouts with expert parallelism, expert TP and a shared expert are among them
+    assert any((p["layout"].get("ep") or 1) > 1 for p in moe)
+    assert any((p["layout"].get("etp") or 1) > 1 for p in moe)
+
+
+def test_every_point_says_what_was_measured_where_and_on_which_layout():
+    for p in _memory_points():
+        assert p["measured_kind"] in KINDS, p["id"]
+        assert p.get("measured_kind_source") or p["measured_kind"] == "max reserved", p["id"]
+        assert p["published"]["url"].startswith("https://"), p["id"]
+        lay = p["layout"]
+        for key in ("gpus", "tp", "pp", "recompute", "precision", "zero"):
+            assert key in lay, (p["id"], key)
+        assert lay["gpus"] % (lay["tp"] * lay["pp"] * (lay.get("cp") or 1)) == 0, p["id"]
+        assert p["model"]["seq"] > 0
+
+
+def _planted_doc():
+    """Two copies of one real point whose measured value is set from its own prediction: one
+    measured exactly (error 0) as max allocated, one at half (error +100%) as max reserved."""
+    doc = V.load_points()
+    base = next(p for p in _memory_points(doc) if p["id"] == "torchtitan24-1-8gpu-fsdp")
+    predicted, _ = V.predict_memory(base)
+    exact, half = copy.deepcopy(base), copy.deepcopy(base)
+    exact.update(id="planted-exact", measured_kind="max allocated")
+    exact["published"]["printed"] = repr(predicted)
+    half.update(id="planted-half", measured_kind="max reserved")
+    half["published"]["printed"] = repr(predicted / 2)
+    doc["points"] = [exact, half]
+    return doc, predicted
+
+
+def test_per_kind_and_overall_mape_are_computed_from_the_points():
+    doc, predicted = _planted_doc()
+    (s,) = V.validate(("memory",), doc)
+    assert (s.points, s.predicted) == (2, 2)
+    assert s.mape == pytest.approx(0.5)  # (0 + 100%) / 2
+    groups = {g: (n, k, m, x) for g, n, k, m, x in s.groups}
+    assert groups["measured as max allocated"] == (1, 1, pytest.approx(0.0), pytest.approx(0.0))
+    assert groups["measured as max reserved"] == (1, 1, pytest.approx(1.0), pytest.approx(1.0))
+    assert groups["dense"][:3] == (2, 2, pytest.approx(0.5))
+    assert "MoE" not in groups
+    assert "max allocated" in s.predicts
+    row = {x.point_id: x.to_dict() for x in s.scored}["planted-half"]
+    assert row["measured_kind"] == "max reserved" and row["family"] == "dense"
+    assert row["predicted"] == pytest.approx(predicted)
+
+
+def test_a_point_the_planner_cannot_predict_is_shown_not_dropped():
+    doc, _ = _planted_doc()
+    bad = doc["points"][0]
+    bad["layout"]["gpus"] = 12  # not whole nodes of the platform
+    (s,) = V.validate(("memory",), doc)
+    assert (s.points, s.predicted) == (2, 1)
+    (row,) = [x for x in s.scored if x.point_id == "planted-exact"]
+    assert row.predicted is None and row.note.startswith("no prediction:")
+
+
+def test_every_moe_point_gets_a_number_from_the_planner():
+    for p in _memory_points():
+        if V._model(p["model"]).n_moe_layers:
+            value, note = V.predict_memory(p)
+            assert value is not None and value > 0, (p["id"], note)
+
+
+def test_megatron_test_models_are_built_from_their_launch_arguments():
+    from moe_repro.components.model.params import param_counts
+
+    p = next(
+        x for x in _memory_points() if x["id"].endswith("ep8-resume-torch-dist-dist-optimizer")
+    )
+    c = param_counts(V._model(p["model"]))
+    # 12 layers x 8 experts x two GeLU matrices of 512 x 1024 (--moe-ffn-hidden-size 1024)
+    assert c.routed_experts == 12 * 8 * 2 * 512 * 1024
+    # tied GPT-2 vocabulary padded to 128 x TP (TP 1): 50304 x 512, counted once
+    assert c.embeddings == 50304 * 512
+
+
+def test_deepseek_v2_lite_matches_torchtitans_printed_parameter_count():
+    from dataclasses import replace
+
+    from moe_repro.components.model.params import param_counts
+    from moe_repro.components.model.zoo import get_model
+
+    # torchtitan PR #1513's log (vocab 129280): "Total parameter count: dense 968,486,400,
+    # sparse 14,848,098,304" (sparse: routed and shared experts and routers)
+    c = param_counts(replace(get_model("deepseek-v2-lite"), vocab=129280))
+    assert c.attention + c.norms + c.dense_ffn + c.embeddings == 968_486_400
+    assert c.routed_experts + c.shared_experts + c.routers == 14_848_098_304
