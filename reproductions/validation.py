@@ -67,6 +67,12 @@ class Scored:
     # the predictor has a single kind of measurement
     kind: str = ""
     family: str = ""  # "MoE" or "dense" (memory points), "" elsewhere
+    capacity: float | None = None  # memory points: the GPU's memory (platform profile), GiB
+
+    @property
+    def over_capacity(self) -> bool:
+        """The prediction exceeds the GPU's memory (memory points)."""
+        return None not in (self.predicted, self.capacity) and self.predicted > self.capacity
 
     @property
     def error(self) -> float | None:
@@ -88,6 +94,7 @@ class Scored:
             "note": self.note,
             "measured_kind": self.kind,
             "family": self.family,
+            "capacity": self.capacity,
         }
 
 
@@ -103,6 +110,10 @@ class Summary:
     # per measured kind and per model family: (label, points, predicted, MAPE, max |error|)
     groups: list[tuple[str, int, int, float | None, float | None]] = field(default_factory=list)
     predicts: str = ""  # what the predictor's number is (memory: which kind of measurement)
+    # memory: runs that ran, predicted over their GPU's memory (ids); runs that ran out of memory
+    # (role "oom": the need is a lower bound), each scored only for direction (over_capacity)
+    over_capacity: list[str] = field(default_factory=list)
+    oom: list[Scored] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -116,6 +127,11 @@ class Summary:
             "groups": [
                 {"group": g, "points": n, "predicted": k, "mape": m, "max_abs_error": x}
                 for g, n, k, m, x in self.groups
+            ],
+            "over_capacity": self.over_capacity,
+            "oom": [
+                {"id": x.point_id, "predicted": x.predicted, "capacity": x.capacity}
+                for x in self.oom
             ],
         }
 
@@ -463,11 +479,27 @@ def score_point(point: dict) -> Scored:
     measured = measured_step_time(point) if pred == "step-time" else published_value(point)
     predicted, note = predict(point)
     kind = family = ""
+    capacity = None
     if pred == "memory":
+        from moe_repro.components.network.platform import load_builtin
+
         kind = point["measured_kind"]
         family = "MoE" if _model(point["model"]).n_moe_layers else "dense"
+        capacity = load_builtin(point["platform"]).hbm_bytes / GiB
+        if point.get("role") == "oom":  # ran out of memory: the need is at least the GPU's
+            measured = capacity
     return Scored(
-        point["id"], pred, measured, predicted, UNITS[pred], _source(point), how, note, kind, family
+        point["id"],
+        pred,
+        measured,
+        predicted,
+        UNITS[pred],
+        _source(point),
+        how,
+        note,
+        kind,
+        family,
+        capacity,
     )
 
 
@@ -489,9 +521,10 @@ def summarise(predictor: str, scored: list[Scored]) -> Summary:
             part = [s for s in scored if getattr(s, attr) == value]
             groups.append((label.format(value), *_errors(part)))
     predicts = PREDICTS.get(predictor, "")
+    over = [s.point_id for s in scored if s.over_capacity]
     errs = [(abs(s.error), s.point_id) for s in scored if s.error is not None]
     if not errs:
-        return Summary(predictor, len(scored), 0, None, None, "", scored, groups, predicts)
+        return Summary(predictor, len(scored), 0, None, None, "", scored, groups, predicts, over)
     worst = max(errs)
     return Summary(
         predictor,
@@ -503,6 +536,7 @@ def summarise(predictor: str, scored: list[Scored]) -> Summary:
         scored,
         groups,
         predicts,
+        over,
     )
 
 
@@ -512,7 +546,13 @@ def validate(predictors: tuple[str, ...] = PREDICTORS, doc: dict | None = None) 
     out = []
     for name in predictors:
         pts = [p for p in doc["points"] if p["predictor"] == name and p.get("role") == "scored"]
-        out.append(summarise(name, [score_point(p) for p in pts]))
+        summary = summarise(name, [score_point(p) for p in pts])
+        summary.oom = [
+            score_point(p)
+            for p in doc["points"]
+            if p["predictor"] == name and p.get("role") == "oom"
+        ]
+        out.append(summary)
     return out
 
 

@@ -116,3 +116,24 @@ def test_deepseek_v2_lite_matches_torchtitans_printed_parameter_count():
     c = param_counts(replace(get_model("deepseek-v2-lite"), vocab=129280))
     assert c.attention + c.norms + c.dense_ffn + c.embeddings == 968_486_400
     assert c.routed_experts + c.shared_experts + c.routers == 14_848_098_304
+
+
+def test_runs_predicted_over_their_gpus_memory_are_listed():
+    ran = V.Scored("ran", "memory", 70.0, 90.0, "GiB", "s", "analytic", capacity=80.0)
+    fits = V.Scored("fits", "memory", 70.0, 75.0, "GiB", "s", "analytic", capacity=80.0)
+    none = V.Scored("none", "memory", 70.0, None, "GiB", "s", "analytic", capacity=80.0)
+    s = V.summarise("memory", [ran, fits, none])
+    assert s.over_capacity == ["ran"]
+
+
+def test_out_of_memory_runs_are_scored_for_direction_only():
+    doc = V.load_points()
+    ooms = [p for p in doc["points"] if p["predictor"] == "memory" and p["role"] == "oom"]
+    assert ooms
+    (s,) = V.validate(("memory",), doc)
+    assert {x.point_id for x in s.oom} == {p["id"] for p in ooms}
+    assert not {x.point_id for x in s.scored} & {p["id"] for p in ooms}  # not in the MAPE
+    for x in s.oom:
+        # the need is at least the GPU's memory: dgx-h100's 80 GB in GiB
+        assert x.measured == x.capacity == pytest.approx(80e9 / 2**30)
+        assert x.over_capacity == (x.predicted > x.capacity)

@@ -74,6 +74,16 @@ def format_report(summaries, doc: dict) -> str:
                     [[g, str(n), str(k), _err(m), _err(x)] for g, n, k, m, x in s.groups],
                 )
             )
+        if s.predictor == "memory":
+            out.append(
+                "runs that ran, predicted over their GPU's memory: "
+                + (", ".join(s.over_capacity) or "none")
+            )
+            out += [
+                f"ran out of memory: {x.point_id}: predicted {_num(x.predicted)} GiB against "
+                f"{_num(x.capacity)} GiB ({'over: right' if x.over_capacity else 'under: wrong'})"
+                for x in s.oom
+            ]
     out.append("\nparameters (none set from a scored point):")
     out += [
         f"  - {p['name']}: {p['value']} ({p['role']}; {p['source']})"
