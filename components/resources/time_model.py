@@ -102,6 +102,28 @@ def gemms_time(p: Platform, gemms) -> float:
     return sum(g.count * gemm_time(p, g.rows, g.k, g.n) for g in gemms)
 
 
+GEMM_PRECISIONS = ("bf16", "fp8")
+
+
+def gemm_rate_platform(p: Platform, precision: str = "bf16") -> Platform:
+    """The profile as the GEMMs of a recipe in ``precision`` see it: ``bf16`` as given; ``fp8``
+    (Transformer Engine's FP8 and MXFP8 recipes run the linear layers' GEMMs in FP8) scales the
+    achievable GEMM ceiling by the data sheet's dense FP8 / BF16 peak (``gpu.peak_fp8_tflops`` /
+    ``gpu.peak_tflops``): the same fraction of peak as BF16. The attention core, the non-GEMM
+    kernels and the bytes moved are unchanged. ValueError for an unknown precision or a profile
+    without an FP8 peak."""
+    if precision not in GEMM_PRECISIONS:
+        raise ValueError(
+            f"GEMM precision must be one of {', '.join(GEMM_PRECISIONS)}, got {precision!r}"
+        )
+    if precision == "bf16":
+        return p
+    fp8 = (p.raw.get("gpu") or {}).get("peak_fp8_tflops")
+    if not fp8 or not p.peak_flops:
+        raise ValueError(f"platform {p.name} states no gpu.peak_fp8_tflops: FP8 GEMM rate unknown")
+    return replace(p, gemm_flops=p.gemm_flops * float(fp8) * 1e12 / p.peak_flops)
+
+
 def hbm_time(p: Platform, nbytes: float) -> float:
     """Seconds of a kernel bound by HBM bandwidth that reads and writes ``nbytes``."""
     return nbytes / p.hbm_bytes_per_s
