@@ -61,6 +61,7 @@ class PlanContext:
     dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
     model_key: str = ""  # for ep_time.node_limit (group-limited routers)
     overlap_ep: bool = False  # EP hidden behind another micro-batch's compute (module docstring)
+    gemm_precision: str = "bf16"  # the GEMM rate ``p`` carries (time_model.gemm_rate_platform)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Layout:
     mb: int
     M: int
     et: int
+    first: int = 0  # layers of the first pipeline stage when the split is uneven (0: even split)
+    last: int = 0  # layers of the last pipeline stage when the split is uneven (0: even split)
 
     @property
     def edp(self) -> int:

@@ -36,10 +36,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from moe_repro.components.model.params import param_counts
+from moe_repro.components.model.pipeline_split import stage_sizes
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.network.platform import Platform
 from moe_repro.components.resources import ep_time as E
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources import memory_terms as MT
 from moe_repro.components.resources.layout_time import (
     Layout,
     LayoutView,
@@ -103,6 +105,11 @@ class ParallelCandidate:
         0  # full recompute: layers per stage (per model chunk) recomputed, else 0
     )
     chunk_layers: int = 0  # layers of the largest model chunk (a stage when VPP = 1)
+    # layers of the first / last pipeline stage of an uneven split (Megatron-LM's
+    # --decoder-first/last-pipeline-num-layers); 0: the even split
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    gemm_precision: str = "bf16"
 
     @property
     def recompute_note(self) -> str:
@@ -152,10 +159,16 @@ class ParallelPlan:
 # ============================================================================================
 
 
-def _layer_note(m: MoEModel, pp: int, v: int) -> str:
+def _layer_note(m: MoEModel, pp: int, v: int, first: int = 0, last: int = 0) -> str:
     L = m.layers
     if pp == 1:
         return f"{L}"
+    if first or last:
+        sizes = stage_sizes(L, pp, first or None, last or None)
+        mid = sizes[1:-1]
+        middle = "".join(f" + {n} x {mid.count(n)}" for n in sorted(set(mid), reverse=True))
+        chunks = f" ({v} chunks per stage)" if v > 1 else ""
+        return f"{sizes[0]}{middle} + {sizes[-1]}{chunks}"
     if v > 1:
         return f"{L // (pp * v)} x {pp * v} chunks"
     base, extra = divmod(L, pp)
@@ -256,6 +269,11 @@ class PlanRequest:
     overlap_tp: bool = True
     dispatcher: str = "alltoall"  # ep_time.DISPATCHERS
     overlap_ep: bool = False
+    memory_kind: str | None = None  # memory_terms.KINDS; None: live tensors + profile overhead
+    memory_margin: float = 0.0  # fraction of HBM the plan keeps free
+    first_stage_layers: int | None = None  # Megatron-LM --decoder-first-pipeline-num-layers
+    last_stage_layers: int | None = None  # Megatron-LM --decoder-last-pipeline-num-layers
+    gemm_precision: str = "bf16"  # time_model.GEMM_PRECISIONS: the linear layers' GEMM rate
 
     def checked(self) -> tuple[F.Precision, tuple[int, ...], tuple[tuple[str, int], ...]]:
         """(precision preset, ZeRO stages, recompute modes) of a well-formed request; ValueError
@@ -271,6 +289,8 @@ class PlanRequest:
         for name, val in (
             ("global batch", self.global_batch),
             ("micro-batches", self.micro_batches),
+            ("first stage layers", self.first_stage_layers),
+            ("last stage layers", self.last_stage_layers),
         ):
             if val is not None and val <= 0:
                 raise ValueError(f"{name} must be positive, got {val}")
@@ -278,6 +298,10 @@ class PlanRequest:
             raise ValueError(
                 f"dispatcher must be one of {', '.join(E.DISPATCHERS)}, got {self.dispatcher!r}"
             )
+        T.gemm_rate_platform(self.platform, self.gemm_precision)  # ValueError names a bad one
+        if not 0 <= self.memory_margin < 1:
+            raise ValueError(f"memory margin must be in [0, 1), got {self.memory_margin}")
+        MT.check_kind(self.memory_kind)
         prec = F.precision(self.precision)
         zeros = tuple(ZERO_STAGES if self.zero is None else self.zero)
         for z in zeros:
@@ -312,6 +336,11 @@ def plan_parallel(
     overlap_tp: bool = True,
     dispatcher: str = "alltoall",
     overlap_ep: bool = False,
+    memory_kind: str | None = None,
+    memory_margin: float = 0.0,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
+    gemm_precision: str = "bf16",
 ) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
@@ -329,7 +358,11 @@ def plan_parallel(
     all-reduce of 2021-09-02); ``dispatcher``: the EP token dispatcher whose dispatch time the
     EP term takes (ep_time.DISPATCHERS; default Megatron-core's alltoall); ``overlap_ep``: the EP
     time hides behind the stage's compute of another micro-batch and only its excess is exposed
-    (Megatron-core --overlap-moe-expert-parallel-comm, DualPipe; default exposed). ValueError for malformed input (non-positive numbers, unknown preset,
+    (Megatron-core --overlap-moe-expert-parallel-comm, DualPipe; default exposed);
+    ``first_stage_layers`` / ``last_stage_layers`` fix the layers of the first / last pipeline
+    stage (Megatron-LM's --decoder-first/last-pipeline-num-layers; the stages between share the
+    rest evenly, :func:`split_options`); ``gemm_precision`` ``"fp8"`` runs the linear layers'
+    GEMMs at the profile's FP8 rate (time_model.gemm_rate_platform). ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(
         PlanRequest(
@@ -357,6 +390,11 @@ def plan_parallel(
             overlap_tp=overlap_tp,
             dispatcher=dispatcher,
             overlap_ep=overlap_ep,
+            memory_kind=memory_kind,
+            memory_margin=memory_margin,
+            first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers,
+            gemm_precision=gemm_precision,
         )
     )
 
@@ -373,7 +411,16 @@ def plan(req: PlanRequest) -> ParallelPlan:
         raise ValueError(f"vpp must be positive, got {req.vpp}")
     rej = _Rejections()
     degrees = _degree_options(req, ctx, rej)
-    memory = LayerMemory(m, req.seq, prec, req.flash_attention, req.dropout, req.capacity_factor)
+    memory = LayerMemory(
+        m,
+        req.seq,
+        prec,
+        req.flash_attention,
+        req.dropout,
+        req.capacity_factor,
+        req.memory_kind,
+        MT.MemorySettings(facts=MT.device_facts(p), dispatcher=req.dispatcher),
+    )
     kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
 
     # ties (to 4 significant digits) go to less communication, then less memory
@@ -425,7 +472,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
     model_flops_step = F.train_flops_per_token(m, seq, "causal", "none") * B * seq
     return PlanContext(
         m,
-        p,
+        T.gemm_rate_platform(p, req.gemm_precision),
         seq,
         G,
         g,
@@ -439,7 +486,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         F.kv_width(m),
         peak,
         model_flops_step,
-        p.hbm_bytes,
+        p.hbm_bytes * (1 - req.memory_margin),
         req.capacity_factor,
         m.d_ffn,
         req.dropout,
@@ -449,6 +496,7 @@ def _context(req: PlanRequest, prec: F.Precision, zeros: tuple, modes: tuple) ->
         req.dispatcher,
         m.key,
         req.overlap_ep,
+        req.gemm_precision,
     )
 
 
@@ -589,25 +637,98 @@ def _layouts(
                     )
                     continue
                 dp = rest // q
-                for v in _vpp_options(req, q, rej):
-                    if (q, v) not in stage_cache:
-                        stage_cache[q, v] = pipeline_stages(m, q, v)
+                for v, first, last in split_options(req, q, rej):
+                    key = (q, v, first, last)
+                    if key not in stage_cache:
+                        stage_cache[key] = split_stages(m, q, v, first, last)
                     for e, et in _expert_options(req, deg, t, dp, c, rej):
                         for mb, M in _micro_batch_options(req, ctx, dp, q, v, rej):
                             for s_p in _sp_options(req, t, rej):
-                                yield Layout(t, s_p, q, v, c, e, dp, mb, M, et), stage_cache[q, v]
+                                lay = Layout(t, s_p, q, v, c, e, dp, mb, M, et, first, last)
+                                yield lay, stage_cache[key]
 
 
-def _vpp_options(req: PlanRequest, q: int, rej: _Rejections) -> list[int]:
-    """Virtual stages per GPU for PP = q: 1, and (unless fixed) every VPP_DEGREES value whose
-    PP x VPP chunks split the layers evenly (Megatron-core's interleaving needs it)."""
+def ends_split(L: int, pp: int, v: int) -> tuple[int, int] | None:
+    """The uneven split tried when L layers do not fill PP x VPP equal chunks: the middle stages
+    hold ceil(L / (PP x VPP)) layers per chunk, the first and the last stage share the rest (the
+    last, which also holds the output head, the smaller half), as Megatron-LM's
+    --decoder-first/last-pipeline-num-layers express it. (first, last), or None where the rest
+    leaves an end stage empty. Equal to the even split when the chunks divide."""
+    if pp < 2:
+        return None
+    middle = -(-L // (pp * v)) * v
+    rest = L - (pp - 2) * middle
+    last = rest // 2
+    first = rest - last
+    return (first, last) if last >= 1 else None
+
+
+def split_stages(m: MoEModel, pp: int, v: int, first: int, last: int) -> list[Stage]:
+    """The representative pipeline stages of a split: memory_model.pipeline_stages for the even
+    split (first = last = 0), else the stages of pipeline_split.stage_sizes(L, PP, first, last),
+    each stage's layers cut into its VPP model chunks as evenly as possible (a chunk may hold no
+    decoder layer, as Megatron's first chunk holds only the embedding when the embedding is
+    counted as a layer); chunk j of stage r is model chunk j x PP + r, dense layers first."""
+    if not (first or last):
+        return pipeline_stages(m, pp, v)
+    sizes = stage_sizes(m.layers, pp, first or None, last or None)
+    per_stage = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in sizes]
+    order = [(r, j) for j in range(v) for r in range(pp)]  # model order of the chunks
+    start, starts = 0, {}
+    for r, j in order:
+        starts[r, j] = start
+        start += per_stage[r][j]
+    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
+    seen, out = set(), []
+    for r in range(pp):
+        comp = []
+        for j in range(v):
+            lo, n = starts[r, j], per_stage[r][j]
+            dense_here = max(0, min(lo + n, first_moe) - lo)
+            comp.append((dense_here, n - dense_here))
+        nd, nm = sum(c[0] for c in comp), sum(c[1] for c in comp)
+        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
+        if key not in seen:
+            seen.add(key)
+            out.append(Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
+    return out
+
+
+def split_options(req: PlanRequest, q: int, rej: _Rejections) -> list[tuple[int, int, int]]:
+    """(VPP, first-stage layers, last-stage layers) for PP = q; 0 layers: the even split.
+    Fixed first/last (the request's): kept where they leave every stage a layer (and VPP 1
+    unless the model chunks are asked too). Otherwise VPP 1 with the even split, and (unless
+    VPP is fixed) every VPP_DEGREES value: the even split where PP x VPP chunks divide the
+    layers (Megatron-core's interleaving), else :func:`ends_split`."""
     L, vpp = req.model.layers, req.vpp
-    if vpp is None:
-        return [1] + [v for v in VPP_DEGREES if q > 1 and L % (q * v) == 0]
-    if vpp > 1 and q > 1 and L % (q * vpp):
-        rej.add(f"VPP {vpp}: {L} layers do not split into PP x VPP = {q * vpp} equal chunks")
+    fixed = req.first_stage_layers is not None or req.last_stage_layers is not None
+    if vpp is not None and vpp > 1 and q == 1:
         return []
-    return [vpp] if (vpp == 1 or q > 1) else []
+    vs = [1, *(VPP_DEGREES if q > 1 else ())] if vpp is None else [vpp]
+    if fixed:
+        if q == 1:
+            rej.add("first/last stage layers need PP > 1")
+            return []
+        first, last = req.first_stage_layers, req.last_stage_layers
+        try:
+            sizes = stage_sizes(L, q, first, last)
+        except ValueError as e:
+            rej.add(f"uneven split: {e}")
+            return []
+        # a searched VPP keeps a decoder layer in every chunk; a fixed one may leave a chunk
+        # empty (Megatron's embedding- or loss-only chunk)
+        return [(v, sizes[0], sizes[-1]) for v in vs if vpp is not None or min(sizes) >= v]
+    out = []
+    for v in vs:
+        if v == 1 or L % (q * v) == 0:
+            out.append((v, 0, 0))
+            continue
+        ends = ends_split(L, q, v)
+        if ends is None:
+            rej.add(f"VPP {v}: {L} layers leave an end stage empty at PP {q}")
+            continue
+        out.append((v, *ends))
+    return out
 
 
 def _expert_options(
@@ -798,10 +919,13 @@ def _candidate(
         mfu=ctx.model_flops_step / (ctx.G * ctx.peak * step),
         tflops_per_gpu=ctx.model_flops_step / ctx.G / step / 1e12,
         feasible=feasible,
-        layers_per_stage=_layer_note(ctx.m, lay.q, lay.v),
+        layers_per_stage=_layer_note(ctx.m, lay.q, lay.v, lay.first, lay.last),
         etp=lay.et,
         recompute_layers=label[1],
         chunk_layers=mem.nmax,
+        first_stage_layers=lay.first,
+        last_stage_layers=lay.last,
+        gemm_precision=ctx.gemm_precision,
     )
 
 
@@ -862,9 +986,19 @@ def _memory_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
         "does so for the first N layers of each stage (model chunk) and keeps the rest whole; ETP "
         "multiplies the dispatched expert input by ETP (all-gathered); every stage is checked, the "
         "binding one is reported",
-        f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile; ZeRO-3 adds two "
-        "layers' gathered bf16 weights (prefetch); HBM "
-        f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU",
+        (
+            f"buffers: framework overhead {p.overhead_bytes / 1e9:g} GB from the profile"
+            if req.memory_kind is None
+            else f"memory kind {req.memory_kind}: the sourced terms of memory_terms in place of the "
+            "profile's framework overhead (repro plan --explain-memory lists them)"
+        )
+        + "; ZeRO-3 adds two layers' gathered bf16 weights (prefetch); HBM "
+        f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU"
+        + (
+            f", {req.memory_margin:.0%} of it kept free: {ctx.hbm / GiB:.1f} GiB usable"
+            if req.memory_margin
+            else ""
+        ),
     ]
 
 
