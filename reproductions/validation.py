@@ -236,8 +236,8 @@ def _model(spec: dict):
 
     if spec["kind"] == "megatron-gpt":
         return megatron_gpt(spec["layers"], spec["hidden"], spec["heads"], spec["vocab"])
-    if spec["kind"] == "megatron-moe":
-        return _megatron_moe(spec)
+    if spec["kind"] == "megatron-core":
+        return _megatron_core(spec)
     m = get_model(spec["key"])
     if spec.get("vocab") and spec["vocab"] != m.vocab:  # the run's tokenizer, as its log prints it
         from dataclasses import replace
@@ -246,36 +246,43 @@ def _model(spec: dict):
     return m
 
 
-def _megatron_moe(spec: dict):
-    """A Megatron-LM GPT with MoE layers from a point's own launch arguments (its functional
-    tests' model_config.yaml): --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size
-    (default 4h), --num-experts, --moe-router-topk, --moe-ffn-hidden-size (default the FFN's),
-    --moe-shared-expert-intermediate-size, --swiglu (three matrices, else two with GeLU), the
-    padded vocabulary, and --untie-embeddings-and-output-weights (default tied)."""
-    from moe_repro.components.model.zoo import MoEModel
+def _megatron_core(spec: dict):
+    """A Megatron-LM GPT (dense, or with MoE layers) from a point's own launch arguments (its
+    functional tests' model_config.yaml): --num-layers, --hidden-size, --num-attention-heads,
+    --num-query-groups, --kv-channels, --ffn-hidden-size (default 4h), --swiglu (three matrices,
+    else two with GeLU), the padded vocabulary, --untie-embeddings-and-output-weights (default
+    tied); MoE: --num-experts (0: dense), --moe-router-topk, --moe-layer-freq (MoE layers),
+    --moe-ffn-hidden-size (default the FFN's), --moe-shared-expert-intermediate-size; MLA:
+    --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
+    from moe_repro.components.model.zoo import MLA, MoEModel
 
     h = spec["hidden"]
     ffn = spec.get("ffn") or 4 * h
     shared = spec.get("shared_ffn")
+    experts = spec.get("experts", 0)
+    mla = spec.get("mla")
     return MoEModel(
-        key=f"megatron-moe-{spec['layers']}x{h}-e{spec['experts']}k{spec['top_k']}",
-        name=f"Megatron-LM test GPT-MoE ({spec['layers']} x {h}, {spec['experts']} experts)",
+        key=f"megatron-core-{spec['layers']}x{h}-e{experts}",
+        name=f"Megatron-LM test GPT ({spec['layers']} x {h}, {experts} experts)",
         layers=spec["layers"],
-        moe_layers=spec.get("moe_layers"),
+        moe_layers=spec.get("moe_layers", spec["layers"]) if experts else 0,
         d_model=h,
         d_ffn=spec.get("moe_ffn") or ffn,
         d_ffn_dense=ffn,
-        n_experts=spec["experts"],
-        top_k=spec["top_k"],
+        n_experts=max(experts, 1),
+        top_k=spec.get("top_k", 1),
         n_mat=3 if spec.get("swiglu") else 2,
         n_shared=1 if shared else 0,
         d_ffn_shared=shared,
         n_heads=spec["heads"],
-        head_dim=h // spec["heads"],
+        n_kv_heads=spec.get("kv_heads"),
+        head_dim=spec.get("head_dim") or h // spec["heads"],
         vocab=spec["vocab"],
         tie_embeddings=not spec.get("untie", False),
+        attn_params="mla" if mla else "gqa",
+        mla=MLA(**mla) if mla else None,
         family="megatron-test",
-        source="Megatron-LM tests/functional_tests/test_cases/moe/<case>/model_config.yaml",
+        source="Megatron-LM tests/functional_tests/test_cases/<model>/<case>/model_config.yaml",
     )
 
 
