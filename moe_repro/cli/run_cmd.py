@@ -180,6 +180,21 @@ def estimate_line(chosen: list[str], minutes: dict, full: bool = False) -> str |
     return catalog.long_run_line(what, 60 * sum(minutes.get(rid) or 0.0 for rid in chosen), basis)
 
 
+def over_budget(rid: str, minutes: float | None, budget_s: float, elapsed_s: float) -> str | None:
+    """The one line saying ``rid`` is left out of a run under ``--budget``, or None when its
+    catalog estimate fits the seconds left (the estimate is measured: a reproduction with none
+    is left out, its time unknown). The line names the command that fills its page."""
+    left = budget_s - elapsed_s
+    if minutes is not None and 60 * minutes <= left:
+        return None
+    needs = (
+        f"needs about {60 * minutes:.0f} s on a 2-core CPU machine"
+        if minutes is not None
+        else "its time is not measured"
+    )
+    return f"{rid}: skipped ({needs}, {max(left, 0.0):.0f} s of the budget left): repro run {rid}"
+
+
 def _first_rank() -> bool:
     """Not a non-zero rank of a world a launcher started (those print nothing of their own)."""
     from moe_repro.runtime.launch import launched_rank
@@ -280,9 +295,30 @@ def count_lines(records) -> list[str]:
     is_flag=True,
     help="List the reproductions' parameters (what --param takes) with their defaults, and exit.",
 )
+@click.option(
+    "--budget",
+    "budget_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="With --all/--paper: run, in order, only the reproductions whose catalog time fits "
+    "what is left of SECONDS; one line per one left out, with its time and command.",
+)
 @click.pass_obj
 def command(
-    store, ids, paper, run_all, how, full, params, json_path, out_dir, quiet, force, show_params
+    store,
+    ids,
+    paper,
+    run_all,
+    how,
+    full,
+    params,
+    json_path,
+    out_dir,
+    quiet,
+    force,
+    show_params,
+    budget_s,
 ) -> None:
     """Reproduce paper tables/figures: compute ours, compare with the paper's printed values.
 
@@ -315,6 +351,8 @@ def command(
     # the ids first, from the catalog alone: a typo is answered before matplotlib, pandas or
     # torch load (they cost seconds)
     chosen = resolve_ids(ids, paper, run_all, how)
+    if budget_s is not None and not (run_all or paper):
+        raise BadInput("--budget goes with --all or --paper (one named reproduction just runs)")
     from moe_repro import cli
     from moe_repro.records import grading
     from moe_repro.reports.site import write_reproduction_page
@@ -357,6 +395,14 @@ def command(
             if not quiet:
                 echo(f"\n{rid}: up to date (stored result of this commit; --force reruns)")
             echo(f"{rid}: {grading.agreement_line(grading.agreement(stored.cells))} (stored)")
+            continue
+        skipped = (
+            None
+            if budget_s is None
+            else over_budget(rid, minutes.get(rid), budget_s, time.monotonic() - batch_started)
+        )
+        if skipped:
+            echo(skipped)
             continue
         started = time.monotonic()
         watch = Watch(
