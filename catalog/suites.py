@@ -172,8 +172,9 @@ _SUITES = (
         description=(
             "MoE layer forward breakdown (gating, buffer dispatch, dispatch "
             "all-to-all, expert, combine all-to-all, buffer combine), pft vs "
-            "padded, real EP ranks; Megatron-core and DeepSpeed at one rank "
-            "with the peers extra."
+            "padded, real EP ranks; with the peers extra Megatron-core and "
+            "DeepSpeed, their own expert-parallel layers on several ranks "
+            "(forward + backward with --backward 1)."
         ),
         needs="local processes (real gloo ranks) on the CPU; 2+ cores",
         minutes=0.6,

@@ -81,20 +81,28 @@ def check_params(p: dict) -> dict:
 
 def gemm_used(p: dict) -> dict:
     """The kernel the point's expert GEMMs run and why (``named``, or for ``auto`` ``table`` /
-    ``fallback``: components/moe/kernel_choice.py), at the point's mean tokens per expert
-    (tokens * ranks * top_k / experts rows on each expert's rank); in every record."""
+    ``fallback``: components/moe/kernel_choice.py; ``fixed`` for an implementation that runs
+    its own, components/moe/impls.py's expert_kernel), at the point's mean tokens per expert
+    (tokens * ranks * top_k / experts rows on each expert's rank), and the overlap chunks (1
+    for an implementation our pipelining does not apply to); in every record."""
 
     from moe_repro.components.moe.kernel_choice import choose_kernel
+    from moe_repro.components.moe.impls import get_impl
     from moe_repro.suites._moe_stages import DTYPES
 
     from moe_repro.components.moe.overlap import chunks_for
 
-    ranks = int(p["ranks"])
+    ranks, impl = int(p["ranks"]), get_impl(p.get("impl", "pft"))
+    pipelined = impl.pipelines and p.get("stage", "layer") == "layer"
     chunks = {
         "overlap_chunks": chunks_for(
             p.get("overlap", "auto"), ranks > 1, "flat", int(p["experts"]) // ranks
         )
+        if pipelined
+        else 1
     }
+    if impl.expert_kernel is not None:
+        return {"gemm_used": impl.expert_kernel, "gemm_rule": "fixed", **chunks}
     if p["gemm"] != "auto":
         return {"gemm_used": p["gemm"], "gemm_rule": "named", **chunks}
     device = resolve_device(p["device"]).type  # the device the layer runs on (runtime rule)
@@ -112,7 +120,8 @@ def setup(params: dict, ctx=None) -> dict:
 
 def kernels_used(records: list[dict]) -> list[str]:
     """Under the table: the expert GEMM kernel each point ran (auto's choice and its rule) and
-    the overlap chunks, one line per distinct combination."""
+    the overlap chunks, one line per distinct combination; then the side-by-side of whole-layer
+    points (:func:`side_by_side`)."""
     seen: dict[tuple, list[str]] = {}
     for r in records:
         if "gemm_used" not in r:
@@ -125,11 +134,85 @@ def kernels_used(records: list[dict]) -> list[str]:
             r.get("overlap_chunks"),
         )
         seen.setdefault(key, []).append(str(r.get("dtype")))
-    return [
+    lines = [
         f"{impl}: gemm={asked} ran {used} ({rule}), overlap chunks {chunks}"
         f" [{', '.join(sorted(set(dtypes)))}]"
         for (impl, asked, used, rule, chunks), dtypes in seen.items()
     ]
+    return lines + side_by_side(records)
+
+
+SHAPE_KEYS = ("ranks", "dtype", "backward", "tokens", "d_model", "d_ffn", "experts", "top_k")
+
+
+def expert_flops(r: dict) -> float:
+    """The expert GEMMs' useful FLOPs of one whole-layer call over all ranks: every rank's
+    tokens * top_k rows through the SwiGLU expert (3 matrices of H x F, 2 FLOPs per
+    multiply-add), three times that with the backward (input and weight gradients)."""
+    rows = int(r["ranks"]) * int(r["tokens"]) * int(r["top_k"])
+    passes = 3 if int(r.get("backward", 0)) else 1
+    return 2.0 * rows * int(r["d_model"]) * int(r["d_ffn"]) * 3 * passes
+
+
+def gemm_ceiling(r: dict) -> float | None:
+    """The machine's measured grouped-GEMM rate (FLOP/s) at the point's expert shape and dtype,
+    for the cores the point's ranks run on: the kernel table's rate there (the expert-gemm
+    suite's fastest correct kernel, components/moe/kernel_choice.py) times the cores (CPU:
+    ranks x threads, at most the machine's; a GPU: ranks, one device each). None when the
+    table has no measurement near the shape."""
+    import os
+
+    from moe_repro.components.moe.kernel_choice import nearest_entry
+    from moe_repro.suites._moe_stages import DTYPES
+
+    device = str(r.get("device_used", r.get("device", "cpu"))).split(":")[0]
+    if device not in ("cpu", "cuda"):
+        device = resolve_device(str(r.get("device", "auto"))).type
+    rows = int(r["tokens"]) * int(r["ranks"]) * int(r["top_k"]) / int(r["experts"])
+    entry = nearest_entry(device, DTYPES[str(r["dtype"])], rows, int(r["d_model"]), int(r["d_ffn"]))
+    if entry is None or not entry.get("threads"):
+        return None
+    ranks = int(r["ranks"])
+    if device == "cuda":
+        return float(entry["tflops"]) * 1e12 * ranks
+    per_rank = int(r.get("threads", 0) or 0) or max(1, (os.cpu_count() or 1) // ranks)
+    cores = min(ranks * per_rank, os.cpu_count() or 1)
+    return float(entry["tflops"]) * 1e12 * cores / int(entry["threads"])
+
+
+def side_by_side(records: list[dict]) -> list[str]:
+    """Whole-layer points (stage layer) of several implementations at the same shape: each
+    one's median time, its ratio to the best peer's, the expert kernel it ran, the expert GEMMs'
+    achieved rate (useful FLOPs over the layer's time: :func:`expert_flops`) and that rate's
+    fraction of the machine's measured grouped-GEMM ceiling (:func:`gemm_ceiling`)."""
+    from moe_repro.components.moe.impls import get_impl
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("stage") == "layer" and r.get("time_s"):
+            groups.setdefault(tuple(str(r.get(k)) for k in SHAPE_KEYS), []).append(r)
+    groups = {k: v for k, v in groups.items() if len({r.get("impl") for r in v}) > 1}
+    if not groups:
+        return []
+    lines = [
+        "side by side (whole layer): impl, ranks, dtype, backward, median time, x best peer, "
+        "expert kernel, overlap chunks, expert GFLOP/s, % of the measured grouped-GEMM ceiling"
+    ]
+    for rows in groups.values():
+        peers = [r["time_s"] for r in rows if get_impl(str(r["impl"])).form == "peer"]
+        best = min(peers) if peers else None
+        for r in rows:
+            time_s, ceiling = float(r["time_s"]), gemm_ceiling(r)
+            rate = expert_flops(r) / time_s
+            lines.append(
+                f"  {r['impl']:<16} ranks {r['ranks']:<3} {r['dtype']:<8}"
+                f" bwd {r.get('backward', 0)}  {time_s:.3f} s"
+                f"  x best peer {f'{time_s / best:.2f}' if best else '-'}"
+                f"  {r.get('gemm_used', '-')}  chunks {r.get('overlap_chunks', '-')}"
+                f"  {rate / 1e9:.1f} GFLOP/s"
+                f"  {f'{rate / ceiling:.0%}' if ceiling else '- (no ceiling measured here)'}"
+            )
+    return lines
 
 
 class MoELayerSuite(Suite):
@@ -218,8 +301,9 @@ SUITE = MoELayerSuite(
     ],
     param_help={
         "impl": "pft or padded; with pip install -e \".[peers]\" also megatron, "
-        "megatron-nodrop, deepspeed, deepspeed-einsum at ranks=1 (their own "
-        "gating, dispatch and combine around our experts)",
+        "megatron-nodrop, deepspeed (their own gating, dispatch and combine around our "
+        "experts; on ranks > 1 their own expert-parallel layers and all-to-alls, stage "
+        "layer) and deepspeed-einsum (ranks=1)",
         "stage": f"{', '.join(STAGES)} or layer",
         "ranks": "EP ranks (real processes)",
         "backend": "gloo (CPU) or nccl (GPUs)",

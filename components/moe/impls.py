@@ -54,6 +54,11 @@ class MoEImpl:
     routes_on_fp32_logits: bool  # its router runs in fp32 whatever the input dtype
     # our MoELayer's options that give this implementation's semantics (references, weights)
     layer_options: dict = field(default_factory=dict)
+    # the expert GEMM it runs: None, our grouped-GEMM kernel (``gemm``, auto by default) on its
+    # rows; else the fixed kernel it runs (a capacity-padded buffer: one bmm per projection)
+    expert_kernel: str | None = None
+    # whether our dispatch/combine pipelining (overlap.py, ``overlap``) applies to it
+    pipelines: bool = False
 
     def supports(
         self,
@@ -133,6 +138,7 @@ register(
         renormalize_after_drop=False,
         capacity=_ours_capacity,
         routes_on_fp32_logits=False,
+        pipelines=True,
     )
 )
 register(
@@ -149,6 +155,7 @@ register(
         renormalize_after_drop=False,
         capacity=_ours_capacity,
         routes_on_fp32_logits=False,
+        expert_kernel="bmm",
     )
 )
 register(
@@ -199,6 +206,7 @@ register(
         capacity=_deepspeed_capacity,
         routes_on_fp32_logits=True,
         layer_options={"drop_policy": "probs", "renormalize_after_drop": True},
+        expert_kernel="bmm",  # its [E_local, W*C, H] capacity buffer (peer_ep.py)
     )
 )
 register(
@@ -215,5 +223,6 @@ register(
         renormalize_after_drop=True,
         capacity=_deepspeed_capacity,
         routes_on_fp32_logits=True,
+        expert_kernel="bmm",
     )
 )

@@ -115,6 +115,7 @@ def table_from_records(records: Iterable[dict]) -> list[dict]:
                 "M": key[4],
                 "kernel": str(r["variant"]),
                 "tflops": float(r["tflops"]),
+                "threads": int(r.get("threads", 0) or 0),  # 0: torch's default
             }
     return list(best.values())
 
@@ -193,25 +194,42 @@ def choose_kernel(
     """The kernel ``auto`` runs for this device type, dtype and shape (see module docstring),
     among the ``runnable`` kernels (grouped_gemm.grouped_gemm_names(): the registry is not
     imported here, it imports this module)."""
-    runnable = set(runnable)
+    nearest = nearest_entry(device_type, dtype, tokens_per_expert, k, m, runnable)
+    if nearest is not None:
+        return Choice(str(nearest["kernel"]), "table")
+    return Choice(fallback_kernel(device_type, dtype), "fallback")
+
+
+def nearest_entry(
+    device_type: str,
+    dtype: "torch.dtype",
+    tokens_per_expert: float,
+    k: int,
+    m: int,
+    runnable: Iterable[str] | None = None,
+) -> dict | None:
+    """This machine's table entry for the device type and dtype nearest to the shape (among
+    ``runnable`` kernels; None: any), if within NEAR_FACTOR in each of T, K and M; else None.
+    Its ``tflops`` is the fastest kernel's measured rate there (at its ``threads``)."""
     name = _dtype_name(dtype)
     entries = [
         e
         for e in load_table(device_type)
-        if e.get("device") == device_type and e.get("dtype") == name and e.get("kernel") in runnable
+        if e.get("device") == device_type
+        and e.get("dtype") == name
+        and (runnable is None or e.get("kernel") in set(runnable))
     ]
-    if entries:
+    if not entries:
+        return None
 
-        def gaps(e: dict) -> list[float]:  # |log2| ratios in T, K and M
-            return [
-                abs(math.log2(max(a, 1.0)) - math.log2(max(float(b), 1.0)))
-                for a, b in ((tokens_per_expert, e["tokens_per_expert"]), (k, e["K"]), (m, e["M"]))
-            ]
+    def gaps(e: dict) -> list[float]:  # |log2| ratios in T, K and M
+        return [
+            abs(math.log2(max(a, 1.0)) - math.log2(max(float(b), 1.0)))
+            for a, b in ((tokens_per_expert, e["tokens_per_expert"]), (k, e["K"]), (m, e["M"]))
+        ]
 
-        nearest = min(entries, key=lambda e: sum(gaps(e)))
-        if max(gaps(nearest)) <= math.log2(NEAR_FACTOR):
-            return Choice(str(nearest["kernel"]), "table")
-    return Choice(fallback_kernel(device_type, dtype), "fallback")
+    nearest = min(entries, key=lambda e: sum(gaps(e)))
+    return nearest if max(gaps(nearest)) <= math.log2(NEAR_FACTOR) else None
 
 
 def resolve(
