@@ -238,3 +238,19 @@ def test_a_constant_set_by_a_point_must_be_re_derived(monkeypatch):
     doc["points"] = [p for p in doc["points"] if p["id"] == pid]
     with pytest.raises(NotImplementedError):
         msp.score(doc, uncalibrated=False)
+
+
+def test_repro_validate_scores_the_moe_set_as_a_predictor(tmp_path):
+    from click.testing import CliRunner
+
+    from moe_repro.cli import cli
+
+    out = tmp_path / "v.json"
+    r = CliRunner().invoke(cli, ["validate", "--predictor", "moe-step-time", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "MoE step-time set" in r.output and "LOSO MAPE" in r.output
+    assert "rho" in r.output and "top pick" in r.output
+    doc = json.loads(out.read_text())
+    moe = doc["moe_step_time"]
+    assert moe["counts"]["scored"] == sum(b["points"] for b in moe["by_source"].values())
+    assert doc["summaries"] == []  # the other predictors were not asked for
