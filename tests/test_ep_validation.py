@@ -165,3 +165,43 @@ def test_ep_kernel_rates_come_from_the_profile_section_only_for_ep_kernels():
     from moe_repro.components.network.platform import from_dict
 
     assert simulate_ep_kernel(from_dict(doc), r, "normal", rb).time_s < slower
+
+
+def test_put_latency_and_message_rate_come_from_the_profile_section():
+    """ep_kernels.put_latency_us replaces the links' latencies for the EP kernels; the EFA
+    message rate caps the NIC for one-row messages only, and reproduces the benchmark it comes
+    from (9.930 GB/s at 8 KB messages, UCCL-EP efa_alltoall_results.md)."""
+    from moe_repro.components.network.simulator import ep_kernel_platform, ep_nic_rate_GBps
+
+    h = load_builtin("h800")
+    q = ep_kernel_platform(h)
+    lat = {lk["class"]: lk["latency_us"] for lk in q.raw["links"]}
+    assert lat["intra_node"] == 1.5 and lat["nic_injection"] == lat["inter_group"] == 7.0
+    assert {lk["latency_us"] for lk in h.raw["links"]} == {2.0, 3.0, 4.0}  # profile untouched
+    assert ep_nic_rate_GBps(h, 8192) == 47.0  # no message rate on ConnectX-7: put rate only
+
+    p5 = load_builtin("p5en")
+    assert ep_nic_rate_GBps(p5) is None  # no large-message put rate on EFA
+    assert abs(ep_nic_rate_GBps(p5, 8192) - 9.930) < 0.01
+    assert ep_kernel_platform(p5, 8192).nic_bytes_per_s < ep_kernel_platform(p5).nic_bytes_per_s
+
+
+def test_efa_message_rate_binds_the_low_latency_kernel_only():
+    """On p5en the low-latency kernel's off-node rows (one message each) take at least
+    messages / rate; the normal kernel (chunked messages) does not see the message rate."""
+    p5 = load_builtin("p5en")
+    doc = json.loads(json.dumps(p5.raw))
+    doc["ep_kernels"].pop("nic_message_rate_Mps")
+    from moe_repro.components.network.platform import from_dict
+
+    uncapped = from_dict(doc)
+    r = Routing(32, 8, 128, 8, 288, None)
+    rb = row_bytes("ll", 7168, "fp8", 8)
+    ll = simulate_ep_kernel(p5, r, "low_latency", rb).time_s
+    off_node_messages = 128 * 8 * (32 - 8) / 32
+    assert ll >= off_node_messages / 1.212e6
+    assert ll > 2 * simulate_ep_kernel(uncapped, r, "low_latency", rb).time_s
+    rn = Routing(32, 8, 4096, 8, 256, 4)
+    rbn = row_bytes("v1", 7168, "bf16", 8)
+    normal = simulate_ep_kernel(p5, rn, "normal", rbn).time_s
+    assert normal == simulate_ep_kernel(uncapped, rn, "normal", rbn).time_s

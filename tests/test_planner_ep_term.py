@@ -76,11 +76,12 @@ def test_planner_ep_time_agrees_with_simulator(platform, dispatcher, limit):
     assert abs(errors[worst]) <= TOLERANCE, (worst, errors[worst])
 
 
-@pytest.mark.parametrize("platform", ["frontier", "dgx-a100"])
+@pytest.mark.parametrize("platform", ["frontier", "dgx-a100", "p5en"])
 @pytest.mark.parametrize("dispatcher,limit", [c for c in CASES if c[0] != "alltoall"])
 def test_kernel_dispatchers_agree_on_other_fabrics(platform, dispatcher, limit):
-    """Pair links between GPUs (frontier's GCD graph), two GPUs per NIC and a Dragonfly fabric:
-    the kernels' closed form still follows the simulator. (The flat alltoall term keeps
+    """Pair links between GPUs (frontier's GCD graph), two GPUs per NIC, a Dragonfly fabric and
+    EFA's message rate and proxy latency (p5en): the kernels' closed form still follows the
+    simulator. (The flat alltoall term keeps
     time_model's per-GPU intra-node all-to-all rate, which on frontier's graph is not the
     simulator's per-pair model.)"""
     errors = _errors(platform, dispatcher, limit)

@@ -8,8 +8,9 @@ fabric beyond the NICs, the simulator's per-message cost), ``links`` (one entry 
 fastest first), ``efficiency`` (network and NVLink fractions of line rate, framework overhead,
 sources), an optional ``calibration.layer_forward`` (a published layer time the time model
 scales its kernel times by) and an optional ``ep_kernels`` (what a GPU-initiated put reaches on
-the NIC and NVLink, ``nic_GBps`` / ``nvlink_GBps``, and an issue cost ``per_message_us``: read
-only by the EP kernel model, simulator.ep_kernel_platform). Each field, its unit and who reads
+the NIC and NVLink, ``nic_GBps`` / ``nvlink_GBps``, a put's latency ``put_latency_us``, a NIC
+message rate ``nic_message_rate_Mps`` and an issue cost ``per_message_us``: read only by the EP
+kernel model, simulator.ep_kernel_platform). Each field, its unit and who reads
 it: see docs/simulator.md.
 
 Why: the planners, the time model and the simulator read every machine through one document,

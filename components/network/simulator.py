@@ -1155,13 +1155,29 @@ def ep_kernel_messages(r, kernel: str, row_bytes: float) -> tuple[list, dict]:
     return out, {"rdma": [], "nvl": []}
 
 
-def ep_kernel_platform(platform: Platform) -> Platform:
+def ep_nic_rate_GBps(platform: Platform, message_bytes: float | None = None) -> float | None:
+    """What one GPU's EP-kernel traffic reaches on its NIC (GB/s), or None where the profile's
+    ``ep_kernels`` section sets neither a put rate nor a message rate: ``nic_GBps`` (a
+    GPU-initiated put's rate on large messages), capped, for messages of ``message_bytes``, by
+    ``nic_message_rate_Mps`` x message size (a NIC that processes at most that many messages a
+    second, whatever their size)."""
+    ep = platform.raw.get("ep_kernels", {})
+    rates = [float(ep["nic_GBps"])] if "nic_GBps" in ep else []
+    if message_bytes and "nic_message_rate_Mps" in ep:
+        rates.append(float(ep["nic_message_rate_Mps"]) * 1e6 * message_bytes / GB)
+    return min(rates) if rates else None
+
+
+def ep_kernel_platform(platform: Platform, message_bytes: float | None = None) -> Platform:
     """The profile as the EP kernels see it: where the profile's ``ep_kernels`` section gives
-    what a GPU-initiated put reaches (``nic_GBps``: a NIC; ``nvlink_GBps``: a GPU's NVLink, at
-    application level, so efficiency.nvlink is not applied again), those rates replace the
-    NIC's and the NVSwitch port's line rates; the per-flow issue cost is ``per_message_us``
-    (0 when absent) and there is no in-flight window (network.window is a host all-to-all's
-    throttle). Every value the section sets says its source in the profile."""
+    what a GPU-initiated put reaches (``nic_GBps``: a NIC, capped for messages of
+    ``message_bytes`` by ``nic_message_rate_Mps``, :func:`ep_nic_rate_GBps`; ``nvlink_GBps``: a
+    GPU's NVLink, at application level, so efficiency.nvlink is not applied again), those rates
+    replace the NIC's and the NVSwitch port's line rates; ``put_latency_us`` (``nvlink``,
+    ``network``: one put's one-way latency, from a put ping-pong micro-benchmark) replaces the
+    links' latencies; the per-flow issue cost is ``per_message_us`` (0 when absent) and there is
+    no in-flight window (network.window is a host all-to-all's throttle). Every value the
+    section sets says its source in the profile."""
     import copy
 
     from moe_repro.components.network.platform import from_dict
@@ -1170,11 +1186,18 @@ def ep_kernel_platform(platform: Platform) -> Platform:
     ep = doc.get("ep_kernels", {})
     net = doc.setdefault("network", {})
     net.update(per_message_us=float(ep.get("per_message_us", 0.0)), window=0)
-    if "nic_GBps" in ep:
-        doc["node"]["nic_GBps"] = float(ep["nic_GBps"])
+    nic = ep_nic_rate_GBps(platform, message_bytes)
+    if nic is not None:
+        doc["node"]["nic_GBps"] = min(float(doc["node"]["nic_GBps"]), nic)
         for link in doc.get("links", []):
             if link["class"] not in ("intra_node", "intra_package") and "GBps" in link:
-                link["GBps"] = min(float(link["GBps"]), float(ep["nic_GBps"]))
+                link["GBps"] = min(float(link["GBps"]), nic)
+    lat = ep.get("put_latency_us", {})
+    for link in doc.get("links", []):
+        on_node = link["class"] in ("intra_node", "intra_package")
+        key = "nvlink" if on_node else "network"
+        if key in lat:
+            link["latency_us"] = float(lat[key])
     if "nvlink_GBps" in ep:
         rate = float(ep["nvlink_GBps"])
         doc["node"]["intra_node"] = {"kind": "switch", "GBps_per_gpu": rate}
@@ -1196,13 +1219,19 @@ def simulate_ep_kernel(platform: Platform, r, kernel: str, row_bytes: float) -> 
 
     topo = topology_for(platform, r.nodes, gpus_per_node=r.local)
     messages, deps = ep_kernel_messages(r, kernel, row_bytes)
-    p = ep_kernel_platform(platform)
+    # the low-latency kernels put one token row per message (DeepEP internode_ll.cu, UCCL-EP
+    # ep/src/internode_ll.cu); the normal kernels put chunks of many rows, whose count per
+    # message is not modelled, so no message-rate cap applies to them
+    message_bytes = row_bytes if kernel == "low_latency" else None
+    p = ep_kernel_platform(platform, message_bytes)
     res = simulate_messages(messages, topo, p, deps)
     ep = platform.raw.get("ep_kernels", {})
-    rates = ", ".join(f"{k} {ep[k]:g}" for k in ("nic_GBps", "nvlink_GBps") if k in ep)
+    keys = ("nic_GBps", "nic_message_rate_Mps", "nvlink_GBps", "put_latency_us")
+    given = ", ".join(f"{k} {ep[k]}" for k in keys if k in ep)
     note = (
         f"EP {kernel} kernel: expected routing rows as flows (one per rank pair); "
-        f"GPU-initiated put rates {rates or 'not given: line rates'} (ep_kernels); "
+        f"GPU-initiated put rates and latencies {given or 'not given: line rates'} "
+        f"(ep_kernels); NIC at {p.nic_bytes_per_s / GB:g} GB/s for this kernel's messages; "
         f"{p.raw['network']['per_message_us']:g} us issue cost per flow, no in-flight window, "
         f"no launch cost (kernel-timed), no SM limit"
     )

@@ -13,8 +13,9 @@ planner and simulator answer alike on one fabric (tests/test_planner_ep_term.py 
 - "deepep-ll" (DeepEP's low-latency kernels): every copy sent to its expert's rank directly,
   as simulate_ep_kernel(..., "low_latency").
 
-The kernels run at the rates a GPU-initiated put reaches (simulator.ep_kernel_platform: the
-profile's ep_kernels section). Rows per destination are ep_units' expectations under uniform
+The kernels run at the rates and latencies a GPU-initiated put reaches (simulator.
+ep_kernel_platform: the profile's ep_kernels section; the low-latency kernels' one-row messages
+also at most the NIC's message rate). Rows per destination are ep_units' expectations under uniform
 top-k routing, or node-limited routing where the model limits the nodes a token reaches
 (:data:`ROUTING_GROUPS`). A phase takes its link latency, the first message's issue cost and its
 bytes at the slowest of its link, issue and in-flight-window rates, as the simulator caps them;
@@ -105,15 +106,19 @@ def _rates(p: Platform, nodes: int, local: int) -> _Rates:
     return _Rates(nvl, nic, on, sum(off) / len(off) if off else 0.0, m.per_message_s, m.window)
 
 
-def _kernel_rates(p: Platform, nodes: int, local: int) -> _Rates:
-    """The EP kernels' rates on ``p`` (cached beside the frozen profile, as time_model does)."""
+def _kernel_rates(
+    p: Platform, nodes: int, local: int, message_bytes: float | None = None
+) -> _Rates:
+    """The EP kernels' rates on ``p`` for messages of ``message_bytes`` (None: chunked, no
+    message-rate cap), cached beside the frozen profile, as time_model does."""
     cache = p.__dict__.get("_ep_kernel_rates")
     if cache is None:
         cache = {}
         object.__setattr__(p, "_ep_kernel_rates", cache)
-    if (nodes, local) not in cache:
-        cache[(nodes, local)] = _rates(ep_kernel_platform(p), nodes, local)
-    return cache[(nodes, local)]
+    key = (nodes, local, message_bytes)
+    if key not in cache:
+        cache[key] = _rates(ep_kernel_platform(p, message_bytes), nodes, local)
+    return cache[key]
 
 
 def _phase(parts: list[tuple[float, float, float, int]], r: _Rates) -> float:
@@ -162,8 +167,10 @@ def dispatch_time(
     if dispatcher == "alltoall":
         on, off = copy * (local - 1), copy * (ep - local)
         return Dispatch(T.alltoall_time(p, on, off, messages=1), on + off)
-    r = _kernel_rates(p, nodes, local)
-    if _KERNEL[dispatcher] == "low_latency":
+    low_latency = _KERNEL[dispatcher] == "low_latency"
+    # the low-latency kernels put one row per message (simulate_ep_kernel)
+    r = _kernel_rates(p, nodes, local, row_bytes if low_latency else None)
+    if low_latency:
         on, off = copy * (local - 1), copy * (ep - local)
         t = _phase(
             [(on, r.nvl, r.on_latency, local - 1), (off, r.nic, r.off_latency, ep - local)], r
