@@ -191,6 +191,35 @@ def _recompute(r: str | None) -> tuple[str, ...] | None:
     return ("selective",)
 
 
+# the planner's EP dispatcher (ep_time.DISPATCHERS) for a stated one; a dispatcher the EP model
+# does not have (Piper's HALO, DeepSeek's own kernels) and an unstated one get Megatron-core's
+# default, the flat alltoall
+DISPATCHERS = {
+    "DeepEP": "deepep",
+    "HybridEP": "hybrid-ep",
+    "flex (HybridEP)": "hybrid-ep",
+    "A2A": "alltoall",
+    "alltoall": "alltoall",
+    "torchtitan all-to-all (default)": "alltoall",
+}
+
+
+def dispatcher(p: dict) -> tuple[str, str]:
+    """(the planner's dispatcher, a note where it is not the stated one)."""
+    stated = p["layout"].get("dispatcher")
+    if stated in DISPATCHERS:
+        return DISPATCHERS[stated], ""
+    if stated is None:
+        return "alltoall", "dispatcher not stated: alltoall"
+    return "alltoall", f"dispatcher {stated!r} not modelled: alltoall"
+
+
+def overlap_ep(p: dict) -> bool:
+    """EP communication overlapped with another micro-batch's compute where the row says so
+    (the Model Zoo's '+1f1b overlap' note: Megatron-core --overlap-moe-expert-parallel-comm)."""
+    return "1f1b overlap" in p["where"]
+
+
 def gemm_precision(p: dict) -> str:
     """The planner's GEMM precision for a point: ``fp8`` where its recipe runs the linear
     layers in FP8 (FP8 delayed / current / block scaling, MXFP8), else ``bf16``."""
@@ -256,10 +285,13 @@ def planner_inputs(p: dict, calibrated: bool = True) -> tuple[dict | None, str]:
         micro_batches=lay["global_batch"] // (dp * lay["micro_batch"]),
         sp=lay["tp"] > 1,
         gemm_precision=gemm_precision(p),
+        dispatcher=dispatcher(p)[0],
+        overlap_ep=overlap_ep(p),
         platform=plat,
     )
     free = [k for k in ("etp", "recompute", "vpp") if lay.get(k) is None]
-    return kw, ("planner chooses: " + ", ".join(free)) if free else ""
+    notes = [("planner chooses: " + ", ".join(free)) if free else "", dispatcher(p)[1]]
+    return kw, "; ".join(n for n in notes if n)
 
 
 MEMORY_REJECTED = "the memory model rejects this layout, which ran"

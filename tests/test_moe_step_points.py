@@ -254,3 +254,17 @@ def test_repro_validate_scores_the_moe_set_as_a_predictor(tmp_path):
     moe = doc["moe_step_time"]
     assert moe["counts"]["scored"] == sum(b["points"] for b in moe["by_source"].values())
     assert doc["summaries"] == []  # the other predictors were not asked for
+
+
+def test_the_stated_dispatcher_and_overlap_reach_the_planner():
+    by_id = {p["id"]: p for p in POINTS}
+    kw, _ = msp.planner_inputs(by_id["mz-h100-qwen3-235b-cross-ep32-1f1b"])
+    assert kw["dispatcher"] == "deepep" and kw["overlap_ep"] is True
+    kw, _ = msp.planner_inputs(by_id["mz-h100-qwen3-235b-cross-ep32"])
+    assert kw["dispatcher"] == "deepep" and kw["overlap_ep"] is False
+    kw, note = msp.planner_inputs(by_id["mb-2511-b200-gpt-oss-120b"])
+    assert kw["dispatcher"] == "alltoall" and "dispatcher not stated" in note
+    assert msp.dispatcher({"layout": {"dispatcher": "HALO"}}) == (
+        "alltoall",
+        "dispatcher 'HALO' not modelled: alltoall",
+    )
