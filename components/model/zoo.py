@@ -628,6 +628,27 @@ MODELS: dict[str, MoEModel] = {
             notes="8.03B, as the released checkpoint (8,030,261,248).",
         ),
         MoEModel(
+            key="qwen3-32b",
+            name="Qwen3 32B",
+            layers=64,
+            moe_layers=0,
+            d_model=5120,
+            d_ffn=25600,
+            d_ffn_dense=25600,
+            n_experts=1,
+            top_k=1,
+            n_mat=3,
+            n_heads=64,
+            n_kv_heads=8,
+            head_dim=128,
+            vocab=151936,
+            family="dense",
+            source="Qwen/Qwen3-32B config.json (64 layers, hidden 5120, intermediate 25600, 64 heads, "
+            "8 KV heads, head_dim 128, vocabulary 151936, tie_word_embeddings false); the same "
+            "shape is torchtitan's qwen3 flavor '32B' (torchtitan/experiments/qwen3/__init__.py)",
+            notes="QK-norm weights (2 x 128 per layer) are not counted.",
+        ),
+        MoEModel(
             key="llama3-70b",
             name="Llama 3 70B",
             layers=80,
