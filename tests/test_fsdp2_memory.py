@@ -4,13 +4,17 @@ group of 8 ranks, on this CPU. Nothing is allocated: FakeTensorMode gives every 
 and the tracker files each one under FSDP's categories (sharded / unsharded parameters and
 gradients, optimizer state, activations, all-gather and reduce-scatter buffers)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as Fn
 from torch import nn
 
-from moe_repro.components.model.zoo import MoEModel
+from moe_repro.components.model.zoo import MoEModel, get_model
+from moe_repro.components.resources import fake_memory as FM
+from moe_repro.components.resources import formulas
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources.parallel_planner import plan_parallel
 
@@ -226,3 +230,61 @@ def test_planner_memory_terms_match_fsdp2_tracker(
     # routing indices autograd keeps (top-k ids and the sort order: 3 x 8 k B per token).
     theirs_act = got["fwd"]["ACT"] - got["output"]
     assert ours["activations"] == pytest.approx(theirs_act, rel=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# A zoo model scaled down (components/resources/fake_memory.py), by category
+# --------------------------------------------------------------------------------------------
+
+# Llama 3 8B with widths / 16 (d 256, GQA 32 / 8 heads of 8, SwiGLU d_ffn 896), 2 layers.
+LLAMA = FM.StackSpec.scaled(get_model("llama3-8b"), width=16, layers=2, batch=2, seq=256)
+
+
+def _dense_not_in_our_formula(s) -> float:
+    """What PyTorch keeps that our formula does not count (tests/test_fake_memory_moe.py's
+    docstring): SDPA's fp32 log-sum-exp (4 B per head and token), two CPU LayerNorms' bf16 mean
+    and rstd, and with torchtitan's eager SwiGLU one more d_ffn-wide bf16 tensor per token."""
+    per_token = 4 * s.heads + 2 * 2 * 2 + (2 * s.d_ffn if s.swiglu == "eager" else 0)
+    return s.layers * s.tokens * per_token
+
+
+@pytest.mark.parametrize("swiglu", ["eager", "fused"])
+def test_dense_zoo_stack_by_category(fake_world, swiglu):
+    """Model state: both 16 B per parameter / 8 ranks (+ Adam's 4 B step counter per parameter
+    tensor); activations: our formula + the named tensors, exactly (fake tensors have exact sizes:
+    rel 1e-3); with the fused SwiGLU our formula is written for, within 2% (the named tensors'
+    share: (4 H + 8) / (~16 d + 6 d_ffn) per token); ZeRO-3's two layers of gathered bf16 weights:
+    FSDP2 holds exactly that (the running layer and the prefetched one)."""
+    s = dataclasses.replace(LLAMA, swiglu=swiglu)
+    got = FM.measure_fake(s)
+    ours = FM.planner_memory(s)
+    rows = {r.term: r for r in FM.side_by_side(ours, got)}
+    dense, expert = FM.parameter_count(s)
+    assert expert == 0
+    adam_steps = 4 * s.layers * (2 + 4 + 3)  # norms, attention, w1 w2 w3
+    state = rows["weights + grads + optimizer"]
+    assert state.tracker == pytest.approx(16 * dense / WORLD + adam_steps, rel=1e-6)
+    assert state.ours == pytest.approx(16 * dense / WORLD, rel=1e-6)
+    act = rows["activations"]
+    assert act.tracker == pytest.approx(act.ours + _dense_not_in_our_formula(s), rel=1e-3)
+    if swiglu == "fused":
+        assert act.ours == pytest.approx(act.tracker, rel=0.02)
+    buffers = rows["buffers"]
+    assert buffers.tracker == pytest.approx(2 * 2 * dense / s.layers, rel=1e-3)
+    assert buffers.ours == pytest.approx(buffers.tracker, rel=1e-3)
+
+
+def test_dropping_an_attention_term_breaks_the_dense_comparison(fake_world, monkeypatch):
+    s = dataclasses.replace(LLAMA, swiglu="fused")
+    got = FM.measure_fake(s)
+    real = formulas.moe_activation_terms_per_layer
+
+    def without_qkv(*a, **kw):
+        terms = real(*a, **kw)
+        terms.pop("attention_qkv")
+        return terms
+
+    monkeypatch.setattr(formulas, "moe_activation_terms_per_layer", without_qkv)
+    act = {r.term: r for r in FM.side_by_side(FM.planner_memory(s), got)}["activations"]
+    assert act.tracker != pytest.approx(act.ours + _dense_not_in_our_formula(s), rel=1e-3)
+    assert act.ours != pytest.approx(act.tracker, rel=0.02)
