@@ -102,3 +102,14 @@ def test_async_counts_exchange_equals_blocking(targets_on_path):
     results = run_ranks("_moe_targets:counts_async_vs_blocking", {}, world_size=2, timeout_s=60)
     want = [[0, 5, 1], [1, 5, 4]]
     assert all(r["async"] == r["blocking"] == want for r in results), results
+
+
+def test_the_trainers_blocks_pipeline_unless_checkpointed():
+    """repro train's MoE blocks take the layer's overlap (auto); checkpointed blocks stay
+    unpipelined (their recomputation would run inside the pipelined backward)."""
+    from moe_repro.components.model.moe_transformer import StageModule, TransformerConfig
+
+    cfg = TransformerConfig.from_zoo("tiny-moe")
+    for checkpoint, want in ((False, "auto"), (True, "off")):
+        stage = StageModule(cfg, [0], True, True, checkpoint=checkpoint)
+        assert [b.moe.layer.overlap for b in stage.blocks()] == [want]

@@ -33,6 +33,7 @@ from torch import nn
 from moe_repro.runtime.timing import instant, instant_clock
 from moe_repro.components.moe.gating import GateOutput
 from moe_repro.components.moe.moe_layer import MoELayer
+from moe_repro.components.moe.overlap import pipelined_routed
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,11 @@ class ExpertParallelMoE(nn.Module):
     per EP rank, contiguous placement: expert e on EP rank e // (E/EP)), run stage by stage so
     that the trainer can time router+experts apart from the all-to-alls, plus the optional
     Switch balance loss on this rank's tokens. ``all_to_all``: the registered all-to-all whose
-    dispatcher the layer holds (components/alltoall, ``algorithm_names()``)."""
+    dispatcher the layer holds (components/alltoall, ``algorithm_names()``). ``overlap``: the
+    layer's (components/moe/overlap.py; ``auto`` pipelines dispatch and combine with the expert
+    GEMMs, forward and backward, under EP with the flat all-to-all). Pipelined, the all-to-alls
+    run under the GEMMs and cannot be timed apart: the clock's ``experts`` region then holds the
+    whole routed part and ``alltoall`` nothing."""
 
     def __init__(
         self,
@@ -213,6 +218,7 @@ class ExpertParallelMoE(nn.Module):
         ep_rank: int = 0,
         ep_group=None,
         all_to_all: str = "flat",
+        overlap: str = "auto",
     ):
         super().__init__()
         if cfg.n_experts % ep_size:
@@ -229,6 +235,7 @@ class ExpertParallelMoE(nn.Module):
             expert_parallel=ep_size > 1,
             ep_group=ep_group,
             all_to_all=all_to_all,
+            overlap=overlap,
         )
         if self.layer.local_experts[0] != self.first_expert:
             raise ValueError("EP group rank does not match the mesh's EP coordinate")
@@ -240,10 +247,14 @@ class ExpertParallelMoE(nn.Module):
         layer, clock = self.layer, self.clock
         gate_out = _timed(clock, "experts", layer.route, x)
         pft = layer.make_pft(gate_out)
-        # Dispatch and combine (with their buffer gather and weighted sum) count as all-to-all.
-        expert_in, plan = _timed(clock, "alltoall", lambda t: layer.dispatch(t, pft), x)
-        y = _timed(clock, "experts", lambda t: layer.expert_compute(t, plan), expert_in)
-        out = _timed(clock, "alltoall", lambda t: layer.combine(t, plan, pft), y)
+        chunks = layer.overlap_chunks()
+        if chunks > 1:  # dispatch and combine pipelined with the GEMMs: one region
+            out = _timed(clock, "experts", lambda t: pipelined_routed(layer, t, pft, chunks), x)
+        else:
+            # Dispatch and combine (with their buffer gather and weighted sum) count as all-to-all.
+            expert_in, plan = _timed(clock, "alltoall", lambda t: layer.dispatch(t, pft), x)
+            y = _timed(clock, "experts", lambda t: layer.expert_compute(t, plan), expert_in)
+            out = _timed(clock, "alltoall", lambda t: layer.combine(t, plan, pft), y)
         if self.cfg.aux_loss_coef and self.training:
             # Switch load-balancing loss on this rank's tokens: E * sum_e f_e * P_e.
             frac = pft.tokens_per_expert.to(gate_out.scores.dtype) / max(1, pft.num_rows)
@@ -254,13 +265,19 @@ class ExpertParallelMoE(nn.Module):
 
 class Block(nn.Module):
     def __init__(
-        self, cfg: TransformerConfig, ep_size=1, ep_rank=0, ep_group=None, all_to_all: str = "flat"
+        self,
+        cfg: TransformerConfig,
+        ep_size=1,
+        ep_rank=0,
+        ep_group=None,
+        all_to_all: str = "flat",
+        overlap: str = "auto",
     ):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.norm2 = nn.RMSNorm(cfg.d_model)
-        self.moe = ExpertParallelMoE(cfg, ep_size, ep_rank, ep_group, all_to_all)
+        self.moe = ExpertParallelMoE(cfg, ep_size, ep_rank, ep_group, all_to_all, overlap)
         self.clock: RegionClock | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -293,7 +310,14 @@ class StageModule(nn.Module):
         self.cfg, self.is_first, self.is_last, self.checkpoint = cfg, is_first, is_last, checkpoint
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model) if is_first else None
         self.layers = nn.ModuleDict(
-            {str(i): Block(cfg, ep_size, ep_rank, ep_group, all_to_all) for i in layer_ids}
+            {
+                # Checkpointed blocks stay unpipelined: the pipelined backward reads the chunks'
+                # kept graphs, which checkpointing would recompute mid-exchange.
+                str(i): Block(
+                    cfg, ep_size, ep_rank, ep_group, all_to_all, "off" if checkpoint else "auto"
+                )
+                for i in layer_ids
+            }
         )
         self.norm = nn.RMSNorm(cfg.d_model) if is_last else None
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False) if is_last else None
