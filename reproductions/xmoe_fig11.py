@@ -578,6 +578,9 @@ REPRODUCTION = Reproduction(
         "experts": 64,
         "top_k": 6,
         "capacity_factor": 1.25,
+        # X-MoE's own kernel, not auto: its MLP is a "sequential GeMM", a Python loop of E_local
+        # GEMMs (Sec. 4.1.2, App. B.4), and Fig. 11's expert-stage claim (X-MoE slightly
+        # slower there) is about that kernel
         "gemm": "sequential",
         "repeats": 5,
         "timeout_s": 900.0,
