@@ -3,12 +3,14 @@
 The unpipelined layer waits for the whole dispatch before its first GEMM and computes every
 expert before the first row goes back. Here each rank's local experts are split into ``chunks``
 contiguous groups (local expert i of n is in chunk i * chunks // n); chunk c's rows are one
-uneven all-to-all. Every chunk's rows (and their combine weights) are issued at once,
-asynchronously; then, chunk by chunk, the rank waits for chunk c, runs its experts (the grouped
-GEMM with zero rows for the other chunks' experts) and issues chunk c's way back, so chunk c's
-return and chunk c+1's arrival overlap the GEMMs of the chunk in hand. This is Tutel's
-pipelined all-to-all / Comet's fine-grained overlap along the expert dimension, and what
-Megatron-core's EP A2A overlap does across micro-batches, here within one.
+uneven all-to-all. Every chunk's rows are issued at once, asynchronously; then, chunk by
+chunk, the rank waits for chunk c, runs its experts (the grouped GEMM with zero rows for the
+other chunks' experts) and issues chunk c's way back, so chunk c's return and chunk c+1's
+arrival overlap the GEMMs of the chunk in hand. The combine weights stay on the token's rank:
+each returned row is weighted there as it is summed into its token (the gate's gradient is
+computed there too), so no weights travel. This is Tutel's pipelined all-to-all / Comet's
+fine-grained overlap along the expert dimension, and what Megatron-core's EP A2A overlap does
+across micro-batches, here within one.
 
 The counts exchange (one all-gather of every rank's tokens per expert, X-MoE App. B.3) is issued
 before anything else and read only when the receive sizes are needed: the send order, the send
@@ -19,11 +21,11 @@ differs (sums in fp32 for bf16/fp16, as pft.scatter_combine). Every rank issues 
 collectives in the same order, empty chunks included; no other metadata exchange is needed.
 
 Autograd: the exchanges and the experts between them are one Function. Its forward keeps each
-chunk's expert graph (rows and weights as received, as leaves); its backward pipelines the
-gradients the same way: every chunk's combine gradient is issued at once, then chunk by chunk
-the rank waits for chunk c, runs chunk c's expert backward (torch.autograd.grad on the kept
-graph: input rows, combine weights, expert weights) and issues chunk c's dispatch gradient,
-which travels while chunk c+1's backward GEMMs run. The gradients are those of the
+chunk's expert graph (rows as received, as leaves); its backward pipelines the gradients the
+same way: every chunk's combine gradient is issued at once, then chunk by chunk the rank waits
+for chunk c, runs chunk c's expert backward (torch.autograd.grad on the kept graph: input rows
+and expert weights) and issues chunk c's dispatch gradient, which travels while chunk c+1's
+backward GEMMs run. The gradients are those of the
 unpipelined layer up to summation order (the expert weights' gradient is a sum over chunks).
 Once differentiable: a second backward through the same forward is not supported.
 
@@ -86,8 +88,8 @@ class _ChunkPlan:
         self.chunks = int(send.shape[0])
         self.build_graph = torch.is_grad_enabled()  # at the call: keep graphs for backward
 
-    def experts_of_chunk(self, rows, wts, c: int):
-        """Chunk c's received rows (source-major) through their experts, weighted per row."""
+    def experts_of_chunk(self, rows, c: int):
+        """Chunk c's received rows (source-major) through their experts, in the same order."""
         world = self.from_source.shape[0]
         in_chunk = self.from_source * (self.my_chunk == c)  # [W, E_local], zero outside c
         local_expert_of_row = torch.repeat_interleave(
@@ -95,46 +97,38 @@ class _ChunkPlan:
         )
         expert_order = torch.argsort(local_expert_of_row, stable=True).to(rows.device)
         y = self.layer.experts(rows.index_select(0, expert_order), in_chunk.sum(0))
-        y = y.index_select(0, inverse_permutation(expert_order))
-        return y * wts.reshape(-1).to(y.dtype).unsqueeze(1)
+        return y.index_select(0, inverse_permutation(expert_order))
 
 
 @cache
 def _pipelined_experts():
     class PipelinedExperts(torch.autograd.Function):
-        """send rows [N, H], their combine weights [N] -> the weighted expert outputs of the
-        same rows, back in send order; dispatch, expert GEMMs and combine pipelined in chunks
-        forward, and their gradients pipelined the same way backward (module docstring)."""
+        """send rows [N, H] -> their expert outputs, back in send order; dispatch, expert GEMMs
+        and combine pipelined in chunks forward, and their gradients pipelined the same way
+        backward (module docstring)."""
 
         @staticmethod
-        def forward(ctx, send_rows, send_wts, plan, *params):
+        def forward(ctx, send_rows, plan, *params):
             comm, send, recv = plan.comm, plan.send, plan.recv
             build = plan.build_graph and any(ctx.needs_input_grad)
-            sizes = send.sum(1).tolist()
-            rows_out, wts_out = torch.split(send_rows, sizes), torch.split(send_wts, sizes)
-            arriving = []
-            for c in range(plan.chunks):  # every chunk in flight at once
-                s, r = send[c].tolist(), recv[c].tolist()
-                rows = comm.alltoallv_async(rows_out[c], s, r, "dispatch")
-                wts = comm.alltoallv_async(wts_out[c].reshape(-1, 1), s, r, "weights")
-                arriving.append((rows, wts))
+            rows_out = torch.split(send_rows, send.sum(1).tolist())
+            arriving = [  # every chunk in flight at once
+                comm.alltoallv_async(rows_out[c], send[c].tolist(), recv[c].tolist(), "dispatch")
+                for c in range(plan.chunks)
+            ]
             returning, graphs = [], []
-            for c, ((rows, rows_done), (wts, wts_done)) in enumerate(arriving):
-                rows_done.wait()
-                wts_done.wait()
+            for c, (rows, done) in enumerate(arriving):
+                done.wait()
                 with torch.enable_grad() if build else torch.no_grad():
                     rows_in = rows.requires_grad_(build and ctx.needs_input_grad[0])
-                    wts_in = wts.requires_grad_(build and ctx.needs_input_grad[1])
-                    y = plan.experts_of_chunk(rows_in, wts_in, c)
-                graphs.append((rows_in, wts_in, y))
-                back = comm.alltoallv_async(
-                    y.detach(), recv[c].tolist(), send[c].tolist(), "combine"
-                )
-                returning.append(back)
+                    y = plan.experts_of_chunk(rows_in, c)
+                graphs.append((rows_in, y))
+                s, r = recv[c].tolist(), send[c].tolist()
+                returning.append(comm.alltoallv_async(y.detach(), s, r, "combine"))
             for _, done in returning:
                 done.wait()
             ctx.plan, ctx.graphs, ctx.params = plan, graphs, params
-            ctx.shapes = (send_rows.shape, send_wts.shape)
+            ctx.rows_shape = send_rows.shape
             if returning:
                 return torch.cat([b for b, _ in returning])
             return send_rows.new_zeros(0, send_rows.shape[1])
@@ -153,9 +147,8 @@ def _pipelined_experts():
             returning = []
             for c, (g_y, done) in enumerate(arriving):
                 done.wait()
-                rows_in, wts_in, y = ctx.graphs[c]
-                inputs = [rows_in, wts_in, *params]
-                wanted = [t for t in inputs if t.requires_grad]
+                rows_in, y = ctx.graphs[c]
+                wanted = [t for t in (rows_in, *params) if t.requires_grad]
                 got = (
                     dict(
                         zip(map(id, wanted), torch.autograd.grad(y, wanted, g_y, allow_unused=True))
@@ -163,38 +156,25 @@ def _pipelined_experts():
                     if y.requires_grad and wanted
                     else {}
                 )
-                g_rows, g_wts = (
-                    got.get(id(t)) if got.get(id(t)) is not None else torch.zeros_like(t)
-                    for t in (rows_in, wts_in)
-                )
+                g_rows = got.get(id(rows_in))
+                if g_rows is None:
+                    g_rows = torch.zeros_like(rows_in)
                 for i, p in enumerate(params):
                     g = got.get(id(p))
                     if g is not None:
                         param_grads[i] = g if param_grads[i] is None else param_grads[i] + g
-                # dispatch's gradient for chunk c leaves while chunk c-1's experts run
+                # dispatch's gradient for chunk c travels while chunk c+1's backward GEMMs run
                 s, r = recv[c].tolist(), send[c].tolist()
-                returning.append(
-                    (
-                        comm.alltoallv_async(g_rows, s, r, "dispatch"),
-                        comm.alltoallv_async(g_wts, s, r, "weights"),
-                    )
-                )
+                returning.append(comm.alltoallv_async(g_rows, s, r, "dispatch"))
                 ctx.graphs[c] = None  # free chunk c's saved activations
-            for (_, rows_done), (_, wts_done) in returning:
-                rows_done.wait()
-                wts_done.wait()
-            rows_shape, wts_shape = ctx.shapes
+            for _, done in returning:
+                done.wait()
             g_send_rows = (
-                torch.cat([g for (g, _), _ in returning])
+                torch.cat([g for g, _ in returning])
                 if returning
-                else grad_back.new_zeros(rows_shape)
+                else grad_back.new_zeros(ctx.rows_shape)
             )
-            g_send_wts = (
-                torch.cat([g for _, (g, _) in returning]).reshape(wts_shape)
-                if returning
-                else grad_back.new_zeros(wts_shape)
-            )
-            return (g_send_rows, g_send_wts, None, *param_grads)
+            return (g_send_rows, None, *param_grads)
 
     return PipelinedExperts
 
@@ -221,7 +201,6 @@ def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tenso
     order_dev = order.to(device)
     token_of_row = pft.token_ids.index_select(0, order_dev)
     send_rows = x.index_select(0, token_of_row)
-    send_wts = pft.combine_weights.index_select(0, order_dev)
 
     mine = torch.tensor(layer.local_experts, dtype=torch.int64)
     from_source = torch.tensor(counts_of_ranks(), dtype=torch.int64)[:, mine]  # [W, E_local]
@@ -229,10 +208,13 @@ def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tenso
     recv = torch.stack([from_source[:, my_chunk == c].sum(1) for c in range(chunks)])  # [C, W]
     plan = _ChunkPlan(layer, comm, send, recv, from_source, my_chunk)
     params = [p for p in layer.experts.parameters()]
-    back = _pipelined_experts().apply(send_rows, send_wts, plan, *params)
+    back = _pipelined_experts().apply(send_rows, plan, *params)
 
+    # each returned row weighted on its token's rank and summed into its token (fp32 sums for
+    # bf16/fp16 with combine_accumulate float32, as pft.scatter_combine)
     low = x.dtype in (torch.bfloat16, torch.float16)
     acc = torch.float32 if low and layer.combine_accumulate == "float32" else x.dtype
+    weights = pft.combine_weights.index_select(0, order_dev).to(acc).unsqueeze(1)
     out = torch.zeros(pft.num_tokens, x.shape[1], dtype=acc, device=device)
-    out = out.index_add(0, token_of_row, back.to(acc))
+    out = out.index_add(0, token_of_row, back.to(acc) * weights)
     return out.to(x.dtype)
