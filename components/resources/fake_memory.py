@@ -1,35 +1,25 @@
-"""Training memory per category as PyTorch accounts it, for a layer stack the planner can model.
+"""Training memory per category as PyTorch accounts it, beside our memory model's terms.
 
-One training step (forward, backward, one Adam step) of a pre-norm transformer stack under FSDP2
-(``fully_shard``, bf16 parameters, fp32 gradient reduction), on rank 0 of a ``world``-rank fake
-process group (torch.testing._internal.distributed.fake_pg: every collective is a no-op that
-returns a tensor of the right shape). The stack is a scaled-down zoo model (``StackSpec.scaled``):
-GQA attention (SDPA, causal) and either a dense FFN or an MoE block of a router and E routed
-experts with top-k, the experts expert-parallel over ``ep`` ranks and FSDP-sharded over the
-remaining ``world / ep`` (torchtitan's apply_moe_ep_tp + apply_fsdp: the experts' module is
-sharded on the ``dp_shard_mod_ep`` mesh dimension, everything else on all data-parallel ranks).
+One FSDP2 training step (``fully_shard``, bf16 parameters, fp32 gradient reduction; forward,
+backward, Adam) of a scaled-down zoo stack (``StackSpec.scaled``: GQA attention through SDPA, a
+SwiGLU/GeLU FFN or an MoE block) on rank 0 of a ``world``-rank fake process group
+(torch.testing._internal.distributed.fake_pg: collectives are no-ops with the right shapes).
+MoE experts are expert-parallel over ``ep`` ranks and their module is its own FSDP unit on the
+``world / ep`` ranks left, as torchtitan's apply_moe_ep_tp + apply_fsdp shard them.
 
-Two measurements:
+- ``measure_fake``: FakeTensorMode (exact sizes, no storage, no allocator rounding on the CPU
+  device) with torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker filing each tensor
+  under FSDP's categories; runs anywhere.
+- ``measure_cuda``: the same step on real CUDA tensors, recorded by the caching allocator
+  (torch.cuda.memory._record_memory_history / _snapshot); ``measure`` uses it when
+  torch.cuda.is_available().
 
-- ``measure_fake``: on any machine. FakeTensorMode gives every tensor its size and no storage;
-  torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker files each tensor under FSDP's
-  categories (sharded / unsharded parameters and gradients, optimizer state, activations,
-  temporaries, all-gather and reduce-scatter buffers). Bytes are exact tensor sizes (no allocator
-  rounding on the CPU device).
-- ``measure_cuda``: where a GPU is present. The same step on real CUDA tensors (one rank, the
-  same fake process group), recorded with torch.cuda.memory._record_memory_history and read back
-  from torch.cuda.memory._snapshot(): allocated and reserved bytes as the caching allocator saw
-  them, with its block rounding.
-
-Routing. The fake tensors carry no values, so routing is fixed by construction rather than read
-from the router: copy j of token t goes to expert (t k + j) mod E, which gives every expert
-exactly T k / E copies (balanced, dropless, no capacity padding). The router still computes its
-probabilities and the gate weights are gathered from them, so the router is trained and its
-activations are kept. ``load`` scales the copies the measured rank's experts receive (the
-all-to-all's receive splits; 1.0 = balanced), the memory of a rank whose experts are hot.
-
-``planner_memory`` returns our memory model's terms (memory_model.LayoutMemory) for the same
-stack and layout; docs/memory-accounting.md maps the tracker's categories onto them.
+Routing: fake tensors carry no values, so copy j of token t goes to expert (t k + j) mod E (every
+expert gets T k / E copies: balanced, dropless, unpadded); the router's probabilities are still
+computed and the gate weights gathered from them. ``load`` scales the copies the measured rank's
+experts receive (1 = balanced). ``planner_memory`` asks memory_model.LayoutMemory for the same
+stack and layout; ``side_by_side`` pairs its terms with the tracker's categories. See
+docs/memory-accounting.md.
 """
 
 from __future__ import annotations
