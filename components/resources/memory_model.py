@@ -34,6 +34,7 @@ from moe_repro.components.model.params import (
 from moe_repro.components.model.pipeline_split import stage_sizes
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.resources import formulas as F
+from moe_repro.components.resources import memory_terms as MT
 
 ACT_BYTES = 2  # bf16/fp16 activations
 
@@ -224,7 +225,8 @@ class MemoryLayout:
 @dataclass(frozen=True)
 class StageMemory:
     """Bytes on one GPU of pipeline stage ``stage``, by term; ``host``: state offloaded to the
-    host (not in ``total``)."""
+    host (not in ``total``). ``extras``: the terms a memory ``kind`` adds (memory_terms), as
+    (name, bytes) pairs; none without a kind."""
 
     stage: int
     weights: float
@@ -233,12 +235,14 @@ class StageMemory:
     activations: float  # with the last stage's fp32 logits
     buffers: float  # framework overhead + ZeRO-3's prefetched weights
     host: float = 0.0
+    extras: tuple = ()
+    kind: str | None = None
 
     TERMS = ("weights", "grads", "optimizer", "activations", "buffers")
 
     @property
     def total(self) -> float:
-        return sum(self.terms().values())
+        return sum(self.terms().values()) + sum(b for _, b in self.extras)
 
     def terms(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.TERMS}
@@ -248,8 +252,13 @@ class StageMemory:
         return max(terms, key=lambda k: terms[k])
 
     def to_dict(self) -> dict[str, float]:
-        """The terms, ``total`` and ``host`` (a plan's ``memory``)."""
-        return {**self.terms(), "total": self.total, "host": self.host}
+        """The terms (with any extras by name), ``total`` and ``host`` (a plan's ``memory``)."""
+        return {**self.terms(), **dict(self.extras), "total": self.total, "host": self.host}
+
+    def breakdown(self) -> list[tuple[str, float, str]]:
+        """Every term as (name, bytes, source), the live-tensor terms first."""
+        rows = [(k, v, MT.SOURCES[k]) for k, v in self.terms().items()]
+        return rows + [(k, v, MT.SOURCES[k]) for k, v in self.extras]
 
 
 def in_flight(layout: MemoryLayout, r: int) -> int:
@@ -280,9 +289,13 @@ class LayerMemory:
         flash: bool = True,
         dropout: bool = False,
         capacity_factor: float = 1.0,
+        kind: str | None = None,
+        settings: MT.MemorySettings | None = None,
     ):
         self.m, self.seq, self.prec = m, seq, prec
         self.flash, self.dropout, self.cf = flash, dropout, capacity_factor
+        # the memory kind every LayoutMemory over this model predicts unless it names its own
+        self.kind, self.settings = MT.check_kind(kind), settings or MT.MemorySettings()
         self.dense_l, self.moe_l = layer_weights(m)
         self.act_cache: dict[tuple, float] = {}
         self.state_cache: dict[tuple, dict[str, float]] = {}
@@ -333,7 +346,12 @@ class LayerMemory:
 class LayoutMemory:
     """The memory of one layout's stages for any ZeRO stage and recompute mode (docs/planner.md,
     "Memory per GPU"). A recompute mode is (kind, N): none, selective, or full with the first N
-    layers of each model chunk recomputed (ALL_LAYERS: every layer)."""
+    layers of each model chunk recomputed (ALL_LAYERS: every layer).
+
+    ``memory_kind`` (default: the LayerMemory's, itself None): None counts the live tensors plus
+    ``overhead_bytes`` (the profile's constant); "allocated", "reserved" or "device" count the
+    live tensors plus the sourced terms of memory_terms that kind includes, in place of the
+    constant (docs/planner.md, "Memory kinds and terms")."""
 
     def __init__(
         self,
@@ -341,8 +359,14 @@ class LayoutMemory:
         layout: MemoryLayout,
         stages: list[Stage],
         overhead_bytes: float = 0.0,
+        memory_kind: str | None = None,
+        settings: MT.MemorySettings | None = None,
     ):
-        self.lm, self.layout, self.stages, self.overhead = lm, layout, stages, overhead_bytes
+        self.lm, self.layout, self.stages = lm, layout, stages
+        self.kind = MT.check_kind(memory_kind) if memory_kind is not None else lm.kind
+        self.settings = settings or lm.settings
+        self.overhead = overhead_bytes if self.kind is None else 0.0
+        self._extras: dict[tuple, tuple] = {}
         self.nmax = max(nd + nm for st in stages for nd, nm in st.chunks)  # largest chunk
         self.params = [self._stage_params(st) for st in stages]
         self._acts: dict[tuple, list[float]] = {}
@@ -439,6 +463,10 @@ class LayoutMemory:
         """(bytes, index) of the stage that needs the most under ZeRO ``z`` and (kind, N)."""
         acts, static = self.activations(kind, n), self.static(z)
         totals = [sd["total"] + se["total"] + a for (sd, se), a in zip(static, acts)]
+        if self.kind is not None:
+            totals = [
+                t + sum(b for _, b in self.extra_terms(z, kind, n, i)) for i, t in enumerate(totals)
+            ]
         i = max(range(len(totals)), key=lambda k: totals[k])
         return totals[i] + self.buffers(z), i
 
@@ -453,7 +481,108 @@ class LayoutMemory:
             activations=self.activations(kind, n)[i],
             buffers=self.buffers(z),
             host=sd["host"] + se["host"],
+            extras=self.extra_terms(z, kind, n, i) if self.kind is not None else (),
+            kind=self.kind,
         )
+
+    def _layer_local(self) -> float:
+        """Parameters of the largest layer on one GPU (matrices / TP, experts / (EP x ETP))."""
+        m, lay, dl, ml = self.lm.m, self.layout, self.lm.dense_l, self.lm.moe_l
+        return max(
+            (ml.w_tp / lay.tp + ml.w_rep + ml.w_exp / (lay.ep * lay.etp))
+            if m.n_moe_layers
+            else 0.0,
+            (dl.w_tp / lay.tp + dl.w_rep) if m.n_dense_layers else 0.0,
+        )
+
+    def extra_terms(self, z: int, kind: str, n: int, i: int) -> tuple:
+        """The (name, bytes) terms of memory_terms that this LayoutMemory's memory kind adds to
+        stage index ``i`` under ZeRO ``z`` and recompute (kind, N)."""
+        key = (z, *self.mode_key(kind, n), i)
+        if key not in self._extras:
+            self._extras[key] = self._extra_terms(z, kind, n, i)
+        return self._extras[key]
+
+    def _extra_terms(self, z: int, kind: str, n: int, i: int) -> tuple:
+        m, lay, st, prec = self.lm.m, self.layout, self.stages[i], self.lm.prec
+        cfg, mk = self.settings, self.kind
+        assert mk is not None
+        facts = cfg.facts
+        t, c, e, et = lay.tp, lay.cp, lay.ep, lay.etp
+        V, d = m.vocab or 0, m.d_model
+        terms: dict[str, float] = {}
+        # allocated: workspaces and the step's transients
+        terms["cuBLAS workspaces"] = MT.cublas_workspaces(facts)
+        allocs = [facts.cublas_workspace_bytes] * MT.CUBLAS_HANDLES
+        dispatch = 0.0
+        if st.n_moe and m.n_experts > 1:
+            dispatch = MT.moe_dispatch_transient(
+                lay.micro_batch * self.lm.seq / (c * t),
+                d,
+                m.top_k,
+                self.lm.cf,
+                et,
+                e,
+                max(1, m.n_experts // e),
+                cfg.dropless_worst_case,
+                ACT_BYTES,
+            )
+            terms["MoE dispatch transient"] = dispatch
+        logits = loss = 0.0
+        if st.last and V:
+            tokens = lay.micro_batch * self.lm.seq / c
+            logits = 4.0 * tokens * V / t  # the fp32 logits the activations keep
+            loss = MT.logits_loss_transient(tokens, V, t, cfg.loss_at(z))
+            terms["fp32 logits and loss transient"] = loss
+        framework = cfg.framework_at(z)
+        layer = self._layer_local()
+        dense, expert = self.params[i]
+        local = dense + expert
+        reduce = MT.grad_reduction_buffers(framework, layer, local, prec.grads)
+        terms["gradient reduction buffers"] = reduce
+        sharded = (dense / (lay.dp * lay.cp) + expert / lay.edp) if z >= 1 else local
+        step = 0.0
+        if prec.optimizer and not prec.offload_optimizer:
+            step = MT.optimizer_step_temporaries(sharded, prec.optimizer / 2, cfg.optimizer)
+        backward = self.activations(kind, n)[i] + self.buffers(z) + dispatch + loss + reduce
+        terms["optimizer-step temporaries"] = max(0.0, step - backward)
+        if MT.includes(mk, "reserved"):
+            transients = [dispatch, logits, loss, reduce / 2, reduce / 2, step]
+            if z == 3:  # two layers' gathered weights, one allocation each
+                transients += [layer * prec.weights] * 2
+            terms["allocator: segment rounding"] = MT.segment_rounding(allocs + transients)
+            terms["allocator: fragmentation"] = MT.fragmentation(
+                max(transients), cfg.expandable_segments
+            )
+        if MT.includes(mk, "device"):
+            terms["CUDA context"] = facts.cuda_context_bytes
+            terms["NCCL buffers"] = self._nccl(st, z)
+            if cfg.dispatcher in ("deepep", "hybrid-ep") and e > 1 and st.n_moe:
+                terms["DeepEP buffers"] = MT.deepep_buffers(d, e)
+        return tuple((k, v) for k, v in terms.items() if MT.includes(mk, MT.KIND_OF[k]))
+
+    def _nccl(self, st: Stage, z: int) -> float:
+        """NCCL buffers of the communicators stage ``st``'s GPU uses (memory_terms.SOURCES)."""
+        lay, m, facts = self.layout, self.lm.m, self.settings.facts
+        g = facts.gpus_per_node
+        t, c, q, e, et = lay.tp, lay.cp, lay.pp, lay.ep, lay.etp
+        total = MT.nccl_collective(t, facts) + MT.nccl_collective(lay.dp * c, facts)
+        # rank order tp-cp-dp-pp: a CP ring inside TP x CP ranks, a pipeline neighbour one
+        # TP x CP x DP span away; EP ranks ETP apart (Megatron-core's expert folding)
+        if c > 1:
+            peers = 1 if c == 2 else 2
+            cp_on_node = t * c <= g
+            total += MT.nccl_p2p(peers * cp_on_node, peers * (not cp_on_node), facts)
+        if q > 1:
+            peers = 1 if (st.first or st.last) else 2
+            pp_on_node = t * c * lay.dp < g
+            total += MT.nccl_p2p(peers * pp_on_node, peers * (not pp_on_node), facts)
+        if m.n_moe_layers and m.n_experts > 1:
+            if e > 1 and st.n_moe and self.settings.dispatcher not in ("deepep", "hybrid-ep"):
+                nvl_peers = min(e, max(1, g // et)) - 1
+                total += MT.nccl_p2p(nvl_peers, e - 1 - nvl_peers, facts)
+            total += MT.nccl_collective(lay.edp, facts) + MT.nccl_collective(et, facts)
+        return total
 
     def lightest_fit(
         self, z: int, modes: tuple, hbm: float
@@ -497,6 +626,8 @@ class MemoryOptions:
     zero_stage: int = 0  # shards the replicated (non-expert) state over EP x DP, experts over DP
     overhead_bytes: float = 0.0  # framework overhead M_fw (communication buffers, allocator, ...)
     precision: str = "bf16-adam"  # formulas.PRECISION_PRESETS (Piper III-A1: 16 B per parameter)
+    kind: str | None = None  # memory_terms.KINDS; None: live tensors + overhead_bytes
+    settings: MT.MemorySettings | None = None  # with a kind: the platform's facts and framework
 
 
 def all_stages(
@@ -519,10 +650,47 @@ def all_stages(
     layout = MemoryLayout(
         pp=PP, ep=EP, dp=EP * DP, micro_batch=micro_batch, micro_batches=M, schedule=schedule
     )
-    lm = LayerMemory(m, seq, F.precision(opts.precision), opts.flash_attention)
+    lm = LayerMemory(
+        m,
+        seq,
+        F.precision(opts.precision),
+        opts.flash_attention,
+        kind=opts.kind,
+        settings=opts.settings,
+    )
     lay = LayoutMemory(lm, layout, pipeline_stages(m, PP, every=True), opts.overhead_bytes)
     kind, n = ("full", ALL_LAYERS) if opts.checkpointing else ("none", 0)
     return [lay.stage(opts.zero_stage, kind, n, i) for i in range(PP)]
+
+
+def per_gpu_memory(
+    m: MoEModel,
+    platform,
+    layout: MemoryLayout,
+    seq: int,
+    kind: str | None = "reserved",
+    zero: int = 1,
+    recompute: tuple[str, int] = ("none", 0),
+    precision: str = "bf16-adam",
+    flash_attention: bool = True,
+    dropout: bool = False,
+    capacity_factor: float = 1.0,
+    settings: MT.MemorySettings | None = None,
+) -> StageMemory:
+    """The binding (largest) stage of one fixed layout, by term, as the planners count it:
+    ``kind`` "allocated" (torch max_memory_allocated), "reserved" (max_memory_reserved),
+    "device" (nvidia-smi) or None (live tensors + the profile's framework_overhead_GB, the
+    planners' default). ``recompute``: (none|selective, 0) or (full, N layers per chunk;
+    ALL_LAYERS: all). ``settings`` default: the platform's DeviceFacts, Megatron-core at ZeRO
+    0-2 and FSDP2 at ZeRO-3 (memory_terms.MemorySettings)."""
+    settings = settings or MT.MemorySettings(facts=MT.device_facts(platform))
+    lm = LayerMemory(
+        m, seq, F.precision(precision), flash_attention, dropout, capacity_factor, kind, settings
+    )
+    stages = pipeline_stages(m, layout.pp, layout.vpp)
+    mem = LayoutMemory(lm, layout, stages, platform.overhead_bytes)
+    _, i = mem.need(zero, *recompute)
+    return mem.stage(zero, *recompute, i)
 
 
 # --------------------------------------------------------------------------------------------

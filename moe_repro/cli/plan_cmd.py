@@ -158,9 +158,79 @@ def _layout(c) -> str:
     )
 
 
-def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
-    """The plan as text; ``trust`` (the step-time predictor's record) goes just above the
-    closing ``best:`` line, which stays last."""
+# Headroom the planner keeps below HBM by default: the order of the memory model's error against
+# measured peaks; to be set from repro validate's memory error (docs/planner.md, "Memory kinds")
+DEFAULT_MEMORY_MARGIN = 0.10
+PLAN_MEMORY_KIND = "device"  # what must fit in HBM: what nvidia-smi shows for the process
+KIND_MEANS = {
+    "allocated": "torch.cuda.max_memory_allocated",
+    "reserved": "torch.cuda.max_memory_reserved",
+    "device": "nvidia-smi",
+    None: "live tensors + the profile's framework overhead",
+}
+
+
+def _margin(value: str | None) -> float:
+    if value is None:
+        return DEFAULT_MEMORY_MARGIN
+    try:
+        out = float(value)
+    except ValueError:
+        out = -1.0
+    if not 0 <= out < 1:
+        raise BadInput(f"--memory-margin must be a fraction of HBM in [0, 1), got {value!r}")
+    return out
+
+
+def format_memory(
+    memory: dict, stage: int, layout: str, kind: str | None, hbm: float, margin: float
+) -> str:
+    """Every memory term of one stage (a plan's ``memory`` dict) as one table: GiB, share of the
+    total, what kind of memory first counts it, and its source's citation; the rule of each term
+    below (memory_terms.SOURCES)."""
+    from moe_repro.components.resources.memory_terms import CITATIONS, KIND_OF, SOURCES
+    from moe_repro.reports.terminal import table
+
+    total = memory["total"]
+    names = [k for k in memory if k not in ("total", "host")]
+    rows = [
+        [
+            k,
+            f"{memory[k] / 2**30:.2f}",
+            f"{memory[k] / total:.1%}" if total else "-",
+            KIND_OF.get(k, "live tensors"),
+            CITATIONS[k],
+        ]
+        for k in names
+    ]
+    rows.append(["total", f"{total / 2**30:.2f}", "100.0%", "", ""])
+    usable = hbm * (1 - margin)
+    verdict = "fits" if total <= usable else "does not fit"
+    out = [
+        f"memory of stage {stage} (the binding stage) of {layout}; kind {kind or 'live'} "
+        f"({KIND_MEANS[kind]}):",
+        table(["term", "GiB", "share", "counted from", "source"], rows),
+        f"HBM {hbm / 2**30:.1f} GiB - margin {margin:.0%} = {usable / 2**30:.1f} GiB usable: "
+        f"{verdict} ({(usable - total) / 2**30:+.1f} GiB)",
+    ]
+    if memory.get("host"):
+        out.append(f"host (offloaded, not in the total): {memory['host'] / 2**30:.2f} GiB")
+    out.append("how each term is counted:")
+    out += [f"  - {k}: {SOURCES[k]}" for k in names]
+    return "\n".join(out)
+
+
+def format_parallel(
+    pl,
+    name: str,
+    top: int,
+    trust: str | None = None,
+    explain: str | None = None,
+    margin: float = 0.0,
+) -> str:
+    """The plan as text; ``explain`` (format_memory) and ``trust`` (the step-time predictor's
+    record) go just above the closing ``best:`` line, which stays last. ``margin``: the fraction
+    of HBM the plan kept free (``pl.hbm_bytes`` is what remained usable)."""
     from moe_repro.reports.terminal import table
 
     shown = pl.candidates[:top]
@@ -225,7 +295,9 @@ def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
         f"plan: {pl.platform}, {pl.nodes} node{'s' if pl.nodes != 1 else ''} x {pl.gpus_per_node} = "
         f"{pl.gpus} GPUs, seq {pl.seq}, "
         f"global batch {pl.global_batch} ({pl.global_batch * pl.seq / 1e6:.2f}M tokens), precision "
-        f"{pl.precision}, HBM {pl.hbm_bytes / 2**30:.1f} GiB per GPU; {s['layouts']} layouts searched "
+        f"{pl.precision}, HBM {pl.hbm_bytes / (1 - margin) / 2**30:.1f} GiB per GPU"
+        + (f" ({pl.hbm_bytes / 2**30:.1f} usable, {margin:.0%} kept free)" if margin else "")
+        + f"; {s['layouts']} layouts searched "
         f"in {s['seconds']:.2f} s, {s['feasible']} feasible",
     ]
     if shown:
@@ -245,6 +317,8 @@ def format_parallel(pl, name: str, top: int, trust: str | None = None) -> str:
     out.append("assumptions:")
     out += [f"  - {a}" for a in pl.assumptions]
     best = pl.best
+    if explain:
+        out.append(explain)
     if trust:
         out.append(trust)
     out.append(
@@ -421,6 +495,23 @@ def _presets() -> list[str]:
     "--schedule", type=click.Choice(["1f1b", "gpipe"]), default=None, help="piper: schedule (1f1b)."
 )
 @click.option(
+    "--explain-memory",
+    is_flag=True,
+    help="Print every memory term of the chosen layout's binding stage (the best candidate, or "
+    "the closest miss when none fits; fix a layout with --tp/--pp/--ep/--cp/--vpp/--zero/"
+    "--recompute): GiB, share and source. Example: repro plan --model mixtral-8x7b "
+    "--platform dgx-h100 --nodes 2 --explain-memory",
+)
+@click.option(
+    "--memory-margin",
+    default=None,
+    metavar="FRACTION",
+    help=f"Fraction of HBM the planner keeps free (default {DEFAULT_MEMORY_MARGIN:g}, the order "
+    "of the memory model's error; to be set from repro validate's measured memory error). The "
+    "parallel method checks device memory (nvidia-smi: live tensors, transients, allocator, CUDA "
+    "context, NCCL buffers) against the rest. Example: --memory-margin 0.05",
+)
+@click.option(
     "--json",
     "json_path",
     type=OutputFile(),
@@ -456,6 +547,8 @@ def command(
     no_checkpointing,
     causal_flops,
     schedule,
+    explain_memory,
+    memory_margin,
     json_path,
 ) -> None:
     """Search parallel layouts for a model on NODES nodes of a platform, reject those that break a
@@ -463,6 +556,9 @@ def command(
     time, with the memory per GPU by term and the MFU. --method piper: Piper's PP x EP planner.
 
     Example: repro plan --model gpt3-175b --nodes 64 --platform dgx-h100 --json p.json
+
+    Example: repro plan --model llama3-8b --nodes 1 --platform dgx-h100 --tp 1 --pp 1 --zero 3
+    --explain-memory
     """
     from moe_repro.records.atomic import atomic_write_json
 
@@ -482,6 +578,7 @@ def command(
         if v is not None and v <= 0:
             raise BadInput(f"{name} must be positive, got {v}")
     zeros, modes = _stages(zero), _modes(recompute)
+    margin = _margin(memory_margin)
     if precision is not None and precision not in _presets():
         import difflib
 
@@ -505,6 +602,7 @@ def command(
             ("--dispatcher", dispatcher),
             ("--overlap-ep", overlap_ep or None),
             ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
+            ("--memory-margin", memory_margin),
         ):
             if v is not None:
                 raise BadInput(
@@ -527,6 +625,7 @@ def command(
             pp,
             ep,
             json_path,
+            explain_memory,
         )
         return
     for name, v in (
@@ -574,6 +673,8 @@ def command(
             dispatcher=dispatcher or "alltoall",
             overlap_ep=overlap_ep,
             sp=sp,
+            memory_kind=PLAN_MEMORY_KIND,
+            memory_margin=margin,
         )
     except ValueError as e:
         raise BadInput(str(e)) from None
@@ -589,11 +690,24 @@ def command(
             if why:
                 raise BadInput(f"--{name} {value}: {'; '.join(why)}")
     track = step_time_track_record(platform.name) if pl.best else None
-    click.echo(format_parallel(pl, model.name, top, track["line"] if track else None))
+    explain = None
+    if explain_memory and pl.candidates:
+        c = pl.candidates[0]
+        explain = format_memory(
+            c.memory, c.memory_stage, _layout(c), PLAN_MEMORY_KIND, platform.hbm_bytes, margin
+        )
+    trust = track["line"] if track else None
+    click.echo(format_parallel(pl, model.name, top, trust, explain, margin))
     if json_path:
         atomic_write_json(
             json_path,
-            {"method": "parallel", **pl.to_dict(), "step_time_validation": track},
+            {
+                "method": "parallel",
+                **pl.to_dict(),
+                "memory_kind": PLAN_MEMORY_KIND,
+                "memory_margin": margin,
+                "step_time_validation": track,
+            },
             make_parents=False,
         )
 
@@ -638,8 +752,11 @@ def _piper(
     pp,
     ep,
     json_path,
+    explain_memory=False,
 ) -> None:
-    """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU)."""
+    """Piper's PP x EP planner, its output unchanged (Eq. 7-10 layouts, Eq. 11 memory, MFU);
+    ``explain_memory``: the terms of its best layout's binding stage, as its memory check counts
+    them (live tensors + the profile's framework overhead)."""
     from moe_repro.records.atomic import atomic_write_json
     from moe_repro.components.resources.planner import plan
 
@@ -665,5 +782,21 @@ def _piper(
     except ValueError as e:
         raise BadInput(str(e)) from None
     click.echo(format_plan(pl))
+    if explain_memory and pl.best:
+        from moe_repro.components.resources.memory_model import MemoryOptions, all_stages
+
+        b = pl.best
+        opts = MemoryOptions(
+            flash_attention=not no_flash,
+            checkpointing=b.checkpointing,
+            zero_stage=zero_stage,
+            overhead_bytes=platform.overhead_bytes,
+        )
+        stages = all_stages(
+            model, b.pp, b.ep, int(b.micro_batch), seq, b.micro_batches, schedule, opts
+        )
+        peak = max(stages, key=lambda st: st.total)
+        layout = f"PP {b.pp} x EP {b.ep}, micro-batch {b.micro_batch:g}, M {b.micro_batches}"
+        click.echo(format_memory(peak.to_dict(), peak.stage, layout, None, platform.hbm_bytes, 0.0))
     if json_path:
         atomic_write_json(json_path, pl.to_dict(), make_parents=False)
