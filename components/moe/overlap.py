@@ -88,15 +88,26 @@ class _ChunkPlan:
         self.chunks = int(send.shape[0])
         self.build_graph = torch.is_grad_enabled()  # at the call: keep graphs for backward
 
-    def experts_of_chunk(self, rows, c: int):
-        """Chunk c's received rows (source-major) through their experts, in the same order."""
+    def local_range(self, c: int) -> tuple[int, int]:
+        """Chunk c's local experts: a contiguous range [lo, hi) of this rank's."""
+        held = (self.my_chunk == c).nonzero().flatten().tolist()
+        return (held[0], held[-1] + 1) if held else (0, 0)
+
+    def experts_of_chunk(self, rows, c: int, weights: dict):
+        """Chunk c's received rows (source-major) through its experts (``weights``: the expert
+        MLP's parameters restricted to chunk c's experts), in the same order."""
+        lo, hi = self.local_range(c)
+        if hi == lo:  # a chunk with no expert here (more chunks than experts): receives nothing
+            return rows.new_zeros(rows.shape)
         world = self.from_source.shape[0]
-        in_chunk = self.from_source * (self.my_chunk == c)  # [W, E_local], zero outside c
+        in_chunk = self.from_source[:, lo:hi]  # [W, hi - lo]
         local_expert_of_row = torch.repeat_interleave(
-            torch.arange(in_chunk.shape[1]).repeat(world), in_chunk.reshape(-1)
+            torch.arange(hi - lo).repeat(world), in_chunk.reshape(-1)
         )
         expert_order = torch.argsort(local_expert_of_row, stable=True).to(rows.device)
-        y = self.layer.experts(rows.index_select(0, expert_order), in_chunk.sum(0))
+        y = torch.func.functional_call(
+            self.layer.experts, weights, (rows.index_select(0, expert_order), in_chunk.sum(0))
+        )
         return y.index_select(0, inverse_permutation(expert_order))
 
 
@@ -108,7 +119,7 @@ def _pipelined_experts():
         backward (module docstring)."""
 
         @staticmethod
-        def forward(ctx, send_rows, plan, *params):
+        def forward(ctx, send_rows, plan, names, *params):
             comm, send, recv = plan.comm, plan.send, plan.recv
             build = plan.build_graph and any(ctx.needs_input_grad)
             rows_out = torch.split(send_rows, send.sum(1).tolist())
@@ -119,10 +130,18 @@ def _pipelined_experts():
             returning, graphs = [], []
             for c, (rows, done) in enumerate(arriving):
                 done.wait()
+                lo, hi = plan.local_range(c)
+                # chunk c's slices of the expert weights, as leaves: its backward gives their
+                # gradients alone (the whole [E_local, ...] gradient per chunk, mostly zeros,
+                # summed over chunks, cost more than the GEMMs it follows)
+                weights = {
+                    n: p[lo:hi].detach().requires_grad_(build and p.requires_grad)
+                    for n, p in zip(names, params)
+                }
                 with torch.enable_grad() if build else torch.no_grad():
                     rows_in = rows.requires_grad_(build and ctx.needs_input_grad[0])
-                    y = plan.experts_of_chunk(rows_in, c)
-                graphs.append((rows_in, y))
+                    y = plan.experts_of_chunk(rows_in, c, weights)
+                graphs.append((rows_in, weights, y))
                 s, r = recv[c].tolist(), send[c].tolist()
                 returning.append(comm.alltoallv_async(y.detach(), s, r, "combine"))
             for _, done in returning:
@@ -143,12 +162,14 @@ def _pipelined_experts():
                 comm.alltoallv_async(grads[c], send[c].tolist(), recv[c].tolist(), "combine")
                 for c in range(plan.chunks)
             ]
-            param_grads: list = [None] * len(params)
+            # every local expert is in exactly one chunk: each chunk fills its rows
+            param_grads = [torch.empty_like(p) if p.requires_grad else None for p in params]
             returning = []
             for c, (g_y, done) in enumerate(arriving):
                 done.wait()
-                rows_in, y = ctx.graphs[c]
-                wanted = [t for t in (rows_in, *params) if t.requires_grad]
+                rows_in, weights, y = ctx.graphs[c]
+                slices = list(weights.values())
+                wanted = [t for t in (rows_in, *slices) if t.requires_grad]
                 got = (
                     dict(
                         zip(map(id, wanted), torch.autograd.grad(y, wanted, g_y, allow_unused=True))
@@ -159,10 +180,11 @@ def _pipelined_experts():
                 g_rows = got.get(id(rows_in))
                 if g_rows is None:
                     g_rows = torch.zeros_like(rows_in)
-                for i, p in enumerate(params):
-                    g = got.get(id(p))
-                    if g is not None:
-                        param_grads[i] = g if param_grads[i] is None else param_grads[i] + g
+                lo, hi = plan.local_range(c)
+                for full, part in zip(param_grads, slices):
+                    g = got.get(id(part))
+                    if full is not None:
+                        full[lo:hi] = 0 if g is None else g
                 # dispatch's gradient for chunk c travels while chunk c+1's backward GEMMs run
                 s, r = recv[c].tolist(), send[c].tolist()
                 returning.append(comm.alltoallv_async(g_rows, s, r, "dispatch"))
@@ -174,7 +196,7 @@ def _pipelined_experts():
                 if returning
                 else grad_back.new_zeros(ctx.rows_shape)
             )
-            return (g_send_rows, None, *param_grads)
+            return (g_send_rows, None, None, *param_grads)
 
     return PipelinedExperts
 
@@ -207,8 +229,8 @@ def pipelined_routed(layer, x: "torch.Tensor", pft, chunks: int) -> "torch.Tenso
     my_chunk = chunk_of[mine]
     recv = torch.stack([from_source[:, my_chunk == c].sum(1) for c in range(chunks)])  # [C, W]
     plan = _ChunkPlan(layer, comm, send, recv, from_source, my_chunk)
-    params = [p for p in layer.experts.parameters()]
-    back = _pipelined_experts().apply(send_rows, plan, *params)
+    names, params = zip(*layer.experts.named_parameters())
+    back = _pipelined_experts().apply(send_rows, plan, names, *params)
 
     # each returned row weighted on its token's rank and summed into its token (fp32 sums for
     # bf16/fp16 with combine_accumulate float32, as pft.scatter_combine)
