@@ -527,26 +527,32 @@ def score(doc: dict | None = None, uncalibrated: bool = True) -> Report:
 
 
 def flop_check(doc: dict | None = None) -> list[tuple[str, float]]:
-    """The FLOP-count conversion checked where a source prints both a step time and TFLOP/s per
-    GPU for one row: (point, Megatron-LM FLOPs / (printed TFLOP/s x GPUs x printed seconds)),
-    1.0 where the count matches the source's own (the two printed numbers are rounded)."""
+    """The FLOP count checked where a source prints a time or a token rate beside its TFLOP/s
+    per GPU for one row: (point, megatron_flops_per_step / the FLOPs the source's own TFLOP/s
+    imply), 1.0 where the count matches the source's (both printed numbers are rounded). Rows:
+    the Model Zoo's step time with 'Per GPU TF', Megatron-Bridge's tokens/s per GPU with 'Model
+    TFLOP / sec / GPU'. A ratio away from 1 says the zoo model is not the model the source
+    counted (DeepSeek-V3's MTP layer, gpt-oss's sliding-window attention are not in the zoo)."""
+    from moe_repro.components.model.zoo import get_model
+
     doc = doc or load()
     out = []
     for p in doc["points"]:
-        tf = (p.get("also_printed") or {}).get("Per GPU TF")
-        if (
-            p["unit"] != "seconds per iteration"
-            or tf is None
-            or _flop_count(p, doc) != "megatron-lm"
-        ):
-            continue
-        if not (p["model"] or {}).get("zoo"):
-            continue
-        from moe_repro.components.model.zoo import get_model
-
+        also = p.get("also_printed") or {}
         lay = p["layout"]
-        f = megatron_flops_per_step(get_model(p["model"]["zoo"]), lay["seq"], lay["global_batch"])
-        out.append((p["id"], f / (number(tf) * 1e12 * lay["gpus"] * number(p["printed"]))))
+        if not (p["model"] or {}).get("zoo") or not lay.get("seq"):
+            continue
+        m = get_model(p["model"]["zoo"])
+        if p["unit"] == "seconds per iteration" and "Per GPU TF" in also:
+            if _flop_count(p, doc) != "megatron-lm":
+                continue
+            f = megatron_flops_per_step(m, lay["seq"], lay["global_batch"])
+            tf = number(also["Per GPU TF"])
+            out.append((p["id"], f / (tf * 1e12 * lay["gpus"] * number(p["printed"]))))
+        elif p["unit"] == "tokens/s per GPU" and "Model TFLOP / sec / GPU" in also:
+            per_token = megatron_flops_per_step(m, lay["seq"], 1) / lay["seq"]
+            tf = number(also["Model TFLOP / sec / GPU"])
+            out.append((p["id"], number(p["printed"]) * per_token / (tf * 1e12)))
     return out
 
 
@@ -601,6 +607,13 @@ def render(rep: Report, doc: dict) -> str:
             key = f"unit not converted ({p['unit']})"
         why[key] = why.get(key, 0) + 1
     lines.append("not scored: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
+    by_model: dict[str, list[float]] = {}
+    for pid, ratio in flop_check(doc):
+        by_model.setdefault(pts[pid]["model"]["name"], []).append(ratio)
+    lines.append(
+        "FLOP count (Megatron-LM's, on the zoo model) / the source's own, where a row prints both: "
+        + "; ".join(f"{k} {min(v):.3f}-{max(v):.3f}" for k, v in by_model.items())
+    )
     lines.append("")
     for ss in rep.sets:
         lines.append(
