@@ -226,11 +226,23 @@ def gemm_precision(p: dict) -> str:
     return "fp8" if "FP8" in p["precision"].upper() else "bf16"
 
 
-def point_platform(p: dict, calibrated: bool = True):
-    """The point's platform profile, or None and why: a job of at most one NVLink domain of an
-    NVL72 profile gets a node of its own GPU count (all on one NVSwitch domain); a larger one
-    spans domains in a way the sources do not state. ``calibrated=False``: the profile without
-    its measured-layer calibration (time_model.uncalibrated)."""
+def slurm_segment_gpus(gpus: int, gpus_per_tray: int = 4, most: int = 18) -> int:
+    """GPUs per NVLink domain of a Megatron-Bridge job on 4-GPU trays: its launcher passes Slurm
+    ``--segment`` = the node count up to 18, else the largest divisor of it up to 18
+    (NVIDIA-NeMo/Megatron-Bridge scripts/performance/utils/executors.py, since commit 568b3a3ef,
+    2025-08-28, before the 25.09 release), so every segment of that many nodes sits in one NVL72
+    rack."""
+    nodes = gpus // gpus_per_tray
+    seg = nodes if nodes <= most else next(s for s in range(most, 0, -1) if nodes % s == 0)
+    return seg * gpus_per_tray
+
+
+def point_platform(p: dict, calibrated: bool = True, doc: dict | None = None):
+    """The point's platform profile, or None and why. On an NVL72 profile (one node = one
+    NVLink domain) a job gets nodes of the GPUs it holds in each domain: all of them when it
+    fits in one, the source's stated placement otherwise (its ``nvlink_placement``; Megatron-
+    Bridge's Slurm segments, :func:`slurm_segment_gpus`); with none stated it is not placed.
+    ``calibrated=False``: the profile without its measured-layer calibration."""
     import copy
 
     from moe_repro.components.network.platform import from_dict, load_builtin
@@ -241,18 +253,26 @@ def point_platform(p: dict, calibrated: bool = True):
         plat = uncalibrated(plat)
     gpus = p["layout"].get("gpus") or 0
     if plat.gpus_per_node > 8 and gpus % plat.gpus_per_node:
+        per_domain = gpus
         if gpus > plat.gpus_per_node:
-            return None, (
-                f"{gpus} GPUs span {plat.gpus_per_node}-GPU NVLink domains and the source does "
-                "not state how they are placed in them"
-            )
+            src = ((doc or {}).get("sources") or {}).get(p["source"]) or {}
+            if not str(src.get("nvlink_placement", "")).startswith("slurm-segment"):
+                return None, (
+                    f"{gpus} GPUs span {plat.gpus_per_node}-GPU NVLink domains and the source "
+                    "does not state how they are placed in them"
+                )
+            per_domain = slurm_segment_gpus(gpus)
         raw = copy.deepcopy(plat.raw)
-        raw["node"].update(gpus=gpus, nics=gpus, gpu_nic_affinity=[[i] for i in range(gpus)])
+        raw["node"].update(
+            gpus=per_domain, nics=per_domain, gpu_nic_affinity=[[i] for i in range(per_domain)]
+        )
         plat = from_dict(raw)
     return plat, ""
 
 
-def planner_inputs(p: dict, calibrated: bool = True) -> tuple[dict | None, str]:
+def planner_inputs(
+    p: dict, calibrated: bool = True, doc: dict | None = None
+) -> tuple[dict | None, str]:
     """The keyword arguments that fix the point's layout for ``plan_parallel`` (with the
     platform under ``platform``), or None and why."""
     if p.get("platform") is None:
@@ -263,7 +283,7 @@ def planner_inputs(p: dict, calibrated: bool = True) -> tuple[dict | None, str]:
     missing = [k for k in PLANNER_KEYS if lay.get(k) is None]
     if missing:
         return None, "layout not stated: " + ", ".join(missing)
-    plat, why_not = point_platform(p, calibrated)
+    plat, why_not = point_platform(p, calibrated, doc)
     if plat is None:
         return None, why_not
     if lay["gpus"] % plat.gpus_per_node:
@@ -297,14 +317,16 @@ def planner_inputs(p: dict, calibrated: bool = True) -> tuple[dict | None, str]:
 MEMORY_REJECTED = "the memory model rejects this layout, which ran"
 
 
-def predict_step_s(p: dict, calibrated: bool = True) -> tuple[float | None, str]:
+def predict_step_s(
+    p: dict, calibrated: bool = True, doc: dict | None = None
+) -> tuple[float | None, str]:
     """The planner's step time for the point's fixed layout, or None and why. A layout the
     memory model rejects (it ran, so the memory model is wrong there) is still timed, from the
     closest miss the planner reports, and its note says so (MEMORY_REJECTED)."""
     from moe_repro.components.model.zoo import get_model
     from moe_repro.components.resources.parallel_planner import plan_parallel
 
-    kw, why = planner_inputs(p, calibrated)
+    kw, why = planner_inputs(p, calibrated, doc)
     if kw is None:
         return None, why
     plat = kw.pop("platform")
@@ -467,7 +489,7 @@ def _scored(doc: dict, calibrated: bool = True) -> list[Scored]:
     out = []
     for p in doc["points"]:
         try:
-            pred, note = predict_step_s(p, calibrated)
+            pred, note = predict_step_s(p, calibrated, doc)
         except (ValueError, KeyError) as e:  # the planner refused its input
             pred, note = None, f"planner error: {e}"
         out.append(Scored(p["id"], measured_step_s(p, doc), pred, note, p["source"]))

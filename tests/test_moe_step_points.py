@@ -274,3 +274,21 @@ def test_the_stated_dispatcher_and_overlap_reach_the_planner():
         "alltoall",
         "dispatcher 'HALO' not modelled: alltoall",
     )
+
+
+def test_megatron_bridge_jobs_sit_in_slurm_segments_of_nvl72_racks():
+    assert msp.slurm_segment_gpus(256) == 64  # 64 trays: segments of 16
+    assert msp.slurm_segment_gpus(72) == 72  # 18 trays: one segment
+    assert msp.slurm_segment_gpus(80) == 40  # 20 trays: segments of 10
+    assert msp.slurm_segment_gpus(8) == 8
+    mb = next(
+        p
+        for p in POINTS
+        if p["platform"] == "gb200-nvl72"
+        and p["layout"]["gpus"] == 256
+        and p["source"] == "megatron-bridge-perf-summary"
+    )
+    plat, why = msp.point_platform(mb, doc=DOC)
+    assert plat is not None and plat.gpus_per_node == 64 and not why
+    mz = next(p for p in POINTS if p["platform"] == "gb200-nvl72" and p["id"].startswith("mz-"))
+    assert msp.point_platform(mz, doc=DOC)[0] is None  # the Model Zoo states no placement
