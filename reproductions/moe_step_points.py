@@ -216,8 +216,9 @@ def dispatcher(p: dict) -> tuple[str, str]:
 
 def overlap_ep(p: dict) -> bool:
     """EP communication overlapped with another micro-batch's compute where the row says so
-    (the Model Zoo's '+1f1b overlap' note: Megatron-core --overlap-moe-expert-parallel-comm)."""
-    return "1f1b overlap" in p["where"]
+    (the Model Zoo's '+1f1b overlap' note, or A2A_OVERLAP=1 in its printed command: Megatron-core
+    --overlap-moe-expert-parallel-comm)."""
+    return "1f1b overlap" in p["where"] or p["layout_provenance"].get("a2a_overlap") == 1
 
 
 def gemm_precision(p: dict) -> str:
@@ -241,7 +242,8 @@ def point_platform(p: dict, calibrated: bool = True, doc: dict | None = None):
     """The point's platform profile, or None and why. On an NVL72 profile (one node = one
     NVLink domain) a job gets nodes of the GPUs it holds in each domain: all of them when it
     fits in one, the source's stated placement otherwise (its ``nvlink_placement``; Megatron-
-    Bridge's Slurm segments, :func:`slurm_segment_gpus`); with none stated it is not placed.
+    Bridge's Slurm segments, :func:`slurm_segment_gpus`; the Model Zoo's printed SEGMENT per row);
+    with none stated it is not placed.
     ``calibrated=False``: the profile without its measured-layer calibration."""
     import copy
 
@@ -252,21 +254,26 @@ def point_platform(p: dict, calibrated: bool = True, doc: dict | None = None):
     if not calibrated:
         plat = uncalibrated(plat)
     gpus = p["layout"].get("gpus") or 0
-    if plat.gpus_per_node > 8 and gpus % plat.gpus_per_node:
+    segment = p["layout_provenance"].get("nvlink_segment_nodes")
+    if plat.gpus_per_node <= 8 or (not segment and gpus % plat.gpus_per_node == 0):
+        return plat, ""
+    if segment:  # the row's printed Slurm --segment (4-GPU trays)
+        per_domain = 4 * segment
+    elif gpus <= plat.gpus_per_node:
         per_domain = gpus
-        if gpus > plat.gpus_per_node:
-            src = ((doc or {}).get("sources") or {}).get(p["source"]) or {}
-            if not str(src.get("nvlink_placement", "")).startswith("slurm-segment"):
-                return None, (
-                    f"{gpus} GPUs span {plat.gpus_per_node}-GPU NVLink domains and the source "
-                    "does not state how they are placed in them"
-                )
-            per_domain = slurm_segment_gpus(gpus)
-        raw = copy.deepcopy(plat.raw)
-        raw["node"].update(
-            gpus=per_domain, nics=per_domain, gpu_nic_affinity=[[i] for i in range(per_domain)]
-        )
-        plat = from_dict(raw)
+    else:
+        src = ((doc or {}).get("sources") or {}).get(p["source"]) or {}
+        if not str(src.get("nvlink_placement", "")).startswith("slurm-segment"):
+            return None, (
+                f"{gpus} GPUs span {plat.gpus_per_node}-GPU NVLink domains and the source "
+                "does not state how they are placed in them"
+            )
+        per_domain = slurm_segment_gpus(gpus)
+    raw = copy.deepcopy(plat.raw)
+    raw["node"].update(
+        gpus=per_domain, nics=per_domain, gpu_nic_affinity=[[i] for i in range(per_domain)]
+    )
+    plat = from_dict(raw)
     return plat, ""
 
 

@@ -225,8 +225,14 @@ def test_an_nvl72_job_inside_one_domain_gets_its_own_node_and_a_larger_one_is_no
     one = next(p for p in POINTS if p["platform"] == "gb200-nvl72" and p["layout"]["gpus"] == 64)
     plat, why = msp.point_platform(one)
     assert plat is not None and plat.gpus_per_node == 64 and not why
-    big = next(p for p in POINTS if p["platform"] == "gb200-nvl72" and p["layout"]["gpus"] == 256)
-    plat, why = msp.point_platform(big)
+    big = next(
+        p
+        for p in POINTS
+        if p["platform"] == "gb200-nvl72"
+        and p["layout"]["gpus"] == 256
+        and "nvlink_segment_nodes" not in p["layout_provenance"]
+    )
+    plat, why = msp.point_platform(big)  # no source placement given
     assert plat is None and "NVLink domains" in why
 
 
@@ -290,5 +296,9 @@ def test_megatron_bridge_jobs_sit_in_slurm_segments_of_nvl72_racks():
     )
     plat, why = msp.point_platform(mb, doc=DOC)
     assert plat is not None and plat.gpus_per_node == 64 and not why
-    mz = next(p for p in POINTS if p["platform"] == "gb200-nvl72" and p["id"].startswith("mz-"))
-    assert msp.point_platform(mz, doc=DOC)[0] is None  # the Model Zoo states no placement
+    # the Model Zoo prints SEGMENT in each row's command: 2 trays (8 GPUs) for the BF16 row
+    by_id = {p["id"]: p for p in POINTS}
+    plat, _ = msp.point_platform(by_id["mz-gb200-qwen3-235b-bf16"], doc=DOC)
+    assert plat.gpus_per_node == 8
+    assert msp.overlap_ep(by_id["mz-gb200-qwen3-235b-mxfp8"])  # A2A_OVERLAP=1
+    assert not msp.overlap_ep(by_id["mz-gb200-qwen3-235b-bf16"])
