@@ -181,14 +181,19 @@ def throughput(p: dict) -> tuple[str, float] | None:
 # ------------------------------------------------------------------------------- predicted
 
 
-def _recompute(r: str | None) -> tuple[str, ...] | None:
-    """The planner's recompute mode for a stated one: 'none', 'full', else 'selective' (the
-    planner's only partial mode); None leaves it to the planner."""
+def _recompute(r: str | None) -> tuple[tuple[str, ...] | None, str]:
+    """(the planner's recompute mode for a stated one, a note where they differ): 'none' and
+    'full' as stated; a module list (Megatron's --recompute-modules: layernorm, moe_act, moe,
+    shared_expert, ...) is timed as 'none' unless it names the attention core, the one module the
+    planner's 'selective' mode recomputes (Korthikanti et al. Sec. 5); the note names the
+    recomputed modules left untimed. None leaves the mode to the planner."""
     if r is None:
-        return None
+        return None, ""
     if r in ("none", "full"):
-        return (r,)
-    return ("selective",)
+        return (r,), ""
+    if "core_attn" in r:
+        return ("selective",), ""
+    return ("none",), f"recompute ({r}) not timed"
 
 
 # the planner's EP dispatcher (ep_time.DISPATCHERS) for a stated one; a dispatcher the EP model
@@ -302,7 +307,7 @@ def planner_inputs(
         global_batch=lay["global_batch"],
         precision="megatron",
         zero=(p["layout_provenance"].get("zero_stage_for_planner", 1),),
-        recompute=_recompute(lay.get("recompute")),
+        recompute=_recompute(lay.get("recompute"))[0],
         tp=lay["tp"],
         pp=lay["pp"],
         ep=lay["ep"],
@@ -318,6 +323,7 @@ def planner_inputs(
     )
     free = [k for k in ("etp", "recompute", "vpp") if lay.get(k) is None]
     notes = [("planner chooses: " + ", ".join(free)) if free else "", dispatcher(p)[1]]
+    notes.append(_recompute(lay.get("recompute"))[1])
     return kw, "; ".join(n for n in notes if n)
 
 

@@ -302,3 +302,11 @@ def test_megatron_bridge_jobs_sit_in_slurm_segments_of_nvl72_racks():
     assert plat.gpus_per_node == 8
     assert msp.overlap_ep(by_id["mz-gb200-qwen3-235b-mxfp8"])  # A2A_OVERLAP=1
     assert not msp.overlap_ep(by_id["mz-gb200-qwen3-235b-bf16"])
+
+
+def test_a_recompute_module_list_is_timed_as_none_unless_it_names_the_attention_core():
+    assert msp._recompute(None) == (None, "")
+    assert msp._recompute("full") == (("full",), "")
+    assert msp._recompute("selective: core_attn") == (("selective",), "")
+    modes, note = msp._recompute("selective: layernorm, moe")
+    assert modes == ("none",) and "layernorm, moe" in note
