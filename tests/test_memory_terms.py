@@ -140,10 +140,11 @@ def test_gradient_reduction_buffers():
     assert MT.grad_reduction_buffers("megatron", 1e9, 8e9, 2) == 0
     assert MT.grad_reduction_buffers("torch-ddp", 1e9, 8e9, 2) == 16e9
     # FSDP2 (ZeRO-3): Llama 3 8B's layer: Q, O 4096^2, K, V 4096 x 1024, MLP 3 x 4096 x 14336,
-    # two norms; its unsharded bf16 gradients + the reduce-scatter input
+    # two norms; its unsharded bf16 gradients (2 B) + the fp32 reduce-scatter input (4 B)
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     sm = device(LLAMA, mm.MemoryLayout(dp=8), zero=3, kind="allocated")
-    assert extras(sm)["gradient reduction buffers"] == 2 * layer * 2
+    assert extras(sm)["gradient reduction buffers"] == layer * (2 + 4)
+    assert MT.grad_reduction_buffers("fsdp2", 1e9, 8e9, 2, reduce_bytes=2) == 4e9
 
 
 def test_optimizer_step_temporaries_count_only_above_the_backward_peak():
@@ -261,6 +262,6 @@ def test_help_shows_both_options_with_examples():
     assert "--explain-memory" in text and "--memory-margin" in text
     assert "Example: --memory-margin 0.05" in text
     assert (
-        "Example: repro plan --model mixtral-8x7b --platform dgx-h100 --nodes 2 --explain-memory"
+        "Example: repro plan --model mixtral-8x7b --nodes 2 --platform dgx-h100 --explain-memory"
         in text
     )

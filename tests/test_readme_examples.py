@@ -131,6 +131,7 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "repro bench allreduce --quick": ("cheap", SHOW),
     "repro bench alltoall --show-params": ("run", []),
     "repro plan --model gpt3-175b --nodes 64 --platform dgx-h100 --json p.json": ("run", []),
+    "repro plan --model mixtral-8x7b --nodes 2 --platform dgx-h100 --explain-memory": ("run", []),
     "repro train --model tiny-moe --pp 2 --ep 2 --steps 4 --check-reference --json t.json": (
         "cheap",
         ["--steps", "1"],

@@ -547,7 +547,8 @@ class LayoutMemory:
         backward = self.activations(kind, n)[i] + self.buffers(z) + dispatch + loss + reduce
         terms["optimizer-step temporaries"] = max(0.0, step - backward)
         if MT.includes(mk, "reserved"):
-            transients = [dispatch, logits, loss, reduce / 2, reduce / 2, step]
+            rs = layer * 4.0 if framework == "fsdp2" else 0.0  # the fp32 reduce-scatter input
+            transients = [dispatch, logits, loss, reduce - rs, rs, step]
             if z == 3:  # two layers' gathered weights, one allocation each
                 transients += [layer * prec.weights] * 2
             terms["allocator: segment rounding"] = MT.segment_rounding(allocs + transients)

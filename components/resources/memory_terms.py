@@ -55,8 +55,8 @@ SOURCES: dict[str, str] = {
     "gradient reduction buffers": "Megatron-core distributed/param_and_grad_buffer.py: buckets "
     "(bucket_size = max(40M, 1M x DP) params, distributed_data_parallel.py) are views into the "
     "contiguous grad buffer: 0 B extra; FSDP2 torch/distributed/fsdp/_fully_shard/"
-    "_fsdp_collectives.py foreach_reduce: the layer's unsharded gradients + a reduce-scatter "
-    "input of the same size",
+    "_fsdp_collectives.py foreach_reduce: the layer's unsharded bf16 gradients + the "
+    "reduce-scatter input in the reduce dtype (torchtitan mixed_precision_reduce: float32)",
     "optimizer-step temporaries": "torch/optim/adamw.py _multi_tensor_adamw (foreach): "
     "torch._foreach_sqrt(exp_avg_sqs) allocates one fp32 copy of the local moments; fused "
     "(torch fused=True, Megatron's TE/apex FusedAdam): none. Counted only above the backward's "
@@ -265,17 +265,22 @@ def logits_loss_transient(tokens: float, vocab: int, tp: int = 1, loss: str = "v
 
 
 def grad_reduction_buffers(
-    framework: str, layer_params: float, local_params: float, grad_bytes: float
+    framework: str,
+    layer_params: float,
+    local_params: float,
+    grad_bytes: float,
+    reduce_bytes: float = 4.0,
 ) -> float:
     """Bytes of gradient-reduction buffers: Megatron DDP 0 (bucket views of the contiguous grad
-    buffer); FSDP2 the largest layer's unsharded gradients + the reduce-scatter input (2 x
-    ``layer_params`` x ``grad_bytes``); torch DDP without gradient_as_bucket_view a bucket copy
-    of every local gradient (torch DDP docs: the saving of gradient_as_bucket_view 'will be equal
-    to the total gradients size')."""
+    buffer); FSDP2 the largest layer's unsharded gradients (``grad_bytes``) + the reduce-scatter
+    input in the reduce dtype (``reduce_bytes``: torchtitan's mixed_precision_reduce default
+    float32); torch DDP without gradient_as_bucket_view a bucket copy of every local gradient
+    (torch DDP docs: the saving of gradient_as_bucket_view 'will be equal to the total gradients
+    size')."""
     if framework == "megatron":
         return 0.0
     if framework == "fsdp2":
-        return 2.0 * layer_params * grad_bytes
+        return layer_params * (grad_bytes + reduce_bytes)
     if framework == "torch-ddp":
         return local_params * grad_bytes
     raise ValueError(f"framework must be megatron, fsdp2 or torch-ddp, got {framework!r}")

@@ -499,8 +499,7 @@ def _presets() -> list[str]:
     is_flag=True,
     help="Print every memory term of the chosen layout's binding stage (the best candidate, or "
     "the closest miss when none fits; fix a layout with --tp/--pp/--ep/--cp/--vpp/--zero/"
-    "--recompute): GiB, share and source. Example: repro plan --model mixtral-8x7b "
-    "--platform dgx-h100 --nodes 2 --explain-memory",
+    "--recompute): GiB, share of the total, and source (example below).",
 )
 @click.option(
     "--memory-margin",
@@ -557,8 +556,7 @@ def command(
 
     Example: repro plan --model gpt3-175b --nodes 64 --platform dgx-h100 --json p.json
 
-    Example: repro plan --model llama3-8b --nodes 1 --platform dgx-h100 --tp 1 --pp 1 --zero 3
-    --explain-memory
+    Example: repro plan --model mixtral-8x7b --nodes 2 --platform dgx-h100 --explain-memory
     """
     from moe_repro.records.atomic import atomic_write_json
 
