@@ -89,3 +89,69 @@ def test_bad_input():
         RoutingTrace(torch.zeros(2, 3), 1, "x")
     with pytest.raises(ValueError):
         _trace(top_k=17)
+
+
+def _reference_synthetic_counts_and_top(
+    layers, mbs, experts, top_k, tokens, sources, skew, drift, noise, seed
+):
+    """The generator as first written (out-of-place Gumbel noise, one token source at a time for
+    the counts): the reference the in-place generator must equal to the bit."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(layers, mbs, sources, experts, dtype=torch.int64)
+    kept = []
+    for layer in range(layers):
+        kept.append([])
+        log_pop = torch.randn(experts, generator=g, dtype=torch.float64) * skew
+        for mb in range(mbs):
+            if mb:
+                log_pop = log_pop + torch.randn(experts, generator=g, dtype=torch.float64) * drift
+            logits = (
+                log_pop + torch.randn(sources, 1, experts, generator=g, dtype=torch.float64) * noise
+            )
+            u = torch.rand(sources, tokens, experts, generator=g, dtype=torch.float64).clamp_min(
+                1e-300
+            )
+            gumbel = -torch.log(-torch.log(u))
+            top = (logits + gumbel).topk(top_k, dim=-1).indices.reshape(-1, top_k)
+            for token in range(top.shape[0]):
+                for e in top[token].tolist():
+                    counts[layer, mb, token // tokens, e] += 1
+            kept[layer].append(top)
+    return counts, kept
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_the_generator_equals_its_reference_form_to_the_bit(case):
+    rnd = torch.Generator().manual_seed(1000 + case)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rnd))
+    experts = pick(4, 40)
+    args = dict(
+        layers=pick(1, 3),
+        mbs=pick(1, 4),
+        experts=experts,
+        top_k=pick(1, min(8, experts)),
+        tokens=pick(1, 50),
+        sources=pick(1, 4),
+        skew=float(torch.rand(1, generator=rnd)) * 2,
+        drift=float(torch.rand(1, generator=rnd)) * 0.2,
+        noise=float(torch.rand(1, generator=rnd)),
+        seed=pick(0, 10**6),
+    )
+    counts, top = _reference_synthetic_counts_and_top(**args)
+    t = synthetic_trace(
+        args["layers"],
+        args["mbs"],
+        experts,
+        args["top_k"],
+        args["tokens"],
+        args["sources"],
+        skew=args["skew"],
+        drift=args["drift"],
+        noise=args["noise"],
+        seed=args["seed"],
+        keep_tokens=True,
+    )
+    assert torch.equal(t.counts, counts)
+    for layer in range(args["layers"]):
+        for mb in range(args["mbs"]):
+            assert torch.equal(t.top_experts[layer][mb], top[layer][mb])

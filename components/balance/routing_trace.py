@@ -119,8 +119,10 @@ def _drifting_logits(
             )
             u = torch.rand(
                 num_sources, tokens_per_source, num_experts, generator=g, dtype=torch.float64
-            ).clamp_min(1e-300)
-            yield layer, mb, logits, -torch.log(-torch.log(u))
+            ).clamp_min_(1e-300)
+            # -log(-log(u)) in place: the same operations in the same order (so the same values
+            # to the bit) without three temporaries of the tensor's size; most of a trace's time
+            yield layer, mb, logits, u.log_().neg_().log_().neg_()
 
 
 def synthetic_trace(
@@ -157,7 +159,8 @@ def synthetic_trace(
         noise,
         seed,
     ):
-        choice = (logits + gumbel).topk(top_k, dim=-1).indices  # [W, S/W, k]
+        # gumbel + logits in place (addition commutes exactly): the gumbel tensor is not reused
+        choice = gumbel.add_(logits).topk(top_k, dim=-1).indices  # [W, S/W, k]
         top = choice.reshape(-1, top_k)
         counts[layer, mb] = counts_from_top_experts(top, num_experts, num_sources)
         if kept is not None:
