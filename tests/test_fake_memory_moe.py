@@ -207,3 +207,19 @@ def test_cuda_allocator_peak_is_the_fake_peak_within_rounding_and_kernel_differe
     assert "caching allocator" in real.how
     assert real.peak == pytest.approx(fake.peak, rel=0.10)
     assert real.at_peak["reserved"] >= real.at_peak["allocated"]
+
+
+def test_moe_gradient_buffers_within_the_sourced_term():
+    """memory_terms.grad_reduction_buffers counts the largest layer's local parameters (the
+    non-expert weights + this EP rank's experts) at 6 B (bf16 unsharded gradient + fp32
+    reduce-scatter input). With the experts their own FSDP unit the two never hold a whole layer
+    at once: the tracker's largest sum stays within it (exact for a dense stack,
+    tests/test_fsdp2_memory.py)."""
+    from moe_repro.components.resources import memory_terms as MT
+
+    s, got = SPECS["mixtral/16 ep4 eager"], tracked("mixtral/16 ep4 eager")
+    dense, expert = FM.parameter_count(s)
+    layer = (dense + expert / s.ep) / s.layers
+    experts_unit = expert / s.layers / s.ep
+    theirs = got.category_peaks["gradient buffers"]
+    assert 2 * experts_unit < theirs <= MT.grad_reduction_buffers("fsdp2", layer, 0, 2, 4)

@@ -288,3 +288,26 @@ def test_dropping_an_attention_term_breaks_the_dense_comparison(fake_world, monk
     act = {r.term: r for r in FM.side_by_side(FM.planner_memory(s), got)}["activations"]
     assert act.tracker != pytest.approx(act.ours + _dense_not_in_our_formula(s), rel=1e-3)
     assert act.ours != pytest.approx(act.tracker, rel=0.02)
+
+
+def test_dense_step_transients_match_the_sourced_terms(fake_world):
+    """The transients our allocated-memory terms add (components/resources/memory_terms.py), from
+    the tracker: FSDP2's gradient reduction holds one layer's bf16 unsharded gradients and its
+    fp32 reduce-scatter input at once (grad_reduction_buffers, 6 B per parameter of the layer);
+    foreach Adam allocates one fp32 copy of the local second moments at the step
+    (optimizer_step_temporaries); the per-parameter loop (_single_tensor_adam) at most three fp32
+    copies of the largest parameter shard: sqrt(v), its quotient by the bias correction, and the
+    previous parameter's ``denom``, alive until the name is rebound."""
+    from moe_repro.components.resources import memory_terms as MT
+
+    s = LLAMA
+    dense, _ = FM.parameter_count(s)
+    layer, local = dense / s.layers, dense / WORLD
+    got = FM.measure_fake(s, foreach=True)
+    reduce = MT.grad_reduction_buffers("fsdp2", layer, dense, grad_bytes=2, reduce_bytes=4)
+    assert got.category_peaks["gradient buffers"] == reduce
+    step = got.category_peaks["OPT"] - got.after_step["OPT"]
+    assert step == MT.optimizer_step_temporaries(local, 4, "foreach")
+    loop = FM.measure_fake(s, foreach=False)
+    largest = s.d_model * s.d_ffn / WORLD * 4  # one FFN matrix's fp32 shard
+    assert loop.category_peaks["OPT"] - loop.after_step["OPT"] <= 3 * largest
