@@ -4,33 +4,23 @@ The unpipelined layer waits for the whole dispatch before its first GEMM and com
 expert before the first row goes back. Here each rank's local experts are split into ``chunks``
 contiguous groups (local expert i of n is in chunk i * chunks // n); chunk c's rows are one
 uneven all-to-all. Every chunk's rows are issued at once, asynchronously; then, chunk by
-chunk, the rank waits for chunk c, runs its experts (the grouped GEMM with zero rows for the
-other chunks' experts) and issues chunk c's way back, so chunk c's return and chunk c+1's
-arrival overlap the GEMMs of the chunk in hand. The combine weights stay on the token's rank:
-each returned row is weighted there as it is summed into its token (the gate's gradient is
-computed there too), so no weights travel. This is Tutel's pipelined all-to-all / Comet's
-fine-grained overlap along the expert dimension, and what Megatron-core's EP A2A overlap does
-across micro-batches, here within one.
+chunk, the rank waits for chunk c, runs its experts and issues chunk c's way back, so chunk c's
+return and chunk c+1's arrival overlap the GEMMs of the chunk in hand (Tutel's pipelined
+all-to-all, Comet's fine-grained overlap along the expert dimension). The combine weights stay
+on the token's rank: returned rows are weighted there as they are summed into their tokens.
 
 The counts exchange (one all-gather of every rank's tokens per expert, X-MoE App. B.3) is issued
-before anything else and read only when the receive sizes are needed: the send order, the send
-sizes and the gather of the outgoing rows need none of it, and run while it is in flight.
+first and read only for the receive sizes; the send order and the rows' gather run meanwhile.
 
-Exactness: the same rows meet the same expert weights; only the order of the per-token sums
-differs (sums in fp32 for bf16/fp16, as pft.scatter_combine). Every rank issues the same
-collectives in the same order, empty chunks included; no other metadata exchange is needed.
+Autograd: the exchanges and the experts between them are one Function, keeping each chunk's
+expert graph (received rows and the chunk's expert-weight slices as leaves). Its backward
+issues every chunk's combine gradient at once, then chunk by chunk runs that chunk's expert
+backward and issues its dispatch gradient, which travels under the next chunk's GEMMs.
 
-Autograd: the exchanges and the experts between them are one Function. Its forward keeps each
-chunk's expert graph (rows as received, as leaves); its backward pipelines the gradients the
-same way: every chunk's combine gradient is issued at once, then chunk by chunk the rank waits
-for chunk c, runs chunk c's expert backward (torch.autograd.grad on the kept graph: input rows
-and expert weights) and issues chunk c's dispatch gradient, which travels while chunk c+1's
-backward GEMMs run. The gradients are those of the
-unpipelined layer up to summation order (the expert weights' gradient is a sum over chunks).
-Once differentiable: a second backward through the same forward is not supported.
-
-The exchanges run on the dispatcher's communicator (flat all-to-all-v), whatever algorithm
-the layer holds; ``auto`` pipelines only where that algorithm is the flat one.
+Exact up to the order of sums (fp32 sums for bf16/fp16, as pft.scatter_combine); every rank
+issues the same collectives in the same order, empty chunks included. Once differentiable. The
+exchanges run on the dispatcher's communicator (flat all-to-all-v); ``auto`` pipelines only
+where the layer's algorithm is the flat one. Design notes: docs/moe-kernels.md.
 """
 
 from __future__ import annotations
