@@ -223,3 +223,19 @@ def test_moe_gradient_buffers_within_the_sourced_term():
     experts_unit = expert / s.layers / s.ep
     theirs = got.category_peaks["gradient buffers"]
     assert 2 * experts_unit < theirs <= MT.grad_reduction_buffers("fsdp2", layer, 0, 2, 4)
+
+
+@pytest.mark.parametrize("name", ["mixtral/16 ep4 eager", "qwen3/8 ep8 eager"])
+def test_moe_forward_transient_is_the_dispatch_and_combine_buffers(name):
+    """Beyond what an MoE block leaves behind, its forward (eager SwiGLU, balanced routing) holds
+    at once: the send buffer (T k rows, this rank's copies in expert order) and the all-to-all's
+    receive buffer (T k rows), both alive until the block returns; the expert output in
+    source-major order and the return all-to-all's output (T k rows each); and one int64 per copy
+    (the inverse permutation before the combine's gather keeps it). Which buffers coexist at
+    the block's peak is the implementation's (with the fused SwiGLU, silu(w1 x) is a temporary
+    of the experts and the peak moves there); memory_terms.moe_dispatch_transient counts one
+    T k row copy (Megatron-core's alltoall dispatcher), so the two are not compared."""
+    s, got = SPECS[name], tracked(name)
+    row = s.d_model * 2
+    expected = (2 + 2 * s.load) * s.copies * row + 8 * s.copies
+    assert got.extra["MoE forward transient"] == expected

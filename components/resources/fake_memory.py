@@ -360,7 +360,10 @@ class TrackedMemory:
     ``after_backward``, ``after_step``: the categories then; ``at_peak``: the categories when the
     total peaked; ``category_peaks``: each category's (and each GROUPS sum's) own maximum over the
     step; ``peak``: the peak total; ``output``: the model output's bytes (the caller's tensor,
-    filed as an activation); ``how``: what produced the numbers. The step measured is the second:
+    filed as an activation); ``how``: what produced the numbers; ``extra``: the fake run's
+    "MoE forward transient" (the most an MoE block's forward holds at once beyond what it leaves
+    behind, gathered weights aside: its dispatch and combine buffers), or the CUDA run's
+    allocator figures. The step measured is the second:
     the first (untracked) creates Adam's state, as every later step finds it."""
 
     after_forward: dict[str, int]
@@ -433,6 +436,7 @@ def _tracker(model, opt):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             self.category_peaks: dict[str, int] = {}
+            self.window: int | None = None  # max of Total - gathered weights inside a window
 
         def _update_peak_stats(self, peak_state) -> None:  # after every tracked op
             super()._update_peak_stats(peak_state)
@@ -443,6 +447,33 @@ def _tracker(model, opt):
                 for k, v in now.items():
                     if v > self.category_peaks.get(k, 0):
                         self.category_peaks[k] = v
+                if self.window is not None:
+                    self.window = max(self.window, now["Total"] - now["gathered weights"])
+
+        def held(self) -> int:
+            """Total less FSDP's gathered weights, now."""
+            now = self.now()
+            return now["Total"] - sum(now.get(c, 0) for c in GROUPS["gathered weights"])
+
+        def watch_forward_transient(self, modules) -> list:
+            """Hooks that record, per forward of each module, the most it held at once beyond
+            what it left behind (its saved tensors and output), gathered weights aside."""
+            found: list[int] = []
+
+            def pre(mod, args):
+                self.window = self.held()
+
+            def post(mod, args, out):
+                if self.window is not None:
+                    found.append(self.window - self.held())
+                self.window = None
+
+            self.hooks = [
+                h
+                for m in modules
+                for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))
+            ]
+            return found
 
         def now(self) -> dict[str, int]:
             (snap,) = self.get_tracker_snapshot("current").values()
@@ -467,8 +498,13 @@ def measure_fake(s: StackSpec, foreach: bool = False) -> TrackedMemory:
         opt.zero_grad()  # torchtitan's loop: gradients set to None before each step
         fmt = _tracker(model, opt)
         fmt.track_inputs((x,))
+        moe_transients = fmt.watch_forward_transient(
+            [m for m in model.modules() if isinstance(m, _MoE)]
+        )
         with fmt:
             out = model(x)
+            for h in fmt.hooks:
+                h.remove()
             fwd = fmt.now()
             out.float().sum().backward()
             bwd = fmt.now()
@@ -487,6 +523,7 @@ def measure_fake(s: StackSpec, foreach: bool = False) -> TrackedMemory:
         output=out_bytes,
         how=f"measured: FSDPMemTracker under FakeTensorMode, torch {torch.__version__}, "
         f"fake process group of {s.world} ranks (rank 0)",
+        extra={"MoE forward transient": float(max(moe_transients, default=0))},
     )
 
 
