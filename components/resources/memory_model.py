@@ -15,7 +15,10 @@
    formulas.moe_activation_terms_per_layer, model state from formulas.model_state_bytes at a
    precision preset; the rules are docs/planner.md's "Memory per GPU". The parallelism planner
    searches layouts with it; Piper's PP x EP planner (``all_stages``: TP = CP = 1, the attention
-   data-parallel over the EP group) uses the same model, so one layout has one memory.
+   data-parallel over the EP group) uses the same model, so one layout has one memory. With a
+   memory kind (allocated, reserved, device) the profile's constant overhead gives way to the
+   sourced terms of memory_terms (docs/planner.md, "Memory kinds and terms"); ``per_gpu_memory``
+   answers one fixed layout.
 
 Also here: X-MoE Table 2 activation sizes and App. C.2 SSMB vs TED trade-off (Eq. 1-2), and MoP
 Table 1's per-rank memory with an FSDP-style plan beside it (MoP Table 2-3).
