@@ -370,12 +370,40 @@ def predict_step_time(point: dict) -> tuple[float | None, str]:
     )
 
 
+# a source's measured kind -> the memory kind the model predicts for it (memory_terms.KINDS)
+MEASURED_KINDS = {"max allocated": "allocated", "max reserved": "reserved", "nvidia-smi": "device"}
+MEMORY_SETTING_KEYS = ("framework", "loss", "optimizer", "expandable_segments", "dispatcher")
+
+
+def memory_settings(point: dict, doc: dict | None = None) -> dict:
+    """The allocator and framework settings of a point's run: its framework's entry of the data
+    file's ``memory_settings`` (named by ``settings_of``), overridden by the point's own
+    ``settings``; only the MemorySettings fields (sources stay in the file)."""
+    doc = doc if doc is not None else load_points()
+    base = dict(doc.get("memory_settings", {}).get(point.get("settings_of", ""), {}))
+    base.update(point.get("settings") or {})
+    return {k: v for k, v in base.items() if k in MEMORY_SETTING_KEYS}
+
+
+def _recompute_mode(c) -> tuple[str, int]:
+    from moe_repro.components.resources.memory_model import ALL_LAYERS
+
+    if c.recompute.startswith("full"):
+        return "full", (c.recompute_layers or ALL_LAYERS)
+    return c.recompute, 0
+
+
 def predict_memory(point: dict) -> tuple[float | None, str]:
-    """The planner's per-GPU bytes on the binding stage of the point's layout (PREDICTS), in
-    GiB; None with the reason where the planner gives no number for it (the point stays in the
-    table as "no prediction")."""
+    """Per-GPU bytes on the binding stage of the point's layout (PREDICTS), in GiB: the planner
+    fixes the layout (its degrees, micro-batches and recompute mode), the memory model predicts
+    the kind the source measured (MEASURED_KINDS) with the run's framework settings
+    (memory_settings); None with the reason where the planner gives no number for it (the point
+    stays in the table as "no prediction")."""
+    from moe_repro.components.resources import memory_model as MM
+    from moe_repro.components.resources import memory_terms as MT
+
     try:
-        _, _, pl = _plan(point)
+        m, p, pl = _plan(point)
     except (ValueError, KeyError) as e:
         return None, f"no prediction: {e}"
     c = pl.best or (pl.candidates[0] if pl.candidates else None)
@@ -383,16 +411,48 @@ def predict_memory(point: dict) -> tuple[float | None, str]:
         return None, "no prediction: the planner rejects the layout: " + "; ".join(
             r["reason"] for r in pl.rejected[:2]
         )
-    mem = c.memory
+    lay = point["layout"]
+    # an out-of-memory point names no kind: the device's memory is what ran out
+    kind = MEASURED_KINDS.get(point["measured_kind"], "device")
+    cfg = memory_settings(point)
+    cfg.setdefault("dispatcher", lay.get("dispatcher", "alltoall"))
+    settings = MT.MemorySettings(facts=MT.device_facts(p), **cfg)
+    layout = MM.MemoryLayout(
+        tp=c.tp,
+        cp=c.cp,
+        pp=c.pp,
+        vpp=c.vpp,
+        ep=c.ep,
+        etp=c.etp,
+        dp=c.dp,
+        sp=c.sp,
+        micro_batch=c.micro_batch,
+        micro_batches=c.micro_batches,
+    )
+    st = MM.per_gpu_memory(
+        m,
+        p,
+        layout,
+        point["model"]["seq"],
+        kind=kind,
+        zero=c.zero,
+        recompute=_recompute_mode(c),
+        precision=lay["precision"],
+        flash_attention=lay["flash_attention"],
+        dropout=bool(getattr(m, "dropout", False)),
+        settings=settings,
+    )
+    mem = st.to_dict()
     terms = ", ".join(
         f"{k} {mem[k] / GiB:.1f}"
         for k in ("weights", "grads", "optimizer", "activations", "buffers")
     )
-    missing = list(point["layout"].get("not_modelled") or []) + list(
-        point.get("named_differences") or []
+    extra = sum(b for _, b in st.extras) / GiB
+    missing = list(lay.get("not_modelled") or []) + list(point.get("named_differences") or [])
+    note = f"{kind}: {terms}, sourced terms {extra:.1f}" + (
+        f"; not modelled: {', '.join(missing)}" if missing else ""
     )
-    note = terms + (f"; not modelled: {', '.join(missing)}" if missing else "")
-    return mem["total"] / GiB, note
+    return st.total / GiB, note
 
 
 def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
@@ -457,14 +517,12 @@ def predict_attention_core(point: dict) -> tuple[float, str]:
 
 
 # What a predictor's number is, where its points measure different things (repro validate says
-# it beside the predictor). The memory model counts live tensors (components.resources.
-# memory_model), the quantity torch.cuda.max_memory_allocated reports; a point measured as the
-# caching allocator's reserve or as the device's used memory is scored against it all the same,
-# with its kind shown.
+# it beside the predictor). Memory: each point is predicted as the kind its source measured.
 PREDICTS = {
-    "memory": "max allocated: the live tensors of the binding stage at their peak, plus the "
-    "platform profile's framework_overhead_GB (no constant fitted to any point: leave-one-source-"
-    "out errors equal these)",
+    "memory": "the kind each source measured (max allocated, max reserved, nvidia-smi): the live "
+    "tensors of the binding stage at their peak plus the sourced terms of that kind, with the "
+    "settings of the point's framework (memory_settings); no profile framework overhead, no "
+    "constant fitted to any point: leave-one-source-out errors equal these",
 }
 
 # predictor -> (its prediction of a point, how that number is produced)

@@ -46,14 +46,15 @@ def test_every_point_says_what_was_measured_where_and_on_which_layout():
 
 def _planted_doc():
     """Two copies of one real point whose measured value is set from its own prediction: one
-    measured exactly (error 0) as max allocated, one at half (error +100%) as max reserved."""
+    measured exactly (error 0) as max allocated, one at half (error +100%) as max reserved, each
+    against its own kind's prediction."""
     doc = V.load_points()
     base = next(p for p in _memory_points(doc) if p["id"] == "torchtitan24-1-8gpu-fsdp")
-    predicted, _ = V.predict_memory(base)
     exact, half = copy.deepcopy(base), copy.deepcopy(base)
     exact.update(id="planted-exact", measured_kind="max allocated")
-    exact["published"]["printed"] = repr(predicted)
+    exact["published"]["printed"] = repr(V.predict_memory(exact)[0])
     half.update(id="planted-half", measured_kind="max reserved")
+    predicted, _ = V.predict_memory(half)
     half["published"]["printed"] = repr(predicted / 2)
     doc["points"] = [exact, half]
     return doc, predicted
@@ -69,10 +70,71 @@ def test_per_kind_and_overall_mape_are_computed_from_the_points():
     assert groups["measured as max reserved"] == (1, 1, pytest.approx(1.0), pytest.approx(1.0))
     assert groups["dense"][:3] == (2, 2, pytest.approx(0.5))
     assert "MoE" not in groups
-    assert "max allocated" in s.predicts
+    assert "max allocated" in s.predicts and "max reserved" in s.predicts
     row = {x.point_id: x.to_dict() for x in s.scored}["planted-half"]
     assert row["measured_kind"] == "max reserved" and row["family"] == "dense"
     assert row["predicted"] == pytest.approx(predicted)
+
+
+def test_each_point_is_predicted_as_the_kind_its_source_measured():
+    from moe_repro.components.resources import memory_model as MM
+
+    base = next(p for p in _memory_points() if p["id"].startswith("megatron-ci-gpt3-7b-tp4"))
+    by_kind = {}
+    for measured, kind in (("max allocated", "allocated"), ("max reserved", "reserved")):
+        p = copy.deepcopy(base)
+        p["measured_kind"] = measured
+        value, note = V.predict_memory(p)
+        assert note.startswith(kind + ":"), note
+        by_kind[kind] = value
+    # reserved adds the allocator's segment rounding to what allocated counts
+    assert by_kind["reserved"] > by_kind["allocated"]
+    # the kinds drop the profile's unsourced framework overhead: the live tensors (no kind, no
+    # overhead) plus the sourced terms, and nothing else
+    m, p, pl = V._plan(base)
+    c = pl.best or pl.candidates[0]
+    live = MM.per_gpu_memory(
+        m,
+        p,
+        MM.MemoryLayout(
+            tp=c.tp,
+            pp=c.pp,
+            cp=c.cp,
+            dp=c.dp,
+            sp=c.sp,
+            vpp=c.vpp,
+            ep=c.ep,
+            etp=c.etp,
+            micro_batch=c.micro_batch,
+            micro_batches=c.micro_batches,
+        ),
+        base["model"]["seq"],
+        kind="allocated",
+        zero=c.zero,
+        recompute=V._recompute_mode(c),
+        precision=base["layout"]["precision"],
+        flash_attention=base["layout"]["flash_attention"],
+        settings=None,
+    )
+    assert p.overhead_bytes > 0  # the profile has one, and the kind path leaves it out
+    assert live.buffers < p.overhead_bytes
+    extras = sum(b for _, b in live.extras)
+    assert by_kind["allocated"] * V.GiB == pytest.approx(sum(live.terms().values()) + extras)
+
+
+def test_a_points_framework_settings_come_from_the_data_file():
+    doc = V.load_points()
+    tt = next(p for p in _memory_points(doc) if p["id"] == "torchtitan24-1-8gpu-fsdp")
+    mc = next(p for p in _memory_points(doc) if p["id"].startswith("megatron-ci"))
+    assert V.memory_settings(tt, doc)["expandable_segments"] is True
+    assert V.memory_settings(tt, doc)["optimizer"] == "foreach"  # the point's own override
+    assert V.memory_settings(mc, doc)["framework"] == "megatron"
+    for name, entry in doc["memory_settings"].items():
+        assert entry["source"], name
+    # without expandable segments the reserve adds the largest transient's segment
+    frag = copy.deepcopy(tt)
+    frag["settings"] = {**tt["settings"], "expandable_segments": False}
+    assert V.predict_memory(frag)[0] > V.predict_memory(tt)[0]
 
 
 def test_a_point_the_planner_cannot_predict_is_shown_not_dropped():
