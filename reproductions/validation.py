@@ -372,7 +372,15 @@ def predict_step_time(point: dict) -> tuple[float | None, str]:
 
 # a source's measured kind -> the memory kind the model predicts for it (memory_terms.KINDS)
 MEASURED_KINDS = {"max allocated": "allocated", "max reserved": "reserved", "nvidia-smi": "device"}
-MEMORY_SETTING_KEYS = ("framework", "loss", "optimizer", "expandable_segments", "dispatcher")
+MEMORY_SETTING_KEYS = (
+    "framework",
+    "loss",
+    "optimizer",
+    "expandable_segments",
+    "dispatcher",
+    "mlp",
+    "selective",
+)
 
 
 def memory_settings(point: dict, doc: dict | None = None) -> dict:

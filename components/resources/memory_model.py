@@ -280,6 +280,51 @@ def in_flight(layout: MemoryLayout, r: int) -> int:
     return min(M * v, 2 * (q - r - 1) + (v - 1) * q + 1)
 
 
+def eager_swiglu_extra(m: MoEModel, moe: bool, n: float, t: int = 1, cf: float = 1.0) -> float:
+    """Bytes an eager SwiGLU keeps beyond the fused one's n_mat d_ffn per token: silu(w1 x)
+    (torchtitan FeedForward and its grouped experts compute ``w2(silu(w1 x) * w3 x)``; autograd
+    keeps w1 x, w3 x, silu(w1 x) and their product). ``n``: tokens of one micro-batch per
+    CP rank; dense FFN, or routed copies and shared experts, / TP."""
+    if moe:
+        copies = cf * m.top_k * n / t
+        return ACT_BYTES * (copies * m.d_ffn + m.n_shared * n * (m.d_ffn_shared or m.d_ffn) / t)
+    return ACT_BYTES * n * (m.d_ffn_dense or m.d_ffn) / t
+
+
+def torchtitan_op_sac_bytes(m: MoEModel, moe: bool, n: float, t: int = 1, sp: bool = False):
+    """Bytes one layer keeps under torchtitan's per-op selective checkpointing (its
+    ``_save_list`` policy: the outputs of SDPA (with its fp32 log-sum-exp), of TP's
+    reduce-scatters and of every other ``aten.mm`` of the block, the first, third, ... in call
+    order; everything else recomputed), plus the block's input. The block's matmuls in order:
+    attention wq, wk, wv (MLA: wq or wq_a and wq_b, wkv_a, wkv_b), wo; a dense FFN's w1, w3,
+    w2; an MoE block's router gate and its shared experts' w1, w3, w2 (the routed experts are
+    grouped GEMMs, not in the list). Column-parallel outputs / TP; row-parallel ones (wo, w2)
+    are the full-width partial sums. ``n``: tokens of one micro-batch per CP rank."""
+    d, heads = m.d_model, m.heads
+    if m.mla is not None:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = [a.q_lora_rank, heads * qk / t] if a.q_lora_rank else [heads * qk / t]
+        mms = q + [a.kv_lora_rank + a.qk_rope_head_dim]
+        mms += [heads * (a.qk_nope_head_dim + a.v_head_dim) / t, d]
+        attn_out = heads * a.v_head_dim / t
+    else:
+        hd = m.head_dim or d // heads
+        kv = (m.n_kv_heads or heads) * hd / t
+        mms = [heads * hd / t, kv, kv, d]
+        attn_out = heads * hd / t
+    if moe:
+        ds = (m.d_ffn_shared or m.d_ffn) / t
+        mms += [m.n_experts] + [ds, ds, d] * m.n_shared
+    else:
+        ffn = (m.d_ffn_dense or m.d_ffn) / t
+        mms += [ffn, ffn, d]
+    saved = sum(mms[0::2]) + attn_out
+    block_in = d / (t if sp else 1)
+    reduce_scatters = 2 * d / t if (t > 1 and sp) else 0.0
+    return n * (ACT_BYTES * (saved + block_in + reduce_scatters) + 4.0 * heads / t)
+
+
 class LayerMemory:
     """One layer's activation bytes and a parameter count's model-state bytes for a model,
     sequence and precision, cached (a search asks them for every layout, stage and mode)."""
@@ -410,11 +455,26 @@ class LayoutMemory:
         m, lay, flash = self.lm.m, self.layout, self.lm.flash
         t, sp, c, mb, et = lay.tp, lay.sp, lay.cp, lay.micro_batch, lay.etp
 
+        cfg = self.settings
+        n_tok = mb * self.lm.seq / c
+
         def la(moe: bool, mode: str) -> float:
             present = m.n_moe_layers if moe else m.n_dense_layers
-            return self.lm.layer_act(moe, t, sp, c, mb, mode, et) if present else 0.0
+            if not present:
+                return 0.0
+            act = self.lm.layer_act(moe, t, sp, c, mb, mode, et)
+            if cfg.mlp == "eager" and mode != "full" and m.n_mat == 3:
+                act += eager_swiglu_extra(m, moe, n_tok, t, self.lm.cf)
+            return act
 
-        if kind == "full":
+        if kind == "selective" and cfg.selective == "torchtitan-op":
+            # every layer keeps what the policy saves; the layer in backward is recomputed whole
+            rest = "selective" if flash else "none"
+            a_work = max(la(False, rest), la(True, rest))
+            a_dense = torchtitan_op_sac_bytes(m, False, n_tok, t, sp) if m.n_dense_layers else 0
+            a_moe = torchtitan_op_sac_bytes(m, True, n_tok, t, sp) if m.n_moe_layers else 0
+            in_dense, in_moe = a_dense, a_moe
+        elif kind == "full":
             # the layers not recomputed keep everything (Megatron's block method); with
             # FlashAttention that is what selective keeps
             rest = "selective" if flash else "none"

@@ -436,6 +436,8 @@ def deepep_buffers(hidden: int, ranks: int, bytes_per_value: int = 2) -> float:
 # --------------------------------------------------------------------------------------------
 
 FRAMEWORKS = ("auto", "megatron", "fsdp2", "torch-ddp")
+MLP_FORMS = ("fused", "eager")
+SELECTIVE_FORMS = ("korthikanti", "torchtitan-op")
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,11 @@ class MemorySettings:
     ``optimizer`` (fused: Megatron's FusedAdam and torchtitan's default; foreach: torch's
     default), ``dispatcher`` (ep_time.DISPATCHERS), ``expandable_segments``
     (PYTORCH_CUDA_ALLOC_CONF), ``dropless_worst_case`` (every token of the EP group routed to
-    one rank) and the platform's :class:`DeviceFacts`."""
+    one rank), ``mlp`` (fused: Megatron-core's SwiGLU keeps n_mat d_ffn per token; eager:
+    torchtitan's ``w2(silu(w1 x) * w3 x)`` keeps w1 x, silu, w3 x and the product, one d_ffn
+    more), ``selective`` (korthikanti: Megatron's selective recompute; torchtitan-op:
+    torchtitan's per-op policy, memory_model.torchtitan_op_sac_bytes) and the platform's
+    :class:`DeviceFacts`."""
 
     facts: DeviceFacts = DeviceFacts()
     framework: str = "auto"
@@ -454,6 +460,16 @@ class MemorySettings:
     dispatcher: str = "alltoall"
     expandable_segments: bool = False
     dropless_worst_case: bool = False
+    mlp: str = "fused"
+    selective: str = "korthikanti"
+
+    def __post_init__(self) -> None:
+        if self.mlp not in MLP_FORMS:
+            raise ValueError(f"mlp must be one of {', '.join(MLP_FORMS)}, got {self.mlp!r}")
+        if self.selective not in SELECTIVE_FORMS:
+            raise ValueError(
+                f"selective must be one of {', '.join(SELECTIVE_FORMS)}, got {self.selective!r}"
+            )
 
     def framework_at(self, zero: int) -> str:
         if self.framework not in FRAMEWORKS:
