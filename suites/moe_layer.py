@@ -93,10 +93,11 @@ def gemm_used(p: dict) -> dict:
     from moe_repro.components.moe.overlap import chunks_for
 
     ranks, impl = int(p["ranks"]), get_impl(p.get("impl", "pft"))
+    device = resolve_device(p["device"]).type  # the device the layer runs on (runtime rule)
     pipelined = impl.pipelines and p.get("stage", "layer") == "layer"
     chunks = {
         "overlap_chunks": chunks_for(
-            p.get("overlap", "auto"), ranks > 1, "flat", int(p["experts"]) // ranks
+            p.get("overlap", "auto"), ranks > 1, "flat", int(p["experts"]) // ranks, device
         )
         if pipelined
         else 1
@@ -105,7 +106,6 @@ def gemm_used(p: dict) -> dict:
         return {"gemm_used": impl.expert_kernel, "gemm_rule": "fixed", **chunks}
     if p["gemm"] != "auto":
         return {"gemm_used": p["gemm"], "gemm_rule": "named", **chunks}
-    device = resolve_device(p["device"]).type  # the device the layer runs on (runtime rule)
     rows = int(p["tokens"]) * int(p["ranks"]) * int(p["top_k"]) / int(p["experts"])
     choice = choose_kernel(device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]))
     return {"gemm_used": choice.kernel, "gemm_rule": choice.source, **chunks}

@@ -146,7 +146,7 @@ def test_moe_layer_suite_records_the_kernel():
     assert used == {
         "gemm_used": kc.fallback_kernel("cpu", torch.float32),
         "gemm_rule": "fallback",
-        "overlap_chunks": 2,  # auto: 4 experts per rank, flat
+        "overlap_chunks": 1,  # auto on a CPU: unpipelined (overlap.chunks_for)
     }
     named = gemm_used(dict(p, gemm="sequential", overlap="off"))
     assert named == {"gemm_used": "sequential", "gemm_rule": "named", "overlap_chunks": 1}

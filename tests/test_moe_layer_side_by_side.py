@@ -32,7 +32,8 @@ def test_peers_say_their_own_kernel_and_do_not_pipeline():
     mg = gemm_used(dict(POINT, impl="megatron"))  # our experts on its rows: auto's choice
     assert mg["gemm_used"] == kc.fallback_kernel("cpu", torch.float32)
     assert mg["overlap_chunks"] == 1
-    assert gemm_used(dict(POINT, impl="pft"))["overlap_chunks"] == 2
+    assert gemm_used(dict(POINT, impl="pft", overlap="2"))["overlap_chunks"] == 2
+    assert gemm_used(dict(POINT, impl="pft"))["overlap_chunks"] == 1  # auto on a CPU
     assert gemm_used(dict(POINT, impl="pft", stage="expert"))["overlap_chunks"] == 1
 
 

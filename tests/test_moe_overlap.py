@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_repro.components.moe.moe_layer import MoEConfig, MoELayer
-from moe_repro.components.moe.overlap import parse_overlap
+from moe_repro.components.moe.overlap import chunks_for, parse_overlap
 from moe_repro.runtime.launch import run_ranks
 
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
@@ -26,6 +26,17 @@ def test_overlap_values():
     assert MoEConfig(8, 4, 4, 2).overlap == "auto"
     assert MoELayer(8, 4, 4, 2).overlap_chunks() == 1  # one rank: nothing to overlap
     assert MoELayer(8, 4, 4, 2, overlap="4").overlap_chunks() == 1
+
+
+def test_auto_pipelines_on_a_gpu_only():
+    """auto: 2 chunks under EP with the flat all-to-all on a GPU; on a CPU the all-to-all's
+    threads share the cores the GEMMs use, so it stays unpipelined; a count is obeyed."""
+    assert chunks_for("auto", True, "flat", 4, "cuda") == 2
+    assert chunks_for("auto", True, "flat", 4, "cpu") == 1
+    assert chunks_for("auto", True, "flat", 1, "cuda") == 1  # one expert per rank
+    assert chunks_for("auto", True, "halo", 4, "cuda") == 1
+    assert chunks_for("3", True, "flat", 4, "cpu") == 3
+    assert chunks_for("3", False, "flat", 4, "cuda") == 1
 
 
 def _check(results, dtype="float32"):
@@ -72,7 +83,7 @@ def test_overlap_equals_unpipelined_two_ranks(targets_on_path, dtype):
         "_moe_targets:overlap_vs_unpipelined", {"cases": cases}, world_size=2, timeout_s=150
     )
     _check(results, dtype)
-    assert [r["chunks"] for r in results[0]] == [2, 2, 3, 5, 2]  # auto: 2 experts per rank
+    assert [r["chunks"] for r in results[0]] == [2, 2, 3, 5, 1]  # auto on a CPU: unpipelined
     assert {r["out_dtype"] for r in results[0]} == {str(getattr(torch, dtype))}
 
 

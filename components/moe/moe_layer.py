@@ -380,7 +380,10 @@ class MoELayer(nn.Module):
         """Chunks the routed path pipelines dispatch and combine into (1: not pipelined; the
         rule for ``auto``: overlap.chunks_for)."""
         fewest = min(len(e) for e in self.placement.experts_of_rank)
-        return chunks_for(self.overlap, self.dispatcher is not None, self.all_to_all, fewest)
+        device_type = self.gate.weight.device.type
+        return chunks_for(
+            self.overlap, self.dispatcher is not None, self.all_to_all, fewest, device_type
+        )
 
     def routed(self, x: torch.Tensor, gate_out: GateOutput) -> torch.Tensor:
         pft = self.make_pft(gate_out)

@@ -54,16 +54,28 @@ def parse_overlap(overlap: str | int) -> int | None:
     return n
 
 
-def chunks_for(overlap: str | int, expert_parallel: bool, all_to_all: str, fewest: int) -> int:
+def chunks_for(
+    overlap: str | int,
+    expert_parallel: bool,
+    all_to_all: str,
+    fewest: int,
+    device_type: str = "cpu",
+) -> int:
     """The chunks a layer pipelines into (1: not pipelined). ``auto``: AUTO_CHUNKS under
-    expert parallelism with the flat all-to-all when every rank holds at least that many
-    experts (``fewest``), else 1; one rank never pipelines (it exchanges nothing)."""
+    expert parallelism with the flat all-to-all on a GPU when every rank holds at least that
+    many experts (``fewest``), else 1; one rank never pipelines (it exchanges nothing).
+
+    Not on a CPU: there the all-to-all progresses on threads of the same cores the GEMMs keep
+    busy, so nothing runs beside the GEMMs to hide it, and chunking adds collectives and
+    permutes (the moe-layer suite's ``--overlap auto,off`` on the machine at hand measures it;
+    docs/moe-kernels.md). A GPU's collectives run beside its GEMMs."""
     asked = parse_overlap(overlap)
     if not expert_parallel:
         return 1
     if asked is not None:
         return asked
-    return AUTO_CHUNKS if all_to_all == "flat" and fewest >= AUTO_CHUNKS else 1
+    pipelines = all_to_all == "flat" and fewest >= AUTO_CHUNKS and device_type == "cuda"
+    return AUTO_CHUNKS if pipelines else 1
 
 
 class _ChunkPlan:
