@@ -147,38 +147,18 @@ def _sampled_ids(results) -> list[str]:
 
 
 SEED_WINDOW = 5  # the second window starts here: seeds 5 to 5 + MIN_SEEDS - 1
-UNDECIDED = ("seed-dependent", grading.NOT_EVIDENCE)
 
 
 def _get(cell, key):
     return cell.get(key) if isinstance(cell, dict) else getattr(cell, key, None)
 
 
-def per_seed_grades(cell) -> list[str] | None:
-    """The grade each seed of a sampled cell or claim gives, by the policy's rule."""
-    seeds = _get(cell, "seeds") or {}
-    if seeds.get("holds") is not None:
-        return ["claim-holds" if h else "claim-fails" for h in seeds["holds"]]
-    printed = _get(cell, "paper_printed")
-    if seeds.get("values") and _get(cell, "paper") is not None and printed:
-        half = grading.half_unit(printed)
-        qty = _get(cell, "quantity") or "value"
-        return [
-            grading.grade_value(_get(cell, "paper"), half, v, "prediction", qty)
-            for v in seeds["values"]
-        ]
-    return None
-
-
 def moved_between_windows(first, second, shift: int = SEED_WINDOW) -> str | None:
     """Why one cell's grade moved between the window at seed 0 and the window at ``shift``, or
-    None. Every cell is compared, seed-dependent ones included: two fixed grades must be equal;
-    the seeds both windows share must give the same grade at each seed; a cell undecided in one
-    window (seed-dependent, or not evidence) and fixed in the other is consistent only if the
-    undecided window saw that grade at some seed, the evidence that both windows sample one
-    distribution that straddles a boundary."""
+    None. Every cell is compared, seed-dependent ones included: the seeds both windows share must
+    give the same number or outcome, and the two grades must be equal (the policy grades the
+    typical seed, so a grade is a property of the traces' distribution, not of a window)."""
     a, b = _get(first, "verdict"), _get(second, "verdict")
-    ga, gb = per_seed_grades(first), per_seed_grades(second)
     sa, sb = _get(first, "seeds") or {}, _get(second, "seeds") or {}
     for key in ("values", "holds"):  # the same seed gives the same number and the same outcome
         xa, xb = sa.get(key), sb.get(key)
@@ -186,14 +166,6 @@ def moved_between_windows(first, second, shift: int = SEED_WINDOW) -> str | None
             return f"the shared seeds differ: {xa[shift:]} vs {xb[: len(xa) - shift]}"
     if a == b:
         return None
-    if a in UNDECIDED and b in UNDECIDED:
-        return None
-    if a in UNDECIDED or b in UNDECIDED:
-        fixed, seen = (b, ga) if a in UNDECIDED else (a, gb)
-        agree = fixed in grading.AGREE
-        if seen and any((g in grading.AGREE) == agree for g in seen):
-            return None
-        return f"{a} -> {b}: the undecided window never gave {fixed}"
     return f"{a} -> {b}"
 
 
@@ -223,14 +195,12 @@ def test_the_window_check_finds_a_planted_move():
     assert moved_between_windows(close, deviates, 5)  # two fixed grades
     shared_differ = {**base, "verdict": "close", "seeds": {"values": [96.0] * n}}
     assert moved_between_windows(close, shared_differ, 5)  # the same seeds, other numbers
-    # seed-dependent in one window, fixed in the other: consistent only if it saw that grade
-    mixed = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0] + [95.0] * (n - 1)}}
+    # seed-dependent in one window and fixed in the other is a move
+    mixed = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0] * 2 + [95.0] * 7}}
     later = {**base, "verdict": "close", "seeds": {"values": [95.0] * (n - 5) + [94.0] * 5}}
-    assert moved_between_windows(mixed, later, 5) is None
-    all_agree = {**base, "verdict": "seed-dependent", "seeds": {"values": [95.0] * n}}
-    assert moved_between_windows(all_agree, deviates, 5)  # the shared seeds differ
-    never = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0, 95.0] + [60.0] * 7}}
-    assert moved_between_windows(never, deviates, 5) is None
+    assert moved_between_windows(mixed, later, 5) == "seed-dependent -> close"
+    same = {**base, "verdict": "close", "seeds": {"values": [94.0] * (n - 5) + [93.0] * 5}}
+    assert moved_between_windows(later, same, 5) is None
     holds = {"verdict": "claim-holds", "seeds": {"holds": [True] * n}}
     fails = {"verdict": "claim-fails", "seeds": {"holds": [True] * 5 + [False] * (n - 5)}}
     assert moved_between_windows(holds, fails, 5)  # shared seeds 5-8 differ
