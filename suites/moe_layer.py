@@ -107,7 +107,10 @@ def gemm_used(p: dict) -> dict:
     if p["gemm"] != "auto":
         return {"gemm_used": p["gemm"], "gemm_rule": "named", **chunks}
     rows = int(p["tokens"]) * int(p["ranks"]) * int(p["top_k"]) / int(p["experts"])
-    choice = choose_kernel(device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]))
+    training = bool(int(p.get("backward", 0)))  # auto's rule for a differentiated call
+    choice = choose_kernel(
+        device, DTYPES[p["dtype"]], rows, int(p["d_model"]), int(p["d_ffn"]), training=training
+    )
     return {"gemm_used": choice.kernel, "gemm_rule": choice.source, **chunks}
 
 

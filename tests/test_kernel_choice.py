@@ -62,6 +62,25 @@ def test_table_measured_only_at_far_shapes_gives_way_to_the_fallback():
     assert _choose("cpu", torch.float32, 128, 600, 176).source == "fallback"  # K 2.3x away
 
 
+def test_a_training_call_takes_only_entries_that_timed_the_backward():
+    """The expert-gemm suite times the forward; a call that will be differentiated takes the
+    fallback unless an entry timed forward + backward."""
+    kc.write_table([_entry("padded_bmm", 16)])  # no passes: forward (what the suite writes)
+    assert _choose("cpu", torch.float32, 16, 64, 64).kernel == "padded_bmm"
+    trained = kc.choose_kernel("cpu", torch.float32, 16, 64, 64, grouped_gemm_names(), True)
+    assert trained.source == "fallback"
+    kc.write_table([dict(_entry("sequential", 16), passes=kc.TRAINING)])
+    trained = kc.choose_kernel("cpu", torch.float32, 16, 64, 64, grouped_gemm_names(), True)
+    assert trained == kc.Choice("sequential", "table")
+    mlp = ExpertMLP(2, 64, 64)  # its weights require grad: a training call under grad mode
+    mlp(torch.randn(32, 64), torch.tensor([16, 16]))
+    assert mlp.last_choice == kc.Choice("sequential", "table")
+    with torch.no_grad():  # forward only: the (newer) forward entry for the same shape
+        kc.write_table([_entry("padded_bmm", 16)])
+        mlp(torch.randn(32, 64), torch.tensor([16, 16]))
+    assert mlp.last_choice == kc.Choice("padded_bmm", "table")
+
+
 def test_table_of_another_machine_is_ignored():
     path = kc.table_path("cpu")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +141,8 @@ def test_auto_follows_the_table_and_matches_the_loop():
     ref = torch.cat([c @ w[i] for i, c in enumerate(torch.split(x, counts.tolist()))])
     kc.write_table([_entry("padded_bmm", 4, 16, 8)])
     mlp = ExpertMLP(3, 16, 8, activation="relu")
-    mlp(torch.randn(13, 16), counts)
+    with torch.no_grad():
+        mlp(torch.randn(13, 16), counts)
     assert mlp.last_choice == kc.Choice("padded_bmm", "table")
     assert torch.allclose(grouped_gemm(x, w, counts, "auto"), ref, atol=1e-5)
 

@@ -12,7 +12,8 @@ components/moe/grouped_gemm.py is asked for. It resolves, per call, from:
    nearest to its shape (distance in log2 of T, K and M), among kernels that can run here,
    if that entry is within NEAR_FACTOR of the call's T, K and M each; a table measured only
    at other shapes says nothing about this one (kernel rankings cross with shape), and the
-   fallback rule applies.
+   fallback rule applies. A call that will be differentiated takes only entries that timed
+   forward + backward (``passes``); the expert-gemm suite times the forward.
 2. otherwise the documented fallback rule: ``grouped_mm`` (one ``torch._grouped_mm`` kernel)
    where this torch provides it for the device and dtype (probed once with a tiny forward and
    backward), else ``padded_bmm`` (one batched matmul). Never ``sequential``: a Python loop
@@ -50,6 +51,7 @@ else:
     torch = lazy_module("torch", globals())
 
 AUTO = "auto"
+FORWARD, TRAINING = "forward", "forward+backward"  # what a table entry's rate timed
 # How far (ratio in each of T, K, M) a measured shape speaks for a call's shape: one doubling
 # step of the expert-gemm suite's T sweep either side.
 NEAR_FACTOR = 2.0
@@ -116,6 +118,7 @@ def table_from_records(records: Iterable[dict]) -> list[dict]:
                 "kernel": str(r["variant"]),
                 "tflops": float(r["tflops"]),
                 "threads": int(r.get("threads", 0) or 0),  # 0: torch's default
+                "passes": str(r.get("passes", FORWARD)),  # what was timed
             }
     return list(best.values())
 
@@ -190,11 +193,14 @@ def choose_kernel(
     k: int,
     m: int,
     runnable: Iterable[str] = FALLBACK_ORDER,
+    training: bool = False,
 ) -> Choice:
     """The kernel ``auto`` runs for this device type, dtype and shape (see module docstring),
     among the ``runnable`` kernels (grouped_gemm.grouped_gemm_names(): the registry is not
-    imported here, it imports this module)."""
-    nearest = nearest_entry(device_type, dtype, tokens_per_expert, k, m, runnable)
+    imported here, it imports this module). ``training``: the call will be differentiated, and
+    only entries that timed forward + backward speak for it (a forward-only ranking is not the
+    training one: the kernels' backward passes differ more than their forwards)."""
+    nearest = nearest_entry(device_type, dtype, tokens_per_expert, k, m, runnable, training)
     if nearest is not None:
         return Choice(str(nearest["kernel"]), "table")
     return Choice(fallback_kernel(device_type, dtype), "fallback")
@@ -207,6 +213,7 @@ def nearest_entry(
     k: int,
     m: int,
     runnable: Iterable[str] | None = None,
+    training: bool = False,
 ) -> dict | None:
     """This machine's table entry for the device type and dtype nearest to the shape (among
     ``runnable`` kernels; None: any), if within NEAR_FACTOR in each of T, K and M; else None.
@@ -218,6 +225,7 @@ def nearest_entry(
         if e.get("device") == device_type
         and e.get("dtype") == name
         and (runnable is None or e.get("kernel") in set(runnable))
+        and (not training or e.get("passes") == TRAINING)
     ]
     if not entries:
         return None
@@ -240,10 +248,18 @@ def resolve(
     runnable: Iterable[str] = FALLBACK_ORDER,
 ) -> Choice:
     """``name`` itself when it names a kernel; for ``auto`` the choice for x [N, K] times
-    w [G, K, M] with the groups' mean rows as the tokens per expert."""
+    w [G, K, M] with the groups' mean rows as the tokens per expert, as a training call when
+    grad is on and x or w requires it."""
     if name != AUTO:
         return Choice(name, "named")
     groups = max(1, int(w.shape[0]))
+    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     return choose_kernel(
-        x.device.type, x.dtype, x.shape[0] / groups, int(w.shape[1]), int(w.shape[2]), runnable
+        x.device.type,
+        x.dtype,
+        x.shape[0] / groups,
+        int(w.shape[1]),
+        int(w.shape[2]),
+        runnable,
+        training,
     )
