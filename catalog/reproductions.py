@@ -50,7 +50,9 @@ class ReproductionEntry:
     # What a run at the defaults needs, shown on the page of one not run yet: the hardware in
     # words, and the minutes `repro run ID` takes at its defaults on a 2-core CPU machine, rounded
     # up to a tenth (None: not measured yet): wall time of one run on an idle machine, with no
-    # cached FEPLB traces (MOE_REPRO_CACHE) where the reproduction draws them.
+    # cached FEPLB traces (MOE_REPRO_CACHE) where the reproduction draws them. Where no idle
+    # machine was to be had, the CPU time (user + system) of that run stands in for it, with the
+    # date and load beside the entry. `repro run --all --budget` runs what fits by these.
     needs: str = ""
     minutes: float | None = None
     # The same for `repro run ID --full`, where its full run is longer (None: not measured).
@@ -506,7 +508,13 @@ _REPRODUCTIONS = (
         needs="4 local processes (gloo ranks, 2 emulated nodes) on CPU",
         minutes=0.1,
     ),
-    # FEPLB
+    # FEPLB: minutes measured 2026-11-28 on the 2-core machine, each run alone with
+    # MOE_REPRO_CACHE=off (every trace drawn), at load average 9-14 (other jobs): the CPU time
+    # (user + system) of the run, rounded up to a tenth of a minute; its wall time at that load
+    # was 5-7 times longer. feplb-fig4: 296 s of CPU (wall 32 min at load 10-14; 248 s wall on
+    # a near-idle machine, load 1-3.5, in an earlier measurement), both with the trace generator
+    # before its Gumbel noise was computed in place, so an upper bound now. feplb-fig6: 253 s of
+    # CPU (wall 21 min at load 8-12).
     ReproductionEntry(
         id="feplb-table2",
         paper="feplb",
@@ -575,7 +583,7 @@ _REPRODUCTIONS = (
         implemented=True,
         issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=0.8,
+        minutes=5.0,
     ),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-fig6",
@@ -590,7 +598,7 @@ _REPRODUCTIONS = (
         implemented=True,
         issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=0.8,
+        minutes=4.3,
     ),
     # MoP
     ReproductionEntry(
