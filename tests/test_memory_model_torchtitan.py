@@ -92,3 +92,24 @@ def test_unknown_forms_are_refused():
         MT.MemorySettings(mlp="lazy")
     with pytest.raises(ValueError, match="selective"):
         MT.MemorySettings(selective="every-op")
+
+
+def test_a_compiled_loss_keeps_bf16_logits_and_writes_a_bf16_gradient():
+    m = get_model("llama3-8b")  # vocabulary 128256
+    p = load_builtin("grand-teton-h100")
+    lay = MM.MemoryLayout(dp=8, micro_batch=1, micro_batches=1)
+
+    def stage(loss):
+        s = MT.MemorySettings(facts=MT.device_facts(p), framework="fsdp2", loss=loss)
+        return MM.per_gpu_memory(
+            m, p, lay, 4096, kind="allocated", zero=3, recompute=("full", MM.ALL_LAYERS), settings=s
+        )
+
+    eager, compiled = stage("torch"), stage("torch-compiled")
+    logits = 4096 * 128256
+    # eager: fp32 logits kept (4 B) + fp32 copy, log-softmax and gradients (8 B); compiled: the
+    # bf16 logits (2 B) and the bf16 gradient (2 B)
+    assert eager.activations - compiled.activations == pytest.approx(2 * logits)
+    loss = "fp32 logits and loss transient"
+    assert dict(eager.extras)[loss] == pytest.approx(8 * logits)
+    assert dict(compiled.extras)[loss] == pytest.approx(2 * logits)

@@ -493,8 +493,8 @@ class LayoutMemory:
                 rd * in_dense + rm * in_moe + (st.n_dense - rd) * a_dense + (st.n_moe - rm) * a_moe
             )
             act = in_flight(lay, st.r) * per_mb / lay.vpp + a_work
-            if st.last and V:
-                act += 4.0 * mb * s_loc * V / t  # fp32 logits of one micro-batch
+            if st.last and V:  # the logits of one micro-batch (fp32 unless a compiled loss)
+                act += MT.logits_kept_bytes(cfg.loss) * mb * s_loc * V / t
             acts.append(act)
         return acts
 
@@ -594,7 +594,7 @@ class LayoutMemory:
         logits = loss = 0.0
         if st.last and V:
             tokens = lay.micro_batch * self.lm.seq / c
-            logits = 4.0 * tokens * V / t  # the fp32 logits the activations keep
+            logits = MT.logits_kept_bytes(cfg.loss) * tokens * V / t  # what activations keep
             loss = MT.logits_loss_transient(tokens, V, t, cfg.loss_at(z))
             terms["fp32 logits and loss transient"] = loss
         framework = cfg.framework_at(z)

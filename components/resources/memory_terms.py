@@ -51,7 +51,8 @@ SOURCES: dict[str, str] = {
     "fp32 gradient (in place on the softmax) beside its bf16 cast: 2 B per logit over the 4 B "
     "kept; torch F.cross_entropy on pred.float() (torchtitan loss): forward bf16 logits + fp32 "
     "copy + log_softmax output, backward saved output + nll_loss and log_softmax gradients (fp32): "
-    "8 B per logit over the 4 B kept",
+    "8 B per logit over the 4 B kept; compiled (torch.compile of that loss, Inductor): the bf16 "
+    "logits and per-row max and log-sum-exp saved, the bf16 gradient written: 2 B over 2 B kept",
     "gradient reduction buffers": "Megatron-core distributed/param_and_grad_buffer.py: buckets "
     "(bucket_size = max(40M, 1M x DP) params, distributed_data_parallel.py) are views into the "
     "contiguous grad buffer: 0 B extra; FSDP2 torch/distributed/fsdp/_fully_shard/"
@@ -253,12 +254,21 @@ def moe_dispatch_transient(
 
 
 # per logit over the 4 B fp32 logits kept, the larger of forward and backward (SOURCES)
-LOSS_EXTRA_BYTES = {"vocab-parallel": 2.0, "torch": 8.0}
+LOSS_EXTRA_BYTES = {"vocab-parallel": 2.0, "torch": 8.0, "torch-compiled": 2.0}
+# torch.compile (Inductor) of ``cross_entropy(pred.float(), labels)`` saves the bf16 logits and two
+# fp32 values per row (max, log-sum-exp), never an fp32 copy, and its backward writes the bf16
+# gradient directly (docs/planner.md, "Memory kinds and terms"); eager keeps fp32 logits
+LOGITS_KEPT_BYTES = {"torch-compiled": 2.0}
+
+
+def logits_kept_bytes(loss: str) -> float:
+    """Bytes per logit the activations keep on the last stage: fp32, or bf16 if compiled."""
+    return LOGITS_KEPT_BYTES.get(loss, 4.0)
 
 
 def logits_loss_transient(tokens: float, vocab: int, tp: int = 1, loss: str = "vocab-parallel"):
-    """Bytes the loss allocates beside the 4 B fp32 logits the activations keep, one micro-batch
-    of ``tokens`` on the last stage, vocabulary split over TP."""
+    """Bytes the loss allocates beside the logits the activations keep (logits_kept_bytes), one
+    micro-batch of ``tokens`` on the last stage, vocabulary split over TP."""
     if loss not in LOSS_EXTRA_BYTES:
         raise ValueError(f"loss must be one of {', '.join(LOSS_EXTRA_BYTES)}, got {loss!r}")
     return LOSS_EXTRA_BYTES[loss] * tokens * vocab / tp
