@@ -113,3 +113,18 @@ def test_a_compiled_loss_keeps_bf16_logits_and_writes_a_bf16_gradient():
     loss = "fp32 logits and loss transient"
     assert dict(eager.extras)[loss] == pytest.approx(8 * logits)
     assert dict(compiled.extras)[loss] == pytest.approx(2 * logits)
+
+
+def test_torchs_loss_under_tp_is_its_loss_parallel():
+    m = get_model("llama3-8b")
+    p = load_builtin("grand-teton-h100")
+    t = 4
+    lay = MM.MemoryLayout(tp=t, sp=True, dp=2, micro_batch=1, micro_batches=1)
+    s = MT.MemorySettings(facts=MT.device_facts(p), framework="fsdp2", loss="torch")
+    st = MM.per_gpu_memory(
+        m, p, lay, 4096, kind="allocated", zero=3, recompute=("full", MM.ALL_LAYERS), settings=s
+    )
+    # loss_parallel's forward holds x, shifted and exp(shifted) (fp32), its backward the saved
+    # output, zeros_like(x), exp(x) and their sum: 12 B per local logit beside the 4 B kept
+    local_logits = 4096 * 128256 / t
+    assert dict(st.extras)["fp32 logits and loss transient"] == pytest.approx(12 * local_logits)

@@ -595,7 +595,10 @@ class LayoutMemory:
         if st.last and V:
             tokens = lay.micro_batch * self.lm.seq / c
             logits = MT.logits_kept_bytes(cfg.loss) * tokens * V / t  # what activations keep
-            loss = MT.logits_loss_transient(tokens, V, t, cfg.loss_at(z))
+            name = cfg.loss_at(z)
+            if name == "torch" and t > 1:  # torchtitan's default under TP: torch's loss_parallel
+                name = "torch-loss-parallel"
+            loss = MT.logits_loss_transient(tokens, V, t, name)
             terms["fp32 logits and loss transient"] = loss
         framework = cfg.framework_at(z)
         layer = self._layer_local()

@@ -52,7 +52,9 @@ SOURCES: dict[str, str] = {
     "kept; torch F.cross_entropy on pred.float() (torchtitan loss): forward bf16 logits + fp32 "
     "copy + log_softmax output, backward saved output + nll_loss and log_softmax gradients (fp32): "
     "8 B per logit over the 4 B kept; compiled (torch.compile of that loss, Inductor): the bf16 "
-    "logits and per-row max and log-sum-exp saved, the bf16 gradient written: 2 B over 2 B kept",
+    "logits and per-row max and log-sum-exp saved, the bf16 gradient written: 2 B over 2 B kept; "
+    "under TP, torch's loss_parallel (tensor/parallel/loss.py _log_softmax and "
+    "_nll_loss_and_log_softmax_backward): 12 B over the 4 B kept",
     "gradient reduction buffers": "Megatron-core distributed/param_and_grad_buffer.py: buckets "
     "(bucket_size = max(40M, 1M x DP) params, distributed_data_parallel.py) are views into the "
     "contiguous grad buffer: 0 B extra; FSDP2 torch/distributed/fsdp/_fully_shard/"
@@ -254,7 +256,15 @@ def moe_dispatch_transient(
 
 
 # per logit over the 4 B fp32 logits kept, the larger of forward and backward (SOURCES)
-LOSS_EXTRA_BYTES = {"vocab-parallel": 2.0, "torch": 8.0, "torch-compiled": 2.0}
+LOSS_EXTRA_BYTES = {
+    "vocab-parallel": 2.0,
+    "torch": 8.0,
+    "torch-compiled": 2.0,
+    # torch's loss_parallel (a TP-sharded vocabulary, torch/distributed/tensor/parallel/loss.py):
+    # _log_softmax holds x, shifted and exp(shifted); the fused nll/log_softmax backward holds
+    # the saved output, zeros_like(x), exp(x) and their sum: 12 B beside the 4 B kept
+    "torch-loss-parallel": 12.0,
+}
 # torch.compile (Inductor) of ``cross_entropy(pred.float(), labels)`` saves the bf16 logits and two
 # fp32 values per row (max, log-sum-exp), never an fp32 copy, and its backward writes the bf16
 # gradient directly (docs/planner.md, "Memory kinds and terms"); eager keeps fp32 logits
