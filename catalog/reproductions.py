@@ -509,12 +509,12 @@ _REPRODUCTIONS = (
         minutes=0.1,
     ),
     # FEPLB: minutes measured 2026-11-28 on the 2-core machine, each run alone with
-    # MOE_REPRO_CACHE=off (every trace drawn), at load average 9-14 (other jobs): the CPU time
+    # MOE_REPRO_CACHE=off (every trace drawn), at load average 6-14 (other jobs): the CPU time
     # (user + system) of the run, rounded up to a tenth of a minute; its wall time at that load
-    # was 5-7 times longer. feplb-fig4: 296 s of CPU (wall 32 min at load 10-14; 248 s wall on
+    # was 4-7 times longer. feplb-fig4: 296 s of CPU (wall 32 min at load 10-14; 248 s wall on
     # a near-idle machine, load 1-3.5, in an earlier measurement), both with the trace generator
     # before its Gumbel noise was computed in place, so an upper bound now. feplb-fig6: 253 s of
-    # CPU (wall 21 min at load 8-12).
+    # CPU (wall 21 min at load 8-12). feplb-table3: 481 s of CPU (wall 30 min at load 6-12).
     ReproductionEntry(
         id="feplb-table2",
         paper="feplb",
@@ -549,7 +549,7 @@ _REPRODUCTIONS = (
         implemented=True,
         issue=7,
         needs="any machine: one process on the CPU, no accelerator",
-        minutes=1.0,
+        minutes=8.1,
     ),
     ReproductionEntry(  # how: the balancers replay synthetic routing
         id="feplb-table4",
