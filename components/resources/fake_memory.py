@@ -11,8 +11,8 @@ MoE experts are expert-parallel over ``ep`` ranks and their module is its own FS
   device) with torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker filing each tensor
   under FSDP's categories; runs anywhere.
 - ``measure_cuda``: the same step on real CUDA tensors, recorded by the caching allocator
-  (torch.cuda.memory._record_memory_history / _snapshot); ``measure`` uses it when
-  torch.cuda.is_available().
+  (torch.cuda.memory._record_memory_history / _snapshot); ``measure`` uses it where the
+  runtime's device rule counts a GPU.
 
 Routing: fake tensors carry no values, so copy j of token t goes to expert (t k + j) mod E (every
 expert gets T k / E copies: balanced, dropless, unpadded); the router's probabilities are still
@@ -34,6 +34,7 @@ from torch import nn
 
 from moe_repro.components.model.zoo import MoEModel
 from moe_repro.components.resources import formulas as F
+from moe_repro.runtime.device import cuda_count, resolve_device
 from moe_repro.components.resources.memory_model import (
     LayerMemory,
     LayoutMemory,
@@ -533,10 +534,8 @@ def measure_cuda(s: StackSpec, foreach: bool = False) -> TrackedMemory:
     torch.cuda.memory._snapshot(). The allocator knows no categories: ``at_peak`` holds the peak
     allocated and reserved bytes, the ``after_*`` the allocated bytes then (``Total``), and
     ``extra`` the snapshot's reserved bytes and trace length. Bytes are counted from the
-    allocator's level before the model is built. RuntimeError without a GPU."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure_cuda needs a CUDA device")
-    dev = torch.device("cuda", torch.cuda.current_device())
+    allocator's level before the model is built. ValueError (one line) without a GPU."""
+    dev = resolve_device("cuda")  # the runtime's rule: one line, no traceback, without a GPU
     cm = torch.cuda.memory
     with _FakeWorld(s.world, s.ep, "cuda") as w:
         torch.cuda.empty_cache()
@@ -587,7 +586,7 @@ def measure_cuda(s: StackSpec, foreach: bool = False) -> TrackedMemory:
 
 def measure(s: StackSpec, foreach: bool = False) -> TrackedMemory:
     """``measure_cuda`` where a GPU is present, ``measure_fake`` otherwise."""
-    return measure_cuda(s, foreach) if torch.cuda.is_available() else measure_fake(s, foreach)
+    return measure_cuda(s, foreach) if cuda_count() else measure_fake(s, foreach)
 
 
 # --------------------------------------------------------------------------------------------
