@@ -11,9 +11,8 @@ tolerance. The rules, stated once here and shown on the site:
   PREDICTION_TOLERANCE of the value (a ratio on its log, a change on 1 + change), never both
   added; only where `repro validate` scores the predictor on the platform, otherwise the class
   is ``prediction (unscored)``, graded alike but counted apart.
-- ``sampled``: MIN_SEEDS or more seeds, each graded by the prediction rule; the grade is the
-  typical seed's: it stands when every seed inside the median's 95% confidence interval gives it,
-  otherwise the cell is ``seed-dependent``, never ``close``.
+- ``sampled``: MIN_SEEDS or more seeds, each graded by the prediction rule; a grade that differs
+  between seeds is ``seed-dependent``, never ``close``.
 - ``other-hardware``: magnitudes are ``not-comparable``; only direction and ordering claims count.
 
 Agreement only evidence can earn: a value equal to what the computation gives without the
@@ -38,7 +37,6 @@ PREDICTION_TOLERANCE_REASON = (
 )
 MIN_SEEDS = 9
 SEEDS = tuple(range(MIN_SEEDS))  # the seeds a sampled cell is computed at by default
-MEDIAN_CONFIDENCE = 0.95  # the sampled grade is the median seed's, at this confidence
 UNSCORED = "prediction (unscored)"
 
 GRADE_CLASSES = {
@@ -50,8 +48,7 @@ GRADE_CLASSES = {
     UNSCORED: f"a model or simulator `repro validate` does not score on this platform: graded "
     f"as a prediction, counted apart (its {PREDICTION_TOLERANCE:.0%} has no track record here)",
     "sampled": f"sampled or simulated over generated traces: computed at {MIN_SEEDS}+ seeds, each "
-    f"graded by the prediction rule; the grade every seed inside the median's "
-    f"{MEDIAN_CONFIDENCE:.0%} confidence interval gives stands (the typical trace's), otherwise "
+    f"graded by the prediction rule; a grade every seed gives stands, otherwise "
     f"seed-dependent",
     "other-hardware": "measured on this machine against another machine's measurement: "
     "magnitudes are not-comparable (shown side by side); only direction and "
@@ -152,43 +149,17 @@ def coincidence(verdict: str, factor_verdicts: list[str]) -> bool:
     return verdict in (*AGREE, "seed-dependent") and any(v in DISAGREE for v in factor_verdicts)
 
 
-def median_trim(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
-    """How many seeds at each end of the sorted per-seed outcomes lie outside the
-    distribution-free confidence interval of the median: [X(r), X(n - r + 1)] covers the median
-    with probability 1 - 2 P(Bin(n, 1/2) <= r - 1) (the sign-test interval; Conover, Practical
-    Nonparametric Statistics, 3rd ed., Sec. 3.2), r the largest with that coverage >= confidence.
-    Returns r - 1 (0 when even the whole sample falls short of it)."""
-    below = 0.0  # P(Bin(n, 1/2) <= r - 1) for r = 1, 2, ...
-    r = 1
-    while True:
-        below += math.comb(n, r - 1) / 2**n
-        if 1 - 2 * below < confidence:
-            return max(r - 2, 0)  # r - 1 is the largest r with the coverage; trim r - 1 of it
-        r += 1
-
-
-def consensus(grades: list[str], order: list[float] | None = None) -> tuple[str, float]:
-    """One grade from per-seed grades, and the fraction of seeds that agree with the paper
-    (match, close or claim-holds). The grade is the typical seed's: the seeds are sorted (by
-    ``order``, their values, where given; else agreeing after disagreeing, a claim's holds after
-    its fails), the median_trim seeds at each end set aside, and the grade every remaining seed
-    gives stands (match and close together: close); otherwise the median's confidence interval
-    spans grades and the cell is ``seed-dependent``. A rare seed cannot flip the grade, so two
-    windows of seeds give the same grade unless the typical trace itself sits on a boundary."""
+def consensus(grades: list[str]) -> tuple[str, float]:
+    """One grade from per-seed grades: the grade every seed gives, else ``seed-dependent``; and
+    the fraction of seeds that agree with the paper (match, close or claim-holds)."""
     if len(grades) < MIN_SEEDS:
         raise PolicyError(f"a sampled cell needs at least {MIN_SEEDS} seeds, got {len(grades)}")
-    if order is not None and len(order) != len(grades):
-        raise PolicyError("order gives one value per seed")
     agree = sum(g in AGREE for g in grades) / len(grades)
-    keys = order if order is not None else [float(g in AGREE) for g in grades]
-    ranked = [g for _, g in sorted(zip(keys, grades), key=lambda kg: kg[0])]
-    trim = median_trim(len(ranked))
-    middle = ranked[trim : len(ranked) - trim]
-    first = middle[0]
-    if all(g == first for g in middle):
+    first = grades[0]
+    if all(g == first for g in grades):
         return first, agree
     # Seeds that all agree, some by match and some by close, agree: the weaker grade stands.
-    if all(g in ("match", "close") for g in middle):
+    if all(g in ("match", "close") for g in grades):
         return "close", agree
     return "seed-dependent", agree
 
@@ -211,7 +182,7 @@ def grade_seeds(
             NOT_EVIDENCE if g in AGREE and same_as_without(v, w) else g
             for g, v, w in zip(grades, per_seed, without)
         ]
-    return consensus(grades, order=list(per_seed))
+    return consensus(grades)
 
 
 def tolerance_words(grade_class: str, quantity: str = "value") -> str:

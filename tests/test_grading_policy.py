@@ -55,44 +55,13 @@ def test_consensus_over_seeds():
     n = grading.MIN_SEEDS
     assert grading.consensus(["match"] * n) == ("match", 1.0)
     assert grading.consensus(["match", "close"] * (n // 2) + ["close"] * (n % 2)) == ("close", 1.0)
-    # the typical seed's grade: one seed outside the median's 95% interval does not flip it
     assert grading.consensus(["close"] * (n - 1) + ["deviates"]) == (
-        "close",
+        "seed-dependent",
         pytest.approx((n - 1) / n),
     )
-    assert grading.consensus(["close"] * (n - 2) + ["deviates"] * 2) == (
-        "seed-dependent",
-        pytest.approx((n - 2) / n),
-    )
-    assert grading.consensus(["claim-fails"] + ["claim-holds"] * (n - 1))[0] == "claim-holds"
-    assert grading.consensus(["claim-holds"] + ["claim-fails"] * (n - 1))[0] == "claim-fails"
     assert grading.consensus(["deviates"] * n) == ("deviates", 0.0)
     with pytest.raises(grading.PolicyError):
         grading.consensus(["match"] * (n - 1))
-
-
-def test_median_interval_by_hand():
-    # P(Bin(9, 1/2) <= 1) = 10/512 = 0.0195 <= 0.025 and P(<= 2) = 46/512 = 0.090 > 0.025:
-    # [X(2), X(8)] is the 95% interval of the median, one seed set aside at each end.
-    assert grading.median_trim(9) == 1
-    # n = 8: P(<= 0) = 1/256 but P(<= 1) = 9/256 = 0.035: only [X(1), X(8)], nothing set aside
-    assert grading.median_trim(8) == 0
-    # n = 17: P(<= 4) = 3214/131072 = 0.0245, P(<= 5) = 9402/131072 = 0.072: [X(5), X(13)]
-    assert grading.median_trim(17) == 4
-
-
-def test_sampled_values_are_ordered_by_value():
-    n = grading.MIN_SEEDS
-    # paper 100: one seed far below, one far above, the rest within 15%: the typical seed agrees
-    values = [40.0] + [100.0 + i for i in range(n - 2)] + [200.0]
-    assert grading.grade_seeds(100.0, 0.5, values)[0] == "close"
-    # two seeds below the band: the median's interval reaches a deviating seed
-    values = [40.0, 41.0] + [100.0 + i for i in range(n - 2)]
-    assert grading.grade_seeds(100.0, 0.5, values)[0] == "seed-dependent"
-    # the order of the seeds does not matter, only their values
-    assert grading.grade_seeds(100.0, 0.5, values[::-1])[0] == "seed-dependent"
-    with pytest.raises(grading.PolicyError):
-        grading.consensus(["close"] * n, order=[1.0] * (n - 1))
 
 
 def test_agreement_counts_and_line():

@@ -5,8 +5,8 @@ Three checks, from the policy's stated rules rather than from any reproduction's
 - every cell of every analytic or simulated reproduction obeys the policy: an ``explained`` cell
   has a recorded counterfactual that agrees, ``close`` only for classes with a tolerance,
   sampled cells over at least MIN_SEEDS seeds, notes at most NOTE_WORDS words;
-- a sampled reproduction run at two seed windows (seeds 0-8 and 5-13) gives consistent grades in
-  every cell, seed-dependent ones included (moved_between_windows).
+- a sampled reproduction run at two seed windows (seeds 0-8 and 5-13) gives the same grade in
+  every cell, seed-dependent ones included.
 """
 
 from __future__ import annotations
@@ -147,59 +147,53 @@ def _sampled_ids(results) -> list[str]:
 
 
 SEED_WINDOW = 5  # the second window starts here: seeds 5 to 5 + MIN_SEEDS - 1
+UNDECIDED = ("seed-dependent", grading.NOT_EVIDENCE)
 
 
 def _get(cell, key):
     return cell.get(key) if isinstance(cell, dict) else getattr(cell, key, None)
 
 
-UNDECIDED = ("seed-dependent", grading.NOT_EVIDENCE)
-
-
-def interval_grades(cell) -> list[str] | None:
-    """The grades of the seeds inside the median's confidence interval (the seeds the policy's
-    consensus decides on: sorted by value, or a claim's by outcome, median_trim set aside at
-    each end)."""
+def per_seed_grades(cell) -> list[str] | None:
+    """The grade each seed of a sampled cell or claim gives, by the policy's rule."""
     seeds = _get(cell, "seeds") or {}
     if seeds.get("holds") is not None:
-        grades = ["claim-holds" if h else "claim-fails" for h in seeds["holds"]]
-        order = [float(h) for h in seeds["holds"]]
-    elif seeds.get("values") and _get(cell, "paper") is not None and _get(cell, "paper_printed"):
-        half = grading.half_unit(_get(cell, "paper_printed"))
+        return ["claim-holds" if h else "claim-fails" for h in seeds["holds"]]
+    printed = _get(cell, "paper_printed")
+    if seeds.get("values") and _get(cell, "paper") is not None and printed:
+        half = grading.half_unit(printed)
         qty = _get(cell, "quantity") or "value"
-        order = list(seeds["values"])
-        grades = [
-            grading.grade_value(_get(cell, "paper"), half, v, "prediction", qty) for v in order
+        return [
+            grading.grade_value(_get(cell, "paper"), half, v, "prediction", qty)
+            for v in seeds["values"]
         ]
-    else:
-        return None
-    ranked = [g for _, g in sorted(zip(order, grades), key=lambda og: og[0])]
-    trim = grading.median_trim(len(ranked))
-    return ranked[trim : len(ranked) - trim]
+    return None
 
 
 def moved_between_windows(first, second, shift: int = SEED_WINDOW) -> str | None:
     """Why one cell's grade moved between the window at seed 0 and the window at ``shift``, or
-    None. Every cell is compared, seed-dependent ones included: the seeds both windows share must
-    give the same number or outcome; two fixed grades must be equal; a cell undecided in one
+    None. Every cell is compared, seed-dependent ones included: two fixed grades must be equal;
+    the seeds both windows share must give the same grade at each seed; a cell undecided in one
     window (seed-dependent, or not evidence) and fixed in the other is consistent only if the
-    undecided window's median interval holds that grade (both windows then sample one
-    distribution whose typical trace sits on the boundary: a finite window cannot settle it)."""
+    undecided window saw that grade at some seed, the evidence that both windows sample one
+    distribution that straddles a boundary."""
     a, b = _get(first, "verdict"), _get(second, "verdict")
+    ga, gb = per_seed_grades(first), per_seed_grades(second)
     sa, sb = _get(first, "seeds") or {}, _get(second, "seeds") or {}
     for key in ("values", "holds"):  # the same seed gives the same number and the same outcome
         xa, xb = sa.get(key), sb.get(key)
         if xa and xb and xa[shift:] != xb[: len(xa) - shift]:
             return f"the shared seeds differ: {xa[shift:]} vs {xb[: len(xa) - shift]}"
-    if a == b or (a in UNDECIDED and b in UNDECIDED):
+    if a == b:
+        return None
+    if a in UNDECIDED and b in UNDECIDED:
         return None
     if a in UNDECIDED or b in UNDECIDED:
-        fixed, undecided = (b, first) if a in UNDECIDED else (a, second)
-        seen = interval_grades(undecided) or []
+        fixed, seen = (b, ga) if a in UNDECIDED else (a, gb)
         agree = fixed in grading.AGREE
-        if any((g in grading.AGREE) == agree for g in seen):
+        if seen and any((g in grading.AGREE) == agree for g in seen):
             return None
-        return f"{a} -> {b}: the undecided window's median interval never gave {fixed}"
+        return f"{a} -> {b}: the undecided window never gave {fixed}"
     return f"{a} -> {b}"
 
 
@@ -229,16 +223,14 @@ def test_the_window_check_finds_a_planted_move():
     assert moved_between_windows(close, deviates, 5)  # two fixed grades
     shared_differ = {**base, "verdict": "close", "seeds": {"values": [96.0] * n}}
     assert moved_between_windows(close, shared_differ, 5)  # the same seeds, other numbers
-    # seed-dependent in one window, fixed in the other: consistent only if its interval saw it
-    mixed = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0] * 2 + [95.0] * 7}}
+    # seed-dependent in one window, fixed in the other: consistent only if it saw that grade
+    mixed = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0] + [95.0] * (n - 1)}}
     later = {**base, "verdict": "close", "seeds": {"values": [95.0] * (n - 5) + [94.0] * 5}}
     assert moved_between_windows(mixed, later, 5) is None
     all_agree = {**base, "verdict": "seed-dependent", "seeds": {"values": [95.0] * n}}
     assert moved_between_windows(all_agree, deviates, 5)  # the shared seeds differ
-    # one agreeing seed lies outside the median interval: it is no evidence for close
-    rare = {**base, "verdict": "seed-dependent", "seeds": {"values": [95.0] + [60.0] * (n - 1)}}
-    fixed = {**base, "verdict": "close", "seeds": {"values": [60.0] * (n - 5) + [95.0] * 5}}
-    assert moved_between_windows(rare, fixed, 5)
+    never = {**base, "verdict": "seed-dependent", "seeds": {"values": [60.0, 95.0] + [60.0] * 7}}
+    assert moved_between_windows(never, deviates, 5) is None
     holds = {"verdict": "claim-holds", "seeds": {"holds": [True] * n}}
     fails = {"verdict": "claim-fails", "seeds": {"holds": [True] * 5 + [False] * (n - 5)}}
     assert moved_between_windows(holds, fails, 5)  # shared seeds 5-8 differ
