@@ -254,7 +254,7 @@ def test_plan_with_a_copied_profile(tmp_path):
     r = _repro("plan", "--model", "mixtral-8x7b", "--platform", str(path), "--nodes", "1")
     assert r.returncode == 0, r.stderr
     assert "best: none fits" in r.stdout and "no candidate fits; the closest misses" in r.stdout
-    assert "GiB HBM (largest term:" in r.stdout
+    assert "GiB HBM usable (largest term:" in r.stdout
 
 
 def test_plan_gpt3_default_method(tmp_path):

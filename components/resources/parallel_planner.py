@@ -213,7 +213,7 @@ class _Rejections:
             out.append(
                 {
                     "reason": f"ZeRO-{zero} memory {math.ceil(need / GiB * 10) / 10:.1f} GiB or more > "
-                    f"{hbm / GiB:.1f} GiB HBM (largest term: {term})",
+                    f"{hbm / GiB:.1f} GiB HBM usable (largest term: {term})",
                     "count": n,
                 }
             )
@@ -857,7 +857,8 @@ def _record_miss(
         cand = _candidate(ctx, lv, z, mode, i, feasible=False)
         cand.why_not = (
             f"stage {cand.memory_stage} needs {sm.total / GiB:.1f} GiB > "
-            f"{ctx.hbm / GiB:.1f} GiB HBM (largest term: {term} {getattr(sm, term) / GiB:.1f} GiB)"
+            f"{ctx.hbm / GiB:.1f} GiB HBM usable (largest term: {term} "
+            f"{getattr(sm, term) / GiB:.1f} GiB)"
         )
         return cand
 

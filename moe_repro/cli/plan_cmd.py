@@ -298,7 +298,7 @@ def format_parallel(
         f"{pl.precision}, HBM {pl.hbm_bytes / (1 - margin) / 2**30:.1f} GiB per GPU"
         + (f" ({pl.hbm_bytes / 2**30:.1f} usable, {margin:.0%} kept free)" if margin else "")
         + f"; {s['layouts']} layouts searched "
-        f"in {s['seconds']:.2f} s, {s['feasible']} feasible",
+        f"in {s['seconds']:.2f} s, {s['feasible']} layout x ZeRO-stage candidates fit",
     ]
     if shown:
         label = (
