@@ -195,6 +195,13 @@ def look_as_a_reader(p, site: Path, artifacts: Path) -> list[Path]:
                     "document.querySelector('#changes').getBoundingClientRect().top"
                 )
                 assert top < 900, (where, top)  # on the first screen
+                # the reproduction and suite listings fit the screen: their counts and grades
+                # are read without scrolling a table's box sideways
+                wide = page.evaluate(
+                    "Math.max(...[...document.querySelectorAll('table.listing')]"
+                    ".map(t => t.getBoundingClientRect().right))"
+                )
+                assert wide <= width, (where, wide)
             if name in SUITES_SHOWN:
                 # history by commit: an inline chart whose points link to the stored runs
                 assert page.locator("svg.history a circle").count() >= 1, where
