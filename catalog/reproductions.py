@@ -508,15 +508,9 @@ _REPRODUCTIONS = (
         needs="4 local processes (gloo ranks, 2 emulated nodes) on CPU",
         minutes=0.1,
     ),
-    # FEPLB: minutes measured 2026-11-28 on the 2-core machine, each run alone with
-    # MOE_REPRO_CACHE=off (every trace drawn), at load average 6-14 (other jobs): the CPU time
-    # (user + system) of the run, rounded up to a tenth of a minute; its wall time at that load
-    # was 4-7 times longer. feplb-fig4: 296 s of CPU (wall 32 min at load 10-14; 248 s wall on
-    # a near-idle machine, load 1-3.5, in an earlier measurement), both with the trace generator
-    # before its Gumbel noise was computed in place, so an upper bound now. feplb-fig6: 253 s of
-    # CPU (wall 21 min at load 8-12). feplb-table3: 481 s of CPU (wall 30 min at load 6-12).
-    # feplb-table2: 240 s of CPU (wall 294 s at load 1.5-3.9). feplb-table4: 370 s of CPU (wall
-    # 515 s at load 1.5-6).
+    # FEPLB: minutes are the CPU time (user + system) of one cold run (MOE_REPRO_CACHE=off) on
+    # the 2-core machine, rounded up to a tenth of a minute: no idle machine was available, and
+    # CPU time is what an idle one would take as wall time. The runs: docs/measurement-log.md.
     ReproductionEntry(
         id="feplb-table2",
         paper="feplb",

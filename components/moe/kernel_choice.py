@@ -22,9 +22,8 @@ components/moe/grouped_gemm.py is asked for. It resolves, per call, from:
 The choice is recorded: :class:`Choice` says the kernel and why (``table`` or ``fallback``);
 the expert MLP keeps its last one, and the moe-layer suite writes it into each record.
 
-Why: the per-expert loop was the default everywhere, and which single kernel is fastest
-depends on the device, the dtype and the tokens per expert (Piper Fig. 4's curves cross), so
-the rule is measured on the machine rather than fixed.
+Why measured, not fixed: which kernel is fastest depends on the device, the dtype and the
+tokens per expert (Piper Fig. 4's curves cross).
 
 Where the table lives: ``$MOE_REPRO_KERNEL_TABLE`` if set, else
 ``~/.cache/moe_repro/kernel-table-<machine id>.json``.
