@@ -101,7 +101,9 @@ def test_index_and_page_show_counts_policy_causes_and_citation(results_dir, tmp_
     row = piper[piper.index('href="repro/piper-table4.html"') :]
     row = row[: row.index("</tr>")]
     assert line in row and (f"{explained} explained" in row) == bool(explained)
-    assert line in piper[: piper.index("<table>")]  # the paper's line: its only run reproduction
+    assert (
+        line in piper[: piper.index("<table class=\"listing\">")]
+    )  # the paper's line: its only run reproduction
     page = (tmp_path / "site" / "repro" / "piper-table4.html").read_text()
     assert line in page[: page.index('id="answer"')]  # the count is the first thing under the title
     explained_cells = [c for c in cells if c["verdict"] == "explained"]
