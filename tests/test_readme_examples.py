@@ -59,7 +59,8 @@ HOW: dict[str, tuple[str, list[str]]] = {
     "https://download.pytorch.org/whl/cpu && pip install -e . && "
     "repro run piper-table4 && repro run --all --how A,M,S --quiet --budget 20 && "
     "repro validate > /dev/null && "
-    "echo gemm memcopy moe-dispatch alltoall | xargs -n 1 repro bench --quick && "
+    "echo gemm memcopy moe-dispatch alltoall attention expert-gemm eplb-policy feplb-balancer "
+    "llep-layer ssmb-memory | xargs -n 1 repro bench --quick && "
     "repro bench imbalance --quick --ep 8 --steps 2 && repro site build --out site/_build": (
         "install",
         [],
