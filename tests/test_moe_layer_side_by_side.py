@@ -26,6 +26,25 @@ POINT = dict(
 )
 
 
+def _measured_fp32_rate(tflops: float) -> None:
+    """A kernel table with one fp32 grouped_mm entry at the layer's shape (32 rows per expert,
+    K 32, M 16), measured at one thread."""
+    kc.write_table(
+        [
+            dict(
+                device="cpu",
+                dtype="float32",
+                tokens_per_expert=32,
+                K=32,
+                M=16,
+                kernel="grouped_mm",
+                tflops=tflops,
+                threads=1,
+            )
+        ]
+    )
+
+
 def test_peers_say_their_own_kernel_and_do_not_pipeline():
     ds = gemm_used(dict(POINT, impl="deepspeed"))
     assert ds == {"gemm_used": "bmm", "gemm_rule": "fixed", "overlap_chunks": 1}
@@ -46,40 +65,14 @@ def test_expert_flops_counts_three_matrices_and_the_backward():
 def test_ceiling_from_the_table_scaled_to_the_cores():
     assert gemm_ceiling(POINT) is None  # no measurement near the shape: no roofline
     # the layer's rows per expert: 64 * 2 * 2 / 8 = 32
-    kc.write_table(
-        [
-            dict(
-                device="cpu",
-                dtype="float32",
-                tokens_per_expert=32,
-                K=32,
-                M=16,
-                kernel="grouped_mm",
-                tflops=0.05,
-                threads=1,
-            )
-        ]
-    )
+    _measured_fp32_rate(0.05)
     cores = min(2, os.cpu_count() or 1)
     assert gemm_ceiling(dict(POINT, threads=1)) == 0.05e12 * cores
     assert gemm_ceiling(dict(POINT, dtype="bfloat16")) is None  # another dtype's rate: none
 
 
 def test_side_by_side_ratio_to_the_best_peer_and_roofline():
-    kc.write_table(
-        [
-            dict(
-                device="cpu",
-                dtype="float32",
-                tokens_per_expert=32,
-                K=32,
-                M=16,
-                kernel="grouped_mm",
-                tflops=1e-3,
-                threads=1,
-            )
-        ]
-    )
+    _measured_fp32_rate(1e-3)
     recs = [
         dict(POINT, impl="pft", time_s=0.5, threads=1, gemm_used="grouped_mm", overlap_chunks=2),
         dict(POINT, impl="megatron", time_s=1.0, threads=1, gemm_used="grouped_mm"),
