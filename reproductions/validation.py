@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
+from moe_repro.components.model.hf_config import model_from_megatron_args
+
 GiB = 2**30
 PREDICTORS = ("step-time", "memory", "alltoall-bandwidth", "gemm-time", "attention-core")
 UNITS = {
@@ -237,53 +239,13 @@ def _model(spec: dict):
     if spec["kind"] == "megatron-gpt":
         return megatron_gpt(spec["layers"], spec["hidden"], spec["heads"], spec["vocab"])
     if spec["kind"] == "megatron-core":
-        return _megatron_core(spec)
+        return model_from_megatron_args(spec)
     m = get_model(spec["key"])
     if spec.get("vocab") and spec["vocab"] != m.vocab:  # the run's tokenizer, as its log prints it
         from dataclasses import replace
 
         m = replace(m, vocab=spec["vocab"])
     return m
-
-
-def _megatron_core(spec: dict):
-    """A Megatron-LM GPT (dense, or with MoE layers) from a point's own launch arguments (its
-    functional tests' model_config.yaml): --num-layers, --hidden-size, --num-attention-heads,
-    --num-query-groups, --kv-channels, --ffn-hidden-size (default 4h), --swiglu (three matrices,
-    else two with GeLU), the padded vocabulary, --untie-embeddings-and-output-weights (default
-    tied); MoE: --num-experts (0: dense), --moe-router-topk, --moe-layer-freq (MoE layers),
-    --moe-ffn-hidden-size (default the FFN's), --moe-shared-expert-intermediate-size; MLA:
-    --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
-    from moe_repro.components.model.zoo import MLA, MoEModel
-
-    h = spec["hidden"]
-    ffn = spec.get("ffn") or 4 * h
-    shared = spec.get("shared_ffn")
-    experts = spec.get("experts", 0)
-    mla = spec.get("mla")
-    return MoEModel(
-        key=f"megatron-core-{spec['layers']}x{h}-e{experts}",
-        name=f"Megatron-LM test GPT ({spec['layers']} x {h}, {experts} experts)",
-        layers=spec["layers"],
-        moe_layers=spec.get("moe_layers", spec["layers"]) if experts else 0,
-        d_model=h,
-        d_ffn=spec.get("moe_ffn") or ffn,
-        d_ffn_dense=ffn,
-        n_experts=max(experts, 1),
-        top_k=spec.get("top_k", 1),
-        n_mat=3 if spec.get("swiglu") else 2,
-        n_shared=1 if shared else 0,
-        d_ffn_shared=shared,
-        n_heads=spec["heads"],
-        n_kv_heads=spec.get("kv_heads"),
-        head_dim=spec.get("head_dim") or h // spec["heads"],
-        vocab=spec["vocab"],
-        tie_embeddings=not spec.get("untie", False),
-        attn_params="mla" if mla else "gqa",
-        mla=MLA(**mla) if mla else None,
-        family="megatron-test",
-        source="Megatron-LM tests/functional_tests/test_cases/<model>/<case>/model_config.yaml",
-    )
 
 
 # ----------------------------------------------------------------------------------- predictors

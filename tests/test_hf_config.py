@@ -123,3 +123,25 @@ def test_repro_plan_refuses_a_bad_config_in_one_line(tmp_path):
     )
     assert r.exit_code == 2
     assert "lacks" in r.output and "Traceback" not in r.output
+
+
+def test_megatron_launch_arguments_take_megatrons_defaults():
+    from moe_repro.components.model.hf_config import model_from_megatron_args
+
+    # Megatron-LM's argument defaults: --ffn-hidden-size 4h, GeLU (two matrices) unless --swiglu,
+    # tied embeddings unless --untie-embeddings-and-output-weights, head dim h / heads
+    dense = model_from_megatron_args({"layers": 2, "hidden": 64, "heads": 4, "vocab": 128})
+    assert (dense.d_ffn, dense.n_mat, dense.tie_embeddings, dense.head_dim) == (256, 2, True, 16)
+    assert dense.moe_layers == 0
+    moe = model_from_megatron_args(
+        {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "experts": 8, "top_k": 2,
+         "moe_ffn": 32, "swiglu": True, "untie": True}
+    )  # fmt: skip
+    assert (moe.n_experts, moe.top_k, moe.moe_layers, moe.d_ffn, moe.d_ffn_dense) == (
+        8,
+        2,
+        4,
+        32,
+        256,
+    )
+    assert moe.n_mat == 3 and not moe.tie_embeddings

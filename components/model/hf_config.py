@@ -8,7 +8,8 @@ key is refused by name, so a config with an architecture feature the model does 
 planned as if it were absent.
 
 Anything else is described by a spec: a JSON object with ``"format": "moe-repro-model"`` and
-:class:`~zoo.MoEModel`'s own field names (docs/model-spec.md).
+:class:`~zoo.MoEModel`'s own field names (docs/model-spec.md). A Megatron-LM launch's model
+arguments, as the memory validation set records them, are read by ``model_from_megatron_args``.
 """
 
 from __future__ import annotations
@@ -296,3 +297,41 @@ def load_model_file(path: str | Path) -> MoEModel:
     if data.get("format") == SPEC_FORMAT:
         return model_from_spec(data, source=str(p))
     return model_from_hf_config(data, key=p.stem if p.stem != "config" else "", source=str(p))
+
+
+def model_from_megatron_args(spec: dict) -> MoEModel:
+    """A Megatron-LM GPT (dense, or with MoE layers) from a point's own launch arguments (its
+    functional tests' model_config.yaml): --num-layers, --hidden-size, --num-attention-heads,
+    --num-query-groups, --kv-channels, --ffn-hidden-size (default 4h), --swiglu (three matrices,
+    else two with GeLU), the padded vocabulary, --untie-embeddings-and-output-weights (default
+    tied); MoE: --num-experts (0: dense), --moe-router-topk, --moe-layer-freq (MoE layers),
+    --moe-ffn-hidden-size (default the FFN's), --moe-shared-expert-intermediate-size; MLA:
+    --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
+    h = spec["hidden"]
+    ffn = spec.get("ffn") or 4 * h
+    shared = spec.get("shared_ffn")
+    experts = spec.get("experts", 0)
+    mla = spec.get("mla")
+    return MoEModel(
+        key=f"megatron-core-{spec['layers']}x{h}-e{experts}",
+        name=f"Megatron-LM test GPT ({spec['layers']} x {h}, {experts} experts)",
+        layers=spec["layers"],
+        moe_layers=spec.get("moe_layers", spec["layers"]) if experts else 0,
+        d_model=h,
+        d_ffn=spec.get("moe_ffn") or ffn,
+        d_ffn_dense=ffn,
+        n_experts=max(experts, 1),
+        top_k=spec.get("top_k", 1),
+        n_mat=3 if spec.get("swiglu") else 2,
+        n_shared=1 if shared else 0,
+        d_ffn_shared=shared,
+        n_heads=spec["heads"],
+        n_kv_heads=spec.get("kv_heads"),
+        head_dim=spec.get("head_dim") or h // spec["heads"],
+        vocab=spec["vocab"],
+        tie_embeddings=not spec.get("untie", False),
+        attn_params="mla" if mla else "gqa",
+        mla=MLA(**mla) if mla else None,
+        family="megatron-test",
+        source="Megatron-LM tests/functional_tests/test_cases/<model>/<case>/model_config.yaml",
+    )
