@@ -84,14 +84,16 @@ class LaunchedWatch:
     - the run passes its deadline (``timeout_s``, the command's --timeout);
     - a peer on this node stopped making progress: its heartbeat silent past the supervisor's
       limit (launch.Heartbeats, the same rule and message) while this rank beats;
-    - a peer on this node left the world early (interrupted: :meth:`leave`).
+    - a peer on this node left the world early (interrupted: :meth:`leave`);
+    - a peer's watch on this node is ending it (that peer's cause, e.g. its deadline, holds).
     A rank blocked in a collective never returns to Python, so only a thread can do this.
     Before ending, ``on_abort(why, interrupted)`` runs (rank 0 stores the points that finished)
     and returns what to add to the line.
 
     The ranks of a node share ``directory`` (launch.launched_world_dir): heartbeats,
     ``rank-R.json`` once a rank finished (no longer watched), ``rank-R.left`` when it left
-    early, ``rank-0.kept`` saying what rank 0 stored. Without a directory only the deadline
+    early, ``rank-R.ended`` with the cause when its watch ends it (its peers report that cause,
+    not the broken collective its exit leaves them), ``rank-0.kept`` saying what rank 0 stored. Without a directory only the deadline
     watches. ``clock`` (deadline) and ``wall`` (heartbeat stamps) are injectable for tests.
     """
 
@@ -145,9 +147,14 @@ class LaunchedWatch:
         if self.directory is None:
             return None
         for r in range(self.world_size):
-            left = self._read(r, "left") if r != self.rank else None
+            if r == self.rank:
+                continue
+            left = self._read(r, "left")
             if left is not None:
                 return f"rank {r} left the world ({left})", "interrupted" in left
+            ended = self._read(r, "ended")
+            if ended is not None:  # a peer's watch is ending the world: the same cause holds here
+                return ended, False
         silent = self.beats.silent_ranks()
         self.silent = silent
         if silent:
@@ -173,6 +180,7 @@ class LaunchedWatch:
         if not self._ending.acquire(blocking=False):
             return  # the main thread is already leaving
         self.aborting = True
+        self._mark("ended", why)  # first: a peer that sees this rank go reports the same cause
         kept = None
         try:
             kept = self.on_abort(why, interrupted) if self.on_abort else None
@@ -205,9 +213,13 @@ class LaunchedWatch:
                 pass
 
     def hold_if_aborting(self) -> None:
-        """For the main thread, on an error: while the watch is ending this rank, that error is
-        an effect of the cause the watch reports (a peer's departure breaks the collective this
-        rank was in); wait for the watch's exit instead of reporting it as a second failure."""
+        """For the main thread, on an error: when the watch has a cause (a peer's watch ended it
+        at the deadline and its exit broke the collective this rank was in), that error is an
+        effect of the cause: end this rank with the cause's line now, or, while the watch is
+        ending this rank already, wait for its exit instead of reporting a second failure."""
+        found = None if self.aborting else self.reason()
+        if found is not None:
+            self.abort(*found)  # returns only when the watch thread got there first
         while self.aborting:
             time.sleep(0.1)
 

@@ -185,6 +185,47 @@ def test_the_watch_sees_a_peer_that_left(tmp_path):
     assert why == "rank 1 left the world (interrupted by SIGTERM)" and interrupted
 
 
+def test_a_peer_whose_watch_ended_it_gives_this_rank_the_same_cause(tmp_path):
+    """Rank 1 reaches its deadline a moment before rank 0 and exits; rank 0's collective then
+    breaks (connection reset) before its own deadline: rank 0 reports the deadline, not the
+    broken connection."""
+    from moe_repro.runtime.worker import LaunchedWatch
+
+    now = [100.0]
+    ranks = [
+        LaunchedWatch(r, 2, 8.0, tmp_path, clock=lambda: now[0], wall=lambda: now[0])
+        for r in (0, 1)
+    ]
+    now[0] = 108.5
+    ranks[1].deadline, ranks[0].deadline = 108.0, 109.0  # rank 1 started half a second sooner
+    assert ranks[0].reason() is None
+    why, _ = ranks[1].reason()
+    ranks[1]._mark("ended", why)  # what abort writes first, before this rank exits
+    assert ranks[0].reason() == ("the run did not finish within 8 s (--timeout)", False)
+
+
+def test_an_error_in_the_main_thread_ends_the_rank_with_the_watchs_cause(
+    tmp_path, monkeypatch, capsys
+):
+    from moe_repro.runtime import worker
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(worker.os, "_exit", exit_)
+    watch = worker.LaunchedWatch(1, 2, 1e6, tmp_path, clock=lambda: 0.0, wall=lambda: 0.0)
+    watch.hold_if_aborting()  # no cause: the caller reports its error as it is
+    (tmp_path / "rank-0.ended").write_text("the run did not finish within 8 s (--timeout)")
+    with pytest.raises(SystemExit) as ended:
+        watch.hold_if_aborting()
+    assert ended.value.code == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        "repro: rank 1 of 2: the run did not finish within 8 s (--timeout); "
+        "ending this rank so that the launcher ends the world"
+    ]
+
+
 # --- a backend that cannot run here ---------------------------------------------------------------
 
 
