@@ -630,15 +630,22 @@ def suite_view(run: SuiteRecord) -> dict:
         unit = units.get(m, "")
         if unit and unit not in CELL_UNITS:
             scaled[m] = readable_unit([r.get(m) for r in records], unit)
+
+    def head_of(m: str) -> str:
+        """The column head: the metric as stored, in its unit; a rescaled unit says both (a
+        "tflops" column shown in MFLOP/s reads "tflops [TFLOP/s, shown in MFLOP/s]")."""
+        stored, unit = units.get(m, ""), scaled.get(m, (1.0, units.get(m, "")))[1]
+        if not unit or unit in CELL_UNITS:
+            return m
+        return f"{m} [{stored}, shown in {unit}]" if unit != stored else f"{m} [{unit}]"
+
     for m in headline:
-        unit = scaled.get(m, (1.0, units.get(m, "")))[1]
-        head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
+        head = head_of(m)
         columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
         if m in with_iqr:
             columns.append({"label": "IQR", "sub": m, "num": True})
     for m in extra:
-        unit = scaled.get(m, (1.0, units.get(m, "")))[1]
-        head = f"{m} [{unit}]" if unit and unit not in CELL_UNITS else m
+        head = head_of(m)
         columns.append({"label": head, "sub": "median", "num": True, "title": described.get(m)})
     has_wrong = any("wrong" in r for r in records)
     if has_wrong:

@@ -248,3 +248,38 @@ def test_site_build_draws_suite_sweeps_and_wraps_every_table(tmp_path):
     for html_page in (index, page):
         assert html_page.count("<table") == html_page.count('<div class="scroll"><table') > 0
     assert "ran on " + env["device"] in page
+
+
+def test_a_rescaled_column_names_the_stored_unit_and_the_one_shown(tmp_path):
+    """A gemm run on a CPU stores tflops near 1e-4: the column shows MFLOP/s, and its head says
+    the metric is stored in TFLOP/s (not "tflops [MFLOP/s]", which reads as two units)."""
+    store = ResultsStore(tmp_path / "store")
+    store.save(
+        SuiteRecord(
+            suite="gemm",
+            params=["n", "dtype", "device"],
+            records=[
+                {
+                    "suite": "gemm",
+                    "n": n,
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "time_s": 1.0,
+                    "tflops": 1.371e-4 * n / 64,
+                    "wrong": 0,
+                }
+                for n in (64, 128)
+            ],
+            metrics=[
+                {"name": "time_s", "unit": "s", "better": "lower"},
+                {"name": "tflops", "unit": "TFLOP/s", "better": "higher"},
+            ],
+            environment=collect_environment(["repro", "bench", "gemm"]),
+        )
+    )
+    site.build_site(store, tmp_path / "site")
+    page = (tmp_path / "site" / "suites" / "gemm.html").read_text()
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", page, flags=re.S)
+    assert any("tflops [TFLOP/s, shown in MFLOP/s]" in h for h in heads), heads
+    assert not any("tflops [MFLOP/s]" in h for h in heads)
+    assert "137" in page and "274" in page  # the values, in MFLOP/s
