@@ -301,8 +301,8 @@ def count_lines(records) -> list[str]:
     type=click.FloatRange(min=0),
     default=None,
     metavar="SECONDS",
-    help="With --all/--paper: run, in order, only the reproductions whose catalog time fits "
-    "what is left of SECONDS; one line per one left out, with its time and command.",
+    help="With --all/--paper: run, shortest catalog time first, only the reproductions whose "
+    "time fits what is left of SECONDS; one line per one left out, with its time and command.",
 )
 @click.pass_obj
 def command(
@@ -375,6 +375,8 @@ def command(
     speaks = launched_rank() in (None, 0)
     echo = click.echo if speaks else (lambda *args, **kwargs: None)
     minutes = run_minutes(chosen, full)
+    if budget_s is not None:  # shortest first: the most pages a budget can fill (ties keep order)
+        chosen = sorted(chosen, key=lambda r: (minutes.get(r) is None, minutes.get(r) or 0.0))
     long_run = estimate_line(chosen, minutes, full)  # a long run says so before it starts
     if long_run and not quiet and _first_rank():
         click.echo(long_run, err=True)
