@@ -167,6 +167,20 @@ def test_ep_kernel_rates_come_from_the_profile_section_only_for_ep_kernels():
     assert simulate_ep_kernel(from_dict(doc), r, "normal", rb).time_s < slower
 
 
+def test_every_nvlink_4_profile_runs_its_ep_kernels_at_one_put_efficiency():
+    """One rule for the EP kernels' NVLink rate on NVLink 4 (H100, H200, H800): the line rate
+    times the put efficiency the NVSHMEM micro-benchmark measured on H100/H200 (dgx-h100's
+    ep_kernels.nvlink_GBps over its line rate), whatever the number of links."""
+    measured = load_builtin("dgx-h100")
+    line = measured.raw["node"]["intra_node"]["GBps_per_gpu"]
+    efficiency = measured.raw["ep_kernels"]["nvlink_GBps"] / line
+    assert 0.5 < efficiency < 0.8  # a put reaches less than NCCL's 80% application rate
+    for name in ("dgx-h100", "p5en", "h800"):
+        p = load_builtin(name)
+        rate = p.raw["node"]["intra_node"]["GBps_per_gpu"] * efficiency
+        assert p.raw["ep_kernels"]["nvlink_GBps"] == pytest.approx(rate, rel=1e-3), name
+
+
 def test_put_latency_and_message_rate_come_from_the_profile_section():
     """ep_kernels.put_latency_us replaces the links' latencies for the EP kernels; the EFA
     message rate caps the NIC for one-row messages only, and reproduces the benchmark it comes
