@@ -88,6 +88,69 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
     return out
 
 
+def terms_figure(points: list[dict], unit: str) -> dict[str, bytes] | None:
+    """The memory predictor's points, one row each (sorted by measured), as stacked bars of the
+    prediction by term (the live-tensor terms, then each sourced term) against the measured
+    peak: left in the unit, the measured peak a black mark; right each bar as a share of its
+    measured peak (the line at 1), so the small runs show too. Where the sources print only a
+    total, this is what our prediction of it is made of. PNG and SVG bytes; None when no point
+    carries terms."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted((p for p in points if p.get("terms")), key=lambda p: p["measured"])
+    if not pts:
+        return None
+    names = list(dict.fromkeys(k for p in pts for k, v in p["terms"].items() if v > 0))
+    colours = plt.get_cmap("tab20").colors
+    f, (ax, rel) = plt.subplots(
+        1,
+        2,
+        figsize=(12.0, 1.4 + 0.24 * len(pts)),
+        dpi=110,
+        sharey=True,
+        gridspec_kw={"width_ratios": [3, 2]},
+    )
+    ys = list(range(len(pts)))
+    left = [0.0] * len(pts)
+    share = [0.0] * len(pts)
+    for i, name in enumerate(names):
+        widths = [p["terms"].get(name, 0.0) for p in pts]
+        parts = [w / p["measured"] for w, p in zip(widths, pts)]
+        colour = colours[i % len(colours)]
+        ax.barh(ys, widths, left=left, height=0.7, color=colour, label=name)
+        rel.barh(ys, parts, left=share, height=0.7, color=colour)
+        left = [a + w for a, w in zip(left, widths)]
+        share = [a + w for a, w in zip(share, parts)]
+    kinds = ", ".join(sorted({p["measured_kind"] for p in pts}))
+    ax.plot(
+        [p["measured"] for p in pts],
+        ys,
+        "|",
+        color="black",
+        markersize=9,
+        mew=2,
+        label=f"measured ({kinds})",
+    )
+    rel.axvline(1.0, color="black", linewidth=1.2)
+    ax.set_yticks(ys, [p["id"] for p in pts], fontsize=6)
+    ax.set_xlabel(f"per-GPU memory ({unit}): predicted by term (analytic) | measured")
+    rel.set_xlabel("predicted by term / measured peak (1: measured)")
+    ax.set_title("the prediction by term against the measured peak", fontsize=10)
+    ax.legend(loc="lower right", fontsize=7)
+    out = {}
+    for fmt in ("png", "svg"):
+        buf = io.BytesIO()
+        f.savefig(buf, format=fmt, bbox_inches="tight")
+        out[fmt] = buf.getvalue()
+    plt.close(f)
+    return out
+
+
 def _simulated(predictor: str) -> bool:
     return predictor == "alltoall-bandwidth" or predictor.startswith("EP ")
 
@@ -127,6 +190,11 @@ def write_validation_page(store, out: Path) -> Path:
             for fmt, data in scatter(s["predictor"], pts, unit).items():
                 names[fmt] = f"validation-{s['predictor']}.{fmt}"
                 atomic_write_bytes(Path(out) / names[fmt], data)
+            by_term = terms_figure(pts, unit)
+            if by_term is not None:
+                for fmt, data in by_term.items():
+                    names[f"terms_{fmt}"] = f"validation-{s['predictor']}-terms.{fmt}"
+                    atomic_write_bytes(Path(out) / names[f"terms_{fmt}"], data)
             predictors.append({**s, "points": pts, "figure": names, "unit": unit})
         for s in ep_sections(doc.get("ep") or {}):
             names = {}

@@ -70,6 +70,8 @@ class Scored:
     kind: str = ""
     family: str = ""  # "MoE" or "dense" (memory points), "" elsewhere
     capacity: float | None = None  # memory points: the GPU's memory (platform profile), GiB
+    # memory points: the prediction by term (GiB): the live-tensor terms, then each sourced term
+    terms: dict[str, float] | None = None
 
     @property
     def over_capacity(self) -> bool:
@@ -97,6 +99,7 @@ class Scored:
             "measured_kind": self.kind,
             "family": self.family,
             "capacity": self.capacity,
+            "terms": self.terms,
         }
 
 
@@ -369,17 +372,27 @@ def predict_memory(point: dict) -> tuple[float | None, str]:
     the kind the source measured (MEASURED_KINDS) with the run's framework settings
     (memory_settings); None with the reason where the planner gives no number for it (the point
     stays in the table as "no prediction")."""
+    total, note, _ = predict_memory_terms(point)
+    return total, note
+
+
+def predict_memory_terms(point: dict) -> tuple[float | None, str, dict[str, float] | None]:
+    """:func:`predict_memory` with the prediction by term, in GiB (StageMemory.breakdown: the
+    live-tensor terms, then the sourced terms of the point's kind); None without a prediction."""
     from moe_repro.components.resources import memory_model as MM
     from moe_repro.components.resources import memory_terms as MT
 
     try:
         m, p, pl = _plan(point)
     except (ValueError, KeyError) as e:
-        return None, f"no prediction: {e}"
+        return None, f"no prediction: {e}", None
     c = pl.best or (pl.candidates[0] if pl.candidates else None)
     if c is None:
-        return None, "no prediction: the planner rejects the layout: " + "; ".join(
-            r["reason"] for r in pl.rejected[:2]
+        return (
+            None,
+            "no prediction: the planner rejects the layout: "
+            + "; ".join(r["reason"] for r in pl.rejected[:2]),
+            None,
         )
     lay = point["layout"]
     # an out-of-memory point names no kind: the device's memory is what ran out
@@ -422,7 +435,7 @@ def predict_memory(point: dict) -> tuple[float | None, str]:
     note = f"{kind}: {terms}, sourced terms {extra:.1f}" + (
         f"; not modelled: {', '.join(missing)}" if missing else ""
     )
-    return st.total / GiB, note
+    return st.total / GiB, note, {name: b / GiB for name, b, _ in st.breakdown()}
 
 
 def predict_alltoall_bandwidth(point: dict) -> tuple[float, str]:
@@ -512,7 +525,11 @@ def score_point(point: dict) -> Scored:
     predict, how = _PREDICT[pred]
     # step time is derived from the printed throughput; every other point is the printed number
     measured = measured_step_time(point) if pred == "step-time" else published_value(point)
-    predicted, note = predict(point)
+    terms = None
+    if pred == "memory":
+        predicted, note, terms = predict_memory_terms(point)
+    else:
+        predicted, note = predict(point)
     kind = family = ""
     capacity = None
     if pred == "memory":
@@ -535,6 +552,7 @@ def score_point(point: dict) -> Scored:
         kind,
         family,
         capacity,
+        terms,
     )
 
 

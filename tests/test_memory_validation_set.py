@@ -203,3 +203,39 @@ def test_out_of_memory_runs_are_scored_for_direction_only():
         want = capacity_gib[platform[x.point_id]]
         assert x.measured == x.capacity == pytest.approx(want, abs=0.005)
         assert x.over_capacity == (x.predicted > x.capacity)
+
+
+def test_each_memory_prediction_is_stored_by_term_and_the_page_draws_them(tmp_path):
+    """The sources print one number per run; each point keeps what our prediction of it is made
+    of (the live-tensor terms, then the sourced terms of its kind), summing to the prediction,
+    and the validation page draws them against the measured peaks."""
+    import json
+
+    from click.testing import CliRunner
+
+    from moe_repro.cli import cli
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.reports.validation_page import write_validation_page
+
+    store = ResultsStore(tmp_path / "results")
+    r = CliRunner().invoke(cli, ["--results", str(store.root), "validate", "--predictor", "memory"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((store.root / "validation" / "validation.json").read_text())
+    points = [p for p in doc["points"] if p["predictor"] == "memory" and p["predicted"]]
+    assert len(points) >= 20
+    for p in points:
+        terms = p["terms"]
+        assert list(terms)[:5] == ["weights", "grads", "optimizer", "activations", "buffers"]
+        assert sum(terms.values()) == pytest.approx(p["predicted"], rel=1e-9), p["id"]
+    # a point measured as max reserved carries the allocator's terms; one measured as max
+    # allocated does not (memory_terms.KINDS)
+    reserved = next(p for p in points if p["measured_kind"] == "max reserved")
+    allocated = next(p for p in points if p["measured_kind"] == "max allocated")
+    assert any(k.startswith("allocator") for k in reserved["terms"])
+    assert not any(k.startswith("allocator") for k in allocated["terms"])
+    site = tmp_path / "site"
+    site.mkdir()
+    page = write_validation_page(store, site).read_text()
+    assert 'src="validation-memory-terms.png"' in page and "prediction by term" in page
+    png = (site / "validation-memory-terms.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
