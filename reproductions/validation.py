@@ -348,6 +348,17 @@ MEMORY_SETTING_KEYS = (
 )
 
 
+def framework_memory_settings(framework: str, doc: dict | None = None) -> dict:
+    """The MemorySettings fields of one framework as the memory validation set scores it (the
+    data file's ``memory_settings``: torchtitan, megatron-core), for `repro plan --framework`;
+    ValueError names the frameworks there."""
+    doc = doc if doc is not None else load_points()
+    known = doc.get("memory_settings", {})
+    if framework not in known:
+        raise ValueError(f"unknown framework {framework!r}; known: {', '.join(sorted(known))}")
+    return {k: v for k, v in known[framework].items() if k in MEMORY_SETTING_KEYS}
+
+
 def memory_settings(point: dict, doc: dict | None = None) -> dict:
     """The allocator and framework settings of a point's run: its framework's entry of the data
     file's ``memory_settings`` (named by ``settings_of``), overridden by the point's own

@@ -282,3 +282,46 @@ def test_explain_memory_for_a_layout_that_does_not_fit_and_for_piper():
     assert r.exit_code == 0, r.output
     assert "kind live" in r.output and "NCCL buffers" not in r.output
     assert "buffers " in r.output and "margin 0%" in r.output
+
+
+def test_plan_for_torchtitan_predicts_what_the_validation_set_scores(tmp_path):
+    """--framework torchtitan takes the settings the memory set scores torchtitan's runs with:
+    on a scored point's layout the plan's terms are the point's prediction (max reserved) plus
+    the device-only terms (CUDA context, NCCL buffers) nvidia-smi adds."""
+    import json
+
+    from moe_repro.reproductions import validation as V
+
+    point = next(p for p in V.load_points()["points"] if p["id"] == "torchtitan24-2-llama3-8b-cp1")
+    _, _, terms = V.predict_memory_terms({**point, "settings": {}})  # the framework's own
+    out = tmp_path / "plan.json"
+    r = _plan(
+        "--model", "llama3-8b", "--platform", "grand-teton-h100", "--nodes", "1", "--tp", "1",
+        "--pp", "1", "--cp", "1", "--zero", "3", "--recompute", "full", "--seq", "32768",
+        "--global-batch", "8", "--framework", "torchtitan", "--json", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "the framework's settings: " in r.output and "mlp eager" in r.output
+    plan = json.loads(out.read_text())
+    assert plan["framework"] == "torchtitan" and plan["memory_settings"]["mlp"] == "eager"
+    memory = plan["candidates"][0]["memory"]
+    for name, gib in terms.items():
+        assert memory[name] / 2**30 == pytest.approx(gib, rel=1e-9), name
+    device_only = memory["CUDA context"] + memory["NCCL buffers"]
+    assert memory["total"] / 2**30 == pytest.approx(sum(terms.values()) + device_only / 2**30)
+    # the default plans the same run as Megatron-core would keep it: another number
+    r = _plan(
+        "--model", "llama3-8b", "--platform", "grand-teton-h100", "--nodes", "1", "--tp", "1",
+        "--pp", "1", "--cp", "1", "--zero", "3", "--recompute", "full", "--seq", "32768",
+        "--global-batch", "8", "--json", str(out),
+    )  # fmt: skip
+    assert json.loads(out.read_text())["candidates"][0]["memory"]["total"] != memory["total"]
+
+
+def test_framework_is_refused_for_piper_and_unknown_names_in_one_line():
+    r = _plan("--method", "piper", "--model", "tiny-moe", "--platform", "dgx-h100",
+              "--nodes", "1", "--framework", "torchtitan")  # fmt: skip
+    assert r.exit_code == 2 and "--framework applies to --method parallel" in r.output
+    r = _plan("--model", "llama3-8b", "--platform", "dgx-h100", "--nodes", "1",
+              "--framework", "jax")  # fmt: skip
+    assert r.exit_code == 2 and "Traceback" not in r.output

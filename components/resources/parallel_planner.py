@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from moe_repro.components.model.params import param_counts
 from moe_repro.components.model.pipeline_split import stage_sizes
@@ -271,6 +272,10 @@ class PlanRequest:
     overlap_ep: bool = False
     memory_kind: str | None = None  # memory_terms.KINDS; None: live tensors + profile overhead
     memory_margin: float = 0.0  # fraction of HBM the plan keeps free
+    # memory_terms.MemorySettings fields of the framework that runs the plan (framework, loss,
+    # optimizer, expandable_segments, mlp, selective); empty: the defaults (FSDP2 at ZeRO-3,
+    # Megatron-core otherwise)
+    memory_settings: tuple[tuple[str, Any], ...] = ()
     first_stage_layers: int | None = None  # Megatron-LM --decoder-first-pipeline-num-layers
     last_stage_layers: int | None = None  # Megatron-LM --decoder-last-pipeline-num-layers
     gemm_precision: str = "bf16"  # time_model.GEMM_PRECISIONS: the linear layers' GEMM rate
@@ -302,6 +307,12 @@ class PlanRequest:
         if not 0 <= self.memory_margin < 1:
             raise ValueError(f"memory margin must be in [0, 1), got {self.memory_margin}")
         MT.check_kind(self.memory_kind)
+        settable = MT.MemorySettings.__dataclass_fields__.keys() - {"facts", "dispatcher"}
+        unknown = [k for k, _ in self.memory_settings if k not in settable]
+        if unknown:
+            raise ValueError(
+                f"unknown memory setting(s) {', '.join(unknown)}; known: {', '.join(sorted(settable))}"
+            )
         prec = F.precision(self.precision)
         zeros = tuple(ZERO_STAGES if self.zero is None else self.zero)
         for z in zeros:
@@ -341,6 +352,7 @@ def plan_parallel(
     first_stage_layers: int | None = None,
     last_stage_layers: int | None = None,
     gemm_precision: str = "bf16",
+    memory_settings: dict | None = None,
 ) -> ParallelPlan:
     """Search and rank (module docstring). ``zero`` / ``recompute`` restrict the stages / modes
     tried (``recompute`` also takes ``"full:N"``: Megatron's block method with N fixed; ``"block"``
@@ -362,7 +374,10 @@ def plan_parallel(
     ``first_stage_layers`` / ``last_stage_layers`` fix the layers of the first / last pipeline
     stage (Megatron-LM's --decoder-first/last-pipeline-num-layers; the stages between share the
     rest evenly, :func:`split_options`); ``gemm_precision`` ``"fp8"`` runs the linear layers'
-    GEMMs at the profile's FP8 rate (time_model.gemm_rate_platform). ValueError for malformed input (non-positive numbers, unknown preset,
+    GEMMs at the profile's FP8 rate (time_model.gemm_rate_platform); ``memory_settings``: the
+    memory_terms.MemorySettings fields of the framework that will run the plan (how it
+    allocates: its optimizer, loss, SwiGLU form, selective checkpointing, allocator settings).
+    ValueError for malformed input (non-positive numbers, unknown preset,
     stage or mode). The arguments are a :class:`PlanRequest`'s fields; :func:`plan` answers it."""
     return plan(
         PlanRequest(
@@ -395,6 +410,7 @@ def plan_parallel(
             first_stage_layers=first_stage_layers,
             last_stage_layers=last_stage_layers,
             gemm_precision=gemm_precision,
+            memory_settings=tuple(sorted((memory_settings or {}).items())),
         )
     )
 
@@ -419,7 +435,9 @@ def plan(req: PlanRequest) -> ParallelPlan:
         req.dropout,
         req.capacity_factor,
         req.memory_kind,
-        MT.MemorySettings(facts=MT.device_facts(p), dispatcher=req.dispatcher),
+        MT.MemorySettings(
+            facts=MT.device_facts(p), dispatcher=req.dispatcher, **dict(req.memory_settings)
+        ),
     )
     kept, layouts, evaluated = _search(req, ctx, degrees, memory, rej)
 
@@ -992,6 +1010,12 @@ def _memory_assumptions(req: PlanRequest, ctx: PlanContext) -> list[str]:
             if req.memory_kind is None
             else f"memory kind {req.memory_kind}: the sourced terms of memory_terms in place of the "
             "profile's framework overhead (repro plan --explain-memory lists them)"
+            + (
+                "; the framework's settings: "
+                + ", ".join(f"{k} {v}" for k, v in req.memory_settings)
+                if req.memory_settings
+                else ""
+            )
         )
         + "; ZeRO-3 adds two layers' gathered bf16 weights (prefetch); HBM "
         f"{p.hbm_bytes / 1e9:g} GB = {p.hbm_bytes / GiB:.1f} GiB per GPU"

@@ -502,6 +502,17 @@ def _presets() -> list[str]:
     "--recompute): GiB, share of the total, and source (example below).",
 )
 @click.option(
+    "--framework",
+    type=click.Choice(["auto", "megatron-core", "torchtitan"]),
+    default=None,
+    help="How the framework that will run the plan allocates memory, as repro validate's memory "
+    "set scores it (reproductions/validation_points.json, memory_settings): torchtitan: FSDP2, "
+    "torch's cross-entropy on fp32 logits, eager SwiGLU, its per-op selective checkpointing, "
+    "expandable segments; megatron-core: its distributed optimizer, vocab-parallel "
+    "cross-entropy, fused SwiGLU, Korthikanti's selective recompute. auto (default): FSDP2 at "
+    "ZeRO-3, Megatron-core otherwise.",
+)
+@click.option(
     "--memory-margin",
     default=None,
     metavar="FRACTION",
@@ -547,6 +558,7 @@ def command(
     causal_flops,
     schedule,
     explain_memory,
+    framework,
     memory_margin,
     json_path,
 ) -> None:
@@ -601,6 +613,7 @@ def command(
             ("--overlap-ep", overlap_ep or None),
             ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
             ("--memory-margin", memory_margin),
+            ("--framework", framework),
         ):
             if v is not None:
                 raise BadInput(
@@ -646,6 +659,11 @@ def command(
 
     model = load_model(model_key)
     platform = load_platform(platform_name)
+    settings = None
+    if framework not in (None, "auto"):
+        from moe_repro.reproductions.validation import framework_memory_settings
+
+        settings = framework_memory_settings(framework)
     try:
         pl = plan_parallel(
             model,
@@ -673,6 +691,7 @@ def command(
             sp=sp,
             memory_kind=PLAN_MEMORY_KIND,
             memory_margin=margin,
+            memory_settings=settings,
         )
     except ValueError as e:
         raise BadInput(str(e)) from None
@@ -704,6 +723,8 @@ def command(
                 **pl.to_dict(),
                 "memory_kind": PLAN_MEMORY_KIND,
                 "memory_margin": margin,
+                "framework": framework or "auto",
+                "memory_settings": settings,
                 "step_time_validation": track,
             },
             make_parents=False,
