@@ -509,3 +509,45 @@ def test_every_plan_says_how_far_its_step_time_held_against_published_runs(tmp_p
     r = _repro("plan", "--model", "mixtral-8x7b", "--platform", "dgx-h100", "--nodes", "4")
     assert r.returncode == 0, r.stderr
     assert "dgx-a100 only, not this platform" in r.stdout.strip().splitlines()[-2]
+
+
+def test_plan_takes_uneven_first_and_last_stages_and_fp8_gemms(tmp_path):
+    """Megatron-LM's --decoder-first/last-pipeline-num-layers reach the search (the stages
+    between share the rest), and --gemm-precision fp8 runs the linear GEMMs at the profile's FP8
+    rate: the same layout is faster, its memory unchanged."""
+    out = tmp_path / "p.json"
+    base = ("plan", "--model", "llama3-8b", "--platform", "dgx-h100", "--nodes", "1", "--tp", "1",
+            "--pp", "4", "--vpp", "1", "--zero", "1", "--recompute", "none", "--json", str(out))  # fmt: skip
+    r = _repro(*base, "--first-stage-layers", "5", "--last-stage-layers", "11")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(out.read_text())["candidates"][0]
+    assert best["pp"] == 4 and best["layers_per_stage"] == "5 + 8 x 2 + 11"
+    assert (best["first_stage_layers"], best["last_stage_layers"]) == (5, 11)
+    r = _repro(*base)
+    even = json.loads(out.read_text())["candidates"][0]
+    assert r.returncode == 0 and even["layers_per_stage"] == "8" and even["pp"] == 4
+    r = _repro(*base, "--gemm-precision", "fp8")
+    fp8 = json.loads(out.read_text())["candidates"][0]
+    assert r.returncode == 0 and fp8["gemm_precision"] == "fp8" and even["gemm_precision"] == "bf16"
+    assert fp8["step_s"] < even["step_s"]
+    assert fp8["memory"]["total"] == even["memory"]["total"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--pp", "4", "--first-stage-layers", "40"), "uneven split: first=40"),
+        (("--first-stage-layers", "0"), "--first-stage-layers must be positive"),
+        (("--gemm-precision", "fp8", "--platform", "frontier"), "no gpu.peak_fp8_tflops"),
+        (
+            ("--method", "piper", "--model", "tiny-moe", "--gemm-precision", "fp8"),
+            "--gemm-precision applies to --method parallel",
+        ),
+    ],
+)
+def test_uneven_stages_and_fp8_refuse_bad_input_in_one_line(args, needle):
+    given = dict(zip(args[::2], args[1::2]))
+    full = {"--model": "llama3-8b", "--platform": "dgx-h100", "--nodes": "1", **given}
+    r = _repro("plan", *[x for kv in full.items() for x in kv])
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

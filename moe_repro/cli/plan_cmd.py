@@ -502,6 +502,31 @@ def _presets() -> list[str]:
     "--recompute): GiB, share of the total, and source (example below).",
 )
 @click.option(
+    "--gemm-precision",
+    type=click.Choice(["bf16", "fp8"]),
+    default=None,
+    help="Precision of the linear layers' GEMMs (default bf16): fp8 runs them at the profile's "
+    "achievable BF16 rate times the data sheet's dense FP8/BF16 peak ratio (Transformer Engine's "
+    "FP8 and MXFP8 recipes); the attention core and memory-bound kernels are unchanged. Memory "
+    "follows --precision (e.g. deepseek-v3-fp8).",
+)
+@click.option(
+    "--first-stage-layers",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Layers of the first pipeline stage (Megatron-LM --decoder-first-pipeline-num-layers): "
+    "the stages between share the rest evenly. Example: 61 layers at --pp 4 with "
+    "--first-stage-layers 16 --last-stage-layers 15 (two stages of 15 between).",
+)
+@click.option(
+    "--last-stage-layers",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Layers of the last pipeline stage (Megatron-LM --decoder-last-pipeline-num-layers).",
+)
+@click.option(
     "--framework",
     type=click.Choice(["auto", "megatron-core", "torchtitan"]),
     default=None,
@@ -558,6 +583,9 @@ def command(
     causal_flops,
     schedule,
     explain_memory,
+    gemm_precision,
+    first_stage_layers,
+    last_stage_layers,
     framework,
     memory_margin,
     json_path,
@@ -584,6 +612,8 @@ def command(
         ("--cp", cp),
         ("--etp", etp),
         ("--top", top),
+        ("--first-stage-layers", first_stage_layers),
+        ("--last-stage-layers", last_stage_layers),
     ):
         if v is not None and v <= 0:
             raise BadInput(f"{name} must be positive, got {v}")
@@ -614,6 +644,9 @@ def command(
             ("--unfused-grad-accumulation", unfused_grad_accumulation or None),
             ("--memory-margin", memory_margin),
             ("--framework", framework),
+            ("--gemm-precision", gemm_precision),
+            ("--first-stage-layers", first_stage_layers),
+            ("--last-stage-layers", last_stage_layers),
         ):
             if v is not None:
                 raise BadInput(
@@ -692,6 +725,9 @@ def command(
             memory_kind=PLAN_MEMORY_KIND,
             memory_margin=margin,
             memory_settings=settings,
+            gemm_precision=gemm_precision or "bf16",
+            first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers,
         )
     except ValueError as e:
         raise BadInput(str(e)) from None
@@ -706,6 +742,9 @@ def command(
             ]
             if why:
                 raise BadInput(f"--{name} {value}: {'; '.join(why)}")
+        uneven = [r["reason"] for r in pl.rejected if r["reason"].startswith("uneven split")]
+        if uneven and (first_stage_layers or last_stage_layers):
+            raise BadInput(f"--first/--last-stage-layers: {uneven[0]}")
     track = step_time_track_record(platform.name) if pl.best else None
     explain = None
     if explain_memory and pl.candidates:
