@@ -179,6 +179,27 @@ def ep_sections(ep: dict) -> list[dict]:
     return sections
 
 
+def moe_step_section(doc: dict, out: Path) -> dict | None:
+    """The MoE step-time set `repro validate` stored (``moe_step_time``): its points drawn as
+    predicted against measured (the scatter of every predictor, the step in seconds), the
+    per-source and leave-one-source-out MAPE, and each layout set's ranking (Spearman rho
+    between predicted and measured, and the measured rate of the planner's top pick over the
+    best measured). None when the set was not stored."""
+    m = (doc or {}).get("moe_step_time")
+    if not m or not m.get("points"):
+        return None
+    pts = [
+        {**p, "id": p["point_id"], "unit": "s"}
+        for p in m["points"]
+        if p.get("measured") is not None
+    ]
+    names = {}
+    for fmt, data in scatter("moe-step-time", pts, "s").items():
+        names[fmt] = f"validation-moe-step-time.{fmt}"
+        atomic_write_bytes(Path(out) / names[fmt], data)
+    return {**m, "points": pts, "figure": names}
+
+
 def write_validation_page(store, out: Path) -> Path:
     doc = stored_validation(store.root)
     predictors = []
@@ -209,5 +230,12 @@ def write_validation_page(store, out: Path) -> Path:
         Path(out) / "validation.html",
         html.environment()
         .get_template("validation.html")
-        .render(doc=doc, predictors=predictors, band=BAND, home="index.html", css=html.css()),
+        .render(
+            doc=doc,
+            predictors=predictors,
+            moe=moe_step_section(doc, out) if doc is not None else None,
+            band=BAND,
+            home="index.html",
+            css=html.css(),
+        ),
     )

@@ -310,3 +310,30 @@ def test_a_recompute_module_list_is_timed_as_none_unless_it_names_the_attention_
     assert msp._recompute("selective: core_attn") == (("selective",), "")
     modes, note = msp._recompute("selective: layernorm, moe")
     assert modes == ("none",) and "layernorm, moe" in note
+
+
+def test_the_validation_page_shows_the_moe_set_beside_the_dense_one(tmp_path):
+    """repro validate stores the MoE step-time set; the validation page draws it predicted
+    against measured, with its per-source and leave-one-source-out MAPE and every layout set's
+    rho and top pick, under the dense predictors."""
+    from click.testing import CliRunner
+
+    from moe_repro.cli import cli
+    from moe_repro.records.store import ResultsStore
+    from moe_repro.reports.validation_page import write_validation_page
+
+    store = ResultsStore(tmp_path / "results")
+    r = CliRunner().invoke(cli, ["--results", str(store.root), "validate"])
+    assert r.exit_code == 0, r.output
+    stored = json.loads((store.root / "validation" / "validation.json").read_text())
+    moe = stored["moe_step_time"]
+    site = tmp_path / "site"
+    site.mkdir()
+    page = write_validation_page(store, site).read_text()
+    assert page.index('id="moe-step-time"') > page.index("<h2>step-time</h2>")
+    assert 'src="validation-moe-step-time.png"' in page
+    assert (site / "validation-moe-step-time.png").read_bytes().startswith(b"\x89PNG")
+    assert f"leave-one-source-out {moe['loso_mape'] * 100:.1f}%" in page
+    for t in moe["sets"]:
+        row = page[page.index(t["name"]) :].split("</tr>")[0]
+        assert f"{t['rho']:+.2f}" in row and t["top_pick"] in row
