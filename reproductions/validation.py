@@ -435,6 +435,8 @@ def predict_memory_terms(point: dict) -> tuple[float | None, str, dict[str, floa
         flash_attention=lay["flash_attention"],
         dropout=bool(getattr(m, "dropout", False)),
         settings=settings,
+        first_stage_layers=c.first_stage_layers or 0,
+        last_stage_layers=c.last_stage_layers or 0,
     )
     mem = st.to_dict()
     terms = ", ".join(

@@ -7,6 +7,7 @@ from moe_repro.components.model.pipeline_split import stage_sizes
 from moe_repro.components.model.zoo import get_model
 from moe_repro.components.network.platform import load_builtin
 from moe_repro.components.resources import parallel_planner as P
+from moe_repro.components.resources.memory_model import split_stages
 
 
 def test_ends_split():
@@ -27,7 +28,7 @@ def test_ends_split():
 def test_split_stages_hold_pipeline_splits_layers(key, pp, v, first, last):
     m = get_model(key)
     sizes = stage_sizes(m.layers, pp, first, last)
-    stages = P.split_stages(m, pp, v, first, last)
+    stages = split_stages(m, pp, v, first, last)
     for st in stages:
         assert st.n_layers == sizes[st.r]
         assert len(st.chunks) == v
@@ -87,3 +88,22 @@ def test_the_slowest_stage_sets_the_pace():
     even = _plan(pp=8, vpp=1, micro_batches=128, first_stage_layers=11, last_stage_layers=11)
     heavy = _plan(pp=8, vpp=1, micro_batches=128, first_stage_layers=16, last_stage_layers=6)
     assert heavy.candidates[0].step_s > even.candidates[0].step_s
+
+
+def test_per_gpu_memory_takes_the_uneven_split_the_planner_searched():
+    """memory_model.per_gpu_memory of an uneven split is the plan's memory of the same layout
+    (the planner and the validation scorer share one split), and a heavier first stage binds."""
+    from moe_repro.components.resources import memory_model as mm
+
+    m, p = get_model("llama3-8b"), load_builtin("dgx-h100")
+    plan = P.plan_parallel(
+        m, p, 1, tp=1, pp=4, vpp=1, zero=(1,), recompute=("none",), global_batch=16,
+        micro_batches=8, first_stage_layers=11, last_stage_layers=5,
+    )  # fmt: skip
+    c = plan.candidates[0]
+    layout = mm.MemoryLayout(pp=4, dp=c.dp, micro_batch=c.micro_batch, micro_batches=8)
+    uneven = mm.per_gpu_memory(m, p, layout, 4096, kind=None, zero=1,
+                               first_stage_layers=11, last_stage_layers=5)  # fmt: skip
+    even = mm.per_gpu_memory(m, p, layout, 4096, kind=None, zero=1)
+    assert uneven.total == pytest.approx(c.memory["total"], rel=1e-12)
+    assert uneven.stage == 0 and uneven.total > even.total

@@ -202,6 +202,37 @@ def pipeline_stages(m: MoEModel, pp: int, v: int = 1, every: bool = False) -> li
     return out
 
 
+def split_stages(m: MoEModel, pp: int, v: int, first: int, last: int) -> list[Stage]:
+    """The representative pipeline stages of a split: memory_model.pipeline_stages for the even
+    split (first = last = 0), else the stages of pipeline_split.stage_sizes(L, PP, first, last),
+    each stage's layers cut into its VPP model chunks as evenly as possible (a chunk may hold no
+    decoder layer, as Megatron's first chunk holds only the embedding when the embedding is
+    counted as a layer); chunk j of stage r is model chunk j x PP + r, dense layers first."""
+    if not (first or last):
+        return pipeline_stages(m, pp, v)
+    sizes = stage_sizes(m.layers, pp, first or None, last or None)
+    per_stage = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in sizes]
+    order = [(r, j) for j in range(v) for r in range(pp)]  # model order of the chunks
+    start, starts = 0, {}
+    for r, j in order:
+        starts[r, j] = start
+        start += per_stage[r][j]
+    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
+    seen, out = set(), []
+    for r in range(pp):
+        comp = []
+        for j in range(v):
+            lo, n = starts[r, j], per_stage[r][j]
+            dense_here = max(0, min(lo + n, first_moe) - lo)
+            comp.append((dense_here, n - dense_here))
+        nd, nm = sum(c[0] for c in comp), sum(c[1] for c in comp)
+        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
+        if key not in seen:
+            seen.add(key)
+            out.append(Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
+    return out
+
+
 @dataclass(frozen=True)
 class MemoryLayout:
     """The degrees memory depends on. ``micro_batch``: sequences per data-parallel rank per
@@ -743,18 +774,21 @@ def per_gpu_memory(
     dropout: bool = False,
     capacity_factor: float = 1.0,
     settings: MT.MemorySettings | None = None,
+    first_stage_layers: int = 0,
+    last_stage_layers: int = 0,
 ) -> StageMemory:
     """The binding (largest) stage of one fixed layout, by term, as the planners count it:
     ``kind`` "allocated" (torch max_memory_allocated), "reserved" (max_memory_reserved),
     "device" (nvidia-smi) or None (live tensors + the profile's framework_overhead_GB, the
     planners' default). ``recompute``: (none|selective, 0) or (full, N layers per chunk;
     ALL_LAYERS: all). ``settings`` default: the platform's DeviceFacts, Megatron-core at ZeRO
-    0-2 and FSDP2 at ZeRO-3 (memory_terms.MemorySettings)."""
+    0-2 and FSDP2 at ZeRO-3 (memory_terms.MemorySettings). ``first_stage_layers`` /
+    ``last_stage_layers``: an uneven split (:func:`split_stages`; 0: the even split)."""
     settings = settings or MT.MemorySettings(facts=MT.device_facts(platform))
     lm = LayerMemory(
         m, seq, F.precision(precision), flash_attention, dropout, capacity_factor, kind, settings
     )
-    stages = pipeline_stages(m, layout.pp, layout.vpp)
+    stages = split_stages(m, layout.pp, layout.vpp, first_stage_layers, last_stage_layers)
     mem = LayoutMemory(lm, layout, stages, platform.overhead_bytes)
     _, i = mem.need(zero, *recompute)
     return mem.stage(zero, *recompute, i)

@@ -56,7 +56,7 @@ from moe_repro.components.resources.memory_model import (
     ALL_LAYERS,
     LayerMemory,
     Stage,
-    pipeline_stages,
+    split_stages,
 )
 from moe_repro.components.resources.planner import divisors
 from moe_repro.components.resources import time_model as T
@@ -679,37 +679,6 @@ def ends_split(L: int, pp: int, v: int) -> tuple[int, int] | None:
     last = rest // 2
     first = rest - last
     return (first, last) if last >= 1 else None
-
-
-def split_stages(m: MoEModel, pp: int, v: int, first: int, last: int) -> list[Stage]:
-    """The representative pipeline stages of a split: memory_model.pipeline_stages for the even
-    split (first = last = 0), else the stages of pipeline_split.stage_sizes(L, PP, first, last),
-    each stage's layers cut into its VPP model chunks as evenly as possible (a chunk may hold no
-    decoder layer, as Megatron's first chunk holds only the embedding when the embedding is
-    counted as a layer); chunk j of stage r is model chunk j x PP + r, dense layers first."""
-    if not (first or last):
-        return pipeline_stages(m, pp, v)
-    sizes = stage_sizes(m.layers, pp, first or None, last or None)
-    per_stage = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in sizes]
-    order = [(r, j) for j in range(v) for r in range(pp)]  # model order of the chunks
-    start, starts = 0, {}
-    for r, j in order:
-        starts[r, j] = start
-        start += per_stage[r][j]
-    first_moe = m.layers - m.n_moe_layers  # dense layers come first (DeepSeek, Kimi)
-    seen, out = set(), []
-    for r in range(pp):
-        comp = []
-        for j in range(v):
-            lo, n = starts[r, j], per_stage[r][j]
-            dense_here = max(0, min(lo + n, first_moe) - lo)
-            comp.append((dense_here, n - dense_here))
-        nd, nm = sum(c[0] for c in comp), sum(c[1] for c in comp)
-        key = (nd, nm, r == 0, r == pp - 1, tuple(comp))
-        if key not in seen:
-            seen.add(key)
-            out.append(Stage(r, nd, nm, r == 0, r == pp - 1, tuple(comp)))
-    return out
 
 
 def split_options(req: PlanRequest, q: int, rej: _Rejections) -> list[tuple[int, int, int]]:
