@@ -37,9 +37,23 @@ MEASURED_HERE = (
 )  # predictors scored against this project's own measurements
 
 
+def _png_and_svg(f) -> dict[str, bytes]:
+    """A drawn figure's PNG and SVG bytes; the figure is closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    out = {}
+    for fmt in ("png", "svg"):
+        buf = io.BytesIO()
+        f.savefig(buf, format=fmt, bbox_inches="tight")
+        out[fmt] = buf.getvalue()
+    plt.close(f)
+    return out
+
+
 def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
     """Predicted vs measured (log-log), identity line and +-BAND band; PNG and SVG bytes."""
-    import io
 
     import matplotlib
 
@@ -79,13 +93,7 @@ def scatter(predictor: str, points: list[dict], unit: str) -> dict[str, bytes]:
     ax.set_ylabel(f"predicted ({unit}, {'simulated' if _simulated(predictor) else 'analytic'})")
     ax.set_title(predictor)
     ax.legend(loc="upper left", fontsize=8)
-    out = {}
-    for fmt in ("png", "svg"):
-        buf = io.BytesIO()
-        f.savefig(buf, format=fmt, bbox_inches="tight")
-        out[fmt] = buf.getvalue()
-    plt.close(f)
-    return out
+    return _png_and_svg(f)
 
 
 def terms_figure(points: list[dict], unit: str) -> dict[str, bytes] | None:
@@ -95,7 +103,6 @@ def terms_figure(points: list[dict], unit: str) -> dict[str, bytes] | None:
     measured peak (the line at 1), so the small runs show too. Where the sources print only a
     total, this is what our prediction of it is made of. PNG and SVG bytes; None when no point
     carries terms."""
-    import io
 
     import matplotlib
 
@@ -142,13 +149,7 @@ def terms_figure(points: list[dict], unit: str) -> dict[str, bytes] | None:
     rel.set_xlabel("predicted by term / measured peak (1: measured)")
     ax.set_title("the prediction by term against the measured peak", fontsize=10)
     ax.legend(loc="lower right", fontsize=7)
-    out = {}
-    for fmt in ("png", "svg"):
-        buf = io.BytesIO()
-        f.savefig(buf, format=fmt, bbox_inches="tight")
-        out[fmt] = buf.getvalue()
-    plt.close(f)
-    return out
+    return _png_and_svg(f)
 
 
 def _simulated(predictor: str) -> bool:
