@@ -530,8 +530,9 @@ def _presets() -> list[str]:
     "--framework",
     type=click.Choice(["auto", "megatron-core", "torchtitan"]),
     default=None,
-    help="How the framework that will run the plan allocates memory, as repro validate's memory "
-    "set scores it (reproductions/validation_points.json, memory_settings): torchtitan: FSDP2, "
+    help="How the framework that will run the plan allocates memory, with the settings the "
+    "memory validation set scores its runs with (reproductions/validation_points.json, "
+    "memory_settings): torchtitan: FSDP2, "
     "torch's cross-entropy on fp32 logits, eager SwiGLU, its per-op selective checkpointing, "
     "expandable segments; megatron-core: its distributed optimizer, vocab-parallel "
     "cross-entropy, fused SwiGLU, Korthikanti's selective recompute. auto (default): FSDP2 at "
